@@ -1,0 +1,64 @@
+//! Named crash points: a process-level setting that makes the process exit
+//! with status [`CRASH_EXIT_STATUS`] exactly at one named point in the paths
+//! production uses.
+//!
+//! Arm a point by setting the environment variable [`CRASH_POINT_ENV`] to its
+//! name before the process starts. Unarmed, a point costs one load of a
+//! once-initialised value.
+
+use std::sync::OnceLock;
+
+/// The environment variable that arms one crash point for a process.
+pub const CRASH_POINT_ENV: &str = "ORDO_CRASH_POINT";
+/// The exit status of a process stopped at a crash point.
+pub const CRASH_EXIT_STATUS: i32 = 73;
+
+/// Every named crash point, in the order of an event's life.
+pub const CRASH_POINTS: [&str; 10] = [
+    PRODUCER_ADVANCE_BEFORE_COMMIT,
+    PRODUCER_ADVANCE_AFTER_COMMIT,
+    RELAY_BEFORE_RECEIVE,
+    RELAY_AFTER_RECEIVE,
+    RELAY_MARK_BEFORE_COMMIT,
+    CONSUMER_RECEIVE_BEFORE_COMMIT,
+    CONSUMER_RECEIVE_AFTER_COMMIT,
+    CONSUMER_APPLY_AFTER_PROJECTION,
+    CONSUMER_APPLY_AFTER_EFFECT,
+    CONSUMER_APPLY_AFTER_COMMIT,
+];
+
+/// Inside advance, after the writes, before the commit.
+pub const PRODUCER_ADVANCE_BEFORE_COMMIT: &str = "producer.advance.before_commit";
+/// Right after advance committed.
+pub const PRODUCER_ADVANCE_AFTER_COMMIT: &str = "producer.advance.after_commit";
+/// In the relay, before handing an event to the consumer.
+pub const RELAY_BEFORE_RECEIVE: &str = "relay.before_receive";
+/// In the relay, after the receipt, before marking.
+pub const RELAY_AFTER_RECEIVE: &str = "relay.after_receive";
+/// Inside the mark transaction, before its commit.
+pub const RELAY_MARK_BEFORE_COMMIT: &str = "relay.mark.before_commit";
+/// Inside receive, after the inserts, before the commit.
+pub const CONSUMER_RECEIVE_BEFORE_COMMIT: &str = "consumer.receive.before_commit";
+/// Right after receive committed.
+pub const CONSUMER_RECEIVE_AFTER_COMMIT: &str = "consumer.receive.after_commit";
+/// Inside apply, after the projection write.
+pub const CONSUMER_APPLY_AFTER_PROJECTION: &str = "consumer.apply.after_projection";
+/// Inside apply, after the effect insert.
+pub const CONSUMER_APPLY_AFTER_EFFECT: &str = "consumer.apply.after_effect";
+/// Right after apply committed.
+pub const CONSUMER_APPLY_AFTER_COMMIT: &str = "consumer.apply.after_commit";
+
+fn armed() -> Option<&'static str> {
+    static ARMED: OnceLock<Option<String>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| std::env::var(CRASH_POINT_ENV).ok())
+        .as_deref()
+}
+
+/// Exits the process with status 73 if `name` is the armed point.
+#[inline]
+pub fn point(name: &'static str) {
+    if armed() == Some(name) {
+        std::process::exit(CRASH_EXIT_STATUS);
+    }
+}

@@ -1,0 +1,599 @@
+//! The envelope: the wire format of one event, its strict parser, its canonical
+//! body (RFC 8785, JSON Canonicalization Scheme) and the hash of that body.
+//!
+//! Parsing refuses every transport-shell error of the protocol (not JSON,
+//! invalid UTF-8, NaN or Infinity, a key repeated within any object, not an
+//! object, a missing, extra or wrongly typed field, a field breaking its rule).
+//! Semantic questions (is the schema known, is the payload valid, is the step
+//! legal) are left to apply.
+
+use std::fmt;
+
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
+use sha2::{Digest, Sha256};
+
+use crate::ids::{EventId, FlowId, RuleViolation, SchemaVersion, Seq};
+
+/// The longest event type, in bytes.
+pub const EVENT_TYPE_LEN_MAX: usize = 100;
+
+/// The six top-level fields of an envelope, in the protocol's order.
+pub const FIELDS: [&str; 6] = [
+    "event_id",
+    "flow_id",
+    "seq",
+    "schema_version",
+    "type",
+    "payload",
+];
+
+/// One event as it travels from producer to consumer.
+///
+/// Every value of this type satisfies the envelope rules of the protocol; the
+/// payload is any JSON object and is only interpreted at apply.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Envelope {
+    /// The event's identity.
+    pub event_id: EventId,
+    /// The flow the event belongs to.
+    pub flow_id: FlowId,
+    /// The event's position in its flow.
+    pub seq: Seq,
+    /// How the payload is to be read.
+    pub schema_version: SchemaVersion,
+    /// The event type: non-empty, at most [`EVENT_TYPE_LEN_MAX`] bytes.
+    pub event_type: EventType,
+    /// The payload object, uninterpreted.
+    pub payload: Map<String, Value>,
+}
+
+/// An event type: a non-empty string of at most [`EVENT_TYPE_LEN_MAX`] bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EventType(String);
+
+impl EventType {
+    /// Builds an event type, refusing an empty string or one longer than 100 bytes.
+    pub fn new(value: impl Into<String>) -> Result<Self, RuleViolation> {
+        let value = value.into();
+        if value.is_empty() || value.len() > EVENT_TYPE_LEN_MAX {
+            return Err(RuleViolation {
+                rule: format!(
+                    "must be a non-empty string of at most {EVENT_TYPE_LEN_MAX} bytes (got {} bytes)",
+                    value.len()
+                ),
+            });
+        }
+        Ok(EventType(value))
+    }
+
+    /// The type as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A transport-shell error: the input is not an envelope. Nothing is stored
+/// for such an input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MalformedEnvelope {
+    /// The bytes are not valid UTF-8.
+    #[error("input is not valid UTF-8 (invalid byte at offset {offset})")]
+    NotUtf8 {
+        /// Byte offset of the first invalid byte.
+        offset: usize,
+    },
+    /// The text is not one JSON value (syntax error, NaN, Infinity, a number out
+    /// of range, a repeated key, trailing data).
+    #[error("not valid JSON: {message}")]
+    NotJson {
+        /// What the JSON reader reported.
+        message: String,
+    },
+    /// The JSON value is not an object.
+    #[error("an envelope must be a JSON object (got {found})")]
+    NotAnObject {
+        /// The kind of JSON value found.
+        found: &'static str,
+    },
+    /// A required field is absent.
+    #[error("field `{field}` is missing")]
+    MissingField {
+        /// The missing field.
+        field: &'static str,
+    },
+    /// A field that the protocol does not define is present.
+    #[error("field `{field}` is not an envelope field (allowed: event_id, flow_id, seq, schema_version, type, payload)")]
+    UnknownField {
+        /// The unexpected field name.
+        field: String,
+    },
+    /// A field has the wrong JSON type or breaks its rule.
+    #[error("field `{field}` {rule}")]
+    InvalidField {
+        /// The field.
+        field: &'static str,
+        /// The rule it broke.
+        rule: String,
+    },
+}
+
+impl MalformedEnvelope {
+    fn invalid(field: &'static str, rule: impl Into<String>) -> Self {
+        MalformedEnvelope::InvalidField {
+            field,
+            rule: rule.into(),
+        }
+    }
+}
+
+/// Parses one JSON value from text, refusing a key repeated within any object.
+///
+/// NaN, Infinity and numbers out of the range of a double are refused by the
+/// JSON reader itself.
+pub fn parse_strict_json(text: &str) -> Result<Value, MalformedEnvelope> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = StrictValue::deserialize(&mut de)
+        .map(|v| v.0)
+        .and_then(|v| de.end().map(|()| v))
+        .map_err(|e| MalformedEnvelope::NotJson {
+            message: e.to_string(),
+        })?;
+    Ok(value)
+}
+
+/// Parses a sequence of whitespace-separated JSON values (one object, possibly
+/// over several lines, or one object per line), each strictly as
+/// [`parse_strict_json`]. Returns each value with the 1-based line it starts on.
+pub fn parse_strict_json_stream(
+    text: &str,
+) -> Result<Vec<(usize, Value)>, (usize, MalformedEnvelope)> {
+    let mut values = Vec::new();
+    let mut stream = serde_json::Deserializer::from_str(text).into_iter::<StrictValue>();
+    loop {
+        let start = stream.byte_offset();
+        let start = start + text[start..].len() - text[start..].trim_start().len();
+        let line = text[..start].matches('\n').count() + 1;
+        match stream.next() {
+            None => return Ok(values),
+            Some(Ok(value)) => values.push((line, value.0)),
+            Some(Err(e)) => {
+                return Err((
+                    line,
+                    MalformedEnvelope::NotJson {
+                        message: e.to_string(),
+                    },
+                ))
+            }
+        }
+    }
+}
+
+/// A JSON value whose objects never repeat a key.
+struct StrictValue(Value);
+
+impl<'de> Deserialize<'de> for StrictValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrictVisitor).map(StrictValue)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::Number(v.into()))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom("number is not finite"))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(StrictValue(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut object = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if object.contains_key(&key) {
+                return Err(de::Error::custom(format!("key {key:?} is repeated")));
+            }
+            let StrictValue(value) = map.next_value_seed(StrictSeed)?;
+            object.insert(key, value);
+        }
+        Ok(Value::Object(object))
+    }
+}
+
+struct StrictSeed;
+
+impl<'de> DeserializeSeed<'de> for StrictSeed {
+    type Value = StrictValue;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<StrictValue, D::Error> {
+        StrictValue::deserialize(deserializer)
+    }
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn positive_i64(field: &'static str, value: &Value) -> Result<i64, MalformedEnvelope> {
+    let rule = format!("must be an integer in 1..={}", i64::MAX);
+    match value {
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                if i >= 1 {
+                    return Ok(i);
+                }
+                return Err(MalformedEnvelope::invalid(
+                    field,
+                    format!("{rule} (got {i})"),
+                ));
+            }
+            if n.is_u64() {
+                return Err(MalformedEnvelope::invalid(
+                    field,
+                    format!("{rule} (got {n})"),
+                ));
+            }
+            Err(MalformedEnvelope::invalid(
+                field,
+                format!("{rule} (got the non-integer number {n})"),
+            ))
+        }
+        other => Err(MalformedEnvelope::invalid(
+            field,
+            format!("{rule} (got {})", kind_of(other)),
+        )),
+    }
+}
+
+fn string_field<'v>(field: &'static str, value: &'v Value) -> Result<&'v str, MalformedEnvelope> {
+    value.as_str().ok_or_else(|| {
+        MalformedEnvelope::invalid(field, format!("must be a string (got {})", kind_of(value)))
+    })
+}
+
+impl Envelope {
+    /// Parses an envelope from raw bytes, refusing every transport-shell error.
+    pub fn parse(bytes: &[u8]) -> Result<Envelope, MalformedEnvelope> {
+        let text = std::str::from_utf8(bytes).map_err(|e| MalformedEnvelope::NotUtf8 {
+            offset: e.valid_up_to(),
+        })?;
+        Envelope::parse_str(text)
+    }
+
+    /// Parses an envelope from text, refusing every transport-shell error.
+    pub fn parse_str(text: &str) -> Result<Envelope, MalformedEnvelope> {
+        Envelope::from_value(parse_strict_json(text)?)
+    }
+
+    /// Builds an envelope from a JSON value that was parsed with
+    /// [`parse_strict_json`] (no repeated keys), checking every field rule.
+    pub fn from_value(value: Value) -> Result<Envelope, MalformedEnvelope> {
+        let mut object = match value {
+            Value::Object(object) => object,
+            other => {
+                return Err(MalformedEnvelope::NotAnObject {
+                    found: kind_of(&other),
+                })
+            }
+        };
+        if let Some(extra) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            return Err(MalformedEnvelope::UnknownField {
+                field: extra.clone(),
+            });
+        }
+        for field in FIELDS {
+            if !object.contains_key(field) {
+                return Err(MalformedEnvelope::MissingField { field });
+            }
+        }
+        let event_id = EventId::new(string_field("event_id", &object["event_id"])?)
+            .map_err(|e| MalformedEnvelope::invalid("event_id", e.rule))?;
+        let flow_id = FlowId::new(string_field("flow_id", &object["flow_id"])?)
+            .map_err(|e| MalformedEnvelope::invalid("flow_id", e.rule))?;
+        let seq = Seq::new(positive_i64("seq", &object["seq"])?)
+            .map_err(|e| MalformedEnvelope::invalid("seq", e.rule))?;
+        let schema_version =
+            SchemaVersion::new(positive_i64("schema_version", &object["schema_version"])?)
+                .map_err(|e| MalformedEnvelope::invalid("schema_version", e.rule))?;
+        let event_type = EventType::new(string_field("type", &object["type"])?)
+            .map_err(|e| MalformedEnvelope::invalid("type", e.rule))?;
+        let payload = match object.remove("payload") {
+            Some(Value::Object(payload)) => payload,
+            Some(other) => {
+                return Err(MalformedEnvelope::invalid(
+                    "payload",
+                    format!("must be a JSON object (got {})", kind_of(&other)),
+                ))
+            }
+            None => return Err(MalformedEnvelope::MissingField { field: "payload" }),
+        };
+        Ok(Envelope {
+            event_id,
+            flow_id,
+            seq,
+            schema_version,
+            event_type,
+            payload,
+        })
+    }
+
+    /// The envelope as a JSON object with exactly the six protocol fields.
+    pub fn to_value(&self) -> Value {
+        let mut object = Map::new();
+        object.insert("event_id".into(), self.event_id.as_str().into());
+        object.insert("flow_id".into(), self.flow_id.as_str().into());
+        object.insert("seq".into(), self.seq.get().into());
+        object.insert("schema_version".into(), self.schema_version.get().into());
+        object.insert("type".into(), self.event_type.as_str().into());
+        object.insert("payload".into(), Value::Object(self.payload.clone()));
+        Value::Object(object)
+    }
+
+    /// The canonical body: the RFC 8785 serialization of [`Envelope::to_value`].
+    /// Key order and the spelling of numbers (`5` or `5.0`) do not change it.
+    pub fn body(&self) -> String {
+        canonical_json(&self.to_value())
+    }
+
+    /// The SHA-256 of [`Envelope::body`], as 64 lowercase hex characters. Two
+    /// envelopes have the same hash exactly when they have the same body (up to
+    /// SHA-256 collisions).
+    pub fn body_hash(&self) -> BodyHash {
+        BodyHash::of(&self.body())
+    }
+}
+
+/// The RFC 8785 canonical serialization of a JSON value.
+pub fn canonical_json(value: &Value) -> String {
+    // Serializing a `serde_json::Value` cannot fail: every map key is a string
+    // and every number is finite.
+    serde_jcs::to_string(value).expect("a JSON value always has a canonical form")
+}
+
+/// The SHA-256 of a canonical body, as lowercase hex.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BodyHash(String);
+
+impl BodyHash {
+    /// Hashes a canonical body.
+    pub fn of(body: &str) -> BodyHash {
+        let digest = Sha256::digest(body.as_bytes());
+        let mut hex = String::with_capacity(64);
+        for byte in digest.iter() {
+            hex.push_str(&format!("{byte:02x}"));
+        }
+        BodyHash(hex)
+    }
+
+    /// Accepts a stored hash (64 lowercase hex characters).
+    pub fn from_hex(hex: &str) -> Result<BodyHash, RuleViolation> {
+        if hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            Ok(BodyHash(hex.to_owned()))
+        } else {
+            Err(RuleViolation {
+                rule: "must be 64 lowercase hex characters".into(),
+            })
+        }
+    }
+
+    /// The hash as hex text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for BodyHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"{"event_id":"e-1","flow_id":"f","seq":1,"schema_version":1,"type":"reserved","payload":{"amount":5}}"#;
+
+    fn replace(field: &str, raw: &str) -> String {
+        let mut value: Value = serde_json::from_str(GOOD).unwrap();
+        let object = value.as_object_mut().unwrap();
+        let parsed: Value = serde_json::from_str(raw).unwrap();
+        object.insert(field.into(), parsed);
+        value.to_string()
+    }
+
+    #[test]
+    fn good_envelope_parses() {
+        let env = Envelope::parse(GOOD.as_bytes()).unwrap();
+        assert_eq!(env.event_id.as_str(), "e-1");
+        assert_eq!(env.seq.get(), 1);
+        assert_eq!(env.payload["amount"], 5);
+    }
+
+    #[test]
+    fn malformed_envelopes_are_refused_with_the_field_named() {
+        let long_id = format!("\"{}\"", "a".repeat(101));
+        let long_type = format!("\"{}\"", "t".repeat(101));
+        let cases: Vec<(String, &str)> = vec![
+            ("not json".into(), "not valid JSON"),
+            ("[1,2]".into(), "must be a JSON object"),
+            ("\"text\"".into(), "must be a JSON object"),
+            ("".into(), "not valid JSON"),
+            (format!("{GOOD} {{}}"), "not valid JSON"),
+            (GOOD.replace("\"seq\":1", "\"seq\":NaN"), "not valid JSON"),
+            (
+                GOOD.replace("\"seq\":1", "\"seq\":Infinity"),
+                "not valid JSON",
+            ),
+            (
+                GOOD.replace("{\"amount\":5}", "{\"amount\":1e400}"),
+                "not valid JSON",
+            ),
+            (GOOD.replace("\"seq\":1", "\"seq\":1,\"seq\":1"), "repeated"),
+            (
+                GOOD.replace("{\"amount\":5}", "{\"amount\":5,\"amount\":6}"),
+                "repeated",
+            ),
+            (GOOD.replace(",\"seq\":1", ""), "`seq` is missing"),
+            (
+                GOOD.replace(",\"payload\":{\"amount\":5}", ""),
+                "`payload` is missing",
+            ),
+            (
+                GOOD.replace("\"seq\":1", "\"seq\":1,\"extra\":true"),
+                "`extra` is not an envelope field",
+            ),
+            (replace("seq", "0"), "`seq` must be an integer"),
+            (replace("seq", "-3"), "`seq` must be an integer"),
+            (replace("seq", "1.0"), "`seq` must be an integer"),
+            (replace("seq", "1.5"), "`seq` must be an integer"),
+            (replace("seq", "\"1\""), "`seq` must be an integer"),
+            (
+                replace("seq", "9223372036854775808"),
+                "`seq` must be an integer",
+            ),
+            (replace("seq", "null"), "`seq` must be an integer"),
+            (
+                replace("schema_version", "0"),
+                "`schema_version` must be an integer",
+            ),
+            (
+                replace("schema_version", "\"1\""),
+                "`schema_version` must be an integer",
+            ),
+            (replace("event_id", "\"\""), "`event_id` must be 1 to 100"),
+            (replace("event_id", &long_id), "`event_id` must be 1 to 100"),
+            (
+                replace("event_id", "\"a b\""),
+                "`event_id` must be 1 to 100",
+            ),
+            (replace("event_id", "7"), "`event_id` must be a string"),
+            (
+                replace("flow_id", "\"flow.1\""),
+                "`flow_id` must be 1 to 100",
+            ),
+            (
+                replace("flow_id", "\"fl\\u00f6w\""),
+                "`flow_id` must be 1 to 100",
+            ),
+            (replace("type", "\"\""), "`type` must be a non-empty string"),
+            (
+                replace("type", &long_type),
+                "`type` must be a non-empty string",
+            ),
+            (replace("type", "[]"), "`type` must be a string"),
+            (replace("payload", "[]"), "`payload` must be a JSON object"),
+            (
+                replace("payload", "null"),
+                "`payload` must be a JSON object",
+            ),
+        ];
+        for (input, expected) in &cases {
+            let err = Envelope::parse(input.as_bytes()).expect_err(input);
+            let message = err.to_string();
+            assert!(
+                message.contains(expected),
+                "input {input}: message {message:?} lacks {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_is_refused() {
+        let mut bytes = GOOD.as_bytes().to_vec();
+        bytes[20] = 0xff;
+        assert!(matches!(
+            Envelope::parse(&bytes),
+            Err(MalformedEnvelope::NotUtf8 { offset: 20 })
+        ));
+    }
+
+    #[test]
+    fn bounds_of_seq_and_ids() {
+        let max = replace("seq", &i64::MAX.to_string());
+        assert_eq!(Envelope::parse_str(&max).unwrap().seq.get(), i64::MAX);
+        let id100 = replace("flow_id", &format!("\"{}\"", "f".repeat(100)));
+        assert!(Envelope::parse_str(&id100).is_ok());
+        let type100 = replace("type", &format!("\"{}\"", "t".repeat(100)));
+        assert!(Envelope::parse_str(&type100).is_ok());
+    }
+
+    #[test]
+    fn body_ignores_key_order_and_number_spelling() {
+        let a = Envelope::parse_str(GOOD).unwrap();
+        let b = Envelope::parse_str(
+            r#"{"payload":{"amount":5.0},"type":"reserved","schema_version":1,"seq":1,"flow_id":"f","event_id":"e-1"}"#,
+        )
+        .unwrap();
+        assert_eq!(a.body(), b.body());
+        assert_eq!(a.body_hash(), b.body_hash());
+        assert_eq!(
+            a.body(),
+            r#"{"event_id":"e-1","flow_id":"f","payload":{"amount":5},"schema_version":1,"seq":1,"type":"reserved"}"#
+        );
+        let c = Envelope::parse_str(&GOOD.replace("5}", "6}")).unwrap();
+        assert_ne!(a.body_hash(), c.body_hash());
+    }
+
+    #[test]
+    fn stream_reads_one_object_over_lines_or_one_per_line() {
+        let multi = "{\n \"a\": 1\n}\n";
+        assert_eq!(parse_strict_json_stream(multi).unwrap().len(), 1);
+        let lines = "{\"a\":1}\n\n{\"b\":2}\n";
+        let values = parse_strict_json_stream(lines).unwrap();
+        assert_eq!(values.iter().map(|v| v.0).collect::<Vec<_>>(), vec![1, 3]);
+        let (line, _) = parse_strict_json_stream("{\"a\":1}\n{\"a\":1,\"a\":2}\n").unwrap_err();
+        assert_eq!(line, 2);
+        assert!(parse_strict_json_stream("  \n").unwrap().is_empty());
+    }
+}

@@ -1,0 +1,718 @@
+//! The built-in reference domain: the reservation flow
+//! `new -> reserved -> confirmed -> released`, one event per step, with one
+//! fixed quantity. Pure decisions only; the stores run them inside their
+//! transactions.
+
+use std::fmt;
+
+use serde_json::{Map, Value};
+
+use crate::envelope::{Envelope, EventType};
+use crate::ids::{EventId, FlowId, Quantity, RuleViolation, SchemaVersion, Seq};
+use crate::outcome::BlockReason;
+
+/// The state of a reservation flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FlowState {
+    /// Never advanced.
+    New,
+    /// Quantity reserved.
+    Reserved,
+    /// Reservation confirmed.
+    Confirmed,
+    /// Reservation released; the flow is finished.
+    Released,
+}
+
+impl FlowState {
+    /// The state's name as it appears on the wire and in storage.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FlowState::New => "new",
+            FlowState::Reserved => "reserved",
+            FlowState::Confirmed => "confirmed",
+            FlowState::Released => "released",
+        }
+    }
+
+    /// Reads a state name.
+    pub fn parse(name: &str) -> Option<FlowState> {
+        match name {
+            "new" => Some(FlowState::New),
+            "reserved" => Some(FlowState::Reserved),
+            "confirmed" => Some(FlowState::Confirmed),
+            "released" => Some(FlowState::Released),
+            _ => None,
+        }
+    }
+
+    /// The only legal next state, or `None` for `released`: no step is
+    /// skipped, no flow reopens or loops.
+    pub fn next(self) -> Option<FlowState> {
+        match self {
+            FlowState::New => Some(FlowState::Reserved),
+            FlowState::Reserved => Some(FlowState::Confirmed),
+            FlowState::Confirmed => Some(FlowState::Released),
+            FlowState::Released => None,
+        }
+    }
+}
+
+impl fmt::Display for FlowState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A producer's record of one flow. A flow without a record is `new` with
+/// `last_seq = 0`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlowRecord {
+    /// The flow.
+    pub flow_id: FlowId,
+    /// Its current state.
+    pub state: FlowState,
+    /// Its quantity (`None` only while `new`).
+    pub quantity: Option<Quantity>,
+    /// The seq of its last committed event (0 if none).
+    pub last_seq: i64,
+}
+
+impl FlowRecord {
+    /// The record of a flow that was never advanced.
+    pub fn new_flow(flow_id: FlowId) -> FlowRecord {
+        FlowRecord {
+            flow_id,
+            state: FlowState::New,
+            quantity: None,
+            last_seq: 0,
+        }
+    }
+}
+
+/// A consumer's projection of one flow, built only by applied events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Projection {
+    /// The flow.
+    pub flow_id: FlowId,
+    /// The state reached by the applied events.
+    pub state: FlowState,
+    /// The quantity set by the applied `reserved` event.
+    pub quantity: Option<Quantity>,
+    /// The seq of the last applied event (0 if none).
+    pub applied_seq: i64,
+}
+
+impl Projection {
+    /// The projection of a flow nothing was applied to.
+    pub fn empty(flow_id: FlowId) -> Projection {
+        Projection {
+            flow_id,
+            state: FlowState::New,
+            quantity: None,
+            applied_seq: 0,
+        }
+    }
+}
+
+/// A validated request to advance a flow by one step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdvanceRequest {
+    /// The flow to advance.
+    pub flow_id: FlowId,
+    /// The `last_seq` the caller believes the flow has (`0..=i64::MAX`).
+    pub expected_seq: i64,
+    /// The target state (never `new`).
+    pub to: FlowState,
+    /// The quantity: required for `reserved`; for later steps it defaults to
+    /// the flow's and must equal it when given.
+    pub quantity: Option<Quantity>,
+    /// The payload schema the producer emits: 1 or 2.
+    pub schema_version: SchemaVersion,
+}
+
+/// Why an advance request is invalid before any storage is touched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidRequest {
+    /// `expected_seq` is negative.
+    #[error("--expected-seq must be an integer in 0..=9223372036854775807 (got {0})")]
+    ExpectedSeq(i64),
+    /// The target is `new`.
+    #[error("--to must be one of reserved, confirmed, released (got new)")]
+    TargetNew,
+    /// `reserved` without a quantity.
+    #[error("--quantity is required for --to reserved")]
+    QuantityRequired,
+    /// A schema the producer cannot emit.
+    #[error("--schema must be 1 or 2 (got {0})")]
+    Schema(i64),
+}
+
+impl AdvanceRequest {
+    /// Checks the request's own rules (not the flow's).
+    pub fn new(
+        flow_id: FlowId,
+        expected_seq: i64,
+        to: FlowState,
+        quantity: Option<Quantity>,
+        schema_version: SchemaVersion,
+    ) -> Result<AdvanceRequest, InvalidRequest> {
+        if expected_seq < 0 {
+            return Err(InvalidRequest::ExpectedSeq(expected_seq));
+        }
+        if to == FlowState::New {
+            return Err(InvalidRequest::TargetNew);
+        }
+        if to == FlowState::Reserved && quantity.is_none() {
+            return Err(InvalidRequest::QuantityRequired);
+        }
+        if schema_version != SchemaVersion::V1 && schema_version != SchemaVersion::V2 {
+            return Err(InvalidRequest::Schema(schema_version.get()));
+        }
+        Ok(AdvanceRequest {
+            flow_id,
+            expected_seq,
+            to,
+            quantity,
+            schema_version,
+        })
+    }
+}
+
+/// Why a well-formed advance request is refused by the flow's state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdvanceRefused {
+    /// The request names a quantity different from the flow's.
+    #[error("--quantity {requested} differs from flow {flow_id}'s quantity {fixed} (a flow's quantity never changes)")]
+    QuantityMismatch {
+        /// The flow.
+        flow_id: FlowId,
+        /// The flow's fixed quantity.
+        fixed: Quantity,
+        /// The quantity requested.
+        requested: Quantity,
+    },
+    /// The flow's seq would pass `i64::MAX`.
+    #[error("flow {flow_id}: no seq is left after {}", i64::MAX)]
+    SeqExhausted {
+        /// The flow.
+        flow_id: FlowId,
+    },
+}
+
+/// The decision for an advance request, given the flow's current record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AdvanceDecision {
+    /// Write `flow` and insert `event`, in one transaction.
+    Commit {
+        /// The flow's new record.
+        flow: FlowRecord,
+        /// The event to append to the outbox.
+        event: Envelope,
+    },
+    /// `expected_seq` differs from the flow's `last_seq`.
+    Stale {
+        /// The flow's actual `last_seq`.
+        last_seq: i64,
+    },
+    /// The target is not the legal next step.
+    InvalidTransition {
+        /// The flow's current state.
+        from: FlowState,
+        /// The requested state.
+        to: FlowState,
+    },
+}
+
+/// The event id the producer gives to `(flow_id, seq)`: `FLOW-SEQ` when that
+/// fits in 100 characters, else `h` followed by the SHA-256 of both in hex.
+/// Both forms are deterministic, so a flow's history has the same ids
+/// whichever process committed it.
+pub fn event_id_for(flow_id: &FlowId, seq: Seq) -> EventId {
+    let readable = format!("{flow_id}-{seq}");
+    let id = if readable.len() <= crate::ids::IDENTIFIER_LEN_MAX {
+        readable
+    } else {
+        let hash = crate::envelope::BodyHash::of(&format!("{flow_id}\n{seq}"));
+        format!("h{hash}")
+    };
+    EventId::new(id).expect("both event id forms are identifiers")
+}
+
+/// The payload of a reservation event in the given schema (1 or 2).
+pub fn payload_for(schema_version: SchemaVersion, quantity: Quantity) -> Map<String, Value> {
+    let key = if schema_version == SchemaVersion::V2 {
+        "units"
+    } else {
+        "amount"
+    };
+    let mut payload = Map::new();
+    payload.insert(key.into(), quantity.get().into());
+    payload
+}
+
+/// Decides an advance. Order of checks: `stale`, then `invalid_transition`,
+/// then a quantity different from the flow's, then seq exhaustion.
+pub fn decide_advance(
+    current: &FlowRecord,
+    request: &AdvanceRequest,
+) -> Result<AdvanceDecision, AdvanceRefused> {
+    debug_assert_eq!(current.flow_id, request.flow_id);
+    if request.expected_seq != current.last_seq {
+        return Ok(AdvanceDecision::Stale {
+            last_seq: current.last_seq,
+        });
+    }
+    if current.state.next() != Some(request.to) {
+        return Ok(AdvanceDecision::InvalidTransition {
+            from: current.state,
+            to: request.to,
+        });
+    }
+    let quantity = match (current.quantity, request.quantity) {
+        (None, Some(requested)) => requested,
+        (Some(fixed), None) => fixed,
+        (Some(fixed), Some(requested)) if fixed == requested => fixed,
+        (Some(fixed), Some(requested)) => {
+            return Err(AdvanceRefused::QuantityMismatch {
+                flow_id: current.flow_id.clone(),
+                fixed,
+                requested,
+            })
+        }
+        (None, None) => {
+            unreachable!("a new flow only advances to reserved, which requires a quantity")
+        }
+    };
+    let seq = Seq::after(current.last_seq).ok_or_else(|| AdvanceRefused::SeqExhausted {
+        flow_id: current.flow_id.clone(),
+    })?;
+    let event = Envelope {
+        event_id: event_id_for(&current.flow_id, seq),
+        flow_id: current.flow_id.clone(),
+        seq,
+        schema_version: request.schema_version,
+        event_type: EventType::new(request.to.as_str()).expect("state names are event types"),
+        payload: payload_for(request.schema_version, quantity),
+    };
+    Ok(AdvanceDecision::Commit {
+        flow: FlowRecord {
+            flow_id: current.flow_id.clone(),
+            state: request.to,
+            quantity: Some(quantity),
+            last_seq: seq.get(),
+        },
+        event,
+    })
+}
+
+/// Consumer options that change how stored events are decoded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ApplyOptions {
+    /// Decode schema 2 (`{"units": q}`) as well as schema 1.
+    pub support_v2: bool,
+}
+
+/// Reads the quantity of a stored event's payload. Order: the schema must be
+/// supported, then the payload must be exactly `{"amount": q}` (schema 1) or
+/// `{"units": q}` (schema 2) with `q` an integer in `1..=1_000_000`.
+pub fn decode_quantity(event: &Envelope, options: ApplyOptions) -> Result<Quantity, BlockReason> {
+    let key = match event.schema_version.get() {
+        1 => "amount",
+        2 if options.support_v2 => "units",
+        _ => return Err(BlockReason::UnsupportedSchema),
+    };
+    if event.payload.len() != 1 {
+        return Err(BlockReason::InvalidPayload);
+    }
+    event
+        .payload
+        .get(key)
+        .and_then(Value::as_i64)
+        .and_then(|q| Quantity::new(q).ok())
+        .ok_or(BlockReason::InvalidPayload)
+}
+
+/// Decides whether a stored event applies to a projection. Returns the new
+/// projection, or the reason the event is blocked (the first that applies in
+/// the order `unsupported_schema`, `invalid_payload`, `invalid_transition`).
+pub fn decide_apply(
+    projection: &Projection,
+    event: &Envelope,
+    options: ApplyOptions,
+) -> Result<Projection, BlockReason> {
+    debug_assert_eq!(projection.flow_id, event.flow_id);
+    debug_assert_eq!(Seq::after(projection.applied_seq), Some(event.seq));
+    let quantity = decode_quantity(event, options)?;
+    let target =
+        FlowState::parse(event.event_type.as_str()).ok_or(BlockReason::InvalidTransition)?;
+    if projection.state.next() != Some(target) {
+        return Err(BlockReason::InvalidTransition);
+    }
+    if let Some(fixed) = projection.quantity {
+        if fixed != quantity {
+            return Err(BlockReason::InvalidTransition);
+        }
+    }
+    Ok(Projection {
+        flow_id: projection.flow_id.clone(),
+        state: target,
+        quantity: Some(quantity),
+        applied_seq: event.seq.get(),
+    })
+}
+
+/// Parses a state name for storage decoding.
+pub fn parse_state(name: &str) -> Result<FlowState, RuleViolation> {
+    FlowState::parse(name).ok_or_else(|| RuleViolation {
+        rule: format!("unknown flow state {name:?}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flow(state: FlowState, quantity: Option<i64>, last_seq: i64) -> FlowRecord {
+        FlowRecord {
+            flow_id: FlowId::new("f").unwrap(),
+            state,
+            quantity: quantity.map(|q| Quantity::new(q).unwrap()),
+            last_seq,
+        }
+    }
+
+    fn request(expected: i64, to: FlowState, quantity: Option<i64>) -> AdvanceRequest {
+        AdvanceRequest::new(
+            FlowId::new("f").unwrap(),
+            expected,
+            to,
+            quantity.map(|q| Quantity::new(q).unwrap()),
+            SchemaVersion::V1,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn advance_decisions() {
+        use FlowState::*;
+        let cases = [
+            // (current, request, expected outcome name)
+            (flow(New, None, 0), request(0, Reserved, Some(5)), "commit"),
+            (flow(New, None, 0), request(1, Reserved, Some(5)), "stale"),
+            (
+                flow(New, None, 0),
+                request(0, Confirmed, Some(5)),
+                "invalid_transition",
+            ),
+            (
+                flow(New, None, 0),
+                request(0, Released, Some(5)),
+                "invalid_transition",
+            ),
+            (
+                flow(Reserved, Some(5), 1),
+                request(1, Confirmed, None),
+                "commit",
+            ),
+            (
+                flow(Reserved, Some(5), 1),
+                request(1, Confirmed, Some(5)),
+                "commit",
+            ),
+            (
+                flow(Reserved, Some(5), 1),
+                request(1, Confirmed, Some(6)),
+                "quantity",
+            ),
+            (
+                flow(Reserved, Some(5), 1),
+                request(1, Reserved, Some(5)),
+                "invalid_transition",
+            ),
+            (
+                flow(Reserved, Some(5), 1),
+                request(1, Released, None),
+                "invalid_transition",
+            ),
+            (
+                flow(Reserved, Some(5), 1),
+                request(0, Confirmed, None),
+                "stale",
+            ),
+            (
+                flow(Confirmed, Some(5), 2),
+                request(2, Released, None),
+                "commit",
+            ),
+            (
+                flow(Released, Some(5), 3),
+                request(3, Reserved, Some(5)),
+                "invalid_transition",
+            ),
+            (
+                flow(Released, Some(5), 3),
+                request(3, Released, None),
+                "invalid_transition",
+            ),
+            // stale wins over an illegal step and a wrong quantity
+            (
+                flow(Released, Some(5), 3),
+                request(2, Reserved, Some(9)),
+                "stale",
+            ),
+            // an illegal step wins over a wrong quantity
+            (
+                flow(Reserved, Some(5), 1),
+                request(1, Reserved, Some(9)),
+                "invalid_transition",
+            ),
+            (
+                flow(Reserved, Some(5), i64::MAX),
+                request(i64::MAX, Confirmed, None),
+                "exhausted",
+            ),
+        ];
+        for (current, req, expected) in cases {
+            let got = match decide_advance(&current, &req) {
+                Ok(AdvanceDecision::Commit { .. }) => "commit",
+                Ok(AdvanceDecision::Stale { .. }) => "stale",
+                Ok(AdvanceDecision::InvalidTransition { .. }) => "invalid_transition",
+                Err(AdvanceRefused::QuantityMismatch { .. }) => "quantity",
+                Err(AdvanceRefused::SeqExhausted { .. }) => "exhausted",
+            };
+            assert_eq!(got, expected, "{current:?} {req:?}");
+        }
+    }
+
+    #[test]
+    fn committed_event_carries_next_seq_and_payload() {
+        let decision = decide_advance(
+            &flow(FlowState::New, None, 0),
+            &request(0, FlowState::Reserved, Some(7)),
+        )
+        .unwrap();
+        let AdvanceDecision::Commit { flow, event } = decision else {
+            panic!("expected a commit")
+        };
+        assert_eq!(flow.last_seq, 1);
+        assert_eq!(event.seq, Seq::FIRST);
+        assert_eq!(event.event_id.as_str(), "f-1");
+        assert_eq!(event.event_type.as_str(), "reserved");
+        assert_eq!(
+            Value::Object(event.payload),
+            serde_json::json!({"amount": 7})
+        );
+    }
+
+    #[test]
+    fn long_flow_ids_get_hashed_event_ids() {
+        let long = FlowId::new("f".repeat(100)).unwrap();
+        let id = event_id_for(&long, Seq::FIRST);
+        assert!(id.as_str().starts_with('h') && id.as_str().len() == 65);
+        assert_ne!(id, event_id_for(&long, Seq::new(2).unwrap()));
+    }
+
+    #[test]
+    fn request_rules() {
+        let f = || FlowId::new("f").unwrap();
+        let q = Some(Quantity::new(1).unwrap());
+        assert_eq!(
+            AdvanceRequest::new(f(), -1, FlowState::Reserved, q, SchemaVersion::V1),
+            Err(InvalidRequest::ExpectedSeq(-1))
+        );
+        assert_eq!(
+            AdvanceRequest::new(f(), 0, FlowState::Reserved, None, SchemaVersion::V1),
+            Err(InvalidRequest::QuantityRequired)
+        );
+        assert_eq!(
+            AdvanceRequest::new(f(), 0, FlowState::New, q, SchemaVersion::V1),
+            Err(InvalidRequest::TargetNew)
+        );
+        assert_eq!(
+            AdvanceRequest::new(
+                f(),
+                0,
+                FlowState::Reserved,
+                q,
+                SchemaVersion::new(3).unwrap()
+            ),
+            Err(InvalidRequest::Schema(3))
+        );
+        assert!(
+            AdvanceRequest::new(f(), i64::MAX, FlowState::Confirmed, None, SchemaVersion::V2)
+                .is_ok()
+        );
+    }
+
+    fn stored(seq: i64, schema: i64, event_type: &str, payload: Value) -> Envelope {
+        Envelope {
+            event_id: EventId::new(format!("e{seq}")).unwrap(),
+            flow_id: FlowId::new("f").unwrap(),
+            seq: Seq::new(seq).unwrap(),
+            schema_version: SchemaVersion::new(schema).unwrap(),
+            event_type: EventType::new(event_type).unwrap(),
+            payload: payload.as_object().unwrap().clone(),
+        }
+    }
+
+    #[test]
+    fn apply_decisions() {
+        use serde_json::json;
+        use BlockReason::*;
+        let empty = Projection::empty(FlowId::new("f").unwrap());
+        let reserved = Projection {
+            state: FlowState::Reserved,
+            quantity: Some(Quantity::new(5).unwrap()),
+            applied_seq: 1,
+            ..empty.clone()
+        };
+        let v1 = ApplyOptions::default();
+        let v2 = ApplyOptions { support_v2: true };
+        let cases: Vec<(
+            &Projection,
+            Envelope,
+            ApplyOptions,
+            Result<FlowState, BlockReason>,
+        )> = vec![
+            (
+                &empty,
+                stored(1, 1, "reserved", json!({"amount": 5})),
+                v1,
+                Ok(FlowState::Reserved),
+            ),
+            (
+                &empty,
+                stored(1, 1, "reserved", json!({"amount": 1})),
+                v1,
+                Ok(FlowState::Reserved),
+            ),
+            (
+                &empty,
+                stored(1, 1, "reserved", json!({"amount": 1_000_000})),
+                v1,
+                Ok(FlowState::Reserved),
+            ),
+            (
+                &empty,
+                stored(1, 1, "reserved", json!({"amount": 0})),
+                v1,
+                Err(InvalidPayload),
+            ),
+            (
+                &empty,
+                stored(1, 1, "reserved", json!({"amount": 1_000_001})),
+                v1,
+                Err(InvalidPayload),
+            ),
+            (
+                &empty,
+                stored(1, 1, "reserved", json!({"amount": 5.5})),
+                v1,
+                Err(InvalidPayload),
+            ),
+            (
+                &empty,
+                stored(1, 1, "reserved", json!({"amount": "5"})),
+                v1,
+                Err(InvalidPayload),
+            ),
+            (
+                &empty,
+                stored(1, 1, "reserved", json!({"units": 5})),
+                v1,
+                Err(InvalidPayload),
+            ),
+            (
+                &empty,
+                stored(1, 1, "reserved", json!({})),
+                v1,
+                Err(InvalidPayload),
+            ),
+            (
+                &empty,
+                stored(1, 1, "reserved", json!({"amount": 5, "x": 1})),
+                v1,
+                Err(InvalidPayload),
+            ),
+            (
+                &empty,
+                stored(1, 2, "reserved", json!({"units": 5})),
+                v1,
+                Err(UnsupportedSchema),
+            ),
+            (
+                &empty,
+                stored(1, 2, "reserved", json!({"units": 5})),
+                v2,
+                Ok(FlowState::Reserved),
+            ),
+            (
+                &empty,
+                stored(1, 2, "reserved", json!({"amount": 5})),
+                v2,
+                Err(InvalidPayload),
+            ),
+            (
+                &empty,
+                stored(1, 9, "reserved", json!({"amount": 5})),
+                v2,
+                Err(UnsupportedSchema),
+            ),
+            // unsupported schema wins over a bad payload and a bad step
+            (
+                &empty,
+                stored(1, 9, "released", json!({})),
+                v1,
+                Err(UnsupportedSchema),
+            ),
+            // a bad payload wins over a bad step
+            (
+                &empty,
+                stored(1, 1, "released", json!({})),
+                v1,
+                Err(InvalidPayload),
+            ),
+            (
+                &empty,
+                stored(1, 1, "confirmed", json!({"amount": 5})),
+                v1,
+                Err(InvalidTransition),
+            ),
+            (
+                &empty,
+                stored(1, 1, "shipped", json!({"amount": 5})),
+                v1,
+                Err(InvalidTransition),
+            ),
+            (
+                &reserved,
+                stored(2, 1, "confirmed", json!({"amount": 5})),
+                v1,
+                Ok(FlowState::Confirmed),
+            ),
+            (
+                &reserved,
+                stored(2, 1, "confirmed", json!({"amount": 6})),
+                v1,
+                Err(InvalidTransition),
+            ),
+            (
+                &reserved,
+                stored(2, 1, "released", json!({"amount": 5})),
+                v1,
+                Err(InvalidTransition),
+            ),
+            (
+                &reserved,
+                stored(2, 1, "reserved", json!({"amount": 5})),
+                v1,
+                Err(InvalidTransition),
+            ),
+        ];
+        for (projection, event, options, expected) in cases {
+            let got = decide_apply(projection, &event, options).map(|p| p.state);
+            assert_eq!(got, expected, "{event:?} with {options:?}");
+        }
+    }
+}

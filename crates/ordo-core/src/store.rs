@@ -1,0 +1,290 @@
+//! The store traits every backend implements, and the pure decisions the
+//! backends run inside their transactions.
+
+use crate::envelope::{BodyHash, Envelope};
+use crate::error::{AdvanceError, StoreError};
+use crate::ids::{EventId, FlowId, Seq};
+use crate::outcome::{
+    Advance, BlockReason, Drain, DrainStop, EffectRecord, InboxRecord, InboxStatus, OutboxRecord,
+    Receipt, Step,
+};
+use crate::reservation::{AdvanceRequest, ApplyOptions, FlowRecord, Projection};
+
+/// The producer side: flows and their outbox.
+pub trait ProducerStore {
+    /// Advances a flow by one step: in one write transaction, reads the flow,
+    /// decides with [`crate::reservation::decide_advance`], and commits the new
+    /// state together with the event, or writes nothing.
+    fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError>;
+
+    /// Every flow that has a record, ordered by flow id.
+    fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError>;
+
+    /// Every outbox row, in commit order.
+    fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError>;
+
+    /// One outbox row by event id.
+    fn outbox_event(&mut self, event_id: &EventId) -> Result<Option<OutboxRecord>, StoreError>;
+
+    /// Up to `limit` events not yet accepted, oldest commit first.
+    fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError>;
+
+    /// Marks these events accepted (custody moved), in one transaction.
+    /// Callers pass only events whose receipt moved custody.
+    fn mark_accepted(&mut self, event_ids: &[EventId]) -> Result<(), StoreError>;
+}
+
+/// The consumer side: inbox, projection and effects.
+pub trait ConsumerStore {
+    /// Stores envelopes durably in one transaction and returns one receipt per
+    /// envelope, in input order. Never changes the projection or the effects.
+    /// Within a batch, a later envelope sees the earlier ones.
+    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError>;
+
+    /// [`ConsumerStore::receive_batch`] for one envelope.
+    fn receive(&mut self, envelope: &Envelope) -> Result<Receipt, StoreError> {
+        let receipts = self.receive_batch(std::slice::from_ref(envelope))?;
+        assert_eq!(receipts.len(), 1, "one receipt per envelope");
+        Ok(receipts[0])
+    }
+
+    /// Looks only at `(flow_id, applied_seq + 1)` and applies it, blocks it,
+    /// or reports `gap` or `idle`. An application commits the projection
+    /// change, one effect record and the inbox mark in one transaction.
+    fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError>;
+
+    /// Flows with a `pending` row, or with `support_v2` a row blocked for
+    /// `unsupported_schema`, ordered by flow id.
+    fn flows_with_work(&mut self, options: ApplyOptions) -> Result<Vec<FlowId>, StoreError>;
+
+    /// Every inbox row, ordered by flow id then seq.
+    fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError>;
+
+    /// Every projection, ordered by flow id.
+    fn projections(&mut self) -> Result<Vec<Projection>, StoreError>;
+
+    /// Every effect record, ordered by flow id then seq.
+    fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError>;
+}
+
+/// Applies a flow's events until `limit` applications (`None`: no limit), a
+/// gap, a blocked event, or nothing more. Only [`DrainStop::Idle`] means the
+/// flow is caught up.
+pub fn drain<C: ConsumerStore + ?Sized>(
+    consumer: &mut C,
+    flow_id: &FlowId,
+    limit: Option<u64>,
+    options: ApplyOptions,
+) -> Result<Drain, StoreError> {
+    let mut applied = 0u64;
+    let stop = loop {
+        if limit.is_some_and(|limit| applied >= limit) {
+            break DrainStop::Limit;
+        }
+        match consumer.apply_next(flow_id, options)? {
+            Step::Applied { .. } => applied += 1,
+            Step::Gap { .. } => break DrainStop::Gap,
+            Step::Blocked { reason, .. } => break DrainStop::Blocked(reason),
+            Step::Idle => break DrainStop::Idle,
+        }
+    };
+    Ok(Drain {
+        flow_id: flow_id.clone(),
+        applied,
+        stop,
+    })
+}
+
+/// Drains every flow that has work, each with its own `limit`; a blocked or
+/// gapped flow never stops the others.
+pub fn process_all<C: ConsumerStore + ?Sized>(
+    consumer: &mut C,
+    limit: Option<u64>,
+    options: ApplyOptions,
+) -> Result<Vec<Drain>, StoreError> {
+    let flows = consumer.flows_with_work(options)?;
+    flows
+        .iter()
+        .map(|flow_id| drain(consumer, flow_id, limit, options))
+        .collect()
+}
+
+/// What the consumer already stores under an incoming envelope's identities.
+#[derive(Debug, Clone, Default)]
+pub struct StoredIdentities {
+    /// The body hash stored under the incoming `event_id`, if any.
+    pub by_event_id: Option<BodyHash>,
+    /// The event id stored under the incoming `(flow_id, seq)`, if any.
+    pub by_flow_seq: Option<EventId>,
+}
+
+/// Decides the receipt of an envelope whose body hashes to `incoming`.
+pub fn decide_receive(incoming: &BodyHash, stored: &StoredIdentities) -> Receipt {
+    match (&stored.by_event_id, &stored.by_flow_seq) {
+        (Some(hash), _) if hash == incoming => Receipt::Duplicate,
+        (Some(_), _) => Receipt::Conflict,
+        (None, Some(_)) => Receipt::Conflict,
+        (None, None) => Receipt::Accepted,
+    }
+}
+
+/// What is stored at a flow's next seq.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextRow {
+    /// Nothing at the next seq.
+    Missing {
+        /// Whether a later seq of the flow is stored.
+        later_stored: bool,
+    },
+    /// A row with this status.
+    Stored(InboxStatus),
+}
+
+/// What apply must do about a flow's next seq.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyPlan {
+    /// Report this step; write nothing.
+    Report(StepKind),
+    /// Decode and validate the stored event, then apply or block it.
+    Evaluate,
+}
+
+/// A step that needs no write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    /// The next seq is missing, a later one is stored.
+    Gap,
+    /// Nothing after the applied seq.
+    Idle,
+    /// Blocked earlier with this reason, and still blocked.
+    Blocked(BlockReason),
+}
+
+/// Plans apply at a flow's next seq. A row blocked for `unsupported_schema` is
+/// evaluated again when schema 2 support is enabled; other blocks hold.
+pub fn plan_apply(next: NextRow, options: ApplyOptions) -> ApplyPlan {
+    match next {
+        NextRow::Missing { later_stored: true } => ApplyPlan::Report(StepKind::Gap),
+        NextRow::Missing {
+            later_stored: false,
+        } => ApplyPlan::Report(StepKind::Idle),
+        NextRow::Stored(InboxStatus::Pending) => ApplyPlan::Evaluate,
+        NextRow::Stored(InboxStatus::Blocked(BlockReason::UnsupportedSchema))
+            if options.support_v2 =>
+        {
+            ApplyPlan::Evaluate
+        }
+        NextRow::Stored(InboxStatus::Blocked(reason)) => {
+            ApplyPlan::Report(StepKind::Blocked(reason))
+        }
+        NextRow::Stored(InboxStatus::Applied) => {
+            unreachable!("the row after the applied seq is never applied")
+        }
+    }
+}
+
+impl StepKind {
+    /// The step reported for `next` (the flow's next seq).
+    pub fn into_step(self, next: Seq) -> Step {
+        match self {
+            StepKind::Gap => Step::Gap { missing: next },
+            StepKind::Idle => Step::Idle,
+            StepKind::Blocked(reason) => Step::Blocked { seq: next, reason },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receive_decisions() {
+        let a = BodyHash::of("a");
+        let b = BodyHash::of("b");
+        let id = EventId::new("other").unwrap();
+        let cases = [
+            (StoredIdentities::default(), Receipt::Accepted),
+            (
+                StoredIdentities {
+                    by_event_id: Some(a.clone()),
+                    by_flow_seq: None,
+                },
+                Receipt::Duplicate,
+            ),
+            (
+                StoredIdentities {
+                    by_event_id: Some(b.clone()),
+                    by_flow_seq: None,
+                },
+                Receipt::Conflict,
+            ),
+            (
+                StoredIdentities {
+                    by_event_id: None,
+                    by_flow_seq: Some(id.clone()),
+                },
+                Receipt::Conflict,
+            ),
+            (
+                StoredIdentities {
+                    by_event_id: Some(a.clone()),
+                    by_flow_seq: Some(id),
+                },
+                Receipt::Duplicate,
+            ),
+        ];
+        for (stored, expected) in cases {
+            assert_eq!(decide_receive(&a, &stored), expected, "{stored:?}");
+        }
+    }
+
+    #[test]
+    fn apply_plans() {
+        let off = ApplyOptions::default();
+        let on = ApplyOptions { support_v2: true };
+        use BlockReason::*;
+        let cases = [
+            (
+                NextRow::Missing { later_stored: true },
+                off,
+                ApplyPlan::Report(StepKind::Gap),
+            ),
+            (
+                NextRow::Missing {
+                    later_stored: false,
+                },
+                off,
+                ApplyPlan::Report(StepKind::Idle),
+            ),
+            (
+                NextRow::Stored(InboxStatus::Pending),
+                off,
+                ApplyPlan::Evaluate,
+            ),
+            (
+                NextRow::Stored(InboxStatus::Blocked(UnsupportedSchema)),
+                off,
+                ApplyPlan::Report(StepKind::Blocked(UnsupportedSchema)),
+            ),
+            (
+                NextRow::Stored(InboxStatus::Blocked(UnsupportedSchema)),
+                on,
+                ApplyPlan::Evaluate,
+            ),
+            (
+                NextRow::Stored(InboxStatus::Blocked(InvalidPayload)),
+                on,
+                ApplyPlan::Report(StepKind::Blocked(InvalidPayload)),
+            ),
+            (
+                NextRow::Stored(InboxStatus::Blocked(InvalidTransition)),
+                on,
+                ApplyPlan::Report(StepKind::Blocked(InvalidTransition)),
+            ),
+        ];
+        for (next, options, expected) in cases {
+            assert_eq!(plan_apply(next, options), expected, "{next:?} {options:?}");
+        }
+    }
+}
