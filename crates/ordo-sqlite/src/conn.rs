@@ -1,0 +1,192 @@
+//! Opening a database file with the durability ordo requires, and mapping
+//! SQLite errors to backend-neutral kinds.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ordo_core::{ErrorKind, StoreError};
+use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior};
+
+/// How long a write waits for another writer's lock before failing with
+/// [`ErrorKind::Busy`], unless set otherwise.
+pub const BUSY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+
+/// The schema version this build writes; a file with a newer one is refused.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Settings for opening a store.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// How long a write waits for another writer's lock.
+    pub busy_timeout: Duration,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            busy_timeout: BUSY_TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// Which side a database file belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `producer.db`: flows and outbox.
+    Producer,
+    /// `consumer.db`: inbox, projection, effects.
+    Consumer,
+}
+
+impl Role {
+    fn as_str(self) -> &'static str {
+        match self {
+            Role::Producer => "producer",
+            Role::Consumer => "consumer",
+        }
+    }
+}
+
+/// Maps a SQLite error to a store error with a kind callers can act on.
+pub(crate) fn sql_error(context: &str, error: rusqlite::Error) -> StoreError {
+    let kind = match error.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked) => ErrorKind::Busy,
+        Some(ErrorCode::ReadOnly) => ErrorKind::ReadOnly,
+        Some(ErrorCode::DiskFull) => ErrorKind::DiskFull,
+        Some(ErrorCode::DatabaseCorrupt) | Some(ErrorCode::NotADatabase) => ErrorKind::Corrupt,
+        Some(ErrorCode::CannotOpen) | Some(ErrorCode::PermissionDenied) => {
+            ErrorKind::ConnectionLost
+        }
+        Some(ErrorCode::SystemIoFailure) => ErrorKind::CommitOutcomeUnknown,
+        _ => ErrorKind::Other,
+    };
+    StoreError::with_source(kind, context.to_owned(), error)
+}
+
+/// A stored value that does not satisfy the protocol's rules: the file was
+/// changed outside ordo.
+pub(crate) fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::new(ErrorKind::Corrupt, format!("{context}: {detail}"))
+}
+
+/// Opens (creating if missing) a database file, sets and reads back WAL and
+/// `synchronous=FULL`, and creates the role's tables if they are missing.
+/// Existing state is never reset.
+pub(crate) fn open(
+    path: &Path,
+    role: Role,
+    schema: &str,
+    options: &OpenOptions,
+) -> Result<Connection, StoreError> {
+    let display = path.display();
+    let conn =
+        Connection::open(path).map_err(|e| sql_error(&format!("cannot open {display}"), e))?;
+    conn.busy_timeout(options.busy_timeout)
+        .map_err(|e| sql_error("cannot set busy timeout", e))?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))
+        .map_err(|e| sql_error(&format!("{display}: cannot set journal_mode=WAL"), e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::new(
+            ErrorKind::Incompatible,
+            format!("{display}: journal_mode is {mode}, WAL is required"),
+        ));
+    }
+    conn.execute_batch("PRAGMA synchronous=FULL")
+        .map_err(|e| sql_error(&format!("{display}: cannot set synchronous=FULL"), e))?;
+    let synchronous: i64 = conn
+        .query_row("PRAGMA synchronous", [], |row| row.get(0))
+        .map_err(|e| sql_error(&format!("{display}: cannot read synchronous"), e))?;
+    if synchronous != 2 {
+        return Err(StoreError::new(
+            ErrorKind::Incompatible,
+            format!("{display}: synchronous is {synchronous}, FULL (2) is required"),
+        ));
+    }
+    init_schema(&conn, path, role, schema)?;
+    Ok(conn)
+}
+
+fn init_schema(conn: &Connection, path: &Path, role: Role, schema: &str) -> Result<(), StoreError> {
+    let display = path.display();
+    let err = |e| sql_error(&format!("{display}: cannot initialise"), e);
+    let tx =
+        rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate).map_err(err)?;
+    let has_meta: bool = tx
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='ordo_meta'",
+            [],
+            |row| row.get::<_, i64>(0),
+        )
+        .map_err(err)?
+        > 0;
+    if has_meta {
+        let stored_role: Option<String> = tx
+            .query_row("SELECT value FROM ordo_meta WHERE key='role'", [], |row| {
+                row.get(0)
+            })
+            .optional()
+            .map_err(err)?;
+        if stored_role.as_deref() != Some(role.as_str()) {
+            return Err(StoreError::new(
+                ErrorKind::Incompatible,
+                format!(
+                    "{display} is an ordo {} database, not a {} database",
+                    stored_role.as_deref().unwrap_or("unknown"),
+                    role.as_str()
+                ),
+            ));
+        }
+        let version: i64 = tx
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(err)?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::new(
+                ErrorKind::Incompatible,
+                format!("{display} has schema version {version}; this ordo knows up to {SCHEMA_VERSION}"),
+            ));
+        }
+    } else {
+        let tables: i64 = tx
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type='table'",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(err)?;
+        if tables > 0 {
+            return Err(StoreError::new(
+                ErrorKind::Incompatible,
+                format!(
+                    "{display} is a SQLite database that ordo did not create; refusing to use it"
+                ),
+            ));
+        }
+        tx.execute_batch(
+            "CREATE TABLE ordo_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;",
+        )
+        .map_err(err)?;
+        tx.execute(
+            "INSERT INTO ordo_meta (key, value) VALUES ('role', ?1)",
+            [role.as_str()],
+        )
+        .map_err(err)?;
+        tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
+            .map_err(err)?;
+    }
+    tx.execute_batch(schema).map_err(err)?;
+    tx.commit().map_err(err)
+}
+
+/// Reads a pragma's text value (for tests and diagnostics).
+pub fn pragma_text(conn: &Connection, name: &str) -> Result<String, StoreError> {
+    conn.query_row(&format!("PRAGMA {name}"), [], |row| {
+        row.get::<_, rusqlite::types::Value>(0)
+    })
+    .map(|value| match value {
+        rusqlite::types::Value::Integer(i) => i.to_string(),
+        rusqlite::types::Value::Text(t) => t,
+        other => format!("{other:?}"),
+    })
+    .map_err(|e| sql_error(&format!("cannot read pragma {name}"), e))
+}

@@ -1,0 +1,495 @@
+//! The consumer store: inbox, apply cursor, projection and effects in one
+//! SQLite file.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ordo_core::crash;
+use ordo_core::reservation::{decide_apply, parse_state};
+use ordo_core::store::{decide_receive, plan_apply, ApplyPlan, NextRow, StoredIdentities};
+use ordo_core::{
+    ApplyOptions, BlockReason, BodyHash, Clock, ConsumerStore, EffectRecord, Envelope, EventId,
+    FlowId, InboxRecord, InboxStatus, Projection, Quantity, Receipt, Seq, Step, StoreError,
+    SystemClock,
+};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use crate::conn::{corrupt, open, sql_error, OpenOptions, Role};
+use crate::producer::stored_envelope;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS inbox (
+    event_id       TEXT    PRIMARY KEY,
+    flow_id        TEXT    NOT NULL,
+    seq            INTEGER NOT NULL CHECK (seq >= 1),
+    schema_version INTEGER NOT NULL,
+    type           TEXT    NOT NULL,
+    body           TEXT    NOT NULL,
+    body_hash      TEXT    NOT NULL,
+    status         TEXT    NOT NULL CHECK (status IN ('pending', 'applied', 'blocked')),
+    reason         TEXT,
+    received_at_ms INTEGER NOT NULL,
+    applied_at_ms  INTEGER,
+    UNIQUE (flow_id, seq),
+    CHECK ((status = 'blocked') = (reason IS NOT NULL))
+);
+CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (flow_id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS inbox_blocked ON inbox (flow_id) WHERE status = 'blocked';
+CREATE TABLE IF NOT EXISTS inbox_cursor (
+    flow_id     TEXT    PRIMARY KEY,
+    applied_seq INTEGER NOT NULL CHECK (applied_seq >= 1)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS projection (
+    flow_id     TEXT    PRIMARY KEY,
+    state       TEXT    NOT NULL,
+    quantity    INTEGER NOT NULL,
+    applied_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS effect (
+    flow_id  TEXT    NOT NULL,
+    seq      INTEGER NOT NULL,
+    event_id TEXT    NOT NULL UNIQUE,
+    PRIMARY KEY (flow_id, seq)
+) WITHOUT ROWID;
+";
+
+/// The consumer's SQLite file: the inbox (every received event, durably,
+/// with its status), the per-flow apply cursor, and the reservation domain's
+/// projection and effect records.
+///
+/// Every write runs in a `BEGIN IMMEDIATE` transaction on a file in WAL mode
+/// with `synchronous=FULL`.
+pub struct ConsumerDb {
+    conn: Connection,
+    clock: Arc<dyn Clock>,
+}
+
+/// Applies one event inside the consumer's apply transaction.
+///
+/// The handler writes its own projection and effect through `tx` (a
+/// savepoint inside the apply transaction); the store
+/// marks the inbox row applied and moves the flow's cursor in the same
+/// transaction, so all of it commits together or not at all. Returning
+/// `Ok(Err(reason))` blocks the event: everything the handler wrote for it is
+/// rolled back and the row is marked `blocked` with the reason, its body
+/// unchanged.
+pub trait ApplyHandler {
+    /// Applies `event`, the flow's next event after its applied seq.
+    fn apply(
+        &mut self,
+        tx: &Connection,
+        event: &Envelope,
+        options: ApplyOptions,
+    ) -> Result<Result<(), BlockReason>, StoreError>;
+}
+
+/// The reference domain's handler: validates the event against the flow's
+/// projection, then updates the projection and inserts one effect record.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReservationHandler;
+
+impl ApplyHandler for ReservationHandler {
+    fn apply(
+        &mut self,
+        tx: &Connection,
+        event: &Envelope,
+        options: ApplyOptions,
+    ) -> Result<Result<(), BlockReason>, StoreError> {
+        let current = read_projection(tx, &event.flow_id)?;
+        let next = match decide_apply(&current, event, options) {
+            Ok(next) => next,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let quantity = next.quantity.expect("an applied step has a quantity");
+        tx.execute(
+            "INSERT INTO projection (flow_id, state, quantity, applied_seq) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state, quantity = excluded.quantity,
+                 applied_seq = excluded.applied_seq",
+            params![next.flow_id.as_str(), next.state.as_str(), quantity.get(), next.applied_seq],
+        )
+        .map_err(|e| sql_error("consumer: cannot write the projection", e))?;
+        crash::point(crash::CONSUMER_APPLY_AFTER_PROJECTION);
+        tx.execute(
+            "INSERT INTO effect (flow_id, seq, event_id) VALUES (?1, ?2, ?3)",
+            params![
+                event.flow_id.as_str(),
+                event.seq.get(),
+                event.event_id.as_str()
+            ],
+        )
+        .map_err(|e| sql_error("consumer: cannot insert the effect", e))?;
+        crash::point(crash::CONSUMER_APPLY_AFTER_EFFECT);
+        Ok(Ok(()))
+    }
+}
+
+fn read_projection(conn: &Connection, flow_id: &FlowId) -> Result<Projection, StoreError> {
+    let row: Option<(String, i64, i64)> = conn
+        .query_row(
+            "SELECT state, quantity, applied_seq FROM projection WHERE flow_id = ?1",
+            [flow_id.as_str()],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        )
+        .optional()
+        .map_err(|e| sql_error("consumer: cannot read the projection", e))?;
+    match row {
+        None => Ok(Projection::empty(flow_id.clone())),
+        Some((state, quantity, applied_seq)) => {
+            projection(flow_id.as_str(), &state, quantity, applied_seq)
+        }
+    }
+}
+
+fn projection(
+    flow_id: &str,
+    state: &str,
+    quantity: i64,
+    applied_seq: i64,
+) -> Result<Projection, StoreError> {
+    let context = "consumer: stored projection";
+    Ok(Projection {
+        flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+        state: parse_state(state).map_err(|e| corrupt(context, e))?,
+        quantity: Some(Quantity::new(quantity).map_err(|e| corrupt(context, e))?),
+        applied_seq,
+    })
+}
+
+fn inbox_status(status: &str, reason: Option<&str>) -> Result<InboxStatus, StoreError> {
+    let context = "consumer: stored inbox status";
+    match (status, reason) {
+        ("pending", None) => Ok(InboxStatus::Pending),
+        ("applied", None) => Ok(InboxStatus::Applied),
+        ("blocked", Some(reason)) => BlockReason::parse(reason)
+            .map(InboxStatus::Blocked)
+            .ok_or_else(|| corrupt(context, format!("unknown reason {reason:?}"))),
+        _ => Err(corrupt(
+            context,
+            format!("{status:?} with reason {reason:?}"),
+        )),
+    }
+}
+
+impl ConsumerDb {
+    /// Opens or creates the consumer file with the system clock and default
+    /// options. Existing state is never reset.
+    pub fn open(path: impl AsRef<Path>) -> Result<ConsumerDb, StoreError> {
+        ConsumerDb::open_with(path, Arc::new(SystemClock), &OpenOptions::default())
+    }
+
+    /// Opens or creates the consumer file with the given clock and options.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        clock: Arc<dyn Clock>,
+        options: &OpenOptions,
+    ) -> Result<ConsumerDb, StoreError> {
+        let conn = open(path.as_ref(), Role::Consumer, SCHEMA, options)?;
+        Ok(ConsumerDb { conn, clock })
+    }
+
+    /// The underlying connection, for reading pragmas and for the caller's
+    /// own reads.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    fn write_tx(&mut self) -> Result<rusqlite::Transaction<'_>, StoreError> {
+        self.conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| sql_error("consumer: cannot begin a write transaction", e))
+    }
+
+    /// Applies the flow's next event through `handler` (see [`ApplyHandler`]).
+    /// Looks only at `(flow_id, applied_seq + 1)`: never skips a gap, never
+    /// passes a blocked event.
+    pub fn apply_next_with<H: ApplyHandler + ?Sized>(
+        &mut self,
+        flow_id: &FlowId,
+        handler: &mut H,
+        options: ApplyOptions,
+    ) -> Result<Step, StoreError> {
+        let now_ms = self.clock.now_ms();
+        let mut tx = self.write_tx()?;
+        let err = |e| sql_error("consumer: apply failed", e);
+        let applied_seq: i64 = tx
+            .query_row(
+                "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1",
+                [flow_id.as_str()],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(err)?
+            .unwrap_or(0);
+        let Some(next) = Seq::after(applied_seq) else {
+            return Ok(Step::Idle);
+        };
+        let row: Option<(String, String, Option<String>)> = tx
+            .query_row(
+                "SELECT body, status, reason FROM inbox WHERE flow_id = ?1 AND seq = ?2",
+                params![flow_id.as_str(), next.get()],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )
+            .optional()
+            .map_err(err)?;
+        let (next_row, body) = match row {
+            Some((body, status, reason)) => (
+                NextRow::Stored(inbox_status(&status, reason.as_deref())?),
+                Some(body),
+            ),
+            None => {
+                let later_stored = tx
+                    .query_row(
+                        "SELECT EXISTS (SELECT 1 FROM inbox WHERE flow_id = ?1 AND seq > ?2)",
+                        params![flow_id.as_str(), next.get()],
+                        |row| row.get::<_, bool>(0),
+                    )
+                    .map_err(err)?;
+                (NextRow::Missing { later_stored }, None)
+            }
+        };
+        if next_row == NextRow::Stored(InboxStatus::Applied) {
+            return Err(corrupt(
+                "consumer: inbox",
+                format!("flow {flow_id} seq {next} is applied but the cursor is at {applied_seq}"),
+            ));
+        }
+        let body = match plan_apply(next_row, options) {
+            ApplyPlan::Report(kind) => return Ok(kind.into_step(next)),
+            ApplyPlan::Evaluate => body.expect("an evaluated row is stored"),
+        };
+        let event = stored_envelope("consumer: stored inbox body", &body)?;
+        let mut savepoint = tx.savepoint().map_err(err)?;
+        savepoint.set_drop_behavior(rusqlite::DropBehavior::Rollback);
+        let verdict = handler.apply(&savepoint, &event, options)?;
+        match verdict {
+            Ok(()) => {
+                savepoint.commit().map_err(err)?;
+                tx.execute(
+                    "UPDATE inbox SET status = 'applied', reason = NULL, applied_at_ms = ?3
+                     WHERE flow_id = ?1 AND seq = ?2",
+                    params![flow_id.as_str(), next.get(), now_ms],
+                )
+                .map_err(err)?;
+                tx.execute(
+                    "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
+                     ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
+                    params![flow_id.as_str(), next.get()],
+                )
+                .map_err(err)?;
+                tx.commit()
+                    .map_err(|e| sql_error("consumer: apply commit failed", e))?;
+                crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
+                Ok(Step::Applied { seq: next })
+            }
+            Err(reason) => {
+                savepoint.rollback().map_err(err)?;
+                drop(savepoint);
+                tx.execute(
+                    "UPDATE inbox SET status = 'blocked', reason = ?3 WHERE flow_id = ?1 AND seq = ?2",
+                    params![flow_id.as_str(), next.get(), reason.as_str()],
+                )
+                .map_err(err)?;
+                tx.commit()
+                    .map_err(|e| sql_error("consumer: block commit failed", e))?;
+                Ok(Step::Blocked { seq: next, reason })
+            }
+        }
+    }
+
+    /// The inbox, projections and effects read in one read transaction.
+    #[allow(clippy::type_complexity)]
+    pub fn snapshot(
+        &mut self,
+    ) -> Result<(Vec<InboxRecord>, Vec<Projection>, Vec<EffectRecord>), StoreError> {
+        let tx = self
+            .conn
+            .transaction()
+            .map_err(|e| sql_error("consumer: cannot begin a read transaction", e))?;
+        Ok((read_inbox(&tx)?, read_projections(&tx)?, read_effects(&tx)?))
+    }
+}
+
+fn read_inbox(conn: &Connection) -> Result<Vec<InboxRecord>, StoreError> {
+    let err = |e| sql_error("consumer: cannot read the inbox", e);
+    let mut stmt = conn
+        .prepare("SELECT body, status, reason FROM inbox ORDER BY flow_id, seq")
+        .map_err(err)?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, Option<String>>(2)?,
+            ))
+        })
+        .map_err(err)?;
+    let mut records = Vec::new();
+    for row in rows {
+        let (body, status, reason) = row.map_err(err)?;
+        records.push(InboxRecord {
+            envelope: stored_envelope("consumer: stored inbox body", &body)?,
+            status: inbox_status(&status, reason.as_deref())?,
+        });
+    }
+    Ok(records)
+}
+
+fn read_projections(conn: &Connection) -> Result<Vec<Projection>, StoreError> {
+    let err = |e| sql_error("consumer: cannot read projections", e);
+    let mut stmt = conn
+        .prepare("SELECT flow_id, state, quantity, applied_seq FROM projection ORDER BY flow_id")
+        .map_err(err)?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get(2)?,
+                row.get(3)?,
+            ))
+        })
+        .map_err(err)?;
+    let mut projections = Vec::new();
+    for row in rows {
+        let (flow_id, state, quantity, applied_seq) = row.map_err(err)?;
+        projections.push(projection(&flow_id, &state, quantity, applied_seq)?);
+    }
+    Ok(projections)
+}
+
+fn read_effects(conn: &Connection) -> Result<Vec<EffectRecord>, StoreError> {
+    let err = |e| sql_error("consumer: cannot read effects", e);
+    let mut stmt = conn
+        .prepare("SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq")
+        .map_err(err)?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, String>(2)?,
+            ))
+        })
+        .map_err(err)?;
+    let context = "consumer: stored effect";
+    let mut effects = Vec::new();
+    for row in rows {
+        let (flow_id, seq, event_id) = row.map_err(err)?;
+        effects.push(EffectRecord {
+            flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+            seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
+            event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,
+        });
+    }
+    Ok(effects)
+}
+
+impl ConsumerStore for ConsumerDb {
+    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
+        let now_ms = self.clock.now_ms();
+        let tx = self.write_tx()?;
+        let err = |e| sql_error("consumer: receive failed", e);
+        let mut receipts = Vec::with_capacity(envelopes.len());
+        {
+            let mut by_event_id = tx
+                .prepare_cached("SELECT body_hash FROM inbox WHERE event_id = ?1")
+                .map_err(err)?;
+            let mut by_flow_seq = tx
+                .prepare_cached("SELECT event_id FROM inbox WHERE flow_id = ?1 AND seq = ?2")
+                .map_err(err)?;
+            let mut insert = tx
+                .prepare_cached(
+                    "INSERT INTO inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8)",
+                )
+                .map_err(err)?;
+            for envelope in envelopes {
+                let body = envelope.body();
+                let hash = BodyHash::of(&body);
+                let stored = StoredIdentities {
+                    by_event_id: by_event_id
+                        .query_row([envelope.event_id.as_str()], |row| row.get::<_, String>(0))
+                        .optional()
+                        .map_err(err)?
+                        .map(|hex| {
+                            BodyHash::from_hex(&hex)
+                                .map_err(|e| corrupt("consumer: stored body hash", e))
+                        })
+                        .transpose()?,
+                    by_flow_seq: by_flow_seq
+                        .query_row(
+                            params![envelope.flow_id.as_str(), envelope.seq.get()],
+                            |row| row.get::<_, String>(0),
+                        )
+                        .optional()
+                        .map_err(err)?
+                        .map(|id| {
+                            EventId::new(id).map_err(|e| corrupt("consumer: stored event id", e))
+                        })
+                        .transpose()?,
+                };
+                let receipt = decide_receive(&hash, &stored);
+                if receipt == Receipt::Accepted {
+                    insert
+                        .execute(params![
+                            envelope.event_id.as_str(),
+                            envelope.flow_id.as_str(),
+                            envelope.seq.get(),
+                            envelope.schema_version.get(),
+                            envelope.event_type.as_str(),
+                            body,
+                            hash.as_str(),
+                            now_ms,
+                        ])
+                        .map_err(err)?;
+                }
+                receipts.push(receipt);
+            }
+        }
+        crash::point(crash::CONSUMER_RECEIVE_BEFORE_COMMIT);
+        tx.commit()
+            .map_err(|e| sql_error("consumer: receive commit failed", e))?;
+        crash::point(crash::CONSUMER_RECEIVE_AFTER_COMMIT);
+        Ok(receipts)
+    }
+
+    fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError> {
+        self.apply_next_with(flow_id, &mut ReservationHandler, options)
+    }
+
+    fn flows_with_work(&mut self, options: ApplyOptions) -> Result<Vec<FlowId>, StoreError> {
+        let err = |e| sql_error("consumer: cannot list flows with work", e);
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT flow_id FROM inbox WHERE status = 'pending'
+                 UNION
+                 SELECT flow_id FROM inbox WHERE ?1 AND status = 'blocked' AND reason = 'unsupported_schema'
+                 ORDER BY flow_id",
+            )
+            .map_err(err)?;
+        let rows = stmt
+            .query_map([options.support_v2], |row| row.get::<_, String>(0))
+            .map_err(err)?;
+        let mut flows = Vec::new();
+        for row in rows {
+            flows.push(
+                FlowId::new(row.map_err(err)?)
+                    .map_err(|e| corrupt("consumer: stored flow id", e))?,
+            );
+        }
+        Ok(flows)
+    }
+
+    fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
+        read_inbox(&self.conn)
+    }
+
+    fn projections(&mut self) -> Result<Vec<Projection>, StoreError> {
+        read_projections(&self.conn)
+    }
+
+    fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError> {
+        read_effects(&self.conn)
+    }
+}

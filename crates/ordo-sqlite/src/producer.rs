@@ -1,0 +1,373 @@
+//! The producer store: flows and the outbox in one SQLite file.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ordo_core::crash;
+use ordo_core::reservation::{decide_advance, parse_state, AdvanceDecision};
+use ordo_core::{
+    Advance, AdvanceError, AdvanceRequest, Clock, Envelope, ErrorKind, EventId, FlowId, FlowRecord,
+    OutboxRecord, ProducerStore, Quantity, StoreError, SystemClock,
+};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use crate::conn::{corrupt, open, sql_error, OpenOptions, Role};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS outbox (
+    position       INTEGER PRIMARY KEY,
+    event_id       TEXT    NOT NULL UNIQUE,
+    flow_id        TEXT    NOT NULL,
+    seq            INTEGER NOT NULL CHECK (seq >= 1),
+    schema_version INTEGER NOT NULL,
+    type           TEXT    NOT NULL,
+    body           TEXT    NOT NULL,
+    created_at_ms  INTEGER NOT NULL,
+    accepted       INTEGER NOT NULL DEFAULT 0 CHECK (accepted IN (0, 1)),
+    attempts       INTEGER NOT NULL DEFAULT 0,
+    last_outcome   TEXT,
+    UNIQUE (flow_id, seq)
+);
+CREATE INDEX IF NOT EXISTS outbox_unaccepted ON outbox (position) WHERE accepted = 0;
+CREATE TABLE IF NOT EXISTS outbox_head (
+    flow_id  TEXT    PRIMARY KEY,
+    last_seq INTEGER NOT NULL CHECK (last_seq >= 1)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS flow (
+    flow_id  TEXT    PRIMARY KEY,
+    state    TEXT    NOT NULL,
+    quantity INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
+/// The producer's SQLite file: flows, the outbox, and the per-flow head of
+/// the outbox sequence.
+///
+/// Every write runs in a `BEGIN IMMEDIATE` transaction on a file in WAL mode
+/// with `synchronous=FULL`, so a returned commit is durable.
+pub struct ProducerDb {
+    conn: Connection,
+    clock: Arc<dyn Clock>,
+}
+
+/// A write transaction on the producer file, in which the caller changes its
+/// own state and appends events: both commit together or not at all.
+pub struct ProducerTx<'c> {
+    tx: rusqlite::Transaction<'c>,
+    now_ms: i64,
+}
+
+impl ProducerDb {
+    /// Opens or creates the producer file with the system clock and default
+    /// options. Existing state is never reset.
+    pub fn open(path: impl AsRef<Path>) -> Result<ProducerDb, StoreError> {
+        ProducerDb::open_with(path, Arc::new(SystemClock), &OpenOptions::default())
+    }
+
+    /// Opens or creates the producer file with the given clock and options.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        clock: Arc<dyn Clock>,
+        options: &OpenOptions,
+    ) -> Result<ProducerDb, StoreError> {
+        let conn = open(path.as_ref(), Role::Producer, SCHEMA, options)?;
+        Ok(ProducerDb { conn, clock })
+    }
+
+    /// The underlying connection, for reading pragmas and for the caller's
+    /// own reads.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Runs `f` in one `BEGIN IMMEDIATE` transaction and commits if it
+    /// returns `Ok`; on `Err` nothing it wrote is kept.
+    pub fn write<T, E>(
+        &mut self,
+        f: impl FnOnce(&mut ProducerTx<'_>) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let now_ms = self.clock.now_ms();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| sql_error("producer: cannot begin a write transaction", e))?;
+        let mut ptx = ProducerTx { tx, now_ms };
+        let value = f(&mut ptx)?;
+        ptx.tx
+            .commit()
+            .map_err(|e| sql_error("producer: commit failed", e))?;
+        Ok(value)
+    }
+
+    /// The flows and the outbox read in one read transaction.
+    pub fn snapshot(&mut self) -> Result<(Vec<FlowRecord>, Vec<OutboxRecord>), StoreError> {
+        let tx = self
+            .conn
+            .transaction()
+            .map_err(|e| sql_error("producer: cannot begin a read transaction", e))?;
+        let flows = read_flows(&tx)?;
+        let outbox = read_outbox(&tx, None)?;
+        Ok((flows, outbox))
+    }
+}
+
+impl ProducerTx<'_> {
+    /// The transaction, for the caller's own reads and writes of its state.
+    pub fn sql(&self) -> &rusqlite::Transaction<'_> {
+        &self.tx
+    }
+
+    /// The seq of the flow's last committed event, 0 if it has none.
+    pub fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
+        self.tx
+            .query_row(
+                "SELECT last_seq FROM outbox_head WHERE flow_id = ?1",
+                [flow_id.as_str()],
+                |row| row.get(0),
+            )
+            .optional()
+            .map(|seq| seq.unwrap_or(0))
+            .map_err(|e| sql_error("producer: cannot read the outbox head", e))
+    }
+
+    /// Appends an event to the outbox in this transaction. The event's seq
+    /// must be exactly the flow's [`ProducerTx::last_seq`] plus one, so a
+    /// flow's seqs stay contiguous; anything else is refused without writing.
+    pub fn append(&mut self, event: &Envelope) -> Result<(), StoreError> {
+        let last = self.last_seq(&event.flow_id)?;
+        if last.checked_add(1) != Some(event.seq.get()) {
+            return Err(StoreError::new(
+                ErrorKind::Other,
+                format!(
+                    "producer: cannot append seq {} to flow {} whose last seq is {last}",
+                    event.seq, event.flow_id
+                ),
+            ));
+        }
+        let err = |e| sql_error("producer: cannot append to the outbox", e);
+        self.tx
+            .execute(
+                "INSERT INTO outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    event.event_id.as_str(),
+                    event.flow_id.as_str(),
+                    event.seq.get(),
+                    event.schema_version.get(),
+                    event.event_type.as_str(),
+                    event.body(),
+                    self.now_ms,
+                ],
+            )
+            .map_err(err)?;
+        self.tx
+            .execute(
+                "INSERT INTO outbox_head (flow_id, last_seq) VALUES (?1, ?2)
+                 ON CONFLICT (flow_id) DO UPDATE SET last_seq = excluded.last_seq",
+                params![event.flow_id.as_str(), event.seq.get()],
+            )
+            .map_err(err)?;
+        debug_assert_eq!(self.last_seq(&event.flow_id).ok(), Some(event.seq.get()));
+        Ok(())
+    }
+}
+
+fn read_flow(tx: &rusqlite::Transaction<'_>, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
+    let row: Option<(String, i64)> = tx
+        .query_row(
+            "SELECT state, quantity FROM flow WHERE flow_id = ?1",
+            [flow_id.as_str()],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()
+        .map_err(|e| sql_error("producer: cannot read the flow", e))?;
+    let last_seq: i64 = tx
+        .query_row(
+            "SELECT last_seq FROM outbox_head WHERE flow_id = ?1",
+            [flow_id.as_str()],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(|e| sql_error("producer: cannot read the outbox head", e))?
+        .unwrap_or(0);
+    match row {
+        None => Ok(FlowRecord {
+            last_seq,
+            ..FlowRecord::new_flow(flow_id.clone())
+        }),
+        Some((state, quantity)) => flow_record(flow_id.as_str(), &state, quantity, last_seq),
+    }
+}
+
+fn flow_record(
+    flow_id: &str,
+    state: &str,
+    quantity: i64,
+    last_seq: i64,
+) -> Result<FlowRecord, StoreError> {
+    let context = "producer: stored flow";
+    Ok(FlowRecord {
+        flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+        state: parse_state(state).map_err(|e| corrupt(context, e))?,
+        quantity: Some(Quantity::new(quantity).map_err(|e| corrupt(context, e))?),
+        last_seq,
+    })
+}
+
+fn read_flows(conn: &Connection) -> Result<Vec<FlowRecord>, StoreError> {
+    let err = |e| sql_error("producer: cannot read flows", e);
+    let mut stmt = conn
+        .prepare(
+            "SELECT f.flow_id, f.state, f.quantity, coalesce(h.last_seq, 0)
+             FROM flow f LEFT JOIN outbox_head h ON h.flow_id = f.flow_id ORDER BY f.flow_id",
+        )
+        .map_err(err)?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get(2)?,
+                row.get(3)?,
+            ))
+        })
+        .map_err(err)?;
+    let mut flows = Vec::new();
+    for row in rows {
+        let (flow_id, state, quantity, last_seq) = row.map_err(err)?;
+        flows.push(flow_record(&flow_id, &state, quantity, last_seq)?);
+    }
+    Ok(flows)
+}
+
+fn read_outbox(conn: &Connection, filter: Option<&str>) -> Result<Vec<OutboxRecord>, StoreError> {
+    let err = |e| sql_error("producer: cannot read the outbox", e);
+    let sql = format!(
+        "SELECT body, accepted FROM outbox {} ORDER BY position",
+        filter.unwrap_or("")
+    );
+    let mut stmt = conn.prepare_cached(&sql).map_err(err)?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, bool>(1)?))
+        })
+        .map_err(err)?;
+    let mut records = Vec::new();
+    for row in rows {
+        let (body, accepted) = row.map_err(err)?;
+        records.push(OutboxRecord {
+            envelope: stored_envelope("producer: stored outbox body", &body)?,
+            accepted,
+        });
+    }
+    Ok(records)
+}
+
+/// Parses a stored canonical body back into its envelope.
+pub(crate) fn stored_envelope(context: &str, body: &str) -> Result<Envelope, StoreError> {
+    Envelope::parse_str(body).map_err(|e| corrupt(context, e))
+}
+
+impl ProducerStore for ProducerDb {
+    fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError> {
+        let outcome = self.write(|ptx| -> Result<Advance, AdvanceError> {
+            let current = read_flow(&ptx.tx, &request.flow_id)?;
+            match decide_advance(&current, request)? {
+                AdvanceDecision::Stale { last_seq } => Ok(Advance::Stale { last_seq }),
+                AdvanceDecision::InvalidTransition { from, to } => Ok(Advance::InvalidTransition { from, to }),
+                AdvanceDecision::Commit { flow, event } => {
+                    let quantity = flow.quantity.expect("a committed flow has a quantity");
+                    ptx.tx
+                        .execute(
+                            "INSERT INTO flow (flow_id, state, quantity) VALUES (?1, ?2, ?3)
+                             ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state, quantity = excluded.quantity",
+                            params![flow.flow_id.as_str(), flow.state.as_str(), quantity.get()],
+                        )
+                        .map_err(|e| sql_error("producer: cannot write the flow", e))?;
+                    ptx.append(&event)?;
+                    crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
+                    Ok(Advance::Committed(event))
+                }
+            }
+        })?;
+        if matches!(outcome, Advance::Committed(_)) {
+            crash::point(crash::PRODUCER_ADVANCE_AFTER_COMMIT);
+        }
+        Ok(outcome)
+    }
+
+    fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError> {
+        read_flows(&self.conn)
+    }
+
+    fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
+        read_outbox(&self.conn, None)
+    }
+
+    fn outbox_event(&mut self, event_id: &EventId) -> Result<Option<OutboxRecord>, StoreError> {
+        let row: Option<(String, bool)> = self
+            .conn
+            .query_row(
+                "SELECT body, accepted FROM outbox WHERE event_id = ?1",
+                [event_id.as_str()],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| sql_error("producer: cannot read the outbox", e))?;
+        row.map(|(body, accepted)| {
+            Ok(OutboxRecord {
+                envelope: stored_envelope("producer: stored outbox body", &body)?,
+                accepted,
+            })
+        })
+        .transpose()
+    }
+
+    fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError> {
+        let err = |e| sql_error("producer: cannot read pending events", e);
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT body FROM outbox WHERE accepted = 0 ORDER BY position LIMIT ?1")
+            .map_err(err)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = stmt
+            .query_map([limit], |row| row.get::<_, String>(0))
+            .map_err(err)?;
+        let mut events = Vec::new();
+        for body in rows {
+            events.push(stored_envelope(
+                "producer: stored outbox body",
+                &body.map_err(err)?,
+            )?);
+        }
+        Ok(events)
+    }
+
+    fn mark_accepted(&mut self, event_ids: &[EventId]) -> Result<(), StoreError> {
+        self.write(|ptx| {
+            let err = |e| sql_error("producer: cannot mark events accepted", e);
+            let mut stmt = ptx
+                .tx
+                .prepare_cached(
+                    "UPDATE outbox SET accepted = 1, attempts = attempts + 1, last_outcome = 'accepted'
+                     WHERE event_id = ?1",
+                )
+                .map_err(err)?;
+            for event_id in event_ids {
+                let changed = stmt.execute([event_id.as_str()]).map_err(err)?;
+                if changed != 1 {
+                    return Err(StoreError::new(
+                        ErrorKind::Other,
+                        format!("producer: cannot mark {event_id} accepted: no such event in the outbox"),
+                    ));
+                }
+            }
+            drop(stmt);
+            crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
+            Ok(())
+        })
+    }
+}
