@@ -1,0 +1,171 @@
+//! The command-line contract of `../shared/CLI.md`, as clap types. Every
+//! value is validated here, before any database is opened.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use ordo_core::{EventId, FlowId, FlowState, Quantity, SchemaVersion};
+
+/// ordo: ordered transactional outbox / inbox on two SQLite files.
+#[derive(Debug, Parser)]
+#[command(name = "ordo", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Print exactly one JSON document on stdout instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The two database files.
+#[derive(Debug, Args)]
+pub struct Files {
+    /// The producer database file (flows and outbox).
+    #[arg(long, value_name = "P")]
+    pub producer: PathBuf,
+    /// The consumer database file (inbox, projection, effects).
+    #[arg(long, value_name = "C")]
+    pub consumer: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create both database files and their tables if missing; never resets state.
+    Init(Files),
+    /// Advance a flow by one step: state change and event in one transaction.
+    Advance(AdvanceArgs),
+    /// Hand unaccepted outbox events to the consumer and mark them accepted.
+    Relay(RelayArgs),
+    /// Store envelopes read from stdin in the inbox, all in one transaction.
+    Receive(ReceiveArgs),
+    /// Apply stored events in order, per flow.
+    Apply(ApplyArgs),
+    /// Print every row of both files.
+    Snapshot(Files),
+    /// Run N flows through all three steps on two fresh SQLite files and check the end state.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct AdvanceArgs {
+    /// The producer database file.
+    #[arg(long, value_name = "P")]
+    pub producer: PathBuf,
+    /// The flow to advance.
+    #[arg(long, value_name = "F", value_parser = flow_id)]
+    pub flow: FlowId,
+    /// The flow's last seq as the caller knows it (0 for a new flow).
+    #[arg(long, value_name = "N", value_parser = expected_seq, allow_hyphen_values = true)]
+    pub expected_seq: i64,
+    /// The target state: reserved, confirmed or released.
+    #[arg(long, value_name = "STATE", value_parser = target)]
+    pub to: FlowState,
+    /// The flow's quantity (required for reserved; later steps default to the flow's).
+    #[arg(long, value_name = "Q", value_parser = quantity, allow_hyphen_values = true)]
+    pub quantity: Option<Quantity>,
+    /// The payload schema to emit: 1 ({"amount": q}) or 2 ({"units": q}).
+    #[arg(long, value_name = "1|2", value_parser = schema, default_value = "1")]
+    pub schema: SchemaVersion,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum PolicyArg {
+    /// Always the oldest unaccepted event; a conflict on it ends the run.
+    FirstPending,
+}
+
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    #[command(flatten)]
+    pub files: Files,
+    /// Which unaccepted events to pick.
+    #[arg(long, value_enum, default_value = "first-pending")]
+    pub policy: PolicyArg,
+    /// Deliver at most N events (conflicts included), N >= 1.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max: Option<u64>,
+    /// Deliver exactly this event, even if already accepted.
+    #[arg(long, value_name = "EVENT_ID", value_parser = event_id, conflicts_with = "max")]
+    pub event: Option<EventId>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReceiveArgs {
+    /// The consumer database file.
+    #[arg(long, value_name = "C")]
+    pub consumer: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// The consumer database file.
+    #[arg(long, value_name = "C")]
+    pub consumer: PathBuf,
+    /// Apply only this flow (default: every flow with work).
+    #[arg(long, value_name = "F", value_parser = flow_id)]
+    pub flow: Option<FlowId>,
+    /// Apply at most N events per flow, N >= 1.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit: Option<u64>,
+    /// Decode schema 2 payloads and re-evaluate rows blocked for unsupported_schema.
+    #[arg(long)]
+    pub support_v2: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Directory for producer.db and consumer.db.
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+    /// How many flows to run, 1..=1000000.
+    #[arg(long, value_name = "N", default_value = "1000",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub flows: u64,
+    /// Replace producer.db and consumer.db if they already exist in DIR.
+    #[arg(long)]
+    pub force: bool,
+}
+
+fn flow_id(value: &str) -> Result<FlowId, String> {
+    FlowId::new(value).map_err(|e| e.rule)
+}
+
+fn event_id(value: &str) -> Result<EventId, String> {
+    EventId::new(value).map_err(|e| e.rule)
+}
+
+fn integer(value: &str, range: &str) -> Result<i64, String> {
+    value
+        .parse::<i64>()
+        .map_err(|_| format!("must be an integer in {range}"))
+}
+
+fn expected_seq(value: &str) -> Result<i64, String> {
+    let range = format!("0..={}", i64::MAX);
+    let n = integer(value, &range)?;
+    if n < 0 {
+        return Err(format!("must be an integer in {range}"));
+    }
+    Ok(n)
+}
+
+fn quantity(value: &str) -> Result<Quantity, String> {
+    let range = format!("1..={}", ordo_core::ids::QUANTITY_MAX);
+    Quantity::new(integer(value, &range)?).map_err(|e| e.rule)
+}
+
+fn schema(value: &str) -> Result<SchemaVersion, String> {
+    match value {
+        "1" => Ok(SchemaVersion::V1),
+        "2" => Ok(SchemaVersion::V2),
+        _ => Err("must be 1 or 2".into()),
+    }
+}
+
+fn target(value: &str) -> Result<FlowState, String> {
+    match FlowState::parse(value) {
+        Some(state) if state != FlowState::New => Ok(state),
+        _ => Err("must be one of reserved, confirmed, released".into()),
+    }
+}

@@ -1,0 +1,329 @@
+//! One function per command: validate, open (the implied `init`), call the
+//! library, print.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use ordo_core::envelope::parse_strict_json_stream;
+use ordo_core::{
+    drain, process_all, relay, relay_event, Advance, AdvanceError, AdvanceRequest, ApplyOptions,
+    ConsumerStore, Envelope, ProducerStore, RelayError, RelayPolicy, RelayReport, StoreError,
+};
+use ordo_sqlite::{ConsumerDb, ProducerDb};
+use serde_json::{json, Value};
+
+use crate::args::{AdvanceArgs, ApplyArgs, Cli, Command, Files, PolicyArg, ReceiveArgs, RelayArgs};
+use crate::{demo, render, Failure};
+
+/// Prints a result: the JSON document with `--json`, else the text.
+pub fn emit(json_mode: bool, value: &Value, text: impl FnOnce() -> String) {
+    if json_mode {
+        println!("{value}");
+    } else {
+        let text = text();
+        if !text.is_empty() {
+            println!("{text}");
+        }
+    }
+}
+
+pub fn run(cli: Cli) -> Result<(), Failure> {
+    let json_mode = cli.json;
+    match cli.command {
+        Command::Init(files) => init(json_mode, files),
+        Command::Advance(args) => advance(json_mode, args),
+        Command::Relay(args) => relay_cmd(json_mode, args),
+        Command::Receive(args) => receive(json_mode, args),
+        Command::Apply(args) => apply(json_mode, args),
+        Command::Snapshot(files) => snapshot(json_mode, files),
+        Command::Demo(args) => demo::run(json_mode, args),
+    }
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Refuses one file for both roles, before anything is opened.
+fn check_distinct(files: &Files) -> Result<(), Failure> {
+    let same = match (files.producer.canonicalize(), files.consumer.canonicalize()) {
+        (Ok(p), Ok(c)) => p == c,
+        _ => absolute(&files.producer) == absolute(&files.consumer),
+    };
+    if same {
+        return Err(Failure::Usage(format!(
+            "--producer and --consumer must be different files (both are {})",
+            files.producer.display()
+        )));
+    }
+    Ok(())
+}
+
+pub fn open_both(files: &Files) -> Result<(ProducerDb, ConsumerDb), Failure> {
+    check_distinct(files)?;
+    let producer = ProducerDb::open(&files.producer)?;
+    let consumer = ConsumerDb::open(&files.consumer)?;
+    Ok((producer, consumer))
+}
+
+fn init(json_mode: bool, files: Files) -> Result<(), Failure> {
+    open_both(&files)?;
+    let value = json!({
+        "producer": files.producer.display().to_string(),
+        "consumer": files.consumer.display().to_string(),
+    });
+    emit(json_mode, &value, || {
+        format!(
+            "initialised producer {} and consumer {}",
+            files.producer.display(),
+            files.consumer.display()
+        )
+    });
+    Ok(())
+}
+
+fn advance(json_mode: bool, args: AdvanceArgs) -> Result<(), Failure> {
+    let request = AdvanceRequest::new(
+        args.flow,
+        args.expected_seq,
+        args.to,
+        args.quantity,
+        args.schema,
+    )
+    .map_err(|e| Failure::Usage(e.to_string()))?;
+    let mut producer = ProducerDb::open(&args.producer)?;
+    let outcome = producer.advance(&request).map_err(|e| match e {
+        AdvanceError::Refused(refused) => Failure::Usage(refused.to_string()),
+        AdvanceError::Store(store) => Failure::from(store),
+        other => Failure::Internal(other.to_string()),
+    })?;
+    emit(json_mode, &render::advance(&outcome), || match &outcome {
+        Advance::Committed(event) => format!(
+            "committed {} seq {} ({}) as event {}",
+            event.flow_id, event.seq, event.event_type, event.event_id
+        ),
+        Advance::Stale { last_seq } => {
+            format!("stale: flow {} is at seq {last_seq}", request.flow_id)
+        }
+        Advance::InvalidTransition { from, to } => {
+            format!(
+                "invalid_transition: flow {} cannot go from {from} to {to}",
+                request.flow_id
+            )
+        }
+    });
+    Ok(())
+}
+
+fn relay_failure(error: RelayError) -> Failure {
+    match error {
+        RelayError::UnknownEvent(_) => Failure::Usage(error.to_string()),
+        RelayError::Store(store) => Failure::from(store),
+        other => Failure::Internal(other.to_string()),
+    }
+}
+
+fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
+    check_distinct(&args.files)?;
+    if let Some(event_id) = &args.event {
+        if !args.files.producer.exists() {
+            return Err(relay_failure(RelayError::UnknownEvent(event_id.clone())));
+        }
+    }
+    let (mut producer, mut consumer) = open_both(&args.files)?;
+    let report = match &args.event {
+        Some(event_id) => relay_event(&mut producer, &mut consumer, event_id),
+        None => {
+            let policy = match args.policy {
+                PolicyArg::FirstPending => RelayPolicy::FirstPending,
+            };
+            relay(&mut producer, &mut consumer, policy, args.max)
+        }
+    }
+    .map_err(relay_failure)?;
+    emit(json_mode, &render::relay(&report), || relay_text(&report));
+    Ok(())
+}
+
+fn relay_text(report: &RelayReport) -> String {
+    let mut lines: Vec<String> = report
+        .deliveries
+        .iter()
+        .map(|d| format!("{} {} seq {}: {}", d.event_id, d.flow_id, d.seq, d.receipt))
+        .collect();
+    lines.push(format!(
+        "{} deliveries, stop: {}",
+        report.deliveries.len(),
+        report.stop.as_str()
+    ));
+    lines.join("\n")
+}
+
+/// Reads every envelope from `input`; any malformed one refuses the whole
+/// input, naming its position and line.
+pub fn parse_envelopes(input: &[u8]) -> Result<Vec<Envelope>, Failure> {
+    let text = std::str::from_utf8(input).map_err(|e| {
+        Failure::Usage(format!(
+            "stdin is not valid UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        ))
+    })?;
+    let values = parse_strict_json_stream(text).map_err(|(line, e)| {
+        Failure::Usage(format!("stdin line {line}: malformed envelope: {e}"))
+    })?;
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(index, (line, value))| {
+            Envelope::from_value(value).map_err(|e| {
+                Failure::Usage(format!(
+                    "envelope {} (stdin line {line}): malformed envelope: {e}",
+                    index + 1
+                ))
+            })
+        })
+        .collect()
+}
+
+fn receive(json_mode: bool, args: ReceiveArgs) -> Result<(), Failure> {
+    let mut input = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut input)
+        .map_err(|e| Failure::Internal(format!("cannot read stdin: {e}")))?;
+    let envelopes = parse_envelopes(&input)?;
+    let mut consumer = ConsumerDb::open(&args.consumer)?;
+    let receipts = consumer.receive_batch(&envelopes)?;
+    let value = json!({
+        "receipts": envelopes.iter().zip(&receipts).map(|(e, r)| json!({
+            "event_id": e.event_id.as_str(),
+            "receipt": r.as_str(),
+        })).collect::<Vec<_>>()
+    });
+    emit(json_mode, &value, || {
+        let mut lines: Vec<String> = envelopes
+            .iter()
+            .zip(&receipts)
+            .map(|(e, r)| format!("{} {} seq {}: {r}", e.event_id, e.flow_id, e.seq))
+            .collect();
+        lines.push(format!("{} envelopes received", receipts.len()));
+        lines.join("\n")
+    });
+    Ok(())
+}
+
+fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
+    let options = ApplyOptions {
+        support_v2: args.support_v2,
+    };
+    let mut consumer = ConsumerDb::open(&args.consumer)?;
+    let drains = match &args.flow {
+        Some(flow_id) => vec![drain(&mut consumer, flow_id, args.limit, options)?],
+        None => process_all(&mut consumer, args.limit, options)?,
+    };
+    emit(json_mode, &render::drains(&drains), || {
+        let mut lines: Vec<String> = drains
+            .iter()
+            .map(|d| {
+                let reason = d
+                    .stop
+                    .reason()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default();
+                format!(
+                    "{}: applied {}, stop {}{reason}",
+                    d.flow_id,
+                    d.applied,
+                    d.stop.as_str()
+                )
+            })
+            .collect();
+        if lines.is_empty() {
+            lines.push("no flow has work".into());
+        }
+        lines.join("\n")
+    });
+    Ok(())
+}
+
+/// Both files' rows, one read transaction per file.
+pub fn snapshot_value(
+    producer: &mut ProducerDb,
+    consumer: &mut ConsumerDb,
+) -> Result<Value, StoreError> {
+    let (flows, outbox) = producer.snapshot()?;
+    let (inbox, projections, effects) = consumer.snapshot()?;
+    Ok(json!({
+        "producer": {
+            "flows": flows.iter().map(render::flow).collect::<Vec<_>>(),
+            "outbox": outbox.iter().map(render::outbox).collect::<Vec<_>>(),
+        },
+        "consumer": {
+            "inbox": inbox.iter().map(render::inbox).collect::<Vec<_>>(),
+            "projection": projections.iter().map(render::projection).collect::<Vec<_>>(),
+            "effects": effects.iter().map(render::effect).collect::<Vec<_>>(),
+        }
+    }))
+}
+
+fn snapshot(json_mode: bool, files: Files) -> Result<(), Failure> {
+    let (mut producer, mut consumer) = open_both(&files)?;
+    let value = snapshot_value(&mut producer, &mut consumer)?;
+    emit(json_mode, &value, || snapshot_text(&value));
+    Ok(())
+}
+
+fn snapshot_text(value: &Value) -> String {
+    let rows = |side: &str, table: &str| value[side][table].as_array().cloned().unwrap_or_default();
+    let mut out = Vec::new();
+    out.push("producer flows:".to_string());
+    for f in rows("producer", "flows") {
+        out.push(format!(
+            "  {} {} quantity {} last_seq {}",
+            f["flow_id"].as_str().unwrap_or(""),
+            f["state"].as_str().unwrap_or(""),
+            f["quantity"],
+            f["last_seq"]
+        ));
+    }
+    out.push("producer outbox:".to_string());
+    for e in rows("producer", "outbox") {
+        out.push(format!(
+            "  {} {} seq {} {} accepted={}",
+            e["event_id"].as_str().unwrap_or(""),
+            e["flow_id"].as_str().unwrap_or(""),
+            e["seq"],
+            e["type"].as_str().unwrap_or(""),
+            e["accepted"]
+        ));
+    }
+    out.push("consumer inbox:".to_string());
+    for e in rows("consumer", "inbox") {
+        let reason = e["reason"]
+            .as_str()
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default();
+        out.push(format!(
+            "  {} {} seq {} {} {}{reason}",
+            e["event_id"].as_str().unwrap_or(""),
+            e["flow_id"].as_str().unwrap_or(""),
+            e["seq"],
+            e["type"].as_str().unwrap_or(""),
+            e["status"].as_str().unwrap_or(""),
+        ));
+    }
+    out.push("consumer projection:".to_string());
+    for p in rows("consumer", "projection") {
+        out.push(format!(
+            "  {} {} quantity {} applied_seq {}",
+            p["flow_id"].as_str().unwrap_or(""),
+            p["state"].as_str().unwrap_or(""),
+            p["quantity"],
+            p["applied_seq"]
+        ));
+    }
+    out.push(format!(
+        "consumer effects: {}",
+        rows("consumer", "effects").len()
+    ));
+    out.join("\n")
+}
