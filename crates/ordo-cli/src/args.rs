@@ -45,6 +45,68 @@ pub enum Command {
     Snapshot(Files),
     /// Run N flows through all three steps on two fresh SQLite files and check the end state.
     Demo(DemoArgs),
+    /// Run the protocol's 22 scenarios on real processes and compare every state.
+    Experiment(ExperimentArgs),
+    /// A long-running role for multi-process scenarios (used by experiment and soak).
+    #[command(hide = true)]
+    Worker {
+        #[command(subcommand)]
+        role: WorkerCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ExperimentArgs {
+    /// Exit non-zero when any scenario differs from its expectation.
+    #[arg(long)]
+    pub check: bool,
+    /// Write the full report (observed and expected of every scenario) as JSON.
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Compare against the `expected` values of this report instead of the built-in ones.
+    #[arg(long, value_name = "FILE")]
+    pub expected: Option<PathBuf>,
+    /// Run only this scenario (repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub only: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkerCommand {
+    /// Advance every flow through all three steps, racing other producers.
+    Produce {
+        #[arg(long)]
+        producer: PathBuf,
+        #[arg(long, value_delimiter = ',', value_parser = flow_id)]
+        flows: Vec<FlowId>,
+        #[arg(long, value_parser = quantity)]
+        quantity: Quantity,
+    },
+    /// Relay until the marker file exists and nothing is left.
+    Relay {
+        #[arg(long)]
+        producer: PathBuf,
+        #[arg(long)]
+        consumer: PathBuf,
+        #[arg(long)]
+        until: PathBuf,
+    },
+    /// Apply until the marker file exists and nothing is left.
+    Apply {
+        #[arg(long)]
+        consumer: PathBuf,
+        #[arg(long)]
+        until: PathBuf,
+    },
+    /// The wrong control: state and event in two transactions, exit 81 between them.
+    UnsafeDualWrite {
+        #[arg(long)]
+        producer: PathBuf,
+        #[arg(long, value_parser = flow_id)]
+        flow: FlowId,
+        #[arg(long, value_parser = quantity)]
+        quantity: Quantity,
+    },
 }
 
 #[derive(Debug, Args)]

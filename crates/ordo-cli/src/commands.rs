@@ -13,7 +13,7 @@ use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::{json, Value};
 
 use crate::args::{AdvanceArgs, ApplyArgs, Cli, Command, Files, PolicyArg, ReceiveArgs, RelayArgs};
-use crate::{demo, render, Failure};
+use crate::{demo, experiment, render, Failure};
 
 /// Prints a result: the JSON document with `--json`, else the text.
 pub fn emit(json_mode: bool, value: &Value, text: impl FnOnce() -> String) {
@@ -37,6 +37,8 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Apply(args) => apply(json_mode, args),
         Command::Snapshot(files) => snapshot(json_mode, files),
         Command::Demo(args) => demo::run(json_mode, args),
+        Command::Experiment(args) => experiment::run(json_mode, args),
+        Command::Worker { role } => experiment::worker::run(json_mode, role),
     }
 }
 

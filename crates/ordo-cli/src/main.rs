@@ -5,6 +5,7 @@
 mod args;
 mod commands;
 mod demo;
+mod experiment;
 mod render;
 
 use std::process::ExitCode;
@@ -20,13 +21,15 @@ pub enum Failure {
     Usage(String),
     /// A storage or internal error: exit 1.
     Internal(String),
+    /// A self-check found a mismatch (`experiment --check`, `demo`): exit 1.
+    Check(String),
 }
 
 impl Failure {
     fn exit(self) -> ExitCode {
         let (message, status) = match self {
             Failure::Usage(message) => (message, 2),
-            Failure::Internal(message) => (message, 1),
+            Failure::Internal(message) | Failure::Check(message) => (message, 1),
         };
         eprintln!("error: {}", message.replace('\n', " "));
         ExitCode::from(status)

@@ -21,3 +21,6 @@ mod producer;
 pub use conn::{pragma_text, OpenOptions, BUSY_TIMEOUT_DEFAULT, SCHEMA_VERSION};
 pub use consumer::{ApplyHandler, ConsumerDb, ReservationHandler};
 pub use producer::{ProducerDb, ProducerTx};
+/// The rusqlite version these stores are built on, for callers writing their
+/// own state in `ProducerDb::write` or an `ApplyHandler`.
+pub use rusqlite;

@@ -1,0 +1,208 @@
+//! Real `ordo` child processes, each under a watchdog.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use ordo_core::crash::CRASH_POINT_ENV;
+use serde_json::Value;
+
+/// How long any child may run before its scenario fails. A hang guard, not a
+/// performance measure.
+pub const WATCHDOG: Duration = Duration::from_secs(60);
+/// How often a waiting parent looks at its child.
+const POLL: Duration = Duration::from_millis(2);
+
+/// The files of one scenario and the binary that runs on them.
+pub struct Ctx {
+    pub exe: PathBuf,
+    pub dir: PathBuf,
+}
+
+/// What a finished child left: its exit code and its stdout parsed as JSON
+/// (`Value::Null` when it printed nothing).
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub code: i32,
+    pub json: Value,
+    pub stderr: String,
+}
+
+fn code_of(status: ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// Waits for a child, killing it when the watchdog expires.
+pub fn wait(child: &mut Child, what: &str) -> Result<ExitStatus, String> {
+    let deadline = Instant::now() + WATCHDOG;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(status),
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "watchdog: `{what}` did not finish within {} s",
+                    WATCHDOG.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(POLL),
+            Err(e) => return Err(format!("cannot wait for `{what}`: {e}")),
+        }
+    }
+}
+
+/// Collects a finished child's output.
+pub fn finish(mut child: Child, what: &str) -> Result<Run, String> {
+    let status = wait(&mut child, what)?;
+    let output = child
+        .wait_with_output()
+        .map_err(|e| format!("cannot read the output of `{what}`: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let json = if stdout.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(stdout.trim())
+            .map_err(|e| format!("`{what}` printed non-JSON ({e}): {stdout}"))?
+    };
+    Ok(Run {
+        code: code_of(status),
+        json,
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    })
+}
+
+impl Ctx {
+    pub fn producer(&self) -> PathBuf {
+        self.dir.join("producer.db")
+    }
+
+    pub fn consumer(&self) -> PathBuf {
+        self.dir.join("consumer.db")
+    }
+
+    /// Starts `ordo --json ARGS` with `{P}` and `{C}` in ARGS replaced by
+    /// the scenario's files, stdin piped, and `crash` armed if given.
+    pub fn spawn(&self, args: &[&str], crash: Option<&str>) -> Result<Child, String> {
+        let args = self.expand(args);
+        let mut command = Command::new(&self.exe);
+        command
+            .arg("--json")
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env_remove(CRASH_POINT_ENV);
+        if let Some(point) = crash {
+            command.env(CRASH_POINT_ENV, point);
+        }
+        command
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", self.exe.display()))
+    }
+
+    fn expand(&self, args: &[&str]) -> Vec<String> {
+        let p = self.producer().display().to_string();
+        let c = self.consumer().display().to_string();
+        args.iter()
+            .map(|a| a.replace("{P}", &p).replace("{C}", &c))
+            .collect()
+    }
+
+    /// Runs `ordo --json ARGS` to completion with `stdin` as input.
+    pub fn run(&self, args: &[&str], stdin: &[u8], crash: Option<&str>) -> Result<Run, String> {
+        let what = self.expand(args).join(" ");
+        let mut child = self.spawn(args, crash)?;
+        deliver_stdin(&mut child, stdin, &what)?;
+        finish(child, &what)
+    }
+
+    /// Runs a command that must exit 0 and returns its JSON.
+    pub fn ok(&self, args: &[&str]) -> Result<Value, String> {
+        self.ok_with(args, b"")
+    }
+
+    /// Runs a command with input that must exit 0 and returns its JSON.
+    pub fn ok_with(&self, args: &[&str], stdin: &[u8]) -> Result<Value, String> {
+        let run = self.run(args, stdin, None)?;
+        if run.code != 0 {
+            return Err(format!(
+                "`ordo {}` exited {}: {}",
+                self.expand(args).join(" "),
+                run.code,
+                run.stderr.trim()
+            ));
+        }
+        Ok(run.json)
+    }
+
+    pub fn snapshot(&self) -> Result<Value, String> {
+        self.ok(&["snapshot", "--producer", "{P}", "--consumer", "{C}"])
+    }
+
+    pub fn advance(
+        &self,
+        flow: &str,
+        expected_seq: i64,
+        to: &str,
+        extra: &[&str],
+    ) -> Result<Value, String> {
+        let seq = expected_seq.to_string();
+        let mut args = vec![
+            "advance",
+            "--producer",
+            "{P}",
+            "--flow",
+            flow,
+            "--expected-seq",
+            &seq,
+            "--to",
+            to,
+        ];
+        args.extend_from_slice(extra);
+        self.ok(&args)
+    }
+
+    pub fn relay(&self, extra: &[&str]) -> Result<Value, String> {
+        let mut args = vec!["relay", "--producer", "{P}", "--consumer", "{C}"];
+        args.extend_from_slice(extra);
+        self.ok(&args)
+    }
+
+    pub fn apply(&self, extra: &[&str]) -> Result<Value, String> {
+        let mut args = vec!["apply", "--consumer", "{C}"];
+        args.extend_from_slice(extra);
+        self.ok(&args)
+    }
+
+    pub fn receive(&self, envelopes: &[Value]) -> Result<Value, String> {
+        let mut input = String::new();
+        for envelope in envelopes {
+            input.push_str(&envelope.to_string());
+            input.push('\n');
+        }
+        self.ok_with(&["receive", "--consumer", "{C}"], input.as_bytes())
+    }
+}
+
+/// Writes `stdin` to a child and closes its input: the child cannot go on
+/// before this, which makes the pipe a handshake.
+pub fn deliver_stdin(child: &mut Child, stdin: &[u8], what: &str) -> Result<(), String> {
+    let mut pipe = child
+        .stdin
+        .take()
+        .ok_or_else(|| format!("`{what}` has no stdin"))?;
+    pipe.write_all(stdin)
+        .map_err(|e| format!("cannot write to `{what}`: {e}"))
+}
+
+/// A fresh directory under `root` for one scenario.
+pub fn scenario_dir(root: &Path, name: &str) -> Result<PathBuf, String> {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}

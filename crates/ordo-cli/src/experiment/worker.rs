@@ -1,0 +1,180 @@
+//! Hidden worker roles for multi-process scenarios and soaks: each is one
+//! long-running `ordo` process doing what a producer, relay or applier
+//! service would do. Also the wrong control `unsafe_dual_write`, which no safe
+//! path calls.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ordo_core::{
+    process_all, relay, Advance, AdvanceError, AdvanceRequest, ApplyOptions, ErrorKind, FlowId,
+    FlowState, ProducerStore, Quantity, RelayError, RelayPolicy, SchemaVersion,
+};
+use ordo_sqlite::{ConsumerDb, ProducerDb};
+use serde_json::json;
+
+use crate::args::WorkerCommand;
+use crate::commands::emit;
+use crate::Failure;
+
+/// The pause of an idle relay or applier before it looks again.
+const IDLE_PAUSE: Duration = Duration::from_millis(5);
+/// Deliveries per relay round.
+const RELAY_ROUND_LEN: u64 = 64;
+/// Applications per flow per apply round.
+const APPLY_ROUND_LEN: u64 = 64;
+
+pub fn run(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
+    match command {
+        WorkerCommand::Produce {
+            producer,
+            flows,
+            quantity,
+        } => produce(json_mode, &producer, &flows, quantity),
+        WorkerCommand::Relay {
+            producer,
+            consumer,
+            until,
+        } => relay_until(json_mode, &producer, &consumer, &until),
+        WorkerCommand::Apply { consumer, until } => apply_until(json_mode, &consumer, &until),
+        WorkerCommand::UnsafeDualWrite {
+            producer,
+            flow,
+            quantity,
+        } => unsafe_dual_write(&producer, &flow, quantity),
+    }
+}
+
+/// Advances every flow through all three steps, each step with the
+/// `expected_seq` of that step: when another producer won the race the
+/// outcome is `stale` and the step is already done.
+fn produce(
+    json_mode: bool,
+    path: &Path,
+    flows: &[FlowId],
+    quantity: Quantity,
+) -> Result<(), Failure> {
+    let mut producer = ProducerDb::open(path)?;
+    let (mut committed, mut stale) = (0u64, 0u64);
+    for (expected_seq, to) in [
+        FlowState::Reserved,
+        FlowState::Confirmed,
+        FlowState::Released,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for flow in flows {
+            let request = AdvanceRequest::new(
+                flow.clone(),
+                expected_seq as i64,
+                to,
+                Some(quantity),
+                SchemaVersion::V1,
+            )
+            .map_err(|e| Failure::Usage(e.to_string()))?;
+            match producer.advance(&request) {
+                Ok(Advance::Committed(_)) => committed += 1,
+                Ok(Advance::Stale { .. }) => stale += 1,
+                Ok(other) => {
+                    return Err(Failure::Internal(format!("{flow}: unexpected {other:?}")))
+                }
+                Err(AdvanceError::Store(e)) => return Err(e.into()),
+                Err(e) => return Err(Failure::Internal(e.to_string())),
+            }
+        }
+    }
+    emit(
+        json_mode,
+        &json!({"committed": committed, "stale": stale}),
+        || format!("committed {committed}, stale {stale}"),
+    );
+    Ok(())
+}
+
+/// Relays until `until` exists and a round after that finds nothing.
+fn relay_until(
+    json_mode: bool,
+    producer: &Path,
+    consumer: &Path,
+    until: &Path,
+) -> Result<(), Failure> {
+    let mut producer = ProducerDb::open(producer)?;
+    let mut consumer = ConsumerDb::open(consumer)?;
+    let mut delivered = 0u64;
+    loop {
+        let finishing = until.exists();
+        let report = match relay(
+            &mut producer,
+            &mut consumer,
+            RelayPolicy::FirstPending,
+            Some(RELAY_ROUND_LEN),
+        ) {
+            Ok(report) => report,
+            Err(RelayError::Store(e)) if e.kind() == ErrorKind::Busy => continue,
+            Err(RelayError::Store(e)) => return Err(e.into()),
+            Err(e) => return Err(Failure::Internal(e.to_string())),
+        };
+        delivered += report.deliveries.len() as u64;
+        if report.deliveries.is_empty() {
+            if finishing {
+                break;
+            }
+            std::thread::sleep(IDLE_PAUSE);
+        }
+    }
+    emit(json_mode, &json!({ "delivered": delivered }), || {
+        format!("delivered {delivered}")
+    });
+    Ok(())
+}
+
+/// Applies until `until` exists and a round after that applies nothing.
+fn apply_until(json_mode: bool, consumer: &Path, until: &Path) -> Result<(), Failure> {
+    let mut consumer = ConsumerDb::open(consumer)?;
+    let mut applied = 0u64;
+    loop {
+        let finishing = until.exists();
+        let drains = match process_all(
+            &mut consumer,
+            Some(APPLY_ROUND_LEN),
+            ApplyOptions::default(),
+        ) {
+            Ok(drains) => drains,
+            Err(e) if e.kind() == ErrorKind::Busy => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let round: u64 = drains.iter().map(|d| d.applied).sum();
+        applied += round;
+        if round == 0 {
+            if finishing {
+                break;
+            }
+            std::thread::sleep(IDLE_PAUSE);
+        }
+    }
+    emit(json_mode, &json!({ "applied": applied }), || {
+        format!("applied {applied}")
+    });
+    Ok(())
+}
+
+/// THE WRONG CONTROL. Commits the flow's new state in one transaction, then
+/// exits with status 81 before the transaction that would have recorded the
+/// event: the state has moved and the event is lost. It exists only to show
+/// the failure that `advance` prevents.
+fn unsafe_dual_write(path: &Path, flow: &FlowId, quantity: Quantity) -> Result<(), Failure> {
+    let mut producer = ProducerDb::open(path)?;
+    producer.write(|tx| -> Result<(), ordo_core::StoreError> {
+        tx.sql()
+            .execute(
+                "INSERT INTO flow (flow_id, state, quantity) VALUES (?1, 'reserved', ?2)",
+                ordo_sqlite::rusqlite::params![flow.as_str(), quantity.get()],
+            )
+            .map_err(|e| {
+                ordo_core::StoreError::with_source(ErrorKind::Other, "unsafe_dual_write", e)
+            })?;
+        Ok(())
+    })?;
+    std::process::exit(super::UNSAFE_EXIT_STATUS);
+}
