@@ -47,6 +47,8 @@ pub enum Command {
     Demo(DemoArgs),
     /// Run the protocol's 22 scenarios on real processes and compare every state.
     Experiment(ExperimentArgs),
+    /// Kill producers, relays and appliers at random, converge, check the invariants.
+    Soak(SoakArgs),
     /// A long-running role for multi-process scenarios (used by experiment and soak).
     #[command(hide = true)]
     Worker {
@@ -71,14 +73,36 @@ pub struct ExperimentArgs {
     pub only: Vec<String>,
 }
 
+#[derive(Debug, Args)]
+pub struct SoakArgs {
+    /// How long to keep killing workers, in seconds (1..=86400).
+    #[arg(long, value_name = "S", default_value = "20",
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub seconds: u64,
+    /// How many flows the producers drive through all three steps (1..=1000000).
+    #[arg(long, value_name = "N", default_value = "200",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub flows: u64,
+    /// Seed of the kill schedule (default: random, printed in the result).
+    #[arg(long, value_name = "K")]
+    pub seed: Option<u64>,
+    /// Keep the files in this new directory instead of a temporary one.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum WorkerCommand {
     /// Advance every flow through all three steps, racing other producers.
     Produce {
         #[arg(long)]
         producer: PathBuf,
+        /// The flows, comma-separated.
         #[arg(long, value_delimiter = ',', value_parser = flow_id)]
         flows: Vec<FlowId>,
+        /// Also the flows `flow-0000001` to `flow-N`.
+        #[arg(long)]
+        count: Option<u64>,
         #[arg(long, value_parser = quantity)]
         quantity: Quantity,
     },
@@ -145,10 +169,10 @@ pub struct RelayArgs {
     #[arg(long, value_enum, default_value = "first-pending")]
     pub policy: PolicyArg,
     /// Deliver at most N events (conflicts included), N >= 1.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = at_least_one, allow_hyphen_values = true)]
     pub max: Option<u64>,
-    /// Deliver exactly this event, even if already accepted.
-    #[arg(long, value_name = "EVENT_ID", value_parser = event_id, conflicts_with = "max")]
+    /// Deliver exactly this event, even if already accepted (ignores --policy and --max).
+    #[arg(long, value_name = "EVENT_ID", value_parser = event_id)]
     pub event: Option<EventId>,
 }
 
@@ -168,7 +192,7 @@ pub struct ApplyArgs {
     #[arg(long, value_name = "F", value_parser = flow_id)]
     pub flow: Option<FlowId>,
     /// Apply at most N events per flow, N >= 1.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", value_parser = at_least_one, allow_hyphen_values = true)]
     pub limit: Option<u64>,
     /// Decode schema 2 payloads and re-evaluate rows blocked for unsupported_schema.
     #[arg(long)]
@@ -201,6 +225,14 @@ fn integer(value: &str, range: &str) -> Result<i64, String> {
     value
         .parse::<i64>()
         .map_err(|_| format!("must be an integer in {range}"))
+}
+
+/// A count bound (`--max`, `--limit`): an integer >= 1.
+fn at_least_one(value: &str) -> Result<u64, String> {
+    match value.parse::<u64>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("must be an integer >= 1".into()),
+    }
 }
 
 fn expected_seq(value: &str) -> Result<i64, String> {

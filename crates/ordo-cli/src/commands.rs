@@ -13,7 +13,7 @@ use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::{json, Value};
 
 use crate::args::{AdvanceArgs, ApplyArgs, Cli, Command, Files, PolicyArg, ReceiveArgs, RelayArgs};
-use crate::{demo, experiment, render, Failure};
+use crate::{demo, experiment, render, soak, Failure};
 
 /// Prints a result: the JSON document with `--json`, else the text.
 pub fn emit(json_mode: bool, value: &Value, text: impl FnOnce() -> String) {
@@ -38,6 +38,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Snapshot(files) => snapshot(json_mode, files),
         Command::Demo(args) => demo::run(json_mode, args),
         Command::Experiment(args) => experiment::run(json_mode, args),
+        Command::Soak(args) => soak::run(json_mode, args),
         Command::Worker { role } => experiment::worker::run(json_mode, role),
     }
 }
@@ -127,9 +128,16 @@ fn relay_failure(error: RelayError) -> Failure {
 
 fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
     check_distinct(&args.files)?;
+    // An unknown --event is invalid input: refuse it before the consumer file
+    // is opened (and so created), and without creating the producer file.
     if let Some(event_id) = &args.event {
+        let unknown = || relay_failure(RelayError::UnknownEvent(event_id.clone()));
         if !args.files.producer.exists() {
-            return Err(relay_failure(RelayError::UnknownEvent(event_id.clone())));
+            return Err(unknown());
+        }
+        let mut producer = ProducerDb::open(&args.files.producer)?;
+        if producer.outbox_event(event_id)?.is_none() {
+            return Err(unknown());
         }
     }
     let (mut producer, mut consumer) = open_both(&args.files)?;

@@ -7,6 +7,7 @@ mod commands;
 mod demo;
 mod experiment;
 mod render;
+mod soak;
 
 use std::process::ExitCode;
 
@@ -45,6 +46,39 @@ impl From<ordo_core::StoreError> for Failure {
     }
 }
 
+/// One line for a clap error, naming the flag or command concerned (the
+/// contract's "one line `error: ...`"): clap's own first line, completed with
+/// the missing arguments or the available commands where clap lists them on
+/// later lines.
+fn usage_message(error: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    match error.kind() {
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
+            let commands: Vec<String> = <Cli as clap::CommandFactory>::command()
+                .get_subcommands()
+                .filter(|c| !c.is_hide_set())
+                .map(|c| c.get_name().to_owned())
+                .collect();
+            return format!("a command is required, one of: {}", commands.join(", "));
+        }
+        ErrorKind::MissingRequiredArgument => {
+            if let Some(ContextValue::Strings(args)) = error.get(ContextKind::InvalidArg) {
+                return format!(
+                    "the following required arguments were not provided: {}",
+                    args.join(", ")
+                );
+            }
+        }
+        _ => {}
+    }
+    let rendered = error.render().to_string();
+    let first = rendered
+        .lines()
+        .find(|line| !line.trim().is_empty())
+        .unwrap_or("invalid usage");
+    first.strip_prefix("error: ").unwrap_or(first).to_owned()
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -57,17 +91,7 @@ fn main() -> ExitCode {
                 let _ = error.print();
                 return ExitCode::SUCCESS;
             }
-            if error.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
-                let _ = error.print();
-                return ExitCode::from(2);
-            }
-            let rendered = error.render().to_string();
-            let first = rendered
-                .lines()
-                .find(|line| !line.trim().is_empty())
-                .unwrap_or("invalid usage");
-            let message = first.strip_prefix("error: ").unwrap_or(first);
-            return Failure::Usage(message.to_owned()).exit();
+            return Failure::Usage(usage_message(&error)).exit();
         }
     };
     match commands::run(cli) {

@@ -328,3 +328,14 @@ fn crash_consumer_apply_after_commit_applies_exactly_once() {
         },
     );
 }
+
+#[test]
+fn a_short_soak_survives_sigkill_with_every_invariant() {
+    let (code, result, stderr) = ordo(&["soak", "--seconds", "3", "--flows", "60", "--seed", "7", "--json"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(result["verdict"], "ok", "{result}");
+    assert!(result["kills"].as_u64().unwrap() > 0, "{result}");
+    assert_eq!(result["events"], 180);
+    assert_eq!(result["seed"], 7);
+    assert!(result["violations"].as_array().unwrap().is_empty());
+}

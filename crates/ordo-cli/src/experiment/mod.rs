@@ -1,7 +1,7 @@
 //! `ordo experiment`: the seed's 22 scenarios on real processes and real
 //! files, compared field by field with the protocol's expectations.
 
-mod child;
+pub(crate) mod child;
 mod expect;
 mod scenarios;
 pub mod worker;

@@ -28,9 +28,16 @@ pub fn run(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
     match command {
         WorkerCommand::Produce {
             producer,
-            flows,
+            mut flows,
+            count,
             quantity,
-        } => produce(json_mode, &producer, &flows, quantity),
+        } => {
+            for i in 1..=count.unwrap_or(0) {
+                flows
+                    .push(FlowId::new(format!("flow-{i:07}")).map_err(|e| Failure::Usage(e.rule))?);
+            }
+            produce(json_mode, &producer, &flows, quantity)
+        }
         WorkerCommand::Relay {
             producer,
             consumer,
