@@ -1,0 +1,345 @@
+//! Helpers for the process-level tests: run the real `ordo` binary on real
+//! SQLite files in a temporary directory and look at its exit status, stdout
+//! and stderr.
+
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+/// What one run of the binary produced.
+#[derive(Debug)]
+pub struct Out {
+    /// The exit status (`-1` if killed by a signal).
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    /// Asserts exit 0 and parses stdout as exactly one JSON document.
+    #[track_caller]
+    pub fn json(&self) -> Value {
+        assert_eq!(self.code, 0, "expected exit 0, got {self:#?}");
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not one JSON document ({e}): {self:#?}"))
+    }
+
+    /// Asserts the invalid-input contract: exit 2, stdout empty, exactly one
+    /// stderr line starting with `error: ` that mentions `needle`.
+    #[track_caller]
+    pub fn usage(&self, needle: &str) {
+        assert_eq!(self.code, 2, "expected exit 2, got {self:#?}");
+        assert_eq!(self.stdout, "", "stdout must be empty on exit 2: {self:#?}");
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "stderr must be exactly one line on exit 2: {self:#?}"
+        );
+        assert!(
+            lines[0].starts_with("error: "),
+            "stderr must start with `error: `: {self:#?}"
+        );
+        assert!(
+            lines[0].contains(needle),
+            "stderr must name {needle:?}: {self:#?}"
+        );
+    }
+
+    /// Asserts the storage-error contract: exit 1, stdout empty, a message on stderr.
+    #[track_caller]
+    pub fn storage_error(&self) {
+        assert_eq!(self.code, 1, "expected exit 1, got {self:#?}");
+        assert_eq!(self.stdout, "", "stdout must be empty on exit 1: {self:#?}");
+        assert!(
+            self.stderr.starts_with("error: ") && self.stderr.trim().len() > "error: ".len(),
+            "stderr must carry the underlying message: {self:#?}"
+        );
+    }
+
+    /// Asserts exit 0 with human-readable (non-JSON, non-empty) stdout.
+    #[track_caller]
+    pub fn text(&self) -> &str {
+        assert_eq!(self.code, 0, "expected exit 0, got {self:#?}");
+        assert!(!self.stdout.trim().is_empty(), "text output is empty");
+        assert!(
+            serde_json::from_str::<Value>(&self.stdout).is_err(),
+            "text output must not be JSON: {self:#?}"
+        );
+        &self.stdout
+    }
+}
+
+/// Runs `ordo ARGS` with `stdin` as its standard input.
+pub fn run_bytes(args: &[&str], stdin: &[u8]) -> Out {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the ordo binary starts");
+    {
+        let mut input = child.stdin.take().expect("stdin is piped");
+        // The binary may exit (usage error) before reading: ignore a broken pipe.
+        let _ = input.write_all(stdin);
+    }
+    let output = child.wait_with_output().expect("the ordo binary runs");
+    Out {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
+        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
+    }
+}
+
+/// Runs `ordo ARGS` with empty stdin.
+pub fn run(args: &[&str]) -> Out {
+    run_bytes(args, b"")
+}
+
+/// A compact envelope as wire text.
+pub fn envelope(
+    event_id: &str,
+    flow_id: &str,
+    seq: i64,
+    schema: i64,
+    event_type: &str,
+    payload: Value,
+) -> String {
+    json!({
+        "event_id": event_id,
+        "flow_id": flow_id,
+        "seq": seq,
+        "schema_version": schema,
+        "type": event_type,
+        "payload": payload,
+    })
+    .to_string()
+}
+
+/// A schema-1 reservation envelope as the producer would emit it.
+pub fn reservation(flow_id: &str, seq: i64, event_type: &str, amount: i64) -> String {
+    envelope(
+        &format!("{flow_id}-{seq}"),
+        flow_id,
+        seq,
+        1,
+        event_type,
+        json!({ "amount": amount }),
+    )
+}
+
+/// A temporary directory with a producer and a consumer path in it (the
+/// files themselves are not created).
+pub struct Lab {
+    pub dir: TempDir,
+    pub p: String,
+    pub c: String,
+}
+
+/// The contents of some files, compared byte for byte; a difference is
+/// reported by file and offset, not by dumping the bytes.
+pub struct Files(pub Vec<(String, Option<Vec<u8>>)>);
+
+impl Files {
+    /// The files at these paths, now.
+    pub fn of(paths: &[&str]) -> Files {
+        Files(paths.iter().map(|p| (p.to_string(), bytes(p))).collect())
+    }
+
+    /// Asserts that every file is byte-identical to `before` (and exists
+    /// exactly when it existed before).
+    #[track_caller]
+    pub fn assert_unchanged(&self, before: &Files, context: &str) {
+        for ((path, now), (_, then)) in self.0.iter().zip(&before.0) {
+            match (then, now) {
+                (None, None) => {}
+                (None, Some(_)) => panic!("{context}: {path} was created"),
+                (Some(_), None) => panic!("{context}: {path} was removed"),
+                (Some(then), Some(now)) => {
+                    if then != now {
+                        let offset = then
+                            .iter()
+                            .zip(now.iter())
+                            .position(|(a, b)| a != b)
+                            .unwrap_or(then.len().min(now.len()));
+                        panic!(
+                            "{context}: {path} changed ({} -> {} bytes, first difference at offset {offset})",
+                            then.len(),
+                            now.len()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The bytes of a file, or `None` if it does not exist.
+pub fn bytes(path: &str) -> Option<Vec<u8>> {
+    match std::fs::read(path) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => panic!("cannot read {path}: {e}"),
+    }
+}
+
+impl Lab {
+    pub fn new() -> Lab {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let p = path_str(&dir.path().join("producer.db"));
+        let c = path_str(&dir.path().join("consumer.db"));
+        Lab { dir, p, c }
+    }
+
+    /// A path inside the lab's directory.
+    pub fn path(&self, name: &str) -> String {
+        path_str(&self.dir.path().join(name))
+    }
+
+    /// `ordo init --json` on both files.
+    pub fn init(&self) -> Value {
+        run(&[
+            "init",
+            "--json",
+            "--producer",
+            &self.p,
+            "--consumer",
+            &self.c,
+        ])
+        .json()
+    }
+
+    /// `ordo advance --json`, returning the whole output.
+    pub fn advance_out(
+        &self,
+        flow: &str,
+        expected_seq: i64,
+        to: &str,
+        quantity: Option<i64>,
+        schema: Option<i64>,
+    ) -> Out {
+        let expected = expected_seq.to_string();
+        let quantity = quantity.map(|q| q.to_string());
+        let schema = schema.map(|s| s.to_string());
+        let mut args = vec![
+            "advance",
+            "--json",
+            "--producer",
+            &self.p,
+            "--flow",
+            flow,
+            "--expected-seq",
+            &expected,
+            "--to",
+            to,
+        ];
+        if let Some(q) = &quantity {
+            args.extend(["--quantity", q]);
+        }
+        if let Some(s) = &schema {
+            args.extend(["--schema", s]);
+        }
+        run(&args)
+    }
+
+    /// `ordo advance --json` expected to exit 0; its JSON.
+    #[track_caller]
+    pub fn advance(&self, flow: &str, expected_seq: i64, to: &str, quantity: Option<i64>) -> Value {
+        self.advance_out(flow, expected_seq, to, quantity, None)
+            .json()
+    }
+
+    /// Advances `flow` through all three steps with `quantity`.
+    #[track_caller]
+    pub fn full_flow(&self, flow: &str, quantity: i64) {
+        for (seq, to) in ["reserved", "confirmed", "released"].iter().enumerate() {
+            let out = self.advance(flow, seq as i64, to, Some(quantity));
+            assert_eq!(out["outcome"], "committed", "{out}");
+        }
+    }
+
+    /// `ordo relay --json` with extra arguments.
+    pub fn relay_out(&self, extra: &[&str]) -> Out {
+        let mut args = vec![
+            "relay",
+            "--json",
+            "--producer",
+            &self.p,
+            "--consumer",
+            &self.c,
+        ];
+        args.extend_from_slice(extra);
+        run(&args)
+    }
+
+    #[track_caller]
+    pub fn relay(&self, extra: &[&str]) -> Value {
+        self.relay_out(extra).json()
+    }
+
+    /// `ordo receive --json` with `input` on stdin.
+    pub fn receive_out(&self, input: &[u8]) -> Out {
+        run_bytes(&["receive", "--json", "--consumer", &self.c], input)
+    }
+
+    #[track_caller]
+    pub fn receive(&self, input: &str) -> Value {
+        self.receive_out(input.as_bytes()).json()
+    }
+
+    /// `ordo apply --json` with extra arguments.
+    pub fn apply_out(&self, extra: &[&str]) -> Out {
+        let mut args = vec!["apply", "--json", "--consumer", &self.c];
+        args.extend_from_slice(extra);
+        run(&args)
+    }
+
+    #[track_caller]
+    pub fn apply(&self, extra: &[&str]) -> Value {
+        self.apply_out(extra).json()
+    }
+
+    /// `ordo snapshot --json`.
+    #[track_caller]
+    pub fn snapshot(&self) -> Value {
+        run(&[
+            "snapshot",
+            "--json",
+            "--producer",
+            &self.p,
+            "--consumer",
+            &self.c,
+        ])
+        .json()
+    }
+
+    /// The bytes of both database files (`None` for a missing one).
+    pub fn files(&self) -> Files {
+        Files(vec![
+            (self.p.clone(), bytes(&self.p)),
+            (self.c.clone(), bytes(&self.c)),
+        ])
+    }
+
+    /// Asserts that neither database file exists.
+    #[track_caller]
+    pub fn assert_no_files(&self) {
+        assert!(!Path::new(&self.p).exists(), "{} was created", self.p);
+        assert!(!Path::new(&self.c).exists(), "{} was created", self.c);
+    }
+}
+
+fn path_str(path: &Path) -> String {
+    path.to_str().expect("temporary paths are UTF-8").to_owned()
+}
+
+/// The path of `name` inside `dir`, as text.
+pub fn join(dir: &Path, name: &str) -> String {
+    path_str(&PathBuf::from(dir).join(name))
+}
