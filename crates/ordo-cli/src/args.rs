@@ -157,6 +157,8 @@ pub struct AdvanceArgs {
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum PolicyArg {
+    /// Head-of-line only within a flow, round-robin across flows.
+    Fair,
     /// Always the oldest unaccepted event; a conflict on it ends the run.
     FirstPending,
 }
@@ -166,8 +168,12 @@ pub struct RelayArgs {
     #[command(flatten)]
     pub files: Files,
     /// Which unaccepted events to pick.
-    #[arg(long, value_enum, default_value = "first-pending")]
+    #[arg(long, value_enum, default_value = "fair")]
     pub policy: PolicyArg,
+    /// Hand over at most N events per round (one consumer and one producer transaction), N >= 1.
+    #[arg(long, value_name = "N", default_value_t = ordo_core::relay::BATCH_LEN_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub batch: u64,
     /// Deliver at most N events (conflicts included), N >= 1.
     #[arg(long, value_name = "N", value_parser = at_least_one, allow_hyphen_values = true)]
     pub max: Option<u64>,

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use ordo_core::envelope::parse_strict_json_stream;
 use ordo_core::{
     drain, process_all, relay, relay_event, Advance, AdvanceError, AdvanceRequest, ApplyOptions,
-    ConsumerStore, Envelope, ProducerStore, RelayError, RelayPolicy, RelayReport, StoreError,
+    ConsumerStore, Envelope, ProducerStore, RelayError, RelayOptions, RelayPolicy, RelayReport,
+    StoreError, SystemClock,
 };
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::{json, Value};
@@ -142,12 +143,18 @@ fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
     }
     let (mut producer, mut consumer) = open_both(&args.files)?;
     let report = match &args.event {
-        Some(event_id) => relay_event(&mut producer, &mut consumer, event_id),
+        Some(event_id) => relay_event(&mut producer, &mut consumer, event_id, &SystemClock),
         None => {
-            let policy = match args.policy {
-                PolicyArg::FirstPending => RelayPolicy::FirstPending,
+            let options = RelayOptions {
+                policy: match args.policy {
+                    PolicyArg::Fair => RelayPolicy::Fair,
+                    PolicyArg::FirstPending => RelayPolicy::FirstPending,
+                },
+                max: args.max,
+                batch_len_max: args.batch as usize,
+                ..RelayOptions::default()
             };
-            relay(&mut producer, &mut consumer, policy, args.max)
+            relay(&mut producer, &mut consumer, &options, &SystemClock)
         }
     }
     .map_err(relay_failure)?;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use ordo_core::{
     process_all, relay, Advance, AdvanceRequest, ApplyOptions, ConsumerStore, DrainStop, FlowId,
-    FlowState, InboxStatus, ProducerStore, Quantity, RelayPolicy, SchemaVersion,
+    FlowState, InboxStatus, ProducerStore, Quantity, RelayOptions, SchemaVersion, SystemClock,
 };
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::json;
@@ -125,8 +125,11 @@ pub fn run(json_mode: bool, args: DemoArgs) -> Result<(), Failure> {
         let report = relay(
             &mut producer,
             &mut consumer,
-            RelayPolicy::FirstPending,
-            Some(RELAY_ROUND_LEN),
+            &RelayOptions {
+                max: Some(RELAY_ROUND_LEN),
+                ..RelayOptions::default()
+            },
+            &SystemClock,
         )
         .map_err(|e| Failure::Internal(e.to_string()))?;
         let accepted = report

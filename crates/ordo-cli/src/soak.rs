@@ -373,8 +373,8 @@ fn check_invariants(
 mod tests {
     use super::*;
     use ordo_core::{
-        relay, AdvanceRequest, ApplyOptions, FlowId, ProducerStore, Quantity, RelayPolicy,
-        SchemaVersion,
+        relay, AdvanceRequest, ApplyOptions, FlowId, ProducerStore, Quantity, RelayOptions,
+        SchemaVersion, SystemClock,
     };
 
     /// Two flows through all steps, relayed and applied, in `dir`.
@@ -406,8 +406,8 @@ mod tests {
         relay(
             &mut producer,
             &mut consumer,
-            RelayPolicy::FirstPending,
-            None,
+            &RelayOptions::default(),
+            &SystemClock,
         )
         .unwrap();
         ordo_core::process_all(&mut consumer, None, ApplyOptions::default()).unwrap();

@@ -29,7 +29,9 @@ pub use outcome::{
     Advance, BlockReason, Drain, DrainStop, EffectRecord, InboxRecord, InboxStatus, OutboxRecord,
     Receipt, Step,
 };
-pub use relay::{relay, relay_event, Delivery, RelayPolicy, RelayReport, RelayStop};
+pub use relay::{
+    relay, relay_event, Backoff, Delivery, RelayOptions, RelayPolicy, RelayReport, RelayStop,
+};
 pub use reservation::{
     AdvanceRefused, AdvanceRequest, ApplyOptions, FlowRecord, FlowState, InvalidRequest, Projection,
 };

@@ -1,9 +1,20 @@
 //! The relay: hands outbox events to the consumer and marks them accepted
 //! only after a receipt that moves custody.
+//!
+//! Each round takes a batch of events chosen by the policy, receives all of
+//! them in one consumer transaction, then records every receipt in one
+//! producer transaction: custody-moving receipts mark their rows accepted, a
+//! conflict quarantines its row (never accepted, never retried
+//! automatically). A transient failure of the consumer (busy, locked,
+//! unreachable) is recorded on every event of the round with an exponential,
+//! fully jittered backoff, and returned as the error it is.
 
+use std::collections::BTreeSet;
+
+use crate::clock::Clock;
 use crate::crash;
 use crate::envelope::Envelope;
-use crate::error::RelayError;
+use crate::error::{ErrorKind, RelayError};
 use crate::ids::{EventId, FlowId, Seq};
 use crate::outcome::Receipt;
 use crate::store::{ConsumerStore, ProducerStore};
@@ -11,9 +22,16 @@ use crate::store::{ConsumerStore, ProducerStore};
 /// Which unaccepted events a relay run picks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RelayPolicy {
-    /// Always the oldest unaccepted event; a conflict on it ends the run, so a
-    /// permanent conflict starves every later event (the seed's behaviour).
+    /// Head-of-line only within a flow, round-robin across flows: each round
+    /// hands over the next due event of the flows served least recently, one
+    /// per flow. A quarantined or backing-off event holds back only its own
+    /// flow (and a quarantined one not even that: later events of the flow
+    /// may still move to the consumer, whose strict order protects apply).
     #[default]
+    Fair,
+    /// Always the oldest unaccepted event, one per round, quarantined or not;
+    /// a conflict on it ends the run, so a permanent conflict starves every
+    /// later event. The seed's behaviour, kept for the experiment.
     FirstPending,
 }
 
@@ -21,7 +39,75 @@ impl RelayPolicy {
     /// The policy's name on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
+            RelayPolicy::Fair => "fair",
             RelayPolicy::FirstPending => "first-pending",
+        }
+    }
+}
+
+/// Exponential backoff with full jitter for transient delivery failures: the
+/// n-th consecutive failure waits a uniformly random time in
+/// `0..=min(cap, base * 2^(n-1))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// The ceiling of the first wait.
+    pub base_ms: u64,
+    /// The largest ceiling.
+    pub cap_ms: u64,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            base_ms: 100,
+            cap_ms: 60_000,
+        }
+    }
+}
+
+impl Backoff {
+    /// The ceiling of the wait after `attempts` consecutive failures (>= 1).
+    pub fn ceiling_ms(&self, attempts: u32) -> u64 {
+        let exponent = attempts.saturating_sub(1).min(62);
+        self.base_ms
+            .saturating_mul(1u64 << exponent)
+            .min(self.cap_ms)
+    }
+
+    /// The wait after `attempts` failures, for a uniform `unit` in `[0, 1)`.
+    pub fn delay_ms(&self, attempts: u32, unit: f64) -> u64 {
+        debug_assert!((0.0..1.0).contains(&unit));
+        let ceiling = self.ceiling_ms(attempts);
+        ((ceiling as f64 + 1.0) * unit.clamp(0.0, 1.0))
+            .floor()
+            .min(ceiling as f64) as u64
+    }
+}
+
+/// The default number of events handed over per round.
+pub const BATCH_LEN_DEFAULT: usize = 256;
+
+/// How a relay run behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayOptions {
+    /// The selection policy.
+    pub policy: RelayPolicy,
+    /// The most deliveries in this run (conflicts included); `None`: until
+    /// nothing this policy may deliver remains.
+    pub max: Option<u64>,
+    /// The most events per round (one consumer and one producer transaction).
+    pub batch_len_max: usize,
+    /// Backoff for transient failures.
+    pub backoff: Backoff,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        RelayOptions {
+            policy: RelayPolicy::Fair,
+            max: None,
+            batch_len_max: BATCH_LEN_DEFAULT,
+            backoff: Backoff::default(),
         }
     }
 }
@@ -67,61 +153,106 @@ pub struct RelayReport {
     pub stop: RelayStop,
 }
 
-fn deliver<P, C>(
+/// Whether a consumer failure is worth retrying later.
+pub fn is_transient(kind: ErrorKind) -> bool {
+    matches!(kind, ErrorKind::Busy | ErrorKind::ConnectionLost)
+}
+
+/// Hands `events` to the consumer in one transaction and records every
+/// receipt in one producer transaction.
+fn deliver_round<P, C>(
     producer: &mut P,
     consumer: &mut C,
-    event: &Envelope,
-) -> Result<Delivery, RelayError>
+    events: &[Envelope],
+    clock: &dyn Clock,
+    backoff: &Backoff,
+) -> Result<Vec<Delivery>, RelayError>
 where
     P: ProducerStore + ?Sized,
     C: ConsumerStore + ?Sized,
 {
     crash::point(crash::RELAY_BEFORE_RECEIVE);
-    let receipt = consumer.receive(event)?;
+    let receipts = match consumer.receive_batch(events) {
+        Ok(receipts) => receipts,
+        Err(error) => {
+            if is_transient(error.kind()) {
+                let ids: Vec<EventId> = events.iter().map(|e| e.event_id.clone()).collect();
+                producer.record_failure(&ids, &error.to_string(), clock.now_ms(), backoff)?;
+            }
+            return Err(RelayError::Store(error));
+        }
+    };
+    assert_eq!(receipts.len(), events.len(), "one receipt per event");
     crash::point(crash::RELAY_AFTER_RECEIVE);
-    if receipt.moves_custody() {
-        producer.mark_accepted(std::slice::from_ref(&event.event_id))?;
-    }
-    Ok(Delivery {
-        event_id: event.event_id.clone(),
-        flow_id: event.flow_id.clone(),
-        seq: event.seq,
-        receipt,
-    })
+    let outcomes: Vec<(EventId, Receipt)> = events
+        .iter()
+        .zip(&receipts)
+        .map(|(e, r)| (e.event_id.clone(), *r))
+        .collect();
+    producer.record_receipts(&outcomes, clock.now_ms())?;
+    Ok(events
+        .iter()
+        .zip(receipts)
+        .map(|(event, receipt)| Delivery {
+            event_id: event.event_id.clone(),
+            flow_id: event.flow_id.clone(),
+            seq: event.seq,
+            receipt,
+        })
+        .collect())
 }
 
-/// Relays under `policy` until nothing may be delivered or `max` deliveries
-/// (conflicts included) were made. `max = None` means no bound other than
-/// the outbox itself.
+/// Relays under `options` until nothing may be delivered in this run or
+/// `options.max` deliveries were made.
 pub fn relay<P, C>(
     producer: &mut P,
     consumer: &mut C,
-    policy: RelayPolicy,
-    max: Option<u64>,
+    options: &RelayOptions,
+    clock: &dyn Clock,
 ) -> Result<RelayReport, RelayError>
 where
     P: ProducerStore + ?Sized,
     C: ConsumerStore + ?Sized,
 {
-    let RelayPolicy::FirstPending = policy;
+    let batch_len_max = options.batch_len_max.max(1);
     let mut deliveries = Vec::new();
+    let mut skipped: BTreeSet<FlowId> = BTreeSet::new();
     loop {
-        if max.is_some_and(|max| deliveries.len() as u64 >= max) {
-            return Ok(RelayReport {
-                deliveries,
-                stop: RelayStop::Max,
-            });
-        }
-        let Some(event) = producer.pending(1)?.into_iter().next() else {
+        let room = match options.max {
+            Some(max) if deliveries.len() as u64 >= max => {
+                return Ok(RelayReport {
+                    deliveries,
+                    stop: RelayStop::Max,
+                })
+            }
+            Some(max) => usize::try_from(max - deliveries.len() as u64).unwrap_or(usize::MAX),
+            None => usize::MAX,
+        };
+        let events = match options.policy {
+            RelayPolicy::FirstPending => producer
+                .oldest_unaccepted(clock.now_ms())?
+                .into_iter()
+                .collect(),
+            RelayPolicy::Fair => {
+                producer.fair_round(batch_len_max.min(room), &skipped, clock.now_ms())?
+            }
+        };
+        if events.is_empty() {
             return Ok(RelayReport {
                 deliveries,
                 stop: RelayStop::Drained,
             });
-        };
-        let delivery = deliver(producer, consumer, &event)?;
-        let conflict = delivery.receipt == Receipt::Conflict;
-        deliveries.push(delivery);
-        if conflict {
+        }
+        let round = deliver_round(producer, consumer, &events, clock, &options.backoff)?;
+        let mut conflict = false;
+        for delivery in &round {
+            if delivery.receipt == Receipt::Conflict {
+                conflict = true;
+                skipped.insert(delivery.flow_id.clone());
+            }
+        }
+        deliveries.extend(round);
+        if conflict && options.policy == RelayPolicy::FirstPending {
             return Ok(RelayReport {
                 deliveries,
                 stop: RelayStop::Drained,
@@ -131,11 +262,12 @@ where
 }
 
 /// Delivers exactly one event, even one already accepted (its receipt is then
-/// `duplicate`), and marks it accepted if the receipt moves custody.
+/// `duplicate`) or quarantined, and records its receipt.
 pub fn relay_event<P, C>(
     producer: &mut P,
     consumer: &mut C,
     event_id: &EventId,
+    clock: &dyn Clock,
 ) -> Result<RelayReport, RelayError>
 where
     P: ProducerStore + ?Sized,
@@ -144,9 +276,34 @@ where
     let record = producer
         .outbox_event(event_id)?
         .ok_or_else(|| RelayError::UnknownEvent(event_id.clone()))?;
-    let delivery = deliver(producer, consumer, &record.envelope)?;
+    let deliveries = deliver_round(
+        producer,
+        consumer,
+        &[record.envelope],
+        clock,
+        &Backoff::default(),
+    )?;
     Ok(RelayReport {
-        deliveries: vec![delivery],
+        deliveries,
         stop: RelayStop::Drained,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_exponentially_up_to_the_cap() {
+        let b = Backoff {
+            base_ms: 100,
+            cap_ms: 1_000,
+        };
+        let ceilings: Vec<u64> = (1..=6).map(|n| b.ceiling_ms(n)).collect();
+        assert_eq!(ceilings, vec![100, 200, 400, 800, 1_000, 1_000]);
+        assert_eq!(b.ceiling_ms(u32::MAX), 1_000);
+        assert_eq!(b.delay_ms(3, 0.0), 0);
+        assert_eq!(b.delay_ms(3, 0.5), 200);
+        assert_eq!(b.delay_ms(3, 0.999_999_9), 400);
+    }
 }

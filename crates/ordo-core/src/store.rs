@@ -1,6 +1,8 @@
 //! The store traits every backend implements, and the pure decisions the
 //! backends run inside their transactions.
 
+use std::collections::BTreeSet;
+
 use crate::envelope::{BodyHash, Envelope};
 use crate::error::{AdvanceError, StoreError};
 use crate::ids::{EventId, FlowId, Seq};
@@ -8,6 +10,7 @@ use crate::outcome::{
     Advance, BlockReason, Drain, DrainStop, EffectRecord, InboxRecord, InboxStatus, OutboxRecord,
     Receipt, Step,
 };
+use crate::relay::Backoff;
 use crate::reservation::{AdvanceRequest, ApplyOptions, FlowRecord, Projection};
 
 /// The producer side: flows and their outbox.
@@ -32,6 +35,40 @@ pub trait ProducerStore {
     /// Marks these events accepted (custody moved), in one transaction.
     /// Callers pass only events whose receipt moved custody.
     fn mark_accepted(&mut self, event_ids: &[EventId]) -> Result<(), StoreError>;
+
+    /// The oldest event not yet accepted, quarantined or not, if its next
+    /// attempt is due at `now_ms` (the `first-pending` policy).
+    fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError>;
+
+    /// Up to `limit` events for one fair round: the head of each flow (its
+    /// lowest seq neither accepted nor quarantined) whose next attempt is due,
+    /// flows served least recently first, none of the `skip` flows.
+    fn fair_round(
+        &mut self,
+        limit: usize,
+        skip: &BTreeSet<FlowId>,
+        now_ms: i64,
+    ) -> Result<Vec<Envelope>, StoreError>;
+
+    /// Records the receipts of one round in one transaction: `accepted` and
+    /// `duplicate` mark the event accepted; `conflict` quarantines it with
+    /// its reason (never accepted). Each event's attempts and last outcome
+    /// are updated.
+    fn record_receipts(
+        &mut self,
+        receipts: &[(EventId, Receipt)],
+        now_ms: i64,
+    ) -> Result<(), StoreError>;
+
+    /// Records a transient delivery failure of these events: attempts, the
+    /// error, and a next attempt time drawn from `backoff`.
+    fn record_failure(
+        &mut self,
+        event_ids: &[EventId],
+        error: &str,
+        now_ms: i64,
+        backoff: &Backoff,
+    ) -> Result<(), StoreError>;
 }
 
 /// The consumer side: inbox, projection and effects.

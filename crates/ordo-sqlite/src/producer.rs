@@ -1,13 +1,15 @@
 //! The producer store: flows and the outbox in one SQLite file.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
 use ordo_core::crash;
+use ordo_core::relay::Backoff;
 use ordo_core::reservation::{decide_advance, parse_state, AdvanceDecision};
 use ordo_core::{
     Advance, AdvanceError, AdvanceRequest, Clock, Envelope, ErrorKind, EventId, FlowId, FlowRecord,
-    OutboxRecord, ProducerStore, Quantity, StoreError, SystemClock,
+    OutboxRecord, ProducerStore, Quantity, Receipt, StoreError, SystemClock,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -15,29 +17,41 @@ use crate::conn::{corrupt, open, sql_error, OpenOptions, Role};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS outbox (
-    position       INTEGER PRIMARY KEY,
-    event_id       TEXT    NOT NULL UNIQUE,
-    flow_id        TEXT    NOT NULL,
-    seq            INTEGER NOT NULL CHECK (seq >= 1),
-    schema_version INTEGER NOT NULL,
-    type           TEXT    NOT NULL,
-    body           TEXT    NOT NULL,
-    created_at_ms  INTEGER NOT NULL,
-    accepted       INTEGER NOT NULL DEFAULT 0 CHECK (accepted IN (0, 1)),
-    attempts       INTEGER NOT NULL DEFAULT 0,
-    last_outcome   TEXT,
-    UNIQUE (flow_id, seq)
+    position           INTEGER PRIMARY KEY,
+    event_id           TEXT    NOT NULL UNIQUE,
+    flow_id            TEXT    NOT NULL,
+    seq                INTEGER NOT NULL CHECK (seq >= 1),
+    schema_version     INTEGER NOT NULL,
+    type               TEXT    NOT NULL,
+    body               TEXT    NOT NULL,
+    created_at_ms      INTEGER NOT NULL,
+    accepted           INTEGER NOT NULL DEFAULT 0 CHECK (accepted IN (0, 1)),
+    accepted_at_ms     INTEGER,
+    quarantined        INTEGER NOT NULL DEFAULT 0 CHECK (quarantined IN (0, 1)),
+    quarantine_reason  TEXT,
+    attempts           INTEGER NOT NULL DEFAULT 0,
+    last_outcome       TEXT,
+    last_error         TEXT,
+    next_attempt_at_ms INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (flow_id, seq),
+    CHECK (NOT (accepted = 1 AND quarantined = 1))
 );
 CREATE INDEX IF NOT EXISTS outbox_unaccepted ON outbox (position) WHERE accepted = 0;
+CREATE INDEX IF NOT EXISTS outbox_relayable ON outbox (flow_id, seq) WHERE accepted = 0 AND quarantined = 0;
 CREATE TABLE IF NOT EXISTS outbox_head (
-    flow_id  TEXT    PRIMARY KEY,
-    last_seq INTEGER NOT NULL CHECK (last_seq >= 1)
+    flow_id      TEXT    PRIMARY KEY,
+    last_seq     INTEGER NOT NULL CHECK (last_seq >= 1),
+    relay_seq    INTEGER,
+    relay_due_ms INTEGER NOT NULL DEFAULT 0,
+    relay_turn   INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS outbox_head_relay ON outbox_head (relay_turn, flow_id) WHERE relay_seq IS NOT NULL;
 CREATE TABLE IF NOT EXISTS flow (
     flow_id  TEXT    PRIMARY KEY,
     state    TEXT    NOT NULL,
     quantity INTEGER NOT NULL
 ) WITHOUT ROWID;
+INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);
 ";
 
 /// The producer's SQLite file: flows, the outbox, and the per-flow head of
@@ -165,8 +179,10 @@ impl ProducerTx<'_> {
             .map_err(err)?;
         self.tx
             .execute(
-                "INSERT INTO outbox_head (flow_id, last_seq) VALUES (?1, ?2)
-                 ON CONFLICT (flow_id) DO UPDATE SET last_seq = excluded.last_seq",
+                "INSERT INTO outbox_head (flow_id, last_seq, relay_seq, relay_due_ms) VALUES (?1, ?2, ?2, 0)
+                 ON CONFLICT (flow_id) DO UPDATE SET last_seq = excluded.last_seq,
+                     relay_seq = coalesce(relay_seq, excluded.last_seq),
+                     relay_due_ms = CASE WHEN relay_seq IS NULL THEN 0 ELSE relay_due_ms END",
                 params![event.flow_id.as_str(), event.seq.get()],
             )
             .map_err(err)?;
@@ -347,27 +363,186 @@ impl ProducerStore for ProducerDb {
     }
 
     fn mark_accepted(&mut self, event_ids: &[EventId]) -> Result<(), StoreError> {
+        let receipts: Vec<(EventId, Receipt)> = event_ids
+            .iter()
+            .map(|id| (id.clone(), Receipt::Accepted))
+            .collect();
+        let now_ms = self.clock.now_ms();
+        self.record_receipts(&receipts, now_ms)
+    }
+
+    fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError> {
+        let row: Option<(String, i64)> = self
+            .conn
+            .query_row(
+                "SELECT body, next_attempt_at_ms FROM outbox WHERE accepted = 0 ORDER BY position LIMIT 1",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| sql_error("producer: cannot read the oldest unaccepted event", e))?;
+        match row {
+            Some((body, due_ms)) if due_ms <= now_ms => Ok(Some(stored_envelope(
+                "producer: stored outbox body",
+                &body,
+            )?)),
+            _ => Ok(None),
+        }
+    }
+
+    fn fair_round(
+        &mut self,
+        limit: usize,
+        skip: &BTreeSet<FlowId>,
+        now_ms: i64,
+    ) -> Result<Vec<Envelope>, StoreError> {
+        let err = |e| sql_error("producer: cannot pick a fair round", e);
+        let skip_json = serde_json::to_string(&skip.iter().map(FlowId::as_str).collect::<Vec<_>>())
+            .expect("a list of strings serializes");
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT o.body FROM outbox_head h
+                 JOIN outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
+                 WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
+                   AND h.flow_id NOT IN (SELECT value FROM json_each(?2))
+                 ORDER BY h.relay_turn, h.flow_id
+                 LIMIT ?3",
+            )
+            .map_err(err)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = stmt
+            .query_map(params![now_ms, skip_json, limit], |row| {
+                row.get::<_, String>(0)
+            })
+            .map_err(err)?;
+        let mut events = Vec::new();
+        for body in rows {
+            events.push(stored_envelope(
+                "producer: stored outbox body",
+                &body.map_err(err)?,
+            )?);
+        }
+        Ok(events)
+    }
+
+    fn record_receipts(
+        &mut self,
+        receipts: &[(EventId, Receipt)],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
         self.write(|ptx| {
-            let err = |e| sql_error("producer: cannot mark events accepted", e);
-            let mut stmt = ptx
-                .tx
-                .prepare_cached(
-                    "UPDATE outbox SET accepted = 1, attempts = attempts + 1, last_outcome = 'accepted'
-                     WHERE event_id = ?1",
+            let tx = &ptx.tx;
+            let err = |e| sql_error("producer: cannot record receipts", e);
+            tx.execute("UPDATE ordo_meta SET value = value + 1 WHERE key = 'relay_turn'", [])
+                .map_err(err)?;
+            let turn: i64 = tx
+                .query_row(
+                    "SELECT CAST(value AS INTEGER) FROM ordo_meta WHERE key = 'relay_turn'",
+                    [],
+                    |row| row.get(0),
                 )
                 .map_err(err)?;
-            for event_id in event_ids {
-                let changed = stmt.execute([event_id.as_str()]).map_err(err)?;
-                if changed != 1 {
-                    return Err(StoreError::new(
-                        ErrorKind::Other,
-                        format!("producer: cannot mark {event_id} accepted: no such event in the outbox"),
-                    ));
+            let mut accept = tx
+                .prepare_cached(
+                    "UPDATE outbox SET accepted = 1, quarantined = 0, quarantine_reason = NULL,
+                         accepted_at_ms = coalesce(accepted_at_ms, ?2),
+                         attempts = attempts + 1, last_outcome = ?3, last_error = NULL
+                     WHERE event_id = ?1 RETURNING flow_id",
+                )
+                .map_err(err)?;
+            let mut quarantine = tx
+                .prepare_cached(
+                    "UPDATE outbox SET quarantined = 1 - accepted,
+                         quarantine_reason = CASE WHEN accepted = 1 THEN NULL ELSE ?2 END,
+                         attempts = attempts + 1, last_outcome = 'conflict'
+                     WHERE event_id = ?1 RETURNING flow_id",
+                )
+                .map_err(err)?;
+            let mut flows = BTreeSet::new();
+            for (event_id, receipt) in receipts {
+                let flow: Option<String> = match receipt {
+                    Receipt::Accepted | Receipt::Duplicate => accept
+                        .query_row(params![event_id.as_str(), now_ms, receipt.as_str()], |row| row.get(0))
+                        .optional(),
+                    Receipt::Conflict => quarantine
+                        .query_row(params![event_id.as_str(), CONFLICT_REASON], |row| row.get(0))
+                        .optional(),
                 }
+                .map_err(err)?;
+                let flow = flow.ok_or_else(|| {
+                    StoreError::new(
+                        ErrorKind::Other,
+                        format!("producer: cannot record a receipt for {event_id}: no such event in the outbox"),
+                    )
+                })?;
+                flows.insert(flow);
             }
-            drop(stmt);
+            drop((accept, quarantine));
+            for flow in &flows {
+                refresh_head(tx, flow, Some(turn))?;
+            }
             crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
             Ok(())
         })
     }
+
+    fn record_failure(
+        &mut self,
+        event_ids: &[EventId],
+        error: &str,
+        now_ms: i64,
+        backoff: &Backoff,
+    ) -> Result<(), StoreError> {
+        self.write(|ptx| {
+            let tx = &ptx.tx;
+            let err = |e| sql_error("producer: cannot record a delivery failure", e);
+            let mut flows = BTreeSet::new();
+            for event_id in event_ids {
+                let row: Option<(String, i64)> = tx
+                    .query_row(
+                        "UPDATE outbox SET attempts = attempts + 1, last_outcome = 'error', last_error = ?2
+                         WHERE event_id = ?1 AND accepted = 0 RETURNING flow_id, attempts",
+                        params![event_id.as_str(), error],
+                        |row| Ok((row.get(0)?, row.get(1)?)),
+                    )
+                    .optional()
+                    .map_err(err)?;
+                let Some((flow, attempts)) = row else { continue };
+                let delay_ms = backoff.delay_ms(u32::try_from(attempts).unwrap_or(u32::MAX), fastrand::f64());
+                tx.execute(
+                    "UPDATE outbox SET next_attempt_at_ms = ?2 WHERE event_id = ?1",
+                    params![event_id.as_str(), now_ms.saturating_add(delay_ms as i64)],
+                )
+                .map_err(err)?;
+                flows.insert(flow);
+            }
+            for flow in &flows {
+                refresh_head(tx, flow, None)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The reason recorded on an event quarantined by a conflict receipt.
+pub const CONFLICT_REASON: &str =
+    "conflict: the consumer holds a different body under this event id, or another event id at this (flow_id, seq)";
+
+/// Moves a flow's relay head to its lowest seq neither accepted nor
+/// quarantined, with that event's next attempt time; records the round in
+/// which the flow was served when `turn` is given.
+fn refresh_head(conn: &Connection, flow_id: &str, turn: Option<i64>) -> Result<(), StoreError> {
+    conn.execute(
+        "UPDATE outbox_head SET
+             relay_seq = (SELECT seq FROM outbox WHERE flow_id = ?1 AND accepted = 0 AND quarantined = 0
+                          ORDER BY seq LIMIT 1),
+             relay_due_ms = coalesce((SELECT next_attempt_at_ms FROM outbox
+                          WHERE flow_id = ?1 AND accepted = 0 AND quarantined = 0 ORDER BY seq LIMIT 1), 0),
+             relay_turn = coalesce(?2, relay_turn)
+         WHERE flow_id = ?1",
+        params![flow_id, turn],
+    )
+    .map_err(|e| sql_error("producer: cannot move the relay head", e))?;
+    Ok(())
 }

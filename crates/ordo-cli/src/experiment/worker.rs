@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ordo_core::{
     process_all, relay, Advance, AdvanceError, AdvanceRequest, ApplyOptions, ErrorKind, FlowId,
-    FlowState, ProducerStore, Quantity, RelayError, RelayPolicy, SchemaVersion,
+    FlowState, ProducerStore, Quantity, RelayError, RelayOptions, SchemaVersion, SystemClock,
 };
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::json;
@@ -114,8 +114,11 @@ fn relay_until(
         let report = match relay(
             &mut producer,
             &mut consumer,
-            RelayPolicy::FirstPending,
-            Some(RELAY_ROUND_LEN),
+            &RelayOptions {
+                max: Some(RELAY_ROUND_LEN),
+                ..RelayOptions::default()
+            },
+            &SystemClock,
         ) {
             Ok(report) => report,
             Err(RelayError::Store(e)) if e.kind() == ErrorKind::Busy => continue,
