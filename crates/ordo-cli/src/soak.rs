@@ -318,7 +318,7 @@ fn check_invariants(
                 ),
             ),
             Some(stored) => report(
-                stored.envelope.body() == row.envelope.body(),
+                stored.envelope == row.envelope,
                 format!(
                     "event {} stored with a different body",
                     row.envelope.event_id

@@ -764,12 +764,10 @@ fn receive_accepts_the_bounds() {
     );
 }
 
-/// The consumer stores the RFC 8785 serialization as the body, and RFC 8785
-/// writes every number as an IEEE double: `seq` 9223372036854775807 is stored
-/// as 9223372036854776000 and the row can no longer be read back (snapshot and
-/// apply then exit 1 on that consumer file).
+/// Regression: the stored body once was the RFC 8785 form, which writes every
+/// number as an IEEE double, so `seq` 9223372036854775807 came back as
+/// 9223372036854776000 and the row could no longer be read.
 #[test]
-#[ignore = "ordo-sqlite stores the canonical (double) form of the body: seq i64::MAX does not round-trip"]
 fn received_bounds_round_trip_through_the_inbox() {
     let lab = Lab::new();
     let (input, id100) = bound_envelopes();

@@ -379,7 +379,17 @@ impl Envelope {
         Value::Object(object)
     }
 
+    /// The envelope as it is stored: compact JSON of [`Envelope::to_value`]
+    /// with every number written as received (integers exact at any size).
+    /// Parsing it gives back an equal envelope.
+    pub fn stored_text(&self) -> String {
+        self.to_value().to_string()
+    }
+
     /// The canonical body: the RFC 8785 serialization of [`Envelope::to_value`].
+    /// It is what duplicate and conflict decisions compare (through
+    /// [`Envelope::body_hash`]); as RFC 8785 writes every number as a double,
+    /// it is never what is stored.
     /// Key order and the spelling of numbers (`5` or `5.0`) do not change it.
     pub fn body(&self) -> String {
         canonical_json(&self.to_value())
@@ -566,6 +576,18 @@ mod tests {
         assert!(Envelope::parse_str(&id100).is_ok());
         let type100 = replace("type", &format!("\"{}\"", "t".repeat(100)));
         assert!(Envelope::parse_str(&type100).is_ok());
+    }
+
+    #[test]
+    fn stored_text_keeps_large_integers_exact() {
+        let max = replace("seq", &i64::MAX.to_string());
+        let max = max.replace("{\"amount\":5}", "{\"amount\":9007199254740993}");
+        let env = Envelope::parse_str(&max).unwrap();
+        let again = Envelope::parse_str(&env.stored_text()).unwrap();
+        assert_eq!(again, env);
+        assert_eq!(again.seq.get(), i64::MAX);
+        assert_eq!(again.payload["amount"].as_u64(), Some(9_007_199_254_740_993));
+        assert_eq!(again.body_hash(), env.body_hash());
     }
 
     #[test]

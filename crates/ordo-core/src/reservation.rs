@@ -328,9 +328,20 @@ pub fn decode_quantity(event: &Envelope, options: ApplyOptions) -> Result<Quanti
     event
         .payload
         .get(key)
-        .and_then(Value::as_i64)
+        .and_then(integral)
         .and_then(|q| Quantity::new(q).ok())
         .ok_or(BlockReason::InvalidPayload)
+}
+
+/// A JSON number's integer value, also when written with a fraction of zero
+/// (`5.0`), since the canonical body treats `5` and `5.0` as one number.
+fn integral(value: &Value) -> Option<i64> {
+    let number = value.as_number()?;
+    if let Some(i) = number.as_i64() {
+        return Some(i);
+    }
+    let f = number.as_f64()?;
+    (f.fract() == 0.0 && f.abs() <= 9_007_199_254_740_992.0).then_some(f as i64)
 }
 
 /// Decides whether a stored event applies to a projection. Returns the new

@@ -404,8 +404,8 @@ impl ConsumerStore for ConsumerDb {
                 )
                 .map_err(err)?;
             for envelope in envelopes {
-                let body = envelope.body();
-                let hash = BodyHash::of(&body);
+                let body = envelope.stored_text();
+                let hash = envelope.body_hash();
                 let stored = StoredIdentities {
                     by_event_id: by_event_id
                         .query_row([envelope.event_id.as_str()], |row| row.get::<_, String>(0))

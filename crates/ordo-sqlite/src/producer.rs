@@ -172,7 +172,7 @@ impl ProducerTx<'_> {
                     event.seq.get(),
                     event.schema_version.get(),
                     event.event_type.as_str(),
-                    event.body(),
+                    event.stored_text(),
                     self.now_ms,
                 ],
             )
