@@ -203,6 +203,10 @@ pub struct ApplyArgs {
     /// Decode schema 2 payloads and re-evaluate rows blocked for unsupported_schema.
     #[arg(long)]
     pub support_v2: bool,
+    /// Apply at most N events per transaction, across flows, N >= 1.
+    #[arg(long, value_name = "N", default_value_t = ordo_core::APPLY_BATCH_LEN_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub batch: u64,
 }
 
 #[derive(Debug, Args)]

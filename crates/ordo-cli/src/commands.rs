@@ -234,8 +234,14 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
     };
     let mut consumer = ConsumerDb::open(&args.consumer)?;
     let drains = match &args.flow {
-        Some(flow_id) => vec![drain(&mut consumer, flow_id, args.limit, options)?],
-        None => process_all(&mut consumer, args.limit, options)?,
+        Some(flow_id) => vec![drain(
+            &mut consumer,
+            flow_id,
+            args.limit,
+            options,
+            args.batch,
+        )?],
+        None => process_all(&mut consumer, args.limit, options, args.batch)?,
     };
     emit(json_mode, &render::drains(&drains), || {
         let mut lines: Vec<String> = drains

@@ -158,7 +158,13 @@ pub fn run(json_mode: bool, args: DemoArgs) -> Result<(), Failure> {
         .chunks(64)
     {
         for flow_id in chunk {
-            let drain = ordo_core::drain(&mut consumer, flow_id, None, ApplyOptions::default())?;
+            let drain = ordo_core::drain(
+                &mut consumer,
+                flow_id,
+                None,
+                ApplyOptions::default(),
+                ordo_core::APPLY_BATCH_LEN_DEFAULT,
+            )?;
             applied += drain.applied;
             if matches!(drain.stop, DrainStop::Blocked(_)) {
                 blocked += 1;
@@ -167,7 +173,12 @@ pub fn run(json_mode: bool, args: DemoArgs) -> Result<(), Failure> {
         bar.inc(chunk.len() as u64);
     }
     // Nothing may remain: a second pass must find no work.
-    let leftover = process_all(&mut consumer, None, ApplyOptions::default())?;
+    let leftover = process_all(
+        &mut consumer,
+        None,
+        ApplyOptions::default(),
+        ordo_core::APPLY_BATCH_LEN_DEFAULT,
+    )?;
     bar.finish_and_clear();
     let apply_time = started.elapsed();
 

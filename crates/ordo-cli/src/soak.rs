@@ -410,7 +410,7 @@ mod tests {
             &SystemClock,
         )
         .unwrap();
-        ordo_core::process_all(&mut consumer, None, ApplyOptions::default()).unwrap();
+        ordo_core::process_all(&mut consumer, None, ApplyOptions::default(), 64).unwrap();
         (p, c)
     }
 

@@ -586,7 +586,10 @@ mod tests {
         let again = Envelope::parse_str(&env.stored_text()).unwrap();
         assert_eq!(again, env);
         assert_eq!(again.seq.get(), i64::MAX);
-        assert_eq!(again.payload["amount"].as_u64(), Some(9_007_199_254_740_993));
+        assert_eq!(
+            again.payload["amount"].as_u64(),
+            Some(9_007_199_254_740_993)
+        );
         assert_eq!(again.body_hash(), env.body_hash());
     }
 

@@ -35,4 +35,4 @@ pub use relay::{
 pub use reservation::{
     AdvanceRefused, AdvanceRequest, ApplyOptions, FlowRecord, FlowState, InvalidRequest, Projection,
 };
-pub use store::{drain, process_all, ConsumerStore, ProducerStore};
+pub use store::{drain, process_all, ConsumerStore, ProducerStore, APPLY_BATCH_LEN_DEFAULT};

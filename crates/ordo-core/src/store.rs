@@ -11,7 +11,7 @@ use crate::outcome::{
     Receipt, Step,
 };
 use crate::relay::Backoff;
-use crate::reservation::{AdvanceRequest, ApplyOptions, FlowRecord, Projection};
+use crate::reservation::{AdvanceRefused, AdvanceRequest, ApplyOptions, FlowRecord, Projection};
 
 /// The producer side: flows and their outbox.
 pub trait ProducerStore {
@@ -19,6 +19,14 @@ pub trait ProducerStore {
     /// decides with [`crate::reservation::decide_advance`], and commits the new
     /// state together with the event, or writes nothing.
     fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError>;
+
+    /// Decides every request in order in ONE write transaction (each sees
+    /// the ones before it) and commits all committed steps together. A
+    /// refused request writes nothing and does not stop the others.
+    fn advance_batch(
+        &mut self,
+        requests: &[AdvanceRequest],
+    ) -> Result<Vec<Result<Advance, AdvanceRefused>>, StoreError>;
 
     /// Every flow that has a record, ordered by flow id.
     fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError>;
@@ -90,9 +98,29 @@ pub trait ConsumerStore {
     /// change, one effect record and the inbox mark in one transaction.
     fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError>;
 
+    /// Drains the given flows, in order, each up to its own limit (`None`: no
+    /// limit), in ONE transaction applying at most `events_max` events in
+    /// all, strictly in order per flow. Returns one drain per visited flow;
+    /// when `events_max` runs out, the flow in progress stops with `limit`
+    /// and later flows are not visited.
+    fn apply_batch(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        options: ApplyOptions,
+    ) -> Result<Vec<Drain>, StoreError>;
+
     /// Flows with a `pending` row, or with `support_v2` a row blocked for
     /// `unsupported_schema`, ordered by flow id.
     fn flows_with_work(&mut self, options: ApplyOptions) -> Result<Vec<FlowId>, StoreError>;
+
+    /// Up to `limit` of [`ConsumerStore::flows_with_work`] after `after`.
+    fn flows_with_work_page(
+        &mut self,
+        after: Option<&FlowId>,
+        limit: usize,
+        options: ApplyOptions,
+    ) -> Result<Vec<FlowId>, StoreError>;
 
     /// Every inbox row, ordered by flow id then seq.
     fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError>;
@@ -104,46 +132,95 @@ pub trait ConsumerStore {
     fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError>;
 }
 
+/// The default number of events applied per transaction.
+pub const APPLY_BATCH_LEN_DEFAULT: u64 = 256;
+/// How many flows [`process_all`] lists at a time.
+const FLOW_PAGE_LEN: usize = 256;
+
 /// Applies a flow's events until `limit` applications (`None`: no limit), a
-/// gap, a blocked event, or nothing more. Only [`DrainStop::Idle`] means the
-/// flow is caught up.
+/// gap, a blocked event, or nothing more, at most `batch_len_max` events per
+/// transaction. Only [`DrainStop::Idle`] means the flow is caught up.
 pub fn drain<C: ConsumerStore + ?Sized>(
     consumer: &mut C,
     flow_id: &FlowId,
     limit: Option<u64>,
     options: ApplyOptions,
+    batch_len_max: u64,
 ) -> Result<Drain, StoreError> {
-    let mut applied = 0u64;
-    let stop = loop {
-        if limit.is_some_and(|limit| applied >= limit) {
-            break DrainStop::Limit;
-        }
-        match consumer.apply_next(flow_id, options)? {
-            Step::Applied { .. } => applied += 1,
-            Step::Gap { .. } => break DrainStop::Gap,
-            Step::Blocked { reason, .. } => break DrainStop::Blocked(reason),
-            Step::Idle => break DrainStop::Idle,
-        }
-    };
-    Ok(Drain {
-        flow_id: flow_id.clone(),
-        applied,
-        stop,
-    })
+    let mut drains = drain_flows(
+        consumer,
+        vec![(flow_id.clone(), limit)],
+        options,
+        batch_len_max,
+    )?;
+    assert_eq!(drains.len(), 1, "one drain per flow");
+    Ok(drains.remove(0))
 }
 
-/// Drains every flow that has work, each with its own `limit`; a blocked or
-/// gapped flow never stops the others.
+/// Drains every flow that has work, each with its own `limit`, at most
+/// `batch_len_max` events per transaction across flows; a blocked or gapped
+/// flow never stops the others. Memory stays bounded by the page of flows.
 pub fn process_all<C: ConsumerStore + ?Sized>(
     consumer: &mut C,
     limit: Option<u64>,
     options: ApplyOptions,
+    batch_len_max: u64,
 ) -> Result<Vec<Drain>, StoreError> {
-    let flows = consumer.flows_with_work(options)?;
-    flows
-        .iter()
-        .map(|flow_id| drain(consumer, flow_id, limit, options))
-        .collect()
+    let mut all = Vec::new();
+    let mut after: Option<FlowId> = None;
+    loop {
+        let page = consumer.flows_with_work_page(after.as_ref(), FLOW_PAGE_LEN, options)?;
+        let Some(last) = page.last().cloned() else {
+            return Ok(all);
+        };
+        let work = page.into_iter().map(|flow_id| (flow_id, limit)).collect();
+        all.extend(drain_flows(consumer, work, options, batch_len_max)?);
+        after = Some(last);
+    }
+}
+
+/// Drains `work` in batches, resuming a flow cut short by a batch's end with
+/// what is left of its own limit.
+fn drain_flows<C: ConsumerStore + ?Sized>(
+    consumer: &mut C,
+    mut work: Vec<(FlowId, Option<u64>)>,
+    options: ApplyOptions,
+    batch_len_max: u64,
+) -> Result<Vec<Drain>, StoreError> {
+    let batch_len_max = batch_len_max.max(1);
+    let mut done: Vec<Drain> = Vec::with_capacity(work.len());
+    while !work.is_empty() {
+        let drains = consumer.apply_batch(&work, batch_len_max, options)?;
+        assert!(
+            !drains.is_empty() && drains.len() <= work.len(),
+            "a batch visits its first flow"
+        );
+        let visited = drains.len();
+        let mut resume = None;
+        for (drain, (_, limit)) in drains.into_iter().zip(&work) {
+            debug_assert!(limit.is_none_or(|limit| drain.applied <= limit));
+            let own_limit_reached = limit.is_some_and(|limit| drain.applied >= limit);
+            let merged = match done.last_mut() {
+                Some(previous) if previous.flow_id == drain.flow_id => {
+                    previous.applied += drain.applied;
+                    previous.stop = drain.stop;
+                    previous.clone()
+                }
+                _ => {
+                    done.push(drain.clone());
+                    drain.clone()
+                }
+            };
+            if drain.stop == DrainStop::Limit && !own_limit_reached {
+                resume = Some((merged.flow_id, limit.map(|limit| limit - drain.applied)));
+            }
+        }
+        work.drain(..visited);
+        if let Some(resume) = resume {
+            work.insert(0, resume);
+        }
+    }
+    Ok(done)
 }
 
 /// What the consumer already stores under an incoming envelope's identities.

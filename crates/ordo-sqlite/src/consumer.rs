@@ -8,9 +8,9 @@ use ordo_core::crash;
 use ordo_core::reservation::{decide_apply, parse_state};
 use ordo_core::store::{decide_receive, plan_apply, ApplyPlan, NextRow, StoredIdentities};
 use ordo_core::{
-    ApplyOptions, BlockReason, BodyHash, Clock, ConsumerStore, EffectRecord, Envelope, EventId,
-    FlowId, InboxRecord, InboxStatus, Projection, Quantity, Receipt, Seq, Step, StoreError,
-    SystemClock,
+    ApplyOptions, BlockReason, BodyHash, Clock, ConsumerStore, Drain, DrainStop, EffectRecord,
+    Envelope, EventId, FlowId, InboxRecord, InboxStatus, Projection, Quantity, Receipt, Seq, Step,
+    StoreError, SystemClock,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -62,6 +62,7 @@ CREATE TABLE IF NOT EXISTS effect (
 pub struct ConsumerDb {
     conn: Connection,
     clock: Arc<dyn Clock>,
+    commits: u64,
 }
 
 /// Applies one event inside the consumer's apply transaction.
@@ -184,19 +185,17 @@ impl ConsumerDb {
         options: &OpenOptions,
     ) -> Result<ConsumerDb, StoreError> {
         let conn = open(path.as_ref(), Role::Consumer, SCHEMA, options)?;
-        Ok(ConsumerDb { conn, clock })
+        Ok(ConsumerDb {
+            conn,
+            clock,
+            commits: 0,
+        })
     }
 
     /// The underlying connection, for reading pragmas and for the caller's
     /// own reads.
     pub fn connection(&self) -> &Connection {
         &self.conn
-    }
-
-    fn write_tx(&mut self) -> Result<rusqlite::Transaction<'_>, StoreError> {
-        self.conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| sql_error("consumer: cannot begin a write transaction", e))
     }
 
     /// Applies the flow's next event through `handler` (see [`ApplyHandler`]).
@@ -209,91 +208,83 @@ impl ConsumerDb {
         options: ApplyOptions,
     ) -> Result<Step, StoreError> {
         let now_ms = self.clock.now_ms();
-        let mut tx = self.write_tx()?;
-        let err = |e| sql_error("consumer: apply failed", e);
-        let applied_seq: i64 = tx
-            .query_row(
-                "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1",
-                [flow_id.as_str()],
-                |row| row.get(0),
-            )
-            .optional()
-            .map_err(err)?
-            .unwrap_or(0);
-        let Some(next) = Seq::after(applied_seq) else {
-            return Ok(Step::Idle);
-        };
-        let row: Option<(String, String, Option<String>)> = tx
-            .query_row(
-                "SELECT body, status, reason FROM inbox WHERE flow_id = ?1 AND seq = ?2",
-                params![flow_id.as_str(), next.get()],
-                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-            )
-            .optional()
-            .map_err(err)?;
-        let (next_row, body) = match row {
-            Some((body, status, reason)) => (
-                NextRow::Stored(inbox_status(&status, reason.as_deref())?),
-                Some(body),
-            ),
-            None => {
-                let later_stored = tx
-                    .query_row(
-                        "SELECT EXISTS (SELECT 1 FROM inbox WHERE flow_id = ?1 AND seq > ?2)",
-                        params![flow_id.as_str(), next.get()],
-                        |row| row.get::<_, bool>(0),
-                    )
-                    .map_err(err)?;
-                (NextRow::Missing { later_stored }, None)
-            }
-        };
-        if next_row == NextRow::Stored(InboxStatus::Applied) {
-            return Err(corrupt(
-                "consumer: inbox",
-                format!("flow {flow_id} seq {next} is applied but the cursor is at {applied_seq}"),
-            ));
-        }
-        let body = match plan_apply(next_row, options) {
-            ApplyPlan::Report(kind) => return Ok(kind.into_step(next)),
-            ApplyPlan::Evaluate => body.expect("an evaluated row is stored"),
-        };
-        let event = stored_envelope("consumer: stored inbox body", &body)?;
-        let mut savepoint = tx.savepoint().map_err(err)?;
-        savepoint.set_drop_behavior(rusqlite::DropBehavior::Rollback);
-        let verdict = handler.apply(&savepoint, &event, options)?;
-        match verdict {
-            Ok(()) => {
-                savepoint.commit().map_err(err)?;
-                tx.execute(
-                    "UPDATE inbox SET status = 'applied', reason = NULL, applied_at_ms = ?3
-                     WHERE flow_id = ?1 AND seq = ?2",
-                    params![flow_id.as_str(), next.get(), now_ms],
-                )
-                .map_err(err)?;
-                tx.execute(
-                    "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
-                     ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
-                    params![flow_id.as_str(), next.get()],
-                )
-                .map_err(err)?;
-                tx.commit()
-                    .map_err(|e| sql_error("consumer: apply commit failed", e))?;
+        let mut tx = begin_write(&mut self.conn)?;
+        let (step, wrote) = step_in_tx(&mut tx, flow_id, handler, options, now_ms)?;
+        if wrote {
+            self.commits += 1;
+            tx.commit()
+                .map_err(|e| sql_error("consumer: apply commit failed", e))?;
+            if matches!(step, Step::Applied { .. }) {
                 crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
-                Ok(Step::Applied { seq: next })
-            }
-            Err(reason) => {
-                savepoint.rollback().map_err(err)?;
-                drop(savepoint);
-                tx.execute(
-                    "UPDATE inbox SET status = 'blocked', reason = ?3 WHERE flow_id = ?1 AND seq = ?2",
-                    params![flow_id.as_str(), next.get(), reason.as_str()],
-                )
-                .map_err(err)?;
-                tx.commit()
-                    .map_err(|e| sql_error("consumer: block commit failed", e))?;
-                Ok(Step::Blocked { seq: next, reason })
             }
         }
+        Ok(step)
+    }
+
+    /// Drains the given flows, in order, each up to its own limit, in ONE
+    /// transaction applying at most `events_max` events in all. Each event's
+    /// projection change, effect and inbox mark commit together with the rest
+    /// of the batch, still strictly in order per flow. Returns one drain per
+    /// visited flow; when `events_max` runs out, the flow in progress stops
+    /// with `limit` and the flows after it are not visited.
+    pub fn apply_batch_with<H: ApplyHandler + ?Sized>(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        handler: &mut H,
+        options: ApplyOptions,
+    ) -> Result<Vec<Drain>, StoreError> {
+        let now_ms = self.clock.now_ms();
+        let mut tx = begin_write(&mut self.conn)?;
+        let mut drains = Vec::new();
+        let mut total = 0u64;
+        let mut wrote_any = false;
+        'flows: for (flow_id, limit) in flows {
+            let mut applied = 0u64;
+            let stop = loop {
+                if total >= events_max || limit.is_some_and(|limit| applied >= limit) {
+                    drains.push(Drain {
+                        flow_id: flow_id.clone(),
+                        applied,
+                        stop: DrainStop::Limit,
+                    });
+                    if total >= events_max {
+                        break 'flows;
+                    }
+                    continue 'flows;
+                }
+                let (step, wrote) = step_in_tx(&mut tx, flow_id, handler, options, now_ms)?;
+                wrote_any |= wrote;
+                match step {
+                    Step::Applied { .. } => {
+                        applied += 1;
+                        total += 1;
+                    }
+                    Step::Gap { .. } => break DrainStop::Gap,
+                    Step::Blocked { reason, .. } => break DrainStop::Blocked(reason),
+                    Step::Idle => break DrainStop::Idle,
+                }
+            };
+            drains.push(Drain {
+                flow_id: flow_id.clone(),
+                applied,
+                stop,
+            });
+        }
+        if wrote_any {
+            self.commits += 1;
+            tx.commit()
+                .map_err(|e| sql_error("consumer: apply commit failed", e))?;
+            if total > 0 {
+                crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
+            }
+        }
+        Ok(drains)
+    }
+
+    /// How many write transactions this handle has committed.
+    pub fn commits(&self) -> u64 {
+        self.commits
     }
 
     /// The inbox, projections and effects read in one read transaction.
@@ -306,6 +297,104 @@ impl ConsumerDb {
             .transaction()
             .map_err(|e| sql_error("consumer: cannot begin a read transaction", e))?;
         Ok((read_inbox(&tx)?, read_projections(&tx)?, read_effects(&tx)?))
+    }
+}
+
+fn begin_write(conn: &mut Connection) -> Result<rusqlite::Transaction<'_>, StoreError> {
+    conn.transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| sql_error("consumer: cannot begin a write transaction", e))
+}
+
+/// One apply step at the flow's next seq inside `tx`. Returns the step and
+/// whether it wrote anything (an application or a new block).
+fn step_in_tx<H: ApplyHandler + ?Sized>(
+    tx: &mut rusqlite::Transaction<'_>,
+    flow_id: &FlowId,
+    handler: &mut H,
+    options: ApplyOptions,
+    now_ms: i64,
+) -> Result<(Step, bool), StoreError> {
+    let err = |e| sql_error("consumer: apply failed", e);
+    let applied_seq: i64 = tx
+        .prepare_cached("SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1")
+        .and_then(|mut stmt| {
+            stmt.query_row([flow_id.as_str()], |row| row.get(0))
+                .optional()
+        })
+        .map_err(err)?
+        .unwrap_or(0);
+    let Some(next) = Seq::after(applied_seq) else {
+        return Ok((Step::Idle, false));
+    };
+    let row: Option<(String, String, Option<String>)> = tx
+        .prepare_cached("SELECT body, status, reason FROM inbox WHERE flow_id = ?1 AND seq = ?2")
+        .and_then(|mut stmt| {
+            stmt.query_row(params![flow_id.as_str(), next.get()], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })
+            .optional()
+        })
+        .map_err(err)?;
+    let (next_row, body) = match row {
+        Some((body, status, reason)) => (
+            NextRow::Stored(inbox_status(&status, reason.as_deref())?),
+            Some(body),
+        ),
+        None => {
+            let later_stored = tx
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM inbox WHERE flow_id = ?1 AND seq > ?2)",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_row(params![flow_id.as_str(), next.get()], |row| {
+                        row.get::<_, bool>(0)
+                    })
+                })
+                .map_err(err)?;
+            (NextRow::Missing { later_stored }, None)
+        }
+    };
+    if next_row == NextRow::Stored(InboxStatus::Applied) {
+        return Err(corrupt(
+            "consumer: inbox",
+            format!("flow {flow_id} seq {next} is applied but the cursor is at {applied_seq}"),
+        ));
+    }
+    let body = match plan_apply(next_row, options) {
+        ApplyPlan::Report(kind) => return Ok((kind.into_step(next), false)),
+        ApplyPlan::Evaluate => body.expect("an evaluated row is stored"),
+    };
+    let event = stored_envelope("consumer: stored inbox body", &body)?;
+    let mut savepoint = tx.savepoint().map_err(err)?;
+    savepoint.set_drop_behavior(rusqlite::DropBehavior::Rollback);
+    let verdict = handler.apply(&savepoint, &event, options)?;
+    match verdict {
+        Ok(()) => {
+            savepoint.commit().map_err(err)?;
+            tx.prepare_cached(
+                "UPDATE inbox SET status = 'applied', reason = NULL, applied_at_ms = ?3
+                 WHERE flow_id = ?1 AND seq = ?2",
+            )
+            .and_then(|mut stmt| stmt.execute(params![flow_id.as_str(), next.get(), now_ms]))
+            .map_err(err)?;
+            tx.prepare_cached(
+                "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
+                 ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
+            )
+            .and_then(|mut stmt| stmt.execute(params![flow_id.as_str(), next.get()]))
+            .map_err(err)?;
+            Ok((Step::Applied { seq: next }, true))
+        }
+        Err(reason) => {
+            savepoint.rollback().map_err(err)?;
+            drop(savepoint);
+            tx.execute(
+                "UPDATE inbox SET status = 'blocked', reason = ?3 WHERE flow_id = ?1 AND seq = ?2",
+                params![flow_id.as_str(), next.get(), reason.as_str()],
+            )
+            .map_err(err)?;
+            Ok((Step::Blocked { seq: next, reason }, true))
+        }
     }
 }
 
@@ -387,7 +476,7 @@ fn read_effects(conn: &Connection) -> Result<Vec<EffectRecord>, StoreError> {
 impl ConsumerStore for ConsumerDb {
     fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
         let now_ms = self.clock.now_ms();
-        let tx = self.write_tx()?;
+        let tx = begin_write(&mut self.conn)?;
         let err = |e| sql_error("consumer: receive failed", e);
         let mut receipts = Vec::with_capacity(envelopes.len());
         {
@@ -447,6 +536,7 @@ impl ConsumerStore for ConsumerDb {
             }
         }
         crash::point(crash::CONSUMER_RECEIVE_BEFORE_COMMIT);
+        self.commits += 1;
         tx.commit()
             .map_err(|e| sql_error("consumer: receive commit failed", e))?;
         crash::point(crash::CONSUMER_RECEIVE_AFTER_COMMIT);
@@ -455,6 +545,50 @@ impl ConsumerStore for ConsumerDb {
 
     fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError> {
         self.apply_next_with(flow_id, &mut ReservationHandler, options)
+    }
+
+    fn apply_batch(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        options: ApplyOptions,
+    ) -> Result<Vec<Drain>, StoreError> {
+        self.apply_batch_with(flows, events_max, &mut ReservationHandler, options)
+    }
+
+    fn flows_with_work_page(
+        &mut self,
+        after: Option<&FlowId>,
+        limit: usize,
+        options: ApplyOptions,
+    ) -> Result<Vec<FlowId>, StoreError> {
+        let err = |e| sql_error("consumer: cannot list flows with work", e);
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT flow_id FROM (
+                     SELECT flow_id FROM inbox WHERE status = 'pending' AND flow_id > ?1
+                     UNION
+                     SELECT flow_id FROM inbox
+                     WHERE ?2 AND status = 'blocked' AND reason = 'unsupported_schema' AND flow_id > ?1)
+                 ORDER BY flow_id LIMIT ?3",
+            )
+            .map_err(err)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let after = after.map(FlowId::as_str).unwrap_or("");
+        let rows = stmt
+            .query_map(params![after, options.support_v2, limit], |row| {
+                row.get::<_, String>(0)
+            })
+            .map_err(err)?;
+        let mut flows = Vec::new();
+        for row in rows {
+            flows.push(
+                FlowId::new(row.map_err(err)?)
+                    .map_err(|e| corrupt("consumer: stored flow id", e))?,
+            );
+        }
+        Ok(flows)
     }
 
     fn flows_with_work(&mut self, options: ApplyOptions) -> Result<Vec<FlowId>, StoreError> {

@@ -8,8 +8,8 @@ use ordo_core::crash;
 use ordo_core::relay::Backoff;
 use ordo_core::reservation::{decide_advance, parse_state, AdvanceDecision};
 use ordo_core::{
-    Advance, AdvanceError, AdvanceRequest, Clock, Envelope, ErrorKind, EventId, FlowId, FlowRecord,
-    OutboxRecord, ProducerStore, Quantity, Receipt, StoreError, SystemClock,
+    Advance, AdvanceError, AdvanceRefused, AdvanceRequest, Clock, Envelope, ErrorKind, EventId,
+    FlowId, FlowRecord, OutboxRecord, ProducerStore, Quantity, Receipt, StoreError, SystemClock,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -62,6 +62,7 @@ INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);
 pub struct ProducerDb {
     conn: Connection,
     clock: Arc<dyn Clock>,
+    commits: u64,
 }
 
 /// A write transaction on the producer file, in which the caller changes its
@@ -85,7 +86,11 @@ impl ProducerDb {
         options: &OpenOptions,
     ) -> Result<ProducerDb, StoreError> {
         let conn = open(path.as_ref(), Role::Producer, SCHEMA, options)?;
-        Ok(ProducerDb { conn, clock })
+        Ok(ProducerDb {
+            conn,
+            clock,
+            commits: 0,
+        })
     }
 
     /// The underlying connection, for reading pragmas and for the caller's
@@ -113,7 +118,13 @@ impl ProducerDb {
         ptx.tx
             .commit()
             .map_err(|e| sql_error("producer: commit failed", e))?;
+        self.commits += 1;
         Ok(value)
+    }
+
+    /// How many write transactions this handle has committed.
+    pub fn commits(&self) -> u64 {
+        self.commits
     }
 
     /// The flows and the outbox read in one read transaction.
@@ -189,6 +200,34 @@ impl ProducerTx<'_> {
         debug_assert_eq!(self.last_seq(&event.flow_id).ok(), Some(event.seq.get()));
         Ok(())
     }
+}
+
+/// Decides and writes one advance inside `ptx`; a refusal writes nothing.
+fn advance_in_tx(
+    ptx: &mut ProducerTx<'_>,
+    request: &AdvanceRequest,
+) -> Result<Result<Advance, AdvanceRefused>, StoreError> {
+    let current = read_flow(&ptx.tx, &request.flow_id)?;
+    let decision = match decide_advance(&current, request) {
+        Ok(decision) => decision,
+        Err(refused) => return Ok(Err(refused)),
+    };
+    Ok(Ok(match decision {
+        AdvanceDecision::Stale { last_seq } => Advance::Stale { last_seq },
+        AdvanceDecision::InvalidTransition { from, to } => Advance::InvalidTransition { from, to },
+        AdvanceDecision::Commit { flow, event } => {
+            let quantity = flow.quantity.expect("a committed flow has a quantity");
+            ptx.tx
+                .prepare_cached(
+                    "INSERT INTO flow (flow_id, state, quantity) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state, quantity = excluded.quantity",
+                )
+                .and_then(|mut stmt| stmt.execute(params![flow.flow_id.as_str(), flow.state.as_str(), quantity.get()]))
+                .map_err(|e| sql_error("producer: cannot write the flow", e))?;
+            ptx.append(&event)?;
+            Advance::Committed(event)
+        }
+    }))
 }
 
 fn read_flow(tx: &rusqlite::Transaction<'_>, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
@@ -290,29 +329,42 @@ pub(crate) fn stored_envelope(context: &str, body: &str) -> Result<Envelope, Sto
 impl ProducerStore for ProducerDb {
     fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError> {
         let outcome = self.write(|ptx| -> Result<Advance, AdvanceError> {
-            let current = read_flow(&ptx.tx, &request.flow_id)?;
-            match decide_advance(&current, request)? {
-                AdvanceDecision::Stale { last_seq } => Ok(Advance::Stale { last_seq }),
-                AdvanceDecision::InvalidTransition { from, to } => Ok(Advance::InvalidTransition { from, to }),
-                AdvanceDecision::Commit { flow, event } => {
-                    let quantity = flow.quantity.expect("a committed flow has a quantity");
-                    ptx.tx
-                        .execute(
-                            "INSERT INTO flow (flow_id, state, quantity) VALUES (?1, ?2, ?3)
-                             ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state, quantity = excluded.quantity",
-                            params![flow.flow_id.as_str(), flow.state.as_str(), quantity.get()],
-                        )
-                        .map_err(|e| sql_error("producer: cannot write the flow", e))?;
-                    ptx.append(&event)?;
-                    crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
-                    Ok(Advance::Committed(event))
-                }
+            let outcome = advance_in_tx(ptx, request)??;
+            if matches!(outcome, Advance::Committed(_)) {
+                crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
             }
+            Ok(outcome)
         })?;
         if matches!(outcome, Advance::Committed(_)) {
             crash::point(crash::PRODUCER_ADVANCE_AFTER_COMMIT);
         }
         Ok(outcome)
+    }
+
+    fn advance_batch(
+        &mut self,
+        requests: &[AdvanceRequest],
+    ) -> Result<Vec<Result<Advance, AdvanceRefused>>, StoreError> {
+        let outcomes = self.write(|ptx| -> Result<Vec<_>, StoreError> {
+            let outcomes = requests
+                .iter()
+                .map(|request| advance_in_tx(ptx, request))
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            if outcomes
+                .iter()
+                .any(|o| matches!(o, Ok(Advance::Committed(_))))
+            {
+                crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
+            }
+            Ok(outcomes)
+        })?;
+        if outcomes
+            .iter()
+            .any(|o| matches!(o, Ok(Advance::Committed(_))))
+        {
+            crash::point(crash::PRODUCER_ADVANCE_AFTER_COMMIT);
+        }
+        Ok(outcomes)
     }
 
     fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError> {

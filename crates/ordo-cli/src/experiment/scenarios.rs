@@ -664,7 +664,12 @@ fn crash_consumer_apply_after_effect(ctx: &Ctx) -> Result<Outcome, String> {
 fn crash_consumer_apply_after_commit(ctx: &Ctx) -> Result<Outcome, String> {
     produce(ctx, "a", 2)?;
     ctx.ok(&RELAY)?;
-    let (code, after_crash) = crash_at(ctx, &APPLY, crash::CONSUMER_APPLY_AFTER_COMMIT)?;
+    // One event per transaction, so the crash falls between the two events.
+    let (code, after_crash) = crash_at(
+        ctx,
+        &["apply", "--consumer", "{C}", "--batch", "1"],
+        crash::CONSUMER_APPLY_AFTER_COMMIT,
+    )?;
     let recovery = ctx.ok(&APPLY)?;
     let state = ctx.snapshot()?;
     let e1 = event("a", 1, "reserved", QUANTITY);

@@ -147,8 +147,9 @@ fn apply_until(json_mode: bool, consumer: &Path, until: &Path) -> Result<(), Fai
         let finishing = until.exists();
         let drains = match process_all(
             &mut consumer,
-            Some(APPLY_ROUND_LEN),
+            None,
             ApplyOptions::default(),
+            APPLY_ROUND_LEN,
         ) {
             Ok(drains) => drains,
             Err(e) if e.kind() == ErrorKind::Busy => continue,
