@@ -49,6 +49,8 @@ pub enum Command {
     Experiment(ExperimentArgs),
     /// Kill producers, relays and appliers at random, converge, check the invariants.
     Soak(SoakArgs),
+    /// Measure throughput per phase and end to end against the disk's fsync rate.
+    Bench(BenchArgs),
     /// A long-running role for multi-process scenarios (used by experiment and soak).
     #[command(hide = true)]
     Worker {
@@ -87,6 +89,31 @@ pub struct SoakArgs {
     #[arg(long, value_name = "K")]
     pub seed: Option<u64>,
     /// Keep the files in this new directory instead of a temporary one.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// How many flows (each three events), 1..=10000000.
+    #[arg(long, value_name = "N", default_value = "10000",
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub flows: u64,
+    /// Events per transaction in every phase (B = K), 1..=100000.
+    #[arg(long, value_name = "B", default_value_t = ordo_core::relay::BATCH_LEN_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub batch: u64,
+    /// Run the sequential phases for several batch sizes.
+    #[arg(long)]
+    pub sweep: bool,
+    /// With --sweep, draw throughput against batch size into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// The offered rate of the latency run, in events per second.
+    #[arg(long, value_name = "EVENTS_PER_S", default_value = "10000",
+          value_parser = clap::value_parser!(u64).range(300..=10_000_000))]
+    pub rate: u64,
+    /// Where to create the temporary files (default: the system's temporary directory).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
 }

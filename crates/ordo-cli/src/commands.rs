@@ -14,7 +14,7 @@ use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::{json, Value};
 
 use crate::args::{AdvanceArgs, ApplyArgs, Cli, Command, Files, PolicyArg, ReceiveArgs, RelayArgs};
-use crate::{demo, experiment, render, soak, Failure};
+use crate::{bench, demo, experiment, render, soak, Failure};
 
 /// Prints a result: the JSON document with `--json`, else the text.
 pub fn emit(json_mode: bool, value: &Value, text: impl FnOnce() -> String) {
@@ -40,6 +40,7 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Demo(args) => demo::run(json_mode, args),
         Command::Experiment(args) => experiment::run(json_mode, args),
         Command::Soak(args) => soak::run(json_mode, args),
+        Command::Bench(args) => bench::run(json_mode, args),
         Command::Worker { role } => experiment::worker::run(json_mode, role),
     }
 }

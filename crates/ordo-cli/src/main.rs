@@ -3,6 +3,7 @@
 //! usage (nothing written), 1 for a storage or internal error.
 
 mod args;
+mod bench;
 mod commands;
 mod demo;
 mod experiment;

@@ -417,10 +417,12 @@ pub struct BodyHash(String);
 impl BodyHash {
     /// Hashes a canonical body.
     pub fn of(body: &str) -> BodyHash {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let digest = Sha256::digest(body.as_bytes());
         let mut hex = String::with_capacity(64);
         for byte in digest.iter() {
-            hex.push_str(&format!("{byte:02x}"));
+            hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
+            hex.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
         }
         BodyHash(hex)
     }

@@ -35,4 +35,6 @@ pub use relay::{
 pub use reservation::{
     AdvanceRefused, AdvanceRequest, ApplyOptions, FlowRecord, FlowState, InvalidRequest, Projection,
 };
-pub use store::{drain, process_all, ConsumerStore, ProducerStore, APPLY_BATCH_LEN_DEFAULT};
+pub use store::{
+    drain, process_all, process_all_each, ConsumerStore, ProducerStore, APPLY_BATCH_LEN_DEFAULT,
+};

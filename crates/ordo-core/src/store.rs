@@ -159,7 +159,7 @@ pub fn drain<C: ConsumerStore + ?Sized>(
 
 /// Drains every flow that has work, each with its own `limit`, at most
 /// `batch_len_max` events per transaction across flows; a blocked or gapped
-/// flow never stops the others. Memory stays bounded by the page of flows.
+/// flow never stops the others.
 pub fn process_all<C: ConsumerStore + ?Sized>(
     consumer: &mut C,
     limit: Option<u64>,
@@ -167,14 +167,31 @@ pub fn process_all<C: ConsumerStore + ?Sized>(
     batch_len_max: u64,
 ) -> Result<Vec<Drain>, StoreError> {
     let mut all = Vec::new();
+    process_all_each(consumer, limit, options, batch_len_max, |drain| {
+        all.push(drain)
+    })?;
+    Ok(all)
+}
+
+/// [`process_all`] handing each flow's drain to `each` instead of collecting
+/// them: memory stays bounded by one page of flows, however many have work.
+pub fn process_all_each<C: ConsumerStore + ?Sized>(
+    consumer: &mut C,
+    limit: Option<u64>,
+    options: ApplyOptions,
+    batch_len_max: u64,
+    mut each: impl FnMut(Drain),
+) -> Result<(), StoreError> {
     let mut after: Option<FlowId> = None;
     loop {
         let page = consumer.flows_with_work_page(after.as_ref(), FLOW_PAGE_LEN, options)?;
         let Some(last) = page.last().cloned() else {
-            return Ok(all);
+            return Ok(());
         };
         let work = page.into_iter().map(|flow_id| (flow_id, limit)).collect();
-        all.extend(drain_flows(consumer, work, options, batch_len_max)?);
+        drain_flows(consumer, work, options, batch_len_max)?
+            .into_iter()
+            .for_each(&mut each);
         after = Some(last);
     }
 }

@@ -1,0 +1,557 @@
+//! `ordo bench`: throughput of each phase and end to end, as ratios to the
+//! disk's own fsync rate F measured first on the same disk; concurrent
+//! pipelines on separate threads; commit-to-applied latency at an offered
+//! rate; peak memory.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use ordo_core::ProducerStore;
+use ordo_core::{
+    process_all_each, relay, AdvanceRequest, ApplyOptions, FlowId, FlowState, Quantity,
+    RelayOptions, SchemaVersion, SystemClock,
+};
+use ordo_sqlite::rusqlite::{self, Connection};
+use ordo_sqlite::{ConsumerDb, ProducerDb};
+use serde_json::{json, Value};
+
+use crate::args::BenchArgs;
+use crate::commands::emit;
+use crate::Failure;
+
+const STEPS: [FlowState; 3] = [
+    FlowState::Reserved,
+    FlowState::Confirmed,
+    FlowState::Released,
+];
+/// How long the fsync calibration runs.
+const CALIBRATION: Duration = Duration::from_millis(1500);
+/// Batch sizes of `--sweep`.
+const SWEEP: [u64; 7] = [1, 4, 16, 64, 256, 1024, 4096];
+/// The pause of an idle pipeline stage before it looks again.
+const IDLE_PAUSE: Duration = Duration::from_micros(500);
+
+fn internal<E: std::fmt::Display>(e: E) -> Failure {
+    Failure::Internal(e.to_string())
+}
+
+fn flow_id(i: u64) -> FlowId {
+    FlowId::new(format!("b{i:08}")).expect("bench flow ids are identifiers")
+}
+
+fn bar(len: u64, label: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len} {per_sec}")
+            .expect("the template is valid")
+            .progress_chars("=> "),
+    );
+    bar.set_prefix(label.to_owned());
+    bar
+}
+
+/// F: single-row insert-and-commit transactions per second on this disk,
+/// WAL and `synchronous=FULL`, as ordo's files use.
+fn calibrate(dir: &Path) -> Result<f64, Failure> {
+    let path = dir.join("calibrate.db");
+    let conn = Connection::open(&path).map_err(internal)?;
+    conn.query_row("PRAGMA journal_mode=WAL", [], |row| row.get::<_, String>(0))
+        .map_err(internal)?;
+    conn.execute_batch(
+        "PRAGMA synchronous=FULL; CREATE TABLE t (id INTEGER PRIMARY KEY, v BLOB NOT NULL);",
+    )
+    .map_err(internal)?;
+    let mut stmt = conn
+        .prepare("INSERT INTO t (v) VALUES (?1)")
+        .map_err(internal)?;
+    let payload = vec![7u8; 200];
+    let started = Instant::now();
+    let mut commits = 0u64;
+    while started.elapsed() < CALIBRATION {
+        conn.execute_batch("BEGIN IMMEDIATE").map_err(internal)?;
+        stmt.execute([&payload]).map_err(internal)?;
+        conn.execute_batch("COMMIT").map_err(internal)?;
+        commits += 1;
+    }
+    Ok(commits as f64 / started.elapsed().as_secs_f64())
+}
+
+fn requests(flows: std::ops::Range<u64>, step: usize) -> Vec<AdvanceRequest> {
+    flows
+        .map(|i| {
+            AdvanceRequest::new(
+                flow_id(i),
+                step as i64,
+                STEPS[step],
+                Some(Quantity::new((i % 1000) as i64 + 1).expect("1..=1000 is a quantity")),
+                SchemaVersion::V1,
+            )
+            .expect("bench requests are valid")
+        })
+        .collect()
+}
+
+/// Produces all steps of flows `range`, `batch` requests per transaction.
+fn produce(
+    producer: &mut ProducerDb,
+    range: std::ops::Range<u64>,
+    batch: u64,
+    progress: &ProgressBar,
+) -> Result<(), Failure> {
+    for step in 0..STEPS.len() {
+        let mut start = range.start;
+        while start < range.end {
+            let end = (start + batch).min(range.end);
+            let batch_requests = requests(start..end, step);
+            if batch == 1 {
+                producer.advance(&batch_requests[0]).map_err(internal)?;
+            } else {
+                for outcome in producer.advance_batch(&batch_requests)? {
+                    outcome.map_err(internal)?;
+                }
+            }
+            progress.inc(end - start);
+            start = end;
+        }
+    }
+    Ok(())
+}
+
+/// One relay round of up to `batch` events; returns how many moved.
+fn relay_round(
+    producer: &mut ProducerDb,
+    consumer: &mut ConsumerDb,
+    batch: u64,
+) -> Result<u64, Failure> {
+    let options = RelayOptions {
+        max: Some(batch),
+        batch_len_max: batch as usize,
+        ..RelayOptions::default()
+    };
+    let report = relay(producer, consumer, &options, &SystemClock).map_err(internal)?;
+    Ok(report.deliveries.len() as u64)
+}
+
+/// One pass of apply over every flow with work; returns how many applied.
+fn apply_pass(consumer: &mut ConsumerDb, batch: u64) -> Result<u64, Failure> {
+    let mut applied = 0;
+    process_all_each(consumer, None, ApplyOptions::default(), batch, |d| {
+        applied += d.applied
+    })?;
+    Ok(applied)
+}
+
+struct Phase {
+    seconds: f64,
+    commits: u64,
+}
+
+fn phase_json(events: u64, phase: &Phase, f: f64) -> Value {
+    let rate = events as f64 / phase.seconds.max(1e-9);
+    json!({
+        "events": events,
+        "seconds": round3(phase.seconds),
+        "events_per_s": rate.round(),
+        "ratio_to_f": round3(rate / f),
+        "commits_per_event": round3(phase.commits as f64 / events.max(1) as f64),
+    })
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Produce, then relay, then apply, each to completion, on one thread.
+fn sequential(dir: &Path, flows: u64, batch: u64, f: f64) -> Result<Value, Failure> {
+    let mut producer = ProducerDb::open(dir.join("producer.db"))?;
+    let mut consumer = ConsumerDb::open(dir.join("consumer.db"))?;
+    let events = flows * STEPS.len() as u64;
+
+    let progress = bar(events, &format!("produce B={batch}"));
+    let started = Instant::now();
+    produce(&mut producer, 0..flows, batch, &progress)?;
+    let produce_phase = Phase {
+        seconds: started.elapsed().as_secs_f64(),
+        commits: producer.commits(),
+    };
+    progress.finish_and_clear();
+
+    let progress = bar(events, &format!("relay B={batch}"));
+    let (p0, c0) = (producer.commits(), consumer.commits());
+    let started = Instant::now();
+    let mut relayed = 0;
+    loop {
+        let moved = relay_round(&mut producer, &mut consumer, batch)?;
+        if moved == 0 {
+            break;
+        }
+        relayed += moved;
+        progress.inc(moved);
+    }
+    let relay_phase = Phase {
+        seconds: started.elapsed().as_secs_f64(),
+        commits: producer.commits() - p0 + consumer.commits() - c0,
+    };
+    progress.finish_and_clear();
+
+    let c0 = consumer.commits();
+    let started = Instant::now();
+    let applied = apply_pass(&mut consumer, batch)?;
+    let apply_phase = Phase {
+        seconds: started.elapsed().as_secs_f64(),
+        commits: consumer.commits() - c0,
+    };
+    if relayed != events || applied != events {
+        return Err(Failure::Check(format!(
+            "bench moved {relayed} and applied {applied} of {events} events"
+        )));
+    }
+    let total = Phase {
+        seconds: produce_phase.seconds + relay_phase.seconds + apply_phase.seconds,
+        commits: produce_phase.commits + relay_phase.commits + apply_phase.commits,
+    };
+    Ok(json!({
+        "batch": batch,
+        "produce": phase_json(events, &produce_phase, f),
+        "relay": phase_json(events, &relay_phase, f),
+        "apply": phase_json(events, &apply_phase, f),
+        "end_to_end": phase_json(events, &total, f),
+    }))
+}
+
+/// Producer, relay and applier on three threads at once, each with its own
+/// connections. With `rate`, the producer offers that many events per second
+/// in 10 ms ticks; without, it produces as fast as it can.
+fn concurrent(
+    dir: &Path,
+    flows: u64,
+    batch: u64,
+    f: f64,
+    rate: Option<u64>,
+    label: &str,
+) -> Result<Value, Failure> {
+    let producer_path = dir.join("producer.db");
+    let consumer_path = dir.join("consumer.db");
+    ProducerDb::open(&producer_path)?;
+    ConsumerDb::open(&consumer_path)?;
+    let events = flows * STEPS.len() as u64;
+    let produced_all = Arc::new(AtomicBool::new(false));
+    let relayed_all = Arc::new(AtomicBool::new(false));
+    let progress = bar(events, label);
+    let started = Instant::now();
+
+    let producer_thread = {
+        let path = producer_path.clone();
+        let done = produced_all.clone();
+        std::thread::spawn(move || -> Result<u64, Failure> {
+            let mut producer = ProducerDb::open(&path)?;
+            match rate {
+                None => produce(&mut producer, 0..flows, batch, &ProgressBar::hidden())?,
+                Some(rate) => {
+                    // Whole flows per tick: each tick offers rate/100 events.
+                    let per_tick = (rate / 100 / STEPS.len() as u64).max(1);
+                    let tick = Duration::from_millis(10);
+                    let mut next = Instant::now();
+                    let mut start = 0;
+                    while start < flows {
+                        let end = (start + per_tick).min(flows);
+                        for step in 0..STEPS.len() {
+                            let reqs = requests(start..end, step);
+                            for outcome in producer.advance_batch(&reqs)? {
+                                outcome.map_err(internal)?;
+                            }
+                        }
+                        start = end;
+                        next += tick;
+                        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+                            std::thread::sleep(wait);
+                        }
+                    }
+                }
+            }
+            done.store(true, Ordering::SeqCst);
+            Ok(producer.commits())
+        })
+    };
+    let relay_thread = {
+        let (p, c) = (producer_path.clone(), consumer_path.clone());
+        let (produced, relayed) = (produced_all.clone(), relayed_all.clone());
+        std::thread::spawn(move || -> Result<(u64, u64), Failure> {
+            let mut producer = ProducerDb::open(&p)?;
+            let mut consumer = ConsumerDb::open(&c)?;
+            loop {
+                let finishing = produced.load(Ordering::SeqCst);
+                if relay_round(&mut producer, &mut consumer, batch)? == 0 {
+                    if finishing {
+                        break;
+                    }
+                    std::thread::sleep(IDLE_PAUSE);
+                }
+            }
+            relayed.store(true, Ordering::SeqCst);
+            Ok((producer.commits(), consumer.commits()))
+        })
+    };
+    let mut consumer = ConsumerDb::open(&consumer_path)?;
+    let mut applied = 0;
+    loop {
+        let finishing = relayed_all.load(Ordering::SeqCst);
+        let n = apply_pass(&mut consumer, batch)?;
+        applied += n;
+        progress.inc(n);
+        if n == 0 {
+            if finishing {
+                break;
+            }
+            std::thread::sleep(IDLE_PAUSE);
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    progress.finish_and_clear();
+    let producer_commits = producer_thread
+        .join()
+        .map_err(|_| internal("the producer thread panicked"))??;
+    let (relay_p, relay_c) = relay_thread
+        .join()
+        .map_err(|_| internal("the relay thread panicked"))??;
+    if applied != events {
+        return Err(Failure::Check(format!(
+            "bench applied {applied} of {events} events"
+        )));
+    }
+    let phase = Phase {
+        seconds,
+        commits: producer_commits + relay_p + relay_c + consumer.commits(),
+    };
+    let mut value = phase_json(events, &phase, f);
+    value["batch"] = json!(batch);
+    value["latency_ms"] = latency(&producer_path, &consumer_path)?;
+    if let Some(rate) = rate {
+        value["offered_per_s"] = json!(rate);
+    }
+    Ok(value)
+}
+
+/// Commit-to-applied latency per event: the outbox row's creation time to
+/// the inbox row's application time (millisecond clock).
+fn latency(producer: &Path, consumer: &Path) -> Result<Value, Failure> {
+    let conn = Connection::open(consumer).map_err(internal)?;
+    conn.execute("ATTACH DATABASE ?1 AS p", [producer.to_string_lossy()])
+        .map_err(internal)?;
+    let mut stmt = conn
+        .prepare(
+            "SELECT i.applied_at_ms - o.created_at_ms FROM main.inbox i
+             JOIN p.outbox o ON o.event_id = i.event_id WHERE i.applied_at_ms IS NOT NULL",
+        )
+        .map_err(internal)?;
+    let mut samples: Vec<i64> = stmt
+        .query_map([], |row| row.get(0))
+        .map_err(internal)?
+        .collect::<rusqlite::Result<_>>()
+        .map_err(internal)?;
+    samples.sort_unstable();
+    let at = |q: f64| -> i64 {
+        if samples.is_empty() {
+            return 0;
+        }
+        samples[((samples.len() - 1) as f64 * q).round() as usize]
+    };
+    Ok(
+        json!({"p50": at(0.5), "p99": at(0.99), "max": samples.last().copied().unwrap_or(0), "samples": samples.len()}),
+    )
+}
+
+/// The process's peak resident memory, from /proc.
+fn peak_memory_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn fresh_dir(root: &Path, name: &str) -> Result<std::path::PathBuf, Failure> {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).map_err(internal)?;
+    Ok(dir)
+}
+
+pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
+    if let Some(plot) = &args.plot {
+        if !args.sweep {
+            return Err(Failure::Usage("--plot needs --sweep".into()));
+        }
+        if plot.extension().and_then(|e| e.to_str()) != Some("svg") {
+            return Err(Failure::Usage(format!(
+                "--plot {}: the file name must end in .svg",
+                plot.display()
+            )));
+        }
+    }
+    let root = tempfile::Builder::new()
+        .prefix("ordo-bench-")
+        .tempdir_in(args.dir.as_deref().unwrap_or(&std::env::temp_dir()))
+        .map_err(|e| Failure::Internal(format!("cannot create a temporary directory: {e}")))?;
+    let progress = ProgressBar::new_spinner();
+    progress.set_message("calibrating F (single-row commits, WAL, synchronous=FULL)");
+    let f = calibrate(root.path())?;
+    progress.finish_and_clear();
+
+    let batches: Vec<u64> = if args.sweep {
+        SWEEP.to_vec()
+    } else {
+        vec![args.batch]
+    };
+    let mut runs = Vec::new();
+    for batch in &batches {
+        let dir = fresh_dir(root.path(), &format!("seq-{batch}"))?;
+        runs.push(sequential(&dir, args.flows, *batch, f)?);
+    }
+    let unbatched = if args.sweep || args.batch == 1 {
+        Value::Null
+    } else {
+        sequential(&fresh_dir(root.path(), "seq-1")?, args.flows, 1, f)?
+    };
+    let pipelined = concurrent(
+        &fresh_dir(root.path(), "concurrent")?,
+        args.flows,
+        args.batch,
+        f,
+        None,
+        "concurrent",
+    )?;
+    let offered = concurrent(
+        &fresh_dir(root.path(), "offered")?,
+        args.flows,
+        args.batch,
+        f,
+        Some(args.rate),
+        "offered",
+    )?;
+    if let Some(plot) = &args.plot {
+        draw(plot, &runs, f)?;
+    }
+    let value = json!({
+        "f_commits_per_s": f.round(),
+        "flows": args.flows,
+        "events": args.flows * 3,
+        "runs": runs,
+        "unbatched": unbatched,
+        "concurrent": pipelined,
+        "offered": offered,
+        "peak_memory_bytes": peak_memory_bytes(),
+    });
+    emit(json_mode, &value, || text(&value));
+    Ok(())
+}
+
+fn text(v: &Value) -> String {
+    let mut lines = vec![
+        format!(
+            "F (fsync-bound single-row commits on this disk): {} /s",
+            v["f_commits_per_s"]
+        ),
+        format!("flows {}, events {}", v["flows"], v["events"]),
+        format!(
+            "{:>6} {:>12} {:>12} {:>12} {:>12} {:>10} {:>14}",
+            "batch", "produce/s", "relay/s", "apply/s", "end-to-end/s", "x F", "commits/event"
+        ),
+    ];
+    let row = |r: &Value| {
+        format!(
+            "{:>6} {:>12} {:>12} {:>12} {:>12} {:>10} {:>14}",
+            r["batch"],
+            r["produce"]["events_per_s"],
+            r["relay"]["events_per_s"],
+            r["apply"]["events_per_s"],
+            r["end_to_end"]["events_per_s"],
+            r["end_to_end"]["ratio_to_f"],
+            r["end_to_end"]["commits_per_event"],
+        )
+    };
+    if !v["unbatched"].is_null() {
+        lines.push(row(&v["unbatched"]));
+    }
+    for r in v["runs"].as_array().into_iter().flatten() {
+        lines.push(row(r));
+    }
+    let c = &v["concurrent"];
+    lines.push(format!(
+        "concurrent (3 threads, B={}): {} events/s = {} x F, {} commits/event, latency p50 {} ms p99 {} ms",
+        c["batch"], c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
+    ));
+    let o = &v["offered"];
+    lines.push(format!(
+        "offered {} events/s: achieved {} events/s, commit-to-applied p50 {} ms, p99 {} ms, max {} ms",
+        o["offered_per_s"], o["events_per_s"], o["latency_ms"]["p50"], o["latency_ms"]["p99"], o["latency_ms"]["max"]
+    ));
+    if let Some(bytes) = v["peak_memory_bytes"].as_u64() {
+        lines.push(format!(
+            "peak memory {:.1} MiB",
+            bytes as f64 / (1024.0 * 1024.0)
+        ));
+    }
+    lines.join("\n")
+}
+
+/// Throughput of each phase against batch size, on log-2 axes.
+fn draw(path: &Path, runs: &[Value], f: f64) -> Result<(), Failure> {
+    use plotters::prelude::*;
+    let series = ["produce", "relay", "apply", "end_to_end"];
+    let points = |phase: &str| -> Vec<(f64, f64)> {
+        runs.iter()
+            .map(|r| {
+                (
+                    (r["batch"].as_f64().unwrap_or(1.0)).log2(),
+                    r[phase]["ratio_to_f"].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect()
+    };
+    let y_max = series
+        .iter()
+        .flat_map(|s| points(s))
+        .map(|(_, y)| y)
+        .fold(1.0, f64::max)
+        * 1.1;
+    let x_max = points("produce")
+        .iter()
+        .map(|(x, _)| *x)
+        .fold(1.0, f64::max);
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(internal)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("ordo throughput / F (F = {f:.0} commits/s)"),
+            ("sans-serif", 22),
+        )
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+        .map_err(internal)?;
+    chart
+        .configure_mesh()
+        .x_desc("batch size (log2)")
+        .y_desc("events/s as a multiple of F")
+        .draw()
+        .map_err(internal)?;
+    let colors = [RED, BLUE, GREEN, BLACK];
+    for (name, color) in series.iter().zip(colors) {
+        chart
+            .draw_series(LineSeries::new(points(name), color.stroke_width(2)))
+            .map_err(internal)?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()
+        .map_err(internal)?;
+    root.present().map_err(internal)?;
+    Ok(())
+}
