@@ -1,0 +1,21 @@
+//! The conformance suite: one function per rule, generic over a [`Backend`].
+//!
+//! Each function takes a fresh, empty directory of its own and panics when
+//! the backend breaks the rule. `conformance_suite!` expands each into a
+//! `#[test]`.
+//!
+//! [`Backend`]: crate::Backend
+
+mod apply;
+mod durability;
+mod producer;
+mod props;
+mod receive;
+mod relay;
+
+pub use apply::*;
+pub use durability::*;
+pub use producer::*;
+pub use props::*;
+pub use receive::*;
+pub use relay::*;

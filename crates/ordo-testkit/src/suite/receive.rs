@@ -1,0 +1,371 @@
+//! PROTOCOL.md sections 3 and 6: `receive` stores durably and answers
+//! `accepted`, `duplicate` or `conflict`, by canonical body.
+
+use std::path::Path;
+
+use ordo_core::{ConsumerStore, DrainStop, FlowState, InboxStatus, Receipt, Step};
+use serde_json::json;
+
+use crate::support::*;
+use crate::Backend;
+
+/// A new event is `accepted` and stored as `pending` exactly as received; the
+/// same event again is `duplicate` and stores nothing more.
+pub fn receive_accepted_then_duplicate<B: Backend>(dir: &Path) {
+    let (_p, mut c) = B::open(dir);
+    assert!(c.inbox().unwrap().is_empty());
+    let e = reservation_event("f", 1, 5);
+    assert_eq!(c.receive(&e).unwrap(), Receipt::Accepted);
+    let inbox = c.inbox().unwrap();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(inbox[0].envelope, e);
+    assert_eq!(inbox[0].envelope.body(), e.body());
+    assert_eq!(inbox[0].status, InboxStatus::Pending);
+    for _ in 0..2 {
+        assert_eq!(c.receive(&e).unwrap(), Receipt::Duplicate);
+        assert_eq!(c.inbox().unwrap(), inbox, "a duplicate stored something");
+    }
+    // still a duplicate once applied
+    assert_eq!(
+        c.apply_next(&flow("f"), V1).unwrap(),
+        Step::Applied { seq: seq(1) }
+    );
+    let applied = consumer_state(&mut c);
+    assert_eq!(c.receive(&e).unwrap(), Receipt::Duplicate);
+    assert_eq!(consumer_state(&mut c), applied);
+    check_consumer_invariants(&mut c);
+}
+
+/// The same `event_id` with a different body is `conflict`, before and after
+/// the stored row is applied; nothing changes, the stored body is kept.
+pub fn receive_conflict_same_event_id_changes_nothing<B: Backend>(dir: &Path) {
+    let (_p, mut c) = B::open(dir);
+    let stored = reservation_event("f", 1, 5);
+    assert_eq!(c.receive(&stored).unwrap(), Receipt::Accepted);
+    let id = stored.event_id.as_str();
+    let variants = [
+        envelope(id, "f", 1, 1, "reserved", json!({"amount": 6})),
+        envelope(id, "f", 1, 2, "reserved", json!({"amount": 5})),
+        envelope(id, "f", 1, 1, "confirmed", json!({"amount": 5})),
+        envelope(id, "f", 2, 1, "reserved", json!({"amount": 5})),
+        envelope(id, "g", 1, 1, "reserved", json!({"amount": 5})),
+        envelope(id, "f", 1, 1, "reserved", json!({"amount": 5, "note": "x"})),
+    ];
+    for round in ["pending", "applied"] {
+        let before = consumer_state(&mut c);
+        for v in &variants {
+            assert_eq!(c.receive(v).unwrap(), Receipt::Conflict, "{round}: {v:?}");
+            assert_eq!(
+                consumer_state(&mut c),
+                before,
+                "{round}: conflict changed something"
+            );
+        }
+        assert_eq!(c.receive(&stored).unwrap(), Receipt::Duplicate);
+        if round == "pending" {
+            assert_eq!(
+                c.apply_next(&flow("f"), V1).unwrap(),
+                Step::Applied { seq: seq(1) }
+            );
+        }
+    }
+    assert_eq!(projected(&mut c, "f"), (FlowState::Reserved, Some(5), 1));
+    assert_eq!(flow_effects(&mut c, "f"), effects_for(&[stored]));
+}
+
+/// The same `(flow_id, seq)` under a different `event_id` is `conflict`, even
+/// with an identical payload; nothing changes and the new id is not stored.
+pub fn receive_conflict_same_flow_seq_changes_nothing<B: Backend>(dir: &Path) {
+    let (_p, mut c) = B::open(dir);
+    let stored = reservation_event("f", 1, 5);
+    assert_eq!(c.receive(&stored).unwrap(), Receipt::Accepted);
+    let before = consumer_state(&mut c);
+    let intruders = [
+        envelope("other", "f", 1, 1, "reserved", json!({"amount": 5})),
+        envelope("other-2", "f", 1, 1, "reserved", json!({"amount": 8})),
+        envelope("other-3", "f", 1, 9, "whatever", json!({})),
+    ];
+    for e in &intruders {
+        assert_eq!(c.receive(e).unwrap(), Receipt::Conflict, "{e:?}");
+        assert_eq!(consumer_state(&mut c), before, "conflict changed something");
+        assert!(inbox_row(&mut c, &e.event_id).is_none());
+    }
+    // the intruder's id was not taken: a different (flow, seq) under it is new
+    let elsewhere = envelope("other", "f", 2, 1, "confirmed", json!({"amount": 5}));
+    assert_eq!(c.receive(&elsewhere).unwrap(), Receipt::Accepted);
+    // and the stored event applies as stored
+    let d = drain_flow(&mut c, "f", None, V1);
+    assert_eq!((d.applied, d.stop), (2, DrainStop::Idle));
+    assert_eq!(flow_effects(&mut c, "f"), effects_for(&[stored, elsewhere]));
+}
+
+/// Duplicate detection compares canonical bodies: the same envelope written
+/// with keys in another order, other whitespace, and `5.0` for `5` is a
+/// duplicate, and the stored event applies with quantity 5.
+pub fn receive_duplicate_ignores_key_order_and_number_spelling<B: Backend>(dir: &Path) {
+    let (_p, mut c) = B::open(dir);
+    let first = parse(
+        r#"{"payload":{"amount":5.0},"type":"reserved","seq":1,"schema_version":1,"flow_id":"f","event_id":"f-1"}"#,
+    );
+    let texts = [
+        r#"{"event_id":"f-1","flow_id":"f","seq":1,"schema_version":1,"type":"reserved","payload":{"amount":5}}"#,
+        "{ \"seq\" : 1 ,\n \"event_id\":\"f-1\", \"schema_version\":1,\"flow_id\":\"f\",\"payload\":{\"amount\":5.00},\"type\":\"reserved\"}",
+        r#"{"type":"reserved","payload":{"amount":5e0},"event_id":"f-1","seq":1,"flow_id":"f","schema_version":1}"#,
+        r#"{"type":"reserved","payload":{"amount":50e-1},"event_id":"f-1","seq":1,"flow_id":"f","schema_version":1}"#,
+    ];
+    assert_eq!(c.receive(&first).unwrap(), Receipt::Accepted);
+    let before = consumer_state(&mut c);
+    for text in texts {
+        assert_eq!(
+            c.receive(&parse(text)).unwrap(),
+            Receipt::Duplicate,
+            "{text}"
+        );
+        assert_eq!(consumer_state(&mut c), before);
+    }
+    // a different number is a different body
+    let six = parse(&texts[0].replace("5}", "6}"));
+    assert_eq!(c.receive(&six).unwrap(), Receipt::Conflict);
+
+    // nested payload objects are canonical too (the payload is only judged
+    // at apply)
+    let a = parse(
+        r#"{"event_id":"g-1","flow_id":"g","seq":1,"schema_version":9,"type":"t","payload":{"b":{"y":1,"x":[1,2.0]},"a":true}}"#,
+    );
+    let b = parse(
+        r#"{"flow_id":"g","event_id":"g-1","type":"t","seq":1,"schema_version":9,"payload":{"a":true,"b":{"x":[1.0,2],"y":1.0}}}"#,
+    );
+    assert_eq!(c.receive(&a).unwrap(), Receipt::Accepted);
+    assert_eq!(c.receive(&b).unwrap(), Receipt::Duplicate);
+    let reordered_array = parse(
+        r#"{"flow_id":"g","event_id":"g-1","type":"t","seq":1,"schema_version":9,"payload":{"a":true,"b":{"x":[2,1],"y":1}}}"#,
+    );
+    assert_eq!(c.receive(&reordered_array).unwrap(), Receipt::Conflict);
+
+    assert_eq!(
+        c.apply_next(&flow("f"), V1).unwrap(),
+        Step::Applied { seq: seq(1) }
+    );
+    assert_eq!(projected(&mut c, "f"), (FlowState::Reserved, Some(5), 1));
+    let stored = inbox_row(&mut c, &event_id("f-1")).unwrap().envelope;
+    assert_eq!(stored.body(), parse(texts[0]).body());
+    check_consumer_invariants(&mut c);
+}
+
+/// `receive_batch` stores a batch in one call, one receipt per envelope in
+/// input order; a later envelope sees the earlier ones (in-batch duplicate
+/// and conflict); an empty batch is fine.
+pub fn receive_batch_in_one_call<B: Backend>(dir: &Path) {
+    let (_p, mut c) = B::open(dir);
+    assert!(c.receive_batch(&[]).unwrap().is_empty());
+    let [e1, e2, e3] = reservation_events("b", 3);
+    let pre = reservation_event("z", 1, 1);
+    assert_eq!(c.receive(&pre).unwrap(), Receipt::Accepted);
+    let e2_again = parse(&{
+        let mut v = e2.to_value();
+        v["payload"] = json!({"amount": 3.0});
+        v.to_string()
+    });
+    let squatter = envelope("squat", "b", 2, 1, "confirmed", json!({"amount": 3}));
+    let e1_changed = envelope(
+        e1.event_id.as_str(),
+        "b",
+        1,
+        1,
+        "reserved",
+        json!({"amount": 4}),
+    );
+    let batch = vec![
+        e3.clone(),
+        e1.clone(),
+        e1.clone(),
+        squatter.clone(),
+        e2.clone(),
+        e2_again,
+        e1_changed,
+        pre.clone(),
+    ];
+    let receipts = c.receive_batch(&batch).unwrap();
+    assert_eq!(
+        receipts,
+        vec![
+            Receipt::Accepted,
+            Receipt::Accepted,
+            Receipt::Duplicate,
+            Receipt::Accepted,
+            Receipt::Conflict,
+            Receipt::Conflict,
+            Receipt::Conflict,
+            Receipt::Duplicate,
+        ]
+    );
+    let inbox: Vec<_> = c.inbox().unwrap().into_iter().map(|r| r.envelope).collect();
+    assert_eq!(inbox, vec![e1.clone(), squatter, e3.clone(), pre]);
+    assert!(c.projections().unwrap().is_empty());
+    assert!(c.effects().unwrap().is_empty());
+
+    // a batch of only duplicates and conflicts stores nothing
+    let before = consumer_state(&mut c);
+    let receipts = c.receive_batch(&[e3, e2, e1]).unwrap();
+    assert_eq!(
+        receipts,
+        vec![Receipt::Duplicate, Receipt::Conflict, Receipt::Duplicate]
+    );
+    assert_eq!(consumer_state(&mut c), before);
+}
+
+/// `receive` never changes the projection or the effects, whatever its
+/// receipt: accepted (even the flow's next seq), duplicate of an applied or
+/// pending row, conflict, or a blocked-to-be event.
+pub fn receive_never_changes_projection_or_effects<B: Backend>(dir: &Path) {
+    let (_p, mut c) = B::open(dir);
+    let [e1, e2, e3] = reservation_events("f", 5);
+    assert_eq!(c.receive(&e1).unwrap(), Receipt::Accepted);
+    assert_eq!(
+        c.apply_next(&flow("f"), V1).unwrap(),
+        Step::Applied { seq: seq(1) }
+    );
+    let projections = c.projections().unwrap();
+    let effects = c.effects().unwrap();
+    let inputs = [
+        (e2.clone(), Receipt::Accepted),
+        (e2.clone(), Receipt::Duplicate),
+        (e1.clone(), Receipt::Duplicate),
+        (e3.clone(), Receipt::Accepted),
+        (
+            envelope("x", "f", 2, 1, "confirmed", json!({"amount": 5})),
+            Receipt::Conflict,
+        ),
+        (
+            envelope(
+                e1.event_id.as_str(),
+                "f",
+                1,
+                1,
+                "reserved",
+                json!({"amount": 9}),
+            ),
+            Receipt::Conflict,
+        ),
+        (
+            envelope("g-1", "g", 1, 9, "reserved", json!({"amount": 5})),
+            Receipt::Accepted,
+        ),
+        (reservation_event("h", 1, 1), Receipt::Accepted),
+    ];
+    for (e, receipt) in inputs {
+        assert_eq!(c.receive(&e).unwrap(), receipt, "{e:?}");
+        assert_eq!(
+            c.projections().unwrap(),
+            projections,
+            "receive changed a projection"
+        );
+        assert_eq!(c.effects().unwrap(), effects, "receive changed effects");
+    }
+    assert_eq!(inbox_status(&mut c, &e2.event_id), InboxStatus::Pending);
+    assert_eq!(inbox_status(&mut c, &e3.event_id), InboxStatus::Pending);
+    check_consumer_invariants(&mut c);
+}
+
+/// Integer bounds on receive. `seq` `i64::MAX`, `i64::MAX - 1`, 2^53 and
+/// 2^53 + 1 are stored exactly (distinct rows, read back unchanged, although
+/// RFC 8785 writes them as doubles); a redelivery is a duplicate; another
+/// event id at a stored large seq is a conflict and changes nothing; apply
+/// reports the gap before them. `schema_version` `i64::MAX` is stored and
+/// blocked as unsupported.
+pub fn receive_seq_bounds<B: Backend>(dir: &Path) {
+    let (_p, mut c) = B::open(dir);
+    let max = envelope(
+        "big-max",
+        "big",
+        i64::MAX,
+        1,
+        "released",
+        json!({"amount": 1}),
+    );
+    assert_eq!(c.receive(&max).unwrap(), Receipt::Accepted);
+    let inbox = c.inbox().unwrap();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(inbox[0].envelope.seq.get(), i64::MAX);
+    assert_eq!(inbox[0].envelope.body(), max.body());
+
+    let below = envelope(
+        "big-below",
+        "big",
+        i64::MAX - 1,
+        1,
+        "confirmed",
+        json!({"amount": 1}),
+    );
+    let far = envelope(
+        "big-far",
+        "big",
+        1 << 53,
+        1,
+        "confirmed",
+        json!({"amount": 1}),
+    );
+    let far_next = envelope(
+        "big-far-next",
+        "big",
+        (1 << 53) + 1,
+        1,
+        "confirmed",
+        json!({"amount": 1}),
+    );
+    for e in [&below, &far, &far_next] {
+        assert_eq!(c.receive(e).unwrap(), Receipt::Accepted, "seq {}", e.seq);
+    }
+    for e in [&max, &below, &far, &far_next] {
+        assert_eq!(c.receive(e).unwrap(), Receipt::Duplicate, "seq {}", e.seq);
+    }
+    let inbox = c.inbox().unwrap();
+    let stored: Vec<_> = inbox.iter().map(|r| r.envelope.clone()).collect();
+    assert_eq!(
+        stored,
+        vec![far.clone(), far_next.clone(), below.clone(), max.clone()]
+    );
+    for (row, e) in inbox.iter().zip([&far, &far_next, &below, &max]) {
+        assert_eq!(row.envelope.body(), e.body(), "seq {} body", e.seq);
+        assert_eq!(row.status, InboxStatus::Pending);
+    }
+    let before = consumer_state(&mut c);
+    let same_seq = envelope(
+        "big-other",
+        "big",
+        i64::MAX,
+        1,
+        "released",
+        json!({"amount": 1}),
+    );
+    assert_eq!(c.receive(&same_seq).unwrap(), Receipt::Conflict);
+    assert_eq!(consumer_state(&mut c), before);
+
+    assert_eq!(
+        c.apply_next(&flow("big"), V1).unwrap(),
+        Step::Gap { missing: seq(1) }
+    );
+    let first = envelope("big-1", "big", 1, 1, "reserved", json!({"amount": 1}));
+    assert_eq!(c.receive(&first).unwrap(), Receipt::Accepted);
+    let d = drain_flow(&mut c, "big", None, V1);
+    assert_eq!((d.applied, d.stop), (1, DrainStop::Gap));
+    assert_eq!(
+        c.apply_next(&flow("big"), V1).unwrap(),
+        Step::Gap { missing: seq(2) }
+    );
+
+    let schema_max = envelope("sv-1", "sv", 1, i64::MAX, "reserved", json!({"amount": 1}));
+    assert_eq!(c.receive(&schema_max).unwrap(), Receipt::Accepted);
+    assert_eq!(
+        c.apply_next(&flow("sv"), V2).unwrap(),
+        Step::Blocked {
+            seq: seq(1),
+            reason: ordo_core::BlockReason::UnsupportedSchema
+        }
+    );
+    assert_eq!(
+        inbox_row(&mut c, &schema_max.event_id).unwrap().envelope,
+        schema_max
+    );
+    check_consumer_invariants(&mut c);
+}

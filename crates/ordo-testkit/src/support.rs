@@ -1,0 +1,426 @@
+//! Small builders and readers shared by the suite, plus the consumer
+//! invariant checker. Everything goes through the store traits.
+
+use std::collections::BTreeMap;
+
+use ordo_core::reservation::event_id_for;
+use ordo_core::{
+    Advance, AdvanceRequest, ApplyOptions, ConsumerStore, Drain, EffectRecord, Envelope, EventId,
+    FlowId, FlowRecord, FlowState, InboxRecord, InboxStatus, OutboxRecord, ProducerStore,
+    Projection, Quantity, RelayError, RelayOptions, RelayPolicy, RelayReport, SchemaVersion, Seq,
+    APPLY_BATCH_LEN_DEFAULT,
+};
+use serde_json::Value;
+
+/// Schema 1 only (the default consumer).
+pub const V1: ApplyOptions = ApplyOptions { support_v2: false };
+/// Schema 1 and 2.
+pub const V2: ApplyOptions = ApplyOptions { support_v2: true };
+
+/// A flow id; panics if invalid.
+pub fn flow(id: &str) -> FlowId {
+    FlowId::new(id).expect("test flow id")
+}
+
+/// An event id; panics if invalid.
+pub fn event_id(id: &str) -> EventId {
+    EventId::new(id).expect("test event id")
+}
+
+/// A seq; panics if out of range.
+pub fn seq(value: i64) -> Seq {
+    Seq::new(value).expect("test seq")
+}
+
+/// A quantity; panics if out of range.
+pub fn quantity(value: i64) -> Quantity {
+    Quantity::new(value).expect("test quantity")
+}
+
+/// An envelope built from its JSON form through the strict codec, so that
+/// every suite envelope is one a real consumer could receive.
+pub fn envelope(
+    event_id: &str,
+    flow_id: &str,
+    seq: i64,
+    schema_version: i64,
+    event_type: &str,
+    payload: Value,
+) -> Envelope {
+    let value = serde_json::json!({
+        "event_id": event_id,
+        "flow_id": flow_id,
+        "seq": seq,
+        "schema_version": schema_version,
+        "type": event_type,
+        "payload": payload,
+    });
+    Envelope::from_value(value).expect("test envelope is well formed")
+}
+
+/// Parses envelope text through the strict codec; panics if malformed.
+pub fn parse(text: &str) -> Envelope {
+    Envelope::parse_str(text).expect("test envelope text is well formed")
+}
+
+/// The state reached by the `seq`-th step of a reservation flow (1, 2, 3).
+pub fn state_of_step(seq: i64) -> FlowState {
+    match seq {
+        1 => FlowState::Reserved,
+        2 => FlowState::Confirmed,
+        3 => FlowState::Released,
+        other => panic!("a reservation flow has three steps, not {other}"),
+    }
+}
+
+/// The event a producer commits for step `seq` (1 to 3) of `flow_id` with
+/// quantity `qty` in schema 1: the id the producer gives it, the step's type
+/// and `{"amount": qty}`.
+pub fn reservation_event(flow_id: &str, seq: i64, qty: i64) -> Envelope {
+    let id = event_id_for(&flow(flow_id), self::seq(seq));
+    envelope(
+        id.as_str(),
+        flow_id,
+        seq,
+        1,
+        state_of_step(seq).as_str(),
+        serde_json::json!({ "amount": qty }),
+    )
+}
+
+/// The three events of a reservation flow, in seq order.
+pub fn reservation_events(flow_id: &str, qty: i64) -> [Envelope; 3] {
+    [1, 2, 3].map(|s| reservation_event(flow_id, s, qty))
+}
+
+/// An advance request; panics if the request's own rules refuse it.
+pub fn request(
+    flow_id: &str,
+    expected_seq: i64,
+    to: FlowState,
+    qty: Option<i64>,
+    schema_version: i64,
+) -> AdvanceRequest {
+    AdvanceRequest::new(
+        flow(flow_id),
+        expected_seq,
+        to,
+        qty.map(quantity),
+        SchemaVersion::new(schema_version).expect("test schema version"),
+    )
+    .expect("test request is valid")
+}
+
+/// Advances and returns the committed event; panics on any other outcome.
+pub fn commit<P: ProducerStore + ?Sized>(producer: &mut P, request: &AdvanceRequest) -> Envelope {
+    match producer.advance(request) {
+        Ok(Advance::Committed(event)) => event,
+        other => panic!("advance {request:?}: expected a commit, got {other:?}"),
+    }
+}
+
+/// Advances a new flow through all three steps in schema 1; returns the events.
+pub fn commit_full_flow<P: ProducerStore + ?Sized>(
+    producer: &mut P,
+    flow_id: &str,
+    qty: i64,
+) -> Vec<Envelope> {
+    (1..=3)
+        .map(|s| {
+            let q = (s == 1).then_some(qty);
+            commit(producer, &request(flow_id, s - 1, state_of_step(s), q, 1))
+        })
+        .collect()
+}
+
+/// The producer's record of a flow, if it has one.
+pub fn flow_record<P: ProducerStore + ?Sized>(
+    producer: &mut P,
+    flow_id: &str,
+) -> Option<FlowRecord> {
+    let id = flow(flow_id);
+    producer
+        .flows()
+        .expect("flows")
+        .into_iter()
+        .find(|f| f.flow_id == id)
+}
+
+/// The outbox row of an event.
+pub fn outbox_row<P: ProducerStore + ?Sized>(producer: &mut P, event: &Envelope) -> OutboxRecord {
+    producer
+        .outbox_event(&event.event_id)
+        .expect("outbox_event")
+        .unwrap_or_else(|| panic!("{} is not in the outbox", event.event_id))
+}
+
+/// Whether the outbox marks an event accepted.
+pub fn is_accepted<P: ProducerStore + ?Sized>(producer: &mut P, event: &Envelope) -> bool {
+    outbox_row(producer, event).accepted
+}
+
+/// The consumer's projection of a flow, if anything was applied to it.
+pub fn projection<C: ConsumerStore + ?Sized>(
+    consumer: &mut C,
+    flow_id: &str,
+) -> Option<Projection> {
+    let id = flow(flow_id);
+    consumer
+        .projections()
+        .expect("projections")
+        .into_iter()
+        .find(|p| p.flow_id == id)
+}
+
+/// The `(state, quantity, applied_seq)` of a flow's projection; an absent
+/// projection is `(new, None, 0)`.
+pub fn projected<C: ConsumerStore + ?Sized>(
+    consumer: &mut C,
+    flow_id: &str,
+) -> (FlowState, Option<i64>, i64) {
+    let p = projection(consumer, flow_id).unwrap_or_else(|| Projection::empty(flow(flow_id)));
+    (p.state, p.quantity.map(Quantity::get), p.applied_seq)
+}
+
+/// The effect records of a flow, in seq order.
+pub fn flow_effects<C: ConsumerStore + ?Sized>(
+    consumer: &mut C,
+    flow_id: &str,
+) -> Vec<EffectRecord> {
+    let id = flow(flow_id);
+    consumer
+        .effects()
+        .expect("effects")
+        .into_iter()
+        .filter(|e| e.flow_id == id)
+        .collect()
+}
+
+/// The effect records one applies for these events, in order.
+pub fn effects_for(events: &[Envelope]) -> Vec<EffectRecord> {
+    events
+        .iter()
+        .map(|e| EffectRecord {
+            flow_id: e.flow_id.clone(),
+            seq: e.seq,
+            event_id: e.event_id.clone(),
+        })
+        .collect()
+}
+
+/// The inbox row stored under an event id.
+pub fn inbox_row<C: ConsumerStore + ?Sized>(consumer: &mut C, id: &EventId) -> Option<InboxRecord> {
+    consumer
+        .inbox()
+        .expect("inbox")
+        .into_iter()
+        .find(|r| &r.envelope.event_id == id)
+}
+
+/// The status of the inbox row stored under an event id; panics if absent.
+pub fn inbox_status<C: ConsumerStore + ?Sized>(consumer: &mut C, id: &EventId) -> InboxStatus {
+    inbox_row(consumer, id)
+        .unwrap_or_else(|| panic!("{id} is not in the inbox"))
+        .status
+}
+
+/// Everything the consumer's traits expose, for before/after comparisons.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConsumerState {
+    /// Every inbox row.
+    pub inbox: Vec<InboxRecord>,
+    /// Every projection.
+    pub projections: Vec<Projection>,
+    /// Every effect.
+    pub effects: Vec<EffectRecord>,
+}
+
+/// Reads [`ConsumerState`].
+pub fn consumer_state<C: ConsumerStore + ?Sized>(consumer: &mut C) -> ConsumerState {
+    ConsumerState {
+        inbox: consumer.inbox().expect("inbox"),
+        projections: consumer.projections().expect("projections"),
+        effects: consumer.effects().expect("effects"),
+    }
+}
+
+/// Everything the producer's traits expose, for before/after comparisons.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProducerState {
+    /// Every flow record.
+    pub flows: Vec<FlowRecord>,
+    /// Every outbox row, in commit order.
+    pub outbox: Vec<OutboxRecord>,
+}
+
+/// Reads [`ProducerState`].
+pub fn producer_state<P: ProducerStore + ?Sized>(producer: &mut P) -> ProducerState {
+    ProducerState {
+        flows: producer.flows().expect("flows"),
+        outbox: producer.outbox().expect("outbox"),
+    }
+}
+
+/// Checks what must hold of a reservation consumer at every instant:
+///
+/// - the inbox is ordered by flow then seq, with one row per `(flow, seq)`
+///   and per event id;
+/// - per flow, the applied rows are exactly seqs `1..=applied_seq` of the
+///   projection (nothing applied past a gap or a non-applied row);
+/// - one effect per applied row, with that row's event id, and no other;
+/// - the projection's state is the `applied_seq`-th step and has a quantity
+///   once anything is applied;
+/// - projections and effects are ordered as the traits promise.
+pub fn check_consumer_invariants<C: ConsumerStore + ?Sized>(consumer: &mut C) {
+    let state = consumer_state(consumer);
+    let keys: Vec<(FlowId, Seq)> = state
+        .inbox
+        .iter()
+        .map(|r| (r.envelope.flow_id.clone(), r.envelope.seq))
+        .collect();
+    assert!(
+        keys.windows(2).all(|w| w[0] < w[1]),
+        "inbox must be ordered by (flow, seq) without repeats: {keys:?}"
+    );
+    let mut ids: Vec<&EventId> = state.inbox.iter().map(|r| &r.envelope.event_id).collect();
+    ids.sort();
+    let before = ids.len();
+    ids.dedup();
+    assert_eq!(before, ids.len(), "one inbox row per event id");
+
+    let mut applied: BTreeMap<FlowId, Vec<&Envelope>> = BTreeMap::new();
+    for row in &state.inbox {
+        if row.status == InboxStatus::Applied {
+            applied
+                .entry(row.envelope.flow_id.clone())
+                .or_default()
+                .push(&row.envelope);
+        }
+    }
+    let flows: Vec<&FlowId> = state.projections.iter().map(|p| &p.flow_id).collect();
+    assert!(
+        flows.windows(2).all(|w| w[0] < w[1]),
+        "projections ordered by flow: {flows:?}"
+    );
+    for p in &state.projections {
+        let rows = applied.remove(&p.flow_id).unwrap_or_default();
+        let seqs: Vec<i64> = rows.iter().map(|e| e.seq.get()).collect();
+        let expected: Vec<i64> = (1..=p.applied_seq).collect();
+        assert_eq!(
+            seqs, expected,
+            "flow {}: applied inbox rows must be exactly 1..=applied_seq",
+            p.flow_id
+        );
+        if p.applied_seq > 0 {
+            assert_eq!(p.state, state_of_step(p.applied_seq), "flow {}", p.flow_id);
+            assert!(p.quantity.is_some(), "flow {}: quantity", p.flow_id);
+        } else {
+            assert_eq!(p.state, FlowState::New, "flow {}", p.flow_id);
+        }
+    }
+    assert!(
+        applied.is_empty(),
+        "applied inbox rows without a projection: {applied:?}"
+    );
+    let applied_rows: Vec<&Envelope> = state
+        .inbox
+        .iter()
+        .filter(|r| r.status == InboxStatus::Applied)
+        .map(|r| &r.envelope)
+        .collect();
+    let expected_effects: Vec<EffectRecord> = applied_rows
+        .iter()
+        .map(|e| EffectRecord {
+            flow_id: e.flow_id.clone(),
+            seq: e.seq,
+            event_id: e.event_id.clone(),
+        })
+        .collect();
+    assert_eq!(
+        state.effects, expected_effects,
+        "exactly one effect per applied inbox row, ordered by flow then seq"
+    );
+}
+
+/// The clock the suite's relay runs read.
+pub fn clock() -> ordo_core::SystemClock {
+    ordo_core::SystemClock
+}
+
+/// One relay run under `first-pending` (the seed's policy), bounded by `max`.
+pub fn relay_first_pending<P, C>(
+    producer: &mut P,
+    consumer: &mut C,
+    max: Option<u64>,
+) -> RelayReport
+where
+    P: ProducerStore + ?Sized,
+    C: ConsumerStore + ?Sized,
+{
+    let options = RelayOptions {
+        policy: RelayPolicy::FirstPending,
+        max,
+        ..RelayOptions::default()
+    };
+    ordo_core::relay(producer, consumer, &options, &clock()).expect("relay")
+}
+
+/// One relay run under the `fair` policy with rounds of `batch_len_max`.
+pub fn relay_fair<P, C>(
+    producer: &mut P,
+    consumer: &mut C,
+    max: Option<u64>,
+    batch_len_max: usize,
+) -> RelayReport
+where
+    P: ProducerStore + ?Sized,
+    C: ConsumerStore + ?Sized,
+{
+    let options = RelayOptions {
+        policy: RelayPolicy::Fair,
+        max,
+        batch_len_max,
+        ..RelayOptions::default()
+    };
+    ordo_core::relay(producer, consumer, &options, &clock()).expect("relay")
+}
+
+/// Delivers exactly one event by id (`relay --event`).
+pub fn relay_one<P, C>(
+    producer: &mut P,
+    consumer: &mut C,
+    event_id: &EventId,
+) -> Result<RelayReport, RelayError>
+where
+    P: ProducerStore + ?Sized,
+    C: ConsumerStore + ?Sized,
+{
+    ordo_core::relay_event(producer, consumer, event_id, &clock())
+}
+
+/// [`ordo_core::drain`] with the default number of events per transaction.
+pub fn drain_flow<C: ConsumerStore + ?Sized>(
+    consumer: &mut C,
+    flow_id: &str,
+    limit: Option<u64>,
+    options: ApplyOptions,
+) -> Drain {
+    ordo_core::drain(
+        consumer,
+        &flow(flow_id),
+        limit,
+        options,
+        APPLY_BATCH_LEN_DEFAULT,
+    )
+    .expect("drain")
+}
+
+/// [`ordo_core::process_all`] with the default number of events per
+/// transaction.
+pub fn process<C: ConsumerStore + ?Sized>(
+    consumer: &mut C,
+    limit: Option<u64>,
+    options: ApplyOptions,
+) -> Vec<Drain> {
+    ordo_core::process_all(consumer, limit, options, APPLY_BATCH_LEN_DEFAULT).expect("process_all")
+}
