@@ -343,8 +343,8 @@ fn latency(producer: &Path, consumer: &Path) -> Result<Value, Failure> {
         .map_err(internal)?;
     let mut stmt = conn
         .prepare(
-            "SELECT i.applied_at_ms - o.created_at_ms FROM main.inbox i
-             JOIN p.outbox o ON o.event_id = i.event_id WHERE i.applied_at_ms IS NOT NULL",
+            "SELECT i.settled_at_ms - o.created_at_ms FROM main.inbox i
+             JOIN p.outbox o ON o.event_id = i.event_id WHERE i.settled_at_ms IS NOT NULL",
         )
         .map_err(internal)?;
     let mut samples: Vec<i64> = stmt

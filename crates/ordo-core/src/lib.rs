@@ -16,6 +16,7 @@ pub mod crash;
 pub mod envelope;
 pub mod error;
 pub mod ids;
+pub mod ops;
 pub mod outcome;
 pub mod relay;
 pub mod reservation;

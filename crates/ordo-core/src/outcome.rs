@@ -186,6 +186,8 @@ pub enum InboxStatus {
     Applied,
     /// Held with a reason; apply does not pass it.
     Blocked(BlockReason),
+    /// Passed over by an explicit, audited repair; no effect.
+    Skipped,
 }
 
 impl InboxStatus {
@@ -195,6 +197,7 @@ impl InboxStatus {
             InboxStatus::Pending => "pending",
             InboxStatus::Applied => "applied",
             InboxStatus::Blocked(_) => "blocked",
+            InboxStatus::Skipped => "skipped",
         }
     }
 

@@ -6,6 +6,10 @@ use std::collections::BTreeSet;
 use crate::envelope::{BodyHash, Envelope};
 use crate::error::{AdvanceError, StoreError};
 use crate::ids::{EventId, FlowId, Seq};
+use crate::ops::{
+    ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, Pruned, RepairRecord, RetryRefused,
+    SkipRefused, SkipRequest,
+};
 use crate::outcome::{
     Advance, BlockReason, Drain, DrainStop, EffectRecord, InboxRecord, InboxStatus, OutboxRecord,
     Receipt, Step,
@@ -77,6 +81,27 @@ pub trait ProducerStore {
         now_ms: i64,
         backoff: &Backoff,
     ) -> Result<(), StoreError>;
+
+    /// Outbox rows with their delivery bookkeeping, in commit order, only the
+    /// quarantined ones if asked, at most `limit`.
+    fn outbox_entries(
+        &mut self,
+        quarantined_only: bool,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError>;
+
+    /// Clears an event's quarantine so that the relay tries it once more.
+    fn retry_quarantined(
+        &mut self,
+        event_id: &EventId,
+    ) -> Result<Result<(), RetryRefused>, StoreError>;
+
+    /// The producer's alerting signals at `now_ms`.
+    fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError>;
+
+    /// Removes accepted outbox rows accepted before `cutoff_ms`. Seq
+    /// allocation is unaffected: each flow's last seq is kept apart.
+    fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError>;
 }
 
 /// The consumer side: inbox, projection and effects.
@@ -130,6 +155,40 @@ pub trait ConsumerStore {
 
     /// Every effect record, ordered by flow id then seq.
     fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError>;
+
+    /// Inbox rows with their times, ordered by flow then seq, only blocked
+    /// ones and only one flow if asked, at most `limit`.
+    fn inbox_entries(
+        &mut self,
+        blocked_only: bool,
+        flow_id: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<InboxEntry>, StoreError>;
+
+    /// Sets the flow's blocked rows back to pending so that apply evaluates
+    /// them again; returns how many.
+    fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError>;
+
+    /// Marks the flow's next stored event `skipped` (no effect), moves the
+    /// flow past it and appends the decision to the repair log, in one
+    /// transaction.
+    fn skip(
+        &mut self,
+        request: &SkipRequest,
+        now_ms: i64,
+    ) -> Result<Result<RepairRecord, SkipRefused>, StoreError>;
+
+    /// The append-only repair log, oldest first.
+    fn repairs(&mut self) -> Result<Vec<RepairRecord>, StoreError>;
+
+    /// The consumer's alerting signals.
+    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError>;
+
+    /// Removes applied and skipped inbox rows settled before `cutoff_ms`,
+    /// keeping for each a fingerprint (flow, seq, event id, body hash) and
+    /// per flow a watermark, so that a redelivery is still `duplicate` or
+    /// `conflict` and no old seq is ever applied again.
+    fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError>;
 }
 
 /// The default number of events applied per transaction.
@@ -240,21 +299,27 @@ fn drain_flows<C: ConsumerStore + ?Sized>(
     Ok(done)
 }
 
-/// What the consumer already stores under an incoming envelope's identities.
+/// What the consumer already stores (or remembers by fingerprint) under an
+/// incoming envelope's identities.
 #[derive(Debug, Clone, Default)]
 pub struct StoredIdentities {
     /// The body hash stored under the incoming `event_id`, if any.
     pub by_event_id: Option<BodyHash>,
     /// The event id stored under the incoming `(flow_id, seq)`, if any.
     pub by_flow_seq: Option<EventId>,
+    /// The incoming seq is at or below the flow's prune watermark.
+    pub below_watermark: bool,
 }
 
-/// Decides the receipt of an envelope whose body hashes to `incoming`.
+/// Decides the receipt of an envelope whose body hashes to `incoming`. A seq
+/// at or below the prune watermark with no fingerprint is a conflict: an old
+/// seq is never stored again.
 pub fn decide_receive(incoming: &BodyHash, stored: &StoredIdentities) -> Receipt {
     match (&stored.by_event_id, &stored.by_flow_seq) {
         (Some(hash), _) if hash == incoming => Receipt::Duplicate,
         (Some(_), _) => Receipt::Conflict,
         (None, Some(_)) => Receipt::Conflict,
+        (None, None) if stored.below_watermark => Receipt::Conflict,
         (None, None) => Receipt::Accepted,
     }
 }
@@ -308,8 +373,8 @@ pub fn plan_apply(next: NextRow, options: ApplyOptions) -> ApplyPlan {
         NextRow::Stored(InboxStatus::Blocked(reason)) => {
             ApplyPlan::Report(StepKind::Blocked(reason))
         }
-        NextRow::Stored(InboxStatus::Applied) => {
-            unreachable!("the row after the applied seq is never applied")
+        NextRow::Stored(InboxStatus::Applied | InboxStatus::Skipped) => {
+            unreachable!("the row after the applied seq is never applied or skipped")
         }
     }
 }
@@ -340,6 +405,7 @@ mod tests {
                 StoredIdentities {
                     by_event_id: Some(a.clone()),
                     by_flow_seq: None,
+                    below_watermark: false,
                 },
                 Receipt::Duplicate,
             ),
@@ -347,6 +413,7 @@ mod tests {
                 StoredIdentities {
                     by_event_id: Some(b.clone()),
                     by_flow_seq: None,
+                    below_watermark: false,
                 },
                 Receipt::Conflict,
             ),
@@ -354,6 +421,7 @@ mod tests {
                 StoredIdentities {
                     by_event_id: None,
                     by_flow_seq: Some(id.clone()),
+                    below_watermark: false,
                 },
                 Receipt::Conflict,
             ),
@@ -361,8 +429,16 @@ mod tests {
                 StoredIdentities {
                     by_event_id: Some(a.clone()),
                     by_flow_seq: Some(id),
+                    below_watermark: true,
                 },
                 Receipt::Duplicate,
+            ),
+            (
+                StoredIdentities {
+                    below_watermark: true,
+                    ..StoredIdentities::default()
+                },
+                Receipt::Conflict,
             ),
         ];
         for (stored, expected) in cases {

@@ -5,6 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ordo_core::crash;
+use ordo_core::ops::{
+    decide_skip, ConsumerStatus, GapWait, InboxEntry, Pruned, RepairRecord, SkipRefused,
+    SkipRequest,
+};
 use ordo_core::reservation::{decide_apply, parse_state};
 use ordo_core::store::{decide_receive, plan_apply, ApplyPlan, NextRow, StoredIdentities};
 use ordo_core::{
@@ -26,10 +30,10 @@ CREATE TABLE IF NOT EXISTS inbox (
     type           TEXT    NOT NULL,
     body           TEXT    NOT NULL,
     body_hash      TEXT    NOT NULL,
-    status         TEXT    NOT NULL CHECK (status IN ('pending', 'applied', 'blocked')),
+    status         TEXT    NOT NULL CHECK (status IN ('pending', 'applied', 'blocked', 'skipped')),
     reason         TEXT,
     received_at_ms INTEGER NOT NULL,
-    applied_at_ms  INTEGER,
+    settled_at_ms  INTEGER,
     UNIQUE (flow_id, seq),
     CHECK ((status = 'blocked') = (reason IS NOT NULL))
 );
@@ -45,6 +49,33 @@ CREATE TABLE IF NOT EXISTS projection (
     quantity    INTEGER NOT NULL,
     applied_seq INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS inbox_settled ON inbox (settled_at_ms) WHERE status IN ('applied', 'skipped');
+CREATE TABLE IF NOT EXISTS inbox_fingerprint (
+    flow_id   TEXT    NOT NULL,
+    seq       INTEGER NOT NULL,
+    event_id  TEXT    NOT NULL UNIQUE,
+    body_hash TEXT    NOT NULL,
+    status    TEXT    NOT NULL CHECK (status IN ('applied', 'skipped')),
+    PRIMARY KEY (flow_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inbox_watermark (
+    flow_id    TEXT    PRIMARY KEY,
+    pruned_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS repair_log (
+    id         INTEGER PRIMARY KEY,
+    action     TEXT    NOT NULL,
+    flow_id    TEXT    NOT NULL,
+    seq        INTEGER NOT NULL,
+    event_id   TEXT    NOT NULL,
+    reason     TEXT    NOT NULL,
+    decided_by TEXT    NOT NULL,
+    at_ms      INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS repair_log_append_only_update BEFORE UPDATE ON repair_log
+BEGIN SELECT RAISE(ABORT, 'repair_log is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS repair_log_append_only_delete BEFORE DELETE ON repair_log
+BEGIN SELECT RAISE(ABORT, 'repair_log is append-only'); END;
 CREATE TABLE IF NOT EXISTS effect (
     flow_id  TEXT    NOT NULL,
     seq      INTEGER NOT NULL,
@@ -161,6 +192,7 @@ fn inbox_status(status: &str, reason: Option<&str>) -> Result<InboxStatus, Store
     match (status, reason) {
         ("pending", None) => Ok(InboxStatus::Pending),
         ("applied", None) => Ok(InboxStatus::Applied),
+        ("skipped", None) => Ok(InboxStatus::Skipped),
         ("blocked", Some(reason)) => BlockReason::parse(reason)
             .map(InboxStatus::Blocked)
             .ok_or_else(|| corrupt(context, format!("unknown reason {reason:?}"))),
@@ -354,10 +386,13 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
             (NextRow::Missing { later_stored }, None)
         }
     };
-    if next_row == NextRow::Stored(InboxStatus::Applied) {
+    if matches!(
+        next_row,
+        NextRow::Stored(InboxStatus::Applied | InboxStatus::Skipped)
+    ) {
         return Err(corrupt(
             "consumer: inbox",
-            format!("flow {flow_id} seq {next} is applied but the cursor is at {applied_seq}"),
+            format!("flow {flow_id} seq {next} is settled but the cursor is at {applied_seq}"),
         ));
     }
     let body = match plan_apply(next_row, options) {
@@ -372,7 +407,7 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
         Ok(()) => {
             savepoint.commit().map_err(err)?;
             tx.prepare_cached(
-                "UPDATE inbox SET status = 'applied', reason = NULL, applied_at_ms = ?3
+                "UPDATE inbox SET status = 'applied', reason = NULL, settled_at_ms = ?3
                  WHERE flow_id = ?1 AND seq = ?2",
             )
             .and_then(|mut stmt| stmt.execute(params![flow_id.as_str(), next.get(), now_ms]))
@@ -481,10 +516,21 @@ impl ConsumerStore for ConsumerDb {
         let mut receipts = Vec::with_capacity(envelopes.len());
         {
             let mut by_event_id = tx
-                .prepare_cached("SELECT body_hash FROM inbox WHERE event_id = ?1")
+                .prepare_cached(
+                    "SELECT body_hash FROM inbox WHERE event_id = ?1
+                     UNION ALL SELECT body_hash FROM inbox_fingerprint WHERE event_id = ?1 LIMIT 1",
+                )
                 .map_err(err)?;
             let mut by_flow_seq = tx
-                .prepare_cached("SELECT event_id FROM inbox WHERE flow_id = ?1 AND seq = ?2")
+                .prepare_cached(
+                    "SELECT event_id FROM inbox WHERE flow_id = ?1 AND seq = ?2
+                     UNION ALL SELECT event_id FROM inbox_fingerprint WHERE flow_id = ?1 AND seq = ?2 LIMIT 1",
+                )
+                .map_err(err)?;
+            let mut below_watermark = tx
+                .prepare_cached(
+                    "SELECT EXISTS (SELECT 1 FROM inbox_watermark WHERE flow_id = ?1 AND pruned_seq >= ?2)",
+                )
                 .map_err(err)?;
             let mut insert = tx
                 .prepare_cached(
@@ -516,6 +562,12 @@ impl ConsumerStore for ConsumerDb {
                             EventId::new(id).map_err(|e| corrupt("consumer: stored event id", e))
                         })
                         .transpose()?,
+                    below_watermark: below_watermark
+                        .query_row(
+                            params![envelope.flow_id.as_str(), envelope.seq.get()],
+                            |row| row.get::<_, bool>(0),
+                        )
+                        .map_err(err)?,
                 };
                 let receipt = decide_receive(&hash, &stored);
                 if receipt == Receipt::Accepted {
@@ -613,6 +665,285 @@ impl ConsumerStore for ConsumerDb {
             );
         }
         Ok(flows)
+    }
+
+    fn inbox_entries(
+        &mut self,
+        blocked_only: bool,
+        flow_id: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<InboxEntry>, StoreError> {
+        let err = |e| sql_error("consumer: cannot list the inbox", e);
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT body, status, reason, received_at_ms, settled_at_ms FROM inbox
+                 WHERE (NOT ?1 OR status = 'blocked') AND (?2 IS NULL OR flow_id = ?2)
+                 ORDER BY flow_id, seq LIMIT ?3",
+            )
+            .map_err(err)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = stmt
+            .query_map(
+                params![blocked_only, flow_id.map(FlowId::as_str), limit],
+                |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, Option<String>>(2)?,
+                        row.get::<_, i64>(3)?,
+                        row.get::<_, Option<i64>>(4)?,
+                    ))
+                },
+            )
+            .map_err(err)?;
+        let mut entries = Vec::new();
+        for row in rows {
+            let (body, status, reason, received_at_ms, settled_at_ms) = row.map_err(err)?;
+            entries.push(InboxEntry {
+                envelope: stored_envelope("consumer: stored inbox body", &body)?,
+                status: inbox_status(&status, reason.as_deref())?,
+                received_at_ms,
+                settled_at_ms,
+            });
+        }
+        Ok(entries)
+    }
+
+    fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError> {
+        let tx = begin_write(&mut self.conn)?;
+        let n = tx
+            .execute(
+                "UPDATE inbox SET status = 'pending', reason = NULL WHERE flow_id = ?1 AND status = 'blocked'",
+                [flow_id.as_str()],
+            )
+            .map_err(|e| sql_error("consumer: cannot reopen blocked rows", e))?;
+        self.commits += 1;
+        tx.commit()
+            .map_err(|e| sql_error("consumer: reopen commit failed", e))?;
+        Ok(n as u64)
+    }
+
+    fn skip(
+        &mut self,
+        request: &SkipRequest,
+        now_ms: i64,
+    ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
+        let tx = begin_write(&mut self.conn)?;
+        let err = |e| sql_error("consumer: skip failed", e);
+        let flow = request.flow_id.as_str();
+        let applied_seq: i64 = tx
+            .query_row(
+                "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1",
+                [flow],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(err)?
+            .unwrap_or(0);
+        let event_id: Option<String> = tx
+            .query_row(
+                "SELECT event_id FROM inbox WHERE flow_id = ?1 AND seq = ?2",
+                params![flow, request.seq.get()],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(err)?;
+        if let Err(refused) = decide_skip(request, applied_seq, event_id.is_some()) {
+            return Ok(Err(refused));
+        }
+        let event_id = event_id.expect("decide_skip checked that the row is stored");
+        tx.execute(
+            "UPDATE inbox SET status = 'skipped', reason = NULL, settled_at_ms = ?3 WHERE flow_id = ?1 AND seq = ?2",
+            params![flow, request.seq.get(), now_ms],
+        )
+        .map_err(err)?;
+        tx.execute(
+            "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
+             ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
+            params![flow, request.seq.get()],
+        )
+        .map_err(err)?;
+        let id = tx
+            .query_row(
+                "INSERT INTO repair_log (action, flow_id, seq, event_id, reason, decided_by, at_ms)
+                 VALUES ('skip', ?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
+                params![
+                    flow,
+                    request.seq.get(),
+                    event_id,
+                    request.reason,
+                    request.by,
+                    now_ms
+                ],
+                |row| row.get(0),
+            )
+            .map_err(err)?;
+        self.commits += 1;
+        tx.commit()
+            .map_err(|e| sql_error("consumer: skip commit failed", e))?;
+        Ok(Ok(RepairRecord {
+            id,
+            action: "skip".into(),
+            flow_id: request.flow_id.clone(),
+            seq: request.seq,
+            event_id: EventId::new(event_id)
+                .map_err(|e| corrupt("consumer: stored event id", e))?,
+            reason: request.reason.clone(),
+            by: request.by.clone(),
+            at_ms: now_ms,
+        }))
+    }
+
+    fn repairs(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
+        let err = |e| sql_error("consumer: cannot read the repair log", e);
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, action, flow_id, seq, event_id, reason, decided_by, at_ms FROM repair_log ORDER BY id")
+            .map_err(err)?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                    row.get::<_, i64>(3)?,
+                    row.get::<_, String>(4)?,
+                    row.get::<_, String>(5)?,
+                    row.get::<_, String>(6)?,
+                    row.get::<_, i64>(7)?,
+                ))
+            })
+            .map_err(err)?;
+        let context = "consumer: repair log";
+        let mut records = Vec::new();
+        for row in rows {
+            let (id, action, flow_id, seq, event_id, reason, by, at_ms) = row.map_err(err)?;
+            records.push(RepairRecord {
+                id,
+                action,
+                flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+                seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
+                event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,
+                reason,
+                by,
+                at_ms,
+            });
+        }
+        Ok(records)
+    }
+
+    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
+        let tx = self
+            .conn
+            .transaction()
+            .map_err(|e| sql_error("consumer: cannot begin a read transaction", e))?;
+        let err = |e| sql_error("consumer: cannot read the status", e);
+        let mut status = ConsumerStatus::default();
+        {
+            let mut stmt = tx
+                .prepare("SELECT status, coalesce(reason, ''), count(*) FROM inbox GROUP BY status, reason")
+                .map_err(err)?;
+            let rows = stmt
+                .query_map([], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, i64>(2)?,
+                    ))
+                })
+                .map_err(err)?;
+            for row in rows {
+                let (state, reason, n) = row.map_err(err)?;
+                let n = n.max(0) as u64;
+                match state.as_str() {
+                    "pending" => status.pending += n,
+                    "applied" => status.applied += n,
+                    "skipped" => status.skipped += n,
+                    _ => *status.blocked.entry(reason).or_default() += n,
+                }
+            }
+            let mut stmt = tx
+                .prepare("SELECT status, count(*) FROM inbox_fingerprint GROUP BY status")
+                .map_err(err)?;
+            let rows = stmt
+                .query_map([], |row| {
+                    Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+                })
+                .map_err(err)?;
+            for row in rows {
+                let (state, n) = row.map_err(err)?;
+                if state == "applied" {
+                    status.applied += n.max(0) as u64;
+                } else {
+                    status.skipped += n.max(0) as u64;
+                }
+            }
+            let mut stmt = tx
+                .prepare(
+                    "SELECT i.flow_id, coalesce(c.applied_seq, 0) + 1, min(i.received_at_ms)
+                     FROM inbox i LEFT JOIN inbox_cursor c ON c.flow_id = i.flow_id
+                     WHERE i.status = 'pending' AND i.seq > coalesce(c.applied_seq, 0) + 1
+                       AND NOT EXISTS (SELECT 1 FROM inbox j
+                                       WHERE j.flow_id = i.flow_id AND j.seq = coalesce(c.applied_seq, 0) + 1)
+                     GROUP BY i.flow_id ORDER BY i.flow_id",
+                )
+                .map_err(err)?;
+            let rows = stmt
+                .query_map([], |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, i64>(1)?,
+                        row.get::<_, i64>(2)?,
+                    ))
+                })
+                .map_err(err)?;
+            for row in rows {
+                let (flow_id, missing, since_ms) = row.map_err(err)?;
+                status.gaps.push(GapWait {
+                    flow_id: FlowId::new(flow_id)
+                        .map_err(|e| corrupt("consumer: stored flow id", e))?,
+                    missing: Seq::new(missing).map_err(|e| corrupt("consumer: cursor", e))?,
+                    since_ms,
+                });
+            }
+        }
+        Ok(status)
+    }
+
+    fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
+        let tx = begin_write(&mut self.conn)?;
+        let err = |e| sql_error("consumer: cannot prune the inbox", e);
+        let fingerprints = tx
+            .execute(
+                "INSERT INTO inbox_fingerprint (flow_id, seq, event_id, body_hash, status)
+                 SELECT flow_id, seq, event_id, body_hash, status FROM inbox
+                 WHERE status IN ('applied', 'skipped') AND settled_at_ms < ?1",
+                [cutoff_ms],
+            )
+            .map_err(err)?;
+        tx.execute(
+            "INSERT INTO inbox_watermark (flow_id, pruned_seq)
+             SELECT flow_id, max(seq) FROM inbox
+             WHERE status IN ('applied', 'skipped') AND settled_at_ms < ?1 GROUP BY flow_id
+             ON CONFLICT (flow_id) DO UPDATE SET pruned_seq = max(pruned_seq, excluded.pruned_seq)",
+            [cutoff_ms],
+        )
+        .map_err(err)?;
+        let rows = tx
+            .execute(
+                "DELETE FROM inbox WHERE status IN ('applied', 'skipped') AND settled_at_ms < ?1",
+                [cutoff_ms],
+            )
+            .map_err(err)?;
+        debug_assert_eq!(rows, fingerprints, "one fingerprint per pruned row");
+        self.commits += 1;
+        tx.commit()
+            .map_err(|e| sql_error("consumer: prune commit failed", e))?;
+        Ok(Pruned {
+            rows: rows as u64,
+            fingerprints: fingerprints as u64,
+        })
     }
 
     fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {

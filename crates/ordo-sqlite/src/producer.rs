@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ordo_core::crash;
+use ordo_core::ops::{OutboxEntry, ProducerStatus, Pruned, RetryRefused};
 use ordo_core::relay::Backoff;
 use ordo_core::reservation::{decide_advance, parse_state, AdvanceDecision};
 use ordo_core::{
@@ -37,6 +38,7 @@ CREATE TABLE IF NOT EXISTS outbox (
     CHECK (NOT (accepted = 1 AND quarantined = 1))
 );
 CREATE INDEX IF NOT EXISTS outbox_unaccepted ON outbox (position) WHERE accepted = 0;
+CREATE INDEX IF NOT EXISTS outbox_accepted_at ON outbox (accepted_at_ms) WHERE accepted = 1;
 CREATE INDEX IF NOT EXISTS outbox_relayable ON outbox (flow_id, seq) WHERE accepted = 0 AND quarantined = 0;
 CREATE TABLE IF NOT EXISTS outbox_head (
     flow_id      TEXT    PRIMARY KEY,
@@ -575,6 +577,137 @@ impl ProducerStore for ProducerDb {
             Ok(())
         })
     }
+
+    fn outbox_entries(
+        &mut self,
+        quarantined_only: bool,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        let err = |e| sql_error("producer: cannot list the outbox", e);
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
+                        next_attempt_at_ms, created_at_ms, accepted_at_ms
+                 FROM outbox WHERE (NOT ?1 OR quarantined = 1) ORDER BY position LIMIT ?2",
+            )
+            .map_err(err)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = stmt
+            .query_map(params![quarantined_only, limit], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    OutboxEntryRow {
+                        accepted: row.get(1)?,
+                        quarantined: row.get(2)?,
+                        quarantine_reason: row.get(3)?,
+                        attempts: row.get(4)?,
+                        last_outcome: row.get(5)?,
+                        last_error: row.get(6)?,
+                        next_attempt_at_ms: row.get(7)?,
+                        created_at_ms: row.get(8)?,
+                        accepted_at_ms: row.get(9)?,
+                    },
+                ))
+            })
+            .map_err(err)?;
+        let mut entries = Vec::new();
+        for row in rows {
+            let (body, r) = row.map_err(err)?;
+            entries.push(OutboxEntry {
+                envelope: stored_envelope("producer: stored outbox body", &body)?,
+                accepted: r.accepted,
+                quarantined: r.quarantined,
+                quarantine_reason: r.quarantine_reason,
+                attempts: u64::try_from(r.attempts).unwrap_or(0),
+                last_outcome: r.last_outcome,
+                last_error: r.last_error,
+                next_attempt_at_ms: r.next_attempt_at_ms,
+                created_at_ms: r.created_at_ms,
+                accepted_at_ms: r.accepted_at_ms,
+            });
+        }
+        Ok(entries)
+    }
+
+    fn retry_quarantined(
+        &mut self,
+        event_id: &EventId,
+    ) -> Result<Result<(), RetryRefused>, StoreError> {
+        self.write(|ptx| {
+            let tx = &ptx.tx;
+            let err = |e| sql_error("producer: cannot retry a quarantined event", e);
+            let row: Option<(String, bool)> = tx
+                .query_row(
+                    "SELECT flow_id, quarantined FROM outbox WHERE event_id = ?1",
+                    [event_id.as_str()],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()
+                .map_err(err)?;
+            let flow = match row {
+                None => return Ok(Err(RetryRefused::Unknown(event_id.clone()))),
+                Some((_, false)) => return Ok(Err(RetryRefused::NotQuarantined(event_id.clone()))),
+                Some((flow, true)) => flow,
+            };
+            tx.execute(
+                "UPDATE outbox SET quarantined = 0, quarantine_reason = NULL, next_attempt_at_ms = 0
+                 WHERE event_id = ?1",
+                [event_id.as_str()],
+            )
+            .map_err(err)?;
+            refresh_head(tx, &flow, None)?;
+            Ok(Ok(()))
+        })
+    }
+
+    fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT count(*), min(created_at_ms), coalesce(sum(quarantined), 0),
+                        coalesce(sum(quarantined = 0 AND next_attempt_at_ms > ?1), 0)
+                 FROM outbox WHERE accepted = 0",
+                [now_ms],
+                |row| {
+                    Ok(ProducerStatus {
+                        backlog: row.get::<_, i64>(0)?.max(0) as u64,
+                        oldest_pending_created_at_ms: row.get(1)?,
+                        quarantined: row.get::<_, i64>(2)?.max(0) as u64,
+                        backing_off: row.get::<_, i64>(3)?.max(0) as u64,
+                    })
+                },
+            )
+            .map_err(|e| sql_error("producer: cannot read the status", e))
+    }
+
+    fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
+        self.write(|ptx| {
+            let rows = ptx
+                .tx
+                .execute(
+                    "DELETE FROM outbox WHERE accepted = 1 AND accepted_at_ms < ?1",
+                    [cutoff_ms],
+                )
+                .map_err(|e| sql_error("producer: cannot prune the outbox", e))?;
+            Ok(Pruned {
+                rows: rows as u64,
+                fingerprints: 0,
+            })
+        })
+    }
+}
+
+/// Bookkeeping columns of one outbox row.
+struct OutboxEntryRow {
+    accepted: bool,
+    quarantined: bool,
+    quarantine_reason: Option<String>,
+    attempts: i64,
+    last_outcome: Option<String>,
+    last_error: Option<String>,
+    next_attempt_at_ms: i64,
+    created_at_ms: i64,
+    accepted_at_ms: Option<i64>,
 }
 
 /// The reason recorded on an event quarantined by a conflict receipt.

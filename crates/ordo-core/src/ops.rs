@@ -1,0 +1,243 @@
+//! Operator views and decisions: delivery bookkeeping, quarantine, blocked
+//! rows, audited repairs, status signals and retention.
+
+use std::collections::BTreeMap;
+
+use crate::envelope::Envelope;
+use crate::ids::{EventId, FlowId, Seq};
+use crate::outcome::InboxStatus;
+
+/// The longest repair reason, in bytes.
+pub const REPAIR_REASON_LEN_MAX: usize = 1000;
+/// The longest name of whoever decided a repair, in bytes.
+pub const REPAIR_BY_LEN_MAX: usize = 100;
+
+/// One outbox row with its delivery bookkeeping.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxEntry {
+    /// The committed event.
+    pub envelope: Envelope,
+    /// Custody has moved to the consumer.
+    pub accepted: bool,
+    /// A conflict receipt quarantined it; it is never retried automatically.
+    pub quarantined: bool,
+    /// Why it is quarantined.
+    pub quarantine_reason: Option<String>,
+    /// Deliveries attempted.
+    pub attempts: u64,
+    /// The last receipt (`accepted`, `duplicate`, `conflict`) or `error`.
+    pub last_outcome: Option<String>,
+    /// The last transient error.
+    pub last_error: Option<String>,
+    /// The relay does not try it before this time.
+    pub next_attempt_at_ms: i64,
+    /// When it was committed.
+    pub created_at_ms: i64,
+    /// When custody moved.
+    pub accepted_at_ms: Option<i64>,
+}
+
+/// One inbox row with its times.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InboxEntry {
+    /// The event as stored.
+    pub envelope: Envelope,
+    /// Its status.
+    pub status: InboxStatus,
+    /// When it was received.
+    pub received_at_ms: i64,
+    /// When it was applied or skipped.
+    pub settled_at_ms: Option<i64>,
+}
+
+/// An explicit, audited business decision to skip one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkipRequest {
+    /// The flow.
+    pub flow_id: FlowId,
+    /// The seq to skip: must be the flow's next one, stored, not applied.
+    pub seq: Seq,
+    /// Why (non-empty, at most 1000 bytes).
+    pub reason: String,
+    /// Who decided (non-empty, at most 100 bytes).
+    pub by: String,
+}
+
+/// Why a skip request is invalid before any storage is touched.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidSkip {
+    /// Empty or too long reason.
+    #[error("--reason must be 1 to {REPAIR_REASON_LEN_MAX} bytes of text (got {0} bytes)")]
+    Reason(usize),
+    /// Empty or too long name.
+    #[error("--by must be 1 to {REPAIR_BY_LEN_MAX} bytes of text (got {0} bytes)")]
+    By(usize),
+}
+
+impl SkipRequest {
+    /// Checks the request's own rules.
+    pub fn new(
+        flow_id: FlowId,
+        seq: Seq,
+        reason: String,
+        by: String,
+    ) -> Result<SkipRequest, InvalidSkip> {
+        if reason.trim().is_empty() || reason.len() > REPAIR_REASON_LEN_MAX {
+            return Err(InvalidSkip::Reason(reason.len()));
+        }
+        if by.trim().is_empty() || by.len() > REPAIR_BY_LEN_MAX {
+            return Err(InvalidSkip::By(by.len()));
+        }
+        Ok(SkipRequest {
+            flow_id,
+            seq,
+            reason,
+            by,
+        })
+    }
+}
+
+/// Why a skip is refused by the flow's state. Nothing is written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SkipRefused {
+    /// The seq is at or before the flow's applied seq.
+    #[error("flow {flow_id} seq {seq} is already applied or skipped (applied through seq {applied_seq})")]
+    AlreadySettled {
+        /// The flow.
+        flow_id: FlowId,
+        /// The requested seq.
+        seq: Seq,
+        /// The flow's applied seq.
+        applied_seq: i64,
+    },
+    /// The seq is after the flow's next one.
+    #[error("flow {flow_id} seq {seq} is not the flow's next seq ({next}); only the next one can be skipped")]
+    NotNext {
+        /// The flow.
+        flow_id: FlowId,
+        /// The requested seq.
+        seq: Seq,
+        /// The flow's next seq.
+        next: i64,
+    },
+    /// Nothing is stored at the seq: the event may still arrive.
+    #[error(
+        "flow {flow_id} seq {seq} is not stored in the inbox; a missing event cannot be skipped"
+    )]
+    NotStored {
+        /// The flow.
+        flow_id: FlowId,
+        /// The requested seq.
+        seq: Seq,
+    },
+}
+
+/// Decides a skip from the flow's applied seq and whether the seq is stored.
+pub fn decide_skip(
+    request: &SkipRequest,
+    applied_seq: i64,
+    stored: bool,
+) -> Result<(), SkipRefused> {
+    let seq = request.seq.get();
+    if seq <= applied_seq {
+        return Err(SkipRefused::AlreadySettled {
+            flow_id: request.flow_id.clone(),
+            seq: request.seq,
+            applied_seq,
+        });
+    }
+    if Some(seq) != applied_seq.checked_add(1) {
+        return Err(SkipRefused::NotNext {
+            flow_id: request.flow_id.clone(),
+            seq: request.seq,
+            next: applied_seq + 1,
+        });
+    }
+    if !stored {
+        return Err(SkipRefused::NotStored {
+            flow_id: request.flow_id.clone(),
+            seq: request.seq,
+        });
+    }
+    Ok(())
+}
+
+/// One entry of the append-only repair log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairRecord {
+    /// Its position in the log.
+    pub id: i64,
+    /// The action (`skip`).
+    pub action: String,
+    /// The flow.
+    pub flow_id: FlowId,
+    /// The seq acted on.
+    pub seq: Seq,
+    /// The event acted on.
+    pub event_id: EventId,
+    /// Why.
+    pub reason: String,
+    /// Who decided.
+    pub by: String,
+    /// When.
+    pub at_ms: i64,
+}
+
+/// Why retrying a quarantined event is refused. Nothing is written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RetryRefused {
+    /// No such event in the outbox.
+    #[error("{0}: no such event in the outbox")]
+    Unknown(EventId),
+    /// The event is not quarantined.
+    #[error("{0} is not quarantined")]
+    NotQuarantined(EventId),
+}
+
+/// The producer's alerting signals.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProducerStatus {
+    /// Events not yet accepted (quarantined ones included).
+    pub backlog: u64,
+    /// Creation time of the oldest event not yet accepted.
+    pub oldest_pending_created_at_ms: Option<i64>,
+    /// Quarantined events.
+    pub quarantined: u64,
+    /// Events waiting for a backoff to expire.
+    pub backing_off: u64,
+}
+
+/// A flow waiting on a missing seq.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GapWait {
+    /// The flow.
+    pub flow_id: FlowId,
+    /// The missing seq.
+    pub missing: Seq,
+    /// When the earliest event after the gap was received.
+    pub since_ms: i64,
+}
+
+/// The consumer's alerting signals.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConsumerStatus {
+    /// Stored events waiting for apply.
+    pub pending: u64,
+    /// Blocked events by reason.
+    pub blocked: BTreeMap<String, u64>,
+    /// Flows waiting on a gap.
+    pub gaps: Vec<GapWait>,
+    /// Applied events (pruned ones included).
+    pub applied: u64,
+    /// Skipped events.
+    pub skipped: u64,
+}
+
+/// What a prune removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    /// Rows removed.
+    pub rows: u64,
+    /// Fingerprints kept for them (consumer side).
+    pub fingerprints: u64,
+}
