@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use ordo_core::{EventId, FlowId, FlowState, Quantity, SchemaVersion};
+use ordo_core::{EventId, FlowId, FlowState, Quantity, SchemaVersion, Seq};
 
 /// ordo: ordered transactional outbox / inbox on two SQLite files.
 #[derive(Debug, Parser)]
@@ -51,6 +51,20 @@ pub enum Command {
     Soak(SoakArgs),
     /// Measure throughput per phase and end to end against the disk's fsync rate.
     Bench(BenchArgs),
+    /// Inspect the outbox and retry quarantined events.
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
+    /// Inspect the inbox, re-evaluate blocked rows, skip with an audit trail.
+    Inbox {
+        #[command(subcommand)]
+        command: InboxCommand,
+    },
+    /// Alerting signals of both files; exit 3 when a given threshold is breached.
+    Status(StatusArgs),
+    /// Remove delivered outbox rows and settled inbox rows older than a duration.
+    Prune(PruneArgs),
     /// A long-running role for multi-process scenarios (used by experiment and soak).
     #[command(hide = true)]
     Worker {
@@ -91,6 +105,116 @@ pub struct SoakArgs {
     /// Keep the files in this new directory instead of a temporary one.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
+}
+
+/// The most rows a list prints unless told otherwise.
+const LIST_LIMIT_DEFAULT: &str = "1000";
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Outbox rows with delivery bookkeeping, oldest first.
+    List {
+        /// The producer database file.
+        #[arg(long, value_name = "P")]
+        producer: PathBuf,
+        /// Only quarantined rows.
+        #[arg(long)]
+        quarantined: bool,
+        /// At most N rows, N >= 1.
+        #[arg(long, value_name = "N", default_value = LIST_LIMIT_DEFAULT, value_parser = at_least_one)]
+        limit: u64,
+    },
+    /// Clear an event's quarantine so that the relay tries it once more.
+    Retry {
+        /// The producer database file.
+        #[arg(long, value_name = "P")]
+        producer: PathBuf,
+        /// The quarantined event.
+        #[arg(value_name = "EVENT_ID", value_parser = event_id)]
+        event_id: EventId,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum InboxCommand {
+    /// Inbox rows, by flow and seq.
+    List {
+        /// The consumer database file.
+        #[arg(long, value_name = "C")]
+        consumer: PathBuf,
+        /// Only blocked rows.
+        #[arg(long)]
+        blocked: bool,
+        /// Only this flow.
+        #[arg(long, value_name = "F", value_parser = flow_id)]
+        flow: Option<FlowId>,
+        /// At most N rows, N >= 1.
+        #[arg(long, value_name = "N", default_value = LIST_LIMIT_DEFAULT, value_parser = at_least_one)]
+        limit: u64,
+    },
+    /// Re-evaluate a flow's blocked rows (for example after enabling schema 2) and apply.
+    Retry {
+        /// The consumer database file.
+        #[arg(long, value_name = "C")]
+        consumer: PathBuf,
+        /// The flow.
+        #[arg(long, value_name = "F", value_parser = flow_id)]
+        flow: FlowId,
+        /// Decode schema 2 payloads.
+        #[arg(long)]
+        support_v2: bool,
+    },
+    /// Mark the flow's next event skipped (no effect), with who and why in the repair log.
+    Skip {
+        /// The consumer database file.
+        #[arg(long, value_name = "C")]
+        consumer: PathBuf,
+        /// The flow.
+        #[arg(long, value_name = "F", value_parser = flow_id)]
+        flow: FlowId,
+        /// The seq to skip: the flow's next one.
+        #[arg(long, value_name = "N", value_parser = seq, allow_hyphen_values = true)]
+        seq: Seq,
+        /// Why (the business decision).
+        #[arg(long, value_name = "TEXT")]
+        reason: String,
+        /// Who decided.
+        #[arg(long, value_name = "NAME")]
+        by: String,
+    },
+    /// The append-only repair log.
+    Repairs {
+        /// The consumer database file.
+        #[arg(long, value_name = "C")]
+        consumer: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub files: Files,
+    /// Alert when more than N events are not yet accepted.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64))]
+    pub max_backlog: Option<u64>,
+    /// Alert when the oldest event not yet accepted is older than this many seconds.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64))]
+    pub max_age: Option<u64>,
+    /// Alert when more than N inbox rows are blocked.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64))]
+    pub max_blocked: Option<u64>,
+    /// Alert when more than N outbox events are quarantined.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64))]
+    pub max_quarantined: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    #[command(flatten)]
+    pub files: Files,
+    /// Remove rows delivered or settled longer ago than this (for example 7d, 12h, 30m).
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub older_than: std::time::Duration,
 }
 
 #[derive(Debug, Args)]
@@ -248,6 +372,20 @@ pub struct DemoArgs {
     /// Replace producer.db and consumer.db if they already exist in DIR.
     #[arg(long)]
     pub force: bool,
+}
+
+fn duration(value: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(value)
+        .map_err(|e| format!("must be a duration such as 7d, 12h or 30m ({e})"))
+}
+
+fn seq(value: &str) -> Result<Seq, String> {
+    let range = format!("1..={}", i64::MAX);
+    value
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| Seq::new(n).ok())
+        .ok_or_else(|| format!("must be an integer in {range}"))
 }
 
 fn flow_id(value: &str) -> Result<FlowId, String> {

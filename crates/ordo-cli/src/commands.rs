@@ -10,11 +10,13 @@ use ordo_core::{
     ConsumerStore, Envelope, ProducerStore, RelayError, RelayOptions, RelayPolicy, RelayReport,
     StoreError, SystemClock,
 };
-use ordo_sqlite::{ConsumerDb, ProducerDb};
+use ordo_core::{Clock, FixedClock};
+use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 use crate::args::{AdvanceArgs, ApplyArgs, Cli, Command, Files, PolicyArg, ReceiveArgs, RelayArgs};
-use crate::{bench, demo, experiment, render, soak, Failure};
+use crate::{bench, demo, experiment, ops, render, soak, Failure};
 
 /// Prints a result: the JSON document with `--json`, else the text.
 pub fn emit(json_mode: bool, value: &Value, text: impl FnOnce() -> String) {
@@ -28,8 +30,13 @@ pub fn emit(json_mode: bool, value: &Value, text: impl FnOnce() -> String) {
     }
 }
 
-pub fn run(cli: Cli) -> Result<(), Failure> {
+/// Runs a command; returns the exit status of a completed command (0, or 3
+/// for a breached `status` threshold).
+pub fn run(cli: Cli) -> Result<u8, Failure> {
     let json_mode = cli.json;
+    if let Command::Status(args) = cli.command {
+        return Ok(ops::status(json_mode, args)?.unwrap_or(0));
+    }
     match cli.command {
         Command::Init(files) => init(json_mode, files),
         Command::Advance(args) => advance(json_mode, args),
@@ -42,7 +49,42 @@ pub fn run(cli: Cli) -> Result<(), Failure> {
         Command::Soak(args) => soak::run(json_mode, args),
         Command::Bench(args) => bench::run(json_mode, args),
         Command::Worker { role } => experiment::worker::run(json_mode, role),
+        Command::Outbox { command } => ops::outbox(json_mode, command),
+        Command::Inbox { command } => ops::inbox(json_mode, command),
+        Command::Prune(args) => ops::prune(json_mode, args),
+        Command::Status(_) => unreachable!("handled above"),
     }
+    .map(|()| 0)
+}
+
+/// The clock every command uses: the system's, unless `ORDO_NOW_MS` fixes
+/// the time (milliseconds since the Unix epoch) for tests and replays.
+pub fn clock() -> Arc<dyn Clock> {
+    match std::env::var("ORDO_NOW_MS")
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+    {
+        Some(now_ms) => Arc::new(FixedClock(now_ms)),
+        None => Arc::new(SystemClock),
+    }
+}
+
+/// Opens (creating if missing) the producer file with [`clock`].
+pub fn open_producer(path: &Path) -> Result<ProducerDb, Failure> {
+    Ok(ProducerDb::open_with(
+        path,
+        clock(),
+        &OpenOptions::default(),
+    )?)
+}
+
+/// Opens (creating if missing) the consumer file with [`clock`].
+pub fn open_consumer(path: &Path) -> Result<ConsumerDb, Failure> {
+    Ok(ConsumerDb::open_with(
+        path,
+        clock(),
+        &OpenOptions::default(),
+    )?)
 }
 
 fn absolute(path: &Path) -> PathBuf {
@@ -66,8 +108,8 @@ fn check_distinct(files: &Files) -> Result<(), Failure> {
 
 pub fn open_both(files: &Files) -> Result<(ProducerDb, ConsumerDb), Failure> {
     check_distinct(files)?;
-    let producer = ProducerDb::open(&files.producer)?;
-    let consumer = ConsumerDb::open(&files.consumer)?;
+    let producer = open_producer(&files.producer)?;
+    let consumer = open_consumer(&files.consumer)?;
     Ok((producer, consumer))
 }
 
@@ -96,7 +138,7 @@ fn advance(json_mode: bool, args: AdvanceArgs) -> Result<(), Failure> {
         args.schema,
     )
     .map_err(|e| Failure::Usage(e.to_string()))?;
-    let mut producer = ProducerDb::open(&args.producer)?;
+    let mut producer = open_producer(&args.producer)?;
     let outcome = producer.advance(&request).map_err(|e| match e {
         AdvanceError::Refused(refused) => Failure::Usage(refused.to_string()),
         AdvanceError::Store(store) => Failure::from(store),
@@ -137,14 +179,14 @@ fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
         if !args.files.producer.exists() {
             return Err(unknown());
         }
-        let mut producer = ProducerDb::open(&args.files.producer)?;
+        let mut producer = open_producer(&args.files.producer)?;
         if producer.outbox_event(event_id)?.is_none() {
             return Err(unknown());
         }
     }
     let (mut producer, mut consumer) = open_both(&args.files)?;
     let report = match &args.event {
-        Some(event_id) => relay_event(&mut producer, &mut consumer, event_id, &SystemClock),
+        Some(event_id) => relay_event(&mut producer, &mut consumer, event_id, clock().as_ref()),
         None => {
             let options = RelayOptions {
                 policy: match args.policy {
@@ -155,7 +197,7 @@ fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
                 batch_len_max: args.batch as usize,
                 ..RelayOptions::default()
             };
-            relay(&mut producer, &mut consumer, &options, &SystemClock)
+            relay(&mut producer, &mut consumer, &options, clock().as_ref())
         }
     }
     .map_err(relay_failure)?;
@@ -209,7 +251,7 @@ fn receive(json_mode: bool, args: ReceiveArgs) -> Result<(), Failure> {
         .read_to_end(&mut input)
         .map_err(|e| Failure::Internal(format!("cannot read stdin: {e}")))?;
     let envelopes = parse_envelopes(&input)?;
-    let mut consumer = ConsumerDb::open(&args.consumer)?;
+    let mut consumer = open_consumer(&args.consumer)?;
     let receipts = consumer.receive_batch(&envelopes)?;
     let value = json!({
         "receipts": envelopes.iter().zip(&receipts).map(|(e, r)| json!({
@@ -233,7 +275,7 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
     let options = ApplyOptions {
         support_v2: args.support_v2,
     };
-    let mut consumer = ConsumerDb::open(&args.consumer)?;
+    let mut consumer = open_consumer(&args.consumer)?;
     let drains = match &args.flow {
         Some(flow_id) => vec![drain(
             &mut consumer,

@@ -7,6 +7,7 @@ mod bench;
 mod commands;
 mod demo;
 mod experiment;
+mod ops;
 mod render;
 mod soak;
 
@@ -96,7 +97,7 @@ fn main() -> ExitCode {
         }
     };
     match commands::run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(status) => ExitCode::from(status),
         Err(failure) => failure.exit(),
     }
 }
