@@ -14,6 +14,11 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// How long a write waits for another writer's lock, in milliseconds.
+    #[arg(long, global = true, value_name = "MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub busy_timeout_ms: u64,
+
     #[command(subcommand)]
     pub command: Command,
 }

@@ -13,7 +13,7 @@ use ordo_core::{
 use ordo_core::{Clock, FixedClock};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 use serde_json::{json, Value};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::args::{AdvanceArgs, ApplyArgs, Cli, Command, Files, PolicyArg, ReceiveArgs, RelayArgs};
 use crate::{bench, demo, experiment, ops, render, soak, Failure};
@@ -34,6 +34,11 @@ pub fn emit(json_mode: bool, value: &Value, text: impl FnOnce() -> String) {
 /// for a breached `status` threshold).
 pub fn run(cli: Cli) -> Result<u8, Failure> {
     let json_mode = cli.json;
+    OPEN_OPTIONS
+        .set(OpenOptions {
+            busy_timeout: std::time::Duration::from_millis(cli.busy_timeout_ms),
+        })
+        .expect("run is called once per process");
     if let Command::Status(args) = cli.command {
         return Ok(ops::status(json_mode, args)?.unwrap_or(0));
     }
@@ -69,22 +74,21 @@ pub fn clock() -> Arc<dyn Clock> {
     }
 }
 
+/// The options of every store this process opens (`--busy-timeout-ms`).
+static OPEN_OPTIONS: OnceLock<OpenOptions> = OnceLock::new();
+
+fn open_options() -> OpenOptions {
+    OPEN_OPTIONS.get().cloned().unwrap_or_default()
+}
+
 /// Opens (creating if missing) the producer file with [`clock`].
 pub fn open_producer(path: &Path) -> Result<ProducerDb, Failure> {
-    Ok(ProducerDb::open_with(
-        path,
-        clock(),
-        &OpenOptions::default(),
-    )?)
+    Ok(ProducerDb::open_with(path, clock(), &open_options())?)
 }
 
 /// Opens (creating if missing) the consumer file with [`clock`].
 pub fn open_consumer(path: &Path) -> Result<ConsumerDb, Failure> {
-    Ok(ConsumerDb::open_with(
-        path,
-        clock(),
-        &OpenOptions::default(),
-    )?)
+    Ok(ConsumerDb::open_with(path, clock(), &open_options())?)
 }
 
 fn absolute(path: &Path) -> PathBuf {

@@ -40,13 +40,21 @@ fn rows<'a>(state: &'a Value, side: &str, table: &str) -> &'a Vec<Value> {
 }
 
 #[test]
-fn the_whole_experiment_passes_22_of_22() {
+fn the_whole_experiment_passes_22_of_22_seed_and_every_beyond_scenario() {
     let dir = tempfile::tempdir().unwrap();
     let output = dir.path().join("report.json");
     let output_s = output.to_str().unwrap();
     let (code, report, stderr) = ordo(&["experiment", "--check", "--json", "--output", output_s]);
     assert_eq!(code, 0, "{stderr}");
-    assert_eq!(report["passed"], 22);
+    assert_eq!(
+        report["groups"]["seed"],
+        serde_json::json!({"passed": 22, "failed": 0})
+    );
+    assert_eq!(
+        report["groups"]["beyond"],
+        serde_json::json!({"passed": 6, "failed": 0})
+    );
+    assert_eq!(report["passed"], 28);
     assert_eq!(report["failed"], 0);
     let written: Value = serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap();
     assert_eq!(written["scenarios"], report["scenarios"]);
@@ -56,8 +64,12 @@ fn the_whole_experiment_passes_22_of_22() {
         .iter()
         .map(|s| s["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names.len(), 22);
+    assert_eq!(names.len(), 28);
     for name in [
+        "fair_relay_isolates_conflict",
+        "transient_failure_backs_off",
+        "skip_is_explicit_and_audited",
+        "prune_keeps_identities",
         "happy_path",
         "out_of_order_3_1_2",
         "six_process_concurrency",
@@ -331,7 +343,16 @@ fn crash_consumer_apply_after_commit_applies_exactly_once() {
 
 #[test]
 fn a_short_soak_survives_sigkill_with_every_invariant() {
-    let (code, result, stderr) = ordo(&["soak", "--seconds", "3", "--flows", "60", "--seed", "7", "--json"]);
+    let (code, result, stderr) = ordo(&[
+        "soak",
+        "--seconds",
+        "3",
+        "--flows",
+        "60",
+        "--seed",
+        "7",
+        "--json",
+    ]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(result["verdict"], "ok", "{result}");
     assert!(result["kills"].as_u64().unwrap() > 0, "{result}");

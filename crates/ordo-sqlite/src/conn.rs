@@ -110,6 +110,11 @@ pub(crate) fn open(
 fn init_schema(conn: &Connection, path: &Path, role: Role, schema: &str) -> Result<(), StoreError> {
     let display = path.display();
     let err = |e| sql_error(&format!("{display}: cannot initialise"), e);
+    if is_current(conn, role).map_err(err)? {
+        // Nothing to create: opening takes no write lock, so a busy peer does
+        // not stop a reader or a writer that will wait for the lock later.
+        return Ok(());
+    }
     let tx =
         rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate).map_err(err)?;
     let has_meta: bool = tx
@@ -176,6 +181,27 @@ fn init_schema(conn: &Connection, path: &Path, role: Role, schema: &str) -> Resu
     }
     tx.execute_batch(schema).map_err(err)?;
     tx.commit().map_err(err)
+}
+
+/// Whether the file already holds this role's tables at the current schema
+/// version (checked with reads only).
+fn is_current(conn: &Connection, role: Role) -> rusqlite::Result<bool> {
+    let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Deferred)?;
+    let has_meta: bool = tx.query_row(
+        "SELECT count(*) > 0 FROM sqlite_master WHERE type='table' AND name='ordo_meta'",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has_meta {
+        return Ok(false);
+    }
+    let stored_role: Option<String> = tx
+        .query_row("SELECT value FROM ordo_meta WHERE key='role'", [], |row| {
+            row.get(0)
+        })
+        .optional()?;
+    let version: i64 = tx.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+    Ok(stored_role.as_deref() == Some(role.as_str()) && version == SCHEMA_VERSION)
 }
 
 /// Reads a pragma's text value (for tests and diagnostics).

@@ -566,7 +566,8 @@ impl ProducerStore for ProducerDb {
                 let delay_ms = backoff.delay_ms(u32::try_from(attempts).unwrap_or(u32::MAX), fastrand::f64());
                 tx.execute(
                     "UPDATE outbox SET next_attempt_at_ms = ?2 WHERE event_id = ?1",
-                    params![event_id.as_str(), now_ms.saturating_add(delay_ms as i64)],
+                    // Strictly later than the failure, whatever the jitter drew.
+                    params![event_id.as_str(), now_ms.saturating_add(1).saturating_add(delay_ms as i64)],
                 )
                 .map_err(err)?;
                 flows.insert(flow);

@@ -11,6 +11,8 @@ use serde_json::Value;
 /// How long any child may run before its scenario fails. A hang guard, not a
 /// performance measure.
 pub const WATCHDOG: Duration = Duration::from_secs(60);
+/// The environment variable that fixes the clock of an `ordo` process.
+pub const NOW_ENV: &str = "ORDO_NOW_MS";
 /// How often a waiting parent looks at its child.
 const POLL: Duration = Duration::from_millis(2);
 
@@ -88,6 +90,16 @@ impl Ctx {
     /// Starts `ordo --json ARGS` with `{P}` and `{C}` in ARGS replaced by
     /// the scenario's files, stdin piped, and `crash` armed if given.
     pub fn spawn(&self, args: &[&str], crash: Option<&str>) -> Result<Child, String> {
+        self.spawn_env(args, crash, &[])
+    }
+
+    /// [`Ctx::spawn`] with extra environment variables.
+    pub fn spawn_env(
+        &self,
+        args: &[&str],
+        crash: Option<&str>,
+        env: &[(&str, String)],
+    ) -> Result<Child, String> {
         let args = self.expand(args);
         let mut command = Command::new(&self.exe);
         command
@@ -99,6 +111,10 @@ impl Ctx {
             .env_remove(CRASH_POINT_ENV);
         if let Some(point) = crash {
             command.env(CRASH_POINT_ENV, point);
+        }
+        command.env_remove(NOW_ENV);
+        for (key, value) in env {
+            command.env(key, value);
         }
         command
             .spawn()
@@ -118,6 +134,14 @@ impl Ctx {
         let what = self.expand(args).join(" ");
         let mut child = self.spawn(args, crash)?;
         deliver_stdin(&mut child, stdin, &what)?;
+        finish(child, &what)
+    }
+
+    /// Runs `ordo --json ARGS` to completion at the fixed time `now_ms`.
+    pub fn run_at(&self, now_ms: i64, args: &[&str]) -> Result<Run, String> {
+        let what = self.expand(args).join(" ");
+        let mut child = self.spawn_env(args, None, &[(NOW_ENV, now_ms.to_string())])?;
+        deliver_stdin(&mut child, b"", &what)?;
         finish(child, &what)
     }
 

@@ -1,6 +1,7 @@
 //! `ordo experiment`: the seed's 22 scenarios on real processes and real
 //! files, compared field by field with the protocol's expectations.
 
+mod beyond;
 pub(crate) mod child;
 mod expect;
 mod scenarios;
@@ -13,15 +14,20 @@ use serde_json::{json, Value};
 use crate::args::ExperimentArgs;
 use crate::commands::emit;
 use crate::Failure;
+use beyond::BEYOND;
 use child::{scenario_dir, Ctx};
 use expect::differences;
-use scenarios::SEED;
+use scenarios::{ScenarioFn, SEED};
+
+/// The scenario groups, reported apart: the seed's 22, then the features beyond it.
+const GROUPS: [(&str, &[(&str, ScenarioFn)]); 2] = [("seed", &SEED), ("beyond", &BEYOND)];
 
 /// The exit status of the wrong control `unsafe_dual_write`, between its two
 /// transactions.
 pub const UNSAFE_EXIT_STATUS: i32 = 81;
 
 struct Result_ {
+    group: &'static str,
     name: &'static str,
     observed: Value,
     expected: Value,
@@ -54,7 +60,10 @@ fn expectations_from(path: &PathBuf) -> Result<Vec<(String, Value)>, Failure> {
 
 pub fn run(json_mode: bool, args: ExperimentArgs) -> Result<(), Failure> {
     for name in &args.only {
-        if !SEED.iter().any(|(n, _)| n == name) {
+        if !GROUPS
+            .iter()
+            .any(|(_, list)| list.iter().any(|(n, _)| n == name))
+        {
             return Err(Failure::Usage(format!("--only {name}: no such scenario")));
         }
     }
@@ -69,7 +78,10 @@ pub fn run(json_mode: bool, args: ExperimentArgs) -> Result<(), Failure> {
         .tempdir()
         .map_err(|e| Failure::Internal(format!("cannot create a temporary directory: {e}")))?;
     let mut results = Vec::new();
-    for (name, scenario) in SEED {
+    for (group, name, scenario) in GROUPS
+        .iter()
+        .flat_map(|(group, list)| list.iter().map(move |(name, f)| (*group, *name, *f)))
+    {
         if !args.only.is_empty() && !args.only.iter().any(|n| n == name) {
             continue;
         }
@@ -93,6 +105,7 @@ pub fn run(json_mode: bool, args: ExperimentArgs) -> Result<(), Failure> {
             eprintln!("{} {name}", if found.is_empty() { "pass" } else { "FAIL" });
         }
         results.push(Result_ {
+            group,
             name,
             observed,
             expected,
@@ -104,7 +117,7 @@ pub fn run(json_mode: bool, args: ExperimentArgs) -> Result<(), Failure> {
     let report = json!({
         "scenarios": results.iter().map(|r| json!({
             "name": r.name,
-            "group": "seed",
+            "group": r.group,
             "passed": r.differences.is_empty(),
             "observed": r.observed,
             "expected": r.expected,
@@ -112,6 +125,11 @@ pub fn run(json_mode: bool, args: ExperimentArgs) -> Result<(), Failure> {
         })).collect::<Vec<_>>(),
         "passed": passed,
         "failed": failed,
+        "groups": GROUPS.iter().map(|(group, _)| {
+            let mine: Vec<&Result_> = results.iter().filter(|r| r.group == *group).collect();
+            let ok = mine.iter().filter(|r| r.differences.is_empty()).count();
+            ((*group).to_owned(), json!({"passed": ok, "failed": mine.len() - ok}))
+        }).collect::<serde_json::Map<_, _>>(),
     });
     if let Some(path) = &args.output {
         let text = serde_json::to_string_pretty(&report).expect("a JSON value serializes");
