@@ -7,8 +7,8 @@ use ordo_core::reservation::event_id_for;
 use ordo_core::{
     Advance, AdvanceRequest, ApplyOptions, ConsumerStore, Drain, EffectRecord, Envelope, EventId,
     FlowId, FlowRecord, FlowState, InboxRecord, InboxStatus, OutboxRecord, ProducerStore,
-    Projection, Quantity, RelayError, RelayOptions, RelayPolicy, RelayReport, SchemaVersion, Seq,
-    APPLY_BATCH_LEN_DEFAULT,
+    Projection, Quantity, RelayError, RelayOptions, RelayPolicy, RelayReport, RelayStop,
+    SchemaVersion, Seq, APPLY_BATCH_LEN_DEFAULT,
 };
 use serde_json::Value;
 
@@ -347,7 +347,34 @@ pub fn clock() -> ordo_core::SystemClock {
     ordo_core::SystemClock
 }
 
-/// One relay run under `first-pending` (the seed's policy), bounded by `max`.
+/// The most deliveries an unbounded suite relay run may make: far more than
+/// any suite scenario holds, so a relay that never drains (for example one
+/// that never records custody) fails an assertion instead of hanging.
+pub const RELAY_DELIVERIES_MAX: u64 = 1_000;
+
+fn run_relay<P, C>(producer: &mut P, consumer: &mut C, options: RelayOptions) -> RelayReport
+where
+    P: ProducerStore + ?Sized,
+    C: ConsumerStore + ?Sized,
+{
+    let bounded = RelayOptions {
+        max: Some(options.max.unwrap_or(RELAY_DELIVERIES_MAX)),
+        ..options
+    };
+    let report = ordo_core::relay(producer, consumer, &bounded, &clock()).expect("relay");
+    if options.max.is_none() {
+        assert_eq!(
+            report.stop,
+            RelayStop::Drained,
+            "an unbounded relay run did not drain within {RELAY_DELIVERIES_MAX} deliveries"
+        );
+    }
+    report
+}
+
+/// One relay run under `first-pending` (the seed's policy), bounded by `max`
+/// (`None`: until drained, which must happen within
+/// [`RELAY_DELIVERIES_MAX`] deliveries).
 pub fn relay_first_pending<P, C>(
     producer: &mut P,
     consumer: &mut C,
@@ -362,10 +389,11 @@ where
         max,
         ..RelayOptions::default()
     };
-    ordo_core::relay(producer, consumer, &options, &clock()).expect("relay")
+    run_relay(producer, consumer, options)
 }
 
-/// One relay run under the `fair` policy with rounds of `batch_len_max`.
+/// One relay run under the `fair` policy with rounds of `batch_len_max`,
+/// bounded as [`relay_first_pending`].
 pub fn relay_fair<P, C>(
     producer: &mut P,
     consumer: &mut C,
@@ -382,7 +410,7 @@ where
         batch_len_max,
         ..RelayOptions::default()
     };
-    ordo_core::relay(producer, consumer, &options, &clock()).expect("relay")
+    run_relay(producer, consumer, options)
 }
 
 /// Delivers exactly one event by id (`relay --event`).
