@@ -8,8 +8,8 @@ use std::path::Path;
 
 use ordo_core::reservation::{event_id_for, payload_for};
 use ordo_core::{
-    Advance, AdvanceError, AdvanceRefused, ConsumerStore, Envelope, EventType, FlowRecord,
-    FlowState, InboxStatus, OutboxRecord, ProducerStore, Receipt, SchemaVersion, Step,
+    Advance, AdvanceError, AdvanceRefused, ConsumerStore, DrainStop, Envelope, EventType,
+    FlowRecord, FlowState, InboxStatus, OutboxRecord, ProducerStore, Receipt, SchemaVersion, Step,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
@@ -50,7 +50,8 @@ enum Action {
     Nothing,
     ApplyNext,
     DrainOne,
-    ProcessAll,
+    /// `process_all` applying at most this many events per transaction.
+    ProcessAll(u64),
     Reopen,
 }
 
@@ -89,7 +90,7 @@ fn arrival_plan() -> impl Strategy<Value = ArrivalPlan> {
                 4 => Just(Action::Nothing),
                 3 => Just(Action::ApplyNext),
                 1 => Just(Action::DrainOne),
-                2 => Just(Action::ProcessAll),
+                2 => prop_oneof![Just(1u64), Just(2), Just(256)].prop_map(Action::ProcessAll),
                 1 => Just(Action::Reopen),
             ];
             (
@@ -215,9 +216,23 @@ pub fn prop_any_arrival_order_with_duplicates<B: Backend>(dir: &Path) {
                     prop_assert_eq!(d.applied, applied, "drain(1) on flow {}", f);
                     model.applied[f] += applied as i64;
                 }
-                Action::ProcessAll => {
-                    process(&mut c, None, V1);
+                Action::ProcessAll(batch_len) => {
+                    let drains =
+                        ordo_core::process_all(&mut c, None, V1, batch_len).expect("process_all");
+                    for d in &drains {
+                        prop_assert!(
+                            matches!(d.stop, DrainStop::Idle | DrainStop::Gap),
+                            "{:?}",
+                            d
+                        );
+                    }
                     for g in 0..flows {
+                        let applied = model.prefix(g) - model.applied[g];
+                        let reported = drains
+                            .iter()
+                            .find(|d| d.flow_id.as_str() == flow_name(g))
+                            .map_or(0, |d| d.applied as i64);
+                        prop_assert_eq!(reported, applied, "process_all on flow {}", g);
                         model.applied[g] = model.prefix(g);
                     }
                 }
