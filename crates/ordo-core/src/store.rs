@@ -311,14 +311,21 @@ pub struct StoredIdentities {
     pub below_watermark: bool,
 }
 
-/// Decides the receipt of an envelope whose body hashes to `incoming`. A seq
-/// at or below the prune watermark with no fingerprint is a conflict: an old
-/// seq is never stored again.
-pub fn decide_receive(incoming: &BodyHash, stored: &StoredIdentities) -> Receipt {
+/// Decides the receipt of an envelope with event id `event_id` whose body
+/// hashes to `incoming`. `duplicate` needs both identities to agree: the same
+/// body under the event id, and that event id at the envelope's
+/// `(flow_id, seq)` (the canonical body writes numbers as doubles, so the
+/// hash alone cannot tell seqs above 2^53 apart). A seq at or below the
+/// prune watermark with nothing remembered is a conflict: an old seq is never
+/// stored again.
+pub fn decide_receive(
+    event_id: &EventId,
+    incoming: &BodyHash,
+    stored: &StoredIdentities,
+) -> Receipt {
     match (&stored.by_event_id, &stored.by_flow_seq) {
-        (Some(hash), _) if hash == incoming => Receipt::Duplicate,
-        (Some(_), _) => Receipt::Conflict,
-        (None, Some(_)) => Receipt::Conflict,
+        (Some(hash), Some(id)) if hash == incoming && id == event_id => Receipt::Duplicate,
+        (Some(_), _) | (None, Some(_)) => Receipt::Conflict,
         (None, None) if stored.below_watermark => Receipt::Conflict,
         (None, None) => Receipt::Accepted,
     }
@@ -398,51 +405,27 @@ mod tests {
     fn receive_decisions() {
         let a = BodyHash::of("a");
         let b = BodyHash::of("b");
-        let id = EventId::new("other").unwrap();
+        let me = EventId::new("me").unwrap();
+        let other = EventId::new("other").unwrap();
+        let stored =
+            |hash: Option<&BodyHash>, at_seq: Option<&EventId>, below: bool| StoredIdentities {
+                by_event_id: hash.cloned(),
+                by_flow_seq: at_seq.cloned(),
+                below_watermark: below,
+            };
         let cases = [
-            (StoredIdentities::default(), Receipt::Accepted),
-            (
-                StoredIdentities {
-                    by_event_id: Some(a.clone()),
-                    by_flow_seq: None,
-                    below_watermark: false,
-                },
-                Receipt::Duplicate,
-            ),
-            (
-                StoredIdentities {
-                    by_event_id: Some(b.clone()),
-                    by_flow_seq: None,
-                    below_watermark: false,
-                },
-                Receipt::Conflict,
-            ),
-            (
-                StoredIdentities {
-                    by_event_id: None,
-                    by_flow_seq: Some(id.clone()),
-                    below_watermark: false,
-                },
-                Receipt::Conflict,
-            ),
-            (
-                StoredIdentities {
-                    by_event_id: Some(a.clone()),
-                    by_flow_seq: Some(id),
-                    below_watermark: true,
-                },
-                Receipt::Duplicate,
-            ),
-            (
-                StoredIdentities {
-                    below_watermark: true,
-                    ..StoredIdentities::default()
-                },
-                Receipt::Conflict,
-            ),
+            (stored(None, None, false), Receipt::Accepted),
+            (stored(Some(&a), Some(&me), false), Receipt::Duplicate),
+            (stored(Some(&a), Some(&me), true), Receipt::Duplicate),
+            (stored(Some(&b), Some(&me), false), Receipt::Conflict),
+            (stored(None, Some(&other), false), Receipt::Conflict),
+            // same body under the id, but another seq: the hash cannot tell
+            (stored(Some(&a), None, false), Receipt::Conflict),
+            (stored(Some(&a), Some(&other), false), Receipt::Conflict),
+            (stored(None, None, true), Receipt::Conflict),
         ];
         for (stored, expected) in cases {
-            assert_eq!(decide_receive(&a, &stored), expected, "{stored:?}");
+            assert_eq!(decide_receive(&me, &a, &stored), expected, "{stored:?}");
         }
     }
 

@@ -569,7 +569,7 @@ impl ConsumerStore for ConsumerDb {
                         )
                         .map_err(err)?,
                 };
-                let receipt = decide_receive(&hash, &stored);
+                let receipt = decide_receive(&envelope.event_id, &hash, &stored);
                 if receipt == Receipt::Accepted {
                     insert
                         .execute(params![
