@@ -47,6 +47,32 @@ impl Role {
     }
 }
 
+/// How many prepared statements each connection keeps.
+const STATEMENT_CACHE_CAPACITY: usize = 128;
+
+/// Executes `sql` through the connection's statement cache.
+pub(crate) fn exec_cached<P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute(params)
+}
+
+/// Reads one row of `sql` through the connection's statement cache.
+pub(crate) fn row_cached<T, P, F>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+    f: F,
+) -> rusqlite::Result<T>
+where
+    P: rusqlite::Params,
+    F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+{
+    conn.prepare_cached(sql)?.query_row(params, f)
+}
+
 /// Maps a SQLite error to a store error with a kind callers can act on.
 pub(crate) fn sql_error(context: &str, error: rusqlite::Error) -> StoreError {
     let kind = match error.sqlite_error_code() {
@@ -81,6 +107,7 @@ pub(crate) fn open(
     let display = path.display();
     let conn =
         Connection::open(path).map_err(|e| sql_error(&format!("cannot open {display}"), e))?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
     conn.busy_timeout(options.busy_timeout)
         .map_err(|e| sql_error("cannot set busy timeout", e))?;
     let mode: String = conn

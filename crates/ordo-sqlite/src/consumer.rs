@@ -18,7 +18,7 @@ use ordo_core::{
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::conn::{corrupt, open, sql_error, OpenOptions, Role};
+use crate::conn::{corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Role};
 use crate::producer::stored_envelope;
 
 const SCHEMA: &str = "
@@ -133,7 +133,7 @@ impl ApplyHandler for ReservationHandler {
             Err(reason) => return Ok(Err(reason)),
         };
         let quantity = next.quantity.expect("an applied step has a quantity");
-        tx.execute(
+        exec_cached(tx,
             "INSERT INTO projection (flow_id, state, quantity, applied_seq) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state, quantity = excluded.quantity,
                  applied_seq = excluded.applied_seq",
@@ -141,7 +141,8 @@ impl ApplyHandler for ReservationHandler {
         )
         .map_err(|e| sql_error("consumer: cannot write the projection", e))?;
         crash::point(crash::CONSUMER_APPLY_AFTER_PROJECTION);
-        tx.execute(
+        exec_cached(
+            tx,
             "INSERT INTO effect (flow_id, seq, event_id) VALUES (?1, ?2, ?3)",
             params![
                 event.flow_id.as_str(),
@@ -156,14 +157,14 @@ impl ApplyHandler for ReservationHandler {
 }
 
 fn read_projection(conn: &Connection, flow_id: &FlowId) -> Result<Projection, StoreError> {
-    let row: Option<(String, i64, i64)> = conn
-        .query_row(
-            "SELECT state, quantity, applied_seq FROM projection WHERE flow_id = ?1",
-            [flow_id.as_str()],
-            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-        )
-        .optional()
-        .map_err(|e| sql_error("consumer: cannot read the projection", e))?;
+    let row: Option<(String, i64, i64)> = row_cached(
+        conn,
+        "SELECT state, quantity, applied_seq FROM projection WHERE flow_id = ?1",
+        [flow_id.as_str()],
+        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+    )
+    .optional()
+    .map_err(|e| sql_error("consumer: cannot read the projection", e))?;
     match row {
         None => Ok(Projection::empty(flow_id.clone())),
         Some((state, quantity, applied_seq)) => {
@@ -423,7 +424,8 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
         Err(reason) => {
             savepoint.rollback().map_err(err)?;
             drop(savepoint);
-            tx.execute(
+            exec_cached(
+                tx,
                 "UPDATE inbox SET status = 'blocked', reason = ?3 WHERE flow_id = ?1 AND seq = ?2",
                 params![flow_id.as_str(), next.get(), reason.as_str()],
             )
@@ -712,8 +714,7 @@ impl ConsumerStore for ConsumerDb {
 
     fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError> {
         let tx = begin_write(&mut self.conn)?;
-        let n = tx
-            .execute(
+        let n = exec_cached(&tx,
                 "UPDATE inbox SET status = 'pending', reason = NULL WHERE flow_id = ?1 AND status = 'blocked'",
                 [flow_id.as_str()],
             )
@@ -732,53 +733,54 @@ impl ConsumerStore for ConsumerDb {
         let tx = begin_write(&mut self.conn)?;
         let err = |e| sql_error("consumer: skip failed", e);
         let flow = request.flow_id.as_str();
-        let applied_seq: i64 = tx
-            .query_row(
-                "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1",
-                [flow],
-                |row| row.get(0),
-            )
-            .optional()
-            .map_err(err)?
-            .unwrap_or(0);
-        let event_id: Option<String> = tx
-            .query_row(
-                "SELECT event_id FROM inbox WHERE flow_id = ?1 AND seq = ?2",
-                params![flow, request.seq.get()],
-                |row| row.get(0),
-            )
-            .optional()
-            .map_err(err)?;
+        let applied_seq: i64 = row_cached(
+            &tx,
+            "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1",
+            [flow],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(err)?
+        .unwrap_or(0);
+        let event_id: Option<String> = row_cached(
+            &tx,
+            "SELECT event_id FROM inbox WHERE flow_id = ?1 AND seq = ?2",
+            params![flow, request.seq.get()],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(err)?;
         if let Err(refused) = decide_skip(request, applied_seq, event_id.is_some()) {
             return Ok(Err(refused));
         }
         let event_id = event_id.expect("decide_skip checked that the row is stored");
-        tx.execute(
+        exec_cached(&tx,
             "UPDATE inbox SET status = 'skipped', reason = NULL, settled_at_ms = ?3 WHERE flow_id = ?1 AND seq = ?2",
             params![flow, request.seq.get(), now_ms],
         )
         .map_err(err)?;
-        tx.execute(
+        exec_cached(
+            &tx,
             "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
              ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
             params![flow, request.seq.get()],
         )
         .map_err(err)?;
-        let id = tx
-            .query_row(
-                "INSERT INTO repair_log (action, flow_id, seq, event_id, reason, decided_by, at_ms)
+        let id = row_cached(
+            &tx,
+            "INSERT INTO repair_log (action, flow_id, seq, event_id, reason, decided_by, at_ms)
                  VALUES ('skip', ?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
-                params![
-                    flow,
-                    request.seq.get(),
-                    event_id,
-                    request.reason,
-                    request.by,
-                    now_ms
-                ],
-                |row| row.get(0),
-            )
-            .map_err(err)?;
+            params![
+                flow,
+                request.seq.get(),
+                event_id,
+                request.reason,
+                request.by,
+                now_ms
+            ],
+            |row| row.get(0),
+        )
+        .map_err(err)?;
         self.commits += 1;
         tx.commit()
             .map_err(|e| sql_error("consumer: skip commit failed", e))?;
@@ -914,15 +916,16 @@ impl ConsumerStore for ConsumerDb {
     fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
         let tx = begin_write(&mut self.conn)?;
         let err = |e| sql_error("consumer: cannot prune the inbox", e);
-        let fingerprints = tx
-            .execute(
-                "INSERT INTO inbox_fingerprint (flow_id, seq, event_id, body_hash, status)
+        let fingerprints = exec_cached(
+            &tx,
+            "INSERT INTO inbox_fingerprint (flow_id, seq, event_id, body_hash, status)
                  SELECT flow_id, seq, event_id, body_hash, status FROM inbox
                  WHERE status IN ('applied', 'skipped') AND settled_at_ms < ?1",
-                [cutoff_ms],
-            )
-            .map_err(err)?;
-        tx.execute(
+            [cutoff_ms],
+        )
+        .map_err(err)?;
+        exec_cached(
+            &tx,
             "INSERT INTO inbox_watermark (flow_id, pruned_seq)
              SELECT flow_id, max(seq) FROM inbox
              WHERE status IN ('applied', 'skipped') AND settled_at_ms < ?1 GROUP BY flow_id
@@ -930,12 +933,12 @@ impl ConsumerStore for ConsumerDb {
             [cutoff_ms],
         )
         .map_err(err)?;
-        let rows = tx
-            .execute(
-                "DELETE FROM inbox WHERE status IN ('applied', 'skipped') AND settled_at_ms < ?1",
-                [cutoff_ms],
-            )
-            .map_err(err)?;
+        let rows = exec_cached(
+            &tx,
+            "DELETE FROM inbox WHERE status IN ('applied', 'skipped') AND settled_at_ms < ?1",
+            [cutoff_ms],
+        )
+        .map_err(err)?;
         debug_assert_eq!(rows, fingerprints, "one fingerprint per pruned row");
         self.commits += 1;
         tx.commit()

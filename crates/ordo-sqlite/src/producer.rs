@@ -14,7 +14,7 @@ use ordo_core::{
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::conn::{corrupt, open, sql_error, OpenOptions, Role};
+use crate::conn::{corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Role};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS outbox (
@@ -149,15 +149,15 @@ impl ProducerTx<'_> {
 
     /// The seq of the flow's last committed event, 0 if it has none.
     pub fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
-        self.tx
-            .query_row(
-                "SELECT last_seq FROM outbox_head WHERE flow_id = ?1",
-                [flow_id.as_str()],
-                |row| row.get(0),
-            )
-            .optional()
-            .map(|seq| seq.unwrap_or(0))
-            .map_err(|e| sql_error("producer: cannot read the outbox head", e))
+        row_cached(
+            &self.tx,
+            "SELECT last_seq FROM outbox_head WHERE flow_id = ?1",
+            [flow_id.as_str()],
+            |row| row.get(0),
+        )
+        .optional()
+        .map(|seq| seq.unwrap_or(0))
+        .map_err(|e| sql_error("producer: cannot read the outbox head", e))
     }
 
     /// Appends an event to the outbox in this transaction. The event's seq
@@ -175,23 +175,22 @@ impl ProducerTx<'_> {
             ));
         }
         let err = |e| sql_error("producer: cannot append to the outbox", e);
-        self.tx
-            .execute(
-                "INSERT INTO outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
+        exec_cached(
+            &self.tx,
+            "INSERT INTO outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
-                    event.event_id.as_str(),
-                    event.flow_id.as_str(),
-                    event.seq.get(),
-                    event.schema_version.get(),
-                    event.event_type.as_str(),
-                    event.stored_text(),
-                    self.now_ms,
-                ],
-            )
-            .map_err(err)?;
-        self.tx
-            .execute(
+            params![
+                event.event_id.as_str(),
+                event.flow_id.as_str(),
+                event.seq.get(),
+                event.schema_version.get(),
+                event.event_type.as_str(),
+                event.stored_text(),
+                self.now_ms,
+            ],
+        )
+        .map_err(err)?;
+        exec_cached(&self.tx,
                 "INSERT INTO outbox_head (flow_id, last_seq, relay_seq, relay_due_ms) VALUES (?1, ?2, ?2, 0)
                  ON CONFLICT (flow_id) DO UPDATE SET last_seq = excluded.last_seq,
                      relay_seq = coalesce(relay_seq, excluded.last_seq),
@@ -233,23 +232,23 @@ fn advance_in_tx(
 }
 
 fn read_flow(tx: &rusqlite::Transaction<'_>, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
-    let row: Option<(String, i64)> = tx
-        .query_row(
-            "SELECT state, quantity FROM flow WHERE flow_id = ?1",
-            [flow_id.as_str()],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )
-        .optional()
-        .map_err(|e| sql_error("producer: cannot read the flow", e))?;
-    let last_seq: i64 = tx
-        .query_row(
-            "SELECT last_seq FROM outbox_head WHERE flow_id = ?1",
-            [flow_id.as_str()],
-            |row| row.get(0),
-        )
-        .optional()
-        .map_err(|e| sql_error("producer: cannot read the outbox head", e))?
-        .unwrap_or(0);
+    let row: Option<(String, i64)> = row_cached(
+        tx,
+        "SELECT state, quantity FROM flow WHERE flow_id = ?1",
+        [flow_id.as_str()],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )
+    .optional()
+    .map_err(|e| sql_error("producer: cannot read the flow", e))?;
+    let last_seq: i64 = row_cached(
+        tx,
+        "SELECT last_seq FROM outbox_head WHERE flow_id = ?1",
+        [flow_id.as_str()],
+        |row| row.get(0),
+    )
+    .optional()
+    .map_err(|e| sql_error("producer: cannot read the outbox head", e))?
+    .unwrap_or(0);
     match row {
         None => Ok(FlowRecord {
             last_seq,
@@ -378,15 +377,14 @@ impl ProducerStore for ProducerDb {
     }
 
     fn outbox_event(&mut self, event_id: &EventId) -> Result<Option<OutboxRecord>, StoreError> {
-        let row: Option<(String, bool)> = self
-            .conn
-            .query_row(
-                "SELECT body, accepted FROM outbox WHERE event_id = ?1",
-                [event_id.as_str()],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-            )
-            .optional()
-            .map_err(|e| sql_error("producer: cannot read the outbox", e))?;
+        let row: Option<(String, bool)> = row_cached(
+            &self.conn,
+            "SELECT body, accepted FROM outbox WHERE event_id = ?1",
+            [event_id.as_str()],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()
+        .map_err(|e| sql_error("producer: cannot read the outbox", e))?;
         row.map(|(body, accepted)| {
             Ok(OutboxRecord {
                 envelope: stored_envelope("producer: stored outbox body", &body)?,
@@ -426,9 +424,7 @@ impl ProducerStore for ProducerDb {
     }
 
     fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError> {
-        let row: Option<(String, i64)> = self
-            .conn
-            .query_row(
+        let row: Option<(String, i64)> = row_cached(&self.conn,
                 "SELECT body, next_attempt_at_ms FROM outbox WHERE accepted = 0 ORDER BY position LIMIT 1",
                 [],
                 |row| Ok((row.get(0)?, row.get(1)?)),
@@ -488,10 +484,9 @@ impl ProducerStore for ProducerDb {
         self.write(|ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot record receipts", e);
-            tx.execute("UPDATE ordo_meta SET value = value + 1 WHERE key = 'relay_turn'", [])
+            exec_cached(tx, "UPDATE ordo_meta SET value = value + 1 WHERE key = 'relay_turn'", [])
                 .map_err(err)?;
-            let turn: i64 = tx
-                .query_row(
+            let turn: i64 = row_cached(tx,
                     "SELECT CAST(value AS INTEGER) FROM ordo_meta WHERE key = 'relay_turn'",
                     [],
                     |row| row.get(0),
@@ -553,8 +548,7 @@ impl ProducerStore for ProducerDb {
             let err = |e| sql_error("producer: cannot record a delivery failure", e);
             let mut flows = BTreeSet::new();
             for event_id in event_ids {
-                let row: Option<(String, i64)> = tx
-                    .query_row(
+                let row: Option<(String, i64)> = row_cached(tx,
                         "UPDATE outbox SET attempts = attempts + 1, last_outcome = 'error', last_error = ?2
                          WHERE event_id = ?1 AND accepted = 0 RETURNING flow_id, attempts",
                         params![event_id.as_str(), error],
@@ -564,7 +558,7 @@ impl ProducerStore for ProducerDb {
                     .map_err(err)?;
                 let Some((flow, attempts)) = row else { continue };
                 let delay_ms = backoff.delay_ms(u32::try_from(attempts).unwrap_or(u32::MAX), fastrand::f64());
-                tx.execute(
+                exec_cached(tx,
                     "UPDATE outbox SET next_attempt_at_ms = ?2 WHERE event_id = ?1",
                     // Strictly later than the failure, whatever the jitter drew.
                     params![event_id.as_str(), now_ms.saturating_add(1).saturating_add(delay_ms as i64)],
@@ -638,20 +632,20 @@ impl ProducerStore for ProducerDb {
         self.write(|ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot retry a quarantined event", e);
-            let row: Option<(String, bool)> = tx
-                .query_row(
-                    "SELECT flow_id, quarantined FROM outbox WHERE event_id = ?1",
-                    [event_id.as_str()],
-                    |row| Ok((row.get(0)?, row.get(1)?)),
-                )
-                .optional()
-                .map_err(err)?;
+            let row: Option<(String, bool)> = row_cached(
+                tx,
+                "SELECT flow_id, quarantined FROM outbox WHERE event_id = ?1",
+                [event_id.as_str()],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()
+            .map_err(err)?;
             let flow = match row {
                 None => return Ok(Err(RetryRefused::Unknown(event_id.clone()))),
                 Some((_, false)) => return Ok(Err(RetryRefused::NotQuarantined(event_id.clone()))),
                 Some((flow, true)) => flow,
             };
-            tx.execute(
+            exec_cached(tx,
                 "UPDATE outbox SET quarantined = 0, quarantine_reason = NULL, next_attempt_at_ms = 0
                  WHERE event_id = ?1",
                 [event_id.as_str()],
@@ -663,33 +657,32 @@ impl ProducerStore for ProducerDb {
     }
 
     fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
-        self.conn
-            .query_row(
-                "SELECT count(*), min(created_at_ms), coalesce(sum(quarantined), 0),
+        row_cached(
+            &self.conn,
+            "SELECT count(*), min(created_at_ms), coalesce(sum(quarantined), 0),
                         coalesce(sum(quarantined = 0 AND next_attempt_at_ms > ?1), 0)
                  FROM outbox WHERE accepted = 0",
-                [now_ms],
-                |row| {
-                    Ok(ProducerStatus {
-                        backlog: row.get::<_, i64>(0)?.max(0) as u64,
-                        oldest_pending_created_at_ms: row.get(1)?,
-                        quarantined: row.get::<_, i64>(2)?.max(0) as u64,
-                        backing_off: row.get::<_, i64>(3)?.max(0) as u64,
-                    })
-                },
-            )
-            .map_err(|e| sql_error("producer: cannot read the status", e))
+            [now_ms],
+            |row| {
+                Ok(ProducerStatus {
+                    backlog: row.get::<_, i64>(0)?.max(0) as u64,
+                    oldest_pending_created_at_ms: row.get(1)?,
+                    quarantined: row.get::<_, i64>(2)?.max(0) as u64,
+                    backing_off: row.get::<_, i64>(3)?.max(0) as u64,
+                })
+            },
+        )
+        .map_err(|e| sql_error("producer: cannot read the status", e))
     }
 
     fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
         self.write(|ptx| {
-            let rows = ptx
-                .tx
-                .execute(
-                    "DELETE FROM outbox WHERE accepted = 1 AND accepted_at_ms < ?1",
-                    [cutoff_ms],
-                )
-                .map_err(|e| sql_error("producer: cannot prune the outbox", e))?;
+            let rows = exec_cached(
+                &ptx.tx,
+                "DELETE FROM outbox WHERE accepted = 1 AND accepted_at_ms < ?1",
+                [cutoff_ms],
+            )
+            .map_err(|e| sql_error("producer: cannot prune the outbox", e))?;
             Ok(Pruned {
                 rows: rows as u64,
                 fingerprints: 0,
@@ -719,7 +712,7 @@ pub const CONFLICT_REASON: &str =
 /// quarantined, with that event's next attempt time; records the round in
 /// which the flow was served when `turn` is given.
 fn refresh_head(conn: &Connection, flow_id: &str, turn: Option<i64>) -> Result<(), StoreError> {
-    conn.execute(
+    exec_cached(conn,
         "UPDATE outbox_head SET
              relay_seq = (SELECT seq FROM outbox WHERE flow_id = ?1 AND accepted = 0 AND quarantined = 0
                           ORDER BY seq LIMIT 1),
