@@ -2,6 +2,7 @@
 //! SQLite errors to backend-neutral kinds.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ordo_core::{ErrorKind, StoreError};
@@ -73,6 +74,40 @@ where
     conn.prepare_cached(sql)?.query_row(params, f)
 }
 
+/// The longest busy wait of this process, in microseconds (the largest busy
+/// timeout any store was opened with).
+static BUSY_WAIT_MAX_US: AtomicU64 = AtomicU64::new(0);
+
+fn set_busy_wait(timeout: Duration) {
+    let us = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
+    BUSY_WAIT_MAX_US.fetch_max(us, Ordering::Relaxed);
+}
+
+/// The pause before the `n`-th retry of a locked database: 20 µs more at each
+/// retry, at most 1 ms. SQLite's own handler starts at 1 ms, which is longer
+/// than a whole batched commit here, so writers on the same file would spend
+/// most of their time asleep.
+fn busy_pause_us(n: u64) -> u64 {
+    (20 * (n + 1)).min(1_000)
+}
+
+/// The total pause of the first `n` retries.
+fn busy_waited_us(n: u64) -> u64 {
+    let ramp = n.min(50);
+    20 * ramp * (ramp + 1) / 2 + n.saturating_sub(50) * 1_000
+}
+
+/// Retries a locked database with short pauses until the busy timeout has
+/// been spent, then gives up (the statement fails as `Busy`).
+fn busy_wait(retries: i32) -> bool {
+    let n = u64::try_from(retries).unwrap_or(0);
+    if busy_waited_us(n) >= BUSY_WAIT_MAX_US.load(Ordering::Relaxed) {
+        return false;
+    }
+    std::thread::sleep(Duration::from_micros(busy_pause_us(n)));
+    true
+}
+
 /// Maps a SQLite error to a store error with a kind callers can act on.
 pub(crate) fn sql_error(context: &str, error: rusqlite::Error) -> StoreError {
     let kind = match error.sqlite_error_code() {
@@ -110,6 +145,9 @@ pub(crate) fn open(
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
     conn.busy_timeout(options.busy_timeout)
         .map_err(|e| sql_error("cannot set busy timeout", e))?;
+    set_busy_wait(options.busy_timeout);
+    conn.busy_handler(Some(busy_wait))
+        .map_err(|e| sql_error("cannot set busy handler", e))?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))
         .map_err(|e| sql_error(&format!("{display}: cannot set journal_mode=WAL"), e))?;
@@ -242,4 +280,21 @@ pub fn pragma_text(conn: &Connection, name: &str) -> Result<String, StoreError> 
         other => format!("{other:?}"),
     })
     .map_err(|e| sql_error(&format!("cannot read pragma {name}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_pauses_ramp_up_and_add_up() {
+        assert_eq!(busy_pause_us(0), 20);
+        assert_eq!(busy_pause_us(9), 200);
+        assert_eq!(busy_pause_us(49), 1_000);
+        assert_eq!(busy_pause_us(5_000), 1_000);
+        for n in [0u64, 1, 2, 10, 49, 50, 51, 200] {
+            let summed: u64 = (0..n).map(busy_pause_us).sum();
+            assert_eq!(busy_waited_us(n), summed, "after {n} retries");
+        }
+    }
 }

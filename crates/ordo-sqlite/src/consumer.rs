@@ -49,7 +49,6 @@ CREATE TABLE IF NOT EXISTS projection (
     quantity    INTEGER NOT NULL,
     applied_seq INTEGER NOT NULL
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS inbox_settled ON inbox (settled_at_ms) WHERE status IN ('applied', 'skipped');
 CREATE TABLE IF NOT EXISTS inbox_fingerprint (
     flow_id   TEXT    NOT NULL,
     seq       INTEGER NOT NULL,

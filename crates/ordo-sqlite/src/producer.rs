@@ -38,8 +38,6 @@ CREATE TABLE IF NOT EXISTS outbox (
     CHECK (NOT (accepted = 1 AND quarantined = 1))
 );
 CREATE INDEX IF NOT EXISTS outbox_unaccepted ON outbox (position) WHERE accepted = 0;
-CREATE INDEX IF NOT EXISTS outbox_accepted_at ON outbox (accepted_at_ms) WHERE accepted = 1;
-CREATE INDEX IF NOT EXISTS outbox_relayable ON outbox (flow_id, seq) WHERE accepted = 0 AND quarantined = 0;
 CREATE TABLE IF NOT EXISTS outbox_head (
     flow_id      TEXT    PRIMARY KEY,
     last_seq     INTEGER NOT NULL CHECK (last_seq >= 1),
@@ -529,7 +527,7 @@ impl ProducerStore for ProducerDb {
             }
             drop((accept, quarantine));
             for flow in &flows {
-                refresh_head(tx, flow, Some(turn))?;
+                refresh_head(tx, flow, Some(turn), None)?;
             }
             crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
             Ok(())
@@ -567,7 +565,7 @@ impl ProducerStore for ProducerDb {
                 flows.insert(flow);
             }
             for flow in &flows {
-                refresh_head(tx, flow, None)?;
+                refresh_head(tx, flow, None, None)?;
             }
             Ok(())
         })
@@ -632,18 +630,20 @@ impl ProducerStore for ProducerDb {
         self.write(|ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot retry a quarantined event", e);
-            let row: Option<(String, bool)> = row_cached(
+            let row: Option<(String, i64, bool)> = row_cached(
                 tx,
-                "SELECT flow_id, quarantined FROM outbox WHERE event_id = ?1",
+                "SELECT flow_id, seq, quarantined FROM outbox WHERE event_id = ?1",
                 [event_id.as_str()],
-                |row| Ok((row.get(0)?, row.get(1)?)),
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
             )
             .optional()
             .map_err(err)?;
-            let flow = match row {
+            let (flow, seq) = match row {
                 None => return Ok(Err(RetryRefused::Unknown(event_id.clone()))),
-                Some((_, false)) => return Ok(Err(RetryRefused::NotQuarantined(event_id.clone()))),
-                Some((flow, true)) => flow,
+                Some((_, _, false)) => {
+                    return Ok(Err(RetryRefused::NotQuarantined(event_id.clone())))
+                }
+                Some((flow, seq, true)) => (flow, seq),
             };
             exec_cached(tx,
                 "UPDATE outbox SET quarantined = 0, quarantine_reason = NULL, next_attempt_at_ms = 0
@@ -651,7 +651,7 @@ impl ProducerStore for ProducerDb {
                 [event_id.as_str()],
             )
             .map_err(err)?;
-            refresh_head(tx, &flow, None)?;
+            refresh_head(tx, &flow, None, Some(seq))?;
             Ok(Ok(()))
         })
     }
@@ -710,18 +710,49 @@ pub const CONFLICT_REASON: &str =
 
 /// Moves a flow's relay head to its lowest seq neither accepted nor
 /// quarantined, with that event's next attempt time; records the round in
-/// which the flow was served when `turn` is given.
-fn refresh_head(conn: &Connection, flow_id: &str, turn: Option<i64>) -> Result<(), StoreError> {
-    exec_cached(conn,
-        "UPDATE outbox_head SET
-             relay_seq = (SELECT seq FROM outbox WHERE flow_id = ?1 AND accepted = 0 AND quarantined = 0
-                          ORDER BY seq LIMIT 1),
-             relay_due_ms = coalesce((SELECT next_attempt_at_ms FROM outbox
-                          WHERE flow_id = ?1 AND accepted = 0 AND quarantined = 0 ORDER BY seq LIMIT 1), 0),
-             relay_turn = coalesce(?2, relay_turn)
-         WHERE flow_id = ?1",
-        params![flow_id, turn],
+/// which the flow was served when `turn` is given. Accepting, quarantining or
+/// failing events never makes an earlier seq eligible, so the search starts at
+/// the current head, or at `reopened` (a seq whose quarantine was cleared)
+/// when that is earlier. It walks the `(flow_id, seq)` index from there.
+fn refresh_head(
+    conn: &Connection,
+    flow_id: &str,
+    turn: Option<i64>,
+    reopened: Option<i64>,
+) -> Result<(), StoreError> {
+    let err = |e| sql_error("producer: cannot move the relay head", e);
+    let current: Option<i64> = row_cached(
+        conn,
+        "SELECT relay_seq FROM outbox_head WHERE flow_id = ?1",
+        [flow_id],
+        |row| row.get(0),
     )
-    .map_err(|e| sql_error("producer: cannot move the relay head", e))?;
+    .optional()
+    .map_err(err)?
+    .flatten();
+    let from = match (current, reopened) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let head: Option<(i64, i64)> = match from {
+        None => None,
+        Some(from) => row_cached(
+            conn,
+            "SELECT seq, next_attempt_at_ms FROM outbox
+             WHERE flow_id = ?1 AND seq >= ?2 AND accepted = 0 AND quarantined = 0
+             ORDER BY seq LIMIT 1",
+            params![flow_id, from],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()
+        .map_err(err)?,
+    };
+    exec_cached(
+        conn,
+        "UPDATE outbox_head SET relay_seq = ?2, relay_due_ms = ?3, relay_turn = coalesce(?4, relay_turn)
+         WHERE flow_id = ?1",
+        params![flow_id, head.map(|h| h.0), head.map_or(0, |h| h.1), turn],
+    )
+    .map_err(err)?;
     Ok(())
 }
