@@ -36,7 +36,7 @@ CREATE TABLE IF NOT EXISTS inbox (
     settled_at_ms  INTEGER,
     UNIQUE (flow_id, seq),
     CHECK ((status = 'blocked') = (reason IS NOT NULL))
-);
+) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (flow_id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS inbox_blocked ON inbox (flow_id) WHERE status = 'blocked';
 CREATE TABLE IF NOT EXISTS inbox_cursor (
