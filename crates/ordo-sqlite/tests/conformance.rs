@@ -2,8 +2,10 @@
 //! stores: `producer.db` and `consumer.db` in each test's own directory.
 
 use std::path::Path;
+use std::sync::Arc;
 
-use ordo_sqlite::{ConsumerDb, ProducerDb};
+use ordo_core::Clock;
+use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 
 /// The embedded default backend: two SQLite files.
 struct Sqlite;
@@ -12,9 +14,12 @@ impl ordo_testkit::Backend for Sqlite {
     type Producer = ProducerDb;
     type Consumer = ConsumerDb;
 
-    fn open(dir: &Path) -> (ProducerDb, ConsumerDb) {
-        let producer = ProducerDb::open(dir.join("producer.db")).expect("open producer.db");
-        let consumer = ConsumerDb::open(dir.join("consumer.db")).expect("open consumer.db");
+    fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> (ProducerDb, ConsumerDb) {
+        let options = OpenOptions::default();
+        let producer = ProducerDb::open_with(dir.join("producer.db"), clock.clone(), &options)
+            .expect("open producer.db");
+        let consumer = ConsumerDb::open_with(dir.join("consumer.db"), clock, &options)
+            .expect("open consumer.db");
         (producer, consumer)
     }
 }

@@ -2,15 +2,21 @@
 //! invariant checker. Everything goes through the store traits.
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 
+use ordo_core::ops::{InboxEntry, OutboxEntry};
 use ordo_core::reservation::event_id_for;
 use ordo_core::{
-    Advance, AdvanceRequest, ApplyOptions, ConsumerStore, Drain, EffectRecord, Envelope, EventId,
-    FlowId, FlowRecord, FlowState, InboxRecord, InboxStatus, OutboxRecord, ProducerStore,
-    Projection, Quantity, RelayError, RelayOptions, RelayPolicy, RelayReport, RelayStop,
-    SchemaVersion, Seq, APPLY_BATCH_LEN_DEFAULT,
+    Advance, AdvanceRequest, ApplyOptions, Clock, ConsumerStore, Delivery, Drain, EffectRecord,
+    Envelope, EventId, FixedClock, FlowId, FlowRecord, FlowState, InboxRecord, InboxStatus,
+    OutboxRecord, ProducerStore, Projection, Quantity, Receipt, RelayError, RelayOptions,
+    RelayPolicy, RelayReport, RelayStop, SchemaVersion, Seq, APPLY_BATCH_LEN_DEFAULT,
 };
 use serde_json::Value;
+
+use crate::Backend;
 
 /// Schema 1 only (the default consumer).
 pub const V1: ApplyOptions = ApplyOptions { support_v2: false };
@@ -352,7 +358,12 @@ pub fn clock() -> ordo_core::SystemClock {
 /// that never records custody) fails an assertion instead of hanging.
 pub const RELAY_DELIVERIES_MAX: u64 = 1_000;
 
-fn run_relay<P, C>(producer: &mut P, consumer: &mut C, options: RelayOptions) -> RelayReport
+fn run_relay<P, C>(
+    producer: &mut P,
+    consumer: &mut C,
+    options: RelayOptions,
+    clock: &dyn Clock,
+) -> RelayReport
 where
     P: ProducerStore + ?Sized,
     C: ConsumerStore + ?Sized,
@@ -361,7 +372,7 @@ where
         max: Some(options.max.unwrap_or(RELAY_DELIVERIES_MAX)),
         ..options
     };
-    let report = ordo_core::relay(producer, consumer, &bounded, &clock()).expect("relay");
+    let report = ordo_core::relay(producer, consumer, &bounded, clock).expect("relay");
     if options.max.is_none() {
         assert_eq!(
             report.stop,
@@ -389,7 +400,7 @@ where
         max,
         ..RelayOptions::default()
     };
-    run_relay(producer, consumer, options)
+    run_relay(producer, consumer, options, &clock())
 }
 
 /// One relay run under the `fair` policy with rounds of `batch_len_max`,
@@ -410,7 +421,7 @@ where
         batch_len_max,
         ..RelayOptions::default()
     };
-    run_relay(producer, consumer, options)
+    run_relay(producer, consumer, options, &clock())
 }
 
 /// Delivers exactly one event by id (`relay --event`).
@@ -451,4 +462,113 @@ pub fn process<C: ConsumerStore + ?Sized>(
     options: ApplyOptions,
 ) -> Vec<Drain> {
     ordo_core::process_all(consumer, limit, options, APPLY_BATCH_LEN_DEFAULT).expect("process_all")
+}
+
+/// [`relay_fair`] at a fixed time `now_ms` (what the relay reads to decide
+/// which events are due and stamps on the receipts it records).
+pub fn relay_fair_at<P, C>(
+    producer: &mut P,
+    consumer: &mut C,
+    max: Option<u64>,
+    batch_len_max: usize,
+    now_ms: i64,
+) -> RelayReport
+where
+    P: ProducerStore + ?Sized,
+    C: ConsumerStore + ?Sized,
+{
+    let options = RelayOptions {
+        policy: RelayPolicy::Fair,
+        max,
+        batch_len_max,
+        ..RelayOptions::default()
+    };
+    run_relay(producer, consumer, options, &FixedClock(now_ms))
+}
+
+/// The delivery of an event with a receipt, as a relay report lists it.
+pub fn delivery(event: &Envelope, receipt: Receipt) -> Delivery {
+    Delivery {
+        event_id: event.event_id.clone(),
+        flow_id: event.flow_id.clone(),
+        seq: event.seq,
+        receipt,
+    }
+}
+
+/// A time in milliseconds since the Unix epoch (November 2023) from which
+/// the suite counts when it controls time.
+pub const T0: i64 = 1_700_000_000_000;
+
+/// A clock that a test sets by hand. Clones share one time, so a test keeps
+/// one and hands another to the stores (see [`open_at`]).
+#[derive(Debug, Clone)]
+pub struct ManualClock(Arc<AtomicI64>);
+
+impl ManualClock {
+    /// A clock standing at `now_ms`.
+    pub fn new(now_ms: i64) -> ManualClock {
+        ManualClock(Arc::new(AtomicI64::new(now_ms)))
+    }
+
+    /// Moves the clock (forwards or backwards) to `now_ms`.
+    pub fn set(&self, now_ms: i64) {
+        self.0.store(now_ms, Ordering::SeqCst);
+    }
+
+    /// The time the clock stands at.
+    pub fn now(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.now()
+    }
+}
+
+/// Opens a backend's stores reading their time from `clock`.
+pub fn open_at<B: Backend>(dir: &Path, clock: &ManualClock) -> (B::Producer, B::Consumer) {
+    B::open_with_clock(dir, Arc::new(clock.clone()))
+}
+
+/// Every outbox row with its delivery bookkeeping, in commit order.
+pub fn outbox_entries<P: ProducerStore + ?Sized>(producer: &mut P) -> Vec<OutboxEntry> {
+    producer
+        .outbox_entries(false, usize::MAX)
+        .expect("outbox_entries")
+}
+
+/// The bookkeeping of one outbox row; panics if the event is not there.
+pub fn outbox_entry<P: ProducerStore + ?Sized>(producer: &mut P, event: &Envelope) -> OutboxEntry {
+    outbox_entries(producer)
+        .into_iter()
+        .find(|e| e.envelope.event_id == event.event_id)
+        .unwrap_or_else(|| panic!("{} is not in the outbox", event.event_id))
+}
+
+/// Every inbox row with its times, ordered by flow then seq.
+pub fn inbox_entries<C: ConsumerStore + ?Sized>(consumer: &mut C) -> Vec<InboxEntry> {
+    consumer
+        .inbox_entries(false, None, usize::MAX)
+        .expect("inbox_entries")
+}
+
+/// The envelopes of the inbox, ordered by flow then seq.
+pub fn inbox_envelopes<C: ConsumerStore + ?Sized>(consumer: &mut C) -> Vec<Envelope> {
+    consumer
+        .inbox()
+        .expect("inbox")
+        .into_iter()
+        .map(|r| r.envelope)
+        .collect()
+}
+
+/// Envelopes sorted by flow then seq, to compare sets of events whose order
+/// is not specified.
+pub fn by_flow_seq(events: impl IntoIterator<Item = Envelope>) -> Vec<Envelope> {
+    let mut events: Vec<Envelope> = events.into_iter().collect();
+    events.sort_by(|a, b| (&a.flow_id, a.seq).cmp(&(&b.flow_id, b.seq)));
+    events
 }

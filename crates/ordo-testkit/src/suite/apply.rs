@@ -698,3 +698,95 @@ pub fn apply_batches_keep_order_and_limits<B: Backend>(dir: &Path) {
     );
     check_consumer_invariants(&mut c);
 }
+
+/// One `apply_batch` call applies up to `events_max` events across several
+/// flows, visiting them in the given order, each strictly in seq order and
+/// up to its own limit, and reports each visited flow's stop: `idle` when
+/// caught up, `gap`, `blocked` with the reason, `limit` for its own limit or
+/// for the batch's room running out (then later flows are not visited).
+pub fn apply_batch_across_flows_reports_each_stop<B: Backend>(dir: &Path) {
+    let (_p, mut c) = B::open(dir);
+    let a = reservation_events("a", 2);
+    let b2 = reservation_event("b", 2, 3);
+    let c1 = envelope("c-1", "c", 1, 1, "reserved", json!({"amount": 0}));
+    let d = reservation_events("d", 4);
+    let f = reservation_events("f", 5);
+    for e in a.iter().chain([&b2, &c1]).chain(&d).chain(&f) {
+        assert_eq!(c.receive(e).unwrap(), Receipt::Accepted);
+    }
+    let run = |c: &mut B::Consumer, flows: &[(&str, Option<u64>)], events_max: u64| {
+        let flows: Vec<_> = flows.iter().map(|(f, l)| (flow(f), *l)).collect();
+        c.apply_batch(&flows, events_max, V1)
+            .unwrap()
+            .into_iter()
+            .map(|d| (d.flow_id.as_str().to_owned(), d.applied, d.stop))
+            .collect::<Vec<_>>()
+    };
+    let owned = |rows: &[(&str, u64, DrainStop)]| {
+        rows.iter()
+            .map(|(f, n, s)| (f.to_string(), *n, *s))
+            .collect::<Vec<_>>()
+    };
+    let all = [
+        ("a", None),
+        ("b", None),
+        ("c", None),
+        ("d", Some(1)),
+        ("e", None),
+        ("f", None),
+        ("a", None),
+    ];
+    assert_eq!(
+        run(&mut c, &all, 5),
+        owned(&[
+            ("a", 3, DrainStop::Idle),
+            ("b", 0, DrainStop::Gap),
+            ("c", 0, DrainStop::Blocked(InvalidPayload)),
+            ("d", 1, DrainStop::Limit),
+            ("e", 0, DrainStop::Idle),
+            ("f", 1, DrainStop::Limit),
+        ]),
+        "f stops when the room of 5 runs out; nothing after it is visited"
+    );
+    assert_eq!(projected(&mut c, "a"), (FlowState::Released, Some(2), 3));
+    assert!(projection(&mut c, "b").is_none());
+    assert!(projection(&mut c, "c").is_none());
+    assert_eq!(projected(&mut c, "d"), (FlowState::Reserved, Some(4), 1));
+    assert_eq!(projected(&mut c, "f"), (FlowState::Reserved, Some(5), 1));
+    assert_eq!(
+        c.effects().unwrap(),
+        effects_for(&[&a[..], &d[..1], &f[..1]].concat())
+    );
+    assert_eq!(
+        inbox_status(&mut c, &c1.event_id),
+        InboxStatus::Blocked(InvalidPayload)
+    );
+    check_consumer_invariants(&mut c);
+
+    // the room runs out exactly at the end of a flow: it stops with limit
+    assert_eq!(
+        run(&mut c, &[("f", None), ("d", None)], 2),
+        owned(&[("f", 2, DrainStop::Limit)])
+    );
+    assert_eq!(projected(&mut c, "f"), (FlowState::Released, Some(5), 3));
+    assert_eq!(projected(&mut c, "d"), (FlowState::Reserved, Some(4), 1));
+    // a limit of zero applies nothing and does not stop the batch
+    assert_eq!(
+        run(&mut c, &[("f", None), ("d", Some(0)), ("b", None)], 10),
+        owned(&[
+            ("f", 0, DrainStop::Idle),
+            ("d", 0, DrainStop::Limit),
+            ("b", 0, DrainStop::Gap),
+        ])
+    );
+    assert_eq!(projected(&mut c, "d"), (FlowState::Reserved, Some(4), 1));
+    assert_eq!(
+        run(&mut c, &[("d", None)], 10),
+        owned(&[("d", 2, DrainStop::Idle)])
+    );
+    assert_eq!(
+        c.effects().unwrap(),
+        effects_for(&[&a[..], &d[..], &f[..]].concat())
+    );
+    check_consumer_invariants(&mut c);
+}

@@ -7,14 +7,18 @@
 //! [`Backend`]: crate::Backend
 
 mod apply;
+mod delivery;
 mod durability;
+mod operations;
 mod producer;
 mod props;
 mod receive;
 mod relay;
 
 pub use apply::*;
+pub use delivery::*;
 pub use durability::*;
+pub use operations::*;
 pub use producer::*;
 pub use props::*;
 pub use receive::*;

@@ -359,3 +359,74 @@ pub fn advance_batch_sees_earlier_requests<B: Backend>(dir: &Path) {
     assert!(p.advance_batch(&[]).unwrap().is_empty());
     assert_eq!(producer_state(&mut p), before);
 }
+
+/// A request that `advance_batch` refuses (a quantity different from the
+/// flow's) writes nothing for itself, consumes no seq and does not stop the
+/// requests after it, whether the flow existed before the batch or was
+/// created earlier in it; a batch of refused requests writes nothing.
+pub fn advance_batch_refused_request_writes_nothing_for_itself<B: Backend>(dir: &Path) {
+    let (mut p, _c) = B::open(dir);
+    let c1 = commit(&mut p, &request("c", 0, Reserved, Some(3), 1));
+    let outcomes = p
+        .advance_batch(&[
+            request("c", 1, Confirmed, Some(4), 1),
+            request("n", 0, Reserved, Some(2), 1),
+            request("c", 1, Confirmed, Some(3), 1),
+            request("n", 1, Confirmed, Some(9), 1),
+            request("n", 1, Confirmed, None, 1),
+        ])
+        .unwrap();
+    let c2 = reservation_event("c", 2, 3);
+    let n1 = reservation_event("n", 1, 2);
+    let n2 = reservation_event("n", 2, 2);
+    assert_eq!(
+        outcomes,
+        vec![
+            Err(AdvanceRefused::QuantityMismatch {
+                flow_id: flow("c"),
+                fixed: quantity(3),
+                requested: quantity(4)
+            }),
+            Ok(Advance::Committed(n1.clone())),
+            Ok(Advance::Committed(c2.clone())),
+            Err(AdvanceRefused::QuantityMismatch {
+                flow_id: flow("n"),
+                fixed: quantity(2),
+                requested: quantity(9)
+            }),
+            Ok(Advance::Committed(n2.clone())),
+        ]
+    );
+    let outbox: Vec<_> = p
+        .outbox()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.envelope)
+        .collect();
+    assert_eq!(outbox, vec![c1, n1, c2, n2]);
+    for (f, q) in [("c", 3), ("n", 2)] {
+        let record = flow_record(&mut p, f).unwrap();
+        assert_eq!(
+            (record.state, record.quantity, record.last_seq),
+            (Confirmed, Some(quantity(q)), 2),
+            "{f}"
+        );
+    }
+
+    let before = producer_state(&mut p);
+    let outcomes = p
+        .advance_batch(&[
+            request("c", 2, Released, Some(5), 1),
+            request("n", 2, Released, Some(1), 2),
+        ])
+        .unwrap();
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Err(AdvanceRefused::QuantityMismatch { .. }))),
+        "{outcomes:?}"
+    );
+    assert_eq!(producer_state(&mut p), before);
+    let c3 = commit(&mut p, &request("c", 2, Released, None, 1));
+    assert_eq!(c3.seq, seq(3));
+}

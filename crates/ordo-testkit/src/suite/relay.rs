@@ -4,22 +4,13 @@
 use std::path::Path;
 
 use ordo_core::{
-    ConsumerStore, Delivery, Envelope, FlowState, InboxStatus, ProducerStore, Receipt, RelayError,
+    ConsumerStore, Envelope, FlowState, InboxStatus, ProducerStore, Receipt, RelayError,
     RelayReport, RelayStop,
 };
 use serde_json::json;
 
 use crate::support::*;
 use crate::Backend;
-
-fn delivery(event: &Envelope, receipt: Receipt) -> Delivery {
-    Delivery {
-        event_id: event.event_id.clone(),
-        flow_id: event.flow_id.clone(),
-        seq: event.seq,
-        receipt,
-    }
-}
 
 fn run<P: ProducerStore, C: ConsumerStore>(p: &mut P, c: &mut C) -> RelayReport {
     relay_first_pending(p, c, None)
