@@ -245,6 +245,9 @@ pub struct BenchArgs {
     /// Where to create the temporary files (default: the system's temporary directory).
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
+    /// Instead of throughput, measure how both files grow with and without pruning.
+    #[arg(long)]
+    pub growth: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use ordo_core::ProducerStore;
 use ordo_core::{
     process_all_each, relay, AdvanceRequest, ApplyOptions, FlowId, FlowState, Quantity,
     RelayOptions, SchemaVersion, SystemClock,
 };
+use ordo_core::{Clock, ConsumerStore, ProducerStore};
 use ordo_sqlite::rusqlite::{self, Connection};
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::{json, Value};
@@ -31,6 +31,10 @@ const STEPS: [FlowState; 3] = [
 const CALIBRATION: Duration = Duration::from_millis(1500);
 /// Batch sizes of `--sweep`.
 const SWEEP: [u64; 7] = [1, 4, 16, 64, 256, 1024, 4096];
+/// The most flows of the unbatched run.
+const UNBATCHED_FLOWS_MAX: u64 = 5_000;
+/// Rounds of the growth measurement.
+const GROWTH_ROUNDS: u64 = 10;
 /// The pause of an idle pipeline stage before it looks again.
 const IDLE_PAUSE: Duration = Duration::from_micros(500);
 
@@ -364,6 +368,80 @@ fn latency(producer: &Path, consumer: &Path) -> Result<Value, Failure> {
     )
 }
 
+/// Runs `flows` flows through in rounds, pruning everything settled after
+/// each round when `prune`, and reports the size of both files afterwards
+/// (WAL checkpointed into the file).
+fn growth(dir: &Path, flows: u64, batch: u64, prune: bool) -> Result<Value, Failure> {
+    let producer_path = dir.join("producer.db");
+    let consumer_path = dir.join("consumer.db");
+    let mut producer = ProducerDb::open(&producer_path)?;
+    let mut consumer = ConsumerDb::open(&consumer_path)?;
+    let label = if prune { "growth+prune" } else { "growth" };
+    let progress = bar(flows * STEPS.len() as u64, label);
+    let per_round = flows.div_ceil(GROWTH_ROUNDS);
+    let mut start = 0;
+    let mut sizes = Vec::new();
+    while start < flows {
+        let end = (start + per_round).min(flows);
+        produce(&mut producer, start..end, batch, &ProgressBar::hidden())?;
+        while relay_round(&mut producer, &mut consumer, batch)? > 0 {}
+        let applied = apply_pass(&mut consumer, batch)?;
+        progress.inc(applied);
+        if prune {
+            let cutoff_ms = SystemClock.now_ms() + 1;
+            producer.prune_outbox(cutoff_ms)?;
+            consumer.prune_inbox(cutoff_ms)?;
+        }
+        sizes.push(json!([
+            file_bytes(&producer_path)?,
+            file_bytes(&consumer_path)?
+        ]));
+        start = end;
+    }
+    progress.finish_and_clear();
+    drop((producer, consumer));
+    let events = flows * STEPS.len() as u64;
+    let producer_bytes = checkpointed_bytes(&producer_path)?;
+    let consumer_bytes = checkpointed_bytes(&consumer_path)?;
+    Ok(json!({
+        "events": events,
+        "producer_bytes": producer_bytes,
+        "consumer_bytes": consumer_bytes,
+        "producer_bytes_per_event": round3(producer_bytes as f64 / events as f64),
+        "consumer_bytes_per_event": round3(consumer_bytes as f64 / events as f64),
+        "bytes_after_each_round": sizes,
+    }))
+}
+
+/// The size of a database file after its WAL is checkpointed into it.
+fn checkpointed_bytes(path: &Path) -> Result<u64, Failure> {
+    let conn = Connection::open(path).map_err(internal)?;
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .map_err(internal)?;
+    drop(conn);
+    file_bytes(path)
+}
+
+fn file_bytes(path: &Path) -> Result<u64, Failure> {
+    let wal = path.with_extension("db-wal");
+    let main = std::fs::metadata(path).map_err(internal)?.len();
+    Ok(main + std::fs::metadata(wal).map(|m| m.len()).unwrap_or(0))
+}
+
+fn growth_text(g: &Value) -> String {
+    let line = |name: &str, v: &Value| {
+        format!(
+            "{name:<16} {} events: producer.db {} bytes ({} per event), consumer.db {} bytes ({} per event)",
+            v["events"], v["producer_bytes"], v["producer_bytes_per_event"], v["consumer_bytes"], v["consumer_bytes_per_event"]
+        )
+    };
+    [
+        line("without pruning", &g["without_pruning"]),
+        line("with pruning", &g["with_pruning"]),
+    ]
+    .join("\n")
+}
+
 /// The process's peak resident memory, from /proc.
 fn peak_memory_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -394,6 +472,16 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         .prefix("ordo-bench-")
         .tempdir_in(args.dir.as_deref().unwrap_or(&std::env::temp_dir()))
         .map_err(|e| Failure::Internal(format!("cannot create a temporary directory: {e}")))?;
+    if args.growth {
+        let value = json!({
+            "growth": {
+                "without_pruning": growth(&fresh_dir(root.path(), "growth-keep")?, args.flows, args.batch, false)?,
+                "with_pruning": growth(&fresh_dir(root.path(), "growth-prune")?, args.flows, args.batch, true)?,
+            }
+        });
+        emit(json_mode, &value, || growth_text(&value["growth"]));
+        return Ok(());
+    }
     let progress = ProgressBar::new_spinner();
     progress.set_message("calibrating F (single-row commits, WAL, synchronous=FULL)");
     let f = calibrate(root.path())?;
@@ -412,7 +500,11 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
     let unbatched = if args.sweep || args.batch == 1 {
         Value::Null
     } else {
-        sequential(&fresh_dir(root.path(), "seq-1")?, args.flows, 1, f)?
+        // Four fsyncs per event: a few thousand flows measure it well.
+        let flows = args.flows.min(UNBATCHED_FLOWS_MAX);
+        let mut run = sequential(&fresh_dir(root.path(), "seq-1")?, flows, 1, f)?;
+        run["flows"] = json!(flows);
+        run
     };
     let pipelined = concurrent(
         &fresh_dir(root.path(), "concurrent")?,

@@ -53,7 +53,7 @@ CREATE TABLE IF NOT EXISTS inbox_fingerprint (
     flow_id   TEXT    NOT NULL,
     seq       INTEGER NOT NULL,
     event_id  TEXT    NOT NULL UNIQUE,
-    body_hash TEXT    NOT NULL,
+    body_hash BLOB    NOT NULL CHECK (length(body_hash) = 32),
     status    TEXT    NOT NULL CHECK (status IN ('applied', 'skipped')),
     PRIMARY KEY (flow_id, seq)
 ) WITHOUT ROWID;
@@ -519,7 +519,7 @@ impl ConsumerStore for ConsumerDb {
             let mut by_event_id = tx
                 .prepare_cached(
                     "SELECT body_hash FROM inbox WHERE event_id = ?1
-                     UNION ALL SELECT body_hash FROM inbox_fingerprint WHERE event_id = ?1 LIMIT 1",
+                     UNION ALL SELECT lower(hex(body_hash)) FROM inbox_fingerprint WHERE event_id = ?1 LIMIT 1",
                 )
                 .map_err(err)?;
             let mut by_flow_seq = tx
@@ -918,7 +918,7 @@ impl ConsumerStore for ConsumerDb {
         let fingerprints = exec_cached(
             &tx,
             "INSERT INTO inbox_fingerprint (flow_id, seq, event_id, body_hash, status)
-                 SELECT flow_id, seq, event_id, body_hash, status FROM inbox
+                 SELECT flow_id, seq, event_id, unhex(body_hash), status FROM inbox
                  WHERE status IN ('applied', 'skipped') AND settled_at_ms < ?1",
             [cutoff_ms],
         )
