@@ -337,6 +337,28 @@ fn begin_write(conn: &mut Connection) -> Result<rusqlite::Transaction<'_>, Store
         .map_err(|e| sql_error("consumer: cannot begin a write transaction", e))
 }
 
+/// Up to `limit` flow ids from `sql` (parameters: after, limit).
+fn flow_page(
+    conn: &Connection,
+    sql: &str,
+    after: &str,
+    limit: usize,
+) -> Result<Vec<FlowId>, StoreError> {
+    let err = |e| sql_error("consumer: cannot list flows with work", e);
+    let mut stmt = conn.prepare_cached(sql).map_err(err)?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = stmt
+        .query_map(params![after, limit], |row| row.get::<_, String>(0))
+        .map_err(err)?;
+    let mut flows = Vec::new();
+    for row in rows {
+        flows.push(
+            FlowId::new(row.map_err(err)?).map_err(|e| corrupt("consumer: stored flow id", e))?,
+        );
+    }
+    Ok(flows)
+}
+
 /// One apply step at the flow's next seq inside `tx`. Returns the step and
 /// whether it wrote anything (an application or a new block).
 fn step_in_tx<H: ApplyHandler + ?Sized>(
@@ -615,31 +637,28 @@ impl ConsumerStore for ConsumerDb {
         limit: usize,
         options: ApplyOptions,
     ) -> Result<Vec<FlowId>, StoreError> {
-        let err = |e| sql_error("consumer: cannot list flows with work", e);
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT flow_id FROM (
-                     SELECT flow_id FROM inbox WHERE status = 'pending' AND flow_id > ?1
-                     UNION
-                     SELECT flow_id FROM inbox
-                     WHERE ?2 AND status = 'blocked' AND reason = 'unsupported_schema' AND flow_id > ?1)
-                 ORDER BY flow_id LIMIT ?3",
-            )
-            .map_err(err)?;
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let after = after.map(FlowId::as_str).unwrap_or("");
-        let rows = stmt
-            .query_map(params![after, options.support_v2, limit], |row| {
-                row.get::<_, String>(0)
-            })
-            .map_err(err)?;
-        let mut flows = Vec::new();
-        for row in rows {
-            flows.push(
-                FlowId::new(row.map_err(err)?)
-                    .map_err(|e| corrupt("consumer: stored flow id", e))?,
-            );
+        // Each list walks its own partial index from `after` and stops at
+        // `limit`, so a page costs O(limit) however many flows have work.
+        let mut flows = flow_page(
+            &self.conn,
+            "SELECT DISTINCT flow_id FROM inbox WHERE status = 'pending' AND flow_id > ?1
+             ORDER BY flow_id LIMIT ?2",
+            after,
+            limit,
+        )?;
+        if options.support_v2 {
+            flows.extend(flow_page(
+                &self.conn,
+                "SELECT DISTINCT flow_id FROM inbox
+                 WHERE status = 'blocked' AND reason = 'unsupported_schema' AND flow_id > ?1
+                 ORDER BY flow_id LIMIT ?2",
+                after,
+                limit,
+            )?);
+            flows.sort_unstable();
+            flows.dedup();
+            flows.truncate(limit);
         }
         Ok(flows)
     }
