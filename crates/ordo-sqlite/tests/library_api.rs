@@ -1,0 +1,197 @@
+//! The embedding API: a caller's own state change and its event commit in one
+//! producer transaction; a caller's own projection and effect commit in the
+//! consumer's apply transaction, or not at all.
+
+use ordo_core::envelope::EventType;
+use ordo_core::{
+    ApplyOptions, BlockReason, ConsumerStore, Envelope, ErrorKind, EventId, FlowId, InboxStatus,
+    ProducerStore, SchemaVersion, Seq, Step, StoreError,
+};
+use ordo_sqlite::rusqlite::{self, Connection};
+use ordo_sqlite::{ApplyHandler, ConsumerDb, ProducerDb};
+use serde_json::json;
+
+fn event(flow: &str, seq: i64, kind: &str, amount: i64) -> Envelope {
+    Envelope {
+        event_id: EventId::new(format!("{flow}-{seq}")).unwrap(),
+        flow_id: FlowId::new(flow).unwrap(),
+        seq: Seq::new(seq).unwrap(),
+        schema_version: SchemaVersion::V1,
+        event_type: EventType::new(kind).unwrap(),
+        payload: json!({ "amount": amount }).as_object().unwrap().clone(),
+    }
+}
+
+fn count(conn: &Connection, sql: &str) -> i64 {
+    conn.query_row(sql, [], |row| row.get(0)).unwrap()
+}
+
+fn sql_err(e: rusqlite::Error) -> StoreError {
+    StoreError::with_source(ErrorKind::Other, "test", e)
+}
+
+#[test]
+fn own_state_and_event_commit_together_or_not_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut producer = ProducerDb::open(dir.path().join("producer.db")).unwrap();
+    producer
+        .write(|tx| {
+            tx.sql()
+                .execute_batch("CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER NOT NULL)")
+                .map_err(sql_err)
+        })
+        .unwrap();
+
+    // Committed together.
+    producer
+        .write(|tx| {
+            tx.sql()
+                .execute("INSERT INTO orders VALUES ('o-1', 10)", [])
+                .map_err(sql_err)?;
+            assert_eq!(tx.last_seq(&FlowId::new("o-1").unwrap())?, 0);
+            tx.append(&event("o-1", 1, "placed", 10))
+        })
+        .unwrap();
+    assert_eq!(
+        count(producer.connection(), "SELECT count(*) FROM orders"),
+        1
+    );
+    assert_eq!(producer.outbox().unwrap().len(), 1);
+
+    // The caller fails after appending: neither its row nor the event stays.
+    let failed: Result<(), StoreError> = producer.write(|tx| {
+        tx.sql()
+            .execute("UPDATE orders SET total = 99 WHERE id = 'o-1'", [])
+            .map_err(sql_err)?;
+        tx.append(&event("o-1", 2, "changed", 99))?;
+        Err(StoreError::new(
+            ErrorKind::Other,
+            "the caller changed its mind",
+        ))
+    });
+    assert!(failed.is_err());
+    assert_eq!(count(producer.connection(), "SELECT total FROM orders"), 10);
+    assert_eq!(producer.outbox().unwrap().len(), 1);
+
+    // A seq that is not the flow's next is refused and nothing is written.
+    for wrong in [1, 3] {
+        let refused = producer.write(|tx| {
+            tx.sql()
+                .execute("UPDATE orders SET total = 7 WHERE id = 'o-1'", [])
+                .map_err(sql_err)?;
+            tx.append(&event("o-1", wrong, "changed", 7))
+        });
+        let message = refused.unwrap_err().to_string();
+        assert!(message.contains("last seq is 1"), "{message}");
+    }
+    assert_eq!(count(producer.connection(), "SELECT total FROM orders"), 10);
+    let outbox = producer.outbox().unwrap();
+    assert_eq!(outbox.len(), 1);
+    assert_eq!(outbox[0].envelope, event("o-1", 1, "placed", 10));
+}
+
+/// Keeps a running ledger in the consumer file; refuses negative amounts;
+/// fails with a storage error on an amount of 13.
+struct Ledger;
+
+impl ApplyHandler for Ledger {
+    fn apply(
+        &mut self,
+        tx: &Connection,
+        event: &Envelope,
+        _options: ApplyOptions,
+    ) -> Result<Result<(), BlockReason>, StoreError> {
+        let amount = event.payload["amount"].as_i64().unwrap_or(0);
+        tx.execute(
+            "INSERT INTO ledger (event_id, amount) VALUES (?1, ?2)",
+            rusqlite::params![event.event_id.as_str(), amount],
+        )
+        .map_err(sql_err)?;
+        if amount == 13 {
+            return Err(StoreError::new(
+                ErrorKind::Busy,
+                "the ledger service is busy",
+            ));
+        }
+        if amount < 0 {
+            return Ok(Err(BlockReason::InvalidPayload));
+        }
+        Ok(Ok(()))
+    }
+}
+
+#[test]
+fn own_projection_commits_with_the_inbox_mark_or_rolls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut consumer = ConsumerDb::open(dir.path().join("consumer.db")).unwrap();
+    consumer
+        .connection()
+        .execute_batch("CREATE TABLE ledger (event_id TEXT PRIMARY KEY, amount INTEGER NOT NULL)")
+        .unwrap();
+    let flow = FlowId::new("acct").unwrap();
+    let events = [
+        event("acct", 1, "credit", 5),
+        event("acct", 2, "credit", 13),
+        event("acct", 3, "debit", -4),
+    ];
+    consumer.receive_batch(&events).unwrap();
+    let options = ApplyOptions::default();
+
+    assert_eq!(
+        consumer
+            .apply_next_with(&flow, &mut Ledger, options)
+            .unwrap(),
+        Step::Applied {
+            seq: Seq::new(1).unwrap()
+        }
+    );
+    assert_eq!(
+        count(consumer.connection(), "SELECT count(*) FROM ledger"),
+        1
+    );
+
+    // A storage error from the handler rolls the whole apply back.
+    let error = consumer
+        .apply_next_with(&flow, &mut Ledger, options)
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Busy);
+    assert_eq!(
+        count(consumer.connection(), "SELECT count(*) FROM ledger"),
+        1
+    );
+    let inbox = consumer.inbox().unwrap();
+    assert_eq!(inbox[1].status, InboxStatus::Pending);
+
+    // Skip past it with an explicit repair, then a refusal blocks seq 3 and
+    // leaves nothing of the handler's write behind.
+    let request = ordo_core::ops::SkipRequest::new(
+        flow.clone(),
+        Seq::new(2).unwrap(),
+        "ledger rejected it".into(),
+        "ops".into(),
+    )
+    .unwrap();
+    consumer.skip(&request, 1_000).unwrap().unwrap();
+    assert_eq!(
+        consumer
+            .apply_next_with(&flow, &mut Ledger, options)
+            .unwrap(),
+        Step::Blocked {
+            seq: Seq::new(3).unwrap(),
+            reason: BlockReason::InvalidPayload
+        }
+    );
+    assert_eq!(
+        count(consumer.connection(), "SELECT count(*) FROM ledger"),
+        1
+    );
+    let statuses: Vec<InboxStatus> = consumer.inbox().unwrap().iter().map(|r| r.status).collect();
+    assert_eq!(
+        statuses,
+        vec![
+            InboxStatus::Applied,
+            InboxStatus::Skipped,
+            InboxStatus::Blocked(BlockReason::InvalidPayload)
+        ]
+    );
+}
