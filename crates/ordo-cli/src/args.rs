@@ -200,16 +200,16 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub files: Files,
     /// Alert when more than N events are not yet accepted.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64), allow_hyphen_values = true)]
     pub max_backlog: Option<u64>,
     /// Alert when the oldest event not yet accepted is older than this many seconds.
-    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64))]
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64), allow_hyphen_values = true)]
     pub max_age: Option<u64>,
     /// Alert when more than N inbox rows are blocked.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64), allow_hyphen_values = true)]
     pub max_blocked: Option<u64>,
     /// Alert when more than N outbox events are quarantined.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64), allow_hyphen_values = true)]
     pub max_quarantined: Option<u64>,
 }
 
@@ -218,7 +218,7 @@ pub struct PruneArgs {
     #[command(flatten)]
     pub files: Files,
     /// Remove rows delivered or settled longer ago than this (for example 7d, 12h, 30m).
-    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    #[arg(long, value_name = "DURATION", value_parser = duration, allow_hyphen_values = true)]
     pub older_than: std::time::Duration,
 }
 
@@ -264,6 +264,13 @@ pub enum WorkerCommand {
         count: Option<u64>,
         #[arg(long, value_parser = quantity)]
         quantity: Quantity,
+        /// Spread the flows evenly until this time (ms since the epoch),
+        /// flow by flow, so that producing lasts as long as the soak.
+        #[arg(long, requires = "spread_from_ms")]
+        spread_until_ms: Option<i64>,
+        /// The start of the spread (ms since the epoch).
+        #[arg(long, requires = "spread_until_ms")]
+        spread_from_ms: Option<i64>,
     },
     /// Relay until the marker file exists and nothing is left.
     Relay {

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use ordo_core::{FlowState, InboxStatus};
+use ordo_core::{Clock, FlowState, InboxStatus, SystemClock};
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::json;
 
@@ -49,6 +49,8 @@ struct Soak {
     produced_marker: PathBuf,
     relayed_marker: PathBuf,
     flows: u64,
+    /// Producers spread the flows over this window (ms since the epoch).
+    spread_ms: (i64, i64),
 }
 
 impl Soak {
@@ -61,6 +63,10 @@ impl Soak {
                 &self.flows.to_string(),
                 "--quantity",
                 "7",
+                "--spread-from-ms",
+                &self.spread_ms.0.to_string(),
+                "--spread-until-ms",
+                &self.spread_ms.1.to_string(),
             ]),
             Role::Relay => command
                 .arg("--producer")
@@ -138,6 +144,11 @@ pub fn run(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
         produced_marker: dir.join("produced.done"),
         relayed_marker: dir.join("relayed.done"),
         flows: args.flows,
+        spread_ms: {
+            let now_ms = SystemClock.now_ms();
+            // Most of the kill window, so that kills meet producers at work.
+            (now_ms, now_ms + (args.seconds as i64 * 1000) * 4 / 5)
+        },
     };
     // Create both files before any worker starts.
     ProducerDb::open(&soak.producer)?;

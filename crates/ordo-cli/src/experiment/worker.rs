@@ -7,8 +7,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use ordo_core::{
-    process_all, relay, Advance, AdvanceError, AdvanceRequest, ApplyOptions, ErrorKind, FlowId,
-    FlowState, ProducerStore, Quantity, RelayError, RelayOptions, SchemaVersion, SystemClock,
+    process_all, relay, Advance, AdvanceError, AdvanceRequest, ApplyOptions, Clock, ErrorKind,
+    FlowId, FlowState, ProducerStore, Quantity, RelayError, RelayOptions, SchemaVersion,
+    SystemClock,
 };
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::json;
@@ -31,12 +32,20 @@ pub fn run(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
             mut flows,
             count,
             quantity,
+            spread_until_ms,
+            spread_from_ms,
         } => {
             for i in 1..=count.unwrap_or(0) {
                 flows
                     .push(FlowId::new(format!("flow-{i:07}")).map_err(|e| Failure::Usage(e.rule))?);
             }
-            produce(json_mode, &producer, &flows, quantity)
+            produce(
+                json_mode,
+                &producer,
+                &flows,
+                quantity,
+                spread_from_ms.zip(spread_until_ms),
+            )
         }
         WorkerCommand::Relay {
             producer,
@@ -60,34 +69,55 @@ fn produce(
     path: &Path,
     flows: &[FlowId],
     quantity: Quantity,
+    spread: Option<(i64, i64)>,
 ) -> Result<(), Failure> {
     let mut producer = ProducerDb::open(path)?;
     let (mut committed, mut stale) = (0u64, 0u64);
-    for (expected_seq, to) in [
+    let steps = [
         FlowState::Reserved,
         FlowState::Confirmed,
         FlowState::Released,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        for flow in flows {
-            let request = AdvanceRequest::new(
-                flow.clone(),
-                expected_seq as i64,
-                to,
-                Some(quantity),
-                SchemaVersion::V1,
-            )
-            .map_err(|e| Failure::Usage(e.to_string()))?;
-            match producer.advance(&request) {
-                Ok(Advance::Committed(_)) => committed += 1,
-                Ok(Advance::Stale { .. }) => stale += 1,
-                Ok(other) => {
-                    return Err(Failure::Internal(format!("{flow}: unexpected {other:?}")))
+    ];
+    let mut advance = |flow: &FlowId, expected_seq: usize, to: FlowState| -> Result<(), Failure> {
+        let request = AdvanceRequest::new(
+            flow.clone(),
+            expected_seq as i64,
+            to,
+            Some(quantity),
+            SchemaVersion::V1,
+        )
+        .map_err(|e| Failure::Usage(e.to_string()))?;
+        match producer.advance(&request) {
+            Ok(Advance::Committed(_)) => committed += 1,
+            Ok(Advance::Stale { .. }) => stale += 1,
+            Ok(other) => return Err(Failure::Internal(format!("{flow}: unexpected {other:?}"))),
+            Err(AdvanceError::Store(e)) => return Err(e.into()),
+            Err(e) => return Err(Failure::Internal(e.to_string())),
+        }
+        Ok(())
+    };
+    match spread {
+        // Step by step across all flows: racing producers meet on every step.
+        None => {
+            for (expected_seq, to) in steps.into_iter().enumerate() {
+                for flow in flows {
+                    advance(flow, expected_seq, to)?;
                 }
-                Err(AdvanceError::Store(e)) => return Err(e.into()),
-                Err(e) => return Err(Failure::Internal(e.to_string())),
+            }
+        }
+        // Flow by flow on a schedule shared by every producer of the run, so
+        // that a restarted producer takes up where the schedule is.
+        Some((from_ms, until_ms)) => {
+            let per_flow_ms = (until_ms - from_ms).max(0) as f64 / flows.len().max(1) as f64;
+            for (i, flow) in flows.iter().enumerate() {
+                let due_ms = from_ms + (per_flow_ms * i as f64) as i64;
+                let wait_ms = due_ms - SystemClock.now_ms();
+                if wait_ms > 0 {
+                    std::thread::sleep(Duration::from_millis(wait_ms as u64));
+                }
+                for (expected_seq, to) in steps.into_iter().enumerate() {
+                    advance(flow, expected_seq, to)?;
+                }
             }
         }
     }
