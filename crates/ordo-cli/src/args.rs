@@ -16,7 +16,7 @@ pub struct Cli {
 
     /// How long a write waits for another writer's lock, in milliseconds.
     #[arg(long, global = true, value_name = "MS", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000), allow_hyphen_values = true)]
     pub busy_timeout_ms: u64,
 
     #[command(subcommand)]
@@ -126,7 +126,7 @@ pub enum OutboxCommand {
         #[arg(long)]
         quarantined: bool,
         /// At most N rows, N >= 1.
-        #[arg(long, value_name = "N", default_value = LIST_LIMIT_DEFAULT, value_parser = at_least_one)]
+        #[arg(long, value_name = "N", default_value = LIST_LIMIT_DEFAULT, value_parser = at_least_one, allow_hyphen_values = true)]
         limit: u64,
     },
     /// Clear an event's quarantine so that the relay tries it once more.
@@ -154,7 +154,7 @@ pub enum InboxCommand {
         #[arg(long, value_name = "F", value_parser = flow_id)]
         flow: Option<FlowId>,
         /// At most N rows, N >= 1.
-        #[arg(long, value_name = "N", default_value = LIST_LIMIT_DEFAULT, value_parser = at_least_one)]
+        #[arg(long, value_name = "N", default_value = LIST_LIMIT_DEFAULT, value_parser = at_least_one, allow_hyphen_values = true)]
         limit: u64,
     },
     /// Re-evaluate a flow's blocked rows (for example after enabling schema 2) and apply.

@@ -1,0 +1,1562 @@
+//! Process-level tests of the operator commands (README "JSON added to the
+//! contract" and "Operating ordo"): `outbox list|retry`, `inbox
+//! list|retry|skip|repairs`, `status`, `prune` and `--busy-timeout-ms`, on
+//! the real binary and real SQLite files, with the clock fixed by
+//! `ORDO_NOW_MS` so that every time in the output is exact.
+
+mod common;
+
+use std::cell::Cell;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{envelope, Lab, Out};
+use ordo_sqlite::rusqlite;
+use serde_json::{json, Value};
+
+/// The fixed "now" most tests start at (ms since the epoch).
+const T0: i64 = 1_700_000_000_000;
+const SECOND: i64 = 1_000;
+const MINUTE: i64 = 60 * SECOND;
+const HOUR: i64 = 60 * MINUTE;
+const DAY: i64 = 24 * HOUR;
+
+/// The reason the producer records on an event quarantined by a conflict.
+const CONFLICT_REASON: &str = "conflict: the consumer holds a different body under this event id, or another event id at this (flow_id, seq)";
+
+/// Runs `ordo ARGS` with `ORDO_NOW_MS=now_ms` and `stdin` as standard input.
+fn run_at(now_ms: i64, args: &[&str], stdin: &[u8]) -> Out {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args(args)
+        .env("ORDO_NOW_MS", now_ms.to_string())
+        .env_remove("ORDO_CRASH_POINT")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the ordo binary starts");
+    {
+        let mut input = child.stdin.take().expect("stdin is piped");
+        // The binary may exit (usage error) before reading: ignore a broken pipe.
+        let _ = input.write_all(stdin);
+    }
+    let output = child.wait_with_output().expect("the ordo binary runs");
+    Out {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
+        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
+    }
+}
+
+/// A lab whose every command runs at a controlled time.
+struct Ops {
+    lab: Lab,
+    now: Cell<i64>,
+}
+
+impl Ops {
+    fn new() -> Ops {
+        Ops {
+            lab: Lab::new(),
+            now: Cell::new(T0),
+        }
+    }
+
+    /// Sets the clock of the following commands.
+    fn at(&self, now_ms: i64) -> &Ops {
+        self.now.set(now_ms);
+        self
+    }
+
+    fn p(&self) -> &str {
+        &self.lab.p
+    }
+
+    fn c(&self) -> &str {
+        &self.lab.c
+    }
+
+    fn run(&self, args: &[&str]) -> Out {
+        run_at(self.now.get(), args, b"")
+    }
+
+    /// `ordo ARGS --json`, expected to exit 0; its JSON.
+    #[track_caller]
+    fn json(&self, args: &[&str]) -> Value {
+        let mut args = args.to_vec();
+        args.push("--json");
+        self.run(&args).json()
+    }
+
+    #[track_caller]
+    fn advance(&self, flow: &str, expected_seq: i64, to: &str, quantity: Option<i64>) {
+        let expected = expected_seq.to_string();
+        let quantity = quantity.map(|q| q.to_string());
+        let mut args = vec![
+            "advance",
+            "--producer",
+            self.p(),
+            "--flow",
+            flow,
+            "--expected-seq",
+            &expected,
+            "--to",
+            to,
+        ];
+        if let Some(q) = &quantity {
+            args.extend(["--quantity", q]);
+        }
+        let out = self.json(&args);
+        assert_eq!(out["outcome"], "committed", "{out}");
+    }
+
+    /// Advances `flow` through all three steps.
+    #[track_caller]
+    fn full_flow(&self, flow: &str, quantity: i64) {
+        for (seq, to) in ["reserved", "confirmed", "released"].iter().enumerate() {
+            self.advance(flow, seq as i64, to, Some(quantity));
+        }
+    }
+
+    #[track_caller]
+    fn relay(&self, extra: &[&str]) -> Value {
+        let mut args = vec!["relay", "--producer", self.p(), "--consumer", self.c()];
+        args.extend_from_slice(extra);
+        self.json(&args)
+    }
+
+    /// `ordo receive` with one envelope per line.
+    #[track_caller]
+    fn receive(&self, envelopes: &[String]) -> Value {
+        let input = envelopes.join("\n");
+        run_at(
+            self.now.get(),
+            &["receive", "--json", "--consumer", self.c()],
+            input.as_bytes(),
+        )
+        .json()
+    }
+
+    #[track_caller]
+    fn apply(&self, extra: &[&str]) -> Value {
+        let mut args = vec!["apply", "--consumer", self.c()];
+        args.extend_from_slice(extra);
+        self.json(&args)
+    }
+
+    /// The rows of `ordo outbox list`.
+    #[track_caller]
+    fn outbox(&self, extra: &[&str]) -> Value {
+        let mut args = vec!["outbox", "list", "--producer", self.p()];
+        args.extend_from_slice(extra);
+        let out = self.json(&args);
+        assert_eq!(keys(&out), ["outbox"], "{out}");
+        out["outbox"].clone()
+    }
+
+    /// The rows of `ordo inbox list`.
+    #[track_caller]
+    fn inbox(&self, extra: &[&str]) -> Value {
+        let mut args = vec!["inbox", "list", "--consumer", self.c()];
+        args.extend_from_slice(extra);
+        let out = self.json(&args);
+        assert_eq!(keys(&out), ["inbox"], "{out}");
+        out["inbox"].clone()
+    }
+
+    /// The entries of `ordo inbox repairs`.
+    #[track_caller]
+    fn repairs(&self) -> Value {
+        let out = self.json(&["inbox", "repairs", "--consumer", self.c()]);
+        assert_eq!(keys(&out), ["repairs"], "{out}");
+        out["repairs"].clone()
+    }
+
+    /// `ordo status --json` with extra arguments (any exit status).
+    fn status_out(&self, extra: &[&str]) -> Out {
+        let mut args = vec![
+            "status",
+            "--json",
+            "--producer",
+            self.p(),
+            "--consumer",
+            self.c(),
+        ];
+        args.extend_from_slice(extra);
+        self.run(&args)
+    }
+
+    /// `ordo status --json`, expected to exit 0.
+    #[track_caller]
+    fn status(&self) -> Value {
+        self.status_out(&[]).json()
+    }
+
+    /// `ordo prune --older-than D --json` (any exit status).
+    fn prune_out(&self, older_than: &str) -> Out {
+        self.run(&[
+            "prune",
+            "--json",
+            "--producer",
+            self.p(),
+            "--consumer",
+            self.c(),
+            "--older-than",
+            older_than,
+        ])
+    }
+
+    #[track_caller]
+    fn snapshot(&self) -> Value {
+        self.json(&["snapshot", "--producer", self.p(), "--consumer", self.c()])
+    }
+
+    /// `ordo inbox skip --json` (any exit status).
+    fn skip_out(&self, flow: &str, seq: &str, reason: &str, by: &str) -> Out {
+        self.run(&[
+            "inbox",
+            "skip",
+            "--json",
+            "--consumer",
+            self.c(),
+            "--flow",
+            flow,
+            "--seq",
+            seq,
+            "--reason",
+            reason,
+            "--by",
+            by,
+        ])
+    }
+}
+
+#[track_caller]
+fn keys(value: &Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = value
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {value}"))
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    keys
+}
+
+fn sorted<'a>(names: &[&'a str]) -> Vec<&'a str> {
+    let mut names = names.to_vec();
+    names.sort_unstable();
+    names
+}
+
+/// The `key` of every row, in order.
+#[track_caller]
+fn column<'v>(rows: &'v Value, key: &str) -> Vec<&'v Value> {
+    rows.as_array()
+        .unwrap_or_else(|| panic!("not an array: {rows}"))
+        .iter()
+        .map(|r| &r[key])
+        .collect()
+}
+
+/// The event ids of the rows, in order.
+#[track_caller]
+fn ids(rows: &Value) -> Vec<&str> {
+    column(rows, "event_id")
+        .into_iter()
+        .map(|v| v.as_str().expect("event_id is a string"))
+        .collect()
+}
+
+/// The row of `rows` whose `event_id` is `id`.
+#[track_caller]
+fn row<'v>(rows: &'v Value, id: &str) -> &'v Value {
+    rows.as_array()
+        .expect("an array of rows")
+        .iter()
+        .find(|r| r["event_id"] == id)
+        .unwrap_or_else(|| panic!("no row {id} in {rows}"))
+}
+
+/// Every number as an f64, so that `2` and `2.0` compare equal while the
+/// values themselves are compared exactly.
+fn numbers_as_f64(value: &Value) -> Value {
+    match value {
+        Value::Number(n) => json!(n.as_f64().expect("a finite number")),
+        Value::Array(items) => Value::Array(items.iter().map(numbers_as_f64).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), numbers_as_f64(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+#[track_caller]
+fn assert_same_numbers(actual: &Value, expected: &Value) {
+    assert_eq!(
+        numbers_as_f64(actual),
+        numbers_as_f64(expected),
+        "\nactual:   {actual}\nexpected: {expected}"
+    );
+}
+
+const ENVELOPE_KEYS: [&str; 6] = [
+    "event_id",
+    "flow_id",
+    "seq",
+    "schema_version",
+    "type",
+    "payload",
+];
+
+fn reserved(flow: &str, seq: i64, amount: i64) -> String {
+    envelope(
+        &format!("{flow}-{seq}"),
+        flow,
+        seq,
+        1,
+        "reserved",
+        json!({ "amount": amount }),
+    )
+}
+
+fn confirmed(flow: &str, seq: i64, amount: i64) -> String {
+    envelope(
+        &format!("{flow}-{seq}"),
+        flow,
+        seq,
+        1,
+        "confirmed",
+        json!({ "amount": amount }),
+    )
+}
+
+fn released(flow: &str, seq: i64, amount: i64) -> String {
+    envelope(
+        &format!("{flow}-{seq}"),
+        flow,
+        seq,
+        1,
+        "released",
+        json!({ "amount": amount }),
+    )
+}
+
+/// A schema-2 reservation (`{"units": q}`).
+fn reserved_v2(flow: &str, seq: i64, units: i64) -> String {
+    envelope(
+        &format!("{flow}-{seq}"),
+        flow,
+        seq,
+        2,
+        "reserved",
+        json!({ "units": units }),
+    )
+}
+
+// ---------------------------------------------------------------- outbox
+
+/// A-1 quarantined (the consumer already holds a different A-1), B-1 and
+/// A-2 accepted, C-1 pending (committed after the relay).
+fn quarantine_lab() -> Ops {
+    let ops = Ops::new();
+    ops.at(T0).advance("A", 0, "reserved", Some(5));
+    ops.at(T0 + 100).advance("B", 0, "reserved", Some(2));
+    ops.at(T0 + 200).advance("A", 1, "confirmed", None);
+    let receipts = ops.at(T0 + 300).receive(&[reserved("A", 1, 9)]);
+    assert_eq!(
+        receipts,
+        json!({"receipts": [{"event_id": "A-1", "receipt": "accepted"}]})
+    );
+    let relay = ops.at(T0 + 400).relay(&[]);
+    let mut deliveries: Vec<(String, String)> = relay["deliveries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["event_id"].as_str().unwrap().to_owned(),
+                d["receipt"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    deliveries.sort();
+    assert_eq!(
+        deliveries,
+        [
+            ("A-1".to_owned(), "conflict".to_owned()),
+            ("B-1".to_owned(), "accepted".to_owned()),
+        ],
+        "a flow whose head got a conflict is skipped for the rest of the run: {relay}"
+    );
+    // The next run hands over the rest of A: custody moves past the
+    // quarantined event, apply keeps the order.
+    assert_eq!(
+        ops.at(T0 + 450).relay(&[]),
+        json!({"deliveries": [{"event_id": "A-2", "flow_id": "A", "seq": 2, "receipt": "accepted"}],
+               "stop": "drained"})
+    );
+    ops.at(T0 + 500).advance("C", 0, "reserved", Some(1));
+    ops
+}
+
+#[test]
+fn outbox_list_shows_every_row_with_its_bookkeeping() {
+    let ops = quarantine_lab();
+    let all = ops.at(T0 + 600).outbox(&[]);
+    assert_eq!(ids(&all), ["A-1", "B-1", "A-2", "C-1"], "oldest first");
+    let mut expected_keys = ENVELOPE_KEYS.to_vec();
+    expected_keys.extend([
+        "accepted",
+        "quarantined",
+        "quarantine_reason",
+        "attempts",
+        "last_outcome",
+        "last_error",
+        "next_attempt_at_ms",
+        "created_at_ms",
+        "accepted_at_ms",
+    ]);
+    for r in all.as_array().unwrap() {
+        assert_eq!(keys(r), sorted(&expected_keys), "{r}");
+    }
+    assert_eq!(
+        row(&all, "A-1"),
+        &json!({
+            "event_id": "A-1", "flow_id": "A", "seq": 1, "schema_version": 1,
+            "type": "reserved", "payload": {"amount": 5},
+            "accepted": false, "quarantined": true, "quarantine_reason": CONFLICT_REASON,
+            "attempts": 1, "last_outcome": "conflict", "last_error": null,
+            "next_attempt_at_ms": 0, "created_at_ms": T0, "accepted_at_ms": null,
+        })
+    );
+    assert_eq!(
+        row(&all, "B-1"),
+        &json!({
+            "event_id": "B-1", "flow_id": "B", "seq": 1, "schema_version": 1,
+            "type": "reserved", "payload": {"amount": 2},
+            "accepted": true, "quarantined": false, "quarantine_reason": null,
+            "attempts": 1, "last_outcome": "accepted", "last_error": null,
+            "next_attempt_at_ms": 0, "created_at_ms": T0 + 100, "accepted_at_ms": T0 + 400,
+        })
+    );
+    assert_eq!(row(&all, "A-2")["accepted"], json!(true));
+    assert_eq!(row(&all, "A-2")["payload"], json!({"amount": 5}));
+    assert_eq!(row(&all, "A-2")["type"], "confirmed");
+    assert_eq!(
+        row(&all, "C-1"),
+        &json!({
+            "event_id": "C-1", "flow_id": "C", "seq": 1, "schema_version": 1,
+            "type": "reserved", "payload": {"amount": 1},
+            "accepted": false, "quarantined": false, "quarantine_reason": null,
+            "attempts": 0, "last_outcome": null, "last_error": null,
+            "next_attempt_at_ms": 0, "created_at_ms": T0 + 500, "accepted_at_ms": null,
+        })
+    );
+
+    let quarantined = ops.outbox(&["--quarantined"]);
+    assert_eq!(quarantined, json!([row(&all, "A-1")]));
+    assert_eq!(ids(&ops.outbox(&["--limit", "2"])), ["A-1", "B-1"]);
+    assert_eq!(ids(&ops.outbox(&["--limit", "1"])), ["A-1"]);
+    assert_eq!(
+        ids(&ops.outbox(&["--limit", "4"])),
+        ["A-1", "B-1", "A-2", "C-1"]
+    );
+    assert_eq!(
+        ids(&ops.outbox(&["--limit", "1", "--quarantined"])),
+        ["A-1"]
+    );
+
+    let text = ops.run(&["outbox", "list", "--producer", ops.p()]);
+    let lines: Vec<&str> = text.text().lines().collect();
+    assert_eq!(
+        lines,
+        [
+            format!(
+                "A-1 A seq 1 reserved: QUARANTINED ({CONFLICT_REASON}), attempts 1, last conflict"
+            ),
+            "B-1 B seq 1 reserved: accepted, attempts 1, last accepted".to_owned(),
+            "A-2 A seq 2 confirmed: accepted, attempts 1, last accepted".to_owned(),
+            "C-1 C seq 1 reserved: pending, attempts 0, last -".to_owned(),
+            "4 rows".to_owned(),
+        ]
+    );
+
+    let before = ops.lab.files();
+    for bad in ["0", "-1", "abc"] {
+        ops.run(&[
+            "outbox",
+            "list",
+            "--json",
+            "--producer",
+            ops.p(),
+            "--limit",
+            bad,
+        ])
+        .usage("--limit");
+    }
+    ops.lab
+        .files()
+        .assert_unchanged(&before, "outbox list --limit");
+}
+
+#[test]
+fn outbox_retry_clears_a_quarantine_and_the_relay_tries_once_more() {
+    let ops = quarantine_lab();
+    // Never retried automatically, however late.
+    assert_eq!(
+        ops.at(T0 + DAY).relay(&["--event", "C-1"])["deliveries"][0]["receipt"],
+        "accepted"
+    );
+    assert_eq!(
+        ops.relay(&[]),
+        json!({"deliveries": [], "stop": "drained"}),
+        "a quarantined event was retried automatically"
+    );
+    assert_eq!(row(&ops.outbox(&[]), "A-1")["attempts"], json!(1));
+
+    let retried = ops.json(&["outbox", "retry", "--producer", ops.p(), "A-1"]);
+    assert_eq!(retried, json!({"event_id": "A-1", "retried": true}));
+    assert_eq!(ops.outbox(&["--quarantined"]), json!([]));
+    let a1 = row(&ops.outbox(&[]), "A-1").clone();
+    assert_eq!(a1["quarantined"], json!(false));
+    assert_eq!(a1["quarantine_reason"], json!(null));
+    assert_eq!(a1["accepted"], json!(false));
+    assert_eq!(a1["attempts"], json!(1));
+    let status = ops.status();
+    assert_eq!(status["producer"]["quarantined"], json!(0));
+    assert_eq!(status["producer"]["backlog"], json!(1));
+
+    // The relay tries it exactly once more: the consumer still holds the
+    // other body, so it is quarantined again.
+    assert_eq!(
+        ops.at(T0 + DAY + 1).relay(&[]),
+        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict"}],
+               "stop": "drained"})
+    );
+    let a1 = row(&ops.outbox(&["--quarantined"]), "A-1").clone();
+    assert_eq!(a1["attempts"], json!(2));
+    assert_eq!(a1["last_outcome"], "conflict");
+    assert_eq!(a1["quarantine_reason"], CONFLICT_REASON);
+    assert_eq!(ops.relay(&[]), json!({"deliveries": [], "stop": "drained"}));
+
+    // Text output.
+    let out = ops.run(&["outbox", "retry", "--producer", ops.p(), "A-1"]);
+    assert_eq!(
+        out.text(),
+        "A-1: quarantine cleared; the next relay tries it once more\n"
+    );
+    assert_eq!(out.stderr, "");
+}
+
+#[test]
+fn outbox_retry_of_an_unknown_or_unquarantined_event_exits_2_and_changes_nothing() {
+    // No producer file: refused without creating one.
+    let fresh = Ops::new();
+    fresh
+        .run(&["outbox", "retry", "--json", "--producer", fresh.p(), "A-1"])
+        .usage("A-1: no such event in the outbox");
+    fresh.lab.assert_no_files();
+
+    let ops = quarantine_lab();
+    let before = ops.lab.files();
+    let snapshot = ops.snapshot();
+    let outbox = ops.outbox(&[]);
+    for (id, message) in [
+        ("Z-1", "error: Z-1: no such event in the outbox"),
+        ("B-1", "error: B-1 is not quarantined"),
+        ("A-2", "error: A-2 is not quarantined"),
+        ("C-1", "error: C-1 is not quarantined"),
+    ] {
+        let out = ops.run(&["outbox", "retry", "--json", "--producer", ops.p(), id]);
+        out.usage(id);
+        assert_eq!(out.stderr.trim_end(), message);
+    }
+    ops.run(&["outbox", "retry", "--json", "--producer", ops.p(), ""])
+        .usage("EVENT_ID");
+    ops.run(&["outbox", "retry", "--json", "--producer", ops.p()])
+        .usage("EVENT_ID");
+    ops.lab.files().assert_unchanged(&before, "refused retry");
+    assert_eq!(ops.snapshot(), snapshot);
+    assert_eq!(ops.outbox(&[]), outbox);
+}
+
+// ---------------------------------------------------------------- inbox
+
+/// x: a schema-2 reservation then a confirmation (blocked for
+/// unsupported_schema); y: a confirmation on a new flow (blocked,
+/// invalid_transition); z: seq 2 only (gap). Received at T0, applied at
+/// T0 + 1 s.
+fn blocked_lab() -> Ops {
+    let ops = Ops::new();
+    ops.at(T0).receive(&[
+        reserved_v2("x", 1, 3),
+        confirmed("x", 2, 3),
+        confirmed("y", 1, 3),
+        confirmed("z", 2, 3),
+    ]);
+    let applied = ops.at(T0 + SECOND).apply(&[]);
+    assert_eq!(
+        applied,
+        json!({"flows": [
+            {"flow_id": "x", "applied": 0, "stop": "blocked", "reason": "unsupported_schema"},
+            {"flow_id": "y", "applied": 0, "stop": "blocked", "reason": "invalid_transition"},
+            {"flow_id": "z", "applied": 0, "stop": "gap", "reason": null},
+        ]})
+    );
+    ops
+}
+
+#[test]
+fn inbox_list_filters_blocked_rows_flows_and_limits() {
+    let ops = blocked_lab();
+    let all = ops.inbox(&[]);
+    assert_eq!(ids(&all), ["x-1", "x-2", "y-1", "z-2"], "by flow and seq");
+    let mut expected_keys = ENVELOPE_KEYS.to_vec();
+    expected_keys.extend(["status", "reason", "received_at_ms", "settled_at_ms"]);
+    for r in all.as_array().unwrap() {
+        assert_eq!(keys(r), sorted(&expected_keys), "{r}");
+    }
+    assert_eq!(
+        all,
+        json!([
+            {"event_id": "x-1", "flow_id": "x", "seq": 1, "schema_version": 2, "type": "reserved",
+             "payload": {"units": 3}, "status": "blocked", "reason": "unsupported_schema",
+             "received_at_ms": T0, "settled_at_ms": null},
+            {"event_id": "x-2", "flow_id": "x", "seq": 2, "schema_version": 1, "type": "confirmed",
+             "payload": {"amount": 3}, "status": "pending", "reason": null,
+             "received_at_ms": T0, "settled_at_ms": null},
+            {"event_id": "y-1", "flow_id": "y", "seq": 1, "schema_version": 1, "type": "confirmed",
+             "payload": {"amount": 3}, "status": "blocked", "reason": "invalid_transition",
+             "received_at_ms": T0, "settled_at_ms": null},
+            {"event_id": "z-2", "flow_id": "z", "seq": 2, "schema_version": 1, "type": "confirmed",
+             "payload": {"amount": 3}, "status": "pending", "reason": null,
+             "received_at_ms": T0, "settled_at_ms": null},
+        ])
+    );
+
+    let blocked = ops.inbox(&["--blocked"]);
+    assert_eq!(ids(&blocked), ["x-1", "y-1"]);
+    assert_eq!(
+        column(&blocked, "reason"),
+        [&json!("unsupported_schema"), &json!("invalid_transition")]
+    );
+    assert_eq!(ids(&ops.inbox(&["--flow", "x"])), ["x-1", "x-2"]);
+    assert_eq!(ids(&ops.inbox(&["--flow", "x", "--limit", "1"])), ["x-1"]);
+    assert_eq!(ids(&ops.inbox(&["--flow", "z"])), ["z-2"]);
+    assert_eq!(ids(&ops.inbox(&["--blocked", "--flow", "y"])), ["y-1"]);
+    assert_eq!(ops.inbox(&["--blocked", "--flow", "z"]), json!([]));
+    assert_eq!(ops.inbox(&["--flow", "nope"]), json!([]));
+    assert_eq!(ids(&ops.inbox(&["--limit", "3"])), ["x-1", "x-2", "y-1"]);
+    assert_eq!(ids(&ops.inbox(&["--blocked", "--limit", "1"])), ["x-1"]);
+
+    let text = ops.run(&["inbox", "list", "--consumer", ops.c()]);
+    assert_eq!(
+        text.text().lines().collect::<Vec<_>>(),
+        [
+            "x-1 x seq 1 reserved: blocked (unsupported_schema)",
+            "x-2 x seq 2 confirmed: pending",
+            "y-1 y seq 1 confirmed: blocked (invalid_transition)",
+            "z-2 z seq 2 confirmed: pending",
+            "4 rows",
+        ]
+    );
+
+    let before = ops.lab.files();
+    for bad in ["0", "-1", "x"] {
+        ops.run(&[
+            "inbox",
+            "list",
+            "--json",
+            "--consumer",
+            ops.c(),
+            "--limit",
+            bad,
+        ])
+        .usage("--limit");
+    }
+    ops.run(&[
+        "inbox",
+        "list",
+        "--json",
+        "--consumer",
+        ops.c(),
+        "--flow",
+        "",
+    ])
+    .usage("--flow");
+    ops.lab.files().assert_unchanged(&before, "inbox list");
+}
+
+#[test]
+fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
+    let ops = blocked_lab();
+    let retry = |extra: &[&str]| {
+        let mut args = vec!["inbox", "retry", "--consumer", ops.c(), "--flow"];
+        args.extend_from_slice(extra);
+        ops.json(&args)
+    };
+
+    // Without --support-v2 the row is re-evaluated and blocked again.
+    let out =
+        ops.at(T0 + 2 * SECOND)
+            .run(&["inbox", "retry", "--consumer", ops.c(), "--flow", "x"]);
+    assert_eq!(
+        out.text(),
+        "x: reopened 1 blocked rows, applied 0, stop blocked (unsupported_schema)\n"
+    );
+    assert_eq!(
+        retry(&["x"]),
+        json!({"flow_id": "x", "reopened": 1, "applied": 0, "stop": "blocked", "reason": "unsupported_schema"})
+    );
+    let x = ops.inbox(&["--flow", "x"]);
+    assert_eq!(column(&x, "status"), [&json!("blocked"), &json!("pending")]);
+    assert_eq!(column(&x, "reason")[0], &json!("unsupported_schema"));
+    assert_eq!(column(&x, "settled_at_ms"), [&json!(null), &json!(null)]);
+
+    // With it, the stored schema-2 row is applied as stored, and the flow continues.
+    assert_eq!(
+        ops.at(T0 + 3 * SECOND).json(&[
+            "inbox",
+            "retry",
+            "--consumer",
+            ops.c(),
+            "--flow",
+            "x",
+            "--support-v2"
+        ]),
+        json!({"flow_id": "x", "reopened": 1, "applied": 2, "stop": "idle", "reason": null})
+    );
+    assert_eq!(
+        ops.inbox(&["--flow", "x"]),
+        json!([
+            {"event_id": "x-1", "flow_id": "x", "seq": 1, "schema_version": 2, "type": "reserved",
+             "payload": {"units": 3}, "status": "applied", "reason": null,
+             "received_at_ms": T0, "settled_at_ms": T0 + 3 * SECOND},
+            {"event_id": "x-2", "flow_id": "x", "seq": 2, "schema_version": 1, "type": "confirmed",
+             "payload": {"amount": 3}, "status": "applied", "reason": null,
+             "received_at_ms": T0, "settled_at_ms": T0 + 3 * SECOND},
+        ])
+    );
+    let snapshot = ops.snapshot();
+    assert_eq!(
+        snapshot["consumer"]["projection"],
+        json!([{"flow_id": "x", "state": "confirmed", "quantity": 3, "applied_seq": 2}])
+    );
+    assert_eq!(
+        snapshot["consumer"]["effects"],
+        json!([
+            {"flow_id": "x", "seq": 1, "event_id": "x-1"},
+            {"flow_id": "x", "seq": 2, "event_id": "x-2"},
+        ])
+    );
+    // Nothing blocked left on x: nothing reopened, nothing applied twice.
+    assert_eq!(
+        retry(&["x", "--support-v2"]),
+        json!({"flow_id": "x", "reopened": 0, "applied": 0, "stop": "idle", "reason": null})
+    );
+
+    // A row that stays invalid is blocked again with its reason.
+    assert_eq!(
+        retry(&["y", "--support-v2"]),
+        json!({"flow_id": "y", "reopened": 1, "applied": 0, "stop": "blocked", "reason": "invalid_transition"})
+    );
+    let y = ops.inbox(&["--flow", "y"]);
+    assert_eq!(column(&y, "status"), [&json!("blocked")]);
+    assert_eq!(column(&y, "reason"), [&json!("invalid_transition")]);
+    // A gap stays a gap.
+    assert_eq!(
+        retry(&["z"]),
+        json!({"flow_id": "z", "reopened": 0, "applied": 0, "stop": "gap", "reason": null})
+    );
+    assert_eq!(
+        ops.snapshot()["consumer"]["effects"],
+        snapshot["consumer"]["effects"]
+    );
+
+    let before = ops.lab.files();
+    ops.run(&[
+        "inbox",
+        "retry",
+        "--json",
+        "--consumer",
+        ops.c(),
+        "--flow",
+        "",
+    ])
+    .usage("--flow");
+    ops.run(&["inbox", "retry", "--json", "--consumer", ops.c()])
+        .usage("--flow");
+    ops.lab.files().assert_unchanged(&before, "inbox retry");
+}
+
+/// w: seq 1 applied, seq 2 a second `reserved` (blocked,
+/// invalid_transition), seqs 3 and 4 pending behind it; g: seq 2 only (gap).
+fn skip_lab() -> Ops {
+    let ops = Ops::new();
+    ops.at(T0).receive(&[
+        reserved("w", 1, 3),
+        reserved("w", 2, 3),
+        confirmed("w", 3, 3),
+        released("w", 4, 3),
+        confirmed("g", 2, 3),
+    ]);
+    assert_eq!(
+        ops.at(T0 + SECOND).apply(&[]),
+        json!({"flows": [
+            {"flow_id": "g", "applied": 0, "stop": "gap", "reason": null},
+            {"flow_id": "w", "applied": 1, "stop": "blocked", "reason": "invalid_transition"},
+        ]})
+    );
+    ops
+}
+
+#[test]
+fn inbox_skip_refusals_exit_2_and_write_nothing() {
+    // No consumer file: refused without creating one.
+    let fresh = Ops::new();
+    fresh
+        .skip_out("w", "1", "r", "alice")
+        .usage("flow w seq 1 is not stored in the inbox");
+    fresh.lab.assert_no_files();
+
+    let ops = skip_lab();
+    let snapshot = ops.snapshot();
+    let before = ops.lab.files();
+    let long_reason = "r".repeat(1001);
+    let long_by = "b".repeat(101);
+    let cases: Vec<([&str; 4], &str)> = vec![
+        (
+            ["w", "1", "r", "alice"],
+            "error: flow w seq 1 is already applied or skipped (applied through seq 1)",
+        ),
+        (
+            ["w", "3", "r", "alice"],
+            "error: flow w seq 3 is not the flow's next seq (2); only the next one can be skipped",
+        ),
+        (
+            ["w", "5", "r", "alice"],
+            "error: flow w seq 5 is not the flow's next seq (2); only the next one can be skipped",
+        ),
+        (
+            ["g", "1", "r", "alice"],
+            "error: flow g seq 1 is not stored in the inbox; a missing event cannot be skipped",
+        ),
+        (
+            ["g", "2", "r", "alice"],
+            "error: flow g seq 2 is not the flow's next seq (1); only the next one can be skipped",
+        ),
+        (
+            ["nope", "1", "r", "alice"],
+            "error: flow nope seq 1 is not stored in the inbox; a missing event cannot be skipped",
+        ),
+        (
+            ["w", "2", "", "alice"],
+            "error: --reason must be 1 to 1000 bytes of text (got 0 bytes)",
+        ),
+        (
+            ["w", "2", "   ", "alice"],
+            "error: --reason must be 1 to 1000 bytes of text (got 3 bytes)",
+        ),
+        (
+            ["w", "2", &long_reason, "alice"],
+            "error: --reason must be 1 to 1000 bytes of text (got 1001 bytes)",
+        ),
+        (
+            ["w", "2", "r", ""],
+            "error: --by must be 1 to 100 bytes of text (got 0 bytes)",
+        ),
+        (
+            ["w", "2", "r", &long_by],
+            "error: --by must be 1 to 100 bytes of text (got 101 bytes)",
+        ),
+    ];
+    for ([flow, seq, reason, by], message) in &cases {
+        let out = ops.at(T0 + 5 * SECOND).skip_out(flow, seq, reason, by);
+        out.usage("");
+        assert_eq!(out.stderr.trim_end(), *message, "{flow} {seq}");
+    }
+    for seq in ["0", "-1", "abc", "1.0", "9223372036854775808"] {
+        let out = ops.skip_out("w", seq, "r", "alice");
+        out.usage("--seq");
+        assert!(
+            out.stderr
+                .contains("must be an integer in 1..=9223372036854775807"),
+            "{out:#?}"
+        );
+    }
+    ops.run(&[
+        "inbox",
+        "skip",
+        "--json",
+        "--consumer",
+        ops.c(),
+        "--flow",
+        "w",
+        "--seq",
+        "2",
+        "--reason",
+        "r",
+    ])
+    .usage("--by");
+    ops.run(&[
+        "inbox",
+        "skip",
+        "--json",
+        "--consumer",
+        ops.c(),
+        "--flow",
+        "w",
+        "--seq",
+        "2",
+        "--by",
+        "a",
+    ])
+    .usage("--reason");
+    ops.run(&[
+        "inbox",
+        "skip",
+        "--json",
+        "--consumer",
+        ops.c(),
+        "--seq",
+        "2",
+        "--reason",
+        "r",
+        "--by",
+        "a",
+    ])
+    .usage("--flow");
+
+    ops.lab.files().assert_unchanged(&before, "refused skip");
+    assert_eq!(ops.snapshot(), snapshot);
+    assert_eq!(ops.repairs(), json!([]));
+}
+
+#[test]
+fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
+    let ops = skip_lab();
+    let reason = "duplicate reservation sent by the old checkout (ticket 42)";
+    let first = ops.at(T0 + 5 * SECOND).skip_out("w", "2", reason, "alice");
+    assert_eq!(first.stderr, "");
+    let first = first.json();
+    assert_eq!(keys(&first), ["repair"]);
+    let repair1 = json!({
+        "id": 1, "action": "skip", "flow_id": "w", "seq": 2, "event_id": "w-2",
+        "reason": reason, "by": "alice", "at_ms": T0 + 5 * SECOND,
+    });
+    assert_eq!(first, json!({ "repair": repair1 }));
+    assert_eq!(
+        row(&ops.inbox(&["--flow", "w"]), "w-2"),
+        &json!({"event_id": "w-2", "flow_id": "w", "seq": 2, "schema_version": 1, "type": "reserved",
+                "payload": {"amount": 3}, "status": "skipped", "reason": null,
+                "received_at_ms": T0, "settled_at_ms": T0 + 5 * SECOND})
+    );
+    // Settled now: a second skip of the same seq is refused.
+    ops.skip_out("w", "2", reason, "alice")
+        .usage("flow w seq 2 is already applied or skipped (applied through seq 2)");
+
+    // Apply continues past the skipped event; it has no effect.
+    assert_eq!(
+        ops.at(T0 + 6 * SECOND).apply(&[]),
+        json!({"flows": [
+            {"flow_id": "g", "applied": 0, "stop": "gap", "reason": null},
+            {"flow_id": "w", "applied": 2, "stop": "idle", "reason": null},
+        ]})
+    );
+    let snapshot = ops.snapshot();
+    assert_eq!(
+        snapshot["consumer"]["projection"],
+        json!([{"flow_id": "w", "state": "released", "quantity": 3, "applied_seq": 4}])
+    );
+    assert_eq!(
+        snapshot["consumer"]["effects"],
+        json!([
+            {"flow_id": "w", "seq": 1, "event_id": "w-1"},
+            {"flow_id": "w", "seq": 3, "event_id": "w-3"},
+            {"flow_id": "w", "seq": 4, "event_id": "w-4"},
+        ])
+    );
+    assert_eq!(
+        column(&ops.inbox(&["--flow", "w"]), "status"),
+        [
+            &json!("applied"),
+            &json!("skipped"),
+            &json!("applied"),
+            &json!("applied")
+        ]
+    );
+
+    // A pending (not blocked) next event may be skipped too; text output.
+    ops.at(T0 + 7 * SECOND).receive(&[reserved("v", 1, 1)]);
+    let out = ops.at(T0 + 8 * SECOND).run(&[
+        "inbox",
+        "skip",
+        "--consumer",
+        ops.c(),
+        "--flow",
+        "v",
+        "--seq",
+        "1",
+        "--reason",
+        "order cancelled by phone",
+        "--by",
+        "bob",
+    ]);
+    assert_eq!(
+        out.text(),
+        "skipped v seq 1 (v-1) by bob: order cancelled by phone [repair 2]\n"
+    );
+    let repair2 = json!({
+        "id": 2, "action": "skip", "flow_id": "v", "seq": 1, "event_id": "v-1",
+        "reason": "order cancelled by phone", "by": "bob", "at_ms": T0 + 8 * SECOND,
+    });
+    assert_eq!(ops.repairs(), json!([repair1, repair2]));
+    let text = ops.run(&["inbox", "repairs", "--consumer", ops.c()]);
+    assert_eq!(
+        text.text().lines().collect::<Vec<_>>(),
+        [
+            format!(
+                "#1 at {} ms: skip w seq 2 (w-2) by alice: {reason}",
+                T0 + 5 * SECOND
+            ),
+            format!(
+                "#2 at {} ms: skip v seq 1 (v-1) by bob: order cancelled by phone",
+                T0 + 8 * SECOND
+            ),
+            "2 repairs".to_owned(),
+        ]
+    );
+    let status = ops.status();
+    assert_eq!(status["consumer"]["skipped"], json!(2));
+    assert_eq!(status["consumer"]["applied"], json!(3));
+
+    // The database itself refuses to change the log.
+    {
+        let conn = rusqlite::Connection::open(ops.c()).expect("open the consumer file");
+        for sql in [
+            "UPDATE repair_log SET reason = 'nothing happened' WHERE id = 1",
+            "UPDATE repair_log SET decided_by = 'mallory'",
+            "DELETE FROM repair_log WHERE id = 2",
+            "DELETE FROM repair_log",
+        ] {
+            let error = conn
+                .execute(sql, [])
+                .expect_err(&format!("{sql} must be refused"));
+            assert!(
+                error.to_string().contains("repair_log is append-only"),
+                "{sql}: {error}"
+            );
+        }
+    }
+    assert_eq!(ops.repairs(), json!([repair1, repair2]));
+
+    // Pruning keeps the log and the counts; a skipped event redelivered
+    // after pruning is still a duplicate, and is not applied.
+    let pruned = ops.at(T0 + DAY).prune_out("1h").json();
+    assert_eq!(pruned["consumer"]["removed"], json!(5), "{pruned}");
+    assert_eq!(ops.repairs(), json!([repair1, repair2]));
+    let status = ops.status();
+    assert_eq!(status["consumer"]["skipped"], json!(2));
+    assert_eq!(status["consumer"]["applied"], json!(3));
+    assert_eq!(
+        ops.receive(&[reserved("w", 2, 3), reserved("v", 1, 1)]),
+        json!({"receipts": [
+            {"event_id": "w-2", "receipt": "duplicate"},
+            {"event_id": "v-1", "receipt": "duplicate"},
+        ]})
+    );
+    assert_eq!(
+        ops.snapshot()["consumer"]["effects"],
+        snapshot["consumer"]["effects"]
+    );
+}
+
+// ---------------------------------------------------------------- status
+
+/// Producer: A-1 quarantined (committed at T0), B-1 pending (T0 + 10 s).
+/// Consumer: A-1 (the other body) applied; x-1 blocked (unsupported_schema),
+/// y-1 blocked (invalid_transition); z waits for seq 1 since T0 + 30 s.
+fn status_lab() -> Ops {
+    let ops = Ops::new();
+    ops.at(T0).advance("A", 0, "reserved", Some(5));
+    ops.at(T0 + 10 * SECOND)
+        .advance("B", 0, "reserved", Some(2));
+    ops.at(T0 + 20 * SECOND).receive(&[
+        reserved("A", 1, 9),
+        reserved_v2("x", 1, 3),
+        confirmed("y", 1, 3),
+    ]);
+    assert_eq!(
+        ops.relay(&["--event", "A-1"]),
+        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict"}],
+               "stop": "drained"})
+    );
+    ops.apply(&[]);
+    ops.at(T0 + 30 * SECOND).receive(&[confirmed("z", 3, 3)]);
+    ops.at(T0 + 40 * SECOND).receive(&[confirmed("z", 2, 3)]);
+    ops.at(T0 + 60 * SECOND);
+    ops
+}
+
+fn status_doc(breaches: Value) -> Value {
+    let ok = breaches.as_array().unwrap().is_empty();
+    json!({
+        "producer": {"backlog": 2, "oldest_pending_age_s": 60, "quarantined": 1, "backing_off": 0},
+        "consumer": {
+            "pending": 2,
+            "blocked": {"total": 2, "by_reason": {"invalid_transition": 1, "unsupported_schema": 1}},
+            "gaps": [{"flow_id": "z", "missing_seq": 1, "since_ms": T0 + 30 * SECOND, "waiting_s": 30}],
+            "applied": 1,
+            "skipped": 0,
+        },
+        "breaches": breaches,
+        "ok": ok,
+    })
+}
+
+#[test]
+fn status_reports_every_signal_with_exact_ages() {
+    let ops = status_lab();
+    let out = ops.status_out(&[]);
+    assert_eq!(out.stderr, "");
+    let status = out.json();
+    assert_eq!(keys(&status), ["breaches", "consumer", "ok", "producer"]);
+    assert_eq!(
+        keys(&status["producer"]),
+        [
+            "backing_off",
+            "backlog",
+            "oldest_pending_age_s",
+            "quarantined"
+        ]
+    );
+    assert_eq!(
+        keys(&status["consumer"]),
+        ["applied", "blocked", "gaps", "pending", "skipped"]
+    );
+    assert_same_numbers(&status, &status_doc(json!([])));
+
+    // Ages follow the clock.
+    let later = ops.at(T0 + 90 * SECOND + 500).status();
+    assert_eq!(
+        later["producer"]["oldest_pending_age_s"].as_f64(),
+        Some(90.5)
+    );
+    assert_eq!(
+        later["consumer"]["gaps"][0]["waiting_s"].as_f64(),
+        Some(60.5)
+    );
+
+    // Empty files: nothing pending, no age.
+    let empty = Ops::new();
+    assert_same_numbers(
+        &empty.status(),
+        &json!({
+            "producer": {"backlog": 0, "oldest_pending_age_s": null, "quarantined": 0, "backing_off": 0},
+            "consumer": {"pending": 0, "blocked": {"total": 0, "by_reason": {}}, "gaps": [],
+                         "applied": 0, "skipped": 0},
+            "breaches": [],
+            "ok": true,
+        }),
+    );
+
+    let text =
+        ops.at(T0 + 60 * SECOND)
+            .run(&["status", "--producer", ops.p(), "--consumer", ops.c()]);
+    let lines: Vec<&str> = text.text().lines().collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(
+        lines[0],
+        "producer: backlog 2 (oldest 60.0 s), quarantined 1, backing off 0"
+    );
+    assert!(
+        lines[1].starts_with("consumer: pending 2, blocked 2"),
+        "{lines:?}"
+    );
+    assert_eq!(lines[2], "  gap: z waits for seq 1 since 30.0 s");
+}
+
+#[test]
+fn status_thresholds_exit_3_only_when_exceeded() {
+    let ops = status_lab();
+    // Equal to every threshold: not a breach.
+    let out = ops.status_out(&[
+        "--max-backlog",
+        "2",
+        "--max-age",
+        "60",
+        "--max-blocked",
+        "2",
+        "--max-quarantined",
+        "1",
+    ]);
+    assert_same_numbers(&out.json(), &status_doc(json!([])));
+
+    for (flag, threshold, signal, value) in [
+        ("--max-backlog", 1, "backlog", 2),
+        ("--max-age", 59, "oldest_pending_age_s", 60),
+        ("--max-blocked", 1, "blocked", 2),
+        ("--max-quarantined", 0, "quarantined", 1),
+    ] {
+        let threshold_text = threshold.to_string();
+        let out = ops.status_out(&[flag, &threshold_text]);
+        assert_eq!(out.code, 3, "{flag} {threshold}: {out:#?}");
+        assert_eq!(out.stderr, "", "{flag}");
+        let status: Value = serde_json::from_str(&out.stdout).expect("one JSON document");
+        assert_same_numbers(
+            &status,
+            &status_doc(json!([{"signal": signal, "value": value, "threshold": threshold}])),
+        );
+        assert_eq!(status["ok"], json!(false));
+    }
+
+    // All at once, in a fixed order; text output names each breach.
+    let all = [
+        "--max-backlog",
+        "0",
+        "--max-age",
+        "0",
+        "--max-blocked",
+        "0",
+        "--max-quarantined",
+        "0",
+    ];
+    let out = ops.status_out(&all);
+    assert_eq!(out.code, 3, "{out:#?}");
+    let status: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_same_numbers(
+        &status,
+        &status_doc(json!([
+            {"signal": "backlog", "value": 2, "threshold": 0},
+            {"signal": "oldest_pending_age_s", "value": 60, "threshold": 0},
+            {"signal": "blocked", "value": 2, "threshold": 0},
+            {"signal": "quarantined", "value": 1, "threshold": 0},
+        ])),
+    );
+    let mut args = vec!["status", "--producer", ops.p(), "--consumer", ops.c()];
+    args.extend(all);
+    let out = ops.run(&args);
+    assert_eq!(out.code, 3, "{out:#?}");
+    let alerts: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("ALERT "))
+        .collect();
+    assert_eq!(alerts.len(), 4, "{out:#?}");
+    for (line, signal) in
+        alerts
+            .iter()
+            .zip(["backlog", "oldest_pending_age_s", "blocked", "quarantined"])
+    {
+        assert!(line.starts_with(&format!("ALERT {signal} = ")), "{line}");
+    }
+
+    // Thresholds on empty files are never breached.
+    let empty = Ops::new();
+    let out = empty.status_out(&all);
+    assert_eq!(out.json()["ok"], json!(true));
+}
+
+#[test]
+fn status_invalid_thresholds_exit_2_and_create_nothing() {
+    let ops = Ops::new();
+    for flag in [
+        "--max-backlog",
+        "--max-age",
+        "--max-blocked",
+        "--max-quarantined",
+    ] {
+        for bad in ["-1", "abc", "1.5", ""] {
+            ops.status_out(&[flag, bad]).usage(flag);
+        }
+        ops.status_out(&[flag]).usage(flag);
+    }
+    ops.lab.assert_no_files();
+}
+
+// ---------------------------------------------------------------- prune
+
+#[test]
+fn prune_duration_parsing() {
+    let ops = Ops::new();
+    for bad in ["abc", "-1s", "", "1x", "7"] {
+        ops.prune_out(bad).usage("--older-than");
+    }
+    ops.run(&[
+        "prune",
+        "--json",
+        "--producer",
+        ops.p(),
+        "--consumer",
+        ops.c(),
+    ])
+    .usage("--older-than");
+    ops.lab.assert_no_files();
+
+    for (text, ms) in [
+        ("7d", 7 * DAY),
+        ("12h", 12 * HOUR),
+        ("30m", 30 * MINUTE),
+        ("1s", SECOND),
+        ("90m", 90 * MINUTE),
+    ] {
+        assert_eq!(
+            ops.prune_out(text).json(),
+            json!({"cutoff_ms": T0 - ms, "producer": {"removed": 0},
+                   "consumer": {"removed": 0, "fingerprints": 0}}),
+            "{text}"
+        );
+    }
+    let before = ops.lab.files();
+    for bad in ["abc", "-1s", "", "1x"] {
+        ops.prune_out(bad).usage("--older-than");
+    }
+    ops.lab
+        .files()
+        .assert_unchanged(&before, "invalid --older-than");
+    let out = ops.run(&[
+        "prune",
+        "--producer",
+        ops.p(),
+        "--consumer",
+        ops.c(),
+        "--older-than",
+        "30m",
+    ]);
+    assert_eq!(
+        out.text(),
+        "pruned 0 accepted outbox rows and 0 settled inbox rows (kept 0 fingerprints) older than 30m\n"
+    );
+}
+
+#[test]
+fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
+    let ops = Ops::new();
+    // At T0: A through all three steps; Q quarantined (the consumer holds
+    // another Q-1, applied); C-1 committed but never relayed; x-1 blocked,
+    // z-2 pending behind a gap.
+    ops.at(T0).full_flow("A", 4);
+    ops.receive(&[
+        reserved("Q", 1, 9),
+        reserved_v2("x", 1, 3),
+        confirmed("z", 2, 3),
+    ]);
+    ops.advance("Q", 0, "reserved", Some(1));
+    let relay = ops.relay(&[]);
+    assert_eq!(relay["deliveries"].as_array().unwrap().len(), 4, "{relay}");
+    ops.apply(&[]);
+    ops.advance("C", 0, "reserved", Some(1));
+    // At T0 + 1 h: B delivered and applied.
+    ops.at(T0 + HOUR).advance("B", 0, "reserved", Some(2));
+    ops.relay(&["--event", "B-1"]);
+    ops.apply(&[]);
+    let before = ops.snapshot();
+    assert_eq!(
+        ids(&ops.outbox(&[])),
+        ["A-1", "A-2", "A-3", "Q-1", "C-1", "B-1"]
+    );
+    assert_eq!(
+        ids(&ops.inbox(&[])),
+        ["A-1", "A-2", "A-3", "B-1", "Q-1", "x-1", "z-2"]
+    );
+
+    // Strictly older than the cutoff: rows settled exactly at it stay.
+    ops.at(T0 + 2 * HOUR);
+    assert_eq!(
+        ops.prune_out("2h").json(),
+        json!({"cutoff_ms": T0, "producer": {"removed": 0},
+               "consumer": {"removed": 0, "fingerprints": 0}})
+    );
+    assert_eq!(ops.snapshot(), before);
+
+    assert_eq!(
+        ops.prune_out("61m").json(),
+        json!({"cutoff_ms": T0 + 59 * MINUTE, "producer": {"removed": 3},
+               "consumer": {"removed": 4, "fingerprints": 4}})
+    );
+    let outbox = ops.outbox(&[]);
+    assert_eq!(ids(&outbox), ["Q-1", "C-1", "B-1"]);
+    assert_eq!(row(&outbox, "Q-1")["quarantined"], json!(true));
+    assert_eq!(row(&outbox, "C-1")["accepted"], json!(false));
+    assert_eq!(ids(&ops.inbox(&[])), ["B-1", "x-1", "z-2"]);
+    let after = ops.snapshot();
+    assert_eq!(
+        after["consumer"]["projection"],
+        before["consumer"]["projection"]
+    );
+    assert_eq!(after["consumer"]["effects"], before["consumer"]["effects"]);
+    assert_eq!(after["producer"]["flows"], before["producer"]["flows"]);
+    let status = ops.status();
+    assert_eq!(status["consumer"]["applied"], json!(5), "pruned rows count");
+    assert_eq!(status["producer"]["backlog"], json!(2));
+
+    // A late redelivery of a pruned event: same body duplicate, changed
+    // body or another id at its seq conflict; nothing stored, nothing applied.
+    let changed = envelope("A-2", "A", 2, 1, "confirmed", json!({"amount": 5}));
+    let other_id = envelope("A-2b", "A", 2, 1, "confirmed", json!({"amount": 4}));
+    assert_eq!(
+        ops.receive(&[
+            confirmed("A", 2, 4),
+            changed,
+            other_id,
+            reserved("Q", 1, 9),
+            reserved("A", 1, 4),
+        ]),
+        json!({"receipts": [
+            {"event_id": "A-2", "receipt": "duplicate"},
+            {"event_id": "A-2", "receipt": "conflict"},
+            {"event_id": "A-2b", "receipt": "conflict"},
+            {"event_id": "Q-1", "receipt": "duplicate"},
+            {"event_id": "A-1", "receipt": "duplicate"},
+        ]})
+    );
+    assert_eq!(ids(&ops.inbox(&[])), ["B-1", "x-1", "z-2"]);
+    assert_eq!(
+        ops.apply(&[]),
+        json!({"flows": [{"flow_id": "z", "applied": 0, "stop": "gap", "reason": null}]})
+    );
+    // The quarantined event still conflicts with the pruned row's fingerprint.
+    ops.json(&["outbox", "retry", "--producer", ops.p(), "Q-1"]);
+    assert_eq!(
+        ops.relay(&["--event", "Q-1"]),
+        json!({"deliveries": [{"event_id": "Q-1", "flow_id": "Q", "seq": 1, "receipt": "conflict"}],
+               "stop": "drained"})
+    );
+    assert_eq!(ops.snapshot()["consumer"], after["consumer"]);
+
+    // Later, B goes too; pending, quarantined, blocked and gapped rows never do.
+    assert_eq!(
+        ops.at(T0 + 100 * DAY).prune_out("1s").json(),
+        json!({"cutoff_ms": T0 + 100 * DAY - SECOND, "producer": {"removed": 1},
+               "consumer": {"removed": 1, "fingerprints": 1}})
+    );
+    assert_eq!(ids(&ops.outbox(&[])), ["Q-1", "C-1"]);
+    assert_eq!(ids(&ops.inbox(&[])), ["x-1", "z-2"]);
+    assert_eq!(
+        ops.receive(&[reserved("B", 1, 2)]),
+        json!({"receipts": [{"event_id": "B-1", "receipt": "duplicate"}]})
+    );
+    let last = ops.snapshot();
+    assert_eq!(
+        last["consumer"]["projection"],
+        before["consumer"]["projection"]
+    );
+    assert_eq!(last["consumer"]["effects"], before["consumer"]["effects"]);
+    assert_eq!(ops.status()["consumer"]["applied"], json!(5));
+
+    // The pruned flow goes on: its next seq is produced, delivered and
+    // applied once.
+    ops.advance("B", 1, "confirmed", None);
+    assert_eq!(
+        ops.relay(&["--event", "B-2"])["deliveries"][0]["receipt"],
+        "accepted"
+    );
+    assert_eq!(
+        ops.apply(&["--flow", "B"]),
+        json!({"flows": [{"flow_id": "B", "applied": 1, "stop": "idle", "reason": null}]})
+    );
+    let effects = ops.snapshot()["consumer"]["effects"].clone();
+    let b: Vec<&Value> = effects
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["flow_id"] == "B")
+        .collect();
+    assert_eq!(
+        b,
+        [
+            &json!({"flow_id": "B", "seq": 1, "event_id": "B-1"}),
+            &json!({"flow_id": "B", "seq": 2, "event_id": "B-2"}),
+        ]
+    );
+}
+
+// ---------------------------------------------------------------- busy timeout
+
+#[test]
+fn busy_timeout_bounds_the_wait_for_a_locked_consumer_and_the_relay_backs_off() {
+    let ops = Ops::new();
+    ops.at(T0).advance("A", 0, "reserved", Some(4));
+    ops.json(&["init", "--producer", ops.p(), "--consumer", ops.c()]);
+
+    let lock = rusqlite::Connection::open(ops.c()).expect("open the consumer file");
+    lock.execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    let started = Instant::now();
+    let out = ops.run(&[
+        "relay",
+        "--json",
+        "--busy-timeout-ms",
+        "50",
+        "--producer",
+        ops.p(),
+        "--consumer",
+        ops.c(),
+    ]);
+    let elapsed = started.elapsed();
+    out.storage_error();
+    assert_eq!(out.stderr.lines().count(), 1, "{out:#?}");
+    assert!(
+        out.stderr.contains("database is locked"),
+        "the error names the lock: {out:#?}"
+    );
+    assert!(
+        elapsed < Duration::from_secs(5),
+        "--busy-timeout-ms 50 waited {elapsed:?}"
+    );
+
+    // The failure is recorded on the producer side, with a backoff.
+    let a1 = row(&ops.outbox(&[]), "A-1").clone();
+    assert_eq!(a1["accepted"], json!(false));
+    assert_eq!(a1["quarantined"], json!(false));
+    assert_eq!(a1["attempts"], json!(1));
+    assert_eq!(a1["last_outcome"], "error");
+    assert!(
+        a1["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("database is locked")),
+        "{a1}"
+    );
+    let next = a1["next_attempt_at_ms"].as_i64().expect("an integer");
+    assert!(
+        next > T0 && next <= T0 + 101,
+        "next attempt {next} not in (now, now + 100 ms + 1]"
+    );
+    let status = ops.status();
+    assert_eq!(status["producer"]["backing_off"], json!(1));
+    assert_eq!(status["producer"]["backlog"], json!(1));
+    lock.execute_batch("ROLLBACK").expect("release the lock");
+    drop(lock);
+
+    // The relay honours the backoff, then delivers.
+    assert_eq!(ops.relay(&[]), json!({"deliveries": [], "stop": "drained"}));
+    assert_eq!(
+        ops.at(next).relay(&[]),
+        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "accepted"}],
+               "stop": "drained"})
+    );
+    let a1 = row(&ops.outbox(&[]), "A-1").clone();
+    assert_eq!(a1["accepted"], json!(true));
+    assert_eq!(a1["attempts"], json!(2));
+    assert_eq!(a1["last_outcome"], "accepted");
+    assert_eq!(a1["accepted_at_ms"], json!(next));
+    assert_eq!(ops.status()["producer"]["backing_off"], json!(0));
+
+    for bad in ["-1", "abc", "3600001"] {
+        let out = ops.run(&[
+            "relay",
+            "--json",
+            "--busy-timeout-ms",
+            bad,
+            "--producer",
+            ops.p(),
+            "--consumer",
+            ops.c(),
+        ]);
+        out.usage("--busy-timeout-ms");
+    }
+}
