@@ -293,34 +293,38 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
         .oldest_pending_created_at_ms
         .map(|t| age_s(now_ms, t))
         .unwrap_or(0.0);
-    let mut breaches = Vec::new();
-    let mut check = |signal: &str, value: f64, threshold: Option<f64>| {
-        if let Some(threshold) = threshold {
-            if value > threshold {
-                breaches.push(json!({"signal": signal, "value": value, "threshold": threshold}));
-            }
-        }
-    };
-    check(
-        "backlog",
-        p.backlog as f64,
-        args.max_backlog.map(|n| n as f64),
-    );
-    check(
-        "oldest_pending_age_s",
-        oldest_age,
-        args.max_age.map(|n| n as f64),
-    );
-    check(
-        "blocked",
-        blocked_total as f64,
-        args.max_blocked.map(|n| n as f64),
-    );
-    check(
-        "quarantined",
-        p.quarantined as f64,
-        args.max_quarantined.map(|n| n as f64),
-    );
+    // Counts are compared and printed as integers, the age in seconds.
+    let signals = [
+        (
+            "backlog",
+            json!(p.backlog),
+            args.max_backlog,
+            args.max_backlog.is_some_and(|t| p.backlog > t),
+        ),
+        (
+            "oldest_pending_age_s",
+            json!(oldest_age),
+            args.max_age,
+            args.max_age.is_some_and(|t| oldest_age > t as f64),
+        ),
+        (
+            "blocked",
+            json!(blocked_total),
+            args.max_blocked,
+            args.max_blocked.is_some_and(|t| blocked_total > t),
+        ),
+        (
+            "quarantined",
+            json!(p.quarantined),
+            args.max_quarantined,
+            args.max_quarantined.is_some_and(|t| p.quarantined > t),
+        ),
+    ];
+    let breaches: Vec<Value> = signals
+        .into_iter()
+        .filter(|(_, _, _, breached)| *breached)
+        .map(|(signal, value, threshold, _)| json!({"signal": signal, "value": value, "threshold": threshold}))
+        .collect();
     let value = status_value(now_ms, &p, &c, &breaches);
     emit(json_mode, &value, || {
         let by_reason: BTreeMap<&String, &u64> = c.blocked.iter().collect();

@@ -1,6 +1,6 @@
 //! The producer store: flows and the outbox in one SQLite file.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -490,45 +490,63 @@ impl ProducerStore for ProducerDb {
                     |row| row.get(0),
                 )
                 .map_err(err)?;
-            let mut accept = tx
-                .prepare_cached(
+            // Set-based: one statement per kind of receipt, one for the heads.
+            let mut latest: BTreeMap<&str, Receipt> = BTreeMap::new();
+            for (event_id, receipt) in receipts {
+                latest.insert(event_id.as_str(), *receipt);
+            }
+            let ids = |kind: Receipt| -> String {
+                let list: Vec<&str> = latest.iter().filter(|(_, r)| **r == kind).map(|(id, _)| *id).collect();
+                serde_json::to_string(&list).expect("a list of strings serializes")
+            };
+            let mut changed = 0;
+            for kind in [Receipt::Accepted, Receipt::Duplicate] {
+                changed += exec_cached(
+                    tx,
                     "UPDATE outbox SET accepted = 1, quarantined = 0, quarantine_reason = NULL,
                          accepted_at_ms = coalesce(accepted_at_ms, ?2),
                          attempts = attempts + 1, last_outcome = ?3, last_error = NULL
-                     WHERE event_id = ?1 RETURNING flow_id",
+                     WHERE event_id IN (SELECT value FROM json_each(?1))",
+                    params![ids(kind), now_ms, kind.as_str()],
                 )
                 .map_err(err)?;
-            let mut quarantine = tx
-                .prepare_cached(
-                    "UPDATE outbox SET quarantined = 1 - accepted,
-                         quarantine_reason = CASE WHEN accepted = 1 THEN NULL ELSE ?2 END,
-                         attempts = attempts + 1, last_outcome = 'conflict'
-                     WHERE event_id = ?1 RETURNING flow_id",
-                )
-                .map_err(err)?;
-            let mut flows = BTreeSet::new();
-            for (event_id, receipt) in receipts {
-                let flow: Option<String> = match receipt {
-                    Receipt::Accepted | Receipt::Duplicate => accept
-                        .query_row(params![event_id.as_str(), now_ms, receipt.as_str()], |row| row.get(0))
-                        .optional(),
-                    Receipt::Conflict => quarantine
-                        .query_row(params![event_id.as_str(), CONFLICT_REASON], |row| row.get(0))
-                        .optional(),
-                }
-                .map_err(err)?;
-                let flow = flow.ok_or_else(|| {
-                    StoreError::new(
-                        ErrorKind::Other,
-                        format!("producer: cannot record a receipt for {event_id}: no such event in the outbox"),
-                    )
-                })?;
-                flows.insert(flow);
             }
-            drop((accept, quarantine));
-            for flow in &flows {
-                refresh_head(tx, flow, Some(turn), None)?;
+            changed += exec_cached(
+                tx,
+                "UPDATE outbox SET quarantined = 1 - accepted,
+                     quarantine_reason = CASE WHEN accepted = 1 THEN NULL ELSE ?2 END,
+                     attempts = attempts + 1, last_outcome = 'conflict'
+                 WHERE event_id IN (SELECT value FROM json_each(?1))",
+                params![ids(Receipt::Conflict), CONFLICT_REASON],
+            )
+            .map_err(err)?;
+            if changed != latest.len() {
+                return Err(StoreError::new(
+                    ErrorKind::Other,
+                    format!(
+                        "producer: cannot record {} receipts: only {changed} of their events are in the outbox",
+                        latest.len()
+                    ),
+                ));
             }
+            let all: Vec<&str> = latest.keys().copied().collect();
+            // Accepting or quarantining never makes an earlier seq eligible:
+            // each head moves forward from where it is (a NULL head stays).
+            exec_cached(
+                tx,
+                "UPDATE outbox_head SET
+                     relay_seq = (SELECT o.seq FROM outbox o
+                                  WHERE o.flow_id = outbox_head.flow_id AND o.seq >= outbox_head.relay_seq
+                                    AND o.accepted = 0 AND o.quarantined = 0 ORDER BY o.seq LIMIT 1),
+                     relay_due_ms = coalesce((SELECT o.next_attempt_at_ms FROM outbox o
+                                  WHERE o.flow_id = outbox_head.flow_id AND o.seq >= outbox_head.relay_seq
+                                    AND o.accepted = 0 AND o.quarantined = 0 ORDER BY o.seq LIMIT 1), 0),
+                     relay_turn = ?2
+                 WHERE flow_id IN (SELECT o.flow_id FROM outbox o
+                                   WHERE o.event_id IN (SELECT value FROM json_each(?1)))",
+                params![serde_json::to_string(&all).expect("a list of strings serializes"), turn],
+            )
+            .map_err(err)?;
             crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
             Ok(())
         })

@@ -413,9 +413,9 @@ fn status_alerts_on_thresholds(ctx: &Ctx) -> Result<Outcome, String> {
             },
             "alert_exit_code": 3,
             "breaches": [
-                {"signal": "backlog", "value": 1.0, "threshold": 0.0},
-                {"signal": "oldest_pending_age_s", "value": 120.0, "threshold": 60.0},
-                {"signal": "blocked", "value": 1.0, "threshold": 0.0},
+                {"signal": "backlog", "value": 1, "threshold": 0},
+                {"signal": "oldest_pending_age_s", "value": 120.0, "threshold": 60},
+                {"signal": "blocked", "value": 1, "threshold": 0},
             ],
         }),
     })
