@@ -1,6 +1,7 @@
 //! Micro-benchmarks of the envelope codec and the reservation payload
 //! decoding: strict parsing, the canonical body and its hash, the apply and
-//! advance decisions, and the refusal of malformed input.
+//! advance decisions, the refusal of malformed input, and the cost of an
+//! unarmed crash point.
 //!
 //! Run with `cargo bench -p ordo-core`; each benchmark measures for 2 s after
 //! a 1 s warm-up, so the whole run takes about a minute. `cargo test -p
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
+use ordo_core::crash::{self, CRASH_POINT_ENV};
 use ordo_core::envelope::{BodyHash, MalformedEnvelope};
 use ordo_core::reservation::{self, decide_advance, decide_apply, decode_quantity};
 use ordo_core::{
@@ -173,5 +175,29 @@ fn malformed(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, parse, canonical_body, payload, malformed);
+/// An unarmed crash point, as every production path passes one: a load of a
+/// once-initialised value and a comparison with `None`.
+fn crash_point(c: &mut Criterion) {
+    assert!(
+        std::env::var_os(CRASH_POINT_ENV).is_none(),
+        "{CRASH_POINT_ENV} is set: this benchmark measures an unarmed point"
+    );
+    // The first call reads the environment; the measured calls do not.
+    crash::point(crash::RELAY_BEFORE_RECEIVE);
+    let mut group = c.benchmark_group("crash_point");
+    configure(&mut group);
+    group.bench_function("unarmed/relay.before_receive", |b| {
+        b.iter(|| crash::point(black_box(crash::RELAY_BEFORE_RECEIVE)))
+    });
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    parse,
+    canonical_body,
+    payload,
+    malformed,
+    crash_point
+);
 criterion_main!(benches);
