@@ -395,11 +395,13 @@ impl Envelope {
         canonical_json(&self.to_value())
     }
 
-    /// The SHA-256 of [`Envelope::body`], as 64 lowercase hex characters. Two
-    /// envelopes have the same hash exactly when they have the same body (up to
-    /// SHA-256 collisions).
+    /// The SHA-256 of [`Envelope::body`] followed by the exact decimal seq and
+    /// schema version, as 64 lowercase hex characters. Two envelopes have the
+    /// same hash exactly when they have the same body and the same seq and
+    /// schema version (up to SHA-256 collisions): RFC 8785 writes numbers as
+    /// doubles, which would merge two seqs or versions above 2^53.
     pub fn body_hash(&self) -> BodyHash {
-        BodyHash::of(&self.body())
+        BodyHash::of(&format!("{}\n{}\n{}", self.body(), self.seq, self.schema_version))
     }
 }
 
