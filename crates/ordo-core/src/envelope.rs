@@ -401,7 +401,12 @@ impl Envelope {
     /// schema version (up to SHA-256 collisions): RFC 8785 writes numbers as
     /// doubles, which would merge two seqs or versions above 2^53.
     pub fn body_hash(&self) -> BodyHash {
-        BodyHash::of(&format!("{}\n{}\n{}", self.body(), self.seq, self.schema_version))
+        BodyHash::of(&format!(
+            "{}\n{}\n{}",
+            self.body(),
+            self.seq,
+            self.schema_version
+        ))
     }
 }
 

@@ -433,7 +433,12 @@ fn check_consistent(env: &Envelope) -> Result<(), TestCaseError> {
 /// The documented definition of the body hash: the canonical body, then the
 /// exact seq and schema version.
 fn hash_of(env: &Envelope) -> BodyHash {
-    BodyHash::of(&format!("{}\n{}\n{}", env.body(), env.seq, env.schema_version))
+    BodyHash::of(&format!(
+        "{}\n{}\n{}",
+        env.body(),
+        env.seq,
+        env.schema_version
+    ))
 }
 
 // ---------------------------------------------------------------------------
