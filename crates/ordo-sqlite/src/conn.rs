@@ -108,6 +108,30 @@ fn busy_wait(retries: i32) -> bool {
     true
 }
 
+/// Reads every row of `sql` through the statement cache: `read` takes the
+/// columns out of a row, `convert` checks them (a stored value breaking a rule
+/// is a `Corrupt` error). SQLite errors carry `context`.
+pub(crate) fn collect_rows<P, R, T>(
+    conn: &Connection,
+    context: &str,
+    sql: &str,
+    params: P,
+    read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<R>,
+    mut convert: impl FnMut(R) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError>
+where
+    P: rusqlite::Params,
+{
+    let err = |e| sql_error(context, e);
+    let mut stmt = conn.prepare_cached(sql).map_err(err)?;
+    let rows = stmt.query_map(params, read).map_err(err)?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(convert(row.map_err(err)?)?);
+    }
+    Ok(out)
+}
+
 /// Maps a SQLite error to a store error with a kind callers can act on.
 pub(crate) fn sql_error(context: &str, error: rusqlite::Error) -> StoreError {
     let kind = match error.sqlite_error_code() {

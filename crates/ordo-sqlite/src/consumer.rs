@@ -18,7 +18,9 @@ use ordo_core::{
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::conn::{corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Role};
+use crate::conn::{
+    collect_rows, corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Role,
+};
 use crate::producer::stored_envelope;
 
 const SCHEMA: &str = "
@@ -344,19 +346,15 @@ fn flow_page(
     after: &str,
     limit: usize,
 ) -> Result<Vec<FlowId>, StoreError> {
-    let err = |e| sql_error("consumer: cannot list flows with work", e);
-    let mut stmt = conn.prepare_cached(sql).map_err(err)?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let rows = stmt
-        .query_map(params![after, limit], |row| row.get::<_, String>(0))
-        .map_err(err)?;
-    let mut flows = Vec::new();
-    for row in rows {
-        flows.push(
-            FlowId::new(row.map_err(err)?).map_err(|e| corrupt("consumer: stored flow id", e))?,
-        );
-    }
-    Ok(flows)
+    collect_rows(
+        conn,
+        "consumer: cannot list flows with work",
+        sql,
+        params![after, limit],
+        |row| row.get::<_, String>(0),
+        |id| FlowId::new(id).map_err(|e| corrupt("consumer: stored flow id", e)),
+    )
 }
 
 /// One apply step at the flow's next seq inside `tx`. Returns the step and
@@ -457,78 +455,69 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
 }
 
 fn read_inbox(conn: &Connection) -> Result<Vec<InboxRecord>, StoreError> {
-    let err = |e| sql_error("consumer: cannot read the inbox", e);
-    let mut stmt = conn
-        .prepare("SELECT body, status, reason FROM inbox ORDER BY flow_id, seq")
-        .map_err(err)?;
-    let rows = stmt
-        .query_map([], |row| {
+    collect_rows(
+        conn,
+        "consumer: cannot read the inbox",
+        "SELECT body, status, reason FROM inbox ORDER BY flow_id, seq",
+        [],
+        |row| {
             Ok((
                 row.get::<_, String>(0)?,
                 row.get::<_, String>(1)?,
                 row.get::<_, Option<String>>(2)?,
             ))
-        })
-        .map_err(err)?;
-    let mut records = Vec::new();
-    for row in rows {
-        let (body, status, reason) = row.map_err(err)?;
-        records.push(InboxRecord {
-            envelope: stored_envelope("consumer: stored inbox body", &body)?,
-            status: inbox_status(&status, reason.as_deref())?,
-        });
-    }
-    Ok(records)
+        },
+        |(body, status, reason)| {
+            Ok(InboxRecord {
+                envelope: stored_envelope("consumer: stored inbox body", &body)?,
+                status: inbox_status(&status, reason.as_deref())?,
+            })
+        },
+    )
 }
 
 fn read_projections(conn: &Connection) -> Result<Vec<Projection>, StoreError> {
-    let err = |e| sql_error("consumer: cannot read projections", e);
-    let mut stmt = conn
-        .prepare("SELECT flow_id, state, quantity, applied_seq FROM projection ORDER BY flow_id")
-        .map_err(err)?;
-    let rows = stmt
-        .query_map([], |row| {
+    collect_rows(
+        conn,
+        "consumer: cannot read projections",
+        "SELECT flow_id, state, quantity, applied_seq FROM projection ORDER BY flow_id",
+        [],
+        |row| {
             Ok((
                 row.get::<_, String>(0)?,
                 row.get::<_, String>(1)?,
                 row.get(2)?,
                 row.get(3)?,
             ))
-        })
-        .map_err(err)?;
-    let mut projections = Vec::new();
-    for row in rows {
-        let (flow_id, state, quantity, applied_seq) = row.map_err(err)?;
-        projections.push(projection(&flow_id, &state, quantity, applied_seq)?);
-    }
-    Ok(projections)
+        },
+        |(flow_id, state, quantity, applied_seq)| {
+            projection(&flow_id, &state, quantity, applied_seq)
+        },
+    )
 }
 
 fn read_effects(conn: &Connection) -> Result<Vec<EffectRecord>, StoreError> {
-    let err = |e| sql_error("consumer: cannot read effects", e);
-    let mut stmt = conn
-        .prepare("SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq")
-        .map_err(err)?;
-    let rows = stmt
-        .query_map([], |row| {
+    let context = "consumer: stored effect";
+    collect_rows(
+        conn,
+        "consumer: cannot read effects",
+        "SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq",
+        [],
+        |row| {
             Ok((
                 row.get::<_, String>(0)?,
                 row.get::<_, i64>(1)?,
                 row.get::<_, String>(2)?,
             ))
-        })
-        .map_err(err)?;
-    let context = "consumer: stored effect";
-    let mut effects = Vec::new();
-    for row in rows {
-        let (flow_id, seq, event_id) = row.map_err(err)?;
-        effects.push(EffectRecord {
-            flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
-            seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
-            event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,
-        });
-    }
-    Ok(effects)
+        },
+        |(flow_id, seq, event_id)| {
+            Ok(EffectRecord {
+                flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+                seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
+                event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,
+            })
+        },
+    )
 }
 
 impl ConsumerStore for ConsumerDb {
@@ -664,27 +653,17 @@ impl ConsumerStore for ConsumerDb {
     }
 
     fn flows_with_work(&mut self, options: ApplyOptions) -> Result<Vec<FlowId>, StoreError> {
-        let err = |e| sql_error("consumer: cannot list flows with work", e);
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT flow_id FROM inbox WHERE status = 'pending'
-                 UNION
-                 SELECT flow_id FROM inbox WHERE ?1 AND status = 'blocked' AND reason = 'unsupported_schema'
-                 ORDER BY flow_id",
-            )
-            .map_err(err)?;
-        let rows = stmt
-            .query_map([options.support_v2], |row| row.get::<_, String>(0))
-            .map_err(err)?;
-        let mut flows = Vec::new();
-        for row in rows {
-            flows.push(
-                FlowId::new(row.map_err(err)?)
-                    .map_err(|e| corrupt("consumer: stored flow id", e))?,
-            );
-        }
-        Ok(flows)
+        collect_rows(
+            &self.conn,
+            "consumer: cannot list flows with work",
+            "SELECT flow_id FROM inbox WHERE status = 'pending'
+             UNION
+             SELECT flow_id FROM inbox WHERE ?1 AND status = 'blocked' AND reason = 'unsupported_schema'
+             ORDER BY flow_id",
+            [options.support_v2],
+            |row| row.get::<_, String>(0),
+            |id| FlowId::new(id).map_err(|e| corrupt("consumer: stored flow id", e)),
+        )
     }
 
     fn inbox_entries(
@@ -693,41 +672,32 @@ impl ConsumerStore for ConsumerDb {
         flow_id: Option<&FlowId>,
         limit: usize,
     ) -> Result<Vec<InboxEntry>, StoreError> {
-        let err = |e| sql_error("consumer: cannot list the inbox", e);
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT body, status, reason, received_at_ms, settled_at_ms FROM inbox
-                 WHERE (NOT ?1 OR status = 'blocked') AND (?2 IS NULL OR flow_id = ?2)
-                 ORDER BY flow_id, seq LIMIT ?3",
-            )
-            .map_err(err)?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = stmt
-            .query_map(
-                params![blocked_only, flow_id.map(FlowId::as_str), limit],
-                |row| {
-                    Ok((
-                        row.get::<_, String>(0)?,
-                        row.get::<_, String>(1)?,
-                        row.get::<_, Option<String>>(2)?,
-                        row.get::<_, i64>(3)?,
-                        row.get::<_, Option<i64>>(4)?,
-                    ))
-                },
-            )
-            .map_err(err)?;
-        let mut entries = Vec::new();
-        for row in rows {
-            let (body, status, reason, received_at_ms, settled_at_ms) = row.map_err(err)?;
-            entries.push(InboxEntry {
-                envelope: stored_envelope("consumer: stored inbox body", &body)?,
-                status: inbox_status(&status, reason.as_deref())?,
-                received_at_ms,
-                settled_at_ms,
-            });
-        }
-        Ok(entries)
+        collect_rows(
+            &self.conn,
+            "consumer: cannot list the inbox",
+            "SELECT body, status, reason, received_at_ms, settled_at_ms FROM inbox
+             WHERE (NOT ?1 OR status = 'blocked') AND (?2 IS NULL OR flow_id = ?2)
+             ORDER BY flow_id, seq LIMIT ?3",
+            params![blocked_only, flow_id.map(FlowId::as_str), limit],
+            |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, Option<String>>(2)?,
+                    row.get::<_, i64>(3)?,
+                    row.get::<_, Option<i64>>(4)?,
+                ))
+            },
+            |(body, status, reason, received_at_ms, settled_at_ms)| {
+                Ok(InboxEntry {
+                    envelope: stored_envelope("consumer: stored inbox body", &body)?,
+                    status: inbox_status(&status, reason.as_deref())?,
+                    received_at_ms,
+                    settled_at_ms,
+                })
+            },
+        )
     }
 
     fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError> {
@@ -816,41 +786,32 @@ impl ConsumerStore for ConsumerDb {
     }
 
     fn repairs(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
-        let err = |e| sql_error("consumer: cannot read the repair log", e);
-        let mut stmt = self
-            .conn
-            .prepare("SELECT id, action, flow_id, seq, event_id, reason, decided_by, at_ms FROM repair_log ORDER BY id")
-            .map_err(err)?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok((
-                    row.get::<_, i64>(0)?,
-                    row.get::<_, String>(1)?,
-                    row.get::<_, String>(2)?,
-                    row.get::<_, i64>(3)?,
-                    row.get::<_, String>(4)?,
-                    row.get::<_, String>(5)?,
-                    row.get::<_, String>(6)?,
-                    row.get::<_, i64>(7)?,
-                ))
-            })
-            .map_err(err)?;
         let context = "consumer: repair log";
-        let mut records = Vec::new();
-        for row in rows {
-            let (id, action, flow_id, seq, event_id, reason, by, at_ms) = row.map_err(err)?;
-            records.push(RepairRecord {
-                id,
-                action,
-                flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
-                seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
-                event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,
-                reason,
-                by,
-                at_ms,
-            });
-        }
-        Ok(records)
+        collect_rows(
+            &self.conn,
+            "consumer: cannot read the repair log",
+            "SELECT id, action, flow_id, seq, event_id, reason, decided_by, at_ms FROM repair_log ORDER BY id",
+            [],
+            |row| {
+                Ok((
+                    (row.get::<_, i64>(0)?, row.get::<_, String>(1)?),
+                    (row.get::<_, String>(2)?, row.get::<_, i64>(3)?, row.get::<_, String>(4)?),
+                    (row.get::<_, String>(5)?, row.get::<_, String>(6)?, row.get::<_, i64>(7)?),
+                ))
+            },
+            |((id, action), (flow_id, seq, event_id), (reason, by, at_ms))| {
+                Ok(RepairRecord {
+                    id,
+                    action,
+                    flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+                    seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
+                    event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,
+                    reason,
+                    by,
+                    at_ms,
+                })
+            },
+        )
     }
 
     fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {

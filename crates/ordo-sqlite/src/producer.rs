@@ -14,7 +14,9 @@ use ordo_core::{
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::conn::{corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Role};
+use crate::conn::{
+    collect_rows, corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Role,
+};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS outbox (
@@ -272,52 +274,42 @@ fn flow_record(
 }
 
 fn read_flows(conn: &Connection) -> Result<Vec<FlowRecord>, StoreError> {
-    let err = |e| sql_error("producer: cannot read flows", e);
-    let mut stmt = conn
-        .prepare(
-            "SELECT f.flow_id, f.state, f.quantity, coalesce(h.last_seq, 0)
-             FROM flow f LEFT JOIN outbox_head h ON h.flow_id = f.flow_id ORDER BY f.flow_id",
-        )
-        .map_err(err)?;
-    let rows = stmt
-        .query_map([], |row| {
+    collect_rows(
+        conn,
+        "producer: cannot read flows",
+        "SELECT f.flow_id, f.state, f.quantity, coalesce(h.last_seq, 0)
+         FROM flow f LEFT JOIN outbox_head h ON h.flow_id = f.flow_id ORDER BY f.flow_id",
+        [],
+        |row| {
             Ok((
                 row.get::<_, String>(0)?,
                 row.get::<_, String>(1)?,
                 row.get(2)?,
                 row.get(3)?,
             ))
-        })
-        .map_err(err)?;
-    let mut flows = Vec::new();
-    for row in rows {
-        let (flow_id, state, quantity, last_seq) = row.map_err(err)?;
-        flows.push(flow_record(&flow_id, &state, quantity, last_seq)?);
-    }
-    Ok(flows)
+        },
+        |(flow_id, state, quantity, last_seq)| flow_record(&flow_id, &state, quantity, last_seq),
+    )
 }
 
 fn read_outbox(conn: &Connection, filter: Option<&str>) -> Result<Vec<OutboxRecord>, StoreError> {
-    let err = |e| sql_error("producer: cannot read the outbox", e);
     let sql = format!(
         "SELECT body, accepted FROM outbox {} ORDER BY position",
         filter.unwrap_or("")
     );
-    let mut stmt = conn.prepare_cached(&sql).map_err(err)?;
-    let rows = stmt
-        .query_map([], |row| {
-            Ok((row.get::<_, String>(0)?, row.get::<_, bool>(1)?))
-        })
-        .map_err(err)?;
-    let mut records = Vec::new();
-    for row in rows {
-        let (body, accepted) = row.map_err(err)?;
-        records.push(OutboxRecord {
-            envelope: stored_envelope("producer: stored outbox body", &body)?,
-            accepted,
-        });
-    }
-    Ok(records)
+    collect_rows(
+        conn,
+        "producer: cannot read the outbox",
+        &sql,
+        [],
+        |row| Ok((row.get::<_, String>(0)?, row.get::<_, bool>(1)?)),
+        |(body, accepted)| {
+            Ok(OutboxRecord {
+                envelope: stored_envelope("producer: stored outbox body", &body)?,
+                accepted,
+            })
+        },
+    )
 }
 
 /// Parses a stored canonical body back into its envelope.
@@ -393,23 +385,15 @@ impl ProducerStore for ProducerDb {
     }
 
     fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError> {
-        let err = |e| sql_error("producer: cannot read pending events", e);
-        let mut stmt = self
-            .conn
-            .prepare_cached("SELECT body FROM outbox WHERE accepted = 0 ORDER BY position LIMIT ?1")
-            .map_err(err)?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = stmt
-            .query_map([limit], |row| row.get::<_, String>(0))
-            .map_err(err)?;
-        let mut events = Vec::new();
-        for body in rows {
-            events.push(stored_envelope(
-                "producer: stored outbox body",
-                &body.map_err(err)?,
-            )?);
-        }
-        Ok(events)
+        collect_rows(
+            &self.conn,
+            "producer: cannot read pending events",
+            "SELECT body FROM outbox WHERE accepted = 0 ORDER BY position LIMIT ?1",
+            [limit],
+            |row| row.get::<_, String>(0),
+            |body| stored_envelope("producer: stored outbox body", &body),
+        )
     }
 
     fn mark_accepted(&mut self, event_ids: &[EventId]) -> Result<(), StoreError> {
@@ -444,34 +428,22 @@ impl ProducerStore for ProducerDb {
         skip: &BTreeSet<FlowId>,
         now_ms: i64,
     ) -> Result<Vec<Envelope>, StoreError> {
-        let err = |e| sql_error("producer: cannot pick a fair round", e);
         let skip_json = serde_json::to_string(&skip.iter().map(FlowId::as_str).collect::<Vec<_>>())
             .expect("a list of strings serializes");
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT o.body FROM outbox_head h
-                 JOIN outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
-                 WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
-                   AND h.flow_id NOT IN (SELECT value FROM json_each(?2))
-                 ORDER BY h.relay_turn, h.flow_id
-                 LIMIT ?3",
-            )
-            .map_err(err)?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = stmt
-            .query_map(params![now_ms, skip_json, limit], |row| {
-                row.get::<_, String>(0)
-            })
-            .map_err(err)?;
-        let mut events = Vec::new();
-        for body in rows {
-            events.push(stored_envelope(
-                "producer: stored outbox body",
-                &body.map_err(err)?,
-            )?);
-        }
-        Ok(events)
+        collect_rows(
+            &self.conn,
+            "producer: cannot pick a fair round",
+            "SELECT o.body FROM outbox_head h
+             JOIN outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
+             WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
+               AND h.flow_id NOT IN (SELECT value FROM json_each(?2))
+             ORDER BY h.relay_turn, h.flow_id
+             LIMIT ?3",
+            params![now_ms, skip_json, limit],
+            |row| row.get::<_, String>(0),
+            |body| stored_envelope("producer: stored outbox body", &body),
+        )
     }
 
     fn record_receipts(
@@ -594,18 +566,15 @@ impl ProducerStore for ProducerDb {
         quarantined_only: bool,
         limit: usize,
     ) -> Result<Vec<OutboxEntry>, StoreError> {
-        let err = |e| sql_error("producer: cannot list the outbox", e);
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
-                        next_attempt_at_ms, created_at_ms, accepted_at_ms
-                 FROM outbox WHERE (NOT ?1 OR quarantined = 1) ORDER BY position LIMIT ?2",
-            )
-            .map_err(err)?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = stmt
-            .query_map(params![quarantined_only, limit], |row| {
+        collect_rows(
+            &self.conn,
+            "producer: cannot list the outbox",
+            "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
+                    next_attempt_at_ms, created_at_ms, accepted_at_ms
+             FROM outbox WHERE (NOT ?1 OR quarantined = 1) ORDER BY position LIMIT ?2",
+            params![quarantined_only, limit],
+            |row| {
                 Ok((
                     row.get::<_, String>(0)?,
                     OutboxEntryRow {
@@ -620,25 +589,22 @@ impl ProducerStore for ProducerDb {
                         accepted_at_ms: row.get(9)?,
                     },
                 ))
-            })
-            .map_err(err)?;
-        let mut entries = Vec::new();
-        for row in rows {
-            let (body, r) = row.map_err(err)?;
-            entries.push(OutboxEntry {
-                envelope: stored_envelope("producer: stored outbox body", &body)?,
-                accepted: r.accepted,
-                quarantined: r.quarantined,
-                quarantine_reason: r.quarantine_reason,
-                attempts: u64::try_from(r.attempts).unwrap_or(0),
-                last_outcome: r.last_outcome,
-                last_error: r.last_error,
-                next_attempt_at_ms: r.next_attempt_at_ms,
-                created_at_ms: r.created_at_ms,
-                accepted_at_ms: r.accepted_at_ms,
-            });
-        }
-        Ok(entries)
+            },
+            |(body, r)| {
+                Ok(OutboxEntry {
+                    envelope: stored_envelope("producer: stored outbox body", &body)?,
+                    accepted: r.accepted,
+                    quarantined: r.quarantined,
+                    quarantine_reason: r.quarantine_reason,
+                    attempts: u64::try_from(r.attempts).unwrap_or(0),
+                    last_outcome: r.last_outcome,
+                    last_error: r.last_error,
+                    next_attempt_at_ms: r.next_attempt_at_ms,
+                    created_at_ms: r.created_at_ms,
+                    accepted_at_ms: r.accepted_at_ms,
+                })
+            },
+        )
     }
 
     fn retry_quarantined(
