@@ -527,21 +527,15 @@ impl ConsumerStore for ConsumerDb {
         let err = |e| sql_error("consumer: receive failed", e);
         let mut receipts = Vec::with_capacity(envelopes.len());
         {
-            let mut by_event_id = tx
+            // Both identities, in the inbox or remembered after pruning, and
+            // the prune watermark, in one statement.
+            let mut identities = tx
                 .prepare_cached(
-                    "SELECT body_hash FROM inbox WHERE event_id = ?1
-                     UNION ALL SELECT lower(hex(body_hash)) FROM inbox_fingerprint WHERE event_id = ?1 LIMIT 1",
-                )
-                .map_err(err)?;
-            let mut by_flow_seq = tx
-                .prepare_cached(
-                    "SELECT event_id FROM inbox WHERE flow_id = ?1 AND seq = ?2
-                     UNION ALL SELECT event_id FROM inbox_fingerprint WHERE flow_id = ?1 AND seq = ?2 LIMIT 1",
-                )
-                .map_err(err)?;
-            let mut below_watermark = tx
-                .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM inbox_watermark WHERE flow_id = ?1 AND pruned_seq >= ?2)",
+                    "SELECT coalesce((SELECT body_hash FROM inbox WHERE event_id = ?1),
+                                     (SELECT lower(hex(body_hash)) FROM inbox_fingerprint WHERE event_id = ?1)),
+                            coalesce((SELECT event_id FROM inbox WHERE flow_id = ?2 AND seq = ?3),
+                                     (SELECT event_id FROM inbox_fingerprint WHERE flow_id = ?2 AND seq = ?3)),
+                            EXISTS (SELECT 1 FROM inbox_watermark WHERE flow_id = ?2 AND pruned_seq >= ?3)",
                 )
                 .map_err(err)?;
             let mut insert = tx
@@ -553,33 +547,35 @@ impl ConsumerStore for ConsumerDb {
             for envelope in envelopes {
                 let body = envelope.stored_text();
                 let hash = envelope.body_hash();
+                let (hash_hex, id_at_seq, below_watermark) = identities
+                    .query_row(
+                        params![
+                            envelope.event_id.as_str(),
+                            envelope.flow_id.as_str(),
+                            envelope.seq.get()
+                        ],
+                        |row| {
+                            Ok((
+                                row.get::<_, Option<String>>(0)?,
+                                row.get::<_, Option<String>>(1)?,
+                                row.get::<_, bool>(2)?,
+                            ))
+                        },
+                    )
+                    .map_err(err)?;
                 let stored = StoredIdentities {
-                    by_event_id: by_event_id
-                        .query_row([envelope.event_id.as_str()], |row| row.get::<_, String>(0))
-                        .optional()
-                        .map_err(err)?
+                    by_event_id: hash_hex
                         .map(|hex| {
                             BodyHash::from_hex(&hex)
                                 .map_err(|e| corrupt("consumer: stored body hash", e))
                         })
                         .transpose()?,
-                    by_flow_seq: by_flow_seq
-                        .query_row(
-                            params![envelope.flow_id.as_str(), envelope.seq.get()],
-                            |row| row.get::<_, String>(0),
-                        )
-                        .optional()
-                        .map_err(err)?
+                    by_flow_seq: id_at_seq
                         .map(|id| {
                             EventId::new(id).map_err(|e| corrupt("consumer: stored event id", e))
                         })
                         .transpose()?,
-                    below_watermark: below_watermark
-                        .query_row(
-                            params![envelope.flow_id.as_str(), envelope.seq.get()],
-                            |row| row.get::<_, bool>(0),
-                        )
-                        .map_err(err)?,
+                    below_watermark,
                 };
                 let receipt = decide_receive(&envelope.event_id, &hash, &stored);
                 if receipt == Receipt::Accepted {
