@@ -6,38 +6,13 @@ mod common;
 
 use std::path::Path;
 
-use common::{bytes, envelope, reservation, run, run_bytes, Lab};
+use common::{
+    advance_args, bytes, envelope, keys, reservation, row, run, run_bytes, sorted, Lab,
+    ENVELOPE_KEYS,
+};
 use serde_json::{json, Value};
 
 const MAX_I64_PLUS_1: &str = "9223372036854775808";
-
-/// The row of `rows` whose `key` is `value`.
-#[track_caller]
-fn row<'v>(rows: &'v Value, key: &str, value: &str) -> &'v Value {
-    rows.as_array()
-        .expect("an array of rows")
-        .iter()
-        .find(|r| r[key] == value)
-        .unwrap_or_else(|| panic!("no row with {key} = {value} in {rows}"))
-}
-
-#[track_caller]
-fn keys(value: &Value) -> Vec<&str> {
-    let mut keys: Vec<&str> = value
-        .as_object()
-        .unwrap_or_else(|| panic!("not an object: {value}"))
-        .keys()
-        .map(String::as_str)
-        .collect();
-    keys.sort_unstable();
-    keys
-}
-
-fn sorted<'a>(names: &[&'a str]) -> Vec<&'a str> {
-    let mut names = names.to_vec();
-    names.sort_unstable();
-    names
-}
 
 // ---------------------------------------------------------------- init
 
@@ -46,15 +21,8 @@ fn init_creates_wal_files_and_a_second_init_keeps_all_state() {
     let lab = Lab::new();
     assert_eq!(lab.init(), json!({"producer": lab.p, "consumer": lab.c}));
     for path in [&lab.p, &lab.c] {
-        let header = bytes(path).expect("init created the file");
-        assert!(header.len() >= 100, "{path} has a SQLite header");
+        let header = assert_wal(path);
         assert_eq!(&header[..16], b"SQLite format 3\0", "{path}");
-        // File format read/write versions 2 and 2 mean WAL.
-        assert_eq!(
-            (header[18], header[19]),
-            (2, 2),
-            "{path} is not in WAL mode"
-        );
     }
 
     lab.full_flow("A", 4);
@@ -68,13 +36,22 @@ fn init_creates_wal_files_and_a_second_init_keeps_all_state() {
     assert_eq!(lab.init(), json!({"producer": lab.p, "consumer": lab.c}));
     assert_eq!(lab.snapshot(), before, "a second init reset state");
     for path in [&lab.p, &lab.c] {
-        let header = bytes(path).unwrap();
-        assert_eq!(
-            (header[18], header[19]),
-            (2, 2),
-            "{path} is not in WAL mode"
-        );
+        assert_wal(path);
     }
+}
+
+/// Asserts that `path` is a SQLite file in WAL mode; its bytes.
+#[track_caller]
+fn assert_wal(path: &str) -> Vec<u8> {
+    let header = bytes(path).expect("init created the file");
+    assert!(header.len() >= 100, "{path} has a SQLite header");
+    // File format read/write versions 2 and 2 mean WAL.
+    assert_eq!(
+        (header[18], header[19]),
+        (2, 2),
+        "{path} is not in WAL mode"
+    );
+    header
 }
 
 #[test]
@@ -117,21 +94,9 @@ fn a_file_of_the_other_role_is_invalid_input_and_left_alone() {
     let before = lab.files();
     let snapshot = lab.snapshot();
 
-    let out = run(&[
-        "advance",
-        "--json",
-        "--producer",
-        &lab.c,
-        "--flow",
-        "A",
-        "--expected-seq",
-        "0",
-        "--to",
-        "reserved",
-        "--quantity",
-        "1",
-    ]);
-    out.usage("consumer");
+    let mut advance = advance_args(&lab.c, "A", "0", "reserved");
+    advance.extend(["--json", "--quantity", "1"]);
+    run(&advance).usage("consumer");
     let out = run(&[
         "snapshot",
         "--json",
@@ -166,21 +131,9 @@ fn storage_errors_exit_1_with_empty_stdout() {
     let inside_missing = format!("{missing_dir}/producer.db");
 
     for producer in [&text, &inside_missing] {
-        let advance = run(&[
-            "advance",
-            "--json",
-            "--producer",
-            producer,
-            "--flow",
-            "A",
-            "--expected-seq",
-            "0",
-            "--to",
-            "reserved",
-            "--quantity",
-            "5",
-        ]);
-        advance.storage_error();
+        let mut advance = advance_args(producer, "A", "0", "reserved");
+        advance.extend(["--json", "--quantity", "5"]);
+        run(&advance).storage_error();
         let init = run(&[
             "init",
             "--json",
@@ -1239,17 +1192,9 @@ fn snapshot_has_every_row_with_the_contract_keys() {
         ["effects", "inbox", "projection"]
     );
 
-    let envelope_keys = [
-        "event_id",
-        "flow_id",
-        "seq",
-        "schema_version",
-        "type",
-        "payload",
-    ];
-    let mut outbox_keys = envelope_keys.to_vec();
+    let mut outbox_keys = ENVELOPE_KEYS.to_vec();
     outbox_keys.push("accepted");
-    let mut inbox_keys = envelope_keys.to_vec();
+    let mut inbox_keys = ENVELOPE_KEYS.to_vec();
     inbox_keys.extend(["status", "reason"]);
     let tables: [(&str, &str, Vec<&str>); 5] = [
         (
@@ -1319,19 +1264,9 @@ fn text_output_is_human_readable() {
     let lab = Lab::new();
     let out = run(&["init", "--producer", &lab.p, "--consumer", &lab.c]);
     assert!(out.text().contains(&lab.p), "{out:#?}");
-    let out = run(&[
-        "advance",
-        "--producer",
-        &lab.p,
-        "--flow",
-        "A",
-        "--expected-seq",
-        "0",
-        "--to",
-        "reserved",
-        "--quantity",
-        "3",
-    ]);
+    let mut advance = advance_args(&lab.p, "A", "0", "reserved");
+    advance.extend(["--quantity", "3"]);
+    let out = run(&advance);
     assert!(out.text().contains("committed"), "{out:#?}");
     let out = run(&["relay", "--producer", &lab.p, "--consumer", &lab.c]);
     assert!(out.text().contains("A-1"), "{out:#?}");

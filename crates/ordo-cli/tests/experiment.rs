@@ -2,27 +2,21 @@
 //! point leaves the state of PROTOCOL.md section 9, and a wrong expectation
 //! makes `--check` fail with the field named.
 
-use std::process::Command;
+mod common;
 
 use serde_json::Value;
 
+/// Runs `ordo ARGS`: its exit status, its stdout as JSON (`Null` if empty,
+/// a string if not JSON) and its stderr.
 fn ordo(args: &[&str]) -> (i32, Value, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_ordo"))
-        .args(args)
-        .env_remove("ORDO_CRASH_POINT")
-        .output()
-        .expect("ordo runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let json = if stdout.trim().is_empty() {
+    let out = common::run(args);
+    let stdout = out.stdout.trim();
+    let json = if stdout.is_empty() {
         Value::Null
     } else {
-        serde_json::from_str(stdout.trim()).unwrap_or_else(|_| Value::String(stdout.into_owned()))
+        serde_json::from_str(stdout).unwrap_or_else(|_| Value::String(out.stdout.clone()))
     };
-    (
-        output.status.code().unwrap_or(-1),
-        json,
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    (out.code, json, out.stderr)
 }
 
 /// Runs one scenario and returns its report entry.

@@ -6,12 +6,9 @@
 
 mod common;
 
-use std::cell::Cell;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{envelope, Lab, Out};
+use common::{envelope, keys, reservation, sorted, Lab, Out, ENVELOPE_KEYS};
 use ordo_sqlite::rusqlite;
 use serde_json::{json, Value};
 
@@ -25,47 +22,21 @@ const DAY: i64 = 24 * HOUR;
 /// The reason the producer records on an event quarantined by a conflict.
 const CONFLICT_REASON: &str = "conflict: the consumer holds a different body under this event id, or another event id at this (flow_id, seq)";
 
-/// Runs `ordo ARGS` with `ORDO_NOW_MS=now_ms` and `stdin` as standard input.
-fn run_at(now_ms: i64, args: &[&str], stdin: &[u8]) -> Out {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
-        .args(args)
-        .env("ORDO_NOW_MS", now_ms.to_string())
-        .env_remove("ORDO_CRASH_POINT")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the ordo binary starts");
-    {
-        let mut input = child.stdin.take().expect("stdin is piped");
-        // The binary may exit (usage error) before reading: ignore a broken pipe.
-        let _ = input.write_all(stdin);
-    }
-    let output = child.wait_with_output().expect("the ordo binary runs");
-    Out {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
-        stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
-    }
-}
-
 /// A lab whose every command runs at a controlled time.
 struct Ops {
     lab: Lab,
-    now: Cell<i64>,
 }
 
 impl Ops {
     fn new() -> Ops {
-        Ops {
-            lab: Lab::new(),
-            now: Cell::new(T0),
-        }
+        let lab = Lab::new();
+        lab.at(T0);
+        Ops { lab }
     }
 
     /// Sets the clock of the following commands.
     fn at(&self, now_ms: i64) -> &Ops {
-        self.now.set(now_ms);
+        self.lab.at(now_ms);
         self
     }
 
@@ -78,7 +49,7 @@ impl Ops {
     }
 
     fn run(&self, args: &[&str]) -> Out {
-        run_at(self.now.get(), args, b"")
+        self.lab.run(args)
     }
 
     /// `ordo ARGS --json`, expected to exit 0; its JSON.
@@ -89,102 +60,92 @@ impl Ops {
         self.run(&args).json()
     }
 
+    /// `ordo advance`, expected to commit.
     #[track_caller]
     fn advance(&self, flow: &str, expected_seq: i64, to: &str, quantity: Option<i64>) {
-        let expected = expected_seq.to_string();
-        let quantity = quantity.map(|q| q.to_string());
-        let mut args = vec![
-            "advance",
-            "--producer",
-            self.p(),
-            "--flow",
-            flow,
-            "--expected-seq",
-            &expected,
-            "--to",
-            to,
-        ];
-        if let Some(q) = &quantity {
-            args.extend(["--quantity", q]);
-        }
-        let out = self.json(&args);
+        let out = self.lab.advance(flow, expected_seq, to, quantity);
         assert_eq!(out["outcome"], "committed", "{out}");
     }
 
     /// Advances `flow` through all three steps.
     #[track_caller]
     fn full_flow(&self, flow: &str, quantity: i64) {
-        for (seq, to) in ["reserved", "confirmed", "released"].iter().enumerate() {
-            self.advance(flow, seq as i64, to, Some(quantity));
-        }
+        self.lab.full_flow(flow, quantity);
     }
 
     #[track_caller]
     fn relay(&self, extra: &[&str]) -> Value {
-        let mut args = vec!["relay", "--producer", self.p(), "--consumer", self.c()];
-        args.extend_from_slice(extra);
-        self.json(&args)
+        self.lab.relay(extra)
     }
 
     /// `ordo receive` with one envelope per line.
     #[track_caller]
     fn receive(&self, envelopes: &[String]) -> Value {
-        let input = envelopes.join("\n");
-        run_at(
-            self.now.get(),
-            &["receive", "--json", "--consumer", self.c()],
-            input.as_bytes(),
-        )
-        .json()
+        self.lab.receive(&envelopes.join("\n"))
     }
 
     #[track_caller]
     fn apply(&self, extra: &[&str]) -> Value {
-        let mut args = vec!["apply", "--consumer", self.c()];
+        self.lab.apply(extra)
+    }
+
+    #[track_caller]
+    fn snapshot(&self) -> Value {
+        self.lab.snapshot()
+    }
+
+    /// `ordo outbox list --json` with extra arguments (any exit status).
+    fn outbox_out(&self, extra: &[&str]) -> Out {
+        let mut args = vec!["outbox", "list", "--json", "--producer", self.p()];
         args.extend_from_slice(extra);
-        self.json(&args)
+        self.run(&args)
     }
 
     /// The rows of `ordo outbox list`.
     #[track_caller]
     fn outbox(&self, extra: &[&str]) -> Value {
-        let mut args = vec!["outbox", "list", "--producer", self.p()];
+        only_key(self.outbox_out(extra).json(), "outbox")
+    }
+
+    /// `ordo outbox retry --json` with extra arguments (any exit status).
+    fn outbox_retry_out(&self, extra: &[&str]) -> Out {
+        let mut args = vec!["outbox", "retry", "--json", "--producer", self.p()];
         args.extend_from_slice(extra);
-        let out = self.json(&args);
-        assert_eq!(keys(&out), ["outbox"], "{out}");
-        out["outbox"].clone()
+        self.run(&args)
+    }
+
+    /// `ordo inbox list --json` with extra arguments (any exit status).
+    fn inbox_out(&self, extra: &[&str]) -> Out {
+        let mut args = vec!["inbox", "list", "--json", "--consumer", self.c()];
+        args.extend_from_slice(extra);
+        self.run(&args)
     }
 
     /// The rows of `ordo inbox list`.
     #[track_caller]
     fn inbox(&self, extra: &[&str]) -> Value {
-        let mut args = vec!["inbox", "list", "--consumer", self.c()];
+        only_key(self.inbox_out(extra).json(), "inbox")
+    }
+
+    /// `ordo inbox retry --json` with extra arguments (any exit status).
+    fn inbox_retry_out(&self, extra: &[&str]) -> Out {
+        let mut args = vec!["inbox", "retry", "--json", "--consumer", self.c()];
         args.extend_from_slice(extra);
-        let out = self.json(&args);
-        assert_eq!(keys(&out), ["inbox"], "{out}");
-        out["inbox"].clone()
+        self.run(&args)
     }
 
     /// The entries of `ordo inbox repairs`.
     #[track_caller]
     fn repairs(&self) -> Value {
-        let out = self.json(&["inbox", "repairs", "--consumer", self.c()]);
-        assert_eq!(keys(&out), ["repairs"], "{out}");
-        out["repairs"].clone()
+        only_key(
+            self.json(&["inbox", "repairs", "--consumer", self.c()]),
+            "repairs",
+        )
     }
 
     /// `ordo status --json` with extra arguments (any exit status).
     fn status_out(&self, extra: &[&str]) -> Out {
-        let mut args = vec![
-            "status",
-            "--json",
-            "--producer",
-            self.p(),
-            "--consumer",
-            self.c(),
-        ];
-        args.extend_from_slice(extra);
-        self.run(&args)
+        self.lab.run_both("status", extra)
     }
 
     /// `ordo status --json`, expected to exit 0.
@@ -195,59 +156,34 @@ impl Ops {
 
     /// `ordo prune --older-than D --json` (any exit status).
     fn prune_out(&self, older_than: &str) -> Out {
-        self.run(&[
-            "prune",
-            "--json",
-            "--producer",
-            self.p(),
-            "--consumer",
-            self.c(),
-            "--older-than",
-            older_than,
-        ])
+        self.lab.run_both("prune", &["--older-than", older_than])
     }
 
-    #[track_caller]
-    fn snapshot(&self) -> Value {
-        self.json(&["snapshot", "--producer", self.p(), "--consumer", self.c()])
+    /// `ordo inbox skip --json` with these flags (any exit status).
+    fn skip_flags_out(&self, flags: &[(&str, &str)]) -> Out {
+        let mut args = vec!["inbox", "skip", "--json", "--consumer", self.c()];
+        for (flag, value) in flags {
+            args.extend([*flag, *value]);
+        }
+        self.run(&args)
     }
 
     /// `ordo inbox skip --json` (any exit status).
     fn skip_out(&self, flow: &str, seq: &str, reason: &str, by: &str) -> Out {
-        self.run(&[
-            "inbox",
-            "skip",
-            "--json",
-            "--consumer",
-            self.c(),
-            "--flow",
-            flow,
-            "--seq",
-            seq,
-            "--reason",
-            reason,
-            "--by",
-            by,
+        self.skip_flags_out(&[
+            ("--flow", flow),
+            ("--seq", seq),
+            ("--reason", reason),
+            ("--by", by),
         ])
     }
 }
 
+/// The one member of `out`, which must be named `key`.
 #[track_caller]
-fn keys(value: &Value) -> Vec<&str> {
-    let mut keys: Vec<&str> = value
-        .as_object()
-        .unwrap_or_else(|| panic!("not an object: {value}"))
-        .keys()
-        .map(String::as_str)
-        .collect();
-    keys.sort_unstable();
-    keys
-}
-
-fn sorted<'a>(names: &[&'a str]) -> Vec<&'a str> {
-    let mut names = names.to_vec();
-    names.sort_unstable();
-    names
+fn only_key(out: Value, key: &str) -> Value {
+    assert_eq!(keys(&out), [key], "{out}");
+    out[key].clone()
 }
 
 /// The `key` of every row, in order.
@@ -272,11 +208,28 @@ fn ids(rows: &Value) -> Vec<&str> {
 /// The row of `rows` whose `event_id` is `id`.
 #[track_caller]
 fn row<'v>(rows: &'v Value, id: &str) -> &'v Value {
-    rows.as_array()
-        .expect("an array of rows")
-        .iter()
-        .find(|r| r["event_id"] == id)
-        .unwrap_or_else(|| panic!("no row {id} in {rows}"))
+    common::row(rows, "event_id", id)
+}
+
+/// Asserts the `skipped` and `applied` counts of `ordo status`.
+#[track_caller]
+fn assert_settled(ops: &Ops, skipped: i64, applied: i64) {
+    let status = ops.status();
+    assert_eq!(status["consumer"]["skipped"], json!(skipped));
+    assert_eq!(status["consumer"]["applied"], json!(applied));
+}
+
+/// Asserts that two snapshots hold the same projection and effects.
+#[track_caller]
+fn assert_same_applied(snapshot: &Value, before: &Value) {
+    assert_eq!(
+        snapshot["consumer"]["projection"],
+        before["consumer"]["projection"]
+    );
+    assert_eq!(
+        snapshot["consumer"]["effects"],
+        before["consumer"]["effects"]
+    );
 }
 
 /// Every number as an f64, so that `2` and `2.0` compare equal while the
@@ -303,46 +256,16 @@ fn assert_same_numbers(actual: &Value, expected: &Value) {
     );
 }
 
-const ENVELOPE_KEYS: [&str; 6] = [
-    "event_id",
-    "flow_id",
-    "seq",
-    "schema_version",
-    "type",
-    "payload",
-];
-
 fn reserved(flow: &str, seq: i64, amount: i64) -> String {
-    envelope(
-        &format!("{flow}-{seq}"),
-        flow,
-        seq,
-        1,
-        "reserved",
-        json!({ "amount": amount }),
-    )
+    reservation(flow, seq, "reserved", amount)
 }
 
 fn confirmed(flow: &str, seq: i64, amount: i64) -> String {
-    envelope(
-        &format!("{flow}-{seq}"),
-        flow,
-        seq,
-        1,
-        "confirmed",
-        json!({ "amount": amount }),
-    )
+    reservation(flow, seq, "confirmed", amount)
 }
 
 fn released(flow: &str, seq: i64, amount: i64) -> String {
-    envelope(
-        &format!("{flow}-{seq}"),
-        flow,
-        seq,
-        1,
-        "released",
-        json!({ "amount": amount }),
-    )
+    reservation(flow, seq, "released", amount)
 }
 
 /// A schema-2 reservation (`{"units": q}`).
@@ -487,16 +410,7 @@ fn outbox_list_shows_every_row_with_its_bookkeeping() {
 
     let before = ops.lab.files();
     for bad in ["0", "-1", "abc"] {
-        ops.run(&[
-            "outbox",
-            "list",
-            "--json",
-            "--producer",
-            ops.p(),
-            "--limit",
-            bad,
-        ])
-        .usage("--limit");
+        ops.outbox_out(&["--limit", bad]).usage("--limit");
     }
     ops.lab
         .files()
@@ -518,7 +432,7 @@ fn outbox_retry_clears_a_quarantine_and_the_relay_tries_once_more() {
     );
     assert_eq!(row(&ops.outbox(&[]), "A-1")["attempts"], json!(1));
 
-    let retried = ops.json(&["outbox", "retry", "--producer", ops.p(), "A-1"]);
+    let retried = ops.outbox_retry_out(&["A-1"]).json();
     assert_eq!(retried, json!({"event_id": "A-1", "retried": true}));
     assert_eq!(ops.outbox(&["--quarantined"]), json!([]));
     let a1 = row(&ops.outbox(&[]), "A-1").clone();
@@ -557,7 +471,7 @@ fn outbox_retry_of_an_unknown_or_unquarantined_event_exits_2_and_changes_nothing
     // No producer file: refused without creating one.
     let fresh = Ops::new();
     fresh
-        .run(&["outbox", "retry", "--json", "--producer", fresh.p(), "A-1"])
+        .outbox_retry_out(&["A-1"])
         .usage("A-1: no such event in the outbox");
     fresh.lab.assert_no_files();
 
@@ -571,14 +485,12 @@ fn outbox_retry_of_an_unknown_or_unquarantined_event_exits_2_and_changes_nothing
         ("A-2", "error: A-2 is not quarantined"),
         ("C-1", "error: C-1 is not quarantined"),
     ] {
-        let out = ops.run(&["outbox", "retry", "--json", "--producer", ops.p(), id]);
+        let out = ops.outbox_retry_out(&[id]);
         out.usage(id);
         assert_eq!(out.stderr.trim_end(), message);
     }
-    ops.run(&["outbox", "retry", "--json", "--producer", ops.p(), ""])
-        .usage("EVENT_ID");
-    ops.run(&["outbox", "retry", "--json", "--producer", ops.p()])
-        .usage("EVENT_ID");
+    ops.outbox_retry_out(&[""]).usage("EVENT_ID");
+    ops.outbox_retry_out(&[]).usage("EVENT_ID");
     ops.lab.files().assert_unchanged(&before, "refused retry");
     assert_eq!(ops.snapshot(), snapshot);
     assert_eq!(ops.outbox(&[]), outbox);
@@ -667,37 +579,18 @@ fn inbox_list_filters_blocked_rows_flows_and_limits() {
 
     let before = ops.lab.files();
     for bad in ["0", "-1", "x"] {
-        ops.run(&[
-            "inbox",
-            "list",
-            "--json",
-            "--consumer",
-            ops.c(),
-            "--limit",
-            bad,
-        ])
-        .usage("--limit");
+        ops.inbox_out(&["--limit", bad]).usage("--limit");
     }
-    ops.run(&[
-        "inbox",
-        "list",
-        "--json",
-        "--consumer",
-        ops.c(),
-        "--flow",
-        "",
-    ])
-    .usage("--flow");
+    ops.inbox_out(&["--flow", ""]).usage("--flow");
     ops.lab.files().assert_unchanged(&before, "inbox list");
 }
 
 #[test]
 fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     let ops = blocked_lab();
-    let retry = |extra: &[&str]| {
-        let mut args = vec!["inbox", "retry", "--consumer", ops.c(), "--flow"];
-        args.extend_from_slice(extra);
-        ops.json(&args)
+    let retry = |flow_and_extra: &[&str]| {
+        ops.inbox_retry_out(&[&["--flow"], flow_and_extra].concat())
+            .json()
     };
 
     // Without --support-v2 the row is re-evaluated and blocked again.
@@ -718,16 +611,9 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     assert_eq!(column(&x, "settled_at_ms"), [&json!(null), &json!(null)]);
 
     // With it, the stored schema-2 row is applied as stored, and the flow continues.
+    ops.at(T0 + 3 * SECOND);
     assert_eq!(
-        ops.at(T0 + 3 * SECOND).json(&[
-            "inbox",
-            "retry",
-            "--consumer",
-            ops.c(),
-            "--flow",
-            "x",
-            "--support-v2"
-        ]),
+        retry(&["x", "--support-v2"]),
         json!({"flow_id": "x", "reopened": 1, "applied": 2, "stop": "idle", "reason": null})
     );
     assert_eq!(
@@ -778,18 +664,8 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     );
 
     let before = ops.lab.files();
-    ops.run(&[
-        "inbox",
-        "retry",
-        "--json",
-        "--consumer",
-        ops.c(),
-        "--flow",
-        "",
-    ])
-    .usage("--flow");
-    ops.run(&["inbox", "retry", "--json", "--consumer", ops.c()])
-        .usage("--flow");
+    ops.inbox_retry_out(&["--flow", ""]).usage("--flow");
+    ops.inbox_retry_out(&[]).usage("--flow");
     ops.lab.files().assert_unchanged(&before, "inbox retry");
 }
 
@@ -888,48 +764,20 @@ fn inbox_skip_refusals_exit_2_and_write_nothing() {
             "{out:#?}"
         );
     }
-    ops.run(&[
-        "inbox",
-        "skip",
-        "--json",
-        "--consumer",
-        ops.c(),
-        "--flow",
-        "w",
-        "--seq",
-        "2",
-        "--reason",
-        "r",
-    ])
-    .usage("--by");
-    ops.run(&[
-        "inbox",
-        "skip",
-        "--json",
-        "--consumer",
-        ops.c(),
-        "--flow",
-        "w",
-        "--seq",
-        "2",
-        "--by",
-        "a",
-    ])
-    .usage("--reason");
-    ops.run(&[
-        "inbox",
-        "skip",
-        "--json",
-        "--consumer",
-        ops.c(),
-        "--seq",
-        "2",
-        "--reason",
-        "r",
-        "--by",
-        "a",
-    ])
-    .usage("--flow");
+    // Each required flag left out in turn.
+    let flags = [
+        ("--flow", "w"),
+        ("--seq", "2"),
+        ("--reason", "r"),
+        ("--by", "a"),
+    ];
+    for missing in ["--by", "--reason", "--flow"] {
+        let given: Vec<(&str, &str)> = flags
+            .into_iter()
+            .filter(|(flag, _)| *flag != missing)
+            .collect();
+        ops.skip_flags_out(&given).usage(missing);
+    }
 
     ops.lab.files().assert_unchanged(&before, "refused skip");
     assert_eq!(ops.snapshot(), snapshot);
@@ -1030,9 +878,7 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
             "2 repairs".to_owned(),
         ]
     );
-    let status = ops.status();
-    assert_eq!(status["consumer"]["skipped"], json!(2));
-    assert_eq!(status["consumer"]["applied"], json!(3));
+    assert_settled(&ops, 2, 3);
 
     // The database itself refuses to change the log.
     {
@@ -1059,9 +905,7 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
     let pruned = ops.at(T0 + DAY).prune_out("1h").json();
     assert_eq!(pruned["consumer"]["removed"], json!(5), "{pruned}");
     assert_eq!(ops.repairs(), json!([repair1, repair2]));
-    let status = ops.status();
-    assert_eq!(status["consumer"]["skipped"], json!(2));
-    assert_eq!(status["consumer"]["applied"], json!(3));
+    assert_settled(&ops, 2, 3);
     assert_eq!(
         ops.receive(&[reserved("w", 2, 3), reserved("v", 1, 1)]),
         json!({"receipts": [
@@ -1286,15 +1130,7 @@ fn prune_duration_parsing() {
     for bad in ["abc", "-1s", "", "1x", "7"] {
         ops.prune_out(bad).usage("--older-than");
     }
-    ops.run(&[
-        "prune",
-        "--json",
-        "--producer",
-        ops.p(),
-        "--consumer",
-        ops.c(),
-    ])
-    .usage("--older-than");
+    ops.lab.run_both("prune", &[]).usage("--older-than");
     ops.lab.assert_no_files();
 
     for (text, ms) in [
@@ -1384,11 +1220,7 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
     assert_eq!(row(&outbox, "C-1")["accepted"], json!(false));
     assert_eq!(ids(&ops.inbox(&[])), ["B-1", "x-1", "z-2"]);
     let after = ops.snapshot();
-    assert_eq!(
-        after["consumer"]["projection"],
-        before["consumer"]["projection"]
-    );
-    assert_eq!(after["consumer"]["effects"], before["consumer"]["effects"]);
+    assert_same_applied(&after, &before);
     assert_eq!(after["producer"]["flows"], before["producer"]["flows"]);
     let status = ops.status();
     assert_eq!(status["consumer"]["applied"], json!(5), "pruned rows count");
@@ -1420,7 +1252,7 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
         json!({"flows": [{"flow_id": "z", "applied": 0, "stop": "gap", "reason": null}]})
     );
     // The quarantined event still conflicts with the pruned row's fingerprint.
-    ops.json(&["outbox", "retry", "--producer", ops.p(), "Q-1"]);
+    ops.outbox_retry_out(&["Q-1"]).json();
     assert_eq!(
         ops.relay(&["--event", "Q-1"]),
         json!({"deliveries": [{"event_id": "Q-1", "flow_id": "Q", "seq": 1, "receipt": "conflict"}],
@@ -1440,12 +1272,7 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
         ops.receive(&[reserved("B", 1, 2)]),
         json!({"receipts": [{"event_id": "B-1", "receipt": "duplicate"}]})
     );
-    let last = ops.snapshot();
-    assert_eq!(
-        last["consumer"]["projection"],
-        before["consumer"]["projection"]
-    );
-    assert_eq!(last["consumer"]["effects"], before["consumer"]["effects"]);
+    assert_same_applied(&ops.snapshot(), &before);
     assert_eq!(ops.status()["consumer"]["applied"], json!(5));
 
     // The pruned flow goes on: its next seq is produced, delivered and
@@ -1481,22 +1308,13 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
 fn busy_timeout_bounds_the_wait_for_a_locked_consumer_and_the_relay_backs_off() {
     let ops = Ops::new();
     ops.at(T0).advance("A", 0, "reserved", Some(4));
-    ops.json(&["init", "--producer", ops.p(), "--consumer", ops.c()]);
+    ops.lab.init();
 
     let lock = rusqlite::Connection::open(ops.c()).expect("open the consumer file");
     lock.execute_batch("BEGIN IMMEDIATE")
         .expect("take the write lock");
     let started = Instant::now();
-    let out = ops.run(&[
-        "relay",
-        "--json",
-        "--busy-timeout-ms",
-        "50",
-        "--producer",
-        ops.p(),
-        "--consumer",
-        ops.c(),
-    ]);
+    let out = ops.lab.relay_out(&["--busy-timeout-ms", "50"]);
     let elapsed = started.elapsed();
     out.storage_error();
     assert_eq!(out.stderr.lines().count(), 1, "{out:#?}");
@@ -1547,16 +1365,8 @@ fn busy_timeout_bounds_the_wait_for_a_locked_consumer_and_the_relay_backs_off() 
     assert_eq!(ops.status()["producer"]["backing_off"], json!(0));
 
     for bad in ["-1", "abc", "3600001"] {
-        let out = ops.run(&[
-            "relay",
-            "--json",
-            "--busy-timeout-ms",
-            bad,
-            "--producer",
-            ops.p(),
-            "--consumer",
-            ops.c(),
-        ]);
-        out.usage("--busy-timeout-ms");
+        ops.lab
+            .relay_out(&["--busy-timeout-ms", bad])
+            .usage("--busy-timeout-ms");
     }
 }

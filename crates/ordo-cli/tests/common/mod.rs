@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+use std::cell::Cell;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -75,10 +76,17 @@ impl Out {
     }
 }
 
-/// Runs `ordo ARGS` with `stdin` as its standard input.
-pub fn run_bytes(args: &[&str], stdin: &[u8]) -> Out {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
-        .args(args)
+/// Runs `ordo ARGS` with `stdin` as its standard input and, when `now_ms`
+/// is given, `ORDO_NOW_MS` set so that every time the binary reads or
+/// prints is exact. A crash point set in the test's own environment is
+/// never passed on.
+pub fn run_at(now_ms: Option<i64>, args: &[&str], stdin: &[u8]) -> Out {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ordo"));
+    command.args(args).env_remove("ORDO_CRASH_POINT");
+    if let Some(now_ms) = now_ms {
+        command.env("ORDO_NOW_MS", now_ms.to_string());
+    }
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -95,6 +103,11 @@ pub fn run_bytes(args: &[&str], stdin: &[u8]) -> Out {
         stdout: String::from_utf8(output.stdout).expect("stdout is UTF-8"),
         stderr: String::from_utf8(output.stderr).expect("stderr is UTF-8"),
     }
+}
+
+/// Runs `ordo ARGS` with `stdin` as its standard input.
+pub fn run_bytes(args: &[&str], stdin: &[u8]) -> Out {
+    run_at(None, args, stdin)
 }
 
 /// Runs `ordo ARGS` with empty stdin.
@@ -135,11 +148,13 @@ pub fn reservation(flow_id: &str, seq: i64, event_type: &str, amount: i64) -> St
 }
 
 /// A temporary directory with a producer and a consumer path in it (the
-/// files themselves are not created).
+/// files themselves are not created), and the clock its commands run at:
+/// the system's until [`Lab::at`] fixes one.
 pub struct Lab {
     pub dir: TempDir,
     pub p: String,
     pub c: String,
+    now_ms: Cell<Option<i64>>,
 }
 
 /// The contents of some files, compared byte for byte; a difference is
@@ -194,7 +209,12 @@ impl Lab {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let p = path_str(&dir.path().join("producer.db"));
         let c = path_str(&dir.path().join("consumer.db"));
-        Lab { dir, p, c }
+        Lab {
+            dir,
+            p,
+            c,
+            now_ms: Cell::new(None),
+        }
     }
 
     /// A path inside the lab's directory.
@@ -202,17 +222,39 @@ impl Lab {
         path_str(&self.dir.path().join(name))
     }
 
-    /// `ordo init --json` on both files.
-    pub fn init(&self) -> Value {
-        run(&[
-            "init",
+    /// Fixes the clock (`ORDO_NOW_MS`) of the commands run after this.
+    pub fn at(&self, now_ms: i64) -> &Lab {
+        self.now_ms.set(Some(now_ms));
+        self
+    }
+
+    /// `ordo ARGS` at the lab's clock, with empty stdin.
+    pub fn run(&self, args: &[&str]) -> Out {
+        self.run_bytes(args, b"")
+    }
+
+    /// `ordo ARGS` at the lab's clock, with `stdin` as its standard input.
+    pub fn run_bytes(&self, args: &[&str], stdin: &[u8]) -> Out {
+        run_at(self.now_ms.get(), args, stdin)
+    }
+
+    /// `ordo COMMAND --json --producer P --consumer C EXTRA`.
+    pub fn run_both(&self, command: &str, extra: &[&str]) -> Out {
+        let mut args = vec![
+            command,
             "--json",
             "--producer",
             &self.p,
             "--consumer",
             &self.c,
-        ])
-        .json()
+        ];
+        args.extend_from_slice(extra);
+        self.run(&args)
+    }
+
+    /// `ordo init --json` on both files.
+    pub fn init(&self) -> Value {
+        self.run_both("init", &[]).json()
     }
 
     /// `ordo advance --json`, returning the whole output.
@@ -227,25 +269,15 @@ impl Lab {
         let expected = expected_seq.to_string();
         let quantity = quantity.map(|q| q.to_string());
         let schema = schema.map(|s| s.to_string());
-        let mut args = vec![
-            "advance",
-            "--json",
-            "--producer",
-            &self.p,
-            "--flow",
-            flow,
-            "--expected-seq",
-            &expected,
-            "--to",
-            to,
-        ];
+        let mut args = advance_args(&self.p, flow, &expected, to);
+        args.push("--json");
         if let Some(q) = &quantity {
             args.extend(["--quantity", q]);
         }
         if let Some(s) = &schema {
             args.extend(["--schema", s]);
         }
-        run(&args)
+        self.run(&args)
     }
 
     /// `ordo advance --json` expected to exit 0; its JSON.
@@ -266,16 +298,7 @@ impl Lab {
 
     /// `ordo relay --json` with extra arguments.
     pub fn relay_out(&self, extra: &[&str]) -> Out {
-        let mut args = vec![
-            "relay",
-            "--json",
-            "--producer",
-            &self.p,
-            "--consumer",
-            &self.c,
-        ];
-        args.extend_from_slice(extra);
-        run(&args)
+        self.run_both("relay", extra)
     }
 
     #[track_caller]
@@ -285,7 +308,7 @@ impl Lab {
 
     /// `ordo receive --json` with `input` on stdin.
     pub fn receive_out(&self, input: &[u8]) -> Out {
-        run_bytes(&["receive", "--json", "--consumer", &self.c], input)
+        self.run_bytes(&["receive", "--json", "--consumer", &self.c], input)
     }
 
     #[track_caller]
@@ -297,7 +320,7 @@ impl Lab {
     pub fn apply_out(&self, extra: &[&str]) -> Out {
         let mut args = vec!["apply", "--json", "--consumer", &self.c];
         args.extend_from_slice(extra);
-        run(&args)
+        self.run(&args)
     }
 
     #[track_caller]
@@ -308,23 +331,12 @@ impl Lab {
     /// `ordo snapshot --json`.
     #[track_caller]
     pub fn snapshot(&self) -> Value {
-        run(&[
-            "snapshot",
-            "--json",
-            "--producer",
-            &self.p,
-            "--consumer",
-            &self.c,
-        ])
-        .json()
+        self.run_both("snapshot", &[]).json()
     }
 
     /// The bytes of both database files (`None` for a missing one).
     pub fn files(&self) -> Files {
-        Files(vec![
-            (self.p.clone(), bytes(&self.p)),
-            (self.c.clone(), bytes(&self.c)),
-        ])
+        Files::of(&[&self.p, &self.c])
     }
 
     /// Asserts that neither database file exists.
@@ -334,6 +346,67 @@ impl Lab {
         assert!(!Path::new(&self.c).exists(), "{} was created", self.c);
     }
 }
+
+/// `ordo advance --producer PRODUCER --flow FLOW --expected-seq EXPECTED
+/// --to TO`, to which a caller adds `--json`, `--quantity` and the like.
+pub fn advance_args<'a>(
+    producer: &'a str,
+    flow: &'a str,
+    expected_seq: &'a str,
+    to: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "advance",
+        "--producer",
+        producer,
+        "--flow",
+        flow,
+        "--expected-seq",
+        expected_seq,
+        "--to",
+        to,
+    ]
+}
+
+/// The keys of a JSON object, sorted.
+#[track_caller]
+pub fn keys(value: &Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = value
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {value}"))
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    keys
+}
+
+/// `names`, sorted (to compare with [`keys`]).
+pub fn sorted<'a>(names: &[&'a str]) -> Vec<&'a str> {
+    let mut names = names.to_vec();
+    names.sort_unstable();
+    names
+}
+
+/// The row of `rows` whose `key` is `value`.
+#[track_caller]
+pub fn row<'v>(rows: &'v Value, key: &str, value: &str) -> &'v Value {
+    rows.as_array()
+        .expect("an array of rows")
+        .iter()
+        .find(|r| r[key] == value)
+        .unwrap_or_else(|| panic!("no row with {key} = {value} in {rows}"))
+}
+
+/// The keys of an envelope, in wire order.
+pub const ENVELOPE_KEYS: [&str; 6] = [
+    "event_id",
+    "flow_id",
+    "seq",
+    "schema_version",
+    "type",
+    "payload",
+];
 
 fn path_str(path: &Path) -> String {
     path.to_str().expect("temporary paths are UTF-8").to_owned()
