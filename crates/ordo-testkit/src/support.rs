@@ -1,7 +1,7 @@
 //! Small builders and readers shared by the suite, plus the consumer
 //! invariant checker. Everything goes through the store traits.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -9,10 +9,10 @@ use std::sync::Arc;
 use ordo_core::ops::{InboxEntry, OutboxEntry};
 use ordo_core::reservation::event_id_for;
 use ordo_core::{
-    Advance, AdvanceRequest, ApplyOptions, Clock, ConsumerStore, Delivery, Drain, EffectRecord,
-    Envelope, EventId, FixedClock, FlowId, FlowRecord, FlowState, InboxRecord, InboxStatus,
-    OutboxRecord, ProducerStore, Projection, Quantity, Receipt, RelayError, RelayOptions,
-    RelayPolicy, RelayReport, RelayStop, SchemaVersion, Seq, APPLY_BATCH_LEN_DEFAULT,
+    Advance, AdvanceRequest, ApplyOptions, Clock, ConsumerStore, Delivery, Drain, DrainStop,
+    EffectRecord, Envelope, EventId, FixedClock, FlowId, FlowRecord, FlowState, InboxRecord,
+    InboxStatus, OutboxRecord, ProducerStore, Projection, Quantity, Receipt, RelayError,
+    RelayOptions, RelayPolicy, RelayReport, RelayStop, SchemaVersion, Seq, APPLY_BATCH_LEN_DEFAULT,
 };
 use serde_json::Value;
 
@@ -150,6 +150,27 @@ pub fn flow_record<P: ProducerStore + ?Sized>(
         .expect("flows")
         .into_iter()
         .find(|f| f.flow_id == id)
+}
+
+/// The `(state, quantity, last_seq)` of a flow's record; panics if the
+/// producer has none.
+pub fn recorded<P: ProducerStore + ?Sized>(
+    producer: &mut P,
+    flow_id: &str,
+) -> (FlowState, Option<i64>, i64) {
+    let f = flow_record(producer, flow_id)
+        .unwrap_or_else(|| panic!("the producer has no record of flow {flow_id}"));
+    (f.state, f.quantity.map(Quantity::get), f.last_seq)
+}
+
+/// The envelopes of the outbox, in commit order.
+pub fn outbox_envelopes<P: ProducerStore + ?Sized>(producer: &mut P) -> Vec<Envelope> {
+    producer
+        .outbox()
+        .expect("outbox")
+        .into_iter()
+        .map(|r| r.envelope)
+        .collect()
 }
 
 /// The outbox row of an event.
@@ -328,22 +349,15 @@ pub fn check_consumer_invariants<C: ConsumerStore + ?Sized>(consumer: &mut C) {
         applied.is_empty(),
         "applied inbox rows without a projection: {applied:?}"
     );
-    let applied_rows: Vec<&Envelope> = state
+    let applied_rows: Vec<Envelope> = state
         .inbox
         .iter()
         .filter(|r| r.status == InboxStatus::Applied)
-        .map(|r| &r.envelope)
-        .collect();
-    let expected_effects: Vec<EffectRecord> = applied_rows
-        .iter()
-        .map(|e| EffectRecord {
-            flow_id: e.flow_id.clone(),
-            seq: e.seq,
-            event_id: e.event_id.clone(),
-        })
+        .map(|r| r.envelope.clone())
         .collect();
     assert_eq!(
-        state.effects, expected_effects,
+        state.effects,
+        effects_for(&applied_rows),
         "exactly one effect per applied inbox row, ordered by flow then seq"
     );
 }
@@ -415,13 +429,7 @@ where
     P: ProducerStore + ?Sized,
     C: ConsumerStore + ?Sized,
 {
-    let options = RelayOptions {
-        policy: RelayPolicy::Fair,
-        max,
-        batch_len_max,
-        ..RelayOptions::default()
-    };
-    run_relay(producer, consumer, options, &clock())
+    run_relay(producer, consumer, fair(max, batch_len_max), &clock())
 }
 
 /// Delivers exactly one event by id (`relay --event`).
@@ -454,6 +462,14 @@ pub fn drain_flow<C: ConsumerStore + ?Sized>(
     .expect("drain")
 }
 
+/// Each drain as `(flow, applied, stop)`, in order, to compare with a list.
+pub fn drain_stops(drains: &[Drain]) -> Vec<(&str, u64, DrainStop)> {
+    drains
+        .iter()
+        .map(|d| (d.flow_id.as_str(), d.applied, d.stop))
+        .collect()
+}
+
 /// [`ordo_core::process_all`] with the default number of events per
 /// transaction.
 pub fn process<C: ConsumerStore + ?Sized>(
@@ -477,13 +493,22 @@ where
     P: ProducerStore + ?Sized,
     C: ConsumerStore + ?Sized,
 {
-    let options = RelayOptions {
+    run_relay(
+        producer,
+        consumer,
+        fair(max, batch_len_max),
+        &FixedClock(now_ms),
+    )
+}
+
+/// The options of a `fair` relay run.
+fn fair(max: Option<u64>, batch_len_max: usize) -> RelayOptions {
+    RelayOptions {
         policy: RelayPolicy::Fair,
         max,
         batch_len_max,
         ..RelayOptions::default()
-    };
-    run_relay(producer, consumer, options, &FixedClock(now_ms))
+    }
 }
 
 /// The delivery of an event with a receipt, as a relay report lists it.
@@ -494,6 +519,40 @@ pub fn delivery(event: &Envelope, receipt: Receipt) -> Delivery {
         seq: event.seq,
         receipt,
     }
+}
+
+/// The deliveries of a relay report ordered by flow, to compare runs whose
+/// order across flows is not specified.
+pub fn deliveries_by_flow(report: &RelayReport) -> Vec<Delivery> {
+    let mut deliveries = report.deliveries.clone();
+    deliveries.sort_by(|x, y| x.flow_id.cmp(&y.flow_id));
+    deliveries
+}
+
+/// [`ProducerStore::fair_round`] with no flow set aside.
+pub fn fair_round<P: ProducerStore + ?Sized>(
+    producer: &mut P,
+    limit: usize,
+    now_ms: i64,
+) -> Vec<Envelope> {
+    producer
+        .fair_round(limit, &BTreeSet::new(), now_ms)
+        .expect("fair_round")
+}
+
+/// [`ProducerStore::record_receipts`] for these events at `now_ms`.
+pub fn record_receipts<P: ProducerStore + ?Sized>(
+    producer: &mut P,
+    receipts: &[(&Envelope, Receipt)],
+    now_ms: i64,
+) {
+    let receipts: Vec<(EventId, Receipt)> = receipts
+        .iter()
+        .map(|(event, receipt)| (event.event_id.clone(), *receipt))
+        .collect();
+    producer
+        .record_receipts(&receipts, now_ms)
+        .expect("record_receipts");
 }
 
 /// A time in milliseconds since the Unix epoch (November 2023) from which

@@ -580,11 +580,7 @@ pub fn end_to_end_advance_relay_apply<B: Backend>(dir: &Path) {
     assert!(p.outbox().unwrap().iter().all(|r| r.accepted));
     assert!(p.pending(100).unwrap().is_empty());
     for (f, q) in flows {
-        let record = flow_record(&mut p, f).unwrap();
-        assert_eq!(
-            (record.state, record.quantity, record.last_seq),
-            (FlowState::Released, Some(quantity(q)), 3)
-        );
+        assert_eq!(recorded(&mut p, f), (FlowState::Released, Some(q), 3));
         assert_eq!(projected(&mut c, f), (FlowState::Released, Some(q), 3));
         let events: Vec<Envelope> = all
             .iter()
@@ -593,11 +589,9 @@ pub fn end_to_end_advance_relay_apply<B: Backend>(dir: &Path) {
             .collect();
         assert_eq!(flow_effects(&mut c, f), effects_for(&events));
     }
-    let inbox: Vec<Envelope> = c.inbox().unwrap().into_iter().map(|r| r.envelope).collect();
-    let mut sorted = all.clone();
-    sorted.sort_by(|a, b| (&a.flow_id, a.seq).cmp(&(&b.flow_id, b.seq)));
     assert_eq!(
-        inbox, sorted,
+        inbox_envelopes(&mut c),
+        by_flow_seq(all.clone()),
         "the inbox holds the producer's events as committed"
     );
     check_consumer_invariants(&mut c);
@@ -653,10 +647,7 @@ pub fn apply_batches_keep_order_and_limits<B: Backend>(dir: &Path) {
     // process_all with a per-flow limit and a batch of one event
     let drains = ordo_core::process_all(&mut c, Some(1), V1, 1).unwrap();
     assert_eq!(
-        drains
-            .iter()
-            .map(|d| (d.flow_id.as_str(), d.applied, d.stop))
-            .collect::<Vec<_>>(),
+        drain_stops(&drains),
         vec![
             ("k1", 1, DrainStop::Limit),
             ("k3", 1, DrainStop::Limit),
@@ -668,10 +659,7 @@ pub fn apply_batches_keep_order_and_limits<B: Backend>(dir: &Path) {
     assert_eq!((d.applied, d.stop), (2, DrainStop::Idle));
     let drains = ordo_core::process_all(&mut c, None, V1, 2).unwrap();
     assert_eq!(
-        drains
-            .iter()
-            .map(|d| (d.flow_id.as_str(), d.applied, d.stop))
-            .collect::<Vec<_>>(),
+        drain_stops(&drains),
         vec![("k1", 1, DrainStop::Idle), ("k4", 2, DrainStop::Idle)]
     );
     for f in flows {
@@ -690,10 +678,7 @@ pub fn apply_batches_keep_order_and_limits<B: Backend>(dir: &Path) {
         .apply_batch(&[(flow("k1"), None), (flow("none"), Some(3))], 10, V1)
         .unwrap();
     assert_eq!(
-        drains
-            .iter()
-            .map(|d| (d.flow_id.as_str(), d.applied, d.stop))
-            .collect::<Vec<_>>(),
+        drain_stops(&drains),
         vec![("k1", 0, DrainStop::Idle), ("none", 0, DrainStop::Idle)]
     );
     check_consumer_invariants(&mut c);

@@ -25,11 +25,6 @@ use crate::Backend;
 
 use FlowState::{Confirmed, Released, Reserved};
 
-/// No flow set aside.
-fn no_skip() -> BTreeSet<FlowId> {
-    BTreeSet::new()
-}
-
 /// Checks a fair relay run that delivered every event of `events` (all due,
 /// none conflicting) in rounds of `batch_len_max`: each round takes
 /// `min(batch_len_max, flows with a head)` events, one per flow, each its
@@ -123,11 +118,11 @@ pub fn fair_round_takes_each_flow_head_least_recently_served_first<B: Backend>(d
     let now = T0 + 10;
     let heads = by_flow_seq([a[0].clone(), b[0].clone(), c1.clone()]);
 
-    let round = p.fair_round(10, &no_skip(), now).unwrap();
+    let round = fair_round(&mut p, 10, now);
     assert_eq!(by_flow_seq(round.clone()), heads, "one head per flow");
     let outbox = producer_state(&mut p);
     assert_eq!(
-        p.fair_round(10, &no_skip(), now).unwrap(),
+        fair_round(&mut p, 10, now),
         round,
         "a second pick sees the same round"
     );
@@ -137,7 +132,7 @@ pub fn fair_round_takes_each_flow_head_least_recently_served_first<B: Backend>(d
         "picking a round writes nothing"
     );
     for limit in [0, 1, 2, 3] {
-        let part = p.fair_round(limit, &no_skip(), now).unwrap();
+        let part = fair_round(&mut p, limit, now);
         assert_eq!(part.len(), limit, "limit {limit}: {part:?}");
         assert!(
             part.iter().all(|e| heads.contains(e)),
@@ -156,9 +151,8 @@ pub fn fair_round_takes_each_flow_head_least_recently_served_first<B: Backend>(d
     assert!(p.fair_round(10, &skip_all, now).unwrap().is_empty());
 
     // A is served alone: the flows never served come before it
-    p.record_receipts(&[(a[0].event_id.clone(), Receipt::Accepted)], now)
-        .unwrap();
-    let round = p.fair_round(10, &no_skip(), now).unwrap();
+    record_receipts(&mut p, &[(&a[0], Receipt::Accepted)], now);
+    let round = fair_round(&mut p, 10, now);
     assert_eq!(round.len(), 3, "{round:?}");
     assert_eq!(round[2], a[1], "A, served last, comes last: {round:?}");
     assert_eq!(
@@ -166,7 +160,7 @@ pub fn fair_round_takes_each_flow_head_least_recently_served_first<B: Backend>(d
         by_flow_seq([b[0].clone(), c1.clone()])
     );
     assert_eq!(
-        by_flow_seq(p.fair_round(2, &no_skip(), now).unwrap()),
+        by_flow_seq(fair_round(&mut p, 2, now)),
         by_flow_seq([b[0].clone(), c1.clone()]),
         "a limited round takes the least recently served flows"
     );
@@ -176,56 +170,45 @@ pub fn fair_round_takes_each_flow_head_least_recently_served_first<B: Backend>(d
     );
 
     // B and C are served in one later round: A is now the least recent
-    p.record_receipts(
-        &[
-            (b[0].event_id.clone(), Receipt::Accepted),
-            (c1.event_id.clone(), Receipt::Accepted),
-        ],
+    record_receipts(
+        &mut p,
+        &[(&b[0], Receipt::Accepted), (&c1, Receipt::Accepted)],
         now,
-    )
-    .unwrap();
+    );
     assert_eq!(
-        p.fair_round(10, &no_skip(), now).unwrap(),
+        fair_round(&mut p, 10, now),
         vec![a[1].clone(), b[1].clone()],
         "C has no head; A was served before B"
     );
+    assert_eq!(fair_round(&mut p, 1, now), vec![a[1].clone()]);
+    record_receipts(&mut p, &[(&a[1], Receipt::Accepted)], now);
     assert_eq!(
-        p.fair_round(1, &no_skip(), now).unwrap(),
-        vec![a[1].clone()]
-    );
-    p.record_receipts(&[(a[1].event_id.clone(), Receipt::Accepted)], now)
-        .unwrap();
-    assert_eq!(
-        p.fair_round(10, &no_skip(), now).unwrap(),
+        fair_round(&mut p, 10, now),
         vec![b[1].clone(), a[2].clone()]
     );
-    assert_eq!(
-        p.fair_round(1, &no_skip(), now).unwrap(),
-        vec![b[1].clone()]
-    );
+    assert_eq!(fair_round(&mut p, 1, now), vec![b[1].clone()]);
     // a duplicate receipt moves custody, so it serves the flow too
-    p.record_receipts(&[(b[1].event_id.clone(), Receipt::Duplicate)], now)
-        .unwrap();
+    record_receipts(&mut p, &[(&b[1], Receipt::Duplicate)], now);
     assert_eq!(
-        p.fair_round(10, &no_skip(), now).unwrap(),
+        fair_round(&mut p, 10, now),
         vec![a[2].clone(), b[2].clone()]
     );
     // a new event gives a drained flow a head again; C was served before A
     let c2 = commit(&mut p, &request("C", 1, Confirmed, None, 1));
     assert_eq!(
-        p.fair_round(10, &no_skip(), now).unwrap(),
+        fair_round(&mut p, 10, now),
         vec![c2.clone(), a[2].clone(), b[2].clone()]
     );
-    p.record_receipts(
+    record_receipts(
+        &mut p,
         &[
-            (a[2].event_id.clone(), Receipt::Accepted),
-            (b[2].event_id.clone(), Receipt::Accepted),
-            (c2.event_id.clone(), Receipt::Accepted),
+            (&a[2], Receipt::Accepted),
+            (&b[2], Receipt::Accepted),
+            (&c2, Receipt::Accepted),
         ],
         now,
-    )
-    .unwrap();
-    assert!(p.fair_round(10, &no_skip(), now).unwrap().is_empty());
+    );
+    assert!(fair_round(&mut p, 10, now).is_empty());
     assert!(p.outbox().unwrap().iter().all(|r| r.accepted));
 }
 
@@ -357,7 +340,7 @@ pub fn relay_fair_conflict_quarantines_only_that_event<B: Backend>(dir: &Path) {
             backing_off: 0,
         }
     );
-    assert!(p.fair_round(10, &no_skip(), now).unwrap().is_empty());
+    assert!(fair_round(&mut p, 10, now).is_empty());
     // the first-pending policy still sees it (quarantined or not)
     assert_eq!(p.oldest_unaccepted(now).unwrap(), Some(a1.clone()));
     assert_eq!(
@@ -410,15 +393,15 @@ pub fn record_receipts_moves_custody_or_quarantines<B: Backend>(dir: &Path) {
     }
 
     let t1 = T0 + 5_000;
-    p.record_receipts(
+    record_receipts(
+        &mut p,
         &[
-            (e1.event_id.clone(), Receipt::Accepted),
-            (e2.event_id.clone(), Receipt::Duplicate),
-            (e3.event_id.clone(), Receipt::Conflict),
+            (&e1, Receipt::Accepted),
+            (&e2, Receipt::Duplicate),
+            (&e3, Receipt::Conflict),
         ],
         t1,
-    )
-    .unwrap();
+    );
     let entries = outbox_entries(&mut p);
     assert_eq!(
         entries.iter().map(|e| &e.envelope).collect::<Vec<_>>(),
@@ -482,15 +465,14 @@ pub fn record_receipts_moves_custody_or_quarantines<B: Backend>(dir: &Path) {
         }
     );
     assert_eq!(
-        p.fair_round(10, &no_skip(), t1).unwrap(),
+        fair_round(&mut p, 10, t1),
         vec![e4.clone()],
         "c's only event is quarantined, b's is accepted"
     );
 
     // another conflict: one more attempt, still quarantined
     let t2 = t1 + 1_000;
-    p.record_receipts(&[(e3.event_id.clone(), Receipt::Conflict)], t2)
-        .unwrap();
+    record_receipts(&mut p, &[(&e3, Receipt::Conflict)], t2);
     let entry = outbox_entry(&mut p, &e3);
     assert!(entry.quarantined && !entry.accepted, "{entry:?}");
     assert_eq!(entry.attempts, 2);
@@ -498,8 +480,7 @@ pub fn record_receipts_moves_custody_or_quarantines<B: Backend>(dir: &Path) {
     // a receipt that moves custody (an explicit delivery once the consumer
     // side was repaired) marks it accepted and ends the quarantine
     let t3 = t2 + 1_000;
-    p.record_receipts(&[(e3.event_id.clone(), Receipt::Duplicate)], t3)
-        .unwrap();
+    record_receipts(&mut p, &[(&e3, Receipt::Duplicate)], t3);
     let entry = outbox_entry(&mut p, &e3);
     assert!(entry.accepted && !entry.quarantined, "{entry:?}");
     assert_eq!(
@@ -582,7 +563,7 @@ pub fn record_failure_backs_off_only_that_flow<B: Backend>(dir: &Path) {
 
     for now in [failed_at, next - 1] {
         assert_eq!(
-            p.fair_round(10, &no_skip(), now).unwrap(),
+            fair_round(&mut p, 10, now),
             vec![b1.clone()],
             "at {now}: flow a is held back, b is not"
         );
@@ -593,7 +574,7 @@ pub fn record_failure_backs_off_only_that_flow<B: Backend>(dir: &Path) {
         );
     }
     assert_eq!(
-        by_flow_seq(p.fair_round(10, &no_skip(), next).unwrap()),
+        by_flow_seq(fair_round(&mut p, 10, next)),
         vec![a1.clone(), b1.clone()]
     );
     assert_eq!(p.oldest_unaccepted(next).unwrap(), Some(a1.clone()));
@@ -672,10 +653,10 @@ pub fn record_failure_waits_stay_within_the_backoff_ceiling<B: Backend>(dir: &Pa
             latest = latest.max(entry.next_attempt_at_ms);
         }
         assert_eq!(p.producer_status(now).unwrap().backing_off, 10);
-        assert!(p.fair_round(100, &no_skip(), now).unwrap().is_empty());
+        assert!(fair_round(&mut p, 100, now).is_empty());
         now = latest;
         assert_eq!(p.producer_status(now).unwrap().backing_off, 0);
-        assert_eq!(p.fair_round(100, &no_skip(), now).unwrap().len(), 10);
+        assert_eq!(fair_round(&mut p, 100, now).len(), 10);
     }
     let distinct: BTreeSet<i64> = capped_waits.iter().copied().collect();
     assert!(
@@ -865,10 +846,8 @@ pub fn retry_quarantined_refusals_change_nothing_and_retry_requeues<B: Backend>(
     assert_eq!(c.receive(&other).unwrap(), Receipt::Accepted);
     let now = T0 + 100;
     let report = relay_fair_at(&mut p, &mut c, None, 256, now);
-    let mut got: Vec<Delivery> = report.deliveries.clone();
-    got.sort_by(|x, y| x.flow_id.cmp(&y.flow_id));
     assert_eq!(
-        got,
+        deliveries_by_flow(&report),
         vec![
             delivery(&a1, Receipt::Conflict),
             delivery(&b1, Receipt::Accepted)
@@ -894,7 +873,7 @@ pub fn retry_quarantined_refusals_change_nothing_and_retry_requeues<B: Backend>(
         before,
         "a refused retry writes nothing"
     );
-    assert_eq!(p.fair_round(10, &no_skip(), now).unwrap(), vec![c1.clone()]);
+    assert_eq!(fair_round(&mut p, 10, now), vec![c1.clone()]);
 
     assert_eq!(p.retry_quarantined(&a1.event_id).unwrap(), Ok(()));
     let entry = outbox_entry(&mut p, &a1);
@@ -912,7 +891,7 @@ pub fn retry_quarantined_refusals_change_nothing_and_retry_requeues<B: Backend>(
         }
     );
     assert_eq!(
-        by_flow_seq(p.fair_round(10, &no_skip(), now).unwrap()),
+        by_flow_seq(fair_round(&mut p, 10, now)),
         vec![a1.clone(), c1.clone()],
         "the retried event is deliverable again"
     );
@@ -925,10 +904,8 @@ pub fn retry_quarantined_refusals_change_nothing_and_retry_requeues<B: Backend>(
 
     // the consumer still holds another event at (A, 1)
     let report = relay_fair_at(&mut p, &mut c, None, 256, now + 1);
-    let mut got: Vec<Delivery> = report.deliveries.clone();
-    got.sort_by(|x, y| x.flow_id.cmp(&y.flow_id));
     assert_eq!(
-        got,
+        deliveries_by_flow(&report),
         vec![
             delivery(&a1, Receipt::Conflict),
             delivery(&c1, Receipt::Accepted)
@@ -961,16 +938,12 @@ pub fn prune_outbox_removes_only_old_accepted_rows<B: Backend>(dir: &Path) {
     let r1 = commit(&mut p, &request("R", 0, Reserved, Some(3), 1));
     let s1 = commit(&mut p, &request("S", 0, Reserved, Some(4), 1));
     let t1 = commit(&mut p, &request("T", 0, Reserved, Some(5), 1));
-    p.record_receipts(
-        &[
-            (p1.event_id.clone(), Receipt::Accepted),
-            (r1.event_id.clone(), Receipt::Conflict),
-        ],
+    record_receipts(
+        &mut p,
+        &[(&p1, Receipt::Accepted), (&r1, Receipt::Conflict)],
         T0 + 2_000,
-    )
-    .unwrap();
-    p.record_receipts(&[(q1.event_id.clone(), Receipt::Duplicate)], T0 + 5_000)
-        .unwrap();
+    );
+    record_receipts(&mut p, &[(&q1, Receipt::Duplicate)], T0 + 5_000);
     p.record_failure(
         std::slice::from_ref(&t1.event_id),
         "unreachable",
@@ -1020,7 +993,7 @@ pub fn prune_outbox_removes_only_old_accepted_rows<B: Backend>(dir: &Path) {
     let p3 = commit(&mut p, &request("P", 2, Released, None, 1));
     assert_eq!(p3, reservation_event("P", 3, 1));
     assert_eq!(
-        by_flow_seq(p.fair_round(10, &no_skip(), T0 + 2_000).unwrap()),
+        by_flow_seq(fair_round(&mut p, 10, T0 + 2_000)),
         vec![p2.clone(), q2.clone(), s1.clone()],
         "R is quarantined, T is backing off"
     );

@@ -311,10 +311,7 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
     }
     let drains = process(&mut c, None, V1);
     assert_eq!(
-        drains
-            .iter()
-            .map(|d| (d.flow_id.as_str(), d.applied, d.stop))
-            .collect::<Vec<_>>(),
+        drain_stops(&drains),
         vec![
             ("v", 0, DrainStop::Blocked(UnsupportedSchema)),
             ("w", 0, DrainStop::Blocked(UnsupportedSchema)),

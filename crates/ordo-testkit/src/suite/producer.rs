@@ -89,19 +89,10 @@ pub fn advance_schema_2_payload<B: Backend>(dir: &Path) {
         serde_json::Value::Object(e3.payload.clone()),
         json!({"units": 1_000_000})
     );
-    let stored: Vec<_> = p
-        .outbox()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.envelope)
-        .collect();
+    let stored = outbox_envelopes(&mut p);
     assert_eq!(stored, vec![e1.clone(), e2, e3]);
     assert_eq!(stored[0].body(), e1.body());
-    let f = flow_record(&mut p, "v2").unwrap();
-    assert_eq!(
-        (f.state, f.quantity, f.last_seq),
-        (Released, Some(quantity(1_000_000)), 3)
-    );
+    assert_eq!(recorded(&mut p, "v2"), (Released, Some(1_000_000), 3));
 }
 
 /// An `expected_seq` different from the flow's `last_seq` is `stale` with the
@@ -254,12 +245,7 @@ pub fn advance_seq_is_contiguous_per_flow<B: Backend>(dir: &Path) {
         assert_eq!(e.seq, seq(last + 1), "flow {f}");
         committed.push(e);
     }
-    let outbox: Vec<_> = p
-        .outbox()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.envelope)
-        .collect();
+    let outbox = outbox_envelopes(&mut p);
     assert_eq!(outbox, committed, "outbox in commit order");
     let mut ids: Vec<_> = outbox.iter().map(|e| e.event_id.clone()).collect();
     ids.sort();
@@ -319,23 +305,10 @@ pub fn advance_batch_sees_earlier_requests<B: Backend>(dir: &Path) {
     );
     assert_eq!(outcomes[5], Ok(Advance::Committed(b1.clone())));
     assert_eq!(outcomes[6], Ok(Advance::Committed(a3.clone())));
-    let outbox: Vec<_> = p
-        .outbox()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.envelope)
-        .collect();
+    let outbox = outbox_envelopes(&mut p);
     assert_eq!(outbox, vec![a1, a2, b1, a3]);
-    let a = flow_record(&mut p, "a").unwrap();
-    assert_eq!(
-        (a.state, a.quantity, a.last_seq),
-        (Released, Some(quantity(5)), 3)
-    );
-    let b = flow_record(&mut p, "b").unwrap();
-    assert_eq!(
-        (b.state, b.quantity, b.last_seq),
-        (Reserved, Some(quantity(8)), 1)
-    );
+    assert_eq!(recorded(&mut p, "a"), (Released, Some(5), 3));
+    assert_eq!(recorded(&mut p, "b"), (Reserved, Some(8), 1));
 
     // a batch that commits nothing writes nothing
     let before = producer_state(&mut p);
@@ -397,20 +370,10 @@ pub fn advance_batch_refused_request_writes_nothing_for_itself<B: Backend>(dir: 
             Ok(Advance::Committed(n2.clone())),
         ]
     );
-    let outbox: Vec<_> = p
-        .outbox()
-        .unwrap()
-        .into_iter()
-        .map(|r| r.envelope)
-        .collect();
+    let outbox = outbox_envelopes(&mut p);
     assert_eq!(outbox, vec![c1, n1, c2, n2]);
     for (f, q) in [("c", 3), ("n", 2)] {
-        let record = flow_record(&mut p, f).unwrap();
-        assert_eq!(
-            (record.state, record.quantity, record.last_seq),
-            (Confirmed, Some(quantity(q)), 2),
-            "{f}"
-        );
+        assert_eq!(recorded(&mut p, f), (Confirmed, Some(q), 2), "{f}");
     }
 
     let before = producer_state(&mut p);

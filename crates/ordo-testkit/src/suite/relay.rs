@@ -223,14 +223,7 @@ pub fn relay_respects_max<B: Backend>(dir: &Path) {
     let report = relay_first_pending(&mut p, &mut c, Some(100));
     assert_eq!(report.stop, RelayStop::Drained);
     assert_eq!(report.deliveries.len(), 4);
-    assert_eq!(
-        c.inbox()
-            .unwrap()
-            .into_iter()
-            .map(|r| r.envelope)
-            .collect::<Vec<_>>(),
-        events
-    );
+    assert_eq!(inbox_envelopes(&mut c), events);
 }
 
 /// The `fair` policy (section 8): a conflict on one flow's event neither
@@ -288,7 +281,7 @@ pub fn relay_fair_conflict_does_not_starve_other_flows<B: Backend>(dir: &Path) {
             "{again:?}"
         );
         assert!(!is_accepted(&mut p, &a));
-        let mut inbox: Vec<Envelope> = c.inbox().unwrap().into_iter().map(|r| r.envelope).collect();
+        let mut inbox = inbox_envelopes(&mut c);
         inbox.retain(|e| e.flow_id.as_str() != "A");
         assert_eq!(inbox, [b.clone(), d.clone()].concat());
         assert_eq!(
