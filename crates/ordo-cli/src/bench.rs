@@ -226,6 +226,16 @@ fn sequential(dir: &Path, flows: u64, batch: u64, f: f64) -> Result<Value, Failu
     }))
 }
 
+/// Raises its flag when dropped, so that a stage that returns early, with an
+/// error or a panic, still lets the stages after it finish.
+struct RaiseOnDrop(Arc<AtomicBool>);
+
+impl Drop for RaiseOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
 /// Producer, relay and applier on three threads at once, each with its own
 /// connections. With `rate`, the producer offers that many events per second
 /// in 10 ms ticks; without, it produces as fast as it can.
@@ -251,6 +261,7 @@ fn concurrent(
         let path = producer_path.clone();
         let done = produced_all.clone();
         std::thread::spawn(move || -> Result<u64, Failure> {
+            let _done = RaiseOnDrop(done);
             let mut producer = ProducerDb::open(&path)?;
             match rate {
                 None => produce(&mut producer, 0..flows, batch, &ProgressBar::hidden())?,
@@ -276,7 +287,6 @@ fn concurrent(
                     }
                 }
             }
-            done.store(true, Ordering::SeqCst);
             Ok(producer.commits())
         })
     };
@@ -284,6 +294,7 @@ fn concurrent(
         let (p, c) = (producer_path.clone(), consumer_path.clone());
         let (produced, relayed) = (produced_all.clone(), relayed_all.clone());
         std::thread::spawn(move || -> Result<(u64, u64), Failure> {
+            let _relayed = RaiseOnDrop(relayed);
             let mut producer = ProducerDb::open(&p)?;
             let mut consumer = ConsumerDb::open(&c)?;
             loop {
@@ -295,7 +306,6 @@ fn concurrent(
                     std::thread::sleep(IDLE_PAUSE);
                 }
             }
-            relayed.store(true, Ordering::SeqCst);
             Ok((producer.commits(), consumer.commits()))
         })
     };

@@ -112,6 +112,9 @@ fn check_distinct(files: &Files) -> Result<(), Failure> {
 
 pub fn open_both(files: &Files) -> Result<(ProducerDb, ConsumerDb), Failure> {
     check_distinct(files)?;
+    // Both files are checked before either is created or changed.
+    ProducerDb::check_existing(&files.producer)?;
+    ConsumerDb::check_existing(&files.consumer)?;
     let producer = open_producer(&files.producer)?;
     let consumer = open_consumer(&files.consumer)?;
     Ok((producer, consumer))
@@ -249,12 +252,29 @@ pub fn parse_envelopes(input: &[u8]) -> Result<Vec<Envelope>, Failure> {
         .collect()
 }
 
+/// The most input one `receive` takes (one transaction), in bytes.
+pub const RECEIVE_INPUT_BYTES_MAX: u64 = 64 * 1024 * 1024;
+/// The most envelopes one `receive` takes (one transaction).
+pub const RECEIVE_ENVELOPES_MAX: usize = 100_000;
+
 fn receive(json_mode: bool, args: ReceiveArgs) -> Result<(), Failure> {
     let mut input = Vec::new();
     std::io::stdin()
+        .take(RECEIVE_INPUT_BYTES_MAX + 1)
         .read_to_end(&mut input)
         .map_err(|e| Failure::Internal(format!("cannot read stdin: {e}")))?;
+    if input.len() as u64 > RECEIVE_INPUT_BYTES_MAX {
+        return Err(Failure::Usage(format!(
+            "stdin holds more than {RECEIVE_INPUT_BYTES_MAX} bytes; split the input (one receive is one transaction)"
+        )));
+    }
     let envelopes = parse_envelopes(&input)?;
+    if envelopes.len() > RECEIVE_ENVELOPES_MAX {
+        return Err(Failure::Usage(format!(
+            "stdin holds {} envelopes, more than {RECEIVE_ENVELOPES_MAX}; split the input (one receive is one transaction)",
+            envelopes.len()
+        )));
+    }
     let mut consumer = open_consumer(&args.consumer)?;
     let receipts = consumer.receive_batch(&envelopes)?;
     let value = json!({

@@ -156,10 +156,14 @@ pub fn parse_strict_json_stream(
 ) -> Result<Vec<(usize, Value)>, (usize, MalformedEnvelope)> {
     let mut values = Vec::new();
     let mut stream = serde_json::Deserializer::from_str(text).into_iter::<StrictValue>();
+    // Lines are counted from where the previous value ended, so the whole
+    // input is scanned once.
+    let (mut counted_to, mut line) = (0, 1);
     loop {
         let start = stream.byte_offset();
         let start = start + text[start..].len() - text[start..].trim_start().len();
-        let line = text[..start].matches('\n').count() + 1;
+        line += text[counted_to..start].matches('\n').count();
+        counted_to = start;
         match stream.next() {
             None => return Ok(values),
             Some(Ok(value)) => values.push((line, value.0)),

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ordo_core::{ErrorKind, StoreError};
-use rusqlite::{Connection, ErrorCode, OptionalExtension, TransactionBehavior};
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 
 /// How long a write waits for another writer's lock before failing with
 /// [`ErrorKind::Busy`], unless set otherwise.
@@ -167,11 +167,12 @@ pub(crate) fn open(
     let conn =
         Connection::open(path).map_err(|e| sql_error(&format!("cannot open {display}"), e))?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
-    conn.busy_timeout(options.busy_timeout)
-        .map_err(|e| sql_error("cannot set busy timeout", e))?;
+    // The wait for a locked file is this handler's (see `busy_wait`).
     set_busy_wait(options.busy_timeout);
     conn.busy_handler(Some(busy_wait))
         .map_err(|e| sql_error("cannot set busy handler", e))?;
+    // Refuse a foreign or wrong-role file before any pragma changes it.
+    let state = read_state(&conn, path, role)?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))
         .map_err(|e| sql_error(&format!("{display}: cannot set journal_mode=WAL"), e))?;
@@ -192,70 +193,112 @@ pub(crate) fn open(
             format!("{display}: synchronous is {synchronous}, FULL (2) is required"),
         ));
     }
-    init_schema(&conn, path, role, schema)?;
+    if state != FileState::Current {
+        // Nothing to create otherwise: opening then takes no write lock, so a
+        // busy peer does not stop a process from starting.
+        init_schema(&conn, path, role, schema)?;
+    }
     Ok(conn)
 }
 
-fn init_schema(conn: &Connection, path: &Path, role: Role, schema: &str) -> Result<(), StoreError> {
-    let display = path.display();
-    let err = |e| sql_error(&format!("{display}: cannot initialise"), e);
-    if is_current(conn, role).map_err(err)? {
-        // Nothing to create: opening takes no write lock, so a busy peer does
-        // not stop a reader or a writer that will wait for the lock later.
+/// Refuses an existing file that is not an ordo file of `role`, reading only
+/// and creating nothing (a missing file is fine: opening will create it).
+pub(crate) fn check_existing(path: &Path, role: Role) -> Result<(), StoreError> {
+    if !path.exists() {
         return Ok(());
     }
+    let display = path.display();
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| sql_error(&format!("cannot open {display}"), e))?;
+    read_state(&conn, path, role).map(|_| ())
+}
+
+/// What a file holds, as far as ordo is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileState {
+    /// No table at all: a new file.
+    Empty,
+    /// This role's tables at an older schema version.
+    Older,
+    /// This role's tables at the current schema version.
+    Current,
+}
+
+/// Reads the file's state in a read transaction.
+fn read_state(conn: &Connection, path: &Path, role: Role) -> Result<FileState, StoreError> {
+    let err = |e| sql_error(&format!("{}: cannot read", path.display()), e);
+    let tx =
+        rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Deferred).map_err(err)?;
+    inspect(&tx, path, role)
+}
+
+/// The file's state, refusing a foreign SQLite file, an ordo file of the
+/// other role, and a newer schema version.
+fn inspect(conn: &Connection, path: &Path, role: Role) -> Result<FileState, StoreError> {
+    let display = path.display();
+    let err = |e| sql_error(&format!("{display}: cannot read"), e);
+    let tables: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type='table'",
+            [],
+            |row| row.get(0),
+        )
+        .map_err(err)?;
+    if tables == 0 {
+        return Ok(FileState::Empty);
+    }
+    let has_meta: bool = conn
+        .query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type='table' AND name='ordo_meta'",
+            [],
+            |row| row.get(0),
+        )
+        .map_err(err)?;
+    if !has_meta {
+        return Err(StoreError::new(
+            ErrorKind::Incompatible,
+            format!("{display} is a SQLite database that ordo did not create; refusing to use it"),
+        ));
+    }
+    let stored_role: Option<String> = conn
+        .query_row("SELECT value FROM ordo_meta WHERE key='role'", [], |row| {
+            row.get(0)
+        })
+        .optional()
+        .map_err(err)?;
+    if stored_role.as_deref() != Some(role.as_str()) {
+        return Err(StoreError::new(
+            ErrorKind::Incompatible,
+            format!(
+                "{display} is an ordo {} database, not a {} database",
+                stored_role.as_deref().unwrap_or("unknown"),
+                role.as_str()
+            ),
+        ));
+    }
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(err)?;
+    match version {
+        v if v > SCHEMA_VERSION => Err(StoreError::new(
+            ErrorKind::Incompatible,
+            format!("{display} has schema version {v}; this ordo knows up to {SCHEMA_VERSION}"),
+        )),
+        v if v == SCHEMA_VERSION => Ok(FileState::Current),
+        _ => Ok(FileState::Older),
+    }
+}
+
+/// Creates what is missing, in one write transaction; checks the file again
+/// inside it, since another process may have created it meanwhile.
+fn init_schema(conn: &Connection, path: &Path, role: Role, schema: &str) -> Result<(), StoreError> {
+    let err = |e| sql_error(&format!("{}: cannot initialise", path.display()), e);
     let tx =
         rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate).map_err(err)?;
-    let has_meta: bool = tx
-        .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type='table' AND name='ordo_meta'",
-            [],
-            |row| row.get::<_, i64>(0),
-        )
-        .map_err(err)?
-        > 0;
-    if has_meta {
-        let stored_role: Option<String> = tx
-            .query_row("SELECT value FROM ordo_meta WHERE key='role'", [], |row| {
-                row.get(0)
-            })
-            .optional()
-            .map_err(err)?;
-        if stored_role.as_deref() != Some(role.as_str()) {
-            return Err(StoreError::new(
-                ErrorKind::Incompatible,
-                format!(
-                    "{display} is an ordo {} database, not a {} database",
-                    stored_role.as_deref().unwrap_or("unknown"),
-                    role.as_str()
-                ),
-            ));
-        }
-        let version: i64 = tx
-            .query_row("PRAGMA user_version", [], |row| row.get(0))
-            .map_err(err)?;
-        if version > SCHEMA_VERSION {
-            return Err(StoreError::new(
-                ErrorKind::Incompatible,
-                format!("{display} has schema version {version}; this ordo knows up to {SCHEMA_VERSION}"),
-            ));
-        }
-    } else {
-        let tables: i64 = tx
-            .query_row(
-                "SELECT count(*) FROM sqlite_master WHERE type='table'",
-                [],
-                |row| row.get(0),
-            )
-            .map_err(err)?;
-        if tables > 0 {
-            return Err(StoreError::new(
-                ErrorKind::Incompatible,
-                format!(
-                    "{display} is a SQLite database that ordo did not create; refusing to use it"
-                ),
-            ));
-        }
+    if inspect(&tx, path, role)? == FileState::Empty {
         tx.execute_batch(
             "CREATE TABLE ordo_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;",
         )
@@ -270,40 +313,6 @@ fn init_schema(conn: &Connection, path: &Path, role: Role, schema: &str) -> Resu
     }
     tx.execute_batch(schema).map_err(err)?;
     tx.commit().map_err(err)
-}
-
-/// Whether the file already holds this role's tables at the current schema
-/// version (checked with reads only).
-fn is_current(conn: &Connection, role: Role) -> rusqlite::Result<bool> {
-    let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Deferred)?;
-    let has_meta: bool = tx.query_row(
-        "SELECT count(*) > 0 FROM sqlite_master WHERE type='table' AND name='ordo_meta'",
-        [],
-        |row| row.get(0),
-    )?;
-    if !has_meta {
-        return Ok(false);
-    }
-    let stored_role: Option<String> = tx
-        .query_row("SELECT value FROM ordo_meta WHERE key='role'", [], |row| {
-            row.get(0)
-        })
-        .optional()?;
-    let version: i64 = tx.query_row("PRAGMA user_version", [], |row| row.get(0))?;
-    Ok(stored_role.as_deref() == Some(role.as_str()) && version == SCHEMA_VERSION)
-}
-
-/// Reads a pragma's text value (for tests and diagnostics).
-pub fn pragma_text(conn: &Connection, name: &str) -> Result<String, StoreError> {
-    conn.query_row(&format!("PRAGMA {name}"), [], |row| {
-        row.get::<_, rusqlite::types::Value>(0)
-    })
-    .map(|value| match value {
-        rusqlite::types::Value::Integer(i) => i.to_string(),
-        rusqlite::types::Value::Text(t) => t,
-        other => format!("{other:?}"),
-    })
-    .map_err(|e| sql_error(&format!("cannot read pragma {name}"), e))
 }
 
 #[cfg(test)]

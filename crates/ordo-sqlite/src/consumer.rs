@@ -212,6 +212,13 @@ impl ConsumerDb {
         ConsumerDb::open_with(path, Arc::new(SystemClock), &OpenOptions::default())
     }
 
+    /// Refuses an existing file that is not an ordo consumer file (a foreign
+    /// SQLite file, the other role, a newer schema), reading only; a missing
+    /// file passes. Lets a caller check every file before creating any.
+    pub fn check_existing(path: impl AsRef<Path>) -> Result<(), StoreError> {
+        crate::conn::check_existing(path.as_ref(), Role::Consumer)
+    }
+
     /// Opens or creates the consumer file with the given clock and options.
     pub fn open_with(
         path: impl AsRef<Path>,
@@ -443,6 +450,11 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
         Err(reason) => {
             savepoint.rollback().map_err(err)?;
             drop(savepoint);
+            if next_row == NextRow::Stored(InboxStatus::Blocked(reason)) {
+                // Evaluated again (schema 2 support) and blocked for the same
+                // reason: nothing to write.
+                return Ok((Step::Blocked { seq: next, reason }, false));
+            }
             exec_cached(
                 tx,
                 "UPDATE inbox SET status = 'blocked', reason = ?3 WHERE flow_id = ?1 AND seq = ?2",

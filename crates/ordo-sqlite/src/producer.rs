@@ -81,6 +81,13 @@ impl ProducerDb {
         ProducerDb::open_with(path, Arc::new(SystemClock), &OpenOptions::default())
     }
 
+    /// Refuses an existing file that is not an ordo producer file (a foreign
+    /// SQLite file, the other role, a newer schema), reading only; a missing
+    /// file passes. Lets a caller check every file before creating any.
+    pub fn check_existing(path: impl AsRef<Path>) -> Result<(), StoreError> {
+        crate::conn::check_existing(path.as_ref(), Role::Producer)
+    }
+
     /// Opens or creates the producer file with the given clock and options.
     pub fn open_with(
         path: impl AsRef<Path>,

@@ -6,24 +6,24 @@
 use std::path::Path;
 use std::time::Duration;
 
+use ordo_core::StoreError;
 use ordo_core::{
     process_all, relay, Advance, AdvanceError, AdvanceRequest, ApplyOptions, Clock, ErrorKind,
     FlowId, FlowState, ProducerStore, Quantity, RelayError, RelayOptions, SchemaVersion,
     SystemClock,
 };
-use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::json;
 
 use crate::args::WorkerCommand;
-use crate::commands::emit;
+use crate::commands::{clock, emit, open_consumer, open_producer};
 use crate::Failure;
 
 /// The pause of an idle relay or applier before it looks again.
 const IDLE_PAUSE: Duration = Duration::from_millis(5);
 /// Deliveries per relay round.
 const RELAY_ROUND_LEN: u64 = 64;
-/// Applications per flow per apply round.
-const APPLY_ROUND_LEN: u64 = 64;
+/// Events per apply transaction.
+const APPLY_BATCH_LEN: u64 = 64;
 
 pub fn run(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
     match command {
@@ -71,7 +71,7 @@ fn produce(
     quantity: Quantity,
     spread: Option<(i64, i64)>,
 ) -> Result<(), Failure> {
-    let mut producer = ProducerDb::open(path)?;
+    let mut producer = open_producer(path)?;
     let (mut committed, mut stale) = (0u64, 0u64);
     let steps = [
         FlowState::Reserved,
@@ -129,36 +129,60 @@ fn produce(
     Ok(())
 }
 
-/// Relays until `until` exists and a round after that finds nothing.
+/// Counts consecutive `Busy` failures; past the limit the worker gives up
+/// with the error, as a service would report it.
+struct BusyRetries(u32);
+
+impl BusyRetries {
+    /// Consecutive busy failures tolerated before giving up.
+    const MAX: u32 = 1_000;
+
+    fn retry(&mut self, error: StoreError) -> Result<(), Failure> {
+        self.0 += 1;
+        if self.0 > Self::MAX {
+            return Err(error.into());
+        }
+        std::thread::sleep(IDLE_PAUSE);
+        Ok(())
+    }
+}
+
+/// Relays until `until` exists and every event that is not quarantined has
+/// been accepted (events still backing off are waited for).
 fn relay_until(
     json_mode: bool,
     producer: &Path,
     consumer: &Path,
     until: &Path,
 ) -> Result<(), Failure> {
-    let mut producer = ProducerDb::open(producer)?;
-    let mut consumer = ConsumerDb::open(consumer)?;
+    let mut producer = open_producer(producer)?;
+    let mut consumer = open_consumer(consumer)?;
+    let clock = clock();
+    let options = RelayOptions {
+        max: Some(RELAY_ROUND_LEN),
+        ..RelayOptions::default()
+    };
+    let mut busy = BusyRetries(0);
     let mut delivered = 0u64;
     loop {
         let finishing = until.exists();
-        let report = match relay(
-            &mut producer,
-            &mut consumer,
-            &RelayOptions {
-                max: Some(RELAY_ROUND_LEN),
-                ..RelayOptions::default()
-            },
-            &SystemClock,
-        ) {
+        let report = match relay(&mut producer, &mut consumer, &options, clock.as_ref()) {
             Ok(report) => report,
-            Err(RelayError::Store(e)) if e.kind() == ErrorKind::Busy => continue,
+            Err(RelayError::Store(e)) if e.kind() == ErrorKind::Busy => {
+                busy.retry(e)?;
+                continue;
+            }
             Err(RelayError::Store(e)) => return Err(e.into()),
             Err(e) => return Err(Failure::Internal(e.to_string())),
         };
+        busy.0 = 0;
         delivered += report.deliveries.len() as u64;
         if report.deliveries.is_empty() {
             if finishing {
-                break;
+                let status = producer.producer_status(clock.now_ms())?;
+                if status.backlog == status.quarantined {
+                    break;
+                }
             }
             std::thread::sleep(IDLE_PAUSE);
         }
@@ -171,7 +195,8 @@ fn relay_until(
 
 /// Applies until `until` exists and a round after that applies nothing.
 fn apply_until(json_mode: bool, consumer: &Path, until: &Path) -> Result<(), Failure> {
-    let mut consumer = ConsumerDb::open(consumer)?;
+    let mut consumer = open_consumer(consumer)?;
+    let mut busy = BusyRetries(0);
     let mut applied = 0u64;
     loop {
         let finishing = until.exists();
@@ -179,12 +204,16 @@ fn apply_until(json_mode: bool, consumer: &Path, until: &Path) -> Result<(), Fai
             &mut consumer,
             None,
             ApplyOptions::default(),
-            APPLY_ROUND_LEN,
+            APPLY_BATCH_LEN,
         ) {
             Ok(drains) => drains,
-            Err(e) if e.kind() == ErrorKind::Busy => continue,
+            Err(e) if e.kind() == ErrorKind::Busy => {
+                busy.retry(e)?;
+                continue;
+            }
             Err(e) => return Err(e.into()),
         };
+        busy.0 = 0;
         let round: u64 = drains.iter().map(|d| d.applied).sum();
         applied += round;
         if round == 0 {
@@ -205,7 +234,7 @@ fn apply_until(json_mode: bool, consumer: &Path, until: &Path) -> Result<(), Fai
 /// event: the state has moved and the event is lost. It exists only to show
 /// the failure that `advance` prevents.
 fn unsafe_dual_write(path: &Path, flow: &FlowId, quantity: Quantity) -> Result<(), Failure> {
-    let mut producer = ProducerDb::open(path)?;
+    let mut producer = open_producer(path)?;
     producer.write(|tx| -> Result<(), ordo_core::StoreError> {
         tx.sql()
             .execute(
