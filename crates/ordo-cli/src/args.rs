@@ -50,7 +50,7 @@ pub enum Command {
     Snapshot(Files),
     /// Run N flows through all three steps on two fresh SQLite files and check the end state.
     Demo(DemoArgs),
-    /// Run the protocol's 22 scenarios on real processes and compare every state.
+    /// Run the protocol's 22 scenarios and 6 beyond them on real processes; compare every state.
     Experiment(ExperimentArgs),
     /// Kill producers, relays and appliers at random, converge, check the invariants.
     Soak(SoakArgs),

@@ -34,6 +34,13 @@ pub fn emit(json_mode: bool, value: &Value, text: impl FnOnce() -> String) {
 /// for a breached `status` threshold).
 pub fn run(cli: Cli) -> Result<u8, Failure> {
     let json_mode = cli.json;
+    if let Ok(value) = std::env::var("ORDO_NOW_MS") {
+        value.parse::<i64>().map_err(|_| {
+            Failure::Usage(format!(
+                "ORDO_NOW_MS must be milliseconds since the Unix epoch as an integer (got {value:?})"
+            ))
+        })?;
+    }
     OPEN_OPTIONS
         .set(OpenOptions {
             busy_timeout: std::time::Duration::from_millis(cli.busy_timeout_ms),
@@ -65,12 +72,10 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
 /// The clock every command uses: the system's, unless `ORDO_NOW_MS` fixes
 /// the time (milliseconds since the Unix epoch) for tests and replays.
 pub fn clock() -> Arc<dyn Clock> {
-    match std::env::var("ORDO_NOW_MS")
-        .ok()
-        .and_then(|v| v.parse::<i64>().ok())
-    {
-        Some(now_ms) => Arc::new(FixedClock(now_ms)),
-        None => Arc::new(SystemClock),
+    match std::env::var("ORDO_NOW_MS").ok().map(|v| v.parse::<i64>()) {
+        Some(Ok(now_ms)) => Arc::new(FixedClock(now_ms)),
+        // Checked by `run` before any command starts.
+        Some(Err(_)) | None => Arc::new(SystemClock),
     }
 }
 

@@ -233,7 +233,7 @@ pub fn run(json_mode: bool, args: DemoArgs) -> Result<(), Failure> {
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(Failure::Internal(format!(
+        Err(Failure::Check(format!(
             "demo end state check failed: {}",
             problems.join("; ")
         )))

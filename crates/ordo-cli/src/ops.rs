@@ -7,23 +7,14 @@ use ordo_core::ops::{
     ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
 };
 use ordo_core::{drain, ApplyOptions, ConsumerStore, ProducerStore, APPLY_BATCH_LEN_DEFAULT};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::args::{InboxCommand, OutboxCommand, PruneArgs, StatusArgs};
 use crate::commands::{clock, emit, open_both, open_consumer, open_producer};
-use crate::Failure;
-
-fn with_envelope(envelope: &ordo_core::Envelope, extra: Value) -> Value {
-    let mut object: Map<String, Value> =
-        envelope.to_value().as_object().cloned().unwrap_or_default();
-    if let Value::Object(extra) = extra {
-        object.extend(extra);
-    }
-    Value::Object(object)
-}
+use crate::{render, Failure};
 
 fn outbox_entry(e: &OutboxEntry) -> Value {
-    with_envelope(
+    render::envelope_with(
         &e.envelope,
         json!({
             "accepted": e.accepted,
@@ -40,7 +31,7 @@ fn outbox_entry(e: &OutboxEntry) -> Value {
 }
 
 fn inbox_entry(e: &InboxEntry) -> Value {
-    with_envelope(
+    render::envelope_with(
         &e.envelope,
         json!({
             "status": e.status.as_str(),

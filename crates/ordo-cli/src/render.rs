@@ -7,7 +7,8 @@ use ordo_core::{
 use serde_json::{json, Map, Value};
 
 /// The envelope fields plus extra keys.
-fn envelope_with(envelope: &Envelope, extra: Value) -> Value {
+/// The envelope fields plus `extra`.
+pub fn envelope_with(envelope: &Envelope, extra: Value) -> Value {
     let mut object: Map<String, Value> = match envelope.to_value() {
         Value::Object(object) => object,
         _ => unreachable!("an envelope is an object"),

@@ -383,9 +383,9 @@ impl Envelope {
         Value::Object(object)
     }
 
-    /// The envelope as it is stored: compact JSON of [`Envelope::to_value`]
-    /// with every number written as received (integers exact at any size).
-    /// Parsing it gives back an equal envelope.
+    /// The envelope as it is stored: compact JSON of [`Envelope::to_value`],
+    /// integers in the i64/u64 range written exactly, other numbers as the
+    /// shortest double. Parsing it gives back an equal envelope.
     pub fn stored_text(&self) -> String {
         self.to_value().to_string()
     }

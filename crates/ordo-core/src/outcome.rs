@@ -213,7 +213,7 @@ impl InboxStatus {
 /// One inbox row as the consumer stores it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InboxRecord {
-    /// The envelope exactly as received (its canonical body).
+    /// The envelope as stored (see [`Envelope::stored_text`]).
     pub envelope: Envelope,
     /// Its status.
     pub status: InboxStatus,

@@ -46,7 +46,8 @@ impl RelayPolicy {
 }
 
 /// Exponential backoff with full jitter for transient delivery failures: the
-/// n-th consecutive failure waits a uniformly random time in
+/// n-th attempt that fails (conflicts and earlier attempts count too) waits
+/// a uniformly random time in
 /// `0..=min(cap, base * 2^(n-1))`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
@@ -66,7 +67,7 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The ceiling of the wait after `attempts` consecutive failures (>= 1).
+    /// The ceiling of the wait after the `attempts`-th attempt (>= 1).
     pub fn ceiling_ms(&self, attempts: u32) -> u64 {
         let exponent = attempts.saturating_sub(1).min(62);
         self.base_ms

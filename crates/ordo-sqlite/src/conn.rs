@@ -18,7 +18,8 @@ pub const SCHEMA_VERSION: i64 = 1;
 /// Settings for opening a store.
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
-    /// How long a write waits for another writer's lock.
+    /// How long a write waits for another writer's lock. The wait is one
+    /// process-wide setting: the longest of the stores opened so far.
     pub busy_timeout: Duration,
 }
 

@@ -1,6 +1,6 @@
 //! Real `ordo` child processes, each under a watchdog.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -60,11 +60,13 @@ pub fn wait(child: &mut Child, what: &str) -> Result<ExitStatus, String> {
 
 /// Collects a finished child's output.
 pub fn finish(mut child: Child, what: &str) -> Result<Run, String> {
+    // Read both pipes while waiting, so that a child printing more than a
+    // pipe holds is never blocked on its output.
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
     let status = wait(&mut child, what)?;
-    let output = child
-        .wait_with_output()
-        .map_err(|e| format!("cannot read the output of `{what}`: {e}"))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let (stdout, stderr) = (stdout.join(), stderr.join());
+    let stdout = String::from_utf8_lossy(&stdout);
     let json = if stdout.trim().is_empty() {
         Value::Null
     } else {
@@ -74,8 +76,31 @@ pub fn finish(mut child: Child, what: &str) -> Result<Run, String> {
     Ok(Run {
         code: code_of(status),
         json,
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
     })
+}
+
+/// Reads a pipe to its end on a thread of its own.
+struct Drain(Option<std::thread::JoinHandle<Vec<u8>>>);
+
+impl Drain {
+    /// Everything the pipe delivered (empty when there was no pipe).
+    fn join(self) -> Vec<u8> {
+        self.0
+            .and_then(|handle| handle.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+fn drain(pipe: Option<impl Read + Send + 'static>) -> Drain {
+    Drain(pipe.map(|mut pipe| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            // A read error ends the output early; the exit status still tells.
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    }))
 }
 
 impl Ctx {
