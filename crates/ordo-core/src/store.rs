@@ -44,10 +44,6 @@ pub trait ProducerStore {
     /// Up to `limit` events not yet accepted, oldest commit first.
     fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError>;
 
-    /// Marks these events accepted (custody moved), in one transaction.
-    /// Callers pass only events whose receipt moved custody.
-    fn mark_accepted(&mut self, event_ids: &[EventId]) -> Result<(), StoreError>;
-
     /// The oldest event not yet accepted, quarantined or not, if its next
     /// attempt is due at `now_ms` (the `first-pending` policy).
     fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError>;

@@ -403,15 +403,6 @@ impl ProducerStore for ProducerDb {
         )
     }
 
-    fn mark_accepted(&mut self, event_ids: &[EventId]) -> Result<(), StoreError> {
-        let receipts: Vec<(EventId, Receipt)> = event_ids
-            .iter()
-            .map(|id| (id.clone(), Receipt::Accepted))
-            .collect();
-        let now_ms = self.clock.now_ms();
-        self.record_receipts(&receipts, now_ms)
-    }
-
     fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError> {
         let row: Option<(String, i64)> = row_cached(&self.conn,
                 "SELECT body, next_attempt_at_ms FROM outbox WHERE accepted = 0 ORDER BY position LIMIT 1",
