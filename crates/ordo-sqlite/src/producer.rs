@@ -500,23 +500,15 @@ impl ProducerStore for ProducerDb {
                 ));
             }
             let all: Vec<&str> = latest.keys().copied().collect();
-            // Accepting or quarantining never makes an earlier seq eligible:
-            // each head moves forward from where it is (a NULL head stays).
-            exec_cached(
+            let flows: Vec<String> = collect_rows(
                 tx,
-                "UPDATE outbox_head SET
-                     relay_seq = (SELECT o.seq FROM outbox o
-                                  WHERE o.flow_id = outbox_head.flow_id AND o.seq >= outbox_head.relay_seq
-                                    AND o.accepted = 0 AND o.quarantined = 0 ORDER BY o.seq LIMIT 1),
-                     relay_due_ms = coalesce((SELECT o.next_attempt_at_ms FROM outbox o
-                                  WHERE o.flow_id = outbox_head.flow_id AND o.seq >= outbox_head.relay_seq
-                                    AND o.accepted = 0 AND o.quarantined = 0 ORDER BY o.seq LIMIT 1), 0),
-                     relay_turn = ?2
-                 WHERE flow_id IN (SELECT o.flow_id FROM outbox o
-                                   WHERE o.event_id IN (SELECT value FROM json_each(?1)))",
-                params![serde_json::to_string(&all).expect("a list of strings serializes"), turn],
-            )
-            .map_err(err)?;
+                "producer: cannot record receipts",
+                "SELECT DISTINCT flow_id FROM outbox WHERE event_id IN (SELECT value FROM json_each(?1))",
+                [serde_json::to_string(&all).expect("a list of strings serializes")],
+                |row| row.get(0),
+                Ok,
+            )?;
+            refresh_heads(tx, &flows, Some(turn), None)?;
             crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
             Ok(())
         })
@@ -552,10 +544,8 @@ impl ProducerStore for ProducerDb {
                 .map_err(err)?;
                 flows.insert(flow);
             }
-            for flow in &flows {
-                refresh_head(tx, flow, None, None)?;
-            }
-            Ok(())
+            let flows: Vec<String> = flows.into_iter().collect();
+            refresh_heads(tx, &flows, None, None)
         })
     }
 
@@ -633,7 +623,7 @@ impl ProducerStore for ProducerDb {
                 [event_id.as_str()],
             )
             .map_err(err)?;
-            refresh_head(tx, &flow, None, Some(seq))?;
+            refresh_heads(tx, &[flow], None, Some(seq))?;
             Ok(Ok(()))
         })
     }
@@ -690,51 +680,39 @@ struct OutboxEntryRow {
 pub const CONFLICT_REASON: &str =
     "conflict: the consumer holds a different body under this event id, or another event id at this (flow_id, seq)";
 
-/// Moves a flow's relay head to its lowest seq neither accepted nor
-/// quarantined, with that event's next attempt time; records the round in
-/// which the flow was served when `turn` is given. Accepting, quarantining or
-/// failing events never makes an earlier seq eligible, so the search starts at
-/// the current head, or at `reopened` (a seq whose quarantine was cleared)
-/// when that is earlier. It walks the `(flow_id, seq)` index from there.
-fn refresh_head(
+/// Moves each flow's relay head to its lowest seq neither accepted nor
+/// quarantined, with that event's next attempt time, in one statement; records
+/// the round in which the flows were served when `turn` is given. Accepting,
+/// quarantining or failing events never makes an earlier seq eligible, so the
+/// search walks the `(flow_id, seq)` index from the current head, or from
+/// `reopened` (a seq whose quarantine was cleared) when that is earlier. A
+/// flow with nothing eligible keeps a NULL head.
+fn refresh_heads<S: AsRef<str>>(
     conn: &Connection,
-    flow_id: &str,
+    flows: &[S],
     turn: Option<i64>,
     reopened: Option<i64>,
 ) -> Result<(), StoreError> {
-    let err = |e| sql_error("producer: cannot move the relay head", e);
-    let current: Option<i64> = row_cached(
-        conn,
-        "SELECT relay_seq FROM outbox_head WHERE flow_id = ?1",
-        [flow_id],
-        |row| row.get(0),
-    )
-    .optional()
-    .map_err(err)?
-    .flatten();
-    let from = match (current, reopened) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    let head: Option<(i64, i64)> = match from {
-        None => None,
-        Some(from) => row_cached(
-            conn,
-            "SELECT seq, next_attempt_at_ms FROM outbox
-             WHERE flow_id = ?1 AND seq >= ?2 AND accepted = 0 AND quarantined = 0
-             ORDER BY seq LIMIT 1",
-            params![flow_id, from],
-            |row| Ok((row.get(0)?, row.get(1)?)),
-        )
-        .optional()
-        .map_err(err)?,
-    };
     exec_cached(
         conn,
-        "UPDATE outbox_head SET relay_seq = ?2, relay_due_ms = ?3, relay_turn = coalesce(?4, relay_turn)
-         WHERE flow_id = ?1",
-        params![flow_id, head.map(|h| h.0), head.map_or(0, |h| h.1), turn],
+        "UPDATE outbox_head SET
+             relay_seq = (SELECT o.seq FROM outbox o
+                 WHERE o.flow_id = outbox_head.flow_id AND o.accepted = 0 AND o.quarantined = 0
+                   AND o.seq >= coalesce(min(outbox_head.relay_seq, ?3), outbox_head.relay_seq, ?3)
+                 ORDER BY o.seq LIMIT 1),
+             relay_due_ms = coalesce((SELECT o.next_attempt_at_ms FROM outbox o
+                 WHERE o.flow_id = outbox_head.flow_id AND o.accepted = 0 AND o.quarantined = 0
+                   AND o.seq >= coalesce(min(outbox_head.relay_seq, ?3), outbox_head.relay_seq, ?3)
+                 ORDER BY o.seq LIMIT 1), 0),
+             relay_turn = coalesce(?2, relay_turn)
+         WHERE flow_id IN (SELECT value FROM json_each(?1))",
+        params![
+            serde_json::to_string(&flows.iter().map(AsRef::as_ref).collect::<Vec<&str>>())
+                .expect("a list of strings serializes"),
+            turn,
+            reopened
+        ],
     )
-    .map_err(err)?;
+    .map_err(|e| sql_error("producer: cannot move the relay heads", e))?;
     Ok(())
 }
