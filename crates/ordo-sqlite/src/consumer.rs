@@ -427,12 +427,13 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
         ApplyPlan::Evaluate => body.expect("an evaluated row is stored"),
     };
     let event = stored_envelope("consumer: stored inbox body", &body)?;
-    let mut savepoint = tx.savepoint().map_err(err)?;
-    savepoint.set_drop_behavior(rusqlite::DropBehavior::Rollback);
-    let verdict = handler.apply(&savepoint, &event, options)?;
+    // The handler's writes sit in a savepoint: a block undoes them, and an
+    // error undoes the whole transaction (the caller drops it).
+    exec_cached(tx, "SAVEPOINT ordo_apply_event", []).map_err(err)?;
+    let verdict = handler.apply(tx, &event, options)?;
     match verdict {
         Ok(()) => {
-            savepoint.commit().map_err(err)?;
+            exec_cached(tx, "RELEASE ordo_apply_event", []).map_err(err)?;
             tx.prepare_cached(
                 "UPDATE inbox SET status = 'applied', reason = NULL, settled_at_ms = ?3
                  WHERE flow_id = ?1 AND seq = ?2",
@@ -448,8 +449,8 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
             Ok((Step::Applied { seq: next }, true))
         }
         Err(reason) => {
-            savepoint.rollback().map_err(err)?;
-            drop(savepoint);
+            exec_cached(tx, "ROLLBACK TO ordo_apply_event", []).map_err(err)?;
+            exec_cached(tx, "RELEASE ordo_apply_event", []).map_err(err)?;
             if next_row == NextRow::Stored(InboxStatus::Blocked(reason)) {
                 // Evaluated again (schema 2 support) and blocked for the same
                 // reason: nothing to write.
