@@ -95,8 +95,11 @@ pub mod __private {
 /// # impl ordo_testkit::Backend for MyBackend {
 /// #     type Producer = ordo_sqlite::ProducerDb;
 /// #     type Consumer = ordo_sqlite::ConsumerDb;
-/// #     fn open_with_clock(_: &Path, _: Arc<dyn Clock>) -> (Self::Producer, Self::Consumer) {
-/// #         unimplemented!("a stub: this example only shows the invocation")
+/// #     fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> (Self::Producer, Self::Consumer) {
+/// #         let options = ordo_sqlite::OpenOptions::default();
+/// #         let p = ordo_sqlite::ProducerDb::open_with(dir.join("p.db"), clock.clone(), &options);
+/// #         let c = ordo_sqlite::ConsumerDb::open_with(dir.join("c.db"), clock, &options);
+/// #         (p.expect("producer"), c.expect("consumer"))
 /// #     }
 /// # }
 /// ordo_testkit::conformance_suite!(MyBackend);
