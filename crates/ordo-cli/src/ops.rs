@@ -266,6 +266,7 @@ fn status_value(now_ms: i64, p: &ProducerStatus, c: &ConsumerStatus, breaches: &
                 "since_ms": g.since_ms,
                 "waiting_s": age_s(now_ms, g.since_ms),
             })).collect::<Vec<_>>(),
+            "gaps_total": c.gaps_total,
             "applied": c.applied,
             "skipped": c.skipped,
         },

@@ -954,6 +954,7 @@ fn status_doc(breaches: Value) -> Value {
             "pending": 2,
             "blocked": {"total": 2, "by_reason": {"invalid_transition": 1, "unsupported_schema": 1}},
             "gaps": [{"flow_id": "z", "missing_seq": 1, "since_ms": T0 + 30 * SECOND, "waiting_s": 30}],
+            "gaps_total": 1,
             "applied": 1,
             "skipped": 0,
         },
@@ -980,7 +981,14 @@ fn status_reports_every_signal_with_exact_ages() {
     );
     assert_eq!(
         keys(&status["consumer"]),
-        ["applied", "blocked", "gaps", "pending", "skipped"]
+        [
+            "applied",
+            "blocked",
+            "gaps",
+            "gaps_total",
+            "pending",
+            "skipped"
+        ]
     );
     assert_same_numbers(&status, &status_doc(json!([])));
 
@@ -1002,7 +1010,7 @@ fn status_reports_every_signal_with_exact_ages() {
         &json!({
             "producer": {"backlog": 0, "oldest_pending_age_s": null, "quarantined": 0, "backing_off": 0},
             "consumer": {"pending": 0, "blocked": {"total": 0, "by_reason": {}}, "gaps": [],
-                         "applied": 0, "skipped": 0},
+                         "gaps_total": 0, "applied": 0, "skipped": 0},
             "breaches": [],
             "ok": true,
         }),

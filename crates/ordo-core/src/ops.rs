@@ -7,6 +7,8 @@ use crate::envelope::Envelope;
 use crate::ids::{EventId, FlowId, Seq};
 use crate::outcome::InboxStatus;
 
+/// The most gap-waiting flows a status lists (all are counted).
+pub const GAPS_LISTED_MAX: usize = 1_000;
 /// The longest repair reason, in bytes.
 pub const REPAIR_REASON_LEN_MAX: usize = 1000;
 /// The longest name of whoever decided a repair, in bytes.
@@ -225,8 +227,10 @@ pub struct ConsumerStatus {
     pub pending: u64,
     /// Blocked events by reason.
     pub blocked: BTreeMap<String, u64>,
-    /// Flows waiting on a gap.
+    /// Flows waiting on a gap, by flow id, at most [`GAPS_LISTED_MAX`].
     pub gaps: Vec<GapWait>,
+    /// How many flows wait on a gap in all.
+    pub gaps_total: u64,
     /// Applied events (pruned ones included).
     pub applied: u64,
     /// Skipped events.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ordo_core::crash;
 use ordo_core::ops::{
     decide_skip, ConsumerStatus, GapWait, InboxEntry, Pruned, RepairRecord, SkipRefused,
-    SkipRequest,
+    SkipRequest, GAPS_LISTED_MAX,
 };
 use ordo_core::reservation::{decide_apply, parse_state};
 use ordo_core::store::{decide_receive, plan_apply, ApplyPlan, NextRow, StoredIdentities};
@@ -890,6 +890,10 @@ impl ConsumerStore for ConsumerDb {
                 .map_err(err)?;
             for row in rows {
                 let (flow_id, missing, since_ms) = row.map_err(err)?;
+                status.gaps_total += 1;
+                if status.gaps.len() >= GAPS_LISTED_MAX {
+                    continue;
+                }
                 status.gaps.push(GapWait {
                     flow_id: FlowId::new(flow_id)
                         .map_err(|e| corrupt("consumer: stored flow id", e))?,

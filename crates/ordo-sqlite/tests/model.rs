@@ -1036,6 +1036,7 @@ impl Model {
                 .map(|(_, row)| row.received_at)
                 .min();
             if let Some(since_ms) = since {
+                status.gaps_total += 1;
                 status.gaps.push(GapWait {
                     flow_id: FlowId::new(flow).unwrap(),
                     missing: Seq::new(next).unwrap(),

@@ -174,6 +174,7 @@ macro_rules! conformance_suite {
             skip_marks_skipped_moves_past_and_logs_the_repair
             reopen_blocked_re_evaluates_with_support_v2
             consumer_status_counts_pending_blocked_and_gaps
+            consumer_status_caps_the_listed_gaps
             prune_inbox_keeps_fingerprints_and_never_reapplies
             // durability
             reopen_keeps_all_state

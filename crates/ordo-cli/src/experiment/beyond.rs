@@ -405,6 +405,7 @@ fn status_alerts_on_thresholds(ctx: &Ctx) -> Result<Outcome, String> {
                     "pending": 1,
                     "blocked": {"total": 1, "by_reason": {"unsupported_schema": 1}},
                     "gaps": [{"flow_id": "g", "missing_seq": 1, "since_ms": T0, "waiting_s": 120.0}],
+                    "gaps_total": 1,
                     "applied": 0,
                     "skipped": 0,
                 },

@@ -505,6 +505,7 @@ pub fn consumer_status_counts_pending_blocked_and_gaps<B: Backend>(dir: &Path) {
             pending: 6, // p1, p2, g2, g3, h3, x2
             blocked: blocked_rows.clone(),
             gaps: vec![gap_g.clone(), gap_h.clone()],
+            gaps_total: 2,
             applied: 1,
             skipped: 0,
         }
@@ -526,6 +527,7 @@ pub fn consumer_status_counts_pending_blocked_and_gaps<B: Backend>(dir: &Path) {
             pending: 2, // h3, x2
             blocked: blocked_rows.clone(),
             gaps: vec![gap_h],
+            gaps_total: 1,
             applied: 6,
             skipped: 0,
         }
@@ -539,10 +541,41 @@ pub fn consumer_status_counts_pending_blocked_and_gaps<B: Backend>(dir: &Path) {
             pending: 1,
             blocked: blocked_rows,
             gaps: vec![],
+            gaps_total: 0,
             applied: 8,
             skipped: 0,
         }
     );
+}
+
+/// `consumer_status` lists at most `GAPS_LISTED_MAX` gap-waiting flows, the
+/// first by flow id, and counts them all.
+pub fn consumer_status_caps_the_listed_gaps<B: Backend>(dir: &Path) {
+    let (_p, mut c) = B::open(dir);
+    let total = ordo_core::ops::GAPS_LISTED_MAX + 1;
+    let waiting: Vec<ordo_core::Envelope> = (0..total)
+        .map(|i| {
+            envelope(
+                &format!("g{i:05}-2"),
+                &format!("g{i:05}"),
+                2,
+                1,
+                "confirmed",
+                json!({"amount": 1}),
+            )
+        })
+        .collect();
+    let receipts = c.receive_batch(&waiting).unwrap();
+    assert!(receipts.iter().all(|r| *r == Receipt::Accepted));
+    let status = c.consumer_status().unwrap();
+    assert_eq!(status.gaps_total, total as u64);
+    assert_eq!(status.gaps.len(), ordo_core::ops::GAPS_LISTED_MAX);
+    assert_eq!(status.gaps[0].flow_id, flow("g00000"));
+    assert_eq!(
+        status.gaps.last().unwrap().flow_id,
+        flow(&format!("g{:05}", total - 2))
+    );
+    assert_eq!(status.pending, total as u64);
 }
 
 /// `prune_inbox` removes only applied and skipped rows settled strictly
@@ -614,6 +647,7 @@ pub fn prune_inbox_keeps_fingerprints_and_never_reapplies<B: Backend>(dir: &Path
             pending: 1,
             blocked: blocked(&[(UnsupportedSchema, 1)]),
             gaps: vec![],
+            gaps_total: 0,
             applied: 6,
             skipped: 1,
         }
