@@ -319,11 +319,7 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
         let mut lines: Vec<String> = drains
             .iter()
             .map(|d| {
-                let reason = d
-                    .stop
-                    .reason()
-                    .map(|r| format!(" ({r})"))
-                    .unwrap_or_default();
+                let reason = render::reason_suffix(d.stop.reason());
                 format!(
                     "{}: applied {}, stop {}{reason}",
                     d.flow_id,

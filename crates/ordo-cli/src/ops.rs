@@ -130,11 +130,7 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
                 let mut lines: Vec<String> = entries
                     .iter()
                     .map(|e| {
-                        let reason = e
-                            .status
-                            .reason()
-                            .map(|r| format!(" ({r})"))
-                            .unwrap_or_default();
+                        let reason = render::reason_suffix(e.status.reason());
                         format!(
                             "{} {} seq {} {}: {}{reason}",
                             e.envelope.event_id,
@@ -167,11 +163,7 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
                 "reason": d.stop.reason().map(|r| r.as_str()),
             });
             emit(json_mode, &value, || {
-                let reason = d
-                    .stop
-                    .reason()
-                    .map(|r| format!(" ({r})"))
-                    .unwrap_or_default();
+                let reason = render::reason_suffix(d.stop.reason());
                 format!(
                     "{flow}: reopened {reopened} blocked rows, applied {}, stop {}{reason}",
                     d.applied,

@@ -1,12 +1,17 @@
 //! The JSON shapes of the CLI contract.
 
 use ordo_core::{
-    Advance, Drain, EffectRecord, Envelope, FlowRecord, InboxRecord, OutboxRecord, Projection,
-    RelayReport,
+    Advance, BlockReason, Drain, EffectRecord, Envelope, FlowRecord, InboxRecord, OutboxRecord,
+    Projection, RelayReport,
 };
 use serde_json::{json, Map, Value};
 
 /// The envelope fields plus extra keys.
+/// " (reason)" after a stop or status that has a block reason, else nothing.
+pub fn reason_suffix(reason: Option<BlockReason>) -> String {
+    reason.map(|r| format!(" ({r})")).unwrap_or_default()
+}
+
 /// The envelope fields plus `extra`.
 pub fn envelope_with(envelope: &Envelope, extra: Value) -> Value {
     let mut object: Map<String, Value> = match envelope.to_value() {
