@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use super::child::{deliver_stdin, finish, Ctx, NOW_ENV};
+use super::child::{advance_args, deliver_stdin, finish, Ctx, NOW_ENV};
 use super::expect::{envelope, event};
 use super::scenarios::{Outcome, ScenarioFn};
 
@@ -48,19 +48,7 @@ fn produce(ctx: &Ctx, now_ms: i64, flow: &str, steps: usize) -> Result<(), Strin
         at(
             ctx,
             now_ms,
-            &[
-                "advance",
-                "--producer",
-                "{P}",
-                "--flow",
-                flow,
-                "--expected-seq",
-                &expected,
-                "--to",
-                step,
-                "--quantity",
-                "5",
-            ],
+            &advance_args(flow, &expected, step, &["--quantity", "5"]),
         )?;
     }
     Ok(())

@@ -201,19 +201,7 @@ impl Ctx {
         extra: &[&str],
     ) -> Result<Value, String> {
         let seq = expected_seq.to_string();
-        let mut args = vec![
-            "advance",
-            "--producer",
-            "{P}",
-            "--flow",
-            flow,
-            "--expected-seq",
-            &seq,
-            "--to",
-            to,
-        ];
-        args.extend_from_slice(extra);
-        self.ok(&args)
+        self.ok(&advance_args(flow, &seq, to, extra))
     }
 
     pub fn relay(&self, extra: &[&str]) -> Result<Value, String> {
@@ -247,6 +235,28 @@ pub fn deliver_stdin(child: &mut Child, stdin: &[u8], what: &str) -> Result<(), 
         .ok_or_else(|| format!("`{what}` has no stdin"))?;
     pipe.write_all(stdin)
         .map_err(|e| format!("cannot write to `{what}`: {e}"))
+}
+
+/// The arguments of `ordo advance` on the scenario's producer file.
+pub fn advance_args<'a>(
+    flow: &'a str,
+    expected_seq: &'a str,
+    to: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![
+        "advance",
+        "--producer",
+        "{P}",
+        "--flow",
+        flow,
+        "--expected-seq",
+        expected_seq,
+        "--to",
+        to,
+    ];
+    args.extend_from_slice(extra);
+    args
 }
 
 /// A fresh directory under `root` for one scenario.

@@ -468,29 +468,31 @@ fn unsafe_dual_write_loses_event(ctx: &Ctx) -> Result<Outcome, String> {
     })
 }
 
-/// Runs `args` with `point` armed, then returns its exit code and both files.
-fn crash_at(ctx: &Ctx, args: &[&str], point: &str) -> Result<(i32, Value), String> {
-    let run = ctx.run(args, b"", Some(point))?;
-    Ok((run.code, ctx.snapshot()?))
-}
-
-fn crash_outcome(
-    code: i32,
-    after_crash: Value,
-    recovery: Value,
-    state: Value,
+/// Runs `args` with `point` armed, takes both files, recovers with
+/// `recovery` in a fresh process and takes both files again; compares the
+/// exit status (73) and the three observations with `expected`
+/// (after the crash, the recovery's output, the final state).
+fn crash_and_recover(
+    ctx: &Ctx,
+    args: &[&str],
+    point: &str,
+    recovery: &[&str],
     expected: [Value; 3],
-) -> Outcome {
+) -> Result<Outcome, String> {
+    let run = ctx.run(args, b"", Some(point))?;
+    let after_crash = ctx.snapshot()?;
+    let recovered = ctx.ok(recovery)?;
+    let state = ctx.snapshot()?;
     let [after_crash_expected, recovery_expected, state_expected] = expected;
-    Outcome {
-        observed: json!({"exit_code": code, "after_crash": after_crash, "recovery": recovery, "state": state}),
+    Ok(Outcome {
+        observed: json!({"exit_code": run.code, "after_crash": after_crash, "recovery": recovered, "state": state}),
         expected: json!({
             "exit_code": crash::CRASH_EXIT_STATUS,
             "after_crash": after_crash_expected,
             "recovery": recovery_expected,
             "state": state_expected,
         }),
-    }
+    })
 }
 
 const ADVANCE_RESERVED: [&str; 11] = [
@@ -514,63 +516,49 @@ fn reserved_flow() -> Expect {
 }
 
 fn crash_producer_advance_before_commit(ctx: &Ctx) -> Result<Outcome, String> {
-    let (code, after_crash) = crash_at(
+    let e1 = event("a", 1, "reserved", QUANTITY);
+    crash_and_recover(
         ctx,
         &ADVANCE_RESERVED,
         crash::PRODUCER_ADVANCE_BEFORE_COMMIT,
-    )?;
-    let recovery = ctx.ok(&ADVANCE_RESERVED)?;
-    let state = ctx.snapshot()?;
-    let e1 = event("a", 1, "reserved", QUANTITY);
-    Ok(crash_outcome(
-        code,
-        after_crash,
-        recovery,
-        state,
+        &ADVANCE_RESERVED,
         [
             Expect::new().build(),
             committed(&e1),
             reserved_flow().outbox(&e1, false).build(),
         ],
-    ))
+    )
 }
 
 fn crash_producer_advance_after_commit(ctx: &Ctx) -> Result<Outcome, String> {
-    let (code, after_crash) =
-        crash_at(ctx, &ADVANCE_RESERVED, crash::PRODUCER_ADVANCE_AFTER_COMMIT)?;
-    let recovery = ctx.ok(&ADVANCE_RESERVED)?;
-    let state = ctx.snapshot()?;
     let e1 = event("a", 1, "reserved", QUANTITY);
     let expected_state = reserved_flow().outbox(&e1, false).build();
-    Ok(crash_outcome(
-        code,
-        after_crash,
-        recovery,
-        state,
+    crash_and_recover(
+        ctx,
+        &ADVANCE_RESERVED,
+        crash::PRODUCER_ADVANCE_AFTER_COMMIT,
+        &ADVANCE_RESERVED,
         [
             expected_state.clone(),
             json!({"outcome": "stale", "last_seq": 1}),
             expected_state,
         ],
-    ))
+    )
 }
 
 /// A relay crashed at `point` after producing one event; the next relay recovers.
 fn relay_crash(ctx: &Ctx, point: &str, stored: bool, receipt: &str) -> Result<Outcome, String> {
     ctx.ok(&ADVANCE_RESERVED)?;
-    let (code, after_crash) = crash_at(ctx, &RELAY, point)?;
-    let recovery = ctx.ok(&RELAY)?;
-    let state = ctx.snapshot()?;
     let e1 = event("a", 1, "reserved", QUANTITY);
     let mut after = reserved_flow().outbox(&e1, false);
     if stored {
         after = after.inbox(&e1, "pending", None);
     }
-    Ok(crash_outcome(
-        code,
-        after_crash,
-        recovery,
-        state,
+    crash_and_recover(
+        ctx,
+        &RELAY,
+        point,
+        &RELAY,
         [
             after.build(),
             relayed(vec![delivery("a", 1, receipt)], "drained"),
@@ -579,7 +567,7 @@ fn relay_crash(ctx: &Ctx, point: &str, stored: bool, receipt: &str) -> Result<Ou
                 .inbox(&e1, "pending", None)
                 .build(),
         ],
-    ))
+    )
 }
 
 fn crash_relay_before_receive(ctx: &Ctx) -> Result<Outcome, String> {
@@ -612,15 +600,12 @@ fn crash_consumer_receive_after_commit(ctx: &Ctx) -> Result<Outcome, String> {
 fn apply_rollback_crash(ctx: &Ctx, point: &str) -> Result<Outcome, String> {
     ctx.ok(&ADVANCE_RESERVED)?;
     ctx.ok(&RELAY)?;
-    let (code, after_crash) = crash_at(ctx, &APPLY, point)?;
-    let recovery = ctx.ok(&APPLY)?;
-    let state = ctx.snapshot()?;
     let e1 = event("a", 1, "reserved", QUANTITY);
-    Ok(crash_outcome(
-        code,
-        after_crash,
-        recovery,
-        state,
+    crash_and_recover(
+        ctx,
+        &APPLY,
+        point,
+        &APPLY,
         [
             reserved_flow()
                 .outbox(&e1, true)
@@ -629,7 +614,7 @@ fn apply_rollback_crash(ctx: &Ctx, point: &str) -> Result<Outcome, String> {
             drained(vec![("a", 1, "idle", None)]),
             Expect::new().delivered_flow("a", QUANTITY, 1).build(),
         ],
-    ))
+    )
 }
 
 fn crash_consumer_apply_after_projection(ctx: &Ctx) -> Result<Outcome, String> {
@@ -643,21 +628,14 @@ fn crash_consumer_apply_after_effect(ctx: &Ctx) -> Result<Outcome, String> {
 fn crash_consumer_apply_after_commit(ctx: &Ctx) -> Result<Outcome, String> {
     produce(ctx, "a", 2)?;
     ctx.ok(&RELAY)?;
-    // One event per transaction, so the crash falls between the two events.
-    let (code, after_crash) = crash_at(
-        ctx,
-        &["apply", "--consumer", "{C}", "--batch", "1"],
-        crash::CONSUMER_APPLY_AFTER_COMMIT,
-    )?;
-    let recovery = ctx.ok(&APPLY)?;
-    let state = ctx.snapshot()?;
     let e1 = event("a", 1, "reserved", QUANTITY);
     let e2 = event("a", 2, "confirmed", QUANTITY);
-    Ok(crash_outcome(
-        code,
-        after_crash,
-        recovery,
-        state,
+    crash_and_recover(
+        ctx,
+        // One event per transaction, so the crash falls between the two events.
+        &["apply", "--consumer", "{C}", "--batch", "1"],
+        crash::CONSUMER_APPLY_AFTER_COMMIT,
+        &APPLY,
         [
             Expect::new()
                 .flow("a", "confirmed", QUANTITY, 2)
@@ -671,7 +649,7 @@ fn crash_consumer_apply_after_commit(ctx: &Ctx) -> Result<Outcome, String> {
             drained(vec![("a", 1, "idle", None)]),
             Expect::new().delivered_flow("a", QUANTITY, 2).build(),
         ],
-    ))
+    )
 }
 
 #[cfg(test)]
