@@ -148,9 +148,53 @@ fn apply_pass(consumer: &mut ConsumerDb, batch: u64) -> Result<u64, Failure> {
     Ok(applied)
 }
 
+/// Commits, and how many of them waited for the disk (the producer's
+/// delivery bookkeeping does not).
+#[derive(Clone, Copy, Default)]
+struct Commits {
+    all: u64,
+    synced: u64,
+}
+
+impl Commits {
+    fn producer(producer: &ProducerDb) -> Commits {
+        Commits {
+            all: producer.commits(),
+            synced: producer.synced_commits(),
+        }
+    }
+
+    fn consumer(consumer: &ConsumerDb) -> Commits {
+        Commits {
+            all: consumer.commits(),
+            synced: consumer.commits(),
+        }
+    }
+}
+
+impl std::ops::Add for Commits {
+    type Output = Commits;
+    fn add(self, other: Commits) -> Commits {
+        Commits {
+            all: self.all + other.all,
+            synced: self.synced + other.synced,
+        }
+    }
+}
+
+impl std::ops::Sub for Commits {
+    type Output = Commits;
+    fn sub(self, other: Commits) -> Commits {
+        Commits {
+            all: self.all - other.all,
+            synced: self.synced - other.synced,
+        }
+    }
+}
+
 struct Phase {
     seconds: f64,
-    commits: u64,
+    commits: Commits,
 }
 
 fn phase_json(events: u64, phase: &Phase, f: f64) -> Value {
@@ -160,7 +204,8 @@ fn phase_json(events: u64, phase: &Phase, f: f64) -> Value {
         "seconds": round3(phase.seconds),
         "events_per_s": rate.round(),
         "ratio_to_f": round3(rate / f),
-        "commits_per_event": round3(phase.commits as f64 / events.max(1) as f64),
+        "commits_per_event": round3(phase.commits.all as f64 / events.max(1) as f64),
+        "fsyncs_per_event": round3(phase.commits.synced as f64 / events.max(1) as f64),
     })
 }
 
@@ -179,12 +224,12 @@ fn sequential(dir: &Path, flows: u64, batch: u64, f: f64) -> Result<Value, Failu
     produce(&mut producer, 0..flows, batch, &progress)?;
     let produce_phase = Phase {
         seconds: started.elapsed().as_secs_f64(),
-        commits: producer.commits(),
+        commits: Commits::producer(&producer),
     };
     progress.finish_and_clear();
 
     let progress = bar(events, &format!("relay B={batch}"));
-    let (p0, c0) = (producer.commits(), consumer.commits());
+    let (p0, c0) = (Commits::producer(&producer), Commits::consumer(&consumer));
     let started = Instant::now();
     let mut relayed = 0;
     loop {
@@ -197,16 +242,16 @@ fn sequential(dir: &Path, flows: u64, batch: u64, f: f64) -> Result<Value, Failu
     }
     let relay_phase = Phase {
         seconds: started.elapsed().as_secs_f64(),
-        commits: producer.commits() - p0 + consumer.commits() - c0,
+        commits: Commits::producer(&producer) - p0 + Commits::consumer(&consumer) - c0,
     };
     progress.finish_and_clear();
 
-    let c0 = consumer.commits();
+    let c0 = Commits::consumer(&consumer);
     let started = Instant::now();
     let applied = apply_pass(&mut consumer, batch)?;
     let apply_phase = Phase {
         seconds: started.elapsed().as_secs_f64(),
-        commits: consumer.commits() - c0,
+        commits: Commits::consumer(&consumer) - c0,
     };
     if relayed != events || applied != events {
         return Err(Failure::Check(format!(
@@ -260,7 +305,7 @@ fn concurrent(
     let producer_thread = {
         let path = producer_path.clone();
         let done = produced_all.clone();
-        std::thread::spawn(move || -> Result<u64, Failure> {
+        std::thread::spawn(move || -> Result<Commits, Failure> {
             let _done = RaiseOnDrop(done);
             let mut producer = ProducerDb::open(&path)?;
             match rate {
@@ -287,13 +332,13 @@ fn concurrent(
                     }
                 }
             }
-            Ok(producer.commits())
+            Ok(Commits::producer(&producer))
         })
     };
     let relay_thread = {
         let (p, c) = (producer_path.clone(), consumer_path.clone());
         let (produced, relayed) = (produced_all.clone(), relayed_all.clone());
-        std::thread::spawn(move || -> Result<(u64, u64), Failure> {
+        std::thread::spawn(move || -> Result<Commits, Failure> {
             let _relayed = RaiseOnDrop(relayed);
             let mut producer = ProducerDb::open(&p)?;
             let mut consumer = ConsumerDb::open(&c)?;
@@ -306,7 +351,7 @@ fn concurrent(
                     std::thread::sleep(IDLE_PAUSE);
                 }
             }
-            Ok((producer.commits(), consumer.commits()))
+            Ok(Commits::producer(&producer) + Commits::consumer(&consumer))
         })
     };
     let mut consumer = ConsumerDb::open(&consumer_path)?;
@@ -328,7 +373,7 @@ fn concurrent(
     let producer_commits = producer_thread
         .join()
         .map_err(|_| internal("the producer thread panicked"))??;
-    let (relay_p, relay_c) = relay_thread
+    let relay_commits = relay_thread
         .join()
         .map_err(|_| internal("the relay thread panicked"))??;
     if applied != events {
@@ -338,7 +383,7 @@ fn concurrent(
     }
     let phase = Phase {
         seconds,
-        commits: producer_commits + relay_p + relay_c + consumer.commits(),
+        commits: producer_commits + relay_commits + Commits::consumer(&consumer),
     };
     let mut value = phase_json(events, &phase, f);
     value["batch"] = json!(batch);
@@ -557,13 +602,20 @@ fn text(v: &Value) -> String {
         ),
         format!("flows {}, events {}", v["flows"], v["events"]),
         format!(
-            "{:>6} {:>12} {:>12} {:>12} {:>12} {:>10} {:>14}",
-            "batch", "produce/s", "relay/s", "apply/s", "end-to-end/s", "x F", "commits/event"
+            "{:>6} {:>12} {:>12} {:>12} {:>12} {:>10} {:>14} {:>13}",
+            "batch",
+            "produce/s",
+            "relay/s",
+            "apply/s",
+            "end-to-end/s",
+            "x F",
+            "commits/event",
+            "fsyncs/event"
         ),
     ];
     let row = |r: &Value| {
         format!(
-            "{:>6} {:>12} {:>12} {:>12} {:>12} {:>10} {:>14}",
+            "{:>6} {:>12} {:>12} {:>12} {:>12} {:>10} {:>14} {:>13}",
             r["batch"],
             r["produce"]["events_per_s"],
             r["relay"]["events_per_s"],
@@ -571,6 +623,7 @@ fn text(v: &Value) -> String {
             r["end_to_end"]["events_per_s"],
             r["end_to_end"]["ratio_to_f"],
             r["end_to_end"]["commits_per_event"],
+            r["end_to_end"]["fsyncs_per_event"],
         )
     };
     if !v["unbatched"].is_null() {
@@ -581,8 +634,8 @@ fn text(v: &Value) -> String {
     }
     let c = &v["concurrent"];
     lines.push(format!(
-        "concurrent (3 threads, B={}): {} events/s = {} x F, {} commits/event, latency p50 {} ms p99 {} ms",
-        c["batch"], c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
+        "concurrent (3 threads, B={}): {} events/s = {} x F, {} commits/event, {} fsyncs/event, latency p50 {} ms p99 {} ms",
+        c["batch"], c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["fsyncs_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
     ));
     let o = &v["offered"];
     lines.push(format!(

@@ -62,6 +62,12 @@ pub trait ProducerStore {
     /// `duplicate` mark the event accepted; `conflict` quarantines it with
     /// its reason (never accepted). Each event's attempts and last outcome
     /// are updated.
+    ///
+    /// This is delivery bookkeeping, a hint: the consumer's durable receive
+    /// is what counts. A store may commit it without waiting for the disk,
+    /// provided a lost commit is lost whole and every later durable commit
+    /// makes it durable too (a lost mark makes the relay hand the event
+    /// over again, and the consumer answers `duplicate`).
     fn record_receipts(
         &mut self,
         receipts: &[(EventId, Receipt)],

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use ordo_core::{ErrorKind, StoreError};
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
 
 /// How long a write waits for another writer's lock before failing with
@@ -168,6 +169,13 @@ pub(crate) fn open(
     let conn =
         Connection::open(path).map_err(|e| sql_error(&format!("cannot open {display}"), e))?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
+    // Without the query planner stability guarantee SQLite plans some
+    // statements for the values bound to them (a `LIMIT ?` among them) and
+    // prepares such a statement again at every new binding, which undoes the
+    // statement cache: the relay's fair round spent most of its time in the
+    // SQL parser.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .map_err(|e| sql_error("cannot set the query planner stability guarantee", e))?;
     // The wait for a locked file is this handler's (see `busy_wait`).
     set_busy_wait(options.busy_timeout);
     conn.busy_handler(Some(busy_wait))

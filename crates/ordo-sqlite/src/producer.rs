@@ -53,18 +53,22 @@ CREATE TABLE IF NOT EXISTS flow (
     state    TEXT    NOT NULL,
     quantity INTEGER NOT NULL
 ) WITHOUT ROWID;
-INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);
 ";
 
 /// The producer's SQLite file: flows, the outbox, and the per-flow head of
 /// the outbox sequence.
 ///
 /// Every write runs in a `BEGIN IMMEDIATE` transaction on a file in WAL mode
-/// with `synchronous=FULL`, so a returned commit is durable.
+/// with `synchronous=FULL`, so a returned commit is durable. The one
+/// exception is the relay's delivery bookkeeping (accepted marks, attempts,
+/// backoff, relay heads): it is a hint, committed with `synchronous=NORMAL`,
+/// see [`ProducerDb::record_receipts`](ordo_core::ProducerStore::record_receipts).
 pub struct ProducerDb {
     conn: Connection,
     clock: Arc<dyn Clock>,
     commits: u64,
+    synced_commits: u64,
+    synced: bool,
 }
 
 /// A write transaction on the producer file, in which the caller changes its
@@ -99,6 +103,8 @@ impl ProducerDb {
             conn,
             clock,
             commits: 0,
+            synced_commits: 0,
+            synced: true,
         })
     }
 
@@ -117,6 +123,34 @@ impl ProducerDb {
     where
         E: From<StoreError>,
     {
+        self.write_synced(true, f)
+    }
+
+    /// Runs `f` in one write transaction whose commit waits for the disk
+    /// (`synced`, `synchronous=FULL`) or not (`synchronous=NORMAL`: the
+    /// commit survives a crash of the process but may be lost with the
+    /// machine's power, never torn, and the next synced commit makes it
+    /// durable too, since the WAL is flushed in order). The mode is set
+    /// before every transaction, so an unsynced commit never leaves a later
+    /// one unsynced.
+    fn write_synced<T, E>(
+        &mut self,
+        synced: bool,
+        f: impl FnOnce(&mut ProducerTx<'_>) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        if self.synced != synced {
+            let pragma = if synced {
+                "PRAGMA synchronous=FULL"
+            } else {
+                "PRAGMA synchronous=NORMAL"
+            };
+            exec_cached(&self.conn, pragma, [])
+                .map_err(|e| sql_error(&format!("producer: cannot set {pragma}"), e))?;
+            self.synced = synced;
+        }
         let now_ms = self.clock.now_ms();
         let tx = self
             .conn
@@ -128,12 +162,21 @@ impl ProducerDb {
             .commit()
             .map_err(|e| sql_error("producer: commit failed", e))?;
         self.commits += 1;
+        if synced {
+            self.synced_commits += 1;
+        }
         Ok(value)
     }
 
     /// How many write transactions this handle has committed.
     pub fn commits(&self) -> u64 {
         self.commits
+    }
+
+    /// How many of those commits waited for the disk (`synchronous=FULL`);
+    /// the others are delivery bookkeeping.
+    pub fn synced_commits(&self) -> u64 {
+        self.synced_commits
     }
 
     /// The flows and the outbox read in one read transaction.
@@ -444,18 +487,22 @@ impl ProducerStore for ProducerDb {
         )
     }
 
+    /// Committed without waiting for the disk: an accepted mark lost with
+    /// the machine's power only makes the relay hand the event over again,
+    /// and the consumer, whose receive commit is synced, answers duplicate.
     fn record_receipts(
         &mut self,
         receipts: &[(EventId, Receipt)],
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        self.write(|ptx| {
+        self.write_synced(false, |ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot record receipts", e);
-            exec_cached(tx, "UPDATE ordo_meta SET value = value + 1 WHERE key = 'relay_turn'", [])
-                .map_err(err)?;
+            // The flows served now go behind every flow still waiting: one
+            // turn past the latest, read from the end of the heads' index, so
+            // no counter row is written per round.
             let turn: i64 = row_cached(tx,
-                    "SELECT CAST(value AS INTEGER) FROM ordo_meta WHERE key = 'relay_turn'",
+                    "SELECT coalesce(max(relay_turn), 0) + 1 FROM outbox_head WHERE relay_seq IS NOT NULL",
                     [],
                     |row| row.get(0),
                 )
@@ -521,7 +568,9 @@ impl ProducerStore for ProducerDb {
         now_ms: i64,
         backoff: &Backoff,
     ) -> Result<(), StoreError> {
-        self.write(|ptx| {
+        // Bookkeeping like the receipts: a lost attempt count only retries
+        // sooner.
+        self.write_synced(false, |ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot record a delivery failure", e);
             let mut flows = BTreeSet::new();
