@@ -1105,3 +1105,73 @@ fn seq_and_schema_version_above_2_pow_53_have_distinct_hashes() {
         "seq i64::MAX and i64::MAX - 1 share a body"
     );
 }
+
+// ---------------------------------------------------------------------------
+// The direct canonical writer against serde_jcs
+// ---------------------------------------------------------------------------
+
+/// JSON values whose numbers are all integers, around the 2^53 edge of the
+/// direct writer among them, so that most cases take the direct path.
+fn integer_json_value() -> impl Strategy<Value = Value> {
+    let integer = prop_oneof![
+        4 => (-1000i64..=1000).prop_map(Number::from),
+        1 => (-EXACT..=EXACT).prop_map(Number::from),
+        1 => prop_oneof![
+            Just(EXACT),
+            Just(-EXACT),
+            Just(EXACT + 1),
+            Just(-EXACT - 1),
+            Just(i64::MAX),
+            Just(i64::MIN),
+        ]
+        .prop_map(Number::from),
+        1 => Just(Number::from(u64::MAX)),
+    ];
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        integer.prop_map(Value::Number),
+        json_string().prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map(json_string(), inner, 0..6)
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// `canonical_json` writes exactly what serde_jcs writes, for any value:
+    /// directly when every number is an integer up to 2^53, through serde_jcs
+    /// otherwise.
+    #[test]
+    fn canonical_json_is_serde_jcs(value in prop_oneof![json_value(), integer_json_value()]) {
+        prop_assert_eq!(canonical_json(&value), serde_jcs::to_string(&value).unwrap());
+    }
+
+    /// The same for whole envelopes, whose body is hashed.
+    #[test]
+    fn canonical_body_is_serde_jcs(env in envelope()) {
+        prop_assert_eq!(env.body(), serde_jcs::to_string(&env.to_value()).unwrap());
+    }
+}
+
+/// Keys are ordered by UTF-16 code units, not by UTF-8 bytes: U+1F600 (a
+/// surrogate pair, 0xD83D first) sorts before U+FEFF, though its UTF-8 bytes
+/// sort after.
+#[test]
+fn canonical_keys_follow_utf16_order() {
+    let value: Value = serde_json::json!({"\u{feff}": 1, "\u{1f600}": 2, "a": 3});
+    assert_eq!(
+        canonical_json(&value),
+        "{\"a\":3,\"\u{1f600}\":2,\"\u{feff}\":1}"
+    );
+    assert_eq!(
+        canonical_json(&value),
+        serde_jcs::to_string(&value).unwrap()
+    );
+}

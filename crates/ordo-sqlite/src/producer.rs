@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS outbox_head (
     relay_turn   INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS outbox_head_relay ON outbox_head (relay_turn, flow_id) WHERE relay_seq IS NOT NULL;
+INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);
 CREATE TABLE IF NOT EXISTS flow (
     flow_id  TEXT    PRIMARY KEY,
     state    TEXT    NOT NULL,
@@ -498,11 +499,10 @@ impl ProducerStore for ProducerDb {
         self.write_synced(false, |ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot record receipts", e);
-            // The flows served now go behind every flow still waiting: one
-            // turn past the latest, read from the end of the heads' index, so
-            // no counter row is written per round.
+            exec_cached(tx, "UPDATE ordo_meta SET value = value + 1 WHERE key = 'relay_turn'", [])
+                .map_err(err)?;
             let turn: i64 = row_cached(tx,
-                    "SELECT coalesce(max(relay_turn), 0) + 1 FROM outbox_head WHERE relay_seq IS NOT NULL",
+                    "SELECT CAST(value AS INTEGER) FROM ordo_meta WHERE key = 'relay_turn'",
                     [],
                     |row| row.get(0),
                 )
@@ -744,15 +744,14 @@ fn refresh_heads<S: AsRef<str>>(
 ) -> Result<(), StoreError> {
     exec_cached(
         conn,
+        // One lookup per head: the aggregate over at most one row gives the
+        // next seq or NULL, and its due time or 0.
         "UPDATE outbox_head SET
-             relay_seq = (SELECT o.seq FROM outbox o
+             (relay_seq, relay_due_ms) = (SELECT max(seq), coalesce(max(due), 0) FROM (
+                 SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM outbox o
                  WHERE o.flow_id = outbox_head.flow_id AND o.accepted = 0 AND o.quarantined = 0
                    AND o.seq >= coalesce(min(outbox_head.relay_seq, ?3), outbox_head.relay_seq, ?3)
-                 ORDER BY o.seq LIMIT 1),
-             relay_due_ms = coalesce((SELECT o.next_attempt_at_ms FROM outbox o
-                 WHERE o.flow_id = outbox_head.flow_id AND o.accepted = 0 AND o.quarantined = 0
-                   AND o.seq >= coalesce(min(outbox_head.relay_seq, ?3), outbox_head.relay_seq, ?3)
-                 ORDER BY o.seq LIMIT 1), 0),
+                 ORDER BY o.seq LIMIT 1)),
              relay_turn = coalesce(?2, relay_turn)
          WHERE flow_id IN (SELECT value FROM json_each(?1))",
         params![
