@@ -60,7 +60,12 @@ fn bar(len: u64, label: &str) -> ProgressBar {
 /// F: single-row insert-and-commit transactions per second on this disk,
 /// WAL and `synchronous=FULL`, as ordo's files use.
 fn calibrate(dir: &Path) -> Result<f64, Failure> {
-    let path = dir.join("calibrate.db");
+    // A fresh file each time, removed with its directory afterwards.
+    let scratch = tempfile::Builder::new()
+        .prefix("calibrate-")
+        .tempdir_in(dir)
+        .map_err(internal)?;
+    let path = scratch.path().join("calibrate.db");
     let conn = Connection::open(&path).map_err(internal)?;
     conn.query_row("PRAGMA journal_mode=WAL", [], |row| row.get::<_, String>(0))
         .map_err(internal)?;
@@ -537,38 +542,59 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         emit(json_mode, &value, || growth_text(&value["growth"]));
         return Ok(());
     }
-    let progress = ProgressBar::new_spinner();
-    progress.set_message("calibrating F (single-row commits, WAL, synchronous=FULL)");
-    let f = calibrate(root.path())?;
-    progress.finish_and_clear();
-
+    // The disk's rate drifts (other tenants, writeback), so F is measured
+    // again just before every run, and each run's ratios use its own F.
+    let calibrated = || -> Result<f64, Failure> {
+        let progress = ProgressBar::new_spinner();
+        progress.set_message("calibrating F (single-row commits, WAL, synchronous=FULL)");
+        let f = calibrate(root.path());
+        progress.finish_and_clear();
+        f
+    };
+    let with_f = |mut run: Value, f: f64| {
+        run["f_commits_per_s"] = json!(f.round());
+        run
+    };
     let batches: Vec<u64> = if args.sweep {
         SWEEP.to_vec()
     } else {
         vec![args.batch]
     };
     let mut runs = Vec::new();
+    let mut fs = Vec::new();
     for batch in &batches {
         let dir = fresh_dir(root.path(), &format!("seq-{batch}"))?;
-        runs.push(sequential(&dir, args.flows, *batch, f)?);
+        let f = calibrated()?;
+        fs.push(f);
+        runs.push(with_f(sequential(&dir, args.flows, *batch, f)?, f));
     }
     let unbatched = if args.sweep || args.batch == 1 {
         Value::Null
     } else {
-        // Four fsyncs per event: a few thousand flows measure it well.
+        // Four commits per event: a few thousand flows measure it well.
         let flows = args.flows.min(UNBATCHED_FLOWS_MAX);
-        let mut run = sequential(&fresh_dir(root.path(), "seq-1")?, flows, 1, f)?;
+        let f = calibrated()?;
+        fs.push(f);
+        let mut run = with_f(
+            sequential(&fresh_dir(root.path(), "seq-1")?, flows, 1, f)?,
+            f,
+        );
         run["flows"] = json!(flows);
         run
     };
-    let pipelined = concurrent(
-        &fresh_dir(root.path(), "concurrent")?,
-        args.flows,
-        args.batch,
+    let f = calibrated()?;
+    fs.push(f);
+    let pipelined = with_f(
+        concurrent(
+            &fresh_dir(root.path(), "concurrent")?,
+            args.flows,
+            args.batch,
+            f,
+            None,
+            "concurrent",
+        )?,
         f,
-        None,
-        "concurrent",
-    )?;
+    );
     let offered = concurrent(
         &fresh_dir(root.path(), "offered")?,
         args.flows,
@@ -577,11 +603,15 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         Some(args.rate),
         "offered",
     )?;
+    let f_min = fs.iter().copied().fold(f64::INFINITY, f64::min);
+    let f_max = fs.iter().copied().fold(0.0, f64::max);
+    let f = fs[0];
     if let Some(plot) = &args.plot {
         draw(plot, &runs, f)?;
     }
     let value = json!({
         "f_commits_per_s": f.round(),
+        "f_range": [f_min.round(), f_max.round()],
         "flows": args.flows,
         "events": args.flows * 3,
         "runs": runs,
@@ -597,33 +627,41 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
 fn text(v: &Value) -> String {
     let mut lines = vec![
         format!(
-            "F (fsync-bound single-row commits on this disk): {} /s",
-            v["f_commits_per_s"]
+            "F (fsync-bound single-row commits on this disk), measured before each run: {} to {} /s",
+            v["f_range"][0], v["f_range"][1]
         ),
         format!("flows {}, events {}", v["flows"], v["events"]),
         format!(
-            "{:>6} {:>12} {:>12} {:>12} {:>12} {:>10} {:>14} {:>13}",
+            "{:>6} {:>8} {:>20} {:>20} {:>20} {:>20} {:>14} {:>13}",
             "batch",
-            "produce/s",
-            "relay/s",
-            "apply/s",
-            "end-to-end/s",
-            "x F",
+            "F/s",
+            "produce/s (x F)",
+            "relay/s (x F)",
+            "apply/s (x F)",
+            "end-to-end/s (x F)",
             "commits/event",
             "fsyncs/event"
         ),
     ];
+    // serde_json's Display ignores width, so every cell is a String first.
+    let rate = |p: &Value| {
+        format!(
+            "{} ({:.2})",
+            p["events_per_s"],
+            p["ratio_to_f"].as_f64().unwrap_or(0.0)
+        )
+    };
     let row = |r: &Value| {
         format!(
-            "{:>6} {:>12} {:>12} {:>12} {:>12} {:>10} {:>14} {:>13}",
-            r["batch"],
-            r["produce"]["events_per_s"],
-            r["relay"]["events_per_s"],
-            r["apply"]["events_per_s"],
-            r["end_to_end"]["events_per_s"],
-            r["end_to_end"]["ratio_to_f"],
-            r["end_to_end"]["commits_per_event"],
-            r["end_to_end"]["fsyncs_per_event"],
+            "{:>6} {:>8} {:>20} {:>20} {:>20} {:>20} {:>14} {:>13}",
+            r["batch"].to_string(),
+            r["f_commits_per_s"].to_string(),
+            rate(&r["produce"]),
+            rate(&r["relay"]),
+            rate(&r["apply"]),
+            rate(&r["end_to_end"]),
+            r["end_to_end"]["commits_per_event"].to_string(),
+            r["end_to_end"]["fsyncs_per_event"].to_string(),
         )
     };
     if !v["unbatched"].is_null() {
@@ -634,8 +672,8 @@ fn text(v: &Value) -> String {
     }
     let c = &v["concurrent"];
     lines.push(format!(
-        "concurrent (3 threads, B={}): {} events/s = {} x F, {} commits/event, {} fsyncs/event, latency p50 {} ms p99 {} ms",
-        c["batch"], c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["fsyncs_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
+        "concurrent (3 threads, B={}, F {}/s): {} events/s = {} x F, {} commits/event, {} fsyncs/event, latency p50 {} ms p99 {} ms",
+        c["batch"], c["f_commits_per_s"], c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["fsyncs_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
     ));
     let o = &v["offered"];
     lines.push(format!(
@@ -679,7 +717,7 @@ fn draw(path: &Path, runs: &[Value], f: f64) -> Result<(), Failure> {
     root.fill(&WHITE).map_err(internal)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("ordo throughput / F (F = {f:.0} commits/s)"),
+            format!("ordo throughput / F (F = {f:.0} commits/s, measured before each run)"),
             ("sans-serif", 22),
         )
         .margin(16)

@@ -1,0 +1,84 @@
+//! `ordo bench` as a process: its JSON shape, its commit accounting, and its
+//! refusals. Speeds are never asserted; only what each run must count.
+
+mod common;
+
+use common::{run, Out};
+use serde_json::Value;
+
+fn bench(args: &[&str]) -> Out {
+    let dir = tempfile::tempdir().unwrap();
+    let dir_arg = dir.path().to_str().unwrap().to_string();
+    let mut all = vec!["--json", "bench", "--dir", dir_arg.as_str()];
+    all.extend_from_slice(args);
+    let out = run(&all);
+    // The temporary files go with the run.
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "bench left files behind: {left:?}");
+    out
+}
+
+#[track_caller]
+fn phase(run: &Value, name: &str, events: u64) -> (f64, f64) {
+    let p = &run[name];
+    assert_eq!(p["events"], events, "{name}: {run:#}");
+    assert!(p["events_per_s"].as_f64().unwrap() > 0.0, "{name}: {run:#}");
+    assert!(p["ratio_to_f"].as_f64().unwrap() > 0.0, "{name}: {run:#}");
+    (
+        p["commits_per_event"].as_f64().unwrap(),
+        p["fsyncs_per_event"].as_f64().unwrap(),
+    )
+}
+
+#[test]
+fn bench_counts_every_event_and_every_commit() {
+    let v = bench(&["--flows", "40", "--batch", "8", "--rate", "2000"]).json();
+    assert_eq!(v["flows"], 40);
+    assert_eq!(v["events"], 120);
+    let f_range = v["f_range"].as_array().unwrap();
+    assert!(f_range[0].as_f64().unwrap() > 0.0);
+    assert!(f_range[0].as_f64().unwrap() <= f_range[1].as_f64().unwrap());
+
+    // Unbatched: one synced commit per advance, per receive and per apply;
+    // the relay's mark is the fourth commit, unsynced.
+    let unbatched = &v["unbatched"];
+    assert_eq!(unbatched["batch"], 1);
+    assert!(unbatched["f_commits_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(phase(unbatched, "produce", 120), (1.0, 1.0));
+    assert_eq!(phase(unbatched, "relay", 120), (2.0, 1.0));
+    assert_eq!(phase(unbatched, "apply", 120), (1.0, 1.0));
+    assert_eq!(phase(unbatched, "end_to_end", 120), (4.0, 3.0));
+
+    // B = K = 8: 15 produce transactions (5 per step), 15 relay rounds of
+    // two commits (one synced), and applies of at most 8 events each.
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 1);
+    let batched = &runs[0];
+    assert_eq!(batched["batch"], 8);
+    assert_eq!(phase(batched, "produce", 120), (0.125, 0.125));
+    assert_eq!(phase(batched, "relay", 120), (0.25, 0.125));
+    let (apply_commits, apply_fsyncs) = phase(batched, "apply", 120);
+    assert!(
+        apply_commits >= 0.125 && apply_commits == apply_fsyncs,
+        "{batched:#}"
+    );
+
+    let concurrent = &v["concurrent"];
+    assert_eq!(concurrent["events"], 120);
+    assert!(
+        concurrent["fsyncs_per_event"].as_f64().unwrap()
+            <= concurrent["commits_per_event"].as_f64().unwrap()
+    );
+    let latency = &concurrent["latency_ms"];
+    assert!(latency["p50"].as_f64().unwrap() <= latency["p99"].as_f64().unwrap());
+    assert_eq!(v["offered"]["offered_per_s"], 2000);
+    assert_eq!(v["offered"]["events"], 120);
+}
+
+#[test]
+fn bench_refuses_bad_input_before_measuring() {
+    bench(&["--flows", "0"]).usage("--flows");
+    bench(&["--batch", "0"]).usage("--batch");
+    bench(&["--plot", "out.svg"]).usage("--plot needs --sweep");
+    bench(&["--sweep", "--plot", "out.png"]).usage(".svg");
+}
