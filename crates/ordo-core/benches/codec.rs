@@ -96,6 +96,9 @@ fn canonical_body(c: &mut Criterion) {
         group.bench_function(format!("body_hash/{name}"), |b| {
             b.iter(|| black_box(envelope).body_hash())
         });
+        group.bench_function(format!("stored_text/{name}"), |b| {
+            b.iter(|| black_box(envelope).stored_text())
+        });
         group.bench_function(format!("sha256_hex_only/{name}/{}B", body.len()), |b| {
             b.iter(|| BodyHash::of(black_box(&body)))
         });

@@ -1153,6 +1153,12 @@ proptest! {
         prop_assert_eq!(canonical_json(&value), serde_jcs::to_string(&value).unwrap());
     }
 
+    /// The stored text is the compact JSON of `to_value`, key for key.
+    #[test]
+    fn stored_text_is_the_compact_value(env in envelope()) {
+        prop_assert_eq!(env.stored_text(), env.to_value().to_string());
+    }
+
     /// The same for whole envelopes, whose body is hashed.
     #[test]
     fn canonical_body_is_serde_jcs(env in envelope()) {
