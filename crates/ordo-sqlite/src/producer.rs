@@ -499,44 +499,58 @@ impl ProducerStore for ProducerDb {
         self.write_synced(false, |ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot record receipts", e);
-            exec_cached(tx, "UPDATE ordo_meta SET value = value + 1 WHERE key = 'relay_turn'", [])
-                .map_err(err)?;
-            let turn: i64 = row_cached(tx,
-                    "SELECT CAST(value AS INTEGER) FROM ordo_meta WHERE key = 'relay_turn'",
-                    [],
-                    |row| row.get(0),
-                )
-                .map_err(err)?;
-            // Set-based: one statement per kind of receipt, one for the heads.
+            let turn: i64 = row_cached(
+                tx,
+                "UPDATE ordo_meta SET value = value + 1 WHERE key = 'relay_turn'
+                 RETURNING CAST(value AS INTEGER)",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(err)?;
+            // Set-based: one statement per kind of receipt present, each
+            // returning the flows it touched, then one for their heads.
             let mut latest: BTreeMap<&str, Receipt> = BTreeMap::new();
             for (event_id, receipt) in receipts {
                 latest.insert(event_id.as_str(), *receipt);
             }
-            let ids = |kind: Receipt| -> String {
-                let list: Vec<&str> = latest.iter().filter(|(_, r)| **r == kind).map(|(id, _)| *id).collect();
-                serde_json::to_string(&list).expect("a list of strings serializes")
-            };
+            let mut flows = BTreeSet::new();
             let mut changed = 0;
-            for kind in [Receipt::Accepted, Receipt::Duplicate] {
-                changed += exec_cached(
-                    tx,
-                    "UPDATE outbox SET accepted = 1, quarantined = 0, quarantine_reason = NULL,
-                         accepted_at_ms = coalesce(accepted_at_ms, ?2),
-                         attempts = attempts + 1, last_outcome = ?3, last_error = NULL
-                     WHERE event_id IN (SELECT value FROM json_each(?1))",
-                    params![ids(kind), now_ms, kind.as_str()],
-                )
-                .map_err(err)?;
+            for kind in [Receipt::Accepted, Receipt::Duplicate, Receipt::Conflict] {
+                let ids: Vec<&str> = latest.iter().filter(|(_, r)| **r == kind).map(|(id, _)| *id).collect();
+                if ids.is_empty() {
+                    continue;
+                }
+                let ids = serde_json::to_string(&ids).expect("a list of strings serializes");
+                let touched: Vec<String> = if kind == Receipt::Conflict {
+                    collect_rows(
+                        tx,
+                        "producer: cannot record receipts",
+                        "UPDATE outbox SET quarantined = 1 - accepted,
+                             quarantine_reason = CASE WHEN accepted = 1 THEN NULL ELSE ?2 END,
+                             attempts = attempts + 1, last_outcome = 'conflict'
+                         WHERE event_id IN (SELECT value FROM json_each(?1))
+                         RETURNING flow_id",
+                        params![ids, CONFLICT_REASON],
+                        |row| row.get(0),
+                        Ok,
+                    )?
+                } else {
+                    collect_rows(
+                        tx,
+                        "producer: cannot record receipts",
+                        "UPDATE outbox SET accepted = 1, quarantined = 0, quarantine_reason = NULL,
+                             accepted_at_ms = coalesce(accepted_at_ms, ?2),
+                             attempts = attempts + 1, last_outcome = ?3, last_error = NULL
+                         WHERE event_id IN (SELECT value FROM json_each(?1))
+                         RETURNING flow_id",
+                        params![ids, now_ms, kind.as_str()],
+                        |row| row.get(0),
+                        Ok,
+                    )?
+                };
+                changed += touched.len();
+                flows.extend(touched);
             }
-            changed += exec_cached(
-                tx,
-                "UPDATE outbox SET quarantined = 1 - accepted,
-                     quarantine_reason = CASE WHEN accepted = 1 THEN NULL ELSE ?2 END,
-                     attempts = attempts + 1, last_outcome = 'conflict'
-                 WHERE event_id IN (SELECT value FROM json_each(?1))",
-                params![ids(Receipt::Conflict), CONFLICT_REASON],
-            )
-            .map_err(err)?;
             if changed != latest.len() {
                 return Err(StoreError::new(
                     ErrorKind::Other,
@@ -546,15 +560,7 @@ impl ProducerStore for ProducerDb {
                     ),
                 ));
             }
-            let all: Vec<&str> = latest.keys().copied().collect();
-            let flows: Vec<String> = collect_rows(
-                tx,
-                "producer: cannot record receipts",
-                "SELECT DISTINCT flow_id FROM outbox WHERE event_id IN (SELECT value FROM json_each(?1))",
-                [serde_json::to_string(&all).expect("a list of strings serializes")],
-                |row| row.get(0),
-                Ok,
-            )?;
+            let flows: Vec<String> = flows.into_iter().collect();
             refresh_heads(tx, &flows, Some(turn), None)?;
             crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
             Ok(())
