@@ -202,24 +202,53 @@ struct Phase {
     commits: Commits,
 }
 
-fn phase_json(events: u64, phase: &Phase, f: f64) -> Value {
+/// A phase's figures; `ratio_to_f` is filled in by `set_f` once the F
+/// measured after the run is known.
+fn phase_json(events: u64, phase: &Phase) -> Value {
     let rate = events as f64 / phase.seconds.max(1e-9);
     json!({
         "events": events,
         "seconds": round3(phase.seconds),
         "events_per_s": rate.round(),
-        "ratio_to_f": round3(rate / f),
         "commits_per_event": round3(phase.commits.all as f64 / events.max(1) as f64),
         "fsyncs_per_event": round3(phase.commits.synced as f64 / events.max(1) as f64),
     })
 }
+
+/// Fills in a run's F (the geometric mean of the calibrations before and
+/// after it), both calibrations, and every phase's ratio to that F.
+fn set_f(run: &mut Value, before: f64, after: f64) {
+    let f = (before * after).sqrt();
+    run["f_commits_per_s"] = json!(f.round());
+    run["f_before_after"] = json!([before.round(), after.round()]);
+    let ratio = |phase: &mut Value| {
+        if let Some(rate) = phase["events_per_s"].as_f64() {
+            phase["ratio_to_f"] = json!(round3(rate / f));
+        }
+    };
+    ratio(run);
+    for name in ["produce", "relay", "apply", "end_to_end"] {
+        if run.get(name).is_some() {
+            ratio(&mut run[name]);
+        }
+    }
+}
+
+/// How far F moved during a run: the larger calibration over the smaller.
+fn drift(run: &Value) -> f64 {
+    let pair = |i: usize| run["f_before_after"][i].as_f64().unwrap_or(0.0).max(1.0);
+    pair(0).max(pair(1)) / pair(0).min(pair(1))
+}
+
+/// A run whose F moved more than this is flagged in the text output.
+const DRIFT_FLAGGED: f64 = 1.25;
 
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
 /// Produce, then relay, then apply, each to completion, on one thread.
-fn sequential(dir: &Path, flows: u64, batch: u64, f: f64) -> Result<Value, Failure> {
+fn sequential(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
     let mut producer = ProducerDb::open(dir.join("producer.db"))?;
     let mut consumer = ConsumerDb::open(dir.join("consumer.db"))?;
     let events = flows * STEPS.len() as u64;
@@ -269,10 +298,10 @@ fn sequential(dir: &Path, flows: u64, batch: u64, f: f64) -> Result<Value, Failu
     };
     Ok(json!({
         "batch": batch,
-        "produce": phase_json(events, &produce_phase, f),
-        "relay": phase_json(events, &relay_phase, f),
-        "apply": phase_json(events, &apply_phase, f),
-        "end_to_end": phase_json(events, &total, f),
+        "produce": phase_json(events, &produce_phase),
+        "relay": phase_json(events, &relay_phase),
+        "apply": phase_json(events, &apply_phase),
+        "end_to_end": phase_json(events, &total),
     }))
 }
 
@@ -293,7 +322,6 @@ fn concurrent(
     dir: &Path,
     flows: u64,
     batch: u64,
-    f: f64,
     rate: Option<u64>,
     label: &str,
 ) -> Result<Value, Failure> {
@@ -390,7 +418,7 @@ fn concurrent(
         seconds,
         commits: producer_commits + relay_commits + Commits::consumer(&consumer),
     };
-    let mut value = phase_json(events, &phase, f);
+    let mut value = phase_json(events, &phase);
     value["batch"] = json!(batch);
     value["latency_ms"] = latency(&producer_path, &consumer_path)?;
     if let Some(rate) = rate {
@@ -543,7 +571,8 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         return Ok(());
     }
     // The disk's rate drifts (other tenants, writeback), so F is measured
-    // again just before every run, and each run's ratios use its own F.
+    // before and after every run, and each run's ratios use the geometric
+    // mean of the two; the run records both, so a drifting disk shows.
     let calibrated = || -> Result<f64, Failure> {
         let progress = ProgressBar::new_spinner();
         progress.set_message("calibrating F (single-row commits, WAL, synchronous=FULL)");
@@ -551,9 +580,14 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         progress.finish_and_clear();
         f
     };
-    let with_f = |mut run: Value, f: f64| {
-        run["f_commits_per_s"] = json!(f.round());
-        run
+    let mut fs = vec![calibrated()?];
+    let mut measured = |run: Result<Value, Failure>| -> Result<Value, Failure> {
+        let mut run = run?;
+        let before = *fs.last().expect("F was measured before the first run");
+        let after = calibrated()?;
+        fs.push(after);
+        set_f(&mut run, before, after);
+        Ok(run)
     };
     let batches: Vec<u64> = if args.sweep {
         SWEEP.to_vec()
@@ -561,48 +595,33 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         vec![args.batch]
     };
     let mut runs = Vec::new();
-    let mut fs = Vec::new();
     for batch in &batches {
         let dir = fresh_dir(root.path(), &format!("seq-{batch}"))?;
-        let f = calibrated()?;
-        fs.push(f);
-        runs.push(with_f(sequential(&dir, args.flows, *batch, f)?, f));
+        runs.push(measured(sequential(&dir, args.flows, *batch))?);
     }
     let unbatched = if args.sweep || args.batch == 1 {
         Value::Null
     } else {
         // Four commits per event: a few thousand flows measure it well.
         let flows = args.flows.min(UNBATCHED_FLOWS_MAX);
-        let f = calibrated()?;
-        fs.push(f);
-        let mut run = with_f(
-            sequential(&fresh_dir(root.path(), "seq-1")?, flows, 1, f)?,
-            f,
-        );
+        let mut run = measured(sequential(&fresh_dir(root.path(), "seq-1")?, flows, 1))?;
         run["flows"] = json!(flows);
         run
     };
-    let f = calibrated()?;
-    fs.push(f);
-    let pipelined = with_f(
-        concurrent(
-            &fresh_dir(root.path(), "concurrent")?,
-            args.flows,
-            args.batch,
-            f,
-            None,
-            "concurrent",
-        )?,
-        f,
-    );
-    let offered = concurrent(
+    let pipelined = measured(concurrent(
+        &fresh_dir(root.path(), "concurrent")?,
+        args.flows,
+        args.batch,
+        None,
+        "concurrent",
+    ))?;
+    let offered = measured(concurrent(
         &fresh_dir(root.path(), "offered")?,
         args.flows,
         args.batch,
-        f,
         Some(args.rate),
         "offered",
-    )?;
+    ))?;
     let f_min = fs.iter().copied().fold(f64::INFINITY, f64::min);
     let f_max = fs.iter().copied().fold(0.0, f64::max);
     let f = fs[0];
@@ -627,7 +646,7 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
 fn text(v: &Value) -> String {
     let mut lines = vec![
         format!(
-            "F (fsync-bound single-row commits on this disk), measured before each run: {} to {} /s",
+            "F (fsync-bound single-row commits on this disk), measured between the runs: {} to {} /s",
             v["f_range"][0], v["f_range"][1]
         ),
         format!("flows {}, events {}", v["flows"], v["events"]),
@@ -644,6 +663,10 @@ fn text(v: &Value) -> String {
         ),
     ];
     // serde_json's Display ignores width, so every cell is a String first.
+    let f_cell = |r: &Value| {
+        let flag = if drift(r) > DRIFT_FLAGGED { "*" } else { "" };
+        format!("{}{flag}", r["f_commits_per_s"])
+    };
     let rate = |p: &Value| {
         format!(
             "{} ({:.2})",
@@ -655,7 +678,7 @@ fn text(v: &Value) -> String {
         format!(
             "{:>6} {:>8} {:>20} {:>20} {:>20} {:>20} {:>14} {:>13}",
             r["batch"].to_string(),
-            r["f_commits_per_s"].to_string(),
+            f_cell(r),
             rate(&r["produce"]),
             rate(&r["relay"]),
             rate(&r["apply"]),
@@ -673,13 +696,27 @@ fn text(v: &Value) -> String {
     let c = &v["concurrent"];
     lines.push(format!(
         "concurrent (3 threads, B={}, F {}/s): {} events/s = {} x F, {} commits/event, {} fsyncs/event, latency p50 {} ms p99 {} ms",
-        c["batch"], c["f_commits_per_s"], c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["fsyncs_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
+        c["batch"], f_cell(c), c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["fsyncs_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
     ));
     let o = &v["offered"];
     lines.push(format!(
         "offered {} events/s: achieved {} events/s, commit-to-applied p50 {} ms, p99 {} ms, max {} ms",
         o["offered_per_s"], o["events_per_s"], o["latency_ms"]["p50"], o["latency_ms"]["p99"], o["latency_ms"]["max"]
     ));
+    let all_runs = v["runs"].as_array().into_iter().flatten().chain([
+        &v["unbatched"],
+        &v["concurrent"],
+        &v["offered"],
+    ]);
+    if all_runs
+        .filter(|r| !r.is_null())
+        .any(|r| drift(r) > DRIFT_FLAGGED)
+    {
+        lines.push(format!(
+            "* F moved by more than {:.0} % between the calibrations before and after this run: its ratios are unreliable, run again",
+            (DRIFT_FLAGGED - 1.0) * 100.0
+        ));
+    }
     if let Some(bytes) = v["peak_memory_bytes"].as_u64() {
         lines.push(format!(
             "peak memory {:.1} MiB",

@@ -44,6 +44,15 @@ fn bench_counts_every_event_and_every_commit() {
     let unbatched = &v["unbatched"];
     assert_eq!(unbatched["batch"], 1);
     assert!(unbatched["f_commits_per_s"].as_f64().unwrap() > 0.0);
+    // Every run carries the calibrations before and after it, and its F is
+    // their geometric mean.
+    for run in [unbatched, &v["runs"][0], &v["concurrent"], &v["offered"]] {
+        let pair = run["f_before_after"].as_array().unwrap();
+        let (before, after) = (pair[0].as_f64().unwrap(), pair[1].as_f64().unwrap());
+        assert!(before > 0.0 && after > 0.0, "{run:#}");
+        let f = run["f_commits_per_s"].as_f64().unwrap();
+        assert!((f - (before * after).sqrt()).abs() <= 1.0, "{run:#}");
+    }
     assert_eq!(phase(unbatched, "produce", 120), (1.0, 1.0));
     assert_eq!(phase(unbatched, "relay", 120), (2.0, 1.0));
     assert_eq!(phase(unbatched, "apply", 120), (1.0, 1.0));
