@@ -250,7 +250,11 @@ impl ConsumerDb {
     ) -> Result<Step, StoreError> {
         let now_ms = self.clock.now_ms();
         let mut tx = begin_write(&mut self.conn)?;
-        let (step, wrote) = step_in_tx(&mut tx, flow_id, handler, options, now_ms)?;
+        let applied_seq = read_cursor(&tx, flow_id)?;
+        let (step, wrote) = step_in_tx(&mut tx, flow_id, applied_seq, handler, options, now_ms)?;
+        if let Step::Applied { seq } = step {
+            write_cursor(&tx, flow_id, seq)?;
+        }
         if wrote {
             self.commits += 1;
             tx.commit()
@@ -280,24 +284,23 @@ impl ConsumerDb {
         let mut drains = Vec::new();
         let mut total = 0u64;
         let mut wrote_any = false;
-        'flows: for (flow_id, limit) in flows {
+        for (flow_id, limit) in flows {
+            // The cursor is read once per flow and written once after its
+            // run, in the same transaction as every event of the run.
+            let mut applied_seq = read_cursor(&tx, flow_id)?;
+            let mut last_applied = None;
             let mut applied = 0u64;
             let stop = loop {
                 if total >= events_max || limit.is_some_and(|limit| applied >= limit) {
-                    drains.push(Drain {
-                        flow_id: flow_id.clone(),
-                        applied,
-                        stop: DrainStop::Limit,
-                    });
-                    if total >= events_max {
-                        break 'flows;
-                    }
-                    continue 'flows;
+                    break DrainStop::Limit;
                 }
-                let (step, wrote) = step_in_tx(&mut tx, flow_id, handler, options, now_ms)?;
+                let (step, wrote) =
+                    step_in_tx(&mut tx, flow_id, applied_seq, handler, options, now_ms)?;
                 wrote_any |= wrote;
                 match step {
-                    Step::Applied { .. } => {
+                    Step::Applied { seq } => {
+                        applied_seq = seq.get();
+                        last_applied = Some(seq);
                         applied += 1;
                         total += 1;
                     }
@@ -306,11 +309,17 @@ impl ConsumerDb {
                     Step::Idle => break DrainStop::Idle,
                 }
             };
+            if let Some(seq) = last_applied {
+                write_cursor(&tx, flow_id, seq)?;
+            }
             drains.push(Drain {
                 flow_id: flow_id.clone(),
                 applied,
                 stop,
             });
+            if total >= events_max && stop == DrainStop::Limit {
+                break;
+            }
         }
         if wrote_any {
             self.commits += 1;
@@ -366,22 +375,41 @@ fn flow_page(
 
 /// One apply step at the flow's next seq inside `tx`. Returns the step and
 /// whether it wrote anything (an application or a new block).
+/// The flow's apply cursor: the last applied (or skipped) seq, 0 if none.
+fn read_cursor(tx: &Connection, flow_id: &FlowId) -> Result<i64, StoreError> {
+    Ok(row_cached(
+        tx,
+        "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1",
+        [flow_id.as_str()],
+        |row| row.get(0),
+    )
+    .optional()
+    .map_err(|e| sql_error("consumer: cannot read the apply cursor", e))?
+    .unwrap_or(0))
+}
+
+fn write_cursor(tx: &Connection, flow_id: &FlowId, seq: Seq) -> Result<(), StoreError> {
+    exec_cached(
+        tx,
+        "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
+         ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
+        params![flow_id.as_str(), seq.get()],
+    )
+    .map_err(|e| sql_error("consumer: cannot move the apply cursor", e))?;
+    Ok(())
+}
+
+/// One apply step of `flow_id` whose cursor is at `applied_seq`. The caller
+/// moves the cursor when the step applied, in the same transaction.
 fn step_in_tx<H: ApplyHandler + ?Sized>(
     tx: &mut rusqlite::Transaction<'_>,
     flow_id: &FlowId,
+    applied_seq: i64,
     handler: &mut H,
     options: ApplyOptions,
     now_ms: i64,
 ) -> Result<(Step, bool), StoreError> {
     let err = |e| sql_error("consumer: apply failed", e);
-    let applied_seq: i64 = tx
-        .prepare_cached("SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1")
-        .and_then(|mut stmt| {
-            stmt.query_row([flow_id.as_str()], |row| row.get(0))
-                .optional()
-        })
-        .map_err(err)?
-        .unwrap_or(0);
     let Some(next) = Seq::after(applied_seq) else {
         return Ok((Step::Idle, false));
     };
@@ -439,12 +467,6 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
                  WHERE flow_id = ?1 AND seq = ?2",
             )
             .and_then(|mut stmt| stmt.execute(params![flow_id.as_str(), next.get(), now_ms]))
-            .map_err(err)?;
-            tx.prepare_cached(
-                "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
-                 ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
-            )
-            .and_then(|mut stmt| stmt.execute(params![flow_id.as_str(), next.get()]))
             .map_err(err)?;
             Ok((Step::Applied { seq: next }, true))
         }
