@@ -269,13 +269,13 @@ fn kind_of(value: &Value) -> &'static str {
 }
 
 fn positive_i64(field: &'static str, value: &Value) -> Result<i64, MalformedEnvelope> {
+    if let Some(i) = value.as_i64().filter(|i| *i >= 1) {
+        return Ok(i);
+    }
     let rule = format!("must be an integer in 1..={}", i64::MAX);
     match value {
         Value::Number(n) => {
             if let Some(i) = n.as_i64() {
-                if i >= 1 {
-                    return Ok(i);
-                }
                 return Err(MalformedEnvelope::invalid(
                     field,
                     format!("{rule} (got {i})"),
