@@ -626,7 +626,7 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
     let f_max = fs.iter().copied().fold(0.0, f64::max);
     let f = fs[0];
     if let Some(plot) = &args.plot {
-        draw(plot, &runs, f)?;
+        draw(plot, &runs, f_min, f_max)?;
     }
     let value = json!({
         "f_commits_per_s": f.round(),
@@ -727,7 +727,7 @@ fn text(v: &Value) -> String {
 }
 
 /// Throughput of each phase against batch size, on log-2 axes.
-fn draw(path: &Path, runs: &[Value], f: f64) -> Result<(), Failure> {
+fn draw(path: &Path, runs: &[Value], f_min: f64, f_max: f64) -> Result<(), Failure> {
     use plotters::prelude::*;
     let series = ["produce", "relay", "apply", "end_to_end"];
     let points = |phase: &str| -> Vec<(f64, f64)> {
@@ -754,7 +754,7 @@ fn draw(path: &Path, runs: &[Value], f: f64) -> Result<(), Failure> {
     root.fill(&WHITE).map_err(internal)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("ordo throughput / F (F = {f:.0} commits/s, measured before each run)"),
+            format!("ordo throughput / F (F measured around each run: {f_min:.0} to {f_max:.0} commits/s)"),
             ("sans-serif", 22),
         )
         .margin(16)
