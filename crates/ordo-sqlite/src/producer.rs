@@ -215,43 +215,76 @@ impl ProducerTx<'_> {
     /// must be exactly the flow's [`ProducerTx::last_seq`] plus one, so a
     /// flow's seqs stay contiguous; anything else is refused without writing.
     pub fn append(&mut self, event: &Envelope) -> Result<(), StoreError> {
-        let last = self.last_seq(&event.flow_id)?;
-        if last.checked_add(1) != Some(event.seq.get()) {
-            return Err(StoreError::new(
-                ErrorKind::Other,
-                format!(
-                    "producer: cannot append seq {} to flow {} whose last seq is {last}",
-                    event.seq, event.flow_id
-                ),
-            ));
-        }
         let err = |e| sql_error("producer: cannot append to the outbox", e);
-        exec_cached(
+        let seq = event.seq.get();
+        // The row first: a used event id or (flow, seq) fails here, before
+        // anything is written.
+        let inserted = exec_cached(
             &self.tx,
             "INSERT INTO outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             params![
                 event.event_id.as_str(),
                 event.flow_id.as_str(),
-                event.seq.get(),
+                seq,
                 event.schema_version.get(),
                 event.event_type.as_str(),
                 event.stored_text(),
                 self.now_ms,
             ],
+        );
+        if let Err(e) = inserted {
+            // A seq already used is a contiguity refusal like any other.
+            let last = self.last_seq(&event.flow_id)?;
+            if last.checked_add(1) != Some(seq) {
+                return Err(not_next(event, last));
+            }
+            return Err(err(e));
+        }
+        // Then the head, which moves only from exactly seq - 1 (or is
+        // created at seq 1): that is the contiguity check, without a read.
+        let mut moved = exec_cached(
+            &self.tx,
+            "UPDATE outbox_head SET last_seq = ?2,
+                 relay_seq = coalesce(relay_seq, ?2),
+                 relay_due_ms = CASE WHEN relay_seq IS NULL THEN 0 ELSE relay_due_ms END
+             WHERE flow_id = ?1 AND last_seq = ?2 - 1",
+            params![event.flow_id.as_str(), seq],
         )
         .map_err(err)?;
-        exec_cached(&self.tx,
-                "INSERT INTO outbox_head (flow_id, last_seq, relay_seq, relay_due_ms) VALUES (?1, ?2, ?2, 0)
-                 ON CONFLICT (flow_id) DO UPDATE SET last_seq = excluded.last_seq,
-                     relay_seq = coalesce(relay_seq, excluded.last_seq),
-                     relay_due_ms = CASE WHEN relay_seq IS NULL THEN 0 ELSE relay_due_ms END",
-                params![event.flow_id.as_str(), event.seq.get()],
+        if moved == 0 && seq == 1 {
+            moved = exec_cached(
+                &self.tx,
+                "INSERT INTO outbox_head (flow_id, last_seq, relay_seq, relay_due_ms)
+                 VALUES (?1, 1, 1, 0) ON CONFLICT (flow_id) DO NOTHING",
+                [event.flow_id.as_str()],
             )
             .map_err(err)?;
-        debug_assert_eq!(self.last_seq(&event.flow_id).ok(), Some(event.seq.get()));
+        }
+        if moved != 1 {
+            // Refused: take the row back, so nothing is written.
+            exec_cached(
+                &self.tx,
+                "DELETE FROM outbox WHERE event_id = ?1",
+                [event.event_id.as_str()],
+            )
+            .map_err(err)?;
+            return Err(not_next(event, self.last_seq(&event.flow_id)?));
+        }
+        debug_assert_eq!(self.last_seq(&event.flow_id).ok(), Some(seq));
         Ok(())
     }
+}
+
+/// The refusal of an event whose seq is not its flow's last plus one.
+fn not_next(event: &Envelope, last: i64) -> StoreError {
+    StoreError::new(
+        ErrorKind::Other,
+        format!(
+            "producer: cannot append seq {} to flow {} whose last seq is {last}",
+            event.seq, event.flow_id
+        ),
+    )
 }
 
 /// Decides and writes one advance inside `ptx`; a refusal writes nothing.

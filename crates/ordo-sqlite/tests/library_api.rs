@@ -88,6 +88,23 @@ fn own_state_and_event_commit_together_or_not_at_all() {
     let outbox = producer.outbox().unwrap();
     assert_eq!(outbox.len(), 1);
     assert_eq!(outbox[0].envelope, event("o-1", 1, "placed", 10));
+
+    // A caller that ignores the refusal and commits commits nothing of it:
+    // the refused append leaves no row, and the flow's next seq is still 2.
+    for wrong in [1, 3] {
+        producer
+            .write(|tx| -> Result<(), StoreError> {
+                assert!(tx.append(&event("o-1", wrong, "changed", 7)).is_err());
+                assert_eq!(tx.last_seq(&FlowId::new("o-1").unwrap())?, 1);
+                Ok(())
+            })
+            .unwrap();
+    }
+    assert_eq!(producer.outbox().unwrap().len(), 1);
+    producer
+        .write(|tx| tx.append(&event("o-1", 2, "changed", 7)))
+        .unwrap();
+    assert_eq!(producer.outbox().unwrap().len(), 2);
 }
 
 /// Keeps a running ledger in the consumer file; refuses negative amounts;
