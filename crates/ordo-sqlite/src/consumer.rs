@@ -413,33 +413,29 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
     let Some(next) = Seq::after(applied_seq) else {
         return Ok((Step::Idle, false));
     };
-    let row: Option<(String, String, Option<String>)> = tx
-        .prepare_cached("SELECT body, status, reason FROM inbox WHERE flow_id = ?1 AND seq = ?2")
-        .and_then(|mut stmt| {
-            stmt.query_row(params![flow_id.as_str(), next.get()], |row| {
-                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-            })
-            .optional()
-        })
-        .map_err(err)?;
+    // The flow's first stored row at or after `next`: the next event itself,
+    // or one past a gap, or none.
+    let row: Option<(i64, String, String, Option<String>)> = row_cached(
+        tx,
+        "SELECT seq, body, status, reason FROM inbox WHERE flow_id = ?1 AND seq >= ?2
+         ORDER BY seq LIMIT 1",
+        params![flow_id.as_str(), next.get()],
+        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+    )
+    .optional()
+    .map_err(err)?;
     let (next_row, body) = match row {
-        Some((body, status, reason)) => (
+        Some((seq, body, status, reason)) if seq == next.get() => (
             NextRow::Stored(inbox_status(&status, reason.as_deref())?),
             Some(body),
         ),
-        None => {
-            let later_stored = tx
-                .prepare_cached(
-                    "SELECT EXISTS (SELECT 1 FROM inbox WHERE flow_id = ?1 AND seq > ?2)",
-                )
-                .and_then(|mut stmt| {
-                    stmt.query_row(params![flow_id.as_str(), next.get()], |row| {
-                        row.get::<_, bool>(0)
-                    })
-                })
-                .map_err(err)?;
-            (NextRow::Missing { later_stored }, None)
-        }
+        Some(_) => (NextRow::Missing { later_stored: true }, None),
+        None => (
+            NextRow::Missing {
+                later_stored: false,
+            },
+            None,
+        ),
     };
     if matches!(
         next_row,
@@ -462,12 +458,29 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
     match verdict {
         Ok(()) => {
             exec_cached(tx, "RELEASE ordo_apply_event", []).map_err(err)?;
-            tx.prepare_cached(
-                "UPDATE inbox SET status = 'applied', reason = NULL, settled_at_ms = ?3
-                 WHERE flow_id = ?1 AND seq = ?2",
+            // By the primary key: the row's event id is the body's, at this
+            // flow and seq (anything else is a corrupt file).
+            let marked = exec_cached(
+                tx,
+                "UPDATE inbox SET status = 'applied', reason = NULL, settled_at_ms = ?4
+                 WHERE event_id = ?1 AND flow_id = ?2 AND seq = ?3",
+                params![
+                    event.event_id.as_str(),
+                    flow_id.as_str(),
+                    next.get(),
+                    now_ms
+                ],
             )
-            .and_then(|mut stmt| stmt.execute(params![flow_id.as_str(), next.get(), now_ms]))
             .map_err(err)?;
+            if marked != 1 {
+                return Err(corrupt(
+                    "consumer: inbox",
+                    format!(
+                        "the body stored at flow {flow_id} seq {next} names event {}",
+                        event.event_id
+                    ),
+                ));
+            }
             Ok((Step::Applied { seq: next }, true))
         }
         Err(reason) => {
