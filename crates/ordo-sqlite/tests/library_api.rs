@@ -212,3 +212,62 @@ fn own_projection_commits_with_the_inbox_mark_or_rolls_back() {
         ]
     );
 }
+
+fn synchronous(conn: &Connection) -> i64 {
+    conn.query_row("PRAGMA synchronous", [], |row| row.get(0))
+        .unwrap()
+}
+
+/// The relay's bookkeeping commits with `synchronous=NORMAL` (1); every
+/// other write on the producer file, before or after it, runs with `FULL`
+/// (2), and the handle counts only those as synced.
+#[test]
+fn only_delivery_bookkeeping_commits_unsynced() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut producer = ProducerDb::open(dir.path().join("producer.db")).unwrap();
+    let mut consumer = ConsumerDb::open(dir.path().join("consumer.db")).unwrap();
+    let in_write = |producer: &mut ProducerDb, seq: i64| {
+        producer
+            .write(|tx| -> Result<i64, StoreError> {
+                tx.append(&event("o-1", seq, "placed", 1))?;
+                Ok(synchronous(tx.sql()))
+            })
+            .unwrap()
+    };
+    assert_eq!(in_write(&mut producer, 1), 2);
+    let (commits, synced) = (producer.commits(), producer.synced_commits());
+
+    let delivered = producer.fair_round(10, &Default::default(), 0).unwrap();
+    let receipts = consumer.receive_batch(&delivered).unwrap();
+    let receipts: Vec<_> = delivered
+        .iter()
+        .map(|e| e.event_id.clone())
+        .zip(receipts)
+        .collect();
+    producer.record_receipts(&receipts, 0).unwrap();
+    assert_eq!(
+        synchronous(producer.connection()),
+        1,
+        "the marks commit unsynced"
+    );
+    assert_eq!(producer.commits(), commits + 1);
+    assert_eq!(producer.synced_commits(), synced);
+    assert_eq!(
+        synchronous(consumer.connection()),
+        2,
+        "receive stays synced"
+    );
+
+    // The next write is synced again, inside its transaction.
+    assert_eq!(in_write(&mut producer, 2), 2);
+    assert_eq!(producer.synced_commits(), synced + 1);
+    assert_eq!(
+        producer
+            .outbox()
+            .unwrap()
+            .iter()
+            .filter(|r| r.accepted)
+            .count(),
+        1
+    );
+}
