@@ -624,7 +624,12 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
     ))?;
     let f_min = fs.iter().copied().fold(f64::INFINITY, f64::min);
     let f_max = fs.iter().copied().fold(0.0, f64::max);
-    let f = fs[0];
+    // The run's F in one number: the median of all calibrations.
+    let f = {
+        let mut sorted = fs.clone();
+        sorted.sort_by(f64::total_cmp);
+        sorted[sorted.len() / 2]
+    };
     if let Some(plot) = &args.plot {
         draw(plot, &runs, f_min, f_max)?;
     }

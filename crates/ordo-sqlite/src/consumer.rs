@@ -106,6 +106,10 @@ pub struct ConsumerDb {
 /// `Ok(Err(reason))` blocks the event: everything the handler wrote for it is
 /// rolled back and the row is marked `blocked` with the reason, its body
 /// unchanged.
+///
+/// The inbox and the cursor are the store's: a batch moves a flow's cursor
+/// once, after the flow's run, so a handler must not read them to learn
+/// where the flow stands; the event it is given is the next one.
 pub trait ApplyHandler {
     /// Applies `event`, the flow's next event after its applied seq.
     fn apply(

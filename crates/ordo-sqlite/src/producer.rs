@@ -234,10 +234,13 @@ impl ProducerTx<'_> {
             ],
         );
         if let Err(e) = inserted {
-            // A seq already used is a contiguity refusal like any other.
-            let last = self.last_seq(&event.flow_id)?;
-            if last.checked_add(1) != Some(seq) {
-                return Err(not_next(event, last));
+            // A seq already used is a contiguity refusal like any other; any
+            // other error is returned as it is.
+            if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) {
+                let last = self.last_seq(&event.flow_id)?;
+                if last.checked_add(1) != Some(seq) {
+                    return Err(not_next(event, last));
+                }
             }
             return Err(err(e));
         }
