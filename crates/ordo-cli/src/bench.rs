@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use ordo_core::{
-    process_all_each, relay, AdvanceRequest, ApplyOptions, FlowId, FlowState, Quantity,
-    RelayOptions, SchemaVersion, SystemClock,
+    process_all_each, relay, AdvanceRequest, ApplyOptions, Envelope, EventId, FlowId, FlowState,
+    Quantity, Receipt, RelayOptions, SchemaVersion, StoreError, SystemClock,
 };
 use ordo_core::{Clock, ConsumerStore, ProducerStore};
 use ordo_sqlite::rusqlite::{self, Connection};
@@ -427,6 +427,149 @@ fn concurrent(
     Ok(value)
 }
 
+/// Producer-file work and consumer-file work on two threads, one per core.
+/// The producer thread produces and runs the producer side of the relay
+/// (the fair round, recording the receipts); the consumer thread receives
+/// and applies, one apply transaction at a time so that a round never waits
+/// for more than one. One round is in flight at a time (a head is picked
+/// again until its receipt is recorded); while it is, the producer thread
+/// goes on producing.
+fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
+    use std::sync::mpsc;
+    let producer_path = dir.join("producer.db");
+    let consumer_path = dir.join("consumer.db");
+    ProducerDb::open(&producer_path)?;
+    ConsumerDb::open(&consumer_path)?;
+    let events = flows * STEPS.len() as u64;
+    let (round_tx, round_rx) = mpsc::channel::<Vec<Envelope>>();
+    let (receipts_tx, receipts_rx) = mpsc::channel::<Result<Vec<Receipt>, StoreError>>();
+    let progress = bar(events, "pipelined");
+    let started = Instant::now();
+
+    let consumer_thread = {
+        let path = consumer_path.clone();
+        let progress = progress.clone();
+        std::thread::spawn(move || -> Result<(Commits, u64), Failure> {
+            let mut consumer = ConsumerDb::open(&path)?;
+            let options = ApplyOptions::default();
+            let mut applied = 0;
+            let mut producer_done = false;
+            loop {
+                match round_rx.try_recv() {
+                    Ok(round) => {
+                        // The producer side waits for this answer; a closed
+                        // channel means it stopped, which its own result says.
+                        let _ = receipts_tx.send(consumer.receive_batch(&round));
+                        continue;
+                    }
+                    Err(mpsc::TryRecvError::Disconnected) => producer_done = true,
+                    Err(mpsc::TryRecvError::Empty) => {}
+                }
+                let flows: Vec<(FlowId, Option<u64>)> = consumer
+                    .flows_with_work_page(None, batch as usize, options)?
+                    .into_iter()
+                    .map(|flow| (flow, None))
+                    .collect();
+                let n: u64 = consumer
+                    .apply_batch(&flows, batch, options)?
+                    .iter()
+                    .map(|drain| drain.applied)
+                    .sum();
+                applied += n;
+                progress.inc(n);
+                if n == 0 {
+                    if producer_done {
+                        return Ok((Commits::consumer(&consumer), applied));
+                    }
+                    if let Ok(round) = round_rx.recv_timeout(IDLE_PAUSE) {
+                        let _ = receipts_tx.send(consumer.receive_batch(&round));
+                    }
+                }
+            }
+        })
+    };
+
+    let producer_side = (|| -> Result<Commits, Failure> {
+        let mut producer = ProducerDb::open(&producer_path)?;
+        let mut work = (0..STEPS.len()).flat_map(|step| {
+            (0..flows)
+                .step_by(batch as usize)
+                .map(move |start| (step, start..(start + batch).min(flows)))
+        });
+        let mut in_flight: Option<Vec<EventId>> = None;
+        let mut producing = true;
+        loop {
+            if producing {
+                match work.next() {
+                    Some((step, range)) => {
+                        for outcome in producer.advance_batch(&requests(range, step))? {
+                            outcome.map_err(internal)?;
+                        }
+                    }
+                    None => producing = false,
+                }
+            }
+            if let Some(ids) = &in_flight {
+                // While there is more to produce, only look; then wait.
+                let answer = if producing {
+                    match receipts_rx.try_recv() {
+                        Ok(answer) => Some(answer),
+                        Err(mpsc::TryRecvError::Empty) => None,
+                        Err(mpsc::TryRecvError::Disconnected) => {
+                            return Err(internal("the consumer thread stopped"))
+                        }
+                    }
+                } else {
+                    Some(
+                        receipts_rx
+                            .recv()
+                            .map_err(|_| internal("the consumer thread stopped"))?,
+                    )
+                };
+                let Some(answer) = answer else { continue };
+                let receipts: Vec<(EventId, Receipt)> = ids.iter().cloned().zip(answer?).collect();
+                producer.record_receipts(&receipts, SystemClock.now_ms())?;
+                in_flight = None;
+            }
+            let round =
+                producer.fair_round(batch as usize, &Default::default(), SystemClock.now_ms())?;
+            if round.is_empty() {
+                if !producing {
+                    return Ok(Commits::producer(&producer));
+                }
+                continue;
+            }
+            in_flight = Some(round.iter().map(|e| e.event_id.clone()).collect());
+            round_tx
+                .send(round)
+                .map_err(|_| internal("the consumer thread stopped"))?;
+        }
+    })();
+    // Closing the channel tells the consumer thread to finish applying.
+    drop(round_tx);
+    let consumer_result = consumer_thread
+        .join()
+        .map_err(|_| internal("the consumer thread panicked"))?;
+    // The consumer's own error first: the producer side only sees it stop.
+    let (consumer_commits, applied) = consumer_result?;
+    let producer_commits = producer_side?;
+    let seconds = started.elapsed().as_secs_f64();
+    progress.finish_and_clear();
+    if applied != events {
+        return Err(Failure::Check(format!(
+            "bench applied {applied} of {events} events"
+        )));
+    }
+    let phase = Phase {
+        seconds,
+        commits: producer_commits + consumer_commits,
+    };
+    let mut value = phase_json(events, &phase);
+    value["batch"] = json!(batch);
+    value["latency_ms"] = latency(&producer_path, &consumer_path)?;
+    Ok(value)
+}
+
 /// Commit-to-applied latency per event: the outbox row's creation time to
 /// the inbox row's application time (millisecond clock).
 fn latency(producer: &Path, consumer: &Path) -> Result<Value, Failure> {
@@ -615,6 +758,11 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         None,
         "concurrent",
     ))?;
+    let two_threads = measured(two_files(
+        &fresh_dir(root.path(), "pipelined")?,
+        args.flows,
+        args.batch,
+    ))?;
     let offered = measured(concurrent(
         &fresh_dir(root.path(), "offered")?,
         args.flows,
@@ -641,6 +789,7 @@ pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         "runs": runs,
         "unbatched": unbatched,
         "concurrent": pipelined,
+        "pipelined": two_threads,
         "offered": offered,
         "peak_memory_bytes": peak_memory_bytes(),
     });
@@ -703,6 +852,11 @@ fn text(v: &Value) -> String {
         "concurrent (3 threads, B={}, F {}/s): {} events/s = {} x F, {} commits/event, {} fsyncs/event, latency p50 {} ms p99 {} ms",
         c["batch"], f_cell(c), c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["fsyncs_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
     ));
+    let p = &v["pipelined"];
+    lines.push(format!(
+        "pipelined (2 threads: producer file, consumer file; B={}, F {}/s): {} events/s = {} x F, {} fsyncs/event, latency p50 {} ms p99 {} ms",
+        p["batch"], f_cell(p), p["events_per_s"], p["ratio_to_f"], p["fsyncs_per_event"], p["latency_ms"]["p50"], p["latency_ms"]["p99"]
+    ));
     let o = &v["offered"];
     lines.push(format!(
         "offered {} events/s: achieved {} events/s, commit-to-applied p50 {} ms, p99 {} ms, max {} ms",
@@ -711,6 +865,7 @@ fn text(v: &Value) -> String {
     let all_runs = v["runs"].as_array().into_iter().flatten().chain([
         &v["unbatched"],
         &v["concurrent"],
+        &v["pipelined"],
         &v["offered"],
     ]);
     if all_runs

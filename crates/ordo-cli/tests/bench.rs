@@ -46,7 +46,13 @@ fn bench_counts_every_event_and_every_commit() {
     assert!(unbatched["f_commits_per_s"].as_f64().unwrap() > 0.0);
     // Every run carries the calibrations before and after it, and its F is
     // their geometric mean.
-    for run in [unbatched, &v["runs"][0], &v["concurrent"], &v["offered"]] {
+    for run in [
+        unbatched,
+        &v["runs"][0],
+        &v["concurrent"],
+        &v["pipelined"],
+        &v["offered"],
+    ] {
         let pair = run["f_before_after"].as_array().unwrap();
         let (before, after) = (pair[0].as_f64().unwrap(), pair[1].as_f64().unwrap());
         assert!(before > 0.0 && after > 0.0, "{run:#}");
@@ -80,6 +86,16 @@ fn bench_counts_every_event_and_every_commit() {
     );
     let latency = &concurrent["latency_ms"];
     assert!(latency["p50"].as_f64().unwrap() <= latency["p99"].as_f64().unwrap());
+    // Producer-file and consumer-file work on two threads: every event
+    // applied, each relay round one synced receive and one unsynced mark.
+    let pipelined = &v["pipelined"];
+    assert_eq!(pipelined["events"], 120);
+    assert_eq!(pipelined["batch"], 8);
+    assert!(
+        pipelined["fsyncs_per_event"].as_f64().unwrap()
+            < pipelined["commits_per_event"].as_f64().unwrap(),
+        "{pipelined:#}"
+    );
     assert_eq!(v["offered"]["offered_per_s"], 2000);
     assert_eq!(v["offered"]["events"], 120);
 }
