@@ -257,7 +257,7 @@ impl ConsumerDb {
         let applied_seq = read_cursor(&tx, flow_id)?;
         let (step, wrote) = step_in_tx(&mut tx, flow_id, applied_seq, handler, options, now_ms)?;
         if let Step::Applied { seq } = step {
-            write_cursor(&tx, flow_id, seq)?;
+            write_cursor(&tx, flow_id, seq.get())?;
         }
         if wrote {
             self.commits += 1;
@@ -292,7 +292,6 @@ impl ConsumerDb {
             // The cursor is read once per flow and written once after its
             // run, in the same transaction as every event of the run.
             let mut applied_seq = read_cursor(&tx, flow_id)?;
-            let mut last_applied = None;
             let mut applied = 0u64;
             let stop = loop {
                 if total >= events_max || limit.is_some_and(|limit| applied >= limit) {
@@ -304,7 +303,6 @@ impl ConsumerDb {
                 match step {
                     Step::Applied { seq } => {
                         applied_seq = seq.get();
-                        last_applied = Some(seq);
                         applied += 1;
                         total += 1;
                     }
@@ -313,8 +311,8 @@ impl ConsumerDb {
                     Step::Idle => break DrainStop::Idle,
                 }
             };
-            if let Some(seq) = last_applied {
-                write_cursor(&tx, flow_id, seq)?;
+            if applied > 0 {
+                write_cursor(&tx, flow_id, applied_seq)?;
             }
             drains.push(Drain {
                 flow_id: flow_id.clone(),
@@ -377,8 +375,6 @@ fn flow_page(
     )
 }
 
-/// One apply step at the flow's next seq inside `tx`. Returns the step and
-/// whether it wrote anything (an application or a new block).
 /// The flow's apply cursor: the last applied (or skipped) seq, 0 if none.
 fn read_cursor(tx: &Connection, flow_id: &FlowId) -> Result<i64, StoreError> {
     Ok(row_cached(
@@ -392,19 +388,21 @@ fn read_cursor(tx: &Connection, flow_id: &FlowId) -> Result<i64, StoreError> {
     .unwrap_or(0))
 }
 
-fn write_cursor(tx: &Connection, flow_id: &FlowId, seq: Seq) -> Result<(), StoreError> {
+fn write_cursor(tx: &Connection, flow_id: &FlowId, applied_seq: i64) -> Result<(), StoreError> {
     exec_cached(
         tx,
         "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
          ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
-        params![flow_id.as_str(), seq.get()],
+        params![flow_id.as_str(), applied_seq],
     )
     .map_err(|e| sql_error("consumer: cannot move the apply cursor", e))?;
     Ok(())
 }
 
-/// One apply step of `flow_id` whose cursor is at `applied_seq`. The caller
-/// moves the cursor when the step applied, in the same transaction.
+/// One apply step of `flow_id`, whose cursor is at `applied_seq`, inside
+/// `tx`. Returns the step and whether it wrote anything (an application or a
+/// new block); the caller moves the cursor when the step applied, in the
+/// same transaction.
 fn step_in_tx<H: ApplyHandler + ?Sized>(
     tx: &mut rusqlite::Transaction<'_>,
     flow_id: &FlowId,

@@ -48,12 +48,12 @@ CREATE TABLE IF NOT EXISTS outbox_head (
     relay_turn   INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS outbox_head_relay ON outbox_head (relay_turn, flow_id) WHERE relay_seq IS NOT NULL;
-INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);
 CREATE TABLE IF NOT EXISTS flow (
     flow_id  TEXT    PRIMARY KEY,
     state    TEXT    NOT NULL,
     quantity INTEGER NOT NULL
 ) WITHOUT ROWID;
+INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);
 ";
 
 /// The producer's SQLite file: flows, the outbox, and the per-flow head of
