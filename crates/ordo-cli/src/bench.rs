@@ -103,6 +103,39 @@ fn requests(flows: std::ops::Range<u64>, step: usize) -> Vec<AdvanceRequest> {
         .collect()
 }
 
+/// The bench's order of production: every flow's first step, then every
+/// flow's second, and so on, `batch` flows per transaction.
+fn chunks(
+    flows: std::ops::Range<u64>,
+    batch: u64,
+) -> impl Iterator<Item = (usize, std::ops::Range<u64>)> {
+    (0..STEPS.len()).flat_map(move |step| {
+        let end = flows.end;
+        flows
+            .clone()
+            .step_by(batch as usize)
+            .map(move |start| (step, start..(start + batch).min(end)))
+    })
+}
+
+/// Commits one chunk: with `batch` 1 one `advance`, else one `advance_batch`.
+fn produce_chunk(
+    producer: &mut ProducerDb,
+    step: usize,
+    range: std::ops::Range<u64>,
+    batch: u64,
+) -> Result<(), Failure> {
+    let batch_requests = requests(range, step);
+    if batch == 1 {
+        producer.advance(&batch_requests[0]).map_err(internal)?;
+    } else {
+        for outcome in producer.advance_batch(&batch_requests)? {
+            outcome.map_err(internal)?;
+        }
+    }
+    Ok(())
+}
+
 /// Produces all steps of flows `range`, `batch` requests per transaction.
 fn produce(
     producer: &mut ProducerDb,
@@ -110,21 +143,10 @@ fn produce(
     batch: u64,
     progress: &ProgressBar,
 ) -> Result<(), Failure> {
-    for step in 0..STEPS.len() {
-        let mut start = range.start;
-        while start < range.end {
-            let end = (start + batch).min(range.end);
-            let batch_requests = requests(start..end, step);
-            if batch == 1 {
-                producer.advance(&batch_requests[0]).map_err(internal)?;
-            } else {
-                for outcome in producer.advance_batch(&batch_requests)? {
-                    outcome.map_err(internal)?;
-                }
-            }
-            progress.inc(end - start);
-            start = end;
-        }
+    for (step, chunk) in chunks(range, batch) {
+        let len = chunk.end - chunk.start;
+        produce_chunk(producer, step, chunk, batch)?;
+        progress.inc(len);
     }
     Ok(())
 }
@@ -409,18 +431,11 @@ fn concurrent(
     let relay_commits = relay_thread
         .join()
         .map_err(|_| internal("the relay thread panicked"))??;
-    if applied != events {
-        return Err(Failure::Check(format!(
-            "bench applied {applied} of {events} events"
-        )));
-    }
     let phase = Phase {
         seconds,
         commits: producer_commits + relay_commits + Commits::consumer(&consumer),
     };
-    let mut value = phase_json(events, &phase);
-    value["batch"] = json!(batch);
-    value["latency_ms"] = latency(&producer_path, &consumer_path)?;
+    let mut value = pipeline_json(dir, events, applied, &phase, batch)?;
     if let Some(rate) = rate {
         value["offered_per_s"] = json!(rate);
     }
@@ -454,12 +469,15 @@ fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
             let options = ApplyOptions::default();
             let mut applied = 0;
             let mut producer_done = false;
+            // The producer side waits for each answer; a closed channel
+            // means it stopped, which its own result says.
+            let answer = |consumer: &mut ConsumerDb, round: Vec<Envelope>| {
+                let _ = receipts_tx.send(consumer.receive_batch(&round));
+            };
             loop {
                 match round_rx.try_recv() {
                     Ok(round) => {
-                        // The producer side waits for this answer; a closed
-                        // channel means it stopped, which its own result says.
-                        let _ = receipts_tx.send(consumer.receive_batch(&round));
+                        answer(&mut consumer, round);
                         continue;
                     }
                     Err(mpsc::TryRecvError::Disconnected) => producer_done = true,
@@ -482,7 +500,7 @@ fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
                         return Ok((Commits::consumer(&consumer), applied));
                     }
                     if let Ok(round) = round_rx.recv_timeout(IDLE_PAUSE) {
-                        let _ = receipts_tx.send(consumer.receive_batch(&round));
+                        answer(&mut consumer, round);
                     }
                 }
             }
@@ -491,21 +509,13 @@ fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
 
     let producer_side = (|| -> Result<Commits, Failure> {
         let mut producer = ProducerDb::open(&producer_path)?;
-        let mut work = (0..STEPS.len()).flat_map(|step| {
-            (0..flows)
-                .step_by(batch as usize)
-                .map(move |start| (step, start..(start + batch).min(flows)))
-        });
+        let mut work = chunks(0..flows, batch);
         let mut in_flight: Option<Vec<EventId>> = None;
         let mut producing = true;
         loop {
             if producing {
                 match work.next() {
-                    Some((step, range)) => {
-                        for outcome in producer.advance_batch(&requests(range, step))? {
-                            outcome.map_err(internal)?;
-                        }
-                    }
+                    Some((step, range)) => produce_chunk(&mut producer, step, range, batch)?,
                     None => producing = false,
                 }
             }
@@ -555,18 +565,30 @@ fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
     let producer_commits = producer_side?;
     let seconds = started.elapsed().as_secs_f64();
     progress.finish_and_clear();
+    let phase = Phase {
+        seconds,
+        commits: producer_commits + consumer_commits,
+    };
+    pipeline_json(dir, events, applied, &phase, batch)
+}
+
+/// The figures of a run whose stages ran at once: all events applied, the
+/// phase, the batch size and the commit-to-applied latency.
+fn pipeline_json(
+    dir: &Path,
+    events: u64,
+    applied: u64,
+    phase: &Phase,
+    batch: u64,
+) -> Result<Value, Failure> {
     if applied != events {
         return Err(Failure::Check(format!(
             "bench applied {applied} of {events} events"
         )));
     }
-    let phase = Phase {
-        seconds,
-        commits: producer_commits + consumer_commits,
-    };
-    let mut value = phase_json(events, &phase);
+    let mut value = phase_json(events, phase);
     value["batch"] = json!(batch);
-    value["latency_ms"] = latency(&producer_path, &consumer_path)?;
+    value["latency_ms"] = latency(&dir.join("producer.db"), &dir.join("consumer.db"))?;
     Ok(value)
 }
 
