@@ -453,6 +453,7 @@ proptest! {
     fn stored_text_and_value_round_trip(env in envelope()) {
         let stored = env.stored_text();
         prop_assert_eq!(&Envelope::parse_str(&stored).unwrap(), &env);
+        prop_assert_eq!(&Envelope::from_stored(&stored).unwrap(), &env);
         prop_assert_eq!(&Envelope::parse(stored.as_bytes()).unwrap(), &env);
         prop_assert_eq!(&Envelope::parse_str(&env.to_value().to_string()).unwrap(), &env);
         prop_assert_eq!(Envelope::from_value(env.to_value()).unwrap(), env);

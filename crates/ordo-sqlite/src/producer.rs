@@ -399,9 +399,10 @@ fn read_outbox(conn: &Connection, filter: Option<&str>) -> Result<Vec<OutboxReco
     )
 }
 
-/// Parses a stored canonical body back into its envelope.
+/// Parses a stored body (see [`Envelope::stored_text`]) back into its
+/// envelope; anything else is a damaged file.
 pub(crate) fn stored_envelope(context: &str, body: &str) -> Result<Envelope, StoreError> {
-    Envelope::parse_str(body).map_err(|e| corrupt(context, e))
+    Envelope::from_stored(body).map_err(|e| corrupt(context, e))
 }
 
 impl ProducerStore for ProducerDb {
