@@ -32,7 +32,10 @@ CREATE TABLE IF NOT EXISTS inbox (
     type           TEXT    NOT NULL,
     body           TEXT    NOT NULL,
     body_hash      TEXT    NOT NULL,
-    status         TEXT    NOT NULL CHECK (status IN ('pending', 'applied', 'blocked', 'skipped')),
+    -- Spelled as comparisons: SQLite evaluates an IN list of more than two
+    -- constants through a temporary index built at every insert and update.
+    status         TEXT    NOT NULL CHECK (status = 'pending' OR status = 'applied'
+                                           OR status = 'blocked' OR status = 'skipped'),
     reason         TEXT,
     received_at_ms INTEGER NOT NULL,
     settled_at_ms  INTEGER,
@@ -255,7 +258,16 @@ impl ConsumerDb {
         let now_ms = self.clock.now_ms();
         let mut tx = begin_write(&mut self.conn)?;
         let applied_seq = read_cursor(&tx, flow_id)?;
-        let (step, wrote) = step_in_tx(&mut tx, flow_id, applied_seq, handler, options, now_ms)?;
+        let (step, wrote) = step_in_tx(
+            &mut tx,
+            flow_id,
+            applied_seq,
+            handler,
+            options,
+            now_ms,
+            Guard::Savepoint,
+        )?
+        .expect("a guarded step always ends");
         if let Step::Applied { seq } = step {
             write_cursor(&tx, flow_id, seq.get())?;
         }
@@ -276,6 +288,12 @@ impl ConsumerDb {
     /// of the batch, still strictly in order per flow. Returns one drain per
     /// visited flow; when `events_max` runs out, the flow in progress stops
     /// with `limit` and the flows after it are not visited.
+    ///
+    /// The batch first runs without a savepoint around each event. When an
+    /// event blocks, what the handler wrote for it cannot be told apart from
+    /// the rest of the batch, so the whole transaction is rolled back and the
+    /// batch runs again with a savepoint around each event; blocks are rare,
+    /// and a handler must already expect a call whose writes never commit.
     pub fn apply_batch_with<H: ApplyHandler + ?Sized>(
         &mut self,
         flows: &[(FlowId, Option<u64>)],
@@ -283,6 +301,26 @@ impl ConsumerDb {
         handler: &mut H,
         options: ApplyOptions,
     ) -> Result<Vec<Drain>, StoreError> {
+        if let Some(drains) =
+            self.apply_batch_once(flows, events_max, handler, options, Guard::None)?
+        {
+            return Ok(drains);
+        }
+        Ok(self
+            .apply_batch_once(flows, events_max, handler, options, Guard::Savepoint)?
+            .expect("a guarded batch runs to its end"))
+    }
+
+    /// One run of [`ConsumerDb::apply_batch_with`]; `None` when an event
+    /// blocked under [`Guard::None`] (the transaction is rolled back).
+    fn apply_batch_once<H: ApplyHandler + ?Sized>(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        handler: &mut H,
+        options: ApplyOptions,
+        guard: Guard,
+    ) -> Result<Option<Vec<Drain>>, StoreError> {
         let now_ms = self.clock.now_ms();
         let mut tx = begin_write(&mut self.conn)?;
         let mut drains = Vec::new();
@@ -297,8 +335,18 @@ impl ConsumerDb {
                 if total >= events_max || limit.is_some_and(|limit| applied >= limit) {
                     break DrainStop::Limit;
                 }
-                let (step, wrote) =
-                    step_in_tx(&mut tx, flow_id, applied_seq, handler, options, now_ms)?;
+                let Some((step, wrote)) = step_in_tx(
+                    &mut tx,
+                    flow_id,
+                    applied_seq,
+                    handler,
+                    options,
+                    now_ms,
+                    guard,
+                )?
+                else {
+                    return Ok(None);
+                };
                 wrote_any |= wrote;
                 match step {
                     Step::Applied { seq } => {
@@ -331,7 +379,7 @@ impl ConsumerDb {
                 crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
             }
         }
-        Ok(drains)
+        Ok(Some(drains))
     }
 
     /// How many write transactions this handle has committed.
@@ -399,10 +447,23 @@ fn write_cursor(tx: &Connection, flow_id: &FlowId, applied_seq: i64) -> Result<(
     Ok(())
 }
 
+/// How a step keeps a blocked event's handler writes apart from the rest of
+/// its transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guard {
+    /// Nothing: a block leaves the transaction unusable, and the step
+    /// returns `None` for the caller to roll it back.
+    None,
+    /// A savepoint around the handler, rolled back on a block.
+    Savepoint,
+}
+
 /// One apply step of `flow_id`, whose cursor is at `applied_seq`, inside
 /// `tx`. Returns the step and whether it wrote anything (an application or a
 /// new block); the caller moves the cursor when the step applied, in the
-/// same transaction.
+/// same transaction. Returns `None` when the event blocked under
+/// [`Guard::None`]: the handler may have written, so the caller must roll
+/// the transaction back.
 fn step_in_tx<H: ApplyHandler + ?Sized>(
     tx: &mut rusqlite::Transaction<'_>,
     flow_id: &FlowId,
@@ -410,10 +471,11 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
     handler: &mut H,
     options: ApplyOptions,
     now_ms: i64,
-) -> Result<(Step, bool), StoreError> {
+    guard: Guard,
+) -> Result<Option<(Step, bool)>, StoreError> {
     let err = |e| sql_error("consumer: apply failed", e);
     let Some(next) = Seq::after(applied_seq) else {
-        return Ok((Step::Idle, false));
+        return Ok(Some((Step::Idle, false)));
     };
     // The flow's first stored row at or after `next`: the next event itself,
     // or one past a gap, or none.
@@ -449,17 +511,22 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
         ));
     }
     let body = match plan_apply(next_row, options) {
-        ApplyPlan::Report(kind) => return Ok((kind.into_step(next), false)),
+        ApplyPlan::Report(kind) => return Ok(Some((kind.into_step(next), false))),
         ApplyPlan::Evaluate => body.expect("an evaluated row is stored"),
     };
     let event = stored_envelope("consumer: stored inbox body", &body)?;
-    // The handler's writes sit in a savepoint: a block undoes them, and an
-    // error undoes the whole transaction (the caller drops it).
-    exec_cached(tx, "SAVEPOINT ordo_apply_event", []).map_err(err)?;
+    // Guarded, the handler's writes sit in a savepoint: a block undoes them.
+    // An error undoes the whole transaction (the caller drops it).
+    let guarded = guard == Guard::Savepoint;
+    if guarded {
+        exec_cached(tx, "SAVEPOINT ordo_apply_event", []).map_err(err)?;
+    }
     let verdict = handler.apply(tx, &event, options)?;
     match verdict {
         Ok(()) => {
-            exec_cached(tx, "RELEASE ordo_apply_event", []).map_err(err)?;
+            if guarded {
+                exec_cached(tx, "RELEASE ordo_apply_event", []).map_err(err)?;
+            }
             // By the primary key: the row's event id is the body's, at this
             // flow and seq (anything else is a corrupt file).
             let marked = exec_cached(
@@ -483,15 +550,16 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
                     ),
                 ));
             }
-            Ok((Step::Applied { seq: next }, true))
+            Ok(Some((Step::Applied { seq: next }, true)))
         }
+        Err(_) if !guarded => Ok(None),
         Err(reason) => {
             exec_cached(tx, "ROLLBACK TO ordo_apply_event", []).map_err(err)?;
             exec_cached(tx, "RELEASE ordo_apply_event", []).map_err(err)?;
             if next_row == NextRow::Stored(InboxStatus::Blocked(reason)) {
                 // Evaluated again (schema 2 support) and blocked for the same
                 // reason: nothing to write.
-                return Ok((Step::Blocked { seq: next, reason }, false));
+                return Ok(Some((Step::Blocked { seq: next, reason }, false)));
             }
             exec_cached(
                 tx,
@@ -499,7 +567,7 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
                 params![flow_id.as_str(), next.get(), reason.as_str()],
             )
             .map_err(err)?;
-            Ok((Step::Blocked { seq: next, reason }, true))
+            Ok(Some((Step::Blocked { seq: next, reason }, true)))
         }
     }
 }

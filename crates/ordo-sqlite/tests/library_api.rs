@@ -4,8 +4,8 @@
 
 use ordo_core::envelope::EventType;
 use ordo_core::{
-    ApplyOptions, BlockReason, ConsumerStore, Envelope, ErrorKind, EventId, FlowId, InboxStatus,
-    ProducerStore, SchemaVersion, Seq, Step, StoreError,
+    ApplyOptions, BlockReason, ConsumerStore, DrainStop, Envelope, ErrorKind, EventId, FlowId,
+    InboxStatus, ProducerStore, SchemaVersion, Seq, Step, StoreError,
 };
 use ordo_sqlite::rusqlite::{self, Connection};
 use ordo_sqlite::{ApplyHandler, ConsumerDb, ProducerDb};
@@ -209,6 +209,74 @@ fn own_projection_commits_with_the_inbox_mark_or_rolls_back() {
             InboxStatus::Applied,
             InboxStatus::Skipped,
             InboxStatus::Blocked(BlockReason::InvalidPayload)
+        ]
+    );
+}
+
+/// In a batch, a block undoes only what the handler wrote for the blocked
+/// event: the events before it in the batch, of its flow and of others,
+/// commit with their writes, and the flows after it are still drained.
+#[test]
+fn a_block_in_a_batch_undoes_only_the_blocked_events_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut consumer = ConsumerDb::open(dir.path().join("consumer.db")).unwrap();
+    consumer
+        .connection()
+        .execute_batch("CREATE TABLE ledger (event_id TEXT PRIMARY KEY, amount INTEGER NOT NULL)")
+        .unwrap();
+    consumer
+        .receive_batch(&[
+            event("a", 1, "credit", 5),
+            event("a", 2, "credit", 6),
+            event("b", 1, "credit", 7),
+            event("b", 2, "debit", -1),
+            event("b", 3, "credit", 8),
+            event("c", 1, "credit", 9),
+        ])
+        .unwrap();
+    let flows: Vec<(FlowId, Option<u64>)> = ["a", "b", "c"]
+        .iter()
+        .map(|f| (FlowId::new(*f).unwrap(), None))
+        .collect();
+    let drains = consumer
+        .apply_batch_with(&flows, 100, &mut Ledger, ApplyOptions::default())
+        .unwrap();
+    let stops: Vec<(u64, DrainStop)> = drains.iter().map(|d| (d.applied, d.stop)).collect();
+    assert_eq!(
+        stops,
+        vec![
+            (2, DrainStop::Idle),
+            (1, DrainStop::Blocked(BlockReason::InvalidPayload)),
+            (1, DrainStop::Idle)
+        ]
+    );
+    let ledger: Vec<String> = consumer
+        .connection()
+        .prepare("SELECT event_id FROM ledger ORDER BY event_id")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(ledger, ["a-1", "a-2", "b-1", "c-1"]);
+    let statuses: Vec<(String, InboxStatus)> = consumer
+        .inbox()
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.envelope.event_id.as_str().to_owned(), r.status))
+        .collect();
+    assert_eq!(
+        statuses,
+        vec![
+            ("a-1".to_owned(), InboxStatus::Applied),
+            ("a-2".to_owned(), InboxStatus::Applied),
+            ("b-1".to_owned(), InboxStatus::Applied),
+            (
+                "b-2".to_owned(),
+                InboxStatus::Blocked(BlockReason::InvalidPayload)
+            ),
+            ("b-3".to_owned(), InboxStatus::Pending),
+            ("c-1".to_owned(), InboxStatus::Applied),
         ]
     );
 }
