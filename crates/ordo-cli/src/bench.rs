@@ -3,6 +3,7 @@
 //! pipelines on separate threads; commit-to-applied latency at an offered
 //! rate; peak memory.
 
+use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -37,6 +38,9 @@ const UNBATCHED_FLOWS_MAX: u64 = 5_000;
 const GROWTH_ROUNDS: u64 = 10;
 /// The pause of an idle pipeline stage before it looks again.
 const IDLE_PAUSE: Duration = Duration::from_micros(500);
+/// Rounds the two-thread pipeline hands over before it waits for the
+/// oldest answer: one being received while the next is picked.
+const ROUNDS_IN_FLIGHT: usize = 2;
 
 fn internal<E: std::fmt::Display>(e: E) -> Failure {
     Failure::Internal(e.to_string())
@@ -510,7 +514,32 @@ fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
     let producer_side = (|| -> Result<Commits, Failure> {
         let mut producer = ProducerDb::open(&producer_path)?;
         let mut work = chunks(0..flows, batch);
-        let mut in_flight: Option<Vec<EventId>> = None;
+        // Rounds handed over and not yet answered, oldest first (the
+        // consumer answers in order), and their flows, which the next
+        // round skips: a flow has at most one event in flight.
+        let mut in_flight: VecDeque<Vec<(EventId, FlowId)>> = VecDeque::new();
+        let mut skip: BTreeSet<FlowId> = BTreeSet::new();
+        // Records the answer to the oldest round in flight.
+        fn record(
+            producer: &mut ProducerDb,
+            in_flight: &mut VecDeque<Vec<(EventId, FlowId)>>,
+            skip: &mut BTreeSet<FlowId>,
+            answer: Result<Vec<Receipt>, StoreError>,
+        ) -> Result<(), Failure> {
+            let round = in_flight
+                .pop_front()
+                .expect("an answer is to a round in flight");
+            let receipts: Vec<(EventId, Receipt)> = round
+                .iter()
+                .map(|(id, _)| id.clone())
+                .zip(answer?)
+                .collect();
+            producer.record_receipts(&receipts, SystemClock.now_ms())?;
+            for (_, flow) in &round {
+                skip.remove(flow);
+            }
+            Ok(())
+        }
         let mut producing = true;
         loop {
             if producing {
@@ -519,37 +548,42 @@ fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
                     None => producing = false,
                 }
             }
-            if let Some(ids) = &in_flight {
-                // While there is more to produce, only look; then wait.
-                let answer = if producing {
-                    match receipts_rx.try_recv() {
-                        Ok(answer) => Some(answer),
-                        Err(mpsc::TryRecvError::Empty) => None,
-                        Err(mpsc::TryRecvError::Disconnected) => {
-                            return Err(internal("the consumer thread stopped"))
-                        }
+            // Record the answers already there, without waiting.
+            while !in_flight.is_empty() {
+                match receipts_rx.try_recv() {
+                    Ok(answer) => record(&mut producer, &mut in_flight, &mut skip, answer)?,
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        return Err(internal("the consumer thread stopped"))
                     }
-                } else {
-                    Some(
-                        receipts_rx
-                            .recv()
-                            .map_err(|_| internal("the consumer thread stopped"))?,
-                    )
-                };
-                let Some(answer) = answer else { continue };
-                let receipts: Vec<(EventId, Receipt)> = ids.iter().cloned().zip(answer?).collect();
-                producer.record_receipts(&receipts, SystemClock.now_ms())?;
-                in_flight = None;
+                }
             }
-            let round =
-                producer.fair_round(batch as usize, &Default::default(), SystemClock.now_ms())?;
+            let round = if in_flight.len() < ROUNDS_IN_FLIGHT {
+                producer.fair_round(batch as usize, &skip, SystemClock.now_ms())?
+            } else {
+                Vec::new()
+            };
             if round.is_empty() {
-                if !producing {
+                if producing {
+                    continue;
+                }
+                if in_flight.is_empty() {
                     return Ok(Commits::producer(&producer));
                 }
+                // Nothing left but the answers: wait for the oldest.
+                let answer = receipts_rx
+                    .recv()
+                    .map_err(|_| internal("the consumer thread stopped"))?;
+                record(&mut producer, &mut in_flight, &mut skip, answer)?;
                 continue;
             }
-            in_flight = Some(round.iter().map(|e| e.event_id.clone()).collect());
+            skip.extend(round.iter().map(|e| e.flow_id.clone()));
+            in_flight.push_back(
+                round
+                    .iter()
+                    .map(|e| (e.event_id.clone(), e.flow_id.clone()))
+                    .collect(),
+            );
             round_tx
                 .send(round)
                 .map_err(|_| internal("the consumer thread stopped"))?;
