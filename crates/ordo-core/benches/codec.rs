@@ -78,6 +78,11 @@ fn parse(c: &mut Criterion) {
         group.bench_function(id, |b| {
             b.iter(|| Envelope::parse(black_box(text.as_bytes())))
         });
+        // The same envelope as the stores keep it, read back.
+        let stored = Envelope::parse(text.as_bytes()).unwrap().stored_text();
+        group.bench_function(format!("from_stored/{name}/{}B", stored.len()), |b| {
+            b.iter(|| Envelope::from_stored(black_box(&stored)))
+        });
     }
     group.finish();
 }

@@ -105,13 +105,19 @@ pub struct ConsumerDb {
 
 /// Applies one event inside the consumer's apply transaction.
 ///
-/// The handler writes its own projection and effect through `tx` (a
-/// savepoint inside the apply transaction); the store
+/// The handler writes its own projection and effect through `tx`, inside
+/// the apply transaction; the store
 /// marks the inbox row applied and moves the flow's cursor in the same
 /// transaction, so all of it commits together or not at all. Returning
 /// `Ok(Err(reason))` blocks the event: everything the handler wrote for it is
 /// rolled back and the row is marked `blocked` with the reason, its body
 /// unchanged.
+///
+/// A handler may be called for an event whose writes never commit: after a
+/// crash or an error, and in a batch, where a block rolls the whole batch
+/// back and runs it again with a savepoint around each event (see
+/// [`ConsumerDb::apply_batch_with`]). Anything it keeps outside `tx` must
+/// allow for that.
 ///
 /// The inbox and the cursor are the store's: a batch moves a flow's cursor
 /// once, after the flow's run, so a handler must not read them to learn
