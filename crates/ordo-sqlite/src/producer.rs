@@ -507,9 +507,27 @@ impl ProducerStore for ProducerDb {
         skip: &BTreeSet<FlowId>,
         now_ms: i64,
     ) -> Result<Vec<Envelope>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let body = |row: &rusqlite::Row<'_>| row.get::<_, String>(0);
+        let envelope = |body: String| stored_envelope("producer: stored outbox body", &body);
+        if skip.is_empty() {
+            // Without the skip list, which SQLite would build into a
+            // temporary table even when it is empty.
+            return collect_rows(
+                &self.conn,
+                "producer: cannot pick a fair round",
+                "SELECT o.body FROM outbox_head h
+                 JOIN outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
+                 WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
+                 ORDER BY h.relay_turn, h.flow_id
+                 LIMIT ?2",
+                params![now_ms, limit],
+                body,
+                envelope,
+            );
+        }
         let skip_json = serde_json::to_string(&skip.iter().map(FlowId::as_str).collect::<Vec<_>>())
             .expect("a list of strings serializes");
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         collect_rows(
             &self.conn,
             "producer: cannot pick a fair round",
@@ -520,8 +538,8 @@ impl ProducerStore for ProducerDb {
              ORDER BY h.relay_turn, h.flow_id
              LIMIT ?3",
             params![now_ms, skip_json, limit],
-            |row| row.get::<_, String>(0),
-            |body| stored_envelope("producer: stored outbox body", &body),
+            body,
+            envelope,
         )
     }
 
@@ -536,66 +554,67 @@ impl ProducerStore for ProducerDb {
         self.write_synced(false, |ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot record receipts", e);
+            // Statement by statement, each through the cache: set-based
+            // forms (`IN (SELECT value FROM json_each(?))`, `RETURNING`)
+            // build a temporary table per statement, which cost a
+            // single-event round more than the writes themselves.
             let turn: i64 = row_cached(
                 tx,
-                "UPDATE ordo_meta SET value = value + 1 WHERE key = 'relay_turn'
-                 RETURNING CAST(value AS INTEGER)",
+                "SELECT CAST(value AS INTEGER) + 1 FROM ordo_meta WHERE key = 'relay_turn'",
                 [],
                 |row| row.get(0),
             )
             .map_err(err)?;
-            // Set-based: one statement per kind of receipt present, each
-            // returning the flows it touched, then one for their heads.
+            exec_cached(
+                tx,
+                "UPDATE ordo_meta SET value = ?1 WHERE key = 'relay_turn'",
+                [turn],
+            )
+            .map_err(err)?;
             let mut latest: BTreeMap<&str, Receipt> = BTreeMap::new();
             for (event_id, receipt) in receipts {
                 latest.insert(event_id.as_str(), *receipt);
             }
             let mut flows = BTreeSet::new();
-            let mut changed = 0;
-            for kind in [Receipt::Accepted, Receipt::Duplicate, Receipt::Conflict] {
-                let ids: Vec<&str> = latest.iter().filter(|(_, r)| **r == kind).map(|(id, _)| *id).collect();
-                if ids.is_empty() {
-                    continue;
-                }
-                let ids = serde_json::to_string(&ids).expect("a list of strings serializes");
-                let touched: Vec<String> = if kind == Receipt::Conflict {
-                    collect_rows(
+            for (event_id, receipt) in &latest {
+                let row: Option<(i64, String)> = row_cached(
+                    tx,
+                    "SELECT position, flow_id FROM outbox WHERE event_id = ?1",
+                    [event_id],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()
+                .map_err(err)?;
+                let Some((position, flow)) = row else {
+                    return Err(StoreError::new(
+                        ErrorKind::Other,
+                        format!(
+                            "producer: cannot record {} receipts: event {event_id} is not in the outbox",
+                            latest.len()
+                        ),
+                    ));
+                };
+                if *receipt == Receipt::Conflict {
+                    exec_cached(
                         tx,
-                        "producer: cannot record receipts",
                         "UPDATE outbox SET quarantined = 1 - accepted,
                              quarantine_reason = CASE WHEN accepted = 1 THEN NULL ELSE ?2 END,
                              attempts = attempts + 1, last_outcome = 'conflict'
-                         WHERE event_id IN (SELECT value FROM json_each(?1))
-                         RETURNING flow_id",
-                        params![ids, CONFLICT_REASON],
-                        |row| row.get(0),
-                        Ok,
-                    )?
+                         WHERE position = ?1",
+                        params![position, CONFLICT_REASON],
+                    )
                 } else {
-                    collect_rows(
+                    exec_cached(
                         tx,
-                        "producer: cannot record receipts",
                         "UPDATE outbox SET accepted = 1, quarantined = 0, quarantine_reason = NULL,
                              accepted_at_ms = coalesce(accepted_at_ms, ?2),
                              attempts = attempts + 1, last_outcome = ?3, last_error = NULL
-                         WHERE event_id IN (SELECT value FROM json_each(?1))
-                         RETURNING flow_id",
-                        params![ids, now_ms, kind.as_str()],
-                        |row| row.get(0),
-                        Ok,
-                    )?
-                };
-                changed += touched.len();
-                flows.extend(touched);
-            }
-            if changed != latest.len() {
-                return Err(StoreError::new(
-                    ErrorKind::Other,
-                    format!(
-                        "producer: cannot record {} receipts: only {changed} of their events are in the outbox",
-                        latest.len()
-                    ),
-                ));
+                         WHERE position = ?1",
+                        params![position, now_ms, receipt.as_str()],
+                    )
+                }
+                .map_err(err)?;
+                flows.insert(flow);
             }
             let flows: Vec<String> = flows.into_iter().collect();
             refresh_heads(tx, &flows, Some(turn), None)?;
@@ -785,25 +804,26 @@ fn refresh_heads<S: AsRef<str>>(
     turn: Option<i64>,
     reopened: Option<i64>,
 ) -> Result<(), StoreError> {
-    exec_cached(
-        conn,
-        // One lookup per head: the aggregate over at most one row gives the
-        // next seq or NULL, and its due time or 0.
-        "UPDATE outbox_head SET
-             (relay_seq, relay_due_ms) = (SELECT max(seq), coalesce(max(due), 0) FROM (
-                 SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM outbox o
-                 WHERE o.flow_id = outbox_head.flow_id AND o.accepted = 0 AND o.quarantined = 0
-                   AND o.seq >= coalesce(min(outbox_head.relay_seq, ?3), outbox_head.relay_seq, ?3)
-                 ORDER BY o.seq LIMIT 1)),
-             relay_turn = coalesce(?2, relay_turn)
-         WHERE flow_id IN (SELECT value FROM json_each(?1))",
-        params![
-            serde_json::to_string(&flows.iter().map(AsRef::as_ref).collect::<Vec<&str>>())
-                .expect("a list of strings serializes"),
-            turn,
-            reopened
-        ],
-    )
-    .map_err(|e| sql_error("producer: cannot move the relay heads", e))?;
+    let err = |e| sql_error("producer: cannot move the relay heads", e);
+    // One lookup per head: the aggregate over at most one row gives the next
+    // seq or NULL, and its due time or 0. One execution per flow of a cached
+    // statement, without a temporary table for the list.
+    let mut statement = conn
+        .prepare_cached(
+            "UPDATE outbox_head SET
+                 (relay_seq, relay_due_ms) = (SELECT max(seq), coalesce(max(due), 0) FROM (
+                     SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM outbox o
+                     WHERE o.flow_id = ?1 AND o.accepted = 0 AND o.quarantined = 0
+                       AND o.seq >= coalesce(min(outbox_head.relay_seq, ?3), outbox_head.relay_seq, ?3)
+                     ORDER BY o.seq LIMIT 1)),
+                 relay_turn = coalesce(?2, relay_turn)
+             WHERE flow_id = ?1",
+        )
+        .map_err(err)?;
+    for flow in flows {
+        statement
+            .execute(params![flow.as_ref(), turn, reopened])
+            .map_err(err)?;
+    }
     Ok(())
 }

@@ -143,6 +143,7 @@ macro_rules! conformance_suite {
             relay_fair_serves_flows_round_robin_one_head_each
             relay_fair_conflict_quarantines_only_that_event
             record_receipts_moves_custody_or_quarantines
+            record_receipts_for_an_unknown_event_record_nothing
             record_failure_backs_off_only_that_flow
             record_failure_waits_stay_within_the_backoff_ceiling
             relay_transient_failure_backs_off_the_whole_round

@@ -351,6 +351,35 @@ pub fn relay_fair_conflict_quarantines_only_that_event<B: Backend>(dir: &Path) {
     assert!(inbox_row(&mut c, &a1.event_id).is_none());
 }
 
+/// `record_receipts` naming an event that is not in the outbox is an error,
+/// and nothing of the call is recorded: neither the receipts before it in
+/// the list nor those after it.
+pub fn record_receipts_for_an_unknown_event_record_nothing<B: Backend>(dir: &Path) {
+    let clock = ManualClock::new(T0);
+    let (mut p, _c) = open_at::<B>(dir, &clock);
+    let a = commit(&mut p, &request("a", 0, Reserved, Some(1), 1));
+    let b = commit(&mut p, &request("b", 0, Reserved, Some(2), 1));
+    let before = outbox_entries(&mut p);
+    let unknown = EventId::new("never-committed-1").unwrap();
+    let error = p
+        .record_receipts(
+            &[
+                (a.event_id.clone(), Receipt::Accepted),
+                (unknown, Receipt::Accepted),
+                (b.event_id.clone(), Receipt::Conflict),
+            ],
+            T0 + 1,
+        )
+        .expect_err("a receipt for an event that is not in the outbox");
+    assert!(
+        error.to_string().contains("never-committed-1"),
+        "the error names the event: {error}"
+    );
+    assert_eq!(outbox_entries(&mut p), before, "nothing recorded");
+    // Both heads still wait, in the order they were first served.
+    assert_eq!(fair_round(&mut p, 10, T0 + 1), vec![a, b]);
+}
+
 /// `record_receipts`: `accepted` and `duplicate` mark the event accepted
 /// (custody moved) with the time, the attempt and the outcome; `conflict`
 /// quarantines it with a reason and never marks it accepted; rows without a
