@@ -450,9 +450,10 @@ fn concurrent(
 /// The producer thread produces and runs the producer side of the relay
 /// (the fair round, recording the receipts); the consumer thread receives
 /// and applies, one apply transaction at a time so that a round never waits
-/// for more than one. One round is in flight at a time (a head is picked
-/// again until its receipt is recorded); while it is, the producer thread
-/// goes on producing.
+/// for more than one. Up to [`ROUNDS_IN_FLIGHT`] rounds are in flight, on
+/// disjoint flows (a flow's next event is picked only once the receipt of
+/// the one before is recorded); meanwhile the producer thread goes on
+/// producing and recording.
 fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
     use std::sync::mpsc;
     let producer_path = dir.join("producer.db");

@@ -337,6 +337,16 @@ impl Envelope {
             #[serde(rename = "type")]
             event_type: String,
         }
+        // serde's reader of a struct also takes an array of its fields in
+        // order; an envelope is only ever an object.
+        if !text.trim_start().starts_with('{') {
+            return Err(match parse_strict_json(text) {
+                Ok(value) => MalformedEnvelope::NotAnObject {
+                    found: kind_of(&value),
+                },
+                Err(e) => e,
+            });
+        }
         let stored: Stored =
             serde_json::from_str(text).map_err(|e| MalformedEnvelope::NotJson {
                 message: e.to_string(),
@@ -629,6 +639,10 @@ mod tests {
         let cases: Vec<(String, &str)> = vec![
             ("not json".into(), "not valid JSON"),
             ("[1,2]".into(), "must be a JSON object"),
+            (
+                r#"["e-1","f",{"amount":5},1,1,"reserved"]"#.into(),
+                "must be a JSON object",
+            ),
             ("\"text\"".into(), "must be a JSON object"),
             ("".into(), "not valid JSON"),
             (format!("{GOOD} {{}}"), "not valid JSON"),

@@ -13,8 +13,8 @@ use ordo_core::reservation::{decide_apply, parse_state};
 use ordo_core::store::{decide_receive, plan_apply, ApplyPlan, NextRow, StoredIdentities};
 use ordo_core::{
     ApplyOptions, BlockReason, BodyHash, Clock, ConsumerStore, Drain, DrainStop, EffectRecord,
-    Envelope, EventId, FlowId, InboxRecord, InboxStatus, Projection, Quantity, Receipt, Seq, Step,
-    StoreError, SystemClock,
+    Envelope, ErrorKind, EventId, FlowId, InboxRecord, InboxStatus, Projection, Quantity, Receipt,
+    Seq, Step, StoreError, SystemClock,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -526,11 +526,26 @@ fn step_in_tx<H: ApplyHandler + ?Sized>(
     let event = stored_envelope("consumer: stored inbox body", &body)?;
     // Guarded, the handler's writes sit in a savepoint: a block undoes them.
     // An error undoes the whole transaction (the caller drops it).
-    let guarded = guard == Guard::Savepoint;
+    // A row already blocked is being evaluated again (schema 2 support), and
+    // is likely to block again: it always gets its savepoint, so a block
+    // that stays does not throw the whole batch away at every pass.
+    let guarded =
+        guard == Guard::Savepoint || matches!(next_row, NextRow::Stored(InboxStatus::Blocked(_)));
     if guarded {
         exec_cached(tx, "SAVEPOINT ordo_apply_event", []).map_err(err)?;
     }
     let verdict = handler.apply(tx, &event, options)?;
+    if tx.is_autocommit() {
+        // SQLite ended the transaction under the handler (an `ON CONFLICT
+        // ROLLBACK` constraint, a full disk) and the handler went on:
+        // nothing written since BEGIN stands, so nothing after it may be.
+        return Err(StoreError::new(
+            ErrorKind::Other,
+            format!(
+                "consumer: the transaction ended while the handler applied flow {flow_id} seq {next}; nothing was applied"
+            ),
+        ));
+    }
     match verdict {
         Ok(()) => {
             if guarded {

@@ -281,6 +281,91 @@ fn a_block_in_a_batch_undoes_only_the_blocked_events_writes() {
     );
 }
 
+/// Records each event's amount in a table where a repeated amount makes
+/// SQLite roll the whole transaction back, and ignores that error.
+struct Careless;
+
+impl ApplyHandler for Careless {
+    fn apply(
+        &mut self,
+        tx: &Connection,
+        event: &Envelope,
+        _options: ApplyOptions,
+    ) -> Result<Result<(), BlockReason>, StoreError> {
+        let _ = tx.execute(
+            "INSERT INTO amounts (event_id, amount) VALUES (?1, ?2)",
+            rusqlite::params![event.event_id.as_str(), event.payload["amount"].as_i64()],
+        );
+        Ok(Ok(()))
+    }
+}
+
+/// When SQLite ends the transaction under a handler that carries on, the
+/// apply fails and nothing of it stands: not the events before it in the
+/// batch, not the inbox marks or the cursor written after it.
+#[test]
+fn a_transaction_ended_under_the_handler_applies_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut consumer = ConsumerDb::open(dir.path().join("consumer.db")).unwrap();
+    consumer
+        .connection()
+        .execute_batch(
+            "CREATE TABLE amounts (event_id TEXT PRIMARY KEY,
+                                   amount INTEGER UNIQUE ON CONFLICT ROLLBACK);
+             INSERT INTO amounts VALUES ('earlier', 7);",
+        )
+        .unwrap();
+    consumer
+        .receive_batch(&[
+            event("a", 1, "credit", 1),
+            event("a", 2, "credit", 7),
+            event("a", 3, "credit", 3),
+        ])
+        .unwrap();
+    let flow = FlowId::new("a").unwrap();
+    let statuses = |consumer: &mut ConsumerDb| -> Vec<InboxStatus> {
+        consumer.inbox().unwrap().iter().map(|r| r.status).collect()
+    };
+
+    // In a batch (no savepoint per event).
+    let error = consumer
+        .apply_batch_with(
+            &[(flow.clone(), None)],
+            100,
+            &mut Careless,
+            ApplyOptions::default(),
+        )
+        .unwrap_err();
+    assert!(error.to_string().contains("transaction ended"), "{error}");
+    assert_eq!(statuses(&mut consumer), vec![InboxStatus::Pending; 3]);
+    assert_eq!(
+        count(consumer.connection(), "SELECT count(*) FROM amounts"),
+        1
+    );
+
+    // One event at a time (with its savepoint): the first applies, the
+    // second fails and leaves it as it was.
+    consumer
+        .apply_next_with(&flow, &mut Careless, ApplyOptions::default())
+        .unwrap();
+    let error = consumer
+        .apply_next_with(&flow, &mut Careless, ApplyOptions::default())
+        .unwrap_err();
+    assert!(error.to_string().contains("transaction ended"), "{error}");
+    assert_eq!(
+        statuses(&mut consumer),
+        vec![
+            InboxStatus::Applied,
+            InboxStatus::Pending,
+            InboxStatus::Pending
+        ]
+    );
+    assert_eq!(
+        count(consumer.connection(), "SELECT count(*) FROM amounts"),
+        2
+    );
+}
+
 fn synchronous(conn: &Connection) -> i64 {
     conn.query_row("PRAGMA synchronous", [], |row| row.get(0))
         .unwrap()
