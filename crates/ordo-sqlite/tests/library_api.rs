@@ -26,6 +26,16 @@ fn count(conn: &Connection, sql: &str) -> i64 {
     conn.query_row(sql, [], |row| row.get(0)).unwrap()
 }
 
+/// The ledger table of the [`Ledger`] handler.
+const LEDGER: &str = "CREATE TABLE ledger (event_id TEXT PRIMARY KEY, amount INTEGER NOT NULL)";
+
+/// A consumer file in `dir` with the caller's own tables created by `sql`.
+fn consumer_with(dir: &tempfile::TempDir, sql: &str) -> ConsumerDb {
+    let consumer = ConsumerDb::open(dir.path().join("consumer.db")).unwrap();
+    consumer.connection().execute_batch(sql).unwrap();
+    consumer
+}
+
 fn sql_err(e: rusqlite::Error) -> StoreError {
     StoreError::with_source(ErrorKind::Other, "test", e)
 }
@@ -140,11 +150,7 @@ impl ApplyHandler for Ledger {
 #[test]
 fn own_projection_commits_with_the_inbox_mark_or_rolls_back() {
     let dir = tempfile::tempdir().unwrap();
-    let mut consumer = ConsumerDb::open(dir.path().join("consumer.db")).unwrap();
-    consumer
-        .connection()
-        .execute_batch("CREATE TABLE ledger (event_id TEXT PRIMARY KEY, amount INTEGER NOT NULL)")
-        .unwrap();
+    let mut consumer = consumer_with(&dir, LEDGER);
     let flow = FlowId::new("acct").unwrap();
     let events = [
         event("acct", 1, "credit", 5),
@@ -219,11 +225,7 @@ fn own_projection_commits_with_the_inbox_mark_or_rolls_back() {
 #[test]
 fn a_block_in_a_batch_undoes_only_the_blocked_events_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut consumer = ConsumerDb::open(dir.path().join("consumer.db")).unwrap();
-    consumer
-        .connection()
-        .execute_batch("CREATE TABLE ledger (event_id TEXT PRIMARY KEY, amount INTEGER NOT NULL)")
-        .unwrap();
+    let mut consumer = consumer_with(&dir, LEDGER);
     consumer
         .receive_batch(&[
             event("a", 1, "credit", 5),
@@ -306,15 +308,12 @@ impl ApplyHandler for Careless {
 #[test]
 fn a_transaction_ended_under_the_handler_applies_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut consumer = ConsumerDb::open(dir.path().join("consumer.db")).unwrap();
-    consumer
-        .connection()
-        .execute_batch(
-            "CREATE TABLE amounts (event_id TEXT PRIMARY KEY,
-                                   amount INTEGER UNIQUE ON CONFLICT ROLLBACK);
-             INSERT INTO amounts VALUES ('earlier', 7);",
-        )
-        .unwrap();
+    let mut consumer = consumer_with(
+        &dir,
+        "CREATE TABLE amounts (event_id TEXT PRIMARY KEY,
+                               amount INTEGER UNIQUE ON CONFLICT ROLLBACK);
+         INSERT INTO amounts VALUES ('earlier', 7);",
+    );
     consumer
         .receive_batch(&[
             event("a", 1, "credit", 1),
