@@ -1,10 +1,12 @@
 //! The command-line contract of `../shared/CLI.md`, as clap types. Every
 //! value is validated here, before any database is opened.
 
+#[allow(unused_imports)]
+use ordo_reservation::{FlowState, Quantity};
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use ordo_core::{EventId, FlowId, FlowState, Quantity, SchemaVersion, Seq};
+use ordo_core::{EventId, FlowId, SchemaVersion, Seq};
 
 /// ordo: ordered transactional outbox / inbox on two SQLite files.
 #[derive(Debug, Parser)]
@@ -435,7 +437,7 @@ fn expected_seq(value: &str) -> Result<i64, String> {
 }
 
 fn quantity(value: &str) -> Result<Quantity, String> {
-    let range = format!("1..={}", ordo_core::ids::QUANTITY_MAX);
+    let range = format!("1..={}", ordo_reservation::QUANTITY_MAX);
     Quantity::new(integer(value, &range)?).map_err(|e| e.rule)
 }
 

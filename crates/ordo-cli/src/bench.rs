@@ -3,6 +3,11 @@
 //! pipelines on separate threads; commit-to-applied latency at an offered
 //! rate; peak memory.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    AdvanceRequest, ApplyOptions, FlowState, Quantity, ReservationConsumer, ReservationHandler,
+    ReservationProducer,
+};
 use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use ordo_core::{
-    process_all_each, relay, AdvanceRequest, ApplyOptions, Envelope, EventId, FlowId, FlowState,
-    Quantity, Receipt, RelayOptions, SchemaVersion, StoreError, SystemClock,
+    process_all_each, relay, Envelope, EventId, FlowId, Receipt, RelayOptions, SchemaVersion,
+    StoreError, SystemClock,
 };
 use ordo_core::{Clock, ConsumerStore, ProducerStore};
 use ordo_sqlite::rusqlite::{self, Connection};
@@ -173,9 +178,13 @@ fn relay_round(
 /// One pass of apply over every flow with work; returns how many applied.
 fn apply_pass(consumer: &mut ConsumerDb, batch: u64) -> Result<u64, Failure> {
     let mut applied = 0;
-    process_all_each(consumer, None, ApplyOptions::default(), batch, |d| {
-        applied += d.applied
-    })?;
+    process_all_each(
+        consumer,
+        None,
+        &mut ReservationHandler::default(),
+        batch,
+        |d| applied += d.applied,
+    )?;
     Ok(applied)
 }
 
@@ -275,8 +284,8 @@ fn round3(x: f64) -> f64 {
 
 /// Produce, then relay, then apply, each to completion, on one thread.
 fn sequential(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
-    let mut producer = ProducerDb::open(dir.join("producer.db"))?;
-    let mut consumer = ConsumerDb::open(dir.join("consumer.db"))?;
+    let mut producer = ordo_reservation::open_producer(dir.join("producer.db"))?;
+    let mut consumer = ordo_reservation::open_consumer(dir.join("consumer.db"))?;
     let events = flows * STEPS.len() as u64;
 
     let progress = bar(events, &format!("produce B={batch}"));
@@ -353,8 +362,8 @@ fn concurrent(
 ) -> Result<Value, Failure> {
     let producer_path = dir.join("producer.db");
     let consumer_path = dir.join("consumer.db");
-    ProducerDb::open(&producer_path)?;
-    ConsumerDb::open(&consumer_path)?;
+    ordo_reservation::open_producer(&producer_path)?;
+    ordo_reservation::open_consumer(&consumer_path)?;
     let events = flows * STEPS.len() as u64;
     let produced_all = Arc::new(AtomicBool::new(false));
     let relayed_all = Arc::new(AtomicBool::new(false));
@@ -366,7 +375,7 @@ fn concurrent(
         let done = produced_all.clone();
         std::thread::spawn(move || -> Result<Commits, Failure> {
             let _done = RaiseOnDrop(done);
-            let mut producer = ProducerDb::open(&path)?;
+            let mut producer = ordo_reservation::open_producer(&path)?;
             match rate {
                 None => produce(&mut producer, 0..flows, batch, &ProgressBar::hidden())?,
                 Some(rate) => {
@@ -399,8 +408,8 @@ fn concurrent(
         let (produced, relayed) = (produced_all.clone(), relayed_all.clone());
         std::thread::spawn(move || -> Result<Commits, Failure> {
             let _relayed = RaiseOnDrop(relayed);
-            let mut producer = ProducerDb::open(&p)?;
-            let mut consumer = ConsumerDb::open(&c)?;
+            let mut producer = ordo_reservation::open_producer(&p)?;
+            let mut consumer = ordo_reservation::open_consumer(&c)?;
             loop {
                 let finishing = produced.load(Ordering::SeqCst);
                 if relay_round(&mut producer, &mut consumer, batch)? == 0 {
@@ -413,7 +422,7 @@ fn concurrent(
             Ok(Commits::producer(&producer) + Commits::consumer(&consumer))
         })
     };
-    let mut consumer = ConsumerDb::open(&consumer_path)?;
+    let mut consumer = ordo_reservation::open_consumer(&consumer_path)?;
     let mut applied = 0;
     loop {
         let finishing = relayed_all.load(Ordering::SeqCst);
@@ -458,8 +467,8 @@ fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
     use std::sync::mpsc;
     let producer_path = dir.join("producer.db");
     let consumer_path = dir.join("consumer.db");
-    ProducerDb::open(&producer_path)?;
-    ConsumerDb::open(&consumer_path)?;
+    ordo_reservation::open_producer(&producer_path)?;
+    ordo_reservation::open_consumer(&consumer_path)?;
     let events = flows * STEPS.len() as u64;
     let (round_tx, round_rx) = mpsc::channel::<Vec<Envelope>>();
     let (receipts_tx, receipts_rx) = mpsc::channel::<Result<Vec<Receipt>, StoreError>>();
@@ -470,7 +479,7 @@ fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
         let path = consumer_path.clone();
         let progress = progress.clone();
         std::thread::spawn(move || -> Result<(Commits, u64), Failure> {
-            let mut consumer = ConsumerDb::open(&path)?;
+            let mut consumer = ordo_reservation::open_consumer(&path)?;
             let options = ApplyOptions::default();
             let mut applied = 0;
             let mut producer_done = false;
@@ -489,7 +498,7 @@ fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
                     Err(mpsc::TryRecvError::Empty) => {}
                 }
                 let flows: Vec<(FlowId, Option<u64>)> = consumer
-                    .flows_with_work_page(None, batch as usize, options)?
+                    .flows_with_work_page(None, batch as usize, &[])?
                     .into_iter()
                     .map(|flow| (flow, None))
                     .collect();
@@ -513,7 +522,7 @@ fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
     };
 
     let producer_side = (|| -> Result<Commits, Failure> {
-        let mut producer = ProducerDb::open(&producer_path)?;
+        let mut producer = ordo_reservation::open_producer(&producer_path)?;
         let mut work = chunks(0..flows, batch);
         // Rounds handed over and not yet answered, oldest first (the
         // consumer answers in order), and their flows, which the next
@@ -669,8 +678,8 @@ fn latency(producer: &Path, consumer: &Path) -> Result<Value, Failure> {
 fn growth(dir: &Path, flows: u64, batch: u64, prune: bool) -> Result<Value, Failure> {
     let producer_path = dir.join("producer.db");
     let consumer_path = dir.join("consumer.db");
-    let mut producer = ProducerDb::open(&producer_path)?;
-    let mut consumer = ConsumerDb::open(&consumer_path)?;
+    let mut producer = ordo_reservation::open_producer(&producer_path)?;
+    let mut consumer = ordo_reservation::open_consumer(&consumer_path)?;
     let label = if prune { "growth+prune" } else { "growth" };
     let progress = bar(flows * STEPS.len() as u64, label);
     let per_round = flows.div_ceil(GROWTH_ROUNDS);

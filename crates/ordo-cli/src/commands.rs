@@ -1,14 +1,18 @@
 //! One function per command: validate, open (the implied `init`), call the
 //! library, print.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    consumer_schema, producer_schema, Advance, AdvanceError, AdvanceRequest, ApplyOptions,
+    ReservationHandler, ReservationProducer,
+};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use ordo_core::envelope::parse_strict_json_stream;
 use ordo_core::{
-    drain, process_all, relay, relay_event, Advance, AdvanceError, AdvanceRequest, ApplyOptions,
-    ConsumerStore, Envelope, ProducerStore, RelayError, RelayOptions, RelayPolicy, RelayReport,
-    StoreError, SystemClock,
+    drain, process_all, relay, relay_event, ConsumerStore, Envelope, ProducerStore, RelayError,
+    RelayOptions, RelayPolicy, RelayReport, StoreError, SystemClock,
 };
 use ordo_core::{Clock, FixedClock};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
@@ -86,14 +90,67 @@ fn open_options() -> OpenOptions {
     OPEN_OPTIONS.get().cloned().unwrap_or_default()
 }
 
-/// Opens (creating if missing) the producer file with [`clock`].
+/// Opens the producer file with [`clock`]: an existing store of any domain,
+/// or a new one of the reservation domain.
 pub fn open_producer(path: &Path) -> Result<ProducerDb, Failure> {
-    Ok(ProducerDb::open_with(path, clock(), &open_options())?)
+    if path.exists() {
+        Ok(ProducerDb::open_existing(path, clock(), &open_options())?)
+    } else {
+        open_reservation_producer(path)
+    }
 }
 
-/// Opens (creating if missing) the consumer file with [`clock`].
+/// Opens the consumer file with [`clock`]: an existing store of any domain,
+/// or a new one of the reservation domain.
 pub fn open_consumer(path: &Path) -> Result<ConsumerDb, Failure> {
-    Ok(ConsumerDb::open_with(path, clock(), &open_options())?)
+    if path.exists() {
+        Ok(ConsumerDb::open_existing(path, clock(), &open_options())?)
+    } else {
+        open_reservation_consumer(path)
+    }
+}
+
+/// Opens (creating if missing) a producer store of the reservation domain,
+/// for the commands that run its rules; a store of another domain is
+/// invalid input, and nothing is written to it.
+pub fn open_reservation_producer(path: &Path) -> Result<ProducerDb, Failure> {
+    if path.exists() {
+        let existing = ProducerDb::open_existing(path, clock(), &open_options())?;
+        refuse_other_domain(path, existing.domain())?;
+    }
+    Ok(ProducerDb::open_with(
+        path,
+        &producer_schema(),
+        clock(),
+        &open_options(),
+    )?)
+}
+
+/// Opens (creating if missing) a consumer store of the reservation domain,
+/// for the commands that run its handler; a store of another domain is
+/// invalid input, and nothing is written to it.
+pub fn open_reservation_consumer(path: &Path) -> Result<ConsumerDb, Failure> {
+    if path.exists() {
+        let existing = ConsumerDb::open_existing(path, clock(), &open_options())?;
+        refuse_other_domain(path, existing.domain())?;
+    }
+    Ok(ConsumerDb::open_with(
+        path,
+        &consumer_schema(),
+        clock(),
+        &open_options(),
+    )?)
+}
+
+/// Refuses a store whose domain is not the reservation domain.
+fn refuse_other_domain(path: &Path, domain: &str) -> Result<(), Failure> {
+    if domain == ordo_reservation::DOMAIN {
+        return Ok(());
+    }
+    Err(Failure::Usage(format!(
+        "{} belongs to domain \"{domain}\"; its handler runs in the application",
+        path.display()
+    )))
 }
 
 fn absolute(path: &Path) -> PathBuf {
@@ -150,7 +207,7 @@ fn advance(json_mode: bool, args: AdvanceArgs) -> Result<(), Failure> {
         args.schema,
     )
     .map_err(|e| Failure::Usage(e.to_string()))?;
-    let mut producer = open_producer(&args.producer)?;
+    let mut producer = open_reservation_producer(&args.producer)?;
     let outcome = producer.advance(&request).map_err(|e| match e {
         AdvanceError::Refused(refused) => Failure::Usage(refused.to_string()),
         AdvanceError::Store(store) => Failure::from(store),
@@ -304,16 +361,21 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
     let options = ApplyOptions {
         support_v2: args.support_v2,
     };
-    let mut consumer = open_consumer(&args.consumer)?;
+    let mut consumer = open_reservation_consumer(&args.consumer)?;
     let drains = match &args.flow {
         Some(flow_id) => vec![drain(
             &mut consumer,
             flow_id,
             args.limit,
-            options,
+            &mut ReservationHandler::new(options),
             args.batch,
         )?],
-        None => process_all(&mut consumer, args.limit, options, args.batch)?,
+        None => process_all(
+            &mut consumer,
+            args.limit,
+            &mut ReservationHandler::new(options),
+            args.batch,
+        )?,
     };
     emit(json_mode, &render::drains(&drains), || {
         let mut lines: Vec<String> = drains
@@ -341,8 +403,8 @@ pub fn snapshot_value(
     producer: &mut ProducerDb,
     consumer: &mut ConsumerDb,
 ) -> Result<Value, StoreError> {
-    let (flows, outbox) = producer.snapshot()?;
-    let (inbox, projections, effects) = consumer.snapshot()?;
+    let (flows, outbox) = ordo_reservation::producer_snapshot(producer)?;
+    let (inbox, projections, effects) = ordo_reservation::consumer_snapshot(consumer)?;
     Ok(json!({
         "producer": {
             "flows": flows.iter().map(render::flow).collect::<Vec<_>>(),

@@ -1,14 +1,19 @@
 //! `ordo demo`: N flows through all three steps on two fresh SQLite files,
 //! relayed and applied, with a check of the end state.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    Advance, AdvanceRequest, ApplyOptions, FlowState, Quantity, ReservationHandler,
+    ReservationProducer,
+};
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use ordo_core::{
-    process_all, relay, Advance, AdvanceRequest, ApplyOptions, ConsumerStore, DrainStop, FlowId,
-    FlowState, InboxStatus, ProducerStore, Quantity, RelayOptions, SchemaVersion, SystemClock,
+    process_all, relay, ConsumerStore, DrainStop, FlowId, InboxStatus, RelayOptions, SchemaVersion,
+    SystemClock,
 };
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::json;
@@ -75,8 +80,8 @@ fn seconds(d: Duration) -> f64 {
 
 pub fn run(json_mode: bool, args: DemoArgs) -> Result<(), Failure> {
     prepare_dir(&args.dir, args.force)?;
-    let mut producer = ProducerDb::open(args.dir.join(FILES[0]))?;
-    let mut consumer = ConsumerDb::open(args.dir.join(FILES[1]))?;
+    let mut producer = ordo_reservation::open_producer(args.dir.join(FILES[0]))?;
+    let mut consumer = ordo_reservation::open_consumer(args.dir.join(FILES[1]))?;
     let flows: Vec<FlowId> = (1..=args.flows)
         .map(|i| FlowId::new(format!("flow-{i:07}")).expect("demo flow ids are identifiers"))
         .collect();
@@ -153,16 +158,13 @@ pub fn run(json_mode: bool, args: DemoArgs) -> Result<(), Failure> {
     let bar = progress(args.flows, "apply");
     let mut applied = 0u64;
     let mut blocked = 0u64;
-    for chunk in consumer
-        .flows_with_work(ApplyOptions::default())?
-        .chunks(64)
-    {
+    for chunk in consumer.flows_with_work(&[])?.chunks(64) {
         for flow_id in chunk {
             let drain = ordo_core::drain(
                 &mut consumer,
                 flow_id,
                 None,
-                ApplyOptions::default(),
+                &mut ReservationHandler::default(),
                 ordo_core::APPLY_BATCH_LEN_DEFAULT,
             )?;
             applied += drain.applied;
@@ -176,7 +178,7 @@ pub fn run(json_mode: bool, args: DemoArgs) -> Result<(), Failure> {
     let leftover = process_all(
         &mut consumer,
         None,
-        ApplyOptions::default(),
+        &mut ReservationHandler::default(),
         ordo_core::APPLY_BATCH_LEN_DEFAULT,
     )?;
     bar.finish_and_clear();
@@ -249,8 +251,8 @@ fn check_end_state(
     leftover_flows: usize,
 ) -> Result<Vec<String>, Failure> {
     let mut problems = Vec::new();
-    let (producer_flows, outbox) = producer.snapshot()?;
-    let (inbox, projections, effects) = consumer.snapshot()?;
+    let (producer_flows, outbox) = ordo_reservation::producer_snapshot(producer)?;
+    let (inbox, projections, effects) = ordo_reservation::consumer_snapshot(consumer)?;
     let expected_events = flows.len() * 3;
     let not_released = producer_flows
         .iter()

@@ -1,16 +1,20 @@
 //! Operator commands: outbox and inbox inspection and repair, status with
 //! alert thresholds, pruning.
 
+#[allow(unused_imports)]
+use ordo_reservation::ApplyOptions;
 use std::collections::BTreeMap;
 
 use ordo_core::ops::{
     ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
 };
-use ordo_core::{drain, ApplyOptions, ConsumerStore, ProducerStore, APPLY_BATCH_LEN_DEFAULT};
+use ordo_core::{drain, ConsumerStore, ProducerStore, APPLY_BATCH_LEN_DEFAULT};
 use serde_json::{json, Value};
 
 use crate::args::{InboxCommand, OutboxCommand, PruneArgs, StatusArgs};
-use crate::commands::{clock, emit, open_both, open_consumer, open_producer};
+use crate::commands::{
+    clock, emit, open_both, open_consumer, open_producer, open_reservation_consumer,
+};
 use crate::{render, Failure};
 
 fn outbox_entry(e: &OutboxEntry) -> Value {
@@ -151,10 +155,16 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
             flow,
             support_v2,
         } => {
-            let mut consumer = open_consumer(&consumer)?;
+            let mut consumer = open_reservation_consumer(&consumer)?;
             let reopened = consumer.reopen_blocked(&flow)?;
             let options = ApplyOptions { support_v2 };
-            let d = drain(&mut consumer, &flow, None, options, APPLY_BATCH_LEN_DEFAULT)?;
+            let d = drain(
+                &mut consumer,
+                &flow,
+                None,
+                &mut ordo_reservation::ReservationHandler::new(options),
+                APPLY_BATCH_LEN_DEFAULT,
+            )?;
             let value = json!({
                 "flow_id": flow.as_str(),
                 "reopened": reopened,
@@ -189,7 +199,7 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
             }
             let mut store = open_consumer(&consumer)?;
             let record = store
-                .skip(&request, clock().now_ms())?
+                .skip(&request)?
                 .map_err(|refused| Failure::Usage(refused.to_string()))?;
             emit(json_mode, &json!({ "repair": repair(&record) }), || {
                 format!(

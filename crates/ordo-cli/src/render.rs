@@ -1,14 +1,13 @@
 //! The JSON shapes of the CLI contract.
 
-use ordo_core::{
-    Advance, BlockReason, Drain, EffectRecord, Envelope, FlowRecord, InboxRecord, OutboxRecord,
-    Projection, RelayReport,
-};
+use ordo_core::{BlockReason, Drain, Envelope, InboxRecord, OutboxRecord, RelayReport};
+#[allow(unused_imports)]
+use ordo_reservation::{Advance, EffectRecord, FlowRecord, Projection};
 use serde_json::{json, Map, Value};
 
 /// The envelope fields plus extra keys.
 /// " (reason)" after a stop or status that has a block reason, else nothing.
-pub fn reason_suffix(reason: Option<BlockReason>) -> String {
+pub fn reason_suffix(reason: Option<&BlockReason>) -> String {
     reason.map(|r| format!(" ({r})")).unwrap_or_default()
 }
 

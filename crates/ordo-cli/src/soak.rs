@@ -2,14 +2,17 @@
 //! SIGKILL at random instants, then left to converge; the end state is checked
 //! against the protocol's invariants.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    AdvanceRequest, ApplyOptions, FlowState, Quantity, ReservationHandler, ReservationProducer,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use ordo_core::{Clock, FlowState, InboxStatus, SystemClock};
-use ordo_sqlite::{ConsumerDb, ProducerDb};
+use ordo_core::{Clock, InboxStatus, SystemClock};
 use serde_json::json;
 
 use crate::args::SoakArgs;
@@ -151,8 +154,8 @@ pub fn run(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
         },
     };
     // Create both files before any worker starts.
-    ProducerDb::open(&soak.producer)?;
-    ConsumerDb::open(&soak.consumer)?;
+    ordo_reservation::open_producer(&soak.producer)?;
+    ordo_reservation::open_consumer(&soak.consumer)?;
 
     let roles = [
         Role::Produce,
@@ -276,8 +279,10 @@ fn check_invariants(
     flows: u64,
     violations: &mut Vec<String>,
 ) -> Result<usize, Failure> {
-    let (flow_records, outbox) = ProducerDb::open(producer)?.snapshot()?;
-    let (inbox, projections, effects) = ConsumerDb::open(consumer)?.snapshot()?;
+    let (flow_records, outbox) =
+        ordo_reservation::producer_snapshot(&mut ordo_reservation::open_producer(producer)?)?;
+    let (inbox, projections, effects) =
+        ordo_reservation::consumer_snapshot(&mut ordo_reservation::open_consumer(consumer)?)?;
     let expected_events = flows as usize * 3;
     let mut report = |ok: bool, message: String| {
         if !ok {
@@ -383,16 +388,13 @@ fn check_invariants(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ordo_core::{
-        relay, AdvanceRequest, ApplyOptions, FlowId, ProducerStore, Quantity, RelayOptions,
-        SchemaVersion, SystemClock,
-    };
+    use ordo_core::{relay, FlowId, RelayOptions, SchemaVersion, SystemClock};
 
     /// Two flows through all steps, relayed and applied, in `dir`.
     fn converged(dir: &Path) -> (PathBuf, PathBuf) {
         let (p, c) = (dir.join("producer.db"), dir.join("consumer.db"));
-        let mut producer = ProducerDb::open(&p).unwrap();
-        let mut consumer = ConsumerDb::open(&c).unwrap();
+        let mut producer = ordo_reservation::open_producer(&p).unwrap();
+        let mut consumer = ordo_reservation::open_consumer(&c).unwrap();
         for i in 1..=2 {
             let flow = FlowId::new(format!("flow-{i:07}")).unwrap();
             for (seq, to) in [
@@ -421,7 +423,8 @@ mod tests {
             &SystemClock,
         )
         .unwrap();
-        ordo_core::process_all(&mut consumer, None, ApplyOptions::default(), 64).unwrap();
+        ordo_core::process_all(&mut consumer, None, &mut ReservationHandler::default(), 64)
+            .unwrap();
         (p, c)
     }
 

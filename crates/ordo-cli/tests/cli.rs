@@ -4,6 +4,8 @@
 
 mod common;
 
+#[allow(unused_imports)]
+use ordo_reservation::ReservationProducer;
 use std::path::Path;
 
 use common::{

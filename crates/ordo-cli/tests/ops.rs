@@ -6,6 +6,8 @@
 
 mod common;
 
+#[allow(unused_imports)]
+use ordo_reservation::ReservationProducer;
 use std::time::{Duration, Instant};
 
 use common::{envelope, keys, reservation, sorted, Lab, Out, ENVELOPE_KEYS};

@@ -1,6 +1,5 @@
-//! Micro-benchmarks of the envelope codec and the reservation payload
-//! decoding: strict parsing, the canonical body and its hash, the apply and
-//! advance decisions, the refusal of malformed input, and the cost of an
+//! Micro-benchmarks of the envelope codec: strict parsing, the canonical
+//! body and its hash, the refusal of malformed input, and the cost of an
 //! unarmed crash point.
 //!
 //! Run with `cargo bench -p ordo-core`; each benchmark measures for 2 s after
@@ -14,11 +13,7 @@ use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use ordo_core::crash::{self, CRASH_POINT_ENV};
 use ordo_core::envelope::{BodyHash, MalformedEnvelope};
-use ordo_core::reservation::{self, decide_advance, decide_apply, decode_quantity};
-use ordo_core::{
-    AdvanceRequest, ApplyOptions, Envelope, FlowId, FlowRecord, FlowState, Projection, Quantity,
-    SchemaVersion,
-};
+use ordo_core::Envelope;
 use sha2::{Digest, Sha256};
 
 /// A typical stored event, in canonical form (keys sorted, as `body()` writes it).
@@ -26,9 +21,6 @@ const TYPICAL: &str = r#"{"event_id":"reservation-7f3a9c2e-41d8-2","flow_id":"re
 
 /// The same event with its keys in the protocol's (non-canonical) order.
 const TYPICAL_UNSORTED: &str = r#"{"event_id":"reservation-7f3a9c2e-41d8-2","flow_id":"reservation-7f3a9c2e-41d8","seq":2,"schema_version":1,"type":"confirmed","payload":{"amount":5}}"#;
-
-/// The same event in schema 2.
-const TYPICAL_V2: &str = r#"{"event_id":"reservation-7f3a9c2e-41d8-2","flow_id":"reservation-7f3a9c2e-41d8","payload":{"units":5},"schema_version":2,"seq":2,"type":"confirmed"}"#;
 
 /// A repeated key (`seq`) inside the envelope: refused by the JSON reader.
 const REPEATED_KEY: &str = r#"{"event_id":"reservation-7f3a9c2e-41d8-2","flow_id":"reservation-7f3a9c2e-41d8","payload":{"amount":5},"schema_version":1,"seq":2,"seq":3,"type":"confirmed"}"#;
@@ -117,52 +109,6 @@ fn canonical_body(c: &mut Criterion) {
     group.finish();
 }
 
-fn payload(c: &mut Criterion) {
-    let v1 = Envelope::parse(TYPICAL.as_bytes()).unwrap();
-    let v2 = Envelope::parse(TYPICAL_V2.as_bytes()).unwrap();
-    let options_v1 = ApplyOptions::default();
-    let options_v2 = ApplyOptions { support_v2: true };
-    let flow_id = FlowId::new("reservation-7f3a9c2e-41d8").unwrap();
-    let quantity = Quantity::new(5).unwrap();
-    let reserved = Projection {
-        flow_id: flow_id.clone(),
-        state: FlowState::Reserved,
-        quantity: Some(quantity),
-        applied_seq: 1,
-    };
-    assert_eq!(decode_quantity(&v1, options_v1), Ok(quantity));
-    assert_eq!(decode_quantity(&v2, options_v2), Ok(quantity));
-    assert!(decide_apply(&reserved, &v1, options_v1).is_ok());
-    let record = FlowRecord {
-        flow_id: flow_id.clone(),
-        state: FlowState::Reserved,
-        quantity: Some(quantity),
-        last_seq: 1,
-    };
-    let request =
-        AdvanceRequest::new(flow_id, 1, FlowState::Confirmed, None, SchemaVersion::V1).unwrap();
-    assert!(matches!(
-        decide_advance(&record, &request),
-        Ok(reservation::AdvanceDecision::Commit { .. })
-    ));
-
-    let mut group = c.benchmark_group("payload");
-    configure(&mut group);
-    group.bench_function("decode_quantity/schema_1", |b| {
-        b.iter(|| decode_quantity(black_box(&v1), black_box(options_v1)))
-    });
-    group.bench_function("decode_quantity/schema_2", |b| {
-        b.iter(|| decode_quantity(black_box(&v2), black_box(options_v2)))
-    });
-    group.bench_function("decide_apply/reserved_to_confirmed", |b| {
-        b.iter(|| decide_apply(black_box(&reserved), black_box(&v1), black_box(options_v1)))
-    });
-    group.bench_function("decide_advance/reserved_to_confirmed", |b| {
-        b.iter(|| decide_advance(black_box(&record), black_box(&request)))
-    });
-    group.finish();
-}
-
 fn malformed(c: &mut Criterion) {
     assert!(matches!(
         Envelope::parse(REPEATED_KEY.as_bytes()),
@@ -200,12 +146,5 @@ fn crash_point(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(
-    benches,
-    parse,
-    canonical_body,
-    payload,
-    malformed,
-    crash_point
-);
+criterion_group!(benches, parse, canonical_body, malformed, crash_point);
 criterion_main!(benches);

@@ -614,7 +614,7 @@ impl fmt::Display for BodyHash {
 mod tests {
     use super::*;
 
-    const GOOD: &str = r#"{"event_id":"e-1","flow_id":"f","seq":1,"schema_version":1,"type":"reserved","payload":{"amount":5}}"#;
+    const GOOD: &str = r#"{"event_id":"e-1","flow_id":"f","seq":1,"schema_version":1,"type":"placed","payload":{"total":5}}"#;
 
     fn replace(field: &str, raw: &str) -> String {
         let mut value: Value = serde_json::from_str(GOOD).unwrap();
@@ -629,7 +629,7 @@ mod tests {
         let env = Envelope::parse(GOOD.as_bytes()).unwrap();
         assert_eq!(env.event_id.as_str(), "e-1");
         assert_eq!(env.seq.get(), 1);
-        assert_eq!(env.payload["amount"], 5);
+        assert_eq!(env.payload["total"], 5);
     }
 
     #[test]
@@ -640,7 +640,7 @@ mod tests {
             ("not json".into(), "not valid JSON"),
             ("[1,2]".into(), "must be a JSON object"),
             (
-                r#"["e-1","f",{"amount":5},1,1,"reserved"]"#.into(),
+                r#"["e-1","f",{"total":5},1,1,"reserved"]"#.into(),
                 "must be a JSON object",
             ),
             ("\"text\"".into(), "must be a JSON object"),
@@ -652,17 +652,17 @@ mod tests {
                 "not valid JSON",
             ),
             (
-                GOOD.replace("{\"amount\":5}", "{\"amount\":1e400}"),
+                GOOD.replace("{\"total\":5}", "{\"total\":1e400}"),
                 "not valid JSON",
             ),
             (GOOD.replace("\"seq\":1", "\"seq\":1,\"seq\":1"), "repeated"),
             (
-                GOOD.replace("{\"amount\":5}", "{\"amount\":5,\"amount\":6}"),
+                GOOD.replace("{\"total\":5}", "{\"total\":5,\"total\":6}"),
                 "repeated",
             ),
             (GOOD.replace(",\"seq\":1", ""), "`seq` is missing"),
             (
-                GOOD.replace(",\"payload\":{\"amount\":5}", ""),
+                GOOD.replace(",\"payload\":{\"total\":5}", ""),
                 "`payload` is missing",
             ),
             (
@@ -757,15 +757,12 @@ mod tests {
     #[test]
     fn stored_text_keeps_large_integers_exact() {
         let max = replace("seq", &i64::MAX.to_string());
-        let max = max.replace("{\"amount\":5}", "{\"amount\":9007199254740993}");
+        let max = max.replace("{\"total\":5}", "{\"total\":9007199254740993}");
         let env = Envelope::parse_str(&max).unwrap();
         let again = Envelope::parse_str(&env.stored_text()).unwrap();
         assert_eq!(again, env);
         assert_eq!(again.seq.get(), i64::MAX);
-        assert_eq!(
-            again.payload["amount"].as_u64(),
-            Some(9_007_199_254_740_993)
-        );
+        assert_eq!(again.payload["total"].as_u64(), Some(9_007_199_254_740_993));
         assert_eq!(again.body_hash(), env.body_hash());
     }
 
@@ -773,14 +770,14 @@ mod tests {
     fn body_ignores_key_order_and_number_spelling() {
         let a = Envelope::parse_str(GOOD).unwrap();
         let b = Envelope::parse_str(
-            r#"{"payload":{"amount":5.0},"type":"reserved","schema_version":1,"seq":1,"flow_id":"f","event_id":"e-1"}"#,
+            r#"{"payload":{"total":5.0},"type":"placed","schema_version":1,"seq":1,"flow_id":"f","event_id":"e-1"}"#,
         )
         .unwrap();
         assert_eq!(a.body(), b.body());
         assert_eq!(a.body_hash(), b.body_hash());
         assert_eq!(
             a.body(),
-            r#"{"event_id":"e-1","flow_id":"f","payload":{"amount":5},"schema_version":1,"seq":1,"type":"reserved"}"#
+            r#"{"event_id":"e-1","flow_id":"f","payload":{"total":5},"schema_version":1,"seq":1,"type":"placed"}"#
         );
         let c = Envelope::parse_str(&GOOD.replace("5}", "6}")).unwrap();
         assert_ne!(a.body_hash(), c.body_hash());

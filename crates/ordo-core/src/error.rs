@@ -3,8 +3,7 @@
 use std::error::Error as StdError;
 use std::fmt;
 
-use crate::ids::EventId;
-use crate::reservation::AdvanceRefused;
+use crate::ids::{EventId, FlowId, Seq};
 
 /// What kind of storage failure happened, so that callers can decide whether
 /// to retry without matching on a backend's codes.
@@ -85,15 +84,35 @@ impl StdError for StoreError {
     }
 }
 
-/// Why an advance failed (as opposed to a protocol outcome).
+/// Why an append to the outbox was refused or failed. A refusal writes
+/// nothing; the caller's transaction may go on or be dropped.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum AdvanceError {
-    /// The request is refused by the flow's state; nothing was written.
-    #[error(transparent)]
-    Refused(#[from] AdvanceRefused),
-    /// The store failed; nothing was committed unless the kind is
-    /// `CommitOutcomeUnknown`.
+pub enum AppendError {
+    /// The event's seq is not its flow's last seq plus one: seqs stay
+    /// contiguous per flow over committed events.
+    #[error("cannot append seq {seq} to flow {flow_id} whose last seq is {last_seq}")]
+    NotNext {
+        /// The flow.
+        flow_id: FlowId,
+        /// The seq of the refused event.
+        seq: Seq,
+        /// The flow's last committed seq (0 if none).
+        last_seq: i64,
+    },
+    /// The flow's seq would pass `i64::MAX`: allocation never wraps.
+    #[error("flow {flow_id}: no seq is left after {}", i64::MAX)]
+    SeqExhausted {
+        /// The flow.
+        flow_id: FlowId,
+    },
+    /// The event id is already in the outbox (under another flow or seq).
+    #[error("event id {0} is already in the outbox")]
+    EventIdUsed(EventId),
+    /// The event type or payload breaks the envelope's rules.
+    #[error("invalid event: {0}")]
+    Invalid(String),
+    /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -108,4 +127,61 @@ pub enum RelayError {
     /// A store failed. Deliveries before the failure stand.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The consumer failed transiently, and recording that failure on the
+    /// producer failed too: both errors, neither swallowed.
+    #[error("{delivery}; recording the failure also failed: {recording}")]
+    FailureUnrecorded {
+        /// Why the round could not be delivered.
+        delivery: StoreError,
+        /// Why the failure could not be recorded.
+        recording: StoreError,
+    },
+}
+
+impl RelayError {
+    /// The kind of the storage failure behind this error, if any.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            RelayError::UnknownEvent(_) => None,
+            RelayError::Store(e) => Some(e.kind()),
+            RelayError::FailureUnrecorded { delivery, .. } => Some(delivery.kind()),
+        }
+    }
+}
+
+#[cfg(feature = "rusqlite")]
+mod sqlite {
+    use super::{ErrorKind, StoreError};
+    use rusqlite::ErrorCode;
+
+    /// The backend-neutral kind of an SQLite error.
+    pub fn kind_of(error: &rusqlite::Error) -> ErrorKind {
+        match error.sqlite_error_code() {
+            Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked) => ErrorKind::Busy,
+            Some(ErrorCode::ReadOnly) => ErrorKind::ReadOnly,
+            Some(ErrorCode::DiskFull) => ErrorKind::DiskFull,
+            Some(ErrorCode::DatabaseCorrupt) | Some(ErrorCode::NotADatabase) => ErrorKind::Corrupt,
+            Some(ErrorCode::CannotOpen) | Some(ErrorCode::PermissionDenied) => {
+                ErrorKind::ConnectionLost
+            }
+            Some(ErrorCode::SystemIoFailure) => ErrorKind::CommitOutcomeUnknown,
+            _ => ErrorKind::Other,
+        }
+    }
+
+    impl StoreError {
+        /// An SQLite error with what was being done, and the kind callers act
+        /// on (`Busy`, `ReadOnly`, `DiskFull`, `Corrupt`, ...).
+        pub fn sqlite(context: impl Into<String>, error: rusqlite::Error) -> StoreError {
+            StoreError::with_source(kind_of(&error), context, error)
+        }
+    }
+
+    /// Lets `?` turn an SQLite error into a [`StoreError`] of the right kind
+    /// in an application's own code and in its apply handler.
+    impl From<rusqlite::Error> for StoreError {
+        fn from(error: rusqlite::Error) -> StoreError {
+            StoreError::sqlite("SQLite", error)
+        }
+    }
 }

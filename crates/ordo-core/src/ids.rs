@@ -8,8 +8,6 @@ use std::fmt;
 
 /// The longest identifier, in characters.
 pub const IDENTIFIER_LEN_MAX: usize = 100;
-/// The largest quantity a flow may carry.
-pub const QUANTITY_MAX: i64 = 1_000_000;
 
 /// Why a value was refused by a validating constructor.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -133,9 +131,9 @@ impl fmt::Display for Seq {
 pub struct SchemaVersion(i64);
 
 impl SchemaVersion {
-    /// Schema 1: payload `{"amount": q}`.
+    /// The first version of a payload schema.
     pub const V1: SchemaVersion = SchemaVersion(1);
-    /// Schema 2: payload `{"units": q}`.
+    /// The second version of a payload schema.
     pub const V2: SchemaVersion = SchemaVersion(2);
 
     /// Builds a schema version, refusing anything outside `1..=i64::MAX`.
@@ -162,31 +160,145 @@ impl fmt::Display for SchemaVersion {
     }
 }
 
-/// The fixed quantity a reservation flow carries: `1..=1_000_000`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Quantity(i64);
+impl EventId {
+    /// The event id ordo gives to `(flow_id, seq)` when the producer does
+    /// not bring its own: `FLOW-SEQ` when that fits in 100 characters, else
+    /// `h` followed by the SHA-256 of `FLOW\nSEQ` in hex. Both forms are
+    /// deterministic, so a flow's history has the same ids whichever process
+    /// committed it, and two flows never share an id.
+    pub fn for_seq(flow_id: &FlowId, seq: Seq) -> EventId {
+        let readable = format!("{flow_id}-{seq}");
+        let id = if readable.len() <= IDENTIFIER_LEN_MAX {
+            readable
+        } else {
+            let hash = crate::envelope::BodyHash::of(&format!("{flow_id}\n{seq}"));
+            format!("h{hash}")
+        };
+        EventId::new(id).expect("both event id forms are identifiers")
+    }
+}
 
-impl Quantity {
-    /// Builds a quantity, refusing anything outside `1..=1_000_000`.
-    pub fn new(value: i64) -> Result<Self, RuleViolation> {
-        if (1..=QUANTITY_MAX).contains(&value) {
-            Ok(Quantity(value))
+/// The longest block code, in characters.
+pub const BLOCK_CODE_LEN_MAX: usize = 64;
+
+/// Why a handler blocked an event, as a short code chosen by the handler:
+/// 1 to 64 characters of `[a-z0-9_]` (`invalid_payload`, `unknown_type`, ...).
+/// Stored beside the event and reported by `apply` and `inbox list`.
+///
+/// Fixed-size and `Copy`, so codes can be constants:
+/// `const UNKNOWN_TYPE: BlockCode = BlockCode::from_static("unknown_type");`
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BlockCode {
+    bytes: [u8; BLOCK_CODE_LEN_MAX],
+    len: u8,
+}
+
+impl BlockCode {
+    /// Builds a code, refusing anything but 1 to 64 characters of `[a-z0-9_]`.
+    pub fn new(value: &str) -> Result<BlockCode, RuleViolation> {
+        BlockCode::build(value.as_bytes()).ok_or_else(|| {
+            RuleViolation::new(format!(
+                "a block code must be 1 to {BLOCK_CODE_LEN_MAX} characters of [a-z0-9_] (got {value:?})"
+            ))
+        })
+    }
+
+    /// Builds a code from a constant; a code breaking the rule fails to
+    /// compile when used in a `const`, and panics otherwise.
+    pub const fn from_static(value: &'static str) -> BlockCode {
+        match BlockCode::build(value.as_bytes()) {
+            Some(code) => code,
+            None => panic!("a block code must be 1 to 64 characters of [a-z0-9_]"),
+        }
+    }
+
+    const fn build(value: &[u8]) -> Option<BlockCode> {
+        if value.is_empty() || value.len() > BLOCK_CODE_LEN_MAX {
+            return None;
+        }
+        let mut bytes = [0u8; BLOCK_CODE_LEN_MAX];
+        let mut i = 0;
+        while i < value.len() {
+            let b = value[i];
+            if !(b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') {
+                return None;
+            }
+            bytes[i] = b;
+            i += 1;
+        }
+        Some(BlockCode {
+            bytes,
+            len: value.len() as u8,
+        })
+    }
+
+    /// The code as text.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).expect("a block code is ASCII")
+    }
+}
+
+impl fmt::Debug for BlockCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlockCode({:?})", self.as_str())
+    }
+}
+
+impl fmt::Display for BlockCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for BlockCode {
+    type Err = RuleViolation;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        BlockCode::new(s)
+    }
+}
+
+/// The longest domain name, in characters.
+pub const DOMAIN_NAME_LEN_MAX: usize = 64;
+
+/// The name of the domain (the application's flow type and handler) that
+/// owns a store: `[a-z][a-z0-9_-]{0,63}`. Every store records it, so that a
+/// handler never runs on another application's events.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DomainName(String);
+
+impl DomainName {
+    /// Builds a domain name, refusing anything but `[a-z][a-z0-9_-]{0,63}`.
+    pub fn new(value: impl Into<String>) -> Result<DomainName, RuleViolation> {
+        let value = value.into();
+        let mut chars = value.chars();
+        let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
+        let rest_ok =
+            chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+        if first_ok && rest_ok && value.len() <= DOMAIN_NAME_LEN_MAX {
+            Ok(DomainName(value))
         } else {
             Err(RuleViolation::new(format!(
-                "must be an integer in 1..={QUANTITY_MAX} (got {value})"
+                "a domain name must match [a-z][a-z0-9_-]{{0,63}} (got {value:?})"
             )))
         }
     }
 
-    /// The quantity as an integer.
-    pub fn get(self) -> i64 {
-        self.0
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
-impl fmt::Display for Quantity {
+impl fmt::Display for DomainName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for DomainName {
+    type Err = RuleViolation;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DomainName::new(s)
     }
 }
 
@@ -227,16 +339,60 @@ mod tests {
     }
 
     #[test]
-    fn quantity_bounds() {
-        for (value, ok) in [
-            (0, false),
-            (1, true),
-            (1_000_000, true),
-            (1_000_001, false),
-            (-5, false),
-        ] {
-            assert_eq!(Quantity::new(value).is_ok(), ok, "quantity {value}");
+    fn block_code_bounds() {
+        let cases: &[(&str, bool)] = &[
+            ("a", true),
+            ("invalid_payload", true),
+            ("x9_", true),
+            (&"x".repeat(64), true),
+            (&"x".repeat(65), false),
+            ("", false),
+            ("Upper", false),
+            ("has-dash", false),
+            ("sp ace", false),
+            ("é", false),
+        ];
+        for (value, ok) in cases {
+            let code = BlockCode::new(value);
+            assert_eq!(code.is_ok(), *ok, "block code {value:?}");
+            if let Ok(code) = code {
+                assert_eq!(code.as_str(), *value);
+            }
         }
+        const C: BlockCode = BlockCode::from_static("unknown_type");
+        assert_eq!(C, BlockCode::new("unknown_type").unwrap());
+    }
+
+    #[test]
+    fn domain_name_bounds() {
+        let cases: &[(&str, bool)] = &[
+            ("reservation", true),
+            ("orders-v2_x", true),
+            ("a", true),
+            (&format!("a{}", "b".repeat(63)), true),
+            (&format!("a{}", "b".repeat(64)), false),
+            ("", false),
+            ("1abc", false),
+            ("-a", false),
+            ("Orders", false),
+            ("a.b", false),
+        ];
+        for (value, ok) in cases {
+            assert_eq!(DomainName::new(*value).is_ok(), *ok, "domain {value:?}");
+        }
+    }
+
+    #[test]
+    fn event_ids_for_seqs() {
+        let flow = FlowId::new("order-7").unwrap();
+        assert_eq!(EventId::for_seq(&flow, Seq::FIRST).as_str(), "order-7-1");
+        let long = FlowId::new("f".repeat(100)).unwrap();
+        let id = EventId::for_seq(&long, Seq::new(i64::MAX).unwrap());
+        assert!(
+            id.as_str().starts_with('h') && id.as_str().len() == 65,
+            "{id}"
+        );
+        assert_ne!(id, EventId::for_seq(&long, Seq::FIRST));
     }
 
     #[test]

@@ -3,8 +3,7 @@
 use std::fmt;
 
 use crate::envelope::Envelope;
-use crate::ids::{EventId, FlowId, Seq};
-use crate::reservation::FlowState;
+use crate::ids::{BlockCode, FlowId, Seq};
 
 /// The consumer's answer to one received envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -41,42 +40,68 @@ impl fmt::Display for Receipt {
     }
 }
 
-/// Why a stored event cannot be applied. The stored body is never changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BlockReason {
-    /// The consumer does not decode this schema version (yet).
-    UnsupportedSchema,
-    /// The payload has no valid quantity.
-    InvalidPayload,
-    /// The event is not the legal next step of the projection, or changes the
-    /// flow's quantity.
-    InvalidTransition,
+/// Why a stored event cannot be applied, as decided by the application's
+/// handler: a code, and optional detail for the operator. The stored body is
+/// never changed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BlockReason {
+    /// What kind of block this is; a handler may be asked to evaluate again
+    /// the rows blocked with some codes (see
+    /// [`ApplyHandler::reevaluate`](crate::handler::ApplyHandler::reevaluate)).
+    pub code: BlockCode,
+    /// Free text for the operator, at most [`BLOCK_DETAIL_LEN_MAX`] bytes
+    /// (longer text is cut at a character boundary when stored).
+    pub detail: Option<String>,
 }
 
+/// The longest block detail that is stored, in bytes.
+pub const BLOCK_DETAIL_LEN_MAX: usize = 1_000;
+
 impl BlockReason {
-    /// The reason's wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BlockReason::UnsupportedSchema => "unsupported_schema",
-            BlockReason::InvalidPayload => "invalid_payload",
-            BlockReason::InvalidTransition => "invalid_transition",
-        }
+    /// A reason with a code and no detail.
+    pub const fn code(code: BlockCode) -> BlockReason {
+        BlockReason { code, detail: None }
     }
 
-    /// Reads a reason's wire name.
-    pub fn parse(name: &str) -> Option<BlockReason> {
-        match name {
-            "unsupported_schema" => Some(BlockReason::UnsupportedSchema),
-            "invalid_payload" => Some(BlockReason::InvalidPayload),
-            "invalid_transition" => Some(BlockReason::InvalidTransition),
-            _ => None,
+    /// A reason with a code and detail text.
+    pub fn with_detail(code: BlockCode, detail: impl Into<String>) -> BlockReason {
+        BlockReason {
+            code,
+            detail: Some(detail.into()),
         }
+        .normalized()
+    }
+
+    /// The reason as it is stored: detail cut to [`BLOCK_DETAIL_LEN_MAX`]
+    /// bytes at a character boundary, and empty detail as none.
+    pub fn normalized(mut self) -> BlockReason {
+        if let Some(detail) = &mut self.detail {
+            if detail.len() > BLOCK_DETAIL_LEN_MAX {
+                let mut end = BLOCK_DETAIL_LEN_MAX;
+                while !detail.is_char_boundary(end) {
+                    end -= 1;
+                }
+                detail.truncate(end);
+            }
+        }
+        if self.detail.as_deref() == Some("") {
+            self.detail = None;
+        }
+        self
+    }
+
+    /// The code as text.
+    pub fn as_str(&self) -> &str {
+        self.code.as_str()
     }
 }
 
 impl fmt::Display for BlockReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        match &self.detail {
+            Some(detail) => write!(f, "{}: {detail}", self.code),
+            None => write!(f, "{}", self.code),
+        }
     }
 }
 
@@ -106,7 +131,7 @@ pub enum Step {
 }
 
 /// Why a drain stopped. Only `Idle` means caught up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DrainStop {
     /// The limit of applications was reached.
     Limit,
@@ -120,7 +145,7 @@ pub enum DrainStop {
 
 impl DrainStop {
     /// The stop's wire name.
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             DrainStop::Limit => "limit",
             DrainStop::Gap => "gap",
@@ -130,7 +155,7 @@ impl DrainStop {
     }
 
     /// The block reason, when the drain stopped on a blocked event.
-    pub fn reason(self) -> Option<BlockReason> {
+    pub fn reason(&self) -> Option<&BlockReason> {
         match self {
             DrainStop::Blocked(reason) => Some(reason),
             _ => None,
@@ -149,25 +174,6 @@ pub struct Drain {
     pub stop: DrainStop,
 }
 
-/// The outcome of an advance.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Advance {
-    /// The state change and the event were committed together.
-    Committed(Envelope),
-    /// `expected_seq` differed from the flow's `last_seq`; nothing was written.
-    Stale {
-        /// The flow's actual `last_seq`.
-        last_seq: i64,
-    },
-    /// The target is not the legal next step; nothing was written.
-    InvalidTransition {
-        /// The flow's state.
-        from: FlowState,
-        /// The requested state.
-        to: FlowState,
-    },
-}
-
 /// One outbox row as the producer stores it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxRecord {
@@ -178,7 +184,7 @@ pub struct OutboxRecord {
 }
 
 /// The status of an inbox row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InboxStatus {
     /// Stored, waiting for apply.
     Pending,
@@ -192,7 +198,7 @@ pub enum InboxStatus {
 
 impl InboxStatus {
     /// The status's wire name.
-    pub fn as_str(self) -> &'static str {
+    pub fn as_str(&self) -> &'static str {
         match self {
             InboxStatus::Pending => "pending",
             InboxStatus::Applied => "applied",
@@ -202,7 +208,7 @@ impl InboxStatus {
     }
 
     /// The reason of a blocked row.
-    pub fn reason(self) -> Option<BlockReason> {
+    pub fn reason(&self) -> Option<&BlockReason> {
         match self {
             InboxStatus::Blocked(reason) => Some(reason),
             _ => None,
@@ -217,16 +223,4 @@ pub struct InboxRecord {
     pub envelope: Envelope,
     /// Its status.
     pub status: InboxStatus,
-}
-
-/// One effect record: written once per applied event, in the same
-/// transaction as the projection change.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EffectRecord {
-    /// The flow.
-    pub flow_id: FlowId,
-    /// The applied seq.
-    pub seq: Seq,
-    /// The applied event.
-    pub event_id: EventId,
 }

@@ -11,6 +11,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::backoff::Backoff;
 use crate::clock::Clock;
 use crate::crash;
 use crate::envelope::Envelope;
@@ -42,46 +43,6 @@ impl RelayPolicy {
             RelayPolicy::Fair => "fair",
             RelayPolicy::FirstPending => "first-pending",
         }
-    }
-}
-
-/// Exponential backoff with full jitter for transient delivery failures: the
-/// n-th attempt that fails (conflicts and earlier attempts count too) waits
-/// a uniformly random time in
-/// `0..=min(cap, base * 2^(n-1))`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    /// The ceiling of the first wait.
-    pub base_ms: u64,
-    /// The largest ceiling.
-    pub cap_ms: u64,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            base_ms: 100,
-            cap_ms: 60_000,
-        }
-    }
-}
-
-impl Backoff {
-    /// The ceiling of the wait after the `attempts`-th attempt (>= 1).
-    pub fn ceiling_ms(&self, attempts: u32) -> u64 {
-        let exponent = attempts.saturating_sub(1).min(62);
-        self.base_ms
-            .saturating_mul(1u64 << exponent)
-            .min(self.cap_ms)
-    }
-
-    /// The wait after `attempts` failures, for a uniform `unit` in `[0, 1)`.
-    pub fn delay_ms(&self, attempts: u32, unit: f64) -> u64 {
-        debug_assert!((0.0..1.0).contains(&unit));
-        let ceiling = self.ceiling_ms(attempts);
-        ((ceiling as f64 + 1.0) * unit.clamp(0.0, 1.0))
-            .floor()
-            .min(ceiling as f64) as u64
     }
 }
 
@@ -178,7 +139,14 @@ where
         Err(error) => {
             if is_transient(error.kind()) {
                 let ids: Vec<EventId> = events.iter().map(|e| e.event_id.clone()).collect();
-                producer.record_failure(&ids, &error.to_string(), clock.now_ms(), backoff)?;
+                let recorded =
+                    producer.record_failure(&ids, &error.to_string(), clock.now_ms(), backoff);
+                if let Err(recording) = recorded {
+                    return Err(RelayError::FailureUnrecorded {
+                        delivery: error,
+                        recording,
+                    });
+                }
             }
             return Err(RelayError::Store(error));
         }
@@ -204,7 +172,8 @@ where
 }
 
 /// Relays under `options` until nothing may be delivered in this run or
-/// `options.max` deliveries were made.
+/// `options.max` deliveries were made, and returns every delivery. Memory
+/// grows with the deliveries; [`relay_each`] keeps it bounded.
 pub fn relay<P, C>(
     producer: &mut P,
     consumer: &mut C,
@@ -215,18 +184,34 @@ where
     P: ProducerStore + ?Sized,
     C: ConsumerStore + ?Sized,
 {
-    let batch_len_max = options.batch_len_max.max(1);
     let mut deliveries = Vec::new();
+    let stop = relay_each(producer, consumer, options, clock, |d| {
+        deliveries.push(d.clone())
+    })?;
+    Ok(RelayReport { deliveries, stop })
+}
+
+/// [`relay`] handing each delivery to `each` as its round is recorded,
+/// instead of collecting them: memory stays bounded by one round
+/// (`options.batch_len_max` events) however long the run.
+pub fn relay_each<P, C>(
+    producer: &mut P,
+    consumer: &mut C,
+    options: &RelayOptions,
+    clock: &dyn Clock,
+    mut each: impl FnMut(&Delivery),
+) -> Result<RelayStop, RelayError>
+where
+    P: ProducerStore + ?Sized,
+    C: ConsumerStore + ?Sized,
+{
+    let batch_len_max = options.batch_len_max.max(1);
+    let mut delivered = 0u64;
     let mut skipped: BTreeSet<FlowId> = BTreeSet::new();
     loop {
         let room = match options.max {
-            Some(max) if deliveries.len() as u64 >= max => {
-                return Ok(RelayReport {
-                    deliveries,
-                    stop: RelayStop::Max,
-                })
-            }
-            Some(max) => usize::try_from(max - deliveries.len() as u64).unwrap_or(usize::MAX),
+            Some(max) if delivered >= max => return Ok(RelayStop::Max),
+            Some(max) => usize::try_from(max - delivered).unwrap_or(usize::MAX),
             None => usize::MAX,
         };
         let events = match options.policy {
@@ -239,10 +224,7 @@ where
             }
         };
         if events.is_empty() {
-            return Ok(RelayReport {
-                deliveries,
-                stop: RelayStop::Drained,
-            });
+            return Ok(RelayStop::Drained);
         }
         let round = deliver_round(producer, consumer, &events, clock, &options.backoff)?;
         let mut conflict = false;
@@ -251,13 +233,11 @@ where
                 conflict = true;
                 skipped.insert(delivery.flow_id.clone());
             }
+            each(delivery);
         }
-        deliveries.extend(round);
+        delivered += round.len() as u64;
         if conflict && options.policy == RelayPolicy::FirstPending {
-            return Ok(RelayReport {
-                deliveries,
-                stop: RelayStop::Drained,
-            });
+            return Ok(RelayStop::Drained);
         }
     }
 }
@@ -288,23 +268,4 @@ where
         deliveries,
         stop: RelayStop::Drained,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_exponentially_up_to_the_cap() {
-        let b = Backoff {
-            base_ms: 100,
-            cap_ms: 1_000,
-        };
-        let ceilings: Vec<u64> = (1..=6).map(|n| b.ceiling_ms(n)).collect();
-        assert_eq!(ceilings, vec![100, 200, 400, 800, 1_000, 1_000]);
-        assert_eq!(b.ceiling_ms(u32::MAX), 1_000);
-        assert_eq!(b.delay_ms(3, 0.0), 0);
-        assert_eq!(b.delay_ms(3, 0.5), 200);
-        assert_eq!(b.delay_ms(3, 0.999_999_9), 400);
-    }
 }

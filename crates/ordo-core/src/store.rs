@@ -3,37 +3,29 @@
 
 use std::collections::BTreeSet;
 
+use crate::backoff::Backoff;
 use crate::envelope::{BodyHash, Envelope};
-use crate::error::{AdvanceError, StoreError};
-use crate::ids::{EventId, FlowId, Seq};
+use crate::error::{AppendError, StoreError};
+use crate::handler::ApplyHandler;
+use crate::ids::{BlockCode, EventId, FlowId, Seq};
 use crate::ops::{
     ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, Pruned, RepairRecord, RetryRefused,
     SkipRefused, SkipRequest,
 };
 use crate::outcome::{
-    Advance, BlockReason, Drain, DrainStop, EffectRecord, InboxRecord, InboxStatus, OutboxRecord,
-    Receipt, Step,
+    BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
 };
-use crate::relay::Backoff;
-use crate::reservation::{AdvanceRefused, AdvanceRequest, ApplyOptions, FlowRecord, Projection};
 
-/// The producer side: flows and their outbox.
+/// The producer side: the outbox. The application's own state lives beside
+/// it in the same store and changes in the same transactions (see the
+/// backend's write API, such as `ordo_sqlite::ProducerDb::write`).
 pub trait ProducerStore {
-    /// Advances a flow by one step: in one write transaction, reads the flow,
-    /// decides with [`crate::reservation::decide_advance`], and commits the new
-    /// state together with the event, or writes nothing.
-    fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError>;
-
-    /// Decides every request in order in ONE write transaction (each sees
-    /// the ones before it) and commits all committed steps together. A
-    /// refused request writes nothing and does not stop the others.
-    fn advance_batch(
-        &mut self,
-        requests: &[AdvanceRequest],
-    ) -> Result<Vec<Result<Advance, AdvanceRefused>>, StoreError>;
-
-    /// Every flow that has a record, ordered by flow id.
-    fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError>;
+    /// Appends `events` to the outbox in ONE write transaction: each event's
+    /// seq must be its flow's last committed seq plus one (events of one
+    /// flow in seq order), and its event id unused. Any refusal writes
+    /// nothing. For applications that build their own envelopes; the
+    /// backend's write API also allocates seqs and ids.
+    fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError>;
 
     /// Every outbox row, in commit order.
     fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError>;
@@ -106,10 +98,15 @@ pub trait ProducerStore {
     fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError>;
 }
 
-/// The consumer side: inbox, projection and effects.
+/// The consumer side: the inbox, the per-flow apply cursor, and the
+/// application's own tables beside them, written by its [`ApplyHandler`].
 pub trait ConsumerStore {
+    /// The transaction a handler writes in (for SQLite,
+    /// `rusqlite::Connection` inside an open write transaction).
+    type Tx: ?Sized;
+
     /// Stores envelopes durably in one transaction and returns one receipt per
-    /// envelope, in input order. Never changes the projection or the effects.
+    /// envelope, in input order. Never changes the application's tables.
     /// Within a batch, a later envelope sees the earlier ones.
     fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError>;
 
@@ -120,43 +117,41 @@ pub trait ConsumerStore {
         Ok(receipts[0])
     }
 
-    /// Looks only at `(flow_id, applied_seq + 1)` and applies it, blocks it,
-    /// or reports `gap` or `idle`. An application commits the projection
-    /// change, one effect record and the inbox mark in one transaction.
-    fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError>;
+    /// Looks only at `(flow_id, applied_seq + 1)` and applies it through
+    /// `handler`, blocks it, or reports `gap` or `idle`. An application
+    /// commits the handler's writes and the inbox mark in one transaction.
+    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
+    where
+        H: ApplyHandler<Self::Tx> + ?Sized;
 
     /// Drains the given flows, in order, each up to its own limit (`None`: no
     /// limit), in ONE transaction applying at most `events_max` events in
-    /// all, strictly in order per flow. Returns one drain per visited flow;
-    /// when `events_max` runs out, the flow in progress stops with `limit`
-    /// and later flows are not visited.
-    fn apply_batch(
+    /// all through `handler`, strictly in order per flow. Returns one drain
+    /// per visited flow; when `events_max` runs out, the flow in progress
+    /// stops with `limit` and later flows are not visited.
+    fn apply_batch_with<H>(
         &mut self,
         flows: &[(FlowId, Option<u64>)],
         events_max: u64,
-        options: ApplyOptions,
-    ) -> Result<Vec<Drain>, StoreError>;
+        handler: &mut H,
+    ) -> Result<Vec<Drain>, StoreError>
+    where
+        H: ApplyHandler<Self::Tx> + ?Sized;
 
-    /// Flows with a `pending` row, or with `support_v2` a row blocked for
-    /// `unsupported_schema`, ordered by flow id.
-    fn flows_with_work(&mut self, options: ApplyOptions) -> Result<Vec<FlowId>, StoreError>;
+    /// Flows with a `pending` row, or with a row blocked with one of the
+    /// `reevaluate` codes, ordered by flow id.
+    fn flows_with_work(&mut self, reevaluate: &[BlockCode]) -> Result<Vec<FlowId>, StoreError>;
 
     /// Up to `limit` of [`ConsumerStore::flows_with_work`] after `after`.
     fn flows_with_work_page(
         &mut self,
         after: Option<&FlowId>,
         limit: usize,
-        options: ApplyOptions,
+        reevaluate: &[BlockCode],
     ) -> Result<Vec<FlowId>, StoreError>;
 
     /// Every inbox row, ordered by flow id then seq.
     fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError>;
-
-    /// Every projection, ordered by flow id.
-    fn projections(&mut self) -> Result<Vec<Projection>, StoreError>;
-
-    /// Every effect record, ordered by flow id then seq.
-    fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError>;
 
     /// Inbox rows with their times, ordered by flow then seq, only blocked
     /// ones and only one flow if asked, at most `limit`.
@@ -174,10 +169,10 @@ pub trait ConsumerStore {
     /// Marks the flow's next stored event `skipped` (no effect), moves the
     /// flow past it and appends the decision to the repair log, in one
     /// transaction.
+    /// The decision's time is the store's clock, read under the write lock.
     fn skip(
         &mut self,
         request: &SkipRequest,
-        now_ms: i64,
     ) -> Result<Result<RepairRecord, SkipRefused>, StoreError>;
 
     /// The append-only repair log, oldest first.
@@ -196,22 +191,26 @@ pub trait ConsumerStore {
 /// The default number of events applied per transaction.
 pub const APPLY_BATCH_LEN_DEFAULT: u64 = 256;
 /// How many flows [`process_all`] lists at a time.
-const FLOW_PAGE_LEN: usize = 256;
+pub const FLOW_PAGE_LEN: usize = 256;
 
 /// Applies a flow's events until `limit` applications (`None`: no limit), a
 /// gap, a blocked event, or nothing more, at most `batch_len_max` events per
 /// transaction. Only [`DrainStop::Idle`] means the flow is caught up.
-pub fn drain<C: ConsumerStore + ?Sized>(
+pub fn drain<C, H>(
     consumer: &mut C,
     flow_id: &FlowId,
     limit: Option<u64>,
-    options: ApplyOptions,
+    handler: &mut H,
     batch_len_max: u64,
-) -> Result<Drain, StoreError> {
+) -> Result<Drain, StoreError>
+where
+    C: ConsumerStore + ?Sized,
+    H: ApplyHandler<C::Tx> + ?Sized,
+{
     let mut drains = drain_flows(
         consumer,
         vec![(flow_id.clone(), limit)],
-        options,
+        handler,
         batch_len_max,
     )?;
     assert_eq!(drains.len(), 1, "one drain per flow");
@@ -221,14 +220,18 @@ pub fn drain<C: ConsumerStore + ?Sized>(
 /// Drains every flow that has work, each with its own `limit`, at most
 /// `batch_len_max` events per transaction across flows; a blocked or gapped
 /// flow never stops the others.
-pub fn process_all<C: ConsumerStore + ?Sized>(
+pub fn process_all<C, H>(
     consumer: &mut C,
     limit: Option<u64>,
-    options: ApplyOptions,
+    handler: &mut H,
     batch_len_max: u64,
-) -> Result<Vec<Drain>, StoreError> {
+) -> Result<Vec<Drain>, StoreError>
+where
+    C: ConsumerStore + ?Sized,
+    H: ApplyHandler<C::Tx> + ?Sized,
+{
     let mut all = Vec::new();
-    process_all_each(consumer, limit, options, batch_len_max, |drain| {
+    process_all_each(consumer, limit, handler, batch_len_max, |drain| {
         all.push(drain)
     })?;
     Ok(all)
@@ -236,39 +239,77 @@ pub fn process_all<C: ConsumerStore + ?Sized>(
 
 /// [`process_all`] handing each flow's drain to `each` instead of collecting
 /// them: memory stays bounded by one page of flows, however many have work.
-pub fn process_all_each<C: ConsumerStore + ?Sized>(
+pub fn process_all_each<C, H>(
     consumer: &mut C,
     limit: Option<u64>,
-    options: ApplyOptions,
+    handler: &mut H,
     batch_len_max: u64,
     mut each: impl FnMut(Drain),
-) -> Result<(), StoreError> {
+) -> Result<(), StoreError>
+where
+    C: ConsumerStore + ?Sized,
+    H: ApplyHandler<C::Tx> + ?Sized,
+{
     let mut after: Option<FlowId> = None;
     loop {
-        let page = consumer.flows_with_work_page(after.as_ref(), FLOW_PAGE_LEN, options)?;
-        let Some(last) = page.last().cloned() else {
+        after = process_page(
+            consumer,
+            after.as_ref(),
+            limit,
+            handler,
+            batch_len_max,
+            &mut each,
+        )?;
+        if after.is_none() {
             return Ok(());
-        };
-        let work = page.into_iter().map(|flow_id| (flow_id, limit)).collect();
-        drain_flows(consumer, work, options, batch_len_max)?
-            .into_iter()
-            .for_each(&mut each);
-        after = Some(last);
+        }
     }
+}
+
+/// One page of [`process_all_each`]: drains up to [`FLOW_PAGE_LEN`] flows
+/// with work after `after`, and returns the last flow of the page, from
+/// which the next page starts (`None`: no flow with work was left). Lets a
+/// long-running loop stop between pages.
+pub fn process_page<C, H>(
+    consumer: &mut C,
+    after: Option<&FlowId>,
+    limit: Option<u64>,
+    handler: &mut H,
+    batch_len_max: u64,
+    mut each: impl FnMut(Drain),
+) -> Result<Option<FlowId>, StoreError>
+where
+    C: ConsumerStore + ?Sized,
+    H: ApplyHandler<C::Tx> + ?Sized,
+{
+    let reevaluate = handler.reevaluate().to_vec();
+    let page = consumer.flows_with_work_page(after, FLOW_PAGE_LEN, &reevaluate)?;
+    let Some(last) = page.last().cloned() else {
+        return Ok(None);
+    };
+    let work = page.into_iter().map(|flow_id| (flow_id, limit)).collect();
+    drain_flows(consumer, work, handler, batch_len_max)?
+        .into_iter()
+        .for_each(&mut each);
+    Ok(Some(last))
 }
 
 /// Drains `work` in batches, resuming a flow cut short by a batch's end with
 /// what is left of its own limit.
-fn drain_flows<C: ConsumerStore + ?Sized>(
+fn drain_flows<C, H>(
     consumer: &mut C,
     mut work: Vec<(FlowId, Option<u64>)>,
-    options: ApplyOptions,
+    handler: &mut H,
     batch_len_max: u64,
-) -> Result<Vec<Drain>, StoreError> {
+) -> Result<Vec<Drain>, StoreError>
+where
+    C: ConsumerStore + ?Sized,
+    H: ApplyHandler<C::Tx> + ?Sized,
+{
     let batch_len_max = batch_len_max.max(1);
     let mut done: Vec<Drain> = Vec::with_capacity(work.len());
     while !work.is_empty() {
-        let drains = consumer.apply_batch(&work, batch_len_max, options)?;
+        let drains = consumer.apply_batch_with(&work, batch_len_max, handler)?;
         assert!(
             !drains.is_empty() && drains.len() <= work.len(),
             "a batch visits its first flow"
@@ -281,7 +322,7 @@ fn drain_flows<C: ConsumerStore + ?Sized>(
             let merged = match done.last_mut() {
                 Some(previous) if previous.flow_id == drain.flow_id => {
                     previous.applied += drain.applied;
-                    previous.stop = drain.stop;
+                    previous.stop = drain.stop.clone();
                     previous.clone()
                 }
                 _ => {
@@ -334,7 +375,7 @@ pub fn decide_receive(
 }
 
 /// What is stored at a flow's next seq.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NextRow {
     /// Nothing at the next seq.
     Missing {
@@ -346,7 +387,7 @@ pub enum NextRow {
 }
 
 /// What apply must do about a flow's next seq.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ApplyPlan {
     /// Report this step; write nothing.
     Report(StepKind),
@@ -355,7 +396,7 @@ pub enum ApplyPlan {
 }
 
 /// A step that needs no write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StepKind {
     /// The next seq is missing, a later one is stored.
     Gap,
@@ -365,18 +406,16 @@ pub enum StepKind {
     Blocked(BlockReason),
 }
 
-/// Plans apply at a flow's next seq. A row blocked for `unsupported_schema` is
-/// evaluated again when schema 2 support is enabled; other blocks hold.
-pub fn plan_apply(next: NextRow, options: ApplyOptions) -> ApplyPlan {
+/// Plans apply at a flow's next seq. A row blocked with one of the
+/// `reevaluate` codes is evaluated again; other blocks hold.
+pub fn plan_apply(next: NextRow, reevaluate: &[BlockCode]) -> ApplyPlan {
     match next {
         NextRow::Missing { later_stored: true } => ApplyPlan::Report(StepKind::Gap),
         NextRow::Missing {
             later_stored: false,
         } => ApplyPlan::Report(StepKind::Idle),
         NextRow::Stored(InboxStatus::Pending) => ApplyPlan::Evaluate,
-        NextRow::Stored(InboxStatus::Blocked(BlockReason::UnsupportedSchema))
-            if options.support_v2 =>
-        {
+        NextRow::Stored(InboxStatus::Blocked(reason)) if reevaluate.contains(&reason.code) => {
             ApplyPlan::Evaluate
         }
         NextRow::Stored(InboxStatus::Blocked(reason)) => {
@@ -433,50 +472,44 @@ mod tests {
 
     #[test]
     fn apply_plans() {
-        let off = ApplyOptions::default();
-        let on = ApplyOptions { support_v2: true };
-        use BlockReason::*;
+        let schema = BlockCode::from_static("unsupported_schema");
+        let payload = BlockCode::from_static("invalid_payload");
+        let blocked = |code| NextRow::Stored(InboxStatus::Blocked(BlockReason::code(code)));
+        let reported = |code| ApplyPlan::Report(StepKind::Blocked(BlockReason::code(code)));
+        let none: &[BlockCode] = &[];
         let cases = [
             (
                 NextRow::Missing { later_stored: true },
-                off,
+                none,
                 ApplyPlan::Report(StepKind::Gap),
             ),
             (
                 NextRow::Missing {
                     later_stored: false,
                 },
-                off,
+                none,
                 ApplyPlan::Report(StepKind::Idle),
             ),
             (
                 NextRow::Stored(InboxStatus::Pending),
-                off,
+                none,
                 ApplyPlan::Evaluate,
             ),
+            (blocked(schema), none, reported(schema)),
+            (blocked(schema), &[schema][..], ApplyPlan::Evaluate),
+            (blocked(payload), &[schema][..], reported(payload)),
             (
-                NextRow::Stored(InboxStatus::Blocked(UnsupportedSchema)),
-                off,
-                ApplyPlan::Report(StepKind::Blocked(UnsupportedSchema)),
-            ),
-            (
-                NextRow::Stored(InboxStatus::Blocked(UnsupportedSchema)),
-                on,
+                blocked(payload),
+                &[schema, payload][..],
                 ApplyPlan::Evaluate,
-            ),
-            (
-                NextRow::Stored(InboxStatus::Blocked(InvalidPayload)),
-                on,
-                ApplyPlan::Report(StepKind::Blocked(InvalidPayload)),
-            ),
-            (
-                NextRow::Stored(InboxStatus::Blocked(InvalidTransition)),
-                on,
-                ApplyPlan::Report(StepKind::Blocked(InvalidTransition)),
             ),
         ];
-        for (next, options, expected) in cases {
-            assert_eq!(plan_apply(next, options), expected, "{next:?} {options:?}");
+        for (next, reevaluate, expected) in cases {
+            assert_eq!(
+                plan_apply(next.clone(), reevaluate),
+                expected,
+                "{next:?} {reevaluate:?}"
+            );
         }
     }
 }

@@ -7,14 +7,30 @@ use std::time::Duration;
 
 use ordo_core::{ErrorKind, StoreError};
 use rusqlite::config::DbConfig;
-use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+
+use crate::domain::{self, Schema};
 
 /// How long a write waits for another writer's lock before failing with
 /// [`ErrorKind::Busy`], unless set otherwise.
 pub const BUSY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 
-/// The schema version this build writes; a file with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 1;
+/// The version of ordo's own tables this build writes; a file with a newer
+/// one is refused. Version 1 files (the first release, which knew only the
+/// reservation domain) are upgraded once, and recorded as domain
+/// `reservation`.
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// The domain of the first release's stores, which recorded none.
+pub const FIRST_RELEASE_DOMAIN: &str = "reservation";
+
+/// ordo's own tables of one role.
+pub(crate) struct Tables {
+    /// Creates every missing table and index (`IF NOT EXISTS`).
+    pub create: &'static str,
+    /// Upgrades a version 1 file before `create` runs.
+    pub upgrade_from_1: &'static str,
+}
 
 /// Settings for opening a store.
 #[derive(Debug, Clone)]
@@ -42,7 +58,7 @@ pub enum Role {
 }
 
 impl Role {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Role::Producer => "producer",
             Role::Consumer => "consumer",
@@ -136,18 +152,7 @@ where
 
 /// Maps a SQLite error to a store error with a kind callers can act on.
 pub(crate) fn sql_error(context: &str, error: rusqlite::Error) -> StoreError {
-    let kind = match error.sqlite_error_code() {
-        Some(ErrorCode::DatabaseBusy) | Some(ErrorCode::DatabaseLocked) => ErrorKind::Busy,
-        Some(ErrorCode::ReadOnly) => ErrorKind::ReadOnly,
-        Some(ErrorCode::DiskFull) => ErrorKind::DiskFull,
-        Some(ErrorCode::DatabaseCorrupt) | Some(ErrorCode::NotADatabase) => ErrorKind::Corrupt,
-        Some(ErrorCode::CannotOpen) | Some(ErrorCode::PermissionDenied) => {
-            ErrorKind::ConnectionLost
-        }
-        Some(ErrorCode::SystemIoFailure) => ErrorKind::CommitOutcomeUnknown,
-        _ => ErrorKind::Other,
-    };
-    StoreError::with_source(kind, context.to_owned(), error)
+    StoreError::sqlite(context, error)
 }
 
 /// A stored value that does not satisfy the protocol's rules: the file was
@@ -156,16 +161,26 @@ pub(crate) fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreErr
     StoreError::new(ErrorKind::Corrupt, format!("{context}: {detail}"))
 }
 
-/// Opens (creating if missing) a database file, sets and reads back WAL and
-/// `synchronous=FULL`, and creates the role's tables if they are missing.
-/// Existing state is never reset.
+/// Opens a database file, sets and reads back WAL and `synchronous=FULL`,
+/// and creates the role's tables and the domain's if they are missing.
+/// With `domain`, a missing file is created for it and a store of another
+/// domain is refused; without, the file must be an existing ordo store of
+/// `role`, of any domain, and no domain migration runs. Existing state is
+/// never reset.
 pub(crate) fn open(
     path: &Path,
     role: Role,
-    schema: &str,
+    tables: &Tables,
+    domain: Option<&Schema>,
     options: &OpenOptions,
 ) -> Result<Connection, StoreError> {
     let display = path.display();
+    if domain.is_none() && !path.exists() {
+        return Err(StoreError::new(
+            ErrorKind::Incompatible,
+            format!("{display} does not exist; a store is created only for a given domain"),
+        ));
+    }
     let conn =
         Connection::open(path).map_err(|e| sql_error(&format!("cannot open {display}"), e))?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
@@ -202,10 +217,25 @@ pub(crate) fn open(
             format!("{display}: synchronous is {synchronous}, FULL (2) is required"),
         ));
     }
-    if state != FileState::Current {
+    let stale = match domain {
+        Some(_) if state != FileState::Current => true,
+        Some(schema) => {
+            let stored = domain::stored_domain(&conn)
+                .map_err(|e| sql_error(&format!("{display}: cannot read"), e))?;
+            domain::check(&display.to_string(), stored.as_ref(), schema)?
+        }
+        None if state == FileState::Empty => {
+            return Err(StoreError::new(
+                ErrorKind::Incompatible,
+                format!("{display} is not an ordo {} store", role.as_str()),
+            ))
+        }
+        None => state != FileState::Current,
+    };
+    if stale {
         // Nothing to create otherwise: opening then takes no write lock, so a
         // busy peer does not stop a process from starting.
-        init_schema(&conn, path, role, schema)?;
+        init_schema(&conn, path, role, tables, domain)?;
     }
     Ok(conn)
 }
@@ -223,6 +253,14 @@ pub(crate) fn check_existing(path: &Path, role: Role) -> Result<(), StoreError> 
     )
     .map_err(|e| sql_error(&format!("cannot open {display}"), e))?;
     read_state(&conn, path, role).map(|_| ())
+}
+
+/// The domain a store records (every store opened by this build has one).
+pub(crate) fn read_domain(conn: &Connection, path: &Path) -> Result<String, StoreError> {
+    crate::domain::stored_domain(conn)
+        .map_err(|e| sql_error(&format!("{}: cannot read", path.display()), e))?
+        .map(|domain| domain.name)
+        .ok_or_else(|| corrupt(&path.display().to_string(), "the store records no domain"))
 }
 
 /// What a file holds, as far as ordo is concerned.
@@ -303,11 +341,29 @@ fn inspect(conn: &Connection, path: &Path, role: Role) -> Result<FileState, Stor
 
 /// Creates what is missing, in one write transaction; checks the file again
 /// inside it, since another process may have created it meanwhile.
-fn init_schema(conn: &Connection, path: &Path, role: Role, schema: &str) -> Result<(), StoreError> {
-    let err = |e| sql_error(&format!("{}: cannot initialise", path.display()), e);
+fn init_schema(
+    conn: &Connection,
+    path: &Path,
+    role: Role,
+    tables: &Tables,
+    domain: Option<&Schema>,
+) -> Result<(), StoreError> {
+    let display = path.display().to_string();
+    let err = |e| sql_error(&format!("{display}: cannot initialise"), e);
     let tx =
         rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate).map_err(err)?;
-    if inspect(&tx, path, role)? == FileState::Empty {
+    let state = inspect(&tx, path, role)?;
+    if state == FileState::Older {
+        tx.execute_batch(tables.upgrade_from_1).map_err(err)?;
+        tx.execute(
+            "INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('domain', ?1), ('domain_version', '0')",
+            [FIRST_RELEASE_DOMAIN],
+        )
+        .map_err(err)?;
+        tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
+            .map_err(err)?;
+    }
+    if state == FileState::Empty {
         tx.execute_batch(
             "CREATE TABLE ordo_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;",
         )
@@ -320,7 +376,10 @@ fn init_schema(conn: &Connection, path: &Path, role: Role, schema: &str) -> Resu
         tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
             .map_err(err)?;
     }
-    tx.execute_batch(schema).map_err(err)?;
+    tx.execute_batch(tables.create).map_err(err)?;
+    if let Some(schema) = domain {
+        domain::install(&tx, &display, schema)?;
+    }
     tx.commit().map_err(err)
 }
 

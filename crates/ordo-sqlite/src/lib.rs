@@ -3,24 +3,32 @@
 //! The embedded default backend of ordo: a producer store and a consumer
 //! store, each in its own SQLite file (bundled SQLite), in WAL mode with
 //! `synchronous=FULL` read back at open, a busy timeout, and `BEGIN
-//! IMMEDIATE` for every write transaction.
+//! IMMEDIATE` for every write transaction. An application gets these
+//! settings by opening its stores here; nothing needs copying.
 //!
-//! * [`ProducerDb::write`] lets a caller change its own state and append
-//!   events to the outbox in one transaction; the reservation flow's
-//!   `advance` is built on it.
-//! * [`ConsumerDb::apply_next_with`] applies a flow's next event through an
-//!   [`ApplyHandler`] that writes its projection and effect in the same
-//!   transaction that marks the inbox row applied.
+//! * A [`Schema`] names the application's domain and declares its own
+//!   tables; ordo creates and migrates them in the same file.
+//! * [`ProducerDb::write`] lets the application change its own state and
+//!   [`ProducerTx::append`] its events in one transaction.
+//! * [`ConsumerDb`] applies each flow's events in order through the
+//!   application's [`ApplyHandler`](ordo_core::ApplyHandler), which writes
+//!   its own tables in the transaction that marks the event applied.
+//! * [`Runner`] runs the relay and apply loops in the application's process.
 
 #![warn(missing_docs)]
 
 mod conn;
 mod consumer;
+mod domain;
 mod producer;
+pub mod runner;
+pub mod wake;
 
-pub use conn::{OpenOptions, BUSY_TIMEOUT_DEFAULT, SCHEMA_VERSION};
-pub use consumer::{ApplyHandler, ConsumerDb, ReservationHandler};
-pub use producer::{ProducerDb, ProducerTx};
+pub use conn::{OpenOptions, BUSY_TIMEOUT_DEFAULT, FIRST_RELEASE_DOMAIN, SCHEMA_VERSION};
+pub use consumer::{read_inbox, ConsumerDb};
+pub use domain::{Schema, MIGRATIONS_MAX};
+pub use producer::{read_outbox, ProducerDb, ProducerTx, CONFLICT_REASON};
+pub use runner::{Runner, RunnerOptions};
 /// The rusqlite version these stores are built on, for callers writing their
 /// own state in `ProducerDb::write` or an `ApplyHandler`.
 pub use rusqlite;

@@ -5,18 +5,19 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ordo_core::crash;
+use ordo_core::envelope::EventType;
 use ordo_core::ops::{OutboxEntry, ProducerStatus, Pruned, RetryRefused};
-use ordo_core::relay::Backoff;
-use ordo_core::reservation::{decide_advance, parse_state, AdvanceDecision};
 use ordo_core::{
-    Advance, AdvanceError, AdvanceRefused, AdvanceRequest, Clock, Envelope, ErrorKind, EventId,
-    FlowId, FlowRecord, OutboxRecord, ProducerStore, Quantity, Receipt, StoreError, SystemClock,
+    AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, ProducerStore, Receipt,
+    SchemaVersion, Seq, StoreError, SystemClock,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::conn::{
-    collect_rows, corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Role,
+    collect_rows, corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Role, Tables,
 };
+use crate::domain::Schema;
+use crate::wake;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS outbox (
@@ -48,16 +49,16 @@ CREATE TABLE IF NOT EXISTS outbox_head (
     relay_turn   INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS outbox_head_relay ON outbox_head (relay_turn, flow_id) WHERE relay_seq IS NOT NULL;
-CREATE TABLE IF NOT EXISTS flow (
-    flow_id  TEXT    PRIMARY KEY,
-    state    TEXT    NOT NULL,
-    quantity INTEGER NOT NULL
-) WITHOUT ROWID;
 INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);
 ";
 
-/// The producer's SQLite file: flows, the outbox, and the per-flow head of
-/// the outbox sequence.
+const TABLES: Tables = Tables {
+    create: SCHEMA,
+    upgrade_from_1: "",
+};
+
+/// The producer's SQLite file: the outbox, the per-flow head of the outbox
+/// sequence, and the application's own tables (declared by its [`Schema`]).
 ///
 /// Every write runs in a `BEGIN IMMEDIATE` transaction on a file in WAL mode
 /// with `synchronous=FULL`, so a returned commit is durable. The one
@@ -66,6 +67,8 @@ INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);
 /// see [`ProducerDb::record_receipts`](ordo_core::ProducerStore::record_receipts).
 pub struct ProducerDb {
     conn: Connection,
+    domain: String,
+    wake: wake::Signal,
     clock: Arc<dyn Clock>,
     commits: u64,
     synced_commits: u64,
@@ -77,13 +80,16 @@ pub struct ProducerDb {
 pub struct ProducerTx<'c> {
     tx: rusqlite::Transaction<'c>,
     now_ms: i64,
+    appended: u64,
 }
 
 impl ProducerDb {
-    /// Opens or creates the producer file with the system clock and default
-    /// options. Existing state is never reset.
-    pub fn open(path: impl AsRef<Path>) -> Result<ProducerDb, StoreError> {
-        ProducerDb::open_with(path, Arc::new(SystemClock), &OpenOptions::default())
+    /// Opens or creates the producer file of `schema`'s domain with the
+    /// system clock and default options: ordo's tables and the domain's are
+    /// created or migrated; existing state is never reset. A store of
+    /// another domain is refused.
+    pub fn open(path: impl AsRef<Path>, schema: &Schema) -> Result<ProducerDb, StoreError> {
+        ProducerDb::open_with(path, schema, Arc::new(SystemClock), &OpenOptions::default())
     }
 
     /// Refuses an existing file that is not an ordo producer file (a foreign
@@ -93,20 +99,57 @@ impl ProducerDb {
         crate::conn::check_existing(path.as_ref(), Role::Producer)
     }
 
-    /// Opens or creates the producer file with the given clock and options.
+    /// [`ProducerDb::open`] with the given clock and options.
     pub fn open_with(
+        path: impl AsRef<Path>,
+        schema: &Schema,
+        clock: Arc<dyn Clock>,
+        options: &OpenOptions,
+    ) -> Result<ProducerDb, StoreError> {
+        ProducerDb::open_inner(path.as_ref(), Some(schema), clock, options)
+    }
+
+    /// Opens an existing producer store of any domain, without running its
+    /// domain's migrations: for operations (relay, status, prune, outbox
+    /// repairs) that never touch the application's tables. A missing file
+    /// is refused and nothing is created.
+    pub fn open_existing(
         path: impl AsRef<Path>,
         clock: Arc<dyn Clock>,
         options: &OpenOptions,
     ) -> Result<ProducerDb, StoreError> {
-        let conn = open(path.as_ref(), Role::Producer, SCHEMA, options)?;
+        ProducerDb::open_inner(path.as_ref(), None, clock, options)
+    }
+
+    fn open_inner(
+        path: &Path,
+        schema: Option<&Schema>,
+        clock: Arc<dyn Clock>,
+        options: &OpenOptions,
+    ) -> Result<ProducerDb, StoreError> {
+        let conn = open(path, Role::Producer, &TABLES, schema, options)?;
+        let domain = crate::conn::read_domain(&conn, path)?;
         Ok(ProducerDb {
             conn,
+            domain,
+            wake: wake::Signal::for_path(path),
             clock,
             commits: 0,
             synced_commits: 0,
             synced: true,
         })
+    }
+
+    /// The domain that owns this store.
+    pub fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// The signal raised by every commit of this process that appends to
+    /// this file (whichever handle made it): a relay loop in the same
+    /// process waits on it to deliver at once.
+    pub fn append_signal(&self) -> wake::Signal {
+        self.wake.clone()
     }
 
     /// The underlying connection, for reading pragmas and for the caller's
@@ -152,19 +195,29 @@ impl ProducerDb {
                 .map_err(|e| sql_error(&format!("producer: cannot set {pragma}"), e))?;
             self.synced = synced;
         }
-        let now_ms = self.clock.now_ms();
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|e| sql_error("producer: cannot begin a write transaction", e))?;
-        let mut ptx = ProducerTx { tx, now_ms };
+        // Read under the write lock, so times recorded by one writer after
+        // another are in commit order.
+        let now_ms = self.clock.now_ms();
+        let mut ptx = ProducerTx {
+            tx,
+            now_ms,
+            appended: 0,
+        };
         let value = f(&mut ptx)?;
+        let appended = ptx.appended;
         ptx.tx
             .commit()
             .map_err(|e| sql_error("producer: commit failed", e))?;
         self.commits += 1;
         if synced {
             self.synced_commits += 1;
+        }
+        if appended > 0 {
+            self.wake.raise();
         }
         Ok(value)
     }
@@ -180,15 +233,17 @@ impl ProducerDb {
         self.synced_commits
     }
 
-    /// The flows and the outbox read in one read transaction.
-    pub fn snapshot(&mut self) -> Result<(Vec<FlowRecord>, Vec<OutboxRecord>), StoreError> {
+    /// Runs `f` inside one read transaction, so that everything it reads
+    /// (the outbox, the application's tables) is one consistent snapshot.
+    pub fn read<T>(
+        &mut self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let tx = self
             .conn
             .transaction()
             .map_err(|e| sql_error("producer: cannot begin a read transaction", e))?;
-        let flows = read_flows(&tx)?;
-        let outbox = read_outbox(&tx, None)?;
-        Ok((flows, outbox))
+        f(&tx)
     }
 }
 
@@ -211,10 +266,62 @@ impl ProducerTx<'_> {
         .map_err(|e| sql_error("producer: cannot read the outbox head", e))
     }
 
-    /// Appends an event to the outbox in this transaction. The event's seq
-    /// must be exactly the flow's [`ProducerTx::last_seq`] plus one, so a
-    /// flow's seqs stay contiguous; anything else is refused without writing.
-    pub fn append(&mut self, event: &Envelope) -> Result<(), StoreError> {
+    /// The time this transaction records on what it writes (read once,
+    /// under the write lock), in milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.now_ms
+    }
+
+    /// Appends the flow's next event to the outbox in this transaction, and
+    /// returns it: its seq is the flow's last committed seq plus one, its id
+    /// [`EventId::for_seq`] (`FLOW-SEQ`, or `h` and a hash when that would
+    /// pass 100 characters), its payload `payload` serialized to a JSON
+    /// object. The application's own writes in the same transaction commit
+    /// with it or not at all.
+    ///
+    /// A payload that does not serialize to a JSON object, or an event type
+    /// breaking the envelope's rules, is refused ([`AppendError::Invalid`])
+    /// and nothing is written.
+    pub fn append<T: serde::Serialize + ?Sized>(
+        &mut self,
+        flow_id: &FlowId,
+        event_type: &str,
+        schema_version: SchemaVersion,
+        payload: &T,
+    ) -> Result<Envelope, AppendError> {
+        let event_type =
+            EventType::new(event_type).map_err(|e| AppendError::Invalid(format!("type {e}")))?;
+        let payload = match serde_json::to_value(payload) {
+            Ok(serde_json::Value::Object(map)) => map,
+            Ok(other) => {
+                return Err(AppendError::Invalid(format!(
+                    "the payload must serialize to a JSON object, not {}",
+                    json_kind(&other)
+                )))
+            }
+            Err(e) => return Err(AppendError::Invalid(format!("payload: {e}"))),
+        };
+        let last_seq = self.last_seq(flow_id)?;
+        let seq = Seq::after(last_seq).ok_or_else(|| AppendError::SeqExhausted {
+            flow_id: flow_id.clone(),
+        })?;
+        let event = Envelope {
+            event_id: EventId::for_seq(flow_id, seq),
+            flow_id: flow_id.clone(),
+            seq,
+            schema_version,
+            event_type,
+            payload,
+        };
+        self.append_envelope(&event)?;
+        Ok(event)
+    }
+
+    /// Appends an envelope the caller built, with its own event id, to the
+    /// outbox in this transaction. Its seq must be exactly the flow's
+    /// [`ProducerTx::last_seq`] plus one, so a flow's seqs stay contiguous,
+    /// and its event id unused; anything else is refused without writing.
+    pub fn append_envelope(&mut self, event: &Envelope) -> Result<(), AppendError> {
         let err = |e| sql_error("producer: cannot append to the outbox", e);
         let seq = event.seq.get();
         // The row first: a used event id or (flow, seq) fails here, before
@@ -234,15 +341,17 @@ impl ProducerTx<'_> {
             ],
         );
         if let Err(e) = inserted {
-            // A seq already used is a contiguity refusal like any other; any
-            // other error is returned as it is.
+            // A seq already used is a contiguity refusal like any other, a
+            // used event id at the right seq is its own refusal; any other
+            // error is returned as it is.
             if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) {
                 let last = self.last_seq(&event.flow_id)?;
                 if last.checked_add(1) != Some(seq) {
                     return Err(not_next(event, last));
                 }
+                return Err(AppendError::EventIdUsed(event.event_id.clone()));
             }
-            return Err(err(e));
+            return Err(err(e).into());
         }
         // Then the head, which moves only from exactly seq - 1 (or is
         // created at seq 1): that is the contiguity check, without a read.
@@ -275,119 +384,39 @@ impl ProducerTx<'_> {
             return Err(not_next(event, self.last_seq(&event.flow_id)?));
         }
         debug_assert_eq!(self.last_seq(&event.flow_id).ok(), Some(seq));
+        self.appended += 1;
         Ok(())
     }
 }
 
 /// The refusal of an event whose seq is not its flow's last plus one.
-fn not_next(event: &Envelope, last: i64) -> StoreError {
-    StoreError::new(
-        ErrorKind::Other,
-        format!(
-            "producer: cannot append seq {} to flow {} whose last seq is {last}",
-            event.seq, event.flow_id
-        ),
-    )
-}
-
-/// Decides and writes one advance inside `ptx`; a refusal writes nothing.
-fn advance_in_tx(
-    ptx: &mut ProducerTx<'_>,
-    request: &AdvanceRequest,
-) -> Result<Result<Advance, AdvanceRefused>, StoreError> {
-    let current = read_flow(&ptx.tx, &request.flow_id)?;
-    let decision = match decide_advance(&current, request) {
-        Ok(decision) => decision,
-        Err(refused) => return Ok(Err(refused)),
-    };
-    Ok(Ok(match decision {
-        AdvanceDecision::Stale { last_seq } => Advance::Stale { last_seq },
-        AdvanceDecision::InvalidTransition { from, to } => Advance::InvalidTransition { from, to },
-        AdvanceDecision::Commit { flow, event } => {
-            let quantity = flow.quantity.expect("a committed flow has a quantity");
-            ptx.tx
-                .prepare_cached(
-                    "INSERT INTO flow (flow_id, state, quantity) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state, quantity = excluded.quantity",
-                )
-                .and_then(|mut stmt| stmt.execute(params![flow.flow_id.as_str(), flow.state.as_str(), quantity.get()]))
-                .map_err(|e| sql_error("producer: cannot write the flow", e))?;
-            ptx.append(&event)?;
-            Advance::Committed(event)
-        }
-    }))
-}
-
-fn read_flow(tx: &rusqlite::Transaction<'_>, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
-    let row: Option<(String, i64)> = row_cached(
-        tx,
-        "SELECT state, quantity FROM flow WHERE flow_id = ?1",
-        [flow_id.as_str()],
-        |row| Ok((row.get(0)?, row.get(1)?)),
-    )
-    .optional()
-    .map_err(|e| sql_error("producer: cannot read the flow", e))?;
-    let last_seq: i64 = row_cached(
-        tx,
-        "SELECT last_seq FROM outbox_head WHERE flow_id = ?1",
-        [flow_id.as_str()],
-        |row| row.get(0),
-    )
-    .optional()
-    .map_err(|e| sql_error("producer: cannot read the outbox head", e))?
-    .unwrap_or(0);
-    match row {
-        None => Ok(FlowRecord {
-            last_seq,
-            ..FlowRecord::new_flow(flow_id.clone())
-        }),
-        Some((state, quantity)) => flow_record(flow_id.as_str(), &state, quantity, last_seq),
+fn not_next(event: &Envelope, last_seq: i64) -> AppendError {
+    AppendError::NotNext {
+        flow_id: event.flow_id.clone(),
+        seq: event.seq,
+        last_seq,
     }
 }
 
-fn flow_record(
-    flow_id: &str,
-    state: &str,
-    quantity: i64,
-    last_seq: i64,
-) -> Result<FlowRecord, StoreError> {
-    let context = "producer: stored flow";
-    Ok(FlowRecord {
-        flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
-        state: parse_state(state).map_err(|e| corrupt(context, e))?,
-        quantity: Some(Quantity::new(quantity).map_err(|e| corrupt(context, e))?),
-        last_seq,
-    })
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
 }
 
-fn read_flows(conn: &Connection) -> Result<Vec<FlowRecord>, StoreError> {
-    collect_rows(
-        conn,
-        "producer: cannot read flows",
-        "SELECT f.flow_id, f.state, f.quantity, coalesce(h.last_seq, 0)
-         FROM flow f LEFT JOIN outbox_head h ON h.flow_id = f.flow_id ORDER BY f.flow_id",
-        [],
-        |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get(2)?,
-                row.get(3)?,
-            ))
-        },
-        |(flow_id, state, quantity, last_seq)| flow_record(&flow_id, &state, quantity, last_seq),
-    )
-}
-
-fn read_outbox(conn: &Connection, filter: Option<&str>) -> Result<Vec<OutboxRecord>, StoreError> {
-    let sql = format!(
-        "SELECT body, accepted FROM outbox {} ORDER BY position",
-        filter.unwrap_or("")
-    );
+/// Every outbox row in commit order, read through `conn` (for reads inside
+/// [`ProducerDb::read`] beside the application's own tables).
+pub fn read_outbox(conn: &Connection) -> Result<Vec<OutboxRecord>, StoreError> {
+    let sql = "SELECT body, accepted FROM outbox ORDER BY position";
     collect_rows(
         conn,
         "producer: cannot read the outbox",
-        &sql,
+        sql,
         [],
         |row| Ok((row.get::<_, String>(0)?, row.get::<_, bool>(1)?)),
         |(body, accepted)| {
@@ -406,52 +435,16 @@ pub(crate) fn stored_envelope(context: &str, body: &str) -> Result<Envelope, Sto
 }
 
 impl ProducerStore for ProducerDb {
-    fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError> {
-        let outcome = self.write(|ptx| -> Result<Advance, AdvanceError> {
-            let outcome = advance_in_tx(ptx, request)??;
-            if matches!(outcome, Advance::Committed(_)) {
-                crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
-            }
-            Ok(outcome)
-        })?;
-        if matches!(outcome, Advance::Committed(_)) {
-            crash::point(crash::PRODUCER_ADVANCE_AFTER_COMMIT);
-        }
-        Ok(outcome)
-    }
-
-    fn advance_batch(
-        &mut self,
-        requests: &[AdvanceRequest],
-    ) -> Result<Vec<Result<Advance, AdvanceRefused>>, StoreError> {
-        let outcomes = self.write(|ptx| -> Result<Vec<_>, StoreError> {
-            let outcomes = requests
+    fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
+        self.write(|ptx| {
+            events
                 .iter()
-                .map(|request| advance_in_tx(ptx, request))
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            if outcomes
-                .iter()
-                .any(|o| matches!(o, Ok(Advance::Committed(_))))
-            {
-                crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
-            }
-            Ok(outcomes)
-        })?;
-        if outcomes
-            .iter()
-            .any(|o| matches!(o, Ok(Advance::Committed(_))))
-        {
-            crash::point(crash::PRODUCER_ADVANCE_AFTER_COMMIT);
-        }
-        Ok(outcomes)
-    }
-
-    fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError> {
-        read_flows(&self.conn)
+                .try_for_each(|event| ptx.append_envelope(event))
+        })
     }
 
     fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
-        read_outbox(&self.conn, None)
+        read_outbox(&self.conn)
     }
 
     fn outbox_event(&mut self, event_id: &EventId) -> Result<Option<OutboxRecord>, StoreError> {
@@ -585,14 +578,11 @@ impl ProducerStore for ProducerDb {
                 )
                 .optional()
                 .map_err(err)?;
+                // An event no longer in the outbox was settled and pruned
+                // meanwhile (another relay recorded its receipt first):
+                // there is nothing left to mark.
                 let Some((position, flow)) = row else {
-                    return Err(StoreError::new(
-                        ErrorKind::Other,
-                        format!(
-                            "producer: cannot record {} receipts: event {event_id} is not in the outbox",
-                            latest.len()
-                        ),
-                    ));
+                    continue;
                 };
                 if *receipt == Receipt::Conflict {
                     exec_cached(

@@ -16,10 +16,20 @@ impl ordo_testkit::Backend for Sqlite {
 
     fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> (ProducerDb, ConsumerDb) {
         let options = OpenOptions::default();
-        let producer = ProducerDb::open_with(dir.join("producer.db"), clock.clone(), &options)
-            .expect("open producer.db");
-        let consumer = ConsumerDb::open_with(dir.join("consumer.db"), clock, &options)
-            .expect("open consumer.db");
+        let producer = ProducerDb::open_with(
+            dir.join("producer.db"),
+            &ordo_reservation::producer_schema(),
+            clock.clone(),
+            &options,
+        )
+        .expect("open producer.db");
+        let consumer = ConsumerDb::open_with(
+            dir.join("consumer.db"),
+            &ordo_reservation::consumer_schema(),
+            clock,
+            &options,
+        )
+        .expect("open consumer.db");
         (producer, consumer)
     }
 }

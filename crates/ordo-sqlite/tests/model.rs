@@ -23,6 +23,12 @@
 //! so the bookkeeping times (created, accepted, received, settled) and the
 //! status signals are compared too.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    Advance, AdvanceError, AdvanceRefused, AdvanceRequest, ApplyOptions, EffectRecord, FlowRecord,
+    FlowState, Projection, Quantity, ReservationConsumer, ReservationProducer, INVALID_PAYLOAD,
+    INVALID_TRANSITION, UNSUPPORTED_SCHEMA,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -34,11 +40,10 @@ use ordo_core::ops::{
     RetryRefused, SkipRefused, SkipRequest,
 };
 use ordo_core::{
-    process_all, relay, relay_event, Advance, AdvanceError, AdvanceRefused, AdvanceRequest,
-    ApplyOptions, Backoff, BlockReason, Clock, ConsumerStore, Delivery, Drain, DrainStop,
-    EffectRecord, Envelope, EventId, EventType, FlowId, FlowRecord, FlowState, InboxRecord,
-    InboxStatus, OutboxRecord, ProducerStore, Projection, Quantity, Receipt, RelayError,
-    RelayOptions, RelayPolicy, RelayReport, RelayStop, SchemaVersion, Seq, Step,
+    relay, relay_event, Backoff, BlockReason, Clock, ConsumerStore, Delivery, Drain, DrainStop,
+    Envelope, EventId, EventType, FlowId, InboxRecord, InboxStatus, OutboxRecord, ProducerStore,
+    Receipt, RelayError, RelayOptions, RelayPolicy, RelayReport, RelayStop, SchemaVersion, Seq,
+    Step,
 };
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 use proptest::prelude::*;
@@ -454,7 +459,7 @@ struct OutRow {
     last_outcome: Option<Receipt>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum MStatus {
     Pending,
     Applied,
@@ -778,13 +783,13 @@ impl Model {
         let key = match event.schema {
             1 => "amount",
             2 if support_v2 => "units",
-            _ => return Err(BlockReason::UnsupportedSchema),
+            _ => return Err(UNSUPPORTED_SCHEMA),
         };
         let quantity = match event.payload.get(key) {
             Some(value) if event.payload.len() == 1 => quantity_of(value),
             _ => None,
         }
-        .ok_or(BlockReason::InvalidPayload)?;
+        .ok_or(INVALID_PAYLOAD)?;
         let (current, fixed) = match self.projections.get(&event.flow) {
             Some(p) => (p.state, Some(p.quantity)),
             None => (0, None),
@@ -792,9 +797,9 @@ impl Model {
         let target = STATES
             .iter()
             .position(|s| *s == event.ty)
-            .ok_or(BlockReason::InvalidTransition)?;
+            .ok_or(INVALID_TRANSITION)?;
         if target != current + 1 || fixed.is_some_and(|fixed| fixed != quantity) {
-            return Err(BlockReason::InvalidTransition);
+            return Err(INVALID_TRANSITION);
         }
         Ok((target, quantity))
     }
@@ -812,12 +817,17 @@ impl Model {
                 Step::Idle
             };
         };
-        match row.status {
+        match &row.status {
             MStatus::Applied | MStatus::Skipped => {
                 panic!("model: the row after the cursor is settled")
             }
-            MStatus::Blocked(BlockReason::UnsupportedSchema) if support_v2 => {}
-            MStatus::Blocked(reason) => return Step::Blocked { seq, reason },
+            MStatus::Blocked(reason) if support_v2 && *reason == UNSUPPORTED_SCHEMA => {}
+            MStatus::Blocked(reason) => {
+                return Step::Blocked {
+                    seq,
+                    reason: reason.clone(),
+                }
+            }
             MStatus::Pending => {}
         }
         match self.evaluate(&row.event, support_v2) {
@@ -839,7 +849,7 @@ impl Model {
                 Step::Applied { seq }
             }
             Err(reason) => {
-                self.inbox.get_mut(&key).unwrap().status = MStatus::Blocked(reason);
+                self.inbox.get_mut(&key).unwrap().status = MStatus::Blocked(reason.clone());
                 Step::Blocked { seq, reason }
             }
         }
@@ -1011,7 +1021,7 @@ impl Model {
     fn consumer_status(&self) -> ConsumerStatus {
         let mut status = ConsumerStatus::default();
         for row in self.inbox.values() {
-            match row.status {
+            match &row.status {
                 MStatus::Pending if !row.pruned => status.pending += 1,
                 MStatus::Blocked(reason) if !row.pruned => {
                     *status
@@ -1053,9 +1063,9 @@ impl Model {
         let flows: BTreeSet<String> = self
             .inbox
             .iter()
-            .filter(|(_, row)| match row.status {
+            .filter(|(_, row)| match &row.status {
                 MStatus::Pending => true,
-                MStatus::Blocked(BlockReason::UnsupportedSchema) => support_v2,
+                MStatus::Blocked(reason) => support_v2 && *reason == UNSUPPORTED_SCHEMA,
                 _ => false,
             })
             .map(|((flow, _), _)| flow.clone())
@@ -1170,7 +1180,7 @@ impl MRow {
     fn record(&self) -> InboxRecord {
         InboxRecord {
             envelope: self.event.envelope(),
-            status: match self.status {
+            status: match self.status.clone() {
                 MStatus::Pending => InboxStatus::Pending,
                 MStatus::Applied => InboxStatus::Applied,
                 MStatus::Blocked(reason) => InboxStatus::Blocked(reason),
@@ -1331,12 +1341,14 @@ impl Real {
             dir: dir.to_owned(),
             producer: ProducerDb::open_with(
                 dir.join("producer.db"),
+                &ordo_reservation::producer_schema(),
                 Arc::new(clock.clone()),
                 &options,
             )
             .expect("open producer.db"),
             consumer: ConsumerDb::open_with(
                 dir.join("consumer.db"),
+                &ordo_reservation::consumer_schema(),
                 Arc::new(clock.clone()),
                 &options,
             )
@@ -1382,7 +1394,7 @@ impl Real {
             effects: self.consumer.effects().expect("effects"),
             work: [false, true].map(|support_v2| {
                 self.consumer
-                    .flows_with_work(ApplyOptions { support_v2 })
+                    .flows_with_reservation_work(ApplyOptions { support_v2 })
                     .expect("flows_with_work")
             }),
             repairs: self.consumer.repairs().expect("repairs"),
@@ -1642,7 +1654,10 @@ fn report_text(report: &RelayReport) -> String {
 fn drains_text(drains: &[Drain]) -> String {
     let drains: Vec<String> = drains
         .iter()
-        .map(|d| format!("{} {} {:?}", d.flow_id, d.applied, d.stop))
+        .map(|d| match &d.stop {
+            DrainStop::Blocked(reason) => format!("{} {} Blocked({reason})", d.flow_id, d.applied),
+            stop => format!("{} {} {stop:?}", d.flow_id, d.applied),
+        })
         .collect();
     format!("[{}]", drains.join(", "))
 }
@@ -1801,7 +1816,13 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 .consumer
                 .apply_next(&FlowId::new(name).unwrap(), options(*support_v2))
                 .expect("apply_next");
-            let line = format!("apply {name} support_v2={support_v2} -> {expect:?}");
+            let outcome = match &expect {
+                Step::Blocked { seq, reason } => {
+                    format!("Blocked {{ seq: {seq}, reason: {reason} }}")
+                }
+                step => format!("{step:?}"),
+            };
+            let line = format!("apply {name} support_v2={support_v2} -> {outcome}");
             assert_eq!(got, expect, "{line} {SIDES}");
             line
         }
@@ -1813,14 +1834,15 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
         } => {
             let name = FLOWS[*flow];
             let expect = model.drain(name, *limit, *support_v2);
-            let got = ordo_core::drain(
-                &mut r.consumer,
-                &FlowId::new(name).unwrap(),
-                *limit,
-                options(*support_v2),
-                *batch_len_max,
-            )
-            .expect("drain");
+            let got = r
+                .consumer
+                .drain(
+                    &FlowId::new(name).unwrap(),
+                    *limit,
+                    options(*support_v2),
+                    *batch_len_max,
+                )
+                .expect("drain");
             let line = format!(
                 "drain {name} limit={limit:?} support_v2={support_v2} batch_len_max={batch_len_max} -> {}",
                 drains_text(std::slice::from_ref(&expect))
@@ -1859,13 +1881,10 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
             batch_len_max,
         } => {
             let expect = model.process_all(*limit, *support_v2);
-            let got = process_all(
-                &mut r.consumer,
-                *limit,
-                options(*support_v2),
-                *batch_len_max,
-            )
-            .expect("process_all");
+            let got = r
+                .consumer
+                .process_all(*limit, options(*support_v2), *batch_len_max)
+                .expect("process_all");
             let line = format!(
                 "process_all limit={limit:?} support_v2={support_v2} batch_len_max={batch_len_max} -> {}",
                 drains_text(&expect)
@@ -1916,7 +1935,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 SKIP_BY.to_owned(),
             )
             .unwrap();
-            let got = r.consumer.skip(&request, r.clock.now_ms()).expect("skip");
+            let got = r.consumer.skip(&request).expect("skip");
             let line = format!(
                 "skip {name} seq={seq} -> {}",
                 match &expect {
@@ -2087,7 +2106,7 @@ fn a_fixed_history_through_every_operation() {
                 support_v2: false,
                 batch_len_max: 1,
             },
-            "[f0 3 Idle, f1 0 Blocked(UnsupportedSchema), f2 1 Blocked(InvalidTransition)]",
+            "[f0 3 Idle, f1 0 Blocked(unsupported_schema), f2 1 Blocked(invalid_transition)]",
         ),
         (Relay { max: Some(2) }, "[f2-1 conflict] drained"),
         (
@@ -2128,7 +2147,7 @@ fn a_fixed_history_through_every_operation() {
                 support_v2: true,
                 batch_len_max: 256,
             },
-            "[f1 2 Idle, f2 0 Blocked(InvalidTransition)]",
+            "[f1 2 Idle, f2 0 Blocked(invalid_transition)]",
         ),
         (advance(0, 1), "-> InvalidTransition(Released, Reserved)"),
         (
@@ -2166,7 +2185,7 @@ fn a_fixed_history_through_every_operation() {
                 flow: 2,
                 support_v2: false,
             },
-            "Blocked { seq: Seq(3), reason: InvalidTransition }",
+            "Blocked { seq: 3, reason: invalid_transition }",
         ),
         (ReopenBlocked { flow: 2 }, "reopen blocked f2 -> 1"),
         (Skip { flow: 2, at: SeqGuess::Behind }, "AlreadySettled"),
@@ -2240,7 +2259,7 @@ fn a_fixed_history_through_every_operation() {
     let inbox: Vec<(&str, InboxStatus)> = state
         .inbox
         .iter()
-        .map(|row| (row.envelope.event_id.as_str(), row.status))
+        .map(|row| (row.envelope.event_id.as_str(), row.status.clone()))
         .collect();
     assert_eq!(inbox, [("f2-3", InboxStatus::Pending)]);
     assert_eq!(state.outbox.len(), 1);

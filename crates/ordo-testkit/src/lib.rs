@@ -45,17 +45,19 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ordo_core::{Clock, ConsumerStore, ProducerStore, SystemClock};
+use ordo_core::{Clock, ProducerStore, SystemClock};
+use ordo_reservation::{ReservationConsumer, ReservationProducer};
 
 pub mod suite;
 pub mod support;
 
 /// A storage backend under test: how to open its two stores.
 pub trait Backend {
-    /// The producer side (flows and outbox).
-    type Producer: ProducerStore;
-    /// The consumer side (inbox, projection, effects).
-    type Consumer: ConsumerStore;
+    /// The producer side (outbox, and the reservation domain's flows).
+    type Producer: ProducerStore + ReservationProducer;
+    /// The consumer side (inbox, and the reservation domain's projection
+    /// and effects).
+    type Consumer: ReservationConsumer;
 
     /// Opens (creating what is missing) the producer and consumer stores that
     /// live in `dir`, both reading the time they stamp on their own writes
@@ -143,7 +145,7 @@ macro_rules! conformance_suite {
             relay_fair_serves_flows_round_robin_one_head_each
             relay_fair_conflict_quarantines_only_that_event
             record_receipts_moves_custody_or_quarantines
-            record_receipts_for_an_unknown_event_record_nothing
+            receipts_for_events_pruned_meanwhile_are_not_an_error
             record_failure_backs_off_only_that_flow
             record_failure_waits_stay_within_the_backoff_ceiling
             relay_transient_failure_backs_off_the_whole_round

@@ -1,18 +1,21 @@
 //! Small builders and readers shared by the suite, plus the consumer
 //! invariant checker. Everything goes through the store traits.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    Advance, AdvanceRequest, ApplyOptions, EffectRecord, FlowRecord, FlowState, Projection,
+    Quantity, ReservationConsumer, ReservationProducer,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use ordo_core::ops::{InboxEntry, OutboxEntry};
-use ordo_core::reservation::event_id_for;
 use ordo_core::{
-    Advance, AdvanceRequest, ApplyOptions, Clock, ConsumerStore, Delivery, Drain, DrainStop,
-    EffectRecord, Envelope, EventId, FixedClock, FlowId, FlowRecord, FlowState, InboxRecord,
-    InboxStatus, OutboxRecord, ProducerStore, Projection, Quantity, Receipt, RelayError,
-    RelayOptions, RelayPolicy, RelayReport, RelayStop, SchemaVersion, Seq, APPLY_BATCH_LEN_DEFAULT,
+    Clock, Delivery, Drain, DrainStop, Envelope, EventId, FixedClock, FlowId, InboxRecord,
+    InboxStatus, OutboxRecord, ProducerStore, Receipt, RelayError, RelayOptions, RelayPolicy,
+    RelayReport, RelayStop, SchemaVersion, Seq, APPLY_BATCH_LEN_DEFAULT,
 };
 use serde_json::Value;
 
@@ -83,7 +86,7 @@ pub fn state_of_step(seq: i64) -> FlowState {
 /// quantity `qty` in schema 1: the id the producer gives it, the step's type
 /// and `{"amount": qty}`.
 pub fn reservation_event(flow_id: &str, seq: i64, qty: i64) -> Envelope {
-    let id = event_id_for(&flow(flow_id), self::seq(seq));
+    let id = ordo_core::EventId::for_seq(&flow(flow_id), self::seq(seq));
     envelope(
         id.as_str(),
         flow_id,
@@ -118,7 +121,10 @@ pub fn request(
 }
 
 /// Advances and returns the committed event; panics on any other outcome.
-pub fn commit<P: ProducerStore + ?Sized>(producer: &mut P, request: &AdvanceRequest) -> Envelope {
+pub fn commit<P: ProducerStore + ReservationProducer + ?Sized>(
+    producer: &mut P,
+    request: &AdvanceRequest,
+) -> Envelope {
     match producer.advance(request) {
         Ok(Advance::Committed(event)) => event,
         other => panic!("advance {request:?}: expected a commit, got {other:?}"),
@@ -126,7 +132,7 @@ pub fn commit<P: ProducerStore + ?Sized>(producer: &mut P, request: &AdvanceRequ
 }
 
 /// Advances a new flow through all three steps in schema 1; returns the events.
-pub fn commit_full_flow<P: ProducerStore + ?Sized>(
+pub fn commit_full_flow<P: ProducerStore + ReservationProducer + ?Sized>(
     producer: &mut P,
     flow_id: &str,
     qty: i64,
@@ -140,7 +146,7 @@ pub fn commit_full_flow<P: ProducerStore + ?Sized>(
 }
 
 /// The producer's record of a flow, if it has one.
-pub fn flow_record<P: ProducerStore + ?Sized>(
+pub fn flow_record<P: ProducerStore + ReservationProducer + ?Sized>(
     producer: &mut P,
     flow_id: &str,
 ) -> Option<FlowRecord> {
@@ -154,7 +160,7 @@ pub fn flow_record<P: ProducerStore + ?Sized>(
 
 /// The `(state, quantity, last_seq)` of a flow's record; panics if the
 /// producer has none.
-pub fn recorded<P: ProducerStore + ?Sized>(
+pub fn recorded<P: ProducerStore + ReservationProducer + ?Sized>(
     producer: &mut P,
     flow_id: &str,
 ) -> (FlowState, Option<i64>, i64) {
@@ -164,7 +170,9 @@ pub fn recorded<P: ProducerStore + ?Sized>(
 }
 
 /// The envelopes of the outbox, in commit order.
-pub fn outbox_envelopes<P: ProducerStore + ?Sized>(producer: &mut P) -> Vec<Envelope> {
+pub fn outbox_envelopes<P: ProducerStore + ReservationProducer + ?Sized>(
+    producer: &mut P,
+) -> Vec<Envelope> {
     producer
         .outbox()
         .expect("outbox")
@@ -174,7 +182,10 @@ pub fn outbox_envelopes<P: ProducerStore + ?Sized>(producer: &mut P) -> Vec<Enve
 }
 
 /// The outbox row of an event.
-pub fn outbox_row<P: ProducerStore + ?Sized>(producer: &mut P, event: &Envelope) -> OutboxRecord {
+pub fn outbox_row<P: ProducerStore + ReservationProducer + ?Sized>(
+    producer: &mut P,
+    event: &Envelope,
+) -> OutboxRecord {
     producer
         .outbox_event(&event.event_id)
         .expect("outbox_event")
@@ -182,12 +193,15 @@ pub fn outbox_row<P: ProducerStore + ?Sized>(producer: &mut P, event: &Envelope)
 }
 
 /// Whether the outbox marks an event accepted.
-pub fn is_accepted<P: ProducerStore + ?Sized>(producer: &mut P, event: &Envelope) -> bool {
+pub fn is_accepted<P: ProducerStore + ReservationProducer + ?Sized>(
+    producer: &mut P,
+    event: &Envelope,
+) -> bool {
     outbox_row(producer, event).accepted
 }
 
 /// The consumer's projection of a flow, if anything was applied to it.
-pub fn projection<C: ConsumerStore + ?Sized>(
+pub fn projection<C: ReservationConsumer + ?Sized>(
     consumer: &mut C,
     flow_id: &str,
 ) -> Option<Projection> {
@@ -201,7 +215,7 @@ pub fn projection<C: ConsumerStore + ?Sized>(
 
 /// The `(state, quantity, applied_seq)` of a flow's projection; an absent
 /// projection is `(new, None, 0)`.
-pub fn projected<C: ConsumerStore + ?Sized>(
+pub fn projected<C: ReservationConsumer + ?Sized>(
     consumer: &mut C,
     flow_id: &str,
 ) -> (FlowState, Option<i64>, i64) {
@@ -210,7 +224,7 @@ pub fn projected<C: ConsumerStore + ?Sized>(
 }
 
 /// The effect records of a flow, in seq order.
-pub fn flow_effects<C: ConsumerStore + ?Sized>(
+pub fn flow_effects<C: ReservationConsumer + ?Sized>(
     consumer: &mut C,
     flow_id: &str,
 ) -> Vec<EffectRecord> {
@@ -236,7 +250,10 @@ pub fn effects_for(events: &[Envelope]) -> Vec<EffectRecord> {
 }
 
 /// The inbox row stored under an event id.
-pub fn inbox_row<C: ConsumerStore + ?Sized>(consumer: &mut C, id: &EventId) -> Option<InboxRecord> {
+pub fn inbox_row<C: ReservationConsumer + ?Sized>(
+    consumer: &mut C,
+    id: &EventId,
+) -> Option<InboxRecord> {
     consumer
         .inbox()
         .expect("inbox")
@@ -245,7 +262,10 @@ pub fn inbox_row<C: ConsumerStore + ?Sized>(consumer: &mut C, id: &EventId) -> O
 }
 
 /// The status of the inbox row stored under an event id; panics if absent.
-pub fn inbox_status<C: ConsumerStore + ?Sized>(consumer: &mut C, id: &EventId) -> InboxStatus {
+pub fn inbox_status<C: ReservationConsumer + ?Sized>(
+    consumer: &mut C,
+    id: &EventId,
+) -> InboxStatus {
     inbox_row(consumer, id)
         .unwrap_or_else(|| panic!("{id} is not in the inbox"))
         .status
@@ -263,7 +283,7 @@ pub struct ConsumerState {
 }
 
 /// Reads [`ConsumerState`].
-pub fn consumer_state<C: ConsumerStore + ?Sized>(consumer: &mut C) -> ConsumerState {
+pub fn consumer_state<C: ReservationConsumer + ?Sized>(consumer: &mut C) -> ConsumerState {
     ConsumerState {
         inbox: consumer.inbox().expect("inbox"),
         projections: consumer.projections().expect("projections"),
@@ -281,7 +301,9 @@ pub struct ProducerState {
 }
 
 /// Reads [`ProducerState`].
-pub fn producer_state<P: ProducerStore + ?Sized>(producer: &mut P) -> ProducerState {
+pub fn producer_state<P: ProducerStore + ReservationProducer + ?Sized>(
+    producer: &mut P,
+) -> ProducerState {
     ProducerState {
         flows: producer.flows().expect("flows"),
         outbox: producer.outbox().expect("outbox"),
@@ -298,7 +320,7 @@ pub fn producer_state<P: ProducerStore + ?Sized>(producer: &mut P) -> ProducerSt
 /// - the projection's state is the `applied_seq`-th step and has a quantity
 ///   once anything is applied;
 /// - projections and effects are ordered as the traits promise.
-pub fn check_consumer_invariants<C: ConsumerStore + ?Sized>(consumer: &mut C) {
+pub fn check_consumer_invariants<C: ReservationConsumer + ?Sized>(consumer: &mut C) {
     let state = consumer_state(consumer);
     let keys: Vec<(FlowId, Seq)> = state
         .inbox
@@ -379,8 +401,8 @@ fn run_relay<P, C>(
     clock: &dyn Clock,
 ) -> RelayReport
 where
-    P: ProducerStore + ?Sized,
-    C: ConsumerStore + ?Sized,
+    P: ProducerStore + ReservationProducer + ?Sized,
+    C: ReservationConsumer + ?Sized,
 {
     let bounded = RelayOptions {
         max: Some(options.max.unwrap_or(RELAY_DELIVERIES_MAX)),
@@ -406,8 +428,8 @@ pub fn relay_first_pending<P, C>(
     max: Option<u64>,
 ) -> RelayReport
 where
-    P: ProducerStore + ?Sized,
-    C: ConsumerStore + ?Sized,
+    P: ProducerStore + ReservationProducer + ?Sized,
+    C: ReservationConsumer + ?Sized,
 {
     let options = RelayOptions {
         policy: RelayPolicy::FirstPending,
@@ -426,8 +448,8 @@ pub fn relay_fair<P, C>(
     batch_len_max: usize,
 ) -> RelayReport
 where
-    P: ProducerStore + ?Sized,
-    C: ConsumerStore + ?Sized,
+    P: ProducerStore + ReservationProducer + ?Sized,
+    C: ReservationConsumer + ?Sized,
 {
     run_relay(producer, consumer, fair(max, batch_len_max), &clock())
 }
@@ -439,45 +461,42 @@ pub fn relay_one<P, C>(
     event_id: &EventId,
 ) -> Result<RelayReport, RelayError>
 where
-    P: ProducerStore + ?Sized,
-    C: ConsumerStore + ?Sized,
+    P: ProducerStore + ReservationProducer + ?Sized,
+    C: ReservationConsumer + ?Sized,
 {
     ordo_core::relay_event(producer, consumer, event_id, &clock())
 }
 
 /// [`ordo_core::drain`] with the default number of events per transaction.
-pub fn drain_flow<C: ConsumerStore + ?Sized>(
+pub fn drain_flow<C: ReservationConsumer + ?Sized>(
     consumer: &mut C,
     flow_id: &str,
     limit: Option<u64>,
     options: ApplyOptions,
 ) -> Drain {
-    ordo_core::drain(
-        consumer,
-        &flow(flow_id),
-        limit,
-        options,
-        APPLY_BATCH_LEN_DEFAULT,
-    )
-    .expect("drain")
+    consumer
+        .drain(&flow(flow_id), limit, options, APPLY_BATCH_LEN_DEFAULT)
+        .expect("drain")
 }
 
 /// Each drain as `(flow, applied, stop)`, in order, to compare with a list.
 pub fn drain_stops(drains: &[Drain]) -> Vec<(&str, u64, DrainStop)> {
     drains
         .iter()
-        .map(|d| (d.flow_id.as_str(), d.applied, d.stop))
+        .map(|d| (d.flow_id.as_str(), d.applied, d.stop.clone()))
         .collect()
 }
 
 /// [`ordo_core::process_all`] with the default number of events per
 /// transaction.
-pub fn process<C: ConsumerStore + ?Sized>(
+pub fn process<C: ReservationConsumer + ?Sized>(
     consumer: &mut C,
     limit: Option<u64>,
     options: ApplyOptions,
 ) -> Vec<Drain> {
-    ordo_core::process_all(consumer, limit, options, APPLY_BATCH_LEN_DEFAULT).expect("process_all")
+    consumer
+        .process_all(limit, options, APPLY_BATCH_LEN_DEFAULT)
+        .expect("process_all")
 }
 
 /// [`relay_fair`] at a fixed time `now_ms` (what the relay reads to decide
@@ -490,8 +509,8 @@ pub fn relay_fair_at<P, C>(
     now_ms: i64,
 ) -> RelayReport
 where
-    P: ProducerStore + ?Sized,
-    C: ConsumerStore + ?Sized,
+    P: ProducerStore + ReservationProducer + ?Sized,
+    C: ReservationConsumer + ?Sized,
 {
     run_relay(
         producer,
@@ -530,7 +549,7 @@ pub fn deliveries_by_flow(report: &RelayReport) -> Vec<Delivery> {
 }
 
 /// [`ProducerStore::fair_round`] with no flow set aside.
-pub fn fair_round<P: ProducerStore + ?Sized>(
+pub fn fair_round<P: ProducerStore + ReservationProducer + ?Sized>(
     producer: &mut P,
     limit: usize,
     now_ms: i64,
@@ -541,7 +560,7 @@ pub fn fair_round<P: ProducerStore + ?Sized>(
 }
 
 /// [`ProducerStore::record_receipts`] for these events at `now_ms`.
-pub fn record_receipts<P: ProducerStore + ?Sized>(
+pub fn record_receipts<P: ProducerStore + ReservationProducer + ?Sized>(
     producer: &mut P,
     receipts: &[(&Envelope, Receipt)],
     now_ms: i64,
@@ -592,15 +611,33 @@ pub fn open_at<B: Backend>(dir: &Path, clock: &ManualClock) -> (B::Producer, B::
     B::open_with_clock(dir, Arc::new(clock.clone()))
 }
 
+/// Skips with the store's clock set to `at_ms` (a skip records the time it
+/// commits, read from the store's clock).
+pub fn skip_at<C: ordo_core::ConsumerStore + ?Sized>(
+    consumer: &mut C,
+    clock: &ManualClock,
+    request: &ordo_core::ops::SkipRequest,
+    at_ms: i64,
+) -> Result<Result<ordo_core::ops::RepairRecord, ordo_core::ops::SkipRefused>, ordo_core::StoreError>
+{
+    clock.set(at_ms);
+    consumer.skip(request)
+}
+
 /// Every outbox row with its delivery bookkeeping, in commit order.
-pub fn outbox_entries<P: ProducerStore + ?Sized>(producer: &mut P) -> Vec<OutboxEntry> {
+pub fn outbox_entries<P: ProducerStore + ReservationProducer + ?Sized>(
+    producer: &mut P,
+) -> Vec<OutboxEntry> {
     producer
         .outbox_entries(false, usize::MAX)
         .expect("outbox_entries")
 }
 
 /// The bookkeeping of one outbox row; panics if the event is not there.
-pub fn outbox_entry<P: ProducerStore + ?Sized>(producer: &mut P, event: &Envelope) -> OutboxEntry {
+pub fn outbox_entry<P: ProducerStore + ReservationProducer + ?Sized>(
+    producer: &mut P,
+    event: &Envelope,
+) -> OutboxEntry {
     outbox_entries(producer)
         .into_iter()
         .find(|e| e.envelope.event_id == event.event_id)
@@ -608,14 +645,14 @@ pub fn outbox_entry<P: ProducerStore + ?Sized>(producer: &mut P, event: &Envelop
 }
 
 /// Every inbox row with its times, ordered by flow then seq.
-pub fn inbox_entries<C: ConsumerStore + ?Sized>(consumer: &mut C) -> Vec<InboxEntry> {
+pub fn inbox_entries<C: ReservationConsumer + ?Sized>(consumer: &mut C) -> Vec<InboxEntry> {
     consumer
         .inbox_entries(false, None, usize::MAX)
         .expect("inbox_entries")
 }
 
 /// The envelopes of the inbox, ordered by flow then seq.
-pub fn inbox_envelopes<C: ConsumerStore + ?Sized>(consumer: &mut C) -> Vec<Envelope> {
+pub fn inbox_envelopes<C: ReservationConsumer + ?Sized>(consumer: &mut C) -> Vec<Envelope> {
     consumer
         .inbox()
         .expect("inbox")

@@ -4,6 +4,8 @@
 //! times.
 
 use ordo_core::crash;
+#[allow(unused_imports)]
+use ordo_reservation::{ReservationConsumer, ReservationProducer};
 use serde_json::{json, Value};
 
 use super::child::{deliver_stdin, finish, Ctx};

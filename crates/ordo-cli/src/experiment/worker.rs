@@ -3,14 +3,18 @@
 //! service would do. Also the wrong control `unsafe_dual_write`, which no safe
 //! path calls.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    Advance, AdvanceError, AdvanceRequest, ApplyOptions, FlowState, Quantity, ReservationHandler,
+    ReservationProducer,
+};
 use std::path::Path;
 use std::time::Duration;
 
 use ordo_core::StoreError;
 use ordo_core::{
-    process_all, relay, Advance, AdvanceError, AdvanceRequest, ApplyOptions, Clock, ErrorKind,
-    FlowId, FlowState, ProducerStore, Quantity, RelayError, RelayOptions, SchemaVersion,
-    SystemClock,
+    process_all, relay, Clock, ErrorKind, FlowId, ProducerStore, RelayError, RelayOptions,
+    SchemaVersion, SystemClock,
 };
 use serde_json::json;
 
@@ -203,7 +207,7 @@ fn apply_until(json_mode: bool, consumer: &Path, until: &Path) -> Result<(), Fai
         let drains = match process_all(
             &mut consumer,
             None,
-            ApplyOptions::default(),
+            &mut ReservationHandler::default(),
             APPLY_BATCH_LEN,
         ) {
             Ok(drains) => drains,

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+#[allow(unused_imports)]
+use ordo_reservation::ReservationProducer;
 use std::cell::Cell;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,17 +1,19 @@
 //! PROTOCOL.md section 6: `apply_next`, blocking, `drain` and `process_all`.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    FlowState, ReservationConsumer, INVALID_PAYLOAD, INVALID_TRANSITION, UNSUPPORTED_SCHEMA,
+};
 use std::path::Path;
 
 use ordo_core::{
-    BlockReason, ConsumerStore, Drain, DrainStop, Envelope, FlowState, InboxStatus, ProducerStore,
-    Receipt, Step,
+    BlockReason, ConsumerStore, Drain, DrainStop, Envelope, InboxStatus, ProducerStore, Receipt,
+    Step,
 };
 use serde_json::{json, Value};
 
 use crate::support::*;
 use crate::Backend;
-
-use BlockReason::{InvalidPayload, InvalidTransition, UnsupportedSchema};
 
 /// Events received in order apply one by one: each application moves the
 /// projection one step (state, quantity, applied seq), writes one effect and
@@ -44,8 +46,8 @@ pub fn apply_in_order_then_idle<B: Backend>(dir: &Path) {
         assert_eq!(c.apply_next(&flow("f"), V2).unwrap(), Step::Idle);
     }
     assert_eq!(c.effects().unwrap().len(), 3);
-    assert!(c.flows_with_work(V1).unwrap().is_empty());
-    assert!(c.flows_with_work(V2).unwrap().is_empty());
+    assert!(c.flows_with_reservation_work(V1).unwrap().is_empty());
+    assert!(c.flows_with_reservation_work(V2).unwrap().is_empty());
 }
 
 /// All six arrival orders of a flow's three events end `released` with the
@@ -141,12 +143,12 @@ pub fn apply_unknown_schema_blocked_body_unchanged<B: Backend>(dir: &Path) {
             c.apply_next(&flow("s9"), options).unwrap(),
             Step::Blocked {
                 seq: seq(1),
-                reason: UnsupportedSchema
+                reason: UNSUPPORTED_SCHEMA
             },
             "{options:?}"
         );
         let row = inbox_row(&mut c, &received.event_id).unwrap();
-        assert_eq!(row.status, InboxStatus::Blocked(UnsupportedSchema));
+        assert_eq!(row.status, InboxStatus::Blocked(UNSUPPORTED_SCHEMA));
         assert_eq!(row.envelope, received, "stored envelope changed");
         assert_eq!(row.envelope.body(), received.body(), "stored body changed");
     }
@@ -169,16 +171,16 @@ pub fn apply_schema_2_blocked_then_applied_as_stored_with_support_v2<B: Backend>
         .iter()
         .all(|d| d.receipt == Receipt::Accepted));
 
-    assert_eq!(c.flows_with_work(V1).unwrap(), vec![flow("v2")]);
+    assert_eq!(c.flows_with_reservation_work(V1).unwrap(), vec![flow("v2")]);
     let blocked = Step::Blocked {
         seq: seq(1),
-        reason: UnsupportedSchema,
+        reason: UNSUPPORTED_SCHEMA,
     };
     assert_eq!(c.apply_next(&flow("v2"), V1).unwrap(), blocked);
     assert_eq!(c.apply_next(&flow("v2"), V1).unwrap(), blocked);
     assert_eq!(
         inbox_status(&mut c, &e1.event_id),
-        InboxStatus::Blocked(UnsupportedSchema)
+        InboxStatus::Blocked(UNSUPPORTED_SCHEMA)
     );
     assert_eq!(inbox_status(&mut c, &e2.event_id), InboxStatus::Pending);
     assert!(projection(&mut c, "v2").is_none());
@@ -189,11 +191,11 @@ pub fn apply_schema_2_blocked_then_applied_as_stored_with_support_v2<B: Backend>
         vec![Drain {
             flow_id: flow("v2"),
             applied: 0,
-            stop: DrainStop::Blocked(UnsupportedSchema)
+            stop: DrainStop::Blocked(UNSUPPORTED_SCHEMA)
         }]
     );
     assert!(c.effects().unwrap().is_empty());
-    assert_eq!(c.flows_with_work(V2).unwrap(), vec![flow("v2")]);
+    assert_eq!(c.flows_with_reservation_work(V2).unwrap(), vec![flow("v2")]);
 
     assert_eq!(
         c.apply_next(&flow("v2"), V2).unwrap(),
@@ -222,22 +224,25 @@ pub fn apply_schema_2_blocked_then_applied_as_stored_with_support_v2<B: Backend>
     );
     assert_eq!(projected(&mut c, "v2"), (FlowState::Released, Some(33), 3));
     assert_eq!(flow_effects(&mut c, "v2"), effects_for(&[e1, e2, e3]));
-    assert!(c.flows_with_work(V2).unwrap().is_empty());
+    assert!(c.flows_with_reservation_work(V2).unwrap().is_empty());
     check_consumer_invariants(&mut c);
 }
 
-fn expect_blocked<C: ConsumerStore>(
+fn expect_blocked<C: ReservationConsumer>(
     c: &mut C,
     e: &Envelope,
     reason: BlockReason,
-    options: ordo_core::ApplyOptions,
+    options: ordo_reservation::ApplyOptions,
 ) {
     let before_projection = projection(c, e.flow_id.as_str());
     let before_effects = c.effects().unwrap();
     assert_eq!(c.receive(e).unwrap(), Receipt::Accepted, "{e:?}");
     assert_eq!(
         c.apply_next(&e.flow_id, options).unwrap(),
-        Step::Blocked { seq: e.seq, reason },
+        Step::Blocked {
+            seq: e.seq,
+            reason: reason.clone()
+        },
         "{e:?}"
     );
     let row = inbox_row(c, &e.event_id).unwrap();
@@ -275,10 +280,10 @@ pub fn apply_invalid_payload_blocked<B: Backend>(dir: &Path) {
     for (i, payload) in payloads.into_iter().enumerate() {
         let f = format!("p{i}");
         let e = envelope(&format!("{f}-1"), &f, 1, 1, "reserved", payload);
-        expect_blocked(&mut c, &e, InvalidPayload, V2);
+        expect_blocked(&mut c, &e, INVALID_PAYLOAD, V2);
     }
     let e = envelope("v2-1", "v2", 1, 2, "reserved", json!({"amount": 5}));
-    expect_blocked(&mut c, &e, InvalidPayload, V2);
+    expect_blocked(&mut c, &e, INVALID_PAYLOAD, V2);
 
     // on a later step too, with the projection left as it was
     let [e1, _, _] = reservation_events("late", 7);
@@ -288,7 +293,7 @@ pub fn apply_invalid_payload_blocked<B: Backend>(dir: &Path) {
         Step::Applied { seq: seq(1) }
     );
     let bad = envelope("late-2", "late", 2, 1, "confirmed", json!({"amount": 0}));
-    expect_blocked(&mut c, &bad, InvalidPayload, V1);
+    expect_blocked(&mut c, &bad, INVALID_PAYLOAD, V1);
     assert_eq!(projected(&mut c, "late"), (FlowState::Reserved, Some(7), 1));
 
     // the bounds themselves apply
@@ -319,7 +324,7 @@ pub fn apply_invalid_transition_blocked<B: Backend>(dir: &Path) {
     {
         let f = format!("first{i}");
         let e = envelope(&format!("{f}-1"), &f, 1, 1, ty, json!({"amount": 5}));
-        expect_blocked(&mut c, &e, InvalidTransition, V1);
+        expect_blocked(&mut c, &e, INVALID_TRANSITION, V1);
     }
     // later steps after `reserved` with quantity 5
     let cases: [(&str, Value); 5] = [
@@ -340,7 +345,7 @@ pub fn apply_invalid_transition_blocked<B: Backend>(dir: &Path) {
             Step::Applied { seq: seq(1) }
         );
         let e = envelope(&format!("{f}-2"), &f, 2, 1, ty, payload);
-        expect_blocked(&mut c, &e, InvalidTransition, V1);
+        expect_blocked(&mut c, &e, INVALID_TRANSITION, V1);
         assert_eq!(projected(&mut c, &f), (FlowState::Reserved, Some(5), 1));
     }
     // schema 2 with a changed quantity, when enabled
@@ -353,7 +358,7 @@ pub fn apply_invalid_transition_blocked<B: Backend>(dir: &Path) {
         Step::Applied { seq: seq(1) }
     );
     let e = envelope("units-2", "units", 2, 2, "confirmed", json!({"units": 50}));
-    expect_blocked(&mut c, &e, InvalidTransition, V2);
+    expect_blocked(&mut c, &e, INVALID_TRANSITION, V2);
     // reopening after `released`
     for e in reservation_events("done", 2) {
         assert_eq!(c.receive(&e).unwrap(), Receipt::Accepted);
@@ -361,7 +366,7 @@ pub fn apply_invalid_transition_blocked<B: Backend>(dir: &Path) {
     let d = drain_flow(&mut c, "done", None, V1);
     assert_eq!((d.applied, d.stop), (3, DrainStop::Idle));
     let reopen = envelope("done-4", "done", 4, 1, "reserved", json!({"amount": 2}));
-    expect_blocked(&mut c, &reopen, InvalidTransition, V1);
+    expect_blocked(&mut c, &reopen, INVALID_TRANSITION, V1);
     assert_eq!(projected(&mut c, "done"), (FlowState::Released, Some(2), 3));
     assert_eq!(c.effects().unwrap().len(), 3 + 5 + 1);
     check_consumer_invariants(&mut c);
@@ -379,16 +384,22 @@ pub fn apply_blocked_row_stays_blocked<B: Backend>(dir: &Path) {
         assert_eq!(c.receive(e).unwrap(), Receipt::Accepted);
     }
     let d = drain_flow(&mut c, "f", None, V1);
-    assert_eq!((d.applied, d.stop), (1, DrainStop::Blocked(InvalidPayload)));
+    assert_eq!(
+        (d.applied, d.stop),
+        (1, DrainStop::Blocked(INVALID_PAYLOAD))
+    );
     let blocked = Step::Blocked {
         seq: seq(2),
-        reason: InvalidPayload,
+        reason: INVALID_PAYLOAD,
     };
     let state = consumer_state(&mut c);
     for options in [V1, V2, V1] {
         assert_eq!(c.apply_next(&flow("f"), options).unwrap(), blocked);
         let d = drain_flow(&mut c, "f", None, options);
-        assert_eq!((d.applied, d.stop), (0, DrainStop::Blocked(InvalidPayload)));
+        assert_eq!(
+            (d.applied, d.stop),
+            (0, DrainStop::Blocked(INVALID_PAYLOAD))
+        );
         assert_eq!(consumer_state(&mut c), state, "a held block wrote");
     }
     assert_eq!(inbox_status(&mut c, &e3.event_id), InboxStatus::Pending);
@@ -399,7 +410,7 @@ pub fn apply_blocked_row_stays_blocked<B: Backend>(dir: &Path) {
         vec![Drain {
             flow_id: flow("f"),
             applied: 0,
-            stop: DrainStop::Blocked(InvalidPayload)
+            stop: DrainStop::Blocked(INVALID_PAYLOAD)
         }]
     );
     // a corrected event cannot replace the blocked one
@@ -414,8 +425,8 @@ pub fn apply_blocked_row_stays_blocked<B: Backend>(dir: &Path) {
 
     // a flow whose only row is blocked is not work
     let only = envelope("g-1", "g", 1, 1, "confirmed", json!({"amount": 5}));
-    expect_blocked(&mut c, &only, InvalidTransition, V1);
-    let work = c.flows_with_work(V2).unwrap();
+    expect_blocked(&mut c, &only, INVALID_TRANSITION, V1);
+    let work = c.flows_with_reservation_work(V2).unwrap();
     assert!(!work.contains(&flow("g")), "{work:?}");
     check_consumer_invariants(&mut c);
 }
@@ -440,7 +451,7 @@ pub fn drain_stop_reasons<B: Backend>(dir: &Path) {
     let d = drain_flow(&mut c, "lim", Some(0), V1);
     assert_eq!((d.applied, d.stop), (0, DrainStop::Limit));
     let d = drain_flow(&mut c, "lim", Some(5), V1);
-    assert_eq!((d.applied, d.stop), (1, DrainStop::Idle));
+    assert_eq!((d.applied, d.stop.clone()), (1, DrainStop::Idle));
     assert_eq!(d.stop.as_str(), "idle");
 
     let [g1, _, g3] = reservation_events("gap", 4);
@@ -449,7 +460,7 @@ pub fn drain_stop_reasons<B: Backend>(dir: &Path) {
     assert_eq!((d.applied, d.stop), (0, DrainStop::Gap));
     c.receive(&g1).unwrap();
     let d = drain_flow(&mut c, "gap", Some(10), V1);
-    assert_eq!((d.applied, d.stop), (1, DrainStop::Gap));
+    assert_eq!((d.applied, d.stop.clone()), (1, DrainStop::Gap));
     assert_eq!(d.stop.as_str(), "gap");
 
     let [b1, _, _] = reservation_events("blk", 4);
@@ -465,10 +476,10 @@ pub fn drain_stop_reasons<B: Backend>(dir: &Path) {
     .unwrap();
     let d = drain_flow(&mut c, "blk", None, V1);
     assert_eq!(
-        (d.applied, d.stop),
-        (1, DrainStop::Blocked(UnsupportedSchema))
+        (d.applied, d.stop.clone()),
+        (1, DrainStop::Blocked(UNSUPPORTED_SCHEMA))
     );
-    assert_eq!(d.stop.reason(), Some(UnsupportedSchema));
+    assert_eq!(d.stop.reason(), Some(&UNSUPPORTED_SCHEMA));
 
     let d = drain_flow(&mut c, "nothing", None, V1);
     assert_eq!((d.applied, d.stop), (0, DrainStop::Idle));
@@ -494,7 +505,7 @@ pub fn process_all_isolation<B: Backend>(dir: &Path) {
         assert_eq!(c.receive(e).unwrap(), Receipt::Accepted);
     }
     assert_eq!(
-        c.flows_with_work(V1).unwrap(),
+        c.flows_with_reservation_work(V1).unwrap(),
         vec![flow("a-blocked"), flow("b-gapped"), flow("c-healthy")]
     );
     let drains = process(&mut c, None, V1);
@@ -504,7 +515,7 @@ pub fn process_all_isolation<B: Backend>(dir: &Path) {
             Drain {
                 flow_id: flow("a-blocked"),
                 applied: 0,
-                stop: DrainStop::Blocked(UnsupportedSchema)
+                stop: DrainStop::Blocked(UNSUPPORTED_SCHEMA)
             },
             Drain {
                 flow_id: flow("b-gapped"),
@@ -527,7 +538,10 @@ pub fn process_all_isolation<B: Backend>(dir: &Path) {
     assert!(projection(&mut c, "b-gapped").is_none());
 
     // nothing pending in the blocked flow any more; the gapped one still waits
-    assert_eq!(c.flows_with_work(V1).unwrap(), vec![flow("b-gapped")]);
+    assert_eq!(
+        c.flows_with_reservation_work(V1).unwrap(),
+        vec![flow("b-gapped")]
+    );
     assert_eq!(c.receive(&g1).unwrap(), Receipt::Accepted);
     let drains = process(&mut c, Some(100), V1);
     assert_eq!(
@@ -551,7 +565,7 @@ pub fn process_all_isolation<B: Backend>(dir: &Path) {
         vec![Drain {
             flow_id: flow("a-blocked"),
             applied: 0,
-            stop: DrainStop::Blocked(UnsupportedSchema)
+            stop: DrainStop::Blocked(UNSUPPORTED_SCHEMA)
         }]
     );
     assert_eq!(c.effects().unwrap().len(), 6);
@@ -645,7 +659,7 @@ pub fn apply_batches_keep_order_and_limits<B: Backend>(dir: &Path) {
     check_consumer_invariants(&mut c);
 
     // process_all with a per-flow limit and a batch of one event
-    let drains = ordo_core::process_all(&mut c, Some(1), V1, 1).unwrap();
+    let drains = c.process_all(Some(1), V1, 1).unwrap();
     assert_eq!(
         drain_stops(&drains),
         vec![
@@ -655,9 +669,9 @@ pub fn apply_batches_keep_order_and_limits<B: Backend>(dir: &Path) {
         ]
     );
     // drain in batches of two
-    let d = ordo_core::drain(&mut c, &flow("k3"), None, V1, 2).unwrap();
+    let d = c.drain(&flow("k3"), None, V1, 2).unwrap();
     assert_eq!((d.applied, d.stop), (2, DrainStop::Idle));
-    let drains = ordo_core::process_all(&mut c, None, V1, 2).unwrap();
+    let drains = c.process_all(None, V1, 2).unwrap();
     assert_eq!(
         drain_stops(&drains),
         vec![("k1", 1, DrainStop::Idle), ("k4", 2, DrainStop::Idle)]
@@ -709,7 +723,7 @@ pub fn apply_batch_across_flows_reports_each_stop<B: Backend>(dir: &Path) {
     };
     let owned = |rows: &[(&str, u64, DrainStop)]| {
         rows.iter()
-            .map(|(f, n, s)| (f.to_string(), *n, *s))
+            .map(|(f, n, s)| (f.to_string(), *n, s.clone()))
             .collect::<Vec<_>>()
     };
     let all = [
@@ -726,7 +740,7 @@ pub fn apply_batch_across_flows_reports_each_stop<B: Backend>(dir: &Path) {
         owned(&[
             ("a", 3, DrainStop::Idle),
             ("b", 0, DrainStop::Gap),
-            ("c", 0, DrainStop::Blocked(InvalidPayload)),
+            ("c", 0, DrainStop::Blocked(INVALID_PAYLOAD)),
             ("d", 1, DrainStop::Limit),
             ("e", 0, DrainStop::Idle),
             ("f", 1, DrainStop::Limit),
@@ -744,7 +758,7 @@ pub fn apply_batch_across_flows_reports_each_stop<B: Backend>(dir: &Path) {
     );
     assert_eq!(
         inbox_status(&mut c, &c1.event_id),
-        InboxStatus::Blocked(InvalidPayload)
+        InboxStatus::Blocked(INVALID_PAYLOAD)
     );
     check_consumer_invariants(&mut c);
 

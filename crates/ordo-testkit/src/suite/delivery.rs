@@ -6,6 +6,11 @@
 //! relay runs, and a [`ManualClock`] for the times the stores stamp
 //! themselves. Nothing sleeps.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    Advance, ApplyOptions, EffectRecord, FlowState, Projection, ReservationConsumer,
+    ReservationProducer,
+};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 
@@ -14,9 +19,9 @@ use ordo_core::ops::{
     SkipRequest,
 };
 use ordo_core::{
-    Advance, ApplyOptions, Backoff, ConsumerStore, Delivery, Drain, EffectRecord, Envelope,
-    ErrorKind, EventId, FixedClock, FlowId, FlowState, InboxRecord, ProducerStore, Projection,
-    Receipt, RelayError, RelayOptions, RelayPolicy, RelayStop, Step, StoreError,
+    Backoff, ConsumerStore, Delivery, Drain, Envelope, ErrorKind, EventId, FixedClock, FlowId,
+    InboxRecord, ProducerStore, Receipt, RelayError, RelayOptions, RelayPolicy, RelayStop, Step,
+    StoreError,
 };
 use serde_json::json;
 
@@ -351,33 +356,33 @@ pub fn relay_fair_conflict_quarantines_only_that_event<B: Backend>(dir: &Path) {
     assert!(inbox_row(&mut c, &a1.event_id).is_none());
 }
 
-/// `record_receipts` naming an event that is not in the outbox is an error,
-/// and nothing of the call is recorded: neither the receipts before it in
-/// the list nor those after it.
-pub fn record_receipts_for_an_unknown_event_record_nothing<B: Backend>(dir: &Path) {
+/// A receipt for an event that is no longer in the outbox (another relay
+/// recorded it first and `prune` removed it meanwhile) is not an error: it
+/// is passed over, and the other receipts of the call are recorded.
+pub fn receipts_for_events_pruned_meanwhile_are_not_an_error<B: Backend>(dir: &Path) {
     let clock = ManualClock::new(T0);
     let (mut p, _c) = open_at::<B>(dir, &clock);
     let a = commit(&mut p, &request("a", 0, Reserved, Some(1), 1));
     let b = commit(&mut p, &request("b", 0, Reserved, Some(2), 1));
+    let gone = commit(&mut p, &request("g", 0, Reserved, Some(3), 1));
+    record_receipts(&mut p, &[(&gone, Receipt::Accepted)], T0 + 1);
+    let pruned = p.prune_outbox(T0 + 2).unwrap();
+    assert_eq!(pruned.rows, 1, "the settled event is pruned");
     let before = outbox_entries(&mut p);
-    let unknown = EventId::new("never-committed-1").unwrap();
-    let error = p
-        .record_receipts(
-            &[
-                (a.event_id.clone(), Receipt::Accepted),
-                (unknown, Receipt::Accepted),
-                (b.event_id.clone(), Receipt::Conflict),
-            ],
-            T0 + 1,
-        )
-        .expect_err("a receipt for an event that is not in the outbox");
-    assert!(
-        error.to_string().contains("never-committed-1"),
-        "the error names the event: {error}"
-    );
-    assert_eq!(outbox_entries(&mut p), before, "nothing recorded");
-    // Both heads still wait, in the order they were first served.
-    assert_eq!(fair_round(&mut p, 10, T0 + 1), vec![a, b]);
+    p.record_receipts(
+        &[
+            (a.event_id.clone(), Receipt::Accepted),
+            (gone.event_id.clone(), Receipt::Duplicate),
+            (b.event_id.clone(), Receipt::Conflict),
+        ],
+        T0 + 3,
+    )
+    .expect("a receipt for a pruned event is passed over");
+    let after = outbox_entries(&mut p);
+    assert_ne!(after, before, "the other receipts are recorded");
+    assert!(after[0].accepted, "{:?}", after[0]);
+    assert!(after[1].quarantined, "{:?}", after[1]);
+    assert!(fair_round(&mut p, 10, T0 + 3).is_empty());
 }
 
 /// `record_receipts`: `accepted` and `duplicate` mark the event accepted
@@ -708,43 +713,48 @@ struct Flaky<C> {
 
 const BUSY: &str = "consumer busy (suite)";
 
-impl<C: ConsumerStore> ConsumerStore for Flaky<C> {
+impl<C: ReservationConsumer> ConsumerStore for Flaky<C> {
+    type Tx = C::Tx;
+
     fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
         if self.down {
             return Err(StoreError::new(ErrorKind::Busy, BUSY));
         }
         self.inner.receive_batch(envelopes)
     }
-    fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError> {
-        self.inner.apply_next(flow_id, options)
+    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
+    where
+        H: ordo_core::ApplyHandler<Self::Tx> + ?Sized,
+    {
+        self.inner.apply_next_with(flow_id, handler)
     }
-    fn apply_batch(
+    fn apply_batch_with<H>(
         &mut self,
         flows: &[(FlowId, Option<u64>)],
         events_max: u64,
-        options: ApplyOptions,
-    ) -> Result<Vec<Drain>, StoreError> {
-        self.inner.apply_batch(flows, events_max, options)
+        handler: &mut H,
+    ) -> Result<Vec<Drain>, StoreError>
+    where
+        H: ordo_core::ApplyHandler<Self::Tx> + ?Sized,
+    {
+        self.inner.apply_batch_with(flows, events_max, handler)
     }
-    fn flows_with_work(&mut self, options: ApplyOptions) -> Result<Vec<FlowId>, StoreError> {
-        self.inner.flows_with_work(options)
+    fn flows_with_work(
+        &mut self,
+        reevaluate: &[ordo_core::BlockCode],
+    ) -> Result<Vec<FlowId>, StoreError> {
+        self.inner.flows_with_work(reevaluate)
     }
     fn flows_with_work_page(
         &mut self,
         after: Option<&FlowId>,
         limit: usize,
-        options: ApplyOptions,
+        reevaluate: &[ordo_core::BlockCode],
     ) -> Result<Vec<FlowId>, StoreError> {
-        self.inner.flows_with_work_page(after, limit, options)
+        self.inner.flows_with_work_page(after, limit, reevaluate)
     }
     fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
         self.inner.inbox()
-    }
-    fn projections(&mut self) -> Result<Vec<Projection>, StoreError> {
-        self.inner.projections()
-    }
-    fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError> {
-        self.inner.effects()
     }
     fn inbox_entries(
         &mut self,
@@ -760,9 +770,8 @@ impl<C: ConsumerStore> ConsumerStore for Flaky<C> {
     fn skip(
         &mut self,
         request: &SkipRequest,
-        now_ms: i64,
     ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
-        self.inner.skip(request, now_ms)
+        self.inner.skip(request)
     }
     fn repairs(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
         self.inner.repairs()
@@ -772,6 +781,49 @@ impl<C: ConsumerStore> ConsumerStore for Flaky<C> {
     }
     fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
         self.inner.prune_inbox(cutoff_ms)
+    }
+}
+
+impl<C: ReservationConsumer> ReservationConsumer for Flaky<C> {
+    fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError> {
+        self.inner.apply_next(flow_id, options)
+    }
+    fn apply_batch(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        options: ApplyOptions,
+    ) -> Result<Vec<Drain>, StoreError> {
+        self.inner.apply_batch(flows, events_max, options)
+    }
+    fn drain(
+        &mut self,
+        flow_id: &FlowId,
+        limit: Option<u64>,
+        options: ApplyOptions,
+        batch_len_max: u64,
+    ) -> Result<Drain, StoreError> {
+        self.inner.drain(flow_id, limit, options, batch_len_max)
+    }
+    fn process_all(
+        &mut self,
+        limit: Option<u64>,
+        options: ApplyOptions,
+        batch_len_max: u64,
+    ) -> Result<Vec<Drain>, StoreError> {
+        self.inner.process_all(limit, options, batch_len_max)
+    }
+    fn flows_with_reservation_work(
+        &mut self,
+        options: ApplyOptions,
+    ) -> Result<Vec<FlowId>, StoreError> {
+        self.inner.flows_with_reservation_work(options)
+    }
+    fn projections(&mut self) -> Result<Vec<Projection>, StoreError> {
+        self.inner.projections()
+    }
+    fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError> {
+        self.inner.effects()
     }
 }
 

@@ -2,12 +2,13 @@
 //! (a fresh process) keeps every committed fact and never resets anything;
 //! apply stays exactly-once across reopens.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    Advance, FlowState, ReservationConsumer, ReservationProducer, UNSUPPORTED_SCHEMA,
+};
 use std::path::Path;
 
-use ordo_core::{
-    Advance, BlockReason, ConsumerStore, DrainStop, FlowState, InboxStatus, ProducerStore, Receipt,
-    Step,
-};
+use ordo_core::{ConsumerStore, DrainStop, InboxStatus, ProducerStore, Receipt, Step};
 use serde_json::json;
 
 use crate::support::*;
@@ -41,7 +42,7 @@ pub fn reopen_keeps_all_state<B: Backend>(dir: &Path) {
     assert_eq!(projected(&mut c, "z"), (FlowState::Reserved, Some(3), 1));
     assert_eq!(
         inbox_status(&mut c, &y1.event_id),
-        InboxStatus::Blocked(BlockReason::UnsupportedSchema)
+        InboxStatus::Blocked(UNSUPPORTED_SCHEMA)
     );
     assert!(!is_accepted(&mut p, &z2));
     assert!(is_accepted(&mut p, &z1));
@@ -113,7 +114,7 @@ pub fn reopen_keeps_all_state<B: Backend>(dir: &Path) {
     assert_eq!(flow_effects(&mut c, "z"), effects_for(&[z1, z2, z3]));
     assert_eq!(
         inbox_status(&mut c, &s9.event_id),
-        InboxStatus::Blocked(BlockReason::UnsupportedSchema)
+        InboxStatus::Blocked(UNSUPPORTED_SCHEMA)
     );
     assert_eq!(
         c.apply_next(&flow("gap"), V1).unwrap(),
@@ -167,7 +168,7 @@ pub fn apply_exactly_once_across_reopen<B: Backend>(dir: &Path) {
             c.apply_next(&flow("v"), V1).unwrap(),
             Step::Blocked {
                 seq: seq(1),
-                reason: BlockReason::UnsupportedSchema
+                reason: UNSUPPORTED_SCHEMA
             }
         );
     }
@@ -177,7 +178,7 @@ pub fn apply_exactly_once_across_reopen<B: Backend>(dir: &Path) {
             c.apply_next(&flow("v"), V1).unwrap(),
             Step::Blocked {
                 seq: seq(1),
-                reason: BlockReason::UnsupportedSchema
+                reason: UNSUPPORTED_SCHEMA
             }
         );
         assert_eq!(

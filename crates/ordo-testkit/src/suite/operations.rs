@@ -5,6 +5,10 @@
 //! Time is always controlled: explicit `now_ms` and `cutoff_ms` values and a
 //! [`ManualClock`] for the times the stores stamp themselves.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    FlowState, ReservationConsumer, INVALID_PAYLOAD, INVALID_TRANSITION, UNSUPPORTED_SCHEMA,
+};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -12,13 +16,11 @@ use ordo_core::ops::{
     ConsumerStatus, GapWait, InvalidSkip, Pruned, SkipRefused, SkipRequest, REPAIR_BY_LEN_MAX,
     REPAIR_REASON_LEN_MAX,
 };
-use ordo_core::{BlockReason, ConsumerStore, DrainStop, FlowState, InboxStatus, Receipt, Step};
+use ordo_core::{BlockReason, ConsumerStore, DrainStop, InboxStatus, Receipt, Step};
 use serde_json::json;
 
 use crate::support::*;
 use crate::Backend;
-
-use BlockReason::{InvalidPayload, InvalidTransition, UnsupportedSchema};
 
 /// A valid skip request; panics if its own rules refuse it.
 fn skip_request(flow_id: &str, seq_value: i64, reason: &str, by: &str) -> SkipRequest {
@@ -51,7 +53,10 @@ pub fn skip_refusals_write_nothing<B: Backend>(dir: &Path) {
         assert_eq!(c.receive(e).unwrap(), Receipt::Accepted);
     }
     let d = drain_flow(&mut c, "s", None, V1);
-    assert_eq!((d.applied, d.stop), (1, DrainStop::Blocked(InvalidPayload)));
+    assert_eq!(
+        (d.applied, d.stop),
+        (1, DrainStop::Blocked(INVALID_PAYLOAD))
+    );
     let state = consumer_state(&mut c);
     let entries = inbox_entries(&mut c);
     let status = c.consumer_status().unwrap();
@@ -106,7 +111,7 @@ pub fn skip_refusals_write_nothing<B: Backend>(dir: &Path) {
     ];
     for (request, refused) in refusals {
         assert_eq!(
-            c.skip(&request, T0 + 100).unwrap(),
+            skip_at(&mut c, &clock, &request, T0 + 100).unwrap(),
             Err(refused),
             "{request:?}"
         );
@@ -124,7 +129,7 @@ pub fn skip_refusals_write_nothing<B: Backend>(dir: &Path) {
         c.apply_next(&flow("s"), V1).unwrap(),
         Step::Blocked {
             seq: seq(2),
-            reason: InvalidPayload
+            reason: INVALID_PAYLOAD
         }
     );
 
@@ -171,16 +176,23 @@ pub fn skip_marks_skipped_moves_past_and_logs_the_repair<B: Backend>(dir: &Path)
     }
     clock.set(T0 + 1_000);
     let d = drain_flow(&mut c, "s", None, V1);
-    assert_eq!((d.applied, d.stop), (1, DrainStop::Blocked(InvalidPayload)));
+    assert_eq!(
+        (d.applied, d.stop),
+        (1, DrainStop::Blocked(INVALID_PAYLOAD))
+    );
     let projection_before = projection(&mut c, "s");
     let effects_before = c.effects().unwrap();
 
     let reason = "amount 0 was a producer bug; the step is re-issued as seq 3";
     let skipped_at = T0 + 5_000;
-    let record = c
-        .skip(&skip_request("s", 2, reason, "alice"), skipped_at)
-        .unwrap()
-        .expect("skip the blocked seq 2");
+    let record = skip_at(
+        &mut c,
+        &clock,
+        &skip_request("s", 2, reason, "alice"),
+        skipped_at,
+    )
+    .unwrap()
+    .expect("skip the blocked seq 2");
     assert_eq!(
         (
             record.action.as_str(),
@@ -227,8 +239,13 @@ pub fn skip_marks_skipped_moves_past_and_logs_the_repair<B: Backend>(dir: &Path)
         effects_for(&[s1.clone(), s3.clone()])
     );
     assert_eq!(
-        c.skip(&skip_request("s", 2, reason, "alice"), skipped_at + 1)
-            .unwrap(),
+        skip_at(
+            &mut c,
+            &clock,
+            &skip_request("s", 2, reason, "alice"),
+            skipped_at + 1
+        )
+        .unwrap(),
         Err(SkipRefused::AlreadySettled {
             flow_id: flow("s"),
             seq: seq(2),
@@ -246,13 +263,14 @@ pub fn skip_marks_skipped_moves_past_and_logs_the_repair<B: Backend>(dir: &Path)
 
     // a pending (not blocked) next event can be skipped too
     assert_eq!(c.receive(&s4).unwrap(), Receipt::Accepted);
-    let second = c
-        .skip(
-            &skip_request("s", 4, "released by hand", "bob"),
-            skipped_at + 2,
-        )
-        .unwrap()
-        .expect("skip the pending seq 4");
+    let second = skip_at(
+        &mut c,
+        &clock,
+        &skip_request("s", 4, "released by hand", "bob"),
+        skipped_at + 2,
+    )
+    .unwrap()
+    .expect("skip the pending seq 4");
     assert!(second.id > record.id, "{second:?} after {record:?}");
     assert_eq!(
         (second.seq, &second.event_id, second.by.as_str()),
@@ -313,23 +331,23 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
     assert_eq!(
         drain_stops(&drains),
         vec![
-            ("v", 0, DrainStop::Blocked(UnsupportedSchema)),
-            ("w", 0, DrainStop::Blocked(UnsupportedSchema)),
-            ("x", 0, DrainStop::Blocked(InvalidPayload)),
-            ("y", 0, DrainStop::Blocked(InvalidTransition)),
+            ("v", 0, DrainStop::Blocked(UNSUPPORTED_SCHEMA)),
+            ("w", 0, DrainStop::Blocked(UNSUPPORTED_SCHEMA)),
+            ("x", 0, DrainStop::Blocked(INVALID_PAYLOAD)),
+            ("y", 0, DrainStop::Blocked(INVALID_TRANSITION)),
         ]
     );
     let listed = c.inbox_entries(true, None, 100).unwrap();
     assert_eq!(
         listed
             .iter()
-            .map(|e| (e.envelope.clone(), e.status))
+            .map(|e| (e.envelope.clone(), e.status.clone()))
             .collect::<Vec<_>>(),
         vec![
-            (v1.clone(), InboxStatus::Blocked(UnsupportedSchema)),
-            (w1.clone(), InboxStatus::Blocked(UnsupportedSchema)),
-            (x1.clone(), InboxStatus::Blocked(InvalidPayload)),
-            (y1.clone(), InboxStatus::Blocked(InvalidTransition)),
+            (v1.clone(), InboxStatus::Blocked(UNSUPPORTED_SCHEMA)),
+            (w1.clone(), InboxStatus::Blocked(UNSUPPORTED_SCHEMA)),
+            (x1.clone(), InboxStatus::Blocked(INVALID_PAYLOAD)),
+            (y1.clone(), InboxStatus::Blocked(INVALID_TRANSITION)),
         ],
         "only blocked rows"
     );
@@ -354,9 +372,9 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
     assert_eq!(c.reopen_blocked(&flow("v")).unwrap(), 1);
     assert_eq!(inbox_status(&mut c, &v1.event_id), InboxStatus::Pending);
     for (e, reason) in [
-        (&w1, UnsupportedSchema),
-        (&x1, InvalidPayload),
-        (&y1, InvalidTransition),
+        (&w1, UNSUPPORTED_SCHEMA),
+        (&x1, INVALID_PAYLOAD),
+        (&y1, INVALID_TRANSITION),
     ] {
         assert_eq!(
             inbox_status(&mut c, &e.event_id),
@@ -369,9 +387,9 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
     assert_eq!(
         status.blocked,
         blocked(&[
-            (UnsupportedSchema, 1),
-            (InvalidPayload, 1),
-            (InvalidTransition, 1)
+            (UNSUPPORTED_SCHEMA, 1),
+            (INVALID_PAYLOAD, 1),
+            (INVALID_TRANSITION, 1)
         ])
     );
 
@@ -380,12 +398,12 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
         c.apply_next(&flow("v"), V1).unwrap(),
         Step::Blocked {
             seq: seq(1),
-            reason: UnsupportedSchema
+            reason: UNSUPPORTED_SCHEMA
         }
     );
     assert_eq!(
         inbox_status(&mut c, &v1.event_id),
-        InboxStatus::Blocked(UnsupportedSchema)
+        InboxStatus::Blocked(UNSUPPORTED_SCHEMA)
     );
     // reopened and evaluated with it: applied as stored
     assert_eq!(c.reopen_blocked(&flow("v")).unwrap(), 1);
@@ -415,9 +433,9 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
 
     // rows still invalid block again, with their reason
     for (f, e, reason) in [
-        ("w", &w1, UnsupportedSchema),
-        ("x", &x1, InvalidPayload),
-        ("y", &y1, InvalidTransition),
+        ("w", &w1, UNSUPPORTED_SCHEMA),
+        ("x", &x1, INVALID_PAYLOAD),
+        ("y", &y1, INVALID_TRANSITION),
     ] {
         assert_eq!(c.reopen_blocked(&flow(f)).unwrap(), 1, "{f}");
         assert_eq!(inbox_status(&mut c, &e.event_id), InboxStatus::Pending);
@@ -425,7 +443,7 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
             c.apply_next(&flow(f), V2).unwrap(),
             Step::Blocked {
                 seq: seq(1),
-                reason
+                reason: reason.clone()
             },
             "{f}"
         );
@@ -477,9 +495,9 @@ pub fn consumer_status_counts_pending_blocked_and_gaps<B: Backend>(dir: &Path) {
     clock.set(at(1_500));
     for (f, applied, stop) in [
         ("h", 1, DrainStop::Gap),
-        ("x", 0, DrainStop::Blocked(InvalidPayload)),
-        ("y", 0, DrainStop::Blocked(UnsupportedSchema)),
-        ("z", 0, DrainStop::Blocked(InvalidTransition)),
+        ("x", 0, DrainStop::Blocked(INVALID_PAYLOAD)),
+        ("y", 0, DrainStop::Blocked(UNSUPPORTED_SCHEMA)),
+        ("z", 0, DrainStop::Blocked(INVALID_TRANSITION)),
     ] {
         let d = drain_flow(&mut c, f, None, V1);
         assert_eq!((d.applied, d.stop), (applied, stop), "{f}");
@@ -495,9 +513,9 @@ pub fn consumer_status_counts_pending_blocked_and_gaps<B: Backend>(dir: &Path) {
         since_ms: at(1_000),
     };
     let blocked_rows = blocked(&[
-        (UnsupportedSchema, 1),
-        (InvalidPayload, 1),
-        (InvalidTransition, 1),
+        (UNSUPPORTED_SCHEMA, 1),
+        (INVALID_PAYLOAD, 1),
+        (INVALID_TRANSITION, 1),
     ]);
     assert_eq!(
         c.consumer_status().unwrap(),
@@ -608,9 +626,14 @@ pub fn prune_inbox_keeps_fingerprints_and_never_reapplies<B: Backend>(dir: &Path
     ] {
         drain_flow(&mut c, f, limit, V1);
     }
-    c.skip(&skip_request("k", 1, "bad amount", "ops"), at(3_000))
-        .unwrap()
-        .expect("skip k-1");
+    skip_at(
+        &mut c,
+        &clock,
+        &skip_request("k", 1, "bad amount", "ops"),
+        at(3_000),
+    )
+    .unwrap()
+    .expect("skip k-1");
     clock.set(at(8_000));
     assert_eq!(drain_flow(&mut c, "b", None, V1).applied, 1);
     assert_eq!(c.receive(&p1).unwrap(), Receipt::Accepted);
@@ -645,7 +668,7 @@ pub fn prune_inbox_keeps_fingerprints_and_never_reapplies<B: Backend>(dir: &Path
         c.consumer_status().unwrap(),
         ConsumerStatus {
             pending: 1,
-            blocked: blocked(&[(UnsupportedSchema, 1)]),
+            blocked: blocked(&[(UNSUPPORTED_SCHEMA, 1)]),
             gaps: vec![],
             gaps_total: 0,
             applied: 6,

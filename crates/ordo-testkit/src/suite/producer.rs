@@ -1,12 +1,13 @@
 //! PROTOCOL.md sections 2 and 4: `advance` on the producer.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    Advance, AdvanceError, AdvanceRefused, FlowRecord, FlowState, ReservationProducer,
+    INVALID_TRANSITION,
+};
 use std::path::Path;
 
-use ordo_core::reservation::event_id_for;
-use ordo_core::{
-    Advance, AdvanceError, AdvanceRefused, FlowRecord, FlowState, OutboxRecord, ProducerStore,
-    SchemaVersion,
-};
+use ordo_core::{OutboxRecord, ProducerStore, SchemaVersion};
 use serde_json::json;
 
 use crate::support::*;
@@ -28,7 +29,10 @@ pub fn advance_happy_path<B: Backend>(dir: &Path) {
     for (s, to) in [(1, Reserved), (2, Confirmed), (3, Released)] {
         let qty = (to == Reserved).then_some(7);
         let event = commit(&mut p, &request("f1", s - 1, to, qty, 1));
-        assert_eq!(event.event_id, event_id_for(&flow("f1"), seq(s)));
+        assert_eq!(
+            event.event_id,
+            ordo_core::EventId::for_seq(&flow("f1"), seq(s))
+        );
         assert_eq!(event.flow_id, flow("f1"));
         assert_eq!(event.seq, seq(s));
         assert_eq!(event.schema_version, SchemaVersion::V1);
@@ -285,7 +289,7 @@ pub fn advance_batch_sees_earlier_requests<B: Backend>(dir: &Path) {
     let a1 = reservation_event("a", 1, 5);
     let mut a2 = reservation_event("a", 2, 5);
     a2.schema_version = SchemaVersion::V2;
-    a2.payload = ordo_core::reservation::payload_for(SchemaVersion::V2, quantity(5));
+    a2.payload = ordo_reservation::rules::payload_for(SchemaVersion::V2, quantity(5));
     let a3 = reservation_event("a", 3, 5);
     let b1 = reservation_event("b", 1, 8);
     assert_eq!(outcomes[0], Ok(Advance::Committed(a1.clone())));

@@ -3,14 +3,19 @@
 //! compared with a small model. Case counts are small so the suite stays
 //! fast; set `PROPTEST_CASES` to run more.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    Advance, AdvanceError, AdvanceRefused, FlowRecord, FlowState, ReservationConsumer,
+    ReservationProducer, INVALID_TRANSITION,
+};
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use ordo_core::reservation::{event_id_for, payload_for};
 use ordo_core::{
-    Advance, AdvanceError, AdvanceRefused, ConsumerStore, DrainStop, Envelope, EventType,
-    FlowRecord, FlowState, InboxStatus, OutboxRecord, ProducerStore, Receipt, SchemaVersion, Step,
+    ConsumerStore, DrainStop, Envelope, EventType, InboxStatus, OutboxRecord, ProducerStore,
+    Receipt, SchemaVersion, Step,
 };
+use ordo_reservation::rules::payload_for;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
@@ -135,7 +140,7 @@ impl ConsumerModel {
         }
     }
 
-    fn check<C: ConsumerStore>(&self, c: &mut C, when: &str) -> Result<(), TestCaseError> {
+    fn check<C: ReservationConsumer>(&self, c: &mut C, when: &str) -> Result<(), TestCaseError> {
         check_consumer_invariants(c);
         for f in 0..self.quantities.len() {
             let want = match self.applied[f] {
@@ -148,7 +153,7 @@ impl ConsumerModel {
     }
 }
 
-fn deliver<C: ConsumerStore>(
+fn deliver<C: ReservationConsumer>(
     c: &mut C,
     model: &mut ConsumerModel,
     batch: &mut Vec<(usize, i64)>,
@@ -217,8 +222,7 @@ pub fn prop_any_arrival_order_with_duplicates<B: Backend>(dir: &Path) {
                     model.applied[f] += applied as i64;
                 }
                 Action::ProcessAll(batch_len) => {
-                    let drains =
-                        ordo_core::process_all(&mut c, None, V1, batch_len).expect("process_all");
+                    let drains = c.process_all(None, V1, batch_len).expect("process_all");
                     for d in &drains {
                         prop_assert!(
                             matches!(d.stop, DrainStop::Idle | DrainStop::Gap),
@@ -262,7 +266,10 @@ pub fn prop_any_arrival_order_with_duplicates<B: Backend>(dir: &Path) {
         let inbox = c.inbox().expect("inbox");
         prop_assert_eq!(inbox.len(), flows * 3);
         prop_assert!(inbox.iter().all(|r| r.status == InboxStatus::Applied));
-        prop_assert!(c.flows_with_work(V2).expect("flows_with_work").is_empty());
+        prop_assert!(c
+            .flows_with_reservation_work(V2)
+            .expect("flows_with_work")
+            .is_empty());
         Ok(())
     });
 }
@@ -404,13 +411,13 @@ pub fn prop_advance_matches_model<B: Backend>(dir: &Path) {
 fn commit_model(
     flow: &mut FlowRecord,
     outbox: &mut Vec<OutboxRecord>,
-    req: &ordo_core::AdvanceRequest,
+    req: &ordo_reservation::AdvanceRequest,
     q: i64,
     got: Result<Advance, AdvanceError>,
 ) -> Result<(), TestCaseError> {
     let s = seq(flow.last_seq + 1);
     let event = Envelope {
-        event_id: event_id_for(&flow.flow_id, s),
+        event_id: ordo_core::EventId::for_seq(&flow.flow_id, s),
         flow_id: flow.flow_id.clone(),
         seq: s,
         schema_version: req.schema_version,

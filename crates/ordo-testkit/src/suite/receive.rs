@@ -1,9 +1,11 @@
 //! PROTOCOL.md sections 3 and 6: `receive` stores durably and answers
 //! `accepted`, `duplicate` or `conflict`, by canonical body.
 
+#[allow(unused_imports)]
+use ordo_reservation::{FlowState, ReservationConsumer, UNSUPPORTED_SCHEMA};
 use std::path::Path;
 
-use ordo_core::{ConsumerStore, DrainStop, FlowState, InboxStatus, Receipt, Step};
+use ordo_core::{ConsumerStore, DrainStop, InboxStatus, Receipt, Step};
 use serde_json::json;
 
 use crate::support::*;
@@ -362,7 +364,7 @@ pub fn receive_seq_bounds<B: Backend>(dir: &Path) {
         c.apply_next(&flow("sv"), V2).unwrap(),
         Step::Blocked {
             seq: seq(1),
-            reason: ordo_core::BlockReason::UnsupportedSchema
+            reason: ordo_reservation::UNSUPPORTED_SCHEMA
         }
     );
     assert_eq!(

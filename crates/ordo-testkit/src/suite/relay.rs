@@ -1,18 +1,23 @@
 //! PROTOCOL.md section 5: the relay moves custody only on `accepted` or
 //! `duplicate`, and the seed's `first-pending` policy can starve.
 
+#[allow(unused_imports)]
+use ordo_reservation::{FlowState, ReservationConsumer, ReservationProducer};
 use std::path::Path;
 
 use ordo_core::{
-    ConsumerStore, Envelope, FlowState, InboxStatus, ProducerStore, Receipt, RelayError,
-    RelayReport, RelayStop,
+    ConsumerStore, Envelope, InboxStatus, ProducerStore, Receipt, RelayError, RelayReport,
+    RelayStop,
 };
 use serde_json::json;
 
 use crate::support::*;
 use crate::Backend;
 
-fn run<P: ProducerStore, C: ConsumerStore>(p: &mut P, c: &mut C) -> RelayReport {
+fn run<P: ProducerStore + ReservationProducer, C: ReservationConsumer>(
+    p: &mut P,
+    c: &mut C,
+) -> RelayReport {
     relay_first_pending(p, c, None)
 }
 

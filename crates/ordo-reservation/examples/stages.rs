@@ -3,7 +3,7 @@
 //! put under a profiler.
 //!
 //! ```text
-//! cargo build --release -p ordo-sqlite --example stages
+//! cargo build --release -p ordo-reservation --example stages
 //! target/release/examples/stages 10000 256
 //! valgrind --tool=callgrind target/release/examples/stages 3000 256
 //! callgrind_annotate --inclusive=yes callgrind.out.<pid>
@@ -11,12 +11,14 @@
 //!
 //! Arguments: flows (each three events) and the batch size B = K.
 
+#[allow(unused_imports)]
+use ordo_reservation::{
+    consumer_schema, producer_schema, AdvanceRequest, ApplyOptions, FlowState, Quantity,
+    ReservationHandler, ReservationProducer,
+};
 use std::time::Instant;
 
-use ordo_core::{
-    process_all_each, relay, AdvanceRequest, ApplyOptions, FlowId, FlowState, ProducerStore,
-    Quantity, RelayOptions, SchemaVersion, SystemClock,
-};
+use ordo_core::{process_all_each, relay, FlowId, RelayOptions, SchemaVersion, SystemClock};
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 
 const STEPS: [FlowState; 3] = [
@@ -42,8 +44,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let flows = argument(1, "flows", 10_000);
     let batch = argument(2, "batch", 256);
     let dir = tempfile::tempdir()?;
-    let mut producer = ProducerDb::open(dir.path().join("producer.db"))?;
-    let mut consumer = ConsumerDb::open(dir.path().join("consumer.db"))?;
+    let mut producer = ProducerDb::open(dir.path().join("producer.db"), &producer_schema())?;
+    let mut consumer = ConsumerDb::open(dir.path().join("consumer.db"), &consumer_schema())?;
     let events = flows * STEPS.len() as u64;
     let per_event = |started: Instant| started.elapsed().as_secs_f64() * 1e6 / events as f64;
 
@@ -83,7 +85,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     process_all_each(
         &mut consumer,
         None,
-        ApplyOptions::default(),
+        &mut ReservationHandler::default(),
         batch,
         |drain| applied += drain.applied,
     )?;

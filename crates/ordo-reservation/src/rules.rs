@@ -1,15 +1,57 @@
-//! The built-in reference domain: the reservation flow
-//! `new -> reserved -> confirmed -> released`, one event per step, with one
-//! fixed quantity. Pure decisions only; the stores run them inside their
+//! The reservation flow's rules: `new -> reserved -> confirmed ->
+//! released`, one event per step, with one fixed quantity. Pure decisions
+//! only; the handler and `advance` run them inside the stores'
 //! transactions.
 
 use std::fmt;
 
 use serde_json::{Map, Value};
 
-use crate::envelope::{Envelope, EventType};
-use crate::ids::{EventId, FlowId, Quantity, RuleViolation, SchemaVersion, Seq};
-use crate::outcome::BlockReason;
+use ordo_core::envelope::{Envelope, EventType};
+use ordo_core::{BlockCode, BlockReason, EventId, FlowId, RuleViolation, SchemaVersion, Seq};
+
+/// The largest quantity a flow may carry.
+pub const QUANTITY_MAX: i64 = 1_000_000;
+
+/// The consumer does not decode this schema version (yet).
+pub const UNSUPPORTED_SCHEMA: BlockReason =
+    BlockReason::code(BlockCode::from_static("unsupported_schema"));
+/// The payload is not exactly `{"amount": q}` (schema 1) or `{"units": q}`
+/// (schema 2) with a quantity in `1..=1_000_000`.
+pub const INVALID_PAYLOAD: BlockReason =
+    BlockReason::code(BlockCode::from_static("invalid_payload"));
+/// The event is not the legal next step of the projection, or changes the
+/// flow's quantity.
+pub const INVALID_TRANSITION: BlockReason =
+    BlockReason::code(BlockCode::from_static("invalid_transition"));
+
+/// The fixed quantity a reservation flow carries: `1..=1_000_000`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Quantity(i64);
+
+impl Quantity {
+    /// Builds a quantity, refusing anything outside `1..=1_000_000`.
+    pub fn new(value: i64) -> Result<Self, RuleViolation> {
+        if (1..=QUANTITY_MAX).contains(&value) {
+            Ok(Quantity(value))
+        } else {
+            Err(RuleViolation {
+                rule: format!("must be an integer in 1..={QUANTITY_MAX} (got {value})"),
+            })
+        }
+    }
+
+    /// The quantity as an integer.
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Quantity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 /// The state of a reservation flow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -224,21 +266,6 @@ pub enum AdvanceDecision {
     },
 }
 
-/// The event id the producer gives to `(flow_id, seq)`: `FLOW-SEQ` when that
-/// fits in 100 characters, else `h` followed by the SHA-256 of both in hex.
-/// Both forms are deterministic, so a flow's history has the same ids
-/// whichever process committed it.
-pub fn event_id_for(flow_id: &FlowId, seq: Seq) -> EventId {
-    let readable = format!("{flow_id}-{seq}");
-    let id = if readable.len() <= crate::ids::IDENTIFIER_LEN_MAX {
-        readable
-    } else {
-        let hash = crate::envelope::BodyHash::of(&format!("{flow_id}\n{seq}"));
-        format!("h{hash}")
-    };
-    EventId::new(id).expect("both event id forms are identifiers")
-}
-
 /// The payload of a reservation event in the given schema (1 or 2).
 pub fn payload_for(schema_version: SchemaVersion, quantity: Quantity) -> Map<String, Value> {
     let key = if schema_version == SchemaVersion::V2 {
@@ -288,7 +315,7 @@ pub fn decide_advance(
         flow_id: current.flow_id.clone(),
     })?;
     let event = Envelope {
-        event_id: event_id_for(&current.flow_id, seq),
+        event_id: EventId::for_seq(&current.flow_id, seq),
         flow_id: current.flow_id.clone(),
         seq,
         schema_version: request.schema_version,
@@ -320,17 +347,17 @@ pub fn decode_quantity(event: &Envelope, options: ApplyOptions) -> Result<Quanti
     let key = match event.schema_version.get() {
         1 => "amount",
         2 if options.support_v2 => "units",
-        _ => return Err(BlockReason::UnsupportedSchema),
+        _ => return Err(UNSUPPORTED_SCHEMA),
     };
     if event.payload.len() != 1 {
-        return Err(BlockReason::InvalidPayload);
+        return Err(INVALID_PAYLOAD);
     }
     event
         .payload
         .get(key)
         .and_then(integral)
         .and_then(|q| Quantity::new(q).ok())
-        .ok_or(BlockReason::InvalidPayload)
+        .ok_or(INVALID_PAYLOAD)
 }
 
 /// A JSON number's integer value, also when written with a fraction of zero
@@ -358,14 +385,13 @@ pub fn decide_apply(
         "apply moves forward"
     );
     let quantity = decode_quantity(event, options)?;
-    let target =
-        FlowState::parse(event.event_type.as_str()).ok_or(BlockReason::InvalidTransition)?;
+    let target = FlowState::parse(event.event_type.as_str()).ok_or(INVALID_TRANSITION)?;
     if projection.state.next() != Some(target) {
-        return Err(BlockReason::InvalidTransition);
+        return Err(INVALID_TRANSITION);
     }
     if let Some(fixed) = projection.quantity {
         if fixed != quantity {
-            return Err(BlockReason::InvalidTransition);
+            return Err(INVALID_TRANSITION);
         }
     }
     Ok(Projection {
@@ -522,9 +548,9 @@ mod tests {
     #[test]
     fn long_flow_ids_get_hashed_event_ids() {
         let long = FlowId::new("f".repeat(100)).unwrap();
-        let id = event_id_for(&long, Seq::FIRST);
+        let id = EventId::for_seq(&long, Seq::FIRST);
         assert!(id.as_str().starts_with('h') && id.as_str().len() == 65);
-        assert_ne!(id, event_id_for(&long, Seq::new(2).unwrap()));
+        assert_ne!(id, EventId::for_seq(&long, Seq::new(2).unwrap()));
     }
 
     #[test]
@@ -573,7 +599,6 @@ mod tests {
     #[test]
     fn apply_decisions() {
         use serde_json::json;
-        use BlockReason::*;
         let empty = Projection::empty(FlowId::new("f").unwrap());
         let reserved = Projection {
             state: FlowState::Reserved,
@@ -611,49 +636,49 @@ mod tests {
                 &empty,
                 stored(1, 1, "reserved", json!({"amount": 0})),
                 v1,
-                Err(InvalidPayload),
+                Err(INVALID_PAYLOAD),
             ),
             (
                 &empty,
                 stored(1, 1, "reserved", json!({"amount": 1_000_001})),
                 v1,
-                Err(InvalidPayload),
+                Err(INVALID_PAYLOAD),
             ),
             (
                 &empty,
                 stored(1, 1, "reserved", json!({"amount": 5.5})),
                 v1,
-                Err(InvalidPayload),
+                Err(INVALID_PAYLOAD),
             ),
             (
                 &empty,
                 stored(1, 1, "reserved", json!({"amount": "5"})),
                 v1,
-                Err(InvalidPayload),
+                Err(INVALID_PAYLOAD),
             ),
             (
                 &empty,
                 stored(1, 1, "reserved", json!({"units": 5})),
                 v1,
-                Err(InvalidPayload),
+                Err(INVALID_PAYLOAD),
             ),
             (
                 &empty,
                 stored(1, 1, "reserved", json!({})),
                 v1,
-                Err(InvalidPayload),
+                Err(INVALID_PAYLOAD),
             ),
             (
                 &empty,
                 stored(1, 1, "reserved", json!({"amount": 5, "x": 1})),
                 v1,
-                Err(InvalidPayload),
+                Err(INVALID_PAYLOAD),
             ),
             (
                 &empty,
                 stored(1, 2, "reserved", json!({"units": 5})),
                 v1,
-                Err(UnsupportedSchema),
+                Err(UNSUPPORTED_SCHEMA),
             ),
             (
                 &empty,
@@ -665,39 +690,39 @@ mod tests {
                 &empty,
                 stored(1, 2, "reserved", json!({"amount": 5})),
                 v2,
-                Err(InvalidPayload),
+                Err(INVALID_PAYLOAD),
             ),
             (
                 &empty,
                 stored(1, 9, "reserved", json!({"amount": 5})),
                 v2,
-                Err(UnsupportedSchema),
+                Err(UNSUPPORTED_SCHEMA),
             ),
             // unsupported schema wins over a bad payload and a bad step
             (
                 &empty,
                 stored(1, 9, "released", json!({})),
                 v1,
-                Err(UnsupportedSchema),
+                Err(UNSUPPORTED_SCHEMA),
             ),
             // a bad payload wins over a bad step
             (
                 &empty,
                 stored(1, 1, "released", json!({})),
                 v1,
-                Err(InvalidPayload),
+                Err(INVALID_PAYLOAD),
             ),
             (
                 &empty,
                 stored(1, 1, "confirmed", json!({"amount": 5})),
                 v1,
-                Err(InvalidTransition),
+                Err(INVALID_TRANSITION),
             ),
             (
                 &empty,
                 stored(1, 1, "shipped", json!({"amount": 5})),
                 v1,
-                Err(InvalidTransition),
+                Err(INVALID_TRANSITION),
             ),
             (
                 &reserved,
@@ -709,24 +734,42 @@ mod tests {
                 &reserved,
                 stored(2, 1, "confirmed", json!({"amount": 6})),
                 v1,
-                Err(InvalidTransition),
+                Err(INVALID_TRANSITION),
             ),
             (
                 &reserved,
                 stored(2, 1, "released", json!({"amount": 5})),
                 v1,
-                Err(InvalidTransition),
+                Err(INVALID_TRANSITION),
             ),
             (
                 &reserved,
                 stored(2, 1, "reserved", json!({"amount": 5})),
                 v1,
-                Err(InvalidTransition),
+                Err(INVALID_TRANSITION),
             ),
         ];
         for (projection, event, options, expected) in cases {
             let got = decide_apply(projection, &event, options).map(|p| p.state);
             assert_eq!(got, expected, "{event:?} with {options:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod quantity_tests {
+    use super::*;
+
+    #[test]
+    fn quantity_bounds() {
+        for (value, ok) in [
+            (0, false),
+            (1, true),
+            (1_000_000, true),
+            (1_000_001, false),
+            (-5, false),
+        ] {
+            assert_eq!(Quantity::new(value).is_ok(), ok, "quantity {value}");
         }
     }
 }

@@ -1,0 +1,79 @@
+//! The application's side of apply: a handler that decides, inside the
+//! apply transaction, what an event means.
+//!
+//! Invariant: ordo never interprets a payload. Order, dedup, custody,
+//! blocking and repair are the store's; what an event does is the handler's,
+//! written to the application's own tables through the transaction the
+//! store hands it, so the application's change and the inbox mark commit
+//! together or not at all.
+
+use crate::envelope::Envelope;
+use crate::error::StoreError;
+use crate::ids::BlockCode;
+use crate::outcome::BlockReason;
+
+/// What a handler decided about one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The handler wrote its changes; the store marks the event applied in
+    /// the same transaction.
+    Apply,
+    /// The event cannot be applied: the store undoes everything the handler
+    /// wrote for it and marks it `blocked` with this reason, its body
+    /// unchanged. The flow stops there until an operator acts, or until the
+    /// handler re-evaluates the code (see [`ApplyHandler::reevaluate`]).
+    Block(BlockReason),
+}
+
+impl Verdict {
+    /// Blocks with a code and no detail.
+    pub const fn block(code: BlockCode) -> Verdict {
+        Verdict::Block(BlockReason::code(code))
+    }
+
+    /// Blocks with a code and detail text for the operator.
+    pub fn block_with(code: BlockCode, detail: impl Into<String>) -> Verdict {
+        Verdict::Block(BlockReason::with_detail(code, detail))
+    }
+}
+
+/// Applies a flow's next event inside the consumer's apply transaction.
+///
+/// `Tx` is the backend's transaction type (for SQLite,
+/// `rusqlite::Connection`, inside an open `BEGIN IMMEDIATE` transaction).
+///
+/// Guarantees the store gives a handler:
+/// - it is called only for a flow's next event after its applied seq, in
+///   seq order, never for an event already applied or skipped;
+/// - what it writes through `tx` commits together with the event's inbox
+///   mark, or not at all; on [`Verdict::Block`] none of it commits.
+///
+/// What a handler must allow for: a call whose writes never commit (a crash,
+/// an error, or a batch that runs again after a block), so it keeps nothing
+/// outside `tx` that assumes the call took effect. It must not end the
+/// transaction (the store then fails the apply and nothing commits), and it
+/// must not read the store's own tables to learn where a flow stands: the
+/// event it is given is the next one.
+pub trait ApplyHandler<Tx: ?Sized> {
+    /// Applies `event` by writing through `tx`, or blocks it. An `Err` is an
+    /// operating failure: the whole apply transaction is rolled back and the
+    /// error returned to the caller; nothing is marked.
+    fn apply(&mut self, tx: &Tx, event: &Envelope) -> Result<Verdict, StoreError>;
+
+    /// The block codes this handler evaluates again: rows blocked with one
+    /// of them are offered to [`ApplyHandler::apply`] once more (for example
+    /// after the handler learned a new schema version). Rows blocked with
+    /// any other code stay blocked until an operator acts. None by default.
+    fn reevaluate(&self) -> &[BlockCode] {
+        &[]
+    }
+}
+
+impl<Tx: ?Sized, F> ApplyHandler<Tx> for F
+where
+    F: FnMut(&Tx, &Envelope) -> Result<Verdict, StoreError>,
+{
+    fn apply(&mut self, tx: &Tx, event: &Envelope) -> Result<Verdict, StoreError> {
+        self(tx, event)
+    }
+}

@@ -1,0 +1,25 @@
+//! # ordo-reservation
+//!
+//! The reference domain of the protocol (`PROTOCOL.md` section 2), built on
+//! ordo's public API only, the way any application builds its own: a flow
+//! `new -> reserved -> confirmed -> released` carrying one fixed quantity,
+//! its producer table (`flow`) and `advance`, and its consumer tables
+//! (`projection`, `effect`) written by [`ReservationHandler`].
+//!
+//! The command line, the experiment, the demo and the benchmarks use it
+//! from here; nothing in `ordo-core` or `ordo-sqlite` knows it.
+
+#![warn(missing_docs)]
+
+pub mod rules;
+mod sqlite;
+
+pub use rules::{
+    AdvanceRefused, AdvanceRequest, ApplyOptions, FlowRecord, FlowState, InvalidRequest,
+    Projection, Quantity, INVALID_PAYLOAD, INVALID_TRANSITION, QUANTITY_MAX, UNSUPPORTED_SCHEMA,
+};
+pub use sqlite::{
+    consumer_schema, consumer_snapshot, open_consumer, open_producer, producer_schema,
+    producer_snapshot, Advance, AdvanceError, EffectRecord, ReservationConsumer,
+    ReservationHandler, ReservationProducer, DOMAIN,
+};

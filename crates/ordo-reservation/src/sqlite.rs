@@ -1,0 +1,585 @@
+//! The reservation domain on SQLite: its tables, its handler and its
+//! `advance`, written against `ordo-sqlite`'s public API.
+
+use ordo_core::{
+    crash, process_all, ApplyHandler, BlockCode, ConsumerStore, Drain, Envelope, EventId, FlowId,
+    Seq, Step, StoreError, Verdict,
+};
+use ordo_sqlite::{ConsumerDb, ProducerDb, ProducerTx, Schema};
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::rules::{
+    decide_advance, decide_apply, parse_state, AdvanceDecision, AdvanceRefused, AdvanceRequest,
+    ApplyOptions, FlowRecord, FlowState, Projection, Quantity,
+};
+
+/// The domain name of reservation stores.
+pub const DOMAIN: &str = "reservation";
+
+/// The producer's table: one row per flow that has advanced. Its last seq
+/// is the outbox's.
+const FLOW_TABLE: &str = "CREATE TABLE IF NOT EXISTS flow (
+    flow_id  TEXT    PRIMARY KEY,
+    state    TEXT    NOT NULL,
+    quantity INTEGER NOT NULL
+) WITHOUT ROWID;";
+
+/// The consumer's tables: the projection of each flow, and one effect per
+/// applied event. `IF NOT EXISTS`, because stores of the first release
+/// already hold them.
+const PROJECTION_TABLES: &str = "CREATE TABLE IF NOT EXISTS projection (
+    flow_id     TEXT    PRIMARY KEY,
+    state       TEXT    NOT NULL,
+    quantity    INTEGER NOT NULL,
+    applied_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+-- One effect per (flow_id, seq): a second effect for the same seq cannot
+-- commit.
+CREATE TABLE IF NOT EXISTS effect (
+    flow_id  TEXT    NOT NULL,
+    seq      INTEGER NOT NULL,
+    event_id TEXT    NOT NULL,
+    PRIMARY KEY (flow_id, seq)
+) WITHOUT ROWID;";
+
+/// The producer side's schema.
+pub fn producer_schema() -> Schema {
+    Schema::new(DOMAIN)
+        .expect("the domain name is valid")
+        .migration(FLOW_TABLE)
+}
+
+/// The consumer side's schema.
+pub fn consumer_schema() -> Schema {
+    Schema::new(DOMAIN)
+        .expect("the domain name is valid")
+        .migration(PROJECTION_TABLES)
+}
+
+/// The outcome of an advance.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Advance {
+    /// The state change and the event were committed together.
+    Committed(Envelope),
+    /// `expected_seq` differed from the flow's `last_seq`; nothing was written.
+    Stale {
+        /// The flow's actual `last_seq`.
+        last_seq: i64,
+    },
+    /// The target is not the legal next step; nothing was written.
+    InvalidTransition {
+        /// The flow's state.
+        from: FlowState,
+        /// The requested state.
+        to: FlowState,
+    },
+}
+
+/// Why an advance failed (as opposed to a protocol outcome).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdvanceError {
+    /// The request is refused by the flow's state; nothing was written.
+    #[error(transparent)]
+    Refused(#[from] AdvanceRefused),
+    /// The store failed; nothing was committed unless the kind is
+    /// `CommitOutcomeUnknown`.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<ordo_core::AppendError> for AdvanceError {
+    fn from(error: ordo_core::AppendError) -> AdvanceError {
+        match error {
+            ordo_core::AppendError::Store(e) => AdvanceError::Store(e),
+            // decide_advance allocated the next seq and id under the same
+            // write lock: any other refusal means a damaged file.
+            other => AdvanceError::Store(StoreError::new(
+                ordo_core::ErrorKind::Corrupt,
+                format!("producer: {other}"),
+            )),
+        }
+    }
+}
+
+/// One effect record: written once per applied event, in the same
+/// transaction as the projection change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectRecord {
+    /// The flow.
+    pub flow_id: FlowId,
+    /// The applied seq.
+    pub seq: Seq,
+    /// The applied event.
+    pub event_id: EventId,
+}
+
+/// The reservation producer: `advance` and the flows.
+pub trait ReservationProducer {
+    /// Advances a flow by one step: in one write transaction, reads the flow,
+    /// decides with [`decide_advance`], and commits the new state together
+    /// with the event, or writes nothing.
+    fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError>;
+
+    /// Decides every request in order in ONE write transaction (each sees
+    /// the ones before it) and commits all committed steps together. A
+    /// refused request writes nothing and does not stop the others.
+    #[allow(clippy::type_complexity)]
+    fn advance_batch(
+        &mut self,
+        requests: &[AdvanceRequest],
+    ) -> Result<Vec<Result<Advance, AdvanceRefused>>, StoreError>;
+
+    /// Every flow that has a record, ordered by flow id.
+    fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError>;
+}
+
+/// The reservation consumer: apply with the reservation handler, and its
+/// tables.
+pub trait ReservationConsumer: ConsumerStore {
+    /// [`ConsumerStore::apply_next_with`] with [`ReservationHandler`].
+    fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError>;
+
+    /// [`ConsumerStore::apply_batch_with`] with [`ReservationHandler`].
+    fn apply_batch(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        options: ApplyOptions,
+    ) -> Result<Vec<Drain>, StoreError>;
+
+    /// [`ordo_core::drain`] with [`ReservationHandler`].
+    fn drain(
+        &mut self,
+        flow_id: &FlowId,
+        limit: Option<u64>,
+        options: ApplyOptions,
+        batch_len_max: u64,
+    ) -> Result<Drain, StoreError>;
+
+    /// [`ordo_core::process_all`] with [`ReservationHandler`].
+    fn process_all(
+        &mut self,
+        limit: Option<u64>,
+        options: ApplyOptions,
+        batch_len_max: u64,
+    ) -> Result<Vec<Drain>, StoreError>;
+
+    /// Flows with work for the handler of `options`.
+    fn flows_with_reservation_work(
+        &mut self,
+        options: ApplyOptions,
+    ) -> Result<Vec<FlowId>, StoreError>;
+
+    /// Every projection, ordered by flow id.
+    fn projections(&mut self) -> Result<Vec<Projection>, StoreError>;
+
+    /// Every effect record, ordered by flow id then seq.
+    fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError>;
+}
+
+/// The reference domain's handler: validates the event against the flow's
+/// projection, then updates the projection and inserts one effect record;
+/// otherwise blocks with `unsupported_schema`, `invalid_payload` or
+/// `invalid_transition`. With schema 2 support it re-evaluates rows blocked
+/// for `unsupported_schema`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ReservationHandler {
+    options: ApplyOptions,
+}
+
+const REEVALUATE_V2: [BlockCode; 1] = [BlockCode::from_static("unsupported_schema")];
+
+impl ReservationHandler {
+    /// A handler decoding the schemas `options` enables.
+    pub fn new(options: ApplyOptions) -> ReservationHandler {
+        ReservationHandler { options }
+    }
+}
+
+impl ApplyHandler<Connection> for ReservationHandler {
+    fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+        let current = read_projection(tx, &event.flow_id)?;
+        let next = match decide_apply(&current, event, self.options) {
+            Ok(next) => next,
+            Err(reason) => return Ok(Verdict::Block(reason)),
+        };
+        let quantity = next.quantity.expect("an applied step has a quantity");
+        tx.prepare_cached(
+            "INSERT INTO projection (flow_id, state, quantity, applied_seq) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
+                 quantity = excluded.quantity, applied_seq = excluded.applied_seq",
+        )?
+        .execute(params![
+            next.flow_id.as_str(),
+            next.state.as_str(),
+            quantity.get(),
+            next.applied_seq
+        ])?;
+        crash::point(crash::CONSUMER_APPLY_AFTER_PROJECTION);
+        tx.prepare_cached("INSERT INTO effect (flow_id, seq, event_id) VALUES (?1, ?2, ?3)")?
+            .execute(params![
+                event.flow_id.as_str(),
+                event.seq.get(),
+                event.event_id.as_str()
+            ])?;
+        crash::point(crash::CONSUMER_APPLY_AFTER_EFFECT);
+        Ok(Verdict::Apply)
+    }
+
+    fn reevaluate(&self) -> &[BlockCode] {
+        if self.options.support_v2 {
+            &REEVALUATE_V2
+        } else {
+            &[]
+        }
+    }
+}
+
+fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::new(
+        ordo_core::ErrorKind::Corrupt,
+        format!("{context}: {detail}"),
+    )
+}
+
+fn read_projection(conn: &Connection, flow_id: &FlowId) -> Result<Projection, StoreError> {
+    let row: Option<(String, i64, i64)> = conn
+        .prepare_cached("SELECT state, quantity, applied_seq FROM projection WHERE flow_id = ?1")?
+        .query_row([flow_id.as_str()], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })
+        .optional()?;
+    match row {
+        None => Ok(Projection::empty(flow_id.clone())),
+        Some((state, quantity, applied_seq)) => {
+            projection(flow_id.as_str(), &state, quantity, applied_seq)
+        }
+    }
+}
+
+fn projection(
+    flow_id: &str,
+    state: &str,
+    quantity: i64,
+    applied_seq: i64,
+) -> Result<Projection, StoreError> {
+    let context = "consumer: stored projection";
+    Ok(Projection {
+        flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+        state: parse_state(state).map_err(|e| corrupt(context, e))?,
+        quantity: Some(Quantity::new(quantity).map_err(|e| corrupt(context, e))?),
+        applied_seq,
+    })
+}
+
+/// Decides and writes one advance inside `ptx`; a refusal writes nothing.
+fn advance_in_tx(
+    ptx: &mut ProducerTx<'_>,
+    request: &AdvanceRequest,
+) -> Result<Result<Advance, AdvanceRefused>, AdvanceError> {
+    let current = read_flow(ptx, &request.flow_id)?;
+    let decision = match decide_advance(&current, request) {
+        Ok(decision) => decision,
+        Err(refused) => return Ok(Err(refused)),
+    };
+    Ok(Ok(match decision {
+        AdvanceDecision::Stale { last_seq } => Advance::Stale { last_seq },
+        AdvanceDecision::InvalidTransition { from, to } => Advance::InvalidTransition { from, to },
+        AdvanceDecision::Commit { flow, event } => {
+            let quantity = flow.quantity.expect("a committed flow has a quantity");
+            ptx.sql()
+                .prepare_cached(
+                    "INSERT INTO flow (flow_id, state, quantity) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
+                         quantity = excluded.quantity",
+                )
+                .and_then(|mut insert| {
+                    insert.execute(params![
+                        flow.flow_id.as_str(),
+                        flow.state.as_str(),
+                        quantity.get()
+                    ])
+                })
+                .map_err(|e| StoreError::sqlite("producer: cannot write the flow", e))?;
+            ptx.append_envelope(&event)?;
+            Advance::Committed(event)
+        }
+    }))
+}
+
+fn read_flow(ptx: &ProducerTx<'_>, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
+    let row: Option<(String, i64)> = ptx
+        .sql()
+        .prepare_cached("SELECT state, quantity FROM flow WHERE flow_id = ?1")?
+        .query_row([flow_id.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    let last_seq = ptx.last_seq(flow_id)?;
+    match row {
+        None => Ok(FlowRecord {
+            last_seq,
+            ..FlowRecord::new_flow(flow_id.clone())
+        }),
+        Some((state, quantity)) => flow_record(flow_id.as_str(), &state, quantity, last_seq),
+    }
+}
+
+fn flow_record(
+    flow_id: &str,
+    state: &str,
+    quantity: i64,
+    last_seq: i64,
+) -> Result<FlowRecord, StoreError> {
+    let context = "producer: stored flow";
+    Ok(FlowRecord {
+        flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+        state: parse_state(state).map_err(|e| corrupt(context, e))?,
+        quantity: Some(Quantity::new(quantity).map_err(|e| corrupt(context, e))?),
+        last_seq,
+    })
+}
+
+/// Every flow of a reservation producer store, ordered by flow id (none for
+/// a store of another domain, which has no `flow` table).
+pub(crate) fn read_flows(conn: &Connection) -> Result<Vec<FlowRecord>, StoreError> {
+    if !has_table(conn, "flow")? {
+        return Ok(Vec::new());
+    }
+    let mut stmt = conn.prepare_cached(
+        "SELECT f.flow_id, f.state, f.quantity, coalesce(h.last_seq, 0)
+         FROM flow f LEFT JOIN outbox_head h ON h.flow_id = f.flow_id ORDER BY f.flow_id",
+    )?;
+    let rows = stmt.query_map([], |row| {
+        Ok((
+            row.get::<_, String>(0)?,
+            row.get::<_, String>(1)?,
+            row.get(2)?,
+            row.get(3)?,
+        ))
+    })?;
+    let mut flows = Vec::new();
+    for row in rows {
+        let (flow_id, state, quantity, last_seq) = row?;
+        flows.push(flow_record(&flow_id, &state, quantity, last_seq)?);
+    }
+    Ok(flows)
+}
+
+fn has_table(conn: &Connection, name: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+        )?
+        .query_row([name], |row| row.get(0))?)
+}
+
+/// Every projection, ordered by flow id (none for another domain's store).
+pub(crate) fn read_projections(conn: &Connection) -> Result<Vec<Projection>, StoreError> {
+    if !has_table(conn, "projection")? {
+        return Ok(Vec::new());
+    }
+    let mut stmt = conn.prepare_cached(
+        "SELECT flow_id, state, quantity, applied_seq FROM projection ORDER BY flow_id",
+    )?;
+    let rows = stmt.query_map([], |row| {
+        Ok((
+            row.get::<_, String>(0)?,
+            row.get::<_, String>(1)?,
+            row.get(2)?,
+            row.get(3)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (flow_id, state, quantity, applied_seq) = row?;
+        out.push(projection(&flow_id, &state, quantity, applied_seq)?);
+    }
+    Ok(out)
+}
+
+/// Every effect, ordered by flow id then seq (none for another domain's
+/// store).
+pub(crate) fn read_effects(conn: &Connection) -> Result<Vec<EffectRecord>, StoreError> {
+    if !has_table(conn, "effect")? {
+        return Ok(Vec::new());
+    }
+    let context = "consumer: stored effect";
+    let mut stmt =
+        conn.prepare_cached("SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq")?;
+    let rows = stmt.query_map([], |row| {
+        Ok((
+            row.get::<_, String>(0)?,
+            row.get::<_, i64>(1)?,
+            row.get::<_, String>(2)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (flow_id, seq, event_id) = row?;
+        out.push(EffectRecord {
+            flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+            seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
+            event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,
+        });
+    }
+    Ok(out)
+}
+
+impl ReservationProducer for ProducerDb {
+    fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError> {
+        let outcome = self.write(|ptx| -> Result<Advance, AdvanceError> {
+            let outcome = advance_in_tx(ptx, request)??;
+            if matches!(outcome, Advance::Committed(_)) {
+                crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
+            }
+            Ok(outcome)
+        })?;
+        if matches!(outcome, Advance::Committed(_)) {
+            crash::point(crash::PRODUCER_ADVANCE_AFTER_COMMIT);
+        }
+        Ok(outcome)
+    }
+
+    fn advance_batch(
+        &mut self,
+        requests: &[AdvanceRequest],
+    ) -> Result<Vec<Result<Advance, AdvanceRefused>>, StoreError> {
+        let committed = |outcomes: &[Result<Advance, AdvanceRefused>]| {
+            outcomes
+                .iter()
+                .any(|o| matches!(o, Ok(Advance::Committed(_))))
+        };
+        let outcomes = self
+            .write(|ptx| -> Result<Vec<_>, AdvanceError> {
+                let outcomes = requests
+                    .iter()
+                    .map(|request| advance_in_tx(ptx, request))
+                    .collect::<Result<Vec<_>, AdvanceError>>()?;
+                if committed(&outcomes) {
+                    crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
+                }
+                Ok(outcomes)
+            })
+            .map_err(|e| match e {
+                AdvanceError::Store(e) => e,
+                AdvanceError::Refused(r) => {
+                    unreachable!("a batch returns refusals as values: {r}")
+                }
+            })?;
+        if committed(&outcomes) {
+            crash::point(crash::PRODUCER_ADVANCE_AFTER_COMMIT);
+        }
+        Ok(outcomes)
+    }
+
+    fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError> {
+        read_flows(self.connection())
+    }
+}
+
+impl ReservationConsumer for ConsumerDb {
+    fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError> {
+        self.apply_next_with(flow_id, &mut ReservationHandler::new(options))
+    }
+
+    fn apply_batch(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        options: ApplyOptions,
+    ) -> Result<Vec<Drain>, StoreError> {
+        self.apply_batch_with(flows, events_max, &mut ReservationHandler::new(options))
+    }
+
+    fn drain(
+        &mut self,
+        flow_id: &FlowId,
+        limit: Option<u64>,
+        options: ApplyOptions,
+        batch_len_max: u64,
+    ) -> Result<Drain, StoreError> {
+        ordo_core::drain(
+            self,
+            flow_id,
+            limit,
+            &mut ReservationHandler::new(options),
+            batch_len_max,
+        )
+    }
+
+    fn process_all(
+        &mut self,
+        limit: Option<u64>,
+        options: ApplyOptions,
+        batch_len_max: u64,
+    ) -> Result<Vec<Drain>, StoreError> {
+        process_all(
+            self,
+            limit,
+            &mut ReservationHandler::new(options),
+            batch_len_max,
+        )
+    }
+
+    fn flows_with_reservation_work(
+        &mut self,
+        options: ApplyOptions,
+    ) -> Result<Vec<FlowId>, StoreError> {
+        let handler = ReservationHandler::new(options);
+        self.flows_with_work(handler.reevaluate())
+    }
+
+    fn projections(&mut self) -> Result<Vec<Projection>, StoreError> {
+        read_projections(self.connection())
+    }
+
+    fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError> {
+        read_effects(self.connection())
+    }
+}
+
+/// Opens or creates a reservation producer store with the system clock and
+/// default options.
+pub fn open_producer(path: impl AsRef<std::path::Path>) -> Result<ProducerDb, StoreError> {
+    ProducerDb::open(path, &producer_schema())
+}
+
+/// Opens or creates a reservation consumer store with the system clock and
+/// default options.
+pub fn open_consumer(path: impl AsRef<std::path::Path>) -> Result<ConsumerDb, StoreError> {
+    ConsumerDb::open(path, &consumer_schema())
+}
+
+/// The flows and the outbox, read in one read transaction (no flows for a
+/// store of another domain).
+pub fn producer_snapshot(
+    producer: &mut ProducerDb,
+) -> Result<(Vec<FlowRecord>, Vec<ordo_core::OutboxRecord>), StoreError> {
+    producer.read(|conn| {
+        let flows = read_flows(conn)?;
+        let outbox = ordo_sqlite::read_outbox(conn)?;
+        Ok((flows, outbox))
+    })
+}
+
+/// The inbox, the projections and the effects, read in one read
+/// transaction (no projections or effects for a store of another domain).
+#[allow(clippy::type_complexity)]
+pub fn consumer_snapshot(
+    consumer: &mut ConsumerDb,
+) -> Result<
+    (
+        Vec<ordo_core::InboxRecord>,
+        Vec<Projection>,
+        Vec<EffectRecord>,
+    ),
+    StoreError,
+> {
+    consumer.read(|conn| {
+        Ok((
+            ordo_sqlite::read_inbox(conn)?,
+            read_projections(conn)?,
+            read_effects(conn)?,
+        ))
+    })
+}

@@ -1,0 +1,217 @@
+//! The consumer store: the inbox, the per-flow apply cursor, the prune
+//! fingerprints and the repair log in one SQLite file, beside the
+//! application's own tables.
+//!
+//! - `schema`: ordo's consumer tables and how their rows are read;
+//! - `receive`: durable custody, dedup and conflict detection;
+//! - `apply`: the application's handler run in order per flow;
+//! - `ops`: listing, repairs, status and pruning.
+//!
+//! Invariant: this module never reads or writes the application's tables;
+//! only the handler does, through the transaction it is handed.
+
+mod apply;
+mod ops;
+mod receive;
+mod schema;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ordo_core::ops::{ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest};
+use ordo_core::{
+    ApplyHandler, BlockCode, Clock, ConsumerStore, Drain, Envelope, FlowId, InboxRecord, Receipt,
+    Step, StoreError, SystemClock,
+};
+use rusqlite::Connection;
+
+use crate::conn::{open, sql_error, OpenOptions, Role};
+use crate::domain::Schema;
+use crate::wake;
+
+/// The consumer's SQLite file: the inbox (every received event, durably,
+/// with its status), the per-flow apply cursor, and the application's own
+/// tables (declared by its [`Schema`], written by its [`ApplyHandler`]).
+///
+/// Every write runs in a `BEGIN IMMEDIATE` transaction on a file in WAL mode
+/// with `synchronous=FULL`.
+pub struct ConsumerDb {
+    conn: Connection,
+    domain: String,
+    wake: wake::Signal,
+    clock: Arc<dyn Clock>,
+    commits: u64,
+}
+
+impl ConsumerDb {
+    /// Opens or creates the consumer file of `schema`'s domain with the
+    /// system clock and default options: ordo's tables and the domain's are
+    /// created or migrated; existing state is never reset. A store of
+    /// another domain is refused.
+    pub fn open(path: impl AsRef<Path>, schema: &Schema) -> Result<ConsumerDb, StoreError> {
+        ConsumerDb::open_with(path, schema, Arc::new(SystemClock), &OpenOptions::default())
+    }
+
+    /// Refuses an existing file that is not an ordo consumer file (a foreign
+    /// SQLite file, the other role, a newer schema), reading only; a missing
+    /// file passes. Lets a caller check every file before creating any.
+    pub fn check_existing(path: impl AsRef<Path>) -> Result<(), StoreError> {
+        crate::conn::check_existing(path.as_ref(), Role::Consumer)
+    }
+
+    /// [`ConsumerDb::open`] with the given clock and options.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        schema: &Schema,
+        clock: Arc<dyn Clock>,
+        options: &OpenOptions,
+    ) -> Result<ConsumerDb, StoreError> {
+        ConsumerDb::open_inner(path.as_ref(), Some(schema), clock, options)
+    }
+
+    /// Opens an existing consumer store of any domain, without running its
+    /// domain's migrations: for operations (receive, status, prune, inbox
+    /// listing, skip) that never run the handler. A missing file is refused
+    /// and nothing is created.
+    pub fn open_existing(
+        path: impl AsRef<Path>,
+        clock: Arc<dyn Clock>,
+        options: &OpenOptions,
+    ) -> Result<ConsumerDb, StoreError> {
+        ConsumerDb::open_inner(path.as_ref(), None, clock, options)
+    }
+
+    fn open_inner(
+        path: &Path,
+        schema: Option<&Schema>,
+        clock: Arc<dyn Clock>,
+        options: &OpenOptions,
+    ) -> Result<ConsumerDb, StoreError> {
+        let conn = open(path, Role::Consumer, &schema::TABLES, schema, options)?;
+        let domain = crate::conn::read_domain(&conn, path)?;
+        Ok(ConsumerDb {
+            conn,
+            domain,
+            wake: wake::Signal::for_path(path),
+            clock,
+            commits: 0,
+        })
+    }
+
+    /// The domain that owns this store.
+    pub fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// The signal raised by every commit of this process that stores a new
+    /// event in this file: an apply loop in the same process waits on it.
+    pub fn receive_signal(&self) -> wake::Signal {
+        self.wake.clone()
+    }
+
+    /// The underlying connection, for reading pragmas and for the caller's
+    /// own reads.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// How many write transactions this handle has committed.
+    pub fn commits(&self) -> u64 {
+        self.commits
+    }
+
+    /// Runs `f` inside one read transaction, so that everything it reads
+    /// (the inbox, the application's tables) is one consistent snapshot.
+    pub fn read<T>(
+        &mut self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let tx = self
+            .conn
+            .transaction()
+            .map_err(|e| sql_error("consumer: cannot begin a read transaction", e))?;
+        f(&tx)
+    }
+}
+
+/// Every inbox row, ordered by flow id then seq, read through `conn` (for
+/// reads inside [`ConsumerDb::read`] beside the application's own tables).
+pub fn read_inbox(conn: &Connection) -> Result<Vec<InboxRecord>, StoreError> {
+    schema::read_inbox(conn)
+}
+
+impl ConsumerStore for ConsumerDb {
+    type Tx = Connection;
+
+    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
+        receive::receive_batch(self, envelopes)
+    }
+
+    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
+    where
+        H: ApplyHandler<Connection> + ?Sized,
+    {
+        apply::apply_next(self, flow_id, handler)
+    }
+
+    fn apply_batch_with<H>(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        handler: &mut H,
+    ) -> Result<Vec<Drain>, StoreError>
+    where
+        H: ApplyHandler<Connection> + ?Sized,
+    {
+        apply::apply_batch(self, flows, events_max, handler)
+    }
+
+    fn flows_with_work(&mut self, reevaluate: &[BlockCode]) -> Result<Vec<FlowId>, StoreError> {
+        apply::flows_with_work(self, reevaluate)
+    }
+
+    fn flows_with_work_page(
+        &mut self,
+        after: Option<&FlowId>,
+        limit: usize,
+        reevaluate: &[BlockCode],
+    ) -> Result<Vec<FlowId>, StoreError> {
+        apply::flows_with_work_page(self, after, limit, reevaluate)
+    }
+
+    fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
+        schema::read_inbox(&self.conn)
+    }
+
+    fn inbox_entries(
+        &mut self,
+        blocked_only: bool,
+        flow_id: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<InboxEntry>, StoreError> {
+        ops::inbox_entries(self, blocked_only, flow_id, limit)
+    }
+
+    fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError> {
+        ops::reopen_blocked(self, flow_id)
+    }
+
+    fn skip(
+        &mut self,
+        request: &SkipRequest,
+    ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
+        ops::skip(self, request)
+    }
+
+    fn repairs(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
+        ops::repairs(self)
+    }
+
+    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
+        ops::consumer_status(self)
+    }
+
+    fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
+        ops::prune_inbox(self, cutoff_ms)
+    }
+}

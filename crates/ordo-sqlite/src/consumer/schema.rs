@@ -1,0 +1,144 @@
+//! The consumer's own tables and how their rows are read back.
+
+use ordo_core::{BlockCode, BlockReason, FlowId, InboxRecord, InboxStatus, StoreError};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error, Tables};
+use crate::producer::stored_envelope;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS inbox (
+    event_id       TEXT    PRIMARY KEY,
+    flow_id        TEXT    NOT NULL,
+    seq            INTEGER NOT NULL CHECK (seq >= 1),
+    schema_version INTEGER NOT NULL,
+    type           TEXT    NOT NULL,
+    body           TEXT    NOT NULL,
+    body_hash      TEXT    NOT NULL,
+    -- Spelled as comparisons: SQLite evaluates an IN list of more than two
+    -- constants through a temporary index built at every insert and update.
+    status         TEXT    NOT NULL CHECK (status = 'pending' OR status = 'applied'
+                                           OR status = 'blocked' OR status = 'skipped'),
+    reason         TEXT,
+    detail         TEXT,
+    received_at_ms INTEGER NOT NULL,
+    settled_at_ms  INTEGER,
+    UNIQUE (flow_id, seq),
+    CHECK ((status = 'blocked') = (reason IS NOT NULL))
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (flow_id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS inbox_blocked ON inbox (flow_id) WHERE status = 'blocked';
+CREATE TABLE IF NOT EXISTS inbox_cursor (
+    flow_id     TEXT    PRIMARY KEY,
+    applied_seq INTEGER NOT NULL CHECK (applied_seq >= 1)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inbox_fingerprint (
+    flow_id   TEXT    NOT NULL,
+    seq       INTEGER NOT NULL,
+    event_id  TEXT    NOT NULL UNIQUE,
+    body_hash BLOB    NOT NULL CHECK (length(body_hash) = 32),
+    status    TEXT    NOT NULL CHECK (status IN ('applied', 'skipped')),
+    PRIMARY KEY (flow_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inbox_watermark (
+    flow_id    TEXT    PRIMARY KEY,
+    pruned_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS repair_log (
+    id         INTEGER PRIMARY KEY,
+    action     TEXT    NOT NULL,
+    flow_id    TEXT    NOT NULL,
+    seq        INTEGER NOT NULL,
+    event_id   TEXT    NOT NULL,
+    reason     TEXT    NOT NULL,
+    decided_by TEXT    NOT NULL,
+    at_ms      INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS repair_log_append_only_update BEFORE UPDATE ON repair_log
+BEGIN SELECT RAISE(ABORT, 'repair_log is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS repair_log_append_only_delete BEFORE DELETE ON repair_log
+BEGIN SELECT RAISE(ABORT, 'repair_log is append-only'); END;
+";
+
+pub(super) const TABLES: Tables = Tables {
+    create: SCHEMA,
+    upgrade_from_1: "ALTER TABLE inbox ADD COLUMN detail TEXT;",
+};
+
+/// Decodes a stored status, its block code and detail; anything else is a
+/// damaged file.
+pub(super) fn inbox_status(
+    status: &str,
+    reason: Option<&str>,
+    detail: Option<String>,
+) -> Result<InboxStatus, StoreError> {
+    let context = "consumer: stored inbox status";
+    match (status, reason) {
+        ("pending", None) => Ok(InboxStatus::Pending),
+        ("applied", None) => Ok(InboxStatus::Applied),
+        ("skipped", None) => Ok(InboxStatus::Skipped),
+        ("blocked", Some(code)) => BlockCode::new(code)
+            .map(|code| InboxStatus::Blocked(BlockReason { code, detail }))
+            .map_err(|e| corrupt(context, e)),
+        _ => Err(corrupt(
+            context,
+            format!("{status:?} with reason {reason:?}"),
+        )),
+    }
+}
+
+pub(super) fn begin_write(conn: &mut Connection) -> Result<rusqlite::Transaction<'_>, StoreError> {
+    conn.transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| sql_error("consumer: cannot begin a write transaction", e))
+}
+
+/// The flow's apply cursor: the last applied (or skipped) seq, 0 if none.
+pub(super) fn read_cursor(tx: &Connection, flow_id: &FlowId) -> Result<i64, StoreError> {
+    Ok(row_cached(
+        tx,
+        "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1",
+        [flow_id.as_str()],
+        |row| row.get(0),
+    )
+    .optional()
+    .map_err(|e| sql_error("consumer: cannot read the apply cursor", e))?
+    .unwrap_or(0))
+}
+
+pub(super) fn write_cursor(
+    tx: &Connection,
+    flow_id: &FlowId,
+    applied_seq: i64,
+) -> Result<(), StoreError> {
+    exec_cached(
+        tx,
+        "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
+         ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
+        params![flow_id.as_str(), applied_seq],
+    )
+    .map_err(|e| sql_error("consumer: cannot move the apply cursor", e))?;
+    Ok(())
+}
+
+pub(super) fn read_inbox(conn: &Connection) -> Result<Vec<InboxRecord>, StoreError> {
+    collect_rows(
+        conn,
+        "consumer: cannot read the inbox",
+        "SELECT body, status, reason, detail FROM inbox ORDER BY flow_id, seq",
+        [],
+        |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, Option<String>>(2)?,
+                row.get::<_, Option<String>>(3)?,
+            ))
+        },
+        |(body, status, reason, detail)| {
+            Ok(InboxRecord {
+                envelope: stored_envelope("consumer: stored inbox body", &body)?,
+                status: inbox_status(&status, reason.as_deref(), detail)?,
+            })
+        },
+    )
+}
