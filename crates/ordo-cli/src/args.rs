@@ -36,10 +36,42 @@ pub struct Files {
     pub consumer: PathBuf,
 }
 
+/// One database file or both: commands that operate each side alone.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = true)]
+pub struct Sides {
+    /// The producer store (outbox, and the domain's producer tables).
+    #[arg(long, value_name = "P")]
+    pub producer: Option<PathBuf>,
+    /// The consumer store (inbox, and the domain's consumer tables).
+    #[arg(long, value_name = "C")]
+    pub consumer: Option<PathBuf>,
+}
+
+impl Sides {
+    /// Both files, when both are given.
+    pub fn both(&self) -> Option<Files> {
+        Some(Files {
+            producer: self.producer.clone()?,
+            consumer: self.consumer.clone()?,
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    #[command(flatten)]
+    pub sides: Sides,
+    /// The domain a missing store is created for (default: reservation);
+    /// an existing store of another domain is refused.
+    #[arg(long, value_name = "NAME")]
+    pub domain: Option<ordo_core::DomainName>,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create both database files and their tables if missing; never resets state.
-    Init(Files),
+    /// Create the stores and their tables if missing (one side or both); never resets state.
+    Init(InitArgs),
     /// Advance a flow by one step: state change and event in one transaction.
     Advance(AdvanceArgs),
     /// Hand unaccepted outbox events to the consumer and mark them accepted.
@@ -48,8 +80,8 @@ pub enum Command {
     Receive(ReceiveArgs),
     /// Apply stored events in order, per flow.
     Apply(ApplyArgs),
-    /// Print every row of both files.
-    Snapshot(Files),
+    /// Print every row of the given stores (one side or both).
+    Snapshot(Sides),
     /// Run N flows through all three steps on two fresh SQLite files and check the end state.
     Demo(DemoArgs),
     /// Run the protocol's 22 scenarios and 6 beyond them on real processes; compare every state.

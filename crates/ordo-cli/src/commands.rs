@@ -15,11 +15,13 @@ use ordo_core::{
     RelayOptions, RelayPolicy, RelayReport, StoreError, SystemClock,
 };
 use ordo_core::{Clock, FixedClock};
-use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
+use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
 use serde_json::{json, Value};
 use std::sync::{Arc, OnceLock};
 
-use crate::args::{AdvanceArgs, ApplyArgs, Cli, Command, Files, PolicyArg, ReceiveArgs, RelayArgs};
+use crate::args::{
+    AdvanceArgs, ApplyArgs, Cli, Command, Files, InitArgs, PolicyArg, ReceiveArgs, RelayArgs, Sides,
+};
 use crate::{bench, demo, experiment, ops, render, soak, Failure};
 
 /// Prints a result: the JSON document with `--json`, else the text.
@@ -54,12 +56,12 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
         return Ok(ops::status(json_mode, args)?.unwrap_or(0));
     }
     match cli.command {
-        Command::Init(files) => init(json_mode, files),
+        Command::Init(args) => init(json_mode, args),
         Command::Advance(args) => advance(json_mode, args),
         Command::Relay(args) => relay_cmd(json_mode, args),
         Command::Receive(args) => receive(json_mode, args),
         Command::Apply(args) => apply(json_mode, args),
-        Command::Snapshot(files) => snapshot(json_mode, files),
+        Command::Snapshot(sides) => snapshot(json_mode, sides),
         Command::Demo(args) => demo::run(json_mode, args),
         Command::Experiment(args) => experiment::run(json_mode, args),
         Command::Soak(args) => soak::run(json_mode, args),
@@ -182,20 +184,94 @@ pub fn open_both(files: &Files) -> Result<(ProducerDb, ConsumerDb), Failure> {
     Ok((producer, consumer))
 }
 
-fn init(json_mode: bool, files: Files) -> Result<(), Failure> {
-    open_both(&files)?;
-    let value = json!({
-        "producer": files.producer.display().to_string(),
-        "consumer": files.consumer.display().to_string(),
-    });
-    emit(json_mode, &value, || {
-        format!(
-            "initialised producer {} and consumer {}",
-            files.producer.display(),
-            files.consumer.display()
-        )
+fn init(json_mode: bool, args: InitArgs) -> Result<(), Failure> {
+    let domain = args
+        .domain
+        .as_ref()
+        .map_or(ordo_reservation::DOMAIN, |d| d.as_str());
+    if let Some(files) = args.sides.both() {
+        check_distinct(&files)?;
+    }
+    // Every given file is checked before any is created or changed.
+    // Without --domain, an existing store is left as it is, whatever its
+    // domain.
+    let checked = args.domain.as_ref().map(|_| domain);
+    if let Some(path) = &args.sides.producer {
+        ProducerDb::check_existing(path)?;
+        check_domain(path, |p, c, o| ProducerDb::open_existing(p, c, o), checked)?;
+    }
+    if let Some(path) = &args.sides.consumer {
+        ConsumerDb::check_existing(path)?;
+        check_domain(path, |p, c, o| ConsumerDb::open_existing(p, c, o), checked)?;
+    }
+    let (producer_schema, consumer_schema) = if domain == ordo_reservation::DOMAIN {
+        (producer_schema(), consumer_schema())
+    } else {
+        let bare = Schema::new(domain).map_err(|e| Failure::Usage(format!("--domain {e}")))?;
+        (bare.clone(), bare)
+    };
+    let mut value = serde_json::Map::new();
+    let mut lines = Vec::new();
+    if let Some(path) = &args.sides.producer {
+        if path.exists() {
+            ProducerDb::open_existing(path, clock(), &open_options())?;
+        } else {
+            ProducerDb::open_with(path, &producer_schema, clock(), &open_options())?;
+        }
+        value.insert("producer".into(), path.display().to_string().into());
+        lines.push(format!("producer {} (domain {domain})", path.display()));
+    }
+    if let Some(path) = &args.sides.consumer {
+        if path.exists() {
+            ConsumerDb::open_existing(path, clock(), &open_options())?;
+        } else {
+            ConsumerDb::open_with(path, &consumer_schema, clock(), &open_options())?;
+        }
+        value.insert("consumer".into(), path.display().to_string().into());
+        lines.push(format!("consumer {} (domain {domain})", path.display()));
+    }
+    emit(json_mode, &Value::Object(value), || {
+        format!("initialised {}", lines.join(" and "))
     });
     Ok(())
+}
+
+/// Refuses an existing store of a domain other than `domain`, when given
+/// (reading only).
+fn check_domain<S: HasDomain>(
+    path: &Path,
+    open: impl FnOnce(&Path, Arc<dyn Clock>, &OpenOptions) -> Result<S, StoreError>,
+    domain: Option<&str>,
+) -> Result<(), Failure> {
+    let Some(domain) = domain.filter(|_| path.exists()) else {
+        return Ok(());
+    };
+    let store = open(path, clock(), &open_options())?;
+    if store.domain() == domain {
+        return Ok(());
+    }
+    Err(Failure::Usage(format!(
+        "{} belongs to domain \"{}\", not \"{domain}\"; init never changes a store's domain",
+        path.display(),
+        store.domain()
+    )))
+}
+
+/// A store that records its domain.
+trait HasDomain {
+    fn domain(&self) -> &str;
+}
+
+impl HasDomain for ProducerDb {
+    fn domain(&self) -> &str {
+        ProducerDb::domain(self)
+    }
+}
+
+impl HasDomain for ConsumerDb {
+    fn domain(&self) -> &str {
+        ConsumerDb::domain(self)
+    }
 }
 
 fn advance(json_mode: bool, args: AdvanceArgs) -> Result<(), Failure> {
@@ -398,29 +474,47 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Both files' rows, one read transaction per file.
-pub fn snapshot_value(
-    producer: &mut ProducerDb,
-    consumer: &mut ConsumerDb,
-) -> Result<Value, StoreError> {
+/// The producer's rows in one read transaction (no flows for a store of
+/// another domain than the reservation).
+fn producer_snapshot_value(producer: &mut ProducerDb) -> Result<Value, StoreError> {
     let (flows, outbox) = ordo_reservation::producer_snapshot(producer)?;
-    let (inbox, projections, effects) = ordo_reservation::consumer_snapshot(consumer)?;
     Ok(json!({
-        "producer": {
-            "flows": flows.iter().map(render::flow).collect::<Vec<_>>(),
-            "outbox": outbox.iter().map(render::outbox).collect::<Vec<_>>(),
-        },
-        "consumer": {
-            "inbox": inbox.iter().map(render::inbox).collect::<Vec<_>>(),
-            "projection": projections.iter().map(render::projection).collect::<Vec<_>>(),
-            "effects": effects.iter().map(render::effect).collect::<Vec<_>>(),
-        }
+        "flows": flows.iter().map(render::flow).collect::<Vec<_>>(),
+        "outbox": outbox.iter().map(render::outbox).collect::<Vec<_>>(),
     }))
 }
 
-fn snapshot(json_mode: bool, files: Files) -> Result<(), Failure> {
-    let (mut producer, mut consumer) = open_both(&files)?;
-    let value = snapshot_value(&mut producer, &mut consumer)?;
+/// The consumer's rows in one read transaction (no projection or effects
+/// for a store of another domain than the reservation).
+fn consumer_snapshot_value(consumer: &mut ConsumerDb) -> Result<Value, StoreError> {
+    let (inbox, projections, effects) = ordo_reservation::consumer_snapshot(consumer)?;
+    Ok(json!({
+        "inbox": inbox.iter().map(render::inbox).collect::<Vec<_>>(),
+        "projection": projections.iter().map(render::projection).collect::<Vec<_>>(),
+        "effects": effects.iter().map(render::effect).collect::<Vec<_>>(),
+    }))
+}
+
+fn snapshot(json_mode: bool, sides: Sides) -> Result<(), Failure> {
+    if let Some(files) = sides.both() {
+        check_distinct(&files)?;
+    }
+    if let Some(path) = &sides.producer {
+        ProducerDb::check_existing(path)?;
+    }
+    if let Some(path) = &sides.consumer {
+        ConsumerDb::check_existing(path)?;
+    }
+    let mut value = serde_json::Map::new();
+    if let Some(path) = &sides.producer {
+        let mut producer = open_producer(path)?;
+        value.insert("producer".into(), producer_snapshot_value(&mut producer)?);
+    }
+    if let Some(path) = &sides.consumer {
+        let mut consumer = open_consumer(path)?;
+        value.insert("consumer".into(), consumer_snapshot_value(&mut consumer)?);
+    }
+    let value = Value::Object(value);
     emit(json_mode, &value, || snapshot_text(&value));
     Ok(())
 }
@@ -428,55 +522,59 @@ fn snapshot(json_mode: bool, files: Files) -> Result<(), Failure> {
 fn snapshot_text(value: &Value) -> String {
     let rows = |side: &str, table: &str| value[side][table].as_array().cloned().unwrap_or_default();
     let mut out = Vec::new();
-    out.push("producer flows:".to_string());
-    for f in rows("producer", "flows") {
+    if value.get("producer").is_some() {
+        out.push("producer flows:".to_string());
+        for f in rows("producer", "flows") {
+            out.push(format!(
+                "  {} {} quantity {} last_seq {}",
+                f["flow_id"].as_str().unwrap_or(""),
+                f["state"].as_str().unwrap_or(""),
+                f["quantity"],
+                f["last_seq"]
+            ));
+        }
+        out.push("producer outbox:".to_string());
+        for e in rows("producer", "outbox") {
+            out.push(format!(
+                "  {} {} seq {} {} accepted={}",
+                e["event_id"].as_str().unwrap_or(""),
+                e["flow_id"].as_str().unwrap_or(""),
+                e["seq"],
+                e["type"].as_str().unwrap_or(""),
+                e["accepted"]
+            ));
+        }
+    }
+    if value.get("consumer").is_some() {
+        out.push("consumer inbox:".to_string());
+        for e in rows("consumer", "inbox") {
+            let reason = e["reason"]
+                .as_str()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default();
+            out.push(format!(
+                "  {} {} seq {} {} {}{reason}",
+                e["event_id"].as_str().unwrap_or(""),
+                e["flow_id"].as_str().unwrap_or(""),
+                e["seq"],
+                e["type"].as_str().unwrap_or(""),
+                e["status"].as_str().unwrap_or(""),
+            ));
+        }
+        out.push("consumer projection:".to_string());
+        for p in rows("consumer", "projection") {
+            out.push(format!(
+                "  {} {} quantity {} applied_seq {}",
+                p["flow_id"].as_str().unwrap_or(""),
+                p["state"].as_str().unwrap_or(""),
+                p["quantity"],
+                p["applied_seq"]
+            ));
+        }
         out.push(format!(
-            "  {} {} quantity {} last_seq {}",
-            f["flow_id"].as_str().unwrap_or(""),
-            f["state"].as_str().unwrap_or(""),
-            f["quantity"],
-            f["last_seq"]
+            "consumer effects: {}",
+            rows("consumer", "effects").len()
         ));
     }
-    out.push("producer outbox:".to_string());
-    for e in rows("producer", "outbox") {
-        out.push(format!(
-            "  {} {} seq {} {} accepted={}",
-            e["event_id"].as_str().unwrap_or(""),
-            e["flow_id"].as_str().unwrap_or(""),
-            e["seq"],
-            e["type"].as_str().unwrap_or(""),
-            e["accepted"]
-        ));
-    }
-    out.push("consumer inbox:".to_string());
-    for e in rows("consumer", "inbox") {
-        let reason = e["reason"]
-            .as_str()
-            .map(|r| format!(" ({r})"))
-            .unwrap_or_default();
-        out.push(format!(
-            "  {} {} seq {} {} {}{reason}",
-            e["event_id"].as_str().unwrap_or(""),
-            e["flow_id"].as_str().unwrap_or(""),
-            e["seq"],
-            e["type"].as_str().unwrap_or(""),
-            e["status"].as_str().unwrap_or(""),
-        ));
-    }
-    out.push("consumer projection:".to_string());
-    for p in rows("consumer", "projection") {
-        out.push(format!(
-            "  {} {} quantity {} applied_seq {}",
-            p["flow_id"].as_str().unwrap_or(""),
-            p["state"].as_str().unwrap_or(""),
-            p["quantity"],
-            p["applied_seq"]
-        ));
-    }
-    out.push(format!(
-        "consumer effects: {}",
-        rows("consumer", "effects").len()
-    ));
     out.join("\n")
 }

@@ -401,7 +401,9 @@ fn advance_invalid_arguments_exit_2_and_write_nothing() {
 fn unknown_commands_and_missing_flags_are_usage_errors() {
     let lab = Lab::new();
     run(&["bogus"]).usage("bogus");
-    run(&["init", "--producer", &lab.p]).usage("--consumer");
+    // one side or both, but at least one
+    run(&["init"]).usage("--producer");
+    run(&["snapshot"]).usage("--producer");
     run(&[
         "init",
         "--producer",
@@ -412,7 +414,7 @@ fn unknown_commands_and_missing_flags_are_usage_errors() {
     ])
     .usage("--frobnicate");
     run(&["receive", "--json"]).usage("--consumer");
-    run(&["snapshot", "--json", "--consumer", &lab.c]).usage("--producer");
+    run(&["status", "--json", "--consumer", &lab.c]).usage("--producer");
     lab.assert_no_files();
 }
 

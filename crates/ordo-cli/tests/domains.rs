@@ -1,0 +1,123 @@
+//! Stores of other domains (CLI.md "Additions of the second release"):
+//! `init --domain`, one side at a time, the reservation-only commands'
+//! refusal, and the commands that work on any domain.
+
+mod common;
+
+use common::*;
+
+/// A producer and a consumer store of the domain `orders`, made by `init`.
+fn orders_lab() -> Lab {
+    let lab = Lab::new();
+    let out = lab.run(&[
+        "init",
+        "--producer",
+        &lab.p,
+        "--consumer",
+        &lab.c,
+        "--domain",
+        "orders",
+        "--json",
+    ]);
+    assert_eq!(
+        out.json(),
+        serde_json::json!({"producer": lab.p, "consumer": lab.c})
+    );
+    lab
+}
+
+#[test]
+fn reservation_only_commands_refuse_other_domains_and_write_nothing() {
+    let lab = orders_lab();
+    let before = lab.files();
+    let refusal = |store: &str| {
+        format!("{store} belongs to domain \"orders\"; its handler runs in the application")
+    };
+    for json in [false, true] {
+        let mut advance = vec![
+            "advance",
+            "--producer",
+            &lab.p,
+            "--flow",
+            "f",
+            "--expected-seq",
+            "0",
+            "--to",
+            "reserved",
+            "--quantity",
+            "1",
+        ];
+        let mut apply = vec!["apply", "--consumer", &lab.c];
+        let mut retry = vec!["inbox", "retry", "--consumer", &lab.c, "--flow", "f"];
+        if json {
+            advance.push("--json");
+            apply.push("--json");
+            retry.push("--json");
+        }
+        lab.run(&advance).usage(&refusal(&lab.p));
+        lab.run(&apply).usage(&refusal(&lab.c));
+        lab.run(&retry).usage(&refusal(&lab.c));
+    }
+    lab.files().assert_unchanged(&before, "refused commands");
+}
+
+#[test]
+fn init_never_changes_a_stores_domain() {
+    let lab = orders_lab();
+    let before = lab.files();
+    lab.run(&["init", "--producer", &lab.p, "--domain", "shipping"])
+        .usage("belongs to domain \"orders\"");
+    lab.run(&["init", "--consumer", &lab.c, "--domain", "reservation"])
+        .usage("belongs to domain \"orders\"");
+    lab.run(&["init", "--consumer", &lab.c, "--domain", "Bad.Name"])
+        .usage("--domain");
+    // without --domain, init on an existing store is a no-op
+    let out = lab.run(&["init", "--producer", &lab.p, "--consumer", &lab.c]);
+    assert_eq!(out.code, 0, "{out:#?}");
+    lab.files()
+        .assert_unchanged(&before, "init on existing stores");
+}
+
+#[test]
+fn one_side_init_and_snapshot_leave_the_other_side_alone() {
+    let lab = Lab::new();
+    let out = lab.run(&["init", "--consumer", &lab.c, "--json"]);
+    assert_eq!(out.json(), serde_json::json!({"consumer": lab.c}));
+    assert!(
+        !std::path::Path::new(&lab.p).exists(),
+        "only the consumer is created"
+    );
+    let snapshot = lab
+        .run(&["snapshot", "--consumer", &lab.c, "--json"])
+        .json();
+    assert_eq!(keys(&snapshot), ["consumer"]);
+    assert!(!std::path::Path::new(&lab.p).exists());
+}
+
+#[test]
+fn other_domains_work_with_the_generic_commands() {
+    let lab = orders_lab();
+    let envelope = r#"{"event_id":"o-1","flow_id":"o","seq":1,"schema_version":1,"type":"order_placed","payload":{"total_cents":1200}}"#;
+    let receipts = lab.receive(envelope);
+    assert_eq!(receipts["receipts"][0]["receipt"], "accepted");
+    let snapshot = lab.snapshot();
+    assert_eq!(snapshot["producer"]["flows"], serde_json::json!([]));
+    assert_eq!(snapshot["consumer"]["projection"], serde_json::json!([]));
+    assert_eq!(snapshot["consumer"]["effects"], serde_json::json!([]));
+    assert_eq!(snapshot["consumer"]["inbox"][0]["status"], "pending");
+    let inbox = lab
+        .run(&["inbox", "list", "--consumer", &lab.c, "--json"])
+        .json();
+    assert_eq!(inbox["inbox"][0]["event_id"], "o-1");
+    let status = lab
+        .run(&[
+            "status",
+            "--producer",
+            &lab.p,
+            "--consumer",
+            &lab.c,
+            "--json",
+        ])
+        .json();
+    assert_eq!(status["consumer"]["pending"], 1);
+}
