@@ -44,6 +44,7 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
     OPEN_OPTIONS
         .set(OpenOptions {
             busy_timeout: std::time::Duration::from_millis(cli.busy_timeout_ms),
+            ..OpenOptions::default()
         })
         .expect("run is called once per process");
     if let Command::Status(args) = cli.command {

@@ -18,7 +18,7 @@ mod conn;
 mod consumer;
 mod producer;
 
-pub use conn::{OpenOptions, BUSY_TIMEOUT_DEFAULT, SCHEMA_VERSION};
+pub use conn::{same_file, OpenOptions, APPLICATION_ID, BUSY_TIMEOUT_DEFAULT, SCHEMA_VERSION};
 pub use consumer::{ApplyHandler, ConsumerDb, ReservationHandler};
 pub use producer::{ProducerDb, ProducerTx};
 /// The rusqlite version these stores are built on, for callers writing their
