@@ -2,7 +2,7 @@
 //! library, print.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ordo_core::envelope::parse_strict_json_stream;
 use ordo_core::{
@@ -97,20 +97,14 @@ pub fn open_consumer(path: &Path) -> Result<ConsumerDb, Failure> {
     Ok(ConsumerDb::open_with(path, clock(), &open_options())?)
 }
 
-fn absolute(path: &Path) -> PathBuf {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
-}
-
-/// Refuses one file for both roles, before anything is opened.
+/// Refuses one file for both roles, by any name (symbolic links, `..`, hard
+/// links), before anything is opened or created.
 fn check_distinct(files: &Files) -> Result<(), Failure> {
-    let same = match (files.producer.canonicalize(), files.consumer.canonicalize()) {
-        (Ok(p), Ok(c)) => p == c,
-        _ => absolute(&files.producer) == absolute(&files.consumer),
-    };
-    if same {
+    if ordo_sqlite::same_file(&files.producer, &files.consumer)? {
         return Err(Failure::Usage(format!(
-            "--producer and --consumer must be different files (both are {})",
-            files.producer.display()
+            "--producer and --consumer must be different files ({} and {} are the same file)",
+            files.producer.display(),
+            files.consumer.display()
         )));
     }
     Ok(())
