@@ -34,13 +34,7 @@ pub fn emit(json_mode: bool, value: &Value, text: impl FnOnce() -> String) {
 /// for a breached `status` threshold).
 pub fn run(cli: Cli) -> Result<u8, Failure> {
     let json_mode = cli.json;
-    if let Ok(value) = std::env::var("ORDO_NOW_MS") {
-        value.parse::<i64>().map_err(|_| {
-            Failure::Usage(format!(
-                "ORDO_NOW_MS must be milliseconds since the Unix epoch as an integer (got {value:?})"
-            ))
-        })?;
-    }
+    fixed_now_ms()?;
     OPEN_OPTIONS
         .set(OpenOptions {
             busy_timeout: std::time::Duration::from_millis(cli.busy_timeout_ms),
@@ -70,13 +64,30 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
     .map(|()| 0)
 }
 
+/// The time `ORDO_NOW_MS` fixes, if set: milliseconds since the Unix epoch
+/// as an integer. Anything else, including bytes that are not UTF-8, is
+/// invalid input.
+fn fixed_now_ms() -> Result<Option<i64>, Failure> {
+    let Some(raw) = std::env::var_os("ORDO_NOW_MS") else {
+        return Ok(None);
+    };
+    let refuse = || {
+        Failure::Usage(format!(
+            "ORDO_NOW_MS must be milliseconds since the Unix epoch as an integer (got {:?})",
+            raw.to_string_lossy()
+        ))
+    };
+    let text = raw.to_str().ok_or_else(refuse)?;
+    text.parse::<i64>().map(Some).map_err(|_| refuse())
+}
+
 /// The clock every command uses: the system's, unless `ORDO_NOW_MS` fixes
 /// the time (milliseconds since the Unix epoch) for tests and replays.
 pub fn clock() -> Arc<dyn Clock> {
-    match std::env::var("ORDO_NOW_MS").ok().map(|v| v.parse::<i64>()) {
-        Some(Ok(now_ms)) => Arc::new(FixedClock(now_ms)),
+    match fixed_now_ms() {
+        Ok(Some(now_ms)) => Arc::new(FixedClock(now_ms)),
         // Checked by `run` before any command starts.
-        Some(Err(_)) | None => Arc::new(SystemClock),
+        Ok(None) | Err(_) => Arc::new(SystemClock),
     }
 }
 

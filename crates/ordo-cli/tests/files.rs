@@ -213,6 +213,40 @@ fn paths_are_not_read_as_sqlite_uris() {
     }
 }
 
+/// Runs `ordo` with `ORDO_NOW_MS` set to raw bytes.
+fn run_with_now(now: &std::ffi::OsStr, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args(args)
+        .env("ORDO_NOW_MS", now)
+        .stdin(Stdio::null())
+        .output()
+        .expect("ordo runs")
+}
+
+#[test]
+fn ordo_now_ms_that_is_not_utf8_is_refused() {
+    use std::os::unix::ffi::OsStrExt;
+    let lab = Lab::new();
+    let args = ["receive", "--json", "--consumer", lab.c.as_str()];
+    for now in [&b"12\xff34"[..], b"\xff", b"garbage", b""] {
+        let out = run_with_now(std::ffi::OsStr::from_bytes(now), &args);
+        assert_eq!(out.status.code(), Some(2), "{now:?}: {out:?}");
+        assert!(out.stdout.is_empty(), "{now:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.starts_with("error: ORDO_NOW_MS"),
+            "{now:?}: {stderr}"
+        );
+        assert_eq!(
+            bytes(&lab.c),
+            None,
+            "{now:?}: the consumer file was created"
+        );
+    }
+    let out = run_with_now(std::ffi::OsStr::new("1234"), &args);
+    assert!(out.status.success(), "{out:?}");
+}
+
 /// Runs `ordo receive` on `path` while this process holds a write lock on
 /// it for `held_ms`, then releases it.
 fn receive_while_locked(path: &str, busy_timeout_ms: &str, held_ms: u64) -> Out {
