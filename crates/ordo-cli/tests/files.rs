@@ -247,29 +247,20 @@ fn ordo_now_ms_that_is_not_utf8_is_refused() {
     assert!(out.status.success(), "{out:?}");
 }
 
-/// Runs `ordo receive` on `path` while this process holds a write lock on
-/// it for `held_ms`, then releases it.
-fn receive_while_locked(path: &str, busy_timeout_ms: &str, held_ms: u64) -> Out {
+/// Runs `ordo ARGS` while this process holds a lock on `path` (taken by
+/// `begin`) for `held_ms`, then releases it.
+fn run_while_locked(path: &str, begin: &str, args: &[&str], held_ms: u64) -> Out {
     let lock = Connection::open(path).expect("open the file");
-    lock.execute_batch("BEGIN IMMEDIATE")
-        .expect("take the write lock");
+    lock.execute_batch(begin).expect("take the lock");
     let child = Command::new(env!("CARGO_BIN_EXE_ordo"))
-        .args([
-            "--busy-timeout-ms",
-            busy_timeout_ms,
-            "receive",
-            "--json",
-            "--consumer",
-            path,
-        ])
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("ordo starts");
     std::thread::sleep(std::time::Duration::from_millis(held_ms));
-    lock.execute_batch("COMMIT")
-        .expect("release the write lock");
+    lock.execute_batch("COMMIT").expect("release the lock");
     let out = child.wait_with_output().expect("ordo runs");
     Out {
         code: out.status.code().unwrap_or(-1),
@@ -282,14 +273,33 @@ fn receive_while_locked(path: &str, busy_timeout_ms: &str, held_ms: u64) -> Out 
 fn concurrent_first_open_waits_for_the_lock_within_the_busy_timeout() {
     let lab = Lab::new();
     std::fs::write(&lab.c, b"").unwrap();
-    let out = receive_while_locked(&lab.c, "10000", 300);
+    let receive = |timeout_ms, path| {
+        [
+            "--busy-timeout-ms",
+            timeout_ms,
+            "receive",
+            "--json",
+            "--consumer",
+            path,
+        ]
+    };
+    let out = run_while_locked(&lab.c, "BEGIN IMMEDIATE", &receive("10000", &lab.c), 300);
     assert_eq!(out.json(), serde_json::json!({"receipts": []}));
     // A busy timeout shorter than the lock is still a `Busy` failure.
     let other = lab.path("other.db");
     std::fs::write(&other, b"").unwrap();
-    let out = receive_while_locked(&other, "50", 600);
+    let out = run_while_locked(&other, "BEGIN IMMEDIATE", &receive("50", &other), 600);
     out.storage_error();
     assert!(out.stderr.contains("locked"), "{out:#?}");
+    // The check of both files before either is created waits too.
+    let (p, c) = (lab.path("p2.db"), lab.path("c2.db"));
+    std::fs::write(&c, b"").unwrap();
+    let init = ["init", "--json", "--producer", &p, "--consumer", &c];
+    let out = run_while_locked(&c, "BEGIN EXCLUSIVE", &init, 300);
+    assert_eq!(
+        out.json(),
+        serde_json::json!({"producer": p, "consumer": c})
+    );
 }
 
 /// The most rounds of racing processes in one test.
