@@ -7,7 +7,7 @@ use ordo_reservation::{
     ReservationHandler, ReservationProducer,
 };
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ordo_core::envelope::parse_strict_json_stream;
 use ordo_core::{
@@ -40,16 +40,11 @@ pub fn emit(json_mode: bool, value: &Value, text: impl FnOnce() -> String) {
 /// for a breached `status` threshold).
 pub fn run(cli: Cli) -> Result<u8, Failure> {
     let json_mode = cli.json;
-    if let Ok(value) = std::env::var("ORDO_NOW_MS") {
-        value.parse::<i64>().map_err(|_| {
-            Failure::Usage(format!(
-                "ORDO_NOW_MS must be milliseconds since the Unix epoch as an integer (got {value:?})"
-            ))
-        })?;
-    }
+    fixed_now_ms()?;
     OPEN_OPTIONS
         .set(OpenOptions {
             busy_timeout: std::time::Duration::from_millis(cli.busy_timeout_ms),
+            ..OpenOptions::default()
         })
         .expect("run is called once per process");
     if let Command::Status(args) = cli.command {
@@ -75,13 +70,30 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
     .map(|()| 0)
 }
 
+/// The time `ORDO_NOW_MS` fixes, if set: milliseconds since the Unix epoch
+/// as an integer. Anything else, including bytes that are not UTF-8, is
+/// invalid input.
+fn fixed_now_ms() -> Result<Option<i64>, Failure> {
+    let Some(raw) = std::env::var_os("ORDO_NOW_MS") else {
+        return Ok(None);
+    };
+    let refuse = || {
+        Failure::Usage(format!(
+            "ORDO_NOW_MS must be milliseconds since the Unix epoch as an integer (got {:?})",
+            raw.to_string_lossy()
+        ))
+    };
+    let text = raw.to_str().ok_or_else(refuse)?;
+    text.parse::<i64>().map(Some).map_err(|_| refuse())
+}
+
 /// The clock every command uses: the system's, unless `ORDO_NOW_MS` fixes
 /// the time (milliseconds since the Unix epoch) for tests and replays.
 pub fn clock() -> Arc<dyn Clock> {
-    match std::env::var("ORDO_NOW_MS").ok().map(|v| v.parse::<i64>()) {
-        Some(Ok(now_ms)) => Arc::new(FixedClock(now_ms)),
+    match fixed_now_ms() {
+        Ok(Some(now_ms)) => Arc::new(FixedClock(now_ms)),
         // Checked by `run` before any command starts.
-        Some(Err(_)) | None => Arc::new(SystemClock),
+        Ok(None) | Err(_) => Arc::new(SystemClock),
     }
 }
 
@@ -95,30 +107,31 @@ fn open_options() -> OpenOptions {
 /// Opens the producer file with [`clock`]: an existing store of any domain,
 /// or a new one of the reservation domain.
 pub fn open_producer(path: &Path) -> Result<ProducerDb, Failure> {
-    if path.exists() {
-        Ok(ProducerDb::open_existing(path, clock(), &open_options())?)
-    } else {
-        open_reservation_producer(path)
-    }
+    Ok(ProducerDb::open_or_create(
+        path,
+        &producer_schema(),
+        clock(),
+        &open_options(),
+    )?)
 }
 
 /// Opens the consumer file with [`clock`]: an existing store of any domain,
 /// or a new one of the reservation domain.
 pub fn open_consumer(path: &Path) -> Result<ConsumerDb, Failure> {
-    if path.exists() {
-        Ok(ConsumerDb::open_existing(path, clock(), &open_options())?)
-    } else {
-        open_reservation_consumer(path)
-    }
+    Ok(ConsumerDb::open_or_create(
+        path,
+        &consumer_schema(),
+        clock(),
+        &open_options(),
+    )?)
 }
 
 /// Opens (creating if missing) a producer store of the reservation domain,
 /// for the commands that run its rules; a store of another domain is
 /// invalid input, and nothing is written to it.
 pub fn open_reservation_producer(path: &Path) -> Result<ProducerDb, Failure> {
-    if path.exists() {
-        let existing = ProducerDb::open_existing(path, clock(), &open_options())?;
-        refuse_other_domain(path, existing.domain())?;
+    if let Some(domain) = ProducerDb::existing_domain(path)? {
+        refuse_other_domain(path, &domain)?;
     }
     Ok(ProducerDb::open_with(
         path,
@@ -132,9 +145,8 @@ pub fn open_reservation_producer(path: &Path) -> Result<ProducerDb, Failure> {
 /// for the commands that run its handler; a store of another domain is
 /// invalid input, and nothing is written to it.
 pub fn open_reservation_consumer(path: &Path) -> Result<ConsumerDb, Failure> {
-    if path.exists() {
-        let existing = ConsumerDb::open_existing(path, clock(), &open_options())?;
-        refuse_other_domain(path, existing.domain())?;
+    if let Some(domain) = ConsumerDb::existing_domain(path)? {
+        refuse_other_domain(path, &domain)?;
     }
     Ok(ConsumerDb::open_with(
         path,
@@ -155,20 +167,14 @@ fn refuse_other_domain(path: &Path, domain: &str) -> Result<(), Failure> {
     )))
 }
 
-fn absolute(path: &Path) -> PathBuf {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
-}
-
-/// Refuses one file for both roles, before anything is opened.
+/// Refuses one file for both roles, by any name (symbolic links, `..`, hard
+/// links), before anything is opened or created.
 fn check_distinct(files: &Files) -> Result<(), Failure> {
-    let same = match (files.producer.canonicalize(), files.consumer.canonicalize()) {
-        (Ok(p), Ok(c)) => p == c,
-        _ => absolute(&files.producer) == absolute(&files.consumer),
-    };
-    if same {
+    if ordo_sqlite::same_file(&files.producer, &files.consumer)? {
         return Err(Failure::Usage(format!(
-            "--producer and --consumer must be different files (both are {})",
-            files.producer.display()
+            "--producer and --consumer must be different files ({} and {} are the same file)",
+            files.producer.display(),
+            files.consumer.display()
         )));
     }
     Ok(())
@@ -193,16 +199,14 @@ fn init(json_mode: bool, args: InitArgs) -> Result<(), Failure> {
         check_distinct(&files)?;
     }
     // Every given file is checked before any is created or changed.
-    // Without --domain, an existing store is left as it is, whatever its
-    // domain.
+    // Every given file is checked before any is created or changed; without
+    // --domain, an existing store is left as it is, whatever its domain.
     let checked = args.domain.as_ref().map(|_| domain);
     if let Some(path) = &args.sides.producer {
-        ProducerDb::check_existing(path)?;
-        check_domain(path, |p, c, o| ProducerDb::open_existing(p, c, o), checked)?;
+        check_domain(path, ProducerDb::existing_domain(path)?, checked)?;
     }
     if let Some(path) = &args.sides.consumer {
-        ConsumerDb::check_existing(path)?;
-        check_domain(path, |p, c, o| ConsumerDb::open_existing(p, c, o), checked)?;
+        check_domain(path, ConsumerDb::existing_domain(path)?, checked)?;
     }
     let (producer_schema, consumer_schema) = if domain == ordo_reservation::DOMAIN {
         (producer_schema(), consumer_schema())
@@ -213,20 +217,12 @@ fn init(json_mode: bool, args: InitArgs) -> Result<(), Failure> {
     let mut value = serde_json::Map::new();
     let mut lines = Vec::new();
     if let Some(path) = &args.sides.producer {
-        if path.exists() {
-            ProducerDb::open_existing(path, clock(), &open_options())?;
-        } else {
-            ProducerDb::open_with(path, &producer_schema, clock(), &open_options())?;
-        }
+        ProducerDb::open_or_create(path, &producer_schema, clock(), &open_options())?;
         value.insert("producer".into(), path.display().to_string().into());
         lines.push(format!("producer {} (domain {domain})", path.display()));
     }
     if let Some(path) = &args.sides.consumer {
-        if path.exists() {
-            ConsumerDb::open_existing(path, clock(), &open_options())?;
-        } else {
-            ConsumerDb::open_with(path, &consumer_schema, clock(), &open_options())?;
-        }
+        ConsumerDb::open_or_create(path, &consumer_schema, clock(), &open_options())?;
         value.insert("consumer".into(), path.display().to_string().into());
         lines.push(format!("consumer {} (domain {domain})", path.display()));
     }
@@ -236,41 +232,15 @@ fn init(json_mode: bool, args: InitArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Refuses an existing store of a domain other than `domain`, when given
-/// (reading only).
-fn check_domain<S: HasDomain>(
-    path: &Path,
-    open: impl FnOnce(&Path, Arc<dyn Clock>, &OpenOptions) -> Result<S, StoreError>,
-    domain: Option<&str>,
-) -> Result<(), Failure> {
-    let Some(domain) = domain.filter(|_| path.exists()) else {
-        return Ok(());
-    };
-    let store = open(path, clock(), &open_options())?;
-    if store.domain() == domain {
-        return Ok(());
-    }
-    Err(Failure::Usage(format!(
-        "{} belongs to domain \"{}\", not \"{domain}\"; init never changes a store's domain",
-        path.display(),
-        store.domain()
-    )))
-}
-
-/// A store that records its domain.
-trait HasDomain {
-    fn domain(&self) -> &str;
-}
-
-impl HasDomain for ProducerDb {
-    fn domain(&self) -> &str {
-        ProducerDb::domain(self)
-    }
-}
-
-impl HasDomain for ConsumerDb {
-    fn domain(&self) -> &str {
-        ConsumerDb::domain(self)
+/// Refuses an existing store (of domain `stored`) of a domain other than
+/// `wanted`, when one is asked for.
+fn check_domain(path: &Path, stored: Option<String>, wanted: Option<&str>) -> Result<(), Failure> {
+    match (stored, wanted) {
+        (Some(stored), Some(wanted)) if stored != wanted => Err(Failure::Usage(format!(
+            "{} belongs to domain \"{stored}\", not \"{wanted}\"; init never changes a store's domain",
+            path.display()
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -42,7 +42,9 @@ impl Failure {
 impl From<ordo_core::StoreError> for Failure {
     fn from(error: ordo_core::StoreError) -> Self {
         match error.kind() {
-            ordo_core::ErrorKind::Incompatible => Failure::Usage(error.to_string()),
+            ordo_core::ErrorKind::Incompatible | ordo_core::ErrorKind::NotFound => {
+                Failure::Usage(error.to_string())
+            }
             _ => Failure::Internal(error.to_string()),
         }
     }

@@ -22,9 +22,14 @@ pub enum ErrorKind {
     Corrupt,
     /// A commit was sent but whether it took effect is unknown.
     CommitOutcomeUnknown,
-    /// The database is not an ordo database of the expected role or version,
-    /// or refuses the durability settings ordo requires.
+    /// The database is not an ordo database of the expected role or version
+    /// (another program's file, a foreign SQLite file not adopted, the other
+    /// role, a newer schema), or refuses the durability settings ordo
+    /// requires. Nothing was written to it.
     Incompatible,
+    /// The store does not exist and creating it was not asked for; nothing
+    /// was created.
+    NotFound,
     /// Anything else the backend reported.
     Other,
 }

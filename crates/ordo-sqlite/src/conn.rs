@@ -1,9 +1,9 @@
 //! Opening a database file with the durability ordo requires, and mapping
 //! SQLite errors to backend-neutral kinds.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ordo_core::{ErrorKind, StoreError};
 use rusqlite::config::DbConfig;
@@ -24,6 +24,35 @@ pub const SCHEMA_VERSION: i64 = 2;
 /// The domain of the first release's stores, which recorded none.
 pub const FIRST_RELEASE_DOMAIN: &str = "reservation";
 
+/// Which domain a store is opened for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Want<'a> {
+    /// This domain's store: created for it if missing or empty, migrated to
+    /// its schema; a store of another domain is refused.
+    Domain(&'a Schema),
+    /// An existing store of any domain, left as it is (no domain migration).
+    Any,
+    /// An existing store of any domain as with `Any`, or, if the file is
+    /// missing or empty, a new store of this domain.
+    AnyOrNew(&'a Schema),
+}
+
+impl<'a> Want<'a> {
+    /// The schema a store is created or migrated with, given what the file
+    /// holds.
+    fn schema(self, state: FileState) -> Option<&'a Schema> {
+        match (self, state) {
+            (Want::Domain(schema), _) => Some(schema),
+            (Want::AnyOrNew(schema), FileState::Empty) => Some(schema),
+            _ => None,
+        }
+    }
+
+    fn may_create(self) -> bool {
+        !matches!(self, Want::Any)
+    }
+}
+
 /// ordo's own tables of one role.
 pub(crate) struct Tables {
     /// Creates every missing table and index (`IF NOT EXISTS`).
@@ -32,18 +61,44 @@ pub(crate) struct Tables {
     pub upgrade_from_1: &'static str,
 }
 
+/// The `application_id` ordo writes in the header of every file it creates
+/// (the bytes `ordo`), so that other programs, and ordo itself, can tell an
+/// ordo store from any other SQLite file.
+pub const APPLICATION_ID: i32 = 0x6F72_646F;
+
 /// Settings for opening a store.
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
     /// How long a write waits for another writer's lock. The wait is one
-    /// process-wide setting: the longest of the stores opened so far.
+    /// process-wide setting: the longest of the stores opened so far. Opening
+    /// a file that other processes are creating at the same time waits for
+    /// them within this time too.
     pub busy_timeout: Duration,
+    /// Whether a missing file is created (default `true`). When `false`, a
+    /// missing file is refused with [`ErrorKind::NotFound`] and nothing is
+    /// created, so that a mistyped path cannot start an empty store.
+    pub create: bool,
+    /// Whether a foreign SQLite file is adopted (default `false`). A non-empty
+    /// file that ordo did not create (it holds a table, view, index or trigger
+    /// but no `ordo_meta`, or a non-zero `user_version`) is refused with
+    /// [`ErrorKind::Incompatible`] and left untouched, unless this is `true`:
+    /// then ordo's tables are installed beside the application's own, and
+    /// the file's `user_version` and `application_id` stay the application's
+    /// (ordo records its schema version in `ordo_meta` instead). Only the
+    /// journal mode changes, to WAL, which ordo requires. A file whose
+    /// `application_id` is non-zero and not [`APPLICATION_ID`] belongs to
+    /// another program and is refused even with `adopt`. Adopting also
+    /// refuses a file that already has a table of the name ordo would
+    /// create.
+    pub adopt: bool,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
         OpenOptions {
             busy_timeout: BUSY_TIMEOUT_DEFAULT,
+            create: true,
+            adopt: false,
         }
     }
 }
@@ -161,28 +216,152 @@ pub(crate) fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreErr
     StoreError::new(ErrorKind::Corrupt, format!("{context}: {detail}"))
 }
 
+/// The most symbolic links followed while resolving one path.
+const SYMLINK_HOPS_MAX: u32 = 40;
+
+fn path_error(path: &Path, what: &str, error: std::io::Error) -> StoreError {
+    StoreError::with_source(
+        ErrorKind::ConnectionLost,
+        format!("{}: {what}", path.display()),
+        error,
+    )
+}
+
+/// The absolute path of the file `path` names, as opening it would reach it:
+/// the parent directory canonical, and symbolic links followed, a dangling
+/// one (or a chain of them) up to the file it would create. Creates nothing.
+pub(crate) fn resolve(path: &Path) -> Result<PathBuf, StoreError> {
+    let mut current =
+        std::path::absolute(path).map_err(|e| path_error(path, "cannot resolve", e))?;
+    for _ in 0..SYMLINK_HOPS_MAX {
+        let (Some(parent), Some(name)) = (current.parent(), current.file_name()) else {
+            return current
+                .canonicalize()
+                .map_err(|e| path_error(path, "cannot resolve", e));
+        };
+        let parent = parent
+            .canonicalize()
+            .map_err(|e| path_error(path, "cannot resolve its directory", e))?;
+        let joined = parent.join(name);
+        match std::fs::symlink_metadata(&joined) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let target = std::fs::read_link(&joined)
+                    .map_err(|e| path_error(path, "cannot resolve", e))?;
+                current = parent.join(target);
+            }
+            Ok(_) => return Ok(joined),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(joined),
+            Err(e) => return Err(path_error(path, "cannot resolve", e)),
+        }
+    }
+    Err(StoreError::new(
+        ErrorKind::ConnectionLost,
+        format!(
+            "{}: more than {SYMLINK_HOPS_MAX} symbolic links to follow",
+            path.display()
+        ),
+    ))
+}
+
+/// Whether `a` and `b` name the same database file, by any name: symbolic
+/// links (dangling ones included, up to the file they would create), `..`,
+/// hard links (same device and inode). Reads only; creates nothing. Fails
+/// when a path cannot be resolved (a missing directory, a loop of links).
+pub fn same_file(a: impl AsRef<Path>, b: impl AsRef<Path>) -> Result<bool, StoreError> {
+    let (a, b) = (resolve(a.as_ref())?, resolve(b.as_ref())?);
+    if a == b {
+        return Ok(true);
+    }
+    match (std::fs::metadata(&a), std::fs::metadata(&b)) {
+        (Ok(ma), Ok(mb)) => Ok(same_inode(&ma, &mb)),
+        _ => Ok(false),
+    }
+}
+
+#[cfg(unix)]
+fn same_inode(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    a.dev() == b.dev() && a.ino() == b.ino()
+}
+
+#[cfg(not(unix))]
+fn same_inode(_: &std::fs::Metadata, _: &std::fs::Metadata) -> bool {
+    false
+}
+
+/// Opens `resolved`, creating it only if `create`, never as an SQLite URI:
+/// the flags leave URIs out, and since the bundled SQLite is built to read
+/// URIs whatever the flags, the path is absolute (it cannot start with
+/// `file:`).
+fn open_file(resolved: &Path, shown: &Path, create: bool) -> Result<Connection, StoreError> {
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if create {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
+    debug_assert!(resolved.is_absolute());
+    Connection::open_with_flags(resolved, flags)
+        .map_err(|e| sql_error(&format!("cannot open {}", shown.display()), e))
+}
+
+/// The most attempts at opening a file that other processes are creating.
+const OPEN_ATTEMPTS_MAX: u32 = 100_000;
+
+/// The pause before the next attempt at opening a busy file, in
+/// microseconds: longer at each attempt, at most 5 ms.
+fn open_pause_us(attempt: u32) -> u64 {
+    (100 * u64::from(attempt) + 100).min(5_000)
+}
+
 /// Opens a database file, sets and reads back WAL and `synchronous=FULL`,
 /// and creates the role's tables and the domain's if they are missing.
-/// With `domain`, a missing file is created for it and a store of another
-/// domain is refused; without, the file must be an existing ordo store of
-/// `role`, of any domain, and no domain migration runs. Existing state is
-/// never reset.
+/// With `domain`, a missing file is created for it (when `options.create`)
+/// and a store of another domain is refused; without, the file must be an
+/// existing ordo store of `role`, of any domain, and no domain migration
+/// runs. Existing state is never reset. Racing processes
+/// opening a new file each create it or wait and open it: an attempt that
+/// finds the file busy is started again, within the busy timeout.
 pub(crate) fn open(
     path: &Path,
     role: Role,
     tables: &Tables,
-    domain: Option<&Schema>,
+    want: Want<'_>,
     options: &OpenOptions,
 ) -> Result<Connection, StoreError> {
-    let display = path.display();
-    if domain.is_none() && !path.exists() {
+    let resolved = resolve(path)?;
+    if (!options.create || !want.may_create()) && !resolved.exists() {
         return Err(StoreError::new(
-            ErrorKind::Incompatible,
-            format!("{display} does not exist; a store is created only for a given domain"),
+            ErrorKind::NotFound,
+            format!("{} does not exist (it is not created here)", path.display()),
         ));
     }
-    let conn =
-        Connection::open(path).map_err(|e| sql_error(&format!("cannot open {display}"), e))?;
+    set_busy_wait(options.busy_timeout);
+    // A busy timeout too long to add to the clock never runs out.
+    let deadline = Instant::now().checked_add(options.busy_timeout);
+    let mut attempt = 0;
+    loop {
+        match open_attempt(&resolved, path, role, tables, want, options) {
+            Err(e)
+                if e.kind() == ErrorKind::Busy
+                    && attempt < OPEN_ATTEMPTS_MAX
+                    && deadline.is_none_or(|d| Instant::now() < d) =>
+            {
+                std::thread::sleep(Duration::from_micros(open_pause_us(attempt)));
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+fn open_attempt(
+    resolved: &Path,
+    path: &Path,
+    role: Role,
+    tables: &Tables,
+    want: Want<'_>,
+    options: &OpenOptions,
+) -> Result<Connection, StoreError> {
+    let conn = open_file(resolved, path, options.create && want.may_create())?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
     // Without the query planner stability guarantee SQLite plans some
     // statements for the values bound to them (a `LIMIT ?` among them) and
@@ -192,11 +371,42 @@ pub(crate) fn open(
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
         .map_err(|e| sql_error("cannot set the query planner stability guarantee", e))?;
     // The wait for a locked file is this handler's (see `busy_wait`).
-    set_busy_wait(options.busy_timeout);
     conn.busy_handler(Some(busy_wait))
         .map_err(|e| sql_error("cannot set busy handler", e))?;
     // Refuse a foreign or wrong-role file before any pragma changes it.
-    let state = read_state(&conn, path, role)?;
+    let adopt = options.adopt && matches!(want, Want::Domain(_));
+    let state = read_state(&conn, path, role, adopt)?;
+    let domain = want.schema(state);
+    if state == FileState::Foreign {
+        check_names_free(&conn, path, tables.create)?;
+    }
+    if domain.is_none() && state == FileState::Empty {
+        return Err(StoreError::new(
+            ErrorKind::Incompatible,
+            format!("{} is not an ordo {} store", path.display(), role.as_str()),
+        ));
+    }
+    set_durability(&conn, path)?;
+    let stale = match domain {
+        Some(_) if state != FileState::Current => true,
+        Some(schema) => {
+            let stored = domain::stored_domain(&conn)
+                .map_err(|e| sql_error(&format!("{}: cannot read", path.display()), e))?;
+            domain::check(&path.display().to_string(), stored.as_ref(), schema)?
+        }
+        None => state != FileState::Current,
+    };
+    if stale {
+        // Nothing to create otherwise: opening then takes no write lock, so a
+        // busy peer does not stop a process from starting.
+        init_schema(&conn, path, role, tables, domain, adopt)?;
+    }
+    Ok(conn)
+}
+
+/// Sets WAL and `synchronous=FULL` and reads both back.
+fn set_durability(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let display = path.display();
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))
         .map_err(|e| sql_error(&format!("{display}: cannot set journal_mode=WAL"), e))?;
@@ -217,42 +427,42 @@ pub(crate) fn open(
             format!("{display}: synchronous is {synchronous}, FULL (2) is required"),
         ));
     }
-    let stale = match domain {
-        Some(_) if state != FileState::Current => true,
-        Some(schema) => {
-            let stored = domain::stored_domain(&conn)
-                .map_err(|e| sql_error(&format!("{display}: cannot read"), e))?;
-            domain::check(&display.to_string(), stored.as_ref(), schema)?
-        }
-        None if state == FileState::Empty => {
-            return Err(StoreError::new(
-                ErrorKind::Incompatible,
-                format!("{display} is not an ordo {} store", role.as_str()),
-            ))
-        }
-        None => state != FileState::Current,
-    };
-    if stale {
-        // Nothing to create otherwise: opening then takes no write lock, so a
-        // busy peer does not stop a process from starting.
-        init_schema(&conn, path, role, tables, domain)?;
-    }
-    Ok(conn)
+    Ok(())
 }
 
-/// Refuses an existing file that is not an ordo file of `role`, reading only
-/// and creating nothing (a missing file is fine: opening will create it).
+/// Refuses an existing file that is not an ordo file of `role` (a foreign
+/// file is refused: adopting is only done by opening), reading only and
+/// creating nothing (a missing file is fine: opening will create it).
 pub(crate) fn check_existing(path: &Path, role: Role) -> Result<(), StoreError> {
-    if !path.exists() {
+    let resolved = resolve(path)?;
+    if !resolved.exists() {
         return Ok(());
     }
-    let display = path.display();
-    let conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(|e| sql_error(&format!("cannot open {display}"), e))?;
-    read_state(&conn, path, role).map(|_| ())
+    let conn = open_file(&resolved, path, false)?;
+    read_state(&conn, path, role, false).map(|_| ())
+}
+
+/// The domain of the ordo store of `role` at `path`, reading only: `None`
+/// for a missing or empty file (a store not created yet), the first
+/// release's domain for a store of the first release; an error for a
+/// foreign file or a store of the other role.
+pub(crate) fn existing_domain(path: &Path, role: Role) -> Result<Option<String>, StoreError> {
+    let resolved = resolve(path)?;
+    if !resolved.exists() {
+        return Ok(None);
+    }
+    let conn = open_file(&resolved, path, false)?;
+    let err = |e| sql_error(&format!("{}: cannot read", path.display()), e);
+    let tx =
+        rusqlite::Transaction::new_unchecked(&conn, TransactionBehavior::Deferred).map_err(err)?;
+    if inspect(&tx, path, role, false)? == FileState::Empty {
+        return Ok(None);
+    }
+    let stored = domain::stored_domain(&tx).map_err(err)?;
+    Ok(Some(stored.map_or_else(
+        || FIRST_RELEASE_DOMAIN.to_owned(),
+        |domain| domain.name,
+    )))
 }
 
 /// The domain a store records (every store opened by this build has one).
@@ -266,56 +476,118 @@ pub(crate) fn read_domain(conn: &Connection, path: &Path) -> Result<String, Stor
 /// What a file holds, as far as ordo is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum FileState {
-    /// No table at all: a new file.
+    /// No schema object, `user_version` and `application_id` zero: a new file.
     Empty,
-    /// This role's tables at an older schema version.
+    /// Another application's file, to be adopted (only with `adopt`).
+    Foreign,
+    /// This role's tables at an older schema version, or a file of ordo's
+    /// first release, whose header does not carry [`APPLICATION_ID`] yet.
     Older,
     /// This role's tables at the current schema version.
     Current,
 }
 
 /// Reads the file's state in a read transaction.
-fn read_state(conn: &Connection, path: &Path, role: Role) -> Result<FileState, StoreError> {
+fn read_state(
+    conn: &Connection,
+    path: &Path,
+    role: Role,
+    adopt: bool,
+) -> Result<FileState, StoreError> {
     let err = |e| sql_error(&format!("{}: cannot read", path.display()), e);
     let tx =
         rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Deferred).map_err(err)?;
-    inspect(&tx, path, role)
+    inspect(&tx, path, role, adopt)
 }
 
-/// The file's state, refusing a foreign SQLite file, an ordo file of the
-/// other role, and a newer schema version.
-fn inspect(conn: &Connection, path: &Path, role: Role) -> Result<FileState, StoreError> {
+/// The header and schema facts that tell whose a file is.
+struct Facts {
+    objects: i64,
+    has_meta: bool,
+    application_id: i32,
+    user_version: i64,
+}
+
+fn read_facts(conn: &Connection, path: &Path) -> Result<Facts, StoreError> {
+    let err = |e| sql_error(&format!("{}: cannot read", path.display()), e);
+    let (objects, has_meta) = conn
+        .query_row(
+            "SELECT count(*), count(*) FILTER (WHERE type='table' AND name='ordo_meta') \
+             FROM sqlite_master",
+            [],
+            |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)? > 0)),
+        )
+        .map_err(err)?;
+    let application_id = conn
+        .query_row("PRAGMA application_id", [], |row| row.get(0))
+        .map_err(err)?;
+    let user_version = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(err)?;
+    Ok(Facts {
+        objects,
+        has_meta,
+        application_id,
+        user_version,
+    })
+}
+
+/// The file's state, refusing another program's file, a foreign SQLite file
+/// (unless `adopt`), an ordo file of the other role, and a newer schema.
+fn inspect(
+    conn: &Connection,
+    path: &Path,
+    role: Role,
+    adopt: bool,
+) -> Result<FileState, StoreError> {
     let display = path.display();
-    let err = |e| sql_error(&format!("{display}: cannot read"), e);
-    let tables: i64 = conn
-        .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE type='table'",
-            [],
-            |row| row.get(0),
-        )
-        .map_err(err)?;
-    if tables == 0 {
-        return Ok(FileState::Empty);
-    }
-    let has_meta: bool = conn
-        .query_row(
-            "SELECT count(*) > 0 FROM sqlite_master WHERE type='table' AND name='ordo_meta'",
-            [],
-            |row| row.get(0),
-        )
-        .map_err(err)?;
-    if !has_meta {
+    let facts = read_facts(conn, path)?;
+    if facts.application_id != 0 && facts.application_id != APPLICATION_ID {
         return Err(StoreError::new(
             ErrorKind::Incompatible,
-            format!("{display} is a SQLite database that ordo did not create; refusing to use it"),
+            format!(
+                "{display} belongs to another program (application_id {}); refusing to use it",
+                facts.application_id
+            ),
         ));
     }
+    if !facts.has_meta {
+        return match (facts.objects, facts.user_version, adopt) {
+            (0, 0, _) => Ok(FileState::Empty),
+            (_, _, true) => Ok(FileState::Foreign),
+            _ => Err(StoreError::new(
+                ErrorKind::Incompatible,
+                format!(
+                    "{display} is a SQLite database that ordo did not create; refusing to use it \
+                     (adopting it must be asked for)"
+                ),
+            )),
+        };
+    }
+    check_role(conn, path, role)?;
+    let adopted = adopted_version(conn, path)?;
+    let version = adopted.unwrap_or(facts.user_version);
+    match version {
+        v if v > SCHEMA_VERSION => Err(StoreError::new(
+            ErrorKind::Incompatible,
+            format!("{display} has schema version {v}; this ordo knows up to {SCHEMA_VERSION}"),
+        )),
+        v if v == SCHEMA_VERSION && (adopted.is_some() || facts.application_id != 0) => {
+            Ok(FileState::Current)
+        }
+        _ => Ok(FileState::Older),
+    }
+}
+
+/// Refuses an ordo file of the other role.
+fn check_role(conn: &Connection, path: &Path, role: Role) -> Result<(), StoreError> {
+    let display = path.display();
     let stored_role: Option<String> = conn
         .query_row("SELECT value FROM ordo_meta WHERE key='role'", [], |row| {
             row.get(0)
         })
         .optional()
-        .map_err(err)?;
+        .map_err(|e| sql_error(&format!("{display}: cannot read"), e))?;
     if stored_role.as_deref() != Some(role.as_str()) {
         return Err(StoreError::new(
             ErrorKind::Incompatible,
@@ -326,61 +598,140 @@ fn inspect(conn: &Connection, path: &Path, role: Role) -> Result<FileState, Stor
             ),
         ));
     }
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |row| row.get(0))
+    Ok(())
+}
+
+/// The schema version of a file ordo adopted (kept in `ordo_meta`, since the
+/// header's `user_version` is the application's); `None` for ordo's own files.
+fn adopted_version(conn: &Connection, path: &Path) -> Result<Option<i64>, StoreError> {
+    let display = path.display();
+    let value: Option<String> = conn
+        .query_row(
+            "SELECT value FROM ordo_meta WHERE key='schema_version'",
+            [],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(|e| sql_error(&format!("{display}: cannot read"), e))?;
+    value
+        .map(|v| {
+            v.parse::<i64>().map_err(|_| {
+                corrupt(
+                    &format!("{display}: ordo_meta"),
+                    format!("schema_version {v:?}"),
+                )
+            })
+        })
+        .transpose()
+}
+
+/// The table that marks a file as ordo's: its role, and in an adopted file
+/// its schema version.
+const META_TABLE: &str =
+    "CREATE TABLE ordo_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;";
+
+/// Refuses to adopt a file that already has an object named like one of
+/// ordo's tables (it would be taken for ordo's own).
+fn check_names_free(conn: &Connection, path: &Path, schema: &str) -> Result<(), StoreError> {
+    let err = |e| sql_error("cannot list ordo's tables", e);
+    let scratch = Connection::open_in_memory().map_err(err)?;
+    scratch.execute_batch(META_TABLE).map_err(err)?;
+    scratch.execute_batch(schema).map_err(err)?;
+    let mut stmt = scratch
+        .prepare("SELECT name FROM sqlite_master")
         .map_err(err)?;
-    match version {
-        v if v > SCHEMA_VERSION => Err(StoreError::new(
-            ErrorKind::Incompatible,
-            format!("{display} has schema version {v}; this ordo knows up to {SCHEMA_VERSION}"),
-        )),
-        v if v == SCHEMA_VERSION => Ok(FileState::Current),
-        _ => Ok(FileState::Older),
+    let names = stmt
+        .query_map([], |row| row.get::<_, String>(0))
+        .map_err(err)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    for name in names {
+        let taken: bool = conn
+            .query_row(
+                "SELECT count(*) > 0 FROM sqlite_master WHERE name = ?1 COLLATE NOCASE",
+                [&name],
+                |row| row.get(0),
+            )
+            .map_err(|e| sql_error(&format!("{}: cannot read", path.display()), e))?;
+        if taken {
+            return Err(StoreError::new(
+                ErrorKind::Incompatible,
+                format!(
+                    "{} already has an object named {name}; refusing to adopt it",
+                    path.display()
+                ),
+            ));
+        }
     }
+    Ok(())
 }
 
 /// Creates what is missing, in one write transaction; checks the file again
-/// inside it, since another process may have created it meanwhile.
+/// inside it, since another process may have created it meanwhile. Marks an
+/// ordo-owned file with [`APPLICATION_ID`] and [`SCHEMA_VERSION`]; records
+/// the version of an adopted file in `ordo_meta`.
 fn init_schema(
     conn: &Connection,
     path: &Path,
     role: Role,
     tables: &Tables,
     domain: Option<&Schema>,
+    adopt: bool,
 ) -> Result<(), StoreError> {
     let display = path.display().to_string();
     let err = |e| sql_error(&format!("{display}: cannot initialise"), e);
     let tx =
         rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate).map_err(err)?;
-    let state = inspect(&tx, path, role)?;
-    if state == FileState::Older {
+    let state = inspect(&tx, path, role, adopt)?;
+    if state == FileState::Foreign {
+        check_names_free(&tx, path, tables.create)?;
+    }
+    if state == FileState::Older && stored_version(&tx, path)? < 2 {
+        // A file of the first release: its tables lack what came later, and
+        // it knew only the reservation domain.
         tx.execute_batch(tables.upgrade_from_1).map_err(err)?;
         tx.execute(
             "INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('domain', ?1), ('domain_version', '0')",
             [FIRST_RELEASE_DOMAIN],
         )
         .map_err(err)?;
-        tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
-            .map_err(err)?;
     }
-    if state == FileState::Empty {
-        tx.execute_batch(
-            "CREATE TABLE ordo_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;",
-        )
-        .map_err(err)?;
+    if matches!(state, FileState::Empty | FileState::Foreign) {
+        tx.execute_batch(META_TABLE).map_err(err)?;
         tx.execute(
             "INSERT INTO ordo_meta (key, value) VALUES ('role', ?1)",
             [role.as_str()],
         )
         .map_err(err)?;
-        tx.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))
-            .map_err(err)?;
+    }
+    if state == FileState::Foreign || adopted_version(&tx, path)?.is_some() {
+        tx.execute(
+            "INSERT OR REPLACE INTO ordo_meta (key, value) VALUES ('schema_version', ?1)",
+            [SCHEMA_VERSION.to_string()],
+        )
+        .map_err(err)?;
+    } else {
+        tx.execute_batch(&format!(
+            "PRAGMA user_version = {SCHEMA_VERSION}; PRAGMA application_id = {APPLICATION_ID};"
+        ))
+        .map_err(err)?;
     }
     tx.execute_batch(tables.create).map_err(err)?;
     if let Some(schema) = domain {
         domain::install(&tx, &display, schema)?;
     }
     tx.commit().map_err(err)
+}
+
+/// The version of ordo's tables a file records: in `ordo_meta` for an
+/// adopted file, else in the header's `user_version`.
+fn stored_version(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
+    match adopted_version(conn, path)? {
+        Some(version) => Ok(version),
+        None => conn
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(|e| sql_error(&format!("{}: cannot read", path.display()), e)),
+    }
 }
 
 #[cfg(test)]

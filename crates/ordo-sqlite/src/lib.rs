@@ -24,7 +24,10 @@ mod producer;
 pub mod runner;
 pub mod wake;
 
-pub use conn::{OpenOptions, BUSY_TIMEOUT_DEFAULT, FIRST_RELEASE_DOMAIN, SCHEMA_VERSION};
+pub use conn::{
+    same_file, OpenOptions, APPLICATION_ID, BUSY_TIMEOUT_DEFAULT, FIRST_RELEASE_DOMAIN,
+    SCHEMA_VERSION,
+};
 pub use consumer::{read_inbox, ConsumerDb};
 pub use domain::{Schema, MIGRATIONS_MAX};
 pub use producer::{read_outbox, ProducerDb, ProducerTx, CONFLICT_REASON};

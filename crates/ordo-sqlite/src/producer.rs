@@ -15,6 +15,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::conn::{
     collect_rows, corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Role, Tables,
+    Want,
 };
 use crate::domain::Schema;
 use crate::wake;
@@ -99,6 +100,13 @@ impl ProducerDb {
         crate::conn::check_existing(path.as_ref(), Role::Producer)
     }
 
+    /// The domain of the store at `path`, reading only and creating
+    /// nothing: `None` when the file is missing or empty (no store yet); an
+    /// error for a file that is not an ordo store of this side.
+    pub fn existing_domain(path: impl AsRef<Path>) -> Result<Option<String>, StoreError> {
+        crate::conn::existing_domain(path.as_ref(), Role::Producer)
+    }
+
     /// [`ProducerDb::open`] with the given clock and options.
     pub fn open_with(
         path: impl AsRef<Path>,
@@ -106,7 +114,7 @@ impl ProducerDb {
         clock: Arc<dyn Clock>,
         options: &OpenOptions,
     ) -> Result<ProducerDb, StoreError> {
-        ProducerDb::open_inner(path.as_ref(), Some(schema), clock, options)
+        ProducerDb::open_inner(path.as_ref(), Want::Domain(schema), clock, options)
     }
 
     /// Opens an existing producer store of any domain, without running its
@@ -118,16 +126,29 @@ impl ProducerDb {
         clock: Arc<dyn Clock>,
         options: &OpenOptions,
     ) -> Result<ProducerDb, StoreError> {
-        ProducerDb::open_inner(path.as_ref(), None, clock, options)
+        ProducerDb::open_inner(path.as_ref(), Want::Any, clock, options)
+    }
+
+    /// Opens an existing store of any domain as [`ProducerDb::open_existing`]
+    /// does, or, if the file is missing or empty, creates a store of
+    /// `schema`'s domain: what a command line that serves every domain, and
+    /// creates stores of one, needs. Safe against racing processes.
+    pub fn open_or_create(
+        path: impl AsRef<Path>,
+        schema: &Schema,
+        clock: Arc<dyn Clock>,
+        options: &OpenOptions,
+    ) -> Result<ProducerDb, StoreError> {
+        ProducerDb::open_inner(path.as_ref(), Want::AnyOrNew(schema), clock, options)
     }
 
     fn open_inner(
         path: &Path,
-        schema: Option<&Schema>,
+        want: Want<'_>,
         clock: Arc<dyn Clock>,
         options: &OpenOptions,
     ) -> Result<ProducerDb, StoreError> {
-        let conn = open(path, Role::Producer, &TABLES, schema, options)?;
+        let conn = open(path, Role::Producer, &TABLES, want, options)?;
         let domain = crate::conn::read_domain(&conn, path)?;
         Ok(ProducerDb {
             conn,

@@ -25,7 +25,7 @@ use ordo_core::{
 };
 use rusqlite::Connection;
 
-use crate::conn::{open, sql_error, OpenOptions, Role};
+use crate::conn::{open, sql_error, OpenOptions, Role, Want};
 use crate::domain::Schema;
 use crate::wake;
 
@@ -59,6 +59,13 @@ impl ConsumerDb {
         crate::conn::check_existing(path.as_ref(), Role::Consumer)
     }
 
+    /// The domain of the store at `path`, reading only and creating
+    /// nothing: `None` when the file is missing or empty (no store yet); an
+    /// error for a file that is not an ordo store of this side.
+    pub fn existing_domain(path: impl AsRef<Path>) -> Result<Option<String>, StoreError> {
+        crate::conn::existing_domain(path.as_ref(), Role::Consumer)
+    }
+
     /// [`ConsumerDb::open`] with the given clock and options.
     pub fn open_with(
         path: impl AsRef<Path>,
@@ -66,7 +73,7 @@ impl ConsumerDb {
         clock: Arc<dyn Clock>,
         options: &OpenOptions,
     ) -> Result<ConsumerDb, StoreError> {
-        ConsumerDb::open_inner(path.as_ref(), Some(schema), clock, options)
+        ConsumerDb::open_inner(path.as_ref(), Want::Domain(schema), clock, options)
     }
 
     /// Opens an existing consumer store of any domain, without running its
@@ -78,16 +85,29 @@ impl ConsumerDb {
         clock: Arc<dyn Clock>,
         options: &OpenOptions,
     ) -> Result<ConsumerDb, StoreError> {
-        ConsumerDb::open_inner(path.as_ref(), None, clock, options)
+        ConsumerDb::open_inner(path.as_ref(), Want::Any, clock, options)
+    }
+
+    /// Opens an existing store of any domain as [`ConsumerDb::open_existing`]
+    /// does, or, if the file is missing or empty, creates a store of
+    /// `schema`'s domain: what a command line that serves every domain, and
+    /// creates stores of one, needs. Safe against racing processes.
+    pub fn open_or_create(
+        path: impl AsRef<Path>,
+        schema: &Schema,
+        clock: Arc<dyn Clock>,
+        options: &OpenOptions,
+    ) -> Result<ConsumerDb, StoreError> {
+        ConsumerDb::open_inner(path.as_ref(), Want::AnyOrNew(schema), clock, options)
     }
 
     fn open_inner(
         path: &Path,
-        schema: Option<&Schema>,
+        want: Want<'_>,
         clock: Arc<dyn Clock>,
         options: &OpenOptions,
     ) -> Result<ConsumerDb, StoreError> {
-        let conn = open(path, Role::Consumer, &schema::TABLES, schema, options)?;
+        let conn = open(path, Role::Consumer, &schema::TABLES, want, options)?;
         let domain = crate::conn::read_domain(&conn, path)?;
         Ok(ConsumerDb {
             conn,
