@@ -14,12 +14,18 @@
 //! * [`FaultPlan::simulate_power_loss`] puts every file back as it was at
 //!   its last successful sync, optionally keeping or tearing some of the
 //!   writes made since ([`Tear`]).
+//! * [`ops`] is the one place that calls the store API: each [`ops::Operation`]
+//!   sets up its files, runs once, and the directory's state is read as a
+//!   [`ops::Snapshot`]. [`harness`] runs an operation under every fault
+//!   point and checks what must hold after each.
 //!
 //! See `docs/faults.md` for what is injected, how power loss is simulated
 //! and what each test proves.
 
 #![warn(missing_docs)]
 
+pub mod harness;
+pub mod ops;
 mod plan;
 mod vfs;
 
