@@ -508,3 +508,166 @@ fn remove_shm(dir: &Path) -> io::Result<u64> {
     }
     Ok(removed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real file through `std::fs`, as the plan sees a wrapped file.
+    struct StdFile(std::fs::File);
+
+    impl RawFile for StdFile {
+        fn size(&mut self) -> Result<u64, c_int> {
+            self.0
+                .metadata()
+                .map(|m| m.len())
+                .map_err(|_| ffi::SQLITE_IOERR_FSTAT)
+        }
+
+        fn read_at(&mut self, buf: &mut [u8], offset: u64) -> c_int {
+            match self.0.read_exact_at(buf, offset) {
+                Ok(()) => ffi::SQLITE_OK,
+                Err(_) => ffi::SQLITE_IOERR_READ,
+            }
+        }
+
+        fn write_at(&mut self, data: &[u8], offset: u64) -> c_int {
+            match self.0.write_all_at(data, offset) {
+                Ok(()) => ffi::SQLITE_OK,
+                Err(_) => ffi::SQLITE_IOERR_WRITE,
+            }
+        }
+
+        fn truncate(&mut self, size: u64) -> c_int {
+            match self.0.set_len(size) {
+                Ok(()) => ffi::SQLITE_OK,
+                Err(_) => ffi::SQLITE_IOERR_TRUNCATE,
+            }
+        }
+
+        fn sync(&mut self, _flags: c_int) -> c_int {
+            match self.0.sync_data() {
+                Ok(()) => ffi::SQLITE_OK,
+                Err(_) => ffi::SQLITE_IOERR_FSYNC,
+            }
+        }
+    }
+
+    /// A plan on a fresh directory and a file `f` in it holding `synced`,
+    /// synced through the plan.
+    fn setup(synced: &[u8]) -> (tempfile::TempDir, FaultPlan, PathBuf, StdFile) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let plan = FaultPlan::arm(dir.path());
+        let path = plan.dir().join("f");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .expect("create f");
+        let mut file = StdFile(file);
+        assert_eq!(plan.plan.write(&path, &mut file, synced, 0), ffi::SQLITE_OK);
+        assert_eq!(plan.plan.sync(&path, &mut file, 0), ffi::SQLITE_OK);
+        assert_eq!(plan.unsynced_writes(), 0);
+        (dir, plan, path, file)
+    }
+
+    fn contents(path: &Path) -> Vec<u8> {
+        std::fs::read(path).expect("read f")
+    }
+
+    #[test]
+    fn a_power_loss_undoes_writes_and_truncations_since_the_last_sync() {
+        let synced: Vec<u8> = (0..2000u32).map(|i| (i % 251) as u8).collect();
+        for tear in [
+            Tear::Drop,
+            Tear::Keep(0),
+            Tear::Torn {
+                kept: 0,
+                sectors: 0,
+            },
+        ] {
+            let (_dir, plan, path, mut file) = setup(&synced);
+            assert_eq!(plan.plan.truncate(&path, &mut file, 700), ffi::SQLITE_OK);
+            assert_eq!(
+                plan.plan.write(&path, &mut file, &[9; 1500], 600),
+                ffi::SQLITE_OK
+            );
+            assert_eq!(
+                plan.plan.write(&path, &mut file, &[8; 10], 5000),
+                ffi::SQLITE_OK
+            );
+            assert_eq!(contents(&path).len(), 5010);
+            let loss = plan.simulate_power_loss(tear).expect("power loss");
+            assert_eq!((loss.files, loss.undone, loss.kept), (1, 3, 0), "{tear:?}");
+            assert_eq!(contents(&path), synced, "{tear:?}");
+        }
+    }
+
+    #[test]
+    fn a_torn_write_keeps_whole_sectors_from_its_start() {
+        let synced = vec![1u8; 3000];
+        let (_dir, plan, path, mut file) = setup(&synced);
+        assert_eq!(
+            plan.plan.write(&path, &mut file, &[2; 100], 0),
+            ffi::SQLITE_OK
+        );
+        assert_eq!(
+            plan.plan.write(&path, &mut file, &[3; 2000], 2000),
+            ffi::SQLITE_OK
+        );
+        plan.simulate_power_loss(Tear::Torn {
+            kept: 1,
+            sectors: 1,
+        })
+        .expect("power loss");
+        let mut expected = vec![1u8; 3000];
+        expected[..100].fill(2);
+        expected[2000..2512].fill(3);
+        assert_eq!(contents(&path), expected);
+    }
+
+    #[test]
+    fn a_synced_write_survives_and_a_failed_sync_keeps_nothing() {
+        let (_dir, plan, path, mut file) = setup(b"synced");
+        plan.set(Fault::FailSync {
+            nth: 1,
+            code: ffi::SQLITE_IOERR_FSYNC,
+        });
+        assert_eq!(
+            plan.plan.write(&path, &mut file, b"lost", 0),
+            ffi::SQLITE_OK
+        );
+        assert_eq!(plan.plan.sync(&path, &mut file, 0), ffi::SQLITE_IOERR_FSYNC);
+        assert_eq!(plan.unsynced_writes(), 1);
+        plan.simulate_power_loss(Tear::Drop).expect("power loss");
+        assert_eq!(contents(&path), b"synced");
+        assert_eq!(
+            plan.plan.write(&path, &mut file, b"kept", 0),
+            ffi::SQLITE_OK
+        );
+        assert_eq!(plan.plan.sync(&path, &mut file, 0), ffi::SQLITE_OK);
+        plan.simulate_power_loss(Tear::Drop).expect("power loss");
+        assert_eq!(contents(&path), b"kepted");
+    }
+
+    #[test]
+    fn a_deletion_stands_and_is_refused_without_power() {
+        let (_dir, plan, path, mut file) = setup(b"synced");
+        assert_eq!(plan.plan.write(&path, &mut file, b"x", 0), ffi::SQLITE_OK);
+        plan.set(Fault::PowerCut { nth: 1 });
+        assert_eq!(plan.plan.sync(&path, &mut file, 0), ffi::SQLITE_IOERR_FSYNC);
+        let remove = || match std::fs::remove_file(&path) {
+            Ok(()) => ffi::SQLITE_OK,
+            Err(_) => ffi::SQLITE_IOERR_DELETE,
+        };
+        assert_eq!(plan.plan.delete(&path, remove), ffi::SQLITE_IOERR_DELETE);
+        assert!(path.exists(), "nothing is deleted without power");
+        plan.simulate_power_loss(Tear::Drop).expect("power loss");
+        assert_eq!(contents(&path), b"synced");
+        assert_eq!(plan.plan.delete(&path, remove), ffi::SQLITE_OK);
+        plan.simulate_power_loss(Tear::Drop).expect("power loss");
+        assert!(!path.exists(), "a deletion is durable");
+    }
+}
