@@ -27,36 +27,40 @@ pub const T0_MS: i64 = 1_700_000_000_000;
 /// The database files of a directory, producer first.
 pub const FILES: [&str; 2] = ["producer.db", "consumer.db"];
 
-/// The flows the operations work on; each has three events.
-const FLOWS: [&str; 3] = ["f1", "f2", "f3"];
+/// How many flows the operations work on (`f00`, `f01`, …); each has three
+/// events, so that the batched operations write several pages per commit.
+const FLOWS_LEN: usize = 24;
 
 /// The quantity of every flow.
 const QUANTITY: i64 = 7;
 
-/// The deliveries of the relay round: the heads of `f2` and `f3`.
-const RELAY_ROUND_LEN: u64 = 2;
+/// The deliveries of the relay round: the head of every flow but the first.
+const RELAY_ROUND_LEN: u64 = FLOWS_LEN as u64 - 1;
 
-/// The most events an apply batch may apply.
-const APPLY_EVENTS_MAX: u64 = 64;
+/// The most events an apply batch may apply: more than the flows hold.
+const APPLY_EVENTS_MAX: u64 = 3 * FLOWS_LEN as u64;
 
 /// An ordo operation run under faults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
-    /// The producer advances flow `f2` from `reserved` to `confirmed`.
+    /// The producer advances flow `f01` from `reserved` to `confirmed`.
     ProducerAdvance,
-    /// One relay round (fair policy): hands the head events of `f2` and `f3`
-    /// (seq 1 of each) to the consumer in one transaction and records both
-    /// receipts in one producer transaction. The round is bounded to those
-    /// two deliveries, so the run is exactly one round.
+    /// One relay round (fair policy): hands the head event (seq 1) of every
+    /// flow but `f00`, whose events were delivered before, to the consumer
+    /// in one transaction and records the receipts in one producer
+    /// transaction. The run is bounded to those deliveries, so it is exactly
+    /// one round.
     RelayRound,
-    /// The consumer receives the events of `f2` and `f3` and one duplicate
-    /// of `f1` in one batch.
+    /// The consumer receives the events of every flow but `f00` and one
+    /// duplicate of `f00` in one batch.
     ReceiveBatch,
-    /// The consumer applies the pending events of `f2` and `f3` in one batch.
+    /// The consumer applies the pending events of every flow but `f00` in
+    /// one batch.
     ApplyBatch,
-    /// An operator skips `f2`'s first event in the inbox.
+    /// An operator skips `f01`'s first event in the inbox.
     InboxSkip,
-    /// The consumer prunes the applied events of `f1` and `f2`.
+    /// The consumer prunes the applied events of the first half of the
+    /// flows.
     InboxPrune,
 }
 
@@ -87,9 +91,10 @@ impl Operation {
     /// the operation starts from.
     pub fn setup(self, dir: &Path) -> Result<(), StoreError> {
         let (mut producer, mut consumer) = open(dir)?;
+        let flows = flow_ids();
         match self {
             Operation::ProducerAdvance => {
-                for id in FLOWS {
+                for id in &flows {
                     advance(&mut producer, id, 0, FlowState::Reserved)?;
                 }
             }
@@ -98,15 +103,15 @@ impl Operation {
                 relay(&mut producer, &mut consumer, RelayPolicy::FirstPending, 3)?;
             }
             Operation::ReceiveBatch => {
-                consumer.receive_batch(&reservation_events(FLOWS[0], QUANTITY))?;
+                consumer.receive_batch(&reservation_events(&flows[0], QUANTITY))?;
             }
             Operation::ApplyBatch | Operation::InboxSkip => {
                 receive_all(&mut consumer)?;
-                apply(&mut consumer, &FLOWS[..1])?;
+                apply(&mut consumer, &flows[..1])?;
             }
             Operation::InboxPrune => {
                 receive_all(&mut consumer)?;
-                apply(&mut consumer, &FLOWS[..2])?;
+                apply(&mut consumer, &flows[..FLOWS_LEN / 2])?;
             }
         }
         Ok(())
@@ -115,8 +120,11 @@ impl Operation {
     /// Runs the operation once on the files of `dir`.
     pub fn run(self, dir: &Path) -> Result<(), StoreError> {
         let (mut producer, mut consumer) = open(dir)?;
+        let flows = flow_ids();
         match self {
-            Operation::ProducerAdvance => advance(&mut producer, FLOWS[1], 1, FlowState::Confirmed),
+            Operation::ProducerAdvance => {
+                advance(&mut producer, &flows[1], 1, FlowState::Confirmed)
+            }
             Operation::RelayRound => relay(
                 &mut producer,
                 &mut consumer,
@@ -124,14 +132,14 @@ impl Operation {
                 RELAY_ROUND_LEN,
             ),
             Operation::ReceiveBatch => {
-                let mut events = vec![reservation_events(FLOWS[0], QUANTITY)[0].clone()];
-                for id in &FLOWS[1..] {
+                let mut events = vec![reservation_events(&flows[0], QUANTITY)[0].clone()];
+                for id in &flows[1..] {
                     events.extend(reservation_events(id, QUANTITY));
                 }
                 consumer.receive_batch(&events).map(drop)
             }
-            Operation::ApplyBatch => apply(&mut consumer, &FLOWS[1..]),
-            Operation::InboxSkip => skip(&mut consumer),
+            Operation::ApplyBatch => apply(&mut consumer, &flows[1..]),
+            Operation::InboxSkip => skip(&mut consumer, &flows[1]),
             Operation::InboxPrune => consumer.prune_inbox(T0_MS + 1).map(drop),
         }
     }
@@ -229,8 +237,13 @@ fn advance(
     }
 }
 
+/// The flow ids, in order.
+fn flow_ids() -> Vec<String> {
+    (0..FLOWS_LEN).map(|i| format!("f{i:02}")).collect()
+}
+
 fn advance_all(producer: &mut ProducerDb) -> Result<(), StoreError> {
-    for id in FLOWS {
+    for id in &flow_ids() {
         for (expected_seq, to) in [
             (0, FlowState::Reserved),
             (1, FlowState::Confirmed),
@@ -271,21 +284,21 @@ fn relay(
 }
 
 fn receive_all(consumer: &mut ConsumerDb) -> Result<(), StoreError> {
-    let events: Vec<Envelope> = FLOWS
+    let events: Vec<Envelope> = flow_ids()
         .iter()
         .flat_map(|id| reservation_events(id, QUANTITY))
         .collect();
     consumer.receive_batch(&events).map(drop)
 }
 
-fn apply(consumer: &mut ConsumerDb, flows: &[&str]) -> Result<(), StoreError> {
+fn apply(consumer: &mut ConsumerDb, flows: &[String]) -> Result<(), StoreError> {
     let flows: Vec<(FlowId, Option<u64>)> = flows.iter().map(|id| (flow(id), None)).collect();
     consumer.apply_batch(&flows, APPLY_EVENTS_MAX, V1).map(drop)
 }
 
-fn skip(consumer: &mut ConsumerDb) -> Result<(), StoreError> {
+fn skip(consumer: &mut ConsumerDb, flow_id: &str) -> Result<(), StoreError> {
     let request = SkipRequest::new(
-        flow(FLOWS[1]),
+        flow(flow_id),
         seq(1),
         "a fault test skips it".to_owned(),
         "ordo-faults".to_owned(),
