@@ -496,11 +496,22 @@ fn restore(path: &Path, undos: &[Undo], kept: usize, kept_bytes: u64) -> io::Res
     Ok(())
 }
 
+/// The most entries an armed directory may hold when its power is lost.
+const DIR_ENTRIES_MAX: usize = 10_000;
+
 /// Removes the `-shm` files directly in `dir`; returns how many.
 fn remove_shm(dir: &Path) -> io::Result<u64> {
+    let entries: Vec<_> = std::fs::read_dir(dir)?
+        .take(DIR_ENTRIES_MAX + 1)
+        .collect::<io::Result<_>>()?;
+    assert!(
+        entries.len() <= DIR_ENTRIES_MAX,
+        "{} holds more than {DIR_ENTRIES_MAX} entries",
+        dir.display()
+    );
     let mut removed = 0;
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
+    for entry in entries {
+        let path = entry.path();
         if path.to_string_lossy().ends_with("-shm") {
             std::fs::remove_file(&path)?;
             removed += 1;
