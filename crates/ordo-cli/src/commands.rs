@@ -11,8 +11,8 @@ use std::path::Path;
 
 use ordo_core::envelope::parse_strict_json_stream;
 use ordo_core::{
-    drain, process_all, relay, relay_event, ConsumerStore, Envelope, ProducerStore, RelayError,
-    RelayOptions, RelayPolicy, RelayReport, StoreError, SystemClock,
+    drain, process_all_each, relay_each, relay_event, ConsumerStore, Delivery, Envelope,
+    ProducerStore, RelayError, RelayOptions, RelayPolicy, RelayStop, StoreError, SystemClock,
 };
 use ordo_core::{Clock, FixedClock};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
@@ -300,8 +300,16 @@ fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
         }
     }
     let (mut producer, mut consumer) = open_both(&args.files)?;
-    let report = match &args.event {
-        Some(event_id) => relay_event(&mut producer, &mut consumer, event_id, clock().as_ref()),
+    let mut deliveries = render::Bounded::default();
+    let stop = match &args.event {
+        Some(event_id) => relay_event(&mut producer, &mut consumer, event_id, clock().as_ref())
+            .map(|report| {
+                report
+                    .deliveries
+                    .into_iter()
+                    .for_each(|d| deliveries.push(d));
+                report.stop
+            }),
         None => {
             let options = RelayOptions {
                 policy: match args.policy {
@@ -312,24 +320,33 @@ fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
                 batch_len_max: args.batch as usize,
                 ..RelayOptions::default()
             };
-            relay(&mut producer, &mut consumer, &options, clock().as_ref())
+            relay_each(
+                &mut producer,
+                &mut consumer,
+                &options,
+                clock().as_ref(),
+                |d| deliveries.push(d.clone()),
+            )
         }
     }
     .map_err(relay_failure)?;
-    emit(json_mode, &render::relay(&report), || relay_text(&report));
+    emit(json_mode, &render::relay(&deliveries, stop), || {
+        relay_text(&deliveries, stop)
+    });
     Ok(())
 }
 
-fn relay_text(report: &RelayReport) -> String {
-    let mut lines: Vec<String> = report
-        .deliveries
+fn relay_text(deliveries: &render::Bounded<Delivery>, stop: RelayStop) -> String {
+    let mut lines: Vec<String> = deliveries
+        .listed
         .iter()
         .map(|d| format!("{} {} seq {}: {}", d.event_id, d.flow_id, d.seq, d.receipt))
         .collect();
+    lines.extend(deliveries.more_line());
     lines.push(format!(
         "{} deliveries, stop: {}",
-        report.deliveries.len(),
-        report.stop.as_str()
+        deliveries.total,
+        stop.as_str()
     ));
     lines.join("\n")
 }
@@ -408,23 +425,23 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
         support_v2: args.support_v2,
     };
     let mut consumer = open_reservation_consumer(&args.consumer)?;
-    let drains = match &args.flow {
-        Some(flow_id) => vec![drain(
+    let mut handler = ReservationHandler::new(options);
+    let mut drains = render::Bounded::default();
+    match &args.flow {
+        Some(flow_id) => drains.push(drain(
             &mut consumer,
             flow_id,
             args.limit,
-            &mut ReservationHandler::new(options),
+            &mut handler,
             args.batch,
-        )?],
-        None => process_all(
-            &mut consumer,
-            args.limit,
-            &mut ReservationHandler::new(options),
-            args.batch,
-        )?,
+        )?),
+        None => process_all_each(&mut consumer, args.limit, &mut handler, args.batch, |d| {
+            drains.push(d)
+        })?,
     };
     emit(json_mode, &render::drains(&drains), || {
         let mut lines: Vec<String> = drains
+            .listed
             .iter()
             .map(|d| {
                 let reason = render::reason_suffix(d.stop.reason());
@@ -436,6 +453,7 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
                 )
             })
             .collect();
+        lines.extend(drains.more_line());
         if lines.is_empty() {
             lines.push("no flow has work".into());
         }

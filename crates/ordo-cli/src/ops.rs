@@ -40,6 +40,7 @@ fn inbox_entry(e: &InboxEntry) -> Value {
         json!({
             "status": e.status.as_str(),
             "reason": e.status.reason().map(|r| r.as_str()),
+            "detail": e.status.reason().and_then(|r| r.detail.as_deref()),
             "received_at_ms": e.received_at_ms,
             "settled_at_ms": e.settled_at_ms,
         }),
@@ -171,6 +172,7 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
                 "applied": d.applied,
                 "stop": d.stop.as_str(),
                 "reason": d.stop.reason().map(|r| r.as_str()),
+                "detail": d.stop.reason().and_then(|r| r.detail.as_deref()),
             });
             emit(json_mode, &value, || {
                 let reason = render::reason_suffix(d.stop.reason());

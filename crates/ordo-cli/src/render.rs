@@ -1,6 +1,6 @@
 //! The JSON shapes of the CLI contract.
 
-use ordo_core::{BlockReason, Drain, Envelope, InboxRecord, OutboxRecord, RelayReport};
+use ordo_core::{BlockReason, Delivery, Drain, Envelope, InboxRecord, OutboxRecord, RelayStop};
 #[allow(unused_imports)]
 use ordo_reservation::{Advance, EffectRecord, FlowRecord, Projection};
 use serde_json::{json, Map, Value};
@@ -33,9 +33,9 @@ pub fn advance(outcome: &Advance) -> Value {
     }
 }
 
-pub fn relay(report: &RelayReport) -> Value {
-    let deliveries: Vec<Value> = report
-        .deliveries
+pub fn relay(deliveries: &Bounded<Delivery>, stop: RelayStop) -> Value {
+    let listed: Vec<Value> = deliveries
+        .listed
         .iter()
         .map(|d| {
             json!({
@@ -46,11 +46,17 @@ pub fn relay(report: &RelayReport) -> Value {
             })
         })
         .collect();
-    json!({"deliveries": deliveries, "stop": report.stop.as_str()})
+    json!({
+        "deliveries": listed,
+        "stop": stop.as_str(),
+        "deliveries_total": deliveries.total,
+        "truncated": deliveries.truncated(),
+    })
 }
 
-pub fn drains(drains: &[Drain]) -> Value {
+pub fn drains(drains: &Bounded<Drain>) -> Value {
     let flows: Vec<Value> = drains
+        .listed
         .iter()
         .map(|d| {
             json!({
@@ -58,10 +64,15 @@ pub fn drains(drains: &[Drain]) -> Value {
                 "applied": d.applied,
                 "stop": d.stop.as_str(),
                 "reason": d.stop.reason().map(|r| r.as_str()),
+                "detail": d.stop.reason().and_then(|r| r.detail.as_deref()),
             })
         })
         .collect();
-    json!({ "flows": flows })
+    json!({
+        "flows": flows,
+        "flows_total": drains.total,
+        "truncated": drains.truncated(),
+    })
 }
 
 pub fn flow(record: &FlowRecord) -> Value {
@@ -83,8 +94,51 @@ pub fn inbox(record: &InboxRecord) -> Value {
         json!({
             "status": record.status.as_str(),
             "reason": record.status.reason().map(|r| r.as_str()),
+            "detail": record.status.reason().and_then(|r| r.detail.as_deref()),
         }),
     )
+}
+
+/// The most entries a list of the output holds (CLI.md "Bounded output").
+pub const LISTED_MAX: usize = 10_000;
+
+/// The first [`LISTED_MAX`] items of a stream, and how many there were.
+#[derive(Debug)]
+pub struct Bounded<T> {
+    pub listed: Vec<T>,
+    pub total: u64,
+}
+
+impl<T> Default for Bounded<T> {
+    fn default() -> Self {
+        Bounded {
+            listed: Vec::new(),
+            total: 0,
+        }
+    }
+}
+
+impl<T> Bounded<T> {
+    pub fn push(&mut self, item: T) {
+        self.total += 1;
+        if self.listed.len() < LISTED_MAX {
+            self.listed.push(item);
+        }
+    }
+
+    pub fn truncated(&self) -> bool {
+        self.total > self.listed.len() as u64
+    }
+
+    /// The text line that says how many were left out, if any.
+    pub fn more_line(&self) -> Option<String> {
+        self.truncated().then(|| {
+            format!(
+                "... and {} more not listed",
+                self.total - self.listed.len() as u64
+            )
+        })
+    }
 }
 
 pub fn projection(record: &Projection) -> Value {

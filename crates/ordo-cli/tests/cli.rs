@@ -443,7 +443,7 @@ fn receive_one_object_spanning_several_lines() {
         json!([{
             "event_id": "A-1", "flow_id": "A", "seq": 1, "schema_version": 1,
             "type": "reserved", "payload": {"amount": 5},
-            "status": "pending", "reason": null
+            "status": "pending", "reason": null, "detail": null
         }])
     );
     // receive never touches the projection or the effects.
@@ -737,7 +737,7 @@ fn received_bounds_round_trip_through_the_inbox() {
     );
     assert_eq!(
         lab.apply(&["--flow", "M"]),
-        json!({"flows": [{"flow_id": "M", "applied": 0, "stop": "gap", "reason": null}]})
+        json!({"flows": [{"flow_id": "M", "applied": 0, "stop": "gap", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
 }
 
@@ -820,22 +820,25 @@ fn relay_json_shape_max_and_drained() {
         json!({"deliveries": [
             {"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "accepted"},
             {"event_id": "B-1", "flow_id": "B", "seq": 1, "receipt": "accepted"},
-        ], "stop": "max"})
+        ], "stop": "max", "deliveries_total": 2, "truncated": false})
     );
     assert_eq!(
         lab.relay(&["--max", "1", "--policy", "first-pending"]),
         json!({"deliveries": [
             {"event_id": "A-2", "flow_id": "A", "seq": 2, "receipt": "accepted"},
-        ], "stop": "max"})
+        ], "stop": "max", "deliveries_total": 1, "truncated": false})
     );
     assert_eq!(
         lab.relay(&["--policy", "first-pending"]),
         json!({"deliveries": [
             {"event_id": "B-2", "flow_id": "B", "seq": 2, "receipt": "accepted"},
             {"event_id": "A-3", "flow_id": "A", "seq": 3, "receipt": "accepted"},
-        ], "stop": "drained"})
+        ], "stop": "drained", "deliveries_total": 2, "truncated": false})
     );
-    assert_eq!(lab.relay(&[]), json!({"deliveries": [], "stop": "drained"}));
+    assert_eq!(
+        lab.relay(&[]),
+        json!({"deliveries": [], "stop": "drained", "deliveries_total": 0, "truncated": false})
+    );
     let snapshot = lab.snapshot();
     let outbox = snapshot["producer"]["outbox"].as_array().unwrap();
     assert_eq!(outbox.len(), 5);
@@ -850,7 +853,7 @@ fn relay_json_shape_max_and_drained() {
         lab.relay(&["--event", "A-2"]),
         json!({"deliveries": [
             {"event_id": "A-2", "flow_id": "A", "seq": 2, "receipt": "duplicate"},
-        ], "stop": "drained"})
+        ], "stop": "drained", "deliveries_total": 1, "truncated": false})
     );
     assert_eq!(lab.snapshot(), snapshot);
 }
@@ -864,7 +867,7 @@ fn relay_event_ignores_max_and_policy() {
         lab.relay(&["--event", "B-1", "--max", "1", "--policy", "first-pending"]),
         json!({"deliveries": [
             {"event_id": "B-1", "flow_id": "B", "seq": 1, "receipt": "accepted"},
-        ], "stop": "drained"})
+        ], "stop": "drained", "deliveries_total": 1, "truncated": false})
     );
     let outbox = lab.snapshot()["producer"]["outbox"].clone();
     assert_eq!(row(&outbox, "event_id", "A-1")["accepted"], json!(false));
@@ -921,7 +924,7 @@ fn first_pending_conflict_starves_later_flows_until_explicit_delivery() {
             lab.relay(&["--policy", "first-pending"]),
             json!({"deliveries": [
                 {"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict"},
-            ], "stop": "drained"})
+            ], "stop": "drained", "deliveries_total": 1, "truncated": false})
         );
     }
     let snapshot = lab.snapshot();
@@ -936,7 +939,7 @@ fn first_pending_conflict_starves_later_flows_until_explicit_delivery() {
         lab.relay(&["--event", "B-1"]),
         json!({"deliveries": [
             {"event_id": "B-1", "flow_id": "B", "seq": 1, "receipt": "accepted"},
-        ], "stop": "drained"})
+        ], "stop": "drained", "deliveries_total": 1, "truncated": false})
     );
     let snapshot = lab.snapshot();
     let outbox = &snapshot["producer"]["outbox"];
@@ -967,28 +970,31 @@ fn apply_stops_limit_gap_blocked_idle() {
 
     assert_eq!(
         lab.apply(&["--flow", "A", "--limit", "2"]),
-        json!({"flows": [{"flow_id": "A", "applied": 2, "stop": "limit", "reason": null}]})
+        json!({"flows": [{"flow_id": "A", "applied": 2, "stop": "limit", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     assert_eq!(
         lab.apply(&["--flow", "A"]),
-        json!({"flows": [{"flow_id": "A", "applied": 1, "stop": "idle", "reason": null}]})
+        json!({"flows": [{"flow_id": "A", "applied": 1, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     assert_eq!(
         lab.apply(&["--flow", "A"]),
-        json!({"flows": [{"flow_id": "A", "applied": 0, "stop": "idle", "reason": null}]})
+        json!({"flows": [{"flow_id": "A", "applied": 0, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
-    assert_eq!(lab.apply(&[]), json!({"flows": []}));
+    assert_eq!(
+        lab.apply(&[]),
+        json!({"flows": [], "flows_total": 0, "truncated": false})
+    );
 
     // gap: seq 2 stored, seq 1 missing.
     lab.receive(&reservation("G", 2, "confirmed", 4));
     assert_eq!(
         lab.apply(&["--flow", "G"]),
-        json!({"flows": [{"flow_id": "G", "applied": 0, "stop": "gap", "reason": null}]})
+        json!({"flows": [{"flow_id": "G", "applied": 0, "stop": "gap", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     lab.receive(&reservation("G", 1, "reserved", 4));
     assert_eq!(
         lab.apply(&["--flow", "G"]),
-        json!({"flows": [{"flow_id": "G", "applied": 2, "stop": "idle", "reason": null}]})
+        json!({"flows": [{"flow_id": "G", "applied": 2, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
 
     // blocked, with each reason.
@@ -1011,7 +1017,7 @@ fn apply_stops_limit_gap_blocked_idle() {
     ];
     for (flow, input, reason) in &blocked {
         lab.receive(input);
-        let expected = json!({"flows": [{"flow_id": flow, "applied": 0, "stop": "blocked", "reason": reason}]});
+        let expected = json!({"flows": [{"flow_id": flow, "applied": 0, "stop": "blocked", "reason": reason, "detail": null}], "flows_total": 1, "truncated": false});
         assert_eq!(lab.apply(&["--flow", flow]), expected);
         // Stays blocked.
         assert_eq!(lab.apply(&["--flow", flow]), expected);
@@ -1024,6 +1030,7 @@ fn apply_stops_limit_gap_blocked_idle() {
         let mut expected: Value = serde_json::from_str(input).unwrap();
         expected["status"] = json!("blocked");
         expected["reason"] = json!(reason);
+        expected["detail"] = json!(null);
         assert_eq!(stored, &expected, "blocked rows keep their body");
     }
     assert_eq!(
@@ -1049,14 +1056,14 @@ fn apply_limit_applies_per_flow_without_flow() {
     for flow in ["A", "B"] {
         assert_eq!(
             row(flows, "flow_id", flow),
-            &json!({"flow_id": flow, "applied": 1, "stop": "limit", "reason": null})
+            &json!({"flow_id": flow, "applied": 1, "stop": "limit", "reason": null, "detail": null})
         );
     }
     let out = lab.apply(&[]);
     for flow in ["A", "B"] {
         assert_eq!(
             row(&out["flows"], "flow_id", flow),
-            &json!({"flow_id": flow, "applied": 2, "stop": "idle", "reason": null})
+            &json!({"flow_id": flow, "applied": 2, "stop": "idle", "reason": null, "detail": null})
         );
     }
 }
@@ -1071,22 +1078,26 @@ fn apply_support_v2_applies_the_stored_schema_2_row() {
     lab.relay(&[]);
     assert_eq!(
         lab.apply(&[]),
-        json!({"flows": [{"flow_id": "V", "applied": 0, "stop": "blocked", "reason": "unsupported_schema"}]})
+        json!({"flows": [{"flow_id": "V", "applied": 0, "stop": "blocked", "reason": "unsupported_schema", "detail": null}], "flows_total": 1, "truncated": false})
     );
     let stored = row(&lab.snapshot()["consumer"]["inbox"], "event_id", "V-1").clone();
     assert_eq!(stored["status"], "blocked");
     assert_eq!(stored["reason"], "unsupported_schema");
 
     // Without --support-v2 a plain apply visits no flow: nothing is pending.
-    assert_eq!(lab.apply(&[]), json!({"flows": []}));
+    assert_eq!(
+        lab.apply(&[]),
+        json!({"flows": [], "flows_total": 0, "truncated": false})
+    );
     assert_eq!(
         lab.apply(&["--support-v2"]),
-        json!({"flows": [{"flow_id": "V", "applied": 1, "stop": "idle", "reason": null}]})
+        json!({"flows": [{"flow_id": "V", "applied": 1, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     let snapshot = lab.snapshot();
     let mut expected = committed["event"].clone();
     expected["status"] = json!("applied");
     expected["reason"] = json!(null);
+    expected["detail"] = json!(null);
     assert_eq!(snapshot["consumer"]["inbox"], json!([expected]));
     assert_eq!(
         snapshot["consumer"]["effects"],
@@ -1117,15 +1128,15 @@ fn apply_process_all_isolates_blocked_and_gapped_flows() {
     assert_eq!(flows.as_array().unwrap().len(), 3, "{out}");
     assert_eq!(
         row(flows, "flow_id", "X"),
-        &json!({"flow_id": "X", "applied": 0, "stop": "blocked", "reason": "unsupported_schema"})
+        &json!({"flow_id": "X", "applied": 0, "stop": "blocked", "reason": "unsupported_schema", "detail": null})
     );
     assert_eq!(
         row(flows, "flow_id", "Y"),
-        &json!({"flow_id": "Y", "applied": 0, "stop": "gap", "reason": null})
+        &json!({"flow_id": "Y", "applied": 0, "stop": "gap", "reason": null, "detail": null})
     );
     assert_eq!(
         row(flows, "flow_id", "Z"),
-        &json!({"flow_id": "Z", "applied": 3, "stop": "idle", "reason": null})
+        &json!({"flow_id": "Z", "applied": 3, "stop": "idle", "reason": null, "detail": null})
     );
     let snapshot = lab.snapshot();
     assert_eq!(
@@ -1199,7 +1210,7 @@ fn snapshot_has_every_row_with_the_contract_keys() {
     let mut outbox_keys = ENVELOPE_KEYS.to_vec();
     outbox_keys.push("accepted");
     let mut inbox_keys = ENVELOPE_KEYS.to_vec();
-    inbox_keys.extend(["status", "reason"]);
+    inbox_keys.extend(["status", "reason", "detail"]);
     let tables: [(&str, &str, Vec<&str>); 5] = [
         (
             "producer",
@@ -1245,10 +1256,11 @@ fn snapshot_has_every_row_with_the_contract_keys() {
         snapshot["consumer"]["inbox"],
         json!([
             {"event_id": "A-1", "flow_id": "A", "seq": 1, "schema_version": 1,
-             "type": "reserved", "payload": {"amount": 8}, "status": "applied", "reason": null},
+             "type": "reserved", "payload": {"amount": 8}, "status": "applied", "reason": null,
+             "detail": null},
             {"event_id": "Q-1", "flow_id": "Q", "seq": 1, "schema_version": 7,
              "type": "reserved", "payload": {"amount": 1}, "status": "blocked",
-             "reason": "unsupported_schema"},
+             "reason": "unsupported_schema", "detail": null},
         ])
     );
     assert_eq!(

@@ -321,8 +321,7 @@ fn quarantine_lab() -> Ops {
     // quarantined event, apply keeps the order.
     assert_eq!(
         ops.at(T0 + 450).relay(&[]),
-        json!({"deliveries": [{"event_id": "A-2", "flow_id": "A", "seq": 2, "receipt": "accepted"}],
-               "stop": "drained"})
+        json!({"deliveries": [{"event_id": "A-2", "flow_id": "A", "seq": 2, "receipt": "accepted"}], "stop": "drained", "deliveries_total": 1, "truncated": false})
     );
     ops.at(T0 + 500).advance("C", 0, "reserved", Some(1));
     ops
@@ -429,7 +428,7 @@ fn outbox_retry_clears_a_quarantine_and_the_relay_tries_once_more() {
     );
     assert_eq!(
         ops.relay(&[]),
-        json!({"deliveries": [], "stop": "drained"}),
+        json!({"deliveries": [], "stop": "drained", "deliveries_total": 0, "truncated": false}),
         "a quarantined event was retried automatically"
     );
     assert_eq!(row(&ops.outbox(&[]), "A-1")["attempts"], json!(1));
@@ -450,14 +449,16 @@ fn outbox_retry_clears_a_quarantine_and_the_relay_tries_once_more() {
     // other body, so it is quarantined again.
     assert_eq!(
         ops.at(T0 + DAY + 1).relay(&[]),
-        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict"}],
-               "stop": "drained"})
+        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict"}], "stop": "drained", "deliveries_total": 1, "truncated": false})
     );
     let a1 = row(&ops.outbox(&["--quarantined"]), "A-1").clone();
     assert_eq!(a1["attempts"], json!(2));
     assert_eq!(a1["last_outcome"], "conflict");
     assert_eq!(a1["quarantine_reason"], CONFLICT_REASON);
-    assert_eq!(ops.relay(&[]), json!({"deliveries": [], "stop": "drained"}));
+    assert_eq!(
+        ops.relay(&[]),
+        json!({"deliveries": [], "stop": "drained", "deliveries_total": 0, "truncated": false})
+    );
 
     // Text output.
     let out = ops.run(&["outbox", "retry", "--producer", ops.p(), "A-1"]);
@@ -516,10 +517,10 @@ fn blocked_lab() -> Ops {
     assert_eq!(
         applied,
         json!({"flows": [
-            {"flow_id": "x", "applied": 0, "stop": "blocked", "reason": "unsupported_schema"},
-            {"flow_id": "y", "applied": 0, "stop": "blocked", "reason": "invalid_transition"},
-            {"flow_id": "z", "applied": 0, "stop": "gap", "reason": null},
-        ]})
+            {"flow_id": "x", "applied": 0, "stop": "blocked", "reason": "unsupported_schema", "detail": null},
+            {"flow_id": "y", "applied": 0, "stop": "blocked", "reason": "invalid_transition", "detail": null},
+            {"flow_id": "z", "applied": 0, "stop": "gap", "reason": null, "detail": null},
+        ], "flows_total": 3, "truncated": false})
     );
     ops
 }
@@ -530,7 +531,13 @@ fn inbox_list_filters_blocked_rows_flows_and_limits() {
     let all = ops.inbox(&[]);
     assert_eq!(ids(&all), ["x-1", "x-2", "y-1", "z-2"], "by flow and seq");
     let mut expected_keys = ENVELOPE_KEYS.to_vec();
-    expected_keys.extend(["status", "reason", "received_at_ms", "settled_at_ms"]);
+    expected_keys.extend([
+        "status",
+        "reason",
+        "detail",
+        "received_at_ms",
+        "settled_at_ms",
+    ]);
     for r in all.as_array().unwrap() {
         assert_eq!(keys(r), sorted(&expected_keys), "{r}");
     }
@@ -538,16 +545,16 @@ fn inbox_list_filters_blocked_rows_flows_and_limits() {
         all,
         json!([
             {"event_id": "x-1", "flow_id": "x", "seq": 1, "schema_version": 2, "type": "reserved",
-             "payload": {"units": 3}, "status": "blocked", "reason": "unsupported_schema",
+             "payload": {"units": 3}, "status": "blocked", "reason": "unsupported_schema", "detail": null,
              "received_at_ms": T0, "settled_at_ms": null},
             {"event_id": "x-2", "flow_id": "x", "seq": 2, "schema_version": 1, "type": "confirmed",
-             "payload": {"amount": 3}, "status": "pending", "reason": null,
+             "payload": {"amount": 3}, "status": "pending", "reason": null, "detail": null,
              "received_at_ms": T0, "settled_at_ms": null},
             {"event_id": "y-1", "flow_id": "y", "seq": 1, "schema_version": 1, "type": "confirmed",
-             "payload": {"amount": 3}, "status": "blocked", "reason": "invalid_transition",
+             "payload": {"amount": 3}, "status": "blocked", "reason": "invalid_transition", "detail": null,
              "received_at_ms": T0, "settled_at_ms": null},
             {"event_id": "z-2", "flow_id": "z", "seq": 2, "schema_version": 1, "type": "confirmed",
-             "payload": {"amount": 3}, "status": "pending", "reason": null,
+             "payload": {"amount": 3}, "status": "pending", "reason": null, "detail": null,
              "received_at_ms": T0, "settled_at_ms": null},
         ])
     );
@@ -605,7 +612,7 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     );
     assert_eq!(
         retry(&["x"]),
-        json!({"flow_id": "x", "reopened": 1, "applied": 0, "stop": "blocked", "reason": "unsupported_schema"})
+        json!({"flow_id": "x", "reopened": 1, "applied": 0, "stop": "blocked", "reason": "unsupported_schema", "detail": null})
     );
     let x = ops.inbox(&["--flow", "x"]);
     assert_eq!(column(&x, "status"), [&json!("blocked"), &json!("pending")]);
@@ -616,16 +623,16 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     ops.at(T0 + 3 * SECOND);
     assert_eq!(
         retry(&["x", "--support-v2"]),
-        json!({"flow_id": "x", "reopened": 1, "applied": 2, "stop": "idle", "reason": null})
+        json!({"flow_id": "x", "reopened": 1, "applied": 2, "stop": "idle", "reason": null, "detail": null})
     );
     assert_eq!(
         ops.inbox(&["--flow", "x"]),
         json!([
             {"event_id": "x-1", "flow_id": "x", "seq": 1, "schema_version": 2, "type": "reserved",
-             "payload": {"units": 3}, "status": "applied", "reason": null,
+             "payload": {"units": 3}, "status": "applied", "reason": null, "detail": null,
              "received_at_ms": T0, "settled_at_ms": T0 + 3 * SECOND},
             {"event_id": "x-2", "flow_id": "x", "seq": 2, "schema_version": 1, "type": "confirmed",
-             "payload": {"amount": 3}, "status": "applied", "reason": null,
+             "payload": {"amount": 3}, "status": "applied", "reason": null, "detail": null,
              "received_at_ms": T0, "settled_at_ms": T0 + 3 * SECOND},
         ])
     );
@@ -644,13 +651,13 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     // Nothing blocked left on x: nothing reopened, nothing applied twice.
     assert_eq!(
         retry(&["x", "--support-v2"]),
-        json!({"flow_id": "x", "reopened": 0, "applied": 0, "stop": "idle", "reason": null})
+        json!({"flow_id": "x", "reopened": 0, "applied": 0, "stop": "idle", "reason": null, "detail": null})
     );
 
     // A row that stays invalid is blocked again with its reason.
     assert_eq!(
         retry(&["y", "--support-v2"]),
-        json!({"flow_id": "y", "reopened": 1, "applied": 0, "stop": "blocked", "reason": "invalid_transition"})
+        json!({"flow_id": "y", "reopened": 1, "applied": 0, "stop": "blocked", "reason": "invalid_transition", "detail": null})
     );
     let y = ops.inbox(&["--flow", "y"]);
     assert_eq!(column(&y, "status"), [&json!("blocked")]);
@@ -658,7 +665,7 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     // A gap stays a gap.
     assert_eq!(
         retry(&["z"]),
-        json!({"flow_id": "z", "reopened": 0, "applied": 0, "stop": "gap", "reason": null})
+        json!({"flow_id": "z", "reopened": 0, "applied": 0, "stop": "gap", "reason": null, "detail": null})
     );
     assert_eq!(
         ops.snapshot()["consumer"]["effects"],
@@ -685,9 +692,9 @@ fn skip_lab() -> Ops {
     assert_eq!(
         ops.at(T0 + SECOND).apply(&[]),
         json!({"flows": [
-            {"flow_id": "g", "applied": 0, "stop": "gap", "reason": null},
-            {"flow_id": "w", "applied": 1, "stop": "blocked", "reason": "invalid_transition"},
-        ]})
+            {"flow_id": "g", "applied": 0, "stop": "gap", "reason": null, "detail": null},
+            {"flow_id": "w", "applied": 1, "stop": "blocked", "reason": "invalid_transition", "detail": null},
+        ], "flows_total": 2, "truncated": false})
     );
     ops
 }
@@ -802,7 +809,7 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
     assert_eq!(
         row(&ops.inbox(&["--flow", "w"]), "w-2"),
         &json!({"event_id": "w-2", "flow_id": "w", "seq": 2, "schema_version": 1, "type": "reserved",
-                "payload": {"amount": 3}, "status": "skipped", "reason": null,
+                "payload": {"amount": 3}, "status": "skipped", "reason": null, "detail": null,
                 "received_at_ms": T0, "settled_at_ms": T0 + 5 * SECOND})
     );
     // Settled now: a second skip of the same seq is refused.
@@ -813,9 +820,9 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
     assert_eq!(
         ops.at(T0 + 6 * SECOND).apply(&[]),
         json!({"flows": [
-            {"flow_id": "g", "applied": 0, "stop": "gap", "reason": null},
-            {"flow_id": "w", "applied": 2, "stop": "idle", "reason": null},
-        ]})
+            {"flow_id": "g", "applied": 0, "stop": "gap", "reason": null, "detail": null},
+            {"flow_id": "w", "applied": 2, "stop": "idle", "reason": null, "detail": null},
+        ], "flows_total": 2, "truncated": false})
     );
     let snapshot = ops.snapshot();
     assert_eq!(
@@ -938,8 +945,7 @@ fn status_lab() -> Ops {
     ]);
     assert_eq!(
         ops.relay(&["--event", "A-1"]),
-        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict"}],
-               "stop": "drained"})
+        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict"}], "stop": "drained", "deliveries_total": 1, "truncated": false})
     );
     ops.apply(&[]);
     ops.at(T0 + 30 * SECOND).receive(&[confirmed("z", 3, 3)]);
@@ -1259,14 +1265,13 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
     assert_eq!(ids(&ops.inbox(&[])), ["B-1", "x-1", "z-2"]);
     assert_eq!(
         ops.apply(&[]),
-        json!({"flows": [{"flow_id": "z", "applied": 0, "stop": "gap", "reason": null}]})
+        json!({"flows": [{"flow_id": "z", "applied": 0, "stop": "gap", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     // The quarantined event still conflicts with the pruned row's fingerprint.
     ops.outbox_retry_out(&["Q-1"]).json();
     assert_eq!(
         ops.relay(&["--event", "Q-1"]),
-        json!({"deliveries": [{"event_id": "Q-1", "flow_id": "Q", "seq": 1, "receipt": "conflict"}],
-               "stop": "drained"})
+        json!({"deliveries": [{"event_id": "Q-1", "flow_id": "Q", "seq": 1, "receipt": "conflict"}], "stop": "drained", "deliveries_total": 1, "truncated": false})
     );
     assert_eq!(ops.snapshot()["consumer"], after["consumer"]);
 
@@ -1294,7 +1299,7 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
     );
     assert_eq!(
         ops.apply(&["--flow", "B"]),
-        json!({"flows": [{"flow_id": "B", "applied": 1, "stop": "idle", "reason": null}]})
+        json!({"flows": [{"flow_id": "B", "applied": 1, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     let effects = ops.snapshot()["consumer"]["effects"].clone();
     let b: Vec<&Value> = effects
@@ -1361,11 +1366,13 @@ fn busy_timeout_bounds_the_wait_for_a_locked_consumer_and_the_relay_backs_off() 
     drop(lock);
 
     // The relay honours the backoff, then delivers.
-    assert_eq!(ops.relay(&[]), json!({"deliveries": [], "stop": "drained"}));
+    assert_eq!(
+        ops.relay(&[]),
+        json!({"deliveries": [], "stop": "drained", "deliveries_total": 0, "truncated": false})
+    );
     assert_eq!(
         ops.at(next).relay(&[]),
-        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "accepted"}],
-               "stop": "drained"})
+        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "accepted"}], "stop": "drained", "deliveries_total": 1, "truncated": false})
     );
     let a1 = row(&ops.outbox(&[]), "A-1").clone();
     assert_eq!(a1["accepted"], json!(true));

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::child::{advance_args, deliver_stdin, finish, Ctx, NOW_ENV};
 use super::expect::{envelope, event};
-use super::scenarios::{Outcome, ScenarioFn};
+use super::scenarios::{drained, relayed, Outcome, ScenarioFn};
 
 /// Every scenario beyond the seed.
 pub const BEYOND: [(&str, ScenarioFn); 6] = [
@@ -111,16 +111,13 @@ fn fair_relay_isolates_conflict(ctx: &Ctx) -> Result<Outcome, String> {
             "projection": state["consumer"]["projection"],
         }),
         expected: json!({
-            "relay": {"deliveries": [
+            "relay": relayed(vec![
                 delivery("a-1", "a", 1, "conflict"),
                 delivery("b-1", "b", 1, "accepted"),
                 delivery("b-2", "b", 2, "accepted"),
                 delivery("b-3", "b", 3, "accepted"),
-            ], "stop": "drained"},
-            "apply": {"flows": [
-                {"flow_id": "a", "applied": 0, "stop": "blocked", "reason": "unsupported_schema"},
-                {"flow_id": "b", "applied": 3, "stop": "idle", "reason": null},
-            ]},
+            ], "drained"),
+            "apply": drained(vec![("a", 0, "blocked", Some("unsupported_schema")), ("b", 3, "idle", None)]),
             "quarantined": ["a-1"],
             "a_1": {"accepted": false, "quarantined": true, "quarantine_reason": CONFLICT_REASON, "attempts": 1, "last_outcome": "conflict"},
             "status_quarantined": 1,
@@ -183,8 +180,8 @@ fn transient_failure_backs_off(ctx: &Ctx) -> Result<Outcome, String> {
             "last_outcome": "error",
             "last_error_recorded": true,
             "next_attempt_within_first_backoff": true,
-            "relay_before_next_attempt": {"deliveries": [], "stop": "drained"},
-            "relay_after_next_attempt": {"deliveries": [delivery("a-1", "a", 1, "accepted")], "stop": "drained"},
+            "relay_before_next_attempt": relayed(vec![], "drained"),
+            "relay_after_next_attempt": relayed(vec![delivery("a-1", "a", 1, "accepted")], "drained"),
             "a_1": {"accepted": true, "quarantined": false, "quarantine_reason": null, "attempts": 2, "last_outcome": "accepted"},
         }),
     })
@@ -211,7 +208,7 @@ fn quarantine_is_retried_only_by_an_operator(ctx: &Ctx) -> Result<Outcome, Strin
         &["relay", "--producer", "{P}", "--consumer", "{C}"],
     )?;
     let retry_unquarantined = ctx.run_at(T0, &["outbox", "retry", "--producer", "{P}", "b-1"])?;
-    let conflict = json!({"deliveries": [delivery("a-1", "a", 1, "conflict")], "stop": "drained"});
+    let conflict = relayed(vec![delivery("a-1", "a", 1, "conflict")], "drained");
     Ok(Outcome {
         observed: json!({
             "first": first,
@@ -223,7 +220,7 @@ fn quarantine_is_retried_only_by_an_operator(ctx: &Ctx) -> Result<Outcome, Strin
         }),
         expected: json!({
             "first": conflict,
-            "an_hour_later": {"deliveries": [], "stop": "drained"},
+            "an_hour_later": relayed(vec![], "drained"),
             "retry": {"event_id": "a-1", "retried": true},
             "after_retry": conflict,
             "a_1": {"accepted": false, "quarantined": true, "quarantine_reason": CONFLICT_REASON, "attempts": 2, "last_outcome": "conflict"},
@@ -277,11 +274,11 @@ fn skip_is_explicit_and_audited(ctx: &Ctx) -> Result<Outcome, String> {
             "effects": state["consumer"]["effects"],
         }),
         expected: json!({
-            "first": {"flows": [{"flow_id": "x", "applied": 1, "stop": "blocked", "reason": "invalid_payload"}]},
+            "first": drained(vec![("x", 1, "blocked", Some("invalid_payload"))]),
             "not_next_exit_code": 2,
             "already_applied_exit_code": 2,
             "skip": {"repair": repair},
-            "then": {"flows": [{"flow_id": "x", "applied": 1, "stop": "idle", "reason": null}]},
+            "then": drained(vec![("x", 1, "idle", None)]),
             "repairs": {"repairs": [repair]},
             "inbox_status": ["applied", "skipped", "applied"],
             "effects": [
@@ -339,7 +336,7 @@ fn prune_keeps_identities(ctx: &Ctx) -> Result<Outcome, String> {
                 {"event_id": "other-1", "receipt": "conflict"},
                 {"event_id": "a-2", "receipt": "duplicate"},
             ]},
-            "apply": {"flows": []},
+            "apply": drained(vec![]),
             "outbox_rows": 0,
             "inbox_rows": 0,
             "effects": 3,

@@ -74,8 +74,10 @@ impl Expect {
     }
 
     pub fn inbox(mut self, envelope: &Value, status: &str, reason: Option<&str>) -> Expect {
-        self.inbox
-            .push(with(envelope, json!({"status": status, "reason": reason})));
+        self.inbox.push(with(
+            envelope,
+            json!({"status": status, "reason": reason, "detail": null}),
+        ));
         self
     }
 

@@ -85,14 +85,16 @@ fn delivery(flow: &str, seq: i64, receipt: &str) -> Value {
     json!({"event_id": format!("{flow}-{seq}"), "flow_id": flow, "seq": seq, "receipt": receipt})
 }
 
-fn relayed(deliveries: Vec<Value>, stop: &str) -> Value {
-    json!({"deliveries": deliveries, "stop": stop})
+pub(crate) fn relayed(deliveries: Vec<Value>, stop: &str) -> Value {
+    let total = deliveries.len();
+    json!({"deliveries": deliveries, "stop": stop, "deliveries_total": total, "truncated": false})
 }
 
-fn drained(flows: Vec<(&str, u64, &str, Option<&str>)>) -> Value {
+pub(crate) fn drained(flows: Vec<(&str, u64, &str, Option<&str>)>) -> Value {
+    let total = flows.len();
     json!({"flows": flows.into_iter().map(|(flow, applied, stop, reason)| json!({
-        "flow_id": flow, "applied": applied, "stop": stop, "reason": reason,
-    })).collect::<Vec<_>>()})
+        "flow_id": flow, "applied": applied, "stop": stop, "reason": reason, "detail": null,
+    })).collect::<Vec<_>>(), "flows_total": total, "truncated": false})
 }
 
 fn receipts(list: &[(&str, &str)]) -> Value {
