@@ -44,9 +44,16 @@ fn relay_and_apply_list_at_most_10000_entries_and_count_them_all() {
     assert_eq!(apply["truncated"], true);
     // every flow was applied, listed or not
     let snapshot = lab.snapshot();
-    assert_eq!(snapshot["consumer"]["effects"].as_array().unwrap().len(), FLOWS);
+    assert_eq!(
+        snapshot["consumer"]["effects"].as_array().unwrap().len(),
+        FLOWS
+    );
 
     let text = lab.run(&["relay", "--producer", &lab.p, "--consumer", &lab.c]);
     assert_eq!(text.code, 0, "{text:#?}");
-    assert!(text.stdout.ends_with("0 deliveries, stop: drained\n"), "{}", text.stdout);
+    assert!(
+        text.stdout.ends_with("0 deliveries, stop: drained\n"),
+        "{}",
+        text.stdout
+    );
 }

@@ -306,6 +306,13 @@ fn string_field<'v>(field: &'static str, value: &'v Value) -> Result<&'v str, Ma
 }
 
 impl Envelope {
+    /// The payload decoded into the application's type, without copying it
+    /// (`T` may borrow strings from it). A handler maps the error to a block
+    /// reason of its own: the payload is checked at apply, not at receive.
+    pub fn payload_as<'a, T: serde::Deserialize<'a>>(&'a self) -> Result<T, serde_json::Error> {
+        T::deserialize(&self.payload)
+    }
+
     /// Parses an envelope from raw bytes, refusing every transport-shell error.
     pub fn parse(bytes: &[u8]) -> Result<Envelope, MalformedEnvelope> {
         let text = std::str::from_utf8(bytes).map_err(|e| MalformedEnvelope::NotUtf8 {
@@ -793,5 +800,33 @@ mod tests {
         let (line, _) = parse_strict_json_stream("{\"a\":1}\n{\"a\":1,\"a\":2}\n").unwrap_err();
         assert_eq!(line, 2);
         assert!(parse_strict_json_stream("  \n").unwrap().is_empty());
+    }
+
+    #[test]
+    fn payload_decodes_into_the_applications_type_or_says_why_not() {
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        struct Placed<'a> {
+            total: i64,
+            #[serde(borrow)]
+            note: Option<&'a str>,
+        }
+        let env = Envelope::parse_str(
+            r#"{"event_id":"e-1","flow_id":"f","seq":1,"schema_version":1,"type":"placed","payload":{"total":5,"note":"gift"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            env.payload_as::<Placed>().unwrap(),
+            Placed {
+                total: 5,
+                note: Some("gift")
+            }
+        );
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Wrong {
+            total: String,
+        }
+        let error = env.payload_as::<Wrong>().unwrap_err();
+        assert!(error.to_string().contains("invalid type"), "{error}");
     }
 }

@@ -189,4 +189,12 @@ mod sqlite {
             StoreError::sqlite("SQLite", error)
         }
     }
+
+    /// Lets `?` work on SQLite calls and on appends alike in a producer
+    /// transaction that returns [`AppendError`](super::AppendError).
+    impl From<rusqlite::Error> for super::AppendError {
+        fn from(error: rusqlite::Error) -> super::AppendError {
+            super::AppendError::Store(error.into())
+        }
+    }
 }

@@ -139,7 +139,9 @@ pub trait ConsumerStore {
         H: ApplyHandler<Self::Tx> + ?Sized;
 
     /// Flows with a `pending` row, or with a row blocked with one of the
-    /// `reevaluate` codes, ordered by flow id.
+    /// `reevaluate` codes, ordered by flow id. A flow whose next event is
+    /// blocked or missing is listed too when a later row is pending: apply
+    /// then reports `blocked` or `gap` for it, and writes nothing.
     fn flows_with_work(&mut self, reevaluate: &[BlockCode]) -> Result<Vec<FlowId>, StoreError>;
 
     /// Up to `limit` of [`ConsumerStore::flows_with_work`] after `after`.

@@ -161,6 +161,11 @@ impl ProducerDb {
         })
     }
 
+    /// The clock this store stamps its writes with.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+
     /// The domain that owns this store.
     pub fn domain(&self) -> &str {
         &self.domain

@@ -138,14 +138,15 @@ impl Runner {
     }
 
     /// Starts the relay loop on its own thread, with its own handles on the
-    /// producer and consumer files (open them for this loop alone).
+    /// producer and consumer files (open them for this loop alone). The
+    /// relay reads the time from the producer's clock.
     pub fn spawn_relay(
         &mut self,
         producer: ProducerDb,
         consumer: ConsumerDb,
-        clock: Arc<dyn Clock>,
     ) -> std::io::Result<()> {
         let signal = producer.append_signal();
+        let clock = producer.clock();
         let relay = RelayLoop {
             producer,
             consumer,

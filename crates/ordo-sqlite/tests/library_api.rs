@@ -122,8 +122,7 @@ fn own_state_and_event_commit_together_or_not_at_all() {
     producer
         .write(|tx| -> Result<(), AppendError> {
             tx.sql()
-                .execute("INSERT INTO orders VALUES ('o-1', 10)", [])
-                .map_err(StoreError::from)?;
+                .execute("INSERT INTO orders VALUES ('o-1', 10)", [])?;
             assert_eq!(tx.last_seq(&o1)?, 0);
             tx.append_envelope(&event("o-1", 1, "placed", 10))
         })
@@ -154,8 +153,7 @@ fn own_state_and_event_commit_together_or_not_at_all() {
     for wrong in [1, 3] {
         let refused = producer.write(|tx| -> Result<(), AppendError> {
             tx.sql()
-                .execute("UPDATE orders SET total = 7 WHERE id = 'o-1'", [])
-                .map_err(StoreError::from)?;
+                .execute("UPDATE orders SET total = 7 WHERE id = 'o-1'", [])?;
             tx.append_envelope(&event("o-1", wrong, "changed", 7))
         });
         match refused {
@@ -767,8 +765,7 @@ fn a_payload_that_is_not_an_object_is_refused_and_nothing_is_written() {
         // Passed on: the caller's own write goes too.
         let refused = producer.write(|tx| -> Result<Envelope, AppendError> {
             tx.sql()
-                .execute("INSERT INTO orders VALUES ('o-1', 1)", [])
-                .map_err(StoreError::from)?;
+                .execute("INSERT INTO orders VALUES ('o-1', 1)", [])?;
             tx.append(&o1, "placed", SchemaVersion::V1, payload)
         });
         assert!(
@@ -1345,7 +1342,6 @@ fn start_runner(dir: &Path) -> Runner {
         .spawn_relay(
             ProducerDb::open(&producer_path, &orders_schema()).unwrap(),
             ConsumerDb::open(&consumer_path, &ledger_schema()).unwrap(),
-            Arc::new(SystemClock),
         )
         .unwrap();
     runner

@@ -13,10 +13,9 @@ mod shipping;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ordo_core::{ConsumerStore, InboxStatus, ProducerStore, SystemClock};
+use ordo_core::{ConsumerStore, InboxStatus, ProducerStore};
 use ordo_sqlite::runner::RunReport;
 use ordo_sqlite::{ConsumerDb, ProducerDb, Runner, RunnerOptions};
 
@@ -76,7 +75,6 @@ fn start(dir: &Path) -> Result<(Orders, Runner), Error> {
     runner.spawn_relay(
         ProducerDb::open(&orders_db, &orders::schema())?,
         ConsumerDb::open(&shipping_db, &shipping::schema())?,
-        Arc::new(SystemClock),
     )?;
     let apply = ConsumerDb::open(&shipping_db, &shipping::schema())?;
     runner.spawn_apply(apply, shipping::Shipping)?;

@@ -74,7 +74,7 @@ impl ApplyHandler<Connection> for Shipping {
 /// The event's payload as `T`, or a block with code `bad_payload` saying why
 /// not.
 fn decode<T: DeserializeOwned>(event: &Envelope) -> Result<T, Verdict> {
-    serde_json::from_value(serde_json::Value::Object(event.payload.clone())).map_err(|e| {
+    event.payload_as().map_err(|e| {
         let detail = format!("{} does not decode: {e}", event.event_type);
         Verdict::block_with(BAD_PAYLOAD, detail)
     })
