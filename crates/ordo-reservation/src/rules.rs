@@ -240,6 +240,13 @@ pub enum AdvanceRefused {
         /// The flow.
         flow_id: FlowId,
     },
+    /// A `reserved` step without a quantity (a request built without
+    /// [`AdvanceRequest::new`], which refuses it).
+    #[error("flow {flow_id}: --quantity is required for --to reserved")]
+    QuantityRequired {
+        /// The flow.
+        flow_id: FlowId,
+    },
 }
 
 /// The decision for an advance request, given the flow's current record.
@@ -307,8 +314,12 @@ pub fn decide_advance(
                 requested,
             })
         }
+        // `AdvanceRequest::new` refuses this, but the fields are public: a
+        // request built by hand gets a refusal, not a panic.
         (None, None) => {
-            unreachable!("a new flow only advances to reserved, which requires a quantity")
+            return Err(AdvanceRefused::QuantityRequired {
+                flow_id: current.flow_id.clone(),
+            })
         }
     };
     let seq = Seq::after(current.last_seq).ok_or_else(|| AdvanceRefused::SeqExhausted {
@@ -520,6 +531,7 @@ mod tests {
                 Ok(AdvanceDecision::InvalidTransition { .. }) => "invalid_transition",
                 Err(AdvanceRefused::QuantityMismatch { .. }) => "quantity",
                 Err(AdvanceRefused::SeqExhausted { .. }) => "exhausted",
+                Err(AdvanceRefused::QuantityRequired { .. }) => "quantity_required",
             };
             assert_eq!(got, expected, "{current:?} {req:?}");
         }
@@ -542,6 +554,23 @@ mod tests {
         assert_eq!(
             Value::Object(event.payload),
             serde_json::json!({"amount": 7})
+        );
+    }
+
+    #[test]
+    fn a_hand_built_reserved_request_without_quantity_is_refused_not_a_panic() {
+        let request = AdvanceRequest {
+            flow_id: FlowId::new("f").unwrap(),
+            expected_seq: 0,
+            to: FlowState::Reserved,
+            quantity: None,
+            schema_version: SchemaVersion::V1,
+        };
+        assert_eq!(
+            decide_advance(&flow(FlowState::New, None, 0), &request),
+            Err(AdvanceRefused::QuantityRequired {
+                flow_id: FlowId::new("f").unwrap()
+            })
         );
     }
 

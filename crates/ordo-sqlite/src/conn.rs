@@ -2,7 +2,6 @@
 //! SQLite errors to backend-neutral kinds.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ordo_core::{ErrorKind, StoreError};
@@ -69,8 +68,8 @@ pub const APPLICATION_ID: i32 = 0x6F72_646F;
 /// Settings for opening a store.
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
-    /// How long a write waits for another writer's lock. The wait is one
-    /// process-wide setting: the longest of the stores opened so far. Opening
+    /// How long a write waits for another writer's lock, for this store's
+    /// connection alone. Opening
     /// a file that other processes are creating at the same time waits for
     /// them within this time too.
     pub busy_timeout: Duration,
@@ -147,13 +146,39 @@ where
     conn.prepare_cached(sql)?.query_row(params, f)
 }
 
-/// The longest busy wait of this process, in microseconds (the largest busy
-/// timeout any store was opened with).
-static BUSY_WAIT_MAX_US: AtomicU64 = AtomicU64::new(0);
+/// Installs this connection's own busy handler: retries within `timeout`,
+/// whatever other connections of the process were given.
+fn set_busy_handler(conn: &Connection, timeout: Duration) -> Result<(), StoreError> {
+    // The timeout travels in the handler's argument itself, as an integer:
+    // no memory is shared or has to outlive the connection.
+    let timeout_us = usize::try_from(timeout.as_micros()).unwrap_or(usize::MAX);
+    // SAFETY: the handle is this open connection's, used on this thread
+    // while `conn` is borrowed; the callback never dereferences its
+    // argument, and SQLite keeps the handler until the connection closes.
+    let code = unsafe {
+        rusqlite::ffi::sqlite3_busy_handler(
+            conn.handle(),
+            Some(busy_callback),
+            timeout_us as *mut std::ffi::c_void,
+        )
+    };
+    if code == rusqlite::ffi::SQLITE_OK {
+        Ok(())
+    } else {
+        Err(StoreError::new(
+            ErrorKind::Other,
+            format!("cannot set the busy handler (SQLite code {code})"),
+        ))
+    }
+}
 
-fn set_busy_wait(timeout: Duration) {
-    let us = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
-    BUSY_WAIT_MAX_US.fetch_max(us, Ordering::Relaxed);
+/// SQLite's busy callback: `timeout_us` is the argument given at
+/// installation, read as an integer.
+unsafe extern "C" fn busy_callback(
+    timeout_us: *mut std::ffi::c_void,
+    retries: std::ffi::c_int,
+) -> std::ffi::c_int {
+    std::ffi::c_int::from(busy_wait(timeout_us as usize as u64, retries))
 }
 
 /// The pause before the `n`-th retry of a locked database: 20 µs more at each
@@ -170,11 +195,11 @@ fn busy_waited_us(n: u64) -> u64 {
     20 * ramp * (ramp + 1) / 2 + n.saturating_sub(50) * 1_000
 }
 
-/// Retries a locked database with short pauses until the busy timeout has
-/// been spent, then gives up (the statement fails as `Busy`).
-fn busy_wait(retries: i32) -> bool {
+/// Retries a locked database with short pauses until `timeout_us` has been
+/// spent, then gives up (the statement fails as `Busy`).
+fn busy_wait(timeout_us: u64, retries: i32) -> bool {
     let n = u64::try_from(retries).unwrap_or(0);
-    if busy_waited_us(n) >= BUSY_WAIT_MAX_US.load(Ordering::Relaxed) {
+    if busy_waited_us(n) >= timeout_us {
         return false;
     }
     std::thread::sleep(Duration::from_micros(busy_pause_us(n)));
@@ -334,7 +359,6 @@ pub(crate) fn open(
             format!("{} does not exist (it is not created here)", path.display()),
         ));
     }
-    set_busy_wait(options.busy_timeout);
     // A busy timeout too long to add to the clock never runs out.
     let deadline = Instant::now().checked_add(options.busy_timeout);
     let mut attempt = 0;
@@ -371,8 +395,7 @@ fn open_attempt(
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
         .map_err(|e| sql_error("cannot set the query planner stability guarantee", e))?;
     // The wait for a locked file is this handler's (see `busy_wait`).
-    conn.busy_handler(Some(busy_wait))
-        .map_err(|e| sql_error("cannot set busy handler", e))?;
+    set_busy_handler(&conn, options.busy_timeout)?;
     // Refuse a foreign or wrong-role file before any pragma changes it.
     let adopt = options.adopt && matches!(want, Want::Domain(_));
     let state = read_state(&conn, path, role, adopt)?;

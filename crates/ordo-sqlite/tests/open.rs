@@ -278,3 +278,35 @@ fn same_file_sees_through_links_and_dots() {
     assert!(same_file(at(d, "loop1.db"), at(d, "n.db")).is_err());
     assert!(same_file(at(d, "nodir/a.db"), at(d, "n.db")).is_err());
 }
+
+/// Each store waits for a locked file as long as its own busy timeout says,
+/// however long another store of the same process may wait: a store opened
+/// with 50 ms gives up while a lock is held for 3 s, even after a store
+/// with the default 10 s timeout was opened in this process.
+#[test]
+fn one_stores_busy_timeout_does_not_raise_anothers() {
+    let dir = tempfile::tempdir().unwrap();
+    let patient_path = dir.path().join("patient.db");
+    let hasty_path = dir.path().join("hasty.db");
+    let _patient = consumer(&patient_path, &OpenOptions::default()).unwrap();
+    let short = OpenOptions {
+        busy_timeout: std::time::Duration::from_millis(50),
+        ..OpenOptions::default()
+    };
+    let mut hasty = consumer(&hasty_path, &short).unwrap();
+    let locker = Connection::open(&hasty_path).unwrap();
+    locker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        locker.execute_batch("ROLLBACK").unwrap();
+    });
+    let error = hasty
+        .receive_batch(&[event("A", 1)])
+        .expect_err("the lock is held longer than this store waits");
+    assert_eq!(error.kind(), ErrorKind::Busy, "{error}");
+    release.join().unwrap();
+    assert_eq!(
+        hasty.receive_batch(&[event("A", 1)]).unwrap(),
+        [ordo_core::Receipt::Accepted]
+    );
+}

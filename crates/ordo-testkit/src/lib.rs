@@ -220,6 +220,30 @@ mod tests {
         assert_eq!(declared, checked);
     }
 
+    /// The name of the suite function a source line declares: a public
+    /// function generic over a backend, whatever its parameter is called.
+    fn suite_function_name(line: &str) -> Option<&str> {
+        let rest = line.trim().strip_prefix("pub fn ")?;
+        let (name, generics) = rest.split_once('<')?;
+        let generics = generics.split_once(">(")?.0;
+        generics.contains("Backend").then_some(name)
+    }
+
+    #[test]
+    fn suite_functions_are_found_whatever_their_generic_parameter_is_called() {
+        let cases = [
+            ("pub fn a<B: Backend>(dir: &Path) {", Some("a")),
+            ("    pub fn b<S: Backend>(dir: &Path) {", Some("b")),
+            ("pub fn c<Store: Backend + Send>(dir: &Path) {", Some("c")),
+            ("pub fn helper(dir: &Path) {", None),
+            ("pub fn generic<T: Clone>(t: T) {", None),
+            ("fn private<B: Backend>(dir: &Path) {", None),
+        ];
+        for (line, expected) in cases {
+            assert_eq!(suite_function_name(line), expected, "{line}");
+        }
+    }
+
     /// Every suite function is expanded by `conformance_suite!`, and the
     /// macro names nothing else.
     #[test]
@@ -227,8 +251,7 @@ mod tests {
         let mut defined: Vec<&str> = SOURCES
             .iter()
             .flat_map(|(_, s)| s.lines())
-            .filter_map(|l| l.trim().strip_prefix("pub fn "))
-            .filter_map(|l| l.split_once("<B: Backend>").map(|(name, _)| name))
+            .filter_map(suite_function_name)
             .collect();
         defined.sort_unstable();
         let lib = include_str!("lib.rs");

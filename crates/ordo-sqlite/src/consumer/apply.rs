@@ -41,9 +41,9 @@ where
         write_cursor(&tx, flow_id, seq.get())?;
     }
     if wrote {
-        db.commits += 1;
         tx.commit()
             .map_err(|e| sql_error("consumer: apply commit failed", e))?;
+        db.commits += 1;
         if matches!(step, Step::Applied { .. }) {
             crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
         }
@@ -138,9 +138,9 @@ where
         }
     }
     if wrote_any {
-        db.commits += 1;
         tx.commit()
             .map_err(|e| sql_error("consumer: apply commit failed", e))?;
+        db.commits += 1;
         if total > 0 {
             crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
         }

@@ -55,9 +55,9 @@ pub(super) fn reopen_blocked(db: &mut ConsumerDb, flow_id: &FlowId) -> Result<u6
                 [flow_id.as_str()],
             )
             .map_err(|e| sql_error("consumer: cannot reopen blocked rows", e))?;
-    db.commits += 1;
     tx.commit()
         .map_err(|e| sql_error("consumer: reopen commit failed", e))?;
+    db.commits += 1;
     Ok(n as u64)
 }
 
@@ -118,9 +118,9 @@ pub(super) fn skip(
         |row| row.get(0),
     )
     .map_err(err)?;
-    db.commits += 1;
     tx.commit()
         .map_err(|e| sql_error("consumer: skip commit failed", e))?;
+    db.commits += 1;
     Ok(Ok(RepairRecord {
         id,
         action: "skip".into(),
@@ -279,9 +279,9 @@ pub(super) fn prune_inbox(db: &mut ConsumerDb, cutoff_ms: i64) -> Result<Pruned,
     )
     .map_err(err)?;
     debug_assert_eq!(rows, fingerprints, "one fingerprint per pruned row");
-    db.commits += 1;
     tx.commit()
         .map_err(|e| sql_error("consumer: prune commit failed", e))?;
+    db.commits += 1;
     Ok(Pruned {
         rows: rows as u64,
         fingerprints: fingerprints as u64,

@@ -87,9 +87,9 @@ pub(super) fn receive_batch(
         }
     }
     crash::point(crash::CONSUMER_RECEIVE_BEFORE_COMMIT);
-    db.commits += 1;
     tx.commit()
         .map_err(|e| sql_error("consumer: receive commit failed", e))?;
+    db.commits += 1;
     crash::point(crash::CONSUMER_RECEIVE_AFTER_COMMIT);
     if receipts.contains(&Receipt::Accepted) {
         db.wake.raise();
