@@ -66,6 +66,10 @@ pub struct InitArgs {
     /// an existing store of another domain is refused.
     #[arg(long, value_name = "NAME")]
     pub domain: Option<ordo_core::DomainName>,
+    /// Install ordo's tables into an existing SQLite database of the
+    /// application's (beside its own tables) instead of refusing it.
+    #[arg(long)]
+    pub adopt: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -232,7 +236,7 @@ pub enum InboxCommand {
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     #[command(flatten)]
-    pub files: Files,
+    pub sides: Sides,
     /// Alert when more than N events are not yet accepted.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64), allow_hyphen_values = true)]
     pub max_backlog: Option<u64>,
@@ -250,7 +254,7 @@ pub struct StatusArgs {
 #[derive(Debug, Args)]
 pub struct PruneArgs {
     #[command(flatten)]
-    pub files: Files,
+    pub sides: Sides,
     /// Remove rows delivered or settled longer ago than this (for example 7d, 12h, 30m).
     #[arg(long, value_name = "DURATION", value_parser = duration, allow_hyphen_values = true)]
     pub older_than: std::time::Duration,

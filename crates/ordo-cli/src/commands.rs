@@ -180,6 +180,21 @@ fn check_distinct(files: &Files) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Refuses one file for both sides, and checks every given file before
+/// any is opened (and so created).
+pub fn check_sides(sides: &Sides) -> Result<(), Failure> {
+    if let Some(files) = sides.both() {
+        check_distinct(&files)?;
+    }
+    if let Some(path) = &sides.producer {
+        ProducerDb::check_existing(path)?;
+    }
+    if let Some(path) = &sides.consumer {
+        ConsumerDb::check_existing(path)?;
+    }
+    Ok(())
+}
+
 pub fn open_both(files: &Files) -> Result<(ProducerDb, ConsumerDb), Failure> {
     check_distinct(files)?;
     // Both files are checked before either is created or changed.
@@ -195,18 +210,25 @@ fn init(json_mode: bool, args: InitArgs) -> Result<(), Failure> {
         .domain
         .as_ref()
         .map_or(ordo_reservation::DOMAIN, |d| d.as_str());
-    if let Some(files) = args.sides.both() {
-        check_distinct(&files)?;
-    }
-    // Every given file is checked before any is created or changed.
-    // Every given file is checked before any is created or changed; without
-    // --domain, an existing store is left as it is, whatever its domain.
-    let checked = args.domain.as_ref().map(|_| domain);
-    if let Some(path) = &args.sides.producer {
-        check_domain(path, ProducerDb::existing_domain(path)?, checked)?;
-    }
-    if let Some(path) = &args.sides.consumer {
-        check_domain(path, ConsumerDb::existing_domain(path)?, checked)?;
+    if args.adopt {
+        // An application's own database: the store refuses another
+        // program's file, an ordo store of another domain, and tables named
+        // like ordo's, before it writes anything.
+        if let Some(files) = args.sides.both() {
+            check_distinct(&files)?;
+        }
+    } else {
+        // Every given file is checked before any is created or changed;
+        // without --domain an existing store is left as it is, whatever its
+        // domain.
+        check_sides(&args.sides)?;
+        let checked = args.domain.as_ref().map(|_| domain);
+        if let Some(path) = &args.sides.producer {
+            check_domain(path, ProducerDb::existing_domain(path)?, checked)?;
+        }
+        if let Some(path) = &args.sides.consumer {
+            check_domain(path, ConsumerDb::existing_domain(path)?, checked)?;
+        }
     }
     let (producer_schema, consumer_schema) = if domain == ordo_reservation::DOMAIN {
         (producer_schema(), consumer_schema())
@@ -214,15 +236,27 @@ fn init(json_mode: bool, args: InitArgs) -> Result<(), Failure> {
         let bare = Schema::new(domain).map_err(|e| Failure::Usage(format!("--domain {e}")))?;
         (bare.clone(), bare)
     };
+    let options = OpenOptions {
+        adopt: args.adopt,
+        ..open_options()
+    };
     let mut value = serde_json::Map::new();
     let mut lines = Vec::new();
     if let Some(path) = &args.sides.producer {
-        ProducerDb::open_or_create(path, &producer_schema, clock(), &open_options())?;
+        if args.adopt {
+            ProducerDb::open_with(path, &producer_schema, clock(), &options)?;
+        } else {
+            ProducerDb::open_or_create(path, &producer_schema, clock(), &options)?;
+        }
         value.insert("producer".into(), path.display().to_string().into());
         lines.push(format!("producer {} (domain {domain})", path.display()));
     }
     if let Some(path) = &args.sides.consumer {
-        ConsumerDb::open_or_create(path, &consumer_schema, clock(), &open_options())?;
+        if args.adopt {
+            ConsumerDb::open_with(path, &consumer_schema, clock(), &options)?;
+        } else {
+            ConsumerDb::open_or_create(path, &consumer_schema, clock(), &options)?;
+        }
         value.insert("consumer".into(), path.display().to_string().into());
         lines.push(format!("consumer {} (domain {domain})", path.display()));
     }
@@ -484,15 +518,7 @@ fn consumer_snapshot_value(consumer: &mut ConsumerDb) -> Result<Value, StoreErro
 }
 
 fn snapshot(json_mode: bool, sides: Sides) -> Result<(), Failure> {
-    if let Some(files) = sides.both() {
-        check_distinct(&files)?;
-    }
-    if let Some(path) = &sides.producer {
-        ProducerDb::check_existing(path)?;
-    }
-    if let Some(path) = &sides.consumer {
-        ConsumerDb::check_existing(path)?;
-    }
+    check_sides(&sides)?;
     let mut value = serde_json::Map::new();
     if let Some(path) = &sides.producer {
         let mut producer = open_producer(path)?;

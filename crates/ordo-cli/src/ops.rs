@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::args::{InboxCommand, OutboxCommand, PruneArgs, StatusArgs};
 use crate::commands::{
-    clock, emit, open_both, open_consumer, open_producer, open_reservation_consumer,
+    check_sides, clock, emit, open_consumer, open_producer, open_reservation_consumer,
 };
 use crate::{render, Failure};
 
@@ -248,49 +248,84 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
     }
 }
 
+/// A duration the way `--older-than` takes it: `7d`, `12h`, `1d 2h 30m`,
+/// `0s`.
+fn compact_duration(duration: std::time::Duration) -> String {
+    let mut rest_ms = duration.as_millis();
+    let units: [(&str, u128); 5] = [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+        ("ms", 1),
+    ];
+    let mut parts = Vec::new();
+    for (name, unit_ms) in units {
+        let n = rest_ms / unit_ms;
+        if n > 0 {
+            parts.push(format!("{n}{name}"));
+            rest_ms -= n * unit_ms;
+        }
+    }
+    if parts.is_empty() {
+        return "0s".into();
+    }
+    parts.join(" ")
+}
+
 fn age_s(now_ms: i64, since_ms: i64) -> f64 {
     ((now_ms - since_ms).max(0) as f64) / 1000.0
 }
 
-fn status_value(now_ms: i64, p: &ProducerStatus, c: &ConsumerStatus, breaches: &[Value]) -> Value {
-    let blocked_total: u64 = c.blocked.values().sum();
+fn producer_status_value(now_ms: i64, p: &ProducerStatus) -> Value {
     json!({
-        "producer": {
-            "backlog": p.backlog,
-            "oldest_pending_age_s": p.oldest_pending_created_at_ms.map(|t| age_s(now_ms, t)),
-            "quarantined": p.quarantined,
-            "backing_off": p.backing_off,
-        },
-        "consumer": {
-            "pending": c.pending,
-            "blocked": {"total": blocked_total, "by_reason": c.blocked},
-            "gaps": c.gaps.iter().map(|g| json!({
-                "flow_id": g.flow_id.as_str(),
-                "missing_seq": g.missing.get(),
-                "since_ms": g.since_ms,
-                "waiting_s": age_s(now_ms, g.since_ms),
-            })).collect::<Vec<_>>(),
-            "gaps_total": c.gaps_total,
-            "applied": c.applied,
-            "skipped": c.skipped,
-        },
-        "breaches": breaches,
-        "ok": breaches.is_empty(),
+        "backlog": p.backlog,
+        "oldest_pending_age_s": p.oldest_pending_created_at_ms.map(|t| age_s(now_ms, t)),
+        "quarantined": p.quarantined,
+        "backing_off": p.backing_off,
     })
 }
 
-pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> {
-    let (mut producer, mut consumer) = open_both(&args.files)?;
-    let now_ms = clock().now_ms();
-    let p = producer.producer_status(now_ms)?;
-    let c = consumer.consumer_status()?;
+fn consumer_status_value(now_ms: i64, c: &ConsumerStatus) -> Value {
     let blocked_total: u64 = c.blocked.values().sum();
-    let oldest_age = p
-        .oldest_pending_created_at_ms
-        .map(|t| age_s(now_ms, t))
-        .unwrap_or(0.0);
-    // Counts are compared and printed as integers, the age in seconds.
-    let signals = [
+    json!({
+        "pending": c.pending,
+        "blocked": {"total": blocked_total, "by_reason": c.blocked},
+        "gaps": c.gaps.iter().map(|g| json!({
+            "flow_id": g.flow_id.as_str(),
+            "missing_seq": g.missing.get(),
+            "since_ms": g.since_ms,
+            "waiting_s": age_s(now_ms, g.since_ms),
+        })).collect::<Vec<_>>(),
+        "gaps_total": c.gaps_total,
+        "applied": c.applied,
+        "skipped": c.skipped,
+    })
+}
+
+/// Refuses a threshold of a side that was not given.
+fn check_thresholds(args: &StatusArgs) -> Result<(), Failure> {
+    let producer_only = [
+        ("--max-backlog", args.max_backlog),
+        ("--max-age", args.max_age),
+        ("--max-quarantined", args.max_quarantined),
+    ];
+    for (flag, value) in producer_only {
+        if value.is_some() && args.sides.producer.is_none() {
+            return Err(Failure::Usage(format!("{flag} needs --producer")));
+        }
+    }
+    if args.max_blocked.is_some() && args.sides.consumer.is_none() {
+        return Err(Failure::Usage("--max-blocked needs --consumer".into()));
+    }
+    Ok(())
+}
+
+/// One signal: its name, value, threshold, and whether it is breached.
+type Signal = (&'static str, Value, Option<u64>, bool);
+
+fn producer_signals(args: &StatusArgs, p: &ProducerStatus, oldest_age_s: f64) -> [Signal; 3] {
+    [
         (
             "backlog",
             json!(p.backlog),
@@ -299,15 +334,9 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
         ),
         (
             "oldest_pending_age_s",
-            json!(oldest_age),
+            json!(oldest_age_s),
             args.max_age,
-            args.max_age.is_some_and(|t| oldest_age > t as f64),
-        ),
-        (
-            "blocked",
-            json!(blocked_total),
-            args.max_blocked,
-            args.max_blocked.is_some_and(|t| blocked_total > t),
+            args.max_age.is_some_and(|t| oldest_age_s > t as f64),
         ),
         (
             "quarantined",
@@ -315,25 +344,44 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
             args.max_quarantined,
             args.max_quarantined.is_some_and(|t| p.quarantined > t),
         ),
-    ];
-    let breaches: Vec<Value> = signals
-        .into_iter()
-        .filter(|(_, _, _, breached)| *breached)
-        .map(|(signal, value, threshold, _)| json!({"signal": signal, "value": value, "threshold": threshold}))
-        .collect();
-    let value = status_value(now_ms, &p, &c, &breaches);
-    emit(json_mode, &value, || {
+    ]
+}
+
+pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> {
+    check_thresholds(&args)?;
+    check_sides(&args.sides)?;
+    let now_ms = clock().now_ms();
+    let mut value = serde_json::Map::new();
+    let mut lines = Vec::new();
+    let mut signals: Vec<Signal> = Vec::new();
+    if let Some(path) = &args.sides.producer {
+        let p = open_producer(path)?.producer_status(now_ms)?;
+        let oldest_age_s = p
+            .oldest_pending_created_at_ms
+            .map(|t| age_s(now_ms, t))
+            .unwrap_or(0.0);
+        signals.extend(producer_signals(&args, &p, oldest_age_s));
+        value.insert("producer".into(), producer_status_value(now_ms, &p));
+        lines.push(format!(
+            "producer: backlog {} (oldest {:.1} s), quarantined {}, backing off {}",
+            p.backlog, oldest_age_s, p.quarantined, p.backing_off
+        ));
+    }
+    if let Some(path) = &args.sides.consumer {
+        let c = open_consumer(path)?.consumer_status()?;
+        let blocked_total: u64 = c.blocked.values().sum();
+        signals.push((
+            "blocked",
+            json!(blocked_total),
+            args.max_blocked,
+            args.max_blocked.is_some_and(|t| blocked_total > t),
+        ));
+        value.insert("consumer".into(), consumer_status_value(now_ms, &c));
         let by_reason: BTreeMap<&String, &u64> = c.blocked.iter().collect();
-        let mut lines = vec![
-            format!(
-                "producer: backlog {} (oldest {:.1} s), quarantined {}, backing off {}",
-                p.backlog, oldest_age, p.quarantined, p.backing_off
-            ),
-            format!(
-                "consumer: pending {}, blocked {} {:?}, applied {}, skipped {}",
-                c.pending, blocked_total, by_reason, c.applied, c.skipped
-            ),
-        ];
+        lines.push(format!(
+            "consumer: pending {}, blocked {} {:?}, applied {}, skipped {}",
+            c.pending, blocked_total, by_reason, c.applied, c.skipped
+        ));
         for g in &c.gaps {
             lines.push(format!(
                 "  gap: {} waits for seq {} since {:.1} s",
@@ -342,38 +390,83 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
                 age_s(now_ms, g.since_ms)
             ));
         }
-        for b in &breaches {
-            lines.push(format!(
-                "ALERT {} = {} > {}",
-                b["signal"].as_str().unwrap_or(""),
-                b["value"],
-                b["threshold"]
-            ));
-        }
-        lines.join("\n")
-    });
+    }
+    // In the contract's order; counts are compared and printed as
+    // integers, the age in seconds.
+    const ORDER: [&str; 4] = ["backlog", "oldest_pending_age_s", "blocked", "quarantined"];
+    signals.sort_by_key(|(name, ..)| ORDER.iter().position(|n| n == name));
+    let breaches: Vec<Value> = signals
+        .into_iter()
+        .filter(|(_, _, _, breached)| *breached)
+        .map(|(signal, value, threshold, _)| json!({"signal": signal, "value": value, "threshold": threshold}))
+        .collect();
+    for b in &breaches {
+        lines.push(format!(
+            "ALERT {} = {} > {}",
+            b["signal"].as_str().unwrap_or(""),
+            b["value"],
+            b["threshold"]
+        ));
+    }
+    value.insert("ok".into(), json!(breaches.is_empty()));
+    value.insert("breaches".into(), Value::Array(breaches.clone()));
+    emit(json_mode, &Value::Object(value), || lines.join("\n"));
     Ok((!breaches.is_empty()).then_some(3))
 }
 
 pub fn prune(json_mode: bool, args: PruneArgs) -> Result<(), Failure> {
+    check_sides(&args.sides)?;
     let older_than_ms = i64::try_from(args.older_than.as_millis()).unwrap_or(i64::MAX);
-    let (mut producer, mut consumer) = open_both(&args.files)?;
     let cutoff_ms = clock().now_ms().saturating_sub(older_than_ms);
-    let p = producer.prune_outbox(cutoff_ms)?;
-    let c = consumer.prune_inbox(cutoff_ms)?;
-    let value = json!({
-        "cutoff_ms": cutoff_ms,
-        "producer": {"removed": p.rows},
-        "consumer": {"removed": c.rows, "fingerprints": c.fingerprints},
-    });
-    emit(json_mode, &value, || {
+    let mut value = serde_json::Map::new();
+    value.insert("cutoff_ms".into(), json!(cutoff_ms));
+    let mut parts = Vec::new();
+    if let Some(path) = &args.sides.producer {
+        let p = open_producer(path)?.prune_outbox(cutoff_ms)?;
+        value.insert("producer".into(), json!({"removed": p.rows}));
+        parts.push(format!("{} accepted outbox rows", p.rows));
+    }
+    if let Some(path) = &args.sides.consumer {
+        let c = open_consumer(path)?.prune_inbox(cutoff_ms)?;
+        value.insert(
+            "consumer".into(),
+            json!({"removed": c.rows, "fingerprints": c.fingerprints}),
+        );
+        parts.push(format!(
+            "{} settled inbox rows (kept {} fingerprints)",
+            c.rows, c.fingerprints
+        ));
+    }
+    emit(json_mode, &Value::Object(value), || {
         format!(
-            "pruned {} accepted outbox rows and {} settled inbox rows (kept {} fingerprints) older than {}",
-            p.rows,
-            c.rows,
-            c.fingerprints,
-            humantime::format_duration(args.older_than)
+            "pruned {} older than {}",
+            parts.join(" and "),
+            compact_duration(args.older_than)
         )
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn prune_durations_read_as_they_are_written() {
+        let cases = [
+            (Duration::from_secs(7 * 86_400), "7d"),
+            (Duration::from_secs(12 * 3_600), "12h"),
+            (Duration::from_secs(30 * 60), "30m"),
+            (
+                Duration::from_secs(86_400 + 2 * 3_600 + 30 * 60),
+                "1d 2h 30m",
+            ),
+            (Duration::from_millis(1_500), "1s 500ms"),
+            (Duration::ZERO, "0s"),
+        ];
+        for (duration, text) in cases {
+            assert_eq!(compact_duration(duration), text, "{duration:?}");
+        }
+    }
 }

@@ -414,7 +414,12 @@ fn unknown_commands_and_missing_flags_are_usage_errors() {
     ])
     .usage("--frobnicate");
     run(&["receive", "--json"]).usage("--consumer");
-    run(&["status", "--json", "--consumer", &lab.c]).usage("--producer");
+    run(&["status", "--json"]).usage("--producer");
+    run(&["prune", "--older-than", "1d"]).usage("--producer");
+    run(&["status", "--consumer", &lab.c, "--max-backlog", "1"])
+        .usage("--max-backlog needs --producer");
+    run(&["status", "--producer", &lab.p, "--max-blocked", "1"])
+        .usage("--max-blocked needs --consumer");
     lab.assert_no_files();
 }
 

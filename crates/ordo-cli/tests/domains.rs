@@ -121,3 +121,91 @@ fn other_domains_work_with_the_generic_commands() {
         .json();
     assert_eq!(status["consumer"]["pending"], 1);
 }
+
+#[test]
+fn one_side_status_and_prune_report_only_that_side() {
+    let lab = orders_lab();
+    let envelope = r#"{"event_id":"o-1","flow_id":"o","seq":1,"schema_version":1,"type":"order_placed","payload":{}}"#;
+    lab.receive(envelope);
+    let status = lab.run(&["status", "--consumer", &lab.c, "--json"]).json();
+    assert_eq!(keys(&status), ["breaches", "consumer", "ok"]);
+    assert_eq!(status["consumer"]["pending"], 1);
+    let mut orders = ordo_sqlite::ProducerDb::open_existing(
+        &lab.p,
+        std::sync::Arc::new(ordo_core::SystemClock),
+        &ordo_sqlite::OpenOptions::default(),
+    )
+    .unwrap();
+    let flow = ordo_core::FlowId::new("o").unwrap();
+    let payload = serde_json::json!({});
+    orders
+        .write(|tx| {
+            tx.append(
+                &flow,
+                "order_placed",
+                ordo_core::SchemaVersion::V1,
+                &payload,
+            )
+        })
+        .unwrap();
+    drop(orders);
+    let status = lab.run(&[
+        "status",
+        "--producer",
+        &lab.p,
+        "--max-backlog",
+        "0",
+        "--json",
+    ]);
+    assert_eq!(status.code, 3, "{status:#?}");
+    let pruned = lab
+        .run(&[
+            "prune",
+            "--producer",
+            &lab.p,
+            "--older-than",
+            "7d",
+            "--json",
+        ])
+        .json();
+    assert_eq!(keys(&pruned), ["cutoff_ms", "producer"]);
+    let text = lab.run(&["prune", "--consumer", &lab.c, "--older-than", "7d"]);
+    assert_eq!(
+        text.stdout,
+        "pruned 0 settled inbox rows (kept 0 fingerprints) older than 7d\n"
+    );
+}
+
+#[test]
+fn init_adopt_installs_ordo_beside_the_applications_tables() {
+    let lab = Lab::new();
+    let app = ordo_sqlite::rusqlite::Connection::open(&lab.p).unwrap();
+    app.execute_batch(
+        "CREATE TABLE orders (order_id TEXT PRIMARY KEY); INSERT INTO orders VALUES ('o-1');",
+    )
+    .unwrap();
+    drop(app);
+    let before = lab.files();
+    lab.run(&["init", "--producer", &lab.p, "--domain", "orders"])
+        .usage("ordo did not create");
+    lab.files()
+        .assert_unchanged(&before, "init without --adopt");
+    let out = lab.run(&[
+        "init",
+        "--producer",
+        &lab.p,
+        "--domain",
+        "orders",
+        "--adopt",
+        "--json",
+    ]);
+    assert_eq!(out.json(), serde_json::json!({"producer": lab.p}));
+    let app = ordo_sqlite::rusqlite::Connection::open(&lab.p).unwrap();
+    let orders: i64 = app
+        .query_row("SELECT count(*) FROM orders", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(orders, 1, "the application's rows stay");
+    drop(app);
+    let status = lab.run(&["status", "--producer", &lab.p, "--json"]).json();
+    assert_eq!(status["producer"]["backlog"], 0);
+}
