@@ -8,9 +8,17 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use ordo_core::{EventId, FlowId, SchemaVersion, Seq};
 
-/// ordo: ordered transactional outbox / inbox on two SQLite files.
+/// ordo: ordered transactional outbox / inbox messaging.
+///
+/// A producer records each event in the same transaction as the state
+/// change it describes; a relay hands the events to a consumer, which stores
+/// them durably (deduplicating, detecting conflicts) and applies each flow's
+/// events strictly in order, exactly once in effect, across crashes at any
+/// instant. Each side is a SQLite file (WAL, synchronous=FULL). Every
+/// command takes --json; exit status 0 for any protocol outcome, 2 for
+/// invalid input (nothing written), 1 for a storage error.
 #[derive(Debug, Parser)]
-#[command(name = "ordo", version, about, propagate_version = true)]
+#[command(name = "ordo", version, propagate_version = true)]
 pub struct Cli {
     /// Print exactly one JSON document on stdout instead of text.
     #[arg(long, global = true)]

@@ -80,7 +80,24 @@ fn usage_message(error: &clap::Error) -> String {
         .lines()
         .find(|line| !line.trim().is_empty())
         .unwrap_or("invalid usage");
-    first.strip_prefix("error: ").unwrap_or(first).to_owned()
+    let first = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+    match suggestion(error) {
+        Some(suggested) => format!("{first}; did you mean {suggested}?"),
+        None => first,
+    }
+}
+
+/// clap's suggestion for a mistyped command or flag (`'relay'`,
+/// `'--producer'`), if it has one.
+fn suggestion(error: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    [ContextKind::SuggestedSubcommand, ContextKind::SuggestedArg]
+        .into_iter()
+        .find_map(|kind| match error.get(kind)? {
+            ContextValue::String(s) => Some(format!("'{s}'")),
+            ContextValue::Strings(list) => list.first().map(|s| format!("'{s}'")),
+            _ => None,
+        })
 }
 
 fn main() -> ExitCode {
