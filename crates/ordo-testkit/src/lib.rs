@@ -24,10 +24,14 @@
 //!
 //!     fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> (ProducerDb, ConsumerDb) {
 //!         let options = OpenOptions::default();
-//!         let producer = ProducerDb::open_with(dir.join("producer.db"), clock.clone(), &options)
-//!             .expect("open producer.db");
-//!         let consumer = ConsumerDb::open_with(dir.join("consumer.db"), clock, &options)
-//!             .expect("open consumer.db");
+//!         let producer_schema = ordo_reservation::producer_schema();
+//!         let consumer_schema = ordo_reservation::consumer_schema();
+//!         let producer =
+//!             ProducerDb::open_with(dir.join("producer.db"), &producer_schema, clock.clone(), &options)
+//!                 .expect("open producer.db");
+//!         let consumer =
+//!             ConsumerDb::open_with(dir.join("consumer.db"), &consumer_schema, clock, &options)
+//!                 .expect("open consumer.db");
 //!         (producer, consumer)
 //!     }
 //! }
@@ -48,6 +52,7 @@ use std::sync::Arc;
 use ordo_core::{Clock, ProducerStore, SystemClock};
 use ordo_reservation::{ReservationConsumer, ReservationProducer};
 
+pub mod check;
 pub mod suite;
 pub mod support;
 
@@ -99,8 +104,9 @@ pub mod __private {
 /// #     type Consumer = ordo_sqlite::ConsumerDb;
 /// #     fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> (Self::Producer, Self::Consumer) {
 /// #         let options = ordo_sqlite::OpenOptions::default();
-/// #         let p = ordo_sqlite::ProducerDb::open_with(dir.join("p.db"), clock.clone(), &options);
-/// #         let c = ordo_sqlite::ConsumerDb::open_with(dir.join("c.db"), clock, &options);
+/// #         let (ps, cs) = (ordo_reservation::producer_schema(), ordo_reservation::consumer_schema());
+/// #         let p = ordo_sqlite::ProducerDb::open_with(dir.join("p.db"), &ps, clock.clone(), &options);
+/// #         let c = ordo_sqlite::ConsumerDb::open_with(dir.join("c.db"), &cs, clock, &options);
 /// #         (p.expect("producer"), c.expect("consumer"))
 /// #     }
 /// # }
