@@ -25,7 +25,7 @@ use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::{json, Value};
 
 use crate::args::BenchArgs;
-use crate::commands::emit;
+use crate::context::emit;
 use crate::Failure;
 
 const STEPS: [FlowState; 3] = [

@@ -19,7 +19,7 @@ use ordo_sqlite::{ConsumerDb, ProducerDb};
 use serde_json::json;
 
 use crate::args::DemoArgs;
-use crate::commands::emit;
+use crate::context::emit;
 use crate::Failure;
 
 const FILES: [&str; 2] = ["producer.db", "consumer.db"];

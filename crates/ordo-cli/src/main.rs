@@ -5,6 +5,7 @@
 mod args;
 mod bench;
 mod commands;
+mod context;
 mod demo;
 mod experiment;
 mod ops;

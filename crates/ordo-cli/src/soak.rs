@@ -16,7 +16,7 @@ use ordo_core::{Clock, InboxStatus, SystemClock};
 use serde_json::json;
 
 use crate::args::SoakArgs;
-use crate::commands::emit;
+use crate::context::emit;
 use crate::experiment::child::finish;
 use crate::Failure;
 

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use serde_json::{json, Value};
 
 use crate::args::ExperimentArgs;
-use crate::commands::emit;
+use crate::context::emit;
 use crate::Failure;
 use beyond::BEYOND;
 use child::{scenario_dir, Ctx};

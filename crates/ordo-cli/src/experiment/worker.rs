@@ -19,7 +19,7 @@ use ordo_core::{
 use serde_json::json;
 
 use crate::args::WorkerCommand;
-use crate::commands::{clock, emit, open_consumer, open_producer};
+use crate::context::{clock, emit, open_consumer, open_producer};
 use crate::Failure;
 
 /// The pause of an idle relay or applier before it looks again.
