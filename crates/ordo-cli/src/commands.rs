@@ -24,7 +24,7 @@ use crate::context::{
     check_distinct, clock, emit, fixed_now_ms, open_both, open_consumer, open_options,
     open_producer, open_reservation_consumer, open_reservation_producer, set_open_options,
 };
-use crate::{bench, demo, experiment, ops, render, soak, Failure};
+use crate::{lab, ops, render, Failure};
 
 /// Runs a command; returns the exit status of a completed command (0, or 3
 /// for a breached `status` threshold).
@@ -45,11 +45,11 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Receive(args) => receive(json_mode, args),
         Command::Apply(args) => apply(json_mode, args),
         Command::Snapshot(sides) => snapshot(json_mode, sides),
-        Command::Demo(args) => demo::run(json_mode, args),
-        Command::Experiment(args) => experiment::run(json_mode, args),
-        Command::Soak(args) => soak::run(json_mode, args),
-        Command::Bench(args) => bench::run(json_mode, args),
-        Command::Worker { role } => experiment::worker::run(json_mode, role),
+        Command::Demo(args) => lab::demo(json_mode, args),
+        Command::Experiment(args) => lab::experiment(json_mode, args),
+        Command::Soak(args) => lab::soak(json_mode, args),
+        Command::Bench(args) => lab::bench(json_mode, args),
+        Command::Worker { role } => lab::worker(json_mode, role),
         Command::Outbox { command } => ops::outbox(json_mode, command),
         Command::Inbox { command } => ops::inbox(json_mode, command),
         Command::Prune(args) => ops::prune(json_mode, args),
