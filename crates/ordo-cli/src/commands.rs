@@ -12,41 +12,29 @@ use std::path::Path;
 use ordo_core::envelope::parse_strict_json_stream;
 use ordo_core::{
     drain, process_all_each, relay_each, relay_event, ConsumerStore, Delivery, Envelope,
-    ProducerStore, RelayError, RelayOptions, RelayPolicy, RelayStop, StoreError, SystemClock,
+    ProducerStore, RelayError, RelayOptions, RelayPolicy, RelayStop, StoreError,
 };
-use ordo_core::{Clock, FixedClock};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
 use serde_json::{json, Value};
-use std::sync::{Arc, OnceLock};
 
 use crate::args::{
-    AdvanceArgs, ApplyArgs, Cli, Command, Files, InitArgs, PolicyArg, ReceiveArgs, RelayArgs, Sides,
+    AdvanceArgs, ApplyArgs, Cli, Command, InitArgs, PolicyArg, ReceiveArgs, RelayArgs, Sides,
 };
-use crate::{bench, demo, experiment, ops, render, soak, Failure};
-
-/// Prints a result: the JSON document with `--json`, else the text.
-pub fn emit(json_mode: bool, value: &Value, text: impl FnOnce() -> String) {
-    if json_mode {
-        println!("{value}");
-    } else {
-        let text = text();
-        if !text.is_empty() {
-            println!("{text}");
-        }
-    }
-}
+use crate::context::{
+    check_distinct, check_sides, clock, emit, fixed_now_ms, open_both, open_consumer, open_options,
+    open_producer, open_reservation_consumer, open_reservation_producer, set_open_options,
+};
+use crate::{lab, ops, render, Failure};
 
 /// Runs a command; returns the exit status of a completed command (0, or 3
 /// for a breached `status` threshold).
 pub fn run(cli: Cli) -> Result<u8, Failure> {
     let json_mode = cli.json;
     fixed_now_ms()?;
-    OPEN_OPTIONS
-        .set(OpenOptions {
-            busy_timeout: std::time::Duration::from_millis(cli.busy_timeout_ms),
-            ..OpenOptions::default()
-        })
-        .expect("run is called once per process");
+    set_open_options(OpenOptions {
+        busy_timeout: std::time::Duration::from_millis(cli.busy_timeout_ms),
+        ..OpenOptions::default()
+    });
     if let Command::Status(args) = cli.command {
         return Ok(ops::status(json_mode, args)?.unwrap_or(0));
     }
@@ -57,152 +45,17 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Receive(args) => receive(json_mode, args),
         Command::Apply(args) => apply(json_mode, args),
         Command::Snapshot(sides) => snapshot(json_mode, sides),
-        Command::Demo(args) => demo::run(json_mode, args),
-        Command::Experiment(args) => experiment::run(json_mode, args),
-        Command::Soak(args) => soak::run(json_mode, args),
-        Command::Bench(args) => bench::run(json_mode, args),
-        Command::Worker { role } => experiment::worker::run(json_mode, role),
+        Command::Demo(args) => lab::demo(json_mode, args),
+        Command::Experiment(args) => lab::experiment(json_mode, args),
+        Command::Soak(args) => lab::soak(json_mode, args),
+        Command::Bench(args) => lab::bench(json_mode, args),
+        Command::Worker { role } => lab::worker(json_mode, role),
         Command::Outbox { command } => ops::outbox(json_mode, command),
         Command::Inbox { command } => ops::inbox(json_mode, command),
         Command::Prune(args) => ops::prune(json_mode, args),
         Command::Status(_) => unreachable!("handled above"),
     }
     .map(|()| 0)
-}
-
-/// The time `ORDO_NOW_MS` fixes, if set: milliseconds since the Unix epoch
-/// as an integer. Anything else, including bytes that are not UTF-8, is
-/// invalid input.
-fn fixed_now_ms() -> Result<Option<i64>, Failure> {
-    let Some(raw) = std::env::var_os("ORDO_NOW_MS") else {
-        return Ok(None);
-    };
-    let refuse = || {
-        Failure::Usage(format!(
-            "ORDO_NOW_MS must be milliseconds since the Unix epoch as an integer (got {:?})",
-            raw.to_string_lossy()
-        ))
-    };
-    let text = raw.to_str().ok_or_else(refuse)?;
-    text.parse::<i64>().map(Some).map_err(|_| refuse())
-}
-
-/// The clock every command uses: the system's, unless `ORDO_NOW_MS` fixes
-/// the time (milliseconds since the Unix epoch) for tests and replays.
-pub fn clock() -> Arc<dyn Clock> {
-    match fixed_now_ms() {
-        Ok(Some(now_ms)) => Arc::new(FixedClock(now_ms)),
-        // Checked by `run` before any command starts.
-        Ok(None) | Err(_) => Arc::new(SystemClock),
-    }
-}
-
-/// The options of every store this process opens (`--busy-timeout-ms`).
-static OPEN_OPTIONS: OnceLock<OpenOptions> = OnceLock::new();
-
-fn open_options() -> OpenOptions {
-    OPEN_OPTIONS.get().cloned().unwrap_or_default()
-}
-
-/// Opens the producer file with [`clock`]: an existing store of any domain,
-/// or a new one of the reservation domain.
-pub fn open_producer(path: &Path) -> Result<ProducerDb, Failure> {
-    Ok(ProducerDb::open_or_create(
-        path,
-        &producer_schema(),
-        clock(),
-        &open_options(),
-    )?)
-}
-
-/// Opens the consumer file with [`clock`]: an existing store of any domain,
-/// or a new one of the reservation domain.
-pub fn open_consumer(path: &Path) -> Result<ConsumerDb, Failure> {
-    Ok(ConsumerDb::open_or_create(
-        path,
-        &consumer_schema(),
-        clock(),
-        &open_options(),
-    )?)
-}
-
-/// Opens (creating if missing) a producer store of the reservation domain,
-/// for the commands that run its rules; a store of another domain is
-/// invalid input, and nothing is written to it.
-pub fn open_reservation_producer(path: &Path) -> Result<ProducerDb, Failure> {
-    if let Some(domain) = ProducerDb::existing_domain(path)? {
-        refuse_other_domain(path, &domain)?;
-    }
-    Ok(ProducerDb::open_with(
-        path,
-        &producer_schema(),
-        clock(),
-        &open_options(),
-    )?)
-}
-
-/// Opens (creating if missing) a consumer store of the reservation domain,
-/// for the commands that run its handler; a store of another domain is
-/// invalid input, and nothing is written to it.
-pub fn open_reservation_consumer(path: &Path) -> Result<ConsumerDb, Failure> {
-    if let Some(domain) = ConsumerDb::existing_domain(path)? {
-        refuse_other_domain(path, &domain)?;
-    }
-    Ok(ConsumerDb::open_with(
-        path,
-        &consumer_schema(),
-        clock(),
-        &open_options(),
-    )?)
-}
-
-/// Refuses a store whose domain is not the reservation domain.
-fn refuse_other_domain(path: &Path, domain: &str) -> Result<(), Failure> {
-    if domain == ordo_reservation::DOMAIN {
-        return Ok(());
-    }
-    Err(Failure::Usage(format!(
-        "{} belongs to domain \"{domain}\"; its handler runs in the application",
-        path.display()
-    )))
-}
-
-/// Refuses one file for both roles, by any name (symbolic links, `..`, hard
-/// links), before anything is opened or created.
-fn check_distinct(files: &Files) -> Result<(), Failure> {
-    if ordo_sqlite::same_file(&files.producer, &files.consumer)? {
-        return Err(Failure::Usage(format!(
-            "--producer and --consumer must be different files ({} and {} are the same file)",
-            files.producer.display(),
-            files.consumer.display()
-        )));
-    }
-    Ok(())
-}
-
-/// Refuses one file for both sides, and checks every given file before
-/// any is opened (and so created).
-pub fn check_sides(sides: &Sides) -> Result<(), Failure> {
-    if let Some(files) = sides.both() {
-        check_distinct(&files)?;
-    }
-    if let Some(path) = &sides.producer {
-        ProducerDb::check_existing(path)?;
-    }
-    if let Some(path) = &sides.consumer {
-        ConsumerDb::check_existing(path)?;
-    }
-    Ok(())
-}
-
-pub fn open_both(files: &Files) -> Result<(ProducerDb, ConsumerDb), Failure> {
-    check_distinct(files)?;
-    // Both files are checked before either is created or changed.
-    ProducerDb::check_existing(&files.producer)?;
-    ConsumerDb::check_existing(&files.consumer)?;
-    let producer = open_producer(&files.producer)?;
-    let consumer = open_consumer(&files.consumer)?;
-    Ok((producer, consumer))
 }
 
 fn init(json_mode: bool, args: InitArgs) -> Result<(), Failure> {

@@ -3,13 +3,12 @@
 //! usage (nothing written), 1 for a storage or internal error.
 
 mod args;
-mod bench;
 mod commands;
-mod demo;
-mod experiment;
+mod context;
+mod lab;
 mod ops;
 mod render;
-mod soak;
+mod render_lab;
 
 use std::process::ExitCode;
 

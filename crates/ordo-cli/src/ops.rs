@@ -12,7 +12,7 @@ use ordo_core::{drain, ConsumerStore, ProducerStore, APPLY_BATCH_LEN_DEFAULT};
 use serde_json::{json, Value};
 
 use crate::args::{InboxCommand, OutboxCommand, PruneArgs, StatusArgs};
-use crate::commands::{
+use crate::context::{
     check_sides, clock, emit, open_consumer, open_producer, open_reservation_consumer,
 };
 use crate::{render, Failure};

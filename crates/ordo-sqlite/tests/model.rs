@@ -46,6 +46,7 @@ use ordo_core::{
     Step,
 };
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
+use ordo_testkit::check::{check_end_state, EndState, Snapshot};
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 
@@ -1436,99 +1437,37 @@ fn advance_outcome(result: Result<Advance, AdvanceRefused>) -> AdvanceOutcome {
     }
 }
 
-/// The global invariants of PROTOCOL section 7, checked on the stored state;
-/// `pruned` are the inbox rows no longer listed (their fingerprints remain).
+/// The global invariants of PROTOCOL section 7, checked on the stored state
+/// by the shared checker, and the listings that must agree with the rows
+/// (status counts, pending events, backlog); `pruned` are the inbox rows no
+/// longer listed (their fingerprints remain).
 fn check_invariants(state: &State, pruned: &[InboxRecord]) -> Result<(), String> {
-    let inbox: Vec<&InboxRecord> = state.inbox.iter().chain(pruned).collect();
-    let with_status = |status: InboxStatus| -> BTreeMap<(String, i64), String> {
-        inbox
-            .iter()
-            .filter(|row| row.status == status)
-            .map(|row| {
-                let e = &row.envelope;
-                ((e.flow_id.to_string(), e.seq.get()), e.event_id.to_string())
-            })
-            .collect()
+    let snapshot = Snapshot {
+        flows: state.flows.clone(),
+        outbox: state.outbox.clone(),
+        inbox: state.inbox.clone(),
+        pruned_inbox: pruned.to_vec(),
+        projections: state.projections.clone(),
+        effects: state.effects.clone(),
     };
-    let applied = with_status(InboxStatus::Applied);
-    let skipped = with_status(InboxStatus::Skipped);
-    // One effect per applied (flow, seq), none for any other row.
-    let mut effects = BTreeMap::new();
-    for effect in &state.effects {
-        let key = (effect.flow_id.to_string(), effect.seq.get());
-        if effects
-            .insert(key.clone(), effect.event_id.to_string())
-            .is_some()
-        {
-            return Err(format!("two effects for {key:?}"));
-        }
+    if let Some(violation) = check_end_state(&snapshot, &EndState::default()).first() {
+        return Err(violation.to_string());
     }
-    if effects != applied {
-        return Err(format!(
-            "effects {effects:?} are not the applied inbox rows {applied:?}"
-        ));
-    }
-    // Per flow, the settled seqs are 1..=k with no hole, and the projection
-    // stands at the last applied one (the count of applied rows, unless an
-    // operator skipped one).
-    let mut settled: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    for (flow, seq) in applied.keys().chain(skipped.keys()) {
-        settled.entry(flow.clone()).or_default().push(*seq);
-    }
-    for (flow, seqs) in &mut settled {
-        seqs.sort_unstable();
-        if *seqs != (1..=seqs.len() as i64).collect::<Vec<_>>() {
-            return Err(format!("flow {flow}: settled seqs {seqs:?} have a hole"));
-        }
-    }
-    let projected: BTreeSet<&str> = state
-        .projections
-        .iter()
-        .map(|p| p.flow_id.as_str())
-        .collect();
-    let flows_applied: BTreeSet<&str> = applied.keys().map(|(flow, _)| flow.as_str()).collect();
-    if projected != flows_applied {
-        return Err(format!(
-            "projections for {projected:?}, applied rows for {flows_applied:?}"
-        ));
-    }
-    for p in &state.projections {
-        let flow = p.flow_id.as_str();
-        let seqs: Vec<i64> = applied
-            .keys()
-            .filter(|(f, _)| f == flow)
-            .map(|(_, s)| *s)
-            .collect();
-        let skips = skipped.keys().filter(|(f, _)| f == flow).count();
-        if Some(&p.applied_seq) != seqs.iter().max()
-            || (skips == 0 && p.applied_seq != seqs.len() as i64)
-        {
-            return Err(format!(
-                "flow {flow}: applied_seq {} but applied seqs {seqs:?}",
-                p.applied_seq
-            ));
-        }
-    }
+    let count = |status: InboxStatus| {
+        state
+            .inbox
+            .iter()
+            .chain(pruned)
+            .filter(|row| row.status == status)
+            .count() as u64
+    };
     if (state.consumer_status.applied, state.consumer_status.skipped)
-        != (applied.len() as u64, skipped.len() as u64)
+        != (count(InboxStatus::Applied), count(InboxStatus::Skipped))
     {
         return Err(format!(
             "status counts {:?} differ from the rows",
             state.consumer_status
         ));
-    }
-    // Custody: an accepted event is held by the consumer with the same body.
-    for row in state.outbox.iter().filter(|row| row.accepted) {
-        let e = &row.envelope;
-        if !inbox
-            .iter()
-            .any(|r| r.envelope.event_id == e.event_id && r.envelope.body() == e.body())
-        {
-            return Err(format!(
-                "outbox {} is accepted but the inbox does not hold it",
-                e.event_id
-            ));
-        }
     }
     // Every event not accepted is still in the outbox and pending.
     let waiting: Vec<&Envelope> = state
@@ -1541,22 +1480,6 @@ fn check_invariants(state: &State, pruned: &[InboxRecord]) -> Result<(), String>
         || state.producer_status.backlog != waiting.len() as u64
     {
         return Err("pending events and backlog differ from the outbox".into());
-    }
-    for flow in &state.flows {
-        let seqs: Vec<i64> = state
-            .outbox
-            .iter()
-            .filter(|row| row.envelope.flow_id == flow.flow_id)
-            .map(|row| row.envelope.seq.get())
-            .collect();
-        if seqs.windows(2).any(|w| w[0] >= w[1])
-            || seqs.iter().any(|s| !(1..=flow.last_seq).contains(s))
-        {
-            return Err(format!(
-                "flow {}: last_seq {} but outbox seqs {seqs:?}",
-                flow.flow_id, flow.last_seq
-            ));
-        }
     }
     Ok(())
 }

@@ -25,12 +25,13 @@
 //!     fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> (ProducerDb, ConsumerDb) {
 //!         let options = OpenOptions::default();
 //!         let producer_schema = ordo_reservation::producer_schema();
+//!         let consumer_schema = ordo_reservation::consumer_schema();
 //!         let producer =
 //!             ProducerDb::open_with(dir.join("producer.db"), &producer_schema, clock.clone(), &options)
 //!                 .expect("open producer.db");
-//!         let consumer_schema = ordo_reservation::consumer_schema();
-//!         let consumer = ConsumerDb::open_with(dir.join("consumer.db"), &consumer_schema, clock, &options)
-//!             .expect("open consumer.db");
+//!         let consumer =
+//!             ConsumerDb::open_with(dir.join("consumer.db"), &consumer_schema, clock, &options)
+//!                 .expect("open consumer.db");
 //!         (producer, consumer)
 //!     }
 //! }
@@ -51,6 +52,7 @@ use std::sync::Arc;
 use ordo_core::{Clock, ProducerStore, SystemClock};
 use ordo_reservation::{ReservationConsumer, ReservationProducer};
 
+pub mod check;
 pub mod suite;
 pub mod support;
 

@@ -6,7 +6,7 @@ use ordo_reservation::{
     Advance, AdvanceRequest, ApplyOptions, EffectRecord, FlowRecord, FlowState, Projection,
     Quantity, ReservationConsumer, ReservationProducer,
 };
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -19,6 +19,7 @@ use ordo_core::{
 };
 use serde_json::Value;
 
+use crate::check::{check_end_state, EndState, Snapshot};
 use crate::Backend;
 
 /// Schema 1 only (the default consumer).
@@ -310,77 +311,19 @@ pub fn producer_state<P: ProducerStore + ReservationProducer + ?Sized>(
     }
 }
 
-/// Checks what must hold of a reservation consumer at every instant:
-///
-/// - the inbox is ordered by flow then seq, with one row per `(flow, seq)`
-///   and per event id;
-/// - per flow, the applied rows are exactly seqs `1..=applied_seq` of the
-///   projection (nothing applied past a gap or a non-applied row);
-/// - one effect per applied row, with that row's event id, and no other;
-/// - the projection's state is the `applied_seq`-th step and has a quantity
-///   once anything is applied;
-/// - projections and effects are ordered as the traits promise.
+/// Checks what must hold of a reservation consumer at every instant, by
+/// the shared checker ([`crate::check`]): the inbox ordered by flow then seq
+/// with one row per `(flow, seq)` and per event id; per flow, the settled
+/// rows exactly seqs `1..=k` and the projection at the last applied one, at
+/// that step's state with a quantity; one effect per applied row, with its
+/// event id, and no other.
 pub fn check_consumer_invariants<C: ReservationConsumer + ?Sized>(consumer: &mut C) {
     let state = consumer_state(consumer);
-    let keys: Vec<(FlowId, Seq)> = state
-        .inbox
-        .iter()
-        .map(|r| (r.envelope.flow_id.clone(), r.envelope.seq))
-        .collect();
+    let snapshot = Snapshot::consumer((state.inbox, state.projections, state.effects));
+    let violations = check_end_state(&snapshot, &EndState::default());
     assert!(
-        keys.windows(2).all(|w| w[0] < w[1]),
-        "inbox must be ordered by (flow, seq) without repeats: {keys:?}"
-    );
-    let mut ids: Vec<&EventId> = state.inbox.iter().map(|r| &r.envelope.event_id).collect();
-    ids.sort();
-    let before = ids.len();
-    ids.dedup();
-    assert_eq!(before, ids.len(), "one inbox row per event id");
-
-    let mut applied: BTreeMap<FlowId, Vec<&Envelope>> = BTreeMap::new();
-    for row in &state.inbox {
-        if row.status == InboxStatus::Applied {
-            applied
-                .entry(row.envelope.flow_id.clone())
-                .or_default()
-                .push(&row.envelope);
-        }
-    }
-    let flows: Vec<&FlowId> = state.projections.iter().map(|p| &p.flow_id).collect();
-    assert!(
-        flows.windows(2).all(|w| w[0] < w[1]),
-        "projections ordered by flow: {flows:?}"
-    );
-    for p in &state.projections {
-        let rows = applied.remove(&p.flow_id).unwrap_or_default();
-        let seqs: Vec<i64> = rows.iter().map(|e| e.seq.get()).collect();
-        let expected: Vec<i64> = (1..=p.applied_seq).collect();
-        assert_eq!(
-            seqs, expected,
-            "flow {}: applied inbox rows must be exactly 1..=applied_seq",
-            p.flow_id
-        );
-        if p.applied_seq > 0 {
-            assert_eq!(p.state, state_of_step(p.applied_seq), "flow {}", p.flow_id);
-            assert!(p.quantity.is_some(), "flow {}: quantity", p.flow_id);
-        } else {
-            assert_eq!(p.state, FlowState::New, "flow {}", p.flow_id);
-        }
-    }
-    assert!(
-        applied.is_empty(),
-        "applied inbox rows without a projection: {applied:?}"
-    );
-    let applied_rows: Vec<Envelope> = state
-        .inbox
-        .iter()
-        .filter(|r| r.status == InboxStatus::Applied)
-        .map(|r| r.envelope.clone())
-        .collect();
-    assert_eq!(
-        state.effects,
-        effects_for(&applied_rows),
-        "exactly one effect per applied inbox row, ordered by flow then seq"
+        violations.is_empty(),
+        "consumer invariants broken: {violations:#?}"
     );
 }
 

@@ -1,14 +1,14 @@
-//! Hidden worker roles for multi-process scenarios and soaks: each is one
-//! long-running `ordo` process doing what a producer, relay or applier
-//! service would do. Also the wrong control `unsafe_dual_write`, which no safe
-//! path calls.
+//! The hidden worker roles of multi-process scenarios and soaks: each is
+//! one long-running `ordo` process doing what a producer, relay or applier
+//! service would do. Also the wrong control `unsafe_dual_write`, which no
+//! safe path calls.
 
-#[allow(unused_imports)]
 use ordo_reservation::{
-    Advance, AdvanceError, AdvanceRequest, ApplyOptions, FlowState, Quantity, ReservationHandler,
-    ReservationProducer,
+    consumer_schema, producer_schema, Advance, AdvanceError, AdvanceRequest, FlowState, Quantity,
+    ReservationHandler, ReservationProducer,
 };
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ordo_core::StoreError;
@@ -16,11 +16,9 @@ use ordo_core::{
     process_all, relay, Clock, ErrorKind, FlowId, ProducerStore, RelayError, RelayOptions,
     SchemaVersion, SystemClock,
 };
-use serde_json::json;
+use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 
-use crate::args::WorkerCommand;
-use crate::commands::{clock, emit, open_consumer, open_producer};
-use crate::Failure;
+use crate::LabError as Failure;
 
 /// The pause of an idle relay or applier before it looks again.
 const IDLE_PAUSE: Duration = Duration::from_millis(5);
@@ -29,39 +27,135 @@ const RELAY_ROUND_LEN: u64 = 64;
 /// Events per apply transaction.
 const APPLY_BATCH_LEN: u64 = 64;
 
-pub fn run(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
-    match command {
-        WorkerCommand::Produce {
+/// The exit status of the wrong control `unsafe_dual_write`, between its
+/// two transactions.
+pub const UNSAFE_EXIT_STATUS: i32 = 81;
+
+/// What one worker process does.
+#[derive(Debug, Clone)]
+pub enum WorkerRole {
+    /// Advances every flow through all three steps, racing other producers.
+    Produce {
+        /// The producer file.
+        producer: PathBuf,
+        /// The flows.
+        flows: Vec<FlowId>,
+        /// The quantity of every flow.
+        quantity: Quantity,
+        /// Flow by flow over this window (ms since the epoch) instead of
+        /// step by step at once.
+        spread_ms: Option<(i64, i64)>,
+    },
+    /// Relays until the marker file exists and nothing is left.
+    Relay {
+        /// The producer file.
+        producer: PathBuf,
+        /// The consumer file.
+        consumer: PathBuf,
+        /// The marker file.
+        until: PathBuf,
+    },
+    /// Applies until the marker file exists and nothing is left.
+    Apply {
+        /// The consumer file.
+        consumer: PathBuf,
+        /// The marker file.
+        until: PathBuf,
+    },
+    /// The wrong control: the flow's state and its event in two
+    /// transactions, the process exiting with [`UNSAFE_EXIT_STATUS`] between
+    /// them.
+    UnsafeDualWrite {
+        /// The producer file.
+        producer: PathBuf,
+        /// The flow.
+        flow: FlowId,
+        /// Its quantity.
+        quantity: Quantity,
+    },
+}
+
+/// The flows `flow-0000001` to `flow-N`, as the soak's producers drive them.
+pub fn counted_flows(count: u64) -> Result<Vec<FlowId>, Failure> {
+    (1..=count)
+        .map(|i| FlowId::new(format!("flow-{i:07}")).map_err(|e| Failure::Usage(e.rule)))
+        .collect()
+}
+
+/// How a worker opens its stores: the clock and options of its process.
+#[derive(Clone)]
+pub struct WorkerEnv {
+    /// The clock of the process.
+    pub clock: Arc<dyn Clock>,
+    /// The options of every store it opens.
+    pub options: OpenOptions,
+}
+
+impl WorkerEnv {
+    fn producer(&self, path: &Path) -> Result<ProducerDb, Failure> {
+        let schema = producer_schema();
+        Ok(ProducerDb::open_or_create(
+            path,
+            &schema,
+            self.clock.clone(),
+            &self.options,
+        )?)
+    }
+
+    fn consumer(&self, path: &Path) -> Result<ConsumerDb, Failure> {
+        let schema = consumer_schema();
+        Ok(ConsumerDb::open_or_create(
+            path,
+            &schema,
+            self.clock.clone(),
+            &self.options,
+        )?)
+    }
+}
+
+/// What a worker did before it finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerReport {
+    /// Steps committed, and steps another producer had already committed.
+    Produced {
+        /// Committed by this worker.
+        committed: u64,
+        /// Found done (`stale`).
+        stale: u64,
+    },
+    /// Events handed to the consumer.
+    Relayed {
+        /// Deliveries made.
+        delivered: u64,
+    },
+    /// Events applied.
+    Applied {
+        /// Events applied.
+        applied: u64,
+    },
+}
+
+/// Runs one worker role to its end. The wrong control never returns: its
+/// process exits between its two transactions.
+pub fn run(role: WorkerRole, env: &WorkerEnv) -> Result<WorkerReport, Failure> {
+    match role {
+        WorkerRole::Produce {
             producer,
-            mut flows,
-            count,
+            flows,
             quantity,
-            spread_until_ms,
-            spread_from_ms,
-        } => {
-            for i in 1..=count.unwrap_or(0) {
-                flows
-                    .push(FlowId::new(format!("flow-{i:07}")).map_err(|e| Failure::Usage(e.rule))?);
-            }
-            produce(
-                json_mode,
-                &producer,
-                &flows,
-                quantity,
-                spread_from_ms.zip(spread_until_ms),
-            )
-        }
-        WorkerCommand::Relay {
+            spread_ms,
+        } => produce(env, &producer, &flows, quantity, spread_ms),
+        WorkerRole::Relay {
             producer,
             consumer,
             until,
-        } => relay_until(json_mode, &producer, &consumer, &until),
-        WorkerCommand::Apply { consumer, until } => apply_until(json_mode, &consumer, &until),
-        WorkerCommand::UnsafeDualWrite {
+        } => relay_until(env, &producer, &consumer, &until),
+        WorkerRole::Apply { consumer, until } => apply_until(env, &consumer, &until),
+        WorkerRole::UnsafeDualWrite {
             producer,
             flow,
             quantity,
-        } => unsafe_dual_write(&producer, &flow, quantity),
+        } => unsafe_dual_write(env, &producer, &flow, quantity),
     }
 }
 
@@ -69,13 +163,13 @@ pub fn run(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
 /// `expected_seq` of that step: when another producer won the race the
 /// outcome is `stale` and the step is already done.
 fn produce(
-    json_mode: bool,
+    env: &WorkerEnv,
     path: &Path,
     flows: &[FlowId],
     quantity: Quantity,
     spread: Option<(i64, i64)>,
-) -> Result<(), Failure> {
-    let mut producer = open_producer(path)?;
+) -> Result<WorkerReport, Failure> {
+    let mut producer = env.producer(path)?;
     let (mut committed, mut stale) = (0u64, 0u64);
     let steps = [
         FlowState::Reserved,
@@ -125,12 +219,7 @@ fn produce(
             }
         }
     }
-    emit(
-        json_mode,
-        &json!({"committed": committed, "stale": stale}),
-        || format!("committed {committed}, stale {stale}"),
-    );
-    Ok(())
+    Ok(WorkerReport::Produced { committed, stale })
 }
 
 /// Counts consecutive `Busy` failures; past the limit the worker gives up
@@ -154,14 +243,14 @@ impl BusyRetries {
 /// Relays until `until` exists and every event that is not quarantined has
 /// been accepted (events still backing off are waited for).
 fn relay_until(
-    json_mode: bool,
+    env: &WorkerEnv,
     producer: &Path,
     consumer: &Path,
     until: &Path,
-) -> Result<(), Failure> {
-    let mut producer = open_producer(producer)?;
-    let mut consumer = open_consumer(consumer)?;
-    let clock = clock();
+) -> Result<WorkerReport, Failure> {
+    let mut producer = env.producer(producer)?;
+    let mut consumer = env.consumer(consumer)?;
+    let clock = env.clock.clone();
     let options = RelayOptions {
         max: Some(RELAY_ROUND_LEN),
         ..RelayOptions::default()
@@ -191,15 +280,12 @@ fn relay_until(
             std::thread::sleep(IDLE_PAUSE);
         }
     }
-    emit(json_mode, &json!({ "delivered": delivered }), || {
-        format!("delivered {delivered}")
-    });
-    Ok(())
+    Ok(WorkerReport::Relayed { delivered })
 }
 
 /// Applies until `until` exists and a round after that applies nothing.
-fn apply_until(json_mode: bool, consumer: &Path, until: &Path) -> Result<(), Failure> {
-    let mut consumer = open_consumer(consumer)?;
+fn apply_until(env: &WorkerEnv, consumer: &Path, until: &Path) -> Result<WorkerReport, Failure> {
+    let mut consumer = env.consumer(consumer)?;
     let mut busy = BusyRetries(0);
     let mut applied = 0u64;
     loop {
@@ -227,18 +313,20 @@ fn apply_until(json_mode: bool, consumer: &Path, until: &Path) -> Result<(), Fai
             std::thread::sleep(IDLE_PAUSE);
         }
     }
-    emit(json_mode, &json!({ "applied": applied }), || {
-        format!("applied {applied}")
-    });
-    Ok(())
+    Ok(WorkerReport::Applied { applied })
 }
 
 /// THE WRONG CONTROL. Commits the flow's new state in one transaction, then
 /// exits with status 81 before the transaction that would have recorded the
 /// event: the state has moved and the event is lost. It exists only to show
 /// the failure that `advance` prevents.
-fn unsafe_dual_write(path: &Path, flow: &FlowId, quantity: Quantity) -> Result<(), Failure> {
-    let mut producer = open_producer(path)?;
+fn unsafe_dual_write(
+    env: &WorkerEnv,
+    path: &Path,
+    flow: &FlowId,
+    quantity: Quantity,
+) -> Result<WorkerReport, Failure> {
+    let mut producer = env.producer(path)?;
     producer.write(|tx| -> Result<(), ordo_core::StoreError> {
         tx.sql()
             .execute(
@@ -250,5 +338,5 @@ fn unsafe_dual_write(path: &Path, flow: &FlowId, quantity: Quantity) -> Result<(
             })?;
         Ok(())
     })?;
-    std::process::exit(super::UNSAFE_EXIT_STATUS);
+    std::process::exit(UNSAFE_EXIT_STATUS);
 }

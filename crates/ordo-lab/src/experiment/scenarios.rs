@@ -4,8 +4,6 @@
 //! times.
 
 use ordo_core::crash;
-#[allow(unused_imports)]
-use ordo_reservation::{ReservationConsumer, ReservationProducer};
 use serde_json::{json, Value};
 
 use super::child::{deliver_stdin, finish, Ctx};
@@ -463,7 +461,7 @@ fn unsafe_dual_write_loses_event(ctx: &Ctx) -> Result<Outcome, String> {
     Ok(Outcome {
         observed: json!({"exit_code": run.code, "relay": relay, "apply": apply, "state": state}),
         expected: json!({
-            "exit_code": super::UNSAFE_EXIT_STATUS,
+            "exit_code": crate::worker::UNSAFE_EXIT_STATUS,
             "relay": relayed(vec![], "drained"),
             "apply": drained(vec![]),
             // The state moved to reserved; no event exists to tell the consumer.

@@ -1,20 +1,18 @@
-//! `ordo bench`: throughput of each phase and end to end, as ratios to the
+//! The bench: throughput of each phase and end to end, as ratios to the
 //! disk's own fsync rate F measured first on the same disk; concurrent
 //! pipelines on separate threads; commit-to-applied latency at an offered
 //! rate; peak memory.
 
-#[allow(unused_imports)]
 use ordo_reservation::{
     AdvanceRequest, ApplyOptions, FlowState, Quantity, ReservationConsumer, ReservationHandler,
     ReservationProducer,
 };
 use std::collections::{BTreeSet, VecDeque};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
 use ordo_core::{
     process_all_each, relay, Envelope, EventId, FlowId, Receipt, RelayOptions, SchemaVersion,
     StoreError, SystemClock,
@@ -22,11 +20,8 @@ use ordo_core::{
 use ordo_core::{Clock, ConsumerStore, ProducerStore};
 use ordo_sqlite::rusqlite::{self, Connection};
 use ordo_sqlite::{ConsumerDb, ProducerDb};
-use serde_json::{json, Value};
 
-use crate::args::BenchArgs;
-use crate::commands::emit;
-use crate::Failure;
+use crate::{LabError as Failure, Progress, Silent};
 
 const STEPS: [FlowState; 3] = [
     FlowState::Reserved,
@@ -36,7 +31,7 @@ const STEPS: [FlowState; 3] = [
 /// How long the fsync calibration runs.
 const CALIBRATION: Duration = Duration::from_millis(1500);
 /// Batch sizes of `--sweep`.
-const SWEEP: [u64; 7] = [1, 4, 16, 64, 256, 1024, 4096];
+pub const SWEEP: [u64; 7] = [1, 4, 16, 64, 256, 1024, 4096];
 /// The most flows of the unbatched run.
 const UNBATCHED_FLOWS_MAX: u64 = 5_000;
 /// Rounds of the growth measurement.
@@ -53,17 +48,6 @@ fn internal<E: std::fmt::Display>(e: E) -> Failure {
 
 fn flow_id(i: u64) -> FlowId {
     FlowId::new(format!("b{i:08}")).expect("bench flow ids are identifiers")
-}
-
-fn bar(len: u64, label: &str) -> ProgressBar {
-    let bar = ProgressBar::new(len);
-    bar.set_style(
-        ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len} {per_sec}")
-            .expect("the template is valid")
-            .progress_chars("=> "),
-    );
-    bar.set_prefix(label.to_owned());
-    bar
 }
 
 /// F: single-row insert-and-commit transactions per second on this disk,
@@ -150,7 +134,7 @@ fn produce(
     producer: &mut ProducerDb,
     range: std::ops::Range<u64>,
     batch: u64,
-    progress: &ProgressBar,
+    progress: &dyn Progress,
 ) -> Result<(), Failure> {
     for (step, chunk) in chunks(range, batch) {
         let len = chunk.end - chunk.start;
@@ -190,10 +174,12 @@ fn apply_pass(consumer: &mut ConsumerDb, batch: u64) -> Result<u64, Failure> {
 
 /// Commits, and how many of them waited for the disk (the producer's
 /// delivery bookkeeping does not).
-#[derive(Clone, Copy, Default)]
-struct Commits {
-    all: u64,
-    synced: u64,
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Commits {
+    /// Every commit.
+    pub all: u64,
+    /// The commits that waited for the disk.
+    pub synced: u64,
 }
 
 impl Commits {
@@ -232,72 +218,170 @@ impl std::ops::Sub for Commits {
     }
 }
 
-struct Phase {
-    seconds: f64,
-    commits: Commits,
+/// One measured phase: how long it took and what it committed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Phase {
+    /// Wall time, in seconds.
+    pub seconds: f64,
+    /// Its commits.
+    pub commits: Commits,
 }
 
-/// A phase's figures; `ratio_to_f` is filled in by `set_f` once the F
-/// measured after the run is known.
-fn phase_json(events: u64, phase: &Phase) -> Value {
-    let rate = events as f64 / phase.seconds.max(1e-9);
-    json!({
-        "events": events,
-        "seconds": round3(phase.seconds),
-        "events_per_s": rate.round(),
-        "commits_per_event": round3(phase.commits.all as f64 / events.max(1) as f64),
-        "fsyncs_per_event": round3(phase.commits.synced as f64 / events.max(1) as f64),
-    })
+/// The disk's fsync-bound commit rate F, measured before and after a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Calibration {
+    /// F before the run, in commits per second.
+    pub before: f64,
+    /// F after the run, in commits per second.
+    pub after: f64,
 }
 
-/// Fills in a run's F (the geometric mean of the calibrations before and
-/// after it), both calibrations, and every phase's ratio to that F.
-fn set_f(run: &mut Value, before: f64, after: f64) {
-    let f = (before * after).sqrt();
-    run["f_commits_per_s"] = json!(f.round());
-    run["f_before_after"] = json!([before.round(), after.round()]);
-    let ratio = |phase: &mut Value| {
-        if let Some(rate) = phase["events_per_s"].as_f64() {
-            phase["ratio_to_f"] = json!(round3(rate / f));
-        }
-    };
-    ratio(run);
-    for name in ["produce", "relay", "apply", "end_to_end"] {
-        if run.get(name).is_some() {
-            ratio(&mut run[name]);
+/// Produce, relay and apply, one after the other, on one thread.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequentialRun {
+    /// Events per transaction.
+    pub batch: u64,
+    /// Flows run.
+    pub flows: u64,
+    /// Events run.
+    pub events: u64,
+    /// The producer's phase.
+    pub produce: Phase,
+    /// The relay's phase.
+    pub relay: Phase,
+    /// The applier's phase.
+    pub apply: Phase,
+    /// F around the run.
+    pub calibration: Calibration,
+}
+
+impl SequentialRun {
+    /// The three phases together.
+    pub fn end_to_end(&self) -> Phase {
+        Phase {
+            seconds: self.produce.seconds + self.relay.seconds + self.apply.seconds,
+            commits: self.produce.commits + self.relay.commits + self.apply.commits,
         }
     }
 }
 
-/// How far F moved during a run: the larger calibration over the smaller.
-fn drift(run: &Value) -> f64 {
-    let pair = |i: usize| run["f_before_after"][i].as_f64().unwrap_or(0.0).max(1.0);
-    pair(0).max(pair(1)) / pair(0).min(pair(1))
+/// Commit-to-applied latency per event, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Latency {
+    /// The median.
+    pub p50_ms: i64,
+    /// The 99th percentile.
+    pub p99_ms: i64,
+    /// The largest.
+    pub max_ms: i64,
+    /// Events measured.
+    pub samples: u64,
 }
 
-/// A run whose F moved more than this is flagged in the text output.
-const DRIFT_FLAGGED: f64 = 1.25;
+/// Stages running at once, every event applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipelineRun {
+    /// Events per transaction.
+    pub batch: u64,
+    /// Events run.
+    pub events: u64,
+    /// The whole run.
+    pub phase: Phase,
+    /// Commit-to-applied latency.
+    pub latency: Latency,
+    /// The producer's offered rate, in events per second (as fast as it
+    /// can if `None`).
+    pub offered_per_s: Option<u64>,
+    /// F around the run.
+    pub calibration: Calibration,
+}
 
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
+/// How both files grow over a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrowthRun {
+    /// Events run.
+    pub events: u64,
+    /// The producer file's size at the end, WAL checkpointed.
+    pub producer_bytes: u64,
+    /// The consumer file's size at the end, WAL checkpointed.
+    pub consumer_bytes: u64,
+    /// Both files' sizes (with their WAL) after each round.
+    pub bytes_after_each_round: Vec<(u64, u64)>,
+}
+
+/// What the bench measures.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Flows, each three events.
+    pub flows: u64,
+    /// Events per transaction in every phase.
+    pub batch: u64,
+    /// Run the sequential phases for several batch sizes ([`SWEEP`]).
+    pub sweep: bool,
+    /// The offered rate of the latency run, in events per second.
+    pub rate: u64,
+    /// Where to create the temporary files (the system's if `None`).
+    pub dir: Option<PathBuf>,
+    /// Measure growth with and without pruning instead of throughput.
+    pub growth: bool,
+}
+
+/// The throughput figures.
+#[derive(Debug, Clone)]
+pub struct ThroughputReport {
+    /// Flows run.
+    pub flows: u64,
+    /// Every calibration of F, in order.
+    pub calibrations: Vec<f64>,
+    /// The sequential runs, by batch size.
+    pub runs: Vec<SequentialRun>,
+    /// The unbatched sequential run (not with `--sweep` or a batch of 1).
+    pub unbatched: Option<SequentialRun>,
+    /// Producer, relay and applier on three threads.
+    pub concurrent: PipelineRun,
+    /// Producer file and consumer file on two threads.
+    pub pipelined: PipelineRun,
+    /// Three threads at an offered rate.
+    pub offered: PipelineRun,
+    /// The process's peak resident memory.
+    pub peak_memory_bytes: Option<u64>,
+}
+
+/// What the bench measured.
+#[derive(Debug, Clone)]
+pub enum BenchReport {
+    /// Throughput of each phase and pipeline.
+    Throughput(Box<ThroughputReport>),
+    /// File growth without and with pruning.
+    Growth {
+        /// Nothing pruned.
+        without_pruning: GrowthRun,
+        /// Everything settled pruned after each round.
+        with_pruning: GrowthRun,
+    },
 }
 
 /// Produce, then relay, then apply, each to completion, on one thread.
-fn sequential(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
+fn sequential(
+    dir: &Path,
+    flows: u64,
+    batch: u64,
+    progress: &dyn Progress,
+) -> Result<SequentialRun, Failure> {
     let mut producer = ordo_reservation::open_producer(dir.join("producer.db"))?;
     let mut consumer = ordo_reservation::open_consumer(dir.join("consumer.db"))?;
     let events = flows * STEPS.len() as u64;
 
-    let progress = bar(events, &format!("produce B={batch}"));
+    progress.start(&format!("produce B={batch}"), events);
     let started = Instant::now();
-    produce(&mut producer, 0..flows, batch, &progress)?;
+    produce(&mut producer, 0..flows, batch, progress)?;
     let produce_phase = Phase {
         seconds: started.elapsed().as_secs_f64(),
         commits: Commits::producer(&producer),
     };
-    progress.finish_and_clear();
+    progress.finish();
 
-    let progress = bar(events, &format!("relay B={batch}"));
+    progress.start(&format!("relay B={batch}"), events);
     let (p0, c0) = (Commits::producer(&producer), Commits::consumer(&consumer));
     let started = Instant::now();
     let mut relayed = 0;
@@ -313,7 +397,7 @@ fn sequential(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
         seconds: started.elapsed().as_secs_f64(),
         commits: Commits::producer(&producer) - p0 + Commits::consumer(&consumer) - c0,
     };
-    progress.finish_and_clear();
+    progress.finish();
 
     let c0 = Commits::consumer(&consumer);
     let started = Instant::now();
@@ -327,17 +411,18 @@ fn sequential(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
             "bench moved {relayed} and applied {applied} of {events} events"
         )));
     }
-    let total = Phase {
-        seconds: produce_phase.seconds + relay_phase.seconds + apply_phase.seconds,
-        commits: produce_phase.commits + relay_phase.commits + apply_phase.commits,
-    };
-    Ok(json!({
-        "batch": batch,
-        "produce": phase_json(events, &produce_phase),
-        "relay": phase_json(events, &relay_phase),
-        "apply": phase_json(events, &apply_phase),
-        "end_to_end": phase_json(events, &total),
-    }))
+    Ok(SequentialRun {
+        batch,
+        flows,
+        events,
+        produce: produce_phase,
+        relay: relay_phase,
+        apply: apply_phase,
+        calibration: Calibration {
+            before: 0.0,
+            after: 0.0,
+        },
+    })
 }
 
 /// Raises its flag when dropped, so that a stage that returns early, with an
@@ -359,7 +444,8 @@ fn concurrent(
     batch: u64,
     rate: Option<u64>,
     label: &str,
-) -> Result<Value, Failure> {
+    progress: &dyn Progress,
+) -> Result<PipelineRun, Failure> {
     let producer_path = dir.join("producer.db");
     let consumer_path = dir.join("consumer.db");
     ordo_reservation::open_producer(&producer_path)?;
@@ -367,7 +453,7 @@ fn concurrent(
     let events = flows * STEPS.len() as u64;
     let produced_all = Arc::new(AtomicBool::new(false));
     let relayed_all = Arc::new(AtomicBool::new(false));
-    let progress = bar(events, label);
+    progress.start(label, events);
     let started = Instant::now();
 
     let producer_thread = {
@@ -377,7 +463,7 @@ fn concurrent(
             let _done = RaiseOnDrop(done);
             let mut producer = ordo_reservation::open_producer(&path)?;
             match rate {
-                None => produce(&mut producer, 0..flows, batch, &ProgressBar::hidden())?,
+                None => produce(&mut producer, 0..flows, batch, &Silent)?,
                 Some(rate) => {
                     // Whole flows per tick: each tick offers rate/100 events.
                     let per_tick = (rate / 100 / STEPS.len() as u64).max(1);
@@ -437,7 +523,7 @@ fn concurrent(
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    progress.finish_and_clear();
+    progress.finish();
     let producer_commits = producer_thread
         .join()
         .map_err(|_| internal("the producer thread panicked"))??;
@@ -448,11 +534,9 @@ fn concurrent(
         seconds,
         commits: producer_commits + relay_commits + Commits::consumer(&consumer),
     };
-    let mut value = pipeline_json(dir, events, applied, &phase, batch)?;
-    if let Some(rate) = rate {
-        value["offered_per_s"] = json!(rate);
-    }
-    Ok(value)
+    let mut run = pipeline_run(dir, events, applied, phase, batch)?;
+    run.offered_per_s = rate;
+    Ok(run)
 }
 
 /// Producer-file work and consumer-file work on two threads, one per core.
@@ -463,7 +547,12 @@ fn concurrent(
 /// disjoint flows (a flow's next event is picked only once the receipt of
 /// the one before is recorded); meanwhile the producer thread goes on
 /// producing and recording.
-fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
+fn two_files(
+    dir: &Path,
+    flows: u64,
+    batch: u64,
+    progress: &Arc<dyn Progress>,
+) -> Result<PipelineRun, Failure> {
     use std::sync::mpsc;
     let producer_path = dir.join("producer.db");
     let consumer_path = dir.join("consumer.db");
@@ -472,7 +561,7 @@ fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
     let events = flows * STEPS.len() as u64;
     let (round_tx, round_rx) = mpsc::channel::<Vec<Envelope>>();
     let (receipts_tx, receipts_rx) = mpsc::channel::<Result<Vec<Receipt>, StoreError>>();
-    let progress = bar(events, "pipelined");
+    progress.start("pipelined", events);
     let started = Instant::now();
 
     let consumer_thread = {
@@ -608,37 +697,44 @@ fn two_files(dir: &Path, flows: u64, batch: u64) -> Result<Value, Failure> {
     let (consumer_commits, applied) = consumer_result?;
     let producer_commits = producer_side?;
     let seconds = started.elapsed().as_secs_f64();
-    progress.finish_and_clear();
+    progress.finish();
     let phase = Phase {
         seconds,
         commits: producer_commits + consumer_commits,
     };
-    pipeline_json(dir, events, applied, &phase, batch)
+    pipeline_run(dir, events, applied, phase, batch)
 }
 
-/// The figures of a run whose stages ran at once: all events applied, the
-/// phase, the batch size and the commit-to-applied latency.
-fn pipeline_json(
+/// A run whose stages ran at once: all events applied, the phase, the
+/// batch size and the commit-to-applied latency.
+fn pipeline_run(
     dir: &Path,
     events: u64,
     applied: u64,
-    phase: &Phase,
+    phase: Phase,
     batch: u64,
-) -> Result<Value, Failure> {
+) -> Result<PipelineRun, Failure> {
     if applied != events {
         return Err(Failure::Check(format!(
             "bench applied {applied} of {events} events"
         )));
     }
-    let mut value = phase_json(events, phase);
-    value["batch"] = json!(batch);
-    value["latency_ms"] = latency(&dir.join("producer.db"), &dir.join("consumer.db"))?;
-    Ok(value)
+    Ok(PipelineRun {
+        batch,
+        events,
+        phase,
+        latency: latency(&dir.join("producer.db"), &dir.join("consumer.db"))?,
+        offered_per_s: None,
+        calibration: Calibration {
+            before: 0.0,
+            after: 0.0,
+        },
+    })
 }
 
 /// Commit-to-applied latency per event: the outbox row's creation time to
 /// the inbox row's application time (millisecond clock).
-fn latency(producer: &Path, consumer: &Path) -> Result<Value, Failure> {
+fn latency(producer: &Path, consumer: &Path) -> Result<Latency, Failure> {
     let conn = Connection::open(consumer).map_err(internal)?;
     conn.execute("ATTACH DATABASE ?1 AS p", [producer.to_string_lossy()])
         .map_err(internal)?;
@@ -668,26 +764,36 @@ fn latency(producer: &Path, consumer: &Path) -> Result<Value, Failure> {
         }
         0
     };
-    let max = histogram.last().map(|(ms, _)| *ms).unwrap_or(0);
-    Ok(json!({"p50": at(0.5), "p99": at(0.99), "max": max, "samples": samples}))
+    Ok(Latency {
+        p50_ms: at(0.5),
+        p99_ms: at(0.99),
+        max_ms: histogram.last().map(|(ms, _)| *ms).unwrap_or(0),
+        samples,
+    })
 }
 
 /// Runs `flows` flows through in rounds, pruning everything settled after
 /// each round when `prune`, and reports the size of both files afterwards
 /// (WAL checkpointed into the file).
-fn growth(dir: &Path, flows: u64, batch: u64, prune: bool) -> Result<Value, Failure> {
+fn growth(
+    dir: &Path,
+    flows: u64,
+    batch: u64,
+    prune: bool,
+    progress: &dyn Progress,
+) -> Result<GrowthRun, Failure> {
     let producer_path = dir.join("producer.db");
     let consumer_path = dir.join("consumer.db");
     let mut producer = ordo_reservation::open_producer(&producer_path)?;
     let mut consumer = ordo_reservation::open_consumer(&consumer_path)?;
     let label = if prune { "growth+prune" } else { "growth" };
-    let progress = bar(flows * STEPS.len() as u64, label);
+    progress.start(label, flows * STEPS.len() as u64);
     let per_round = flows.div_ceil(GROWTH_ROUNDS);
     let mut start = 0;
     let mut sizes = Vec::new();
     while start < flows {
         let end = (start + per_round).min(flows);
-        produce(&mut producer, start..end, batch, &ProgressBar::hidden())?;
+        produce(&mut producer, start..end, batch, &Silent)?;
         while relay_round(&mut producer, &mut consumer, batch)? > 0 {}
         let applied = apply_pass(&mut consumer, batch)?;
         progress.inc(applied);
@@ -696,25 +802,17 @@ fn growth(dir: &Path, flows: u64, batch: u64, prune: bool) -> Result<Value, Fail
             producer.prune_outbox(cutoff_ms)?;
             consumer.prune_inbox(cutoff_ms)?;
         }
-        sizes.push(json!([
-            file_bytes(&producer_path)?,
-            file_bytes(&consumer_path)?
-        ]));
+        sizes.push((file_bytes(&producer_path)?, file_bytes(&consumer_path)?));
         start = end;
     }
-    progress.finish_and_clear();
+    progress.finish();
     drop((producer, consumer));
-    let events = flows * STEPS.len() as u64;
-    let producer_bytes = checkpointed_bytes(&producer_path)?;
-    let consumer_bytes = checkpointed_bytes(&consumer_path)?;
-    Ok(json!({
-        "events": events,
-        "producer_bytes": producer_bytes,
-        "consumer_bytes": consumer_bytes,
-        "producer_bytes_per_event": round3(producer_bytes as f64 / events as f64),
-        "consumer_bytes_per_event": round3(consumer_bytes as f64 / events as f64),
-        "bytes_after_each_round": sizes,
-    }))
+    Ok(GrowthRun {
+        events: flows * STEPS.len() as u64,
+        producer_bytes: checkpointed_bytes(&producer_path)?,
+        consumer_bytes: checkpointed_bytes(&consumer_path)?,
+        bytes_after_each_round: sizes,
+    })
 }
 
 /// The size of a database file after its WAL is checkpointed into it.
@@ -732,20 +830,6 @@ fn file_bytes(path: &Path) -> Result<u64, Failure> {
     Ok(main + std::fs::metadata(wal).map(|m| m.len()).unwrap_or(0))
 }
 
-fn growth_text(g: &Value) -> String {
-    let line = |name: &str, v: &Value| {
-        format!(
-            "{name:<16} {} events: producer.db {} bytes ({} per event), consumer.db {} bytes ({} per event)",
-            v["events"], v["producer_bytes"], v["producer_bytes_per_event"], v["consumer_bytes"], v["consumer_bytes_per_event"]
-        )
-    };
-    [
-        line("without pruning", &g["without_pruning"]),
-        line("with pruning", &g["with_pruning"]),
-    ]
-    .join("\n")
-}
-
 /// The process's peak resident memory, from /proc.
 fn peak_memory_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -754,267 +838,127 @@ fn peak_memory_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-fn fresh_dir(root: &Path, name: &str) -> Result<std::path::PathBuf, Failure> {
+fn fresh_dir(root: &Path, name: &str) -> Result<PathBuf, Failure> {
     let dir = root.join(name);
     std::fs::create_dir_all(&dir).map_err(internal)?;
     Ok(dir)
 }
 
-pub fn run(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
-    if let Some(plot) = &args.plot {
-        if !args.sweep {
-            return Err(Failure::Usage("--plot needs --sweep".into()));
-        }
-        if plot.extension().and_then(|e| e.to_str()) != Some("svg") {
-            return Err(Failure::Usage(format!(
-                "--plot {}: the file name must end in .svg",
-                plot.display()
-            )));
-        }
-    }
+/// The label of the calibration phase.
+const CALIBRATING: &str = "calibrating F (single-row commits, WAL, synchronous=FULL)";
+
+/// Runs the bench in a temporary directory under `options.dir`.
+pub fn run(options: &BenchOptions, progress: Arc<dyn Progress>) -> Result<BenchReport, Failure> {
     let root = tempfile::Builder::new()
         .prefix("ordo-bench-")
-        .tempdir_in(args.dir.as_deref().unwrap_or(&std::env::temp_dir()))
+        .tempdir_in(options.dir.as_deref().unwrap_or(&std::env::temp_dir()))
         .map_err(|e| Failure::Internal(format!("cannot create a temporary directory: {e}")))?;
-    if args.growth {
-        let value = json!({
-            "growth": {
-                "without_pruning": growth(&fresh_dir(root.path(), "growth-keep")?, args.flows, args.batch, false)?,
-                "with_pruning": growth(&fresh_dir(root.path(), "growth-prune")?, args.flows, args.batch, true)?,
-            }
+    let (flows, batch) = (options.flows, options.batch);
+    if options.growth {
+        let progress = progress.as_ref();
+        return Ok(BenchReport::Growth {
+            without_pruning: growth(
+                &fresh_dir(root.path(), "growth-keep")?,
+                flows,
+                batch,
+                false,
+                progress,
+            )?,
+            with_pruning: growth(
+                &fresh_dir(root.path(), "growth-prune")?,
+                flows,
+                batch,
+                true,
+                progress,
+            )?,
         });
-        emit(json_mode, &value, || growth_text(&value["growth"]));
-        return Ok(());
     }
+    throughput(options, root.path(), progress)
+        .map(|report| BenchReport::Throughput(Box::new(report)))
+}
+
+/// F, measured with the calibration shown as a phase of unknown length.
+fn calibrated(root: &Path, progress: &dyn Progress) -> Result<f64, Failure> {
+    progress.start(CALIBRATING, 0);
+    let f = calibrate(root);
+    progress.finish();
+    f
+}
+
+/// Every calibration of F, one before the first run and one after each.
+struct Calibrations(Vec<f64>);
+
+impl Calibrations {
+    /// The calibration around a run just made.
+    fn around(&mut self, root: &Path, progress: &dyn Progress) -> Result<Calibration, Failure> {
+        let before = *self.0.last().expect("F was measured before the first run");
+        let after = calibrated(root, progress)?;
+        self.0.push(after);
+        Ok(Calibration { before, after })
+    }
+}
+
+fn throughput(
+    options: &BenchOptions,
+    root: &Path,
+    progress: Arc<dyn Progress>,
+) -> Result<ThroughputReport, Failure> {
     // The disk's rate drifts (other tenants, writeback), so F is measured
     // before and after every run, and each run's ratios use the geometric
     // mean of the two; the run records both, so a drifting disk shows.
-    let calibrated = || -> Result<f64, Failure> {
-        let progress = ProgressBar::new_spinner();
-        progress.set_message("calibrating F (single-row commits, WAL, synchronous=FULL)");
-        let f = calibrate(root.path());
-        progress.finish_and_clear();
-        f
-    };
-    let mut fs = vec![calibrated()?];
-    let mut measured = |run: Result<Value, Failure>| -> Result<Value, Failure> {
-        let mut run = run?;
-        let before = *fs.last().expect("F was measured before the first run");
-        let after = calibrated()?;
-        fs.push(after);
-        set_f(&mut run, before, after);
-        Ok(run)
-    };
-    let batches: Vec<u64> = if args.sweep {
+    let shown = progress.as_ref();
+    let mut fs = Calibrations(vec![calibrated(root, shown)?]);
+    let (flows, batch) = (options.flows, options.batch);
+    let batches: Vec<u64> = if options.sweep {
         SWEEP.to_vec()
     } else {
-        vec![args.batch]
+        vec![batch]
     };
     let mut runs = Vec::new();
-    for batch in &batches {
-        let dir = fresh_dir(root.path(), &format!("seq-{batch}"))?;
-        runs.push(measured(sequential(&dir, args.flows, *batch))?);
+    for b in &batches {
+        let dir = fresh_dir(root, &format!("seq-{b}"))?;
+        let mut run = sequential(&dir, flows, *b, shown)?;
+        run.calibration = fs.around(root, shown)?;
+        runs.push(run);
     }
-    let unbatched = if args.sweep || args.batch == 1 {
-        Value::Null
+    let unbatched = if options.sweep || batch == 1 {
+        None
     } else {
         // Four commits per event: a few thousand flows measure it well.
-        let flows = args.flows.min(UNBATCHED_FLOWS_MAX);
-        let mut run = measured(sequential(&fresh_dir(root.path(), "seq-1")?, flows, 1))?;
-        run["flows"] = json!(flows);
-        run
+        let flows = flows.min(UNBATCHED_FLOWS_MAX);
+        let mut run = sequential(&fresh_dir(root, "seq-1")?, flows, 1, shown)?;
+        run.calibration = fs.around(root, shown)?;
+        Some(run)
     };
-    let pipelined = measured(concurrent(
-        &fresh_dir(root.path(), "concurrent")?,
-        args.flows,
-        args.batch,
+    let mut concurrent_run = concurrent(
+        &fresh_dir(root, "concurrent")?,
+        flows,
+        batch,
         None,
         "concurrent",
-    ))?;
-    let two_threads = measured(two_files(
-        &fresh_dir(root.path(), "pipelined")?,
-        args.flows,
-        args.batch,
-    ))?;
-    let offered = measured(concurrent(
-        &fresh_dir(root.path(), "offered")?,
-        args.flows,
-        args.batch,
-        Some(args.rate),
+        shown,
+    )?;
+    concurrent_run.calibration = fs.around(root, shown)?;
+    let mut pipelined = two_files(&fresh_dir(root, "pipelined")?, flows, batch, &progress)?;
+    pipelined.calibration = fs.around(root, shown)?;
+    let offered_dir = fresh_dir(root, "offered")?;
+    let mut offered = concurrent(
+        &offered_dir,
+        flows,
+        batch,
+        Some(options.rate),
         "offered",
-    ))?;
-    let f_min = fs.iter().copied().fold(f64::INFINITY, f64::min);
-    let f_max = fs.iter().copied().fold(0.0, f64::max);
-    // The run's F in one number: the median of all calibrations.
-    let f = {
-        let mut sorted = fs.clone();
-        sorted.sort_by(f64::total_cmp);
-        sorted[sorted.len() / 2]
-    };
-    if let Some(plot) = &args.plot {
-        draw(plot, &runs, f_min, f_max)?;
-    }
-    let value = json!({
-        "f_commits_per_s": f.round(),
-        "f_range": [f_min.round(), f_max.round()],
-        "flows": args.flows,
-        "events": args.flows * 3,
-        "runs": runs,
-        "unbatched": unbatched,
-        "concurrent": pipelined,
-        "pipelined": two_threads,
-        "offered": offered,
-        "peak_memory_bytes": peak_memory_bytes(),
-    });
-    emit(json_mode, &value, || text(&value));
-    Ok(())
-}
-
-fn text(v: &Value) -> String {
-    let mut lines = vec![
-        format!(
-            "F (fsync-bound single-row commits on this disk), measured between the runs: {} to {} /s",
-            v["f_range"][0], v["f_range"][1]
-        ),
-        format!("flows {}, events {}", v["flows"], v["events"]),
-        format!(
-            "{:>6} {:>8} {:>20} {:>20} {:>20} {:>20} {:>14} {:>13}",
-            "batch",
-            "F/s",
-            "produce/s (x F)",
-            "relay/s (x F)",
-            "apply/s (x F)",
-            "end-to-end/s (x F)",
-            "commits/event",
-            "fsyncs/event"
-        ),
-    ];
-    // serde_json's Display ignores width, so every cell is a String first.
-    let f_cell = |r: &Value| {
-        let flag = if drift(r) > DRIFT_FLAGGED { "*" } else { "" };
-        format!("{}{flag}", r["f_commits_per_s"])
-    };
-    let rate = |p: &Value| {
-        format!(
-            "{} ({:.2})",
-            p["events_per_s"],
-            p["ratio_to_f"].as_f64().unwrap_or(0.0)
-        )
-    };
-    let row = |r: &Value| {
-        format!(
-            "{:>6} {:>8} {:>20} {:>20} {:>20} {:>20} {:>14} {:>13}",
-            r["batch"].to_string(),
-            f_cell(r),
-            rate(&r["produce"]),
-            rate(&r["relay"]),
-            rate(&r["apply"]),
-            rate(&r["end_to_end"]),
-            r["end_to_end"]["commits_per_event"].to_string(),
-            r["end_to_end"]["fsyncs_per_event"].to_string(),
-        )
-    };
-    if !v["unbatched"].is_null() {
-        lines.push(row(&v["unbatched"]));
-    }
-    for r in v["runs"].as_array().into_iter().flatten() {
-        lines.push(row(r));
-    }
-    let c = &v["concurrent"];
-    lines.push(format!(
-        "concurrent (3 threads, B={}, F {}/s): {} events/s = {} x F, {} commits/event, {} fsyncs/event, latency p50 {} ms p99 {} ms",
-        c["batch"], f_cell(c), c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["fsyncs_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
-    ));
-    let p = &v["pipelined"];
-    lines.push(format!(
-        "pipelined (2 threads: producer file, consumer file; B={}, F {}/s): {} events/s = {} x F, {} fsyncs/event, latency p50 {} ms p99 {} ms",
-        p["batch"], f_cell(p), p["events_per_s"], p["ratio_to_f"], p["fsyncs_per_event"], p["latency_ms"]["p50"], p["latency_ms"]["p99"]
-    ));
-    let o = &v["offered"];
-    lines.push(format!(
-        "offered {} events/s: achieved {} events/s, commit-to-applied p50 {} ms, p99 {} ms, max {} ms",
-        o["offered_per_s"], o["events_per_s"], o["latency_ms"]["p50"], o["latency_ms"]["p99"], o["latency_ms"]["max"]
-    ));
-    let all_runs = v["runs"].as_array().into_iter().flatten().chain([
-        &v["unbatched"],
-        &v["concurrent"],
-        &v["pipelined"],
-        &v["offered"],
-    ]);
-    if all_runs
-        .filter(|r| !r.is_null())
-        .any(|r| drift(r) > DRIFT_FLAGGED)
-    {
-        lines.push(format!(
-            "* F moved by more than {:.0} % between the calibrations before and after this run: its ratios are unreliable, run again",
-            (DRIFT_FLAGGED - 1.0) * 100.0
-        ));
-    }
-    if let Some(bytes) = v["peak_memory_bytes"].as_u64() {
-        lines.push(format!(
-            "peak memory {:.1} MiB",
-            bytes as f64 / (1024.0 * 1024.0)
-        ));
-    }
-    lines.join("\n")
-}
-
-/// Throughput of each phase against batch size, on log-2 axes.
-fn draw(path: &Path, runs: &[Value], f_min: f64, f_max: f64) -> Result<(), Failure> {
-    use plotters::prelude::*;
-    let series = ["produce", "relay", "apply", "end_to_end"];
-    let points = |phase: &str| -> Vec<(f64, f64)> {
-        runs.iter()
-            .map(|r| {
-                (
-                    (r["batch"].as_f64().unwrap_or(1.0)).log2(),
-                    r[phase]["ratio_to_f"].as_f64().unwrap_or(0.0),
-                )
-            })
-            .collect()
-    };
-    let y_max = series
-        .iter()
-        .flat_map(|s| points(s))
-        .map(|(_, y)| y)
-        .fold(1.0, f64::max)
-        * 1.1;
-    let x_max = points("produce")
-        .iter()
-        .map(|(x, _)| *x)
-        .fold(1.0, f64::max);
-    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(internal)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("ordo throughput / F (F measured around each run: {f_min:.0} to {f_max:.0} commits/s)"),
-            ("sans-serif", 22),
-        )
-        .margin(16)
-        .x_label_area_size(40)
-        .y_label_area_size(56)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-        .map_err(internal)?;
-    chart
-        .configure_mesh()
-        .x_desc("batch size (log2)")
-        .y_desc("events/s as a multiple of F")
-        .draw()
-        .map_err(internal)?;
-    let colors = [RED, BLUE, GREEN, BLACK];
-    for (name, color) in series.iter().zip(colors) {
-        chart
-            .draw_series(LineSeries::new(points(name), color.stroke_width(2)))
-            .map_err(internal)?
-            .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-    }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()
-        .map_err(internal)?;
-    root.present().map_err(internal)?;
-    Ok(())
+        shown,
+    )?;
+    offered.calibration = fs.around(root, shown)?;
+    Ok(ThroughputReport {
+        flows,
+        calibrations: fs.0,
+        runs,
+        unbatched,
+        concurrent: concurrent_run,
+        pipelined,
+        offered,
+        peak_memory_bytes: peak_memory_bytes(),
+    })
 }

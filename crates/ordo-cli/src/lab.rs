@@ -1,0 +1,254 @@
+//! `ordo demo`, `experiment`, `soak`, `bench` and the hidden `worker`: the
+//! flags become the lab's options, the lab runs, its report is printed
+//! (`render_lab`), and progress bars show on stderr meanwhile.
+
+use std::sync::{Arc, Mutex};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use ordo_lab::{bench, demo, experiment, soak, worker, LabError, Progress};
+
+use crate::args::{BenchArgs, DemoArgs, ExperimentArgs, SoakArgs, WorkerCommand};
+use crate::context::{clock, emit, open_options};
+use crate::{render_lab, Failure};
+
+/// A lab error, by exit status.
+fn failure(error: LabError) -> Failure {
+    match error {
+        LabError::Usage(message) => Failure::Usage(message),
+        LabError::Store(store) => Failure::from(store),
+        LabError::Check(message) => Failure::Check(message),
+        other => Failure::Internal(other.to_string()),
+    }
+}
+
+fn ordo_binary() -> Result<std::path::PathBuf, Failure> {
+    std::env::current_exe()
+        .map_err(|e| Failure::Internal(format!("cannot find the ordo binary: {e}")))
+}
+
+/// Progress bars on stderr, one phase at a time, drawn with one template.
+struct Bars {
+    template: &'static str,
+    bar: Mutex<Option<ProgressBar>>,
+}
+
+impl Bars {
+    fn new(template: &'static str) -> Bars {
+        Bars {
+            template,
+            bar: Mutex::new(None),
+        }
+    }
+
+    fn with(&self, f: impl FnOnce(&ProgressBar)) {
+        let bar = self
+            .bar
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(bar) = bar.as_ref() {
+            f(bar);
+        }
+    }
+}
+
+impl Progress for Bars {
+    fn start(&self, label: &str, len: u64) {
+        let bar = if len == 0 {
+            let spinner = ProgressBar::new_spinner();
+            spinner.set_message(label.to_owned());
+            spinner
+        } else {
+            let bar = ProgressBar::new(len);
+            bar.set_style(
+                ProgressStyle::with_template(self.template)
+                    .expect("the template is valid")
+                    .progress_chars("=> "),
+            );
+            bar.set_prefix(label.to_owned());
+            bar
+        };
+        *self
+            .bar
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(bar);
+    }
+
+    fn inc(&self, steps: u64) {
+        self.with(|bar| bar.inc(steps));
+    }
+
+    fn set(&self, position: u64, note: &str) {
+        self.with(|bar| {
+            bar.set_position(position);
+            bar.set_message(note.to_owned());
+        });
+    }
+
+    fn finish(&self) {
+        let bar = self
+            .bar
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+pub fn demo(json_mode: bool, args: DemoArgs) -> Result<(), Failure> {
+    let options = demo::DemoOptions {
+        dir: args.dir,
+        flows: args.flows,
+        force: args.force,
+    };
+    let bars = Bars::new("{prefix:>8} [{bar:40}] {pos}/{len} {per_sec}");
+    let report = demo::run(&options, &bars).map_err(failure)?;
+    emit(json_mode, &render_lab::demo(&report), || {
+        render_lab::demo_text(&report)
+    });
+    let problems = report.problems();
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(Failure::Check(format!(
+        "demo end state check failed: {}",
+        problems.join("; ")
+    )))
+}
+
+pub fn experiment(json_mode: bool, args: ExperimentArgs) -> Result<(), Failure> {
+    let options = experiment::ExperimentOptions {
+        exe: ordo_binary()?,
+        only: args.only,
+        expected: args.expected,
+    };
+    let mut show = |result: &experiment::ScenarioResult| {
+        if !json_mode {
+            let verdict = if result.passed() { "pass" } else { "FAIL" };
+            eprintln!("{verdict} {}", result.name);
+        }
+    };
+    let report = experiment::run(&options, &mut show).map_err(failure)?;
+    let value = render_lab::experiment(&report);
+    if let Some(path) = &args.output {
+        let text = serde_json::to_string_pretty(&value).expect("a JSON value serializes");
+        std::fs::write(path, text + "\n")
+            .map_err(|e| Failure::Internal(format!("cannot write {}: {e}", path.display())))?;
+    }
+    emit(json_mode, &value, || render_lab::experiment_text(&report));
+    let failed = report.failed();
+    if args.check && failed > 0 {
+        let first = report
+            .scenarios
+            .iter()
+            .find(|r| !r.passed())
+            .map(|r| format!("{}: {}", r.name, r.differences[0]))
+            .unwrap_or_default();
+        return Err(Failure::Check(format!(
+            "{failed} scenario(s) failed; first: {first}"
+        )));
+    }
+    Ok(())
+}
+
+pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
+    let options = soak::SoakOptions {
+        exe: ordo_binary()?,
+        seconds: args.seconds,
+        flows: args.flows,
+        seed: args.seed,
+        dir: args.dir,
+    };
+    let bars = Bars::new("soak [{bar:40}] {pos}/{len} s {msg}");
+    let report = soak::run(&options, &bars).map_err(failure)?;
+    emit(json_mode, &render_lab::soak(&report), || {
+        render_lab::soak_text(&report)
+    });
+    let violations = report.violations();
+    match violations.first() {
+        None => Ok(()),
+        Some(first) => Err(Failure::Check(format!(
+            "soak found {} violation(s); first: {first}",
+            violations.len()
+        ))),
+    }
+}
+
+pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
+    if let Some(plot) = &args.plot {
+        if !args.sweep {
+            return Err(Failure::Usage("--plot needs --sweep".into()));
+        }
+        if plot.extension().and_then(|e| e.to_str()) != Some("svg") {
+            return Err(Failure::Usage(format!(
+                "--plot {}: the file name must end in .svg",
+                plot.display()
+            )));
+        }
+    }
+    let options = bench::BenchOptions {
+        flows: args.flows,
+        batch: args.batch,
+        sweep: args.sweep,
+        rate: args.rate,
+        dir: args.dir,
+        growth: args.growth,
+    };
+    let bars = Arc::new(Bars::new("{prefix:>12} [{bar:40}] {pos}/{len} {per_sec}"));
+    let report = bench::run(&options, bars).map_err(failure)?;
+    let value = render_lab::bench(&report);
+    if let (Some(plot), bench::BenchReport::Throughput(throughput)) = (&args.plot, &report) {
+        render_lab::draw(plot, &value["runs"], throughput)?;
+    }
+    emit(json_mode, &value, || render_lab::bench_text(&value));
+    Ok(())
+}
+
+pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
+    let role = match command {
+        WorkerCommand::Produce {
+            producer,
+            mut flows,
+            count,
+            quantity,
+            spread_until_ms,
+            spread_from_ms,
+        } => {
+            flows.extend(worker::counted_flows(count.unwrap_or(0)).map_err(failure)?);
+            worker::WorkerRole::Produce {
+                producer,
+                flows,
+                quantity,
+                spread_ms: spread_from_ms.zip(spread_until_ms),
+            }
+        }
+        WorkerCommand::Relay {
+            producer,
+            consumer,
+            until,
+        } => worker::WorkerRole::Relay {
+            producer,
+            consumer,
+            until,
+        },
+        WorkerCommand::Apply { consumer, until } => worker::WorkerRole::Apply { consumer, until },
+        WorkerCommand::UnsafeDualWrite {
+            producer,
+            flow,
+            quantity,
+        } => worker::WorkerRole::UnsafeDualWrite {
+            producer,
+            flow,
+            quantity,
+        },
+    };
+    let env = worker::WorkerEnv {
+        clock: clock(),
+        options: open_options(),
+    };
+    let report = worker::run(role, &env).map_err(failure)?;
+    let (value, text) = render_lab::worker(report);
+    emit(json_mode, &value, || text);
+    Ok(())
+}

@@ -1,0 +1,475 @@
+//! The reports of the lab as the contract prints them: the JSON document of
+//! `--json`, and the text otherwise.
+
+use std::path::Path;
+
+use ordo_lab::bench::{
+    BenchReport, Calibration, GrowthRun, Phase, PipelineRun, SequentialRun, ThroughputReport,
+};
+use ordo_lab::demo::DemoReport;
+use ordo_lab::experiment::ExperimentReport;
+use ordo_lab::soak::SoakReport;
+use ordo_lab::worker::WorkerReport;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+use crate::Failure;
+
+fn internal<E: std::fmt::Display>(e: E) -> Failure {
+    Failure::Internal(e.to_string())
+}
+
+fn seconds(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+pub fn demo(report: &DemoReport) -> Value {
+    let problems = report.problems();
+    json!({
+        "flows": report.options.flows,
+        "produced": report.produced,
+        "delivered": report.delivered,
+        "applied": report.applied,
+        "blocked": report.blocked,
+        "seconds": {
+            "produce": seconds(report.produce_time),
+            "relay": seconds(report.relay_time),
+            "apply": seconds(report.apply_time),
+        },
+        "ok": problems.is_empty(),
+        "problems": problems,
+        "dir": report.options.dir.display().to_string(),
+    })
+}
+
+pub fn demo_text(report: &DemoReport) -> String {
+    let rate = |n: u64, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
+    let (produced, delivered, applied) = (report.produced, report.delivered, report.applied);
+    let (produce_time, relay_time, apply_time) =
+        (report.produce_time, report.relay_time, report.apply_time);
+    let mut lines = vec![
+        format!("flows      {}", report.options.flows),
+        format!(
+            "produced   {produced:>8} events in {:>7.3} s ({:.0}/s)",
+            produce_time.as_secs_f64(),
+            rate(produced, produce_time)
+        ),
+        format!(
+            "delivered  {delivered:>8} events in {:>7.3} s ({:.0}/s)",
+            relay_time.as_secs_f64(),
+            rate(delivered, relay_time)
+        ),
+        format!(
+            "applied    {applied:>8} events in {:>7.3} s ({:.0}/s)",
+            apply_time.as_secs_f64(),
+            rate(applied, apply_time)
+        ),
+        format!("blocked    {:>8} flows", report.blocked),
+    ];
+    let problems = report.problems();
+    if problems.is_empty() {
+        lines.push(format!(
+            "end state OK: every flow released, exactly one effect per event ({})",
+            report.options.dir.display()
+        ));
+    } else {
+        lines.push("end state WRONG:".into());
+        lines.extend(problems.iter().map(|p| format!("  {p}")));
+    }
+    lines.join("\n")
+}
+
+pub fn experiment(report: &ExperimentReport) -> Value {
+    json!({
+        "scenarios": report.scenarios.iter().map(|r| json!({
+            "name": r.name,
+            "group": r.group,
+            "passed": r.passed(),
+            "observed": r.observed,
+            "expected": r.expected,
+            "differences": r.differences,
+        })).collect::<Vec<_>>(),
+        "passed": report.passed(),
+        "failed": report.failed(),
+        "groups": report.groups().iter().map(|g| {
+            (g.group.to_owned(), json!({"passed": g.passed, "failed": g.failed}))
+        }).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
+pub fn experiment_text(report: &ExperimentReport) -> String {
+    let mut lines = Vec::new();
+    for r in report.scenarios.iter().filter(|r| !r.passed()) {
+        for d in &r.differences {
+            lines.push(format!("{}: {d}", r.name));
+        }
+    }
+    lines.push(format!(
+        "{} passed, {} failed",
+        report.passed(),
+        report.failed()
+    ));
+    lines.join("\n")
+}
+
+pub fn soak(report: &SoakReport) -> Value {
+    let violations = report.violations();
+    json!({
+        "seconds": report.seconds,
+        "flows": report.flows,
+        "seed": report.seed,
+        "kills": report.kills(),
+        "kills_by_role": report.kills_by_role.iter().map(|(r, n)| (r.as_str().to_owned(), json!(n))).collect::<serde_json::Map<_, _>>(),
+        "events": report.events,
+        "violations": violations,
+        "verdict": if violations.is_empty() { "ok" } else { "violated" },
+    })
+}
+
+pub fn soak_text(report: &SoakReport) -> String {
+    let mut lines = vec![
+        format!("seed     {}", report.seed),
+        format!(
+            "kills    {} (SIGKILL) over {} s",
+            report.kills(),
+            report.seconds
+        ),
+        format!("events   {}", report.events),
+    ];
+    let violations = report.violations();
+    if violations.is_empty() {
+        lines.push("verdict  ok: nothing lost, each event once, one effect per (flow, seq), in order, every flow released".into());
+    } else {
+        lines.push("verdict  VIOLATED".into());
+        lines.extend(violations.iter().map(|v| format!("  {v}")));
+    }
+    lines.join("\n")
+}
+
+/// A worker's final line.
+pub fn worker(report: WorkerReport) -> (Value, String) {
+    match report {
+        WorkerReport::Produced { committed, stale } => (
+            json!({"committed": committed, "stale": stale}),
+            format!("committed {committed}, stale {stale}"),
+        ),
+        WorkerReport::Relayed { delivered } => (
+            json!({ "delivered": delivered }),
+            format!("delivered {delivered}"),
+        ),
+        WorkerReport::Applied { applied } => {
+            (json!({ "applied": applied }), format!("applied {applied}"))
+        }
+    }
+}
+
+pub fn bench(report: &BenchReport) -> Value {
+    match report {
+        BenchReport::Growth {
+            without_pruning,
+            with_pruning,
+        } => json!({
+            "growth": {
+                "without_pruning": growth(without_pruning),
+                "with_pruning": growth(with_pruning),
+            }
+        }),
+        BenchReport::Throughput(report) => throughput(report),
+    }
+}
+
+pub fn bench_text(value: &Value) -> String {
+    match value.get("growth") {
+        Some(growth) => growth_text(growth),
+        None => throughput_text(value),
+    }
+}
+
+fn growth(g: &GrowthRun) -> Value {
+    json!({
+        "events": g.events,
+        "producer_bytes": g.producer_bytes,
+        "consumer_bytes": g.consumer_bytes,
+        "producer_bytes_per_event": round3(g.producer_bytes as f64 / g.events as f64),
+        "consumer_bytes_per_event": round3(g.consumer_bytes as f64 / g.events as f64),
+        "bytes_after_each_round": g.bytes_after_each_round.iter().map(|(p, c)| json!([p, c])).collect::<Vec<_>>(),
+    })
+}
+
+fn sequential(run: &SequentialRun) -> Value {
+    let mut value = json!({
+        "batch": run.batch,
+        "produce": phase_json(run.events, &run.produce),
+        "relay": phase_json(run.events, &run.relay),
+        "apply": phase_json(run.events, &run.apply),
+        "end_to_end": phase_json(run.events, &run.end_to_end()),
+    });
+    calibrated(&mut value, run.calibration);
+    value
+}
+
+fn pipeline(run: &PipelineRun) -> Value {
+    let mut value = phase_json(run.events, &run.phase);
+    value["batch"] = json!(run.batch);
+    let l = &run.latency;
+    value["latency_ms"] =
+        json!({"p50": l.p50_ms, "p99": l.p99_ms, "max": l.max_ms, "samples": l.samples});
+    if let Some(rate) = run.offered_per_s {
+        value["offered_per_s"] = json!(rate);
+    }
+    calibrated(&mut value, run.calibration);
+    value
+}
+
+fn calibrated(value: &mut Value, calibration: Calibration) {
+    set_f(value, calibration.before, calibration.after);
+}
+
+/// The smallest, the median and the largest calibration of F.
+fn f_spread(calibrations: &[f64]) -> (f64, f64, f64) {
+    let f_min = calibrations.iter().copied().fold(f64::INFINITY, f64::min);
+    let f_max = calibrations.iter().copied().fold(0.0, f64::max);
+    let mut sorted = calibrations.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    (f_min, sorted[sorted.len() / 2], f_max)
+}
+
+fn throughput(report: &ThroughputReport) -> Value {
+    // The run's F in one number: the median of all calibrations.
+    let (f_min, f, f_max) = f_spread(&report.calibrations);
+    let unbatched = match &report.unbatched {
+        Some(run) => {
+            let mut value = sequential(run);
+            value["flows"] = json!(run.flows);
+            value
+        }
+        None => Value::Null,
+    };
+    json!({
+        "f_commits_per_s": f.round(),
+        "f_range": [f_min.round(), f_max.round()],
+        "flows": report.flows,
+        "events": report.flows * 3,
+        "runs": report.runs.iter().map(sequential).collect::<Vec<_>>(),
+        "unbatched": unbatched,
+        "concurrent": pipeline(&report.concurrent),
+        "pipelined": pipeline(&report.pipelined),
+        "offered": pipeline(&report.offered),
+        "peak_memory_bytes": report.peak_memory_bytes,
+    })
+}
+
+/// Draws the sweep's runs (`runs`, as rendered) into an SVG file.
+pub fn draw(path: &Path, runs: &Value, report: &ThroughputReport) -> Result<(), Failure> {
+    let (f_min, _, f_max) = f_spread(&report.calibrations);
+    let runs = runs.as_array().map(Vec::as_slice).unwrap_or_default();
+    draw_runs(path, runs, f_min, f_max)
+}
+
+/// A phase's figures; `ratio_to_f` is filled in by `set_f` once the F
+/// measured after the run is known.
+fn phase_json(events: u64, phase: &Phase) -> Value {
+    let rate = events as f64 / phase.seconds.max(1e-9);
+    json!({
+        "events": events,
+        "seconds": round3(phase.seconds),
+        "events_per_s": rate.round(),
+        "commits_per_event": round3(phase.commits.all as f64 / events.max(1) as f64),
+        "fsyncs_per_event": round3(phase.commits.synced as f64 / events.max(1) as f64),
+    })
+}
+
+/// Fills in a run's F (the geometric mean of the calibrations before and
+/// after it), both calibrations, and every phase's ratio to that F.
+fn set_f(run: &mut Value, before: f64, after: f64) {
+    let f = (before * after).sqrt();
+    run["f_commits_per_s"] = json!(f.round());
+    run["f_before_after"] = json!([before.round(), after.round()]);
+    let ratio = |phase: &mut Value| {
+        if let Some(rate) = phase["events_per_s"].as_f64() {
+            phase["ratio_to_f"] = json!(round3(rate / f));
+        }
+    };
+    ratio(run);
+    for name in ["produce", "relay", "apply", "end_to_end"] {
+        if run.get(name).is_some() {
+            ratio(&mut run[name]);
+        }
+    }
+}
+
+/// How far F moved during a run: the larger calibration over the smaller.
+fn drift(run: &Value) -> f64 {
+    let pair = |i: usize| run["f_before_after"][i].as_f64().unwrap_or(0.0).max(1.0);
+    pair(0).max(pair(1)) / pair(0).min(pair(1))
+}
+
+/// A run whose F moved more than this is flagged in the text output.
+const DRIFT_FLAGGED: f64 = 1.25;
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn growth_text(g: &Value) -> String {
+    let line = |name: &str, v: &Value| {
+        format!(
+            "{name:<16} {} events: producer.db {} bytes ({} per event), consumer.db {} bytes ({} per event)",
+            v["events"], v["producer_bytes"], v["producer_bytes_per_event"], v["consumer_bytes"], v["consumer_bytes_per_event"]
+        )
+    };
+    [
+        line("without pruning", &g["without_pruning"]),
+        line("with pruning", &g["with_pruning"]),
+    ]
+    .join("\n")
+}
+
+fn throughput_text(v: &Value) -> String {
+    let mut lines = vec![
+        format!(
+            "F (fsync-bound single-row commits on this disk), measured between the runs: {} to {} /s",
+            v["f_range"][0], v["f_range"][1]
+        ),
+        format!("flows {}, events {}", v["flows"], v["events"]),
+        format!(
+            "{:>6} {:>8} {:>20} {:>20} {:>20} {:>20} {:>14} {:>13}",
+            "batch",
+            "F/s",
+            "produce/s (x F)",
+            "relay/s (x F)",
+            "apply/s (x F)",
+            "end-to-end/s (x F)",
+            "commits/event",
+            "fsyncs/event"
+        ),
+    ];
+    // serde_json's Display ignores width, so every cell is a String first.
+    let f_cell = |r: &Value| {
+        let flag = if drift(r) > DRIFT_FLAGGED { "*" } else { "" };
+        format!("{}{flag}", r["f_commits_per_s"])
+    };
+    let rate = |p: &Value| {
+        format!(
+            "{} ({:.2})",
+            p["events_per_s"],
+            p["ratio_to_f"].as_f64().unwrap_or(0.0)
+        )
+    };
+    let row = |r: &Value| {
+        format!(
+            "{:>6} {:>8} {:>20} {:>20} {:>20} {:>20} {:>14} {:>13}",
+            r["batch"].to_string(),
+            f_cell(r),
+            rate(&r["produce"]),
+            rate(&r["relay"]),
+            rate(&r["apply"]),
+            rate(&r["end_to_end"]),
+            r["end_to_end"]["commits_per_event"].to_string(),
+            r["end_to_end"]["fsyncs_per_event"].to_string(),
+        )
+    };
+    if !v["unbatched"].is_null() {
+        lines.push(row(&v["unbatched"]));
+    }
+    for r in v["runs"].as_array().into_iter().flatten() {
+        lines.push(row(r));
+    }
+    let c = &v["concurrent"];
+    lines.push(format!(
+        "concurrent (3 threads, B={}, F {}/s): {} events/s = {} x F, {} commits/event, {} fsyncs/event, latency p50 {} ms p99 {} ms",
+        c["batch"], f_cell(c), c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["fsyncs_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
+    ));
+    let p = &v["pipelined"];
+    lines.push(format!(
+        "pipelined (2 threads: producer file, consumer file; B={}, F {}/s): {} events/s = {} x F, {} fsyncs/event, latency p50 {} ms p99 {} ms",
+        p["batch"], f_cell(p), p["events_per_s"], p["ratio_to_f"], p["fsyncs_per_event"], p["latency_ms"]["p50"], p["latency_ms"]["p99"]
+    ));
+    let o = &v["offered"];
+    lines.push(format!(
+        "offered {} events/s: achieved {} events/s, commit-to-applied p50 {} ms, p99 {} ms, max {} ms",
+        o["offered_per_s"], o["events_per_s"], o["latency_ms"]["p50"], o["latency_ms"]["p99"], o["latency_ms"]["max"]
+    ));
+    let all_runs = v["runs"].as_array().into_iter().flatten().chain([
+        &v["unbatched"],
+        &v["concurrent"],
+        &v["pipelined"],
+        &v["offered"],
+    ]);
+    if all_runs
+        .filter(|r| !r.is_null())
+        .any(|r| drift(r) > DRIFT_FLAGGED)
+    {
+        lines.push(format!(
+            "* F moved by more than {:.0} % between the calibrations before and after this run: its ratios are unreliable, run again",
+            (DRIFT_FLAGGED - 1.0) * 100.0
+        ));
+    }
+    if let Some(bytes) = v["peak_memory_bytes"].as_u64() {
+        lines.push(format!(
+            "peak memory {:.1} MiB",
+            bytes as f64 / (1024.0 * 1024.0)
+        ));
+    }
+    lines.join("\n")
+}
+
+/// Throughput of each phase against batch size, on log-2 axes.
+fn draw_runs(path: &Path, runs: &[Value], f_min: f64, f_max: f64) -> Result<(), Failure> {
+    use plotters::prelude::*;
+    let series = ["produce", "relay", "apply", "end_to_end"];
+    let points = |phase: &str| -> Vec<(f64, f64)> {
+        runs.iter()
+            .map(|r| {
+                (
+                    (r["batch"].as_f64().unwrap_or(1.0)).log2(),
+                    r[phase]["ratio_to_f"].as_f64().unwrap_or(0.0),
+                )
+            })
+            .collect()
+    };
+    let y_max = series
+        .iter()
+        .flat_map(|s| points(s))
+        .map(|(_, y)| y)
+        .fold(1.0, f64::max)
+        * 1.1;
+    let x_max = points("produce")
+        .iter()
+        .map(|(x, _)| *x)
+        .fold(1.0, f64::max);
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(internal)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("ordo throughput / F (F measured around each run: {f_min:.0} to {f_max:.0} commits/s)"),
+            ("sans-serif", 22),
+        )
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
+        .map_err(internal)?;
+    chart
+        .configure_mesh()
+        .x_desc("batch size (log2)")
+        .y_desc("events/s as a multiple of F")
+        .draw()
+        .map_err(internal)?;
+    let colors = [RED, BLUE, GREEN, BLACK];
+    for (name, color) in series.iter().zip(colors) {
+        chart
+            .draw_series(LineSeries::new(points(name), color.stroke_width(2)))
+            .map_err(internal)?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()
+        .map_err(internal)?;
+    root.present().map_err(internal)?;
+    Ok(())
+}

@@ -1,0 +1,267 @@
+//! The demo: N flows through all three steps on two fresh SQLite files,
+//! relayed and applied, with a check of the end state.
+
+use ordo_reservation::{
+    Advance, AdvanceRequest, FlowState, Quantity, ReservationHandler, ReservationProducer,
+};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ordo_core::{
+    process_all, relay, ConsumerStore, DrainStop, FlowId, RelayOptions, SchemaVersion, SystemClock,
+};
+use ordo_sqlite::{ConsumerDb, ProducerDb};
+use ordo_testkit::check::{check_end_state, EndState, Finished, Snapshot, Violation};
+
+use crate::{LabError as Failure, Progress};
+
+const FILES: [&str; 2] = ["producer.db", "consumer.db"];
+/// Deliveries per relay round, so the progress bar moves.
+const RELAY_ROUND_LEN: u64 = 256;
+
+/// What the demo runs.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// The directory of `producer.db` and `consumer.db`.
+    pub dir: PathBuf,
+    /// How many flows, each through all three steps.
+    pub flows: u64,
+    /// Replace the files if they exist (else they are refused).
+    pub force: bool,
+}
+
+/// What the demo did and found.
+#[derive(Debug, Clone)]
+pub struct DemoReport {
+    /// The options it ran with.
+    pub options: DemoOptions,
+    /// Events committed.
+    pub produced: u64,
+    /// Events whose custody moved to the consumer.
+    pub delivered: u64,
+    /// Events applied.
+    pub applied: u64,
+    /// Flows whose apply stopped at a blocked event.
+    pub blocked: u64,
+    /// How long each phase took.
+    pub produce_time: Duration,
+    /// See [`DemoReport::produce_time`].
+    pub relay_time: Duration,
+    /// See [`DemoReport::produce_time`].
+    pub apply_time: Duration,
+    /// The end state's violations: every flow released on both sides,
+    /// every event delivered and applied once.
+    pub violations: Vec<Violation>,
+    /// Flows a second apply pass still found work for.
+    pub leftover_flows: usize,
+}
+
+impl DemoReport {
+    /// Everything wrong with the end state, one line each; empty when it is
+    /// right.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems: Vec<String> = self.violations.iter().map(|v| v.to_string()).collect();
+        if self.leftover_flows > 0 {
+            problems.push(format!(
+                "{} flows still had work after apply",
+                self.leftover_flows
+            ));
+        }
+        problems
+    }
+}
+
+/// Makes room for fresh files in `dir`: refuses existing ones unless `force`.
+fn prepare_dir(dir: &Path, force: bool) -> Result<(), Failure> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(Failure::Usage(format!(
+            "--dir {} is not a directory",
+            dir.display()
+        )));
+    }
+    for name in FILES {
+        let path = dir.join(name);
+        if path.exists() && !force {
+            return Err(Failure::Usage(format!(
+                "{} already exists; pass --force to replace it",
+                path.display()
+            )));
+        }
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Failure::Internal(format!("cannot create {}: {e}", dir.display())))?;
+    for name in FILES {
+        for suffix in ["", "-wal", "-shm"] {
+            let path = dir.join(format!("{name}{suffix}"));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Failure::Internal(format!(
+                        "cannot remove {}: {e}",
+                        path.display()
+                    )))
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The three steps of every flow.
+const STEPS: [FlowState; 3] = [
+    FlowState::Reserved,
+    FlowState::Confirmed,
+    FlowState::Released,
+];
+
+/// Runs the demo in `options.dir`, refusing existing files unless
+/// `options.force`; the end state is checked, not asserted: a wrong one is
+/// in the report.
+pub fn run(options: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport, Failure> {
+    prepare_dir(&options.dir, options.force)?;
+    let mut producer = ordo_reservation::open_producer(options.dir.join(FILES[0]))?;
+    let mut consumer = ordo_reservation::open_consumer(options.dir.join(FILES[1]))?;
+    let flows: Vec<FlowId> = (1..=options.flows)
+        .map(|i| FlowId::new(format!("flow-{i:07}")).expect("demo flow ids are identifiers"))
+        .collect();
+    let events = options.flows * STEPS.len() as u64;
+
+    let started = Instant::now();
+    progress.start("produce", events);
+    let produced = produce(&mut producer, &flows, progress)?;
+    progress.finish();
+    let produce_time = started.elapsed();
+
+    let started = Instant::now();
+    progress.start("relay", events);
+    let delivered = relay_all(&mut producer, &mut consumer, progress)?;
+    progress.finish();
+    let relay_time = started.elapsed();
+
+    let started = Instant::now();
+    progress.start("apply", options.flows);
+    let (applied, blocked) = apply_all(&mut consumer, progress)?;
+    // Nothing may remain: a second pass must find no work.
+    let leftover = process_all(
+        &mut consumer,
+        None,
+        &mut ReservationHandler::default(),
+        ordo_core::APPLY_BATCH_LEN_DEFAULT,
+    )?;
+    progress.finish();
+    let apply_time = started.elapsed();
+
+    let snapshot = Snapshot::new(
+        ordo_reservation::producer_snapshot(&mut producer)?,
+        ordo_reservation::consumer_snapshot(&mut consumer)?,
+    );
+    let expected = EndState {
+        delivered: true,
+        finished: Some(Finished::released(flows.len())),
+    };
+    Ok(DemoReport {
+        options: options.clone(),
+        produced,
+        delivered,
+        applied,
+        blocked,
+        produce_time,
+        relay_time,
+        apply_time,
+        violations: check_end_state(&snapshot, &expected),
+        leftover_flows: leftover.len(),
+    })
+}
+
+/// Advances every flow through its three steps; returns the events committed.
+fn produce(
+    producer: &mut ProducerDb,
+    flows: &[FlowId],
+    progress: &dyn Progress,
+) -> Result<u64, Failure> {
+    let mut produced = 0u64;
+    for (i, flow_id) in flows.iter().enumerate() {
+        let quantity = Quantity::new((i as i64 % 1_000) + 1).expect("1..=1000 is a quantity");
+        for (expected_seq, to) in STEPS.iter().enumerate() {
+            let request = AdvanceRequest::new(
+                flow_id.clone(),
+                expected_seq as i64,
+                *to,
+                Some(quantity),
+                SchemaVersion::V1,
+            )
+            .map_err(|e| Failure::Internal(e.to_string()))?;
+            match producer
+                .advance(&request)
+                .map_err(|e| Failure::Internal(e.to_string()))?
+            {
+                Advance::Committed(_) => produced += 1,
+                other => {
+                    return Err(Failure::Internal(format!(
+                        "demo advance of {flow_id} was {other:?}"
+                    )))
+                }
+            }
+            progress.inc(1);
+        }
+    }
+    Ok(produced)
+}
+
+/// Relays in rounds until nothing is left; returns the events delivered.
+fn relay_all(
+    producer: &mut ProducerDb,
+    consumer: &mut ConsumerDb,
+    progress: &dyn Progress,
+) -> Result<u64, Failure> {
+    let mut delivered = 0u64;
+    loop {
+        let report = relay(
+            producer,
+            consumer,
+            &RelayOptions {
+                max: Some(RELAY_ROUND_LEN),
+                ..RelayOptions::default()
+            },
+            &SystemClock,
+        )
+        .map_err(|e| Failure::Internal(e.to_string()))?;
+        let accepted = report
+            .deliveries
+            .iter()
+            .filter(|d| d.receipt.moves_custody())
+            .count() as u64;
+        delivered += accepted;
+        progress.inc(accepted);
+        if report.deliveries.len() as u64 != accepted {
+            return Err(Failure::Internal("demo relay met a conflict".into()));
+        }
+        if report.deliveries.is_empty() {
+            return Ok(delivered);
+        }
+    }
+}
+
+/// Drains every flow with work; returns the events applied and the flows
+/// that stopped at a blocked event.
+fn apply_all(consumer: &mut ConsumerDb, progress: &dyn Progress) -> Result<(u64, u64), Failure> {
+    let (mut applied, mut blocked) = (0u64, 0u64);
+    for chunk in consumer.flows_with_work(&[])?.chunks(64) {
+        for flow_id in chunk {
+            let drain = ordo_core::drain(
+                consumer,
+                flow_id,
+                None,
+                &mut ReservationHandler::default(),
+                ordo_core::APPLY_BATCH_LEN_DEFAULT,
+            )?;
+            applied += drain.applied;
+            if matches!(drain.stop, DrainStop::Blocked(_)) {
+                blocked += 1;
+            }
+        }
+        progress.inc(chunk.len() as u64);
+    }
+    Ok((applied, blocked))
+}

@@ -1,0 +1,63 @@
+//! # ordo-lab
+//!
+//! The machinery behind `ordo experiment`, `ordo soak`, `ordo bench` and
+//! `ordo demo`: runs on real SQLite files and real `ordo` processes, each
+//! returning a typed report. The lab prints nothing; a caller renders the
+//! reports and shows progress through [`Progress`]. Runs that need child
+//! processes take the path of the `ordo` binary, whose hidden `worker`
+//! command runs [`worker::run`].
+
+pub mod bench;
+pub mod demo;
+pub mod experiment;
+pub mod soak;
+pub mod worker;
+
+use ordo_core::StoreError;
+
+/// Why a lab run could not report.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LabError {
+    /// The options or the files given cannot be used; nothing was run.
+    #[error("{0}")]
+    Usage(String),
+    /// A store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A run could not complete (a file, a process, a thread).
+    #[error("{0}")]
+    Internal(String),
+    /// A run completed with figures that contradict each other (events
+    /// lost by a bench pipeline).
+    #[error("{0}")]
+    Check(String),
+}
+
+fn internal<E: std::fmt::Display>(error: E) -> LabError {
+    LabError::Internal(error.to_string())
+}
+
+/// What a long run reports as it goes, for a caller to show. One phase runs
+/// at a time; [`Progress::inc`] may be called from any thread.
+pub trait Progress: Send + Sync {
+    /// A phase of `len` steps starts (`len` 0: of unknown length).
+    fn start(&self, label: &str, len: u64);
+    /// `steps` more steps of the current phase are done.
+    fn inc(&self, steps: u64);
+    /// The current phase stands at `position`, with a short note.
+    fn set(&self, position: u64, note: &str);
+    /// The current phase is over.
+    fn finish(&self);
+}
+
+/// Progress that nobody watches.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Silent;
+
+impl Progress for Silent {
+    fn start(&self, _label: &str, _len: u64) {}
+    fn inc(&self, _steps: u64) {}
+    fn set(&self, _position: u64, _note: &str) {}
+    fn finish(&self) {}
+}

@@ -1,0 +1,439 @@
+//! The soak: producers, relays and appliers as child processes, killed with
+//! SIGKILL at random instants, then left to converge; the end state is
+//! checked against the protocol's invariants.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ordo_core::{Clock, SystemClock};
+use ordo_testkit::check::{check_end_state, EndState, Finished, Snapshot, Violation};
+
+use crate::experiment::child::finish;
+use crate::{internal, LabError, Progress};
+
+/// The shortest and longest pause between two kills.
+const KILL_PAUSE_MS: (u64, u64) = (5, 60);
+
+/// What the soak runs.
+#[derive(Debug, Clone)]
+pub struct SoakOptions {
+    /// The `ordo` binary, whose hidden `worker` command the workers run.
+    pub exe: PathBuf,
+    /// How long to keep killing workers.
+    pub seconds: u64,
+    /// How many flows the producers drive through all three steps.
+    pub flows: u64,
+    /// The seed of the kill schedule (random if `None`).
+    pub seed: Option<u64>,
+    /// Keep the files in this directory (a temporary one if `None`).
+    pub dir: Option<PathBuf>,
+}
+
+/// What the soak did and found.
+#[derive(Debug, Clone)]
+pub struct SoakReport {
+    /// How long workers were killed, in seconds.
+    pub seconds: u64,
+    /// How many flows.
+    pub flows: u64,
+    /// The seed of the kill schedule.
+    pub seed: u64,
+    /// SIGKILLs sent, by role.
+    pub kills_by_role: BTreeMap<Role, u64>,
+    /// Events committed.
+    pub events: usize,
+    /// Workers that exited with an error, one line each.
+    pub worker_failures: Vec<String>,
+    /// The end state's violations.
+    pub end_state: Vec<Violation>,
+}
+
+impl SoakReport {
+    /// Every violation, worker failures first; empty when the soak held.
+    pub fn violations(&self) -> Vec<String> {
+        let end_state = self.end_state.iter().map(|v| v.to_string());
+        self.worker_failures
+            .iter()
+            .cloned()
+            .chain(end_state)
+            .collect()
+    }
+
+    /// All kills.
+    pub fn kills(&self) -> u64 {
+        self.kills_by_role.values().sum()
+    }
+}
+
+/// A worker's role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// Advances flows.
+    Produce,
+    /// Relays events.
+    Relay,
+    /// Applies events.
+    Apply,
+}
+
+impl Role {
+    /// The role's name, as the `worker` command takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Produce => "produce",
+            Role::Relay => "relay",
+            Role::Apply => "apply",
+        }
+    }
+}
+
+struct Worker {
+    role: Role,
+    child: Option<Child>,
+}
+
+struct Soak {
+    exe: PathBuf,
+    producer: PathBuf,
+    consumer: PathBuf,
+    produced_marker: PathBuf,
+    relayed_marker: PathBuf,
+    flows: u64,
+    /// Producers spread the flows over this window (ms since the epoch).
+    spread_ms: (i64, i64),
+}
+
+impl Soak {
+    fn spawn(&self, role: Role) -> Result<Child, LabError> {
+        let mut command = Command::new(&self.exe);
+        command.args(["--json", "worker", role.as_str()]);
+        match role {
+            Role::Produce => command.arg("--producer").arg(&self.producer).args([
+                "--count",
+                &self.flows.to_string(),
+                "--quantity",
+                "7",
+                "--spread-from-ms",
+                &self.spread_ms.0.to_string(),
+                "--spread-until-ms",
+                &self.spread_ms.1.to_string(),
+            ]),
+            Role::Relay => command
+                .arg("--producer")
+                .arg(&self.producer)
+                .arg("--consumer")
+                .arg(&self.consumer)
+                .arg("--until")
+                .arg(&self.produced_marker),
+            Role::Apply => command
+                .arg("--consumer")
+                .arg(&self.consumer)
+                .arg("--until")
+                .arg(&self.relayed_marker),
+        };
+        command
+            .env_remove(ordo_core::crash::CRASH_POINT_ENV)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| LabError::Internal(format!("cannot start {}: {e}", self.exe.display())))
+    }
+}
+
+/// Collects a finished worker; a non-zero exit is a failure.
+fn collect(child: Child, role: Role, failures: &mut Vec<String>) -> Result<(), LabError> {
+    let run = finish(child, role.as_str()).map_err(LabError::Internal)?;
+    if run.code != 0 {
+        failures.push(format!(
+            "a {} worker exited {}: {}",
+            role.as_str(),
+            run.code,
+            run.stderr.trim()
+        ));
+    }
+    Ok(())
+}
+
+/// Collects a worker that exited by itself.
+fn reap(worker: &mut Worker, failures: &mut Vec<String>) -> Result<(), LabError> {
+    let Some(child) = worker.child.as_mut() else {
+        return Ok(());
+    };
+    match child.try_wait() {
+        Ok(None) => Ok(()),
+        Ok(Some(_)) => {
+            let child = worker.child.take().expect("checked above");
+            collect(child, worker.role, failures)
+        }
+        Err(e) => Err(LabError::Internal(format!("cannot wait for a worker: {e}"))),
+    }
+}
+
+/// The directory of the files: `dir`, which must not hold ordo files yet,
+/// or else `temp`.
+fn soak_dir(dir: Option<&Path>, temp: &Path) -> Result<PathBuf, LabError> {
+    let Some(dir) = dir else {
+        return Ok(temp.to_path_buf());
+    };
+    std::fs::create_dir_all(dir)
+        .map_err(|e| LabError::Internal(format!("cannot create {}: {e}", dir.display())))?;
+    if dir.join("producer.db").exists() || dir.join("consumer.db").exists() {
+        return Err(LabError::Usage(format!(
+            "--dir {} already holds ordo files",
+            dir.display()
+        )));
+    }
+    Ok(dir.to_path_buf())
+}
+
+/// Runs the soak; a violated end state is in the report, not an error.
+pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport, LabError> {
+    let seed = options.seed.unwrap_or_else(|| fastrand::u64(..));
+    let temp = tempfile::Builder::new()
+        .prefix("ordo-soak-")
+        .tempdir()
+        .map_err(|e| LabError::Internal(format!("cannot create a temporary directory: {e}")))?;
+    let dir = soak_dir(options.dir.as_deref(), temp.path())?;
+    let soak = Soak {
+        exe: options.exe.clone(),
+        producer: dir.join("producer.db"),
+        consumer: dir.join("consumer.db"),
+        produced_marker: dir.join("produced.done"),
+        relayed_marker: dir.join("relayed.done"),
+        flows: options.flows,
+        spread_ms: {
+            let now_ms = SystemClock.now_ms();
+            // Most of the kill window, so that kills meet producers at work.
+            (now_ms, now_ms + (options.seconds as i64 * 1000) * 4 / 5)
+        },
+    };
+    // Create both files before any worker starts.
+    ordo_reservation::open_producer(&soak.producer)?;
+    ordo_reservation::open_consumer(&soak.consumer)?;
+
+    let roles = [
+        Role::Produce,
+        Role::Produce,
+        Role::Relay,
+        Role::Relay,
+        Role::Apply,
+        Role::Apply,
+    ];
+    let mut workers = Vec::new();
+    for role in roles {
+        workers.push(Worker {
+            role,
+            child: Some(soak.spawn(role)?),
+        });
+    }
+    let mut failures = Vec::new();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let kills = kill_loop(
+        &soak,
+        &mut workers,
+        options.seconds,
+        &mut rng,
+        &mut failures,
+        progress,
+    )?;
+    converge(&soak, &mut workers, &mut failures)?;
+    let (events, end_state) = check_files(&soak.producer, &soak.consumer, options.flows)?;
+    Ok(SoakReport {
+        seconds: options.seconds,
+        flows: options.flows,
+        seed,
+        kills_by_role: kills,
+        events,
+        worker_failures: failures,
+        end_state,
+    })
+}
+
+/// Kills a random live worker after each short pause, and starts it again,
+/// for `seconds`; returns the kills by role.
+fn kill_loop(
+    soak: &Soak,
+    workers: &mut [Worker],
+    seconds: u64,
+    rng: &mut fastrand::Rng,
+    failures: &mut Vec<String>,
+    progress: &dyn Progress,
+) -> Result<BTreeMap<Role, u64>, LabError> {
+    let mut kills: BTreeMap<Role, u64> = BTreeMap::new();
+    progress.start("soak", seconds);
+    let started = Instant::now();
+    let window = Duration::from_secs(seconds);
+    while started.elapsed() < window {
+        std::thread::sleep(Duration::from_millis(
+            rng.u64(KILL_PAUSE_MS.0..=KILL_PAUSE_MS.1),
+        ));
+        for worker in workers.iter_mut() {
+            reap(worker, failures)?;
+        }
+        // Producers that finished stay finished; relays and appliers never do.
+        let live: Vec<usize> = (0..workers.len())
+            .filter(|&i| workers[i].child.is_some())
+            .collect();
+        if live.is_empty() {
+            continue;
+        }
+        let victim = &mut workers[live[rng.usize(..live.len())]];
+        let mut child = victim.child.take().expect("a live worker has a child");
+        // Child::kill sends SIGKILL on Unix.
+        if child.kill().is_ok() {
+            *kills.entry(victim.role).or_default() += 1;
+        }
+        let _ = child.wait();
+        victim.child = Some(soak.spawn(victim.role)?);
+        let note = format!("{} kills", kills.values().sum::<u64>());
+        progress.set(started.elapsed().as_secs().min(seconds), &note);
+    }
+    progress.finish();
+    Ok(kills)
+}
+
+/// Lets the workers converge without kills: producers finish, then relays,
+/// then appliers, each told by a marker file that the stage before is done.
+fn converge(
+    soak: &Soak,
+    workers: &mut [Worker],
+    failures: &mut Vec<String>,
+) -> Result<(), LabError> {
+    for (role, marker) in [
+        (Role::Produce, Some(&soak.produced_marker)),
+        (Role::Relay, Some(&soak.relayed_marker)),
+        (Role::Apply, None),
+    ] {
+        for worker in workers.iter_mut().filter(|w| w.role == role) {
+            if let Some(child) = worker.child.take() {
+                collect(child, role, failures)?;
+            }
+        }
+        if let Some(marker) = marker {
+            std::fs::write(marker, b"done").map_err(|e| {
+                LabError::Internal(format!("cannot write {}: {e}", marker.display()))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks the end state of a soak's two files: every event delivered and
+/// applied once, every one of `flows` flows released. Returns the number of
+/// committed events and the violations.
+pub fn check_files(
+    producer: &Path,
+    consumer: &Path,
+    flows: u64,
+) -> Result<(usize, Vec<Violation>), LabError> {
+    let snapshot = Snapshot::new(
+        ordo_reservation::producer_snapshot(&mut ordo_reservation::open_producer(producer)?)?,
+        ordo_reservation::consumer_snapshot(&mut ordo_reservation::open_consumer(consumer)?)?,
+    );
+    let expected = EndState {
+        delivered: true,
+        finished: Some(Finished::released(
+            usize::try_from(flows).map_err(internal)?,
+        )),
+    };
+    Ok((snapshot.outbox.len(), check_end_state(&snapshot, &expected)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ordo_core::{relay, FlowId, RelayOptions, SchemaVersion};
+    use ordo_reservation::{
+        AdvanceRequest, FlowState, Quantity, ReservationHandler, ReservationProducer,
+    };
+
+    /// Two flows through all steps, relayed and applied, in `dir`.
+    fn converged(dir: &Path) -> (PathBuf, PathBuf) {
+        let (p, c) = (dir.join("producer.db"), dir.join("consumer.db"));
+        let mut producer = ordo_reservation::open_producer(&p).unwrap();
+        let mut consumer = ordo_reservation::open_consumer(&c).unwrap();
+        for i in 1..=2 {
+            let flow = FlowId::new(format!("flow-{i:07}")).unwrap();
+            for (seq, to) in [
+                FlowState::Reserved,
+                FlowState::Confirmed,
+                FlowState::Released,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let request = AdvanceRequest::new(
+                    flow.clone(),
+                    seq as i64,
+                    to,
+                    Some(Quantity::new(7).unwrap()),
+                    SchemaVersion::V1,
+                )
+                .unwrap();
+                producer.advance(&request).unwrap();
+            }
+        }
+        relay(
+            &mut producer,
+            &mut consumer,
+            &RelayOptions::default(),
+            &SystemClock,
+        )
+        .unwrap();
+        ordo_core::process_all(&mut consumer, None, &mut ReservationHandler::default(), 64)
+            .unwrap();
+        (p, c)
+    }
+
+    #[test]
+    fn a_converged_state_has_no_violation() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, c) = converged(dir.path());
+        let (events, violations) = check_files(&p, &c, 2).unwrap();
+        assert_eq!(events, 6);
+        assert!(violations.is_empty(), "{violations:?}");
+    }
+
+    #[test]
+    fn each_broken_invariant_is_reported() {
+        let cases: [(&str, &str); 5] = [
+            ("DELETE FROM inbox WHERE event_id = 'flow-0000001-2'", "lost"),
+            ("DELETE FROM effect WHERE event_id = 'flow-0000002-3'", "effects"),
+            ("UPDATE inbox SET status = 'pending' WHERE event_id = 'flow-0000001-3'", "not applied"),
+            ("UPDATE projection SET state = 'confirmed', applied_seq = 2 WHERE flow_id = 'flow-0000001'", "projection"),
+            ("UPDATE inbox SET body = replace(body, '\"amount\":7', '\"amount\":8') WHERE event_id = 'flow-0000001-1'", "different body"),
+        ];
+        for (sql, expected) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let (p, c) = converged(dir.path());
+            ordo_sqlite::rusqlite::Connection::open(&c)
+                .unwrap()
+                .execute(sql, [])
+                .unwrap();
+            let (_, violations) = check_files(&p, &c, 2).unwrap();
+            assert!(
+                violations.iter().any(|v| v.detail.contains(expected)),
+                "{sql}: {violations:?} lacks {expected:?}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (p, c) = converged(dir.path());
+        ordo_sqlite::rusqlite::Connection::open(&p)
+            .unwrap()
+            .execute(
+                "UPDATE outbox SET accepted = 0 WHERE event_id = 'flow-0000002-1'",
+                [],
+            )
+            .unwrap();
+        let (_, violations) = check_files(&p, &c, 2).unwrap();
+        assert!(
+            violations
+                .iter()
+                .any(|v| v.detail.contains("never accepted")),
+            "{violations:?}"
+        );
+    }
+}
