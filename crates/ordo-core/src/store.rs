@@ -67,7 +67,9 @@ pub trait ProducerStore {
     ) -> Result<(), StoreError>;
 
     /// Records a transient delivery failure of these events: attempts, the
-    /// error, and a next attempt time drawn from `backoff`.
+    /// error, and a next attempt time drawn from `backoff`: `now_ms + 1 +
+    /// delay`, saturating at `i64::MAX` (a relay whose clock reads
+    /// `i64::MAX` finds it due; it never wraps into the past).
     fn record_failure(
         &mut self,
         event_ids: &[EventId],

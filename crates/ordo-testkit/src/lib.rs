@@ -155,6 +155,7 @@ macro_rules! conformance_suite {
             record_failure_backs_off_only_that_flow
             record_failure_waits_stay_within_the_backoff_ceiling
             relay_transient_failure_backs_off_the_whole_round
+            relay_failure_at_the_end_of_time_saturates
             retry_quarantined_refusals_change_nothing_and_retry_requeues
             prune_outbox_removes_only_old_accepted_rows
             // receive

@@ -827,6 +827,31 @@ impl<C: ReservationConsumer> ReservationConsumer for Flaky<C> {
     }
 }
 
+/// A transient failure at the end of time saturates: the next attempt is
+/// due at `i64::MAX`, which a relay at `i64::MAX` finds due, and never
+/// wraps into the past.
+pub fn relay_failure_at_the_end_of_time_saturates<B: Backend>(dir: &Path) {
+    let clock = ManualClock::new(T0);
+    let (mut p, c) = open_at::<B>(dir, &clock);
+    let mut c = Flaky {
+        inner: c,
+        down: true,
+    };
+    let a1 = commit(&mut p, &request("a", 0, Reserved, Some(1), 1));
+    let options = RelayOptions {
+        max: Some(RELAY_DELIVERIES_MAX),
+        ..RelayOptions::default()
+    };
+    let end = FixedClock(i64::MAX);
+    assert!(ordo_core::relay(&mut p, &mut c, &options, &end).is_err());
+    let entry = outbox_entry(&mut p, &a1);
+    assert_eq!(entry.attempts, 1, "{entry:?}");
+    assert_eq!(entry.next_attempt_at_ms, i64::MAX, "{entry:?}");
+    c.down = false;
+    let report = ordo_core::relay(&mut p, &mut c, &options, &end).unwrap();
+    assert_eq!(report.deliveries, vec![delivery(&a1, Receipt::Accepted)]);
+}
+
 /// A relay round that the consumer fails transiently (busy) is reported as
 /// the error it is, and every event of that round (each flow's head, not the
 /// events behind them) records the attempt, the error and a next attempt

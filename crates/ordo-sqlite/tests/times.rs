@@ -1,0 +1,123 @@
+//! Every time a store records (received, settled, a repair's, an outbox
+//! row's creation) is read while the store holds the write lock, so that
+//! times follow commit order across processes: a writer that waited for
+//! the lock never stamps an earlier time than the writer it waited for.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use ordo_core::envelope::EventType;
+use ordo_core::ops::SkipRequest;
+use ordo_core::{
+    Clock, ConsumerStore, Envelope, EventId, FlowId, SchemaVersion, Seq, StoreError, Verdict,
+};
+use ordo_sqlite::rusqlite::{Connection, ErrorCode};
+use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
+use serde_json::json;
+
+/// A clock that, each time it is read, tries to take the write lock of one
+/// file through a connection of its own that does not wait: if the store
+/// reading the clock holds the lock, the attempt finds the file busy.
+struct LockProbe {
+    path: PathBuf,
+    reads: Mutex<Vec<bool>>,
+}
+
+impl LockProbe {
+    fn new(path: &Path) -> Arc<LockProbe> {
+        Arc::new(LockProbe {
+            path: path.to_owned(),
+            reads: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Whether each read so far happened under another connection's lock.
+    fn take(&self) -> Vec<bool> {
+        std::mem::take(&mut self.reads.lock().unwrap())
+    }
+}
+
+impl Clock for LockProbe {
+    fn now_ms(&self) -> i64 {
+        let probe = Connection::open(&self.path).unwrap();
+        probe.busy_timeout(std::time::Duration::ZERO).unwrap();
+        let locked = match probe.execute_batch("BEGIN IMMEDIATE; ROLLBACK;") {
+            Ok(()) => false,
+            Err(e) if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) => true,
+            Err(e) => panic!("probe: {e}"),
+        };
+        self.reads.lock().unwrap().push(locked);
+        1_700_000_000_000
+    }
+}
+
+fn event(flow: &str, seq: i64) -> Envelope {
+    Envelope {
+        event_id: EventId::new(format!("{flow}-{seq}")).unwrap(),
+        flow_id: FlowId::new(flow).unwrap(),
+        seq: Seq::new(seq).unwrap(),
+        schema_version: SchemaVersion::V1,
+        event_type: EventType::new("placed").unwrap(),
+        payload: json!({}).as_object().unwrap().clone(),
+    }
+}
+
+fn all_under_lock(reads: Vec<bool>, what: &str) {
+    assert!(!reads.is_empty(), "{what} read no time");
+    assert!(reads.iter().all(|&locked| locked), "{what}: {reads:?}");
+}
+
+#[test]
+fn settle_times_are_read_under_the_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("consumer.db");
+    let schema = Schema::new("app").unwrap();
+    drop(ConsumerDb::open(&path, &schema).unwrap());
+    let clock = LockProbe::new(&path);
+    let mut consumer =
+        ConsumerDb::open_with(&path, &schema, clock.clone(), &OpenOptions::default()).unwrap();
+    clock.take();
+
+    consumer
+        .receive_batch(&[event("f", 1), event("f", 2), event("g", 1)])
+        .unwrap();
+    all_under_lock(clock.take(), "receive");
+
+    let mut apply =
+        |_: &Connection, _: &Envelope| -> Result<Verdict, StoreError> { Ok(Verdict::Apply) };
+    consumer
+        .apply_next_with(&FlowId::new("f").unwrap(), &mut apply)
+        .unwrap();
+    all_under_lock(clock.take(), "apply");
+    consumer
+        .apply_batch_with(&[(FlowId::new("f").unwrap(), None)], 10, &mut apply)
+        .unwrap();
+    all_under_lock(clock.take(), "apply batch");
+
+    let skip = SkipRequest::new(
+        FlowId::new("g").unwrap(),
+        Seq::FIRST,
+        "not needed".into(),
+        "ops".into(),
+    )
+    .unwrap();
+    consumer.skip(&skip).unwrap().unwrap();
+    all_under_lock(clock.take(), "skip");
+}
+
+#[test]
+fn creation_times_are_read_under_the_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("producer.db");
+    let schema = Schema::new("app").unwrap();
+    drop(ProducerDb::open(&path, &schema).unwrap());
+    let clock = LockProbe::new(&path);
+    let mut producer =
+        ProducerDb::open_with(&path, &schema, clock.clone(), &OpenOptions::default()).unwrap();
+    clock.take();
+    let flow = FlowId::new("f").unwrap();
+    producer
+        .write(|tx| tx.append(&flow, "placed", SchemaVersion::V1, &json!({})))
+        .unwrap();
+    all_under_lock(clock.take(), "append");
+}
