@@ -156,6 +156,10 @@ pub struct SoakArgs {
     /// Keep the files in this new directory instead of a temporary one.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
+    /// Also inject I/O errors, full-disk errors and failed syncs into half
+    /// of the workers started, at a random write or sync.
+    #[arg(long)]
+    pub faults: bool,
 }
 
 /// The most rows a list prints unless told otherwise.

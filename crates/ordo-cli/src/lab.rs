@@ -159,6 +159,7 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
         flows: args.flows,
         seed: args.seed,
         dir: args.dir,
+        faults: args.faults,
     };
     let bars = Bars::new("soak [{bar:40}] {pos}/{len} s {msg}");
     let report = soak::run(&options, &bars).map_err(failure)?;

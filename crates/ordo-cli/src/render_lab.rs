@@ -121,6 +121,8 @@ pub fn soak(report: &SoakReport) -> Value {
         "kills": report.kills(),
         "kills_by_role": report.kills_by_role.iter().map(|(r, n)| (r.as_str().to_owned(), json!(n))).collect::<serde_json::Map<_, _>>(),
         "events": report.events,
+        "faults_armed": report.faults_armed,
+        "fault_exits": report.fault_exits,
         "violations": violations,
         "verdict": if violations.is_empty() { "ok" } else { "violated" },
     })
@@ -135,6 +137,10 @@ pub fn soak_text(report: &SoakReport) -> String {
             report.seconds
         ),
         format!("events   {}", report.events),
+        format!(
+            "faults   {} workers armed, {} stopped by a fault and started again",
+            report.faults_armed, report.fault_exits
+        ),
     ];
     let violations = report.violations();
     if violations.is_empty() {

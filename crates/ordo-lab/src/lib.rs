@@ -10,6 +10,7 @@
 pub mod bench;
 pub mod demo;
 pub mod experiment;
+pub mod faults;
 pub mod soak;
 pub mod worker;
 

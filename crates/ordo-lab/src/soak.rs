@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use ordo_core::{Clock, SystemClock};
 use ordo_testkit::check::{check_end_state, EndState, Finished, Snapshot, Violation};
 
-use crate::experiment::child::finish;
+use crate::experiment::child::{finish_within, WATCHDOG};
 use crate::{internal, LabError, Progress};
 
 /// The shortest and longest pause between two kills.
@@ -29,6 +29,11 @@ pub struct SoakOptions {
     pub seed: Option<u64>,
     /// Keep the files in this directory (a temporary one if `None`).
     pub dir: Option<PathBuf>,
+    /// Also give half of the workers started while killing an injected
+    /// fault (an I/O error or a full disk at a random write, a failed sync
+    /// at a random sync): such a worker fails as a real disk would make it
+    /// fail, and is started again.
+    pub faults: bool,
 }
 
 /// What the soak did and found.
@@ -44,6 +49,11 @@ pub struct SoakReport {
     pub kills_by_role: BTreeMap<Role, u64>,
     /// Events committed.
     pub events: usize,
+    /// Workers started with an injected fault armed.
+    pub faults_armed: u64,
+    /// Workers that exited with an error while a fault was armed (the
+    /// fault met, or its consequences): expected, started again.
+    pub fault_exits: u64,
     /// Workers that exited with an error, one line each.
     pub worker_failures: Vec<String>,
     /// The end state's violations.
@@ -92,6 +102,17 @@ impl Role {
 struct Worker {
     role: Role,
     child: Option<Child>,
+    /// Whether the running child has a fault armed.
+    faulted: bool,
+}
+
+/// What the kill loop and the workers' exits added up to.
+#[derive(Default)]
+struct Tally {
+    kills: BTreeMap<Role, u64>,
+    faults_armed: u64,
+    fault_exits: u64,
+    failures: Vec<String>,
 }
 
 struct Soak {
@@ -103,11 +124,36 @@ struct Soak {
     flows: u64,
     /// Producers spread the flows over this window (ms since the epoch).
     spread_ms: (i64, i64),
+    /// The directory of both files, armed by a worker's fault.
+    dir: PathBuf,
+    /// Whether workers started while killing get faults.
+    faults: bool,
 }
 
 impl Soak {
-    fn spawn(&self, role: Role) -> Result<Child, LabError> {
+    /// Starts `worker` again, with a fault armed half of the time when the
+    /// soak injects faults.
+    fn start(
+        &self,
+        worker: &mut Worker,
+        tally: &mut Tally,
+        rng: &mut fastrand::Rng,
+    ) -> Result<(), LabError> {
+        let fault = (self.faults && rng.bool()).then(|| crate::faults::draw(rng, &self.dir));
+        worker.faulted = fault.is_some();
+        tally.faults_armed += u64::from(worker.faulted);
+        worker.child = Some(self.spawn(worker.role, fault.as_deref())?);
+        Ok(())
+    }
+
+    /// Starts a worker, with `fault` (a [`crate::faults::FAULT_ENV`] value)
+    /// armed in its process if given.
+    fn spawn(&self, role: Role, fault: Option<&str>) -> Result<Child, LabError> {
         let mut command = Command::new(&self.exe);
+        match fault {
+            Some(fault) => command.env(crate::faults::FAULT_ENV, fault),
+            None => command.env_remove(crate::faults::FAULT_ENV),
+        };
         command.args(["--json", "worker", role.as_str()]);
         match role {
             Role::Produce => command.arg("--producer").arg(&self.producer).args([
@@ -143,22 +189,41 @@ impl Soak {
     }
 }
 
-/// Collects a finished worker; a non-zero exit is a failure.
-fn collect(child: Child, role: Role, failures: &mut Vec<String>) -> Result<(), LabError> {
-    let run = finish(child, role.as_str()).map_err(LabError::Internal)?;
-    if run.code != 0 {
-        failures.push(format!(
-            "a {} worker exited {}: {}",
-            role.as_str(),
-            run.code,
-            run.stderr.trim()
-        ));
+/// Collects a finished worker. A non-zero exit is a failure, unless the
+/// worker had a fault armed: then it is counted, and the caller starts it
+/// again. Returns whether it exited by a fault.
+fn collect(
+    child: Child,
+    worker: &Worker,
+    tally: &mut Tally,
+    watchdog: Duration,
+) -> Result<bool, LabError> {
+    let role = worker.role;
+    let run = finish_within(child, role.as_str(), watchdog).map_err(LabError::Internal)?;
+    if run.code == 0 {
+        return Ok(false);
     }
-    Ok(())
+    if worker.faulted {
+        tally.fault_exits += 1;
+        return Ok(true);
+    }
+    tally.failures.push(format!(
+        "a {} worker exited {}: {}",
+        role.as_str(),
+        run.code,
+        run.stderr.trim()
+    ));
+    Ok(false)
 }
 
-/// Collects a worker that exited by itself.
-fn reap(worker: &mut Worker, failures: &mut Vec<String>) -> Result<(), LabError> {
+/// Collects a worker that exited by itself, and starts again one that an
+/// injected fault stopped.
+fn reap(
+    soak: &Soak,
+    worker: &mut Worker,
+    tally: &mut Tally,
+    rng: &mut fastrand::Rng,
+) -> Result<(), LabError> {
     let Some(child) = worker.child.as_mut() else {
         return Ok(());
     };
@@ -166,7 +231,10 @@ fn reap(worker: &mut Worker, failures: &mut Vec<String>) -> Result<(), LabError>
         Ok(None) => Ok(()),
         Ok(Some(_)) => {
             let child = worker.child.take().expect("checked above");
-            collect(child, worker.role, failures)
+            if collect(child, worker, tally, WATCHDOG)? {
+                soak.start(worker, tally, rng)?;
+            }
+            Ok(())
         }
         Err(e) => Err(LabError::Internal(format!("cannot wait for a worker: {e}"))),
     }
@@ -209,6 +277,8 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
             // Most of the kill window, so that kills meet producers at work.
             (now_ms, now_ms + (options.seconds as i64 * 1000) * 4 / 5)
         },
+        dir: dir.clone(),
+        faults: options.faults,
     };
     // Create both files before any worker starts.
     ordo_reservation::open_producer(&soak.producer)?;
@@ -222,47 +292,51 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         Role::Apply,
         Role::Apply,
     ];
+    let mut tally = Tally::default();
+    let mut rng = fastrand::Rng::with_seed(seed);
     let mut workers = Vec::new();
     for role in roles {
-        workers.push(Worker {
+        let mut worker = Worker {
             role,
-            child: Some(soak.spawn(role)?),
-        });
+            child: None,
+            faulted: false,
+        };
+        soak.start(&mut worker, &mut tally, &mut rng)?;
+        workers.push(worker);
     }
-    let mut failures = Vec::new();
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let kills = kill_loop(
+    kill_loop(
         &soak,
         &mut workers,
         options.seconds,
         &mut rng,
-        &mut failures,
+        &mut tally,
         progress,
     )?;
-    converge(&soak, &mut workers, &mut failures)?;
+    converge(&soak, &mut workers, &mut tally)?;
     let (events, end_state) = check_files(&soak.producer, &soak.consumer, options.flows)?;
     Ok(SoakReport {
         seconds: options.seconds,
         flows: options.flows,
         seed,
-        kills_by_role: kills,
+        kills_by_role: tally.kills,
         events,
-        worker_failures: failures,
+        faults_armed: tally.faults_armed,
+        fault_exits: tally.fault_exits,
+        worker_failures: tally.failures,
         end_state,
     })
 }
 
 /// Kills a random live worker after each short pause, and starts it again,
-/// for `seconds`; returns the kills by role.
+/// for `seconds`.
 fn kill_loop(
     soak: &Soak,
     workers: &mut [Worker],
     seconds: u64,
     rng: &mut fastrand::Rng,
-    failures: &mut Vec<String>,
+    tally: &mut Tally,
     progress: &dyn Progress,
-) -> Result<BTreeMap<Role, u64>, LabError> {
-    let mut kills: BTreeMap<Role, u64> = BTreeMap::new();
+) -> Result<(), LabError> {
     progress.start("soak", seconds);
     let started = Instant::now();
     let window = Duration::from_secs(seconds);
@@ -271,7 +345,7 @@ fn kill_loop(
             rng.u64(KILL_PAUSE_MS.0..=KILL_PAUSE_MS.1),
         ));
         for worker in workers.iter_mut() {
-            reap(worker, failures)?;
+            reap(soak, worker, tally, rng)?;
         }
         // Producers that finished stay finished; relays and appliers never do.
         let live: Vec<usize> = (0..workers.len())
@@ -284,24 +358,38 @@ fn kill_loop(
         let mut child = victim.child.take().expect("a live worker has a child");
         // Child::kill sends SIGKILL on Unix.
         if child.kill().is_ok() {
-            *kills.entry(victim.role).or_default() += 1;
+            *tally.kills.entry(victim.role).or_default() += 1;
         }
         let _ = child.wait();
-        victim.child = Some(soak.spawn(victim.role)?);
-        let note = format!("{} kills", kills.values().sum::<u64>());
+        soak.start(victim, tally, rng)?;
+        let note = format!("{} kills", tally.kills.values().sum::<u64>());
         progress.set(started.elapsed().as_secs().min(seconds), &note);
     }
     progress.finish();
-    Ok(kills)
+    Ok(())
 }
 
-/// Lets the workers converge without kills: producers finish, then relays,
-/// then appliers, each told by a marker file that the stage before is done.
-fn converge(
-    soak: &Soak,
-    workers: &mut [Worker],
-    failures: &mut Vec<String>,
-) -> Result<(), LabError> {
+/// How long convergence may wait for one worker: the experiment's watchdog,
+/// plus 5 ms for each of the soak's events, since a producer started late
+/// may still have every flow to drive.
+fn converge_watchdog(flows: u64) -> Duration {
+    WATCHDOG + Duration::from_millis(flows.saturating_mul(3 * 5))
+}
+
+/// Lets the workers converge without kills and without faults: workers
+/// with a fault armed are stopped and started again without; then
+/// producers finish, then relays, then appliers, each told by a marker
+/// file that the stage before is done.
+fn converge(soak: &Soak, workers: &mut [Worker], tally: &mut Tally) -> Result<(), LabError> {
+    for worker in workers.iter_mut().filter(|w| w.faulted) {
+        if let Some(mut child) = worker.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            worker.faulted = false;
+            worker.child = Some(soak.spawn(worker.role, None)?);
+        }
+    }
+    let watchdog = converge_watchdog(soak.flows);
     for (role, marker) in [
         (Role::Produce, Some(&soak.produced_marker)),
         (Role::Relay, Some(&soak.relayed_marker)),
@@ -309,7 +397,7 @@ fn converge(
     ] {
         for worker in workers.iter_mut().filter(|w| w.role == role) {
             if let Some(child) = worker.child.take() {
-                collect(child, role, failures)?;
+                collect(child, worker, tally, watchdog)?;
             }
         }
         if let Some(marker) = marker {

@@ -138,6 +138,9 @@ pub enum WorkerReport {
 /// Runs one worker role to its end. The wrong control never returns: its
 /// process exits between its two transactions.
 pub fn run(role: WorkerRole, env: &WorkerEnv) -> Result<WorkerReport, Failure> {
+    // A soak with faults arms one in this process; it stays armed for the
+    // whole run.
+    let _fault = crate::faults::arm_from_env()?;
     match role {
         WorkerRole::Produce {
             producer,

@@ -38,9 +38,9 @@ fn code_of(status: ExitStatus) -> i32 {
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
-/// Waits for a child, killing it when the watchdog expires.
-pub fn wait(child: &mut Child, what: &str) -> Result<ExitStatus, String> {
-    let deadline = Instant::now() + WATCHDOG;
+/// Waits for a child, killing it when `watchdog` expires.
+pub fn wait(child: &mut Child, what: &str, watchdog: Duration) -> Result<ExitStatus, String> {
+    let deadline = Instant::now() + watchdog;
     loop {
         match child.try_wait() {
             Ok(Some(status)) => return Ok(status),
@@ -49,7 +49,7 @@ pub fn wait(child: &mut Child, what: &str) -> Result<ExitStatus, String> {
                 let _ = child.wait();
                 return Err(format!(
                     "watchdog: `{what}` did not finish within {} s",
-                    WATCHDOG.as_secs()
+                    watchdog.as_secs()
                 ));
             }
             Ok(None) => std::thread::sleep(POLL),
@@ -58,13 +58,18 @@ pub fn wait(child: &mut Child, what: &str) -> Result<ExitStatus, String> {
     }
 }
 
-/// Collects a finished child's output.
-pub fn finish(mut child: Child, what: &str) -> Result<Run, String> {
+/// Collects a finished child's output, killing it past [`WATCHDOG`].
+pub fn finish(child: Child, what: &str) -> Result<Run, String> {
+    finish_within(child, what, WATCHDOG)
+}
+
+/// Collects a finished child's output, killing it past `watchdog`.
+pub fn finish_within(mut child: Child, what: &str, watchdog: Duration) -> Result<Run, String> {
     // Read both pipes while waiting, so that a child printing more than a
     // pipe holds is never blocked on its output.
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
-    let status = wait(&mut child, what)?;
+    let status = wait(&mut child, what, watchdog)?;
     let (stdout, stderr) = (stdout.join(), stderr.join());
     let stdout = String::from_utf8_lossy(&stdout);
     let json = if stdout.trim().is_empty() {
