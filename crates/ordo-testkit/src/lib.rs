@@ -47,6 +47,7 @@ use std::sync::Arc;
 
 use ordo_core::{Clock, ConsumerStore, ProducerStore, SystemClock};
 
+pub mod fuzz;
 pub mod suite;
 pub mod support;
 
