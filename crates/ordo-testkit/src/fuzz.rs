@@ -133,8 +133,8 @@ pub fn check_round_trips(envelope: &Envelope) {
 ///
 /// The parse agrees with [`Envelope::parse`] on a stream of one envelope and
 /// names a line inside the input. The first receive never accepts an
-/// envelope whose `event_id` or `(flow_id, seq)` came earlier in the same
-/// stream, and every envelope it accepts reads back from the inbox as it
+/// envelope whose `event_id` or `(flow_id, seq)` it accepted earlier in the
+/// same stream, and every envelope it accepts reads back from the inbox as it
 /// was; the second receive accepts nothing, and finds each envelope the
 /// first accepted a `duplicate`.
 pub fn check_receive_stream(store: &mut impl ConsumerStore, data: &[u8]) {
@@ -163,10 +163,15 @@ pub fn check_receive_stream(store: &mut impl ConsumerStore, data: &[u8]) {
         if *receipt != Receipt::Accepted {
             continue;
         }
-        let earlier = envelopes[..i].iter().find(|e| {
-            e.event_id == envelope.event_id
-                || (e.flow_id == envelope.flow_id && e.seq == envelope.seq)
-        });
+        let earlier = envelopes[..i]
+            .iter()
+            .zip(&first)
+            .filter(|(_, receipt)| **receipt == Receipt::Accepted)
+            .map(|(e, _)| e)
+            .find(|e| {
+                e.event_id == envelope.event_id
+                    || (e.flow_id == envelope.flow_id && e.seq == envelope.seq)
+            });
         assert!(
             earlier.is_none(),
             "envelope {} accepted after {earlier:?} in the same stream",
