@@ -9,7 +9,7 @@ use ordo_reservation::{
 use std::io::Read;
 use std::path::Path;
 
-use ordo_core::envelope::parse_strict_json_stream;
+use ordo_core::envelope::{parse_stream, StreamError};
 use ordo_core::{
     drain, process_all_each, relay_each, relay_event, ConsumerStore, Delivery, Envelope,
     ProducerStore, RelayError, RelayOptions, RelayPolicy, RelayStop, StoreError,
@@ -238,30 +238,27 @@ fn relay_text(deliveries: &render::Bounded<Delivery>, stop: RelayStop) -> String
     lines.join("\n")
 }
 
-/// Reads every envelope from `input`; any malformed one refuses the whole
-/// input, naming its position and line.
+/// Reads every envelope from `input` ([`parse_stream`]); any malformed one
+/// refuses the whole input, naming its position and line.
 pub fn parse_envelopes(input: &[u8]) -> Result<Vec<Envelope>, Failure> {
-    let text = std::str::from_utf8(input).map_err(|e| {
-        Failure::Usage(format!(
-            "stdin is not valid UTF-8 (invalid byte at offset {})",
-            e.valid_up_to()
-        ))
-    })?;
-    let values = parse_strict_json_stream(text).map_err(|(line, e)| {
-        Failure::Usage(format!("stdin line {line}: malformed envelope: {e}"))
-    })?;
-    values
-        .into_iter()
-        .enumerate()
-        .map(|(index, (line, value))| {
-            Envelope::from_value(value).map_err(|e| {
-                Failure::Usage(format!(
-                    "envelope {} (stdin line {line}): malformed envelope: {e}",
-                    index + 1
-                ))
-            })
+    parse_stream(input).map_err(|e| {
+        Failure::Usage(match e {
+            StreamError::NotUtf8 { offset } => {
+                format!("stdin is not valid UTF-8 (invalid byte at offset {offset})")
+            }
+            StreamError::NotJson { line, error } => {
+                format!("stdin line {line}: malformed envelope: {error}")
+            }
+            StreamError::SharedLine { line, index } => format!(
+                "stdin line {line}: malformed envelope: envelope {index} starts on the line where envelope {} ends (one envelope per line)",
+                index - 1
+            ),
+            StreamError::Envelope { index, line, error } => {
+                format!("envelope {index} (stdin line {line}): malformed envelope: {error}")
+            }
+            other => format!("stdin: malformed envelope: {other}"),
         })
-        .collect()
+    })
 }
 
 /// The most input one `receive` takes (one transaction), in bytes.

@@ -536,6 +536,40 @@ fn receive_malformed_line_in_a_batch_stores_nothing() {
     assert_eq!(lab.snapshot()["consumer"]["inbox"], json!([]));
 }
 
+/// Regression: `{..} {..}` on one line was received as two envelopes; a
+/// stream is one object (which may span lines) or one object per line.
+#[test]
+fn two_envelopes_on_one_line_are_malformed() {
+    let lab = Lab::new();
+    let (a, b) = (
+        reservation("A", 1, "reserved", 5),
+        reservation("B", 1, "reserved", 5),
+    );
+    let input = format!("{a}\n{a} {b}\n");
+    let needle =
+        "stdin line 2: malformed envelope: envelope 3 starts on the line where envelope 2 ends";
+    lab.receive_out(input.as_bytes()).usage(needle);
+    lab.assert_no_files();
+
+    lab.init();
+    let before = lab.files();
+    lab.receive_out(format!("{a}{b}").as_bytes())
+        .usage("stdin line 1: malformed envelope: envelope 2 starts");
+    lab.receive_out(input.as_bytes()).usage(needle);
+    lab.files()
+        .assert_unchanged(&before, "two envelopes on one line");
+    assert_eq!(lab.snapshot()["consumer"]["inbox"], json!([]));
+
+    // The same envelopes one per line are received.
+    assert_eq!(
+        lab.receive(&format!("{a}\n{b}\n")),
+        json!({"receipts": [
+            {"event_id": "A-1", "receipt": "accepted"},
+            {"event_id": "B-1", "receipt": "accepted"},
+        ]})
+    );
+}
+
 /// Malformed inputs for `receive`, each with a word its message must contain.
 fn malformed_envelopes() -> Vec<(&'static str, Vec<u8>, &'static str)> {
     let good = |field: &str, raw: &str| -> Vec<u8> {

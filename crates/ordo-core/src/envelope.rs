@@ -15,6 +15,10 @@ use sha2::{Digest, Sha256};
 
 use crate::ids::{EventId, FlowId, RuleViolation, SchemaVersion, Seq};
 
+mod stream;
+
+pub use stream::{parse_stream, StreamError};
+
 /// The longest event type, in bytes.
 pub const EVENT_TYPE_LEN_MAX: usize = 100;
 
@@ -146,37 +150,6 @@ pub fn parse_strict_json(text: &str) -> Result<Value, MalformedEnvelope> {
             message: e.to_string(),
         })?;
     Ok(value)
-}
-
-/// Parses a sequence of whitespace-separated JSON values (one object, possibly
-/// over several lines, or one object per line), each strictly as
-/// [`parse_strict_json`]. Returns each value with the 1-based line it starts on.
-pub fn parse_strict_json_stream(
-    text: &str,
-) -> Result<Vec<(usize, Value)>, (usize, MalformedEnvelope)> {
-    let mut values = Vec::new();
-    let mut stream = serde_json::Deserializer::from_str(text).into_iter::<StrictValue>();
-    // Lines are counted from where the previous value ended, so the whole
-    // input is scanned once.
-    let (mut counted_to, mut line) = (0, 1);
-    loop {
-        let start = stream.byte_offset();
-        let start = start + text[start..].len() - text[start..].trim_start().len();
-        line += text[counted_to..start].matches('\n').count();
-        counted_to = start;
-        match stream.next() {
-            None => return Ok(values),
-            Some(Ok(value)) => values.push((line, value.0)),
-            Some(Err(e)) => {
-                return Err((
-                    line,
-                    MalformedEnvelope::NotJson {
-                        message: e.to_string(),
-                    },
-                ))
-            }
-        }
-    }
 }
 
 /// A JSON value whose objects never repeat a key.
@@ -789,19 +762,6 @@ mod tests {
         let c = Envelope::parse_str(&GOOD.replace("5}", "6}")).unwrap();
         assert_ne!(a.body_hash(), c.body_hash());
     }
-
-    #[test]
-    fn stream_reads_one_object_over_lines_or_one_per_line() {
-        let multi = "{\n \"a\": 1\n}\n";
-        assert_eq!(parse_strict_json_stream(multi).unwrap().len(), 1);
-        let lines = "{\"a\":1}\n\n{\"b\":2}\n";
-        let values = parse_strict_json_stream(lines).unwrap();
-        assert_eq!(values.iter().map(|v| v.0).collect::<Vec<_>>(), vec![1, 3]);
-        let (line, _) = parse_strict_json_stream("{\"a\":1}\n{\"a\":1,\"a\":2}\n").unwrap_err();
-        assert_eq!(line, 2);
-        assert!(parse_strict_json_stream("  \n").unwrap().is_empty());
-    }
-
     #[test]
     fn payload_decodes_into_the_applications_type_or_says_why_not() {
         #[derive(Debug, PartialEq, serde::Deserialize)]

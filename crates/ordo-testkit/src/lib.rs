@@ -53,6 +53,7 @@ use ordo_core::{Clock, ProducerStore, SystemClock};
 use ordo_reservation::{ReservationConsumer, ReservationProducer};
 
 pub mod check;
+pub mod fuzz;
 pub mod suite;
 pub mod support;
 
