@@ -1,4 +1,4 @@
-//! The command-line contract of `../shared/CLI.md`, as clap types. Every
+//! The command-line contract of `docs/CLI.md`, as clap types. Every
 //! value is validated here, before any database is opened.
 
 #[allow(unused_imports)]

@@ -96,22 +96,30 @@ fn init(json_mode: bool, args: InitArgs) -> Result<(), Failure> {
     let mut value = serde_json::Map::new();
     let mut lines = Vec::new();
     if let Some(path) = &args.sides.producer {
-        if args.adopt {
-            ProducerDb::open_with(path, &producer_schema, clock(), &options)?;
+        let store = if args.adopt {
+            ProducerDb::open_with(path, &producer_schema, clock(), &options)?
         } else {
-            ProducerDb::open_or_create(path, &producer_schema, clock(), &options)?;
-        }
+            ProducerDb::open_or_create(path, &producer_schema, clock(), &options)?
+        };
         value.insert("producer".into(), path.display().to_string().into());
-        lines.push(format!("producer {} (domain {domain})", path.display()));
+        lines.push(format!(
+            "producer {} (domain {})",
+            path.display(),
+            store.domain()
+        ));
     }
     if let Some(path) = &args.sides.consumer {
-        if args.adopt {
-            ConsumerDb::open_with(path, &consumer_schema, clock(), &options)?;
+        let store = if args.adopt {
+            ConsumerDb::open_with(path, &consumer_schema, clock(), &options)?
         } else {
-            ConsumerDb::open_or_create(path, &consumer_schema, clock(), &options)?;
-        }
+            ConsumerDb::open_or_create(path, &consumer_schema, clock(), &options)?
+        };
         value.insert("consumer".into(), path.display().to_string().into());
-        lines.push(format!("consumer {} (domain {domain})", path.display()));
+        lines.push(format!(
+            "consumer {} (domain {})",
+            path.display(),
+            store.domain()
+        ));
     }
     emit(json_mode, &Value::Object(value), || {
         format!("initialised {}", lines.join(" and "))

@@ -12,15 +12,21 @@ use serde_json::Value;
 use crate::args::{Files, Sides};
 use crate::Failure;
 
-/// Prints a result: the JSON document with `--json`, else the text.
+/// Prints a result: the JSON document with `--json`, else the text. A
+/// reader that closed the pipe early (`ordo snapshot | head`) ends the
+/// output quietly; the command's work is done either way.
 pub fn emit(json_mode: bool, value: &Value, text: impl FnOnce() -> String) {
-    if json_mode {
-        println!("{value}");
-    } else {
-        let text = text();
-        if !text.is_empty() {
-            println!("{text}");
-        }
+    use std::io::Write;
+    let text = if json_mode { value.to_string() } else { text() };
+    if text.is_empty() {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        // Anything else is as `println!` would make it.
+        Err(e) => panic!("failed printing to stdout: {e}"),
+        Ok(()) => {}
     }
 }
 

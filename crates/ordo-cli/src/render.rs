@@ -99,7 +99,7 @@ pub fn inbox(record: &InboxRecord) -> Value {
     )
 }
 
-/// The most entries a list of the output holds (CLI.md "Bounded output").
+/// The most entries a list of the output holds (docs/CLI.md "Bounded output").
 pub const LISTED_MAX: usize = 10_000;
 
 /// The first [`LISTED_MAX`] items of a stream, and how many there were.

@@ -1,4 +1,4 @@
-//! CLI.md "Bounded output": `relay` without `--max` and `apply` without
+//! docs/CLI.md "Bounded output": `relay` without `--max` and `apply` without
 //! `--flow` list at most 10,000 entries, count them all, and say when the
 //! list was cut.
 

@@ -1,5 +1,5 @@
 //! Process-level tests of the `ordo` command-line contract
-//! (`../shared/CLI.md`): the real binary, real SQLite files, exit statuses,
+//! (`docs/CLI.md`): the real binary, real SQLite files, exit statuses,
 //! stdout JSON and stderr.
 
 mod common;

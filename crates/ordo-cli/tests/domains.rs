@@ -1,4 +1,4 @@
-//! Stores of other domains (CLI.md "Additions of the second release"):
+//! Stores of other domains (docs/CLI.md "Additions of the second release"):
 //! `init --domain`, one side at a time, the reservation-only commands'
 //! refusal, and the commands that work on any domain.
 

@@ -1,5 +1,5 @@
 //! The experiment run by the real binary: all 22 scenarios pass, each crash
-//! point leaves the state of PROTOCOL.md section 9, and a wrong expectation
+//! point leaves the state of docs/PROTOCOL.md section 9, and a wrong expectation
 //! makes `--check` fail with the field named.
 
 mod common;

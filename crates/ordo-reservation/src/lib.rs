@@ -1,6 +1,6 @@
 //! # ordo-reservation
 //!
-//! The reference domain of the protocol (`PROTOCOL.md` section 2), built on
+//! The reference domain of the protocol (`docs/PROTOCOL.md` section 2), built on
 //! ordo's public API only, the way any application builds its own: a flow
 //! `new -> reserved -> confirmed -> released` carrying one fixed quantity,
 //! its producer table (`flow`) and `advance`, and its consumer tables

@@ -582,7 +582,7 @@ fn inspect(
                 ErrorKind::Incompatible,
                 format!(
                     "{display} is a SQLite database that ordo did not create; refusing to use it \
-                     (adopting it must be asked for)"
+                     (to install ordo's tables beside its own, adopt it: `ordo init --adopt`, or `OpenOptions::adopt`)"
                 ),
             )),
         };

@@ -2,7 +2,7 @@
 //!
 //! Random histories of operations over three flows run both against the real
 //! stores (`producer.db` and `consumer.db` in a temporary directory) and
-//! against a small in-memory reference model written here from PROTOCOL.md
+//! against a small in-memory reference model written here from docs/PROTOCOL.md
 //! (sections 2 to 8) and the store traits' documentation, without calling
 //! any of ordo-core's decision functions. After every operation the outcome
 //! and everything the stores' traits show (flows, outbox with its delivery
@@ -1966,7 +1966,7 @@ proptest! {
 }
 
 /// A fixed history through every kind of operation, with its outcomes worked
-/// out by hand from PROTOCOL.md, so that the model itself is checked and the
+/// out by hand from docs/PROTOCOL.md, so that the model itself is checked and the
 /// test does not depend on the generator reaching these states: a forged
 /// conflict starving the first-pending relay but not the fair one,
 /// duplicated, reordered and respelled delivery, a gap, schema 2 blocked then applied,

@@ -1,6 +1,6 @@
 //! # ordo-testkit
 //!
-//! The backend conformance suite: the rules of `PROTOCOL.md` (sections 2 to
+//! The backend conformance suite: the rules of `docs/PROTOCOL.md` (sections 2 to
 //! 8), each written once as a function over the store traits of `ordo-core`,
 //! and a macro that expands the whole suite into one `#[test]` per rule for a
 //! backend.

@@ -1,4 +1,4 @@
-//! Scenarios beyond the seed (PROTOCOL.md section 8), reported apart from
+//! Scenarios beyond the seed (docs/PROTOCOL.md section 8), reported apart from
 //! the seed's 22: fair relay, backoff, quarantine, audited repair, retention
 //! and alerting. Times come from a fixed clock (`ORDO_NOW_MS`), so ages and
 //! backoff are exact without sleeping.

@@ -1,4 +1,4 @@
-//! PROTOCOL.md section 6: `apply_next`, blocking, `drain` and `process_all`.
+//! docs/PROTOCOL.md section 6: `apply_next`, blocking, `drain` and `process_all`.
 
 #[allow(unused_imports)]
 use ordo_reservation::{

@@ -1,4 +1,4 @@
-//! PROTOCOL.md section 8 on the producer side: the fair relay, delivery
+//! docs/PROTOCOL.md section 8 on the producer side: the fair relay, delivery
 //! bookkeeping (receipts, transient failures with backoff, quarantine and
 //! its retry), the producer's status signals and outbox retention.
 //!

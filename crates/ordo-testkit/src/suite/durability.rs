@@ -1,4 +1,4 @@
-//! PROTOCOL.md section 7 and the recovery half of section 9: opening again
+//! docs/PROTOCOL.md section 7 and the recovery half of section 9: opening again
 //! (a fresh process) keeps every committed fact and never resets anything;
 //! apply stays exactly-once across reopens.
 

@@ -1,4 +1,4 @@
-//! PROTOCOL.md section 8 on the consumer side: blocked rows and their
+//! docs/PROTOCOL.md section 8 on the consumer side: blocked rows and their
 //! re-evaluation, the explicit, audited skip, the consumer's status signals,
 //! and inbox retention that still recognises every late redelivery.
 //!

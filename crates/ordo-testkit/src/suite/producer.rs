@@ -1,4 +1,4 @@
-//! PROTOCOL.md sections 2 and 4: `advance` on the producer.
+//! docs/PROTOCOL.md sections 2 and 4: `advance` on the producer.
 
 #[allow(unused_imports)]
 use ordo_reservation::{

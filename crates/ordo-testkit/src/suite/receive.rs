@@ -1,4 +1,4 @@
-//! PROTOCOL.md sections 3 and 6: `receive` stores durably and answers
+//! docs/PROTOCOL.md sections 3 and 6: `receive` stores durably and answers
 //! `accepted`, `duplicate` or `conflict`, by canonical body.
 
 #[allow(unused_imports)]

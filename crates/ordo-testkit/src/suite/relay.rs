@@ -1,4 +1,4 @@
-//! PROTOCOL.md section 5: the relay moves custody only on `accepted` or
+//! docs/PROTOCOL.md section 5: the relay moves custody only on `accepted` or
 //! `duplicate`, and the seed's `first-pending` policy can starve.
 
 #[allow(unused_imports)]
