@@ -1335,9 +1335,13 @@ fn append_round_robin(producer: &mut ProducerDb, flows: usize, per_flow: i64) {
 }
 
 fn start_runner(dir: &Path) -> Runner {
+    start_runner_with(dir, RunnerOptions::default())
+}
+
+fn start_runner_with(dir: &Path, options: RunnerOptions) -> Runner {
     let producer_path = dir.join("producer.db");
     let consumer_path = dir.join("consumer.db");
-    let mut runner = Runner::new(RunnerOptions::default());
+    let mut runner = Runner::new(options);
     runner
         .spawn_relay(
             ProducerDb::open(&producer_path, &orders_schema()).unwrap(),
@@ -1425,6 +1429,29 @@ fn the_runner_applies_every_append_exactly_once_and_reports_it() {
         .iter()
         .all(|r| r.status == InboxStatus::Applied));
     assert!(producer.outbox().unwrap().iter().all(|r| r.accepted));
+}
+
+/// With a poll interval far longer than the test's deadline, only the
+/// in-process wake-ups can move the events: an append wakes the relay, the
+/// receive wakes the apply loop, and a stop wakes both.
+#[test]
+fn the_runner_wakes_on_an_append_of_the_same_process_without_polling() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut producer = ProducerDb::open(dir.path().join("producer.db"), &orders_schema()).unwrap();
+    let consumer = ledger_consumer(dir.path());
+    let hour_ms = 3_600_000;
+    let options = RunnerOptions {
+        poll_ms_min: hour_ms,
+        poll_ms_max: hour_ms,
+        ..RunnerOptions::default()
+    };
+    let runner = start_runner_with(dir.path(), options);
+    // Both loops find nothing, and wait for an hour or a wake-up.
+    std::thread::sleep(Duration::from_millis(200));
+    append_round_robin(&mut producer, 2, 5);
+    let runner = wait_for_ledger(&consumer, runner, 10);
+    let report = runner.stop().unwrap();
+    assert_eq!(report.apply.applied, 10);
 }
 
 #[test]
