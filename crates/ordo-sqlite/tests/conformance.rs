@@ -5,7 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ordo_core::Clock;
-use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
+use ordo_core::{ApplyHandler, BlockCode, Envelope, StoreError, Verdict};
+use ordo_sqlite::rusqlite::Connection;
+use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
+use ordo_testkit::suite::generic;
 
 /// The embedded default backend: two SQLite files.
 struct Sqlite;
@@ -13,6 +16,29 @@ struct Sqlite;
 impl ordo_testkit::Backend for Sqlite {
     type Producer = ProducerDb;
     type Consumer = ConsumerDb;
+    type TestHandler = TestDomain;
+
+    fn open_test_domain(dir: &Path) -> ConsumerDb {
+        let schema = Schema::new("testkit")
+            .expect("a domain name")
+            .migration("CREATE TABLE handled (flow_id TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (flow_id, seq))");
+        ConsumerDb::open(dir.join("test-domain.db"), &schema).expect("open test-domain.db")
+    }
+
+    fn test_handler(reevaluate: Vec<BlockCode>) -> TestDomain {
+        TestDomain { reevaluate }
+    }
+
+    fn handled(consumer: &mut ConsumerDb) -> Vec<(String, i64)> {
+        let mut stmt = consumer
+            .connection()
+            .prepare("SELECT flow_id, seq FROM handled ORDER BY flow_id, seq")
+            .expect("read handled");
+        stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .expect("read handled")
+            .collect::<Result<_, _>>()
+            .expect("read handled")
+    }
 
     fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> (ProducerDb, ConsumerDb) {
         let options = OpenOptions::default();
@@ -31,6 +57,43 @@ impl ordo_testkit::Backend for Sqlite {
         )
         .expect("open consumer.db");
         (producer, consumer)
+    }
+}
+
+/// The generic suite's test domain on SQLite: its table, and its handler
+/// as the suite's contract says.
+pub struct TestDomain {
+    reevaluate: Vec<BlockCode>,
+}
+
+impl ApplyHandler<Connection> for TestDomain {
+    fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+        let record = |tx: &Connection| -> Result<(), StoreError> {
+            tx.execute(
+                "INSERT INTO handled (flow_id, seq) VALUES (?1, ?2)",
+                ordo_sqlite::rusqlite::params![event.flow_id.as_str(), event.seq.get()],
+            )?;
+            Ok(())
+        };
+        match event.event_type.as_str() {
+            "record" => record(tx).map(|()| Verdict::Apply),
+            "refuse" => {
+                record(tx)?;
+                Ok(Verdict::block_with(
+                    generic::REFUSED,
+                    generic::REFUSED_DETAIL,
+                ))
+            }
+            "later" if self.reevaluate.contains(&generic::NOT_YET) => {
+                record(tx).map(|()| Verdict::Apply)
+            }
+            "later" => Ok(Verdict::block(generic::NOT_YET)),
+            _ => Ok(Verdict::block(BlockCode::from_static("unknown_type"))),
+        }
+    }
+
+    fn reevaluate(&self) -> &[BlockCode] {
+        &self.reevaluate
     }
 }
 

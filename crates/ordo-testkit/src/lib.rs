@@ -13,8 +13,10 @@
 //! use std::path::Path;
 //! use std::sync::Arc;
 //!
-//! use ordo_core::Clock;
-//! use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
+//! use ordo_core::{ApplyHandler, BlockCode, Clock, Envelope, StoreError, Verdict};
+//! use ordo_sqlite::rusqlite::Connection;
+//! use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
+//! use ordo_testkit::suite::generic;
 //!
 //! struct Sqlite;
 //!
@@ -34,6 +36,63 @@
 //!                 .expect("open consumer.db");
 //!         (producer, consumer)
 //!     }
+//!
+//!     // The generic suite's test domain (its contract: `suite::generic`).
+//!     type TestHandler = TestDomain;
+//!
+//!     fn open_test_domain(dir: &Path) -> ConsumerDb {
+//!         let schema = Schema::new("testkit")
+//!             .expect("a domain name")
+//!             .migration("CREATE TABLE handled (flow_id TEXT, seq INTEGER, PRIMARY KEY (flow_id, seq))");
+//!         ConsumerDb::open(dir.join("test-domain.db"), &schema).expect("open test-domain.db")
+//!     }
+//!
+//!     fn test_handler(reevaluate: Vec<BlockCode>) -> TestDomain {
+//!         TestDomain { reevaluate }
+//!     }
+//!
+//!     fn handled(consumer: &mut ConsumerDb) -> Vec<(String, i64)> {
+//!         let mut stmt = consumer
+//!             .connection()
+//!             .prepare("SELECT flow_id, seq FROM handled ORDER BY flow_id, seq")
+//!             .expect("read");
+//!         stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+//!             .expect("read")
+//!             .collect::<Result<_, _>>()
+//!             .expect("read")
+//!     }
+//! }
+//!
+//! struct TestDomain {
+//!     reevaluate: Vec<BlockCode>,
+//! }
+//!
+//! impl ApplyHandler<Connection> for TestDomain {
+//!     fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+//!         let record = || -> Result<(), StoreError> {
+//!             tx.execute(
+//!                 "INSERT INTO handled VALUES (?1, ?2)",
+//!                 (event.flow_id.as_str(), event.seq.get()),
+//!             )?;
+//!             Ok(())
+//!         };
+//!         Ok(match event.event_type.as_str() {
+//!             "record" => record().map(|()| Verdict::Apply)?,
+//!             "refuse" => {
+//!                 record()?;
+//!                 Verdict::block_with(generic::REFUSED, generic::REFUSED_DETAIL)
+//!             }
+//!             "later" if self.reevaluate.contains(&generic::NOT_YET) => {
+//!                 record().map(|()| Verdict::Apply)?
+//!             }
+//!             "later" => Verdict::block(generic::NOT_YET),
+//!             _ => Verdict::block(BlockCode::from_static("unknown_type")),
+//!         })
+//!     }
+//!
+//!     fn reevaluate(&self) -> &[BlockCode] {
+//!         &self.reevaluate
+//!     }
 //! }
 //!
 //! ordo_testkit::conformance_suite!(Sqlite);
@@ -49,7 +108,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use ordo_core::{Clock, ProducerStore, SystemClock};
+use ordo_core::{ApplyHandler, BlockCode, Clock, ConsumerStore, ProducerStore, SystemClock};
 use ordo_reservation::{ReservationConsumer, ReservationProducer};
 
 pub mod check;
@@ -81,6 +140,22 @@ pub trait Backend {
     fn open(dir: &Path) -> (Self::Producer, Self::Consumer) {
         Self::open_with_clock(dir, Arc::new(SystemClock))
     }
+
+    /// The generic suite's handler (see [`suite::generic`](crate::suite::generic)
+    /// for its contract), evaluating again the rows blocked with
+    /// `reevaluate`.
+    type TestHandler: ApplyHandler<<Self::Consumer as ConsumerStore>::Tx>;
+
+    /// A consumer store of the generic suite's test domain in `dir`, with
+    /// the test handler's own table.
+    fn open_test_domain(dir: &Path) -> Self::Consumer;
+
+    /// The test handler for these codes to evaluate again.
+    fn test_handler(reevaluate: Vec<BlockCode>) -> Self::TestHandler;
+
+    /// What the test handler recorded, as `(flow_id, seq)` ordered by flow
+    /// then seq.
+    fn handled(consumer: &mut Self::Consumer) -> Vec<(String, i64)>;
 }
 
 #[doc(hidden)]
@@ -110,6 +185,18 @@ pub mod __private {
 /// #         let c = ordo_sqlite::ConsumerDb::open_with(dir.join("c.db"), &cs, clock, &options);
 /// #         (p.expect("producer"), c.expect("consumer"))
 /// #     }
+/// #     type TestHandler = fn(&ordo_sqlite::rusqlite::Connection, &ordo_core::Envelope)
+/// #         -> Result<ordo_core::Verdict, ordo_core::StoreError>;
+/// #     fn open_test_domain(dir: &Path) -> Self::Consumer {
+/// #         let schema = ordo_sqlite::Schema::new("testkit").expect("a domain");
+/// #         ordo_sqlite::ConsumerDb::open(dir.join("t.db"), &schema).expect("consumer")
+/// #     }
+/// #     fn test_handler(_: Vec<ordo_core::BlockCode>) -> Self::TestHandler {
+/// #         |_, _| Ok(ordo_core::Verdict::Apply)
+/// #     }
+/// #     fn handled(_: &mut Self::Consumer) -> Vec<(String, i64)> {
+/// #         Vec::new()
+/// #     }
 /// # }
 /// ordo_testkit::conformance_suite!(MyBackend);
 /// # fn main() {}
@@ -129,6 +216,10 @@ macro_rules! conformance_suite {
     };
     ($backend:ty $(,)?) => {
         $crate::conformance_suite!(@expand $backend;
+            // any handler
+            generic_handler_writes_commit_with_the_mark_and_a_block_undoes_them
+            generic_reevaluation_is_the_handlers_choice
+            generic_a_block_in_a_batch_undoes_only_its_own_writes
             // producer
             advance_happy_path
             advance_schema_2_payload
@@ -200,10 +291,11 @@ macro_rules! conformance_suite {
 #[cfg(test)]
 mod tests {
     /// The suite's source files, by module name.
-    const SOURCES: [(&str, &str); 8] = [
+    const SOURCES: [(&str, &str); 9] = [
         ("apply", include_str!("suite/apply.rs")),
         ("delivery", include_str!("suite/delivery.rs")),
         ("durability", include_str!("suite/durability.rs")),
+        ("generic", include_str!("suite/generic.rs")),
         ("operations", include_str!("suite/operations.rs")),
         ("producer", include_str!("suite/producer.rs")),
         ("props", include_str!("suite/props.rs")),
@@ -216,7 +308,11 @@ mod tests {
     fn every_suite_module_is_checked() {
         let mut declared: Vec<&str> = include_str!("suite/mod.rs")
             .lines()
-            .filter_map(|l| l.trim().strip_prefix("mod "))
+            .filter_map(|l| {
+                let l = l.trim();
+                l.strip_prefix("mod ")
+                    .or_else(|| l.strip_prefix("pub mod "))
+            })
             .filter_map(|l| l.strip_suffix(';'))
             .collect();
         declared.sort_unstable();

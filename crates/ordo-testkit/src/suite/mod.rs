@@ -9,6 +9,7 @@
 mod apply;
 mod delivery;
 mod durability;
+pub mod generic;
 mod operations;
 mod producer;
 mod props;
@@ -18,6 +19,7 @@ mod relay;
 pub use apply::*;
 pub use delivery::*;
 pub use durability::*;
+pub use generic::*;
 pub use operations::*;
 pub use producer::*;
 pub use props::*;
