@@ -209,3 +209,41 @@ fn init_adopt_installs_ordo_beside_the_applications_tables() {
     let status = lab.run(&["status", "--producer", &lab.p, "--json"]).json();
     assert_eq!(status["producer"]["backlog"], 0);
 }
+
+#[test]
+fn inbox_list_shows_an_applications_own_block_code_and_detail() {
+    use ordo_core::{BlockCode, ConsumerStore, Envelope, StoreError, Verdict};
+    use ordo_sqlite::rusqlite::Connection;
+
+    let lab = orders_lab();
+    let envelope = r#"{"event_id":"o-1","flow_id":"o","seq":1,"schema_version":1,"type":"order_refunded","payload":{}}"#;
+    lab.receive(envelope);
+    let mut consumer =
+        ordo_sqlite::ConsumerDb::open(&lab.c, &ordo_sqlite::Schema::new("orders").unwrap())
+            .unwrap();
+    const UNKNOWN: BlockCode = BlockCode::from_static("unknown_event_type");
+    let mut handler = |_: &Connection, event: &Envelope| -> Result<Verdict, StoreError> {
+        Ok(Verdict::block_with(
+            UNKNOWN,
+            format!("no handler for {}", event.event_type),
+        ))
+    };
+    consumer
+        .apply_next_with(&ordo_core::FlowId::new("o").unwrap(), &mut handler)
+        .unwrap();
+    drop(consumer);
+
+    let listed = lab
+        .run(&["inbox", "list", "--consumer", &lab.c, "--blocked", "--json"])
+        .json();
+    let row = &listed["inbox"][0];
+    assert_eq!(row["event_id"], "o-1");
+    assert_eq!(row["status"], "blocked");
+    assert_eq!(row["reason"], "unknown_event_type");
+    assert_eq!(row["detail"], "no handler for order_refunded");
+    let status = lab.run(&["status", "--consumer", &lab.c, "--json"]).json();
+    assert_eq!(
+        status["consumer"]["blocked"]["by_reason"]["unknown_event_type"],
+        1
+    );
+}

@@ -108,8 +108,8 @@ impl fmt::Display for BlockReason {
 /// The outcome of one `apply_next` on a flow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    /// The event at `seq` was applied: projection, effect and inbox mark were
-    /// committed together.
+    /// The event at `seq` was applied: the handler's writes and the inbox
+    /// mark were committed together.
     Applied {
         /// The applied seq.
         seq: Seq,

@@ -140,7 +140,8 @@ pub fn run(options: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport,
     let relay_time = started.elapsed();
 
     let started = Instant::now();
-    progress.start("apply", options.flows);
+    // The bar counts events, as the summary does.
+    progress.start("apply", events);
     let (applied, blocked) = apply_all(&mut consumer, progress)?;
     // Nothing may remain: a second pass must find no work.
     let leftover = process_all(
@@ -248,6 +249,7 @@ fn relay_all(
 fn apply_all(consumer: &mut ConsumerDb, progress: &dyn Progress) -> Result<(u64, u64), Failure> {
     let (mut applied, mut blocked) = (0u64, 0u64);
     for chunk in consumer.flows_with_work(&[])?.chunks(64) {
+        let before = applied;
         for flow_id in chunk {
             let drain = ordo_core::drain(
                 consumer,
@@ -261,7 +263,7 @@ fn apply_all(consumer: &mut ConsumerDb, progress: &dyn Progress) -> Result<(u64,
                 blocked += 1;
             }
         }
-        progress.inc(chunk.len() as u64);
+        progress.inc(applied - before);
     }
     Ok((applied, blocked))
 }

@@ -105,9 +105,9 @@ impl Default for OpenOptions {
 /// Which side a database file belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
-    /// `producer.db`: flows and outbox.
+    /// The producer store: the outbox beside the application's tables.
     Producer,
-    /// `consumer.db`: inbox, projection, effects.
+    /// The consumer store: the inbox beside the application's tables.
     Consumer,
 }
 

@@ -53,8 +53,8 @@ where
 
 /// Drains the given flows, in order, each up to its own limit, in ONE
 /// transaction applying at most `events_max` events in all. Each event's
-/// projection change, effect and inbox mark commit together with the rest
-/// of the batch, still strictly in order per flow. Returns one drain per
+/// handler writes and inbox mark commit together with the rest of the
+/// batch, still strictly in order per flow. Returns one drain per
 /// visited flow; when `events_max` runs out, the flow in progress stops
 /// with `limit` and the flows after it are not visited.
 ///
