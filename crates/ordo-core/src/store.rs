@@ -55,6 +55,10 @@ pub trait ProducerStore {
     /// its reason (never accepted). Each event's attempts and last outcome
     /// are updated.
     ///
+    /// The acceptance time recorded is the later of `now_ms` and the store's
+    /// clock read under the write lock, so acceptances are stamped in
+    /// commit order across relays.
+    ///
     /// This is delivery bookkeeping, a hint: the consumer's durable receive
     /// is what counts. A store may commit it without waiting for the disk,
     /// provided a lost commit is lost whole and every later durable commit

@@ -626,7 +626,7 @@ impl ProducerStore for ProducerDb {
                              accepted_at_ms = coalesce(accepted_at_ms, ?2),
                              attempts = attempts + 1, last_outcome = ?3, last_error = NULL
                          WHERE position = ?1",
-                        params![position, now_ms, receipt.as_str()],
+                        params![position, ptx.now_ms.max(now_ms), receipt.as_str()],
                     )
                 }
                 .map_err(err)?;

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use ordo_core::envelope::EventType;
 use ordo_core::ops::SkipRequest;
 use ordo_core::{
-    Clock, ConsumerStore, Envelope, EventId, FlowId, SchemaVersion, Seq, StoreError, Verdict,
+    Clock, ConsumerStore, Envelope, EventId, FlowId, ProducerStore, Receipt, SchemaVersion, Seq,
+    StoreError, Verdict,
 };
 use ordo_sqlite::rusqlite::{Connection, ErrorCode};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
@@ -116,8 +117,15 @@ fn creation_times_are_read_under_the_write_lock() {
         ProducerDb::open_with(&path, &schema, clock.clone(), &OpenOptions::default()).unwrap();
     clock.take();
     let flow = FlowId::new("f").unwrap();
-    producer
+    let event = producer
         .write(|tx| tx.append(&flow, "placed", SchemaVersion::V1, &json!({})))
         .unwrap();
     all_under_lock(clock.take(), "append");
+    // The relay's own time is older than the lock: the store's is recorded.
+    producer
+        .record_receipts(&[(event.event_id.clone(), Receipt::Accepted)], 0)
+        .unwrap();
+    all_under_lock(clock.take(), "record receipts");
+    let entry = &producer.outbox_entries(false, 10).unwrap()[0];
+    assert_eq!(entry.accepted_at_ms, Some(1_700_000_000_000));
 }
