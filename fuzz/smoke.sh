@@ -38,8 +38,14 @@ failed=()
 for target in "${targets[@]}"; do
     echo "== fuzz $target for ${seconds}s"
     mkdir -p "$work/corpus/$target"
-    if ! TMPDIR="$work/tmp" cargo fuzz run "$target" "$work/corpus/$target" "corpus/$target" -- \
-        -max_total_time="$seconds" -timeout=10 -print_final_stats=1; then
+    # libFuzzer reports every new input; keep its log, print its summary,
+    # and the whole log when the target fails.
+    log="$work/$target.log"
+    if TMPDIR="$work/tmp" cargo fuzz run "$target" "$work/corpus/$target" "corpus/$target" -- \
+        -max_total_time="$seconds" -timeout=10 -print_final_stats=1 >"$log" 2>&1; then
+        grep -E '^(Done|stat::number_of_executed_units|stat::average_exec_per_sec)' "$log" || true
+    else
+        cat "$log"
         failed+=("$target")
     fi
 done
