@@ -1454,6 +1454,31 @@ fn the_runner_wakes_on_an_append_of_the_same_process_without_polling() {
     assert_eq!(report.apply.applied, 10);
 }
 
+/// The loops hold at most one round at a time: a backlog of 400 events on
+/// 200 flows, with rounds of 8 events and apply transactions of 8, is
+/// handed over in at least 50 relay rounds, never at once.
+#[test]
+fn the_runner_works_a_backlog_in_bounded_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut producer = ProducerDb::open(dir.path().join("producer.db"), &orders_schema()).unwrap();
+    let consumer = ledger_consumer(dir.path());
+    append_round_robin(&mut producer, 200, 2);
+    let options = RunnerOptions {
+        relay: ordo_core::RelayOptions {
+            batch_len_max: 8,
+            ..ordo_core::RelayOptions::default()
+        },
+        apply_batch_len_max: 8,
+        ..RunnerOptions::default()
+    };
+    let runner = start_runner_with(dir.path(), options);
+    let runner = wait_for_ledger(&consumer, runner, 400);
+    let report = runner.stop().unwrap();
+    assert_eq!(report.relay.accepted, 400);
+    assert!(report.relay.rounds >= 400 / 8, "{report:?}");
+    assert_eq!(report.apply.applied, 400);
+}
+
 #[test]
 fn a_runner_stopped_during_appends_and_started_again_loses_and_doubles_nothing() {
     const FLOWS: usize = 3;
