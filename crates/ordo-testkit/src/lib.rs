@@ -141,7 +141,7 @@ pub trait Backend {
         Self::open_with_clock(dir, Arc::new(SystemClock))
     }
 
-    /// The generic suite's handler (see [`suite::generic`](crate::suite::generic)
+    /// The generic suite's handler (see [`suite::generic`]
     /// for its contract), evaluating again the rows blocked with
     /// `reevaluate`.
     type TestHandler: ApplyHandler<<Self::Consumer as ConsumerStore>::Tx>;
