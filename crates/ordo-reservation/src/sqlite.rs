@@ -339,90 +339,84 @@ fn flow_record(
     })
 }
 
-/// Every flow of a reservation producer store, ordered by flow id (none for
-/// a store of another domain, which has no `flow` table).
-pub(crate) fn read_flows(conn: &Connection) -> Result<Vec<FlowRecord>, StoreError> {
-    if !has_table(conn, "flow")? {
-        return Ok(Vec::new());
-    }
-    let mut stmt = conn.prepare_cached(
-        "SELECT f.flow_id, f.state, f.quantity, coalesce(h.last_seq, 0)
-         FROM flow f LEFT JOIN outbox_head h ON h.flow_id = f.flow_id ORDER BY f.flow_id",
-    )?;
-    let rows = stmt.query_map([], |row| {
-        Ok((
-            row.get::<_, String>(0)?,
-            row.get::<_, String>(1)?,
-            row.get(2)?,
-            row.get(3)?,
-        ))
-    })?;
-    let mut flows = Vec::new();
-    for row in rows {
-        let (flow_id, state, quantity, last_seq) = row?;
-        flows.push(flow_record(&flow_id, &state, quantity, last_seq)?);
-    }
-    Ok(flows)
-}
-
-fn has_table(conn: &Connection, name: &str) -> Result<bool, StoreError> {
-    Ok(conn
+/// Every row `sql` reads from `table`, each through `convert`; none when
+/// the store has no such table (a store of another domain).
+fn read_table<R, T>(
+    conn: &Connection,
+    table: &str,
+    sql: &str,
+    read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<R>,
+    mut convert: impl FnMut(R) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let exists: bool = conn
         .prepare_cached(
             "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?1",
         )?
-        .query_row([name], |row| row.get(0))?)
+        .query_row([table], |row| row.get(0))?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let mut stmt = conn.prepare_cached(sql)?;
+    let rows = stmt.query_map([], read)?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(convert(row?)?);
+    }
+    Ok(out)
 }
 
-/// Every projection, ordered by flow id (none for another domain's store).
+/// The four columns `flow_id, state, quantity, n` of a flow or projection row.
+fn four(row: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, i64, i64)> {
+    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+}
+
+/// Every flow of a reservation producer store, ordered by flow id.
+pub(crate) fn read_flows(conn: &Connection) -> Result<Vec<FlowRecord>, StoreError> {
+    read_table(
+        conn,
+        "flow",
+        "SELECT f.flow_id, f.state, f.quantity, coalesce(h.last_seq, 0)
+         FROM flow f LEFT JOIN outbox_head h ON h.flow_id = f.flow_id ORDER BY f.flow_id",
+        four,
+        |(flow_id, state, quantity, last_seq)| flow_record(&flow_id, &state, quantity, last_seq),
+    )
+}
+
+/// Every projection, ordered by flow id.
 pub(crate) fn read_projections(conn: &Connection) -> Result<Vec<Projection>, StoreError> {
-    if !has_table(conn, "projection")? {
-        return Ok(Vec::new());
-    }
-    let mut stmt = conn.prepare_cached(
+    read_table(
+        conn,
+        "projection",
         "SELECT flow_id, state, quantity, applied_seq FROM projection ORDER BY flow_id",
-    )?;
-    let rows = stmt.query_map([], |row| {
-        Ok((
-            row.get::<_, String>(0)?,
-            row.get::<_, String>(1)?,
-            row.get(2)?,
-            row.get(3)?,
-        ))
-    })?;
-    let mut out = Vec::new();
-    for row in rows {
-        let (flow_id, state, quantity, applied_seq) = row?;
-        out.push(projection(&flow_id, &state, quantity, applied_seq)?);
-    }
-    Ok(out)
+        four,
+        |(flow_id, state, quantity, applied_seq)| {
+            projection(&flow_id, &state, quantity, applied_seq)
+        },
+    )
 }
 
-/// Every effect, ordered by flow id then seq (none for another domain's
-/// store).
+/// Every effect, ordered by flow id then seq.
 pub(crate) fn read_effects(conn: &Connection) -> Result<Vec<EffectRecord>, StoreError> {
-    if !has_table(conn, "effect")? {
-        return Ok(Vec::new());
-    }
     let context = "consumer: stored effect";
-    let mut stmt =
-        conn.prepare_cached("SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq")?;
-    let rows = stmt.query_map([], |row| {
-        Ok((
-            row.get::<_, String>(0)?,
-            row.get::<_, i64>(1)?,
-            row.get::<_, String>(2)?,
-        ))
-    })?;
-    let mut out = Vec::new();
-    for row in rows {
-        let (flow_id, seq, event_id) = row?;
-        out.push(EffectRecord {
-            flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
-            seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
-            event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,
-        });
-    }
-    Ok(out)
+    read_table(
+        conn,
+        "effect",
+        "SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq",
+        |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, String>(2)?,
+            ))
+        },
+        |(flow_id, seq, event_id)| {
+            Ok(EffectRecord {
+                flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+                seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
+                event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,
+            })
+        },
+    )
 }
 
 impl ReservationProducer for ProducerDb {

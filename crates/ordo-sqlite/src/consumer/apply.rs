@@ -148,19 +148,17 @@ where
     Ok(Some(drains))
 }
 
-/// Up to `limit` flow ids from `sql` (parameters: after, limit).
-fn flow_page(
+/// The flow ids `sql` lists with `params`.
+fn flow_page<P: rusqlite::Params>(
     conn: &Connection,
     sql: &str,
-    after: &str,
-    limit: usize,
+    params: P,
 ) -> Result<Vec<FlowId>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     collect_rows(
         conn,
         "consumer: cannot list flows with work",
         sql,
-        params![after, limit],
+        params,
         |row| row.get::<_, String>(0),
         |id| FlowId::new(id).map_err(|e| corrupt("consumer: stored flow id", e)),
     )
@@ -323,6 +321,7 @@ where
         }
     }
 }
+
 /// Up to `limit` flows with work after `after` (see
 /// [`ConsumerStore::flows_with_work`](ordo_core::ConsumerStore::flows_with_work)).
 pub(super) fn flows_with_work_page(
@@ -334,15 +333,21 @@ pub(super) fn flows_with_work_page(
     let after = after.map(FlowId::as_str).unwrap_or("");
     // Each list walks its own partial index from `after` and stops at
     // `limit`, so a page costs O(limit) however many flows have work.
+    let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut flows = flow_page(
         &db.conn,
         "SELECT DISTINCT flow_id FROM inbox WHERE status = 'pending' AND flow_id > ?1
              ORDER BY flow_id LIMIT ?2",
-        after,
-        limit,
+        params![after, limit_sql],
     )?;
     for code in reevaluate {
-        flows.extend(flow_page_blocked(&db.conn, code, after, limit)?);
+        flows.extend(flow_page(
+            &db.conn,
+            "SELECT DISTINCT flow_id FROM inbox
+             WHERE status = 'blocked' AND reason = ?3 AND flow_id > ?1
+             ORDER BY flow_id LIMIT ?2",
+            params![after, limit_sql, code.as_str()],
+        )?);
     }
     if !reevaluate.is_empty() {
         flows.sort_unstable();
@@ -371,23 +376,3 @@ pub(super) fn flows_with_work(
 
 /// How many flows one page lists.
 const FLOWS_PAGE_LEN: usize = 1_024;
-
-/// Up to `limit` flows after `after` with a row blocked with `code`.
-fn flow_page_blocked(
-    conn: &Connection,
-    code: &BlockCode,
-    after: &str,
-    limit: usize,
-) -> Result<Vec<FlowId>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    collect_rows(
-        conn,
-        "consumer: cannot list flows with work",
-        "SELECT DISTINCT flow_id FROM inbox
-         WHERE status = 'blocked' AND reason = ?3 AND flow_id > ?1
-         ORDER BY flow_id LIMIT ?2",
-        params![after, limit, code.as_str()],
-        |row| row.get::<_, String>(0),
-        |id| FlowId::new(id).map_err(|e| corrupt("consumer: stored flow id", e)),
-    )
-}
