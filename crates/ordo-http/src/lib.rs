@@ -5,12 +5,32 @@
 //! metrics of every long-running mode.
 //!
 //! * [`auth`]: key files, [`sign`], [`signature_headers`], [`KeyRing::verify`].
-//! * [`metrics`]: [`Metrics`], every metric of HTTP.md, and its exposition.
+//! * [`metrics`]: [`Metrics`], every metric of HTTP.md, and its exposition;
+//!   [`exposition`]: `GET /metrics` alone ([`metrics_router`],
+//!   [`serve_metrics`], [`MetricsServer`]).
+//! * [`server`]: the inbox server ([`Server`], [`ServerConfig`]); its
+//!   parts: [`batch`] (the body), `inbox` (`POST /v1/events`), [`stores`]
+//!   (handles on blocking threads), `listen` (accept loop, limits,
+//!   shutdown), [`tls`], `reply` (JSON errors).
+//! * [`applied`]: the apply metrics of an applier beside the server.
 
 #![warn(missing_docs)]
 
+pub mod applied;
 pub mod auth;
+pub mod batch;
+pub mod exposition;
+mod inbox;
+mod listen;
 pub mod metrics;
+mod reply;
+pub mod server;
+pub mod stores;
+pub mod tls;
 
+pub use applied::{MeteredHandler, ReceiveTimes};
 pub use auth::{sign, signature_headers, AuthError, KeyFileError, KeyRing, Secret};
+pub use exposition::{metrics_router, serve_metrics, MetricsServer};
 pub use metrics::Metrics;
+pub use server::{Server, ServerConfig};
+pub use stores::{InboxStore, Opener};

@@ -1,0 +1,244 @@
+//! `POST /v1/events`: HTTP.md's checks in their order, then one
+//! `receive_batch` (one transaction, durable before the answer).
+//!
+//! Order: size (413, from `Content-Length`, then while reading), content
+//! type (415), authentication (401), parsing (400; 413 past `max_batch`
+//! items), capacity (503). A request that finds every slot in flight taken
+//! is answered after the checks that need no body (`Content-Length`,
+//! content type, the signing headers): a server at capacity reads no body,
+//! so such a request gets 503 where its body would have failed a later
+//! check, and its retry gets the body's answer.
+//!
+//! Invariant: nothing is stored unless every item parsed; the receipts are
+//! the store's, one per item in input order, and a store error is never
+//! turned into a receipt.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::Response;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use ordo_core::{Envelope, ErrorKind, Receipt, StoreError};
+use serde_json::json;
+use tokio::sync::OwnedSemaphorePermit;
+use tracing::Instrument;
+
+use crate::batch::{parse_batch, BatchError};
+use crate::reply;
+use crate::server::App;
+
+/// The handler of `POST /v1/events`.
+pub async fn post_events(State(app): State<Arc<App>>, request: Request) -> Response {
+    let span = tracing::info_span!(
+        "events",
+        items = tracing::field::Empty,
+        flow_id = tracing::field::Empty,
+        event_id = tracing::field::Empty,
+    );
+    let (parts, body) = request.into_parts();
+    receive(app, parts, body).instrument(span).await
+}
+
+async fn receive(app: Arc<App>, parts: Parts, body: Body) -> Response {
+    if let Some(refused) = check_length(&app, &parts.headers) {
+        return refused;
+    }
+    let Ok(permit) = Arc::clone(&app.in_flight).try_acquire_owned() else {
+        return at_capacity(&app, &parts);
+    };
+    let body = match read_body(&app, body).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
+    if let Some(refused) = check_content_type(&parts.headers) {
+        return refused;
+    }
+    if let Some(refused) = authenticate(&app, &parts, Some(&body)) {
+        return refused;
+    }
+    let envelopes = match parse_batch(&body, app.config.max_batch) {
+        Ok(envelopes) => envelopes,
+        Err(error) => return refuse_batch(error),
+    };
+    drop(body);
+    store(app, envelopes, permit).await
+}
+
+fn check_length(app: &App, headers: &HeaderMap) -> Option<Response> {
+    let length: u64 = headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()?;
+    (length > app.config.max_body_bytes).then(|| too_large(app))
+}
+
+fn too_large(app: &App) -> Response {
+    reply::error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "the body is larger than {} bytes",
+            app.config.max_body_bytes
+        ),
+    )
+}
+
+/// The answer of a request that found no slot: the checks that need no
+/// body, then 503.
+fn at_capacity(app: &App, parts: &Parts) -> Response {
+    if let Some(refused) = check_content_type(&parts.headers) {
+        return refused;
+    }
+    if let Some(refused) = authenticate(app, parts, None) {
+        return refused;
+    }
+    tracing::warn!(
+        max_in_flight = app.config.max_in_flight,
+        "refused a request: every slot in flight is taken"
+    );
+    reply::unavailable(format!(
+        "{} requests are in flight; retry later",
+        app.config.max_in_flight
+    ))
+}
+
+async fn read_body(app: &App, body: Body) -> Result<Vec<u8>, Response> {
+    let limited = Limited::new(body, app.config.max_body_bytes as usize);
+    let collected = tokio::time::timeout(app.config.read_timeout, limited.collect()).await;
+    match collected {
+        Ok(Ok(collected)) => Ok(collected.to_bytes().to_vec()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large(app)),
+        Ok(Err(e)) => Err(reply::error(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the body: {e}"),
+        )),
+        Err(_) => {
+            tracing::info!("a body was not read within the read timeout");
+            Err(reply::error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the body was not received within {} ms",
+                    app.config.read_timeout.as_millis()
+                ),
+            ))
+        }
+    }
+}
+
+/// `application/json`, with parameters allowed (`; charset=utf-8`).
+fn check_content_type(headers: &HeaderMap) -> Option<Response> {
+    let value = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let essence = value.map(|v| v.split(';').next().unwrap_or("").trim());
+    if essence.is_some_and(|e| e.eq_ignore_ascii_case("application/json")) {
+        return None;
+    }
+    Some(reply::error(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "the content type must be application/json",
+    ))
+}
+
+/// Checks the signing headers (with `body`, the signature too); `None`
+/// when the server has no keys or the request passes.
+fn authenticate(app: &App, parts: &Parts, body: Option<&[u8]>) -> Option<Response> {
+    let keys = app.config.keys.as_ref()?;
+    let now_s = app.clock.now_ms().div_euclid(1000);
+    let checked = match body {
+        Some(body) => keys.verify(
+            &parts.headers,
+            parts.method.as_str(),
+            parts.uri.path(),
+            body,
+            now_s,
+        ),
+        None => keys.check_headers(&parts.headers, now_s),
+    };
+    let error = checked.err()?;
+    tracing::warn!("refused a request: {error}");
+    Some(reply::error(
+        StatusCode::UNAUTHORIZED,
+        format!("authentication failed: {error}"),
+    ))
+}
+
+fn refuse_batch(error: BatchError) -> Response {
+    tracing::info!("refused a body: {error}");
+    match error {
+        BatchError::TooMany { .. } => {
+            reply::error(StatusCode::PAYLOAD_TOO_LARGE, error.to_string())
+        }
+        BatchError::Item {
+            index: Some(index),
+            error,
+        } => reply::item_error(index, format!("malformed envelope: {error}")),
+        BatchError::Item { index: None, error } => reply::error(
+            StatusCode::BAD_REQUEST,
+            format!("malformed envelope: {error}"),
+        ),
+        BatchError::Body(message) => reply::error(StatusCode::BAD_REQUEST, message),
+    }
+}
+
+async fn store(app: Arc<App>, envelopes: Vec<Envelope>, permit: OwnedSemaphorePermit) -> Response {
+    record_ids(&envelopes);
+    let stored = app
+        .stores
+        .run(move |store| {
+            let receipts = store.receive_batch(&envelopes)?;
+            drop(permit);
+            Ok((envelopes, receipts))
+        })
+        .await;
+    match stored {
+        Ok((envelopes, receipts)) => receipts_reply(&app, &envelopes, &receipts),
+        Err(error) => store_failed(&error),
+    }
+}
+
+fn record_ids(envelopes: &[Envelope]) {
+    let span = tracing::Span::current();
+    span.record("items", envelopes.len());
+    if let [only] = envelopes {
+        span.record("flow_id", only.flow_id.as_str());
+        span.record("event_id", only.event_id.as_str());
+    }
+}
+
+fn receipts_reply(app: &App, envelopes: &[Envelope], receipts: &[Receipt]) -> Response {
+    if let Some(times) = &app.config.receive_times {
+        times.record(envelopes, receipts);
+    }
+    let listed: Vec<_> = envelopes
+        .iter()
+        .zip(receipts)
+        .map(|(envelope, receipt)| {
+            app.metrics.count_received(*receipt);
+            json!({
+                "event_id": envelope.event_id.as_str(),
+                "flow_id": envelope.flow_id.as_str(),
+                "seq": envelope.seq.get(),
+                "receipt": receipt.as_str(),
+            })
+        })
+        .collect();
+    tracing::debug!(items = listed.len(), "stored");
+    reply::body(StatusCode::OK, json!({ "receipts": listed }))
+}
+
+fn store_failed(error: &StoreError) -> Response {
+    if error.kind() == ErrorKind::Busy {
+        tracing::warn!("the store is busy: {error}");
+        return reply::unavailable(format!("the store is busy: {error}"));
+    }
+    tracing::error!(kind = ?error.kind(), "the store failed: {error}");
+    reply::error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("the store failed (retry; receive is idempotent): {error}"),
+    )
+}

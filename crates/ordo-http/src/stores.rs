@@ -1,0 +1,93 @@
+//! Store handles for the server: opened on demand through the caller's
+//! opener, kept for reuse, and used only on tokio's blocking threads.
+//!
+//! Invariant: the server knows no backend. It sees a store only through
+//! [`InboxStore`] (receive a batch in one transaction, read the status), so
+//! any [`ConsumerStore`] can stand behind it; how a handle is opened (file,
+//! clock, busy timeout) is the opener's.
+
+use std::sync::{Arc, Mutex};
+
+use ordo_core::ops::ConsumerStatus;
+use ordo_core::{ConsumerStore, Envelope, ErrorKind, Receipt, StoreError};
+
+/// What the server asks of a consumer store.
+pub trait InboxStore: Send {
+    /// Stores `envelopes` in one transaction, durable before it returns;
+    /// one receipt per envelope, in order.
+    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError>;
+    /// The inbox's counts (pending, blocked, gaps).
+    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError>;
+}
+
+impl<S: ConsumerStore + Send> InboxStore for S {
+    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
+        ConsumerStore::receive_batch(self, envelopes)
+    }
+
+    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
+        ConsumerStore::consumer_status(self)
+    }
+}
+
+/// Opens one more handle on the consumer store.
+pub type Opener = Arc<dyn Fn() -> Result<Box<dyn InboxStore>, StoreError> + Send + Sync>;
+
+/// Handles kept between requests; at most `idle_max` wait idle, more are
+/// opened when requests overlap (their number is bounded by the caller's
+/// limits on requests in flight).
+pub struct Stores {
+    open: Opener,
+    idle: Mutex<Vec<Box<dyn InboxStore>>>,
+    idle_max: usize,
+}
+
+impl Stores {
+    /// A pool that opens handles with `open` and keeps up to `idle_max`.
+    pub fn new(open: Opener, idle_max: usize) -> Stores {
+        Stores {
+            open,
+            idle: Mutex::new(Vec::new()),
+            idle_max,
+        }
+    }
+
+    /// Runs `f` on a handle, on a blocking thread (never on the executor).
+    /// A handle that failed other than `Busy` is dropped, so that the next
+    /// request opens a fresh one.
+    pub async fn run<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut dyn InboxStore) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let stores = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            let mut store = stores.take()?;
+            let outcome = f(store.as_mut());
+            if outcome
+                .as_ref()
+                .err()
+                .is_none_or(|e| e.kind() == ErrorKind::Busy)
+            {
+                stores.put(store);
+            }
+            outcome
+        })
+        .await
+        .map_err(|e| StoreError::new(ErrorKind::Other, format!("the store task failed: {e}")))?
+    }
+
+    fn take(&self) -> Result<Box<dyn InboxStore>, StoreError> {
+        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match idle {
+            Some(store) => Ok(store),
+            None => (self.open)(),
+        }
+    }
+
+    fn put(&self, store: Box<dyn InboxStore>) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < self.idle_max {
+            idle.push(store);
+        }
+    }
+}
