@@ -381,8 +381,33 @@ pub enum PolicyArg {
 
 #[derive(Debug, Args)]
 pub struct RelayArgs {
-    #[command(flatten)]
-    pub files: Files,
+    /// The producer database file.
+    #[arg(long, value_name = "P")]
+    pub producer: PathBuf,
+    /// The consumer database file, on this machine.
+    #[arg(
+        long,
+        value_name = "C",
+        required_unless_present = "to",
+        conflicts_with = "to"
+    )]
+    pub consumer: Option<PathBuf>,
+    /// The consumer's HTTP inbox (`http://HOST:PORT` or `https://...`), served by `ordo serve`.
+    #[arg(long, value_name = "URL")]
+    pub to: Option<String>,
+    /// Sign each request with the secrets of this key id (with --key-file).
+    #[arg(long, value_name = "K", requires = "to", requires = "key_file")]
+    pub key_id: Option<String>,
+    /// The key file (lines `KEY_ID SECRET_HEX`, not readable by group or others).
+    #[arg(long, value_name = "F", requires = "key_id")]
+    pub key_file: Option<PathBuf>,
+    /// Also trust the certificate authority in this PEM file for https://.
+    #[arg(long, value_name = "FILE", requires = "to")]
+    pub tls_ca: Option<PathBuf>,
+    /// How long one request to --to may take, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 30_000, requires = "to",
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub timeout_ms: u64,
     /// Which unaccepted events to pick.
     #[arg(long, value_enum, default_value = "fair")]
     pub policy: PolicyArg,
@@ -396,6 +421,12 @@ pub struct RelayArgs {
     /// Deliver exactly this event, even if already accepted (ignores --policy and --max).
     #[arg(long, value_name = "EVENT_ID", value_parser = event_id)]
     pub event: Option<EventId>,
+    /// Keep running, waking as soon as there is work, until SIGTERM or SIGINT.
+    #[arg(long, conflicts_with_all = ["max", "event"])]
+    pub follow: bool,
+    /// With --follow, serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR", requires = "follow")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -423,6 +454,12 @@ pub struct ApplyArgs {
     #[arg(long, value_name = "N", default_value_t = ordo_core::APPLY_BATCH_LEN_DEFAULT,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub batch: u64,
+    /// Keep running, waking as soon as there is work, until SIGTERM or SIGINT.
+    #[arg(long, conflicts_with_all = ["flow", "limit"])]
+    pub follow: bool,
+    /// With --follow, serve Prometheus metrics at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR", requires = "follow")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Args)]

@@ -11,20 +11,21 @@ use std::path::Path;
 
 use ordo_core::envelope::{parse_stream, StreamError};
 use ordo_core::{
-    drain, process_all_each, relay_each, relay_event, ConsumerStore, Delivery, Envelope,
-    ProducerStore, RelayError, RelayOptions, RelayPolicy, RelayStop, StoreError,
+    drain, process_all_each, relay_each, relay_event, ConsumerStore, Envelope, EventId, Handover,
+    ProducerStore, RelayError, RelayOptions, RelayPolicy, RelayStop, StoreError, Transport,
 };
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
 use serde_json::{json, Value};
 
 use crate::args::{
-    AdvanceArgs, ApplyArgs, Cli, Command, InitArgs, PolicyArg, ReceiveArgs, RelayArgs, Sides,
+    AdvanceArgs, ApplyArgs, Cli, Command, Files, InitArgs, PolicyArg, ReceiveArgs, RelayArgs, Sides,
 };
 use crate::context::{
-    check_distinct, check_sides, clock, emit, fixed_now_ms, open_both, open_consumer, open_options,
-    open_producer, open_reservation_consumer, open_reservation_producer, set_open_options,
+    check_distinct, check_sides, clock, emit, fixed_now_ms, open_both, open_consumer,
+    open_existing_producer, open_options, open_producer, open_reservation_consumer,
+    open_reservation_producer, set_open_options,
 };
-use crate::{lab, ops, render, Failure};
+use crate::{follow, lab, ops, remote, render, Failure};
 
 /// Runs a command; returns the exit status of a completed command (0, or 3
 /// for a breached `status` threshold).
@@ -172,7 +173,7 @@ fn advance(json_mode: bool, args: AdvanceArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-fn relay_failure(error: RelayError) -> Failure {
+pub fn relay_failure(error: RelayError) -> Failure {
     match error {
         RelayError::UnknownEvent(_) => Failure::Usage(error.to_string()),
         RelayError::Store(store) => Failure::from(store),
@@ -180,69 +181,142 @@ fn relay_failure(error: RelayError) -> Failure {
     }
 }
 
+pub fn relay_options(args: &RelayArgs) -> RelayOptions {
+    RelayOptions {
+        policy: match args.policy {
+            PolicyArg::Fair => RelayPolicy::Fair,
+            PolicyArg::FirstPending => RelayPolicy::FirstPending,
+        },
+        max: args.max,
+        batch_len_max: args.batch as usize,
+        ..RelayOptions::default()
+    }
+}
+
 fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
-    check_distinct(&args.files)?;
+    if args.follow {
+        return follow::relay(json_mode, &args);
+    }
+    let Some(consumer) = &args.consumer else {
+        let transport = remote::transport(&args)?;
+        let mut producer = open_existing_producer(&args.producer)?;
+        return relay_once(json_mode, &args, &mut producer, transport);
+    };
+    let files = Files {
+        producer: args.producer.clone(),
+        consumer: consumer.clone(),
+    };
+    check_distinct(&files)?;
     // An unknown --event is invalid input: refuse it before the consumer file
     // is opened (and so created), and without creating the producer file.
     if let Some(event_id) = &args.event {
-        let unknown = || relay_failure(RelayError::UnknownEvent(event_id.clone()));
-        if !args.files.producer.exists() {
-            return Err(unknown());
+        if !args.producer.exists() {
+            return Err(relay_failure(RelayError::UnknownEvent(event_id.clone())));
         }
-        let mut producer = open_producer(&args.files.producer)?;
-        if producer.outbox_event(event_id)?.is_none() {
-            return Err(unknown());
-        }
+        check_event(&mut open_producer(&args.producer)?, event_id)?;
     }
-    let (mut producer, mut consumer) = open_both(&args.files)?;
-    let mut deliveries = render::Bounded::default();
+    let (mut producer, consumer) = open_both(&files)?;
+    relay_once(json_mode, &args, &mut producer, consumer)
+}
+
+/// Refuses an `--event` that is not in the outbox.
+fn check_event(producer: &mut ProducerDb, event_id: &EventId) -> Result<(), Failure> {
+    match producer.outbox_event(event_id)? {
+        Some(_) => Ok(()),
+        None => Err(relay_failure(RelayError::UnknownEvent(event_id.clone()))),
+    }
+}
+
+/// One relay run through `transport`, printed.
+fn relay_once<T: Transport>(
+    json_mode: bool,
+    args: &RelayArgs,
+    producer: &mut ProducerDb,
+    mut transport: T,
+) -> Result<(), Failure> {
+    let mut run = render::RelayRun::default();
+    let clock = clock();
     let stop = match &args.event {
-        Some(event_id) => relay_event(&mut producer, &mut consumer, event_id, clock().as_ref())
-            .map(|report| {
-                report
-                    .deliveries
-                    .into_iter()
-                    .for_each(|d| deliveries.push(d));
-                report.stop
-            }),
-        None => {
-            let options = RelayOptions {
-                policy: match args.policy {
-                    PolicyArg::Fair => RelayPolicy::Fair,
-                    PolicyArg::FirstPending => RelayPolicy::FirstPending,
-                },
-                max: args.max,
-                batch_len_max: args.batch as usize,
-                ..RelayOptions::default()
-            };
-            relay_each(
-                &mut producer,
-                &mut consumer,
-                &options,
-                clock().as_ref(),
-                |d| deliveries.push(d.clone()),
-            )
+        Some(event_id) => {
+            check_event(producer, event_id)?;
+            let report = relay_event(producer, &mut transport, event_id, clock.as_ref())
+                .map_err(relay_failure)?;
+            report
+                .deliveries
+                .into_iter()
+                .for_each(|d| run.deliveries.push(d));
+            report
+                .refusals
+                .into_iter()
+                .for_each(|r| run.refusals.push(r));
+            run.transient_errors = report.transient_errors;
+            report.stop
         }
-    }
-    .map_err(relay_failure)?;
-    emit(json_mode, &render::relay(&deliveries, stop), || {
-        relay_text(&deliveries, stop)
+        None => relay_each(
+            producer,
+            &mut transport,
+            &relay_options(args),
+            clock.as_ref(),
+            |handover| {
+                log_handover(handover);
+                run.note(handover)
+            },
+        )
+        .map_err(relay_failure)?,
+    };
+    emit(json_mode, &render::relay(&run, stop), || {
+        relay_text(&run, stop)
     });
     Ok(())
 }
 
-fn relay_text(deliveries: &render::Bounded<Delivery>, stop: RelayStop) -> String {
+/// A warning on stderr for what a one-shot run goes on after.
+fn log_handover(handover: Handover<'_>) {
+    match handover {
+        Handover::Delivered(_) => {}
+        Handover::Refused(r) => tracing::warn!(
+            event_id = %r.event_id, flow_id = %r.flow_id, seq = r.seq.get(),
+            reason = r.reason.as_str(), "the consumer refused the event; quarantined: {}", r.message
+        ),
+        Handover::Failed(f) => tracing::warn!(
+            kind = f.kind.as_str(),
+            events = f.events_len,
+            "a round failed transiently; its events back off: {}",
+            f.message
+        ),
+    }
+}
+
+fn relay_text(run: &render::RelayRun, stop: RelayStop) -> String {
+    let deliveries = &run.deliveries;
     let mut lines: Vec<String> = deliveries
         .listed
         .iter()
         .map(|d| format!("{} {} seq {}: {}", d.event_id, d.flow_id, d.seq, d.receipt))
         .collect();
     lines.extend(deliveries.more_line());
-    lines.push(format!(
-        "{} deliveries, stop: {}",
-        deliveries.total,
-        stop.as_str()
-    ));
+    lines.extend(run.refusals.listed.iter().map(|r| {
+        format!(
+            "{} {} seq {}: quarantined, {}: {}",
+            r.event_id,
+            r.flow_id,
+            r.seq,
+            r.reason.as_str(),
+            r.message
+        )
+    }));
+    lines.extend(run.refusals.more_line());
+    let mut summary = format!("{} deliveries", deliveries.total);
+    if run.refusals.total > 0 {
+        summary.push_str(&format!(", {} refused", run.refusals.total));
+    }
+    if run.transient_errors > 0 {
+        summary.push_str(&format!(
+            ", {} rounds failed transiently (backing off)",
+            run.transient_errors
+        ));
+    }
+    lines.push(format!("{summary}, stop: {}", stop.as_str()));
     lines.join("\n")
 }
 
@@ -313,6 +387,9 @@ fn receive(json_mode: bool, args: ReceiveArgs) -> Result<(), Failure> {
 }
 
 fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
+    if args.follow {
+        return follow::apply(json_mode, &args);
+    }
     let options = ApplyOptions {
         support_v2: args.support_v2,
     };

@@ -93,6 +93,36 @@ pub fn open_consumer(path: &Path) -> Result<ConsumerDb, Failure> {
     )?)
 }
 
+/// The options of [`open_options`] that refuse a missing store: for the
+/// commands that serve or follow a store, so that a mistyped path cannot
+/// start an empty one.
+fn existing_only() -> OpenOptions {
+    OpenOptions {
+        create: false,
+        ..open_options()
+    }
+}
+
+/// Opens an existing producer store of any domain; a missing one is
+/// invalid input, and nothing is created.
+pub fn open_existing_producer(path: &Path) -> Result<ProducerDb, Failure> {
+    Ok(ProducerDb::open_existing(path, clock(), &existing_only())?)
+}
+
+/// Opens an existing consumer store of any domain; a missing one is
+/// invalid input, and nothing is created.
+pub fn open_existing_consumer(path: &Path) -> Result<ConsumerDb, Failure> {
+    Ok(ConsumerDb::open_existing(path, clock(), &existing_only())?)
+}
+
+/// Opens an existing consumer store of the reservation domain; a missing
+/// one or one of another domain is invalid input, and nothing is written.
+pub fn open_existing_reservation_consumer(path: &Path) -> Result<ConsumerDb, Failure> {
+    let consumer = open_existing_consumer(path)?;
+    refuse_other_domain(path, consumer.domain())?;
+    Ok(consumer)
+}
+
 /// Opens (creating if missing) a producer store of the reservation domain,
 /// for the commands that run its rules; a store of another domain is
 /// invalid input, and nothing is written to it.

@@ -5,8 +5,10 @@
 mod args;
 mod commands;
 mod context;
+mod follow;
 mod lab;
 mod ops;
+mod remote;
 mod render;
 mod render_lab;
 

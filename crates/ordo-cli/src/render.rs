@@ -1,6 +1,8 @@
 //! The JSON shapes of the CLI contract.
 
-use ordo_core::{BlockReason, Delivery, Drain, Envelope, InboxRecord, OutboxRecord, RelayStop};
+use ordo_core::{
+    BlockReason, Delivery, Drain, Envelope, Handover, InboxRecord, OutboxRecord, Refusal, RelayStop,
+};
 #[allow(unused_imports)]
 use ordo_reservation::{Advance, EffectRecord, FlowRecord, Projection};
 use serde_json::{json, Map, Value};
@@ -33,8 +35,27 @@ pub fn advance(outcome: &Advance) -> Value {
     }
 }
 
-pub fn relay(deliveries: &Bounded<Delivery>, stop: RelayStop) -> Value {
-    let listed: Vec<Value> = deliveries
+/// What a one-shot relay run did, bounded for printing.
+#[derive(Default)]
+pub struct RelayRun {
+    pub deliveries: Bounded<Delivery>,
+    pub refusals: Bounded<Refusal>,
+    pub transient_errors: u64,
+}
+
+impl RelayRun {
+    pub fn note(&mut self, handover: Handover<'_>) {
+        match handover {
+            Handover::Delivered(d) => self.deliveries.push(d.clone()),
+            Handover::Refused(r) => self.refusals.push(r.clone()),
+            Handover::Failed(_) => self.transient_errors += 1,
+        }
+    }
+}
+
+pub fn relay(run: &RelayRun, stop: RelayStop) -> Value {
+    let listed: Vec<Value> = run
+        .deliveries
         .listed
         .iter()
         .map(|d| {
@@ -46,11 +67,28 @@ pub fn relay(deliveries: &Bounded<Delivery>, stop: RelayStop) -> Value {
             })
         })
         .collect();
+    let refused: Vec<Value> = run
+        .refusals
+        .listed
+        .iter()
+        .map(|r| {
+            json!({
+                "event_id": r.event_id.as_str(),
+                "flow_id": r.flow_id.as_str(),
+                "seq": r.seq.get(),
+                "reason": r.reason.as_str(),
+                "detail": r.message,
+            })
+        })
+        .collect();
     json!({
         "deliveries": listed,
         "stop": stop.as_str(),
-        "deliveries_total": deliveries.total,
-        "truncated": deliveries.truncated(),
+        "deliveries_total": run.deliveries.total,
+        "truncated": run.deliveries.truncated() || run.refusals.truncated(),
+        "refused": refused,
+        "refused_total": run.refusals.total,
+        "transient_errors": run.transient_errors,
     })
 }
 

@@ -859,24 +859,24 @@ fn relay_json_shape_max_and_drained() {
         json!({"deliveries": [
             {"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "accepted"},
             {"event_id": "B-1", "flow_id": "B", "seq": 1, "receipt": "accepted"},
-        ], "stop": "max", "deliveries_total": 2, "truncated": false})
+        ], "stop": "max", "deliveries_total": 2, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
     );
     assert_eq!(
         lab.relay(&["--max", "1", "--policy", "first-pending"]),
         json!({"deliveries": [
             {"event_id": "A-2", "flow_id": "A", "seq": 2, "receipt": "accepted"},
-        ], "stop": "max", "deliveries_total": 1, "truncated": false})
+        ], "stop": "max", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
     );
     assert_eq!(
         lab.relay(&["--policy", "first-pending"]),
         json!({"deliveries": [
             {"event_id": "B-2", "flow_id": "B", "seq": 2, "receipt": "accepted"},
             {"event_id": "A-3", "flow_id": "A", "seq": 3, "receipt": "accepted"},
-        ], "stop": "drained", "deliveries_total": 2, "truncated": false})
+        ], "stop": "drained", "deliveries_total": 2, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
     );
     assert_eq!(
         lab.relay(&[]),
-        json!({"deliveries": [], "stop": "drained", "deliveries_total": 0, "truncated": false})
+        json!({"deliveries": [], "stop": "drained", "deliveries_total": 0, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
     );
     let snapshot = lab.snapshot();
     let outbox = snapshot["producer"]["outbox"].as_array().unwrap();
@@ -892,7 +892,7 @@ fn relay_json_shape_max_and_drained() {
         lab.relay(&["--event", "A-2"]),
         json!({"deliveries": [
             {"event_id": "A-2", "flow_id": "A", "seq": 2, "receipt": "duplicate"},
-        ], "stop": "drained", "deliveries_total": 1, "truncated": false})
+        ], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
     );
     assert_eq!(lab.snapshot(), snapshot);
 }
@@ -906,7 +906,7 @@ fn relay_event_ignores_max_and_policy() {
         lab.relay(&["--event", "B-1", "--max", "1", "--policy", "first-pending"]),
         json!({"deliveries": [
             {"event_id": "B-1", "flow_id": "B", "seq": 1, "receipt": "accepted"},
-        ], "stop": "drained", "deliveries_total": 1, "truncated": false})
+        ], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
     );
     let outbox = lab.snapshot()["producer"]["outbox"].clone();
     assert_eq!(row(&outbox, "event_id", "A-1")["accepted"], json!(false));
@@ -963,7 +963,7 @@ fn first_pending_conflict_starves_later_flows_until_explicit_delivery() {
             lab.relay(&["--policy", "first-pending"]),
             json!({"deliveries": [
                 {"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict"},
-            ], "stop": "drained", "deliveries_total": 1, "truncated": false})
+            ], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
         );
     }
     let snapshot = lab.snapshot();
@@ -978,7 +978,7 @@ fn first_pending_conflict_starves_later_flows_until_explicit_delivery() {
         lab.relay(&["--event", "B-1"]),
         json!({"deliveries": [
             {"event_id": "B-1", "flow_id": "B", "seq": 1, "receipt": "accepted"},
-        ], "stop": "drained", "deliveries_total": 1, "truncated": false})
+        ], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
     );
     let snapshot = lab.snapshot();
     let outbox = &snapshot["producer"]["outbox"];

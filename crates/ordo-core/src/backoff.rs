@@ -11,6 +11,9 @@ pub struct Backoff {
     pub base_ms: u64,
     /// The largest ceiling.
     pub cap_ms: u64,
+    /// The least wait, whatever the jitter draws (a consumer's
+    /// `Retry-After`); 0 by default.
+    pub floor_ms: u64,
 }
 
 impl Default for Backoff {
@@ -18,6 +21,7 @@ impl Default for Backoff {
         Backoff {
             base_ms: 100,
             cap_ms: 60_000,
+            floor_ms: 0,
         }
     }
 }
@@ -31,13 +35,15 @@ impl Backoff {
             .min(self.cap_ms)
     }
 
-    /// The wait after `attempts` failures, for a uniform `unit` in `[0, 1)`.
+    /// The wait after `attempts` failures, for a uniform `unit` in `[0, 1)`,
+    /// never less than `floor_ms`.
     pub fn delay_ms(&self, attempts: u32, unit: f64) -> u64 {
         debug_assert!((0.0..1.0).contains(&unit));
         let ceiling = self.ceiling_ms(attempts);
-        ((ceiling as f64 + 1.0) * unit.clamp(0.0, 1.0))
+        let jittered = ((ceiling as f64 + 1.0) * unit.clamp(0.0, 1.0))
             .floor()
-            .min(ceiling as f64) as u64
+            .min(ceiling as f64) as u64;
+        jittered.max(self.floor_ms)
     }
 }
 
@@ -50,6 +56,7 @@ mod tests {
         let b = Backoff {
             base_ms: 100,
             cap_ms: 1_000,
+            floor_ms: 0,
         };
         let ceilings: Vec<u64> = (1..=6).map(|n| b.ceiling_ms(n)).collect();
         assert_eq!(ceilings, vec![100, 200, 400, 800, 1_000, 1_000]);
@@ -57,5 +64,8 @@ mod tests {
         assert_eq!(b.delay_ms(3, 0.0), 0);
         assert_eq!(b.delay_ms(3, 0.5), 200);
         assert_eq!(b.delay_ms(3, 0.999_999_9), 400);
+        let floored = Backoff { floor_ms: 250, ..b };
+        assert_eq!(floored.delay_ms(3, 0.0), 250);
+        assert_eq!(floored.delay_ms(3, 0.999_999_9), 400);
     }
 }

@@ -132,12 +132,16 @@ pub enum RelayError {
     /// A store failed. Deliveries before the failure stand.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The consumer refuses every round: a configuration error (a wrong
+    /// key or address, a request it cannot read). Nothing was marked.
+    #[error("the consumer refused the delivery: {0}")]
+    Refused(String),
     /// The consumer failed transiently, and recording that failure on the
     /// producer failed too: both errors, neither swallowed.
     #[error("{delivery}; recording the failure also failed: {recording}")]
     FailureUnrecorded {
         /// Why the round could not be delivered.
-        delivery: StoreError,
+        delivery: crate::transport::TransportError,
         /// Why the failure could not be recorded.
         recording: StoreError,
     },
@@ -147,9 +151,9 @@ impl RelayError {
     /// The kind of the storage failure behind this error, if any.
     pub fn kind(&self) -> Option<ErrorKind> {
         match self {
-            RelayError::UnknownEvent(_) => None,
+            RelayError::UnknownEvent(_) | RelayError::Refused(_) => None,
             RelayError::Store(e) => Some(e.kind()),
-            RelayError::FailureUnrecorded { delivery, .. } => Some(delivery.kind()),
+            RelayError::FailureUnrecorded { delivery, .. } => delivery.kind(),
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod ops;
 pub mod outcome;
 pub mod relay;
 pub mod store;
+pub mod transport;
 
 pub use backoff::Backoff;
 pub use clock::{Clock, FixedClock, SystemClock};
@@ -37,9 +38,11 @@ pub use outcome::{
     BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
 };
 pub use relay::{
-    relay, relay_each, relay_event, Delivery, RelayOptions, RelayPolicy, RelayReport, RelayStop,
+    relay, relay_each, relay_event, Delivery, Handover, Refusal, RefusalReason, RelayOptions,
+    RelayPolicy, RelayReport, RelayStop, RoundFailure,
 };
 pub use store::{
     drain, process_all, process_all_each, process_page, ConsumerStore, ProducerStore,
     APPLY_BATCH_LEN_DEFAULT,
 };
+pub use transport::{TransientKind, Transport, TransportError};

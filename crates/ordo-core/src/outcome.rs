@@ -27,6 +27,13 @@ impl Receipt {
         }
     }
 
+    /// The receipt of a wire name, if it is one.
+    pub fn parse(name: &str) -> Option<Receipt> {
+        [Receipt::Accepted, Receipt::Duplicate, Receipt::Conflict]
+            .into_iter()
+            .find(|r| r.as_str() == name)
+    }
+
     /// Whether custody has moved to the consumer (`accepted` or `duplicate`):
     /// only then may the producer mark its outbox row accepted.
     pub fn moves_custody(self) -> bool {

@@ -82,6 +82,19 @@ pub trait ProducerStore {
         backoff: &Backoff,
     ) -> Result<(), StoreError>;
 
+    /// Quarantines one event the consumer refused to store (the relay's
+    /// `too_large` or `rejected_by_consumer`): never accepted, never retried
+    /// automatically, like a conflict. `outcome` is the short code recorded
+    /// as its last outcome, `reason` the full text. An event already
+    /// accepted, or no longer in the outbox, is left as it is.
+    fn quarantine(
+        &mut self,
+        event_id: &EventId,
+        outcome: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), StoreError>;
+
     /// Outbox rows with their delivery bookkeeping, in commit order, only the
     /// quarantined ones if asked, at most `limit`.
     fn outbox_entries(

@@ -62,7 +62,7 @@ fn a_failure_to_record_a_relay_failure_keeps_both_errors() {
             delivery,
             recording,
         } => {
-            assert_eq!(delivery.kind(), ErrorKind::Busy, "{error}");
+            assert_eq!(delivery.kind(), Some(ErrorKind::Busy), "{error}");
             assert_eq!(recording.kind(), ErrorKind::ReadOnly, "{error}");
         }
         other => panic!("expected both errors, got {other:?}"),

@@ -5,6 +5,7 @@
 //! metrics of every long-running mode.
 //!
 //! * [`auth`]: key files, [`sign`], [`signature_headers`], [`KeyRing::verify`].
+//! * [`client`]: [`HttpTransport`], the relay's [`ordo_core::Transport`] to an inbox.
 //! * [`metrics`]: [`Metrics`], every metric of HTTP.md, and its exposition;
 //!   [`exposition`]: `GET /metrics` alone ([`metrics_router`],
 //!   [`serve_metrics`], [`MetricsServer`]).
@@ -19,6 +20,7 @@
 pub mod applied;
 pub mod auth;
 pub mod batch;
+pub mod client;
 pub mod exposition;
 mod inbox;
 mod listen;
@@ -30,6 +32,7 @@ pub mod tls;
 
 pub use applied::{MeteredHandler, ReceiveTimes};
 pub use auth::{sign, signature_headers, AuthError, KeyFileError, KeyRing, Secret};
+pub use client::{ClientError, ClientOptions, HttpTransport, Signer};
 pub use exposition::{metrics_router, serve_metrics, MetricsServer};
 pub use metrics::Metrics;
 pub use server::{Server, ServerConfig};

@@ -31,7 +31,9 @@ pub use conn::{
 pub use consumer::{read_inbox, ConsumerDb};
 pub use domain::{Schema, MIGRATIONS_MAX};
 pub use producer::{read_outbox, ProducerDb, ProducerTx, CONFLICT_REASON};
-pub use runner::{Runner, RunnerOptions};
+pub use runner::{
+    ApplyRound, ApplyTotals, RelayRound, RelayTotals, RunReport, Runner, RunnerOptions,
+};
 /// The rusqlite version these stores are built on, for callers writing their
 /// own state in `ProducerDb::write` or an `ApplyHandler`.
 pub use rusqlite;

@@ -676,6 +676,32 @@ impl ProducerStore for ProducerDb {
         })
     }
 
+    /// Bookkeeping like the receipts: a lost quarantine only makes the
+    /// relay offer the event again, and the consumer refuses it again.
+    fn quarantine(
+        &mut self,
+        event_id: &EventId,
+        outcome: &str,
+        reason: &str,
+        _now_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.write_synced(false, |ptx| {
+            let tx = &ptx.tx;
+            let err = |e| sql_error("producer: cannot quarantine an event", e);
+            let flow: Option<String> = row_cached(
+                tx,
+                "UPDATE outbox SET quarantined = 1, quarantine_reason = ?2,
+                     attempts = attempts + 1, last_outcome = ?3, last_error = ?2
+                 WHERE event_id = ?1 AND accepted = 0 RETURNING flow_id",
+                params![event_id.as_str(), reason, outcome],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(err)?;
+            refresh_heads(tx, &flow.into_iter().collect::<Vec<_>>(), None, None)
+        })
+    }
+
     fn outbox_entries(
         &mut self,
         quarantined_only: bool,

@@ -691,12 +691,16 @@ impl Model {
             if max.is_some_and(|max| deliveries.len() as u64 >= max) {
                 return RelayReport {
                     deliveries,
+                    refusals: vec![],
+                    transient_errors: 0,
                     stop: RelayStop::Max,
                 };
             }
             let Some(position) = self.outbox.iter().position(|row| !row.accepted) else {
                 return RelayReport {
                     deliveries,
+                    refusals: vec![],
+                    transient_errors: 0,
                     stop: RelayStop::Drained,
                 };
             };
@@ -706,6 +710,8 @@ impl Model {
             if conflict {
                 return RelayReport {
                     deliveries,
+                    refusals: vec![],
+                    transient_errors: 0,
                     stop: RelayStop::Drained,
                 };
             }
@@ -725,6 +731,8 @@ impl Model {
                 Some(max) if deliveries.len() as u64 >= max => {
                     return RelayReport {
                         deliveries,
+                        refusals: vec![],
+                        transient_errors: 0,
                         stop: RelayStop::Max,
                     }
                 }
@@ -752,6 +760,8 @@ impl Model {
             if heads.is_empty() {
                 return RelayReport {
                     deliveries,
+                    refusals: vec![],
+                    transient_errors: 0,
                     stop: RelayStop::Drained,
                 };
             }
@@ -773,6 +783,8 @@ impl Model {
             .position(|row| row.event.event_id == event_id)?;
         Some(RelayReport {
             deliveries: self.relay_round(&[position]),
+            refusals: vec![],
+            transient_errors: 0,
             stop: RelayStop::Drained,
         })
     }

@@ -164,7 +164,8 @@ fn transient_failure_backs_off(ctx: &Ctx) -> Result<Outcome, String> {
     Ok(Outcome {
         observed: json!({
             "busy_exit_code": busy.code,
-            "busy_error_names_the_lock": busy.stderr.contains("locked") || busy.stderr.contains("busy"),
+            "busy_round_failed_transiently": busy.json["transient_errors"],
+            "busy_deliveries": busy.json["deliveries_total"],
             "attempts": row["attempts"],
             "last_outcome": row["last_outcome"],
             "last_error_recorded": row["last_error"].as_str().is_some_and(|e| !e.is_empty()),
@@ -174,8 +175,9 @@ fn transient_failure_backs_off(ctx: &Ctx) -> Result<Outcome, String> {
             "a_1": bookkeeping(ctx, T0 + 1_000, "a-1")?,
         }),
         expected: json!({
-            "busy_exit_code": 1,
-            "busy_error_names_the_lock": true,
+            "busy_exit_code": 0,
+            "busy_round_failed_transiently": 1,
+            "busy_deliveries": 0,
             "attempts": 1,
             "last_outcome": "error",
             "last_error_recorded": true,

@@ -85,7 +85,8 @@ fn delivery(flow: &str, seq: i64, receipt: &str) -> Value {
 
 pub(crate) fn relayed(deliveries: Vec<Value>, stop: &str) -> Value {
     let total = deliveries.len();
-    json!({"deliveries": deliveries, "stop": stop, "deliveries_total": total, "truncated": false})
+    json!({"deliveries": deliveries, "stop": stop, "deliveries_total": total, "truncated": false,
+           "refused": [], "refused_total": 0, "transient_errors": 0})
 }
 
 pub(crate) fn drained(flows: Vec<(&str, u64, &str, Option<&str>)>) -> Value {

@@ -123,6 +123,11 @@ impl ConsumerDb {
         &self.domain
     }
 
+    /// The clock this store stamps its writes with.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+
     /// The signal raised by every commit of this process that stores a new
     /// event in this file: an apply loop in the same process waits on it.
     pub fn receive_signal(&self) -> wake::Signal {

@@ -558,6 +558,7 @@ pub fn record_failure_backs_off_only_that_flow<B: Backend>(dir: &Path) {
     let backoff = Backoff {
         base_ms: 1_000,
         cap_ms: 4_000,
+        floor_ms: 0,
     };
     let failed_at = T0 + 100;
     let untouched = outbox_entries(&mut p);
@@ -662,6 +663,7 @@ pub fn record_failure_waits_stay_within_the_backoff_ceiling<B: Backend>(dir: &Pa
     let backoff = Backoff {
         base_ms: 1_000,
         cap_ms: 4_000,
+        floor_ms: 0,
     };
     let ceilings: [i64; 7] = [1_000, 2_000, 4_000, 4_000, 4_000, 4_000, 4_000];
     let mut now = T0 + 1;
@@ -873,6 +875,7 @@ pub fn relay_transient_failure_backs_off_the_whole_round<B: Backend>(dir: &Path)
         backoff: Backoff {
             base_ms: 500,
             cap_ms: 500,
+            floor_ms: 0,
         },
     };
     let failed_at = T0 + 10;

@@ -38,6 +38,8 @@ pub fn relay_marks_accepted_on_accepted_and_duplicate<B: Backend>(dir: &Path) {
                 delivery(&e1, Receipt::Duplicate),
                 delivery(&e2, Receipt::Accepted)
             ],
+            refusals: vec![],
+            transient_errors: 0,
             stop: RelayStop::Drained,
         }
     );
@@ -131,6 +133,8 @@ pub fn relay_first_pending_conflict_starves_later_events<B: Backend>(dir: &Path)
         report,
         RelayReport {
             deliveries: vec![delivery(&b1, Receipt::Accepted)],
+            refusals: vec![],
+            transient_errors: 0,
             stop: RelayStop::Drained,
         }
     );
@@ -175,6 +179,8 @@ pub fn relay_event_on_accepted_event_is_duplicate<B: Backend>(dir: &Path) {
         report,
         RelayReport {
             deliveries: vec![delivery(&events[1], Receipt::Duplicate)],
+            refusals: vec![],
+            transient_errors: 0,
             stop: RelayStop::Drained,
         }
     );

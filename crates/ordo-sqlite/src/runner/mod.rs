@@ -20,13 +20,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ordo_core::{
-    process_page, relay_each, ApplyHandler, Backoff, Clock, DrainStop, ErrorKind, FlowId, Receipt,
-    RelayError, RelayOptions, StoreError,
-};
+use ordo_core::{ApplyHandler, Backoff, ErrorKind, RelayOptions, StoreError, Transport};
 
 use crate::wake::Signal;
 use crate::{ConsumerDb, ProducerDb};
+
+mod apply;
+mod relay;
+
+pub use apply::ApplyRound;
+pub use relay::RelayRound;
 
 /// How the loops of a [`Runner`] behave. The defaults suit most
 /// applications; see each field.
@@ -74,8 +77,22 @@ pub struct RelayTotals {
     pub duplicate: u64,
     /// Receipts `conflict` (quarantined).
     pub conflict: u64,
+    /// Events the consumer refused to store (quarantined).
+    pub refused: u64,
     /// Transient failures retried.
     pub transient_errors: u64,
+}
+
+impl RelayTotals {
+    fn add(&mut self, round: &RelayTotals) {
+        self.rounds += round.rounds;
+        self.delivered += round.delivered;
+        self.accepted += round.accepted;
+        self.duplicate += round.duplicate;
+        self.conflict += round.conflict;
+        self.refused += round.refused;
+        self.transient_errors += round.transient_errors;
+    }
 }
 
 /// What the apply loop did.
@@ -89,6 +106,15 @@ pub struct ApplyTotals {
     pub blocked: u64,
     /// Transient failures retried.
     pub transient_errors: u64,
+}
+
+impl ApplyTotals {
+    fn add(&mut self, page: &ApplyTotals) {
+        self.rounds += page.rounds;
+        self.applied += page.applied;
+        self.blocked += page.blocked;
+        self.transient_errors += page.transient_errors;
+    }
 }
 
 /// What a [`Runner`] did until it stopped.
@@ -145,15 +171,32 @@ impl Runner {
         producer: ProducerDb,
         consumer: ConsumerDb,
     ) -> std::io::Result<()> {
+        self.spawn_relay_to(producer, consumer, |_: &RelayRound| {})
+    }
+
+    /// Starts the relay loop on its own thread, handing the producer's
+    /// outbox over through `transport` (a consumer store, or a network
+    /// client), and showing each round that did anything to `observe`.
+    pub fn spawn_relay_to<T, O>(
+        &mut self,
+        producer: ProducerDb,
+        transport: T,
+        observe: O,
+    ) -> std::io::Result<()>
+    where
+        T: Transport + Send + 'static,
+        O: FnMut(&RelayRound) + Send + 'static,
+    {
         let signal = producer.append_signal();
         let clock = producer.clock();
-        let relay = RelayLoop {
+        let relay = relay::RelayLoop {
             producer,
-            consumer,
+            transport,
             clock,
             options: self.options,
             control: self.control.clone(),
             signal: signal.clone(),
+            observe,
         };
         self.spawn("ordo-relay", signal, move || relay.run())
     }
@@ -164,13 +207,48 @@ impl Runner {
     where
         H: ApplyHandler<rusqlite::Connection> + Send + 'static,
     {
+        self.start_apply(consumer, handler, None::<fn(&ApplyRound)>)
+    }
+
+    /// [`Runner::spawn_apply`], showing each page that applied or blocked
+    /// anything to `observe`, with the time each event waited from its
+    /// receipt to its apply (one indexed read per event applied).
+    pub fn spawn_apply_observed<H, O>(
+        &mut self,
+        consumer: ConsumerDb,
+        handler: H,
+        observe: O,
+    ) -> std::io::Result<()>
+    where
+        H: ApplyHandler<rusqlite::Connection> + Send + 'static,
+        O: FnMut(&ApplyRound) + Send + 'static,
+    {
+        self.start_apply(consumer, handler, Some(observe))
+    }
+
+    fn start_apply<H, O>(
+        &mut self,
+        consumer: ConsumerDb,
+        handler: H,
+        observe: Option<O>,
+    ) -> std::io::Result<()>
+    where
+        H: ApplyHandler<rusqlite::Connection> + Send + 'static,
+        O: FnMut(&ApplyRound) + Send + 'static,
+    {
         let signal = consumer.receive_signal();
-        let apply = ApplyLoop {
+        let handler = apply::Observed {
+            handler,
+            clock: observe.is_some().then(|| consumer.clock()),
+            seen: ApplyRound::default(),
+        };
+        let apply = apply::ApplyLoop {
             consumer,
             handler,
             options: self.options,
             control: self.control.clone(),
             signal: signal.clone(),
+            observe,
         };
         self.spawn("ordo-apply", signal, move || apply.run())
     }
@@ -261,136 +339,4 @@ impl Idle {
         signal.wait(seen, Duration::from_millis(self.next_ms));
         self.next_ms = self.next_ms.saturating_mul(2).min(self.max_ms);
     }
-}
-
-fn is_transient(kind: ErrorKind) -> bool {
-    matches!(kind, ErrorKind::Busy | ErrorKind::ConnectionLost)
-}
-
-struct RelayLoop {
-    producer: ProducerDb,
-    consumer: ConsumerDb,
-    clock: Arc<dyn Clock>,
-    options: RunnerOptions,
-    control: Arc<Control>,
-    signal: Signal,
-}
-
-impl RelayLoop {
-    fn run(mut self) -> Result<(), StoreError> {
-        let mut idle = Idle::new(&self.options);
-        let round = RelayOptions {
-            max: Some(self.options.relay.batch_len_max.max(1) as u64),
-            ..self.options.relay
-        };
-        while !self.control.stopping() {
-            let seen = self.signal.generation();
-            let mut totals = RelayTotals::default();
-            let outcome = relay_each(
-                &mut self.producer,
-                &mut self.consumer,
-                &round,
-                self.clock.as_ref(),
-                |delivery| {
-                    totals.delivered += 1;
-                    match delivery.receipt {
-                        Receipt::Accepted => totals.accepted += 1,
-                        Receipt::Duplicate => totals.duplicate += 1,
-                        Receipt::Conflict => totals.conflict += 1,
-                    }
-                },
-            );
-            match outcome {
-                Ok(_) => {}
-                Err(e) if e.kind().is_some_and(is_transient) => totals.transient_errors += 1,
-                Err(RelayError::Store(e)) => return Err(e),
-                Err(e) => return Err(StoreError::new(ErrorKind::Other, e.to_string())),
-            }
-            totals.rounds = u64::from(totals.delivered > 0);
-            self.control.update(|r| add_relay(&mut r.relay, &totals));
-            if totals.delivered > 0 {
-                idle.reset();
-            } else {
-                idle.wait(&self.signal, seen);
-            }
-        }
-        Ok(())
-    }
-}
-
-fn add_relay(sum: &mut RelayTotals, round: &RelayTotals) {
-    sum.rounds += round.rounds;
-    sum.delivered += round.delivered;
-    sum.accepted += round.accepted;
-    sum.duplicate += round.duplicate;
-    sum.conflict += round.conflict;
-    sum.transient_errors += round.transient_errors;
-}
-
-struct ApplyLoop<H> {
-    consumer: ConsumerDb,
-    handler: H,
-    options: RunnerOptions,
-    control: Arc<Control>,
-    signal: Signal,
-}
-
-impl<H: ApplyHandler<rusqlite::Connection>> ApplyLoop<H> {
-    fn run(mut self) -> Result<(), StoreError> {
-        let mut idle = Idle::new(&self.options);
-        let mut failures = 0u32;
-        let mut after: Option<FlowId> = None;
-        let mut pass_applied = 0u64;
-        while !self.control.stopping() {
-            let seen = self.signal.generation();
-            let mut page = ApplyTotals::default();
-            let outcome = process_page(
-                &mut self.consumer,
-                after.as_ref(),
-                None,
-                &mut self.handler,
-                self.options.apply_batch_len_max.max(1),
-                |drain| {
-                    page.applied += drain.applied;
-                    page.blocked += u64::from(matches!(drain.stop, DrainStop::Blocked(_)));
-                },
-            );
-            match outcome {
-                Ok(next) => {
-                    failures = 0;
-                    after = next;
-                    pass_applied += page.applied;
-                    page.rounds = u64::from(page.applied > 0);
-                    self.control.update(|r| add_apply(&mut r.apply, &page));
-                }
-                Err(e) if is_transient(e.kind()) => {
-                    failures = failures.saturating_add(1);
-                    self.control.update(|r| r.apply.transient_errors += 1);
-                    let wait_ms = self.options.backoff.delay_ms(failures, fastrand::f64());
-                    self.signal.wait(seen, Duration::from_millis(wait_ms));
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
-            if after.is_some() {
-                continue; // the pass goes on with the next page
-            }
-            // A whole pass is done: wait only if it applied nothing (flows
-            // that are blocked or gapped still list as having work).
-            if pass_applied > 0 {
-                idle.reset();
-            } else {
-                idle.wait(&self.signal, seen);
-            }
-            pass_applied = 0;
-        }
-        Ok(())
-    }
-}
-
-fn add_apply(sum: &mut ApplyTotals, page: &ApplyTotals) {
-    sum.rounds += page.rounds;
-    sum.applied += page.applied;
-    sum.blocked += page.blocked;
-    sum.transient_errors += page.transient_errors;
 }

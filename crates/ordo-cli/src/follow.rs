@@ -1,0 +1,300 @@
+//! `relay --follow` and `apply --follow`: the runner's loops in the
+//! foreground until SIGTERM or SIGINT, one line per round, and metrics.
+//!
+//! Invariant: a signal only asks the loops to stop; the round in progress
+//! commits (or rolls back) whole before the process exits 0.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ordo_core::{ConsumerStore, ProducerStore, Receipt, Transport};
+use ordo_http::{Metrics, MetricsServer};
+use ordo_reservation::{
+    ApplyOptions, ReservationHandler, INVALID_PAYLOAD, INVALID_TRANSITION, UNSUPPORTED_SCHEMA,
+};
+use ordo_sqlite::{ApplyRound, ProducerDb, RelayRound, Runner, RunnerOptions};
+use serde_json::json;
+
+use crate::args::{ApplyArgs, Files, RelayArgs};
+use crate::commands::relay_options;
+use crate::context::{
+    check_distinct, clock, open_existing_consumer, open_existing_producer,
+    open_existing_reservation_consumer,
+};
+use crate::{remote, Failure};
+
+/// How often the stop flag and the loops are looked at.
+const WATCH_INTERVAL: Duration = Duration::from_millis(50);
+/// How often the metrics' gauges are read from the store.
+const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// `relay --follow`, to a consumer file or to `--to URL`. Neither store is
+/// created: a missing one is invalid input.
+pub fn relay(json_mode: bool, args: &RelayArgs) -> Result<(), Failure> {
+    match &args.consumer {
+        Some(consumer) => {
+            let files = Files {
+                producer: args.producer.clone(),
+                consumer: consumer.clone(),
+            };
+            check_distinct(&files)?;
+            let producer = open_existing_producer(&files.producer)?;
+            let consumer = open_existing_consumer(&files.consumer)?;
+            relay_with(json_mode, args, producer, consumer)
+        }
+        None => {
+            let transport = remote::transport(args)?;
+            let producer = open_existing_producer(&args.producer)?;
+            relay_with(json_mode, args, producer, transport)
+        }
+    }
+}
+
+fn relay_with<T: Transport + Send + 'static>(
+    json_mode: bool,
+    args: &RelayArgs,
+    producer: ProducerDb,
+    transport: T,
+) -> Result<(), Failure> {
+    let stop = Stop::install()?;
+    let mut gauges = open_existing_producer(&args.producer)?;
+    let exposition = Exposition::start(args.metrics_listen)?;
+    let metrics = exposition.metrics.clone();
+    let options = RunnerOptions {
+        relay: ordo_core::RelayOptions {
+            max: None,
+            ..relay_options(args)
+        },
+        ..RunnerOptions::default()
+    };
+    let mut runner = Runner::new(options);
+    let mut printer = Printer::new(json_mode);
+    let observer_metrics = metrics.clone();
+    runner
+        .spawn_relay_to(producer, transport, move |round| {
+            count_relay(&observer_metrics, round);
+            printer.relay(round);
+        })
+        .map_err(|e| Failure::Internal(format!("cannot start the relay loop: {e}")))?;
+    watch(&stop, &runner, || {
+        let Some(metrics) = &metrics else {
+            return Ok(());
+        };
+        let now_ms = clock().now_ms();
+        let status = gauges.producer_status(now_ms)?;
+        metrics.set_outbox(&status, now_ms);
+        Ok(())
+    });
+    let report = runner.stop()?;
+    exposition.stop();
+    tracing::info!(
+        rounds = report.relay.rounds,
+        delivered = report.relay.delivered,
+        "relay stopped"
+    );
+    Ok(())
+}
+
+/// `apply --follow` of the reservation domain. The store is not created.
+pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
+    let consumer = open_existing_reservation_consumer(&args.consumer)?;
+    let mut gauges = open_existing_consumer(&args.consumer)?;
+    let stop = Stop::install()?;
+    let exposition = Exposition::start(args.metrics_listen)?;
+    let metrics = exposition.metrics.clone();
+    if let Some(metrics) = &metrics {
+        let codes = [UNSUPPORTED_SCHEMA, INVALID_PAYLOAD, INVALID_TRANSITION];
+        metrics.expect_block_reasons(codes.iter().map(|r| r.code.as_str()));
+    }
+    let handler = ReservationHandler::new(ApplyOptions {
+        support_v2: args.support_v2,
+    });
+    let mut runner = Runner::new(RunnerOptions {
+        apply_batch_len_max: args.batch,
+        ..RunnerOptions::default()
+    });
+    let mut printer = Printer::new(json_mode);
+    let observer_metrics = metrics.clone();
+    runner
+        .spawn_apply_observed(consumer, handler, move |round| {
+            count_apply(&observer_metrics, round);
+            printer.apply(round);
+        })
+        .map_err(|e| Failure::Internal(format!("cannot start the apply loop: {e}")))?;
+    watch(&stop, &runner, || {
+        if let Some(metrics) = &metrics {
+            metrics.set_inbox(&gauges.consumer_status()?);
+        }
+        Ok(())
+    });
+    let report = runner.stop()?;
+    exposition.stop();
+    tracing::info!(
+        rounds = report.apply.rounds,
+        applied = report.apply.applied,
+        "apply stopped"
+    );
+    Ok(())
+}
+
+/// Waits until a signal asks to stop or a loop ends on its own, calling
+/// `refresh` (the gauges) every [`GAUGE_INTERVAL`].
+fn watch(
+    stop: &Stop,
+    runner: &Runner,
+    mut refresh: impl FnMut() -> Result<(), ordo_core::StoreError>,
+) {
+    let mut refreshed: Option<Instant> = None;
+    while !stop.requested() && !runner.failed() {
+        if refreshed.is_none_or(|at| at.elapsed() >= GAUGE_INTERVAL) {
+            if let Err(e) = refresh() {
+                tracing::warn!(error = %e, "cannot read the store's status for the gauges");
+            }
+            refreshed = Some(Instant::now());
+        }
+        std::thread::sleep(WATCH_INTERVAL);
+    }
+}
+
+/// SIGTERM and SIGINT ask to stop; a second one ends the process at once.
+struct Stop(Arc<AtomicBool>);
+
+impl Stop {
+    fn install() -> Result<Stop, Failure> {
+        let flag = Arc::new(AtomicBool::new(false));
+        for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+            let installed =
+                signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(&flag))
+                    .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&flag)));
+            installed.map_err(|e| Failure::Internal(format!("cannot handle signals: {e}")))?;
+        }
+        Ok(Stop(flag))
+    }
+
+    fn requested(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// The metrics of a follow mode, served when `--metrics-listen` is given.
+struct Exposition {
+    metrics: Option<Arc<Metrics>>,
+    server: Option<MetricsServer>,
+}
+
+impl Exposition {
+    fn start(listen: Option<std::net::SocketAddr>) -> Result<Exposition, Failure> {
+        let Some(addr) = listen else {
+            return Ok(Exposition {
+                metrics: None,
+                server: None,
+            });
+        };
+        let metrics = Arc::new(Metrics::new());
+        let server = MetricsServer::start(addr, Arc::clone(&metrics))
+            .map_err(|e| Failure::Usage(format!("--metrics-listen {addr}: {e}")))?;
+        tracing::info!(addr = %server.local_addr(), "serving metrics");
+        Ok(Exposition {
+            metrics: Some(metrics),
+            server: Some(server),
+        })
+    }
+
+    fn stop(self) {
+        if let Some(server) = self.server {
+            server.stop();
+        }
+    }
+}
+
+fn count_relay(metrics: &Option<Arc<Metrics>>, round: &RelayRound) {
+    let Some(metrics) = metrics else { return };
+    let totals = &round.totals;
+    for (receipt, count) in [
+        (Receipt::Accepted, totals.accepted),
+        (Receipt::Duplicate, totals.duplicate),
+        (Receipt::Conflict, totals.conflict),
+    ] {
+        metrics
+            .relay_deliveries_total
+            .with_label_values(&[receipt.as_str()])
+            .inc_by(count);
+    }
+    for kind in &round.failures {
+        metrics
+            .relay_errors_total
+            .with_label_values(&[kind.as_str()])
+            .inc();
+    }
+}
+
+fn count_apply(metrics: &Option<Arc<Metrics>>, round: &ApplyRound) {
+    let Some(metrics) = metrics else { return };
+    metrics.apply_applied_total.inc_by(round.totals.applied);
+    for code in &round.blocked {
+        metrics
+            .apply_blocked_total
+            .with_label_values(&[code.as_str()])
+            .inc();
+    }
+    for lag_ms in &round.lags_ms {
+        metrics.apply_lag_seconds.observe(*lag_ms as f64 / 1000.0);
+    }
+}
+
+/// One stdout line per round: the contract's JSON object, or text.
+struct Printer {
+    json_mode: bool,
+    round: u64,
+}
+
+impl Printer {
+    fn new(json_mode: bool) -> Printer {
+        Printer {
+            json_mode,
+            round: 0,
+        }
+    }
+
+    fn relay(&mut self, round: &RelayRound) {
+        self.round += 1;
+        let t = &round.totals;
+        let line = if self.json_mode {
+            json!({
+                "round": self.round, "delivered": t.delivered, "accepted": t.accepted,
+                "duplicate": t.duplicate, "conflict": t.conflict, "refused": t.refused,
+                "transient_errors": t.transient_errors,
+            })
+            .to_string()
+        } else {
+            format!(
+                "round {}: delivered {} (accepted {}, duplicate {}, conflict {}), refused {}, transient errors {}",
+                self.round, t.delivered, t.accepted, t.duplicate, t.conflict, t.refused, t.transient_errors
+            )
+        };
+        print_line(&line);
+    }
+
+    fn apply(&mut self, round: &ApplyRound) {
+        self.round += 1;
+        let t = &round.totals;
+        let line = if self.json_mode {
+            json!({"round": self.round, "applied": t.applied, "blocked": t.blocked}).to_string()
+        } else {
+            format!(
+                "round {}: applied {}, blocked {}",
+                self.round, t.applied, t.blocked
+            )
+        };
+        print_line(&line);
+    }
+}
+
+/// Prints one line and flushes it; a closed stdout is ignored (the loops go
+/// on, and the logs still say what happens).
+fn print_line(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}

@@ -1,0 +1,393 @@
+//! The relay's side of HTTP.md: a [`Transport`] that POSTs each round to
+//! an `ordo serve` inbox and reads the receipts back, answering every
+//! status as "The relay as a client" says.
+//!
+//! Invariant: the client decides no custody. It turns a response into
+//! receipts or into a [`TransportError`] (transient, too large, one event
+//! rejected, refused); the relay records what they mean.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ordo_core::{Envelope, Receipt, TransientKind, Transport, TransportError};
+use reqwest::blocking::{Client, Response};
+use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::{StatusCode, Url};
+use serde_json::Value;
+
+use crate::auth::{signature_headers, KeyRing};
+
+/// The inbox route, relative to the base URL.
+pub const EVENTS_PATH: &str = "v1/events";
+/// The longest error body read from a refusing server, in bytes.
+const ERROR_BODY_BYTES_MAX: usize = 4096;
+/// The longest wait a `Retry-After` may ask for, in seconds.
+const RETRY_AFTER_S_MAX: u64 = 3600;
+
+/// How the client connects.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// How long one request may take, connection included.
+    pub timeout: Duration,
+    /// How long connecting may take.
+    pub connect_timeout: Duration,
+    /// A certificate authority (PEM) trusted beyond the system's web roots.
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            ca_pem: None,
+        }
+    }
+}
+
+/// Why a client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The URL is not an `http://` or `https://` URL with a host.
+    #[error("--to {url}: {rule}")]
+    Url {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it.
+        rule: String,
+    },
+    /// The key id is not in the key file.
+    #[error("--key-id {0}: no such key id in the key file")]
+    UnknownKeyId(String),
+    /// The certificate authority file or the TLS setup failed.
+    #[error("TLS setup: {0}")]
+    Tls(String),
+}
+
+/// The signing key of a client: a key id and the ring holding its secrets.
+pub struct Signer {
+    key_id: String,
+    ring: KeyRing,
+}
+
+impl Signer {
+    /// Signs with every secret `ring` lists for `key_id`.
+    pub fn new(key_id: &str, ring: KeyRing) -> Result<Signer, ClientError> {
+        if ring.secrets(key_id).is_none() {
+            return Err(ClientError::UnknownKeyId(key_id.to_owned()));
+        }
+        Ok(Signer {
+            key_id: key_id.to_owned(),
+            ring,
+        })
+    }
+}
+
+/// A [`Transport`] to an HTTP inbox, reusing its connections.
+pub struct HttpTransport {
+    client: Client,
+    events_url: Url,
+    signer: Option<Signer>,
+}
+
+impl HttpTransport {
+    /// A client of the inbox at `base` (`http://HOST:PORT[/PREFIX]`).
+    pub fn new(
+        base: &str,
+        signer: Option<Signer>,
+        options: &ClientOptions,
+    ) -> Result<HttpTransport, ClientError> {
+        let events_url = events_url(base)?;
+        let mut builder = Client::builder()
+            .timeout(options.timeout)
+            .connect_timeout(options.connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .redirect(reqwest::redirect::Policy::none())
+            .use_rustls_tls();
+        if let Some(pem) = &options.ca_pem {
+            let ca =
+                reqwest::Certificate::from_pem(pem).map_err(|e| ClientError::Tls(e.to_string()))?;
+            builder = builder.add_root_certificate(ca);
+        }
+        let client = builder
+            .build()
+            .map_err(|e| ClientError::Tls(e.to_string()))?;
+        Ok(HttpTransport {
+            client,
+            events_url,
+            signer,
+        })
+    }
+
+    /// Reads a certificate authority file for [`ClientOptions::ca_pem`].
+    pub fn read_ca(path: &Path) -> Result<Vec<u8>, ClientError> {
+        std::fs::read(path).map_err(|e| ClientError::Tls(format!("{}: {e}", path.display())))
+    }
+
+    /// The URL rounds are posted to.
+    pub fn events_url(&self) -> &Url {
+        &self.events_url
+    }
+
+    fn post(&self, body: Vec<u8>) -> Result<Response, reqwest::Error> {
+        let mut request = self
+            .client
+            .post(self.events_url.clone())
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(signer) = &self.signer {
+            let headers = signature_headers(
+                &signer.ring,
+                &signer.key_id,
+                unix_now_s(),
+                "POST",
+                self.events_url.path(),
+                &body,
+            )
+            .expect("the signer's key id is in its ring");
+            for (name, value) in headers {
+                request = request.header(name, value);
+            }
+        }
+        request.body(body).send()
+    }
+}
+
+impl Transport for HttpTransport {
+    fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, TransportError> {
+        assert!(!events.is_empty(), "a round holds at least one event");
+        let body: Vec<Value> = events.iter().map(Envelope::to_value).collect();
+        let body = serde_json::to_vec(&body).expect("envelopes serialize");
+        let response = self.post(body).map_err(request_failure)?;
+        let status = response.status();
+        if status == StatusCode::OK {
+            return receipts(response, events);
+        }
+        let retry_after_ms = retry_after_ms(&response);
+        let (message, index) = error_body(response);
+        Err(answer(status, message, index, retry_after_ms))
+    }
+}
+
+/// The events URL under `base`, refusing what is not http(s).
+fn events_url(base: &str) -> Result<Url, ClientError> {
+    let invalid = |rule: &str| ClientError::Url {
+        url: base.to_owned(),
+        rule: rule.to_owned(),
+    };
+    let mut url = Url::parse(base).map_err(|e| invalid(&e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid("the scheme must be http or https"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("a host is required"));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(invalid("a query or fragment is not allowed"));
+    }
+    if !url.path().ends_with('/') {
+        let path = format!("{}/", url.path());
+        url.set_path(&path);
+    }
+    url.join(EVENTS_PATH).map_err(|e| invalid(&e.to_string()))
+}
+
+fn unix_now_s() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// A request that got no response: always transient.
+fn request_failure(error: reqwest::Error) -> TransportError {
+    let kind = if error.is_timeout() {
+        TransientKind::Timeout
+    } else if error.is_connect() || error.is_request() || error.is_body() {
+        TransientKind::Connection
+    } else {
+        TransientKind::Other
+    };
+    TransportError::Transient {
+        kind,
+        message: format!("POST failed: {}", error_chain(&error)),
+        retry_after_ms: None,
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// What a status other than 200 means to the relay (HTTP.md, "The relay as
+/// a client").
+fn answer(
+    status: StatusCode,
+    message: String,
+    index: Option<usize>,
+    retry_after_ms: Option<u64>,
+) -> TransportError {
+    let code = status.as_u16();
+    let said = format!("{status}: {message}");
+    match code {
+        413 => TransportError::TooLarge { message: said },
+        400 => match index {
+            Some(index) => TransportError::Rejected {
+                index,
+                message: said,
+            },
+            None => TransportError::Refused { message: said },
+        },
+        401 | 403 => TransportError::Refused {
+            message: format!("{said} (check --key-id and --key-file against the server's --keys)"),
+        },
+        404 | 405 => TransportError::Refused {
+            message: format!("{said} (is --to the base URL of `ordo serve`?)"),
+        },
+        408 | 429 | 500..=599 => TransportError::Transient {
+            kind: if code == 503 {
+                TransientKind::Busy
+            } else {
+                TransientKind::Http
+            },
+            message: said,
+            retry_after_ms,
+        },
+        _ => TransportError::Refused { message: said },
+    }
+}
+
+/// `Retry-After` in seconds (an integer), as milliseconds.
+fn retry_after_ms(response: &Response) -> Option<u64> {
+    let seconds: u64 = response
+        .headers()
+        .get(RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(seconds.min(RETRY_AFTER_S_MAX) * 1000)
+}
+
+/// The `error` and `index` of an error body, as far as it can be read.
+fn error_body(response: Response) -> (String, Option<usize>) {
+    let bytes = match response.bytes() {
+        Ok(bytes) => bytes,
+        Err(e) => return (format!("unreadable error body: {e}"), None),
+    };
+    let bytes = &bytes[..bytes.len().min(ERROR_BODY_BYTES_MAX)];
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(value) => {
+            let message = value
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or("no error message")
+                .to_owned();
+            let index = value
+                .get("index")
+                .and_then(Value::as_u64)
+                .and_then(|i| usize::try_from(i).ok());
+            (message, index)
+        }
+        Err(_) => (String::from_utf8_lossy(bytes).into_owned(), None),
+    }
+}
+
+/// The receipts of a 200, checked against the round: one per event, in
+/// order, under the events' own ids. A server that answers otherwise is
+/// not an ordo inbox, and nothing is marked.
+fn receipts(response: Response, events: &[Envelope]) -> Result<Vec<Receipt>, TransportError> {
+    let refused = |rule: &str| TransportError::Refused {
+        message: format!("the server's 200 is not an ordo receipt list: {rule}"),
+    };
+    let value: Value = response.json().map_err(|e| TransportError::Transient {
+        kind: TransientKind::Connection,
+        message: format!("reading the receipts failed: {}", error_chain(&e)),
+        retry_after_ms: None,
+    })?;
+    let list = value
+        .get("receipts")
+        .and_then(Value::as_array)
+        .ok_or_else(|| refused("no \"receipts\" array"))?;
+    if list.len() != events.len() {
+        return Err(refused(&format!(
+            "{} receipts for {} events",
+            list.len(),
+            events.len()
+        )));
+    }
+    list.iter()
+        .zip(events)
+        .map(|(item, event)| {
+            if item.get("event_id").and_then(Value::as_str) != Some(event.event_id.as_str()) {
+                return Err(refused(&format!(
+                    "the receipt for {} names another event",
+                    event.event_id
+                )));
+            }
+            item.get("receipt")
+                .and_then(Value::as_str)
+                .and_then(Receipt::parse)
+                .ok_or_else(|| refused("a receipt is not accepted, duplicate or conflict"))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_url_joins_the_route_under_the_base() {
+        let url = |base: &str| events_url(base).map(|u| u.to_string());
+        assert_eq!(
+            url("http://127.0.0.1:8080").unwrap(),
+            "http://127.0.0.1:8080/v1/events"
+        );
+        assert_eq!(
+            url("https://inbox.example/ordo").unwrap(),
+            "https://inbox.example/ordo/v1/events"
+        );
+        assert_eq!(
+            url("https://inbox.example/ordo/").unwrap(),
+            "https://inbox.example/ordo/v1/events"
+        );
+        for bad in ["ftp://x/", "127.0.0.1:8080", "http://x/?a=1", "not a url"] {
+            assert!(url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_status_means_what_http_md_says() {
+        let kind = |status: u16, index: Option<usize>| {
+            let status = StatusCode::from_u16(status).unwrap();
+            match answer(status, "x".into(), index, Some(2000)) {
+                TransportError::TooLarge { .. } => "too_large".to_owned(),
+                TransportError::Rejected { index, .. } => format!("rejected {index}"),
+                TransportError::Refused { .. } => "refused".to_owned(),
+                TransportError::Transient {
+                    kind,
+                    retry_after_ms,
+                    ..
+                } => format!("transient {} {retry_after_ms:?}", kind.as_str()),
+                other => panic!("{other}"),
+            }
+        };
+        assert_eq!(kind(413, None), "too_large");
+        assert_eq!(kind(400, Some(3)), "rejected 3");
+        assert_eq!(kind(400, None), "refused");
+        for status in [401, 403, 404, 405, 415, 302] {
+            assert_eq!(kind(status, None), "refused", "{status}");
+        }
+        assert_eq!(kind(503, None), "transient busy Some(2000)");
+        for status in [408, 429, 500, 502, 504] {
+            assert_eq!(kind(status, None), "transient http Some(2000)", "{status}");
+        }
+    }
+}

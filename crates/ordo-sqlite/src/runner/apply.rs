@@ -1,0 +1,158 @@
+//! The apply loop: pages of flows with work, each drained through the
+//! application's handler, until stopped.
+//!
+//! Invariant: the loop knows no domain; the handler decides every event.
+//! An observed loop wraps the handler to see its verdicts and reads each
+//! applied row's receive time inside the apply transaction.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ordo_core::{
+    process_page, ApplyHandler, BlockCode, Clock, DrainStop, Envelope, ErrorKind, FlowId,
+    StoreError, Verdict,
+};
+use rusqlite::{Connection, OptionalExtension};
+
+use super::{ApplyTotals, Control, Idle, RunnerOptions};
+use crate::wake::Signal;
+use crate::ConsumerDb;
+
+/// One page of the apply loop, as its observer sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApplyRound {
+    /// What the page did (`rounds` is 1 when it applied anything).
+    pub totals: ApplyTotals,
+    /// The code of each event the handler blocked in this page.
+    pub blocked: Vec<BlockCode>,
+    /// For each event applied, the time from its receipt to its apply.
+    pub lags_ms: Vec<u64>,
+}
+
+pub(super) struct ApplyLoop<H, O> {
+    pub(super) consumer: ConsumerDb,
+    pub(super) handler: Observed<H>,
+    pub(super) options: RunnerOptions,
+    pub(super) control: Arc<Control>,
+    pub(super) signal: Signal,
+    pub(super) observe: Option<O>,
+}
+
+impl<H, O> ApplyLoop<H, O>
+where
+    H: ApplyHandler<Connection>,
+    O: FnMut(&ApplyRound),
+{
+    pub(super) fn run(mut self) -> Result<(), StoreError> {
+        let mut idle = Idle::new(&self.options);
+        let mut failures = 0u32;
+        let mut after: Option<FlowId> = None;
+        let mut pass_applied = 0u64;
+        while !self.control.stopping() {
+            let seen = self.signal.generation();
+            let mut page = ApplyTotals::default();
+            self.handler.seen = ApplyRound::default();
+            let outcome = process_page(
+                &mut self.consumer,
+                after.as_ref(),
+                None,
+                &mut self.handler,
+                self.options.apply_batch_len_max.max(1),
+                |drain| {
+                    page.applied += drain.applied;
+                    page.blocked += u64::from(matches!(drain.stop, DrainStop::Blocked(_)));
+                },
+            );
+            match outcome {
+                Ok(next) => {
+                    failures = 0;
+                    after = next;
+                    pass_applied += page.applied;
+                    page.rounds = u64::from(page.applied > 0);
+                    self.control.update(|r| r.apply.add(&page));
+                    self.report(page);
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::Busy | ErrorKind::ConnectionLost) => {
+                    failures = failures.saturating_add(1);
+                    self.control.update(|r| r.apply.transient_errors += 1);
+                    let wait_ms = self.options.backoff.delay_ms(failures, fastrand::f64());
+                    self.signal.wait(seen, Duration::from_millis(wait_ms));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            if after.is_some() {
+                continue; // the pass goes on with the next page
+            }
+            // A whole pass is done: wait only if it applied nothing (flows
+            // that are blocked or gapped still list as having work).
+            if pass_applied > 0 {
+                idle.reset();
+            } else {
+                idle.wait(&self.signal, seen);
+            }
+            pass_applied = 0;
+        }
+        Ok(())
+    }
+
+    /// Hands a page that applied or blocked anything to the observer.
+    fn report(&mut self, page: ApplyTotals) {
+        let Some(observe) = self.observe.as_mut() else {
+            return;
+        };
+        let mut round = std::mem::take(&mut self.handler.seen);
+        if page.applied == 0 && round.blocked.is_empty() {
+            return;
+        }
+        round.totals = ApplyTotals {
+            blocked: round.blocked.len() as u64,
+            ..page
+        };
+        observe(&round);
+    }
+}
+
+/// The application's handler, with what it decided seen by the loop when
+/// the loop is observed.
+pub(super) struct Observed<H> {
+    pub(super) handler: H,
+    pub(super) clock: Option<Arc<dyn Clock>>,
+    pub(super) seen: ApplyRound,
+}
+
+impl<H: ApplyHandler<Connection>> ApplyHandler<Connection> for Observed<H> {
+    fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+        let verdict = self.handler.apply(tx, event)?;
+        let Some(clock) = &self.clock else {
+            return Ok(verdict);
+        };
+        match &verdict {
+            Verdict::Apply => {
+                if let Some(received_at_ms) = received_at_ms(tx, event)? {
+                    let lag_ms = clock.now_ms().saturating_sub(received_at_ms).max(0);
+                    self.seen.lags_ms.push(lag_ms as u64);
+                }
+            }
+            Verdict::Block(reason) => self.seen.blocked.push(reason.code),
+        }
+        Ok(verdict)
+    }
+
+    fn reevaluate(&self) -> &[BlockCode] {
+        self.handler.reevaluate()
+    }
+}
+
+fn received_at_ms(tx: &Connection, event: &Envelope) -> Result<Option<i64>, StoreError> {
+    tx.prepare_cached("SELECT received_at_ms FROM inbox WHERE flow_id = ?1 AND seq = ?2")
+        .and_then(|mut statement| {
+            statement
+                .query_row(
+                    rusqlite::params![event.flow_id.as_str(), event.seq.get()],
+                    |row| row.get(0),
+                )
+                .optional()
+        })
+        .map_err(StoreError::from)
+}
