@@ -6,9 +6,11 @@ mod args;
 mod commands;
 mod context;
 mod lab;
+mod logging;
 mod ops;
 mod render;
 mod render_lab;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -114,6 +116,7 @@ fn main() -> ExitCode {
             return Failure::Usage(usage_message(&error)).exit();
         }
     };
+    logging::init(cli.log_format, logging::long_running(&cli.command));
     match commands::run(cli) {
         Ok(status) => ExitCode::from(status),
         Err(failure) => failure.exit(),
