@@ -29,6 +29,17 @@ pub struct Cli {
           value_parser = clap::value_parser!(u64).range(0..=3_600_000), allow_hyphen_values = true)]
     pub busy_timeout_ms: u64,
 
+    /// How logs are written on stderr (level from RUST_LOG; default info for
+    /// long-running modes, warn otherwise).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        value_name = "FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -116,12 +127,71 @@ pub enum Command {
     Status(StatusArgs),
     /// Remove delivered outbox rows and settled inbox rows older than a duration.
     Prune(PruneArgs),
+    /// Serve the consumer's inbox over HTTP (HTTP.md) until SIGTERM or SIGINT.
+    Serve(ServeArgs),
     /// A long-running role for multi-process scenarios (used by experiment and soak).
     #[command(hide = true)]
     Worker {
         #[command(subcommand)]
         role: WorkerCommand,
     },
+}
+
+/// The format of the logs on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The consumer store (never created here).
+    #[arg(long, value_name = "C")]
+    pub consumer: PathBuf,
+    /// The address to listen on, IP:PORT (port 0 picks a free port; the
+    /// first stdout line names the bound address).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: std::net::SocketAddr,
+    /// The key file (lines `KEY_ID SECRET_HEX`, readable by its owner only);
+    /// every POST must then be signed.
+    #[arg(long, value_name = "FILE")]
+    pub keys: Option<PathBuf>,
+    /// Also run the reservation domain's applier in this process.
+    #[arg(long)]
+    pub apply: bool,
+    /// The most envelopes of one request, 1..=100000.
+    #[arg(long, value_name = "N", default_value_t = ordo_http::server::MAX_BATCH_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_batch: u64,
+    /// The largest request body in bytes, 1..=1073741824.
+    #[arg(long, value_name = "B", default_value_t = ordo_http::server::MAX_BODY_BYTES_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=1_073_741_824))]
+    pub max_body_bytes: u64,
+    /// The most requests in flight; more are answered 503, 1..=10000.
+    #[arg(long, value_name = "N", default_value_t = ordo_http::server::MAX_IN_FLIGHT_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub max_in_flight: u64,
+    /// The most open connections; more are closed at once, 1..=1000000.
+    #[arg(long, value_name = "N", default_value_t = ordo_http::server::MAX_CONNECTIONS_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
+    /// How long a request head, a body or a TLS handshake may take, and how
+    /// long an idle connection stays open, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = ordo_http::server::READ_TIMEOUT_DEFAULT.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub read_timeout_ms: u64,
+    /// Serve HTTPS with this certificate chain (PEM); requires --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Allow unsigned requests on an address other than loopback.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
 }
 
 #[derive(Debug, Args)]

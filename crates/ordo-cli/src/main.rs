@@ -7,10 +7,12 @@ mod commands;
 mod context;
 mod follow;
 mod lab;
+mod logging;
 mod ops;
 mod remote;
 mod render;
 mod render_lab;
+mod serve;
 
 use std::process::ExitCode;
 
@@ -116,6 +118,7 @@ fn main() -> ExitCode {
             return Failure::Usage(usage_message(&error)).exit();
         }
     };
+    logging::init(cli.log_format, logging::long_running(&cli.command));
     match commands::run(cli) {
         Ok(status) => ExitCode::from(status),
         Err(failure) => failure.exit(),

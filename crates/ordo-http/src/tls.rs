@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{self, ServerConfig};
-use tokio_rustls::TlsAcceptor;
+pub use tokio_rustls::TlsAcceptor;
 
 /// An acceptor serving the certificate chain of `cert_path` with the
 /// private key of `key_path` (both PEM), HTTP/1.1 only. The error names

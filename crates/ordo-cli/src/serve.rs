@@ -1,0 +1,266 @@
+//! `ordo serve`: the HTTP inbox of HTTP.md on a consumer store, with the
+//! reservation applier beside it when `--apply` is given.
+//!
+//! Every flag, the key file and the TLS files are checked before the store
+//! is opened; the store is never created here. The first stdout line names
+//! the bound address; the process then runs until SIGTERM or SIGINT, lets
+//! requests in flight finish, stops the applier after its round, exits 0.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ordo_http::server::ServerConfig;
+use ordo_http::tls::TlsAcceptor;
+use ordo_http::{InboxStore, KeyRing, MeteredHandler, Metrics, Opener, ReceiveTimes, Server};
+use ordo_reservation::{consumer_schema, ApplyOptions, ReservationHandler};
+use ordo_sqlite::{ConsumerDb, OpenOptions, Runner, RunnerOptions};
+use serde_json::json;
+
+use crate::args::ServeArgs;
+use crate::context::{clock, emit, open_options};
+use crate::Failure;
+
+/// How often the applier's committed totals reach the metrics, and its
+/// health is checked.
+const APPLY_WATCH_INTERVAL: Duration = Duration::from_millis(500);
+/// Blocking threads beyond the requests in flight (status reads, spare).
+const BLOCKING_THREADS_SPARE: usize = 8;
+
+pub fn serve(json_mode: bool, args: ServeArgs) -> Result<(), Failure> {
+    let keys = load_keys(&args)?;
+    let tls = load_tls(&args)?;
+    let config = server_config(&args, keys);
+    check_store(&args.consumer, args.apply)?;
+    raise_open_files_limit();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads(config.max_in_flight + BLOCKING_THREADS_SPARE)
+        .thread_name("ordo-serve")
+        .build()
+        .map_err(|e| Failure::Internal(format!("cannot start the runtime: {e}")))?;
+    runtime.block_on(run(json_mode, args, config, tls))
+}
+
+/// Refuses unsigned requests off loopback unless told, and reads the keys.
+fn load_keys(args: &ServeArgs) -> Result<Option<KeyRing>, Failure> {
+    let Some(path) = &args.keys else {
+        if !args.listen.ip().is_loopback() && !args.insecure_no_auth {
+            return Err(Failure::Usage(format!(
+                "--listen {} is not a loopback address: give --keys FILE, or --insecure-no-auth to accept unsigned requests",
+                args.listen
+            )));
+        }
+        return Ok(None);
+    };
+    KeyRing::load(path)
+        .map(Some)
+        .map_err(|e| Failure::Usage(e.to_string()))
+}
+
+fn load_tls(args: &ServeArgs) -> Result<Option<TlsAcceptor>, Failure> {
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => ordo_http::tls::acceptor(cert, key)
+            .map(Some)
+            .map_err(Failure::Usage),
+        _ => Ok(None),
+    }
+}
+
+fn server_config(args: &ServeArgs, keys: Option<KeyRing>) -> ServerConfig {
+    ServerConfig {
+        keys,
+        max_batch: args.max_batch as usize,
+        max_body_bytes: args.max_body_bytes,
+        max_in_flight: args.max_in_flight as usize,
+        max_connections: args.max_connections as usize,
+        read_timeout: Duration::from_millis(args.read_timeout_ms),
+        receive_times: args.apply.then(Arc::default),
+        ..ServerConfig::default()
+    }
+}
+
+/// The store must exist (nothing is created); with `--apply`, it must
+/// belong to the reservation domain.
+fn check_store(path: &Path, apply: bool) -> Result<(), Failure> {
+    ConsumerDb::check_existing(path)?;
+    match ConsumerDb::existing_domain(path)? {
+        None => Err(Failure::Usage(format!(
+            "{} does not exist (serve never creates a store; run `ordo init --consumer {}` first)",
+            path.display(),
+            path.display()
+        ))),
+        Some(domain) if apply && domain != ordo_reservation::DOMAIN => {
+            Err(Failure::Usage(format!(
+                "{} belongs to domain \"{domain}\"; its handler runs in the application (serve without --apply)",
+                path.display()
+            )))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Raises this process's soft limit on open files to its hard limit, so
+/// that `--max-connections` is not cut short by it.
+fn raise_open_files_limit() {
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::warn!("cannot raise the limit on open files: {e}");
+    }
+}
+
+/// Opens store handles that never create the file.
+fn opener(path: PathBuf) -> Opener {
+    let options = OpenOptions {
+        create: false,
+        ..open_options()
+    };
+    Arc::new(move || {
+        let store = ConsumerDb::open_existing(&path, clock(), &options)?;
+        Ok(Box::new(store) as Box<dyn InboxStore>)
+    })
+}
+
+async fn run(
+    json_mode: bool,
+    args: ServeArgs,
+    config: ServerConfig,
+    tls: Option<TlsAcceptor>,
+) -> Result<(), Failure> {
+    let metrics = Arc::new(Metrics::new());
+    // A first handle now: a store that cannot be opened stops the start.
+    (opener(args.consumer.clone()))()?;
+    let applier = match &config.receive_times {
+        Some(times) => Some(start_applier(&args.consumer, &metrics, times)?),
+        None => None,
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| Failure::Internal(format!("cannot listen on {}: {e}", args.listen)))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Failure::Internal(format!("cannot read the bound address: {e}")))?;
+    let server = Server::new(
+        config,
+        opener(args.consumer.clone()),
+        metrics.clone(),
+        clock(),
+    );
+    announce(json_mode, bound, tls.is_some());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let watch = applier.map(|runner| tokio::spawn(watch_applier(runner, metrics, stop.clone())));
+    let shutdown = shutdown(stopped);
+    server.serve(listener, tls, shutdown).await;
+    let _ = stop.send(true);
+    tracing::info!("stopped serving");
+    match watch {
+        Some(watch) => watch
+            .await
+            .map_err(|e| Failure::Internal(format!("the applier's watch failed: {e}")))?,
+        None => Ok(()),
+    }
+}
+
+fn announce(json_mode: bool, bound: SocketAddr, https: bool) {
+    let scheme = if https { "https" } else { "http" };
+    tracing::info!("serving {scheme}://{bound}");
+    emit(
+        json_mode,
+        &json!({ "listening": bound.to_string() }),
+        || format!("listening on {bound}"),
+    );
+}
+
+/// Completes at SIGTERM, SIGINT, or when `stopped` turns true (the
+/// applier failed).
+async fn shutdown(mut stopped: tokio::sync::watch::Receiver<bool>) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::error!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = terminate => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        _ = stopped.wait_for(|stop| *stop) => {}
+    }
+}
+
+fn start_applier(
+    path: &Path,
+    metrics: &Arc<Metrics>,
+    times: &Arc<ReceiveTimes>,
+) -> Result<Runner, Failure> {
+    let options = OpenOptions {
+        create: false,
+        ..open_options()
+    };
+    let consumer = ConsumerDb::open_with(path, &consumer_schema(), clock(), &options)?;
+    metrics.expect_block_reasons(
+        [
+            ordo_reservation::UNSUPPORTED_SCHEMA,
+            ordo_reservation::INVALID_PAYLOAD,
+            ordo_reservation::INVALID_TRANSITION,
+        ]
+        .iter()
+        .map(|reason| reason.code.as_str()),
+    );
+    let handler = MeteredHandler::new(
+        ReservationHandler::new(ApplyOptions::default()),
+        Arc::clone(metrics),
+        Arc::clone(times),
+    );
+    let mut runner = Runner::new(RunnerOptions::default());
+    runner
+        .spawn_apply(consumer, handler)
+        .map_err(|e| Failure::Internal(format!("cannot start the applier: {e}")))?;
+    tracing::info!("applier started");
+    Ok(runner)
+}
+
+/// Moves the applier's committed count into the metrics until the server
+/// stops or the applier fails (which stops the server); then stops it.
+async fn watch_applier(
+    runner: Runner,
+    metrics: Arc<Metrics>,
+    stop: tokio::sync::watch::Sender<bool>,
+) -> Result<(), Failure> {
+    let mut stopped = stop.subscribe();
+    let mut counted = 0;
+    let mut interval = tokio::time::interval(APPLY_WATCH_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = stopped.wait_for(|stop| *stop) => break,
+        }
+        counted = count_applied(&runner, &metrics, counted);
+        if runner.failed() {
+            tracing::error!("the applier stopped on a failure; shutting down");
+            let _ = stop.send(true);
+            break;
+        }
+    }
+    let report = tokio::task::spawn_blocking(move || runner.stop())
+        .await
+        .map_err(|e| Failure::Internal(format!("the applier's stop failed: {e}")))??;
+    let total = report.apply.applied;
+    metrics
+        .apply_applied_total
+        .inc_by(total.saturating_sub(counted));
+    tracing::info!(applied = total, "applier stopped");
+    Ok(())
+}
+
+fn count_applied(runner: &Runner, metrics: &Metrics, counted: u64) -> u64 {
+    let applied = runner.report().apply.applied;
+    metrics
+        .apply_applied_total
+        .inc_by(applied.saturating_sub(counted));
+    applied.max(counted)
+}
