@@ -1,0 +1,623 @@
+//! `ordo relay --to URL` and the `--follow` modes, as real processes: a
+//! producer file on one side, `ordo serve` on a consumer file on the other,
+//! talking over loopback. Every row of HTTP.md "The relay as a client" has
+//! a test here; the answers no honest `ordo serve` gives (403, 405, 429,
+//! 500, 400 naming an item) come from a one-response-per-connection server
+//! of the test's own that stands for a consumer of another version.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::{row, run, Lab, Out};
+use ordo_sqlite::rusqlite;
+use serde_json::{json, Value};
+
+const T0: i64 = 1_700_000_000_000;
+/// The longest a test waits for something a process should do at once.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A running `ordo serve` on a consumer file; killed when dropped.
+struct Serve {
+    child: Child,
+    addr: String,
+    _stdout: BufReader<ChildStdout>,
+}
+
+impl Serve {
+    fn start(consumer: &str, extra: &[&str]) -> Serve {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
+            .args(["serve", "--consumer", consumer, "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env_remove("ORDO_CRASH_POINT")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ordo serve starts");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("the listening line");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("first line {line:?}"))
+            .to_owned();
+        Serve {
+            child,
+            addr,
+            _stdout: stdout,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A producer with `flows` reserved flows, a consumer file created empty.
+fn lab_with(flows: &[&str]) -> Lab {
+    let lab = Lab::new();
+    lab.init();
+    for flow in flows {
+        lab.advance(flow, 0, "reserved", Some(3));
+    }
+    lab
+}
+
+fn relay_to(lab: &Lab, url: &str, extra: &[&str]) -> Out {
+    let mut args = vec!["relay", "--json", "--producer", &lab.p, "--to", url];
+    args.extend_from_slice(extra);
+    lab.run(&args)
+}
+
+fn outbox(lab: &Lab) -> Value {
+    lab.run(&["outbox", "list", "--json", "--producer", &lab.p])
+        .json()["outbox"]
+        .clone()
+}
+
+fn inbox_ids(lab: &Lab) -> Vec<String> {
+    let inbox = lab.snapshot()["consumer"]["inbox"].clone();
+    let mut ids: Vec<String> = inbox
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|r| r["event_id"].as_str().expect("an id").to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn receipts(report: &Value) -> Vec<(String, String)> {
+    report["deliveries"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|d| {
+            (
+                d["event_id"].as_str().unwrap().to_owned(),
+                d["receipt"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn relay_to_a_server_moves_custody_and_a_resend_answers_duplicate() {
+    let lab = lab_with(&["A", "B"]);
+    lab.advance("A", 1, "confirmed", None);
+    let serve = Serve::start(&lab.c, &[]);
+    let report = relay_to(&lab, &serve.url(), &[]).json();
+    let mut got = receipts(&report);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("A-1".into(), "accepted".into()),
+            ("A-2".into(), "accepted".into()),
+            ("B-1".into(), "accepted".into())
+        ]
+    );
+    assert_eq!(inbox_ids(&lab), ["A-1", "A-2", "B-1"]);
+    assert!(outbox(&lab)
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["accepted"] == json!(true)));
+    // An explicit resend (a retry after a lost response) is a duplicate.
+    let again = relay_to(&lab, &serve.url(), &["--event", "A-1"]).json();
+    assert_eq!(receipts(&again), [("A-1".into(), "duplicate".into())]);
+    assert_eq!(inbox_ids(&lab), ["A-1", "A-2", "B-1"]);
+}
+
+#[test]
+fn a_round_over_the_servers_max_batch_is_split_and_delivered_whole() {
+    let flows = ["A", "B", "C", "D", "E"];
+    let lab = lab_with(&flows);
+    let serve = Serve::start(&lab.c, &["--max-batch", "2"]);
+    let report = relay_to(&lab, &serve.url(), &["--batch", "5"]).json();
+    assert_eq!(report["deliveries_total"], json!(5), "{report}");
+    assert_eq!(report["refused_total"], json!(0), "{report}");
+    assert_eq!(inbox_ids(&lab), ["A-1", "B-1", "C-1", "D-1", "E-1"]);
+}
+
+#[test]
+fn an_event_too_large_alone_is_quarantined_and_the_rest_go_on() {
+    // A long flow id makes one envelope larger than the server takes.
+    let long = "L".repeat(100);
+    let lab = lab_with(&["A", &long, "B"]);
+    let serve = Serve::start(&lab.c, &["--max-body-bytes", "250"]);
+    let report = relay_to(&lab, &serve.url(), &[]).json();
+    assert_eq!(report["deliveries_total"], json!(2), "{report}");
+    assert_eq!(
+        report["refused"][0]["reason"],
+        json!("too_large"),
+        "{report}"
+    );
+    assert_eq!(report["refused"][0]["flow_id"], json!(long));
+    assert_eq!(inbox_ids(&lab), ["A-1", "B-1"]);
+    let rows = outbox(&lab);
+    let quarantined = row(&rows, "flow_id", &long);
+    assert_eq!(quarantined["quarantined"], json!(true));
+    assert_eq!(quarantined["accepted"], json!(false));
+    assert!(
+        quarantined["quarantine_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("too_large")),
+        "{quarantined}"
+    );
+    // A later run does not offer it again.
+    let again = relay_to(&lab, &serve.url(), &[]).json();
+    assert_eq!(again["deliveries_total"], json!(0), "{again}");
+}
+
+#[test]
+fn unsigned_or_wrongly_signed_rounds_are_a_configuration_error_marking_nothing() {
+    let lab = lab_with(&["A"]);
+    let keys = write_key_file(lab.dir.path(), "keys", "k1", &"11".repeat(32));
+    let wrong = write_key_file(lab.dir.path(), "wrong", "k1", &"22".repeat(32));
+    let serve = Serve::start(&lab.c, &["--keys", &keys]);
+    let before = outbox(&lab);
+    for extra in [vec![], vec!["--key-id", "k1", "--key-file", &wrong]] {
+        let out = relay_to(&lab, &serve.url(), &extra);
+        out.storage_error();
+        assert!(out.stderr.contains("401"), "{out:#?}");
+        assert_eq!(outbox(&lab), before, "nothing marked");
+    }
+    assert!(inbox_ids(&lab).is_empty());
+    let signed = relay_to(&lab, &serve.url(), &["--key-id", "k1", "--key-file", &keys]).json();
+    assert_eq!(receipts(&signed), [("A-1".into(), "accepted".into())]);
+}
+
+#[test]
+fn a_key_id_missing_from_the_key_file_is_invalid_input() {
+    let lab = lab_with(&["A"]);
+    let keys = write_key_file(lab.dir.path(), "keys", "k1", &"11".repeat(32));
+    let out = relay_to(
+        &lab,
+        "http://127.0.0.1:9",
+        &["--key-id", "k2", "--key-file", &keys],
+    );
+    out.usage("k2");
+}
+
+#[test]
+fn a_wrong_path_is_a_configuration_error_and_a_bad_url_invalid_input() {
+    let lab = lab_with(&["A"]);
+    let serve = Serve::start(&lab.c, &[]);
+    let out = relay_to(&lab, &format!("{}/not-ordo", serve.url()), &[]);
+    out.storage_error();
+    assert!(out.stderr.contains("404"), "{out:#?}");
+    assert_eq!(outbox(&lab)[0]["attempts"], json!(0), "nothing recorded");
+    relay_to(&lab, "ftp://127.0.0.1/", &[]).usage("http");
+}
+
+#[test]
+fn an_unreachable_server_is_transient_recorded_and_exit_0() {
+    let lab = lab_with(&["A", "B"]);
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let out = lab.at(T0).run(&[
+        "relay",
+        "--json",
+        "--producer",
+        &lab.p,
+        "--to",
+        &url,
+        "--timeout-ms",
+        "2000",
+    ]);
+    let report = out.json();
+    assert_eq!(report["deliveries_total"], json!(0));
+    assert!(
+        report["transient_errors"].as_u64().unwrap() >= 1,
+        "{report}"
+    );
+    for flow in ["A", "B"] {
+        let rows = outbox(&lab);
+        let r = row(&rows, "flow_id", flow);
+        assert_eq!(r["attempts"], json!(1), "{r}");
+        assert_eq!(r["last_outcome"], json!("error"), "{r}");
+        assert!(r["next_attempt_at_ms"].as_i64().unwrap() > T0, "{r}");
+    }
+}
+
+#[test]
+fn a_busy_store_behind_the_server_is_503_then_delivered_after_it_clears() {
+    let lab = lab_with(&["A"]);
+    let serve = Serve::start(&lab.c, &["--busy-timeout-ms", "50"]);
+    let lock = rusqlite::Connection::open(&lab.c).expect("open the consumer");
+    lock.execute_batch("BEGIN IMMEDIATE").expect("lock it");
+    let busy = lab.at(T0).run(&[
+        "relay",
+        "--json",
+        "--producer",
+        &lab.p,
+        "--to",
+        &serve.url(),
+    ]);
+    let report = busy.json();
+    assert_eq!(report["transient_errors"], json!(1), "{report}");
+    let rows = outbox(&lab);
+    let a1 = row(&rows, "event_id", "A-1");
+    assert!(
+        a1["last_error"].as_str().is_some_and(|e| e.contains("503")),
+        "{a1}"
+    );
+    // The server's Retry-After (at least 1 s) bounds the next attempt.
+    assert!(
+        a1["next_attempt_at_ms"].as_i64().unwrap() >= T0 + 1_000,
+        "{a1}"
+    );
+    lock.execute_batch("ROLLBACK").expect("unlock");
+    let later = lab
+        .at(T0 + 120_000)
+        .run(&[
+            "relay",
+            "--json",
+            "--producer",
+            &lab.p,
+            "--to",
+            &serve.url(),
+        ])
+        .json();
+    assert_eq!(receipts(&later), [("A-1".into(), "accepted".into())]);
+}
+
+#[test]
+fn a_retry_after_is_never_shortened_and_429_500_are_transient() {
+    for (status, kind_in_error) in [(503, "503"), (429, "429"), (500, "500")] {
+        let lab = lab_with(&["A"]);
+        let url = canned(status, &[("Retry-After", "30")], r#"{"error":"later"}"#);
+        let report = lab
+            .at(T0)
+            .run(&["relay", "--json", "--producer", &lab.p, "--to", &url])
+            .json();
+        assert_eq!(report["transient_errors"], json!(1), "{status}: {report}");
+        let rows = outbox(&lab);
+        let a1 = row(&rows, "event_id", "A-1");
+        assert!(
+            a1["next_attempt_at_ms"].as_i64().unwrap() >= T0 + 30_000,
+            "{status}: {a1}"
+        );
+        assert!(
+            a1["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains(kind_in_error)),
+            "{a1}"
+        );
+    }
+}
+
+#[test]
+fn forbidden_and_method_not_allowed_stop_the_run_marking_nothing() {
+    for status in [403, 405, 415] {
+        let lab = lab_with(&["A"]);
+        let url = canned(status, &[], r#"{"error":"no"}"#);
+        let before = outbox(&lab);
+        let out = relay_to(&lab, &url, &[]);
+        out.storage_error();
+        assert!(out.stderr.contains(&status.to_string()), "{out:#?}");
+        assert_eq!(outbox(&lab), before, "{status}: nothing marked");
+    }
+}
+
+#[test]
+fn an_item_the_consumer_cannot_read_is_quarantined_and_the_rest_sent_again() {
+    let lab = lab_with(&["A", "B"]);
+    // The first answer refuses item 0 of the round; the second takes the rest.
+    let url = canned_sequence(vec![
+        (400, r#"{"error":"unknown field","index":0}"#.to_owned()),
+        (200, String::new()),
+    ]);
+    let report = relay_to(&lab, &url, &[]).json();
+    assert_eq!(report["refused_total"], json!(1), "{report}");
+    assert_eq!(
+        report["refused"][0]["reason"],
+        json!("rejected_by_consumer")
+    );
+    assert_eq!(report["deliveries_total"], json!(1), "{report}");
+    let refused = report["refused"][0]["event_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let rows = outbox(&lab);
+    let r = row(&rows, "event_id", &refused);
+    assert_eq!(r["quarantined"], json!(true), "{r}");
+    assert!(r["quarantine_reason"]
+        .as_str()
+        .is_some_and(|q| q.starts_with("rejected_by_consumer")));
+}
+
+#[test]
+fn follow_delivers_what_is_appended_later_and_stops_cleanly_on_sigterm() {
+    let lab = lab_with(&["A"]);
+    let serve = Serve::start(&lab.c, &[]);
+    let mut follow = spawn(&[
+        "relay",
+        "--follow",
+        "--json",
+        "--producer",
+        &lab.p,
+        "--to",
+        &serve.url(),
+    ]);
+    let lines = line_reader(follow.stdout.take().unwrap());
+    let first: Value = next_line(&lines);
+    assert_eq!(first["round"], json!(1));
+    assert_eq!(first["accepted"], json!(1), "{first}");
+    lab.advance("B", 0, "reserved", Some(2));
+    let second: Value = next_line(&lines);
+    assert_eq!(second["round"], json!(2));
+    assert_eq!(second["delivered"], json!(1), "{second}");
+    assert_eq!(
+        keys_of(&second),
+        [
+            "accepted",
+            "conflict",
+            "delivered",
+            "duplicate",
+            "refused",
+            "round",
+            "transient_errors"
+        ]
+    );
+    terminate(&mut follow);
+    assert_eq!(inbox_ids(&lab), ["A-1", "B-1"]);
+}
+
+#[test]
+fn apply_follow_applies_what_arrives_and_serves_metrics() {
+    let lab = lab_with(&["A"]);
+    lab.relay(&[]);
+    let mut follow = Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args(["apply", "--follow", "--json", "--consumer", &lab.c])
+        .args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ordo starts");
+    let logs = line_reader(follow.stderr.take().unwrap());
+    let lines = line_reader(follow.stdout.take().unwrap());
+    let first: Value = next_line(&lines);
+    assert_eq!(first, json!({"round": 1, "applied": 1, "blocked": 0}));
+    let addr = loop {
+        let log: Value = next_line(&logs);
+        if log["fields"]["message"] == json!("serving metrics") {
+            break log["fields"]["addr"].as_str().unwrap().to_owned();
+        }
+    };
+    // The gauges are read from the store every second.
+    let started = Instant::now();
+    let exposition = loop {
+        let exposition = http_get(&addr, "/metrics");
+        if exposition.contains("ordo_inbox_pending 0") || started.elapsed() > PATIENCE {
+            break exposition;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    for sample in [
+        "ordo_apply_applied_total 1",
+        "ordo_inbox_pending 0",
+        "ordo_inbox_blocked 0",
+        "ordo_inbox_gap_flows 0",
+        "ordo_apply_lag_seconds_count 1",
+        "ordo_apply_blocked_total{reason=\"invalid_transition\"} 0",
+    ] {
+        assert!(exposition.contains(sample), "{sample} in {exposition}");
+    }
+    terminate(&mut follow);
+    let projection = lab.snapshot()["consumer"]["projection"].clone();
+    assert_eq!(projection[0]["applied_seq"], json!(1), "{projection}");
+}
+
+#[test]
+fn follow_modes_never_create_a_missing_store() {
+    let lab = Lab::new();
+    let missing = lab.path("missing.db");
+    run(&["apply", "--follow", "--consumer", &missing]).usage("missing.db");
+    run(&[
+        "relay",
+        "--follow",
+        "--producer",
+        &missing,
+        "--to",
+        "http://127.0.0.1:9",
+    ])
+    .usage("missing.db");
+    run(&[
+        "relay",
+        "--producer",
+        &missing,
+        "--to",
+        "http://127.0.0.1:9",
+    ])
+    .usage("missing.db");
+    assert!(!Path::new(&missing).exists());
+}
+
+// ---------------------------------------------------------------- helpers
+
+fn write_key_file(dir: &Path, name: &str, key_id: &str, secret_hex: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{key_id} {secret_hex}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path.display().to_string()
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// A server answering every request with `status`, `headers` and `body`.
+fn canned(status: u16, headers: &[(&str, &str)], body: &str) -> String {
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
+    let answer = (status, body.to_owned(), extra);
+    serve_answers(move |_| answer.clone())
+}
+
+/// A server answering the n-th request with the n-th (status, body), the
+/// last one repeated; a 200 with an empty body answers `accepted` for every
+/// envelope of the request.
+fn canned_sequence(answers: Vec<(u16, String)>) -> String {
+    serve_answers(move |(n, request): (usize, Value)| {
+        let (status, body) = answers[n.min(answers.len() - 1)].clone();
+        let body = if status == 200 && body.is_empty() {
+            let receipts: Vec<Value> = request
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| json!({"event_id": e["event_id"], "flow_id": e["flow_id"], "seq": e["seq"], "receipt": "accepted"}))
+                .collect();
+            json!({ "receipts": receipts }).to_string()
+        } else {
+            body
+        };
+        (status, body, String::new())
+    })
+}
+
+fn serve_answers(
+    mut answer: impl FnMut((usize, Value)) -> (u16, String, String) + Send + 'static,
+) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    thread::spawn(move || {
+        for (n, stream) in listener.incoming().enumerate() {
+            let Ok(mut stream) = stream else { return };
+            let request = read_request(&mut stream);
+            let (status, body, extra) = answer((n, request));
+            let response = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{extra}\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes());
+        }
+    });
+    url
+}
+
+fn read_request(stream: &mut std::net::TcpStream) -> Value {
+    let mut reader = BufReader::new(stream);
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':') {
+            if name.eq_ignore_ascii_case("content-length") {
+                length = value.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    let _ = reader.read_exact(&mut body);
+    serde_json::from_slice(&body).unwrap_or(Value::Null)
+}
+
+/// The body of `GET path` on `addr`, which must answer 200.
+fn http_get(addr: &str, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+fn spawn(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args(args)
+        .env_remove("ORDO_CRASH_POINT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ordo starts")
+}
+
+fn line_reader(stdout: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (send, receive) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if send.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    receive
+}
+
+#[track_caller]
+fn next_line(lines: &mpsc::Receiver<String>) -> Value {
+    let line = lines
+        .recv_timeout(PATIENCE)
+        .expect("a round line within the patience");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"))
+}
+
+fn keys_of(value: &Value) -> Vec<&str> {
+    let mut keys: Vec<&str> = value
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// SIGTERM, then the exit status must be 0 within the patience.
+fn terminate(child: &mut Child) {
+    let pid = child.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert_eq!(status.code(), Some(0), "exit after SIGTERM");
+            return;
+        }
+        assert!(started.elapsed() < PATIENCE, "no exit after SIGTERM");
+        thread::sleep(Duration::from_millis(20));
+    }
+}
