@@ -11,7 +11,7 @@ use std::path::Path;
 
 use ordo_core::envelope::{parse_stream, StreamError};
 use ordo_core::{
-    drain, process_all_each, relay_each, relay_event, ConsumerStore, Envelope, EventId, Handover,
+    drain, process_all_each, relay_each, relay_event, ConsumerStore, Envelope, EventId,
     ProducerStore, RelayError, RelayOptions, RelayPolicy, RelayStop, StoreError, Transport,
 };
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
@@ -258,10 +258,7 @@ fn relay_once<T: Transport>(
             &mut transport,
             &relay_options(args),
             clock.as_ref(),
-            |handover| {
-                log_handover(handover);
-                run.note(handover)
-            },
+            |handover| run.note(handover),
         )
         .map_err(relay_failure)?,
     };
@@ -269,23 +266,6 @@ fn relay_once<T: Transport>(
         relay_text(&run, stop)
     });
     Ok(())
-}
-
-/// A warning on stderr for what a one-shot run goes on after.
-fn log_handover(handover: Handover<'_>) {
-    match handover {
-        Handover::Delivered(_) => {}
-        Handover::Refused(r) => tracing::warn!(
-            event_id = %r.event_id, flow_id = %r.flow_id, seq = r.seq.get(),
-            reason = r.reason.as_str(), "the consumer refused the event; quarantined: {}", r.message
-        ),
-        Handover::Failed(f) => tracing::warn!(
-            kind = f.kind.as_str(),
-            events = f.events_len,
-            "a round failed transiently; its events back off: {}",
-            f.message
-        ),
-    }
 }
 
 fn relay_text(run: &render::RelayRun, stop: RelayStop) -> String {

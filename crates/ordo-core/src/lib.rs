@@ -11,7 +11,8 @@
 //! transactions. What an event means is decided by the application's
 //! handler; the reservation flow of the protocol's reference domain is one
 //! such handler, in its own crate. The one process-level effect here is
-//! [`crash::point`], which exits the process at an armed crash point.
+//! [`crash::point`], which exits the process at an armed crash point; the
+//! relay reports what it skips or quarantines through `tracing`.
 
 #![warn(missing_docs)]
 

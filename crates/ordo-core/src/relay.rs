@@ -280,6 +280,11 @@ where
                         recording,
                     });
                 }
+                tracing::warn!(
+                    kind = kind.as_str(),
+                    events = rest.len(),
+                    "a round failed transiently; its events back off: {message}"
+                );
                 log.failures.push(RoundFailure {
                     kind,
                     events_len: rest.len(),
@@ -339,6 +344,10 @@ fn refuse<P>(
 where
     P: ProducerStore + ?Sized,
 {
+    tracing::warn!(
+        event_id = %event.event_id, flow_id = %event.flow_id, seq = event.seq.get(),
+        reason = reason.as_str(), "the consumer refused the event; quarantining it: {message}"
+    );
     let text = format!("{}: {message}", reason.as_str());
     producer.quarantine(&event.event_id, reason.as_str(), &text, clock.now_ms())?;
     log.refusals.push(Refusal {
@@ -422,6 +431,10 @@ where
         )?;
         let mut conflict = false;
         for delivery in &log.deliveries {
+            tracing::debug!(
+                event_id = %delivery.event_id, flow_id = %delivery.flow_id,
+                seq = delivery.seq.get(), receipt = delivery.receipt.as_str(), "delivered"
+            );
             if delivery.receipt == Receipt::Conflict {
                 conflict = true;
                 skipped.insert(delivery.flow_id.clone());

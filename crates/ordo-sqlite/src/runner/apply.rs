@@ -48,9 +48,12 @@ where
         let mut failures = 0u32;
         let mut after: Option<FlowId> = None;
         let mut pass_applied = 0u64;
+        let mut page_no = 0u64;
         while !self.control.stopping() {
             let seen = self.signal.generation();
             let mut page = ApplyTotals::default();
+            page_no += 1;
+            let _span = tracing::debug_span!("apply_page", page = page_no).entered();
             self.handler.seen = ApplyRound::default();
             let outcome = process_page(
                 &mut self.consumer,
@@ -134,7 +137,13 @@ impl<H: ApplyHandler<Connection>> ApplyHandler<Connection> for Observed<H> {
                     self.seen.lags_ms.push(lag_ms as u64);
                 }
             }
-            Verdict::Block(reason) => self.seen.blocked.push(reason.code),
+            Verdict::Block(reason) => {
+                tracing::info!(
+                    event_id = %event.event_id, flow_id = %event.flow_id,
+                    seq = event.seq.get(), reason = %reason, "blocked"
+                );
+                self.seen.blocked.push(reason.code);
+            }
         }
         Ok(verdict)
     }

@@ -41,9 +41,12 @@ impl<T: Transport, O: FnMut(&RelayRound)> RelayLoop<T, O> {
             max: Some(self.options.relay.batch_len_max.max(1) as u64),
             ..self.options.relay
         };
+        let mut round_no = 0u64;
         while !self.control.stopping() {
             let seen = self.signal.generation();
             let mut this = RelayRound::default();
+            round_no += 1;
+            let _span = tracing::debug_span!("relay_round", round = round_no).entered();
             let outcome = relay_each(
                 &mut self.producer,
                 &mut self.transport,
