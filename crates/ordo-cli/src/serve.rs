@@ -17,6 +17,7 @@ use ordo_http::{InboxStore, KeyRing, MeteredHandler, Metrics, Opener, ReceiveTim
 use ordo_reservation::{consumer_schema, ApplyOptions, ReservationHandler};
 use ordo_sqlite::{ConsumerDb, OpenOptions, Runner, RunnerOptions};
 use serde_json::json;
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::args::ServeArgs;
 use crate::context::{clock, emit, open_options};
@@ -134,31 +135,31 @@ async fn run(
         Some(times) => Some(start_applier(&args.consumer, &metrics, times)?),
         None => None,
     };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| Failure::Internal(format!("cannot listen on {}: {e}", args.listen)))?;
-    let bound = listener
-        .local_addr()
-        .map_err(|e| Failure::Internal(format!("cannot read the bound address: {e}")))?;
-    let server = Server::new(
-        config,
-        opener(args.consumer.clone()),
-        metrics.clone(),
-        clock(),
-    );
+    let (listener, bound) = bind(args.listen)?;
+    let opener = opener(args.consumer.clone());
+    let server = Server::new(config, opener, Arc::clone(&metrics), clock());
+    let signals = Signals::install()?;
     announce(json_mode, bound, tls.is_some());
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let watch = applier.map(|runner| tokio::spawn(watch_applier(runner, metrics, stop.clone())));
-    let shutdown = shutdown(stopped);
-    server.serve(listener, tls, shutdown).await;
+    server.serve(listener, tls, signals.shutdown(stopped)).await;
     let _ = stop.send(true);
     tracing::info!("stopped serving");
-    match watch {
-        Some(watch) => watch
-            .await
-            .map_err(|e| Failure::Internal(format!("the applier's watch failed: {e}")))?,
-        None => Ok(()),
-    }
+    let Some(watch) = watch else {
+        return Ok(());
+    };
+    watch
+        .await
+        .map_err(|e| Failure::Internal(format!("the applier's watch failed: {e}")))?
+}
+
+fn bind(addr: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), Failure> {
+    let listener = ordo_http::bind(addr)
+        .map_err(|e| Failure::Internal(format!("cannot listen on {addr}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Failure::Internal(format!("cannot read the bound address: {e}")))?;
+    Ok((listener, bound))
 }
 
 fn announce(json_mode: bool, bound: SocketAddr, https: bool) {
@@ -171,24 +172,32 @@ fn announce(json_mode: bool, bound: SocketAddr, https: bool) {
     );
 }
 
-/// Completes at SIGTERM, SIGINT, or when `stopped` turns true (the
-/// applier failed).
-async fn shutdown(mut stopped: tokio::sync::watch::Receiver<bool>) {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(e) => {
-                tracing::error!("cannot listen for SIGTERM: {e}");
-                std::future::pending::<()>().await;
-            }
+/// The signals that stop the server, installed before the listening line
+/// is printed, so that a signal sent as soon as it is read is not lost.
+struct Signals {
+    terminate: Signal,
+    interrupt: Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals, Failure> {
+        let install = |kind| {
+            signal(kind).map_err(|e| Failure::Internal(format!("cannot handle signals: {e}")))
+        };
+        Ok(Signals {
+            terminate: install(SignalKind::terminate())?,
+            interrupt: install(SignalKind::interrupt())?,
+        })
+    }
+
+    /// Completes at SIGTERM, SIGINT, or when `stopped` turns true (the
+    /// applier failed).
+    async fn shutdown(mut self, mut stopped: tokio::sync::watch::Receiver<bool>) {
+        tokio::select! {
+            _ = self.terminate.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = self.interrupt.recv() => tracing::info!("SIGINT: shutting down"),
+            _ = stopped.wait_for(|stop| *stop) => {}
         }
-    };
-    tokio::select! {
-        () = terminate => tracing::info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        _ = stopped.wait_for(|stop| *stop) => {}
     }
 }
 

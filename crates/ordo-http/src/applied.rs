@@ -3,7 +3,8 @@
 //! lag from receive to apply.
 //!
 //! The lag is known for events this process received ([`ReceiveTimes`],
-//! filled by the inbox with every `accepted` receipt, bounded), and is
+//! filled by the inbox around every receive and kept for the `accepted`
+//! receipts, bounded), and is
 //! observed when the handler applies the event, once per event. A handler
 //! call can still be undone (a later failure in its transaction), so the
 //! histogram and the block counts follow the handler's decisions; the
@@ -61,29 +62,42 @@ impl<V> Bounded<V> {
     }
 }
 
-/// When this process stored each recent event (its `accepted` receipt).
+/// When this process stored each recent event: the start of the receive
+/// transaction that answered `accepted` for it.
 #[derive(Debug, Default)]
 pub struct ReceiveTimes {
     received: Mutex<Bounded<Instant>>,
 }
 
 impl ReceiveTimes {
-    /// Remembers the time of every `accepted` receipt of a batch.
-    pub fn record(&self, envelopes: &[Envelope], receipts: &[Receipt]) {
+    /// Notes the time before a receive of `envelopes`: an applier woken by
+    /// the commit may apply them before [`ReceiveTimes::settle`] runs.
+    pub fn expect(&self, envelopes: &[Envelope]) {
         let now = Instant::now();
-        let mut received = self.received.lock().unwrap_or_else(|e| e.into_inner());
-        for (envelope, receipt) in envelopes.iter().zip(receipts) {
-            if *receipt == Receipt::Accepted {
-                received.insert(envelope.event_id.clone(), now);
+        let mut received = self.lock();
+        for envelope in envelopes {
+            received.insert(envelope.event_id.clone(), now);
+        }
+    }
+
+    /// Forgets the times of events the receive did not accept (all of
+    /// them when it failed).
+    pub fn settle(&self, envelopes: &[Envelope], receipts: Option<&[Receipt]>) {
+        let mut received = self.lock();
+        for (index, envelope) in envelopes.iter().enumerate() {
+            let receipt = receipts.and_then(|r| r.get(index));
+            if receipt != Some(&Receipt::Accepted) {
+                received.remove(&envelope.event_id);
             }
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, Bounded<Instant>> {
+        self.received.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn take(&self, id: &EventId) -> Option<Instant> {
-        self.received
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id)
+        self.lock().remove(id)
     }
 }
 
@@ -161,10 +175,9 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let times = Arc::new(ReceiveTimes::default());
         let (a, b) = (event("a"), event("b"));
-        times.record(
-            &[a.clone(), b.clone()],
-            &[Receipt::Accepted, Receipt::Duplicate],
-        );
+        let both = [a.clone(), b.clone()];
+        times.expect(&both);
+        times.settle(&both, Some(&[Receipt::Accepted, Receipt::Duplicate]));
         let code = BlockCode::new("nope").unwrap();
         let verdict_of_b = Verdict::Block(BlockReason::code(code));
         let mut handler = MeteredHandler::new(

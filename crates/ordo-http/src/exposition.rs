@@ -68,7 +68,7 @@ impl MetricsServer {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let listener = runtime.block_on(TcpListener::bind(addr))?;
+        let listener = runtime.block_on(async { listen::bind(addr) })?;
         let local_addr = listener.local_addr()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let thread = std::thread::Builder::new()
@@ -108,5 +108,39 @@ impl MetricsServer {
 impl Drop for MetricsServer {
     fn drop(&mut self) {
         self.halt();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn get(addr: SocketAddr, path: &str) -> String {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        reply
+    }
+
+    #[test]
+    fn a_metrics_server_serves_the_exposition_until_stopped() {
+        let metrics = Arc::new(Metrics::new());
+        metrics.apply_applied_total.inc_by(7);
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), metrics).unwrap();
+        let addr = server.local_addr();
+        let reply = get(addr, "/metrics");
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        assert!(reply.contains("version=0.0.4"), "{reply}");
+        assert!(reply.contains("\nordo_apply_applied_total 7\n"), "{reply}");
+        let reply = get(addr, "/other");
+        assert!(
+            reply.starts_with("HTTP/1.1 404") && reply.contains("\"error\""),
+            "{reply}"
+        );
+        server.stop();
+        assert!(std::net::TcpStream::connect(addr).is_err());
     }
 }

@@ -187,12 +187,19 @@ fn refuse_batch(error: BatchError) -> Response {
 
 async fn store(app: Arc<App>, envelopes: Vec<Envelope>, permit: OwnedSemaphorePermit) -> Response {
     record_ids(&envelopes);
+    let times = app.config.receive_times.clone();
     let stored = app
         .stores
         .run(move |store| {
-            let receipts = store.receive_batch(&envelopes)?;
+            if let Some(times) = &times {
+                times.expect(&envelopes);
+            }
+            let receipts = store.receive_batch(&envelopes);
+            if let Some(times) = &times {
+                times.settle(&envelopes, receipts.as_deref().ok());
+            }
             drop(permit);
-            Ok((envelopes, receipts))
+            Ok((envelopes, receipts?))
         })
         .await;
     match stored {
@@ -211,9 +218,6 @@ fn record_ids(envelopes: &[Envelope]) {
 }
 
 fn receipts_reply(app: &App, envelopes: &[Envelope], receipts: &[Receipt]) -> Response {
-    if let Some(times) = &app.config.receive_times {
-        times.record(envelopes, receipts);
-    }
     let listed: Vec<_> = envelopes
         .iter()
         .zip(receipts)

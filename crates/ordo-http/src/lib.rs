@@ -11,7 +11,7 @@
 //!   [`serve_metrics`], [`MetricsServer`]).
 //! * [`server`]: the inbox server ([`Server`], [`ServerConfig`]); its
 //!   parts: [`batch`] (the body), `inbox` (`POST /v1/events`), [`stores`]
-//!   (handles on blocking threads), `listen` (accept loop, limits,
+//!   (handles on blocking threads), [`listen`] (accept loop, limits,
 //!   shutdown), [`tls`], `reply` (JSON errors).
 //! * [`applied`]: the apply metrics of an applier beside the server.
 
@@ -23,7 +23,7 @@ pub mod batch;
 pub mod client;
 pub mod exposition;
 mod inbox;
-mod listen;
+pub mod listen;
 pub mod metrics;
 mod reply;
 pub mod server;
@@ -34,6 +34,7 @@ pub use applied::{MeteredHandler, ReceiveTimes};
 pub use auth::{sign, signature_headers, AuthError, KeyFileError, KeyRing, Secret};
 pub use client::{ClientError, ClientOptions, HttpTransport, Signer};
 pub use exposition::{metrics_router, serve_metrics, MetricsServer};
+pub use listen::bind;
 pub use metrics::Metrics;
 pub use server::{Server, ServerConfig};
 pub use stores::{InboxStore, Opener};

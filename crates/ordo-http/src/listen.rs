@@ -20,7 +20,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
@@ -34,6 +34,23 @@ pub struct Limits {
     pub read_timeout: Duration,
     /// The longest wait for open connections at shutdown.
     pub shutdown_grace: Duration,
+}
+
+/// The listen backlog: connections the kernel completes before they are
+/// accepted (capped by the system's `somaxconn`). A short queue makes a
+/// burst of clients wait for a SYN retransmission, a second each.
+pub const BACKLOG: u32 = 1024;
+
+/// Binds `addr` with [`BACKLOG`] (port 0 picks a free port).
+pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
 }
 
 /// The pause after an accept failed for lack of resources (file

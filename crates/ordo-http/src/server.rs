@@ -1,7 +1,7 @@
 //! The inbox server of HTTP.md: its configuration, routes, and the
 //! per-request bookkeeping (metrics, shutdown answers).
 //!
-//! Routes: `POST /v1/events` ([`crate::inbox`]), `GET /v1/health`, `GET
+//! Routes: `POST /v1/events` (the `inbox` module), `GET /v1/health`, `GET
 //! /v1/ready`, `GET /metrics`; anything else 404, a wrong method 405, both
 //! with a JSON body.
 //!
