@@ -9,11 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ordo_core::{ConsumerStore, ProducerStore, Receipt, Transport};
+use ordo_core::{ConsumerStore, ProducerStore, Transport};
 use ordo_http::{Metrics, MetricsServer};
-use ordo_reservation::{
-    ApplyOptions, ReservationHandler, INVALID_PAYLOAD, INVALID_TRANSITION, UNSUPPORTED_SCHEMA,
-};
+use ordo_reservation::{ApplyOptions, ReservationHandler};
 use ordo_sqlite::{ApplyRound, ProducerDb, RelayRound, Runner, RunnerOptions};
 use serde_json::json;
 
@@ -23,6 +21,7 @@ use crate::context::{
     check_distinct, clock, open_existing_consumer, open_existing_producer,
     open_existing_reservation_consumer,
 };
+use crate::metered::{count_apply, count_relay, expect_reservation_blocks};
 use crate::{remote, Failure};
 
 /// How often the stop flag and the loops are looked at.
@@ -105,8 +104,7 @@ pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
     let exposition = Exposition::start(args.metrics_listen)?;
     let metrics = exposition.metrics.clone();
     if let Some(metrics) = &metrics {
-        let codes = [UNSUPPORTED_SCHEMA, INVALID_PAYLOAD, INVALID_TRANSITION];
-        metrics.expect_block_reasons(codes.iter().map(|r| r.code.as_str()));
+        expect_reservation_blocks(metrics);
     }
     let handler = ReservationHandler::new(ApplyOptions {
         support_v2: args.support_v2,
@@ -206,41 +204,6 @@ impl Exposition {
         if let Some(server) = self.server {
             server.stop();
         }
-    }
-}
-
-fn count_relay(metrics: &Option<Arc<Metrics>>, round: &RelayRound) {
-    let Some(metrics) = metrics else { return };
-    let totals = &round.totals;
-    for (receipt, count) in [
-        (Receipt::Accepted, totals.accepted),
-        (Receipt::Duplicate, totals.duplicate),
-        (Receipt::Conflict, totals.conflict),
-    ] {
-        metrics
-            .relay_deliveries_total
-            .with_label_values(&[receipt.as_str()])
-            .inc_by(count);
-    }
-    for kind in &round.failures {
-        metrics
-            .relay_errors_total
-            .with_label_values(&[kind.as_str()])
-            .inc();
-    }
-}
-
-fn count_apply(metrics: &Option<Arc<Metrics>>, round: &ApplyRound) {
-    let Some(metrics) = metrics else { return };
-    metrics.apply_applied_total.inc_by(round.totals.applied);
-    for code in &round.blocked {
-        metrics
-            .apply_blocked_total
-            .with_label_values(&[code.as_str()])
-            .inc();
-    }
-    for lag_ms in &round.lags_ms {
-        metrics.apply_lag_seconds.observe(*lag_ms as f64 / 1000.0);
     }
 }
 

@@ -8,6 +8,7 @@ mod context;
 mod follow;
 mod lab;
 mod logging;
+mod metered;
 mod ops;
 mod remote;
 mod render;

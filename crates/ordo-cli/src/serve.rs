@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use ordo_http::server::ServerConfig;
 use ordo_http::tls::TlsAcceptor;
-use ordo_http::{InboxStore, KeyRing, MeteredHandler, Metrics, Opener, ReceiveTimes, Server};
+use ordo_http::{InboxStore, KeyRing, Metrics, Opener, Server};
 use ordo_reservation::{consumer_schema, ApplyOptions, ReservationHandler};
 use ordo_sqlite::{ConsumerDb, OpenOptions, Runner, RunnerOptions};
 use serde_json::json;
@@ -21,6 +21,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::args::ServeArgs;
 use crate::context::{clock, emit, open_options};
+use crate::metered::{count_apply, expect_reservation_blocks};
 use crate::Failure;
 
 /// How often the applier's committed totals reach the metrics, and its
@@ -77,7 +78,6 @@ fn server_config(args: &ServeArgs, keys: Option<KeyRing>) -> ServerConfig {
         max_in_flight: args.max_in_flight as usize,
         max_connections: args.max_connections as usize,
         read_timeout: Duration::from_millis(args.read_timeout_ms),
-        receive_times: args.apply.then(Arc::default),
         ..ServerConfig::default()
     }
 }
@@ -131,9 +131,9 @@ async fn run(
     let metrics = Arc::new(Metrics::new());
     // A first handle now: a store that cannot be opened stops the start.
     (opener(args.consumer.clone()))()?;
-    let applier = match &config.receive_times {
-        Some(times) => Some(start_applier(&args.consumer, &metrics, times)?),
-        None => None,
+    let applier = match args.apply {
+        true => Some(start_applier(&args.consumer, &metrics)?),
+        false => None,
     };
     let (listener, bound) = bind(args.listen)?;
     let opener = opener(args.consumer.clone());
@@ -141,7 +141,7 @@ async fn run(
     let signals = Signals::install()?;
     announce(json_mode, bound, tls.is_some());
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let watch = applier.map(|runner| tokio::spawn(watch_applier(runner, metrics, stop.clone())));
+    let watch = applier.map(|runner| tokio::spawn(watch_applier(runner, stop.clone())));
     server.serve(listener, tls, signals.shutdown(stopped)).await;
     let _ = stop.send(true);
     tracing::info!("stopped serving");
@@ -201,54 +201,36 @@ impl Signals {
     }
 }
 
-fn start_applier(
-    path: &Path,
-    metrics: &Arc<Metrics>,
-    times: &Arc<ReceiveTimes>,
-) -> Result<Runner, Failure> {
+fn start_applier(path: &Path, metrics: &Arc<Metrics>) -> Result<Runner, Failure> {
     let options = OpenOptions {
         create: false,
         ..open_options()
     };
     let consumer = ConsumerDb::open_with(path, &consumer_schema(), clock(), &options)?;
-    metrics.expect_block_reasons(
-        [
-            ordo_reservation::UNSUPPORTED_SCHEMA,
-            ordo_reservation::INVALID_PAYLOAD,
-            ordo_reservation::INVALID_TRANSITION,
-        ]
-        .iter()
-        .map(|reason| reason.code.as_str()),
-    );
-    let handler = MeteredHandler::new(
-        ReservationHandler::new(ApplyOptions::default()),
-        Arc::clone(metrics),
-        Arc::clone(times),
-    );
+    expect_reservation_blocks(metrics);
+    let handler = ReservationHandler::new(ApplyOptions::default());
     let mut runner = Runner::new(RunnerOptions::default());
+    let counted = Some(Arc::clone(metrics));
     runner
-        .spawn_apply(consumer, handler)
+        .spawn_apply_observed(consumer, handler, move |round| count_apply(&counted, round))
         .map_err(|e| Failure::Internal(format!("cannot start the applier: {e}")))?;
     tracing::info!("applier started");
     Ok(runner)
 }
 
-/// Moves the applier's committed count into the metrics until the server
-/// stops or the applier fails (which stops the server); then stops it.
+/// Watches the applier until the server stops or the applier fails (which
+/// stops the server); then stops it.
 async fn watch_applier(
     runner: Runner,
-    metrics: Arc<Metrics>,
     stop: tokio::sync::watch::Sender<bool>,
 ) -> Result<(), Failure> {
     let mut stopped = stop.subscribe();
-    let mut counted = 0;
     let mut interval = tokio::time::interval(APPLY_WATCH_INTERVAL);
     loop {
         tokio::select! {
             _ = interval.tick() => {}
             _ = stopped.wait_for(|stop| *stop) => break,
         }
-        counted = count_applied(&runner, &metrics, counted);
         if runner.failed() {
             tracing::error!("the applier stopped on a failure; shutting down");
             let _ = stop.send(true);
@@ -258,18 +240,6 @@ async fn watch_applier(
     let report = tokio::task::spawn_blocking(move || runner.stop())
         .await
         .map_err(|e| Failure::Internal(format!("the applier's stop failed: {e}")))??;
-    let total = report.apply.applied;
-    metrics
-        .apply_applied_total
-        .inc_by(total.saturating_sub(counted));
-    tracing::info!(applied = total, "applier stopped");
+    tracing::info!(applied = report.apply.applied, "applier stopped");
     Ok(())
-}
-
-fn count_applied(runner: &Runner, metrics: &Metrics, counted: u64) -> u64 {
-    let applied = runner.report().apply.applied;
-    metrics
-        .apply_applied_total
-        .inc_by(applied.saturating_sub(counted));
-    applied.max(counted)
 }

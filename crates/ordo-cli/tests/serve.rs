@@ -501,7 +501,11 @@ fn metrics_expose_every_name_of_the_contract() {
             scraped.content_type.contains("version=0.0.4"),
             "{scraped:?}"
         );
-        if scraped.text.contains("ordo_apply_applied_total 2") || Instant::now() > deadline {
+        // The gauges are read at the scrape, the counter moves at the
+        // apply's commit: wait for both to show it.
+        let settled = scraped.text.contains("ordo_apply_applied_total 2")
+            && scraped.text.contains("ordo_inbox_pending 0");
+        if settled || Instant::now() > deadline {
             break scraped.text;
         }
         std::thread::sleep(Duration::from_millis(100));

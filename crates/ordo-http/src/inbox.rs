@@ -187,17 +187,10 @@ fn refuse_batch(error: BatchError) -> Response {
 
 async fn store(app: Arc<App>, envelopes: Vec<Envelope>, permit: OwnedSemaphorePermit) -> Response {
     record_ids(&envelopes);
-    let times = app.config.receive_times.clone();
     let stored = app
         .stores
         .run(move |store| {
-            if let Some(times) = &times {
-                times.expect(&envelopes);
-            }
             let receipts = store.receive_batch(&envelopes);
-            if let Some(times) = &times {
-                times.settle(&envelopes, receipts.as_deref().ok());
-            }
             drop(permit);
             Ok((envelopes, receipts?))
         })

@@ -13,11 +13,9 @@
 //!   parts: [`batch`] (the body), `inbox` (`POST /v1/events`), [`stores`]
 //!   (handles on blocking threads), [`listen`] (accept loop, limits,
 //!   shutdown), [`tls`], `reply` (JSON errors).
-//! * [`applied`]: the apply metrics of an applier beside the server.
 
 #![warn(missing_docs)]
 
-pub mod applied;
 pub mod auth;
 pub mod batch;
 pub mod client;
@@ -30,7 +28,6 @@ pub mod server;
 pub mod stores;
 pub mod tls;
 
-pub use applied::{MeteredHandler, ReceiveTimes};
 pub use auth::{sign, signature_headers, AuthError, KeyFileError, KeyRing, Secret};
 pub use client::{ClientError, ClientOptions, HttpTransport, Signer};
 pub use exposition::{metrics_router, serve_metrics, MetricsServer};

@@ -27,7 +27,6 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
-use crate::applied::ReceiveTimes;
 use crate::listen::{self, Limits};
 use crate::stores::{Opener, Stores};
 use crate::{inbox, metrics, reply, KeyRing, Metrics};
@@ -68,8 +67,6 @@ pub struct ServerConfig {
     pub read_timeout: Duration,
     /// The longest wait for open connections at shutdown.
     pub shutdown_grace: Duration,
-    /// Where accepted events' receive times go, for an applier's lag.
-    pub receive_times: Option<Arc<ReceiveTimes>>,
 }
 
 impl Default for ServerConfig {
@@ -82,7 +79,6 @@ impl Default for ServerConfig {
             max_connections: MAX_CONNECTIONS_DEFAULT,
             read_timeout: READ_TIMEOUT_DEFAULT,
             shutdown_grace: SHUTDOWN_GRACE_DEFAULT,
-            receive_times: None,
         }
     }
 }
