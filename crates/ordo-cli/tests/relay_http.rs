@@ -445,6 +445,26 @@ fn apply_follow_applies_what_arrives_and_serves_metrics() {
 }
 
 #[test]
+fn relay_over_https_trusts_the_given_ca_and_refuses_an_unknown_one() {
+    use std::os::unix::fs::PermissionsExt;
+    let lab = lab_with(&["A"]);
+    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+    let cert = lab.path("cert.pem");
+    let key = lab.path("key.pem");
+    std::fs::write(&cert, certified.cert.pem()).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let serve = Serve::start(&lab.c, &["--tls-cert", &cert, "--tls-key", &key]);
+    let url = format!("https://{}", serve.addr);
+    let untrusted = relay_to(&lab, &url, &[]);
+    untrusted.storage_error();
+    assert!(untrusted.stderr.contains("certificate"), "{untrusted:#?}");
+    assert_eq!(outbox(&lab)[0]["attempts"], json!(0), "nothing recorded");
+    let trusted = relay_to(&lab, &url, &["--tls-ca", &cert]).json();
+    assert_eq!(receipts(&trusted), [("A-1".into(), "accepted".into())]);
+}
+
+#[test]
 fn follow_modes_never_create_a_missing_store() {
     let lab = Lab::new();
     let missing = lab.path("missing.db");

@@ -282,6 +282,16 @@ fn check_key_id(key_id: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses a secret file (a key file, a TLS private key) that group or
+/// others may read.
+pub fn check_private(path: &Path) -> Result<(), KeyFileError> {
+    let metadata = std::fs::metadata(path).map_err(|source| KeyFileError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    check_mode(path, &metadata)
+}
+
 #[cfg(unix)]
 fn check_mode(path: &Path, metadata: &std::fs::Metadata) -> Result<(), KeyFileError> {
     use std::os::unix::fs::PermissionsExt;

@@ -197,8 +197,17 @@ fn unix_now_s() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-/// A request that got no response: always transient.
+/// A request that got no response: transient, except a server certificate
+/// that does not verify (a configuration error: retrying cannot help).
 fn request_failure(error: reqwest::Error) -> TransportError {
+    let chain = error_chain(&error);
+    if chain.contains("invalid peer certificate") {
+        return TransportError::Refused {
+            message: format!(
+                "the server's certificate does not verify (--tls-ca names a CA to trust): {chain}"
+            ),
+        };
+    }
     let kind = if error.is_timeout() {
         TransientKind::Timeout
     } else if error.is_connect() || error.is_request() || error.is_body() {
@@ -208,7 +217,7 @@ fn request_failure(error: reqwest::Error) -> TransportError {
     };
     TransportError::Transient {
         kind,
-        message: format!("POST failed: {}", error_chain(&error)),
+        message: format!("POST failed: {chain}"),
         retry_after_ms: None,
     }
 }

@@ -12,8 +12,8 @@ use tokio_rustls::rustls::{self, ServerConfig};
 pub use tokio_rustls::TlsAcceptor;
 
 /// An acceptor serving the certificate chain of `cert_path` with the
-/// private key of `key_path` (both PEM), HTTP/1.1 only. The error names
-/// the file at fault.
+/// private key of `key_path` (both PEM), HTTP/1.1 only. A key file that
+/// group or others may read is refused. The error names the file at fault.
 pub fn acceptor(cert_path: &Path, key_path: &Path) -> Result<TlsAcceptor, String> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert_path)
         .and_then(|certs| certs.collect())
@@ -21,6 +21,7 @@ pub fn acceptor(cert_path: &Path, key_path: &Path) -> Result<TlsAcceptor, String
     if certs.is_empty() {
         return Err(format!("{} holds no PEM certificate", cert_path.display()));
     }
+    crate::auth::check_private(key_path).map_err(|e| e.to_string())?;
     let key = PrivateKeyDer::from_pem_file(key_path)
         .map_err(|e| format!("cannot read a private key from {}: {e}", key_path.display()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
