@@ -400,6 +400,28 @@ fn follow_delivers_what_is_appended_later_and_stops_cleanly_on_sigterm() {
 }
 
 #[test]
+fn follow_to_a_consumer_file_delivers_and_stops_on_sigint() {
+    let lab = lab_with(&["A", "B"]);
+    let mut follow = spawn(&[
+        "relay",
+        "--follow",
+        "--json",
+        "--producer",
+        &lab.p,
+        "--consumer",
+        &lab.c,
+    ]);
+    let lines = line_reader(follow.stdout.take().unwrap());
+    let first: Value = next_line(&lines);
+    assert_eq!(first["accepted"], json!(2), "{first}");
+    lab.advance("A", 1, "confirmed", None);
+    let second: Value = next_line(&lines);
+    assert_eq!(second["accepted"], json!(1), "{second}");
+    signal(&mut follow, "-INT");
+    assert_eq!(inbox_ids(&lab), ["A-1", "A-2", "B-1"]);
+}
+
+#[test]
 fn apply_follow_applies_what_arrives_and_serves_metrics() {
     let lab = lab_with(&["A"]);
     lab.relay(&[]);
@@ -628,16 +650,22 @@ fn keys_of(value: &Value) -> Vec<&str> {
 
 /// SIGTERM, then the exit status must be 0 within the patience.
 fn terminate(child: &mut Child) {
+    signal(child, "-TERM");
+}
+
+/// Sends `signal` (`-TERM`, `-INT`); the exit status must then be 0 within
+/// the patience.
+fn signal(child: &mut Child, signal: &str) {
     let pid = child.id().to_string();
-    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let killed = Command::new("kill").args([signal, &pid]).status().unwrap();
     assert!(killed.success());
     let started = Instant::now();
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            assert_eq!(status.code(), Some(0), "exit after SIGTERM");
+            assert_eq!(status.code(), Some(0), "exit after {signal}");
             return;
         }
-        assert!(started.elapsed() < PATIENCE, "no exit after SIGTERM");
+        assert!(started.elapsed() < PATIENCE, "no exit after {signal}");
         thread::sleep(Duration::from_millis(20));
     }
 }
