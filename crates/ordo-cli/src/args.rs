@@ -230,6 +230,19 @@ pub struct SoakArgs {
     /// of the workers started, at a random write or sync.
     #[arg(long)]
     pub faults: bool,
+    /// How the relays reach the consumer: `file` opens it, `http` posts to
+    /// an `ordo serve` on the loopback interface, which is killed too.
+    #[arg(long, value_enum, value_name = "T", default_value = "file")]
+    pub transport: TransportArg,
+}
+
+/// How a lab run's relays reach the consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TransportArg {
+    /// The consumer file, opened by the relay.
+    File,
+    /// HTTP to an `ordo serve` child process.
+    Http,
 }
 
 /// The most rows a list prints unless told otherwise.
@@ -396,8 +409,12 @@ pub enum WorkerCommand {
     Relay {
         #[arg(long)]
         producer: PathBuf,
+        /// The consumer file.
+        #[arg(long, required_unless_present = "to", conflicts_with = "to")]
+        consumer: Option<PathBuf>,
+        /// Or the HTTP inbox of an `ordo serve`.
         #[arg(long)]
-        consumer: PathBuf,
+        to: Option<String>,
         #[arg(long)]
         until: PathBuf,
     },

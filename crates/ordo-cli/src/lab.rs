@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use indicatif::{ProgressBar, ProgressStyle};
 use ordo_lab::{bench, demo, experiment, soak, worker, LabError, Progress};
 
-use crate::args::{BenchArgs, DemoArgs, ExperimentArgs, SoakArgs, WorkerCommand};
+use crate::args::{BenchArgs, DemoArgs, ExperimentArgs, SoakArgs, TransportArg, WorkerCommand};
 use crate::context::{clock, emit, open_options};
 use crate::{render_lab, Failure};
 
@@ -160,6 +160,10 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
         seed: args.seed,
         dir: args.dir,
         faults: args.faults,
+        transport: match args.transport {
+            TransportArg::File => soak::SoakTransport::File,
+            TransportArg::Http => soak::SoakTransport::Http,
+        },
     };
     let bars = Bars::new("soak [{bar:40}] {pos}/{len} s {msg}");
     let report = soak::run(&options, &bars).map_err(failure)?;
@@ -227,10 +231,14 @@ pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
         WorkerCommand::Relay {
             producer,
             consumer,
+            to,
             until,
         } => worker::WorkerRole::Relay {
             producer,
-            consumer,
+            target: match (consumer, to) {
+                (Some(consumer), _) => worker::RelayTarget::File(consumer),
+                (None, to) => worker::RelayTarget::Http(to.expect("clap requires --to")),
+            },
             until,
         },
         WorkerCommand::Apply { consumer, until } => worker::WorkerRole::Apply { consumer, until },

@@ -118,6 +118,8 @@ pub fn soak(report: &SoakReport) -> Value {
         "seconds": report.seconds,
         "flows": report.flows,
         "seed": report.seed,
+        "transport": report.transport.as_str(),
+        "server_moves": report.server_moves,
         "kills": report.kills(),
         "kills_by_role": report.kills_by_role.iter().map(|(r, n)| (r.as_str().to_owned(), json!(n))).collect::<serde_json::Map<_, _>>(),
         "events": report.events,
@@ -129,12 +131,19 @@ pub fn soak(report: &SoakReport) -> Value {
 }
 
 pub fn soak_text(report: &SoakReport) -> String {
+    let by_role: Vec<String> = report
+        .kills_by_role
+        .iter()
+        .map(|(role, n)| format!("{} {n}", role.as_str()))
+        .collect();
     let mut lines = vec![
         format!("seed     {}", report.seed),
+        format!("transport {}", report.transport.as_str()),
         format!(
-            "kills    {} (SIGKILL) over {} s",
+            "kills    {} (SIGKILL) over {} s: {}",
             report.kills(),
-            report.seconds
+            report.seconds,
+            by_role.join(", ")
         ),
         format!("events   {}", report.events),
         format!(
@@ -142,6 +151,12 @@ pub fn soak_text(report: &SoakReport) -> String {
             report.faults_armed, report.fault_exits
         ),
     ];
+    if report.server_moves > 0 {
+        lines.push(format!(
+            "server   took a new port {} time(s): its port was not free again in time",
+            report.server_moves
+        ));
+    }
     let violations = report.violations();
     if violations.is_empty() {
         lines.push("verdict  ok: nothing lost, each event once, one effect per (flow, seq), in order, every flow released".into());

@@ -1,5 +1,7 @@
 //! `ordo soak --faults`: SIGKILLs and injected I/O errors, full disks and
-//! failed syncs in the workers, with the same verdict as without faults.
+//! failed syncs in the workers, with the same verdict as without faults; and
+//! `--transport http`, where the relays post to an `ordo serve` that is
+//! killed as well.
 
 mod common;
 
@@ -23,4 +25,37 @@ fn soak_with_faults_keeps_every_invariant() {
     assert!(report["faults_armed"].as_u64().unwrap() > 0, "{report}");
     assert!(report["kills"].as_u64().unwrap() > 0, "{report}");
     assert_eq!(report["events"], 180, "{report}");
+}
+
+#[test]
+fn soak_over_http_kills_the_server_too_and_keeps_every_invariant() {
+    let out = run(&[
+        "soak",
+        "--transport",
+        "http",
+        "--seconds",
+        "5",
+        "--flows",
+        "30",
+        "--seed",
+        "5",
+        "--json",
+    ]);
+    let report = out.json();
+    assert_eq!(report["verdict"], "ok", "{report}");
+    assert_eq!(report["transport"], "http", "{report}");
+    for role in ["produce", "relay", "apply", "server"] {
+        assert!(
+            report["kills_by_role"][role].as_u64().unwrap_or(0) >= 1,
+            "no {role} killed: {report}"
+        );
+    }
+    assert_eq!(report["events"], 90, "{report}");
+    assert!(report["violations"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn soak_refuses_an_unknown_transport() {
+    let out = run(&["soak", "--transport", "carrier-pigeon", "--seconds", "1"]);
+    out.usage("--transport");
 }

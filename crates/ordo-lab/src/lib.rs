@@ -11,6 +11,7 @@ pub mod bench;
 pub mod demo;
 pub mod experiment;
 pub mod faults;
+pub mod serve;
 pub mod soak;
 pub mod worker;
 

@@ -1,8 +1,11 @@
 //! The soak: producers, relays and appliers as child processes, killed with
 //! SIGKILL at random instants, then left to converge; the end state is
-//! checked against the protocol's invariants.
+//! checked against the protocol's invariants. Over HTTP the relays post to
+//! an `ordo serve` child, which is killed and started again too.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,10 +14,35 @@ use ordo_core::{Clock, SystemClock};
 use ordo_testkit::check::{check_end_state, EndState, Finished, Snapshot, Violation};
 
 use crate::experiment::child::{finish_within, WATCHDOG};
+use crate::serve::{loopback_any, ServeSpec};
 use crate::{internal, LabError, Progress};
 
 /// The shortest and longest pause between two kills.
 const KILL_PAUSE_MS: (u64, u64) = (5, 60);
+/// Attempts to start a killed server again on its port before it takes a
+/// new one.
+const SERVER_BIND_ATTEMPTS: u32 = 20;
+/// The pause between two of those attempts.
+const SERVER_BIND_PAUSE: Duration = Duration::from_millis(25);
+
+/// How the relays reach the consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SoakTransport {
+    /// They open the consumer file.
+    File,
+    /// They post to an `ordo serve` child on the loopback interface.
+    Http,
+}
+
+impl SoakTransport {
+    /// The transport's name, as `--transport` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SoakTransport::File => "file",
+            SoakTransport::Http => "http",
+        }
+    }
+}
 
 /// What the soak runs.
 #[derive(Debug, Clone)]
@@ -34,6 +62,8 @@ pub struct SoakOptions {
     /// at a random sync): such a worker fails as a real disk would make it
     /// fail, and is started again.
     pub faults: bool,
+    /// How the relays reach the consumer.
+    pub transport: SoakTransport,
 }
 
 /// What the soak did and found.
@@ -45,6 +75,11 @@ pub struct SoakReport {
     pub flows: u64,
     /// The seed of the kill schedule.
     pub seed: u64,
+    /// How the relays reached the consumer.
+    pub transport: SoakTransport,
+    /// Times a killed server could not have its port again and took a new
+    /// one (relays started later use it).
+    pub server_moves: u64,
     /// SIGKILLs sent, by role.
     pub kills_by_role: BTreeMap<Role, u64>,
     /// Events committed.
@@ -86,6 +121,8 @@ pub enum Role {
     Relay,
     /// Applies events.
     Apply,
+    /// Serves the consumer's inbox over HTTP.
+    Server,
 }
 
 impl Role {
@@ -95,6 +132,7 @@ impl Role {
             Role::Produce => "produce",
             Role::Relay => "relay",
             Role::Apply => "apply",
+            Role::Server => "server",
         }
     }
 }
@@ -104,6 +142,19 @@ struct Worker {
     child: Option<Child>,
     /// Whether the running child has a fault armed.
     faulted: bool,
+    /// The server address a relay over HTTP was started with.
+    server: Option<SocketAddr>,
+}
+
+impl Worker {
+    fn new(role: Role) -> Worker {
+        Worker {
+            role,
+            child: None,
+            faulted: false,
+            server: None,
+        }
+    }
 }
 
 /// What the kill loop and the workers' exits added up to.
@@ -113,6 +164,7 @@ struct Tally {
     faults_armed: u64,
     fault_exits: u64,
     failures: Vec<String>,
+    server_moves: u64,
 }
 
 struct Soak {
@@ -128,6 +180,10 @@ struct Soak {
     dir: PathBuf,
     /// Whether workers started while killing get faults.
     faults: bool,
+    /// The address of the server, once one started.
+    server: Cell<Option<SocketAddr>>,
+    /// The servers' logs.
+    serve_log: PathBuf,
 }
 
 impl Soak {
@@ -139,11 +195,47 @@ impl Soak {
         tally: &mut Tally,
         rng: &mut fastrand::Rng,
     ) -> Result<(), LabError> {
+        if worker.role == Role::Server {
+            worker.child = Some(self.spawn_server(tally)?);
+            return Ok(());
+        }
         let fault = (self.faults && rng.bool()).then(|| crate::faults::draw(rng, &self.dir));
         worker.faulted = fault.is_some();
         tally.faults_armed += u64::from(worker.faulted);
+        worker.server = self.server.get();
         worker.child = Some(self.spawn(worker.role, fault.as_deref())?);
         Ok(())
+    }
+
+    /// Starts the server on the port it had (any free port the first
+    /// time), retrying while the port is not free yet; past
+    /// [`SERVER_BIND_ATTEMPTS`] on a new port, which relays started from
+    /// then on use.
+    fn spawn_server(&self, tally: &mut Tally) -> Result<Child, LabError> {
+        let start = |listen: SocketAddr| {
+            crate::serve::start(&ServeSpec {
+                exe: &self.exe,
+                consumer: &self.consumer,
+                listen,
+                crash_point: None,
+                log: Some(&self.serve_log),
+            })
+        };
+        let mut last_error = String::new();
+        if let Some(listen) = self.server.get() {
+            for _ in 0..SERVER_BIND_ATTEMPTS {
+                match start(listen) {
+                    Ok(served) => return Ok(served.child),
+                    Err(e) => last_error = e,
+                }
+                std::thread::sleep(SERVER_BIND_PAUSE);
+            }
+            tally.server_moves += 1;
+        }
+        let served = start(loopback_any())
+            .map_err(|e| LabError::Internal(format!("{e} (before: {last_error})")))?;
+        self.server.set(Some(served.addr));
+        Ok(served.child)
     }
 
     /// Starts a worker, with `fault` (a [`crate::faults::FAULT_ENV`] value)
@@ -166,18 +258,20 @@ impl Soak {
                 "--spread-until-ms",
                 &self.spread_ms.1.to_string(),
             ]),
-            Role::Relay => command
-                .arg("--producer")
-                .arg(&self.producer)
-                .arg("--consumer")
-                .arg(&self.consumer)
-                .arg("--until")
-                .arg(&self.produced_marker),
+            Role::Relay => {
+                command.arg("--producer").arg(&self.producer);
+                match self.server.get() {
+                    Some(addr) => command.arg("--to").arg(format!("http://{addr}")),
+                    None => command.arg("--consumer").arg(&self.consumer),
+                };
+                command.arg("--until").arg(&self.produced_marker)
+            }
             Role::Apply => command
                 .arg("--consumer")
                 .arg(&self.consumer)
                 .arg("--until")
                 .arg(&self.relayed_marker),
+            Role::Server => unreachable!("the server is started by spawn_server"),
         };
         command
             .env_remove(ordo_core::crash::CRASH_POINT_ENV)
@@ -217,7 +311,8 @@ fn collect(
 }
 
 /// Collects a worker that exited by itself, and starts again one that an
-/// injected fault stopped.
+/// injected fault stopped, and a server (whose exit is a failure: it runs
+/// until stopped).
 fn reap(
     soak: &Soak,
     worker: &mut Worker,
@@ -231,7 +326,7 @@ fn reap(
         Ok(None) => Ok(()),
         Ok(Some(_)) => {
             let child = worker.child.take().expect("checked above");
-            if collect(child, worker, tally, WATCHDOG)? {
+            if collect(child, worker, tally, WATCHDOG)? || worker.role == Role::Server {
                 soak.start(worker, tally, rng)?;
             }
             Ok(())
@@ -277,30 +372,30 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
             // Most of the kill window, so that kills meet producers at work.
             (now_ms, now_ms + (options.seconds as i64 * 1000) * 4 / 5)
         },
+        serve_log: dir.join("serve.log"),
         dir: dir.clone(),
         faults: options.faults,
+        server: Cell::new(None),
     };
     // Create both files before any worker starts.
     ordo_reservation::open_producer(&soak.producer)?;
     ordo_reservation::open_consumer(&soak.consumer)?;
 
-    let roles = [
+    // The server first: the relays take its address.
+    let server = (options.transport == SoakTransport::Http).then_some(Role::Server);
+    let roles = server.into_iter().chain([
         Role::Produce,
         Role::Produce,
         Role::Relay,
         Role::Relay,
         Role::Apply,
         Role::Apply,
-    ];
+    ]);
     let mut tally = Tally::default();
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut workers = Vec::new();
     for role in roles {
-        let mut worker = Worker {
-            role,
-            child: None,
-            faulted: false,
-        };
+        let mut worker = Worker::new(role);
         soak.start(&mut worker, &mut tally, &mut rng)?;
         workers.push(worker);
     }
@@ -318,6 +413,8 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         seconds: options.seconds,
         flows: options.flows,
         seed,
+        transport: options.transport,
+        server_moves: tally.server_moves,
         kills_by_role: tally.kills,
         events,
         faults_armed: tally.faults_armed,
@@ -347,14 +444,10 @@ fn kill_loop(
         for worker in workers.iter_mut() {
             reap(soak, worker, tally, rng)?;
         }
-        // Producers that finished stay finished; relays and appliers never do.
-        let live: Vec<usize> = (0..workers.len())
-            .filter(|&i| workers[i].child.is_some())
-            .collect();
-        if live.is_empty() {
+        let Some(victim) = pick_victim(workers, &tally.kills, rng) else {
             continue;
-        }
-        let victim = &mut workers[live[rng.usize(..live.len())]];
+        };
+        let victim = &mut workers[victim];
         let mut child = victim.child.take().expect("a live worker has a child");
         // Child::kill sends SIGKILL on Unix.
         if child.kill().is_ok() {
@@ -369,6 +462,26 @@ fn kill_loop(
     Ok(())
 }
 
+/// A random live worker, of a role not killed yet while there is one, so
+/// that even a short soak kills every role. Producers that finished stay
+/// finished; the other roles never do.
+fn pick_victim(
+    workers: &[Worker],
+    kills: &BTreeMap<Role, u64>,
+    rng: &mut fastrand::Rng,
+) -> Option<usize> {
+    let live: Vec<usize> = (0..workers.len())
+        .filter(|&i| workers[i].child.is_some())
+        .collect();
+    let spared: Vec<usize> = live
+        .iter()
+        .copied()
+        .filter(|&i| !kills.contains_key(&workers[i].role))
+        .collect();
+    let pool = if spared.is_empty() { live } else { spared };
+    (!pool.is_empty()).then(|| pool[rng.usize(..pool.len())])
+}
+
 /// How long convergence may wait for one worker: the experiment's watchdog,
 /// plus 5 ms for each of the soak's events, since a producer started late
 /// may still have every flow to drive.
@@ -377,15 +490,18 @@ fn converge_watchdog(flows: u64) -> Duration {
 }
 
 /// Lets the workers converge without kills and without faults: workers
-/// with a fault armed are stopped and started again without; then
+/// with a fault armed, and relays started with a server address that is no
+/// longer the server's, are stopped and started again without; then
 /// producers finish, then relays, then appliers, each told by a marker
-/// file that the stage before is done.
+/// file that the stage before is done; then the server is stopped.
 fn converge(soak: &Soak, workers: &mut [Worker], tally: &mut Tally) -> Result<(), LabError> {
-    for worker in workers.iter_mut().filter(|w| w.faulted) {
+    let stale = |w: &Worker| w.role == Role::Relay && w.server != soak.server.get();
+    for worker in workers.iter_mut().filter(|w| w.faulted || stale(w)) {
         if let Some(mut child) = worker.child.take() {
             let _ = child.kill();
             let _ = child.wait();
             worker.faulted = false;
+            worker.server = soak.server.get();
             worker.child = Some(soak.spawn(worker.role, None)?);
         }
     }
@@ -404,6 +520,12 @@ fn converge(soak: &Soak, workers: &mut [Worker], tally: &mut Tally) -> Result<()
             std::fs::write(marker, b"done").map_err(|e| {
                 LabError::Internal(format!("cannot write {}: {e}", marker.display()))
             })?;
+        }
+    }
+    for server in workers.iter_mut().filter(|w| w.role == Role::Server) {
+        if let Some(mut child) = server.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
     Ok(())

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use ordo_core::StoreError;
 use ordo_core::{
-    process_all, relay, Clock, ErrorKind, FlowId, ProducerStore, RelayError, RelayOptions,
-    SchemaVersion, SystemClock,
+    process_all, relay, Backoff, Clock, ErrorKind, FlowId, ProducerStore, RelayError, RelayOptions,
+    SchemaVersion, SystemClock, Transport,
 };
+use ordo_http::{ClientOptions, HttpTransport};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 
 use crate::LabError as Failure;
@@ -26,6 +27,10 @@ const IDLE_PAUSE: Duration = Duration::from_millis(5);
 const RELAY_ROUND_LEN: u64 = 64;
 /// Events per apply transaction.
 const APPLY_BATCH_LEN: u64 = 64;
+/// How long a relay worker's request to an HTTP inbox may take.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The first and the largest backoff ceiling of a relay worker over HTTP.
+const HTTP_BACKOFF_MS: (u64, u64) = (10, 250);
 
 /// The exit status of the wrong control `unsafe_dual_write`, between its
 /// two transactions.
@@ -50,8 +55,8 @@ pub enum WorkerRole {
     Relay {
         /// The producer file.
         producer: PathBuf,
-        /// The consumer file.
-        consumer: PathBuf,
+        /// Where the events go.
+        target: RelayTarget,
         /// The marker file.
         until: PathBuf,
     },
@@ -73,6 +78,15 @@ pub enum WorkerRole {
         /// Its quantity.
         quantity: Quantity,
     },
+}
+
+/// Where a relay worker hands its events.
+#[derive(Debug, Clone)]
+pub enum RelayTarget {
+    /// The consumer file, opened in the worker.
+    File(PathBuf),
+    /// The HTTP inbox of an `ordo serve` at this base URL.
+    Http(String),
 }
 
 /// The flows `flow-0000001` to `flow-N`, as the soak's producers drive them.
@@ -150,9 +164,9 @@ pub fn run(role: WorkerRole, env: &WorkerEnv) -> Result<WorkerReport, Failure> {
         } => produce(env, &producer, &flows, quantity, spread_ms),
         WorkerRole::Relay {
             producer,
-            consumer,
+            target,
             until,
-        } => relay_until(env, &producer, &consumer, &until),
+        } => relay_until(env, &producer, &target, &until),
         WorkerRole::Apply { consumer, until } => apply_until(env, &consumer, &until),
         WorkerRole::UnsafeDualWrite {
             producer,
@@ -243,26 +257,53 @@ impl BusyRetries {
     }
 }
 
+/// The transport to `target` and the relay options that go with it: over
+/// HTTP a short backoff, since a restarted server is back within
+/// milliseconds and the soak's convergence waits for every event.
+fn open_target(
+    env: &WorkerEnv,
+    target: &RelayTarget,
+) -> Result<(Box<dyn Transport>, RelayOptions), Failure> {
+    let options = RelayOptions {
+        max: Some(RELAY_ROUND_LEN),
+        ..RelayOptions::default()
+    };
+    match target {
+        RelayTarget::File(path) => Ok((Box::new(env.consumer(path)?), options)),
+        RelayTarget::Http(url) => {
+            let client = ClientOptions {
+                timeout: HTTP_TIMEOUT,
+                connect_timeout: HTTP_TIMEOUT,
+                ca_pem: None,
+            };
+            let transport = HttpTransport::new(url, None, &client)
+                .map_err(|e| Failure::Usage(e.to_string()))?;
+            let backoff = Backoff {
+                base_ms: HTTP_BACKOFF_MS.0,
+                cap_ms: HTTP_BACKOFF_MS.1,
+                floor_ms: 0,
+            };
+            Ok((Box::new(transport), RelayOptions { backoff, ..options }))
+        }
+    }
+}
+
 /// Relays until `until` exists and every event that is not quarantined has
 /// been accepted (events still backing off are waited for).
 fn relay_until(
     env: &WorkerEnv,
     producer: &Path,
-    consumer: &Path,
+    target: &RelayTarget,
     until: &Path,
 ) -> Result<WorkerReport, Failure> {
     let mut producer = env.producer(producer)?;
-    let mut consumer = env.consumer(consumer)?;
+    let (mut transport, options) = open_target(env, target)?;
     let clock = env.clock.clone();
-    let options = RelayOptions {
-        max: Some(RELAY_ROUND_LEN),
-        ..RelayOptions::default()
-    };
     let mut busy = BusyRetries(0);
     let mut delivered = 0u64;
     loop {
         let finishing = until.exists();
-        let report = match relay(&mut producer, &mut consumer, &options, clock.as_ref()) {
+        let report = match relay(&mut producer, transport.as_mut(), &options, clock.as_ref()) {
             Ok(report) => report,
             Err(RelayError::Store(e)) if e.kind() == ErrorKind::Busy => {
                 busy.retry(e)?;
