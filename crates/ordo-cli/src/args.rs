@@ -381,6 +381,19 @@ pub struct BenchArgs {
     /// Instead of throughput, measure how both files grow with and without pruning.
     #[arg(long)]
     pub growth: bool,
+    /// With `http`, instead of the above: the relay over HTTP to an `ordo
+    /// serve` on the loopback interface against the relay in process (both
+    /// at --batch), per-request latency, and the server under --clients.
+    #[arg(long, value_enum, value_name = "T", default_value = "file")]
+    pub transport: TransportArg,
+    /// With --transport http, clients posting to the server at once, 1..=1024.
+    #[arg(long, value_name = "N", default_value = "64",
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub clients: u64,
+    /// With --transport http, how long the clients post, in seconds, 1..=600.
+    #[arg(long, value_name = "S", default_value = "3",
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub load_seconds: u64,
 }
 
 #[derive(Debug, Subcommand)]

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use ordo_lab::{bench, demo, experiment, soak, worker, LabError, Progress};
+use ordo_lab::{bench, bench_http, demo, experiment, soak, worker, LabError, Progress};
 
 use crate::args::{BenchArgs, DemoArgs, ExperimentArgs, SoakArgs, TransportArg, WorkerCommand};
 use crate::context::{clock, emit, open_options};
@@ -180,7 +180,26 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
     }
 }
 
+/// The HTTP bench's load, when `--transport http` (which measures nothing
+/// else, so the other modes are refused with it).
+fn http_load(args: &BenchArgs) -> Result<Option<bench_http::HttpLoad>, Failure> {
+    if args.transport == TransportArg::File {
+        return Ok(None);
+    }
+    if args.sweep || args.growth {
+        return Err(Failure::Usage(
+            "--transport http measures the transport alone: without --sweep or --growth".into(),
+        ));
+    }
+    Ok(Some(bench_http::HttpLoad {
+        exe: ordo_binary()?,
+        clients: args.clients,
+        seconds: args.load_seconds,
+    }))
+}
+
 pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
+    let http = http_load(&args)?;
     if let Some(plot) = &args.plot {
         if !args.sweep {
             return Err(Failure::Usage("--plot needs --sweep".into()));
@@ -199,6 +218,7 @@ pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         rate: args.rate,
         dir: args.dir,
         growth: args.growth,
+        http,
     };
     let bars = Arc::new(Bars::new("{prefix:>12} [{bar:40}] {pos}/{len} {per_sec}"));
     let report = bench::run(&options, bars).map_err(failure)?;
@@ -207,7 +227,17 @@ pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         render_lab::draw(plot, &value["runs"], throughput)?;
     }
     emit(json_mode, &value, || render_lab::bench_text(&value));
-    Ok(())
+    let problems = match &report {
+        bench::BenchReport::Http(http) => http.problems(),
+        _ => Vec::new(),
+    };
+    match problems.first() {
+        None => Ok(()),
+        Some(first) => Err(Failure::Check(format!(
+            "bench found {} problem(s); first: {first}",
+            problems.len()
+        ))),
+    }
 }
 
 pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {

@@ -6,6 +6,7 @@ use std::path::Path;
 use ordo_lab::bench::{
     BenchReport, Calibration, GrowthRun, Phase, PipelineRun, SequentialRun, ThroughputReport,
 };
+use ordo_lab::bench_http::{HttpBenchReport, RelayRun, RequestLatency, RATIO_TARGET};
 use ordo_lab::demo::DemoReport;
 use ordo_lab::experiment::ExperimentReport;
 use ordo_lab::soak::SoakReport;
@@ -196,14 +197,101 @@ pub fn bench(report: &BenchReport) -> Value {
             }
         }),
         BenchReport::Throughput(report) => throughput(report),
+        BenchReport::Http(report) => http_bench(report),
     }
 }
 
 pub fn bench_text(value: &Value) -> String {
+    if value["transport"] == "http" {
+        return http_bench_text(value);
+    }
     match value.get("growth") {
         Some(growth) => growth_text(growth),
         None => throughput_text(value),
     }
+}
+
+fn request_latency(l: &RequestLatency) -> Value {
+    json!({"p50": round3(l.p50_ms), "p99": round3(l.p99_ms), "max": round3(l.max_ms), "samples": l.samples})
+}
+
+fn relay_run(run: &RelayRun) -> Value {
+    json!({
+        "events": run.events,
+        "seconds": round3(run.seconds),
+        "events_per_s": run.events_per_s().round(),
+        "requests": run.latency.samples,
+        "request_latency_ms": request_latency(&run.latency),
+    })
+}
+
+fn http_bench(report: &HttpBenchReport) -> Value {
+    let load = &report.load;
+    let seconds = load.seconds.max(1e-9);
+    json!({
+        "transport": "http",
+        "flows": report.flows,
+        "events": report.flows * 3,
+        "batch": report.batch,
+        "relay": {
+            "in_process": relay_run(&report.in_process),
+            "http": relay_run(&report.http),
+            "ratio": round3(report.ratio()),
+            "ratio_target": RATIO_TARGET,
+        },
+        "load": {
+            "clients": load.clients,
+            "seconds": round3(load.seconds),
+            "batch": load.batch,
+            "requests": load.requests,
+            "failed_requests": load.failed_requests,
+            "first_failure": load.first_failure,
+            "accepted": load.accepted,
+            "stored": load.stored,
+            "requests_per_s": (load.requests as f64 / seconds).round(),
+            "events_per_s": (load.accepted as f64 / seconds).round(),
+            "request_latency_ms": request_latency(&load.latency),
+            "server_peak_memory_bytes": load.server_peak_memory_bytes,
+        },
+        "problems": report.problems(),
+    })
+}
+
+fn http_bench_text(v: &Value) -> String {
+    let relay = &v["relay"];
+    let run = |name: &str, r: &Value| {
+        format!(
+            "{name:<17} {} events in {} s: {} events/s, {} requests, latency per request p50 {} ms p99 {} ms",
+            r["events"], r["seconds"], r["events_per_s"], r["requests"],
+            r["request_latency_ms"]["p50"], r["request_latency_ms"]["p99"]
+        )
+    };
+    let load = &v["load"];
+    let memory = load["server_peak_memory_bytes"]
+        .as_u64()
+        .map_or("unknown".to_owned(), |b| {
+            format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+        });
+    let mut lines = vec![
+        format!("flows {}, events {}, batch {}", v["flows"], v["events"], v["batch"]),
+        run("relay in process", &relay["in_process"]),
+        run("relay over HTTP", &relay["http"]),
+        format!(
+            "HTTP / in process: {} (target {})",
+            relay["ratio"], relay["ratio_target"]
+        ),
+        format!(
+            "{} clients for {} s: {} requests of {} events ({} requests/s, {} events/s), {} not answered 200, {} accepted, {} stored; latency p50 {} ms p99 {} ms max {} ms",
+            load["clients"], load["seconds"], load["requests"], load["batch"], load["requests_per_s"],
+            load["events_per_s"], load["failed_requests"], load["accepted"], load["stored"],
+            load["request_latency_ms"]["p50"], load["request_latency_ms"]["p99"], load["request_latency_ms"]["max"]
+        ),
+        format!("server peak memory (VmHWM) {memory}"),
+    ];
+    for problem in v["problems"].as_array().into_iter().flatten() {
+        lines.push(format!("PROBLEM {}", problem.as_str().unwrap_or_default()));
+    }
+    lines.join("\n")
 }
 
 fn growth(g: &GrowthRun) -> Value {

@@ -1,5 +1,6 @@
 //! `ordo bench` as a process: its JSON shape, its commit accounting, and its
-//! refusals. Speeds are never asserted; only what each run must count.
+//! refusals; over HTTP, its request and event counts. Speeds are never
+//! asserted; only what each run must count.
 
 mod common;
 
@@ -106,4 +107,68 @@ fn bench_refuses_bad_input_before_measuring() {
     bench(&["--batch", "0"]).usage("--batch");
     bench(&["--plot", "out.svg"]).usage("--plot needs --sweep");
     bench(&["--sweep", "--plot", "out.png"]).usage(".svg");
+    bench(&["--transport", "http", "--sweep"]).usage("--transport http");
+    bench(&["--transport", "http", "--growth"]).usage("--transport http");
+    bench(&["--transport", "http", "--clients", "0"]).usage("--clients");
+}
+
+#[track_caller]
+fn request_latency(value: &Value, requests: u64) {
+    let l = &value["request_latency_ms"];
+    assert_eq!(l["samples"], requests, "{value:#}");
+    let (p50, p99, max) = (
+        l["p50"].as_f64().unwrap(),
+        l["p99"].as_f64().unwrap(),
+        l["max"].as_f64().unwrap(),
+    );
+    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{value:#}");
+}
+
+#[test]
+fn bench_over_http_counts_every_request_and_every_event() {
+    let v = bench(&[
+        "--transport",
+        "http",
+        "--flows",
+        "20",
+        "--batch",
+        "8",
+        "--clients",
+        "4",
+        "--load-seconds",
+        "1",
+    ])
+    .json();
+    assert_eq!(v["transport"], "http");
+    assert_eq!(
+        (v["flows"].as_u64(), v["events"].as_u64()),
+        (Some(20), Some(60))
+    );
+    assert_eq!(v["batch"], 8);
+    let relay = &v["relay"];
+    for name in ["in_process", "http"] {
+        let run = &relay[name];
+        assert_eq!(run["events"], 60, "{name}: {run:#}");
+        assert!(run["events_per_s"].as_f64().unwrap() > 0.0, "{run:#}");
+        // At most 8 events a round: at least 60 / 8 rounds.
+        let requests = run["requests"].as_u64().unwrap();
+        assert!(requests >= 8, "{name}: {run:#}");
+        request_latency(run, requests);
+    }
+    assert!(relay["ratio"].as_f64().unwrap() > 0.0);
+    assert_eq!(relay["ratio_target"], 0.7);
+
+    let load = &v["load"];
+    assert_eq!(load["clients"], 4);
+    assert_eq!(load["batch"], 8);
+    let requests = load["requests"].as_u64().unwrap();
+    // Each client posts at least once before its window closes.
+    assert!(requests >= 4, "{load:#}");
+    assert_eq!(load["failed_requests"], 0, "{load:#}");
+    assert_eq!(load["first_failure"], Value::Null);
+    assert_eq!(load["accepted"], requests * 8, "{load:#}");
+    assert_eq!(load["stored"], load["accepted"], "{load:#}");
+    request_latency(load, requests);
+    assert!(load["server_peak_memory_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(v["problems"], serde_json::json!([]));
 }

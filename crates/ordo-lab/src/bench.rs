@@ -21,6 +21,7 @@ use ordo_core::{Clock, ConsumerStore, ProducerStore};
 use ordo_sqlite::rusqlite::{self, Connection};
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 
+use crate::bench_http::{HttpBenchReport, HttpLoad};
 use crate::{LabError as Failure, Progress, Silent};
 
 const STEPS: [FlowState; 3] = [
@@ -46,7 +47,7 @@ fn internal<E: std::fmt::Display>(e: E) -> Failure {
     Failure::Internal(e.to_string())
 }
 
-fn flow_id(i: u64) -> FlowId {
+pub(crate) fn flow_id(i: u64) -> FlowId {
     FlowId::new(format!("b{i:08}")).expect("bench flow ids are identifiers")
 }
 
@@ -130,7 +131,7 @@ fn produce_chunk(
 }
 
 /// Produces all steps of flows `range`, `batch` requests per transaction.
-fn produce(
+pub(crate) fn produce(
     producer: &mut ProducerDb,
     range: std::ops::Range<u64>,
     batch: u64,
@@ -324,6 +325,9 @@ pub struct BenchOptions {
     pub dir: Option<PathBuf>,
     /// Measure growth with and without pruning instead of throughput.
     pub growth: bool,
+    /// Measure the relay over HTTP and a server under load instead
+    /// ([`crate::bench_http`]).
+    pub http: Option<HttpLoad>,
 }
 
 /// The throughput figures.
@@ -352,6 +356,9 @@ pub struct ThroughputReport {
 pub enum BenchReport {
     /// Throughput of each phase and pipeline.
     Throughput(Box<ThroughputReport>),
+    /// The relay over HTTP against the relay in process, and a server
+    /// under concurrent clients.
+    Http(Box<HttpBenchReport>),
     /// File growth without and with pruning.
     Growth {
         /// Nothing pruned.
@@ -838,7 +845,7 @@ fn peak_memory_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
-fn fresh_dir(root: &Path, name: &str) -> Result<PathBuf, Failure> {
+pub(crate) fn fresh_dir(root: &Path, name: &str) -> Result<PathBuf, Failure> {
     let dir = root.join(name);
     std::fs::create_dir_all(&dir).map_err(internal)?;
     Ok(dir)
@@ -854,6 +861,10 @@ pub fn run(options: &BenchOptions, progress: Arc<dyn Progress>) -> Result<BenchR
         .tempdir_in(options.dir.as_deref().unwrap_or(&std::env::temp_dir()))
         .map_err(|e| Failure::Internal(format!("cannot create a temporary directory: {e}")))?;
     let (flows, batch) = (options.flows, options.batch);
+    if let Some(load) = &options.http {
+        let report = crate::bench_http::run(root.path(), flows, batch, load, progress.as_ref())?;
+        return Ok(BenchReport::Http(Box::new(report)));
+    }
     if options.growth {
         let progress = progress.as_ref();
         return Ok(BenchReport::Growth {

@@ -8,6 +8,7 @@
 //! command runs [`worker::run`].
 
 pub mod bench;
+pub mod bench_http;
 pub mod demo;
 pub mod experiment;
 pub mod faults;

@@ -50,6 +50,8 @@ pub struct ServeSpec<'a> {
     pub crash_point: Option<&'a str>,
     /// A file its logs are appended to (discarded if `None`).
     pub log: Option<&'a Path>,
+    /// More flags of `ordo serve`.
+    pub flags: &'a [String],
 }
 
 /// Any free port on the loopback interface.
@@ -76,6 +78,7 @@ pub fn start(spec: &ServeSpec<'_>) -> Result<Served, String> {
         .arg(spec.consumer)
         .arg("--listen")
         .arg(spec.listen.to_string())
+        .args(spec.flags)
         .env_remove(CRASH_POINT_ENV)
         .env_remove(crate::faults::FAULT_ENV)
         .env("RUST_LOG", LOG_LEVEL)

@@ -219,6 +219,7 @@ impl Soak {
                 listen,
                 crash_point: None,
                 log: Some(&self.serve_log),
+                flags: &[],
             })
         };
         let mut last_error = String::new();
