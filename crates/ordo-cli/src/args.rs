@@ -107,7 +107,7 @@ pub enum Command {
     Snapshot(Sides),
     /// Run N flows through all three steps on two fresh SQLite files and check the end state.
     Demo(DemoArgs),
-    /// Run the protocol's 22 scenarios and 6 beyond them on real processes; compare every state.
+    /// Run the protocol's 22 scenarios, 6 beyond them and 2 of the HTTP transport on real processes; compare every state.
     Experiment(ExperimentArgs),
     /// Kill producers, relays and appliers at random, converge, check the invariants.
     Soak(SoakArgs),

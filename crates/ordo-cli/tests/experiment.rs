@@ -1,6 +1,7 @@
-//! The experiment run by the real binary: all 22 scenarios pass, each crash
-//! point leaves the state of docs/PROTOCOL.md section 9, and a wrong expectation
-//! makes `--check` fail with the field named.
+//! The experiment run by the real binary: all 22 scenarios pass, and those
+//! beyond them and of the HTTP transport; each crash point leaves the state
+//! of docs/PROTOCOL.md section 9, and a wrong expectation makes `--check`
+//! fail with the field named.
 
 mod common;
 
@@ -34,7 +35,7 @@ fn rows<'a>(state: &'a Value, side: &str, table: &str) -> &'a Vec<Value> {
 }
 
 #[test]
-fn the_whole_experiment_passes_22_of_22_seed_and_every_beyond_scenario() {
+fn the_whole_experiment_passes_22_of_22_seed_and_every_beyond_and_transport_scenario() {
     let dir = tempfile::tempdir().unwrap();
     let output = dir.path().join("report.json");
     let output_s = output.to_str().unwrap();
@@ -48,7 +49,11 @@ fn the_whole_experiment_passes_22_of_22_seed_and_every_beyond_scenario() {
         report["groups"]["beyond"],
         serde_json::json!({"passed": 6, "failed": 0})
     );
-    assert_eq!(report["passed"], 28);
+    assert_eq!(
+        report["groups"]["transport"],
+        serde_json::json!({"passed": 2, "failed": 0})
+    );
+    assert_eq!(report["passed"], 30);
     assert_eq!(report["failed"], 0);
     let written: Value = serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap();
     assert_eq!(written["scenarios"], report["scenarios"]);
@@ -58,7 +63,7 @@ fn the_whole_experiment_passes_22_of_22_seed_and_every_beyond_scenario() {
         .iter()
         .map(|s| s["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names.len(), 28);
+    assert_eq!(names.len(), 30);
     for name in [
         "fair_relay_isolates_conflict",
         "transient_failure_backs_off",
@@ -69,6 +74,8 @@ fn the_whole_experiment_passes_22_of_22_seed_and_every_beyond_scenario() {
         "six_process_concurrency",
         "unsafe_dual_write_loses_event",
         "default_relay_conflict_can_starve",
+        "crash_serve_after_commit",
+        "crash_relay_after_receive_over_http",
     ] {
         assert!(names.contains(&name), "{name} missing");
     }
@@ -333,6 +340,44 @@ fn crash_consumer_apply_after_commit_applies_exactly_once() {
             assert_eq!(effects[1]["seq"], 2);
         },
     );
+}
+
+/// A crash around the wire: the event is in the inbox and not accepted;
+/// the relay's retry over HTTP is answered `duplicate` and marks it.
+fn stored_then_duplicate_over_http(o: &Value) {
+    let after_crash = &o["after_crash"];
+    assert_eq!(rows(after_crash, "consumer", "inbox").len(), 1, "{o:#}");
+    assert_eq!(
+        rows(after_crash, "producer", "outbox")[0]["accepted"],
+        false
+    );
+    assert_eq!(o["retry_exit_code"], 0);
+    assert_eq!(o["retry"]["deliveries"][0]["receipt"], "duplicate", "{o:#}");
+    assert_eq!(o["outbox"]["accepted"], true);
+    assert_eq!(o["outbox"]["last_outcome"], "duplicate");
+    assert_eq!(rows(&o["state"], "consumer", "inbox").len(), 1);
+}
+
+#[test]
+fn crash_serve_after_commit_is_a_transient_failure_then_a_duplicate() {
+    let s = scenario("crash_serve_after_commit");
+    let o = &s["observed"];
+    assert_eq!(o["serve_exit_code"], 73);
+    // The relay saw a broken connection: exit 0, nothing delivered, the
+    // attempt recorded as an error.
+    assert_eq!(o["relay"]["exit_code"], 0);
+    assert_eq!(o["relay"]["transient_errors"], 1);
+    assert_eq!(o["relay"]["deliveries"], serde_json::json!([]));
+    assert_eq!(o["after_crash_outbox"]["last_outcome"], "error");
+    stored_then_duplicate_over_http(o);
+}
+
+#[test]
+fn crash_relay_after_receive_over_http_is_recovered_as_duplicate() {
+    let s = scenario("crash_relay_after_receive_over_http");
+    let o = &s["observed"];
+    assert_eq!(o["relay_exit_code"], 73);
+    stored_then_duplicate_over_http(o);
 }
 
 #[test]

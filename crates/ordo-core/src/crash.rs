@@ -14,7 +14,7 @@ pub const CRASH_POINT_ENV: &str = "ORDO_CRASH_POINT";
 pub const CRASH_EXIT_STATUS: i32 = 73;
 
 /// Every named crash point, in the order of an event's life.
-pub const CRASH_POINTS: [&str; 10] = [
+pub const CRASH_POINTS: [&str; 11] = [
     PRODUCER_ADVANCE_BEFORE_COMMIT,
     PRODUCER_ADVANCE_AFTER_COMMIT,
     RELAY_BEFORE_RECEIVE,
@@ -22,6 +22,7 @@ pub const CRASH_POINTS: [&str; 10] = [
     RELAY_MARK_BEFORE_COMMIT,
     CONSUMER_RECEIVE_BEFORE_COMMIT,
     CONSUMER_RECEIVE_AFTER_COMMIT,
+    SERVE_AFTER_COMMIT,
     CONSUMER_APPLY_AFTER_PROJECTION,
     CONSUMER_APPLY_AFTER_EFFECT,
     CONSUMER_APPLY_AFTER_COMMIT,
@@ -41,6 +42,9 @@ pub const RELAY_MARK_BEFORE_COMMIT: &str = "relay.mark.before_commit";
 pub const CONSUMER_RECEIVE_BEFORE_COMMIT: &str = "consumer.receive.before_commit";
 /// Right after receive committed.
 pub const CONSUMER_RECEIVE_AFTER_COMMIT: &str = "consumer.receive.after_commit";
+/// In `ordo serve`, after a request's receive transaction committed, before
+/// its response is built: the client sees a broken connection.
+pub const SERVE_AFTER_COMMIT: &str = "serve.after_commit";
 /// Inside apply, after the projection write.
 pub const CONSUMER_APPLY_AFTER_PROJECTION: &str = "consumer.apply.after_projection";
 /// Inside apply, after the effect insert.

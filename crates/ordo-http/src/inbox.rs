@@ -191,6 +191,9 @@ async fn store(app: Arc<App>, envelopes: Vec<Envelope>, permit: OwnedSemaphorePe
         .stores
         .run(move |store| {
             let receipts = store.receive_batch(&envelopes);
+            if receipts.is_ok() {
+                ordo_core::crash::point(ordo_core::crash::SERVE_AFTER_COMMIT);
+            }
             drop(permit);
             Ok((envelopes, receipts?))
         })

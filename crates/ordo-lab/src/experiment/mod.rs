@@ -1,11 +1,12 @@
-//! The experiment: the seed's 22 scenarios, and the features beyond it, on
-//! real processes and real files, compared field by field with the
+//! The experiment: the seed's 22 scenarios, the features beyond it, and the
+//! HTTP transport's, on real processes and real files, compared field by field with the
 //! protocol's expectations.
 
 mod beyond;
 pub(crate) mod child;
 mod expect;
 mod scenarios;
+mod transport;
 
 use std::path::{Path, PathBuf};
 
@@ -16,9 +17,15 @@ use beyond::BEYOND;
 use child::{scenario_dir, Ctx};
 use expect::differences;
 use scenarios::{ScenarioFn, SEED};
+use transport::TRANSPORT;
 
-/// The scenario groups, reported apart: the seed's 22, then the features beyond it.
-const GROUPS: [(&str, &[(&str, ScenarioFn)]); 2] = [("seed", &SEED), ("beyond", &BEYOND)];
+/// The scenario groups, reported apart: the seed's 22, then the features
+/// beyond it, then the HTTP transport's.
+const GROUPS: [(&str, &[(&str, ScenarioFn)]); 3] = [
+    ("seed", &SEED),
+    ("beyond", &BEYOND),
+    ("transport", &TRANSPORT),
+];
 
 /// What the experiment runs.
 #[derive(Debug, Clone)]
@@ -35,7 +42,7 @@ pub struct ExperimentOptions {
 /// One scenario's outcome.
 #[derive(Debug, Clone)]
 pub struct ScenarioResult {
-    /// Its group (`seed` or `beyond`).
+    /// Its group (`seed`, `beyond` or `transport`).
     pub group: &'static str,
     /// Its name.
     pub name: &'static str,

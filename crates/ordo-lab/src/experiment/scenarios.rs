@@ -661,10 +661,19 @@ mod tests {
 
     #[test]
     fn every_crash_point_has_its_scenario() {
+        let all = || {
+            super::super::GROUPS
+                .iter()
+                .flat_map(|(_, list)| list.iter())
+        };
         for point in crash::CRASH_POINTS {
             let name = format!("crash_{}", point.replace('.', "_"));
-            assert!(SEED.iter().any(|(n, _)| *n == name), "no scenario {name}");
+            assert!(all().any(|(n, _)| *n == name), "no scenario {name}");
         }
+        let mut every: Vec<&str> = all().map(|(n, _)| *n).collect();
+        every.sort_unstable();
+        every.dedup();
+        assert_eq!(every.len(), 22 + 6 + 2, "scenario names are unique");
         let mut names: Vec<&str> = SEED.iter().map(|(n, _)| *n).collect();
         names.sort_unstable();
         names.dedup();
