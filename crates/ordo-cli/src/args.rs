@@ -230,6 +230,12 @@ pub struct SoakArgs {
     /// of the workers started, at a random write or sync.
     #[arg(long)]
     pub faults: bool,
+    /// Threads in each producer process (1..=1024): more than one share a
+    /// group-committing writer, and every event acknowledged to them is
+    /// checked to be in the outbox at the end.
+    #[arg(long, value_name = "N", default_value = "1",
+          value_parser = clap::value_parser!(u64).range(1..=1_024))]
+    pub producer_threads: u64,
 }
 
 /// The most rows a list prints unless told otherwise.
@@ -368,6 +374,16 @@ pub struct BenchArgs {
     /// Instead of throughput, measure how both files grow with and without pruning.
     #[arg(long)]
     pub growth: bool,
+    /// Instead of throughput, measure N producer threads of one process
+    /// sharing one group-committing writer, for each N given (1..=1024,
+    /// comma-separated, for example 1,16,64).
+    #[arg(long, value_name = "N,...", value_delimiter = ',', conflicts_with = "growth",
+          value_parser = clap::value_parser!(u64).range(1..=1_024))]
+    pub producers: Vec<u64>,
+    /// With --producers, how long each run lasts, in seconds (1..=600).
+    #[arg(long, value_name = "S", default_value = "3", requires = "producers",
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub producers_seconds: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -391,6 +407,14 @@ pub enum WorkerCommand {
         /// The start of the spread (ms since the epoch).
         #[arg(long, requires = "spread_until_ms")]
         spread_from_ms: Option<i64>,
+        /// Producer threads sharing one group-committing writer (1..=1024);
+        /// without it, one thread calling advance.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_024))]
+        threads: Option<u64>,
+        /// With --threads, append the id of every event acknowledged as
+        /// committed to this file, one line each.
+        #[arg(long, requires = "threads")]
+        acks: Option<PathBuf>,
     },
     /// Relay until the marker file exists and nothing is left.
     Relay {

@@ -5,7 +5,9 @@
 use std::sync::{Arc, Mutex};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use ordo_lab::{bench, demo, experiment, soak, worker, LabError, Progress};
+use ordo_lab::{
+    bench, bench_producers, demo, experiment, soak, worker, worker_group, LabError, Progress,
+};
 
 use crate::args::{BenchArgs, DemoArgs, ExperimentArgs, SoakArgs, WorkerCommand};
 use crate::context::{clock, emit, open_options};
@@ -160,6 +162,7 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
         seed: args.seed,
         dir: args.dir,
         faults: args.faults,
+        producer_threads: args.producer_threads,
     };
     let bars = Bars::new("soak [{bar:40}] {pos}/{len} s {msg}");
     let report = soak::run(&options, &bars).map_err(failure)?;
@@ -177,6 +180,9 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
 }
 
 pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
+    if !args.producers.is_empty() {
+        return bench_producers(json_mode, args);
+    }
     if let Some(plot) = &args.plot {
         if !args.sweep {
             return Err(Failure::Usage("--plot needs --sweep".into()));
@@ -206,6 +212,20 @@ pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `ordo bench --producers N,...`: producer threads through one group writer.
+fn bench_producers(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
+    let options = bench_producers::ProducersOptions {
+        counts: args.producers.iter().map(|&n| n as usize).collect(),
+        run: std::time::Duration::from_secs(args.producers_seconds),
+        dir: args.dir,
+    };
+    let bars = Bars::new("{prefix:>12} {msg}");
+    let report = bench_producers::run(&options, &bars).map_err(failure)?;
+    let value = render_lab::producers(&report);
+    emit(json_mode, &value, || render_lab::producers_text(&report));
+    Ok(())
+}
+
 pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
     let role = match command {
         WorkerCommand::Produce {
@@ -215,13 +235,26 @@ pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
             quantity,
             spread_until_ms,
             spread_from_ms,
+            threads,
+            acks,
         } => {
             flows.extend(worker::counted_flows(count.unwrap_or(0)).map_err(failure)?);
-            worker::WorkerRole::Produce {
-                producer,
-                flows,
-                quantity,
-                spread_ms: spread_from_ms.zip(spread_until_ms),
+            if let Some(threads) = threads {
+                worker::WorkerRole::ProduceGrouped(worker_group::GroupedProduce {
+                    producer,
+                    flows,
+                    quantity,
+                    spread_ms: spread_from_ms.zip(spread_until_ms),
+                    threads: threads as usize,
+                    acks,
+                })
+            } else {
+                worker::WorkerRole::Produce {
+                    producer,
+                    flows,
+                    quantity,
+                    spread_ms: spread_from_ms.zip(spread_until_ms),
+                }
             }
         }
         WorkerCommand::Relay {

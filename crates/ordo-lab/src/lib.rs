@@ -8,11 +8,13 @@
 //! command runs [`worker::run`].
 
 pub mod bench;
+pub mod bench_producers;
 pub mod demo;
 pub mod experiment;
 pub mod faults;
 pub mod soak;
 pub mod worker;
+pub mod worker_group;
 
 use ordo_core::StoreError;
 

@@ -146,7 +146,11 @@ fn threads_racing_on_the_same_flows_commit_each_seq_exactly_once() {
     }
     // Many callers per transaction: fewer commits than units.
     let units = expected * threads;
-    assert!(db.commits() < units, "{} commits for {units} units", db.commits());
+    assert!(
+        db.commits() < units,
+        "{} commits for {units} units",
+        db.commits()
+    );
 }
 
 /// Appends the next event of `flow_id` (a unit's append).
