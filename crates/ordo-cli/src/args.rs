@@ -234,6 +234,12 @@ pub struct SoakArgs {
     /// an `ordo serve` on the loopback interface, which is killed too.
     #[arg(long, value_enum, value_name = "T", default_value = "file")]
     pub transport: TransportArg,
+    /// Threads in each producer process (1..=1024): more than one share a
+    /// group-committing writer, and every event acknowledged to them is
+    /// checked to be in the outbox at the end.
+    #[arg(long, value_name = "N", default_value = "1",
+          value_parser = clap::value_parser!(u64).range(1..=1_024))]
+    pub producer_threads: u64,
 }
 
 /// How a lab run's relays reach the consumer.
@@ -394,6 +400,16 @@ pub struct BenchArgs {
     #[arg(long, value_name = "S", default_value = "3",
           value_parser = clap::value_parser!(u64).range(1..=600))]
     pub load_seconds: u64,
+    /// Instead of throughput, measure N producer threads of one process
+    /// sharing one group-committing writer, for each N given (1..=1024,
+    /// comma-separated, for example 1,16,64).
+    #[arg(long, value_name = "N,...", value_delimiter = ',', conflicts_with = "growth",
+          value_parser = clap::value_parser!(u64).range(1..=1_024))]
+    pub producers: Vec<u64>,
+    /// With --producers, how long each run lasts, in seconds (1..=600).
+    #[arg(long, value_name = "S", default_value = "3", requires = "producers",
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub producers_seconds: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -417,6 +433,14 @@ pub enum WorkerCommand {
         /// The start of the spread (ms since the epoch).
         #[arg(long, requires = "spread_until_ms")]
         spread_from_ms: Option<i64>,
+        /// Producer threads sharing one group-committing writer (1..=1024);
+        /// without it, one thread calling advance.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_024))]
+        threads: Option<u64>,
+        /// With --threads, append the id of every event acknowledged as
+        /// committed to this file, one line each.
+        #[arg(long, requires = "threads")]
+        acks: Option<PathBuf>,
     },
     /// Relay until the marker file exists and nothing is left.
     Relay {

@@ -5,7 +5,10 @@
 use std::sync::{Arc, Mutex};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use ordo_lab::{bench, bench_http, demo, experiment, soak, worker, LabError, Progress};
+use ordo_lab::{
+    bench, bench_http, bench_producers, demo, experiment, soak, worker, worker_group, LabError,
+    Progress,
+};
 
 use crate::args::{BenchArgs, DemoArgs, ExperimentArgs, SoakArgs, TransportArg, WorkerCommand};
 use crate::context::{clock, emit, open_options};
@@ -164,6 +167,7 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
             TransportArg::File => soak::SoakTransport::File,
             TransportArg::Http => soak::SoakTransport::Http,
         },
+        producer_threads: args.producer_threads,
     };
     let bars = Bars::new("soak [{bar:40}] {pos}/{len} s {msg}");
     let report = soak::run(&options, &bars).map_err(failure)?;
@@ -199,6 +203,14 @@ fn http_load(args: &BenchArgs) -> Result<Option<bench_http::HttpLoad>, Failure> 
 }
 
 pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
+    if !args.producers.is_empty() {
+        if args.transport == TransportArg::Http {
+            return Err(Failure::Usage(
+                "--producers measures the producer alone: without --transport http".into(),
+            ));
+        }
+        return bench_producers(json_mode, args);
+    }
     let http = http_load(&args)?;
     if let Some(plot) = &args.plot {
         if !args.sweep {
@@ -240,6 +252,20 @@ pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
     }
 }
 
+/// `ordo bench --producers N,...`: producer threads through one group writer.
+fn bench_producers(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
+    let options = bench_producers::ProducersOptions {
+        counts: args.producers.iter().map(|&n| n as usize).collect(),
+        run: std::time::Duration::from_secs(args.producers_seconds),
+        dir: args.dir,
+    };
+    let bars = Bars::new("{prefix:>12} {msg}");
+    let report = bench_producers::run(&options, &bars).map_err(failure)?;
+    let value = render_lab::producers(&report);
+    emit(json_mode, &value, || render_lab::producers_text(&report));
+    Ok(())
+}
+
 pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
     let role = match command {
         WorkerCommand::Produce {
@@ -249,13 +275,26 @@ pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
             quantity,
             spread_until_ms,
             spread_from_ms,
+            threads,
+            acks,
         } => {
             flows.extend(worker::counted_flows(count.unwrap_or(0)).map_err(failure)?);
-            worker::WorkerRole::Produce {
-                producer,
-                flows,
-                quantity,
-                spread_ms: spread_from_ms.zip(spread_until_ms),
+            if let Some(threads) = threads {
+                worker::WorkerRole::ProduceGrouped(worker_group::GroupedProduce {
+                    producer,
+                    flows,
+                    quantity,
+                    spread_ms: spread_from_ms.zip(spread_until_ms),
+                    threads: threads as usize,
+                    acks,
+                })
+            } else {
+                worker::WorkerRole::Produce {
+                    producer,
+                    flows,
+                    quantity,
+                    spread_ms: spread_from_ms.zip(spread_until_ms),
+                }
             }
         }
         WorkerCommand::Relay {

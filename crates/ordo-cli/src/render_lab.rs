@@ -7,6 +7,7 @@ use ordo_lab::bench::{
     BenchReport, Calibration, GrowthRun, Phase, PipelineRun, SequentialRun, ThroughputReport,
 };
 use ordo_lab::bench_http::{HttpBenchReport, RelayRun, RequestLatency, RATIO_TARGET};
+use ordo_lab::bench_producers::{ProducersReport, ProducersRun};
 use ordo_lab::demo::DemoReport;
 use ordo_lab::experiment::ExperimentReport;
 use ordo_lab::soak::SoakReport;
@@ -126,6 +127,7 @@ pub fn soak(report: &SoakReport) -> Value {
         "events": report.events,
         "faults_armed": report.faults_armed,
         "fault_exits": report.fault_exits,
+        "acknowledged": report.acknowledged,
         "violations": violations,
         "verdict": if violations.is_empty() { "ok" } else { "violated" },
     })
@@ -183,6 +185,75 @@ pub fn worker(report: WorkerReport) -> (Value, String) {
             (json!({ "applied": applied }), format!("applied {applied}"))
         }
     }
+}
+
+fn producers_run(run: &ProducersRun) -> Value {
+    let l = &run.latency;
+    let p = &run.per_producer;
+    json!({
+        "producers": run.producers,
+        "events": run.events,
+        "commits": run.commits,
+        "seconds": round3(run.seconds),
+        "events_per_s": run.events_per_s().round(),
+        "events_per_commit": round3(run.events as f64 / run.commits.max(1) as f64),
+        "f_commits_per_s": run.f().round(),
+        "f_before_after": [run.f_before_after.0.round(), run.f_before_after.1.round()],
+        "ratio_to_f": round3(run.ratio_to_f()),
+        "latency_ms": {"p50": l.p50_ms, "p99": l.p99_ms, "p999": l.p999_ms, "max": l.max_ms},
+        "per_producer": {"min": p.min, "max": p.max, "mean": round3(p.mean)},
+    })
+}
+
+/// `ordo bench --producers`: the direct baseline and one object per N.
+pub fn producers(report: &ProducersReport) -> Value {
+    let (f_min, f, f_max) = f_spread(&report.calibrations);
+    json!({
+        "f_commits_per_s": f.round(),
+        "f_range": [f_min.round(), f_max.round()],
+        "direct": producers_run(&report.direct),
+        "producers": report.runs.iter().map(producers_run).collect::<Vec<_>>(),
+    })
+}
+
+pub fn producers_text(report: &ProducersReport) -> String {
+    let (f_min, f, f_max) = f_spread(&report.calibrations);
+    let mut lines = vec![
+        format!("F = {f:.0} commits/s (range {f_min:.0}..{f_max:.0})"),
+        format!(
+            "{:>9} {:>10} {:>7} {:>8} {:>8} {:>8} {:>9} {:>22}",
+            "producers",
+            "events/s",
+            "x F",
+            "p50 ms",
+            "p99 ms",
+            "p99.9 ms",
+            "ev/commit",
+            "per producer min..max"
+        ),
+    ];
+    let row = |name: String, run: &ProducersRun| {
+        let l = &run.latency;
+        let p = &run.per_producer;
+        format!(
+            "{name:>9} {:>10.0} {:>7.2} {:>8.3} {:>8.3} {:>8.3} {:>9.1} {:>22}",
+            run.events_per_s(),
+            run.ratio_to_f(),
+            l.p50_ms,
+            l.p99_ms,
+            l.p999_ms,
+            run.events as f64 / run.commits.max(1) as f64,
+            format!("{}..{} (mean {:.0})", p.min, p.max, p.mean),
+        )
+    };
+    lines.push(row("direct".into(), &report.direct));
+    lines.extend(
+        report
+            .runs
+            .iter()
+            .map(|run| row(run.producers.to_string(), run)),
+    );
+    lines.join("\n")
 }
 
 pub fn bench(report: &BenchReport) -> Value {

@@ -171,4 +171,41 @@ fn bench_over_http_counts_every_request_and_every_event() {
     request_latency(load, requests);
     assert!(load["server_peak_memory_bytes"].as_u64().unwrap() > 0);
     assert_eq!(v["problems"], serde_json::json!([]));
+    bench(&["--producers", "0"]).usage("--producers");
+    bench(&["--producers", "1025"]).usage("--producers");
+    bench(&["--producers", "4", "--growth"]).usage("--growth");
+}
+
+#[test]
+fn bench_producers_reports_each_count_with_latency_and_fairness() {
+    let v = bench(&["--producers", "1,4", "--producers-seconds", "1"]).json();
+    assert!(v["f_commits_per_s"].as_f64().unwrap() > 0.0, "{v:#}");
+    assert_eq!(v["direct"]["producers"], 1, "{v:#}");
+    let runs = v["producers"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{v:#}");
+    for (run, n) in runs.iter().zip([1u64, 4]) {
+        assert_eq!(run["producers"], n, "{run:#}");
+        let events = run["events"].as_u64().unwrap();
+        assert!(
+            events > 0 && run["events_per_s"].as_f64().unwrap() > 0.0,
+            "{run:#}"
+        );
+        assert!(run["ratio_to_f"].as_f64().unwrap() > 0.0, "{run:#}");
+        let l = &run["latency_ms"];
+        let (p50, p99, p999) = (
+            l["p50"].as_f64().unwrap(),
+            l["p99"].as_f64().unwrap(),
+            l["p999"].as_f64().unwrap(),
+        );
+        assert!(0.0 < p50 && p50 <= p99 && p99 <= p999, "{run:#}");
+        let p = &run["per_producer"];
+        let (min, max) = (p["min"].as_u64().unwrap(), p["max"].as_u64().unwrap());
+        assert!(0 < min && min <= max, "{run:#}");
+        assert_eq!(
+            p["mean"].as_f64().unwrap() * n as f64,
+            events as f64,
+            "{run:#}"
+        );
+        assert!(run["commits"].as_u64().unwrap() <= events, "{run:#}");
+    }
 }

@@ -59,3 +59,29 @@ fn soak_refuses_an_unknown_transport() {
     let out = run(&["soak", "--transport", "carrier-pigeon", "--seconds", "1"]);
     out.usage("--transport");
 }
+
+#[test]
+fn soak_with_64_producer_threads_loses_no_acknowledged_event() {
+    let out = run(&[
+        "soak",
+        "--seconds",
+        "5",
+        "--flows",
+        "200",
+        "--seed",
+        "5",
+        "--producer-threads",
+        "64",
+        "--json",
+    ]);
+    let report = out.json();
+    // The verdict includes: every acknowledged event in the outbox, every
+    // flow released with each seq once, delivered and applied once.
+    assert_eq!(report["verdict"], "ok", "{report}");
+    assert!(
+        report["kills_by_role"]["produce"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+    assert_eq!(report["events"], 600, "{report}");
+    assert!(report["acknowledged"].as_u64().unwrap() > 0, "{report}");
+}

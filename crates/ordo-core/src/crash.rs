@@ -40,6 +40,15 @@ pub const RELAY_AFTER_RECEIVE: &str = "relay.after_receive";
 pub const RELAY_MARK_BEFORE_COMMIT: &str = "relay.mark.before_commit";
 /// Inside receive, after the inserts, before the commit.
 pub const CONSUMER_RECEIVE_BEFORE_COMMIT: &str = "consumer.receive.before_commit";
+/// In a group commit, after the batch's units ran, before its commit.
+pub const PRODUCER_GROUP_BEFORE_COMMIT: &str = "producer.group.before_commit";
+/// In a group commit, after the batch committed, before any caller is told.
+pub const PRODUCER_GROUP_AFTER_COMMIT: &str = "producer.group.after_commit";
+/// The group commit's points, which the seed's experiment does not run (its
+/// producer is one `advance` per process); their tests run many producer
+/// threads in one process.
+pub const GROUP_CRASH_POINTS: [&str; 2] =
+    [PRODUCER_GROUP_BEFORE_COMMIT, PRODUCER_GROUP_AFTER_COMMIT];
 /// Right after receive committed.
 pub const CONSUMER_RECEIVE_AFTER_COMMIT: &str = "consumer.receive.after_commit";
 /// In `ordo serve`, after a request's receive transaction committed, before

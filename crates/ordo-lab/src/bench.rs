@@ -53,7 +53,7 @@ pub(crate) fn flow_id(i: u64) -> FlowId {
 
 /// F: single-row insert-and-commit transactions per second on this disk,
 /// WAL and `synchronous=FULL`, as ordo's files use.
-fn calibrate(dir: &Path) -> Result<f64, Failure> {
+pub(crate) fn calibrate(dir: &Path) -> Result<f64, Failure> {
     // A fresh file each time, removed with its directory afterwards.
     let scratch = tempfile::Builder::new()
         .prefix("calibrate-")

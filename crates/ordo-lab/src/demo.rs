@@ -2,7 +2,7 @@
 //! relayed and applied, with a check of the end state.
 
 use ordo_reservation::{
-    Advance, AdvanceRequest, FlowState, Quantity, ReservationHandler, ReservationProducer,
+    advance_in, Advance, AdvanceRequest, FlowState, Quantity, ReservationHandler,
 };
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -10,12 +10,14 @@ use std::time::{Duration, Instant};
 use ordo_core::{
     process_all, relay, ConsumerStore, DrainStop, FlowId, RelayOptions, SchemaVersion, SystemClock,
 };
-use ordo_sqlite::{ConsumerDb, ProducerDb};
+use ordo_sqlite::{ConsumerDb, GroupOptions, GroupWriter, ProducerDb};
 use ordo_testkit::check::{check_end_state, EndState, Finished, Snapshot, Violation};
 
 use crate::{LabError as Failure, Progress};
 
 const FILES: [&str; 2] = ["producer.db", "consumer.db"];
+/// Producer threads sharing the demo's group-committing writer.
+const PRODUCERS: usize = 16;
 /// Deliveries per relay round, so the progress bar moves.
 const RELAY_ROUND_LEN: u64 = 256;
 
@@ -120,7 +122,7 @@ const STEPS: [FlowState; 3] = [
 /// in the report.
 pub fn run(options: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport, Failure> {
     prepare_dir(&options.dir, options.force)?;
-    let mut producer = ordo_reservation::open_producer(options.dir.join(FILES[0]))?;
+    let producer = ordo_reservation::open_producer(options.dir.join(FILES[0]))?;
     let mut consumer = ordo_reservation::open_consumer(options.dir.join(FILES[1]))?;
     let flows: Vec<FlowId> = (1..=options.flows)
         .map(|i| FlowId::new(format!("flow-{i:07}")).expect("demo flow ids are identifiers"))
@@ -129,7 +131,7 @@ pub fn run(options: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport,
 
     let started = Instant::now();
     progress.start("produce", events);
-    let produced = produce(&mut producer, &flows, progress)?;
+    let (mut producer, produced) = produce(producer, &flows, progress)?;
     progress.finish();
     let produce_time = started.elapsed();
 
@@ -175,39 +177,72 @@ pub fn run(options: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport,
     })
 }
 
-/// Advances every flow through its three steps; returns the events committed.
+/// Advances every flow through its three steps, the flows shared out among
+/// [`PRODUCERS`] threads of one group-committing writer, as the request
+/// handlers of a service would; returns the store and the events committed.
 fn produce(
-    producer: &mut ProducerDb,
+    producer: ProducerDb,
     flows: &[FlowId],
     progress: &dyn Progress,
+) -> Result<(ProducerDb, u64), Failure> {
+    let writer = GroupWriter::start(producer, GroupOptions::default());
+    let counts: Vec<Result<u64, Failure>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..PRODUCERS)
+            .map(|t| {
+                let writer = &writer;
+                scope.spawn(move || {
+                    let mine = flows.iter().enumerate().skip(t).step_by(PRODUCERS);
+                    let mut produced = 0;
+                    for (i, flow_id) in mine {
+                        produced += produce_flow(writer, i, flow_id, progress)?;
+                    }
+                    Ok(produced)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Failure::Internal("a producer thread panicked".into())))
+            })
+            .collect()
+    });
+    let producer = writer.close();
+    let produced = counts.into_iter().sum::<Result<u64, Failure>>()?;
+    Ok((producer, produced))
+}
+
+/// One flow through its three steps, each committed through the writer.
+fn produce_flow(
+    writer: &GroupWriter,
+    i: usize,
+    flow_id: &FlowId,
+    progress: &dyn Progress,
 ) -> Result<u64, Failure> {
-    let mut produced = 0u64;
-    for (i, flow_id) in flows.iter().enumerate() {
-        let quantity = Quantity::new((i as i64 % 1_000) + 1).expect("1..=1000 is a quantity");
-        for (expected_seq, to) in STEPS.iter().enumerate() {
-            let request = AdvanceRequest::new(
-                flow_id.clone(),
-                expected_seq as i64,
-                *to,
-                Some(quantity),
-                SchemaVersion::V1,
-            )
-            .map_err(|e| Failure::Internal(e.to_string()))?;
-            match producer
-                .advance(&request)
-                .map_err(|e| Failure::Internal(e.to_string()))?
-            {
-                Advance::Committed(_) => produced += 1,
-                other => {
-                    return Err(Failure::Internal(format!(
-                        "demo advance of {flow_id} was {other:?}"
-                    )))
-                }
+    let quantity = Quantity::new((i as i64 % 1_000) + 1).expect("1..=1000 is a quantity");
+    for (expected_seq, to) in STEPS.iter().enumerate() {
+        let request = AdvanceRequest::new(
+            flow_id.clone(),
+            expected_seq as i64,
+            *to,
+            Some(quantity),
+            SchemaVersion::V1,
+        )
+        .map_err(|e| Failure::Internal(e.to_string()))?;
+        match writer
+            .submit(move |ptx| advance_in(ptx, &request))
+            .map_err(|e| Failure::Internal(e.to_string()))?
+        {
+            Advance::Committed(_) => progress.inc(1),
+            other => {
+                return Err(Failure::Internal(format!(
+                    "demo advance of {flow_id} was {other:?}"
+                )))
             }
-            progress.inc(1);
         }
     }
-    Ok(produced)
+    Ok(STEPS.len() as u64)
 }
 
 /// Relays in rounds until nothing is left; returns the events delivered.

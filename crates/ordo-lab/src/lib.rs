@@ -9,12 +9,14 @@
 
 pub mod bench;
 pub mod bench_http;
+pub mod bench_producers;
 pub mod demo;
 pub mod experiment;
 pub mod faults;
 pub mod serve;
 pub mod soak;
 pub mod worker;
+pub mod worker_group;
 
 use ordo_core::StoreError;
 

@@ -64,6 +64,10 @@ pub struct SoakOptions {
     pub faults: bool,
     /// How the relays reach the consumer.
     pub transport: SoakTransport,
+    /// Threads in each producer process: 1 is one thread calling
+    /// `advance`; more share one group-committing writer and record every
+    /// event acknowledged to them, which the end check looks for.
+    pub producer_threads: u64,
 }
 
 /// What the soak did and found.
@@ -93,6 +97,9 @@ pub struct SoakReport {
     pub worker_failures: Vec<String>,
     /// The end state's violations.
     pub end_state: Vec<Violation>,
+    /// Events acknowledged as committed to a grouped producer's threads,
+    /// each checked to be in the outbox (0 with one thread per producer).
+    pub acknowledged: u64,
 }
 
 impl SoakReport {
@@ -184,6 +191,9 @@ struct Soak {
     server: Cell<Option<SocketAddr>>,
     /// The servers' logs.
     serve_log: PathBuf,
+    /// Threads per producer process, and the file of their acks.
+    producer_threads: u64,
+    acks: PathBuf,
 }
 
 impl Soak {
@@ -274,6 +284,11 @@ impl Soak {
                 .arg(&self.relayed_marker),
             Role::Server => unreachable!("the server is started by spawn_server"),
         };
+        if role == Role::Produce && self.producer_threads > 1 {
+            command
+                .args(["--threads", &self.producer_threads.to_string(), "--acks"])
+                .arg(&self.acks);
+        }
         command
             .env_remove(ordo_core::crash::CRASH_POINT_ENV)
             .stdin(Stdio::null())
@@ -377,6 +392,8 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         dir: dir.clone(),
         faults: options.faults,
         server: Cell::new(None),
+        producer_threads: options.producer_threads,
+        acks: dir.join("acks.log"),
     };
     // Create both files before any worker starts.
     ordo_reservation::open_producer(&soak.producer)?;
@@ -410,6 +427,7 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
     )?;
     converge(&soak, &mut workers, &mut tally)?;
     let (events, end_state) = check_files(&soak.producer, &soak.consumer, options.flows)?;
+    let acknowledged = check_acks(&soak.producer, &soak.acks, &mut tally)?;
     Ok(SoakReport {
         seconds: options.seconds,
         flows: options.flows,
@@ -422,7 +440,39 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         fault_exits: tally.fault_exits,
         worker_failures: tally.failures,
         end_state,
+        acknowledged,
     })
+}
+
+/// Checks that every event acknowledged to a producer thread is in the
+/// outbox; returns how many were acknowledged.
+fn check_acks(producer: &Path, acks: &Path, tally: &mut Tally) -> Result<u64, LabError> {
+    let text = match std::fs::read_to_string(acks) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => {
+            return Err(LabError::Internal(format!(
+                "cannot read {}: {e}",
+                acks.display()
+            )))
+        }
+    };
+    let (_, outbox) =
+        ordo_reservation::producer_snapshot(&mut ordo_reservation::open_producer(producer)?)?;
+    let stored: std::collections::BTreeSet<&str> = outbox
+        .iter()
+        .map(|r| r.envelope.event_id.as_str())
+        .collect();
+    let mut acknowledged = 0;
+    for id in text.lines() {
+        acknowledged += 1;
+        if !stored.contains(id) {
+            tally.failures.push(format!(
+                "event {id} was acknowledged as committed but is not in the outbox"
+            ));
+        }
+    }
+    Ok(acknowledged)
 }
 
 /// Kills a random live worker after each short pause, and starts it again,

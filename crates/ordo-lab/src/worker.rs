@@ -51,6 +51,9 @@ pub enum WorkerRole {
         /// step by step at once.
         spread_ms: Option<(i64, i64)>,
     },
+    /// Advances every flow through all three steps with many threads
+    /// through one group-committing writer, racing other producers.
+    ProduceGrouped(crate::worker_group::GroupedProduce),
     /// Relays until the marker file exists and nothing is left.
     Relay {
         /// The producer file.
@@ -162,6 +165,7 @@ pub fn run(role: WorkerRole, env: &WorkerEnv) -> Result<WorkerReport, Failure> {
             quantity,
             spread_ms,
         } => produce(env, &producer, &flows, quantity, spread_ms),
+        WorkerRole::ProduceGrouped(job) => crate::worker_group::produce(env, &job),
         WorkerRole::Relay {
             producer,
             target,

@@ -19,7 +19,7 @@ pub use rules::{
     Projection, Quantity, INVALID_PAYLOAD, INVALID_TRANSITION, QUANTITY_MAX, UNSUPPORTED_SCHEMA,
 };
 pub use sqlite::{
-    consumer_schema, consumer_snapshot, open_consumer, open_producer, producer_schema,
+    advance_in, consumer_schema, consumer_snapshot, open_consumer, open_producer, producer_schema,
     producer_snapshot, Advance, AdvanceError, EffectRecord, ReservationConsumer,
     ReservationHandler, ReservationProducer, DOMAIN,
 };

@@ -273,6 +273,18 @@ fn projection(
     })
 }
 
+/// Decides and writes one advance inside a producer transaction the caller
+/// holds (a [`ProducerDb::write`] or a unit of an
+/// [`ordo_sqlite::GroupWriter`]): reads the flow, decides with
+/// [`decide_advance`], writes the new state and appends the event, or writes
+/// nothing. Crash points are the transaction owner's.
+pub fn advance_in(
+    ptx: &mut ProducerTx<'_>,
+    request: &AdvanceRequest,
+) -> Result<Advance, AdvanceError> {
+    Ok(advance_in_tx(ptx, request)??)
+}
+
 /// Decides and writes one advance inside `ptx`; a refusal writes nothing.
 fn advance_in_tx(
     ptx: &mut ProducerTx<'_>,

@@ -13,6 +13,8 @@
 //! * [`ConsumerDb`] applies each flow's events in order through the
 //!   application's [`ApplyHandler`](ordo_core::ApplyHandler), which writes
 //!   its own tables in the transaction that marks the event applied.
+//! * [`GroupWriter`] commits the units of many threads of one process
+//!   together, each unit under its own savepoint, so they share a sync.
 //! * [`Runner`] runs the relay and apply loops in the application's process.
 
 #![warn(missing_docs)]
@@ -20,6 +22,7 @@
 mod conn;
 mod consumer;
 mod domain;
+pub mod group;
 mod producer;
 pub mod runner;
 pub mod wake;
@@ -30,6 +33,7 @@ pub use conn::{
 };
 pub use consumer::{read_inbox, ConsumerDb};
 pub use domain::{Schema, MIGRATIONS_MAX};
+pub use group::{GroupOptions, GroupWriter, Pending, SubmitError, WhenFull};
 pub use producer::{read_outbox, ProducerDb, ProducerTx, CONFLICT_REASON};
 pub use runner::{
     ApplyRound, ApplyTotals, RelayRound, RelayTotals, RunReport, Runner, RunnerOptions,

@@ -1,0 +1,320 @@
+//! The producers bench: N threads of one process, each advancing its own
+//! flows as fast as its commits come back, through one group-committing
+//! writer; events per second as a ratio to the disk's fsync rate F measured
+//! in the same run, latency from submit to durable, and each producer's
+//! count (fairness). One thread calling `advance` directly, without the
+//! writer, is measured too, as today's single append.
+
+use std::path::{Path, PathBuf};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use ordo_core::{FlowId, SchemaVersion};
+use ordo_reservation::{
+    advance_in, Advance, AdvanceError, AdvanceRequest, FlowState, Quantity, ReservationProducer,
+};
+use ordo_sqlite::{GroupOptions, GroupWriter, ProducerDb, SubmitError};
+
+use crate::{LabError, Progress};
+
+/// The most producers of one run.
+pub const PRODUCERS_MAX: usize = 1_024;
+/// The producer counts measured unless told otherwise.
+pub const PRODUCERS_DEFAULT: [usize; 3] = [1, 16, 64];
+/// How long each run lasts unless told otherwise.
+pub const RUN_DEFAULT: Duration = Duration::from_secs(3);
+
+const STEPS: [FlowState; 3] = [
+    FlowState::Reserved,
+    FlowState::Confirmed,
+    FlowState::Released,
+];
+
+/// What the producers bench measures.
+#[derive(Debug, Clone)]
+pub struct ProducersOptions {
+    /// The producer counts, one run each, in this order.
+    pub counts: Vec<usize>,
+    /// How long each run lasts.
+    pub run: Duration,
+    /// Where to create the temporary files (the system's if `None`).
+    pub dir: Option<PathBuf>,
+}
+
+/// Latency from submit to durable, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SubmitLatency {
+    /// The median.
+    pub p50_ms: f64,
+    /// The 99th percentile.
+    pub p99_ms: f64,
+    /// The 99.9th percentile.
+    pub p999_ms: f64,
+    /// The largest.
+    pub max_ms: f64,
+}
+
+/// Events committed by each producer of a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PerProducer {
+    /// The fewest.
+    pub min: u64,
+    /// The most.
+    pub max: u64,
+    /// The mean.
+    pub mean: f64,
+}
+
+/// One run: N producers sharing a writer for a while.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProducersRun {
+    /// Producer threads.
+    pub producers: usize,
+    /// Events committed.
+    pub events: u64,
+    /// Transactions committed.
+    pub commits: u64,
+    /// Wall time, in seconds.
+    pub seconds: f64,
+    /// F before and after the run, in commits per second.
+    pub f_before_after: (f64, f64),
+    /// Submit to durable.
+    pub latency: SubmitLatency,
+    /// Fairness.
+    pub per_producer: PerProducer,
+}
+
+impl ProducersRun {
+    /// Events per second.
+    pub fn events_per_s(&self) -> f64 {
+        self.events as f64 / self.seconds.max(1e-9)
+    }
+
+    /// F of the run: the geometric mean of the calibrations around it.
+    pub fn f(&self) -> f64 {
+        (self.f_before_after.0 * self.f_before_after.1).sqrt()
+    }
+
+    /// Events per second over F.
+    pub fn ratio_to_f(&self) -> f64 {
+        self.events_per_s() / self.f().max(1e-9)
+    }
+}
+
+/// What the producers bench measured.
+#[derive(Debug, Clone)]
+pub struct ProducersReport {
+    /// One thread calling `advance` directly, without the writer.
+    pub direct: ProducersRun,
+    /// One run per producer count, through the writer.
+    pub runs: Vec<ProducersRun>,
+    /// Every calibration of F, in order.
+    pub calibrations: Vec<f64>,
+}
+
+/// The flow `k` of producer `p`.
+fn flow_id(producer: usize, k: u64) -> FlowId {
+    FlowId::new(format!("p{producer:04}-{k:08}")).expect("bench flow ids are identifiers")
+}
+
+fn request(producer: usize, n: u64) -> AdvanceRequest {
+    let (k, step) = (n / STEPS.len() as u64, (n % STEPS.len() as u64) as usize);
+    AdvanceRequest::new(
+        flow_id(producer, k),
+        step as i64,
+        STEPS[step],
+        Some(Quantity::new(1 + (k % 1_000) as i64).expect("1..=1000 is a quantity")),
+        SchemaVersion::V1,
+    )
+    .expect("bench requests are valid")
+}
+
+/// What one producer thread did: its latencies, in microseconds.
+type Samples = Vec<u32>;
+
+/// How a producer commits one advance.
+trait Commit: Sync {
+    fn commit(&self, request: AdvanceRequest) -> Result<Advance, LabError>;
+}
+
+impl Commit for GroupWriter {
+    fn commit(&self, request: AdvanceRequest) -> Result<Advance, LabError> {
+        self.submit(move |ptx| advance_in(ptx, &request))
+            .map_err(|e| match e {
+                SubmitError::Unit(AdvanceError::Store(e)) | SubmitError::Store(e) => e.into(),
+                other => LabError::Internal(other.to_string()),
+            })
+    }
+}
+
+/// One producer: advances its own flows until `end`.
+fn produce(producer: usize, commit: &dyn Commit, end: Instant) -> Result<Samples, LabError> {
+    let mut samples = Samples::new();
+    let mut n = 0u64;
+    while Instant::now() < end {
+        let submitted = Instant::now();
+        match commit.commit(request(producer, n))? {
+            Advance::Committed(_) => {}
+            other => return Err(LabError::Check(format!("bench advance was {other:?}"))),
+        }
+        let us = submitted.elapsed().as_micros();
+        samples.push(u32::try_from(us).unwrap_or(u32::MAX));
+        n += 1;
+    }
+    Ok(samples)
+}
+
+/// `producers` threads, started together, each producing until `run` ends.
+fn race(producers: usize, commit: &dyn Commit, run: Duration) -> Result<Vec<Samples>, LabError> {
+    let barrier = Barrier::new(producers);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..producers)
+            .map(|p| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    barrier.wait();
+                    produce(p, commit, Instant::now() + run)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| LabError::Internal("a producer thread panicked".into()))?
+            })
+            .collect()
+    })
+}
+
+/// The sample at rank `round((n - 1) * q)` of sorted samples, in ms.
+fn quantile_ms(sorted: &[u32], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((sorted.len() - 1) as f64 * q).round() as usize;
+    f64::from(sorted[rank]) / 1_000.0
+}
+
+fn summarize(producers: usize, samples: Vec<Samples>, seconds: f64, commits: u64) -> ProducersRun {
+    let counts: Vec<u64> = samples.iter().map(|s| s.len() as u64).collect();
+    let mut all: Vec<u32> = samples.into_iter().flatten().collect();
+    all.sort_unstable();
+    let events = all.len() as u64;
+    ProducersRun {
+        producers,
+        events,
+        commits,
+        seconds,
+        f_before_after: (0.0, 0.0),
+        latency: SubmitLatency {
+            p50_ms: quantile_ms(&all, 0.5),
+            p99_ms: quantile_ms(&all, 0.99),
+            p999_ms: quantile_ms(&all, 0.999),
+            max_ms: quantile_ms(&all, 1.0),
+        },
+        per_producer: PerProducer {
+            min: counts.iter().copied().min().unwrap_or(0),
+            max: counts.iter().copied().max().unwrap_or(0),
+            mean: events as f64 / producers.max(1) as f64,
+        },
+    }
+}
+
+/// `producers` threads through one group writer on a fresh file in `dir`.
+fn grouped(dir: &Path, producers: usize, run: Duration) -> Result<ProducersRun, LabError> {
+    let db = ordo_reservation::open_producer(dir.join("producer.db"))?;
+    let writer = GroupWriter::start(db, GroupOptions::default());
+    let started = Instant::now();
+    let samples = race(producers, &writer, run);
+    let seconds = started.elapsed().as_secs_f64();
+    let db = writer.close();
+    Ok(summarize(producers, samples?, seconds, db.commits()))
+}
+
+/// Today's single append: one thread, `advance` on its own connection.
+struct Direct(std::sync::Mutex<ProducerDb>);
+
+impl Commit for Direct {
+    fn commit(&self, request: AdvanceRequest) -> Result<Advance, LabError> {
+        let mut db = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        db.advance(&request)
+            .map_err(|e| LabError::Internal(e.to_string()))
+    }
+}
+
+fn direct(dir: &Path, run: Duration) -> Result<ProducersRun, LabError> {
+    let db = Direct(std::sync::Mutex::new(ordo_reservation::open_producer(
+        dir.join("producer.db"),
+    )?));
+    let started = Instant::now();
+    let samples = race(1, &db, run)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let commits = db.0.lock().unwrap_or_else(|e| e.into_inner()).commits();
+    Ok(summarize(1, samples, seconds, commits))
+}
+
+fn fresh_dir(root: &Path, name: &str) -> Result<PathBuf, LabError> {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).map_err(crate::internal)?;
+    Ok(dir)
+}
+
+/// F, shown as a phase of unknown length.
+fn calibrated(root: &Path, progress: &dyn Progress) -> Result<f64, LabError> {
+    progress.start(
+        "calibrating F (single-row commits, WAL, synchronous=FULL)",
+        0,
+    );
+    let f = crate::bench::calibrate(root);
+    progress.finish();
+    f
+}
+
+/// Runs the direct baseline, then one run per producer count, each between
+/// two calibrations of F, in a temporary directory under `options.dir`.
+pub fn run(
+    options: &ProducersOptions,
+    progress: &dyn Progress,
+) -> Result<ProducersReport, LabError> {
+    if let Some(bad) = options
+        .counts
+        .iter()
+        .find(|&&n| n == 0 || n > PRODUCERS_MAX)
+    {
+        return Err(LabError::Usage(format!(
+            "--producers {bad}: each count must be in 1..={PRODUCERS_MAX}"
+        )));
+    }
+    let root = tempfile::Builder::new()
+        .prefix("ordo-bench-producers-")
+        .tempdir_in(options.dir.as_deref().unwrap_or(&std::env::temp_dir()))
+        .map_err(|e| LabError::Internal(format!("cannot create a temporary directory: {e}")))?;
+    let root = root.path();
+    let mut calibrations = vec![calibrated(root, progress)?];
+    let mut measure = |label: String,
+                       f: &dyn Fn(&Path) -> Result<ProducersRun, LabError>|
+     -> Result<ProducersRun, LabError> {
+        progress.start(&label, 0);
+        let run = f(&fresh_dir(root, &label.replace(' ', "-"))?);
+        progress.finish();
+        let mut run = run?;
+        let before = *calibrations.last().expect("F was measured first");
+        let after = calibrated(root, progress)?;
+        calibrations.push(after);
+        run.f_before_after = (before, after);
+        Ok(run)
+    };
+    let direct = measure("direct advance".into(), &|dir| direct(dir, options.run))?;
+    let mut runs = Vec::new();
+    for &n in &options.counts {
+        runs.push(measure(format!("producers {n}"), &|dir| {
+            grouped(dir, n, options.run)
+        })?);
+    }
+    Ok(ProducersReport {
+        direct,
+        runs,
+        calibrations,
+    })
+}

@@ -1,0 +1,379 @@
+//! Group commit: one writer per producer store, shared by any number of
+//! threads and async tasks, that commits many callers' units of work in one
+//! transaction, so that they share one sync of the disk.
+//!
+//! A caller submits a unit, a closure over the [`ProducerTx`] as with
+//! [`ProducerDb::write`]: its own writes and its appends. The writer takes
+//! units in arrival order, runs each under its own savepoint inside one
+//! `BEGIN IMMEDIATE` transaction, up to [`GroupOptions::batch_len_max`]
+//! units or [`GroupOptions::batch_time_max`], commits (`synchronous=FULL`),
+//! and only then hands each caller its result. A unit that fails (its own
+//! error, a refused append, a panic) is rolled back to its savepoint and
+//! fails alone; the others of the batch commit, in order. Every guarantee of
+//! `write` holds per unit: its state and its events commit together, each
+//! flow's seqs stay contiguous, and `Ok` means durable.
+//!
+//! Bounds: the queue holds at most [`GroupOptions::queue_len_max`] units; a
+//! submit to a full queue waits for room or is refused
+//! ([`WhenFull`]). A caller waits at most [`GroupOptions::wait_max`] for the
+//! writer to take its unit: past it, the unit is withdrawn from the queue and
+//! never runs ([`SubmitError::TimedOut`]). Once taken, the unit runs in the
+//! next transaction and its caller waits for that transaction's outcome,
+//! whatever the time: a caller is never left not knowing whether its unit
+//! committed.
+
+mod ticket;
+mod unit;
+mod writer;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ordo_core::StoreError;
+
+use crate::producer::{ProducerDb, ProducerTx};
+use ticket::{left, lock, Phase, Queue, Ticket};
+use unit::{Outcome, Unit};
+
+/// Units per transaction, unless set otherwise.
+pub const BATCH_LEN_MAX_DEFAULT: usize = 1_000;
+/// How long the writer keeps taking units into one transaction, from its
+/// first unit, unless set otherwise.
+pub const BATCH_TIME_MAX_DEFAULT: Duration = Duration::from_millis(5);
+/// Units the queue holds, unless set otherwise.
+pub const QUEUE_LEN_MAX_DEFAULT: usize = 10_000;
+/// How long a caller waits for the writer to take its unit, unless set
+/// otherwise.
+pub const WAIT_MAX_DEFAULT: Duration = Duration::from_secs(30);
+
+/// What a submit to a full queue does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Waits for room, within the caller's [`GroupOptions::wait_max`].
+    Block,
+    /// Fails at once with [`SubmitError::QueueFull`].
+    Refuse,
+}
+
+/// The bounds of a [`GroupWriter`].
+#[derive(Debug, Clone)]
+pub struct GroupOptions {
+    /// The most units in one transaction (default
+    /// [`BATCH_LEN_MAX_DEFAULT`]), at least 1.
+    pub batch_len_max: usize,
+    /// The writer stops taking units into a transaction this long after its
+    /// first unit started, and commits (default [`BATCH_TIME_MAX_DEFAULT`]).
+    /// It never waits for units to arrive: a transaction holds what was
+    /// queued while the previous one committed.
+    pub batch_time_max: Duration,
+    /// The most units waiting in the queue (default
+    /// [`QUEUE_LEN_MAX_DEFAULT`]), at least 1.
+    pub queue_len_max: usize,
+    /// What a submit to a full queue does (default [`WhenFull::Block`]).
+    pub when_full: WhenFull,
+    /// How long a caller waits, from its submit, for room in the queue and
+    /// for the writer to take its unit (default [`WAIT_MAX_DEFAULT`]).
+    pub wait_max: Duration,
+}
+
+impl Default for GroupOptions {
+    fn default() -> Self {
+        GroupOptions {
+            batch_len_max: BATCH_LEN_MAX_DEFAULT,
+            batch_time_max: BATCH_TIME_MAX_DEFAULT,
+            queue_len_max: QUEUE_LEN_MAX_DEFAULT,
+            when_full: WhenFull::Block,
+            wait_max: WAIT_MAX_DEFAULT,
+        }
+    }
+}
+
+/// Why a submitted unit did not commit. Each variant says whether the unit
+/// ran; none leaves it unknown, except a store error of kind
+/// `CommitOutcomeUnknown`, as with [`ProducerDb::write`].
+#[derive(Debug)]
+pub enum SubmitError<E> {
+    /// The unit returned this error: its writes were rolled back to its
+    /// savepoint, and the other units of its transaction were not affected.
+    Unit(E),
+    /// The unit panicked: its writes were rolled back to its savepoint, and
+    /// the writer went on with the other units.
+    Panicked(String),
+    /// The transaction that held the unit could not begin or commit: nothing
+    /// of it was kept (unless the kind is `CommitOutcomeUnknown`).
+    Store(StoreError),
+    /// The queue was full ([`WhenFull::Refuse`]): the unit was not queued
+    /// and never runs.
+    QueueFull,
+    /// The caller's [`GroupOptions::wait_max`] passed before the writer took
+    /// the unit: it was withdrawn from the queue (or never entered it) and
+    /// never runs.
+    TimedOut,
+    /// The writer has stopped: the unit was not run.
+    Closed,
+}
+
+impl<E: fmt::Display> fmt::Display for SubmitError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubmitError::Unit(e) => write!(f, "{e}"),
+            SubmitError::Panicked(message) => {
+                write!(f, "the unit panicked and was rolled back: {message}")
+            }
+            SubmitError::Store(e) => write!(f, "{e}"),
+            SubmitError::QueueFull => {
+                f.write_str("the group commit queue is full: the unit was not queued")
+            }
+            SubmitError::TimedOut => f.write_str(
+                "timed out before the writer took the unit: it was withdrawn and never runs",
+            ),
+            SubmitError::Closed => {
+                f.write_str("the group writer has stopped: the unit was not run")
+            }
+        }
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display> std::error::Error for SubmitError<E> {}
+
+/// What the callers and the writer share.
+pub(crate) struct Shared {
+    pub queue: Mutex<Queue>,
+    /// Raised when a unit is queued or the queue closes.
+    pub work: Condvar,
+    /// Raised when room is made in the queue.
+    pub room: Condvar,
+    pub options: GroupOptions,
+}
+
+/// The group-committing producer handle: one writer thread owning a
+/// [`ProducerDb`], shared by reference (`&GroupWriter` is `Send + Sync`) by
+/// any number of callers. Dropping it, or [`GroupWriter::close`], runs the
+/// units already queued, then stops the writer.
+pub struct GroupWriter {
+    shared: Arc<Shared>,
+    writer: Option<JoinHandle<ProducerDb>>,
+}
+
+impl GroupWriter {
+    /// Starts the writer on its own thread with `db`, which it owns until
+    /// [`GroupWriter::close`] gives it back.
+    pub fn start(db: ProducerDb, options: GroupOptions) -> GroupWriter {
+        let options = GroupOptions {
+            batch_len_max: options.batch_len_max.max(1),
+            queue_len_max: options.queue_len_max.max(1),
+            ..options
+        };
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                jobs: Default::default(),
+                closed: false,
+                next_id: 0,
+            }),
+            work: Condvar::new(),
+            room: Condvar::new(),
+            options,
+        });
+        let writer = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("ordo-group-writer".into())
+                .spawn(move || writer::run(db, &shared))
+                .expect("the writer thread starts")
+        };
+        GroupWriter {
+            shared,
+            writer: Some(writer),
+        }
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &GroupOptions {
+        &self.shared.options
+    }
+
+    /// Submits `unit` and waits for its outcome: `Ok` once the transaction
+    /// that holds it has committed and is durable.
+    pub fn submit<T, E, F>(&self, unit: F) -> Result<T, SubmitError<E>>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&mut ProducerTx<'_>) -> Result<T, E> + Send + 'static,
+    {
+        self.enqueue(unit)?.wait()
+    }
+
+    /// Queues `unit` and returns at once with its [`Pending`] outcome, to
+    /// wait for ([`Pending::wait`]) or to await (it is a `Future`). With
+    /// [`WhenFull::Block`] a full queue blocks this call (within
+    /// [`GroupOptions::wait_max`]); async callers use [`WhenFull::Refuse`].
+    pub fn enqueue<T, E, F>(&self, unit: F) -> Result<Pending<T, E>, SubmitError<E>>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&mut ProducerTx<'_>) -> Result<T, E> + Send + 'static,
+    {
+        let deadline = Instant::now() + self.shared.options.wait_max;
+        let mut queue = self.room_in_queue(deadline)?;
+        let ticket = Ticket::new(queue.next_id);
+        queue.next_id += 1;
+        queue.jobs.push_back(Box::new(Unit {
+            f: Some(unit),
+            outcome: None,
+            ticket: ticket.clone(),
+        }));
+        drop(queue);
+        self.shared.work.notify_one();
+        Ok(Pending {
+            shared: self.shared.clone(),
+            ticket,
+            deadline,
+        })
+    }
+
+    /// The queue, locked, once it has room.
+    fn room_in_queue<E>(
+        &self,
+        deadline: Instant,
+    ) -> Result<std::sync::MutexGuard<'_, Queue>, SubmitError<E>> {
+        let options = &self.shared.options;
+        let mut queue = lock(&self.shared.queue);
+        loop {
+            if queue.closed {
+                return Err(SubmitError::Closed);
+            }
+            if queue.jobs.len() < options.queue_len_max {
+                return Ok(queue);
+            }
+            if options.when_full == WhenFull::Refuse {
+                return Err(SubmitError::QueueFull);
+            }
+            let Some(wait) = left(deadline) else {
+                return Err(SubmitError::TimedOut);
+            };
+            queue = self
+                .shared
+                .room
+                .wait_timeout(queue, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Units queued and not yet taken by the writer.
+    pub fn queued(&self) -> usize {
+        lock(&self.shared.queue).jobs.len()
+    }
+
+    /// Stops accepting units, lets the writer run those already queued, and
+    /// returns its store.
+    pub fn close(mut self) -> ProducerDb {
+        self.stop().expect("the writer is still running")
+    }
+
+    fn stop(&mut self) -> Option<ProducerDb> {
+        lock(&self.shared.queue).closed = true;
+        self.shared.work.notify_all();
+        self.shared.room.notify_all();
+        let writer = self.writer.take()?;
+        writer.join().ok()
+    }
+}
+
+impl Drop for GroupWriter {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A queued unit's outcome, to come. Dropping it before the writer took the
+/// unit withdraws the unit (it never runs); once taken, the unit runs and
+/// commits or not whether anyone waits.
+pub struct Pending<T, E> {
+    shared: Arc<Shared>,
+    ticket: Arc<Ticket<Outcome<T, E>>>,
+    deadline: Instant,
+}
+
+impl<T, E> Pending<T, E> {
+    /// Waits for the outcome. Past the submit's [`GroupOptions::wait_max`],
+    /// a unit not yet taken is withdrawn and the answer is
+    /// [`SubmitError::TimedOut`]; a unit taken is waited for until its
+    /// transaction ends.
+    pub fn wait(self) -> Outcome<T, E> {
+        let mut slot = lock(&self.ticket.slot);
+        loop {
+            if let Some(outcome) = slot.result.take() {
+                return outcome;
+            }
+            if slot.phase != Phase::Queued {
+                slot = self
+                    .ticket
+                    .ready
+                    .wait(slot)
+                    .unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            let Some(wait) = left(self.deadline) else {
+                drop(slot);
+                if self.withdraw() {
+                    return Err(SubmitError::TimedOut);
+                }
+                slot = lock(&self.ticket.slot);
+                continue;
+            };
+            slot = self
+                .ticket
+                .ready
+                .wait_timeout(slot, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Withdraws the unit if the writer has not taken it yet; returns
+    /// whether it did (the unit then never runs).
+    pub fn withdraw(&self) -> bool {
+        let mut queue = lock(&self.shared.queue);
+        {
+            let mut slot = lock(&self.ticket.slot);
+            if slot.phase != Phase::Queued {
+                return false;
+            }
+            slot.phase = Phase::Withdrawn;
+        }
+        let withdrawn = queue.withdraw(self.ticket.id);
+        drop(queue);
+        self.shared.room.notify_one();
+        withdrawn
+    }
+}
+
+impl<T, E> Drop for Pending<T, E> {
+    fn drop(&mut self) {
+        let queued = lock(&self.ticket.slot).phase == Phase::Queued;
+        if queued {
+            self.withdraw();
+        }
+    }
+}
+
+impl<T, E> Future for Pending<T, E> {
+    type Output = Outcome<T, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut slot = lock(&self.ticket.slot);
+        match slot.result.take() {
+            Some(outcome) => Poll::Ready(outcome),
+            None => {
+                slot.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}

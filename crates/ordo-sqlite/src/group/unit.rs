@@ -1,0 +1,108 @@
+//! A caller's unit of work, typed: run under a savepoint, its result kept
+//! until the transaction that holds it has ended.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use ordo_core::{ErrorKind, StoreError};
+
+use super::ticket::{lock, Job, Phase, Ran, Ticket};
+use super::SubmitError;
+use crate::conn::{exec_cached, sql_error};
+use crate::producer::ProducerTx;
+
+/// The result a caller receives.
+pub(crate) type Outcome<T, E> = Result<T, SubmitError<E>>;
+
+/// A unit: the caller's closure, then its result until it is settled.
+pub(crate) struct Unit<T, E, F> {
+    pub f: Option<F>,
+    pub outcome: Option<Outcome<T, E>>,
+    pub ticket: Arc<Ticket<Outcome<T, E>>>,
+}
+
+/// A copy of a transaction's error for each of its callers.
+pub(crate) fn copy(error: &StoreError) -> StoreError {
+    StoreError::new(error.kind(), error.to_string())
+}
+
+fn savepoint(ptx: &ProducerTx<'_>, sql: &str) -> Result<(), StoreError> {
+    exec_cached(ptx.sql(), sql, [])
+        .map(|_| ())
+        .map_err(|e| sql_error("producer: group commit savepoint", e))
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a unit panicked".to_string())
+}
+
+impl<T, E, F> Job for Unit<T, E, F>
+where
+    T: Send + 'static,
+    E: Send + 'static,
+    F: FnOnce(&mut ProducerTx<'_>) -> Result<T, E> + Send + 'static,
+{
+    fn id(&self) -> u64 {
+        self.ticket.id
+    }
+
+    fn mark_taken(&self) {
+        lock(&self.ticket.slot).phase = Phase::Taken;
+    }
+
+    fn run(&mut self, ptx: &mut ProducerTx<'_>) -> Result<Ran, StoreError> {
+        let f = self.f.take().expect("a unit runs once");
+        savepoint(ptx, "SAVEPOINT ordo_unit")?;
+        let outcome = match catch_unwind(AssertUnwindSafe(|| f(ptx))) {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(SubmitError::Unit(error)),
+            Err(payload) => Err(SubmitError::Panicked(panic_message(payload.as_ref()))),
+        };
+        let kept = outcome.is_ok();
+        self.outcome = Some(outcome);
+        // An error that made SQLite roll the whole transaction back (a full
+        // disk, an I/O error) leaves no savepoint to return to: the batch
+        // cannot go on.
+        if ptx.sql().is_autocommit() {
+            return Err(StoreError::new(
+                ErrorKind::Other,
+                "producer: a unit's failure ended the group transaction",
+            ));
+        }
+        if !kept {
+            savepoint(ptx, "ROLLBACK TO ordo_unit")?;
+        }
+        savepoint(ptx, "RELEASE ordo_unit")?;
+        Ok(if kept { Ran::Kept } else { Ran::Undone })
+    }
+
+    fn settle(mut self: Box<Self>, ended: Result<(), &StoreError>) {
+        let outcome = match (self.outcome.take(), ended) {
+            // Committed: the unit's own result, kept or undone.
+            (Some(outcome), Ok(())) => outcome,
+            // Not committed: a unit that failed on its own says so; any
+            // other gets the transaction's error. Nothing of it was kept.
+            (Some(Err(SubmitError::Unit(e))), Err(_)) => Err(SubmitError::Unit(e)),
+            (_, Err(error)) => Err(SubmitError::Store(copy(error))),
+            (None, Ok(())) => Err(SubmitError::Store(StoreError::new(
+                ErrorKind::Other,
+                "producer: a unit was settled without running",
+            ))),
+        };
+        self.ticket.fill(outcome);
+    }
+}
+
+impl<T, E, F> Drop for Unit<T, E, F> {
+    /// A unit dropped without being settled (the writer stopped before its
+    /// transaction began, or unwound before it committed) never ran in a
+    /// committed transaction: its caller is told so. A settled or
+    /// withdrawn ticket ignores this.
+    fn drop(&mut self) {
+        self.ticket.fill(Err(SubmitError::Closed));
+    }
+}

@@ -1,0 +1,409 @@
+//! The group-committing producer on real files: many threads racing on the
+//! same flows, units failing inside one batch without touching the others,
+//! the bounded queue, the caller's timeout, and async callers.
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ordo_core::{AppendError, FlowId, SchemaVersion, StoreError};
+use ordo_reservation::{advance_in, Advance, AdvanceRequest, FlowState, Quantity};
+use ordo_sqlite::rusqlite::params;
+use ordo_sqlite::{GroupOptions, GroupWriter, ProducerDb, ProducerTx, SubmitError, WhenFull};
+use serde_json::json;
+
+const STEPS: [FlowState; 3] = [
+    FlowState::Reserved,
+    FlowState::Confirmed,
+    FlowState::Released,
+];
+
+fn flow(id: &str) -> FlowId {
+    FlowId::new(id).unwrap()
+}
+
+fn writer(dir: &Path, options: GroupOptions) -> GroupWriter {
+    let db = ordo_reservation::open_producer(dir.join("producer.db")).unwrap();
+    GroupWriter::start(db, options)
+}
+
+/// The outbox's `(flow, seq)` rows, in position order.
+fn outbox(db: &ProducerDb) -> Vec<(String, i64)> {
+    let mut stmt = db
+        .connection()
+        .prepare("SELECT flow_id, seq FROM outbox ORDER BY position")
+        .unwrap();
+    let rows = stmt
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .unwrap();
+    rows.map(Result::unwrap).collect()
+}
+
+fn request(flow_id: &FlowId, step: usize) -> AdvanceRequest {
+    AdvanceRequest::new(
+        flow_id.clone(),
+        step as i64,
+        STEPS[step],
+        Some(Quantity::new(5).unwrap()),
+        SchemaVersion::V1,
+    )
+    .unwrap()
+}
+
+/// A unit that holds the writer until released, so that the units queued
+/// meanwhile all wait (and then share one transaction).
+struct Gate {
+    started: mpsc::Receiver<()>,
+    release: mpsc::Sender<()>,
+}
+
+fn gate(writer: &GroupWriter) -> (Gate, ordo_sqlite::Pending<(), StoreError>) {
+    let (started_tx, started) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel::<()>();
+    let pending = writer
+        .enqueue(move |_ptx: &mut ProducerTx<'_>| -> Result<(), StoreError> {
+            started_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+            Ok(())
+        })
+        .unwrap();
+    let gate = Gate { started, release };
+    gate.started.recv().unwrap();
+    (gate, pending)
+}
+
+fn note(ptx: &mut ProducerTx<'_>, name: &str) -> Result<(), StoreError> {
+    ptx.sql()
+        .execute(
+            "INSERT INTO flow (flow_id, state, quantity) VALUES (?1, 'reserved', 1)",
+            params![name],
+        )
+        .map(|_| ())
+        .map_err(|e| StoreError::sqlite("note", e))
+}
+
+fn noted(db: &ProducerDb) -> Vec<String> {
+    let mut stmt = db
+        .connection()
+        .prepare("SELECT flow_id FROM flow ORDER BY flow_id")
+        .unwrap();
+    let rows = stmt.query_map([], |row| row.get(0)).unwrap();
+    rows.map(Result::unwrap).collect()
+}
+
+#[test]
+fn threads_racing_on_the_same_flows_commit_each_seq_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(dir.path(), GroupOptions::default());
+    let flows: Vec<FlowId> = (0..20).map(|i| flow(&format!("f{i:02}"))).collect();
+    let threads = 32;
+    let outcomes: Vec<(u64, u64)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let (mut committed, mut stale) = (0u64, 0u64);
+                    for step in 0..STEPS.len() {
+                        for flow_id in &flows {
+                            let request = request(flow_id, step);
+                            match writer.submit(move |ptx| advance_in(ptx, &request)).unwrap() {
+                                Advance::Committed(event) => {
+                                    assert_eq!(event.seq.get(), step as i64 + 1);
+                                    committed += 1;
+                                }
+                                Advance::Stale { last_seq } => {
+                                    assert!(last_seq > step as i64);
+                                    stale += 1;
+                                }
+                                other => panic!("unexpected {other:?}"),
+                            }
+                        }
+                    }
+                    (committed, stale)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let committed: u64 = outcomes.iter().map(|o| o.0).sum();
+    let stale: u64 = outcomes.iter().map(|o| o.1).sum();
+    let expected = (flows.len() * STEPS.len()) as u64;
+    assert_eq!(
+        committed, expected,
+        "one committed per (flow, expected seq)"
+    );
+    assert_eq!(stale, expected * (threads - 1), "every other attempt stale");
+    let db = writer.close();
+    let rows = outbox(&db);
+    assert_eq!(rows.len() as u64, expected);
+    for flow_id in &flows {
+        let seqs: Vec<i64> = rows
+            .iter()
+            .filter(|(f, _)| f == flow_id.as_str())
+            .map(|r| r.1)
+            .collect();
+        assert_eq!(seqs, vec![1, 2, 3], "{flow_id}: contiguous, in order");
+    }
+    // Many callers per transaction: fewer commits than units.
+    let units = expected * threads;
+    assert!(
+        db.commits() < units,
+        "{} commits for {units} units",
+        db.commits()
+    );
+}
+
+/// Appends the next event of `flow_id` (a unit's append).
+fn append(ptx: &mut ProducerTx<'_>, flow_id: &str) -> Result<i64, AppendError> {
+    let event = ptx.append(&flow(flow_id), "noted", SchemaVersion::V1, &json!({}))?;
+    Ok(event.seq.get())
+}
+
+#[test]
+fn units_failing_inside_a_batch_fail_alone_and_the_others_commit_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(
+        dir.path(),
+        GroupOptions {
+            batch_time_max: Duration::from_secs(600),
+            ..GroupOptions::default()
+        },
+    );
+    let (gate, gated) = gate(&writer);
+    let ok1 = writer.enqueue(|ptx| append(ptx, "x")).unwrap();
+    let sql = writer
+        .enqueue(|ptx| {
+            append(ptx, "x")?;
+            ptx.sql()
+                .execute("INSERT INTO no_such_table VALUES (1)", [])
+                .map_err(|e| AppendError::Store(StoreError::sqlite("own write", e)))?;
+            Ok(0)
+        })
+        .unwrap();
+    let refused = writer
+        .enqueue(|ptx| {
+            note(ptx, "refused-note")?;
+            let mut event = ptx.append(&flow("x"), "noted", SchemaVersion::V1, &json!({}))?;
+            // The same seq again: the append is refused.
+            ptx.append_envelope(&event)?;
+            event.seq = ordo_core::Seq::new(1).unwrap();
+            Ok(0)
+        })
+        .unwrap();
+    let panicked = writer
+        .enqueue(|ptx| -> Result<i64, AppendError> {
+            append(ptx, "x")?;
+            panic!("boom in a unit");
+        })
+        .unwrap();
+    let ok2 = writer.enqueue(|ptx| append(ptx, "x")).unwrap();
+    let stale = writer
+        .enqueue(|ptx| advance_in(ptx, &request(&flow("y"), 1)))
+        .unwrap();
+    let ok3 = writer
+        .enqueue(|ptx| {
+            note(ptx, "ok3-note")?;
+            append(ptx, "x")
+        })
+        .unwrap();
+    gate.release.send(()).unwrap();
+    gated.wait().unwrap();
+    assert_eq!(ok1.wait().unwrap(), 1);
+    assert!(matches!(
+        sql.wait(),
+        Err(SubmitError::Unit(AppendError::Store(_)))
+    ));
+    assert!(matches!(
+        refused.wait(),
+        Err(SubmitError::Unit(AppendError::NotNext { .. }))
+    ));
+    match panicked.wait() {
+        Err(SubmitError::Panicked(message)) => assert!(message.contains("boom"), "{message}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(ok2.wait().unwrap(), 2, "no gap left by the failed units");
+    assert!(matches!(stale.wait(), Ok(Advance::Stale { last_seq: 0 })));
+    assert_eq!(ok3.wait().unwrap(), 3);
+    // The writer goes on after a panic.
+    assert_eq!(writer.submit(|ptx| append(ptx, "x")).unwrap(), 4);
+    let db = writer.close();
+    assert_eq!(
+        outbox(&db),
+        (1..=4).map(|s| ("x".to_string(), s)).collect::<Vec<_>>()
+    );
+    assert_eq!(noted(&db), vec!["ok3-note".to_string()]);
+    assert_eq!(db.commits(), 2, "the gate's batch, then the last unit");
+}
+
+#[test]
+fn a_full_queue_refuses_and_a_refused_unit_never_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(
+        dir.path(),
+        GroupOptions {
+            queue_len_max: 2,
+            when_full: WhenFull::Refuse,
+            ..GroupOptions::default()
+        },
+    );
+    let (gate, gated) = gate(&writer);
+    let queued: Vec<_> = ["a", "b"]
+        .into_iter()
+        .map(|name| writer.enqueue(move |ptx| note(ptx, name)).unwrap())
+        .collect();
+    assert_eq!(writer.queued(), 2);
+    let refused = writer.enqueue(|ptx| note(ptx, "refused"));
+    assert!(matches!(refused, Err(SubmitError::QueueFull)));
+    gate.release.send(()).unwrap();
+    gated.wait().unwrap();
+    for pending in queued {
+        pending.wait().unwrap();
+    }
+    let db = writer.close();
+    assert_eq!(noted(&db), vec!["a".to_string(), "b".to_string()]);
+}
+
+#[test]
+fn a_full_queue_blocks_the_submit_until_its_timeout_and_the_unit_never_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(
+        dir.path(),
+        GroupOptions {
+            queue_len_max: 1,
+            when_full: WhenFull::Block,
+            wait_max: Duration::from_millis(50),
+            // The queued unit joins the gate's transaction, so it is taken
+            // before the gate's caller hears back, though past its own
+            // deadline.
+            batch_time_max: Duration::from_secs(600),
+            ..GroupOptions::default()
+        },
+    );
+    let (gate, gated) = gate(&writer);
+    let queued = writer.enqueue(|ptx| note(ptx, "a")).unwrap();
+    let blocked = writer.submit(|ptx| note(ptx, "blocked"));
+    assert!(matches!(blocked, Err(SubmitError::TimedOut)), "{blocked:?}");
+    gate.release.send(()).unwrap();
+    gated.wait().unwrap();
+    queued.wait().unwrap();
+    let db = writer.close();
+    assert_eq!(noted(&db), vec!["a".to_string()]);
+}
+
+#[test]
+fn a_caller_timing_out_in_the_queue_withdraws_its_unit_which_never_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(
+        dir.path(),
+        GroupOptions {
+            wait_max: Duration::from_millis(50),
+            ..GroupOptions::default()
+        },
+    );
+    let (gate, gated) = gate(&writer);
+    let timed_out = writer.submit(|ptx| note(ptx, "late"));
+    assert!(
+        matches!(timed_out, Err(SubmitError::TimedOut)),
+        "{timed_out:?}"
+    );
+    assert_eq!(writer.queued(), 0, "withdrawn from the queue");
+    gate.release.send(()).unwrap();
+    gated.wait().unwrap();
+    writer.submit(|ptx| note(ptx, "after")).unwrap();
+    let db = writer.close();
+    assert_eq!(noted(&db), vec!["after".to_string()]);
+}
+
+#[test]
+fn a_caller_whose_unit_was_taken_waits_past_its_timeout_for_the_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let wait_max = Duration::from_millis(50);
+    let writer = Arc::new(writer(
+        dir.path(),
+        GroupOptions {
+            wait_max,
+            ..GroupOptions::default()
+        },
+    ));
+    let (started_tx, started) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel::<()>();
+    let caller = {
+        let writer = writer.clone();
+        std::thread::spawn(move || {
+            writer.submit(move |ptx| {
+                note(ptx, "slow")?;
+                started_tx.send(()).unwrap();
+                release_rx.recv().unwrap();
+                Ok::<_, StoreError>(())
+            })
+        })
+    };
+    started.recv().unwrap();
+    // The unit is running; its caller's deadline passes meanwhile.
+    std::thread::sleep(wait_max * 3);
+    release.send(()).unwrap();
+    caller.join().unwrap().expect("committed, not timed out");
+    let db = Arc::into_inner(writer).unwrap().close();
+    assert_eq!(noted(&db), vec!["slow".to_string()]);
+}
+
+#[test]
+fn close_runs_the_units_already_queued_and_refuses_later_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(dir.path(), GroupOptions::default());
+    let (gate, gated) = gate(&writer);
+    let queued: Vec<_> = ["a", "b", "c"]
+        .into_iter()
+        .map(|name| writer.enqueue(move |ptx| note(ptx, name)).unwrap())
+        .collect();
+    gate.release.send(()).unwrap();
+    let db = writer.close();
+    gated.wait().unwrap();
+    for pending in queued {
+        pending.wait().unwrap();
+    }
+    assert_eq!(noted(&db).len(), 3);
+}
+
+/// Runs a future to completion on this thread.
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Arc::new(Unpark(std::thread::current())).into();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(value) = future.as_mut().poll(&mut cx) {
+            return value;
+        }
+        std::thread::park();
+    }
+}
+
+#[test]
+fn async_callers_await_their_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(
+        dir.path(),
+        GroupOptions {
+            when_full: WhenFull::Refuse,
+            ..GroupOptions::default()
+        },
+    );
+    let seqs: Vec<i64> = (0..10)
+        .map(|_| block_on(writer.enqueue(|ptx| append(ptx, "z")).unwrap()).unwrap())
+        .collect();
+    assert_eq!(seqs, (1..=10).collect::<Vec<_>>());
+    // A pending outcome dropped while still queued withdraws its unit.
+    let (gate, gated) = gate(&writer);
+    drop(writer.enqueue(|ptx| note(ptx, "dropped")).unwrap());
+    assert_eq!(writer.queued(), 0);
+    gate.release.send(()).unwrap();
+    gated.wait().unwrap();
+    let db = writer.close();
+    assert!(noted(&db).is_empty());
+}
