@@ -65,9 +65,24 @@ pub fn kind_of_state(code: &SqlState) -> ErrorKind {
 /// callers act on.
 pub fn pg_error(context: &str, error: postgres::Error) -> StoreError {
     let kind = kind_of(&error);
+    if let Some(db) = error.as_db_error() {
+        let mut message = format!(
+            "{context}: {}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        );
+        if let Some(detail) = db.detail() {
+            message.push_str(&format!("; {detail}"));
+        }
+        return StoreError::new(kind, message);
+    }
     let message = match error.code() {
         Some(code) => format!("{context} (SQLSTATE {})", code.code()),
-        None if lost_connection(&error) => format!("{context} (connection error)"),
+        None if lost_connection(&error) => match std::error::Error::source(&error) {
+            Some(cause) => format!("{context} (connection error: {cause})"),
+            None => format!("{context} (connection error)"),
+        },
         None => context.to_string(),
     };
     StoreError::with_source(kind, message, error)
