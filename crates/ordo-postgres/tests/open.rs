@@ -241,3 +241,48 @@ fn a_racing_writer_of_the_same_flow_waits_then_is_stale() {
     let outcome = racer.join().expect("the racer ends").expect("no error");
     assert_eq!(outcome, Advance::Stale { last_seq: 1 });
 }
+
+#[test]
+fn domain_migrations_run_forward_once_and_a_newer_store_is_refused() {
+    let (_dir, target) = fresh();
+    let clock = Arc::new(SystemClock);
+    let first = ordo_postgres::Schema::new("mig")
+        .expect("a domain")
+        .migration("CREATE TABLE mig_orders (id bigint PRIMARY KEY)");
+    let second = first
+        .clone()
+        .migration("ALTER TABLE mig_orders ADD COLUMN note text");
+    let opts = options("ordo_mig");
+    for schema in [&first, &first, &second, &second] {
+        // Migration 1 runs once: a second CREATE TABLE would fail.
+        PgConsumer::open_with(&target, schema, clock.clone(), &opts).expect("open");
+    }
+    let columns: i64 = admin(&target)
+        .query_one(
+            "SELECT count(*) FROM information_schema.columns WHERE table_name = 'mig_orders'",
+            &[],
+        )
+        .expect("read")
+        .get(0);
+    assert_eq!(columns, 2);
+    refused(
+        PgConsumer::open_with(&target, &first, clock, &opts),
+        ErrorKind::Incompatible,
+        "are at version 2; this application knows up to 1",
+    );
+}
+
+#[test]
+fn schema_names_outside_the_safe_set_are_refused() {
+    for name in ["Upper", "pg_catalog", "with space", "semi;colon", ""] {
+        let error = PgProducer::open_with(
+            "postgres://nobody@127.0.0.1:1/none",
+            &pg_producer_schema(),
+            Arc::new(SystemClock),
+            &options(name),
+        )
+        .err()
+        .expect("refused before connecting");
+        assert!(error.to_string().contains("schema name"), "{name}: {error}");
+    }
+}
