@@ -11,6 +11,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod rules;
 mod sqlite;
 

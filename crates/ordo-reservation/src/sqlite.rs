@@ -195,6 +195,21 @@ impl ReservationHandler {
     pub fn new(options: ApplyOptions) -> ReservationHandler {
         ReservationHandler { options }
     }
+
+    /// The schemas this handler decodes.
+    pub fn options(&self) -> ApplyOptions {
+        self.options
+    }
+
+    /// The block codes this handler evaluates again (the same for every
+    /// backend's transaction type).
+    pub fn reevaluate(&self) -> &[BlockCode] {
+        if self.options.support_v2 {
+            &REEVALUATE_V2
+        } else {
+            &[]
+        }
+    }
 }
 
 impl ApplyHandler<Connection> for ReservationHandler {
@@ -228,11 +243,7 @@ impl ApplyHandler<Connection> for ReservationHandler {
     }
 
     fn reevaluate(&self) -> &[BlockCode] {
-        if self.options.support_v2 {
-            &REEVALUATE_V2
-        } else {
-            &[]
-        }
+        ReservationHandler::reevaluate(self)
     }
 }
 

@@ -1,0 +1,414 @@
+//! Apply: the flow's next event through the application's handler, alone
+//! or in batches across flows, strictly in order per flow.
+
+use ordo_core::store::{plan_apply, ApplyPlan, NextRow};
+use ordo_core::{
+    crash, ApplyHandler, BlockCode, Drain, DrainStop, ErrorKind, FlowId, InboxStatus, Seq, Step,
+    StoreError, Verdict,
+};
+
+use super::{inbox_status, PgConsumer};
+use crate::conn::PgTx;
+use crate::error::corrupt;
+use crate::producer::stored_envelope;
+
+const CONTEXT: &str = "consumer: apply failed";
+
+/// Set for the apply transaction alone: a handler that ends the
+/// transaction (which it must not) clears it, and the mark then fails.
+const MARK_TX: &str = "SET LOCAL ordo.apply_tx = 'on'";
+
+/// How a step keeps a blocked event's handler writes apart from the rest of
+/// its transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guard {
+    /// Nothing: a block returns `None` for the caller to roll back.
+    None,
+    /// A savepoint around the handler, rolled back on a block.
+    Savepoint,
+}
+
+/// Runs `f` in an apply transaction, committed if it wrote anything.
+fn in_apply_tx<T>(
+    db: &mut PgConsumer,
+    f: impl FnOnce(&PgTx, i64) -> Result<Option<(T, bool)>, StoreError>,
+) -> Result<Option<T>, StoreError> {
+    let tx = &db.conn;
+    tx.begin(CONTEXT)?;
+    tx.control(CONTEXT, MARK_TX)
+        .inspect_err(|_| tx.rollback())?;
+    let outcome = f(tx, db.clock.now_ms());
+    match outcome {
+        Ok(Some((value, true))) => {
+            tx.commit("consumer: apply commit failed")?;
+            db.commits += 1;
+            Ok(Some(value))
+        }
+        Ok(Some((value, false))) => {
+            tx.rollback();
+            Ok(Some(value))
+        }
+        Ok(None) => {
+            tx.rollback();
+            Ok(None)
+        }
+        Err(e) => {
+            tx.rollback();
+            Err(e)
+        }
+    }
+}
+
+pub(super) fn apply_next<H>(
+    db: &mut PgConsumer,
+    flow_id: &FlowId,
+    handler: &mut H,
+) -> Result<Step, StoreError>
+where
+    H: ApplyHandler<PgTx> + ?Sized,
+{
+    let step = in_apply_tx(db, |tx, now_ms| {
+        let applied_seq = read_cursor(tx, flow_id)?;
+        let (step, wrote) =
+            step_in_tx(tx, flow_id, applied_seq, handler, now_ms, Guard::Savepoint)?
+                .expect("a guarded step always ends");
+        if let Step::Applied { seq } = step {
+            write_cursor(tx, flow_id, seq.get())?;
+        }
+        Ok(Some((step, wrote)))
+    })?
+    .expect("a guarded step always ends");
+    if matches!(step, Step::Applied { .. }) {
+        crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
+    }
+    Ok(step)
+}
+
+/// Drains the given flows in ONE transaction (see
+/// [`ConsumerStore::apply_batch_with`](ordo_core::ConsumerStore::apply_batch_with)).
+/// The batch first runs without a savepoint per event; when an event
+/// blocks, the transaction is rolled back and the batch runs again with a
+/// savepoint around each event.
+pub(super) fn apply_batch<H>(
+    db: &mut PgConsumer,
+    flows: &[(FlowId, Option<u64>)],
+    events_max: u64,
+    handler: &mut H,
+) -> Result<Vec<Drain>, StoreError>
+where
+    H: ApplyHandler<PgTx> + ?Sized,
+{
+    for guard in [Guard::None, Guard::Savepoint] {
+        let run = in_apply_tx(db, |tx, now_ms| {
+            batch_in_tx(tx, flows, events_max, handler, now_ms, guard)
+        })?;
+        if let Some((drains, total)) = run {
+            if total > 0 {
+                crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
+            }
+            return Ok(drains);
+        }
+    }
+    unreachable!("a guarded batch runs to its end")
+}
+
+/// One run of a batch: the drains, how many events applied, and whether
+/// anything was written; `None` when an event blocked under [`Guard::None`].
+#[allow(clippy::type_complexity)]
+fn batch_in_tx<H>(
+    tx: &PgTx,
+    flows: &[(FlowId, Option<u64>)],
+    events_max: u64,
+    handler: &mut H,
+    now_ms: i64,
+    guard: Guard,
+) -> Result<Option<((Vec<Drain>, u64), bool)>, StoreError>
+where
+    H: ApplyHandler<PgTx> + ?Sized,
+{
+    let mut drains = Vec::new();
+    let mut total = 0u64;
+    let mut wrote_any = false;
+    for (flow_id, limit) in flows {
+        let mut applied_seq = read_cursor(tx, flow_id)?;
+        let mut applied = 0u64;
+        let stop = loop {
+            if total >= events_max || limit.is_some_and(|limit| applied >= limit) {
+                break DrainStop::Limit;
+            }
+            let Some((step, wrote)) = step_in_tx(tx, flow_id, applied_seq, handler, now_ms, guard)?
+            else {
+                return Ok(None);
+            };
+            wrote_any |= wrote;
+            match step {
+                Step::Applied { seq } => {
+                    applied_seq = seq.get();
+                    applied += 1;
+                    total += 1;
+                }
+                Step::Gap { .. } => break DrainStop::Gap,
+                Step::Blocked { reason, .. } => break DrainStop::Blocked(reason),
+                Step::Idle => break DrainStop::Idle,
+            }
+        };
+        if applied > 0 {
+            write_cursor(tx, flow_id, applied_seq)?;
+        }
+        let limit_hit = stop == DrainStop::Limit;
+        drains.push(Drain {
+            flow_id: flow_id.clone(),
+            applied,
+            stop,
+        });
+        if total >= events_max && limit_hit {
+            break;
+        }
+    }
+    Ok(Some(((drains, total), wrote_any)))
+}
+
+/// The flow's apply cursor, locked until the transaction ends: the last
+/// applied (or skipped) seq, 0 if none.
+pub(super) fn read_cursor(tx: &PgTx, flow_id: &FlowId) -> Result<i64, StoreError> {
+    Ok(tx
+        .row(
+            "consumer: cannot read the apply cursor",
+            "SELECT applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1 FOR UPDATE",
+            &[&flow_id.as_str()],
+        )?
+        .map_or(0, |row| row.get(0)))
+}
+
+pub(super) fn write_cursor(
+    tx: &PgTx,
+    flow_id: &FlowId,
+    applied_seq: i64,
+) -> Result<(), StoreError> {
+    tx.run(
+        "consumer: cannot move the apply cursor",
+        "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq) VALUES ($1, $2)
+         ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
+        &[&flow_id.as_str(), &applied_seq],
+    )?;
+    Ok(())
+}
+
+/// What is stored at the flow's next seq, with its body.
+fn next_row(
+    tx: &PgTx,
+    flow_id: &FlowId,
+    next: Seq,
+) -> Result<(NextRow, Option<String>), StoreError> {
+    // The flow's first stored row at or after `next`: the next event
+    // itself, or one past a gap, or none.
+    let row = tx.row(
+        CONTEXT,
+        "SELECT seq, body, status, reason, detail FROM {s}.inbox WHERE flow_id = $1 AND seq >= $2
+         ORDER BY seq LIMIT 1",
+        &[&flow_id.as_str(), &next.get()],
+    )?;
+    Ok(match row {
+        Some(row) if row.get::<_, i64>(0) == next.get() => (
+            NextRow::Stored(inbox_status(row.get(2), row.get(3), row.get(4))?),
+            Some(row.get(1)),
+        ),
+        Some(_) => (NextRow::Missing { later_stored: true }, None),
+        None => (
+            NextRow::Missing {
+                later_stored: false,
+            },
+            None,
+        ),
+    })
+}
+
+/// One apply step of `flow_id`, whose cursor is at `applied_seq`: the step
+/// and whether it wrote anything; `None` when the event blocked under
+/// [`Guard::None`] (the caller rolls back).
+fn step_in_tx<H>(
+    tx: &PgTx,
+    flow_id: &FlowId,
+    applied_seq: i64,
+    handler: &mut H,
+    now_ms: i64,
+    guard: Guard,
+) -> Result<Option<(Step, bool)>, StoreError>
+where
+    H: ApplyHandler<PgTx> + ?Sized,
+{
+    let Some(next) = Seq::after(applied_seq) else {
+        return Ok(Some((Step::Idle, false)));
+    };
+    let (next_row, body) = next_row(tx, flow_id, next)?;
+    if matches!(
+        next_row,
+        NextRow::Stored(InboxStatus::Applied | InboxStatus::Skipped)
+    ) {
+        return Err(corrupt(
+            "consumer: inbox",
+            format!("flow {flow_id} seq {next} is settled but the cursor is at {applied_seq}"),
+        ));
+    }
+    let body = match plan_apply(next_row.clone(), handler.reevaluate()) {
+        ApplyPlan::Report(kind) => return Ok(Some((kind.into_step(next), false))),
+        ApplyPlan::Evaluate => body.expect("an evaluated row is stored"),
+    };
+    let event = stored_envelope("consumer: stored inbox body", &body)?;
+    // A row blocked before is evaluated again and likely to block again: it
+    // always gets its savepoint.
+    let guarded =
+        guard == Guard::Savepoint || matches!(next_row, NextRow::Stored(InboxStatus::Blocked(_)));
+    if guarded {
+        tx.control(CONTEXT, "SAVEPOINT ordo_apply_event")?;
+    }
+    let verdict = handler.apply(tx, &event)?;
+    match verdict {
+        Verdict::Apply => {
+            if guarded {
+                tx.control(CONTEXT, "RELEASE SAVEPOINT ordo_apply_event")?;
+            }
+            mark_applied(tx, flow_id, next, &event.event_id, now_ms)?;
+            Ok(Some((Step::Applied { seq: next }, true)))
+        }
+        Verdict::Block(_) if !guarded => {
+            check_still_open(tx, flow_id, next)?;
+            Ok(None)
+        }
+        Verdict::Block(reason) => {
+            tx.control(
+                CONTEXT,
+                "ROLLBACK TO SAVEPOINT ordo_apply_event; RELEASE SAVEPOINT ordo_apply_event",
+            )?;
+            let reason = reason.normalized();
+            if next_row == NextRow::Stored(InboxStatus::Blocked(reason.clone())) {
+                // Evaluated again and blocked for the same reason.
+                return Ok(Some((Step::Blocked { seq: next, reason }, false)));
+            }
+            tx.run(
+                CONTEXT,
+                "UPDATE {s}.inbox SET status = 'blocked', reason = $3, detail = $4
+                 WHERE flow_id = $1 AND seq = $2",
+                &[
+                    &flow_id.as_str(),
+                    &next.get(),
+                    &reason.code.as_str(),
+                    &reason.detail,
+                ],
+            )?;
+            Ok(Some((Step::Blocked { seq: next, reason }, true)))
+        }
+    }
+}
+
+/// Marks the event applied, by its primary key and only inside the apply
+/// transaction; anything else is a damaged inbox or a handler that ended
+/// the transaction.
+fn mark_applied(
+    tx: &PgTx,
+    flow_id: &FlowId,
+    next: Seq,
+    event_id: &ordo_core::EventId,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let marked = tx.run(
+        CONTEXT,
+        "UPDATE {s}.inbox SET status = 'applied', reason = NULL, detail = NULL, settled_at_ms = $4
+         WHERE event_id = $1 AND flow_id = $2 AND seq = $3
+           AND current_setting('ordo.apply_tx', true) = 'on'",
+        &[&event_id.as_str(), &flow_id.as_str(), &next.get(), &now_ms],
+    )?;
+    if marked == 1 {
+        return Ok(());
+    }
+    check_still_open(tx, flow_id, next)?;
+    Err(corrupt(
+        "consumer: inbox",
+        format!("the body stored at flow {flow_id} seq {next} names event {event_id}"),
+    ))
+}
+
+/// Fails when the handler ended the apply transaction.
+fn check_still_open(tx: &PgTx, flow_id: &FlowId, next: Seq) -> Result<(), StoreError> {
+    let open: Option<String> = tx
+        .row(
+            CONTEXT,
+            "SELECT current_setting('ordo.apply_tx', true)",
+            &[],
+        )?
+        .and_then(|row| row.get(0));
+    if open.as_deref() == Some("on") {
+        return Ok(());
+    }
+    Err(StoreError::new(
+        ErrorKind::Other,
+        format!(
+            "consumer: the transaction ended while the handler applied flow {flow_id} seq {next}; \
+             what the handler committed stands, the event is not marked"
+        ),
+    ))
+}
+
+fn flow_page(
+    tx: &PgTx,
+    template: &'static str,
+    params: crate::conn::Params<'_>,
+) -> Result<Vec<FlowId>, StoreError> {
+    tx.rows("consumer: cannot list flows with work", template, params)?
+        .iter()
+        .map(|row| {
+            FlowId::new(row.get::<_, String>(0)).map_err(|e| corrupt("consumer: stored flow id", e))
+        })
+        .collect()
+}
+
+/// Up to `limit` flows with work after `after`.
+pub(super) fn flows_with_work_page(
+    db: &mut PgConsumer,
+    after: Option<&FlowId>,
+    limit: usize,
+    reevaluate: &[BlockCode],
+) -> Result<Vec<FlowId>, StoreError> {
+    let after = after.map(FlowId::as_str).unwrap_or("");
+    let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut flows = flow_page(
+        &db.conn,
+        "SELECT DISTINCT flow_id FROM {s}.inbox WHERE status = 'pending' AND flow_id > $1
+         ORDER BY flow_id LIMIT $2",
+        &[&after, &limit_sql],
+    )?;
+    if !reevaluate.is_empty() {
+        let codes: Vec<&str> = reevaluate.iter().map(BlockCode::as_str).collect();
+        flows.extend(flow_page(
+            &db.conn,
+            "SELECT DISTINCT flow_id FROM {s}.inbox
+             WHERE status = 'blocked' AND reason = ANY ($3) AND flow_id > $1
+             ORDER BY flow_id LIMIT $2",
+            &[&after, &limit_sql, &codes],
+        )?);
+        flows.sort_unstable();
+        flows.dedup();
+        flows.truncate(limit);
+    }
+    Ok(flows)
+}
+
+/// Every flow with work, ordered by flow id.
+pub(super) fn flows_with_work(
+    db: &mut PgConsumer,
+    reevaluate: &[BlockCode],
+) -> Result<Vec<FlowId>, StoreError> {
+    let mut all = Vec::new();
+    let mut after: Option<FlowId> = None;
+    loop {
+        let page = flows_with_work_page(db, after.as_ref(), FLOWS_PAGE_LEN, reevaluate)?;
+        let Some(last) = page.last().cloned() else {
+            return Ok(all);
+        };
+        all.extend(page);
+        after = Some(last);
+    }
+}
+
+/// How many flows one page lists.
+const FLOWS_PAGE_LEN: usize = 1_024;

@@ -1,0 +1,292 @@
+//! The consumer store: the inbox, the per-flow apply cursor, the prune
+//! fingerprints and watermarks and the repair log in ordo's consumer
+//! schema, beside the application's own tables.
+//!
+//! - `receive`: durable custody, dedup and conflict detection;
+//! - `apply`: the application's handler run in order per flow;
+//! - `ops`: listing, repairs, status and pruning.
+//!
+//! Invariant: this module never reads or writes the application's tables;
+//! only the handler does, through the [`PgTx`] it is handed.
+
+mod apply;
+mod ops;
+mod receive;
+
+use std::sync::Arc;
+
+use ordo_core::ops::{ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest};
+use ordo_core::{
+    ApplyHandler, BlockCode, BlockReason, Clock, ConsumerStore, Drain, Envelope, FlowId,
+    InboxRecord, InboxStatus, Receipt, Step, StoreError, SystemClock,
+};
+
+use crate::conn::{open, PgOptions, PgTx, Role, Want};
+use crate::domain::Schema;
+use crate::error::corrupt;
+use crate::producer::{read_snapshot, stored_envelope};
+
+/// ordo's consumer tables (`{s}` is the schema).
+pub(crate) const DDL: &str = "
+CREATE TABLE {s}.inbox (
+    event_id       text   COLLATE \"C\" PRIMARY KEY,
+    flow_id        text   COLLATE \"C\" NOT NULL,
+    seq            bigint NOT NULL CHECK (seq >= 1),
+    schema_version bigint NOT NULL,
+    type           text   NOT NULL,
+    body           text   NOT NULL,
+    body_hash      text   NOT NULL,
+    status         text   NOT NULL CHECK (status IN ('pending', 'applied', 'blocked', 'skipped')),
+    reason         text,
+    detail         text,
+    received_at_ms bigint NOT NULL,
+    settled_at_ms  bigint,
+    UNIQUE (flow_id, seq),
+    CHECK ((status = 'blocked') = (reason IS NOT NULL))
+);
+CREATE INDEX inbox_pending ON {s}.inbox (flow_id) WHERE status = 'pending';
+CREATE INDEX inbox_blocked ON {s}.inbox (flow_id) WHERE status = 'blocked';
+CREATE TABLE {s}.inbox_cursor (
+    flow_id     text   COLLATE \"C\" PRIMARY KEY,
+    applied_seq bigint NOT NULL CHECK (applied_seq >= 1)
+);
+CREATE TABLE {s}.inbox_fingerprint (
+    flow_id   text   COLLATE \"C\" NOT NULL,
+    seq       bigint NOT NULL,
+    event_id  text   COLLATE \"C\" NOT NULL UNIQUE,
+    body_hash bytea  NOT NULL CHECK (length(body_hash) = 32),
+    status    text   NOT NULL CHECK (status IN ('applied', 'skipped')),
+    PRIMARY KEY (flow_id, seq)
+);
+CREATE TABLE {s}.inbox_watermark (
+    flow_id    text   COLLATE \"C\" PRIMARY KEY,
+    pruned_seq bigint NOT NULL
+);
+CREATE TABLE {s}.repair_log (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    action     text   NOT NULL,
+    flow_id    text   COLLATE \"C\" NOT NULL,
+    seq        bigint NOT NULL,
+    event_id   text   NOT NULL,
+    reason     text   NOT NULL,
+    decided_by text   NOT NULL,
+    at_ms      bigint NOT NULL
+);
+CREATE FUNCTION {s}.repair_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'repair_log is append-only'; END $$;
+CREATE TRIGGER repair_log_append_only BEFORE UPDATE OR DELETE ON {s}.repair_log
+    FOR EACH ROW EXECUTE FUNCTION {s}.repair_log_append_only();
+CREATE TRIGGER repair_log_no_truncate BEFORE TRUNCATE ON {s}.repair_log
+    FOR EACH STATEMENT EXECUTE FUNCTION {s}.repair_log_append_only();
+";
+
+/// The consumer's store on PostgreSQL: the inbox (every received event,
+/// durably, with its status), the per-flow apply cursor, and the
+/// application's own tables (declared by its [`Schema`], written by its
+/// [`ApplyHandler`] through [`PgTx`]), over one connection.
+pub struct PgConsumer {
+    conn: PgTx,
+    domain: String,
+    clock: Arc<dyn Clock>,
+    commits: u64,
+}
+
+impl PgConsumer {
+    /// Opens or creates the consumer store of `schema`'s domain at `url`
+    /// with the system clock and default options.
+    pub fn open(url: &str, schema: &Schema) -> Result<PgConsumer, StoreError> {
+        PgConsumer::open_with(url, schema, Arc::new(SystemClock), &PgOptions::default())
+    }
+
+    /// [`PgConsumer::open`] with the given clock and options.
+    pub fn open_with(
+        url: &str,
+        schema: &Schema,
+        clock: Arc<dyn Clock>,
+        options: &PgOptions,
+    ) -> Result<PgConsumer, StoreError> {
+        PgConsumer::open_inner(url, Want::Domain(schema), clock, options)
+    }
+
+    /// Opens an existing consumer store of any domain, without running its
+    /// domain's migrations; nothing is created.
+    pub fn open_existing(
+        url: &str,
+        clock: Arc<dyn Clock>,
+        options: &PgOptions,
+    ) -> Result<PgConsumer, StoreError> {
+        PgConsumer::open_inner(url, Want::Any, clock, options)
+    }
+
+    fn open_inner(
+        url: &str,
+        want: Want<'_>,
+        clock: Arc<dyn Clock>,
+        options: &PgOptions,
+    ) -> Result<PgConsumer, StoreError> {
+        let opened = open(url, Role::Consumer, DDL, want, options)?;
+        Ok(PgConsumer {
+            conn: opened.conn,
+            domain: opened.domain,
+            clock,
+            commits: 0,
+        })
+    }
+
+    /// The domain that owns this store.
+    pub fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// The clock this store stamps its writes with.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+
+    /// The connection, for the caller's own reads outside a transaction.
+    pub fn connection(&self) -> &PgTx {
+        &self.conn
+    }
+
+    /// How many write transactions this handle has committed.
+    pub fn commits(&self) -> u64 {
+        self.commits
+    }
+
+    /// Runs `f` inside one read-only REPEATABLE READ transaction, so that
+    /// everything it reads is one consistent snapshot.
+    pub fn read<T>(
+        &mut self,
+        f: impl FnOnce(&PgTx) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        read_snapshot(&self.conn, "consumer: read transaction", f)
+    }
+
+    /// Runs `f` in one write transaction; commits on `Ok`.
+    fn write<T>(
+        &mut self,
+        context: &str,
+        f: impl FnOnce(&PgTx, i64) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let clock = &self.clock;
+        let value = self.conn.in_tx(context, |tx| f(tx, clock.now_ms()))?;
+        self.commits += 1;
+        Ok(value)
+    }
+}
+
+/// Decodes a stored status, its block code and detail; anything else is
+/// damage.
+pub(crate) fn inbox_status(
+    status: &str,
+    reason: Option<&str>,
+    detail: Option<String>,
+) -> Result<InboxStatus, StoreError> {
+    let context = "consumer: stored inbox status";
+    match (status, reason) {
+        ("pending", None) => Ok(InboxStatus::Pending),
+        ("applied", None) => Ok(InboxStatus::Applied),
+        ("skipped", None) => Ok(InboxStatus::Skipped),
+        ("blocked", Some(code)) => BlockCode::new(code)
+            .map(|code| InboxStatus::Blocked(BlockReason { code, detail }))
+            .map_err(|e| corrupt(context, e)),
+        _ => Err(corrupt(
+            context,
+            format!("{status:?} with reason {reason:?}"),
+        )),
+    }
+}
+
+/// Every inbox row, ordered by flow id then seq, read through `conn` (for
+/// reads inside [`PgConsumer::read`] beside the application's own tables).
+pub fn read_inbox(conn: &PgTx) -> Result<Vec<InboxRecord>, StoreError> {
+    let rows = conn.rows(
+        "consumer: cannot read the inbox",
+        "SELECT body, status, reason, detail FROM {s}.inbox ORDER BY flow_id, seq",
+        &[],
+    )?;
+    rows.iter()
+        .map(|row| {
+            Ok(InboxRecord {
+                envelope: stored_envelope("consumer: stored inbox body", row.get(0))?,
+                status: inbox_status(row.get(1), row.get(2), row.get(3))?,
+            })
+        })
+        .collect()
+}
+
+impl ConsumerStore for PgConsumer {
+    type Tx = PgTx;
+
+    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
+        receive::receive_batch(self, envelopes)
+    }
+
+    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
+    where
+        H: ApplyHandler<PgTx> + ?Sized,
+    {
+        apply::apply_next(self, flow_id, handler)
+    }
+
+    fn apply_batch_with<H>(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        handler: &mut H,
+    ) -> Result<Vec<Drain>, StoreError>
+    where
+        H: ApplyHandler<PgTx> + ?Sized,
+    {
+        apply::apply_batch(self, flows, events_max, handler)
+    }
+
+    fn flows_with_work(&mut self, reevaluate: &[BlockCode]) -> Result<Vec<FlowId>, StoreError> {
+        apply::flows_with_work(self, reevaluate)
+    }
+
+    fn flows_with_work_page(
+        &mut self,
+        after: Option<&FlowId>,
+        limit: usize,
+        reevaluate: &[BlockCode],
+    ) -> Result<Vec<FlowId>, StoreError> {
+        apply::flows_with_work_page(self, after, limit, reevaluate)
+    }
+
+    fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
+        read_inbox(&self.conn)
+    }
+
+    fn inbox_entries(
+        &mut self,
+        blocked_only: bool,
+        flow_id: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<InboxEntry>, StoreError> {
+        ops::inbox_entries(self, blocked_only, flow_id, limit)
+    }
+
+    fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError> {
+        ops::reopen_blocked(self, flow_id)
+    }
+
+    fn skip(
+        &mut self,
+        request: &SkipRequest,
+    ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
+        ops::skip(self, request)
+    }
+
+    fn repairs(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
+        ops::repairs(self)
+    }
+
+    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
+        ops::consumer_status(self)
+    }
+
+    fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
+        ops::prune_inbox(self, cutoff_ms)
+    }
+}

@@ -1,0 +1,288 @@
+//! Operations on the consumer: listing, re-evaluating and skipping blocked
+//! rows, the repair log, alerting signals, and pruning.
+
+use ordo_core::ops::{
+    decide_skip, ConsumerStatus, GapWait, InboxEntry, Pruned, RepairRecord, SkipRefused,
+    SkipRequest, GAPS_LISTED_MAX,
+};
+use ordo_core::{EventId, FlowId, Seq, StoreError};
+use postgres::Row;
+
+use super::{inbox_status, PgConsumer};
+use crate::conn::PgTx;
+use crate::error::corrupt;
+use crate::producer::{read_snapshot, stored_envelope};
+
+pub(super) fn inbox_entries(
+    db: &mut PgConsumer,
+    blocked_only: bool,
+    flow_id: Option<&FlowId>,
+    limit: usize,
+) -> Result<Vec<InboxEntry>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = db.conn.rows(
+        "consumer: cannot list the inbox",
+        "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM {s}.inbox
+         WHERE (NOT $1 OR status = 'blocked') AND ($2::text IS NULL OR flow_id = $2)
+         ORDER BY flow_id, seq LIMIT $3",
+        &[&blocked_only, &flow_id.map(FlowId::as_str), &limit],
+    )?;
+    rows.iter()
+        .map(|row| {
+            Ok(InboxEntry {
+                envelope: stored_envelope("consumer: stored inbox body", row.get(0))?,
+                status: inbox_status(row.get(1), row.get(2), row.get(5))?,
+                received_at_ms: row.get(3),
+                settled_at_ms: row.get(4),
+            })
+        })
+        .collect()
+}
+
+pub(super) fn reopen_blocked(db: &mut PgConsumer, flow_id: &FlowId) -> Result<u64, StoreError> {
+    db.write("consumer: cannot reopen blocked rows", |tx, _| {
+        tx.run(
+            "consumer: cannot reopen blocked rows",
+            "UPDATE {s}.inbox SET status = 'pending', reason = NULL, detail = NULL
+             WHERE flow_id = $1 AND status = 'blocked'",
+            &[&flow_id.as_str()],
+        )
+    })
+}
+
+const SKIP: &str = "consumer: skip failed";
+
+pub(super) fn skip(
+    db: &mut PgConsumer,
+    request: &SkipRequest,
+) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
+    // A refusal rolls back: nothing is written.
+    let outcome = db.conn.in_tx(SKIP, |tx| {
+        let now_ms = db.clock.now_ms();
+        match skip_in_tx(tx, request, now_ms)? {
+            Ok(record) => Ok(Ok(record)),
+            Err(refused) => Err(Refusal::Refused(refused)),
+        }
+    });
+    match outcome {
+        Ok(record) => {
+            db.commits += 1;
+            Ok(record)
+        }
+        Err(Refusal::Refused(refused)) => Ok(Err(refused)),
+        Err(Refusal::Store(e)) => Err(e),
+    }
+}
+
+/// A skip refused, or a store failure, either of which rolls back.
+enum Refusal {
+    Refused(SkipRefused),
+    Store(StoreError),
+}
+
+impl From<StoreError> for Refusal {
+    fn from(e: StoreError) -> Refusal {
+        Refusal::Store(e)
+    }
+}
+
+fn skip_in_tx(
+    tx: &PgTx,
+    request: &SkipRequest,
+    now_ms: i64,
+) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
+    let flow = request.flow_id.as_str();
+    let seq = request.seq.get();
+    let applied_seq: i64 = tx
+        .row(
+            SKIP,
+            "SELECT applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1 FOR UPDATE",
+            &[&flow],
+        )?
+        .map_or(0, |row| row.get(0));
+    let event_id: Option<String> = tx
+        .row(
+            SKIP,
+            "SELECT event_id FROM {s}.inbox WHERE flow_id = $1 AND seq = $2",
+            &[&flow, &seq],
+        )?
+        .map(|row| row.get(0));
+    if let Err(refused) = decide_skip(request, applied_seq, event_id.is_some()) {
+        return Ok(Err(refused));
+    }
+    let event_id = event_id.expect("decide_skip checked that the row is stored");
+    tx.run(
+        SKIP,
+        "UPDATE {s}.inbox SET status = 'skipped', reason = NULL, detail = NULL, settled_at_ms = $3
+         WHERE flow_id = $1 AND seq = $2",
+        &[&flow, &seq, &now_ms],
+    )?;
+    tx.run(
+        SKIP,
+        "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq) VALUES ($1, $2)
+         ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
+        &[&flow, &seq],
+    )?;
+    let id: i64 = tx
+        .row(
+            SKIP,
+            "INSERT INTO {s}.repair_log (action, flow_id, seq, event_id, reason, decided_by, at_ms)
+             VALUES ('skip', $1, $2, $3, $4, $5, $6) RETURNING id",
+            &[
+                &flow,
+                &seq,
+                &event_id,
+                &request.reason,
+                &request.by,
+                &now_ms,
+            ],
+        )?
+        .expect("RETURNING returns the row")
+        .get(0);
+    Ok(Ok(RepairRecord {
+        id,
+        action: "skip".into(),
+        flow_id: request.flow_id.clone(),
+        seq: request.seq,
+        event_id: EventId::new(event_id).map_err(|e| corrupt("consumer: stored event id", e))?,
+        reason: request.reason.clone(),
+        by: request.by.clone(),
+        at_ms: now_ms,
+    }))
+}
+
+pub(super) fn repairs(db: &mut PgConsumer) -> Result<Vec<RepairRecord>, StoreError> {
+    let rows = db.conn.rows(
+        "consumer: cannot read the repair log",
+        "SELECT id, action, flow_id, seq, event_id, reason, decided_by, at_ms
+         FROM {s}.repair_log ORDER BY id",
+        &[],
+    )?;
+    rows.iter().map(repair_record).collect()
+}
+
+fn repair_record(row: &Row) -> Result<RepairRecord, StoreError> {
+    let context = "consumer: repair log";
+    Ok(RepairRecord {
+        id: row.get(0),
+        action: row.get(1),
+        flow_id: FlowId::new(row.get::<_, String>(2)).map_err(|e| corrupt(context, e))?,
+        seq: Seq::new(row.get(3)).map_err(|e| corrupt(context, e))?,
+        event_id: EventId::new(row.get::<_, String>(4)).map_err(|e| corrupt(context, e))?,
+        reason: row.get(5),
+        by: row.get(6),
+        at_ms: row.get(7),
+    })
+}
+
+const STATUS: &str = "consumer: cannot read the status";
+
+pub(super) fn consumer_status(db: &mut PgConsumer) -> Result<ConsumerStatus, StoreError> {
+    read_snapshot(&db.conn, STATUS, |tx| {
+        let mut status = ConsumerStatus::default();
+        count_inbox(tx, &mut status)?;
+        count_fingerprints(tx, &mut status)?;
+        list_gaps(tx, &mut status)?;
+        Ok(status)
+    })
+}
+
+fn count(row: &Row, index: usize) -> u64 {
+    row.get::<_, i64>(index).max(0) as u64
+}
+
+fn count_inbox(tx: &PgTx, status: &mut ConsumerStatus) -> Result<(), StoreError> {
+    let rows = tx.rows(
+        STATUS,
+        "SELECT status, coalesce(reason, ''), count(*) FROM {s}.inbox GROUP BY status, reason",
+        &[],
+    )?;
+    for row in &rows {
+        let n = count(row, 2);
+        match row.get::<_, &str>(0) {
+            "pending" => status.pending += n,
+            "applied" => status.applied += n,
+            "skipped" => status.skipped += n,
+            "blocked" => *status.blocked.entry(row.get(1)).or_default() += n,
+            other => {
+                return Err(corrupt(
+                    "consumer: stored inbox status",
+                    format!("unknown status {other:?}"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn count_fingerprints(tx: &PgTx, status: &mut ConsumerStatus) -> Result<(), StoreError> {
+    let rows = tx.rows(
+        STATUS,
+        "SELECT status, count(*) FROM {s}.inbox_fingerprint GROUP BY status",
+        &[],
+    )?;
+    for row in &rows {
+        if row.get::<_, &str>(0) == "applied" {
+            status.applied += count(row, 1);
+        } else {
+            status.skipped += count(row, 1);
+        }
+    }
+    Ok(())
+}
+
+fn list_gaps(tx: &PgTx, status: &mut ConsumerStatus) -> Result<(), StoreError> {
+    let rows = tx.rows(
+        STATUS,
+        "SELECT i.flow_id, coalesce(c.applied_seq, 0) + 1, min(i.received_at_ms)
+         FROM {s}.inbox i LEFT JOIN {s}.inbox_cursor c ON c.flow_id = i.flow_id
+         WHERE i.status = 'pending' AND i.seq > coalesce(c.applied_seq, 0) + 1
+           AND NOT EXISTS (SELECT 1 FROM {s}.inbox j
+                           WHERE j.flow_id = i.flow_id AND j.seq = coalesce(c.applied_seq, 0) + 1)
+         GROUP BY i.flow_id, c.applied_seq ORDER BY i.flow_id",
+        &[],
+    )?;
+    for row in &rows {
+        status.gaps_total += 1;
+        if status.gaps.len() >= GAPS_LISTED_MAX {
+            continue;
+        }
+        status.gaps.push(GapWait {
+            flow_id: FlowId::new(row.get::<_, String>(0))
+                .map_err(|e| corrupt("consumer: stored flow id", e))?,
+            missing: Seq::new(row.get(1)).map_err(|e| corrupt("consumer: cursor", e))?,
+            since_ms: row.get(2),
+        });
+    }
+    Ok(())
+}
+
+const PRUNE: &str = "consumer: cannot prune the inbox";
+
+pub(super) fn prune_inbox(db: &mut PgConsumer, cutoff_ms: i64) -> Result<Pruned, StoreError> {
+    db.write(PRUNE, |tx, _| {
+        let fingerprints = tx.run(
+            PRUNE,
+            "INSERT INTO {s}.inbox_fingerprint (flow_id, seq, event_id, body_hash, status)
+             SELECT flow_id, seq, event_id, decode(body_hash, 'hex'), status FROM {s}.inbox
+             WHERE status IN ('applied', 'skipped') AND settled_at_ms < $1",
+            &[&cutoff_ms],
+        )?;
+        tx.run(
+            PRUNE,
+            "INSERT INTO {s}.inbox_watermark (flow_id, pruned_seq)
+             SELECT flow_id, max(seq) FROM {s}.inbox
+             WHERE status IN ('applied', 'skipped') AND settled_at_ms < $1 GROUP BY flow_id
+             ON CONFLICT (flow_id) DO UPDATE
+                 SET pruned_seq = greatest({s}.inbox_watermark.pruned_seq, excluded.pruned_seq)",
+            &[&cutoff_ms],
+        )?;
+        let rows = tx.run(
+            PRUNE,
+            "DELETE FROM {s}.inbox WHERE status IN ('applied', 'skipped') AND settled_at_ms < $1",
+            &[&cutoff_ms],
+        )?;
+        debug_assert_eq!(rows, fingerprints, "one fingerprint per pruned row");
+        Ok(Pruned { rows, fingerprints })
+    })
+}

@@ -1,0 +1,666 @@
+//! The producer store: the outbox and the per-flow head of its sequence in
+//! ordo's producer schema, beside the application's own tables.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use ordo_core::envelope::EventType;
+use ordo_core::ops::{OutboxEntry, ProducerStatus, Pruned, RetryRefused};
+use ordo_core::{
+    crash, AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, ProducerStore,
+    Receipt, SchemaVersion, Seq, StoreError, SystemClock,
+};
+use postgres::Row;
+
+use crate::conn::{open, PgOptions, PgTx, Role, Want};
+use crate::domain::Schema;
+use crate::error::corrupt;
+
+/// ordo's producer tables (`{s}` is the schema). `outbox_head` holds each
+/// flow's last seq, the row a writer locks to allocate the next one, and
+/// the relay's bookkeeping (its head, when it is due, when it was served).
+pub(crate) const DDL: &str = "
+CREATE TABLE {s}.outbox (
+    position           bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id           text    COLLATE \"C\" NOT NULL UNIQUE,
+    flow_id            text    COLLATE \"C\" NOT NULL,
+    seq                bigint  NOT NULL CHECK (seq >= 1),
+    schema_version     bigint  NOT NULL,
+    type               text    NOT NULL,
+    body               text    NOT NULL,
+    created_at_ms      bigint  NOT NULL,
+    accepted           boolean NOT NULL DEFAULT false,
+    accepted_at_ms     bigint,
+    quarantined        boolean NOT NULL DEFAULT false,
+    quarantine_reason  text,
+    attempts           bigint  NOT NULL DEFAULT 0,
+    last_outcome       text,
+    last_error         text,
+    next_attempt_at_ms bigint  NOT NULL DEFAULT 0,
+    UNIQUE (flow_id, seq),
+    CHECK (NOT (accepted AND quarantined))
+);
+CREATE INDEX outbox_unaccepted ON {s}.outbox (position) WHERE NOT accepted;
+CREATE TABLE {s}.outbox_head (
+    flow_id      text   COLLATE \"C\" PRIMARY KEY,
+    last_seq     bigint NOT NULL CHECK (last_seq >= 0),
+    relay_seq    bigint,
+    relay_due_ms bigint NOT NULL DEFAULT 0,
+    relay_turn   bigint NOT NULL DEFAULT 0
+);
+CREATE INDEX outbox_head_relay ON {s}.outbox_head (relay_turn, flow_id) WHERE relay_seq IS NOT NULL;
+CREATE SEQUENCE {s}.relay_turn;
+";
+
+/// The reason recorded on an event quarantined by a conflict receipt.
+pub const CONFLICT_REASON: &str =
+    "conflict: the consumer holds a different body under this event id, or another event id at this (flow_id, seq)";
+
+const BODY: &str = "producer: stored outbox body";
+
+/// The producer's store on PostgreSQL: ordo's tables in their own schema
+/// (`ordo_producer` by default) and the application's beside them, over one
+/// connection.
+pub struct PgProducer {
+    conn: PgTx,
+    domain: String,
+    clock: Arc<dyn Clock>,
+    commits: u64,
+}
+
+/// A write transaction on the producer, in which the caller changes its own
+/// state (through [`PgProducerTx::sql`]) and appends events: both commit
+/// together or not at all.
+pub struct PgProducerTx<'c> {
+    conn: &'c PgTx,
+    now_ms: i64,
+    appended: u64,
+}
+
+impl PgProducer {
+    /// Opens or creates the producer store of `schema`'s domain at `url`
+    /// with the system clock and default options.
+    pub fn open(url: &str, schema: &Schema) -> Result<PgProducer, StoreError> {
+        PgProducer::open_with(url, schema, Arc::new(SystemClock), &PgOptions::default())
+    }
+
+    /// [`PgProducer::open`] with the given clock and options.
+    pub fn open_with(
+        url: &str,
+        schema: &Schema,
+        clock: Arc<dyn Clock>,
+        options: &PgOptions,
+    ) -> Result<PgProducer, StoreError> {
+        PgProducer::open_inner(url, Want::Domain(schema), clock, options)
+    }
+
+    /// Opens an existing producer store of any domain, without running its
+    /// domain's migrations; nothing is created.
+    pub fn open_existing(
+        url: &str,
+        clock: Arc<dyn Clock>,
+        options: &PgOptions,
+    ) -> Result<PgProducer, StoreError> {
+        PgProducer::open_inner(url, Want::Any, clock, options)
+    }
+
+    fn open_inner(
+        url: &str,
+        want: Want<'_>,
+        clock: Arc<dyn Clock>,
+        options: &PgOptions,
+    ) -> Result<PgProducer, StoreError> {
+        let opened = open(url, Role::Producer, DDL, want, options)?;
+        Ok(PgProducer {
+            conn: opened.conn,
+            domain: opened.domain,
+            clock,
+            commits: 0,
+        })
+    }
+
+    /// The domain that owns this store.
+    pub fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// The clock this store stamps its writes with.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+
+    /// How many write transactions this handle has committed.
+    pub fn commits(&self) -> u64 {
+        self.commits
+    }
+
+    /// The connection, for the caller's own reads outside a transaction.
+    pub fn connection(&self) -> &PgTx {
+        &self.conn
+    }
+
+    /// Runs `f` in one READ COMMITTED transaction and commits if it returns
+    /// `Ok`; on `Err` nothing it wrote is kept.
+    pub fn write<T, E>(
+        &mut self,
+        f: impl FnOnce(&mut PgProducerTx<'_>) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        self.write_synced(true, f)
+    }
+
+    /// Runs `f` in one write transaction whose commit waits for the WAL
+    /// flush (`synced`) or not (`synchronous_commit = off` for this
+    /// transaction alone: a lost commit is lost whole, and every later
+    /// synced commit flushes it too).
+    fn write_synced<T, E>(
+        &mut self,
+        synced: bool,
+        f: impl FnOnce(&mut PgProducerTx<'_>) -> Result<T, E>,
+    ) -> Result<T, E>
+    where
+        E: From<StoreError>,
+    {
+        let context = "producer: write transaction";
+        let conn = &self.conn;
+        let clock = &self.clock;
+        let appended = conn.in_tx(context, |conn| {
+            if !synced {
+                conn.control(context, "SET LOCAL synchronous_commit = off")?;
+            }
+            let mut ptx = PgProducerTx {
+                conn,
+                now_ms: clock.now_ms(),
+                appended: 0,
+            };
+            let value = f(&mut ptx)?;
+            Ok::<_, E>((value, ptx.appended))
+        })?;
+        self.commits += 1;
+        Ok(appended.0)
+    }
+
+    /// Runs `f` inside one read-only REPEATABLE READ transaction, so that
+    /// everything it reads is one consistent snapshot.
+    pub fn read<T>(
+        &mut self,
+        f: impl FnOnce(&PgTx) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        read_snapshot(&self.conn, "producer: read transaction", f)
+    }
+}
+
+/// Runs `f` in a read-only REPEATABLE READ transaction.
+pub(crate) fn read_snapshot<T>(
+    conn: &PgTx,
+    context: &str,
+    f: impl FnOnce(&PgTx) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    conn.control(context, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+    let value = f(conn);
+    conn.rollback();
+    value
+}
+
+impl PgProducerTx<'_> {
+    /// The transaction, for the caller's own reads and writes of its state.
+    pub fn sql(&self) -> &PgTx {
+        self.conn
+    }
+
+    /// The seq of the flow's last committed event, 0 if it has none, with
+    /// the flow's head row locked until the transaction ends: a concurrent
+    /// writer of the same flow waits here, then reads the seq this one
+    /// committed (READ COMMITTED), so that it finds itself stale.
+    pub fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
+        let context = "producer: cannot lock the outbox head";
+        self.conn.run(
+            context,
+            "INSERT INTO {s}.outbox_head (flow_id, last_seq) VALUES ($1, 0)
+             ON CONFLICT (flow_id) DO NOTHING",
+            &[&flow_id.as_str()],
+        )?;
+        let row = self.conn.row(
+            context,
+            "SELECT last_seq FROM {s}.outbox_head WHERE flow_id = $1 FOR UPDATE",
+            &[&flow_id.as_str()],
+        )?;
+        row.map(|row| row.get(0))
+            .ok_or_else(|| corrupt(context, format!("flow {flow_id} has no head row")))
+    }
+
+    /// The time this transaction records on what it writes, in
+    /// milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.now_ms
+    }
+
+    /// Appends the flow's next event to the outbox in this transaction, and
+    /// returns it: its seq is the flow's last committed seq plus one, its id
+    /// [`EventId::for_seq`], its payload `payload` serialized to a JSON
+    /// object. A refusal writes nothing.
+    pub fn append<T: serde::Serialize + ?Sized>(
+        &mut self,
+        flow_id: &FlowId,
+        event_type: &str,
+        schema_version: SchemaVersion,
+        payload: &T,
+    ) -> Result<Envelope, AppendError> {
+        let event_type =
+            EventType::new(event_type).map_err(|e| AppendError::Invalid(format!("type {e}")))?;
+        let payload = match serde_json::to_value(payload) {
+            Ok(serde_json::Value::Object(map)) => map,
+            Ok(_) => {
+                return Err(AppendError::Invalid(
+                    "the payload must serialize to a JSON object".into(),
+                ))
+            }
+            Err(e) => return Err(AppendError::Invalid(format!("payload: {e}"))),
+        };
+        let last_seq = self.last_seq(flow_id)?;
+        let seq = Seq::after(last_seq).ok_or_else(|| AppendError::SeqExhausted {
+            flow_id: flow_id.clone(),
+        })?;
+        let event = Envelope {
+            event_id: EventId::for_seq(flow_id, seq),
+            flow_id: flow_id.clone(),
+            seq,
+            schema_version,
+            event_type,
+            payload,
+        };
+        self.append_envelope(&event)?;
+        Ok(event)
+    }
+
+    /// Appends an envelope the caller built to the outbox in this
+    /// transaction. Its seq must be exactly the flow's
+    /// [`PgProducerTx::last_seq`] plus one, and its event id unused;
+    /// anything else is refused without writing, and the transaction can go
+    /// on.
+    pub fn append_envelope(&mut self, event: &Envelope) -> Result<(), AppendError> {
+        let context = "producer: cannot append to the outbox";
+        let flow = event.flow_id.as_str();
+        let seq = event.seq.get();
+        let last = self.last_seq(&event.flow_id)?;
+        if last.checked_add(1) != Some(seq) {
+            return Err(AppendError::NotNext {
+                flow_id: event.flow_id.clone(),
+                seq: event.seq,
+                last_seq: last,
+            });
+        }
+        let inserted = self.conn.run(
+            context,
+            "INSERT INTO {s}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+            &[
+                &event.event_id.as_str(),
+                &flow,
+                &seq,
+                &event.schema_version.get(),
+                &event.event_type.as_str(),
+                &event.stored_text(),
+                &self.now_ms,
+            ],
+        )?;
+        if inserted == 0 {
+            // The head is locked and the seq is past it: the event id is
+            // the one in use.
+            return Err(AppendError::EventIdUsed(event.event_id.clone()));
+        }
+        let moved = self.conn.run(
+            context,
+            "UPDATE {s}.outbox_head SET last_seq = $2::bigint,
+                 relay_seq = coalesce(relay_seq, $2::bigint),
+                 relay_due_ms = CASE WHEN relay_seq IS NULL THEN 0 ELSE relay_due_ms END
+             WHERE flow_id = $1 AND last_seq = $2::bigint - 1",
+            &[&flow, &seq],
+        )?;
+        if moved != 1 {
+            return Err(corrupt(
+                context,
+                format!("the head of flow {flow} moved while locked"),
+            )
+            .into());
+        }
+        self.appended += 1;
+        Ok(())
+    }
+}
+
+/// Parses a stored body back into its envelope; anything else is damage.
+pub(crate) fn stored_envelope(context: &str, body: &str) -> Result<Envelope, StoreError> {
+    Envelope::from_stored(body).map_err(|e| corrupt(context, e))
+}
+
+fn envelopes(rows: Vec<Row>) -> Result<Vec<Envelope>, StoreError> {
+    rows.iter()
+        .map(|row| stored_envelope(BODY, row.get(0)))
+        .collect()
+}
+
+fn outbox_records(rows: Vec<Row>) -> Result<Vec<OutboxRecord>, StoreError> {
+    rows.iter()
+        .map(|row| {
+            Ok(OutboxRecord {
+                envelope: stored_envelope(BODY, row.get(0))?,
+                accepted: row.get(1),
+            })
+        })
+        .collect()
+}
+
+/// Every outbox row in commit order, read through `conn` (for reads inside
+/// [`PgProducer::read`] beside the application's own tables).
+pub fn read_outbox(conn: &PgTx) -> Result<Vec<OutboxRecord>, StoreError> {
+    outbox_records(conn.rows(
+        "producer: cannot read the outbox",
+        "SELECT body, accepted FROM {s}.outbox ORDER BY position",
+        &[],
+    )?)
+}
+
+/// Moves each flow's relay head to its lowest seq neither accepted nor
+/// quarantined, with that event's next attempt time; records the round in
+/// which the flows were served when `turn` is given. The search starts at
+/// the current head, or at `reopened` (a seq whose quarantine was cleared)
+/// when that is earlier. A flow with nothing eligible keeps a NULL head.
+fn refresh_heads(
+    conn: &PgTx,
+    flows: &BTreeSet<String>,
+    turn: Option<i64>,
+    reopened: Option<i64>,
+) -> Result<(), StoreError> {
+    for flow in flows {
+        conn.run(
+            "producer: cannot move the relay heads",
+            "UPDATE {s}.outbox_head h SET
+                 (relay_seq, relay_due_ms) = (SELECT max(seq), coalesce(max(due), 0) FROM (
+                     SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM {s}.outbox o
+                     WHERE o.flow_id = $1 AND NOT o.accepted AND NOT o.quarantined
+                       AND o.seq >= least(h.relay_seq, $3::bigint)
+                     ORDER BY o.seq LIMIT 1) AS next),
+                 relay_turn = coalesce($2::bigint, h.relay_turn)
+             WHERE h.flow_id = $1",
+            &[flow, &turn, &reopened],
+        )?;
+    }
+    Ok(())
+}
+
+impl ProducerStore for PgProducer {
+    fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
+        self.write(|ptx| {
+            events
+                .iter()
+                .try_for_each(|event| ptx.append_envelope(event))
+        })
+    }
+
+    fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
+        read_outbox(&self.conn)
+    }
+
+    fn outbox_event(&mut self, event_id: &EventId) -> Result<Option<OutboxRecord>, StoreError> {
+        let rows = self.conn.rows(
+            "producer: cannot read the outbox",
+            "SELECT body, accepted FROM {s}.outbox WHERE event_id = $1",
+            &[&event_id.as_str()],
+        )?;
+        Ok(outbox_records(rows)?.pop())
+    }
+
+    fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        envelopes(self.conn.rows(
+            "producer: cannot read pending events",
+            "SELECT body FROM {s}.outbox WHERE NOT accepted ORDER BY position LIMIT $1",
+            &[&limit],
+        )?)
+    }
+
+    fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError> {
+        let row = self.conn.row(
+            "producer: cannot read the oldest unaccepted event",
+            "SELECT body, next_attempt_at_ms FROM {s}.outbox WHERE NOT accepted
+             ORDER BY position LIMIT 1",
+            &[],
+        )?;
+        match row {
+            Some(row) if row.get::<_, i64>(1) <= now_ms => {
+                Ok(Some(stored_envelope(BODY, row.get(0))?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn fair_round(
+        &mut self,
+        limit: usize,
+        skip: &BTreeSet<FlowId>,
+        now_ms: i64,
+    ) -> Result<Vec<Envelope>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let skip: Vec<&str> = skip.iter().map(FlowId::as_str).collect();
+        envelopes(self.conn.rows(
+            "producer: cannot pick a fair round",
+            "SELECT o.body FROM {s}.outbox_head h
+             JOIN {s}.outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
+             WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
+               AND NOT (h.flow_id = ANY ($3))
+             ORDER BY h.relay_turn, h.flow_id
+             LIMIT $2",
+            &[&now_ms, &limit, &skip],
+        )?)
+    }
+
+    /// Committed without waiting for the WAL flush: an accepted mark lost
+    /// with the server only makes the relay hand the event over again, and
+    /// the consumer answers duplicate.
+    fn record_receipts(
+        &mut self,
+        receipts: &[(EventId, Receipt)],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.write_synced(false, |ptx| record_receipts_in(ptx, receipts, now_ms))
+    }
+
+    fn record_failure(
+        &mut self,
+        event_ids: &[EventId],
+        error: &str,
+        now_ms: i64,
+        backoff: &Backoff,
+    ) -> Result<(), StoreError> {
+        self.write_synced(false, |ptx| {
+            let mut flows = BTreeSet::new();
+            for event_id in event_ids {
+                let row = ptx.conn.row(
+                    "producer: cannot record a delivery failure",
+                    "UPDATE {s}.outbox SET attempts = attempts + 1, last_outcome = 'error', last_error = $2
+                     WHERE event_id = $1 AND NOT accepted RETURNING flow_id, attempts",
+                    &[&event_id.as_str(), &error],
+                )?;
+                let Some(row) = row else { continue };
+                let attempts: i64 = row.get(1);
+                let delay_ms = backoff
+                    .delay_ms(u32::try_from(attempts).unwrap_or(u32::MAX), fastrand::f64());
+                // Strictly later than the failure, whatever the jitter drew.
+                let due = now_ms
+                    .saturating_add(1)
+                    .saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
+                ptx.conn.run(
+                    "producer: cannot record a delivery failure",
+                    "UPDATE {s}.outbox SET next_attempt_at_ms = $2 WHERE event_id = $1",
+                    &[&event_id.as_str(), &due],
+                )?;
+                flows.insert(row.get::<_, String>(0));
+            }
+            refresh_heads(ptx.conn, &flows, None, None)
+        })
+    }
+
+    fn quarantine(
+        &mut self,
+        event_id: &EventId,
+        outcome: &str,
+        reason: &str,
+        _now_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.write_synced(false, |ptx| {
+            let row = ptx.conn.row(
+                "producer: cannot quarantine an event",
+                "UPDATE {s}.outbox SET quarantined = true, quarantine_reason = $2,
+                     attempts = attempts + 1, last_outcome = $3, last_error = $2
+                 WHERE event_id = $1 AND NOT accepted RETURNING flow_id",
+                &[&event_id.as_str(), &reason, &outcome],
+            )?;
+            let flows = row.map(|row| row.get::<_, String>(0)).into_iter().collect();
+            refresh_heads(ptx.conn, &flows, None, None)
+        })
+    }
+
+    fn outbox_entries(
+        &mut self,
+        quarantined_only: bool,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self.conn.rows(
+            "producer: cannot list the outbox",
+            "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
+                    next_attempt_at_ms, created_at_ms, accepted_at_ms
+             FROM {s}.outbox WHERE (NOT $1 OR quarantined) ORDER BY position LIMIT $2",
+            &[&quarantined_only, &limit],
+        )?;
+        rows.iter().map(outbox_entry).collect()
+    }
+
+    fn retry_quarantined(
+        &mut self,
+        event_id: &EventId,
+    ) -> Result<Result<(), RetryRefused>, StoreError> {
+        self.write(|ptx| {
+            let context = "producer: cannot retry a quarantined event";
+            let row = ptx.conn.row(
+                context,
+                "SELECT flow_id, seq, quarantined FROM {s}.outbox WHERE event_id = $1 FOR UPDATE",
+                &[&event_id.as_str()],
+            )?;
+            let (flow, seq) = match row {
+                None => return Ok(Err(RetryRefused::Unknown(event_id.clone()))),
+                Some(row) if !row.get::<_, bool>(2) => {
+                    return Ok(Err(RetryRefused::NotQuarantined(event_id.clone())))
+                }
+                Some(row) => (row.get::<_, String>(0), row.get::<_, i64>(1)),
+            };
+            ptx.conn.run(
+                context,
+                "UPDATE {s}.outbox SET quarantined = false, quarantine_reason = NULL,
+                     next_attempt_at_ms = 0
+                 WHERE event_id = $1",
+                &[&event_id.as_str()],
+            )?;
+            refresh_heads(ptx.conn, &BTreeSet::from([flow]), None, Some(seq))?;
+            Ok(Ok(()))
+        })
+    }
+
+    fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
+        let row = self.conn.row(
+            "producer: cannot read the status",
+            "SELECT count(*), min(created_at_ms), count(*) FILTER (WHERE quarantined),
+                    count(*) FILTER (WHERE NOT quarantined AND next_attempt_at_ms > $1)
+             FROM {s}.outbox WHERE NOT accepted",
+            &[&now_ms],
+        )?;
+        let row = row.expect("an aggregate returns one row");
+        let count = |i: usize| row.get::<_, i64>(i).max(0) as u64;
+        Ok(ProducerStatus {
+            backlog: count(0),
+            oldest_pending_created_at_ms: row.get(1),
+            quarantined: count(2),
+            backing_off: count(3),
+        })
+    }
+
+    fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
+        self.write(|ptx| {
+            let rows = ptx.conn.run(
+                "producer: cannot prune the outbox",
+                "DELETE FROM {s}.outbox WHERE accepted AND accepted_at_ms < $1",
+                &[&cutoff_ms],
+            )?;
+            Ok(Pruned {
+                rows,
+                fingerprints: 0,
+            })
+        })
+    }
+}
+
+fn record_receipts_in(
+    ptx: &mut PgProducerTx<'_>,
+    receipts: &[(EventId, Receipt)],
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let context = "producer: cannot record receipts";
+    let conn = ptx.conn;
+    let turn: i64 = conn
+        .row(context, "SELECT nextval('{s}.relay_turn')", &[])?
+        .expect("nextval returns a row")
+        .get(0);
+    let mut latest: BTreeMap<&str, Receipt> = BTreeMap::new();
+    for (event_id, receipt) in receipts {
+        latest.insert(event_id.as_str(), *receipt);
+    }
+    let accepted_at = ptx.now_ms.max(now_ms);
+    let mut flows = BTreeSet::new();
+    for (event_id, receipt) in &latest {
+        // An event no longer in the outbox was settled and pruned
+        // meanwhile: there is nothing left to mark.
+        let row = if *receipt == Receipt::Conflict {
+            conn.row(
+                context,
+                "UPDATE {s}.outbox SET quarantined = NOT accepted,
+                     quarantine_reason = CASE WHEN accepted THEN NULL ELSE $2 END,
+                     attempts = attempts + 1, last_outcome = 'conflict'
+                 WHERE event_id = $1 RETURNING flow_id",
+                &[event_id, &CONFLICT_REASON],
+            )?
+        } else {
+            conn.row(
+                context,
+                "UPDATE {s}.outbox SET accepted = true, quarantined = false, quarantine_reason = NULL,
+                     accepted_at_ms = coalesce(accepted_at_ms, $2),
+                     attempts = attempts + 1, last_outcome = $3, last_error = NULL
+                 WHERE event_id = $1 RETURNING flow_id",
+                &[event_id, &accepted_at, &receipt.as_str()],
+            )?
+        };
+        if let Some(row) = row {
+            flows.insert(row.get::<_, String>(0));
+        }
+    }
+    refresh_heads(conn, &flows, Some(turn), None)?;
+    crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
+    Ok(())
+}
+
+fn outbox_entry(row: &Row) -> Result<OutboxEntry, StoreError> {
+    Ok(OutboxEntry {
+        envelope: stored_envelope(BODY, row.get(0))?,
+        accepted: row.get(1),
+        quarantined: row.get(2),
+        quarantine_reason: row.get(3),
+        attempts: u64::try_from(row.get::<_, i64>(4)).unwrap_or(0),
+        last_outcome: row.get(5),
+        last_error: row.get(6),
+        next_attempt_at_ms: row.get(7),
+        created_at_ms: row.get(8),
+        accepted_at_ms: row.get(9),
+    })
+}

@@ -1,0 +1,101 @@
+//! The backend conformance suite of `ordo-testkit`, run against the
+//! PostgreSQL stores: each test's private directory maps to its own
+//! database (see `support`), both stores in it.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use ordo_core::{ApplyHandler, BlockCode, Clock, Envelope, StoreError, SystemClock, Verdict};
+use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgTx};
+use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
+use ordo_testkit::suite::generic;
+use support::{database_for, test_options, test_schema, url};
+
+/// The PostgreSQL backend: both stores in the test's own database.
+struct Postgres;
+
+impl ordo_testkit::Backend for Postgres {
+    type Producer = PgProducer;
+    type Consumer = PgConsumer;
+    type TestHandler = TestDomain;
+
+    fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> (PgProducer, PgConsumer) {
+        let target = url(&database_for(dir));
+        let options = PgOptions::default();
+        let producer =
+            PgProducer::open_with(&target, &pg_producer_schema(), clock.clone(), &options)
+                .expect("open the producer");
+        let consumer = PgConsumer::open_with(&target, &pg_consumer_schema(), clock, &options)
+            .expect("open the consumer");
+        (producer, consumer)
+    }
+
+    fn open_test_domain(dir: &Path) -> PgConsumer {
+        let target = url(&database_for(dir));
+        PgConsumer::open_with(
+            &target,
+            &test_schema(),
+            Arc::new(SystemClock),
+            &test_options(),
+        )
+        .expect("open the test domain")
+    }
+
+    fn test_handler(reevaluate: Vec<BlockCode>) -> TestDomain {
+        TestDomain { reevaluate }
+    }
+
+    fn handled(consumer: &mut PgConsumer) -> Vec<(String, i64)> {
+        consumer
+            .connection()
+            .query(
+                "SELECT flow_id, seq FROM handled ORDER BY flow_id, seq",
+                &[],
+            )
+            .expect("read handled")
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect()
+    }
+}
+
+/// The generic suite's test domain on PostgreSQL: its table, and its
+/// handler as the suite's contract says.
+pub struct TestDomain {
+    reevaluate: Vec<BlockCode>,
+}
+
+impl ApplyHandler<PgTx> for TestDomain {
+    fn apply(&mut self, tx: &PgTx, event: &Envelope) -> Result<Verdict, StoreError> {
+        let record = |tx: &PgTx| -> Result<(), StoreError> {
+            tx.execute(
+                "INSERT INTO handled (flow_id, seq) VALUES ($1, $2)",
+                &[&event.flow_id.as_str(), &event.seq.get()],
+            )?;
+            Ok(())
+        };
+        match event.event_type.as_str() {
+            "record" => record(tx).map(|()| Verdict::Apply),
+            "refuse" => {
+                record(tx)?;
+                Ok(Verdict::block_with(
+                    generic::REFUSED,
+                    generic::REFUSED_DETAIL,
+                ))
+            }
+            "later" if self.reevaluate.contains(&generic::NOT_YET) => {
+                record(tx).map(|()| Verdict::Apply)
+            }
+            "later" => Ok(Verdict::block(generic::NOT_YET)),
+            _ => Ok(Verdict::block(BlockCode::from_static("unknown_type"))),
+        }
+    }
+
+    fn reevaluate(&self) -> &[BlockCode] {
+        &self.reevaluate
+    }
+}
+
+ordo_testkit::conformance_suite!(Postgres);

@@ -1,0 +1,239 @@
+//! Test databases on the server named by `ORDO_TEST_PG` (default
+//! `postgres://postgres@127.0.0.1:5432`, without a database name; a role
+//! that may create databases is needed): each test directory maps to its
+//! own database, cloned from a template migrated once per test process and
+//! dropped when the test's thread ends; databases of test processes that
+//! are gone are dropped at the next start.
+
+#![allow(dead_code)]
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+use ordo_core::{Clock, SystemClock};
+use ordo_postgres::postgres::{Client, NoTls};
+use ordo_postgres::{PgConsumer, PgOptions, PgProducer, Schema};
+use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
+
+const SERVER_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432";
+/// The most test databases in use at once in this process, whatever the
+/// number of test threads: each holds two to four connections, and the
+/// server's connections are shared with everything else.
+const DATABASES_AT_ONCE: usize = 8;
+/// The schema of the generic suite's test-domain consumer, beside the
+/// reservation stores in the same database.
+pub const TEST_DOMAIN_SCHEMA: &str = "ordo_testkit";
+
+pub fn server() -> String {
+    std::env::var("ORDO_TEST_PG")
+        .unwrap_or_else(|_| SERVER_DEFAULT.into())
+        .trim_end_matches('/')
+        .to_string()
+}
+
+pub fn url(database: &str) -> String {
+    format!("{}/{database}", server())
+}
+
+pub fn unreachable_server(error: ordo_postgres::postgres::Error) -> ! {
+    let error = match std::error::Error::source(&error) {
+        Some(cause) => format!("{error}: {cause}"),
+        None => error.to_string(),
+    };
+    panic!(
+        "cannot reach PostgreSQL at {} ({error}); start one (`pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`) or set ORDO_TEST_PG=postgres://USER@HOST:PORT",
+        server()
+    )
+}
+
+pub fn test_schema() -> Schema {
+    Schema::new("testkit")
+        .expect("a domain name")
+        .migration("CREATE TABLE handled (flow_id text COLLATE \"C\" NOT NULL, seq bigint NOT NULL, PRIMARY KEY (flow_id, seq))")
+}
+
+pub fn test_options() -> PgOptions {
+    PgOptions {
+        schema: Some(TEST_DOMAIN_SCHEMA.into()),
+        ..PgOptions::default()
+    }
+}
+
+fn hash_of(parts: &[&str]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    parts.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The template's name: changes with anything it holds.
+fn template_name() -> String {
+    let schemas = [pg_producer_schema(), pg_consumer_schema(), test_schema()];
+    let mut parts: Vec<&str> = ordo_postgres::tables_ddl().to_vec();
+    parts.extend(
+        schemas
+            .iter()
+            .flat_map(|s| s.migrations().collect::<Vec<_>>()),
+    );
+    let version = ordo_postgres::SCHEMA_VERSION;
+    format!("ordo_tpl_{version}_{:016x}", hash_of(&parts))
+}
+
+/// The connection that creates and drops databases, and the template.
+struct Admin {
+    client: Mutex<Client>,
+    template: String,
+}
+
+fn admin() -> &'static Admin {
+    static ADMIN: OnceLock<Admin> = OnceLock::new();
+    ADMIN.get_or_init(|| {
+        let mut client =
+            Client::connect(&url("postgres"), NoTls).unwrap_or_else(|e| unreachable_server(e));
+        let template = template_name();
+        // One process at a time builds the template and clears leftovers.
+        let lock = "SELECT pg_advisory_lock(1869767791, 1)";
+        client.batch_execute(lock).expect("lock");
+        drop_leftovers(&mut client);
+        build_template(&mut client, &template);
+        client
+            .batch_execute("SELECT pg_advisory_unlock(1869767791, 1)")
+            .expect("unlock");
+        Admin {
+            client: Mutex::new(client),
+            template,
+        }
+    })
+}
+
+/// Drops the test databases of test processes that are gone.
+fn drop_leftovers(client: &mut Client) {
+    let rows = client
+        .query(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'ordo\\_t\\_%'",
+            &[],
+        )
+        .expect("list test databases");
+    for row in rows {
+        let name: String = row.get(0);
+        let pid = name.split('_').nth(2).unwrap_or("");
+        if !Path::new("/proc").join(pid).exists() {
+            let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+        }
+    }
+}
+
+fn build_template(client: &mut Client, template: &str) {
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&template])
+        .expect("look for the template")
+        .is_some();
+    if exists {
+        return;
+    }
+    let building = format!("{template}_building");
+    client
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {building} WITH (FORCE)"))
+        .expect("drop a template left half built");
+    client
+        .batch_execute(&format!("CREATE DATABASE {building}"))
+        .expect("create the template");
+    {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let target = url(&building);
+        let options = PgOptions::default();
+        PgProducer::open_with(&target, &pg_producer_schema(), clock.clone(), &options)
+            .expect("migrate the template's producer");
+        PgConsumer::open_with(&target, &pg_consumer_schema(), clock.clone(), &options)
+            .expect("migrate the template's consumer");
+        PgConsumer::open_with(&target, &test_schema(), clock, &test_options())
+            .expect("migrate the template's test domain");
+    }
+    client
+        .batch_execute(&format!("ALTER DATABASE {building} RENAME TO {template}"))
+        .expect("name the template");
+}
+
+/// Databases at once, across threads.
+struct Slots {
+    used: Mutex<usize>,
+    freed: Condvar,
+}
+
+fn slots() -> &'static Slots {
+    static SLOTS: Slots = Slots {
+        used: Mutex::new(0),
+        freed: Condvar::new(),
+    };
+    &SLOTS
+}
+
+/// The databases of the current test's thread, dropped (and its slot
+/// freed) when the thread ends.
+struct ThreadDatabases {
+    names: Vec<String>,
+}
+
+impl ThreadDatabases {
+    fn new() -> ThreadDatabases {
+        let slots = slots();
+        let mut used = slots.used.lock().expect("slots");
+        while *used >= DATABASES_AT_ONCE {
+            used = slots.freed.wait(used).expect("slots");
+        }
+        *used += 1;
+        ThreadDatabases { names: Vec::new() }
+    }
+}
+
+impl Drop for ThreadDatabases {
+    fn drop(&mut self) {
+        // On a thread of its own: the client cannot run in a thread-local
+        // destructor, where the runtime's thread-locals are gone.
+        let names = std::mem::take(&mut self.names);
+        let dropper = std::thread::spawn(move || {
+            if let Ok(mut client) = admin().client.lock() {
+                for name in &names {
+                    let _ = client
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+                }
+            }
+        });
+        let _ = dropper.join();
+        let slots = slots();
+        *slots.used.lock().expect("slots") -= 1;
+        slots.freed.notify_one();
+    }
+}
+
+thread_local! {
+    static DATABASES: std::cell::RefCell<Option<ThreadDatabases>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The database of a test's directory, cloned from the template the first
+/// time.
+pub fn database_for(dir: &Path) -> String {
+    let admin = admin();
+    let name = format!(
+        "ordo_t_{}_{:016x}",
+        std::process::id(),
+        hash_of(&[&dir.display().to_string()])
+    );
+    DATABASES.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let databases = cell.get_or_insert_with(ThreadDatabases::new);
+        if databases.names.contains(&name) {
+            return;
+        }
+        let mut client = admin.client.lock().expect("admin connection");
+        client
+            .batch_execute(&format!(
+                "CREATE DATABASE {name} TEMPLATE {}",
+                admin.template
+            ))
+            .unwrap_or_else(|e| panic!("cannot create the test database {name}: {e}"));
+        databases.names.push(name.clone());
+    });
+    name
+}

@@ -1,0 +1,360 @@
+//! The reservation domain on PostgreSQL: its tables (in the connection's
+//! `search_path`, `public` by default, beside ordo's own schemas), its
+//! handler and its `advance`, written against `ordo-postgres`'s public API.
+//! The rules are the same as on SQLite (`rules.rs`); only the SQL differs.
+
+use ordo_core::{
+    crash, process_all, ApplyHandler, ConsumerStore, Drain, Envelope, EventId, FlowId, Seq, Step,
+    StoreError, Verdict,
+};
+use ordo_postgres::{PgConsumer, PgProducer, PgProducerTx, PgTx, Schema};
+
+use crate::rules::{
+    decide_advance, decide_apply, parse_state, AdvanceDecision, AdvanceRefused, AdvanceRequest,
+    ApplyOptions, FlowRecord, Projection, Quantity,
+};
+use crate::sqlite::{
+    Advance, AdvanceError, EffectRecord, ReservationConsumer, ReservationHandler,
+    ReservationProducer, DOMAIN,
+};
+
+/// The producer's table: one row per flow that has advanced.
+const FLOW_TABLE: &str = "CREATE TABLE flow (
+    flow_id  text   COLLATE \"C\" PRIMARY KEY,
+    state    text   NOT NULL,
+    quantity bigint NOT NULL
+);";
+
+/// The consumer's tables: the projection of each flow, and one effect per
+/// applied event (a second effect for the same seq cannot commit).
+const PROJECTION_TABLES: &str = "CREATE TABLE projection (
+    flow_id     text   COLLATE \"C\" PRIMARY KEY,
+    state       text   NOT NULL,
+    quantity    bigint NOT NULL,
+    applied_seq bigint NOT NULL
+);
+CREATE TABLE effect (
+    flow_id  text   COLLATE \"C\" NOT NULL,
+    seq      bigint NOT NULL,
+    event_id text   NOT NULL,
+    PRIMARY KEY (flow_id, seq)
+);";
+
+/// The producer side's schema on PostgreSQL.
+pub fn pg_producer_schema() -> Schema {
+    Schema::new(DOMAIN)
+        .expect("the domain name is valid")
+        .migration(FLOW_TABLE)
+}
+
+/// The consumer side's schema on PostgreSQL.
+pub fn pg_consumer_schema() -> Schema {
+    Schema::new(DOMAIN)
+        .expect("the domain name is valid")
+        .migration(PROJECTION_TABLES)
+}
+
+fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::new(
+        ordo_core::ErrorKind::Corrupt,
+        format!("{context}: {detail}"),
+    )
+}
+
+impl ApplyHandler<PgTx> for ReservationHandler {
+    fn apply(&mut self, tx: &PgTx, event: &Envelope) -> Result<Verdict, StoreError> {
+        let current = read_projection(tx, &event.flow_id)?;
+        let next = match decide_apply(&current, event, self.options()) {
+            Ok(next) => next,
+            Err(reason) => return Ok(Verdict::Block(reason)),
+        };
+        let quantity = next.quantity.expect("an applied step has a quantity");
+        tx.execute(
+            "INSERT INTO projection (flow_id, state, quantity, applied_seq) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
+                 quantity = excluded.quantity, applied_seq = excluded.applied_seq",
+            &[
+                &next.flow_id.as_str(),
+                &next.state.as_str(),
+                &quantity.get(),
+                &next.applied_seq,
+            ],
+        )?;
+        crash::point(crash::CONSUMER_APPLY_AFTER_PROJECTION);
+        tx.execute(
+            "INSERT INTO effect (flow_id, seq, event_id) VALUES ($1, $2, $3)",
+            &[
+                &event.flow_id.as_str(),
+                &event.seq.get(),
+                &event.event_id.as_str(),
+            ],
+        )?;
+        crash::point(crash::CONSUMER_APPLY_AFTER_EFFECT);
+        Ok(Verdict::Apply)
+    }
+
+    fn reevaluate(&self) -> &[ordo_core::BlockCode] {
+        ReservationHandler::reevaluate(self)
+    }
+}
+
+fn read_projection(tx: &PgTx, flow_id: &FlowId) -> Result<Projection, StoreError> {
+    let row = tx.query_opt(
+        "SELECT state, quantity, applied_seq FROM projection WHERE flow_id = $1",
+        &[&flow_id.as_str()],
+    )?;
+    match row {
+        None => Ok(Projection::empty(flow_id.clone())),
+        Some(row) => projection(flow_id.as_str(), row.get(0), row.get(1), row.get(2)),
+    }
+}
+
+fn projection(
+    flow_id: &str,
+    state: &str,
+    quantity: i64,
+    applied_seq: i64,
+) -> Result<Projection, StoreError> {
+    let context = "consumer: stored projection";
+    Ok(Projection {
+        flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+        state: parse_state(state).map_err(|e| corrupt(context, e))?,
+        quantity: Some(Quantity::new(quantity).map_err(|e| corrupt(context, e))?),
+        applied_seq,
+    })
+}
+
+fn flow_record(
+    flow_id: &str,
+    state: &str,
+    quantity: i64,
+    last_seq: i64,
+) -> Result<FlowRecord, StoreError> {
+    let context = "producer: stored flow";
+    Ok(FlowRecord {
+        flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+        state: parse_state(state).map_err(|e| corrupt(context, e))?,
+        quantity: Some(Quantity::new(quantity).map_err(|e| corrupt(context, e))?),
+        last_seq,
+    })
+}
+
+/// The flow with its head locked first: its last seq, then its row, read
+/// after the lock so that a writer that waited sees what the other
+/// committed (READ COMMITTED).
+fn read_flow(ptx: &PgProducerTx<'_>, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
+    let last_seq = ptx.last_seq(flow_id)?;
+    let row = ptx.sql().query_opt(
+        "SELECT state, quantity FROM flow WHERE flow_id = $1",
+        &[&flow_id.as_str()],
+    )?;
+    match row {
+        None => Ok(FlowRecord {
+            last_seq,
+            ..FlowRecord::new_flow(flow_id.clone())
+        }),
+        Some(row) => flow_record(flow_id.as_str(), row.get(0), row.get(1), last_seq),
+    }
+}
+
+fn advance_in_tx(
+    ptx: &mut PgProducerTx<'_>,
+    request: &AdvanceRequest,
+) -> Result<Result<Advance, AdvanceRefused>, AdvanceError> {
+    let current = read_flow(ptx, &request.flow_id)?;
+    let decision = match decide_advance(&current, request) {
+        Ok(decision) => decision,
+        Err(refused) => return Ok(Err(refused)),
+    };
+    Ok(Ok(match decision {
+        AdvanceDecision::Stale { last_seq } => Advance::Stale { last_seq },
+        AdvanceDecision::InvalidTransition { from, to } => Advance::InvalidTransition { from, to },
+        AdvanceDecision::Commit { flow, event } => {
+            let quantity = flow.quantity.expect("a committed flow has a quantity");
+            ptx.sql().execute(
+                "INSERT INTO flow (flow_id, state, quantity) VALUES ($1, $2, $3)
+                 ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
+                     quantity = excluded.quantity",
+                &[
+                    &flow.flow_id.as_str(),
+                    &flow.state.as_str(),
+                    &quantity.get(),
+                ],
+            )?;
+            ptx.append_envelope(&event)?;
+            Advance::Committed(event)
+        }
+    }))
+}
+
+/// Whether the application's table `table` exists (a store of another
+/// domain has none).
+fn table_exists(tx: &PgTx, table: &str) -> Result<bool, StoreError> {
+    Ok(tx
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])?
+        .get(0))
+}
+
+/// Every flow of a reservation producer store, ordered by flow id.
+pub fn pg_read_flows(tx: &PgTx) -> Result<Vec<FlowRecord>, StoreError> {
+    if !table_exists(tx, "flow")? {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT f.flow_id, f.state, f.quantity, coalesce(h.last_seq, 0)
+         FROM flow f LEFT JOIN \"{}\".outbox_head h ON h.flow_id = f.flow_id ORDER BY f.flow_id",
+        tx.ordo_schema()
+    );
+    tx.query(&sql, &[])?
+        .iter()
+        .map(|row| flow_record(row.get(0), row.get(1), row.get(2), row.get(3)))
+        .collect()
+}
+
+/// Every projection, ordered by flow id.
+pub fn pg_read_projections(tx: &PgTx) -> Result<Vec<Projection>, StoreError> {
+    if !table_exists(tx, "projection")? {
+        return Ok(Vec::new());
+    }
+    tx.query(
+        "SELECT flow_id, state, quantity, applied_seq FROM projection ORDER BY flow_id",
+        &[],
+    )?
+    .iter()
+    .map(|row| projection(row.get(0), row.get(1), row.get(2), row.get(3)))
+    .collect()
+}
+
+/// Every effect, ordered by flow id then seq.
+pub fn pg_read_effects(tx: &PgTx) -> Result<Vec<EffectRecord>, StoreError> {
+    if !table_exists(tx, "effect")? {
+        return Ok(Vec::new());
+    }
+    let context = "consumer: stored effect";
+    tx.query(
+        "SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq",
+        &[],
+    )?
+    .iter()
+    .map(|row| {
+        Ok(EffectRecord {
+            flow_id: FlowId::new(row.get::<_, String>(0)).map_err(|e| corrupt(context, e))?,
+            seq: Seq::new(row.get(1)).map_err(|e| corrupt(context, e))?,
+            event_id: EventId::new(row.get::<_, String>(2)).map_err(|e| corrupt(context, e))?,
+        })
+    })
+    .collect()
+}
+
+impl ReservationProducer for PgProducer {
+    fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError> {
+        let outcome = self.write(|ptx| -> Result<Advance, AdvanceError> {
+            let outcome = advance_in_tx(ptx, request)??;
+            if matches!(outcome, Advance::Committed(_)) {
+                crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
+            }
+            Ok(outcome)
+        })?;
+        if matches!(outcome, Advance::Committed(_)) {
+            crash::point(crash::PRODUCER_ADVANCE_AFTER_COMMIT);
+        }
+        Ok(outcome)
+    }
+
+    fn advance_batch(
+        &mut self,
+        requests: &[AdvanceRequest],
+    ) -> Result<Vec<Result<Advance, AdvanceRefused>>, StoreError> {
+        let committed = |outcomes: &[Result<Advance, AdvanceRefused>]| {
+            outcomes
+                .iter()
+                .any(|o| matches!(o, Ok(Advance::Committed(_))))
+        };
+        let outcomes = self
+            .write(|ptx| -> Result<Vec<_>, AdvanceError> {
+                let outcomes = requests
+                    .iter()
+                    .map(|request| advance_in_tx(ptx, request))
+                    .collect::<Result<Vec<_>, AdvanceError>>()?;
+                if committed(&outcomes) {
+                    crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
+                }
+                Ok(outcomes)
+            })
+            .map_err(|e| match e {
+                AdvanceError::Store(e) => e,
+                AdvanceError::Refused(r) => {
+                    unreachable!("a batch returns refusals as values: {r}")
+                }
+            })?;
+        if committed(&outcomes) {
+            crash::point(crash::PRODUCER_ADVANCE_AFTER_COMMIT);
+        }
+        Ok(outcomes)
+    }
+
+    fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError> {
+        pg_read_flows(self.connection())
+    }
+}
+
+impl ReservationConsumer for PgConsumer {
+    fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError> {
+        self.apply_next_with(flow_id, &mut ReservationHandler::new(options))
+    }
+
+    fn apply_batch(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        options: ApplyOptions,
+    ) -> Result<Vec<Drain>, StoreError> {
+        self.apply_batch_with(flows, events_max, &mut ReservationHandler::new(options))
+    }
+
+    fn drain(
+        &mut self,
+        flow_id: &FlowId,
+        limit: Option<u64>,
+        options: ApplyOptions,
+        batch_len_max: u64,
+    ) -> Result<Drain, StoreError> {
+        ordo_core::drain(
+            self,
+            flow_id,
+            limit,
+            &mut ReservationHandler::new(options),
+            batch_len_max,
+        )
+    }
+
+    fn process_all(
+        &mut self,
+        limit: Option<u64>,
+        options: ApplyOptions,
+        batch_len_max: u64,
+    ) -> Result<Vec<Drain>, StoreError> {
+        process_all(
+            self,
+            limit,
+            &mut ReservationHandler::new(options),
+            batch_len_max,
+        )
+    }
+
+    fn flows_with_reservation_work(
+        &mut self,
+        options: ApplyOptions,
+    ) -> Result<Vec<FlowId>, StoreError> {
+        let handler = ReservationHandler::new(options);
+        self.flows_with_work(handler.reevaluate())
+    }
+
+    fn projections(&mut self) -> Result<Vec<Projection>, StoreError> {
+        pg_read_projections(self.connection())
+    }
+
+    fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError> {
+        pg_read_effects(self.connection())
+    }
+}
