@@ -407,3 +407,146 @@ fn async_callers_await_their_outcome() {
     let db = writer.close();
     assert!(noted(&db).is_empty());
 }
+
+#[test]
+fn a_blocking_submit_to_an_idle_writer_runs_on_the_calling_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(dir.path(), GroupOptions::default());
+    let caller = std::thread::current().id();
+    let ran_on = writer
+        .submit(|ptx| -> Result<_, AppendError> {
+            append(ptx, "x")?;
+            Ok(std::thread::current().id())
+        })
+        .unwrap();
+    assert_eq!(
+        ran_on, caller,
+        "an idle writer leaves the batch to its caller"
+    );
+    // An async caller's unit always goes to the writer thread.
+    let pending = writer
+        .enqueue(|ptx| -> Result<_, AppendError> {
+            append(ptx, "x")?;
+            Ok(std::thread::current().id())
+        })
+        .unwrap();
+    assert_ne!(pending.wait().unwrap(), caller);
+    let db = writer.close();
+    assert_eq!(
+        outbox(&db),
+        vec![("x".to_string(), 1), ("x".to_string(), 2)]
+    );
+    assert_eq!(db.commits(), 2);
+}
+
+#[test]
+fn a_blocking_submit_while_a_batch_runs_waits_for_it_and_keeps_arrival_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = Arc::new(writer(dir.path(), GroupOptions::default()));
+    let (gate, gated) = gate(&writer);
+    let caller = std::thread::current().id();
+    let submitters: Vec<_> = (1..=3)
+        .map(|n| {
+            let mine = writer.clone();
+            let handle = std::thread::spawn(move || {
+                let outcome = mine.submit(move |ptx| -> Result<_, AppendError> {
+                    note(ptx, &format!("n{n}"))?;
+                    Ok((append(ptx, "x")?, std::thread::current().id()))
+                });
+                (outcome, std::thread::current().id())
+            });
+            // Each one queued before the next starts: arrival order is n.
+            while writer.queued() < n {
+                std::thread::yield_now();
+            }
+            handle
+        })
+        .collect();
+    gate.release.send(()).unwrap();
+    gated.wait().unwrap();
+    for (n, handle) in submitters.into_iter().enumerate() {
+        let (outcome, submitter) = handle.join().unwrap();
+        let (seq, ran_on) = outcome.unwrap();
+        assert_eq!(seq, n as i64 + 1, "committed in arrival order");
+        assert_ne!(
+            ran_on, submitter,
+            "a busy writer runs the unit on its thread"
+        );
+        assert_ne!(ran_on, caller);
+    }
+    let db = Arc::into_inner(writer).unwrap().close();
+    assert_eq!(noted(&db), vec!["n1", "n2", "n3"]);
+    assert_eq!(
+        db.commits(),
+        1,
+        "the gate and the three units share one commit"
+    );
+}
+
+#[test]
+fn a_failing_first_unit_rolls_back_alone_and_the_units_behind_it_commit_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(
+        dir.path(),
+        GroupOptions {
+            batch_len_max: 2,
+            batch_time_max: Duration::from_secs(600),
+            ..GroupOptions::default()
+        },
+    );
+    let (gate, gated) = gate(&writer);
+    let ok1 = writer.enqueue(|ptx| append(ptx, "x")).unwrap();
+    // The first unit of the next batch: its own write is taken back by the
+    // transaction's rollback, with its append.
+    let sql = writer
+        .enqueue(|ptx| {
+            note(ptx, "sql-note")?;
+            append(ptx, "x")?;
+            ptx.sql()
+                .execute("INSERT INTO no_such_table VALUES (1)", [])
+                .map_err(|e| AppendError::Store(StoreError::sqlite("own write", e)))?;
+            Ok(0)
+        })
+        .unwrap();
+    let panicked = writer
+        .enqueue(|ptx| -> Result<i64, AppendError> {
+            note(ptx, "panic-note")?;
+            append(ptx, "x")?;
+            panic!("boom first");
+        })
+        .unwrap();
+    let ok2 = writer.enqueue(|ptx| append(ptx, "x")).unwrap();
+    gate.release.send(()).unwrap();
+    gated.wait().unwrap();
+    assert_eq!(ok1.wait().unwrap(), 1);
+    assert!(matches!(
+        sql.wait(),
+        Err(SubmitError::Unit(AppendError::Store(_)))
+    ));
+    match panicked.wait() {
+        Err(SubmitError::Panicked(message)) => assert!(message.contains("boom"), "{message}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(ok2.wait().unwrap(), 2, "no gap left by the failed units");
+    // A lone failing unit submitted by a blocking caller fails alone too.
+    let lone = writer.submit(|ptx| -> Result<i64, AppendError> {
+        note(ptx, "lone-note")?;
+        Err(AppendError::Store(StoreError::new(
+            ordo_core::ErrorKind::Other,
+            "refused by the unit",
+        )))
+    });
+    assert!(matches!(lone, Err(SubmitError::Unit(_))));
+    assert_eq!(writer.submit(|ptx| append(ptx, "x")).unwrap(), 3);
+    let db = writer.close();
+    assert_eq!(
+        outbox(&db),
+        (1..=3).map(|s| ("x".to_string(), s)).collect::<Vec<_>>()
+    );
+    assert!(noted(&db).is_empty(), "{:?}", noted(&db));
+    assert_eq!(
+        db.commits(),
+        3,
+        "the gate's batch, ok2's, and the last unit"
+    );
+}

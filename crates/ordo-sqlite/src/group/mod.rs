@@ -13,6 +13,14 @@
 //! `write` holds per unit: its state and its events commit together, each
 //! flow's seqs stay contiguous, and `Ok` means durable.
 //!
+//! Who runs a batch: a writer thread, or, when the store is idle, the
+//! blocking caller of [`GroupWriter::submit`] itself, which then runs the
+//! batch at the head of the queue (its own unit and any queued before or
+//! with it) without handing it to another thread and back. Either way
+//! units are taken in arrival order by whoever holds the store, one batch
+//! at a time. [`GroupWriter::enqueue`] (and so every async caller) always
+//! leaves its unit to the writer thread.
+//!
 //! Bounds: the queue holds at most [`GroupOptions::queue_len_max`] units; a
 //! submit to a full queue waits for room or is refused
 //! ([`WhenFull`]). A caller waits at most [`GroupOptions::wait_max`] for the
@@ -29,7 +37,7 @@ mod writer;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, TryLockError};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -149,15 +157,17 @@ pub(crate) struct Shared {
     /// Raised when room is made in the queue.
     pub room: Condvar,
     pub options: GroupOptions,
+    /// The store, held by whoever runs a batch; `None` once closed.
+    pub db: Mutex<Option<ProducerDb>>,
 }
 
-/// The group-committing producer handle: one writer thread owning a
-/// [`ProducerDb`], shared by reference (`&GroupWriter` is `Send + Sync`) by
+/// The group-committing producer handle: one writer thread and a
+/// [`ProducerDb`] that it (or an idle-time caller) runs batches on, shared by reference (`&GroupWriter` is `Send + Sync`) by
 /// any number of callers. Dropping it, or [`GroupWriter::close`], runs the
 /// units already queued, then stops the writer.
 pub struct GroupWriter {
     shared: Arc<Shared>,
-    writer: Option<JoinHandle<ProducerDb>>,
+    writer: Option<JoinHandle<()>>,
 }
 
 impl GroupWriter {
@@ -178,12 +188,13 @@ impl GroupWriter {
             work: Condvar::new(),
             room: Condvar::new(),
             options,
+            db: Mutex::new(Some(db)),
         });
         let writer = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("ordo-group-writer".into())
-                .spawn(move || writer::run(db, &shared))
+                .spawn(move || writer::run(&shared))
                 .expect("the writer thread starts")
         };
         GroupWriter {
@@ -198,14 +209,24 @@ impl GroupWriter {
     }
 
     /// Submits `unit` and waits for its outcome: `Ok` once the transaction
-    /// that holds it has committed and is durable.
+    /// that holds it has committed and is durable. When no batch is running,
+    /// the calling thread runs the batch itself.
     pub fn submit<T, E, F>(&self, unit: F) -> Result<T, SubmitError<E>>
     where
         T: Send + 'static,
         E: Send + 'static,
         F: FnOnce(&mut ProducerTx<'_>) -> Result<T, E> + Send + 'static,
     {
-        self.enqueue(unit)?.wait()
+        let pending = self.queue_unit(unit)?;
+        match self.shared.db.try_lock() {
+            Ok(db) => writer::lead(&self.shared, db, &pending.ticket),
+            Err(TryLockError::Poisoned(db)) => {
+                writer::lead(&self.shared, db.into_inner(), &pending.ticket)
+            }
+            // A batch is running: the writer thread takes this unit after it.
+            Err(TryLockError::WouldBlock) => self.shared.work.notify_one(),
+        }
+        pending.wait()
     }
 
     /// Queues `unit` and returns at once with its [`Pending`] outcome, to
@@ -213,6 +234,18 @@ impl GroupWriter {
     /// [`WhenFull::Block`] a full queue blocks this call (within
     /// [`GroupOptions::wait_max`]); async callers use [`WhenFull::Refuse`].
     pub fn enqueue<T, E, F>(&self, unit: F) -> Result<Pending<T, E>, SubmitError<E>>
+    where
+        T: Send + 'static,
+        E: Send + 'static,
+        F: FnOnce(&mut ProducerTx<'_>) -> Result<T, E> + Send + 'static,
+    {
+        let pending = self.queue_unit(unit)?;
+        self.shared.work.notify_one();
+        Ok(pending)
+    }
+
+    /// Queues `unit` behind every unit submitted before it, waking nobody.
+    fn queue_unit<T, E, F>(&self, unit: F) -> Result<Pending<T, E>, SubmitError<E>>
     where
         T: Send + 'static,
         E: Send + 'static,
@@ -228,7 +261,6 @@ impl GroupWriter {
             ticket: ticket.clone(),
         }));
         drop(queue);
-        self.shared.work.notify_one();
         Ok(Pending {
             shared: self.shared.clone(),
             ticket,
@@ -281,7 +313,9 @@ impl GroupWriter {
         self.shared.work.notify_all();
         self.shared.room.notify_all();
         let writer = self.writer.take()?;
-        writer.join().ok()
+        // The writer ran every queued unit; no caller can lead any more.
+        writer.join().ok()?;
+        lock(&self.shared.db).take()
     }
 }
 

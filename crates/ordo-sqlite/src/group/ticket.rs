@@ -80,6 +80,9 @@ pub(crate) enum Ran {
     Kept,
     /// Its writes were rolled back to its savepoint; the others go on.
     Undone,
+    /// It ran without a savepoint (alone in its transaction) and failed:
+    /// the transaction must be rolled back.
+    Failed,
 }
 
 /// A queued unit, whatever its result type.
@@ -88,9 +91,10 @@ pub(crate) trait Job: Send {
     fn id(&self) -> u64;
     /// Marks the ticket taken (called with the queue locked).
     fn mark_taken(&self);
-    /// Runs the unit under its own savepoint. An error means the
+    /// Runs the unit, under its own savepoint with `savepoint`, else as
+    /// the transaction's first and only unit so far. An error means the
     /// transaction itself can no longer go on.
-    fn run(&mut self, ptx: &mut ProducerTx<'_>) -> Result<Ran, StoreError>;
+    fn run(&mut self, ptx: &mut ProducerTx<'_>, savepoint: bool) -> Result<Ran, StoreError>;
     /// Tells the caller, once the transaction ended: committed (`Ok`), or
     /// not (`Err`, the transaction's error).
     fn settle(self: Box<Self>, ended: Result<(), &StoreError>);

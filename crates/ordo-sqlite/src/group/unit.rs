@@ -54,9 +54,11 @@ where
         lock(&self.ticket.slot).phase = Phase::Taken;
     }
 
-    fn run(&mut self, ptx: &mut ProducerTx<'_>) -> Result<Ran, StoreError> {
+    fn run(&mut self, ptx: &mut ProducerTx<'_>, under_savepoint: bool) -> Result<Ran, StoreError> {
         let f = self.f.take().expect("a unit runs once");
-        savepoint(ptx, "SAVEPOINT ordo_unit")?;
+        if under_savepoint {
+            savepoint(ptx, "SAVEPOINT ordo_unit")?;
+        }
         let outcome = match catch_unwind(AssertUnwindSafe(|| f(ptx))) {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(SubmitError::Unit(error)),
@@ -73,6 +75,9 @@ where
                 "producer: a unit's failure ended the group transaction",
             ));
         }
+        if !under_savepoint {
+            return Ok(if kept { Ran::Kept } else { Ran::Failed });
+        }
         if !kept {
             savepoint(ptx, "ROLLBACK TO ordo_unit")?;
         }
@@ -87,6 +92,9 @@ where
             // Not committed: a unit that failed on its own says so; any
             // other gets the transaction's error. Nothing of it was kept.
             (Some(Err(SubmitError::Unit(e))), Err(_)) => Err(SubmitError::Unit(e)),
+            (Some(Err(SubmitError::Panicked(message))), Err(_)) => {
+                Err(SubmitError::Panicked(message))
+            }
             (_, Err(error)) => Err(SubmitError::Store(copy(error))),
             (None, Ok(())) => Err(SubmitError::Store(StoreError::new(
                 ErrorKind::Other,
