@@ -224,7 +224,7 @@ fn summarize(producers: usize, samples: Vec<Samples>, seconds: f64, commits: u64
 /// `producers` threads through one group writer on a fresh file in `dir`.
 fn grouped(dir: &Path, producers: usize, run: Duration) -> Result<ProducersRun, LabError> {
     let db = ordo_reservation::open_producer(dir.join("producer.db"))?;
-    let writer = GroupWriter::start(db, GroupOptions::default());
+    let writer = GroupWriter::start(db, GroupOptions::default())?;
     let started = Instant::now();
     let samples = race(producers, &writer, run);
     let seconds = started.elapsed().as_secs_f64();

@@ -185,7 +185,7 @@ fn produce(
     flows: &[FlowId],
     progress: &dyn Progress,
 ) -> Result<(ProducerDb, u64), Failure> {
-    let writer = GroupWriter::start(producer, GroupOptions::default());
+    let writer = GroupWriter::start(producer, GroupOptions::default())?;
     let counts: Vec<Result<u64, Failure>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..PRODUCERS)
             .map(|t| {

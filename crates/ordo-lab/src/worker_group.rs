@@ -90,7 +90,7 @@ pub fn produce(env: &WorkerEnv, job: &GroupedProduce) -> Result<WorkerReport, Fa
         env.clock.clone(),
         &env.options,
     )?;
-    let writer = GroupWriter::start(db, GroupOptions::default());
+    let writer = GroupWriter::start(db, GroupOptions::default())?;
     let acks = Acks::open(job.acks.as_deref())?;
     let tallies: Vec<Result<Tally, Failure>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..job.threads)

@@ -33,7 +33,10 @@ pub use conn::{
 };
 pub use consumer::{read_inbox, ConsumerDb};
 pub use domain::{Schema, MIGRATIONS_MAX};
-pub use group::{GroupOptions, GroupWriter, Pending, SubmitError, WhenFull};
+pub use group::{
+    GroupOptions, GroupWriter, Pending, SubmitError, WhenFull, BATCH_LEN_MAX_DEFAULT,
+    BATCH_TIME_MAX_DEFAULT, QUEUE_LEN_MAX_DEFAULT, WAIT_MAX_DEFAULT, WAL_CHECKPOINT_PAGES_DEFAULT,
+};
 pub use producer::{read_outbox, ProducerDb, ProducerTx, CONFLICT_REASON};
 pub use runner::{
     ApplyRound, ApplyTotals, RelayRound, RelayTotals, RunReport, Runner, RunnerOptions,

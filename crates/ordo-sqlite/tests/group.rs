@@ -25,7 +25,7 @@ fn flow(id: &str) -> FlowId {
 
 fn writer(dir: &Path, options: GroupOptions) -> GroupWriter {
     let db = ordo_reservation::open_producer(dir.join("producer.db")).unwrap();
-    GroupWriter::start(db, options)
+    GroupWriter::start(db, options).unwrap()
 }
 
 /// The outbox's `(flow, seq)` rows, in position order.
@@ -549,4 +549,34 @@ fn a_failing_first_unit_rolls_back_alone_and_the_units_behind_it_commit_next() {
         3,
         "the gate's batch, ok2's, and the last unit"
     );
+}
+
+fn checkpoint_pages(conn: &ordo_sqlite::rusqlite::Connection) -> i64 {
+    conn.query_row("PRAGMA wal_autocheckpoint", [], |row| row.get(0))
+        .unwrap()
+}
+
+#[test]
+fn the_writer_checkpoints_at_its_own_wal_size_and_gives_the_store_back_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = ordo_reservation::open_producer(dir.path().join("producer.db")).unwrap();
+    let before = checkpoint_pages(db.connection());
+    let writer = GroupWriter::start(
+        db,
+        GroupOptions {
+            wal_checkpoint_pages: 12_345,
+            ..GroupOptions::default()
+        },
+    )
+    .unwrap();
+    let during = writer
+        .submit(|ptx| -> Result<i64, AppendError> {
+            append(ptx, "x")?;
+            Ok(checkpoint_pages(ptx.sql()))
+        })
+        .unwrap();
+    assert_eq!(during, 12_345);
+    let db = writer.close();
+    assert_eq!(checkpoint_pages(db.connection()), before);
+    assert_ne!(before, 12_345);
 }

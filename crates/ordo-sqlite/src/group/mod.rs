@@ -58,6 +58,9 @@ pub const QUEUE_LEN_MAX_DEFAULT: usize = 10_000;
 /// How long a caller waits for the writer to take its unit, unless set
 /// otherwise.
 pub const WAIT_MAX_DEFAULT: Duration = Duration::from_secs(30);
+/// The WAL size, in pages, past which the writer's commit checkpoints,
+/// unless set otherwise: 40 MiB at SQLite's 4 KiB pages.
+pub const WAL_CHECKPOINT_PAGES_DEFAULT: u32 = 10_000;
 
 /// What a submit to a full queue does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +90,15 @@ pub struct GroupOptions {
     /// How long a caller waits, from its submit, for room in the queue and
     /// for the writer to take its unit (default [`WAIT_MAX_DEFAULT`]).
     pub wait_max: Duration,
+    /// The writer's connection checkpoints once the WAL holds this many
+    /// pages (SQLite's `wal_autocheckpoint`; default
+    /// [`WAL_CHECKPOINT_PAGES_DEFAULT`], where a store's own default is
+    /// 1,000), at least 1. A group transaction dirties a page or more per
+    /// unit, scattered over the indexes; a larger WAL is checkpointed less
+    /// often, each page once however often it was rewritten, and grows no
+    /// larger than this between checkpoints unless a reader holds an old
+    /// snapshot. Other connections to the store keep their own setting.
+    pub wal_checkpoint_pages: u32,
 }
 
 impl Default for GroupOptions {
@@ -97,6 +109,7 @@ impl Default for GroupOptions {
             queue_len_max: QUEUE_LEN_MAX_DEFAULT,
             when_full: WhenFull::Block,
             wait_max: WAIT_MAX_DEFAULT,
+            wal_checkpoint_pages: WAL_CHECKPOINT_PAGES_DEFAULT,
         }
     }
 }
@@ -168,22 +181,29 @@ pub(crate) struct Shared {
 pub struct GroupWriter {
     shared: Arc<Shared>,
     writer: Option<JoinHandle<()>>,
+    /// The store's checkpoint setting before the writer changed it.
+    own_checkpoint_pages: u32,
 }
 
 impl GroupWriter {
     /// Starts the writer on its own thread with `db`, which it owns until
-    /// [`GroupWriter::close`] gives it back.
-    pub fn start(db: ProducerDb, options: GroupOptions) -> GroupWriter {
+    /// [`GroupWriter::close`] gives it back (with its own checkpoint
+    /// setting again).
+    pub fn start(db: ProducerDb, options: GroupOptions) -> Result<GroupWriter, StoreError> {
         let options = GroupOptions {
             batch_len_max: options.batch_len_max.max(1),
             queue_len_max: options.queue_len_max.max(1),
+            wal_checkpoint_pages: options.wal_checkpoint_pages.max(1),
             ..options
         };
+        let own_checkpoint_pages = checkpoint_pages(&db, None)?;
+        checkpoint_pages(&db, Some(options.wal_checkpoint_pages))?;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 jobs: Default::default(),
                 closed: false,
                 next_id: 0,
+                writer_waiting: false,
             }),
             work: Condvar::new(),
             room: Condvar::new(),
@@ -197,10 +217,11 @@ impl GroupWriter {
                 .spawn(move || writer::run(&shared))
                 .expect("the writer thread starts")
         };
-        GroupWriter {
+        Ok(GroupWriter {
             shared,
             writer: Some(writer),
-        }
+            own_checkpoint_pages,
+        })
     }
 
     /// The options in force.
@@ -217,14 +238,14 @@ impl GroupWriter {
         E: Send + 'static,
         F: FnOnce(&mut ProducerTx<'_>) -> Result<T, E> + Send + 'static,
     {
-        let pending = self.queue_unit(unit)?;
+        let (pending, writer_waiting) = self.queue_unit(unit)?;
         match self.shared.db.try_lock() {
             Ok(db) => writer::lead(&self.shared, db, &pending.ticket),
             Err(TryLockError::Poisoned(db)) => {
                 writer::lead(&self.shared, db.into_inner(), &pending.ticket)
             }
             // A batch is running: the writer thread takes this unit after it.
-            Err(TryLockError::WouldBlock) => self.shared.work.notify_one(),
+            Err(TryLockError::WouldBlock) => self.wake_writer(writer_waiting),
         }
         pending.wait()
     }
@@ -239,13 +260,22 @@ impl GroupWriter {
         E: Send + 'static,
         F: FnOnce(&mut ProducerTx<'_>) -> Result<T, E> + Send + 'static,
     {
-        let pending = self.queue_unit(unit)?;
-        self.shared.work.notify_one();
+        let (pending, writer_waiting) = self.queue_unit(unit)?;
+        self.wake_writer(writer_waiting);
         Ok(pending)
     }
 
-    /// Queues `unit` behind every unit submitted before it, waking nobody.
-    fn queue_unit<T, E, F>(&self, unit: F) -> Result<Pending<T, E>, SubmitError<E>>
+    /// Wakes the writer thread if it was waiting when the unit was queued;
+    /// otherwise it will find the unit before it waits.
+    fn wake_writer(&self, writer_waiting: bool) {
+        if writer_waiting {
+            self.shared.work.notify_one();
+        }
+    }
+
+    /// Queues `unit` behind every unit submitted before it, waking nobody;
+    /// also says whether the writer thread was waiting for work then.
+    fn queue_unit<T, E, F>(&self, unit: F) -> Result<(Pending<T, E>, bool), SubmitError<E>>
     where
         T: Send + 'static,
         E: Send + 'static,
@@ -260,12 +290,14 @@ impl GroupWriter {
             outcome: None,
             ticket: ticket.clone(),
         }));
+        let writer_waiting = queue.writer_waiting;
         drop(queue);
-        Ok(Pending {
+        let pending = Pending {
             shared: self.shared.clone(),
             ticket,
             deadline,
-        })
+        };
+        Ok((pending, writer_waiting))
     }
 
     /// The queue, locked, once it has room.
@@ -315,7 +347,10 @@ impl GroupWriter {
         let writer = self.writer.take()?;
         // The writer ran every queued unit; no caller can lead any more.
         writer.join().ok()?;
-        lock(&self.shared.db).take()
+        let db = lock(&self.shared.db).take()?;
+        // Best effort: the setting only tunes this connection's checkpoints.
+        let _ = checkpoint_pages(&db, Some(self.own_checkpoint_pages));
+        Some(db)
     }
 }
 
@@ -323,6 +358,19 @@ impl Drop for GroupWriter {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Reads the connection's `wal_autocheckpoint`, after setting it to
+/// `pages` if given.
+fn checkpoint_pages(db: &ProducerDb, pages: Option<u32>) -> Result<u32, StoreError> {
+    let sql = match pages {
+        Some(pages) => format!("PRAGMA wal_autocheckpoint = {pages}"),
+        None => "PRAGMA wal_autocheckpoint".to_string(),
+    };
+    db.connection()
+        .query_row(&sql, [], |row| row.get::<_, i64>(0))
+        .map(|pages| u32::try_from(pages.max(0)).unwrap_or(u32::MAX))
+        .map_err(|e| StoreError::sqlite("producer: cannot set wal_autocheckpoint", e))
 }
 
 /// A queued unit's outcome, to come. Dropping it before the writer took the

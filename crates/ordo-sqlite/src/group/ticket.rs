@@ -107,6 +107,11 @@ pub(crate) struct Queue {
     pub closed: bool,
     /// The next ticket id.
     pub next_id: u64,
+    /// The writer thread waits for work. Set and cleared under the lock,
+    /// after it found the queue empty: while it is false, the writer will
+    /// look at the queue again before it waits, so a caller queueing a unit
+    /// need not wake it.
+    pub writer_waiting: bool,
 }
 
 impl Queue {

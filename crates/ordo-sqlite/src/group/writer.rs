@@ -46,7 +46,8 @@ pub(crate) fn lead<R>(
         }
     }
     drop(db);
-    if !lock(&shared.queue).jobs.is_empty() {
+    let queue = lock(&shared.queue);
+    if !queue.jobs.is_empty() && queue.writer_waiting {
         shared.work.notify_one();
     }
 }
@@ -76,7 +77,9 @@ fn wait_for_work(shared: &Shared) -> bool {
         if queue.closed {
             return false;
         }
+        queue.writer_waiting = true;
         queue = shared.work.wait(queue).unwrap_or_else(|e| e.into_inner());
+        queue.writer_waiting = false;
     }
 }
 
