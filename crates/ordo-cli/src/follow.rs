@@ -5,11 +5,12 @@
 //! commits (or rolls back) whole before the process exits 0.
 
 use std::io::Write;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ordo_core::{ConsumerStore, ProducerStore, Transport};
+use ordo_core::{ProducerStore, Transport};
 use ordo_http::{Metrics, MetricsServer};
 use ordo_reservation::{ApplyOptions, ReservationHandler};
 use ordo_sqlite::{ApplyRound, ProducerDb, RelayRound, Runner, RunnerOptions};
@@ -18,10 +19,11 @@ use serde_json::json;
 use crate::args::{ApplyArgs, Files, RelayArgs};
 use crate::commands::relay_options;
 use crate::context::{
-    check_distinct, clock, open_existing_consumer, open_existing_producer,
+    check_distinct, clock, existing_only, open_existing_consumer, open_existing_producer,
     open_existing_reservation_consumer,
 };
 use crate::metered::{count_apply, count_relay, expect_reservation_blocks};
+use crate::stores::{AnyConsumer, Location};
 use crate::{remote, Failure};
 
 /// How often the stop flag and the loops are looked at.
@@ -32,6 +34,7 @@ const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 /// `relay --follow`, to a consumer file or to `--to URL`. Neither store is
 /// created: a missing one is invalid input.
 pub fn relay(json_mode: bool, args: &RelayArgs) -> Result<(), Failure> {
+    let producer_file = sqlite_only(&args.producer, "relay --follow")?;
     match &args.consumer {
         Some(consumer) => {
             let files = Files {
@@ -39,16 +42,31 @@ pub fn relay(json_mode: bool, args: &RelayArgs) -> Result<(), Failure> {
                 consumer: consumer.clone(),
             };
             check_distinct(&files)?;
-            let producer = open_existing_producer(&files.producer)?;
+            let producer = open_existing_producer_file(producer_file)?;
             let consumer = open_existing_consumer(&files.consumer)?;
             relay_with(json_mode, args, producer, consumer)
         }
         None => {
             let transport = remote::transport(args)?;
-            let producer = open_existing_producer(&args.producer)?;
+            let producer = open_existing_producer_file(producer_file)?;
             relay_with(json_mode, args, producer, transport)
         }
     }
+}
+
+/// The file of a store that only an SQLite file may be for `what` (the
+/// follow modes run the loops of `ordo_sqlite::Runner`); a URL is invalid
+/// input, refused before anything is opened.
+fn sqlite_only<'l>(location: &'l Location, what: &str) -> Result<&'l Path, Failure> {
+    location.file().ok_or_else(|| {
+        Failure::Usage(format!(
+            "{what} runs on SQLite files only for now ({location} is a PostgreSQL database): run it without --follow, repeatedly"
+        ))
+    })
+}
+
+fn open_existing_producer_file(path: &Path) -> Result<ProducerDb, Failure> {
+    Ok(ProducerDb::open_existing(path, clock(), &existing_only())?)
 }
 
 fn relay_with<T: Transport + Send + 'static>(
@@ -98,7 +116,10 @@ fn relay_with<T: Transport + Send + 'static>(
 
 /// `apply --follow` of the reservation domain. The store is not created.
 pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
-    let consumer = open_existing_reservation_consumer(&args.consumer)?;
+    let path = sqlite_only(&args.consumer, "apply --follow")?;
+    let AnyConsumer::Sqlite(consumer) = open_existing_reservation_consumer(&args.consumer)? else {
+        unreachable!("{} is a file", path.display());
+    };
     let mut gauges = open_existing_consumer(&args.consumer)?;
     let stop = Stop::install()?;
     let exposition = Exposition::start(args.metrics_listen)?;

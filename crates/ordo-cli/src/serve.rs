@@ -7,7 +7,6 @@
 //! requests in flight finish, stops the applier after its round, exits 0.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,13 +14,16 @@ use ordo_http::server::ServerConfig;
 use ordo_http::tls::TlsAcceptor;
 use ordo_http::{InboxStore, KeyRing, Metrics, Opener, Server};
 use ordo_reservation::{consumer_schema, ApplyOptions, ReservationHandler};
-use ordo_sqlite::{ConsumerDb, OpenOptions, Runner, RunnerOptions};
+use ordo_sqlite::{ConsumerDb, Runner, RunnerOptions};
 use serde_json::json;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::args::ServeArgs;
-use crate::context::{clock, emit, open_options};
+use crate::context::{
+    check_consumer, clock, emit, existing_consumer, existing_consumer_domain, existing_only,
+};
 use crate::metered::{count_apply, expect_reservation_blocks};
+use crate::stores::{AnyConsumer, Location};
 use crate::Failure;
 
 /// How often the applier's committed totals reach the metrics, and its
@@ -83,19 +85,22 @@ fn server_config(args: &ServeArgs, keys: Option<KeyRing>) -> ServerConfig {
 }
 
 /// The store must exist (nothing is created); with `--apply`, it must
-/// belong to the reservation domain.
-fn check_store(path: &Path, apply: bool) -> Result<(), Failure> {
-    ConsumerDb::check_existing(path)?;
-    match ConsumerDb::existing_domain(path)? {
+/// belong to the reservation domain, and be an SQLite file (the applier is
+/// `ordo_sqlite::Runner`'s loop).
+fn check_store(location: &Location, apply: bool) -> Result<(), Failure> {
+    if apply && location.is_postgres() {
+        return Err(Failure::Usage(format!(
+            "serve --apply runs on SQLite files only for now ({location} is a PostgreSQL database): serve without --apply, and run `ordo apply --consumer URL` beside it"
+        )));
+    }
+    check_consumer(location)?;
+    match existing_consumer_domain(location)? {
         None => Err(Failure::Usage(format!(
-            "{} does not exist (serve never creates a store; run `ordo init --consumer {}` first)",
-            path.display(),
-            path.display()
+            "{location} does not exist (serve never creates a store; run `ordo init --consumer {location}` first)"
         ))),
         Some(domain) if apply && domain != ordo_reservation::DOMAIN => {
             Err(Failure::Usage(format!(
-                "{} belongs to domain \"{domain}\"; its handler runs in the application (serve without --apply)",
-                path.display()
+                "{location} belongs to domain \"{domain}\"; its handler runs in the application (serve without --apply)"
             )))
         }
         Some(_) => Ok(()),
@@ -110,15 +115,13 @@ fn raise_open_files_limit() {
     }
 }
 
-/// Opens store handles that never create the file.
-fn opener(path: PathBuf) -> Opener {
-    let options = OpenOptions {
-        create: false,
-        ..open_options()
-    };
+/// Opens store handles that never create the store.
+fn opener(location: Location) -> Opener {
     Arc::new(move || {
-        let store = ConsumerDb::open_existing(&path, clock(), &options)?;
-        Ok(Box::new(store) as Box<dyn InboxStore>)
+        Ok(match existing_consumer(&location)? {
+            AnyConsumer::Sqlite(store) => Box::new(store) as Box<dyn InboxStore>,
+            AnyConsumer::Postgres(store) => Box::new(store) as Box<dyn InboxStore>,
+        })
     })
 }
 
@@ -201,12 +204,11 @@ impl Signals {
     }
 }
 
-fn start_applier(path: &Path, metrics: &Arc<Metrics>) -> Result<Runner, Failure> {
-    let options = OpenOptions {
-        create: false,
-        ..open_options()
-    };
-    let consumer = ConsumerDb::open_with(path, &consumer_schema(), clock(), &options)?;
+fn start_applier(location: &Location, metrics: &Arc<Metrics>) -> Result<Runner, Failure> {
+    let path = location
+        .file()
+        .expect("check_store refuses --apply on a PostgreSQL store");
+    let consumer = ConsumerDb::open_with(path, &consumer_schema(), clock(), &existing_only())?;
     expect_reservation_blocks(metrics);
     let handler = ReservationHandler::new(ApplyOptions::default());
     let mut runner = Runner::new(RunnerOptions::default());
