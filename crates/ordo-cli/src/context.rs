@@ -12,7 +12,7 @@ use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 use serde_json::Value;
 
 use crate::args::{Files, Sides};
-use crate::stores::{AnyConsumer, AnyProducer, Location};
+use crate::stores::{redact, AnyConsumer, AnyProducer, Location};
 use crate::Failure;
 
 /// Prints a result: the JSON document with `--json`, else the text. A
@@ -88,6 +88,18 @@ fn pg_existing_only() -> PgOptions {
     }
 }
 
+/// A PostgreSQL store's error, naming the server (never its password)
+/// when the message does not already.
+fn on_server<T>(url: &str, opened: Result<T, StoreError>) -> Result<T, StoreError> {
+    opened.map_err(|e| {
+        let message = e.to_string();
+        if message.contains("://") || e.kind() == ErrorKind::InvalidInput {
+            return e;
+        }
+        StoreError::new(e.kind(), format!("{}: {message}", redact(url)))
+    })
+}
+
 /// `Ok(None)` for a store that does not exist.
 fn unless_missing<T>(opened: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
     match opened {
@@ -98,11 +110,17 @@ fn unless_missing<T>(opened: Result<T, StoreError>) -> Result<Option<T>, StoreEr
 }
 
 fn pg_existing_producer(url: &str) -> Result<Option<PgProducer>, StoreError> {
-    unless_missing(PgProducer::open_existing(url, clock(), &pg_existing_only()))
+    unless_missing(on_server(
+        url,
+        PgProducer::open_existing(url, clock(), &pg_existing_only()),
+    ))
 }
 
 fn pg_existing_consumer(url: &str) -> Result<Option<PgConsumer>, StoreError> {
-    unless_missing(PgConsumer::open_existing(url, clock(), &pg_existing_only()))
+    unless_missing(on_server(
+        url,
+        PgConsumer::open_existing(url, clock(), &pg_existing_only()),
+    ))
 }
 
 /// The tables of a new store of `domain` on each backend, for the
@@ -144,7 +162,7 @@ pub fn open_producer_of(location: &Location, domain: &str) -> Result<AnyProducer
         )?),
         Location::Postgres(url) => AnyProducer::Postgres(match pg_existing_producer(url)? {
             Some(store) => store,
-            None => PgProducer::open_with(url, &pg, clock(), &pg_options())?,
+            None => on_server(url, PgProducer::open_with(url, &pg, clock(), &pg_options()))?,
         }),
     })
 }
@@ -168,7 +186,7 @@ pub fn open_consumer_of(location: &Location, domain: &str) -> Result<AnyConsumer
         )?),
         Location::Postgres(url) => AnyConsumer::Postgres(match pg_existing_consumer(url)? {
             Some(store) => store,
-            None => PgConsumer::open_with(url, &pg, clock(), &pg_options())?,
+            None => on_server(url, PgConsumer::open_with(url, &pg, clock(), &pg_options()))?,
         }),
     })
 }
@@ -252,10 +270,9 @@ pub fn open_existing_producer(location: &Location) -> Result<AnyProducer, Failur
         Location::File(path) => {
             AnyProducer::Sqlite(ProducerDb::open_existing(path, clock(), &existing_only())?)
         }
-        Location::Postgres(url) => AnyProducer::Postgres(PgProducer::open_existing(
+        Location::Postgres(url) => AnyProducer::Postgres(on_server(
             url,
-            clock(),
-            &pg_existing_only(),
+            PgProducer::open_existing(url, clock(), &pg_existing_only()),
         )?),
     })
 }
@@ -273,10 +290,9 @@ pub fn existing_consumer(location: &Location) -> Result<AnyConsumer, StoreError>
         Location::File(path) => {
             AnyConsumer::Sqlite(ConsumerDb::open_existing(path, clock(), &existing_only())?)
         }
-        Location::Postgres(url) => AnyConsumer::Postgres(PgConsumer::open_existing(
+        Location::Postgres(url) => AnyConsumer::Postgres(on_server(
             url,
-            clock(),
-            &pg_existing_only(),
+            PgConsumer::open_existing(url, clock(), &pg_existing_only()),
         )?),
     })
 }
@@ -288,9 +304,10 @@ pub fn open_existing_reservation_consumer(location: &Location) -> Result<AnyCons
     refuse_other_domain(location, consumer.domain())?;
     Ok(match (location, consumer) {
         // Its domain's migrations run, as they do for the SQLite file below.
-        (Location::Postgres(url), AnyConsumer::Postgres(_)) => AnyConsumer::Postgres(
-            PgConsumer::open_with(url, &pg_consumer_schema(), clock(), &pg_existing_only())?,
-        ),
+        (Location::Postgres(url), AnyConsumer::Postgres(_)) => AnyConsumer::Postgres(on_server(
+            url,
+            PgConsumer::open_with(url, &pg_consumer_schema(), clock(), &pg_existing_only()),
+        )?),
         (_, consumer) => consumer,
     })
 }
@@ -325,11 +342,9 @@ pub fn open_reservation_producer(location: &Location) -> Result<AnyProducer, Fai
             clock(),
             &open_options(),
         )?),
-        Location::Postgres(url) => AnyProducer::Postgres(PgProducer::open_with(
+        Location::Postgres(url) => AnyProducer::Postgres(on_server(
             url,
-            &pg_producer_schema(),
-            clock(),
-            &pg_options(),
+            PgProducer::open_with(url, &pg_producer_schema(), clock(), &pg_options()),
         )?),
     })
 }
@@ -348,11 +363,9 @@ pub fn open_reservation_consumer(location: &Location) -> Result<AnyConsumer, Fai
             clock(),
             &open_options(),
         )?),
-        Location::Postgres(url) => AnyConsumer::Postgres(PgConsumer::open_with(
+        Location::Postgres(url) => AnyConsumer::Postgres(on_server(
             url,
-            &pg_consumer_schema(),
-            clock(),
-            &pg_options(),
+            PgConsumer::open_with(url, &pg_consumer_schema(), clock(), &pg_options()),
         )?),
     })
 }

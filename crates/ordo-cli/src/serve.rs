@@ -25,6 +25,9 @@ use crate::context::{
 use crate::metered::{count_apply, expect_reservation_blocks};
 use crate::stores::{AnyConsumer, Location};
 use crate::Failure;
+use ordo_core::ops::ConsumerStatus;
+use ordo_core::{ConsumerStore, Envelope, Receipt, StoreError};
+use ordo_postgres::PgConsumer;
 
 /// How often the applier's committed totals reach the metrics, and its
 /// health is checked.
@@ -37,6 +40,9 @@ pub fn serve(json_mode: bool, args: ServeArgs) -> Result<(), Failure> {
     let tls = load_tls(&args)?;
     let config = server_config(&args, keys);
     check_store(&args.consumer, args.apply)?;
+    // A first handle now, outside the runtime: a store that cannot be
+    // opened stops the start.
+    drop(existing_consumer(&args.consumer)?);
     raise_open_files_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -120,9 +126,43 @@ fn opener(location: Location) -> Opener {
     Arc::new(move || {
         Ok(match existing_consumer(&location)? {
             AnyConsumer::Sqlite(store) => Box::new(store) as Box<dyn InboxStore>,
-            AnyConsumer::Postgres(store) => Box::new(store) as Box<dyn InboxStore>,
+            AnyConsumer::Postgres(store) => Box::new(PgHandle(Some(store))) as Box<dyn InboxStore>,
         })
     })
+}
+
+/// A PostgreSQL consumer handle of the server. Its client does its I/O on
+/// a runtime of its own, which cannot run on a thread of the server's
+/// runtime: handles are used on blocking threads only (as every handle
+/// is), and one dropped in the runtime's context (the idle handles when
+/// the server stops) is dropped on a thread of its own.
+struct PgHandle(Option<PgConsumer>);
+
+impl PgHandle {
+    fn store(&mut self) -> &mut PgConsumer {
+        self.0
+            .as_mut()
+            .expect("a handle holds its store until dropped")
+    }
+}
+
+impl InboxStore for PgHandle {
+    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
+        ConsumerStore::receive_batch(self.store(), envelopes)
+    }
+
+    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
+        ConsumerStore::consumer_status(self.store())
+    }
+}
+
+impl Drop for PgHandle {
+    fn drop(&mut self) {
+        let Some(store) = self.0.take() else { return };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let _ = std::thread::spawn(move || drop(store)).join();
+        }
+    }
 }
 
 async fn run(
@@ -132,8 +172,6 @@ async fn run(
     tls: Option<TlsAcceptor>,
 ) -> Result<(), Failure> {
     let metrics = Arc::new(Metrics::new());
-    // A first handle now: a store that cannot be opened stops the start.
-    (opener(args.consumer.clone()))()?;
     let applier = match args.apply {
         true => Some(start_applier(&args.consumer, &metrics)?),
         false => None,
