@@ -277,6 +277,20 @@ pub fn open_existing_producer(location: &Location) -> Result<AnyProducer, Failur
     })
 }
 
+/// [`open_existing_producer`] with the store's own error (for a store
+/// opened again by a loop).
+pub fn existing_producer(location: &Location) -> Result<AnyProducer, StoreError> {
+    Ok(match location {
+        Location::File(path) => {
+            AnyProducer::Sqlite(ProducerDb::open_existing(path, clock(), &existing_only())?)
+        }
+        Location::Postgres(url) => AnyProducer::Postgres(on_server(
+            url,
+            PgProducer::open_existing(url, clock(), &pg_existing_only()),
+        )?),
+    })
+}
+
 /// Opens an existing consumer store of any domain; a missing one is
 /// invalid input, and nothing is created.
 pub fn open_existing_consumer(location: &Location) -> Result<AnyConsumer, Failure> {
@@ -302,13 +316,19 @@ pub fn existing_consumer(location: &Location) -> Result<AnyConsumer, StoreError>
 pub fn open_existing_reservation_consumer(location: &Location) -> Result<AnyConsumer, Failure> {
     let consumer = open_existing_consumer(location)?;
     refuse_other_domain(location, consumer.domain())?;
-    Ok(match (location, consumer) {
-        // Its domain's migrations run, as they do for the SQLite file below.
-        (Location::Postgres(url), AnyConsumer::Postgres(_)) => AnyConsumer::Postgres(on_server(
+    // Opened again for its domain, whose migrations then run.
+    drop(consumer);
+    Ok(match location {
+        Location::File(path) => AnyConsumer::Sqlite(ConsumerDb::open_with(
+            path,
+            &consumer_schema(),
+            clock(),
+            &existing_only(),
+        )?),
+        Location::Postgres(url) => AnyConsumer::Postgres(on_server(
             url,
             PgConsumer::open_with(url, &pg_consumer_schema(), clock(), &pg_existing_only()),
         )?),
-        (_, consumer) => consumer,
     })
 }
 

@@ -1,11 +1,11 @@
-//! `relay --follow` and `apply --follow`: the runner's loops in the
-//! foreground until SIGTERM or SIGINT, one line per round, and metrics.
+//! `relay --follow` and `apply --follow`: the runner's loops (or, on
+//! PostgreSQL, the polling loops of `polling`) in the foreground until
+//! SIGTERM or SIGINT, one line per round, and metrics.
 //!
 //! Invariant: a signal only asks the loops to stop; the round in progress
 //! commits (or rolls back) whole before the process exits 0.
 
 use std::io::Write;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,17 +13,18 @@ use std::time::{Duration, Instant};
 use ordo_core::{ProducerStore, Transport};
 use ordo_http::{Metrics, MetricsServer};
 use ordo_reservation::{ApplyOptions, ReservationHandler};
-use ordo_sqlite::{ApplyRound, ProducerDb, RelayRound, Runner, RunnerOptions};
+use ordo_sqlite::{ApplyRound, RelayRound, Runner, RunnerOptions};
 use serde_json::json;
 
 use crate::args::{ApplyArgs, Files, RelayArgs};
 use crate::commands::relay_options;
 use crate::context::{
-    check_distinct, clock, existing_only, open_existing_consumer, open_existing_producer,
+    check_distinct, clock, existing_producer, open_existing_consumer, open_existing_producer,
     open_existing_reservation_consumer,
 };
 use crate::metered::{count_apply, count_relay, expect_reservation_blocks};
-use crate::stores::{AnyConsumer, Location};
+use crate::polling::{start_apply, Loops, Running};
+use crate::stores::AnyProducer;
 use crate::{remote, Failure};
 
 /// How often the stop flag and the loops are looked at.
@@ -31,10 +32,9 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(50);
 /// How often the metrics' gauges are read from the store.
 const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// `relay --follow`, to a consumer file or to `--to URL`. Neither store is
+/// `relay --follow`, to a consumer store or to `--to URL`. Neither store is
 /// created: a missing one is invalid input.
 pub fn relay(json_mode: bool, args: &RelayArgs) -> Result<(), Failure> {
-    let producer_file = sqlite_only(&args.producer, "relay --follow")?;
     match &args.consumer {
         Some(consumer) => {
             let files = Files {
@@ -42,37 +42,22 @@ pub fn relay(json_mode: bool, args: &RelayArgs) -> Result<(), Failure> {
                 consumer: consumer.clone(),
             };
             check_distinct(&files)?;
-            let producer = open_existing_producer_file(producer_file)?;
+            let producer = open_existing_producer(&files.producer)?;
             let consumer = open_existing_consumer(&files.consumer)?;
             relay_with(json_mode, args, producer, consumer)
         }
         None => {
             let transport = remote::transport(args)?;
-            let producer = open_existing_producer_file(producer_file)?;
+            let producer = open_existing_producer(&args.producer)?;
             relay_with(json_mode, args, producer, transport)
         }
     }
 }
 
-/// The file of a store that only an SQLite file may be for `what` (the
-/// follow modes run the loops of `ordo_sqlite::Runner`); a URL is invalid
-/// input, refused before anything is opened.
-fn sqlite_only<'l>(location: &'l Location, what: &str) -> Result<&'l Path, Failure> {
-    location.file().ok_or_else(|| {
-        Failure::Usage(format!(
-            "{what} runs on SQLite files only for now ({location} is a PostgreSQL database): run it without --follow, repeatedly"
-        ))
-    })
-}
-
-fn open_existing_producer_file(path: &Path) -> Result<ProducerDb, Failure> {
-    Ok(ProducerDb::open_existing(path, clock(), &existing_only())?)
-}
-
 fn relay_with<T: Transport + Send + 'static>(
     json_mode: bool,
     args: &RelayArgs,
-    producer: ProducerDb,
+    producer: AnyProducer,
     transport: T,
 ) -> Result<(), Failure> {
     let stop = Stop::install()?;
@@ -86,16 +71,37 @@ fn relay_with<T: Transport + Send + 'static>(
         },
         ..RunnerOptions::default()
     };
-    let mut runner = Runner::new(options);
     let mut printer = Printer::new(json_mode);
     let observer_metrics = metrics.clone();
-    runner
-        .spawn_relay_to(producer, transport, move |round| {
-            count_relay(&observer_metrics, round);
-            printer.relay(round);
-        })
-        .map_err(|e| Failure::Internal(format!("cannot start the relay loop: {e}")))?;
-    watch(&stop, &runner, || {
+    let observe = move |round: &RelayRound| {
+        count_relay(&observer_metrics, round);
+        printer.relay(round);
+    };
+    let started = match producer {
+        AnyProducer::Sqlite(producer) => {
+            let mut runner = Runner::new(options);
+            runner
+                .spawn_relay_to(producer, transport, observe)
+                .map(|()| Running::Runner(runner))
+        }
+        producer @ AnyProducer::Postgres(_) => {
+            let location = args.producer.clone();
+            let mut loops = Loops::default();
+            loops
+                .spawn_relay(
+                    producer,
+                    Box::new(move || existing_producer(&location)),
+                    transport,
+                    options.relay,
+                    clock(),
+                    observe,
+                )
+                .map(|()| Running::Loops(loops))
+        }
+    };
+    let running =
+        started.map_err(|e| Failure::Internal(format!("cannot start the relay loop: {e}")))?;
+    watch(&stop, &running, || {
         let Some(metrics) = &metrics else {
             return Ok(());
         };
@@ -104,22 +110,14 @@ fn relay_with<T: Transport + Send + 'static>(
         metrics.set_outbox(&status, now_ms);
         Ok(())
     });
-    let report = runner.stop()?;
+    running.stop()?;
     exposition.stop();
-    tracing::info!(
-        rounds = report.relay.rounds,
-        delivered = report.relay.delivered,
-        "relay stopped"
-    );
     Ok(())
 }
 
 /// `apply --follow` of the reservation domain. The store is not created.
 pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
-    let path = sqlite_only(&args.consumer, "apply --follow")?;
-    let AnyConsumer::Sqlite(consumer) = open_existing_reservation_consumer(&args.consumer)? else {
-        unreachable!("{} is a file", path.display());
-    };
+    let consumer = open_existing_reservation_consumer(&args.consumer)?;
     let mut gauges = open_existing_consumer(&args.consumer)?;
     let stop = Stop::install()?;
     let exposition = Exposition::start(args.metrics_listen)?;
@@ -130,31 +128,22 @@ pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
     let handler = ReservationHandler::new(ApplyOptions {
         support_v2: args.support_v2,
     });
-    let mut runner = Runner::new(RunnerOptions {
-        apply_batch_len_max: args.batch,
-        ..RunnerOptions::default()
-    });
     let mut printer = Printer::new(json_mode);
     let observer_metrics = metrics.clone();
-    runner
-        .spawn_apply_observed(consumer, handler, move |round| {
-            count_apply(&observer_metrics, round);
-            printer.apply(round);
-        })
+    let observe = move |round: &ApplyRound| {
+        count_apply(&observer_metrics, round);
+        printer.apply(round);
+    };
+    let running = start_apply(consumer, &args.consumer, handler, args.batch, observe)
         .map_err(|e| Failure::Internal(format!("cannot start the apply loop: {e}")))?;
-    watch(&stop, &runner, || {
+    watch(&stop, &running, || {
         if let Some(metrics) = &metrics {
             metrics.set_inbox(&gauges.consumer_status()?);
         }
         Ok(())
     });
-    let report = runner.stop()?;
+    running.stop()?;
     exposition.stop();
-    tracing::info!(
-        rounds = report.apply.rounds,
-        applied = report.apply.applied,
-        "apply stopped"
-    );
     Ok(())
 }
 
@@ -162,11 +151,11 @@ pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
 /// `refresh` (the gauges) every [`GAUGE_INTERVAL`].
 fn watch(
     stop: &Stop,
-    runner: &Runner,
+    running: &Running,
     mut refresh: impl FnMut() -> Result<(), ordo_core::StoreError>,
 ) {
     let mut refreshed: Option<Instant> = None;
-    while !stop.requested() && !runner.failed() {
+    while !stop.requested() && !running.failed() {
         if refreshed.is_none_or(|at| at.elapsed() >= GAUGE_INTERVAL) {
             if let Err(e) = refresh() {
                 tracing::warn!(error = %e, "cannot read the store's status for the gauges");

@@ -10,6 +10,7 @@ mod lab;
 mod logging;
 mod metered;
 mod ops;
+mod polling;
 mod remote;
 mod render;
 mod render_lab;

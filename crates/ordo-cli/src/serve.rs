@@ -10,24 +10,25 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ordo_core::ops::ConsumerStatus;
+use ordo_core::{ConsumerStore, Envelope, Receipt, StoreError};
 use ordo_http::server::ServerConfig;
 use ordo_http::tls::TlsAcceptor;
 use ordo_http::{InboxStore, KeyRing, Metrics, Opener, Server};
-use ordo_reservation::{consumer_schema, ApplyOptions, ReservationHandler};
-use ordo_sqlite::{ConsumerDb, Runner, RunnerOptions};
+use ordo_postgres::PgConsumer;
+use ordo_reservation::{ApplyOptions, ReservationHandler};
 use serde_json::json;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::args::ServeArgs;
 use crate::context::{
-    check_consumer, clock, emit, existing_consumer, existing_consumer_domain, existing_only,
+    check_consumer, clock, emit, existing_consumer, existing_consumer_domain,
+    open_existing_reservation_consumer,
 };
 use crate::metered::{count_apply, expect_reservation_blocks};
+use crate::polling::{start_apply, Running};
 use crate::stores::{AnyConsumer, Location};
 use crate::Failure;
-use ordo_core::ops::ConsumerStatus;
-use ordo_core::{ConsumerStore, Envelope, Receipt, StoreError};
-use ordo_postgres::PgConsumer;
 
 /// How often the applier's committed totals reach the metrics, and its
 /// health is checked.
@@ -43,6 +44,12 @@ pub fn serve(json_mode: bool, args: ServeArgs) -> Result<(), Failure> {
     // A first handle now, outside the runtime: a store that cannot be
     // opened stops the start.
     drop(existing_consumer(&args.consumer)?);
+    // The applier's store too (a PostgreSQL client cannot connect from
+    // the runtime's threads).
+    let applier_store = match args.apply {
+        true => Some(open_existing_reservation_consumer(&args.consumer)?),
+        false => None,
+    };
     raise_open_files_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -50,7 +57,7 @@ pub fn serve(json_mode: bool, args: ServeArgs) -> Result<(), Failure> {
         .thread_name("ordo-serve")
         .build()
         .map_err(|e| Failure::Internal(format!("cannot start the runtime: {e}")))?;
-    runtime.block_on(run(json_mode, args, config, tls))
+    runtime.block_on(run(json_mode, args, config, tls, applier_store))
 }
 
 /// Refuses unsigned requests off loopback unless told, and reads the keys.
@@ -91,14 +98,8 @@ fn server_config(args: &ServeArgs, keys: Option<KeyRing>) -> ServerConfig {
 }
 
 /// The store must exist (nothing is created); with `--apply`, it must
-/// belong to the reservation domain, and be an SQLite file (the applier is
-/// `ordo_sqlite::Runner`'s loop).
+/// belong to the reservation domain.
 fn check_store(location: &Location, apply: bool) -> Result<(), Failure> {
-    if apply && location.is_postgres() {
-        return Err(Failure::Usage(format!(
-            "serve --apply runs on SQLite files only for now ({location} is a PostgreSQL database): serve without --apply, and run `ordo apply --consumer URL` beside it"
-        )));
-    }
     check_consumer(location)?;
     match existing_consumer_domain(location)? {
         None => Err(Failure::Usage(format!(
@@ -170,11 +171,12 @@ async fn run(
     args: ServeArgs,
     config: ServerConfig,
     tls: Option<TlsAcceptor>,
+    applier_store: Option<AnyConsumer>,
 ) -> Result<(), Failure> {
     let metrics = Arc::new(Metrics::new());
-    let applier = match args.apply {
-        true => Some(start_applier(&args.consumer, &metrics)?),
-        false => None,
+    let applier = match applier_store {
+        Some(store) => Some(start_applier(store, &args.consumer, &metrics)?),
+        None => None,
     };
     let (listener, bound) = bind(args.listen)?;
     let opener = opener(args.consumer.clone());
@@ -242,26 +244,30 @@ impl Signals {
     }
 }
 
-fn start_applier(location: &Location, metrics: &Arc<Metrics>) -> Result<Runner, Failure> {
-    let path = location
-        .file()
-        .expect("check_store refuses --apply on a PostgreSQL store");
-    let consumer = ConsumerDb::open_with(path, &consumer_schema(), clock(), &existing_only())?;
+fn start_applier(
+    consumer: AnyConsumer,
+    location: &Location,
+    metrics: &Arc<Metrics>,
+) -> Result<Running, Failure> {
     expect_reservation_blocks(metrics);
     let handler = ReservationHandler::new(ApplyOptions::default());
-    let mut runner = Runner::new(RunnerOptions::default());
     let counted = Some(Arc::clone(metrics));
-    runner
-        .spawn_apply_observed(consumer, handler, move |round| count_apply(&counted, round))
-        .map_err(|e| Failure::Internal(format!("cannot start the applier: {e}")))?;
+    let running = start_apply(
+        consumer,
+        location,
+        handler,
+        ordo_core::APPLY_BATCH_LEN_DEFAULT,
+        move |round| count_apply(&counted, round),
+    )
+    .map_err(|e| Failure::Internal(format!("cannot start the applier: {e}")))?;
     tracing::info!("applier started");
-    Ok(runner)
+    Ok(running)
 }
 
 /// Watches the applier until the server stops or the applier fails (which
 /// stops the server); then stops it.
 async fn watch_applier(
-    runner: Runner,
+    runner: Running,
     stop: tokio::sync::watch::Sender<bool>,
 ) -> Result<(), Failure> {
     let mut stopped = stop.subscribe();
@@ -277,9 +283,9 @@ async fn watch_applier(
             break;
         }
     }
-    let report = tokio::task::spawn_blocking(move || runner.stop())
+    tokio::task::spawn_blocking(move || runner.stop())
         .await
         .map_err(|e| Failure::Internal(format!("the applier's stop failed: {e}")))??;
-    tracing::info!(applied = report.apply.applied, "applier stopped");
+    tracing::info!("applier stopped");
     Ok(())
 }

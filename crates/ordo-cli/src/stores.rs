@@ -65,11 +65,6 @@ impl Location {
             Location::Postgres(_) => None,
         }
     }
-
-    /// Whether this is a PostgreSQL URL.
-    pub fn is_postgres(&self) -> bool {
-        matches!(self, Location::Postgres(_))
-    }
 }
 
 impl fmt::Debug for Location {
@@ -396,7 +391,8 @@ mod tests {
             ("x.db", false),
         ];
         for (value, url) in cases {
-            assert_eq!(Location::from(value).is_postgres(), url, "{value}");
+            let location = Location::from(value);
+            assert_eq!(matches!(location, Location::Postgres(_)), url, "{value}");
         }
     }
 

@@ -10,6 +10,8 @@ mod pgdb;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use common::{keys, row, run, Lab, Out};
 use pgdb::Database;
@@ -506,21 +508,16 @@ fn a_store_of_another_domain_or_a_newer_version_exits_2() {
 }
 
 #[test]
-fn sqlite_only_modes_refuse_a_url_and_create_nothing() {
+fn adopt_refuses_a_url_and_serve_creates_nothing() {
     let lab = Lab::new();
     let db = Database::create();
     let url = db.url();
-    run(&[
-        "relay",
-        "--follow",
-        "--producer",
-        &url,
-        "--consumer",
-        &lab.c,
-    ])
-    .usage("relay --follow runs on SQLite files only");
-    run(&["apply", "--follow", "--consumer", &url])
-        .usage("apply --follow runs on SQLite files only");
+    run(&["init", "--adopt", "--producer", &lab.p, "--consumer", &url])
+        .usage("--adopt is for SQLite files");
+    lab.assert_no_files();
+    assert!(db.ordo_schemas().is_empty(), "{:?}", db.ordo_schemas());
+    // A missing store is never created by serve or the follow modes.
+    run(&["serve", "--consumer", &url, "--listen", "127.0.0.1:0"]).usage("does not exist");
     run(&[
         "serve",
         "--apply",
@@ -529,14 +526,185 @@ fn sqlite_only_modes_refuse_a_url_and_create_nothing() {
         "--listen",
         "127.0.0.1:0",
     ])
-    .usage("serve --apply runs on SQLite files only");
-    run(&["init", "--adopt", "--producer", &lab.p, "--consumer", &url])
-        .usage("--adopt is for SQLite files");
-    lab.assert_no_files();
+    .usage("does not exist");
+    run(&["apply", "--follow", "--consumer", &url]).usage("holds no ordo consumer store");
+    run(&["relay", "--follow", "--producer", &url, "--consumer", &url])
+        .usage("holds no ordo producer store");
     assert!(db.ordo_schemas().is_empty(), "{:?}", db.ordo_schemas());
-    // A missing store is never created by serve.
-    run(&["serve", "--consumer", &url, "--listen", "127.0.0.1:0"]).usage("does not exist");
-    assert!(db.ordo_schemas().is_empty(), "{:?}", db.ordo_schemas());
+}
+
+/// The longest a test waits for a running process to do what it should
+/// do at once.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A running `ordo` whose stdout lines arrive on a channel; killed when
+/// dropped.
+struct Running {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Running {
+    fn start(args: &[&str]) -> Running {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
+            .args(args)
+            .env_remove("ORDO_CRASH_POINT")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ordo starts");
+        let stdout = child.stdout.take().expect("piped");
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running { child, lines }
+    }
+
+    /// Reads JSON round lines until `key` adds up to `total`.
+    #[track_caller]
+    fn until_total(&self, key: &str, total: u64) {
+        let mut sum = 0;
+        while sum < total {
+            let line = self
+                .lines
+                .recv_timeout(PATIENCE)
+                .unwrap_or_else(|_| panic!("{key} stays at {sum} of {total}"));
+            let round: Value = serde_json::from_str(&line).expect("a JSON round line");
+            sum += round[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{key} in {line}"));
+        }
+        assert_eq!(sum, total);
+    }
+
+    /// SIGTERM; the exit code.
+    fn stop(mut self) -> Option<i32> {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill runs");
+        self.child.wait().expect("exits").code()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn advance_new(producer: &str, flow: &str) {
+    let out = run(&[
+        "advance",
+        "--json",
+        "--producer",
+        producer,
+        "--flow",
+        flow,
+        "--expected-seq",
+        "0",
+        "--to",
+        "reserved",
+        "--quantity",
+        "2",
+    ]);
+    assert_eq!(out.json()["outcome"], "committed");
+}
+
+#[test]
+fn the_follow_modes_and_serve_apply_run_on_postgres() {
+    let db = Database::create();
+    let url = db.url();
+    let lab = Lab::new();
+    run(&["init", "--producer", &url, "--consumer", &url]).text();
+    for flow in ["w-1", "w-2", "w-3"] {
+        advance_new(&url, flow);
+    }
+    let relay = Running::start(&[
+        "relay",
+        "--follow",
+        "--json",
+        "--producer",
+        &url,
+        "--consumer",
+        &url,
+    ]);
+    relay.until_total("delivered", 3);
+    // Work committed while it runs is found too.
+    advance_new(&url, "w-4");
+    relay.until_total("accepted", 1);
+    assert_eq!(relay.stop(), Some(0));
+
+    let apply = Running::start(&["apply", "--follow", "--json", "--consumer", &url]);
+    apply.until_total("applied", 4);
+    assert_eq!(apply.stop(), Some(0));
+    let snapshot = run(&["snapshot", "--json", "--consumer", &url]).json();
+    assert_eq!(
+        snapshot["consumer"]["effects"].as_array().map(Vec::len),
+        Some(4)
+    );
+
+    // A PostgreSQL producer following into an SQLite consumer.
+    run(&["init", "--consumer", &lab.c]).text();
+    let relay = Running::start(&[
+        "relay",
+        "--follow",
+        "--json",
+        "--producer",
+        &url,
+        "--consumer",
+        &lab.c,
+    ]);
+    advance_new(&url, "w-5");
+    relay.until_total("accepted", 1);
+    assert_eq!(relay.stop(), Some(0));
+
+    // serve --apply on a PostgreSQL consumer of its own.
+    let served = Database::create();
+    let consumer = served.url();
+    run(&["init", "--consumer", &consumer]).text();
+    let serve = Running::start(&[
+        "serve",
+        "--apply",
+        "--consumer",
+        &consumer,
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let first = serve
+        .lines
+        .recv_timeout(PATIENCE)
+        .expect("the listening line");
+    let addr = first
+        .strip_prefix("listening on ")
+        .expect("listening on ADDR");
+    let to = format!("http://{addr}");
+    let status = run(&["status", "--json", "--producer", &url]).json();
+    assert_eq!(status["producer"]["backlog"], 0, "{status}");
+    advance_new(&url, "w-6");
+    let relay = run(&["relay", "--json", "--producer", &url, "--to", &to]).json();
+    assert_eq!(receipts(&relay), [("w-6-1".into(), "accepted".into())]);
+    // The applier in the server applies it (waited for, not timed).
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let snapshot = run(&["snapshot", "--json", "--consumer", &consumer]).json();
+        if snapshot["consumer"]["effects"].as_array().map(Vec::len) == Some(1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never applied: {snapshot}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(serve.stop(), Some(0));
 }
 
 /// A running `ordo serve`; killed when dropped.
@@ -685,17 +853,7 @@ fn a_password_in_the_url_is_never_printed() {
             run(&["relay", "--producer", &url, "--consumer", &lab.c]),
             false,
         ),
-        (
-            run(&[
-                "relay",
-                "--follow",
-                "--producer",
-                &url,
-                "--consumer",
-                &lab.c,
-            ]),
-            true,
-        ),
+        (run(&["init", "--adopt", "--producer", &url]), true),
         (
             run(&["status", "--producer", &url, "--consumer", &url]),
             false,
@@ -704,16 +862,10 @@ fn a_password_in_the_url_is_never_printed() {
             run(&["snapshot", "--producer", &url, "--consumer", &url]),
             false,
         ),
+        (run(&["apply", "--consumer", &url]), false),
         (
-            run(&[
-                "serve",
-                "--apply",
-                "--consumer",
-                &url,
-                "--listen",
-                "127.0.0.1:0",
-            ]),
-            true,
+            run(&["serve", "--consumer", &url, "--listen", "not-an-address"]),
+            false,
         ),
     ];
     for (out, names_store) in &runs {
