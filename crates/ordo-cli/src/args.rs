@@ -6,6 +6,8 @@ use ordo_reservation::{FlowState, Quantity};
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+
+use crate::stores::Location;
 use ordo_core::{EventId, FlowId, SchemaVersion, Seq};
 
 /// ordo: ordered transactional outbox / inbox messaging.
@@ -14,7 +16,8 @@ use ordo_core::{EventId, FlowId, SchemaVersion, Seq};
 /// change it describes; a relay hands the events to a consumer, which stores
 /// them durably (deduplicating, detecting conflicts) and applies each flow's
 /// events strictly in order, exactly once in effect, across crashes at any
-/// instant. Each side is a SQLite file (WAL, synchronous=FULL). Every
+/// instant. Each side is a SQLite file (WAL, synchronous=FULL) or a
+/// PostgreSQL database (a postgres:// or postgresql:// URL). Every
 /// command takes --json; exit status 0 for any protocol outcome, 2 for
 /// invalid input (nothing written), 1 for a storage error.
 #[derive(Debug, Parser)]
@@ -44,27 +47,29 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The two database files.
+/// The two stores.
 #[derive(Debug, Args)]
 pub struct Files {
-    /// The producer database file (flows and outbox).
+    /// The producer store: an SQLite file or a postgres:// URL (flows and outbox).
     #[arg(long, value_name = "P")]
-    pub producer: PathBuf,
-    /// The consumer database file (inbox, projection, effects).
+    pub producer: Location,
+    /// The consumer store: an SQLite file or a postgres:// URL (inbox, projection, effects).
     #[arg(long, value_name = "C")]
-    pub consumer: PathBuf,
+    pub consumer: Location,
 }
 
 /// One database file or both: commands that operate each side alone.
 #[derive(Debug, Args)]
 #[group(required = true, multiple = true)]
 pub struct Sides {
-    /// The producer store (outbox, and the domain's producer tables).
+    /// The producer store, an SQLite file or a postgres:// URL (outbox, and
+    /// the domain's producer tables).
     #[arg(long, value_name = "P")]
-    pub producer: Option<PathBuf>,
-    /// The consumer store (inbox, and the domain's consumer tables).
+    pub producer: Option<Location>,
+    /// The consumer store, an SQLite file or a postgres:// URL (inbox, and
+    /// the domain's consumer tables).
     #[arg(long, value_name = "C")]
-    pub consumer: Option<PathBuf>,
+    pub consumer: Option<Location>,
 }
 
 impl Sides {
@@ -148,9 +153,9 @@ pub enum LogFormat {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// The consumer store (never created here).
+    /// The consumer store, an SQLite file or a postgres:// URL (never created here).
     #[arg(long, value_name = "C")]
-    pub consumer: PathBuf,
+    pub consumer: Location,
     /// The address to listen on, IP:PORT (port 0 picks a free port; the
     /// first stdout line names the bound address).
     #[arg(long, value_name = "ADDR")]
@@ -258,9 +263,9 @@ const LIST_LIMIT_DEFAULT: &str = "1000";
 pub enum OutboxCommand {
     /// Outbox rows with delivery bookkeeping, oldest first.
     List {
-        /// The producer database file.
+        /// The producer store: an SQLite file or a postgres:// URL.
         #[arg(long, value_name = "P")]
-        producer: PathBuf,
+        producer: Location,
         /// Only quarantined rows.
         #[arg(long)]
         quarantined: bool,
@@ -270,9 +275,9 @@ pub enum OutboxCommand {
     },
     /// Clear an event's quarantine so that the relay tries it once more.
     Retry {
-        /// The producer database file.
+        /// The producer store: an SQLite file or a postgres:// URL.
         #[arg(long, value_name = "P")]
-        producer: PathBuf,
+        producer: Location,
         /// The quarantined event.
         #[arg(value_name = "EVENT_ID", value_parser = event_id)]
         event_id: EventId,
@@ -283,9 +288,9 @@ pub enum OutboxCommand {
 pub enum InboxCommand {
     /// Inbox rows, by flow and seq.
     List {
-        /// The consumer database file.
+        /// The consumer store: an SQLite file or a postgres:// URL.
         #[arg(long, value_name = "C")]
-        consumer: PathBuf,
+        consumer: Location,
         /// Only blocked rows.
         #[arg(long)]
         blocked: bool,
@@ -298,9 +303,9 @@ pub enum InboxCommand {
     },
     /// Re-evaluate a flow's blocked rows (for example after enabling schema 2) and apply.
     Retry {
-        /// The consumer database file.
+        /// The consumer store: an SQLite file or a postgres:// URL.
         #[arg(long, value_name = "C")]
-        consumer: PathBuf,
+        consumer: Location,
         /// The flow.
         #[arg(long, value_name = "F", value_parser = flow_id)]
         flow: FlowId,
@@ -310,9 +315,9 @@ pub enum InboxCommand {
     },
     /// Mark the flow's next event skipped (no effect), with who and why in the repair log.
     Skip {
-        /// The consumer database file.
+        /// The consumer store: an SQLite file or a postgres:// URL.
         #[arg(long, value_name = "C")]
-        consumer: PathBuf,
+        consumer: Location,
         /// The flow.
         #[arg(long, value_name = "F", value_parser = flow_id)]
         flow: FlowId,
@@ -328,9 +333,9 @@ pub enum InboxCommand {
     },
     /// The append-only repair log.
     Repairs {
-        /// The consumer database file.
+        /// The consumer store: an SQLite file or a postgres:// URL.
         #[arg(long, value_name = "C")]
-        consumer: PathBuf,
+        consumer: Location,
     },
 }
 
@@ -475,9 +480,9 @@ pub enum WorkerCommand {
 
 #[derive(Debug, Args)]
 pub struct AdvanceArgs {
-    /// The producer database file.
+    /// The producer store: an SQLite file or a postgres:// URL.
     #[arg(long, value_name = "P")]
-    pub producer: PathBuf,
+    pub producer: Location,
     /// The flow to advance.
     #[arg(long, value_name = "F", value_parser = flow_id)]
     pub flow: FlowId,
@@ -505,17 +510,17 @@ pub enum PolicyArg {
 
 #[derive(Debug, Args)]
 pub struct RelayArgs {
-    /// The producer database file.
+    /// The producer store: an SQLite file or a postgres:// URL.
     #[arg(long, value_name = "P")]
-    pub producer: PathBuf,
-    /// The consumer database file, on this machine.
+    pub producer: Location,
+    /// The consumer store (an SQLite file or a postgres:// URL), opened by this process.
     #[arg(
         long,
         value_name = "C",
         required_unless_present = "to",
         conflicts_with = "to"
     )]
-    pub consumer: Option<PathBuf>,
+    pub consumer: Option<Location>,
     /// The consumer's HTTP inbox (`http://HOST:PORT` or `https://...`), served by `ordo serve`.
     #[arg(long, value_name = "URL")]
     pub to: Option<String>,
@@ -555,16 +560,16 @@ pub struct RelayArgs {
 
 #[derive(Debug, Args)]
 pub struct ReceiveArgs {
-    /// The consumer database file.
+    /// The consumer store: an SQLite file or a postgres:// URL.
     #[arg(long, value_name = "C")]
-    pub consumer: PathBuf,
+    pub consumer: Location,
 }
 
 #[derive(Debug, Args)]
 pub struct ApplyArgs {
-    /// The consumer database file.
+    /// The consumer store: an SQLite file or a postgres:// URL.
     #[arg(long, value_name = "C")]
-    pub consumer: PathBuf,
+    pub consumer: Location,
     /// Apply only this flow (default: every flow with work).
     #[arg(long, value_name = "F", value_parser = flow_id)]
     pub flow: Option<FlowId>,

@@ -1,30 +1,29 @@
 //! One function per command: validate, open (the implied `init`), call the
 //! library, print.
 
-#[allow(unused_imports)]
 use ordo_reservation::{
-    consumer_schema, producer_schema, Advance, AdvanceError, AdvanceRequest, ApplyOptions,
-    ReservationHandler, ReservationProducer,
+    Advance, AdvanceError, AdvanceRequest, ApplyOptions, ReservationHandler, ReservationProducer,
 };
 use std::io::Read;
-use std::path::Path;
 
 use ordo_core::envelope::{parse_stream, StreamError};
 use ordo_core::{
-    drain, process_all_each, relay_each, relay_event, ConsumerStore, Envelope, EventId,
-    ProducerStore, RelayError, RelayOptions, RelayPolicy, RelayStop, StoreError, Transport,
+    relay_each, relay_event, Envelope, EventId, ProducerStore, RelayError, RelayOptions,
+    RelayPolicy, RelayStop, StoreError, Transport,
 };
-use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
+use ordo_sqlite::OpenOptions;
 use serde_json::{json, Value};
 
 use crate::args::{
     AdvanceArgs, ApplyArgs, Cli, Command, Files, InitArgs, PolicyArg, ReceiveArgs, RelayArgs, Sides,
 };
 use crate::context::{
-    check_distinct, check_sides, clock, emit, fixed_now_ms, open_both, open_consumer,
-    open_existing_producer, open_options, open_producer, open_reservation_consumer,
-    open_reservation_producer, set_open_options,
+    adopt_consumer, adopt_producer, adoptable, check_distinct, check_producer, check_sides, clock,
+    emit, existing_consumer_domain, existing_producer_domain, fixed_now_ms, open_both,
+    open_consumer, open_consumer_of, open_existing_producer, open_producer, open_producer_of,
+    open_reservation_consumer, open_reservation_producer, producer_if_exists, set_open_options,
 };
+use crate::stores::{AnyConsumer, AnyProducer, Location};
 use crate::{follow, lab, ops, remote, render, Failure};
 
 /// Runs a command; returns the exit status of a completed command (0, or 3
@@ -69,59 +68,45 @@ fn init(json_mode: bool, args: InitArgs) -> Result<(), Failure> {
         // An application's own database: the store refuses another
         // program's file, an ordo store of another domain, and tables named
         // like ordo's, before it writes anything.
+        for location in [&args.sides.producer, &args.sides.consumer]
+            .into_iter()
+            .flatten()
+        {
+            adoptable(location)?;
+        }
         if let Some(files) = args.sides.both() {
             check_distinct(&files)?;
         }
     } else {
-        // Every given file is checked before any is created or changed;
+        // Every given store is checked before any is created or changed;
         // without --domain an existing store is left as it is, whatever its
         // domain.
         check_sides(&args.sides)?;
         let checked = args.domain.as_ref().map(|_| domain);
-        if let Some(path) = &args.sides.producer {
-            check_domain(path, ProducerDb::existing_domain(path)?, checked)?;
+        if let Some(location) = &args.sides.producer {
+            check_domain(location, existing_producer_domain(location)?, checked)?;
         }
-        if let Some(path) = &args.sides.consumer {
-            check_domain(path, ConsumerDb::existing_domain(path)?, checked)?;
+        if let Some(location) = &args.sides.consumer {
+            check_domain(location, existing_consumer_domain(location)?, checked)?;
         }
     }
-    let (producer_schema, consumer_schema) = if domain == ordo_reservation::DOMAIN {
-        (producer_schema(), consumer_schema())
-    } else {
-        let bare = Schema::new(domain).map_err(|e| Failure::Usage(format!("--domain {e}")))?;
-        (bare.clone(), bare)
-    };
-    let options = OpenOptions {
-        adopt: args.adopt,
-        ..open_options()
-    };
     let mut value = serde_json::Map::new();
     let mut lines = Vec::new();
-    if let Some(path) = &args.sides.producer {
-        let store = if args.adopt {
-            ProducerDb::open_with(path, &producer_schema, clock(), &options)?
-        } else {
-            ProducerDb::open_or_create(path, &producer_schema, clock(), &options)?
+    if let Some(location) = &args.sides.producer {
+        let store = match args.adopt {
+            true => adopt_producer(location, domain)?,
+            false => open_producer_of(location, domain)?,
         };
-        value.insert("producer".into(), path.display().to_string().into());
-        lines.push(format!(
-            "producer {} (domain {})",
-            path.display(),
-            store.domain()
-        ));
+        value.insert("producer".into(), location.to_string().into());
+        lines.push(format!("producer {location} (domain {})", store.domain()));
     }
-    if let Some(path) = &args.sides.consumer {
-        let store = if args.adopt {
-            ConsumerDb::open_with(path, &consumer_schema, clock(), &options)?
-        } else {
-            ConsumerDb::open_or_create(path, &consumer_schema, clock(), &options)?
+    if let Some(location) = &args.sides.consumer {
+        let store = match args.adopt {
+            true => adopt_consumer(location, domain)?,
+            false => open_consumer_of(location, domain)?,
         };
-        value.insert("consumer".into(), path.display().to_string().into());
-        lines.push(format!(
-            "consumer {} (domain {})",
-            path.display(),
-            store.domain()
-        ));
+        value.insert("consumer".into(), location.to_string().into());
+        lines.push(format!("consumer {location} (domain {})", store.domain()));
     }
     emit(json_mode, &Value::Object(value), || {
         format!("initialised {}", lines.join(" and "))
@@ -131,11 +116,14 @@ fn init(json_mode: bool, args: InitArgs) -> Result<(), Failure> {
 
 /// Refuses an existing store (of domain `stored`) of a domain other than
 /// `wanted`, when one is asked for.
-fn check_domain(path: &Path, stored: Option<String>, wanted: Option<&str>) -> Result<(), Failure> {
+fn check_domain(
+    location: &Location,
+    stored: Option<String>,
+    wanted: Option<&str>,
+) -> Result<(), Failure> {
     match (stored, wanted) {
         (Some(stored), Some(wanted)) if stored != wanted => Err(Failure::Usage(format!(
-            "{} belongs to domain \"{stored}\", not \"{wanted}\"; init never changes a store's domain",
-            path.display()
+            "{location} belongs to domain \"{stored}\", not \"{wanted}\"; init never changes a store's domain"
         ))),
         _ => Ok(()),
     }
@@ -208,20 +196,21 @@ fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
         consumer: consumer.clone(),
     };
     check_distinct(&files)?;
-    // An unknown --event is invalid input: refuse it before the consumer file
-    // is opened (and so created), and without creating the producer file.
+    // An unknown --event is invalid input: refuse it before the consumer
+    // store is opened (and so created), and without creating the producer.
     if let Some(event_id) = &args.event {
-        if !args.producer.exists() {
-            return Err(relay_failure(RelayError::UnknownEvent(event_id.clone())));
+        check_producer(&args.producer)?;
+        match &mut producer_if_exists(&args.producer)? {
+            Some(producer) => check_event(producer, event_id)?,
+            None => return Err(relay_failure(RelayError::UnknownEvent(event_id.clone()))),
         }
-        check_event(&mut open_producer(&args.producer)?, event_id)?;
     }
     let (mut producer, consumer) = open_both(&files)?;
     relay_once(json_mode, &args, &mut producer, consumer)
 }
 
 /// Refuses an `--event` that is not in the outbox.
-fn check_event(producer: &mut ProducerDb, event_id: &EventId) -> Result<(), Failure> {
+fn check_event(producer: &mut AnyProducer, event_id: &EventId) -> Result<(), Failure> {
     match producer.outbox_event(event_id)? {
         Some(_) => Ok(()),
         None => Err(relay_failure(RelayError::UnknownEvent(event_id.clone()))),
@@ -232,7 +221,7 @@ fn check_event(producer: &mut ProducerDb, event_id: &EventId) -> Result<(), Fail
 fn relay_once<T: Transport>(
     json_mode: bool,
     args: &RelayArgs,
-    producer: &mut ProducerDb,
+    producer: &mut AnyProducer,
     mut transport: T,
 ) -> Result<(), Failure> {
     let mut run = render::RelayRun::default();
@@ -378,16 +367,14 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
     let mut handler = ReservationHandler::new(options);
     let mut drains = render::Bounded::default();
     match &args.flow {
-        Some(flow_id) => drains.push(drain(
-            &mut consumer,
+        Some(flow_id) => drains.push(consumer.drain_reservation(
             flow_id,
             args.limit,
             &mut handler,
             args.batch,
         )?),
-        None => process_all_each(&mut consumer, args.limit, &mut handler, args.batch, |d| {
-            drains.push(d)
-        })?,
+        None => consumer
+            .process_reservation_each(args.limit, &mut handler, args.batch, |d| drains.push(d))?,
     };
     emit(json_mode, &render::drains(&drains), || {
         let mut lines: Vec<String> = drains
@@ -414,8 +401,8 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
 
 /// The producer's rows in one read transaction (no flows for a store of
 /// another domain than the reservation).
-fn producer_snapshot_value(producer: &mut ProducerDb) -> Result<Value, StoreError> {
-    let (flows, outbox) = ordo_reservation::producer_snapshot(producer)?;
+fn producer_snapshot_value(producer: &mut AnyProducer) -> Result<Value, StoreError> {
+    let (flows, outbox) = producer.snapshot()?;
     Ok(json!({
         "flows": flows.iter().map(render::flow).collect::<Vec<_>>(),
         "outbox": outbox.iter().map(render::outbox).collect::<Vec<_>>(),
@@ -424,8 +411,8 @@ fn producer_snapshot_value(producer: &mut ProducerDb) -> Result<Value, StoreErro
 
 /// The consumer's rows in one read transaction (no projection or effects
 /// for a store of another domain than the reservation).
-fn consumer_snapshot_value(consumer: &mut ConsumerDb) -> Result<Value, StoreError> {
-    let (inbox, projections, effects) = ordo_reservation::consumer_snapshot(consumer)?;
+fn consumer_snapshot_value(consumer: &mut AnyConsumer) -> Result<Value, StoreError> {
+    let (inbox, projections, effects) = consumer.snapshot()?;
     Ok(json!({
         "inbox": inbox.iter().map(render::inbox).collect::<Vec<_>>(),
         "projection": projections.iter().map(render::projection).collect::<Vec<_>>(),
@@ -436,12 +423,12 @@ fn consumer_snapshot_value(consumer: &mut ConsumerDb) -> Result<Value, StoreErro
 fn snapshot(json_mode: bool, sides: Sides) -> Result<(), Failure> {
     check_sides(&sides)?;
     let mut value = serde_json::Map::new();
-    if let Some(path) = &sides.producer {
-        let mut producer = open_producer(path)?;
+    if let Some(location) = &sides.producer {
+        let mut producer = open_producer(location)?;
         value.insert("producer".into(), producer_snapshot_value(&mut producer)?);
     }
-    if let Some(path) = &sides.consumer {
-        let mut consumer = open_consumer(path)?;
+    if let Some(location) = &sides.consumer {
+        let mut consumer = open_consumer(location)?;
         value.insert("consumer".into(), consumer_snapshot_value(&mut consumer)?);
     }
     let value = Value::Object(value);

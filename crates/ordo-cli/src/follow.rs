@@ -1,5 +1,6 @@
-//! `relay --follow` and `apply --follow`: the runner's loops in the
-//! foreground until SIGTERM or SIGINT, one line per round, and metrics.
+//! `relay --follow` and `apply --follow`: the runner's loops (or, on
+//! PostgreSQL, the polling loops of `polling`) in the foreground until
+//! SIGTERM or SIGINT, one line per round, and metrics.
 //!
 //! Invariant: a signal only asks the loops to stop; the round in progress
 //! commits (or rolls back) whole before the process exits 0.
@@ -9,19 +10,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ordo_core::{ConsumerStore, ProducerStore, Transport};
+use ordo_core::{ProducerStore, Transport};
 use ordo_http::{Metrics, MetricsServer};
 use ordo_reservation::{ApplyOptions, ReservationHandler};
-use ordo_sqlite::{ApplyRound, ProducerDb, RelayRound, Runner, RunnerOptions};
+use ordo_sqlite::{ApplyRound, RelayRound, Runner, RunnerOptions};
 use serde_json::json;
 
 use crate::args::{ApplyArgs, Files, RelayArgs};
 use crate::commands::relay_options;
 use crate::context::{
-    check_distinct, clock, open_existing_consumer, open_existing_producer,
+    check_distinct, clock, existing_producer, open_existing_consumer, open_existing_producer,
     open_existing_reservation_consumer,
 };
 use crate::metered::{count_apply, count_relay, expect_reservation_blocks};
+use crate::polling::{start_apply, Loops, Running};
+use crate::stores::AnyProducer;
 use crate::{remote, Failure};
 
 /// How often the stop flag and the loops are looked at.
@@ -29,7 +32,7 @@ const WATCH_INTERVAL: Duration = Duration::from_millis(50);
 /// How often the metrics' gauges are read from the store.
 const GAUGE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// `relay --follow`, to a consumer file or to `--to URL`. Neither store is
+/// `relay --follow`, to a consumer store or to `--to URL`. Neither store is
 /// created: a missing one is invalid input.
 pub fn relay(json_mode: bool, args: &RelayArgs) -> Result<(), Failure> {
     match &args.consumer {
@@ -54,7 +57,7 @@ pub fn relay(json_mode: bool, args: &RelayArgs) -> Result<(), Failure> {
 fn relay_with<T: Transport + Send + 'static>(
     json_mode: bool,
     args: &RelayArgs,
-    producer: ProducerDb,
+    producer: AnyProducer,
     transport: T,
 ) -> Result<(), Failure> {
     let stop = Stop::install()?;
@@ -68,16 +71,37 @@ fn relay_with<T: Transport + Send + 'static>(
         },
         ..RunnerOptions::default()
     };
-    let mut runner = Runner::new(options);
     let mut printer = Printer::new(json_mode);
     let observer_metrics = metrics.clone();
-    runner
-        .spawn_relay_to(producer, transport, move |round| {
-            count_relay(&observer_metrics, round);
-            printer.relay(round);
-        })
-        .map_err(|e| Failure::Internal(format!("cannot start the relay loop: {e}")))?;
-    watch(&stop, &runner, || {
+    let observe = move |round: &RelayRound| {
+        count_relay(&observer_metrics, round);
+        printer.relay(round);
+    };
+    let started = match producer {
+        AnyProducer::Sqlite(producer) => {
+            let mut runner = Runner::new(options);
+            runner
+                .spawn_relay_to(producer, transport, observe)
+                .map(|()| Running::Runner(runner))
+        }
+        producer @ AnyProducer::Postgres(_) => {
+            let location = args.producer.clone();
+            let mut loops = Loops::default();
+            loops
+                .spawn_relay(
+                    producer,
+                    Box::new(move || existing_producer(&location)),
+                    transport,
+                    options.relay,
+                    clock(),
+                    observe,
+                )
+                .map(|()| Running::Loops(loops))
+        }
+    };
+    let running =
+        started.map_err(|e| Failure::Internal(format!("cannot start the relay loop: {e}")))?;
+    watch(&stop, &running, || {
         let Some(metrics) = &metrics else {
             return Ok(());
         };
@@ -86,13 +110,8 @@ fn relay_with<T: Transport + Send + 'static>(
         metrics.set_outbox(&status, now_ms);
         Ok(())
     });
-    let report = runner.stop()?;
+    running.stop()?;
     exposition.stop();
-    tracing::info!(
-        rounds = report.relay.rounds,
-        delivered = report.relay.delivered,
-        "relay stopped"
-    );
     Ok(())
 }
 
@@ -109,31 +128,22 @@ pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
     let handler = ReservationHandler::new(ApplyOptions {
         support_v2: args.support_v2,
     });
-    let mut runner = Runner::new(RunnerOptions {
-        apply_batch_len_max: args.batch,
-        ..RunnerOptions::default()
-    });
     let mut printer = Printer::new(json_mode);
     let observer_metrics = metrics.clone();
-    runner
-        .spawn_apply_observed(consumer, handler, move |round| {
-            count_apply(&observer_metrics, round);
-            printer.apply(round);
-        })
+    let observe = move |round: &ApplyRound| {
+        count_apply(&observer_metrics, round);
+        printer.apply(round);
+    };
+    let running = start_apply(consumer, &args.consumer, handler, args.batch, observe)
         .map_err(|e| Failure::Internal(format!("cannot start the apply loop: {e}")))?;
-    watch(&stop, &runner, || {
+    watch(&stop, &running, || {
         if let Some(metrics) = &metrics {
             metrics.set_inbox(&gauges.consumer_status()?);
         }
         Ok(())
     });
-    let report = runner.stop()?;
+    running.stop()?;
     exposition.stop();
-    tracing::info!(
-        rounds = report.apply.rounds,
-        applied = report.apply.applied,
-        "apply stopped"
-    );
     Ok(())
 }
 
@@ -141,11 +151,11 @@ pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
 /// `refresh` (the gauges) every [`GAUGE_INTERVAL`].
 fn watch(
     stop: &Stop,
-    runner: &Runner,
+    running: &Running,
     mut refresh: impl FnMut() -> Result<(), ordo_core::StoreError>,
 ) {
     let mut refreshed: Option<Instant> = None;
-    while !stop.requested() && !runner.failed() {
+    while !stop.requested() && !running.failed() {
         if refreshed.is_none_or(|at| at.elapsed() >= GAUGE_INTERVAL) {
             if let Err(e) = refresh() {
                 tracing::warn!(error = %e, "cannot read the store's status for the gauges");

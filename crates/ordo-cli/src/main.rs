@@ -10,10 +10,12 @@ mod lab;
 mod logging;
 mod metered;
 mod ops;
+mod polling;
 mod remote;
 mod render;
 mod render_lab;
 mod serve;
+mod stores;
 
 use std::process::ExitCode;
 
@@ -46,9 +48,9 @@ impl Failure {
 impl From<ordo_core::StoreError> for Failure {
     fn from(error: ordo_core::StoreError) -> Self {
         match error.kind() {
-            ordo_core::ErrorKind::Incompatible | ordo_core::ErrorKind::NotFound => {
-                Failure::Usage(error.to_string())
-            }
+            ordo_core::ErrorKind::Incompatible
+            | ordo_core::ErrorKind::NotFound
+            | ordo_core::ErrorKind::InvalidInput => Failure::Usage(error.to_string()),
             _ => Failure::Internal(error.to_string()),
         }
     }

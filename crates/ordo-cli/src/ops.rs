@@ -8,12 +8,13 @@ use std::collections::BTreeMap;
 use ordo_core::ops::{
     ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
 };
-use ordo_core::{drain, ConsumerStore, ProducerStore, APPLY_BATCH_LEN_DEFAULT};
+use ordo_core::{ProducerStore, APPLY_BATCH_LEN_DEFAULT};
 use serde_json::{json, Value};
 
 use crate::args::{InboxCommand, OutboxCommand, PruneArgs, StatusArgs};
 use crate::context::{
-    check_sides, clock, emit, open_consumer, open_producer, open_reservation_consumer,
+    check_sides, clock, consumer_if_exists, emit, open_consumer, open_producer,
+    open_reservation_consumer, producer_if_exists,
 };
 use crate::{render, Failure};
 
@@ -101,12 +102,11 @@ pub fn outbox(json_mode: bool, command: OutboxCommand) -> Result<(), Failure> {
             Ok(())
         }
         OutboxCommand::Retry { producer, event_id } => {
-            if !producer.exists() {
+            let Some(mut store) = producer_if_exists(&producer)? else {
                 return Err(Failure::Usage(format!(
                     "{event_id}: no such event in the outbox"
                 )));
-            }
-            let mut store = open_producer(&producer)?;
+            };
             store
                 .retry_quarantined(&event_id)?
                 .map_err(|refused| Failure::Usage(refused.to_string()))?;
@@ -159,8 +159,7 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
             let mut consumer = open_reservation_consumer(&consumer)?;
             let reopened = consumer.reopen_blocked(&flow)?;
             let options = ApplyOptions { support_v2 };
-            let d = drain(
-                &mut consumer,
+            let d = consumer.drain_reservation(
                 &flow,
                 None,
                 &mut ordo_reservation::ReservationHandler::new(options),
@@ -193,13 +192,12 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
         } => {
             let request = SkipRequest::new(flow, seq, reason, by)
                 .map_err(|e| Failure::Usage(e.to_string()))?;
-            if !consumer.exists() {
+            let Some(mut store) = consumer_if_exists(&consumer)? else {
                 return Err(Failure::Usage(format!(
                     "flow {} seq {} is not stored in the inbox; a missing event cannot be skipped",
                     request.flow_id, request.seq
                 )));
-            }
-            let mut store = open_consumer(&consumer)?;
+            };
             let record = store
                 .skip(&request)?
                 .map_err(|refused| Failure::Usage(refused.to_string()))?;
@@ -354,8 +352,8 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
     let mut value = serde_json::Map::new();
     let mut lines = Vec::new();
     let mut signals: Vec<Signal> = Vec::new();
-    if let Some(path) = &args.sides.producer {
-        let p = open_producer(path)?.producer_status(now_ms)?;
+    if let Some(location) = &args.sides.producer {
+        let p = open_producer(location)?.producer_status(now_ms)?;
         let oldest_age_s = p
             .oldest_pending_created_at_ms
             .map(|t| age_s(now_ms, t))
@@ -367,8 +365,8 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
             p.backlog, oldest_age_s, p.quarantined, p.backing_off
         ));
     }
-    if let Some(path) = &args.sides.consumer {
-        let c = open_consumer(path)?.consumer_status()?;
+    if let Some(location) = &args.sides.consumer {
+        let c = open_consumer(location)?.consumer_status()?;
         let blocked_total: u64 = c.blocked.values().sum();
         signals.push((
             "blocked",
@@ -421,13 +419,13 @@ pub fn prune(json_mode: bool, args: PruneArgs) -> Result<(), Failure> {
     let mut value = serde_json::Map::new();
     value.insert("cutoff_ms".into(), json!(cutoff_ms));
     let mut parts = Vec::new();
-    if let Some(path) = &args.sides.producer {
-        let p = open_producer(path)?.prune_outbox(cutoff_ms)?;
+    if let Some(location) = &args.sides.producer {
+        let p = open_producer(location)?.prune_outbox(cutoff_ms)?;
         value.insert("producer".into(), json!({"removed": p.rows}));
         parts.push(format!("{} accepted outbox rows", p.rows));
     }
-    if let Some(path) = &args.sides.consumer {
-        let c = open_consumer(path)?.prune_inbox(cutoff_ms)?;
+    if let Some(location) = &args.sides.consumer {
+        let c = open_consumer(location)?.prune_inbox(cutoff_ms)?;
         value.insert(
             "consumer".into(),
             json!({"removed": c.rows, "fingerprints": c.fingerprints}),

@@ -7,21 +7,27 @@
 //! requests in flight finish, stops the applier after its round, exits 0.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ordo_core::ops::ConsumerStatus;
+use ordo_core::{ConsumerStore, Envelope, Receipt, StoreError};
 use ordo_http::server::ServerConfig;
 use ordo_http::tls::TlsAcceptor;
 use ordo_http::{InboxStore, KeyRing, Metrics, Opener, Server};
-use ordo_reservation::{consumer_schema, ApplyOptions, ReservationHandler};
-use ordo_sqlite::{ConsumerDb, OpenOptions, Runner, RunnerOptions};
+use ordo_postgres::PgConsumer;
+use ordo_reservation::{ApplyOptions, ReservationHandler};
 use serde_json::json;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::args::ServeArgs;
-use crate::context::{clock, emit, open_options};
+use crate::context::{
+    check_consumer, clock, emit, existing_consumer, existing_consumer_domain,
+    open_existing_reservation_consumer,
+};
 use crate::metered::{count_apply, expect_reservation_blocks};
+use crate::polling::{start_apply, Running};
+use crate::stores::{AnyConsumer, Location};
 use crate::Failure;
 
 /// How often the applier's committed totals reach the metrics, and its
@@ -35,6 +41,15 @@ pub fn serve(json_mode: bool, args: ServeArgs) -> Result<(), Failure> {
     let tls = load_tls(&args)?;
     let config = server_config(&args, keys);
     check_store(&args.consumer, args.apply)?;
+    // A first handle now, outside the runtime: a store that cannot be
+    // opened stops the start.
+    drop(existing_consumer(&args.consumer)?);
+    // The applier's store too (a PostgreSQL client cannot connect from
+    // the runtime's threads).
+    let applier_store = match args.apply {
+        true => Some(open_existing_reservation_consumer(&args.consumer)?),
+        false => None,
+    };
     raise_open_files_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -42,7 +57,7 @@ pub fn serve(json_mode: bool, args: ServeArgs) -> Result<(), Failure> {
         .thread_name("ordo-serve")
         .build()
         .map_err(|e| Failure::Internal(format!("cannot start the runtime: {e}")))?;
-    runtime.block_on(run(json_mode, args, config, tls))
+    runtime.block_on(run(json_mode, args, config, tls, applier_store))
 }
 
 /// Refuses unsigned requests off loopback unless told, and reads the keys.
@@ -84,18 +99,15 @@ fn server_config(args: &ServeArgs, keys: Option<KeyRing>) -> ServerConfig {
 
 /// The store must exist (nothing is created); with `--apply`, it must
 /// belong to the reservation domain.
-fn check_store(path: &Path, apply: bool) -> Result<(), Failure> {
-    ConsumerDb::check_existing(path)?;
-    match ConsumerDb::existing_domain(path)? {
+fn check_store(location: &Location, apply: bool) -> Result<(), Failure> {
+    check_consumer(location)?;
+    match existing_consumer_domain(location)? {
         None => Err(Failure::Usage(format!(
-            "{} does not exist (serve never creates a store; run `ordo init --consumer {}` first)",
-            path.display(),
-            path.display()
+            "{location} does not exist (serve never creates a store; run `ordo init --consumer {location}` first)"
         ))),
         Some(domain) if apply && domain != ordo_reservation::DOMAIN => {
             Err(Failure::Usage(format!(
-                "{} belongs to domain \"{domain}\"; its handler runs in the application (serve without --apply)",
-                path.display()
+                "{location} belongs to domain \"{domain}\"; its handler runs in the application (serve without --apply)"
             )))
         }
         Some(_) => Ok(()),
@@ -110,16 +122,48 @@ fn raise_open_files_limit() {
     }
 }
 
-/// Opens store handles that never create the file.
-fn opener(path: PathBuf) -> Opener {
-    let options = OpenOptions {
-        create: false,
-        ..open_options()
-    };
+/// Opens store handles that never create the store.
+fn opener(location: Location) -> Opener {
     Arc::new(move || {
-        let store = ConsumerDb::open_existing(&path, clock(), &options)?;
-        Ok(Box::new(store) as Box<dyn InboxStore>)
+        Ok(match existing_consumer(&location)? {
+            AnyConsumer::Sqlite(store) => Box::new(store) as Box<dyn InboxStore>,
+            AnyConsumer::Postgres(store) => Box::new(PgHandle(Some(store))) as Box<dyn InboxStore>,
+        })
     })
+}
+
+/// A PostgreSQL consumer handle of the server. Its client does its I/O on
+/// a runtime of its own, which cannot run on a thread of the server's
+/// runtime: handles are used on blocking threads only (as every handle
+/// is), and one dropped in the runtime's context (the idle handles when
+/// the server stops) is dropped on a thread of its own.
+struct PgHandle(Option<PgConsumer>);
+
+impl PgHandle {
+    fn store(&mut self) -> &mut PgConsumer {
+        self.0
+            .as_mut()
+            .expect("a handle holds its store until dropped")
+    }
+}
+
+impl InboxStore for PgHandle {
+    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
+        ConsumerStore::receive_batch(self.store(), envelopes)
+    }
+
+    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
+        ConsumerStore::consumer_status(self.store())
+    }
+}
+
+impl Drop for PgHandle {
+    fn drop(&mut self) {
+        let Some(store) = self.0.take() else { return };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            let _ = std::thread::spawn(move || drop(store)).join();
+        }
+    }
 }
 
 async fn run(
@@ -127,13 +171,12 @@ async fn run(
     args: ServeArgs,
     config: ServerConfig,
     tls: Option<TlsAcceptor>,
+    applier_store: Option<AnyConsumer>,
 ) -> Result<(), Failure> {
     let metrics = Arc::new(Metrics::new());
-    // A first handle now: a store that cannot be opened stops the start.
-    (opener(args.consumer.clone()))()?;
-    let applier = match args.apply {
-        true => Some(start_applier(&args.consumer, &metrics)?),
-        false => None,
+    let applier = match applier_store {
+        Some(store) => Some(start_applier(store, &args.consumer, &metrics)?),
+        None => None,
     };
     let (listener, bound) = bind(args.listen)?;
     let opener = opener(args.consumer.clone());
@@ -201,27 +244,30 @@ impl Signals {
     }
 }
 
-fn start_applier(path: &Path, metrics: &Arc<Metrics>) -> Result<Runner, Failure> {
-    let options = OpenOptions {
-        create: false,
-        ..open_options()
-    };
-    let consumer = ConsumerDb::open_with(path, &consumer_schema(), clock(), &options)?;
+fn start_applier(
+    consumer: AnyConsumer,
+    location: &Location,
+    metrics: &Arc<Metrics>,
+) -> Result<Running, Failure> {
     expect_reservation_blocks(metrics);
     let handler = ReservationHandler::new(ApplyOptions::default());
-    let mut runner = Runner::new(RunnerOptions::default());
     let counted = Some(Arc::clone(metrics));
-    runner
-        .spawn_apply_observed(consumer, handler, move |round| count_apply(&counted, round))
-        .map_err(|e| Failure::Internal(format!("cannot start the applier: {e}")))?;
+    let running = start_apply(
+        consumer,
+        location,
+        handler,
+        ordo_core::APPLY_BATCH_LEN_DEFAULT,
+        move |round| count_apply(&counted, round),
+    )
+    .map_err(|e| Failure::Internal(format!("cannot start the applier: {e}")))?;
     tracing::info!("applier started");
-    Ok(runner)
+    Ok(running)
 }
 
 /// Watches the applier until the server stops or the applier fails (which
 /// stops the server); then stops it.
 async fn watch_applier(
-    runner: Runner,
+    runner: Running,
     stop: tokio::sync::watch::Sender<bool>,
 ) -> Result<(), Failure> {
     let mut stopped = stop.subscribe();
@@ -237,9 +283,9 @@ async fn watch_applier(
             break;
         }
     }
-    let report = tokio::task::spawn_blocking(move || runner.stop())
+    tokio::task::spawn_blocking(move || runner.stop())
         .await
         .map_err(|e| Failure::Internal(format!("the applier's stop failed: {e}")))??;
-    tracing::info!(applied = report.apply.applied, "applier stopped");
+    tracing::info!("applier stopped");
     Ok(())
 }

@@ -30,6 +30,9 @@ pub enum ErrorKind {
     /// The store does not exist and creating it was not asked for; nothing
     /// was created.
     NotFound,
+    /// What the caller gave is not valid (a connection URL that does not
+    /// parse, a schema name outside the safe set); nothing was done.
+    InvalidInput,
     /// Anything else the backend reported.
     Other,
 }

@@ -280,7 +280,7 @@ pub(crate) fn describe(config: &postgres::Config) -> String {
 pub(crate) fn parse_url(url: &str) -> Result<postgres::Config, StoreError> {
     url.parse::<postgres::Config>().map_err(|e| {
         StoreError::new(
-            ErrorKind::Other,
+            ErrorKind::InvalidInput,
             format!("not a PostgreSQL connection URL: {e}"),
         )
     })
@@ -324,7 +324,7 @@ pub(crate) fn check_schema_name(name: &str) -> Result<(), StoreError> {
         Ok(())
     } else {
         Err(StoreError::new(
-            ErrorKind::Other,
+            ErrorKind::InvalidInput,
             format!(
                 "schema name {name:?}: expected [a-z_][a-z0-9_]{{0,62}}, not starting with pg_"
             ),

@@ -138,6 +138,7 @@ fn unreachable_server_and_bad_url_name_no_password() {
     let error = PgProducer::open("postgres://a:b@host:notaport/db", &pg_producer_schema())
         .err()
         .expect("not a URL");
+    assert_eq!(error.kind(), ErrorKind::InvalidInput, "{error}");
     assert!(
         error
             .to_string()
@@ -284,5 +285,6 @@ fn schema_names_outside_the_safe_set_are_refused() {
         .err()
         .expect("refused before connecting");
         assert!(error.to_string().contains("schema name"), "{name}: {error}");
+        assert_eq!(error.kind(), ErrorKind::InvalidInput, "{name}: {error}");
     }
 }

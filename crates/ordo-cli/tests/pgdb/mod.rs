@@ -1,0 +1,126 @@
+//! Fresh, empty PostgreSQL databases for the process-level tests, on the
+//! server named by `ORDO_TEST_PG` (default
+//! `postgres://postgres@127.0.0.1:5432`, without a database name; the role
+//! must be allowed to create databases). Each [`Database`] is dropped with
+//! its value; databases left by test processes that are gone are dropped at
+//! the next start.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use ordo_postgres::postgres::{Client, NoTls};
+
+const SERVER_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432";
+/// The prefix of this suite's database names, then the process id.
+const PREFIX: &str = "ordo_cli_";
+
+/// The server, without a database name.
+pub fn server() -> String {
+    std::env::var("ORDO_TEST_PG")
+        .unwrap_or_else(|_| SERVER_DEFAULT.into())
+        .trim_end_matches('/')
+        .to_string()
+}
+
+/// The connection that creates and drops databases; leftovers are dropped
+/// when it is first made.
+fn admin() -> &'static Mutex<Client> {
+    static ADMIN: OnceLock<Mutex<Client>> = OnceLock::new();
+    ADMIN.get_or_init(|| {
+        let url = format!("{}/postgres", server());
+        let mut client = Client::connect(&url, NoTls).unwrap_or_else(|e| {
+            panic!(
+                "cannot reach PostgreSQL at {} ({e}); start one or set ORDO_TEST_PG=postgres://USER@HOST:PORT",
+                server()
+            )
+        });
+        let rows = client
+            .query(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'ordo\\_cli\\_%'",
+                &[],
+            )
+            .expect("list test databases");
+        for row in rows {
+            let name: String = row.get(0);
+            let pid = name[PREFIX.len()..].split('_').next().unwrap_or("");
+            if !Path::new("/proc").join(pid).exists() {
+                let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+            }
+        }
+        Mutex::new(client)
+    })
+}
+
+/// An empty database of its own for one test; dropped with the value.
+pub struct Database {
+    pub name: String,
+}
+
+impl Database {
+    pub fn create() -> Database {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "{PREFIX}{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        admin()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .unwrap_or_else(|e| panic!("cannot create the test database {name}: {e}"));
+        Database { name }
+    }
+
+    /// `postgres://USER@HOST:PORT/NAME`, as the server is given.
+    pub fn url(&self) -> String {
+        format!("{}/{}", server(), self.name)
+    }
+
+    /// [`Database::url`] with a password in it: the server's own if it has
+    /// one, else `password` (which a server trusting the role ignores).
+    pub fn url_with_password(&self, password: &str) -> (String, String) {
+        let server = server();
+        let (scheme, rest) = server.split_once("://").expect("a URL");
+        let (user_info, host) = rest.split_once('@').expect("ORDO_TEST_PG names a user");
+        let (user, password) = match user_info.split_once(':') {
+            Some((user, own)) => (user, own.to_owned()),
+            None => (user_info, password.to_owned()),
+        };
+        (
+            format!("{scheme}://{user}:{password}@{host}/{}", self.name),
+            password,
+        )
+    }
+
+    /// A connection of the test's own to the database.
+    pub fn client(&self) -> Client {
+        Client::connect(&self.url(), NoTls).expect("connect to the test database")
+    }
+
+    /// The schemas ordo created in the database, sorted.
+    pub fn ordo_schemas(&self) -> Vec<String> {
+        self.client()
+            .query(
+                "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'ordo%' ORDER BY 1",
+                &[],
+            )
+            .expect("list schemas")
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    }
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let mut client = admin().lock().unwrap_or_else(|e| e.into_inner());
+        let _ = client.batch_execute(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ));
+    }
+}

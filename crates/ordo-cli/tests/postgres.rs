@@ -1,0 +1,884 @@
+//! The `ordo` binary on PostgreSQL stores, as real processes against a real
+//! server (`ORDO_TEST_PG`, see `pgdb`): the same script gives the same JSON
+//! and exit codes on SQLite files and on PostgreSQL; the relay crosses
+//! backends both ways and reaches `ordo serve` on a PostgreSQL consumer;
+//! bad URLs, unreachable servers and roles without rights fail the way
+//! the contract says, and a password is never printed.
+
+mod common;
+mod pgdb;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{keys, row, run, Lab, Out};
+use pgdb::Database;
+use serde_json::{json, Value};
+
+const T0: i64 = 1_700_000_000_000;
+
+/// One step of the script: arguments (`{P}` and `{C}` stand for the
+/// stores) and stdin.
+struct Step {
+    args: Vec<String>,
+    stdin: String,
+}
+
+fn step(args: &str) -> Step {
+    Step {
+        args: args.split_whitespace().map(str::to_owned).collect(),
+        stdin: String::new(),
+    }
+}
+
+fn step_in(args: &str, stdin: String) -> Step {
+    Step {
+        stdin,
+        ..step(args)
+    }
+}
+
+/// Every command that takes a store, through a life: advance (committed,
+/// stale, invalid transition, refused), relay (bounded, drained, one event
+/// again), receive with a conflict and a bad payload, apply, block, retry,
+/// skip, lists, status, prune, snapshot.
+fn script() -> Vec<Step> {
+    let conflicting = json!({
+        "event_id": "f-1-1", "flow_id": "f-1", "seq": 1, "schema_version": 1,
+        "type": "reserved", "payload": {"amount": 6},
+    });
+    let bad_payload = json!({
+        "event_id": "f-4-1", "flow_id": "f-4", "seq": 1, "schema_version": 1,
+        "type": "reserved", "payload": {"amount": "six"},
+    });
+    vec![
+        step("init --producer {P} --consumer {C}"),
+        step("status --producer {P} --consumer {C}"),
+        step("advance --producer {P} --flow f-1 --expected-seq 0 --to reserved --quantity 5"),
+        step("advance --producer {P} --flow f-1 --expected-seq 1 --to confirmed"),
+        step("advance --producer {P} --flow f-2 --expected-seq 0 --to reserved --quantity 2"),
+        step("advance --producer {P} --flow f-1 --expected-seq 0 --to confirmed"),
+        step("advance --producer {P} --flow f-2 --expected-seq 1 --to released"),
+        step("advance --producer {P} --flow f-2 --expected-seq 1 --to confirmed --quantity 3"),
+        step("advance --producer {P} --flow f-3 --expected-seq 0 --to reserved --quantity 4 --schema 2"),
+        step("outbox list --producer {P}"),
+        step("status --producer {P} --max-backlog 2"),
+        step("relay --producer {P} --consumer {C} --max 2"),
+        step("relay --producer {P} --consumer {C} --policy first-pending"),
+        step("relay --producer {P} --consumer {C} --event f-1-1"),
+        step("relay --producer {P} --consumer {C} --event no-such-1"),
+        step_in(
+            "receive --consumer {C}",
+            format!("{conflicting}\n{bad_payload}\n"),
+        ),
+        step("apply --consumer {C}"),
+        step("inbox list --consumer {C}"),
+        step("inbox list --consumer {C} --blocked"),
+        step("status --consumer {C} --max-blocked 0"),
+        step("inbox retry --consumer {C} --flow f-3 --support-v2"),
+        step("inbox skip --consumer {C} --flow f-4 --seq 1 --reason bad-amount --by ops"),
+        step("inbox repairs --consumer {C}"),
+        step("outbox retry --producer {P} f-1-1"),
+        step("advance --producer {P} --flow f-1 --expected-seq 2 --to released"),
+        step("relay --producer {P} --consumer {C}"),
+        step("apply --consumer {C} --flow f-1 --limit 1"),
+        step("snapshot --producer {P} --consumer {C}"),
+        step("status --producer {P} --consumer {C}"),
+        step("prune --producer {P} --consumer {C} --older-than 10s"),
+        step("prune --producer {P} --consumer {C} --older-than 0s"),
+        step("snapshot --producer {P}"),
+        step("snapshot --consumer {C}"),
+        step_in(
+            "receive --consumer {C}",
+            common::reservation("f-2", 1, "reserved", 2),
+        ),
+    ]
+}
+
+/// Runs the script on producer `p` and consumer `c`, step `i` at
+/// `T0 + i` seconds, with `--json` (or in text).
+fn run_script(p: &str, c: &str, json_mode: bool) -> Vec<Out> {
+    let lab = Lab::new();
+    script()
+        .iter()
+        .enumerate()
+        .map(|(i, step)| {
+            let mut args: Vec<String> = step
+                .args
+                .iter()
+                .map(|a| a.replace("{P}", p).replace("{C}", c))
+                .collect();
+            if json_mode {
+                args.insert(1, "--json".into());
+                if args[0] == "outbox" || args[0] == "inbox" {
+                    // `--json` after the subcommand's name as well.
+                    args.swap(1, 2);
+                }
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            lab.at(T0 + i as i64 * 1_000)
+                .run_bytes(&args, step.stdin.as_bytes())
+        })
+        .collect()
+}
+
+#[test]
+fn the_same_script_gives_the_same_json_on_both_backends() {
+    let sqlite = Lab::new();
+    let db = Database::create();
+    let url = db.url();
+    let on_files = run_script(&sqlite.p, &sqlite.c, true);
+    // Both roles in one database: legal on PostgreSQL.
+    let on_pg = run_script(&url, &url, true);
+    for ((step, file), pg) in script().iter().zip(&on_files).zip(&on_pg) {
+        let name = step.args.join(" ");
+        assert_eq!(
+            file.code, pg.code,
+            "{name}: exit codes differ\n{file:#?}\n{pg:#?}"
+        );
+        if file.code == 2 {
+            file.usage("");
+            pg.usage("");
+        }
+        if file.code != 0 && file.code != 3 {
+            continue;
+        }
+        let parse = |out: &Out| -> Value {
+            serde_json::from_str(&out.stdout)
+                .unwrap_or_else(|e| panic!("{name}: not one JSON document ({e}): {out:#?}"))
+        };
+        let (file, pg) = (parse(file), parse(pg));
+        if step.args[0] == "init" {
+            // The stores are named as given.
+            assert_eq!(keys(&file), keys(&pg), "{name}");
+            assert_eq!(pg, json!({"producer": url, "consumer": url}), "{name}");
+        } else {
+            assert_eq!(file, pg, "{name}: JSON differs");
+        }
+    }
+    // The script reached every state it is meant to.
+    let outcome = |i: usize| on_pg[i].json()["outcome"].clone();
+    assert_eq!(outcome(2), "committed");
+    assert_eq!(outcome(5), "stale");
+    assert_eq!(outcome(6), "invalid_transition");
+    assert_eq!(on_pg[7].code, 2, "a different quantity is invalid input");
+    assert_eq!(on_pg[10].code, 3, "the backlog threshold is breached");
+    assert_eq!(on_pg[13].json()["deliveries"][0]["receipt"], "duplicate");
+    assert_eq!(on_pg[14].code, 2, "an unknown --event");
+    let receipts = on_pg[15].json()["receipts"].clone();
+    assert_eq!(receipts[0]["receipt"], "conflict", "{receipts}");
+    let apply = on_pg[16].json();
+    assert_eq!(
+        row(&apply["flows"], "flow_id", "f-3")["reason"],
+        "unsupported_schema"
+    );
+    assert_eq!(
+        row(&apply["flows"], "flow_id", "f-4")["reason"],
+        "invalid_payload"
+    );
+    assert_eq!(on_pg[20].json()["applied"], 1, "retry applies f-3");
+    assert_eq!(on_pg[22].json()["repairs"][0]["by"], "ops");
+    let snapshot = on_pg[27].json();
+    assert_eq!(
+        row(&snapshot["consumer"]["projection"], "flow_id", "f-1")["state"],
+        "released"
+    );
+    let pruned = on_pg[30].json();
+    assert!(pruned["producer"]["removed"].as_u64() > Some(0), "{pruned}");
+    assert!(pruned["consumer"]["removed"].as_u64() > Some(0), "{pruned}");
+    assert_eq!(
+        on_pg[33].json()["receipts"][0]["receipt"],
+        "duplicate",
+        "a pruned event is still a duplicate"
+    );
+}
+
+#[test]
+fn text_output_is_the_same_on_both_backends() {
+    let sqlite = Lab::new();
+    let db = Database::create();
+    let url = db.url();
+    let on_files = run_script(&sqlite.p, &sqlite.c, false);
+    let on_pg = run_script(&url, &url, false);
+    for ((step, file), pg) in script().iter().zip(&on_files).zip(&on_pg) {
+        let name = step.args.join(" ");
+        assert_eq!(file.code, pg.code, "{name}");
+        if step.args[0] != "init" && file.code == 0 {
+            assert_eq!(file.stdout, pg.stdout, "{name}");
+        }
+    }
+}
+
+/// Advances `flows` on `p` and relays them to `c`; returns the relay's
+/// JSON.
+fn produce_and_relay(p: &str, c: &str, flows: &[&str]) -> Value {
+    for flow in flows {
+        let out = run(&[
+            "advance",
+            "--json",
+            "--producer",
+            p,
+            "--flow",
+            flow,
+            "--expected-seq",
+            "0",
+            "--to",
+            "reserved",
+            "--quantity",
+            "3",
+        ]);
+        assert_eq!(out.json()["outcome"], "committed");
+    }
+    run(&["relay", "--json", "--producer", p, "--consumer", c]).json()
+}
+
+fn receipts(relay: &Value) -> Vec<(String, String)> {
+    relay["deliveries"]
+        .as_array()
+        .expect("deliveries")
+        .iter()
+        .map(|d| {
+            (
+                d["event_id"].as_str().unwrap().to_owned(),
+                d["receipt"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_relay_crosses_backends_both_ways() {
+    let lab = Lab::new();
+    let db = Database::create();
+    let url = db.url();
+
+    // SQLite producer -> PostgreSQL consumer.
+    let relay = produce_and_relay(&lab.p, &url, &["a-1", "a-2"]);
+    let accepted = |ids: &[&str]| -> Vec<(String, String)> {
+        ids.iter()
+            .map(|id| (id.to_string(), "accepted".to_string()))
+            .collect()
+    };
+    assert_eq!(receipts(&relay), accepted(&["a-1-1", "a-2-1"]), "{relay}");
+    let applied = run(&["apply", "--json", "--consumer", &url]).json();
+    assert_eq!(
+        applied["flows"].as_array().map(Vec::len),
+        Some(2),
+        "{applied}"
+    );
+
+    // PostgreSQL producer (same database as that consumer) -> SQLite consumer.
+    let relay = produce_and_relay(&url, &lab.c, &["b-1"]);
+    assert_eq!(receipts(&relay), accepted(&["b-1-1"]), "{relay}");
+    run(&["apply", "--json", "--consumer", &lab.c]).json();
+
+    // Each side holds what the other handed over, and again is a duplicate.
+    let pg = run(&["snapshot", "--json", "--producer", &url, "--consumer", &url]).json();
+    let files = run(&[
+        "snapshot",
+        "--json",
+        "--producer",
+        &lab.p,
+        "--consumer",
+        &lab.c,
+    ])
+    .json();
+    let ids = |rows: &Value| -> Vec<String> {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["event_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(ids(&pg["consumer"]["inbox"]), ["a-1-1", "a-2-1"]);
+    assert_eq!(ids(&pg["producer"]["outbox"]), ["b-1-1"]);
+    assert_eq!(pg["producer"]["outbox"][0]["accepted"], true);
+    assert_eq!(ids(&files["consumer"]["inbox"]), ["b-1-1"]);
+    assert_eq!(ids(&files["consumer"]["effects"]), ["b-1-1"]);
+    assert_eq!(ids(&pg["consumer"]["effects"]), ["a-1-1", "a-2-1"]);
+    let again = run(&[
+        "relay",
+        "--json",
+        "--producer",
+        &lab.p,
+        "--consumer",
+        &url,
+        "--event",
+        "a-1-1",
+    ])
+    .json();
+    assert_eq!(receipts(&again), [("a-1-1".into(), "duplicate".into())]);
+    let again = run(&[
+        "relay",
+        "--json",
+        "--producer",
+        &url,
+        "--consumer",
+        &lab.c,
+        "--event",
+        "b-1-1",
+    ])
+    .json();
+    assert_eq!(receipts(&again), [("b-1-1".into(), "duplicate".into())]);
+}
+
+#[test]
+fn a_url_that_does_not_parse_is_invalid_input_and_nothing_is_created() {
+    let lab = Lab::new();
+    let db = Database::create();
+    let bad = "postgres://someone:s3cr3t-word@127.0.0.1:notaport/x";
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["init", "--producer", &lab.p, "--consumer", bad],
+        vec!["relay", "--producer", &lab.p, "--consumer", bad],
+        vec![
+            "advance",
+            "--producer",
+            bad,
+            "--flow",
+            "f",
+            "--expected-seq",
+            "0",
+            "--to",
+            "reserved",
+            "--quantity",
+            "1",
+        ],
+        vec!["status", "--consumer", bad],
+        vec!["serve", "--consumer", bad, "--listen", "127.0.0.1:0"],
+    ];
+    for args in &cases {
+        for json_mode in [false, true] {
+            let mut args = args.clone();
+            if json_mode {
+                args.push("--json");
+            }
+            let out = run(&args);
+            out.usage("not a PostgreSQL connection URL");
+            assert!(!out.stderr.contains("s3cr3t"), "{out:#?}");
+            lab.assert_no_files();
+        }
+    }
+    // A good producer URL beside a bad consumer URL: nothing in the database.
+    let url = db.url();
+    run(&["init", "--producer", &url, "--consumer", bad]).usage("not a PostgreSQL connection URL");
+    assert!(db.ordo_schemas().is_empty(), "{:?}", db.ordo_schemas());
+}
+
+#[test]
+fn a_path_is_a_file_unless_it_starts_with_the_schemes() {
+    let lab = Lab::new();
+    for name in ["postgres:x.db", "file:y.db", "postgresql:z.db"] {
+        let path = lab.path(name);
+        run(&["init", "--json", "--producer", &path]).json();
+        assert!(std::path::Path::new(&path).exists(), "{path}");
+    }
+    // Relative, as given on the command line: still a file.
+    let out = Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args(["init", "--json", "--consumer", "postgres:rel.db"])
+        .current_dir(lab.dir.path())
+        .output()
+        .expect("ordo runs");
+    assert!(out.status.success(), "{out:?}");
+    assert!(lab.dir.path().join("postgres:rel.db").exists());
+}
+
+#[test]
+fn an_unreachable_server_exits_1_naming_it_without_the_password() {
+    let lab = Lab::new();
+    let url = "postgres://someone:s3cr3t-word@127.0.0.1:1/nothing";
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["status", "--producer", url],
+        vec!["init", "--producer", &lab.p, "--consumer", url],
+        vec!["relay", "--producer", url, "--consumer", &lab.c],
+        vec!["snapshot", "--json", "--consumer", url],
+    ];
+    for args in &cases {
+        let out = run(args);
+        out.storage_error();
+        assert_eq!(out.stderr.lines().count(), 1, "one line: {out:#?}");
+        assert!(
+            out.stderr.contains("someone@127.0.0.1:1/nothing"),
+            "{out:#?}"
+        );
+        assert!(!out.stderr.contains("s3cr3t"), "{out:#?}");
+        lab.assert_no_files();
+    }
+}
+
+/// A login role without any privilege beyond connecting; dropped with the
+/// value (after the databases it was used on).
+struct Role {
+    name: String,
+    admin: ordo_postgres::postgres::Client,
+}
+
+impl Role {
+    fn create(db: &Database) -> Role {
+        let name = format!("ordo_cli_norights_{}", std::process::id());
+        let mut admin = db.client();
+        admin
+            .batch_execute(&format!(
+                "DROP ROLE IF EXISTS {name}; CREATE ROLE {name} LOGIN"
+            ))
+            .expect("create a role");
+        Role { name, admin }
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        let _ = self
+            .admin
+            .batch_execute(&format!("DROP ROLE IF EXISTS {}", self.name));
+    }
+}
+
+#[test]
+fn a_role_without_rights_exits_1_with_the_sqlstate() {
+    let db = Database::create();
+    let role = Role::create(&db);
+    let server = pgdb::server();
+    let host = server.split_once('@').map_or(server.as_str(), |(_, h)| h);
+    let url = format!("postgres://{}:pw-of-role@{host}/{}", role.name, db.name);
+    let out = run(&["init", "--json", "--producer", &url]);
+    out.storage_error();
+    assert!(out.stderr.contains("SQLSTATE 42501"), "{out:#?}");
+    assert!(out.stderr.contains(&role.name), "{out:#?}");
+    assert!(!out.stderr.contains("pw-of-role"), "{out:#?}");
+    assert!(db.ordo_schemas().is_empty());
+}
+
+#[test]
+fn a_store_of_another_domain_or_a_newer_version_exits_2() {
+    let db = Database::create();
+    let url = db.url();
+    let init = run(&[
+        "init",
+        "--json",
+        "--producer",
+        &url,
+        "--consumer",
+        &url,
+        "--domain",
+        "orders",
+    ]);
+    init.json();
+    run(&[
+        "advance",
+        "--producer",
+        &url,
+        "--flow",
+        "f",
+        "--expected-seq",
+        "0",
+        "--to",
+        "reserved",
+        "--quantity",
+        "1",
+    ])
+    .usage("belongs to domain \"orders\"; its handler runs in the application");
+    run(&["apply", "--consumer", &url]).usage("belongs to domain \"orders\"");
+    run(&["init", "--producer", &url, "--domain", "shipping"]).usage("not \"shipping\"");
+    let snapshot = run(&["snapshot", "--json", "--producer", &url, "--consumer", &url]).json();
+    assert_eq!(snapshot["producer"]["flows"], json!([]));
+    assert_eq!(snapshot["consumer"]["projection"], json!([]));
+    assert_eq!(snapshot["consumer"]["effects"], json!([]));
+
+    // A newer version of ordo's tables: refused, nothing written.
+    db.client()
+        .batch_execute(
+            "UPDATE ordo_consumer.ordo_meta SET value = '99' WHERE key = 'schema_version'",
+        )
+        .expect("bump the version");
+    let envelope = common::reservation("f", 1, "reserved", 1);
+    let out = common::run_bytes(
+        &["receive", "--json", "--consumer", &url],
+        envelope.as_bytes(),
+    );
+    out.usage("schema version 99");
+    run(&["status", "--consumer", &url]).usage("schema version 99");
+    let stored: i64 = db
+        .client()
+        .query_one("SELECT count(*) FROM ordo_consumer.inbox", &[])
+        .expect("count")
+        .get(0);
+    assert_eq!(stored, 0);
+}
+
+#[test]
+fn adopt_refuses_a_url_and_serve_creates_nothing() {
+    let lab = Lab::new();
+    let db = Database::create();
+    let url = db.url();
+    run(&["init", "--adopt", "--producer", &lab.p, "--consumer", &url])
+        .usage("--adopt is for SQLite files");
+    lab.assert_no_files();
+    assert!(db.ordo_schemas().is_empty(), "{:?}", db.ordo_schemas());
+    // A missing store is never created by serve or the follow modes.
+    run(&["serve", "--consumer", &url, "--listen", "127.0.0.1:0"]).usage("does not exist");
+    run(&[
+        "serve",
+        "--apply",
+        "--consumer",
+        &url,
+        "--listen",
+        "127.0.0.1:0",
+    ])
+    .usage("does not exist");
+    run(&["apply", "--follow", "--consumer", &url]).usage("holds no ordo consumer store");
+    run(&["relay", "--follow", "--producer", &url, "--consumer", &url])
+        .usage("holds no ordo producer store");
+    assert!(db.ordo_schemas().is_empty(), "{:?}", db.ordo_schemas());
+}
+
+/// The longest a test waits for a running process to do what it should
+/// do at once.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A running `ordo` whose stdout lines arrive on a channel; killed when
+/// dropped.
+struct Running {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Running {
+    fn start(args: &[&str]) -> Running {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
+            .args(args)
+            .env_remove("ORDO_CRASH_POINT")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ordo starts");
+        let stdout = child.stdout.take().expect("piped");
+        let (send, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running { child, lines }
+    }
+
+    /// Reads JSON round lines until `key` adds up to `total`.
+    #[track_caller]
+    fn until_total(&self, key: &str, total: u64) {
+        let mut sum = 0;
+        while sum < total {
+            let line = self
+                .lines
+                .recv_timeout(PATIENCE)
+                .unwrap_or_else(|_| panic!("{key} stays at {sum} of {total}"));
+            let round: Value = serde_json::from_str(&line).expect("a JSON round line");
+            sum += round[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{key} in {line}"));
+        }
+        assert_eq!(sum, total);
+    }
+
+    /// SIGTERM; the exit code.
+    fn stop(mut self) -> Option<i32> {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill runs");
+        self.child.wait().expect("exits").code()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn advance_new(producer: &str, flow: &str) {
+    let out = run(&[
+        "advance",
+        "--json",
+        "--producer",
+        producer,
+        "--flow",
+        flow,
+        "--expected-seq",
+        "0",
+        "--to",
+        "reserved",
+        "--quantity",
+        "2",
+    ]);
+    assert_eq!(out.json()["outcome"], "committed");
+}
+
+#[test]
+fn the_follow_modes_and_serve_apply_run_on_postgres() {
+    let db = Database::create();
+    let url = db.url();
+    let lab = Lab::new();
+    run(&["init", "--producer", &url, "--consumer", &url]).text();
+    for flow in ["w-1", "w-2", "w-3"] {
+        advance_new(&url, flow);
+    }
+    let relay = Running::start(&[
+        "relay",
+        "--follow",
+        "--json",
+        "--producer",
+        &url,
+        "--consumer",
+        &url,
+    ]);
+    relay.until_total("delivered", 3);
+    // Work committed while it runs is found too.
+    advance_new(&url, "w-4");
+    relay.until_total("accepted", 1);
+    assert_eq!(relay.stop(), Some(0));
+
+    let apply = Running::start(&["apply", "--follow", "--json", "--consumer", &url]);
+    apply.until_total("applied", 4);
+    assert_eq!(apply.stop(), Some(0));
+    let snapshot = run(&["snapshot", "--json", "--consumer", &url]).json();
+    assert_eq!(
+        snapshot["consumer"]["effects"].as_array().map(Vec::len),
+        Some(4)
+    );
+
+    // A PostgreSQL producer following into an SQLite consumer.
+    run(&["init", "--consumer", &lab.c]).text();
+    let relay = Running::start(&[
+        "relay",
+        "--follow",
+        "--json",
+        "--producer",
+        &url,
+        "--consumer",
+        &lab.c,
+    ]);
+    advance_new(&url, "w-5");
+    relay.until_total("accepted", 1);
+    assert_eq!(relay.stop(), Some(0));
+
+    // serve --apply on a PostgreSQL consumer of its own.
+    let served = Database::create();
+    let consumer = served.url();
+    run(&["init", "--consumer", &consumer]).text();
+    let serve = Running::start(&[
+        "serve",
+        "--apply",
+        "--consumer",
+        &consumer,
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let first = serve
+        .lines
+        .recv_timeout(PATIENCE)
+        .expect("the listening line");
+    let addr = first
+        .strip_prefix("listening on ")
+        .expect("listening on ADDR");
+    let to = format!("http://{addr}");
+    let status = run(&["status", "--json", "--producer", &url]).json();
+    assert_eq!(status["producer"]["backlog"], 0, "{status}");
+    advance_new(&url, "w-6");
+    let relay = run(&["relay", "--json", "--producer", &url, "--to", &to]).json();
+    assert_eq!(receipts(&relay), [("w-6-1".into(), "accepted".into())]);
+    // The applier in the server applies it (waited for, not timed).
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let snapshot = run(&["snapshot", "--json", "--consumer", &consumer]).json();
+        if snapshot["consumer"]["effects"].as_array().map(Vec::len) == Some(1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never applied: {snapshot}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(serve.stop(), Some(0));
+}
+
+/// A running `ordo serve`; killed when dropped.
+struct Serve {
+    child: Child,
+    addr: String,
+}
+
+impl Serve {
+    fn start(consumer: &str) -> Serve {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
+            .args(["serve", "--consumer", consumer, "--listen", "127.0.0.1:0"])
+            .env_remove("ORDO_CRASH_POINT")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ordo serve starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().expect("piped"))
+            .read_line(&mut line)
+            .expect("the listening line");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("first line {line:?}"))
+            .to_owned();
+        Serve { child, addr }
+    }
+
+    /// Stops the server with SIGTERM; its exit status and stderr.
+    fn stop(mut self) -> (Option<i32>, String) {
+        let pid = self.child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill runs");
+        let status = self.child.wait().expect("serve exits");
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.child.stderr.take() {
+            pipe.read_to_string(&mut stderr).expect("stderr");
+        }
+        (status.code(), stderr)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_postgres_producer_relays_to_serve_on_a_postgres_consumer() {
+    let producer_db = Database::create();
+    let consumer_db = Database::create();
+    let (consumer, password) = consumer_db.url_with_password("s3cr3t-word");
+    let producer = producer_db.url();
+    run(&["init", "--consumer", &consumer]).text();
+    let serve = Serve::start(&consumer);
+    let to = format!("http://{}", serve.addr);
+    for flow in ["h-1", "h-2"] {
+        run(&[
+            "advance",
+            "--producer",
+            &producer,
+            "--flow",
+            flow,
+            "--expected-seq",
+            "0",
+            "--to",
+            "reserved",
+            "--quantity",
+            "2",
+        ])
+        .text();
+    }
+    let relay = run(&["relay", "--json", "--producer", &producer, "--to", &to]).json();
+    assert_eq!(
+        receipts(&relay),
+        [
+            ("h-1-1".to_string(), "accepted".to_string()),
+            ("h-2-1".to_string(), "accepted".to_string())
+        ]
+    );
+    let again = run(&[
+        "relay",
+        "--json",
+        "--producer",
+        &producer,
+        "--to",
+        &to,
+        "--event",
+        "h-2-1",
+    ])
+    .json();
+    assert_eq!(receipts(&again), [("h-2-1".into(), "duplicate".into())]);
+    let (code, stderr) = serve.stop();
+    assert_eq!(code, Some(0), "{stderr}");
+    if !password.is_empty() {
+        assert!(!stderr.contains(&password), "{stderr}");
+    }
+    let applied = run(&["apply", "--json", "--consumer", &consumer]).json();
+    assert_eq!(
+        applied["flows"].as_array().map(Vec::len),
+        Some(2),
+        "{applied}"
+    );
+    let status = run(&["status", "--json", "--producer", &producer]).json();
+    assert_eq!(status["producer"]["backlog"], 0, "{status}");
+}
+
+#[test]
+fn a_password_in_the_url_is_never_printed() {
+    let db = Database::create();
+    let (url, password) = db.url_with_password("s3cr3t-word");
+    let shown = url.replace(&format!(":{password}@"), ":***@");
+    let lab = Lab::new();
+    let runs: Vec<(Out, bool)> = vec![
+        (run(&["init", "--producer", &url, "--consumer", &url]), true),
+        (
+            run(&["init", "--json", "--producer", &url, "--consumer", &url]),
+            true,
+        ),
+        (
+            run(&["init", "--producer", &url, "--domain", "orders"]),
+            true,
+        ),
+        (
+            run(&[
+                "advance",
+                "--producer",
+                &url,
+                "--flow",
+                "f",
+                "--expected-seq",
+                "0",
+                "--to",
+                "reserved",
+                "--quantity",
+                "1",
+            ]),
+            false,
+        ),
+        (
+            run(&["relay", "--producer", &url, "--consumer", &lab.c]),
+            false,
+        ),
+        (run(&["init", "--adopt", "--producer", &url]), true),
+        (
+            run(&["status", "--producer", &url, "--consumer", &url]),
+            false,
+        ),
+        (
+            run(&["snapshot", "--producer", &url, "--consumer", &url]),
+            false,
+        ),
+        (run(&["apply", "--consumer", &url]), false),
+        (
+            run(&["serve", "--consumer", &url, "--listen", "not-an-address"]),
+            false,
+        ),
+    ];
+    for (out, names_store) in &runs {
+        assert!(out.code == 0 || out.code == 2, "{out:#?}");
+        let printed = format!("{}{}", out.stdout, out.stderr);
+        assert!(!printed.contains(&password), "{out:#?}");
+        if *names_store {
+            assert!(
+                printed.contains(&shown),
+                "names the store as {shown}: {out:#?}"
+            );
+        }
+    }
+    let init = runs[1].0.json();
+    assert_eq!(init, json!({"producer": shown, "consumer": shown}));
+}
