@@ -442,7 +442,11 @@ fn a_blocking_submit_to_an_idle_writer_runs_on_the_calling_thread() {
 #[test]
 fn a_blocking_submit_while_a_batch_runs_waits_for_it_and_keeps_arrival_order() {
     let dir = tempfile::tempdir().unwrap();
-    let writer = Arc::new(writer(dir.path(), GroupOptions::default()));
+    let options = GroupOptions {
+        batch_time_max: Duration::from_secs(600),
+        ..GroupOptions::default()
+    };
+    let writer = Arc::new(writer(dir.path(), options));
     let (gate, gated) = gate(&writer);
     let caller = std::thread::current().id();
     let submitters: Vec<_> = (1..=3)
