@@ -39,7 +39,8 @@ pub mod error;
 mod producer;
 
 pub use conn::{
-    Params, PgOptions, PgTx, CONSUMER_SCHEMA_DEFAULT, PRODUCER_SCHEMA_DEFAULT, SCHEMA_VERSION,
+    Params, PgOptions, PgTx, TxOutcome, CONSUMER_SCHEMA_DEFAULT, LEASE_MS_DEFAULT,
+    PRODUCER_SCHEMA_DEFAULT, SCHEMA_VERSION,
 };
 pub use consumer::{read_inbox, PgConsumer};
 pub use domain::{Schema, MIGRATIONS_MAX};
@@ -47,8 +48,8 @@ pub use producer::{read_outbox, PgProducer, PgProducerTx, CONFLICT_REASON};
 /// ordo's own tables of each role (producer, consumer) as they are created,
 /// with `{s}` standing for the schema: what a store at [`SCHEMA_VERSION`]
 /// holds, for a caller that caches migrated databases (a test template).
-pub fn tables_ddl() -> [&'static str; 2] {
-    [producer::DDL, consumer::DDL]
+pub fn tables_ddl() -> [String; 2] {
+    [producer::TABLES.all(), consumer::TABLES.all()]
 }
 
 /// The `postgres` client these stores are built on, for rows and types in

@@ -70,7 +70,8 @@ fn hash_of(parts: &[&str]) -> u64 {
 /// The template's name: changes with anything it holds.
 fn template_name() -> String {
     let schemas = [pg_producer_schema(), pg_consumer_schema(), test_schema()];
-    let mut parts: Vec<&str> = ordo_postgres::tables_ddl().to_vec();
+    let tables = ordo_postgres::tables_ddl();
+    let mut parts: Vec<&str> = tables.iter().map(String::as_str).collect();
     parts.extend(
         schemas
             .iter()
