@@ -211,9 +211,9 @@ pub(super) fn lock_cursor(
     if let Some(row) = locked {
         return Ok(Some(row.get(0)));
     }
-    // No row, or another applier's. An insert that finds a row inserts
-    // nothing (having waited only for another applier creating the same
-    // flow's row).
+    // Another applier's row, or none: receive creates the row with the
+    // flow's first event, so none means nothing stored (or the flow's
+    // first event being received right now, which the insert waits for).
     let created = tx.row(
         context,
         "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq) VALUES ($1, 0)

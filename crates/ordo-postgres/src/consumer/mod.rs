@@ -30,11 +30,14 @@ use crate::producer::{read_snapshot, stored_envelope};
 pub(crate) const TABLES: Tables = Tables {
     ddl: DDL,
     migrations: &[
-        // 2: an apply cursor row for every flow being applied, even before
-        // its first event, so that appliers lock the flow's row.
+        // 2: an apply cursor row for every flow with a stored event, even
+        // before its first apply (at 0), so that appliers lock the flow's
+        // row.
         "ALTER TABLE {s}.inbox_cursor DROP CONSTRAINT inbox_cursor_applied_seq_check;
          ALTER TABLE {s}.inbox_cursor ADD CONSTRAINT inbox_cursor_applied_seq_check
-             CHECK (applied_seq >= 0);",
+             CHECK (applied_seq >= 0);
+         INSERT INTO {s}.inbox_cursor (flow_id, applied_seq)
+             SELECT DISTINCT flow_id, 0 FROM {s}.inbox ON CONFLICT (flow_id) DO NOTHING;",
     ],
 };
 

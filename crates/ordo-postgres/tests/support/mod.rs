@@ -17,6 +17,8 @@ use ordo_postgres::postgres::{Client, NoTls};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, Schema};
 use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 
+pub mod workers;
+
 const SERVER_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432";
 /// The most test databases in use at once in this process, whatever the
 /// number of test threads: each holds two to four connections, and the
