@@ -18,6 +18,11 @@ use super::{test_options, test_schema};
 
 /// Opens a producer that relays as `owner`, its leases lasting `lease_ms`.
 pub fn producer(target: &str, owner: &str, lease_ms: u64) -> PgProducer {
+    try_producer(target, owner, lease_ms).expect("open the producer")
+}
+
+/// [`producer`], or why it could not be opened.
+pub fn try_producer(target: &str, owner: &str, lease_ms: u64) -> Result<PgProducer, StoreError> {
     PgProducer::open_with(
         target,
         &pg_producer_schema(),
@@ -28,11 +33,15 @@ pub fn producer(target: &str, owner: &str, lease_ms: u64) -> PgProducer {
             ..PgOptions::default()
         },
     )
-    .expect("open the producer")
 }
 
 /// Opens the test domain's consumer as `owner`.
 pub fn consumer(target: &str, owner: &str) -> PgConsumer {
+    try_consumer(target, owner).expect("open the consumer")
+}
+
+/// [`consumer`], or why it could not be opened.
+pub fn try_consumer(target: &str, owner: &str) -> Result<PgConsumer, StoreError> {
     PgConsumer::open_with(
         target,
         &test_schema(),
@@ -42,7 +51,20 @@ pub fn consumer(target: &str, owner: &str) -> PgConsumer {
             ..test_options()
         },
     )
-    .expect("open the consumer")
+}
+
+/// Opens a store, again after each failure (its connection ended while it
+/// opened), at most `attempts` times.
+pub fn opened<T>(attempts: u32, mut open: impl FnMut() -> Result<T, StoreError>) -> T {
+    let mut last = None;
+    for _ in 0..attempts {
+        match open() {
+            Ok(store) => return store,
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("cannot open a store: {last:?}")
 }
 
 /// A relay's options for tests: small rounds, short backoffs.
