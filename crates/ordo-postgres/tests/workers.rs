@@ -520,3 +520,60 @@ fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
         "the new event is the head"
     );
 }
+
+/// Delivers to a consumer, letting another relay claim the round's flows
+/// first (the lease lapsed while the round was on its way).
+struct OvertakenOnTheWay<'a> {
+    to: &'a mut ordo_postgres::PgConsumer,
+    overtaker: &'a mut ordo_postgres::PgProducer,
+}
+
+impl ordo_core::Transport for OvertakenOnTheWay<'_> {
+    fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, ordo_core::TransportError> {
+        let claimed = self
+            .overtaker
+            .fair_round(100, &BTreeSet::new(), SystemClock.now_ms())
+            .expect("the other relay claims");
+        assert_eq!(claimed.len(), events.len(), "it claims the round's flows");
+        Ok(self.to.receive_batch(events)?)
+    }
+}
+
+#[test]
+fn a_relay_overtaken_on_a_round_leaves_its_flows_to_the_new_holder() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut slow = producer(&target, "slow", 0);
+    let mut other = producer(&target, "other", 600_000);
+    for i in 0..3 {
+        append(&mut slow, &flow(i)).unwrap();
+    }
+    let mut to = consumer(&target, "receiver");
+    let mut transport = OvertakenOnTheWay {
+        to: &mut to,
+        overtaker: &mut other,
+    };
+    let report = relay(&mut slow, &mut transport, &relay_options(8), &SystemClock)
+        .expect("the run goes on past the refused bookkeeping");
+    assert_eq!(report.stop, ordo_core::RelayStop::Drained);
+    assert!(
+        report.deliveries.is_empty(),
+        "nothing recorded by the slow relay"
+    );
+    assert!(
+        slow.outbox_entries(false, 10)
+            .unwrap()
+            .iter()
+            .all(|e| !e.accepted && e.attempts == 0),
+        "nothing written"
+    );
+    // The new holder hands the events over again: duplicates, now marked.
+    let report = relay(&mut other, &mut to, &relay_options(8), &SystemClock).unwrap();
+    assert_eq!(report.deliveries.len(), 3);
+    assert!(report
+        .deliveries
+        .iter()
+        .all(|d| d.receipt == Receipt::Duplicate));
+    assert_eq!(backlog(&mut other), 0);
+}
