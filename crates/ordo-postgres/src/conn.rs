@@ -250,18 +250,25 @@ impl PgTx {
         })
     }
 
-    /// Opens a new connection in place of a discarded one.
+    /// Opens a new connection in place of a discarded one, between
+    /// transactions only. Inside a transaction the connection is kept
+    /// while it is open (the server reports an errored transaction as it
+    /// is), and a closed one fails the transaction.
     fn ensure_connected(&self, context: &str) -> Result<(), StoreError> {
-        if !self.broken.get() && !self.client.borrow().is_closed() {
-            return Ok(());
-        }
-        if self.in_tx.get() {
+        let closed = self.client.borrow().is_closed();
+        if self.in_tx.get() && closed {
             return Err(StoreError::new(
                 ErrorKind::ConnectionLost,
                 format!("{context}: the connection failed inside a transaction"),
             ));
         }
-        self.reconnect()
+        if self.in_tx.get() {
+            return Ok(());
+        }
+        if self.broken.get() || closed {
+            return self.reconnect();
+        }
+        Ok(())
     }
 
     /// Replaces the connection by a new one with the same settings.

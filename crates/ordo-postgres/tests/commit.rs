@@ -325,3 +325,36 @@ fn a_connection_whose_transaction_errored_is_replaced() {
         }
     );
 }
+
+/// Runs failing SQL and swallows the error (which a handler must not do).
+struct Swallowing;
+
+impl ApplyHandler<PgTx> for Swallowing {
+    fn apply(&mut self, tx: &PgTx, _: &Envelope) -> Result<Verdict, StoreError> {
+        let _ = tx.execute("SELECT * FROM no_such_table", &[]);
+        Ok(Verdict::Apply)
+    }
+}
+
+#[test]
+fn a_swallowed_error_fails_the_apply_as_the_server_reports_it() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut source = producer(&target, "source", 60_000);
+    let event = append(&mut source, &flow(1)).unwrap();
+    let mut inbox = consumer(&target, "apply");
+    inbox.receive(&event).unwrap();
+    let error = inbox
+        .apply_next_with(&flow(1), &mut Swallowing)
+        .expect_err("the transaction is aborted");
+    assert!(error.to_string().contains("25P02"), "{error}");
+    let applied: i64 = client(&target)
+        .query_one(
+            "SELECT count(*) FROM ordo_testkit.inbox WHERE status = 'applied'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(applied, 0, "nothing marked");
+}
