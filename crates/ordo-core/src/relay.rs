@@ -439,6 +439,10 @@ where
                 // delivered: their bookkeeping is that relay's now (what
                 // reached the consumer is answered duplicate to it).
                 tracing::info!("another relay took over flows of a round: {error}");
+                if options.policy == RelayPolicy::FirstPending {
+                    // Its one event would be picked again at once.
+                    return Ok(RelayStop::Drained);
+                }
                 skipped.extend(events.iter().map(|e| e.flow_id.clone()));
             }
             Err(error) => return Err(error),

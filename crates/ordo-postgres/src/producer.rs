@@ -260,21 +260,19 @@ impl PgProducer {
         })
     }
 
-    /// Inside a bookkeeping transaction: locks the lease rows of `flows`
-    /// (a claim skips them until this transaction ends) and refuses the
-    /// write when another relay claimed one of them since this handle's
-    /// round, or holds one this handle did not claim.
-    fn check_fences(&self, tx: &PgTx, flows: &BTreeSet<String>) -> Result<(), StoreError> {
-        if flows.is_empty() {
-            return Ok(());
-        }
-        let names: Vec<&str> = flows.iter().map(String::as_str).collect();
+    /// Inside a bookkeeping transaction: locks the lease rows of the flows
+    /// of `event_ids` (a claim skips them until this transaction ends) and
+    /// refuses the write when another relay claimed one of them since this
+    /// handle's round, or holds one this handle did not claim.
+    fn check_fences(&self, tx: &PgTx, event_ids: &[&str]) -> Result<(), StoreError> {
         let rows = tx.rows(
             LEASE,
-            "SELECT flow_id, owner, fence,
-                    expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-             FROM {s}.relay_lease WHERE flow_id = ANY ($1) ORDER BY flow_id FOR SHARE",
-            &[&names],
+            "SELECT l.flow_id, l.owner, l.fence,
+                    l.expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+             FROM {s}.relay_lease l
+             WHERE l.flow_id IN (SELECT o.flow_id FROM {s}.outbox o WHERE o.event_id = ANY ($1))
+             ORDER BY l.flow_id FOR SHARE OF l",
+            &[&event_ids],
         )?;
         for row in &rows {
             let flow: &str = row.get(0);
@@ -301,19 +299,6 @@ impl PgProducer {
             }
         }
         Ok(())
-    }
-
-    /// The flows of these events.
-    fn flows_of(tx: &PgTx, event_ids: &[&str]) -> Result<BTreeSet<String>, StoreError> {
-        Ok(tx
-            .rows(
-                LEASE,
-                "SELECT DISTINCT flow_id FROM {s}.outbox WHERE event_id = ANY ($1)",
-                &[&event_ids],
-            )?
-            .iter()
-            .map(|row| row.get(0))
-            .collect())
     }
 
     /// The domain that owns this store.
@@ -387,8 +372,7 @@ impl PgProducer {
     ) -> Result<T, StoreError> {
         let this = &*self;
         let value = this.conn.in_tx_begun(LEASE, BEGIN_UNSYNCED, |tx| {
-            let flows = Self::flows_of(tx, event_ids)?;
-            this.check_fences(tx, &flows)?;
+            this.check_fences(tx, event_ids)?;
             f(tx, this.clock.now_ms())
         })?;
         self.commits += 1;
