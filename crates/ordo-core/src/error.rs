@@ -22,6 +22,10 @@ pub enum ErrorKind {
     Corrupt,
     /// A commit was sent but whether it took effect is unknown.
     CommitOutcomeUnknown,
+    /// A worker's claim on a flow (a relay's lease) was taken over by
+    /// another worker: its bookkeeping write was refused and nothing was
+    /// written. Not a failure of the store; the flow's new holder goes on.
+    LeaseLost,
     /// The database is not an ordo database of the expected role or version
     /// (another program's file, a foreign SQLite file not adopted, the other
     /// role, a newer schema), or refuses the durability settings ordo

@@ -386,8 +386,11 @@ where
 ///
 /// A transient failure backs the round's events off and the run goes on
 /// with other flows; a refused event is quarantined and the rest go on; a
-/// configuration error ([`RelayError::Refused`]) or a store error ends the
-/// run, the rounds before it recorded.
+/// round whose bookkeeping the store refuses because another relay claimed
+/// its flows meanwhile ([`ErrorKind::LeaseLost`]) leaves those flows to
+/// that relay for the rest of the run; a configuration error
+/// ([`RelayError::Refused`]) or another store error ends the run, the
+/// rounds before it recorded.
 pub fn relay_each<P, T>(
     producer: &mut P,
     transport: &mut T,
@@ -421,14 +424,29 @@ where
             return Ok(RelayStop::Drained);
         }
         let mut log = RoundLog::default();
-        deliver_round(
+        let round = deliver_round(
             producer,
             transport,
             &events,
             clock,
             &options.backoff,
             &mut log,
-        )?;
+        );
+        match round {
+            Ok(()) => {}
+            Err(error) if lease_lost(&error) => {
+                // Another relay claimed flows of this round while it was
+                // delivered: their bookkeeping is that relay's now (what
+                // reached the consumer is answered duplicate to it).
+                tracing::info!("another relay took over flows of a round: {error}");
+                if options.policy == RelayPolicy::FirstPending {
+                    // Its one event would be picked again at once.
+                    return Ok(RelayStop::Drained);
+                }
+                skipped.extend(events.iter().map(|e| e.flow_id.clone()));
+            }
+            Err(error) => return Err(error),
+        }
         let mut conflict = false;
         for delivery in &log.deliveries {
             tracing::debug!(
@@ -466,6 +484,16 @@ where
         if conflict && options.policy == RelayPolicy::FirstPending {
             return Ok(RelayStop::Drained);
         }
+    }
+}
+
+/// Whether a round's bookkeeping was refused because another relay
+/// claimed one of its flows ([`ErrorKind::LeaseLost`]).
+fn lease_lost(error: &RelayError) -> bool {
+    match error {
+        RelayError::Store(e) => e.kind() == ErrorKind::LeaseLost,
+        RelayError::FailureUnrecorded { recording, .. } => recording.kind() == ErrorKind::LeaseLost,
+        _ => false,
     }
 }
 

@@ -43,6 +43,12 @@ pub trait ProducerStore {
     /// Up to `limit` events for one fair round: the head of each flow (its
     /// lowest seq neither accepted nor quarantined) whose next attempt is due,
     /// flows served least recently first, none of the `skip` flows.
+    ///
+    /// A store shared by several relays returns only flows this relay
+    /// holds: it claims them here, and refuses the round's bookkeeping
+    /// ([`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost)) when another
+    /// relay claimed one of them since. A store with one relay (an SQLite
+    /// file) needs no claims.
     fn fair_round(
         &mut self,
         limit: usize,

@@ -2,19 +2,20 @@
 //! opening a store: connecting, the durability check, and creating or
 //! migrating ordo's tables and the domain's under an advisory lock.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::time::Duration;
 
 use ordo_core::{ErrorKind, StoreError};
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Row, Statement};
+use postgres::{Client, NoTls, Row, SimpleQueryMessage, Statement};
 
 use crate::domain::{self, Schema};
-use crate::error::{commit_error, corrupt, pg_error};
+use crate::error::{commit_error, corrupt, kind_of, pg_error};
 
 /// The version of ordo's own tables this build writes, per schema; a store
 /// with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The default schema of the producer's tables.
 pub const PRODUCER_SCHEMA_DEFAULT: &str = "ordo_producer";
@@ -41,14 +42,42 @@ pub struct PgOptions {
     /// schema without ordo's tables is refused with [`ErrorKind::NotFound`]
     /// and nothing is created.
     pub create: bool,
+    /// The worker's name: a producer's relay claims flows under it (see
+    /// [`PgProducer`](crate::PgProducer)), and it ends the connection's
+    /// `application_name`. Default: `<pid>-<random>`, unique per store
+    /// handle. Two handles must never share one while both are open.
+    pub owner: Option<String>,
+    /// The connection's `application_name`, as `pg_stat_activity` shows it
+    /// (default: `ordo-relay-<owner>` for a producer, `ordo-apply-<owner>`
+    /// for a consumer; the URL's own `application_name` when it has one).
+    pub application_name: Option<String>,
+    /// How long a relay's claim on a flow lasts without being renewed
+    /// (default [`LEASE_MS_DEFAULT`]). Every round renews the claims it
+    /// uses; a relay that stops holds its flows at most this long.
+    pub lease_ms: u64,
 }
+
+/// The default duration of a relay's lease on a flow.
+pub const LEASE_MS_DEFAULT: u64 = 10_000;
 
 impl Default for PgOptions {
     fn default() -> Self {
         PgOptions {
             schema: None,
             create: true,
+            owner: None,
+            application_name: None,
+            lease_ms: LEASE_MS_DEFAULT,
         }
+    }
+}
+
+impl PgOptions {
+    /// The owner name, or a new unique one.
+    pub(crate) fn owner_or_unique(&self) -> String {
+        self.owner
+            .clone()
+            .unwrap_or_else(|| format!("{}-{:08x}", std::process::id(), fastrand::u32(..)))
     }
 }
 
@@ -64,6 +93,14 @@ impl Role {
         match self {
             Role::Producer => "producer",
             Role::Consumer => "consumer",
+        }
+    }
+
+    /// The worker this role's connections serve, in `application_name`.
+    fn worker(self) -> &'static str {
+        match self {
+            Role::Producer => "relay",
+            Role::Consumer => "apply",
         }
     }
 
@@ -100,47 +137,64 @@ pub struct PgTx {
     /// ordo's schema, quoted, for the store's own statements.
     schema: String,
     cache: RefCell<HashMap<&'static str, Statement>>,
+    /// Where to connect again, with the same settings.
+    target: Target,
+    /// A transaction is open on the connection.
+    in_tx: Cell<bool>,
+    /// The connection failed, or its transaction errored: it is discarded
+    /// and a new one opened before the next transaction.
+    broken: Cell<bool>,
 }
+
+/// What a store connects to, kept to connect again.
+#[derive(Clone)]
+pub(crate) struct Target {
+    url: String,
+    application_name: String,
+}
+
+/// What the server says became of a transaction whose COMMIT got no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxOutcome {
+    /// It committed: everything it wrote stands.
+    Committed,
+    /// It aborted (or never committed before its connection died): nothing
+    /// it wrote stands.
+    Aborted,
+    /// Still in progress after the bounded wait, or too old for the server
+    /// to remember: the caller must not guess.
+    Unknown,
+}
+
+/// How long a transaction reported in progress is waited for (its
+/// backend may still be finishing a COMMIT whose answer was lost).
+const IN_PROGRESS_WAITS: u32 = 100;
+const IN_PROGRESS_WAIT: Duration = Duration::from_millis(50);
 
 impl PgTx {
     /// Runs one statement and returns how many rows it changed.
     pub fn execute(&self, sql: &str, params: Params<'_>) -> Result<u64, StoreError> {
-        self.client
-            .borrow_mut()
-            .execute(sql, params)
-            .map_err(|e| pg_error("PostgreSQL", e))
+        self.call("PostgreSQL", |c| c.execute(sql, params))
     }
 
     /// Runs a query and returns its rows.
     pub fn query(&self, sql: &str, params: Params<'_>) -> Result<Vec<Row>, StoreError> {
-        self.client
-            .borrow_mut()
-            .query(sql, params)
-            .map_err(|e| pg_error("PostgreSQL", e))
+        self.call("PostgreSQL", |c| c.query(sql, params))
     }
 
     /// Runs a query that returns at most one row.
     pub fn query_opt(&self, sql: &str, params: Params<'_>) -> Result<Option<Row>, StoreError> {
-        self.client
-            .borrow_mut()
-            .query_opt(sql, params)
-            .map_err(|e| pg_error("PostgreSQL", e))
+        self.call("PostgreSQL", |c| c.query_opt(sql, params))
     }
 
     /// Runs a query that returns exactly one row.
     pub fn query_one(&self, sql: &str, params: Params<'_>) -> Result<Row, StoreError> {
-        self.client
-            .borrow_mut()
-            .query_one(sql, params)
-            .map_err(|e| pg_error("PostgreSQL", e))
+        self.call("PostgreSQL", |c| c.query_one(sql, params))
     }
 
     /// Runs statements separated by semicolons, without parameters.
     pub fn batch_execute(&self, sql: &str) -> Result<(), StoreError> {
-        self.client
-            .borrow_mut()
-            .batch_execute(sql)
-            .map_err(|e| pg_error("PostgreSQL", e))
+        self.call("PostgreSQL", |c| c.batch_execute(sql))
     }
 
     /// The schema holding ordo's tables of this store, unquoted.
@@ -148,14 +202,98 @@ impl PgTx {
         self.schema.trim_matches('"')
     }
 
+    /// The connection's `application_name`.
+    pub fn application_name(&self) -> &str {
+        &self.target.application_name
+    }
+
+    /// What became of transaction `txid` (a `txid_current()` value), asked
+    /// on this connection (`pg_xact_status`): a transaction still in
+    /// progress is waited for a bounded time, then [`TxOutcome::Unknown`].
+    pub fn transaction_outcome(&self, txid: i64) -> Result<TxOutcome, StoreError> {
+        let context = "cannot ask the server what became of a transaction";
+        for _ in 0..IN_PROGRESS_WAITS {
+            let status: Option<String> = self
+                .call(context, |c| {
+                    c.query_one(
+                        "SELECT pg_xact_status($1::text::xid8)",
+                        &[&txid.to_string()],
+                    )
+                })?
+                .get(0);
+            match status.as_deref() {
+                Some("committed") => return Ok(TxOutcome::Committed),
+                Some("aborted") => return Ok(TxOutcome::Aborted),
+                Some("in progress") => std::thread::sleep(IN_PROGRESS_WAIT),
+                _ => return Ok(TxOutcome::Unknown),
+            }
+        }
+        Ok(TxOutcome::Unknown)
+    }
+
+    /// Runs `f` on the client: a connection discarded earlier is replaced
+    /// first (outside a transaction only: a transaction never continues on
+    /// another connection). A failure inside a transaction, or of the
+    /// connection, marks the connection to be discarded.
+    fn call<T>(
+        &self,
+        context: &str,
+        f: impl FnOnce(&mut Client) -> Result<T, postgres::Error>,
+    ) -> Result<T, StoreError> {
+        self.ensure_connected(context)?;
+        let result = f(&mut self.client.borrow_mut());
+        result.map_err(|e| {
+            if self.in_tx.get() || e.is_closed() || kind_of(&e) == ErrorKind::ConnectionLost {
+                self.broken.set(true);
+            }
+            pg_error(context, e)
+        })
+    }
+
+    /// Opens a new connection in place of a discarded one, between
+    /// transactions only. Inside a transaction the connection is kept
+    /// while it is open (the server reports an errored transaction as it
+    /// is), and a closed one fails the transaction.
+    fn ensure_connected(&self, context: &str) -> Result<(), StoreError> {
+        let closed = self.client.borrow().is_closed();
+        if self.in_tx.get() && closed {
+            return Err(StoreError::new(
+                ErrorKind::ConnectionLost,
+                format!("{context}: the connection failed inside a transaction"),
+            ));
+        }
+        if self.in_tx.get() {
+            return Ok(());
+        }
+        if self.broken.get() || closed {
+            return self.reconnect();
+        }
+        Ok(())
+    }
+
+    /// Replaces the connection by a new one with the same settings.
+    pub(crate) fn reconnect(&self) -> Result<(), StoreError> {
+        self.broken.set(true);
+        let client = connect(&self.target.url, &self.target.application_name)?;
+        *self.client.borrow_mut() = client;
+        self.cache.borrow_mut().clear();
+        self.broken.set(false);
+        tracing::debug!(
+            application_name = %self.target.application_name,
+            "a new connection replaces one that failed"
+        );
+        Ok(())
+    }
+
     /// The prepared statement of `template`, whose `{s}` names ordo's
     /// schema, prepared once per connection.
-    fn statement(&self, template: &'static str) -> Result<Statement, postgres::Error> {
+    fn statement(&self, context: &str, template: &'static str) -> Result<Statement, StoreError> {
+        self.ensure_connected(context)?;
         if let Some(statement) = self.cache.borrow().get(template) {
             return Ok(statement.clone());
         }
         let sql = template.replace("{s}", &self.schema);
-        let statement = self.client.borrow_mut().prepare(&sql)?;
+        let statement = self.call(context, |c| c.prepare(&sql))?;
         let mut cache = self.cache.borrow_mut();
         if cache.len() >= STATEMENT_CACHE_CAPACITY {
             cache.clear();
@@ -171,12 +309,8 @@ impl PgTx {
         template: &'static str,
         params: Params<'_>,
     ) -> Result<u64, StoreError> {
-        let err = |e| pg_error(context, e);
-        let statement = self.statement(template).map_err(err)?;
-        self.client
-            .borrow_mut()
-            .execute(&statement, params)
-            .map_err(err)
+        let statement = self.statement(context, template)?;
+        self.call(context, |c| c.execute(&statement, params))
     }
 
     /// The rows of ordo's own query `template`.
@@ -186,12 +320,8 @@ impl PgTx {
         template: &'static str,
         params: Params<'_>,
     ) -> Result<Vec<Row>, StoreError> {
-        let err = |e| pg_error(context, e);
-        let statement = self.statement(template).map_err(err)?;
-        self.client
-            .borrow_mut()
-            .query(&statement, params)
-            .map_err(err)
+        let statement = self.statement(context, template)?;
+        self.call(context, |c| c.query(&statement, params))
     }
 
     /// The row, if any, of ordo's own query `template`.
@@ -201,52 +331,118 @@ impl PgTx {
         template: &'static str,
         params: Params<'_>,
     ) -> Result<Option<Row>, StoreError> {
-        let err = |e| pg_error(context, e);
-        let statement = self.statement(template).map_err(err)?;
-        self.client
-            .borrow_mut()
-            .query_opt(&statement, params)
-            .map_err(err)
+        let statement = self.statement(context, template)?;
+        self.call(context, |c| c.query_opt(&statement, params))
     }
 
     /// Runs transaction control or DDL (`{s}` names ordo's schema).
     pub(crate) fn control(&self, context: &str, sql: &str) -> Result<(), StoreError> {
-        self.client
-            .borrow_mut()
-            .batch_execute(&sql.replace("{s}", &self.schema))
-            .map_err(|e| pg_error(context, e))
+        let sql = sql.replace("{s}", &self.schema);
+        self.call(context, |c| c.batch_execute(&sql))
     }
 
-    /// Begins a READ COMMITTED transaction.
-    pub(crate) fn begin(&self, context: &str) -> Result<(), StoreError> {
-        self.control(context, "BEGIN ISOLATION LEVEL READ COMMITTED")
+    /// Begins a transaction with `begin` (a `BEGIN ...` statement, maybe
+    /// followed by `SET LOCAL`s) and returns its transaction id, assigned
+    /// now, in the same round trip: what a lost COMMIT is resolved by.
+    pub(crate) fn begin_with(&self, context: &str, begin: &str) -> Result<i64, StoreError> {
+        debug_assert!(!self.in_tx.get(), "no transaction is open");
+        let sql = format!("{begin}; SELECT txid_current()");
+        let messages = self.call(context, |c| c.simple_query(&sql))?;
+        self.in_tx.set(true);
+        let txid = messages.iter().find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => row.get(0).and_then(|v| v.parse::<i64>().ok()),
+            _ => None,
+        });
+        txid.ok_or_else(|| {
+            self.rollback();
+            corrupt(context, "txid_current() returned no number")
+        })
     }
 
-    /// Commits; see [`commit_error`] for what a failure means.
-    pub(crate) fn commit(&self, context: &str) -> Result<(), StoreError> {
-        self.client
-            .borrow_mut()
-            .batch_execute("COMMIT")
-            .map_err(|e| commit_error(context, e))
+    /// Begins a read-only snapshot (REPEATABLE READ), ended by
+    /// [`PgTx::rollback`].
+    pub(crate) fn begin_read(&self, context: &str) -> Result<(), StoreError> {
+        self.control(context, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+        self.in_tx.set(true);
+        Ok(())
     }
 
-    /// Rolls back whatever is open; a failure here leaves the connection
-    /// unusable, which the next statement reports.
+    /// Commits transaction `txid`. A connection lost during COMMIT is
+    /// resolved on a new connection: committed is success, aborted is
+    /// [`ErrorKind::ConnectionLost`] (nothing was written; retrying is
+    /// safe), anything else [`ErrorKind::CommitOutcomeUnknown`].
+    pub(crate) fn commit(&self, context: &str, txid: i64) -> Result<(), StoreError> {
+        let result = self.client.borrow_mut().batch_execute("COMMIT");
+        self.in_tx.set(false);
+        let Err(error) = result else {
+            return Ok(());
+        };
+        self.broken.set(true);
+        let error = commit_error(context, error);
+        if error.kind() != ErrorKind::CommitOutcomeUnknown {
+            return Err(error);
+        }
+        self.resolve_commit(context, txid, error)
+    }
+
+    /// After a COMMIT without an answer: asks a new connection.
+    fn resolve_commit(&self, context: &str, txid: i64, lost: StoreError) -> Result<(), StoreError> {
+        let outcome = self
+            .reconnect()
+            .and_then(|()| self.transaction_outcome(txid));
+        match outcome {
+            Ok(TxOutcome::Committed) => {
+                tracing::info!(txid, "a COMMIT whose answer was lost took effect");
+                Ok(())
+            }
+            Ok(TxOutcome::Aborted) => Err(StoreError::new(
+                ErrorKind::ConnectionLost,
+                format!(
+                    "{context}: the connection failed during COMMIT and the server reports \
+                     transaction {txid} aborted: nothing was written"
+                ),
+            )),
+            Ok(TxOutcome::Unknown) => Err(StoreError::new(
+                ErrorKind::CommitOutcomeUnknown,
+                format!("{lost}; the server cannot tell yet what became of transaction {txid}"),
+            )),
+            Err(asking) => Err(StoreError::new(
+                ErrorKind::CommitOutcomeUnknown,
+                format!("{lost}; asking what became of transaction {txid} failed: {asking}"),
+            )),
+        }
+    }
+
+    /// Rolls back whatever is open; a failure here marks the connection to
+    /// be discarded.
     pub(crate) fn rollback(&self) {
-        let _ = self.client.borrow_mut().batch_execute("ROLLBACK");
+        if self.client.borrow_mut().batch_execute("ROLLBACK").is_err() {
+            self.broken.set(true);
+        }
+        self.in_tx.set(false);
     }
 
     /// Runs `f` in one transaction, committed when it returns `Ok` and
-    /// rolled back otherwise.
+    /// rolled back otherwise (see [`PgTx::commit`] for a lost COMMIT).
     pub(crate) fn in_tx<T, E: From<StoreError>>(
         &self,
         context: &str,
         f: impl FnOnce(&PgTx) -> Result<T, E>,
     ) -> Result<T, E> {
-        self.begin(context)?;
+        self.in_tx_begun(context, "BEGIN ISOLATION LEVEL READ COMMITTED", f)
+    }
+
+    /// [`PgTx::in_tx`] beginning with `begin` (see [`PgTx::begin_with`]).
+    pub(crate) fn in_tx_begun<T, E: From<StoreError>>(
+        &self,
+        context: &str,
+        begin: &str,
+        f: impl FnOnce(&PgTx) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let txid = self.begin_with(context, begin)?;
         match f(self) {
             Ok(value) => {
-                self.commit(context)?;
+                self.commit(context, txid)?;
                 Ok(value)
             }
             Err(e) => {
@@ -286,10 +482,12 @@ pub(crate) fn parse_url(url: &str) -> Result<postgres::Config, StoreError> {
     })
 }
 
-/// Connects and checks the session: `synchronous_commit` read back (`off`
-/// is refused: a returned commit must be durable) and READ COMMITTED.
-pub(crate) fn connect(url: &str) -> Result<Client, StoreError> {
-    let config = parse_url(url)?;
+/// Connects as `application_name` and checks the session:
+/// `synchronous_commit` read back (`off` is refused: a returned commit must
+/// be durable) and READ COMMITTED.
+pub(crate) fn connect(url: &str, application_name: &str) -> Result<Client, StoreError> {
+    let mut config = parse_url(url)?;
+    config.application_name(application_name);
     let server = describe(&config);
     let mut client = config
         .connect(NoTls)
@@ -332,36 +530,80 @@ pub(crate) fn check_schema_name(name: &str) -> Result<(), StoreError> {
     }
 }
 
-/// An open store's connection and the domain it records.
+/// An open store's connection, the domain it records, and the worker's
+/// name.
 pub(crate) struct Opened {
     pub conn: PgTx,
     pub domain: String,
+    pub owner: String,
 }
 
-/// Connects, then creates or migrates the role's tables (`ddl`, with `{s}`
-/// for the schema) and the domain's in one transaction under an advisory
-/// lock on the schema, so racing first opens create them once.
+/// ordo's own tables of one role: the first version's DDL and the
+/// migrations after it (`{s}` stands for the schema). Migration `i` moves
+/// version `i + 1` to `i + 2`; a new store runs the DDL then every
+/// migration, so the migrations run on every fresh store.
+pub(crate) struct Tables {
+    pub ddl: &'static str,
+    pub migrations: &'static [&'static str],
+}
+
+impl Tables {
+    /// Everything a store at [`SCHEMA_VERSION`] was created with.
+    pub(crate) fn all(&self) -> String {
+        std::iter::once(self.ddl)
+            .chain(self.migrations.iter().copied())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Connects, then creates or migrates the role's tables and the domain's
+/// in one transaction under an advisory lock on the schema, so racing
+/// first opens create them once.
 pub(crate) fn open(
     url: &str,
     role: Role,
-    ddl: &str,
+    tables: &Tables,
     want: Want<'_>,
     options: &PgOptions,
 ) -> Result<Opened, StoreError> {
+    debug_assert_eq!(tables.migrations.len() as i64 + 1, SCHEMA_VERSION);
     let schema = options
         .schema
         .clone()
         .unwrap_or_else(|| role.default_schema().to_string());
     check_schema_name(&schema)?;
-    let client = connect(url)?;
+    let owner = options.owner_or_unique();
+    let application_name = match (&options.application_name, parse_url(url)?) {
+        (Some(name), _) => name.clone(),
+        (None, config) if config.get_application_name().is_some() => config
+            .get_application_name()
+            .unwrap_or_default()
+            .to_string(),
+        (None, _) => format!("ordo-{}-{owner}", role.worker()),
+    };
+    let target = Target {
+        url: url.to_string(),
+        application_name,
+    };
+    let client = connect(&target.url, &target.application_name)?;
     let conn = PgTx {
         client: RefCell::new(client),
         schema: format!("\"{schema}\""),
         cache: RefCell::new(HashMap::new()),
+        target,
+        in_tx: Cell::new(false),
+        broken: Cell::new(false),
     };
     let context = format!("{schema}: cannot initialise");
-    let domain = conn.in_tx(&context, |tx| init(tx, &schema, role, ddl, want, options))?;
-    Ok(Opened { conn, domain })
+    let domain = conn.in_tx(&context, |tx| {
+        init(tx, &schema, role, tables, want, options)
+    })?;
+    Ok(Opened {
+        conn,
+        domain,
+        owner,
+    })
 }
 
 /// What a schema holds.
@@ -394,7 +636,7 @@ fn init(
     tx: &PgTx,
     schema: &str,
     role: Role,
-    ddl: &str,
+    tables: &Tables,
     want: Want<'_>,
     options: &PgOptions,
 ) -> Result<String, StoreError> {
@@ -424,7 +666,8 @@ fn init(
                 ),
             ));
         }
-        tx.control(&format!("{schema}: cannot create"), &create_sql(ddl))?;
+        tx.control(&format!("{schema}: cannot create"), &create_sql(tables.ddl))?;
+        migrate(tx, schema, tables, 1)?;
         tx.run(
             "cannot record the role",
             "INSERT INTO {s}.ordo_meta (key, value) VALUES ('role', $1), ('schema_version', $2)",
@@ -433,7 +676,15 @@ fn init(
         domain::install(tx, schema, schema_of)?;
         return Ok(schema_of.domain().as_str().to_string());
     }
-    check_meta(tx, schema, role)?;
+    let version = check_meta(tx, schema, role)?;
+    if version < SCHEMA_VERSION {
+        migrate(tx, schema, tables, version)?;
+        tx.run(
+            "cannot record the schema version",
+            "UPDATE {s}.ordo_meta SET value = $1 WHERE key = 'schema_version'",
+            &[&SCHEMA_VERSION.to_string()],
+        )?;
+    }
     if let Want::Domain(s) = want {
         domain::install(tx, schema, s)?;
     }
@@ -450,8 +701,24 @@ fn create_sql(ddl: &str) -> String {
     )
 }
 
-/// Refuses a store of the other role or of a newer schema version.
-fn check_meta(tx: &PgTx, schema: &str, role: Role) -> Result<(), StoreError> {
+/// Runs the migrations from version `from` up to [`SCHEMA_VERSION`].
+fn migrate(tx: &PgTx, schema: &str, tables: &Tables, from: i64) -> Result<(), StoreError> {
+    let from = usize::try_from(from.max(1) - 1).unwrap_or(0);
+    for (index, sql) in tables.migrations.iter().enumerate().skip(from) {
+        tx.control(
+            &format!(
+                "{schema}: cannot migrate to ordo schema version {}",
+                index + 2
+            ),
+            sql,
+        )?;
+    }
+    Ok(())
+}
+
+/// Refuses a store of the other role or of a newer schema version; returns
+/// the stored version.
+fn check_meta(tx: &PgTx, schema: &str, role: Role) -> Result<i64, StoreError> {
     let meta = |key: &'static str| -> Result<Option<String>, StoreError> {
         Ok(tx
             .row(
@@ -485,7 +752,5 @@ fn check_meta(tx: &PgTx, schema: &str, role: Role) -> Result<(), StoreError> {
             format!("schema {schema} has ordo schema version {version}; this ordo knows up to {SCHEMA_VERSION}"),
         ));
     }
-    // Versions below SCHEMA_VERSION would be migrated forward here, in this
-    // transaction; version 1 is the first.
-    Ok(())
+    Ok(version)
 }

@@ -88,20 +88,27 @@ pub fn pg_error(context: &str, error: postgres::Error) -> StoreError {
     StoreError::with_source(kind, message, error)
 }
 
-/// An error at COMMIT: a lost connection leaves the outcome unknown; a
-/// refusal by the server (a serialization failure, a deferred constraint)
-/// means nothing was committed.
+/// An error at COMMIT: a refusal by the server (an `ERROR`: a
+/// serialization failure, a deferred constraint) means nothing was
+/// committed; anything else (the connection lost, or ended by the server
+/// with a `FATAL` such as `57P01` while the COMMIT may already have been
+/// recorded) leaves the outcome unknown.
 pub fn commit_error(context: &str, error: postgres::Error) -> StoreError {
-    if error.code().is_none() && lost_connection(&error) {
-        return StoreError::with_source(
-            ErrorKind::CommitOutcomeUnknown,
-            format!(
-                "{context}: the connection failed during COMMIT; whether it took effect is unknown"
-            ),
-            error,
-        );
+    let refused = error
+        .as_db_error()
+        .is_some_and(|db| db.severity() == "ERROR");
+    if refused {
+        return pg_error(context, error);
     }
-    pg_error(context, error)
+    let cause = match error.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => "the connection failed".to_string(),
+    };
+    StoreError::with_source(
+        ErrorKind::CommitOutcomeUnknown,
+        format!("{context}: {cause} during COMMIT; whether it took effect is unknown"),
+        error,
+    )
 }
 
 /// A stored value that breaks the protocol's rules: the tables were changed

@@ -22,13 +22,42 @@
 //!   ... on `&self`), inside the transaction that marks its event applied.
 //! * Errors carry the SQLSTATE in their message; serialization failures,
 //!   deadlocks and lock timeouts are [`ErrorKind::Busy`](ordo_core::ErrorKind::Busy),
-//!   a lost connection `ConnectionLost`, one lost during COMMIT
-//!   `CommitOutcomeUnknown`.
+//!   a lost connection `ConnectionLost`, a COMMIT whose outcome cannot be
+//!   learned `CommitOutcomeUnknown`.
 //!
 //! Each store owns one connection (the sync `postgres` client, without
-//! TLS for now: meant for loopback or a trusted network). A pool, several
-//! relays and appliers with leases, and resolving unknown commit outcomes
-//! come later.
+//! TLS for now: meant for loopback or a trusted network).
+//!
+//! # Several workers
+//!
+//! Run several relays and appliers as several store handles (threads or
+//! processes), each with its own connection:
+//!
+//! * [`PgOptions::owner`] names the worker (default: unique per handle);
+//!   the connection's `application_name` is `ordo-relay-<owner>` for a
+//!   producer, `ordo-apply-<owner>` for a consumer, unless
+//!   [`PgOptions::application_name`] or the URL sets one.
+//! * Relays claim whole flows under leases of [`PgOptions::lease_ms`]
+//!   (default [`LEASE_MS_DEFAULT`]) with a fence; a stale relay's
+//!   bookkeeping is refused with
+//!   [`ErrorKind::LeaseLost`](ordo_core::ErrorKind::LeaseLost) and
+//!   nothing written (see [`PgProducer`]). Use the `fair` policy: the
+//!   `first-pending` policy claims nothing and is for one relay.
+//! * Appliers lock a flow's apply cursor row: a batch passes by a flow
+//!   another applier holds (reporting it `idle`, nothing applied), so
+//!   appliers never wait for each other on different flows, and each
+//!   `(flow, seq)` is applied once, in order.
+//! * Every write transaction records its transaction id when it begins; a
+//!   COMMIT whose answer is lost is resolved on a new connection with
+//!   `pg_xact_status` ([`PgTx::transaction_outcome`]): committed is
+//!   success, aborted is
+//!   [`ErrorKind::ConnectionLost`](ordo_core::ErrorKind::ConnectionLost)
+//!   with nothing written, still unknown is
+//!   [`ErrorKind::CommitOutcomeUnknown`](ordo_core::ErrorKind::CommitOutcomeUnknown).
+//!   Receive, apply and the relay's bookkeeping are idempotent or
+//!   conditional: after `ConnectionLost` they are simply retried.
+//! * A connection whose transaction errored or broke is replaced by a new
+//!   one with the same settings before the store's next transaction.
 
 #![warn(missing_docs)]
 
@@ -39,7 +68,8 @@ pub mod error;
 mod producer;
 
 pub use conn::{
-    Params, PgOptions, PgTx, CONSUMER_SCHEMA_DEFAULT, PRODUCER_SCHEMA_DEFAULT, SCHEMA_VERSION,
+    Params, PgOptions, PgTx, TxOutcome, CONSUMER_SCHEMA_DEFAULT, LEASE_MS_DEFAULT,
+    PRODUCER_SCHEMA_DEFAULT, SCHEMA_VERSION,
 };
 pub use consumer::{read_inbox, PgConsumer};
 pub use domain::{Schema, MIGRATIONS_MAX};
@@ -47,8 +77,8 @@ pub use producer::{read_outbox, PgProducer, PgProducerTx, CONFLICT_REASON};
 /// ordo's own tables of each role (producer, consumer) as they are created,
 /// with `{s}` standing for the schema: what a store at [`SCHEMA_VERSION`]
 /// holds, for a caller that caches migrated databases (a test template).
-pub fn tables_ddl() -> [&'static str; 2] {
-    [producer::DDL, consumer::DDL]
+pub fn tables_ddl() -> [String; 2] {
+    [producer::TABLES.all(), consumer::TABLES.all()]
 }
 
 /// The `postgres` client these stores are built on, for rows and types in

@@ -1,25 +1,44 @@
 //! The producer store: the outbox and the per-flow head of its sequence in
 //! ordo's producer schema, beside the application's own tables.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use ordo_core::envelope::EventType;
 use ordo_core::ops::{OutboxEntry, ProducerStatus, Pruned, RetryRefused};
 use ordo_core::{
-    crash, AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, ProducerStore,
-    Receipt, SchemaVersion, Seq, StoreError, SystemClock,
+    crash, AppendError, Backoff, Clock, Envelope, ErrorKind, EventId, FlowId, OutboxRecord,
+    ProducerStore, Receipt, SchemaVersion, Seq, StoreError, SystemClock,
 };
 use postgres::Row;
 
-use crate::conn::{open, PgOptions, PgTx, Role, Want};
+use crate::conn::{open, PgOptions, PgTx, Role, Tables, Want};
 use crate::domain::Schema;
 use crate::error::corrupt;
 
-/// ordo's producer tables (`{s}` is the schema). `outbox_head` holds each
-/// flow's last seq, the row a writer locks to allocate the next one, and
-/// the relay's bookkeeping (its head, when it is due, when it was served).
-pub(crate) const DDL: &str = "
+/// ordo's producer tables, version by version.
+pub(crate) const TABLES: Tables = Tables {
+    ddl: DDL,
+    migrations: &[
+        // 2: relay leases. One row per flow, created with its head: the
+        // relay holding the flow, until when, and the fence that grows with
+        // every new claim (never reset: the row is never deleted).
+        "CREATE TABLE {s}.relay_lease (
+             flow_id       text   COLLATE \"C\" PRIMARY KEY,
+             owner         text,
+             fence         bigint NOT NULL DEFAULT 0,
+             expires_at_ms bigint NOT NULL DEFAULT 0
+         );
+         CREATE INDEX relay_lease_owner ON {s}.relay_lease (owner) WHERE owner IS NOT NULL;
+         INSERT INTO {s}.relay_lease (flow_id) SELECT flow_id FROM {s}.outbox_head;",
+    ],
+};
+
+/// ordo's producer tables as version 1 created them (`{s}` is the
+/// schema). `outbox_head` holds each flow's last seq, the row a writer
+/// locks to allocate the next one, and the relay's bookkeeping (its head,
+/// when it is due, when it was served).
+const DDL: &str = "
 CREATE TABLE {s}.outbox (
     position           bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     event_id           text    COLLATE \"C\" NOT NULL UNIQUE,
@@ -57,15 +76,54 @@ pub const CONFLICT_REASON: &str =
     "conflict: the consumer holds a different body under this event id, or another event id at this (flow_id, seq)";
 
 const BODY: &str = "producer: stored outbox body";
+const LEASE: &str = "producer: relay lease";
+const BEGIN_SYNCED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+const BEGIN_UNSYNCED: &str =
+    "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off";
 
 /// The producer's store on PostgreSQL: ordo's tables in their own schema
 /// (`ordo_producer` by default) and the application's beside them, over one
 /// connection.
+///
+/// # Several relays
+///
+/// Any number of relays (threads or processes, each with its own
+/// `PgProducer`) may relay from one store at once. A relay claims whole
+/// flows, never single events: [`fair_round`](ProducerStore::fair_round)
+/// claims (or renews) a lease on each flow it returns, for
+/// [`PgOptions::lease_ms`], under the handle's owner name
+/// ([`PgOptions::owner`]), in one short transaction (`FOR UPDATE SKIP
+/// LOCKED` on the flows' lease rows: relays never wait for each other), and
+/// releases the flows it held but has nothing due for. No transaction is
+/// held across a delivery. Each new claim of a flow increases its fence;
+/// the round's bookkeeping ([`record_receipts`](ProducerStore::record_receipts),
+/// [`record_failure`](ProducerStore::record_failure),
+/// [`quarantine`](ProducerStore::quarantine)) carries the fence it claimed
+/// and is refused whole, nothing written, with
+/// [`ErrorKind::LeaseLost`] when another relay has claimed the flow since
+/// (the lease expired under a slow relay). Bookkeeping for a flow this
+/// handle did not claim (an explicit delivery of one event) is refused the
+/// same way while another relay holds the flow.
+///
+/// The consumer's receive needs no fence: the inbox decides every receipt
+/// from what it stores (`duplicate` for an event it holds, `conflict` for a
+/// different one), and applies strictly in seq order from its own cursor,
+/// so two relays delivering the same flow for a while can only cause
+/// `duplicate` receipts and a transient `gap`, never a wrong apply. A
+/// custody mark refused with its round is found again by the flow's new
+/// holder, whose delivery the consumer answers `duplicate`.
+///
+/// Dropping the handle releases its leases; a relay that dies holds its
+/// flows until their leases expire.
 pub struct PgProducer {
     conn: PgTx,
     domain: String,
     clock: Arc<dyn Clock>,
     commits: u64,
+    owner: String,
+    lease_ms: i64,
+    /// The fence of each flow claimed by the last round.
+    held: HashMap<String, i64>,
 }
 
 /// A write transaction on the producer, in which the caller changes its own
@@ -110,13 +168,137 @@ impl PgProducer {
         clock: Arc<dyn Clock>,
         options: &PgOptions,
     ) -> Result<PgProducer, StoreError> {
-        let opened = open(url, Role::Producer, DDL, want, options)?;
+        let opened = open(url, Role::Producer, &TABLES, want, options)?;
         Ok(PgProducer {
             conn: opened.conn,
             domain: opened.domain,
             clock,
             commits: 0,
+            owner: opened.owner,
+            lease_ms: i64::try_from(options.lease_ms).unwrap_or(i64::MAX),
+            held: HashMap::new(),
         })
+    }
+
+    /// The name this handle claims flows under.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The flows this handle's last round claimed, with their fences.
+    pub fn held_flows(&self) -> BTreeMap<FlowId, i64> {
+        self.held
+            .iter()
+            .filter_map(|(flow, fence)| Some((FlowId::new(flow.clone()).ok()?, *fence)))
+            .collect()
+    }
+
+    /// Releases every flow this handle holds, so that other relays take
+    /// them at once; returns how many. Dropping the handle does it too.
+    pub fn release_leases(&mut self) -> Result<u64, StoreError> {
+        let owner = self.owner.clone();
+        let released = self.conn.in_tx(LEASE, |tx| {
+            tx.run(
+                LEASE,
+                "UPDATE {s}.relay_lease SET owner = NULL, expires_at_ms = 0
+                 WHERE flow_id IN (SELECT flow_id FROM {s}.relay_lease WHERE owner = $1
+                                   FOR UPDATE SKIP LOCKED)",
+                &[&owner],
+            )
+        })?;
+        self.held.clear();
+        Ok(released)
+    }
+
+    /// Claims up to `limit` due flows for this handle and releases the
+    /// others it held; returns the claimed flows with their fences.
+    fn claim(
+        &mut self,
+        limit: i64,
+        skip: &[&str],
+        now_ms: i64,
+    ) -> Result<HashMap<String, i64>, StoreError> {
+        let owner = self.owner.clone();
+        let lease_ms = self.lease_ms;
+        self.conn.in_tx(LEASE, |tx| {
+            let claimed: HashMap<String, i64> = tx
+                .rows(
+                    LEASE,
+                    "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
+                     pick AS (
+                         SELECT l.flow_id FROM {s}.relay_lease l
+                         JOIN {s}.outbox_head h ON h.flow_id = l.flow_id
+                         WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
+                           AND NOT (l.flow_id = ANY ($3))
+                           AND (l.owner IS NULL OR l.owner = $4
+                                OR l.expires_at_ms <= (SELECT ms FROM now))
+                         ORDER BY h.relay_turn, h.flow_id
+                         LIMIT $2
+                         FOR UPDATE OF l SKIP LOCKED)
+                     UPDATE {s}.relay_lease l SET
+                         fence = CASE WHEN l.owner = $4 AND l.expires_at_ms > now.ms
+                                      THEN l.fence ELSE l.fence + 1 END,
+                         owner = $4,
+                         expires_at_ms = now.ms + $5
+                     FROM pick, now WHERE l.flow_id = pick.flow_id
+                     RETURNING l.flow_id, l.fence",
+                    &[&now_ms, &limit, &skip, &owner, &lease_ms],
+                )?
+                .iter()
+                .map(|row| (row.get(0), row.get(1)))
+                .collect();
+            let keep: Vec<&str> = claimed.keys().map(String::as_str).collect();
+            tx.run(
+                LEASE,
+                "UPDATE {s}.relay_lease SET owner = NULL, expires_at_ms = 0
+                 WHERE flow_id IN (SELECT flow_id FROM {s}.relay_lease
+                                   WHERE owner = $1 AND NOT (flow_id = ANY ($2))
+                                   FOR UPDATE SKIP LOCKED)",
+                &[&owner, &keep],
+            )?;
+            Ok(claimed)
+        })
+    }
+
+    /// Inside a bookkeeping transaction: locks the lease rows of the flows
+    /// of `event_ids` (a claim skips them until this transaction ends) and
+    /// refuses the write when another relay claimed one of them since this
+    /// handle's round, or holds one this handle did not claim.
+    fn check_fences(&self, tx: &PgTx, event_ids: &[&str]) -> Result<(), StoreError> {
+        let rows = tx.rows(
+            LEASE,
+            "SELECT l.flow_id, l.owner, l.fence,
+                    l.expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+             FROM {s}.relay_lease l
+             WHERE l.flow_id IN (SELECT o.flow_id FROM {s}.outbox o WHERE o.event_id = ANY ($1))
+             ORDER BY l.flow_id FOR SHARE OF l",
+            &[&event_ids],
+        )?;
+        for row in &rows {
+            let flow: &str = row.get(0);
+            let owner: Option<&str> = row.get(1);
+            let fence: i64 = row.get(2);
+            let live: bool = row.get(3);
+            let current = match self.held.get(flow) {
+                Some(claimed) => owner == Some(self.owner.as_str()) && fence == *claimed,
+                None => owner.is_none() || owner == Some(self.owner.as_str()) || !live,
+            };
+            if !current {
+                return Err(StoreError::new(
+                    ErrorKind::LeaseLost,
+                    format!(
+                        "producer: flow {flow} is now held by relay {} (fence {fence}{}); \
+                         this relay's bookkeeping was refused, nothing written",
+                        owner.unwrap_or("none"),
+                        match self.held.get(flow) {
+                            Some(claimed) => format!(", this relay claimed fence {claimed}"),
+                            None => String::new(),
+                        }
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The domain that owns this store.
@@ -166,10 +348,8 @@ impl PgProducer {
         let context = "producer: write transaction";
         let conn = &self.conn;
         let clock = &self.clock;
-        let appended = conn.in_tx(context, |conn| {
-            if !synced {
-                conn.control(context, "SET LOCAL synchronous_commit = off")?;
-            }
+        let begin = if synced { BEGIN_SYNCED } else { BEGIN_UNSYNCED };
+        let appended = conn.in_tx_begun(context, begin, |conn| {
             let mut ptx = PgProducerTx {
                 conn,
                 now_ms: clock.now_ms(),
@@ -182,6 +362,23 @@ impl PgProducer {
         Ok(appended.0)
     }
 
+    /// Delivery bookkeeping on the events `event_ids`, in one transaction
+    /// committed without waiting for the WAL flush, refused whole when the
+    /// fence of one of their flows is stale (see [`PgProducer`]).
+    fn bookkeeping<T>(
+        &mut self,
+        event_ids: &[&str],
+        f: impl FnOnce(&PgTx, i64) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let this = &*self;
+        let value = this.conn.in_tx_begun(LEASE, BEGIN_UNSYNCED, |tx| {
+            this.check_fences(tx, event_ids)?;
+            f(tx, this.clock.now_ms())
+        })?;
+        self.commits += 1;
+        Ok(value)
+    }
+
     /// Runs `f` inside one read-only REPEATABLE READ transaction, so that
     /// everything it reads is one consistent snapshot.
     pub fn read<T>(
@@ -192,13 +389,25 @@ impl PgProducer {
     }
 }
 
+impl Drop for PgProducer {
+    /// Releases the handle's leases, so that other relays take its flows at
+    /// once (a failure leaves them to expire).
+    fn drop(&mut self) {
+        if !self.held.is_empty() {
+            if let Err(e) = self.release_leases() {
+                tracing::debug!("the relay leases are left to expire: {e}");
+            }
+        }
+    }
+}
+
 /// Runs `f` in a read-only REPEATABLE READ transaction.
 pub(crate) fn read_snapshot<T>(
     conn: &PgTx,
     context: &str,
     f: impl FnOnce(&PgTx) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    conn.control(context, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")?;
+    conn.begin_read(context)?;
     let value = f(conn);
     conn.rollback();
     value
@@ -218,8 +427,9 @@ impl PgProducerTx<'_> {
         let context = "producer: cannot lock the outbox head";
         self.conn.run(
             context,
-            "INSERT INTO {s}.outbox_head (flow_id, last_seq) VALUES ($1, 0)
-             ON CONFLICT (flow_id) DO NOTHING",
+            "WITH head AS (INSERT INTO {s}.outbox_head (flow_id, last_seq) VALUES ($1, 0)
+                           ON CONFLICT (flow_id) DO NOTHING RETURNING flow_id)
+             INSERT INTO {s}.relay_lease (flow_id) SELECT flow_id FROM head",
             &[&flow_id.as_str()],
         )?;
         let row = self.conn.row(
@@ -374,6 +584,20 @@ fn refresh_heads(
     turn: Option<i64>,
     reopened: Option<i64>,
 ) -> Result<(), StoreError> {
+    if flows.is_empty() {
+        return Ok(());
+    }
+    // The head rows first, in flow order: a writer appending to one of the
+    // flows commits before (and its event is then seen by the statements
+    // below, each reading a new snapshot) or waits until this transaction
+    // ends. Computed in the statement that waits, the head could miss that
+    // writer's event and be set past it.
+    let names: Vec<&str> = flows.iter().map(String::as_str).collect();
+    conn.run(
+        "producer: cannot lock the relay heads",
+        "SELECT 1 FROM {s}.outbox_head WHERE flow_id = ANY ($1) ORDER BY flow_id FOR UPDATE",
+        &[&names],
+    )?;
     for flow in flows {
         conn.run(
             "producer: cannot move the relay heads",
@@ -437,6 +661,8 @@ impl ProducerStore for PgProducer {
         }
     }
 
+    /// Claims the flows of the round first (see [`PgProducer`]): only the
+    /// heads of flows this handle holds are returned.
     fn fair_round(
         &mut self,
         limit: usize,
@@ -445,29 +671,40 @@ impl ProducerStore for PgProducer {
     ) -> Result<Vec<Envelope>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let skip: Vec<&str> = skip.iter().map(FlowId::as_str).collect();
+        self.held = self.claim(limit, &skip, now_ms)?;
+        if self.held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let flows: Vec<&str> = self.held.keys().map(String::as_str).collect();
         envelopes(self.conn.rows(
             "producer: cannot pick a fair round",
             "SELECT o.body FROM {s}.outbox_head h
              JOIN {s}.outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
-             WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
-               AND NOT (h.flow_id = ANY ($3))
+             WHERE h.flow_id = ANY ($3) AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
              ORDER BY h.relay_turn, h.flow_id
              LIMIT $2",
-            &[&now_ms, &limit, &skip],
+            &[&now_ms, &limit, &flows],
         )?)
     }
 
     /// Committed without waiting for the WAL flush: an accepted mark lost
     /// with the server only makes the relay hand the event over again, and
-    /// the consumer answers duplicate.
+    /// the consumer answers duplicate. Refused whole ([`ErrorKind::LeaseLost`])
+    /// when another relay claimed one of the events' flows since this
+    /// handle's round.
     fn record_receipts(
         &mut self,
         receipts: &[(EventId, Receipt)],
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        self.write_synced(false, |ptx| record_receipts_in(ptx, receipts, now_ms))
+        let ids: Vec<&str> = receipts.iter().map(|(id, _)| id.as_str()).collect();
+        self.bookkeeping(&ids, |tx, store_now_ms| {
+            record_receipts_in(tx, receipts, store_now_ms.max(now_ms))
+        })
     }
 
+    /// Refused whole ([`ErrorKind::LeaseLost`]) when another relay claimed
+    /// one of the events' flows since this handle's round.
     fn record_failure(
         &mut self,
         event_ids: &[EventId],
@@ -475,10 +712,11 @@ impl ProducerStore for PgProducer {
         now_ms: i64,
         backoff: &Backoff,
     ) -> Result<(), StoreError> {
-        self.write_synced(false, |ptx| {
+        let ids: Vec<&str> = event_ids.iter().map(EventId::as_str).collect();
+        self.bookkeeping(&ids, |tx, _| {
             let mut flows = BTreeSet::new();
             for event_id in event_ids {
-                let row = ptx.conn.row(
+                let row = tx.row(
                     "producer: cannot record a delivery failure",
                     "UPDATE {s}.outbox SET attempts = attempts + 1, last_outcome = 'error', last_error = $2
                      WHERE event_id = $1 AND NOT accepted RETURNING flow_id, attempts",
@@ -492,17 +730,19 @@ impl ProducerStore for PgProducer {
                 let due = now_ms
                     .saturating_add(1)
                     .saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
-                ptx.conn.run(
+                tx.run(
                     "producer: cannot record a delivery failure",
                     "UPDATE {s}.outbox SET next_attempt_at_ms = $2 WHERE event_id = $1",
                     &[&event_id.as_str(), &due],
                 )?;
                 flows.insert(row.get::<_, String>(0));
             }
-            refresh_heads(ptx.conn, &flows, None, None)
+            refresh_heads(tx, &flows, None, None)
         })
     }
 
+    /// Refused ([`ErrorKind::LeaseLost`]) when another relay claimed the
+    /// event's flow since this handle's round.
     fn quarantine(
         &mut self,
         event_id: &EventId,
@@ -510,8 +750,8 @@ impl ProducerStore for PgProducer {
         reason: &str,
         _now_ms: i64,
     ) -> Result<(), StoreError> {
-        self.write_synced(false, |ptx| {
-            let row = ptx.conn.row(
+        self.bookkeeping(&[event_id.as_str()], |tx, _| {
+            let row = tx.row(
                 "producer: cannot quarantine an event",
                 "UPDATE {s}.outbox SET quarantined = true, quarantine_reason = $2,
                      attempts = attempts + 1, last_outcome = $3, last_error = $2
@@ -519,7 +759,7 @@ impl ProducerStore for PgProducer {
                 &[&event_id.as_str(), &reason, &outcome],
             )?;
             let flows = row.map(|row| row.get::<_, String>(0)).into_iter().collect();
-            refresh_heads(ptx.conn, &flows, None, None)
+            refresh_heads(tx, &flows, None, None)
         })
     }
 
@@ -602,13 +842,13 @@ impl ProducerStore for PgProducer {
     }
 }
 
+/// `accepted_at` is the later of the relay's clock and the store's.
 fn record_receipts_in(
-    ptx: &mut PgProducerTx<'_>,
+    conn: &PgTx,
     receipts: &[(EventId, Receipt)],
-    now_ms: i64,
+    accepted_at: i64,
 ) -> Result<(), StoreError> {
     let context = "producer: cannot record receipts";
-    let conn = ptx.conn;
     let turn: i64 = conn
         .row(context, "SELECT nextval('{s}.relay_turn')", &[])?
         .expect("nextval returns a row")
@@ -617,7 +857,6 @@ fn record_receipts_in(
     for (event_id, receipt) in receipts {
         latest.insert(event_id.as_str(), *receipt);
     }
-    let accepted_at = ptx.now_ms.max(now_ms);
     let mut flows = BTreeSet::new();
     for (event_id, receipt) in &latest {
         // An event no longer in the outbox was settled and pruned

@@ -14,9 +14,10 @@ use crate::producer::stored_envelope;
 
 const CONTEXT: &str = "consumer: apply failed";
 
-/// Set for the apply transaction alone: a handler that ends the
-/// transaction (which it must not) clears it, and the mark then fails.
-const MARK_TX: &str = "SET LOCAL ordo.apply_tx = 'on'";
+/// Begins an apply transaction: `ordo.apply_tx` is set for it alone, so
+/// that a handler that ends the transaction (which it must not) clears it,
+/// and the mark then fails.
+const BEGIN_APPLY: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL ordo.apply_tx = 'on'";
 
 /// How a step keeps a blocked event's handler writes apart from the rest of
 /// its transaction.
@@ -34,13 +35,11 @@ fn in_apply_tx<T>(
     f: impl FnOnce(&PgTx, i64) -> Result<Option<(T, bool)>, StoreError>,
 ) -> Result<Option<T>, StoreError> {
     let tx = &db.conn;
-    tx.begin(CONTEXT)?;
-    tx.control(CONTEXT, MARK_TX)
-        .inspect_err(|_| tx.rollback())?;
+    let txid = tx.begin_with(CONTEXT, BEGIN_APPLY)?;
     let outcome = f(tx, db.clock.now_ms());
     match outcome {
         Ok(Some((value, true))) => {
-            tx.commit("consumer: apply commit failed")?;
+            tx.commit("consumer: apply commit failed", txid)?;
             db.commits += 1;
             Ok(Some(value))
         }
@@ -68,7 +67,8 @@ where
     H: ApplyHandler<PgTx> + ?Sized,
 {
     let step = in_apply_tx(db, |tx, now_ms| {
-        let applied_seq = read_cursor(tx, flow_id)?;
+        let applied_seq =
+            lock_cursor(tx, flow_id, Lock::Wait)?.expect("a waiting lock is always taken");
         let (step, wrote) =
             step_in_tx(tx, flow_id, applied_seq, handler, now_ms, Guard::Savepoint)?
                 .expect("a guarded step always ends");
@@ -130,7 +130,15 @@ where
     let mut total = 0u64;
     let mut wrote_any = false;
     for (flow_id, limit) in flows {
-        let mut applied_seq = read_cursor(tx, flow_id)?;
+        let Some(mut applied_seq) = lock_cursor(tx, flow_id, Lock::Skip)? else {
+            // Another applier holds the flow and drains it.
+            drains.push(Drain {
+                flow_id: flow_id.clone(),
+                applied: 0,
+                stop: DrainStop::Idle,
+            });
+            continue;
+        };
         let mut applied = 0u64;
         let stop = loop {
             if total >= events_max || limit.is_some_and(|limit| applied >= limit) {
@@ -168,16 +176,62 @@ where
     Ok(Some(((drains, total), wrote_any)))
 }
 
-/// The flow's apply cursor, locked until the transaction ends: the last
-/// applied (or skipped) seq, 0 if none.
-pub(super) fn read_cursor(tx: &PgTx, flow_id: &FlowId) -> Result<i64, StoreError> {
-    Ok(tx
-        .row(
-            "consumer: cannot read the apply cursor",
+/// Whether locking a flow's apply cursor waits for another applier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lock {
+    /// Wait until the other applier's transaction ends.
+    Wait,
+    /// Give up at once (`SKIP LOCKED`): the other applier drains the flow.
+    Skip,
+}
+
+/// The flow's apply cursor (the last applied or skipped seq, 0 if none),
+/// its row locked until the transaction ends, so that one applier at a
+/// time applies the flow; a flow never applied gets its row (at 0) first.
+/// `None` when another applier holds the flow and `lock` is [`Lock::Skip`].
+pub(super) fn lock_cursor(
+    tx: &PgTx,
+    flow_id: &FlowId,
+    lock: Lock,
+) -> Result<Option<i64>, StoreError> {
+    let context = "consumer: cannot lock the apply cursor";
+    let flow = flow_id.as_str();
+    let locked = match lock {
+        Lock::Wait => tx.row(
+            context,
             "SELECT applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1 FOR UPDATE",
-            &[&flow_id.as_str()],
-        )?
-        .map_or(0, |row| row.get(0)))
+            &[&flow],
+        )?,
+        Lock::Skip => tx.row(
+            context,
+            "SELECT applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1 FOR UPDATE SKIP LOCKED",
+            &[&flow],
+        )?,
+    };
+    if let Some(row) = locked {
+        return Ok(Some(row.get(0)));
+    }
+    // Another applier's row, or none: receive creates the row with the
+    // flow's first event, so none means nothing stored (or the flow's
+    // first event being received right now, which the insert waits for).
+    let created = tx.row(
+        context,
+        "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq) VALUES ($1, 0)
+         ON CONFLICT (flow_id) DO NOTHING RETURNING applied_seq",
+        &[&flow],
+    )?;
+    match (created, lock) {
+        (Some(row), _) => Ok(Some(row.get(0))),
+        (None, Lock::Skip) => Ok(None),
+        (None, Lock::Wait) => Ok(Some(
+            tx.row(
+                context,
+                "SELECT applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1 FOR UPDATE",
+                &[&flow],
+            )?
+            .map_or(0, |row| row.get(0)),
+        )),
+    }
 }
 
 pub(super) fn write_cursor(
@@ -314,7 +368,7 @@ fn mark_applied(
     let marked = tx.run(
         CONTEXT,
         "UPDATE {s}.inbox SET status = 'applied', reason = NULL, detail = NULL, settled_at_ms = $4
-         WHERE event_id = $1 AND flow_id = $2 AND seq = $3
+         WHERE event_id = $1 AND flow_id = $2 AND seq = $3 AND status IN ('pending', 'blocked')
            AND current_setting('ordo.apply_tx', true) = 'on'",
         &[&event_id.as_str(), &flow_id.as_str(), &next.get(), &now_ms],
     )?;

@@ -21,13 +21,28 @@ use ordo_core::{
     InboxRecord, InboxStatus, Receipt, Step, StoreError, SystemClock,
 };
 
-use crate::conn::{open, PgOptions, PgTx, Role, Want};
+use crate::conn::{open, PgOptions, PgTx, Role, Tables, Want};
 use crate::domain::Schema;
 use crate::error::corrupt;
 use crate::producer::{read_snapshot, stored_envelope};
 
-/// ordo's consumer tables (`{s}` is the schema).
-pub(crate) const DDL: &str = "
+/// ordo's consumer tables, version by version.
+pub(crate) const TABLES: Tables = Tables {
+    ddl: DDL,
+    migrations: &[
+        // 2: an apply cursor row for every flow with a stored event, even
+        // before its first apply (at 0), so that appliers lock the flow's
+        // row.
+        "ALTER TABLE {s}.inbox_cursor DROP CONSTRAINT inbox_cursor_applied_seq_check;
+         ALTER TABLE {s}.inbox_cursor ADD CONSTRAINT inbox_cursor_applied_seq_check
+             CHECK (applied_seq >= 0);
+         INSERT INTO {s}.inbox_cursor (flow_id, applied_seq)
+             SELECT DISTINCT flow_id, 0 FROM {s}.inbox ON CONFLICT (flow_id) DO NOTHING;",
+    ],
+};
+
+/// ordo's consumer tables as version 1 created them (`{s}` is the schema).
+const DDL: &str = "
 CREATE TABLE {s}.inbox (
     event_id       text   COLLATE \"C\" PRIMARY KEY,
     flow_id        text   COLLATE \"C\" NOT NULL,
@@ -124,7 +139,7 @@ impl PgConsumer {
         clock: Arc<dyn Clock>,
         options: &PgOptions,
     ) -> Result<PgConsumer, StoreError> {
-        let opened = open(url, Role::Consumer, DDL, want, options)?;
+        let opened = open(url, Role::Consumer, &TABLES, want, options)?;
         Ok(PgConsumer {
             conn: opened.conn,
             domain: opened.domain,

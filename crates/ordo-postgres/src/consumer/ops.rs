@@ -93,13 +93,8 @@ fn skip_in_tx(
 ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
     let flow = request.flow_id.as_str();
     let seq = request.seq.get();
-    let applied_seq: i64 = tx
-        .row(
-            SKIP,
-            "SELECT applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1 FOR UPDATE",
-            &[&flow],
-        )?
-        .map_or(0, |row| row.get(0));
+    let applied_seq = super::apply::lock_cursor(tx, &request.flow_id, super::apply::Lock::Wait)?
+        .expect("a waiting lock is always taken");
     let event_id: Option<String> = tx
         .row(
             SKIP,

@@ -14,7 +14,20 @@ pub(super) fn receive_batch(
     db: &mut PgConsumer,
     envelopes: &[Envelope],
 ) -> Result<Vec<Receipt>, StoreError> {
+    let mut flows: Vec<&str> = envelopes.iter().map(|e| e.flow_id.as_str()).collect();
+    flows.sort_unstable();
+    flows.dedup();
     db.write(CONTEXT, |tx, now_ms| {
+        // Each flow's apply cursor row exists before its first event is
+        // stored, so that appliers lock it (and skip it when another holds
+        // it) and never wait to create it.
+        tx.run(
+            CONTEXT,
+            "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq)
+             SELECT flow_id, 0 FROM unnest($1::text[]) AS flow_id
+             ON CONFLICT (flow_id) DO NOTHING",
+            &[&flows],
+        )?;
         let receipts = envelopes
             .iter()
             .map(|envelope| receive_one(tx, envelope, now_ms))

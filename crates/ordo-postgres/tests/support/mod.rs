@@ -17,6 +17,8 @@ use ordo_postgres::postgres::{Client, NoTls};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, Schema};
 use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 
+pub mod workers;
+
 const SERVER_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432";
 /// The most test databases in use at once in this process, whatever the
 /// number of test threads: each holds two to four connections, and the
@@ -70,7 +72,8 @@ fn hash_of(parts: &[&str]) -> u64 {
 /// The template's name: changes with anything it holds.
 fn template_name() -> String {
     let schemas = [pg_producer_schema(), pg_consumer_schema(), test_schema()];
-    let mut parts: Vec<&str> = ordo_postgres::tables_ddl().to_vec();
+    let tables = ordo_postgres::tables_ddl();
+    let mut parts: Vec<&str> = tables.iter().map(String::as_str).collect();
     parts.extend(
         schemas
             .iter()

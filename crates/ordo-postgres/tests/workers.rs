@@ -1,0 +1,579 @@
+//! Several relays and several appliers at once on one PostgreSQL database,
+//! each with its own store handle and connections: relays claim whole
+//! flows under leases whose fences refuse a stale relay's bookkeeping;
+//! appliers take a flow one at a time and never wait for each other on
+//! different flows.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ordo_core::{
+    process_all, relay, ApplyHandler, Backoff, Clock, ConsumerStore, DrainStop, Envelope,
+    ErrorKind, EventId, ProducerStore, Receipt, StoreError, SystemClock, Verdict,
+};
+use ordo_postgres::PgTx;
+use support::workers::{
+    all_settled, append, backlog, check_converged, client, consumer, flow, inbox_summary, producer,
+    relay_options, wait_until, Ordered, Violations,
+};
+use support::{database_for, url};
+
+/// These tests open up to ten connections each: one at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const BOUND: Duration = Duration::from_secs(120);
+
+fn ids(events: &[Envelope]) -> Vec<&str> {
+    events.iter().map(|e| e.event_id.as_str()).collect()
+}
+
+#[test]
+fn a_stale_fence_refuses_bookkeeping_and_writes_nothing() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    // `slow`'s leases lapse as soon as they are taken.
+    let mut slow = producer(&target, "slow", 0);
+    let mut holder = producer(&target, "holder", 600_000);
+    let f = flow(1);
+    let first = append(&mut slow, &f).unwrap();
+    append(&mut slow, &f).unwrap();
+    let now = SystemClock.now_ms();
+    let none = BTreeSet::new();
+
+    let round = slow.fair_round(10, &none, now).unwrap();
+    assert_eq!(ids(&round), [first.event_id.as_str()], "one head per flow");
+    let slow_fence = slow.held_flows()[&f];
+    let round = holder.fair_round(10, &none, now).unwrap();
+    assert_eq!(ids(&round), [first.event_id.as_str()]);
+    let holder_fence = holder.held_flows()[&f];
+    assert!(holder_fence > slow_fence, "a new claim moves the fence on");
+
+    let before = holder.outbox_entries(false, 10).unwrap();
+    let refused = [
+        slow.record_receipts(&[(first.event_id.clone(), Receipt::Accepted)], now),
+        slow.record_receipts(&[(first.event_id.clone(), Receipt::Conflict)], now),
+        slow.record_failure(
+            std::slice::from_ref(&first.event_id),
+            "lost",
+            now,
+            &Backoff::default(),
+        ),
+        slow.quarantine(&first.event_id, "too_large", "too_large: test", now),
+    ];
+    for outcome in refused {
+        let error = outcome.expect_err("a stale fence is refused");
+        assert_eq!(error.kind(), ErrorKind::LeaseLost, "{error}");
+    }
+    assert_eq!(
+        holder.outbox_entries(false, 10).unwrap(),
+        before,
+        "nothing written"
+    );
+
+    // A live lease is never shared.
+    let mut third = producer(&target, "third", 600_000);
+    assert!(third.fair_round(10, &none, now).unwrap().is_empty());
+
+    holder
+        .record_receipts(&[(first.event_id.clone(), Receipt::Accepted)], now)
+        .unwrap();
+    let entries = holder.outbox_entries(false, 10).unwrap();
+    assert!(entries[0].accepted, "the holder's bookkeeping is written");
+    assert_eq!(entries[0].attempts, 1);
+
+    // The holder releases the flow when it drops; the third relay takes it.
+    drop(holder);
+    let round = third.fair_round(10, &none, now).unwrap();
+    assert_eq!(round[0].seq.get(), 2, "the flow's next head");
+    assert!(third.held_flows()[&f] > holder_fence);
+}
+
+#[test]
+fn a_dead_relays_flows_are_taken_over_when_its_leases_expire() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut dead = producer(&target, "dead", 300);
+    for i in 0..6 {
+        for _ in 0..3 {
+            append(&mut dead, &flow(i)).unwrap();
+        }
+    }
+    let claimed = dead
+        .fair_round(100, &BTreeSet::new(), SystemClock.now_ms())
+        .unwrap();
+    assert_eq!(claimed.len(), 6);
+    let fences = dead.held_flows();
+    // The relay dies holding its flows: its connection ends without a
+    // release.
+    let mut checker = client(&target);
+    checker
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = 'ordo-relay-dead'",
+            &[],
+        )
+        .unwrap();
+    std::mem::forget(dead);
+
+    let mut live = producer(&target, "live", 60_000);
+    let mut inbox = consumer(&target, "receiver");
+    wait_until("the dead relay's flows delivered", BOUND, || {
+        relay(&mut live, &mut inbox, &relay_options(4), &SystemClock).unwrap();
+        backlog(&mut live) == 0
+    });
+    for (flow_id, fence) in fences {
+        let now: i64 = checker
+            .query_one(
+                "SELECT fence FROM ordo_producer.relay_lease WHERE flow_id = $1",
+                &[&flow_id.as_str()],
+            )
+            .unwrap()
+            .get(0);
+        assert!(now > fence, "flow {flow_id} was claimed anew");
+    }
+    assert_eq!(
+        inbox.inbox().unwrap().len(),
+        18,
+        "{}",
+        inbox_summary(&mut inbox)
+    );
+}
+
+/// One relay's loop: runs until `stop`, collecting every delivery.
+fn relay_loop(
+    target: String,
+    owner: String,
+    stop: Arc<AtomicBool>,
+    batch_len_max: usize,
+    tolerate_errors: bool,
+) -> Vec<(EventId, Receipt)> {
+    let mut relay_store = producer(&target, &owner, 2_000);
+    let mut to = consumer(&target, &owner);
+    let mut deliveries = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        match relay(
+            &mut relay_store,
+            &mut to,
+            &relay_options(batch_len_max),
+            &SystemClock,
+        ) {
+            Ok(report) => {
+                let idle = report.deliveries.is_empty();
+                deliveries.extend(
+                    report
+                        .deliveries
+                        .into_iter()
+                        .map(|d| (d.event_id, d.receipt)),
+                );
+                if idle {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            Err(e) if tolerate_errors => {
+                tracing_note(&owner, &e.to_string());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("relay {owner}: {e}"),
+        }
+    }
+    deliveries
+}
+
+fn tracing_note(worker: &str, error: &str) {
+    if std::env::var_os("ORDO_TEST_VERBOSE").is_some() {
+        eprintln!("{worker}: {error}");
+    }
+}
+
+/// One applier's loop: runs until `stop`.
+fn apply_loop(
+    target: String,
+    owner: String,
+    stop: Arc<AtomicBool>,
+    violations: Violations,
+    tolerate_errors: bool,
+) -> u64 {
+    let mut store = consumer(&target, &owner);
+    let mut handler = Ordered { violations };
+    let mut applied = 0;
+    while !stop.load(Ordering::SeqCst) {
+        match process_all(&mut store, None, &mut handler, 16) {
+            Ok(drains) => {
+                let now: u64 = drains.iter().map(|d| d.applied).sum();
+                applied += now;
+                if now == 0 {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            Err(e) if tolerate_errors => {
+                tracing_note(&owner, &e.to_string());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("applier {owner}: {e}"),
+        }
+    }
+    applied
+}
+
+#[test]
+fn several_relays_and_appliers_deliver_and_apply_every_event_once_in_order() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    const FLOWS: usize = 24;
+    const PER_FLOW: usize = 25;
+    let stop = Arc::new(AtomicBool::new(false));
+    let violations: Violations = Arc::default();
+
+    let producing = {
+        let target = target.clone();
+        std::thread::spawn(move || {
+            let mut store = producer(&target, "producer", 2_000);
+            for _ in 0..PER_FLOW {
+                for i in 0..FLOWS {
+                    append(&mut store, &flow(i)).unwrap();
+                }
+            }
+        })
+    };
+    let relays: Vec<_> = (0..3)
+        .map(|i| {
+            let (target, stop) = (target.clone(), stop.clone());
+            std::thread::spawn(move || relay_loop(target, format!("r{i}"), stop, 8, false))
+        })
+        .collect();
+    let appliers: Vec<_> = (0..2)
+        .map(|i| {
+            let (target, stop, violations) = (target.clone(), stop.clone(), violations.clone());
+            std::thread::spawn(move || apply_loop(target, format!("a{i}"), stop, violations, false))
+        })
+        .collect();
+
+    producing.join().expect("the producer");
+    let mut checker = client(&target);
+    wait_until("every event delivered and applied", BOUND, || {
+        all_settled(&mut checker)
+    });
+    stop.store(true, Ordering::SeqCst);
+    let mut accepted: BTreeMap<EventId, usize> = BTreeMap::new();
+    let mut relays_used = 0;
+    for relay in relays {
+        let deliveries = relay.join().expect("a relay");
+        relays_used += usize::from(!deliveries.is_empty());
+        for (event_id, receipt) in deliveries {
+            if receipt == Receipt::Accepted {
+                *accepted.entry(event_id).or_default() += 1;
+            } else {
+                assert_eq!(receipt, Receipt::Duplicate, "{event_id}");
+            }
+        }
+    }
+    let applied: u64 = appliers
+        .into_iter()
+        .map(|a| a.join().expect("an applier"))
+        .sum();
+
+    let per_flow = check_converged(&target);
+    assert_eq!(per_flow.len(), FLOWS);
+    assert!(per_flow.values().all(|n| *n == PER_FLOW as i64));
+    assert_eq!(
+        applied,
+        (FLOWS * PER_FLOW) as u64,
+        "each event applied once"
+    );
+    assert_eq!(accepted.len(), FLOWS * PER_FLOW, "every event delivered");
+    assert!(
+        accepted.values().all(|n| *n == 1),
+        "custody moves once per event"
+    );
+    assert!(relays_used >= 2, "the relays shared the work");
+    assert!(violations.lock().unwrap().is_empty(), "{violations:?}");
+}
+
+#[test]
+fn several_appliers_apply_each_event_once_in_order() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    const FLOWS: usize = 30;
+    const PER_FLOW: usize = 20;
+    let stop = Arc::new(AtomicBool::new(false));
+    let violations: Violations = Arc::default();
+    let appliers: Vec<_> = (0..4)
+        .map(|i| {
+            let (target, stop, violations) = (target.clone(), stop.clone(), violations.clone());
+            std::thread::spawn(move || apply_loop(target, format!("a{i}"), stop, violations, false))
+        })
+        .collect();
+
+    // Events arrive while the appliers run, each flow's out of order
+    // within a chunk (gaps that close), through the producer's envelopes.
+    let mut source = producer(&target, "source", 60_000);
+    let mut events = Vec::new();
+    for _ in 0..PER_FLOW {
+        for i in 0..FLOWS {
+            events.push(append(&mut source, &flow(i)).unwrap());
+        }
+    }
+    let mut receiver = consumer(&target, "receiver");
+    for chunk in events.chunks(FLOWS * 3) {
+        let mut chunk = chunk.to_vec();
+        chunk.reverse();
+        let receipts = receiver.receive_batch(&chunk).unwrap();
+        assert!(receipts.iter().all(|r| *r == Receipt::Accepted));
+    }
+    let mut checker = client(&target);
+    wait_until("every event applied", BOUND, || {
+        checker
+            .query_one(
+                "SELECT count(*) FROM ordo_testkit.inbox WHERE status <> 'applied'",
+                &[],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            == 0
+    });
+    stop.store(true, Ordering::SeqCst);
+    let applied: Vec<u64> = appliers
+        .into_iter()
+        .map(|a| a.join().expect("an applier"))
+        .collect();
+    assert_eq!(applied.iter().sum::<u64>(), (FLOWS * PER_FLOW) as u64);
+    let handled: i64 = checker
+        .query_one("SELECT count(*) FROM handled", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(handled, (FLOWS * PER_FLOW) as i64, "one effect per event");
+    assert!(violations.lock().unwrap().is_empty(), "{violations:?}");
+}
+
+/// Applies like [`Ordered`], but holds its transaction open on the first
+/// event of `gated` until told to go on.
+struct Gate {
+    inner: Ordered,
+    gated: String,
+    entered: Option<mpsc::Sender<()>>,
+    go_on: mpsc::Receiver<()>,
+}
+
+impl ApplyHandler<PgTx> for Gate {
+    fn apply(&mut self, tx: &PgTx, event: &Envelope) -> Result<Verdict, StoreError> {
+        if event.flow_id.as_str() == self.gated {
+            if let Some(entered) = self.entered.take() {
+                entered.send(()).unwrap();
+                self.go_on
+                    .recv_timeout(BOUND)
+                    .expect("the test lets the gate go on");
+            }
+        }
+        self.inner.apply(tx, event)
+    }
+}
+
+#[test]
+fn appliers_on_different_flows_never_wait_for_each_other() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut source = producer(&target, "source", 60_000);
+    let mut events = Vec::new();
+    for i in [1, 2] {
+        for _ in 0..3 {
+            events.push(append(&mut source, &flow(i)).unwrap());
+        }
+    }
+    let mut receiver = consumer(&target, "receiver");
+    receiver.receive_batch(&events).unwrap();
+    let violations: Violations = Arc::default();
+
+    let (entered_tx, entered) = mpsc::channel();
+    let (go_on, go_on_rx) = mpsc::channel();
+    let slow = {
+        let (target, violations) = (target.clone(), violations.clone());
+        std::thread::spawn(move || {
+            let mut store = consumer(&target, "slow");
+            let mut gate = Gate {
+                inner: Ordered { violations },
+                gated: flow(1).as_str().to_string(),
+                entered: Some(entered_tx),
+                go_on: go_on_rx,
+            };
+            process_all(&mut store, None, &mut gate, 16).unwrap()
+        })
+    };
+    entered
+        .recv_timeout(BOUND)
+        .expect("the slow applier holds flow 1");
+
+    // While flow 1 is held, another applier drains flow 2 and passes flow 1
+    // by without waiting.
+    let (done_tx, done) = mpsc::channel();
+    let quick = {
+        let (target, violations) = (target.clone(), violations.clone());
+        std::thread::spawn(move || {
+            let mut store = consumer(&target, "quick");
+            let drains = process_all(&mut store, None, &mut Ordered { violations }, 16).unwrap();
+            done_tx.send(()).unwrap();
+            drains
+        })
+    };
+    done.recv_timeout(BOUND)
+        .expect("the quick applier finishes while flow 1 is held");
+    let drains = quick.join().unwrap();
+    let by_flow: BTreeMap<String, (u64, DrainStop)> = drains
+        .into_iter()
+        .map(|d| (d.flow_id.as_str().to_string(), (d.applied, d.stop)))
+        .collect();
+    assert_eq!(by_flow[flow(1).as_str()], (0, DrainStop::Idle), "passed by");
+    assert_eq!(by_flow[flow(2).as_str()], (3, DrainStop::Idle));
+
+    go_on.send(()).unwrap();
+    let drains = slow.join().unwrap();
+    assert_eq!(drains[0].applied, 3, "the slow applier drains flow 1");
+    let handled: i64 = client(&target)
+        .query_one("SELECT count(*) FROM handled", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(handled, 6);
+    assert!(violations.lock().unwrap().is_empty(), "{violations:?}");
+}
+
+#[test]
+fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut relay_store = producer(&target, "bookkeeper", 600_000);
+    let f = flow(1);
+    let first = append(&mut relay_store, &f).unwrap();
+    let round = relay_store
+        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
+        .unwrap();
+    assert_eq!(ids(&round), [first.event_id.as_str()]);
+
+    // A writer appends the flow's next event and holds its transaction
+    // open, the flow's head locked.
+    let (appended_tx, appended) = mpsc::channel();
+    let (commit_tx, commit) = mpsc::channel::<()>();
+    let writer = {
+        let (target, f) = (target.clone(), f.clone());
+        std::thread::spawn(move || {
+            let mut store = producer(&target, "writer", 600_000);
+            store
+                .write(|ptx| {
+                    let event = ptx.append(
+                        &f,
+                        "record",
+                        ordo_core::SchemaVersion::V1,
+                        &serde_json::json!({}),
+                    )?;
+                    appended_tx.send(()).unwrap();
+                    commit.recv_timeout(BOUND).expect("told to commit");
+                    Ok::<_, ordo_core::AppendError>(event)
+                })
+                .unwrap()
+        })
+    };
+    appended.recv_timeout(BOUND).expect("the writer appended");
+    // The relay records the first event's receipt meanwhile: it waits for
+    // the writer's lock.
+    let bookkeeping = std::thread::spawn(move || {
+        relay_store
+            .record_receipts(
+                &[(first.event_id.clone(), Receipt::Accepted)],
+                SystemClock.now_ms(),
+            )
+            .unwrap();
+        relay_store
+    });
+    let mut checker = client(&target);
+    wait_until("the bookkeeping waits for the writer", BOUND, || {
+        checker
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                 AND application_name = 'ordo-relay-bookkeeper' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    });
+    commit_tx.send(()).unwrap();
+    let second = writer.join().unwrap();
+    let mut relay_store = bookkeeping.join().unwrap();
+    let round = relay_store
+        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
+        .unwrap();
+    assert_eq!(
+        ids(&round),
+        [second.event_id.as_str()],
+        "the new event is the head"
+    );
+}
+
+/// Delivers to a consumer, letting another relay claim the round's flows
+/// first (the lease lapsed while the round was on its way).
+struct OvertakenOnTheWay<'a> {
+    to: &'a mut ordo_postgres::PgConsumer,
+    overtaker: &'a mut ordo_postgres::PgProducer,
+}
+
+impl ordo_core::Transport for OvertakenOnTheWay<'_> {
+    fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, ordo_core::TransportError> {
+        let claimed = self
+            .overtaker
+            .fair_round(100, &BTreeSet::new(), SystemClock.now_ms())
+            .expect("the other relay claims");
+        assert_eq!(claimed.len(), events.len(), "it claims the round's flows");
+        Ok(self.to.receive_batch(events)?)
+    }
+}
+
+#[test]
+fn a_relay_overtaken_on_a_round_leaves_its_flows_to_the_new_holder() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut slow = producer(&target, "slow", 0);
+    let mut other = producer(&target, "other", 600_000);
+    for i in 0..3 {
+        append(&mut slow, &flow(i)).unwrap();
+    }
+    let mut to = consumer(&target, "receiver");
+    let mut transport = OvertakenOnTheWay {
+        to: &mut to,
+        overtaker: &mut other,
+    };
+    let report = relay(&mut slow, &mut transport, &relay_options(8), &SystemClock)
+        .expect("the run goes on past the refused bookkeeping");
+    assert_eq!(report.stop, ordo_core::RelayStop::Drained);
+    assert!(
+        report.deliveries.is_empty(),
+        "nothing recorded by the slow relay"
+    );
+    assert!(
+        slow.outbox_entries(false, 10)
+            .unwrap()
+            .iter()
+            .all(|e| !e.accepted && e.attempts == 0),
+        "nothing written"
+    );
+    // The new holder hands the events over again: duplicates, now marked.
+    let report = relay(&mut other, &mut to, &relay_options(8), &SystemClock).unwrap();
+    assert_eq!(report.deliveries.len(), 3);
+    assert!(report
+        .deliveries
+        .iter()
+        .all(|d| d.receipt == Receipt::Duplicate));
+    assert_eq!(backlog(&mut other), 0);
+}
