@@ -6,7 +6,7 @@ use ordo_reservation::ApplyOptions;
 use std::collections::BTreeMap;
 
 use ordo_core::ops::{
-    ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
+    age_s, ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
 };
 use ordo_core::{drain, ConsumerStore, ProducerStore, APPLY_BATCH_LEN_DEFAULT};
 use serde_json::{json, Value};
@@ -273,14 +273,10 @@ fn compact_duration(duration: std::time::Duration) -> String {
     parts.join(" ")
 }
 
-fn age_s(now_ms: i64, since_ms: i64) -> f64 {
-    ((now_ms - since_ms).max(0) as f64) / 1000.0
-}
-
 fn producer_status_value(now_ms: i64, p: &ProducerStatus) -> Value {
     json!({
         "backlog": p.backlog,
-        "oldest_pending_age_s": p.oldest_pending_created_at_ms.map(|t| age_s(now_ms, t)),
+        "oldest_pending_age_s": p.oldest_pending_age_s(now_ms),
         "quarantined": p.quarantined,
         "backing_off": p.backing_off,
     })
