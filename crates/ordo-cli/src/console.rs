@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ordo_console::{Console, ConsumerOpener, ConsumerView, ProducerOpener, ProducerView, Token};
+use ordo_console::{
+    Console, ConsumerOpener, ConsumerView, Csrf, ProducerOpener, ProducerView, Token,
+};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 use serde_json::json;
 use tokio::signal::unix::{signal, SignalKind};
@@ -36,6 +38,8 @@ pub fn console(json_mode: bool, args: ConsoleArgs) -> Result<(), Failure> {
         clock: clock(),
         token,
         read_only: args.read_only,
+        csrf: Csrf::generate()
+            .map_err(|e| Failure::Internal(format!("cannot draw a form token: {e}")))?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

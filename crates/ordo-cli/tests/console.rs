@@ -507,3 +507,121 @@ fn with_a_token_every_page_needs_the_login() {
     assert_eq!(cross.status, 403, "{cross:?}");
     assert_eq!(console.terminate(), 0);
 }
+
+/// The value of the hidden field `name` of the page's first form.
+fn hidden(page: &Page, name: &str) -> Option<String> {
+    let marker = format!("name=\"{name}\" value=\"");
+    let rest = &page.text[page.text.find(&marker)? + marker.len()..];
+    Some(rest[..rest.find('"').unwrap()].to_owned())
+}
+
+fn post(console: &Console, path: &str, origin: Option<&str>, form: &[(&str, &str)]) -> Page {
+    let mut request = agent().post(&console.url(path));
+    if let Some(origin) = origin {
+        request = request.header("Origin", origin);
+    }
+    page(request.send_form(form.iter().copied()))
+}
+
+fn quarantined_ids(lab: &Lab) -> Vec<String> {
+    let out = lab
+        .at(NOW)
+        .run(&[
+            "outbox",
+            "list",
+            "--json",
+            "--producer",
+            &lab.p,
+            "--quarantined",
+        ])
+        .json();
+    out["outbox"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn retrying_a_quarantined_event_needs_the_form_token_and_the_same_origin() {
+    let lab = troubled();
+    assert_eq!(quarantined_ids(&lab), ["A-1"]);
+    let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
+    let quarantined = console.get("/quarantined");
+    assert!(quarantined.text.contains("action=\"/quarantined/retry\""));
+    let csrf = hidden(&quarantined, "csrf").expect("the form carries its token");
+    assert_eq!(hidden(&quarantined, "event_id").as_deref(), Some("A-1"));
+    let own = console.url("");
+    let refused = [
+        post(
+            &console,
+            "/quarantined/retry",
+            Some(&own),
+            &[("event_id", "A-1")],
+        ),
+        post(
+            &console,
+            "/quarantined/retry",
+            Some(&own),
+            &[("event_id", "A-1"), ("csrf", "00")],
+        ),
+        post(
+            &console,
+            "/quarantined/retry",
+            Some("http://evil.example"),
+            &[("event_id", "A-1"), ("csrf", &csrf)],
+        ),
+    ];
+    for page in refused {
+        assert_eq!(page.status, 403, "{page:?}");
+    }
+    assert_eq!(quarantined_ids(&lab), ["A-1"], "nothing written");
+    let done = post(
+        &console,
+        "/quarantined/retry",
+        Some(&own),
+        &[("event_id", "A-1"), ("csrf", &csrf)],
+    );
+    assert_eq!(done.status, 200, "{done:?}");
+    assert!(done.text.contains("id=\"done\""), "{}", done.text);
+    assert_eq!(quarantined_ids(&lab), Vec::<String>::new());
+    // The store's own refusal, as `ordo outbox retry` gives it.
+    let again = post(
+        &console,
+        "/quarantined/retry",
+        Some(&own),
+        &[("event_id", "A-1"), ("csrf", &csrf)],
+    );
+    assert_eq!(again.status, 409, "{again:?}");
+    assert!(again.text.contains("not quarantined"), "{}", again.text);
+    assert_eq!(console.get("/").metric("quarantined"), "0");
+}
+
+#[test]
+fn read_only_shows_no_action_and_refuses_them() {
+    let lab = troubled();
+    let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c, "--read-only"]);
+    for path in ["/", "/quarantined", "/blocked", "/flow?id=A", "/repairs"] {
+        let page = console.get(path);
+        assert_eq!(page.status, 200, "{path}");
+        assert!(
+            !page.text.contains("method=\"post\""),
+            "{path}: {}",
+            page.text
+        );
+        assert!(!page.text.contains("<button"), "{path}: {}", page.text);
+    }
+    assert!(console
+        .get("/quarantined")
+        .text
+        .contains("data-event=\"A-1\""));
+    let refused = post(
+        &console,
+        "/quarantined/retry",
+        Some(&console.url("")),
+        &[("event_id", "A-1"), ("csrf", "whatever")],
+    );
+    assert_eq!(refused.status, 403, "{refused:?}");
+    assert_eq!(quarantined_ids(&lab), ["A-1"]);
+}

@@ -101,6 +101,30 @@ impl Token {
     }
 }
 
+/// The token every action form carries and every POST of an action must
+/// return: random per process, compared in constant time.
+#[derive(Clone)]
+pub struct Csrf(String);
+
+impl Csrf {
+    /// A fresh token from the system's random source.
+    pub fn generate() -> Result<Csrf, getrandom::Error> {
+        let mut bytes = [0u8; 32];
+        getrandom::getrandom(&mut bytes)?;
+        Ok(Csrf(hex::encode(bytes)))
+    }
+
+    /// The token, for a form's hidden field.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether `candidate` is the token.
+    pub fn matches(&self, candidate: &str) -> bool {
+        bool::from(digest(candidate.as_bytes()).ct_eq(&digest(self.0.as_bytes())))
+    }
+}
+
 /// Whether a POST comes from the console's own pages: no `Origin` header
 /// (a client that is not a browser) or one naming the request's `Host`.
 pub fn same_origin(headers: &HeaderMap) -> bool {

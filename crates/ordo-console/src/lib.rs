@@ -30,10 +30,10 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 use ordo_core::ops::{ConsumerStatus, ProducerStatus};
-use ordo_core::{Clock, FlowId, StoreError};
+use ordo_core::{Clock, EventId, FlowId, StoreError};
 use serde::Deserialize;
 
-pub use auth::{Token, TokenError};
+pub use auth::{Csrf, Token, TokenError};
 pub use stores::{ConsumerOpener, ConsumerView, ProducerOpener, ProducerView};
 
 /// The console's Content-Security-Policy: scripts, styles and everything
@@ -68,8 +68,10 @@ pub struct Console {
     /// The operator token; without one, no login is asked (loopback only,
     /// which the caller enforces).
     pub token: Option<Token>,
-    /// Show no action.
+    /// Show no action, and refuse every action's POST.
     pub read_only: bool,
+    /// The token of the action forms.
+    pub csrf: Csrf,
 }
 
 /// The router serving every page of `console`.
@@ -83,6 +85,7 @@ pub fn router(console: Console) -> Router {
         .route("/quarantined", get(quarantined_page))
         .route("/blocked", get(blocked_page))
         .route("/repairs", get(repairs_page))
+        .route("/quarantined/retry", axum::routing::post(retry_quarantined))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&app),
             require_session,
@@ -450,7 +453,7 @@ fn read_quarantined(app: &Console) -> Result<Option<Vec<Quarantined>>, StoreErro
 async fn quarantined_page(State(app): State<App>) -> Response {
     let read = Arc::clone(&app);
     match blocking(move || read_quarantined(&read)).await {
-        Ok(rows) => pages::quarantined(rows.as_deref()).into_response(),
+        Ok(rows) => pages::quarantined(&app, rows.as_deref()).into_response(),
         Err(response) => response,
     }
 }
@@ -498,6 +501,64 @@ async fn repairs_page(State(app): State<App>) -> Response {
     .await;
     match result {
         Ok(log) => pages::repairs(log.as_deref()).into_response(),
+        Err(response) => response,
+    }
+}
+
+/// The refusal of an action's POST in read-only mode, from another site's
+/// page, or without the form's token; `None` lets it through.
+fn refuse_action(app: &Console, headers: &axum::http::HeaderMap, csrf: &str) -> Option<Response> {
+    let refused = if app.read_only {
+        "the console is read-only"
+    } else if !auth::same_origin(headers) {
+        "cross-origin request refused"
+    } else if !app.csrf.matches(csrf) {
+        "the form's token is missing or stale; reload the page"
+    } else {
+        return None;
+    };
+    Some(pages::forbidden(refused).into_response())
+}
+
+#[derive(Deserialize)]
+struct RetryForm {
+    event_id: String,
+    #[serde(default)]
+    csrf: String,
+}
+
+/// Clears an event's quarantine so that the relay tries it once more:
+/// `ordo outbox retry`, through the same library call.
+async fn retry_quarantined(
+    State(app): State<App>,
+    headers: axum::http::HeaderMap,
+    Form(form): Form<RetryForm>,
+) -> Response {
+    if let Some(refused) = refuse_action(&app, &headers, &form.csrf) {
+        return refused;
+    }
+    let event_id = match EventId::new(&form.event_id) {
+        Ok(id) => id,
+        Err(e) => return pages::bad_request(&format!("event_id: {e}")).into_response(),
+    };
+    let read = Arc::clone(&app);
+    let id = event_id.clone();
+    let result = blocking(move || match &read.producer {
+        Some(open) => open()?.retry(&id).map(Some),
+        None => Ok(None),
+    })
+    .await;
+    match result {
+        Ok(Some(Ok(()))) => {
+            tracing::info!(event_id = event_id.as_str(), "console: quarantine cleared");
+            pages::done(&format!(
+                "{}: quarantine cleared; the relay tries it once more.",
+                event_id.as_str()
+            ))
+            .into_response()
+        }
+        Ok(Some(Err(refused))) => pages::conflict(&refused.to_string()).into_response(),
+        Ok(None) => pages::bad_request("no producer store given").into_response(),
         Err(response) => response,
     }
 }

@@ -59,6 +59,30 @@ pub fn failure(message: &str) -> Page {
     )
 }
 
+/// An action refused before anything is written.
+pub fn forbidden(message: &str) -> Page {
+    (
+        StatusCode::FORBIDDEN,
+        layout("Refused", html! { p.error { (message) } }),
+    )
+}
+
+/// An action the store refused; nothing was written.
+pub fn conflict(message: &str) -> Page {
+    (
+        StatusCode::CONFLICT,
+        layout("Refused", html! { p.error { (message) } }),
+    )
+}
+
+/// An action done.
+pub fn done(message: &str) -> Page {
+    ok(
+        "Done",
+        html! { p id="done" { (message) } p { a href="/quarantined" { "Back to the quarantined events" } } },
+    )
+}
+
 /// A request the console cannot serve.
 pub fn bad_request(message: &str) -> Page {
     (
@@ -312,7 +336,20 @@ fn side_by_side(outbox: &Envelope, stored: &Envelope) -> Markup {
     }
 }
 
-pub fn quarantined(rows: Option<&[Quarantined]>) -> Page {
+fn retry_form(console: &Console, event_id: &str) -> Markup {
+    html! {
+        @if !console.read_only {
+            form.action method="post" action="/quarantined/retry" {
+                input type="hidden" name="event_id" value=(event_id);
+                input type="hidden" name="csrf" value=(console.csrf.as_str());
+                button type="submit" { "Retry once more" }
+                " (as " code { "ordo outbox retry" } "; fix the cause first, or the consumer answers conflict again)"
+            }
+        }
+    }
+}
+
+pub fn quarantined(console: &Console, rows: Option<&[Quarantined]>) -> Page {
     ok(
         "Quarantined events",
         html! {
@@ -326,6 +363,7 @@ pub fn quarantined(rows: Option<&[Quarantined]>) -> Page {
                         section.quarantined data-event=(env.event_id.as_str()) {
                             h2 { "Event " (env.event_id.as_str()) " (flow " (flow_link(&env.flow_id)) ", seq " (env.seq.get()) ")" }
                             p { "Reason: " (row.outbox.quarantine_reason.as_deref().unwrap_or("")) " · attempts " (row.outbox.attempts) }
+                            (retry_form(console, env.event_id.as_str()))
                             @match &row.stored {
                                 None => {
                                     p.note { "No consumer store given: the outbox body alone." }

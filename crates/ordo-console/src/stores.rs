@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use ordo_core::ops::{
     ConsumerFlow, ConsumerStatus, InboxEntry, OutboxEntry, ProducerFlow, ProducerStatus,
-    RepairRecord,
+    RepairRecord, RetryRefused,
 };
-use ordo_core::{ConsumerStore, FlowId, ProducerStore, Seq, StoreError};
+use ordo_core::{ConsumerStore, EventId, FlowId, ProducerStore, Seq, StoreError};
 
 /// The producer reads of the console.
 pub trait ProducerView: Send {
@@ -31,6 +31,8 @@ pub trait ProducerView: Send {
     ) -> Result<Vec<OutboxEntry>, StoreError>;
     /// [`ProducerStore::outbox_entries`] of the quarantined rows.
     fn quarantined(&mut self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError>;
+    /// [`ProducerStore::retry_quarantined`], as `ordo outbox retry`.
+    fn retry(&mut self, event_id: &EventId) -> Result<Result<(), RetryRefused>, StoreError>;
 }
 
 impl<S: ProducerStore + Send> ProducerView for S {
@@ -57,6 +59,10 @@ impl<S: ProducerStore + Send> ProducerView for S {
 
     fn quarantined(&mut self, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
         self.outbox_entries(true, limit)
+    }
+
+    fn retry(&mut self, event_id: &EventId) -> Result<Result<(), RetryRefused>, StoreError> {
+        self.retry_quarantined(event_id)
     }
 }
 
