@@ -40,6 +40,7 @@ pub fn console(json_mode: bool, args: ConsoleArgs) -> Result<(), Failure> {
         read_only: args.read_only,
         csrf: Csrf::generate()
             .map_err(|e| Failure::Internal(format!("cannot draw a form token: {e}")))?,
+        confirmations: Default::default(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

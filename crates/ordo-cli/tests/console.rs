@@ -625,3 +625,73 @@ fn read_only_shows_no_action_and_refuses_them() {
     assert_eq!(refused.status, 403, "{refused:?}");
     assert_eq!(quarantined_ids(&lab), ["A-1"]);
 }
+
+fn repairs(lab: &Lab) -> Value {
+    lab.at(NOW)
+        .run(&["inbox", "repairs", "--json", "--consumer", &lab.c])
+        .json()
+}
+
+#[test]
+fn a_skip_is_previewed_needs_a_name_and_a_reason_and_confirms_once() {
+    let lab = troubled();
+    let before = repairs(&lab);
+    let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
+    assert!(console
+        .get("/flow?id=X")
+        .text
+        .contains("href=\"/flow/skip?id=X\""));
+    let preview = console.get("/flow/skip?id=X");
+    assert_eq!(preview.status, 200, "{preview:?}");
+    assert!(preview.text.contains("id=\"preview\""), "{}", preview.text);
+    assert!(preview.text.contains("X-1"), "{}", preview.text);
+    assert!(
+        preview.text.contains("moves from 0 to 1"),
+        "{}",
+        preview.text
+    );
+    let csrf = hidden(&preview, "csrf").unwrap();
+    let confirm = hidden(&preview, "confirm").unwrap();
+    let own = console.url("");
+    let form = |by: &'static str, reason: &'static str| {
+        [
+            ("flow_id", "X".to_owned()),
+            ("seq", "1".to_owned()),
+            ("csrf", csrf.clone()),
+            ("confirm", confirm.clone()),
+            ("by", by.to_owned()),
+            ("reason", reason.to_owned()),
+        ]
+    };
+    let send = |fields: &[(&str, String)]| {
+        let pairs: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        post(&console, "/flow/skip", Some(&own), &pairs)
+    };
+    let no_reason = send(&form("ops", "  "));
+    assert_eq!(no_reason.status, 400, "{no_reason:?}");
+    assert!(no_reason.text.contains("reason"), "{}", no_reason.text);
+    let no_name = send(&form("", "bad schema"));
+    assert_eq!(no_name.status, 400, "{no_name:?}");
+    assert_eq!(repairs(&lab), before, "nothing written");
+    let done = send(&form("ops", "schema 9 is retired"));
+    assert_eq!(done.status, 200, "{done:?}");
+    assert!(done.text.contains("skipped X seq 1"), "{}", done.text);
+    let after = repairs(&lab);
+    let log = after["repairs"].as_array().expect("a repair list");
+    assert_eq!(log.len(), 1, "{after}");
+    assert_eq!(log[0]["flow_id"], "X");
+    assert_eq!(log[0]["by"], "ops");
+    assert_eq!(log[0]["reason"], "schema 9 is retired");
+    // The confirmation is used up.
+    let again = send(&form("ops", "schema 9 is retired"));
+    assert_eq!(again.status, 409, "{again:?}");
+    assert_eq!(repairs(&lab), after);
+    assert!(console.get("/repairs").text.contains("schema 9 is retired"));
+    assert_eq!(console.get("/").metric("skipped"), "1");
+    // Nothing stored at G's next seq: nothing to skip, no form.
+    let gap = console.get("/flow/skip?id=G");
+    assert!(!gap.text.contains("method=\"post\""), "{}", gap.text);
+    let read_only = Console::start(&["--consumer", &lab.c, "--read-only"]);
+    assert_eq!(read_only.get("/flow/skip?id=X").status, 403);
+    assert!(!read_only.get("/flow?id=X").text.contains("/flow/skip"));
+}

@@ -72,6 +72,37 @@ pub struct Console {
     pub read_only: bool,
     /// The token of the action forms.
     pub csrf: Csrf,
+    /// The one-time confirmations of the skips previewed, by token.
+    pub confirmations: Confirmations,
+}
+
+/// One-time confirmation tokens, each for the skip of one flow's one seq:
+/// issued with a preview, used up by the first POST that returns it.
+#[derive(Default)]
+pub struct Confirmations(std::sync::Mutex<BTreeMap<String, (FlowId, ordo_core::Seq)>>);
+
+/// The most confirmations kept; older ones are dropped beyond it.
+const CONFIRMATIONS_MAX: usize = 1000;
+
+impl Confirmations {
+    fn issue(&self, flow_id: FlowId, seq: ordo_core::Seq) -> Option<String> {
+        let token = Csrf::generate().ok()?.as_str().to_owned();
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= CONFIRMATIONS_MAX {
+            map.clear();
+        }
+        map.insert(token.clone(), (flow_id, seq));
+        Some(token)
+    }
+
+    /// Uses up `token`; whether it was issued for this flow and seq.
+    fn redeem(&self, token: &str, flow_id: &FlowId, seq: ordo_core::Seq) -> bool {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match map.remove(token) {
+            Some((f, s)) => &f == flow_id && s == seq,
+            None => false,
+        }
+    }
 }
 
 /// The router serving every page of `console`.
@@ -86,6 +117,7 @@ pub fn router(console: Console) -> Router {
         .route("/blocked", get(blocked_page))
         .route("/repairs", get(repairs_page))
         .route("/quarantined/retry", axum::routing::post(retry_quarantined))
+        .route("/flow/skip", get(skip_preview).post(skip))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&app),
             require_session,
@@ -413,7 +445,7 @@ async fn flow_page(State(app): State<App>, Query(query): Query<FlowQuery>) -> Re
     };
     let read = Arc::clone(&app);
     match blocking(move || read_flow(&read, flow_id)).await {
-        Ok(detail) => pages::flow(&detail).into_response(),
+        Ok(detail) => pages::flow(&app, &detail).into_response(),
         Err(response) => response,
     }
 }
@@ -559,6 +591,145 @@ async fn retry_quarantined(
         }
         Ok(Some(Err(refused))) => pages::conflict(&refused.to_string()).into_response(),
         Ok(None) => pages::bad_request("no producer store given").into_response(),
+        Err(response) => response,
+    }
+}
+
+/// What a skip of a flow's next event would change.
+pub struct SkipPreview {
+    /// The flow.
+    pub flow_id: FlowId,
+    /// Its applied seq (0 before the first).
+    pub applied_seq: u64,
+    /// The row stored at the next seq, if any: the one a skip settles.
+    pub next: Option<ordo_core::ops::InboxEntry>,
+}
+
+fn read_skip_preview(app: &Console, flow_id: FlowId) -> Result<Option<SkipPreview>, StoreError> {
+    let Some(open) = &app.consumer else {
+        return Ok(None);
+    };
+    let mut consumer = open()?;
+    let applied_seq = consumer
+        .flows_page(flow_id.as_str(), None, 1)?
+        .into_iter()
+        .find(|f| f.flow_id == flow_id)
+        .map_or(0, |f| f.applied_seq);
+    let next = match i64::try_from(applied_seq + 1)
+        .ok()
+        .and_then(|s| ordo_core::Seq::new(s).ok())
+    {
+        Some(seq) => consumer.entry_at(&flow_id, seq)?,
+        None => None,
+    };
+    Ok(Some(SkipPreview {
+        flow_id,
+        applied_seq,
+        next,
+    }))
+}
+
+/// The preview of a skip: exactly what it changes, and the form asking for
+/// the operator's name and reason, with a one-time confirmation token.
+async fn skip_preview(State(app): State<App>, Query(query): Query<FlowQuery>) -> Response {
+    if app.read_only {
+        return pages::forbidden("the console is read-only").into_response();
+    }
+    let flow_id = match FlowId::new(&query.id) {
+        Ok(flow) => flow,
+        Err(e) => return pages::bad_request(&format!("id: {e}")).into_response(),
+    };
+    let read = Arc::clone(&app);
+    match blocking(move || read_skip_preview(&read, flow_id)).await {
+        Ok(None) => pages::bad_request("no consumer store given").into_response(),
+        Ok(Some(preview)) => {
+            let confirm = preview.next.as_ref().and_then(|next| {
+                app.confirmations
+                    .issue(preview.flow_id.clone(), next.envelope.seq)
+            });
+            pages::skip_preview(&app, &preview, confirm.as_deref()).into_response()
+        }
+        Err(response) => response,
+    }
+}
+
+#[derive(Deserialize)]
+struct SkipForm {
+    flow_id: String,
+    seq: i64,
+    #[serde(default)]
+    by: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    confirm: String,
+}
+
+/// Skips the flow's next event: `ordo inbox skip`, through the same library
+/// call, which appends the decision to the repair log. Needs a name, a
+/// reason and the preview's one-time confirmation.
+async fn skip(
+    State(app): State<App>,
+    headers: axum::http::HeaderMap,
+    Form(form): Form<SkipForm>,
+) -> Response {
+    if let Some(refused) = refuse_action(&app, &headers, &form.csrf) {
+        return refused;
+    }
+    let (flow_id, seq) = match (FlowId::new(&form.flow_id), ordo_core::Seq::new(form.seq)) {
+        (Ok(flow), Ok(seq)) => (flow, seq),
+        _ => return pages::bad_request("flow_id or seq is not valid").into_response(),
+    };
+    let request = match ordo_core::ops::SkipRequest::new(
+        flow_id.clone(),
+        seq,
+        form.reason.trim().to_owned(),
+        form.by.trim().to_owned(),
+    ) {
+        Ok(request) => request,
+        Err(invalid) => {
+            let message = invalid
+                .to_string()
+                .replace("--reason", "the reason")
+                .replace("--by", "the operator name");
+            return pages::bad_request(&message).into_response();
+        }
+    };
+    if !app.confirmations.redeem(&form.confirm, &flow_id, seq) {
+        return pages::conflict(
+            "this confirmation was already used or is unknown; preview the skip again",
+        )
+        .into_response();
+    }
+    let read = Arc::clone(&app);
+    let result = blocking(move || match &read.consumer {
+        Some(open) => open()?.skip_next(&request).map(Some),
+        None => Ok(None),
+    })
+    .await;
+    match result {
+        Ok(Some(Ok(record))) => {
+            tracing::info!(
+                flow_id = record.flow_id.as_str(),
+                seq = record.seq.get(),
+                by = record.by.as_str(),
+                "console: skipped"
+            );
+            pages::done(&format!(
+                "skipped {} seq {} ({}) by {}: {} [repair {}]",
+                record.flow_id.as_str(),
+                record.seq.get(),
+                record.event_id.as_str(),
+                record.by,
+                record.reason,
+                record.id
+            ))
+            .into_response()
+        }
+        Ok(Some(Err(refused))) => pages::conflict(&refused.to_string()).into_response(),
+        Ok(None) => pages::bad_request("no consumer store given").into_response(),
         Err(response) => response,
     }
 }

@@ -11,7 +11,7 @@ use ordo_core::ops::{InboxEntry, OutboxEntry, RepairRecord};
 use ordo_core::{Envelope, FlowId};
 use serde_json::Value;
 
-use crate::{Blocked, Console, FlowDetail, FlowRow, Overview, Quarantined, ROWS_MAX};
+use crate::{Blocked, Console, FlowDetail, FlowRow, Overview, Quarantined, SkipPreview, ROWS_MAX};
 
 /// A rendered page and its status.
 pub type Page = (StatusCode, Html<String>);
@@ -79,7 +79,7 @@ pub fn conflict(message: &str) -> Page {
 pub fn done(message: &str) -> Page {
     ok(
         "Done",
-        html! { p id="done" { (message) } p { a href="/quarantined" { "Back to the quarantined events" } } },
+        html! { p id="done" { (message) } p { a href="/" { "Back to the overview" } } },
     )
 }
 
@@ -275,12 +275,15 @@ fn truncated(len: usize) -> Markup {
     html! { @if len >= ROWS_MAX { p.note { "Only the first " (ROWS_MAX) " rows are shown." } } }
 }
 
-pub fn flow(detail: &FlowDetail) -> Page {
+pub fn flow(console: &Console, detail: &FlowDetail) -> Page {
     ok(
         &format!("Flow {}", detail.flow_id.as_str()),
         html! {
             @if let Some(applied) = detail.applied_seq {
                 p { "Consumer's applied seq: " span id="applied-seq" { (applied) } }
+                @if !console.read_only {
+                    p { a href={ "/flow/skip?id=" (urlencode(detail.flow_id.as_str())) } { "Skip the flow's next event…" } }
+                }
             }
             @if let Some(missing) = detail.gap() {
                 p.error id="gap" { "Waiting on a gap: seq " (missing) " is missing while a later one is stored." }
@@ -426,6 +429,40 @@ pub fn repairs(log: Option<&[RepairRecord]>) -> Page {
                         }
                     }
                 }
+            }
+        },
+    )
+}
+
+pub fn skip_preview(console: &Console, preview: &SkipPreview, confirm: Option<&str>) -> Page {
+    let flow = preview.flow_id.as_str();
+    let next_seq = preview.applied_seq + 1;
+    ok(
+        &format!("Skip the next event of flow {flow}"),
+        html! {
+            @match (&preview.next, confirm) {
+                (Some(next), Some(confirm)) => {
+                    p { "Skipping changes exactly this, in one transaction:" }
+                    ul id="preview" {
+                        li { "the inbox row of flow " (flow_link(&preview.flow_id)) " seq " (next_seq)
+                             " (event " (next.envelope.event_id.as_str()) ", type " (next.envelope.event_type.as_str())
+                             ", now " (next.status.as_str()) ") becomes " code { "skipped" } ": its effect is never applied;" }
+                        li { "the flow's applied seq moves from " (preview.applied_seq) " to " (next_seq) ", so apply goes on with seq " (next_seq + 1) ";" }
+                        li { "a record of who, when and why is appended to the repair log." }
+                    }
+                    p { "No body changes. The payload of the row skipped:" }
+                    pre { (Value::Object(next.envelope.payload.clone())) }
+                    form.action method="post" action="/flow/skip" {
+                        input type="hidden" name="flow_id" value=(flow);
+                        input type="hidden" name="seq" value=(next_seq);
+                        input type="hidden" name="csrf" value=(console.csrf.as_str());
+                        input type="hidden" name="confirm" value=(confirm);
+                        p { label { "Operator name " input type="text" name="by" required maxlength="100"; } }
+                        p { label { "Reason " input type="text" name="reason" required maxlength="1000"; } }
+                        button type="submit" { "Skip seq " (next_seq) }
+                    }
+                }
+                _ => p.note { "Nothing to skip: flow " (flow) " stores nothing at its next seq " (next_seq) " (a missing event cannot be skipped; it may still arrive)." }
             }
         },
     )

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ordo_core::ops::{
     ConsumerFlow, ConsumerStatus, InboxEntry, OutboxEntry, ProducerFlow, ProducerStatus,
-    RepairRecord, RetryRefused,
+    RepairRecord, RetryRefused, SkipRefused, SkipRequest,
 };
 use ordo_core::{ConsumerStore, EventId, FlowId, ProducerStore, Seq, StoreError};
 
@@ -88,6 +88,11 @@ pub trait ConsumerView: Send {
     fn entry_at(&mut self, flow_id: &FlowId, seq: Seq) -> Result<Option<InboxEntry>, StoreError>;
     /// [`ConsumerStore::repairs`].
     fn repair_log(&mut self) -> Result<Vec<RepairRecord>, StoreError>;
+    /// [`ConsumerStore::skip`], as `ordo inbox skip`.
+    fn skip_next(
+        &mut self,
+        request: &SkipRequest,
+    ) -> Result<Result<RepairRecord, SkipRefused>, StoreError>;
 }
 
 impl<S: ConsumerStore + Send> ConsumerView for S {
@@ -119,6 +124,13 @@ impl<S: ConsumerStore + Send> ConsumerView for S {
 
     fn repair_log(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
         self.repairs()
+    }
+
+    fn skip_next(
+        &mut self,
+        request: &SkipRequest,
+    ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
+        self.skip(request)
     }
 }
 
