@@ -11,14 +11,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ordo_console::{
-    Console, ConsumerOpener, ConsumerView, Csrf, ProducerOpener, ProducerView, Token,
+    Console, ConsumerOpener, ConsumerView, Csrf, ProducerOpener, ProducerView, Reevaluator, Token,
 };
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 use serde_json::json;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::args::ConsoleArgs;
-use crate::context::{check_sides, clock, emit, open_options};
+use crate::context::{check_sides, clock, emit, open_existing_reservation_consumer, open_options};
 use crate::Failure;
 
 pub fn console(json_mode: bool, args: ConsoleArgs) -> Result<(), Failure> {
@@ -41,6 +41,10 @@ pub fn console(json_mode: bool, args: ConsoleArgs) -> Result<(), Failure> {
         csrf: Csrf::generate()
             .map_err(|e| Failure::Internal(format!("cannot draw a form token: {e}")))?,
         confirmations: Default::default(),
+        reevaluate: match &args.sides.consumer {
+            Some(path) => reservation_reevaluator(path)?,
+            None => None,
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -141,4 +145,28 @@ async fn run(json_mode: bool, listen: SocketAddr, console: Console) -> Result<()
         .map_err(|e| Failure::Internal(format!("the console failed: {e}")))?;
     tracing::info!("stopped serving");
     Ok(())
+}
+
+/// For a consumer of the reservation domain, whose handler this process
+/// runs: `inbox retry`'s re-evaluation of a flow's blocked rows.
+fn reservation_reevaluator(path: &Path) -> Result<Option<Reevaluator>, Failure> {
+    if ConsumerDb::existing_domain(path)?.as_deref() != Some(ordo_reservation::DOMAIN) {
+        return Ok(None);
+    }
+    let path = path.to_owned();
+    let run: Reevaluator = Arc::new(move |flow, support_v2| {
+        let text = |failure: Failure| match failure {
+            Failure::Usage(m) | Failure::Internal(m) | Failure::Check(m) => m,
+        };
+        let mut consumer = open_existing_reservation_consumer(&path).map_err(text)?;
+        let (reopened, drained) =
+            crate::ops::reevaluate_blocked(&mut consumer, flow, support_v2).map_err(text)?;
+        let reason = crate::render::reason_suffix(drained.stop.reason());
+        Ok(format!(
+            "{flow}: reopened {reopened} blocked rows, applied {}, stop {}{reason}",
+            drained.applied,
+            drained.stop.as_str()
+        ))
+    });
+    Ok(Some(run))
 }

@@ -157,15 +157,7 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
             support_v2,
         } => {
             let mut consumer = open_reservation_consumer(&consumer)?;
-            let reopened = consumer.reopen_blocked(&flow)?;
-            let options = ApplyOptions { support_v2 };
-            let d = drain(
-                &mut consumer,
-                &flow,
-                None,
-                &mut ordo_reservation::ReservationHandler::new(options),
-                APPLY_BATCH_LEN_DEFAULT,
-            )?;
+            let (reopened, d) = reevaluate_blocked(&mut consumer, &flow, support_v2)?;
             let value = json!({
                 "flow_id": flow.as_str(),
                 "reopened": reopened,
@@ -441,6 +433,26 @@ pub fn prune(json_mode: bool, args: PruneArgs) -> Result<(), Failure> {
         )
     });
     Ok(())
+}
+
+/// `inbox retry`: sets the flow's blocked rows back to pending and drains
+/// the flow through the reservation handler; how many rows were reopened,
+/// and the drain. The console's re-evaluation makes the same calls.
+pub fn reevaluate_blocked(
+    consumer: &mut ordo_sqlite::ConsumerDb,
+    flow: &ordo_core::FlowId,
+    support_v2: bool,
+) -> Result<(u64, ordo_core::Drain), Failure> {
+    let reopened = consumer.reopen_blocked(flow)?;
+    let options = ApplyOptions { support_v2 };
+    let drained = drain(
+        consumer,
+        flow,
+        None,
+        &mut ordo_reservation::ReservationHandler::new(options),
+        APPLY_BATCH_LEN_DEFAULT,
+    )?;
+    Ok((reopened, drained))
 }
 
 #[cfg(test)]

@@ -695,3 +695,60 @@ fn a_skip_is_previewed_needs_a_name_and_a_reason_and_confirms_once() {
     assert_eq!(read_only.get("/flow/skip?id=X").status, 403);
     assert!(!read_only.get("/flow?id=X").text.contains("/flow/skip"));
 }
+
+#[test]
+fn blocked_rows_of_the_reservation_domain_are_re_evaluated_as_inbox_retry() {
+    let lab = Lab::new();
+    lab.at(T0).init();
+    let v2 = envelope("V-1", "V", 1, 2, "reserved", json!({"units": 3}));
+    lab.at(T0).receive(&v2);
+    lab.at(T0).apply(&[]);
+    let blocked_flows = |lab: &Lab| -> Vec<String> {
+        let out = lab
+            .at(NOW)
+            .run(&["inbox", "list", "--json", "--consumer", &lab.c, "--blocked"])
+            .json();
+        out["inbox"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["flow_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(blocked_flows(&lab), ["V"]);
+    let console = Console::start(&["--consumer", &lab.c]);
+    let page = console.get("/blocked");
+    assert!(
+        page.text.contains("action=\"/blocked/reevaluate\""),
+        "{}",
+        page.text
+    );
+    let csrf = hidden(&page, "csrf").unwrap();
+    let own = console.url("");
+    let still = post(
+        &console,
+        "/blocked/reevaluate",
+        Some(&own),
+        &[("flow_id", "V"), ("csrf", &csrf)],
+    );
+    assert_eq!(still.status, 200, "{still:?}");
+    assert!(still.text.contains("stop blocked"), "{}", still.text);
+    assert_eq!(blocked_flows(&lab), ["V"]);
+    let refused = post(
+        &console,
+        "/blocked/reevaluate",
+        Some(&own),
+        &[("flow_id", "V"), ("support_v2", "on")],
+    );
+    assert_eq!(refused.status, 403, "{refused:?}");
+    let applied = post(
+        &console,
+        "/blocked/reevaluate",
+        Some(&own),
+        &[("flow_id", "V"), ("support_v2", "on"), ("csrf", &csrf)],
+    );
+    assert_eq!(applied.status, 200, "{applied:?}");
+    assert!(applied.text.contains("applied 1"), "{}", applied.text);
+    assert_eq!(blocked_flows(&lab), Vec::<String>::new());
+    assert_eq!(console.get("/").metric("blocked"), "0");
+}

@@ -74,7 +74,15 @@ pub struct Console {
     pub csrf: Csrf,
     /// The one-time confirmations of the skips previewed, by token.
     pub confirmations: Confirmations,
+    /// Re-evaluates a flow's blocked rows through the domain's handler, if
+    /// this process runs it (the reservation domain, as `ordo inbox
+    /// retry`); other domains' handlers run in the application.
+    pub reevaluate: Option<Reevaluator>,
 }
+
+/// Re-evaluates a flow's blocked rows (`support_v2`: the reservation
+/// domain's option); a line telling what happened, or why it failed.
+pub type Reevaluator = Arc<dyn Fn(&FlowId, bool) -> Result<String, String> + Send + Sync>;
 
 /// One-time confirmation tokens, each for the skip of one flow's one seq:
 /// issued with a preview, used up by the first POST that returns it.
@@ -118,6 +126,7 @@ pub fn router(console: Console) -> Router {
         .route("/repairs", get(repairs_page))
         .route("/quarantined/retry", axum::routing::post(retry_quarantined))
         .route("/flow/skip", get(skip_preview).post(skip))
+        .route("/blocked/reevaluate", axum::routing::post(reevaluate))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&app),
             require_session,
@@ -519,7 +528,7 @@ fn read_blocked(app: &Console) -> Result<Option<Blocked>, StoreError> {
 async fn blocked_page(State(app): State<App>) -> Response {
     let read = Arc::clone(&app);
     match blocking(move || read_blocked(&read)).await {
-        Ok(blocked) => pages::blocked(blocked.as_ref()).into_response(),
+        Ok(blocked) => pages::blocked(&app, blocked.as_ref()).into_response(),
         Err(response) => response,
     }
 }
@@ -731,5 +740,44 @@ async fn skip(
         Ok(Some(Err(refused))) => pages::conflict(&refused.to_string()).into_response(),
         Ok(None) => pages::bad_request("no consumer store given").into_response(),
         Err(response) => response,
+    }
+}
+
+#[derive(Deserialize)]
+struct ReevaluateForm {
+    flow_id: String,
+    #[serde(default)]
+    support_v2: Option<String>,
+    #[serde(default)]
+    csrf: String,
+}
+
+/// Re-evaluates a flow's blocked rows through the caller's handler.
+async fn reevaluate(
+    State(app): State<App>,
+    headers: axum::http::HeaderMap,
+    Form(form): Form<ReevaluateForm>,
+) -> Response {
+    if let Some(refused) = refuse_action(&app, &headers, &form.csrf) {
+        return refused;
+    }
+    let Some(run) = app.reevaluate.clone() else {
+        return pages::bad_request(
+            "this store's domain re-evaluates blocked rows in the application's handler",
+        )
+        .into_response();
+    };
+    let flow_id = match FlowId::new(&form.flow_id) {
+        Ok(flow) => flow,
+        Err(e) => return pages::bad_request(&format!("flow_id: {e}")).into_response(),
+    };
+    let support_v2 = form.support_v2.is_some();
+    match tokio::task::spawn_blocking(move || run(&flow_id, support_v2)).await {
+        Ok(Ok(line)) => {
+            tracing::info!("console: {line}");
+            pages::done(&line).into_response()
+        }
+        Ok(Err(message)) => pages::failure(&message).into_response(),
+        Err(e) => pages::failure(&format!("the re-evaluation failed: {e}")).into_response(),
     }
 }

@@ -392,7 +392,27 @@ pub fn quarantined(console: &Console, rows: Option<&[Quarantined]>) -> Page {
     )
 }
 
-pub fn blocked(blocked: Option<&Blocked>) -> Page {
+fn reevaluate_forms(console: &Console, rows: &[InboxEntry]) -> Markup {
+    let flows: BTreeSet<&FlowId> = rows.iter().map(|r| &r.envelope.flow_id).collect();
+    html! {
+        @if console.read_only {
+        } @else if console.reevaluate.is_some() {
+            @for flow in flows {
+                form.action method="post" action="/blocked/reevaluate" {
+                    input type="hidden" name="flow_id" value=(flow.as_str());
+                    input type="hidden" name="csrf" value=(console.csrf.as_str());
+                    button type="submit" { "Re-evaluate flow " (flow.as_str()) }
+                    " " label { input type="checkbox" name="support_v2"; " with schema 2 support" }
+                    " (as " code { "ordo inbox retry" } ")"
+                }
+            }
+        } @else {
+            p.note { "The application's handler re-evaluates the rows blocked with the codes it lists (ApplyHandler::reevaluate); ConsumerStore::reopen_blocked reopens a flow's rows from the application." }
+        }
+    }
+}
+
+pub fn blocked(console: &Console, blocked: Option<&Blocked>) -> Page {
     ok(
         "Blocked events",
         html! {
@@ -403,7 +423,10 @@ pub fn blocked(blocked: Option<&Blocked>) -> Page {
                     @for (code, total) in &blocked.totals {
                         section.reason data-reason=(code) {
                             h2 { (code) " (" (total) ")" }
-                            @if let Some(rows) = blocked.rows.get(code) { (inbox_table(rows)) }
+                            @if let Some(rows) = blocked.rows.get(code) {
+                                (inbox_table(rows))
+                                (reevaluate_forms(console, rows))
+                            }
                         }
                     }
                     (truncated(blocked.rows.values().map(Vec::len).sum()))
