@@ -134,6 +134,8 @@ pub enum Command {
     Prune(PruneArgs),
     /// Serve the consumer's inbox over HTTP (HTTP.md) until SIGTERM or SIGINT.
     Serve(ServeArgs),
+    /// Serve the operator web console (one side or both) until SIGTERM or SIGINT.
+    Console(ConsoleArgs),
     /// A long-running role for multi-process scenarios (used by experiment and soak).
     #[command(hide = true)]
     Worker {
@@ -197,6 +199,24 @@ pub struct ServeArgs {
     /// Allow unsigned requests on an address other than loopback.
     #[arg(long)]
     pub insecure_no_auth: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    #[command(flatten)]
+    pub sides: Sides,
+    /// The address to listen on, IP:PORT (port 0 picks a free port; the
+    /// first stdout line names the bound address). An address other than
+    /// loopback needs --token-file.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7080")]
+    pub listen: std::net::SocketAddr,
+    /// Show no action.
+    #[arg(long)]
+    pub read_only: bool,
+    /// The operator token file (its first line; readable by its owner
+    /// only): every page then needs a login with the token.
+    #[arg(long, value_name = "F")]
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

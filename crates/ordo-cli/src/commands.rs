@@ -54,6 +54,7 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Inbox { command } => ops::inbox(json_mode, command),
         Command::Prune(args) => ops::prune(json_mode, args),
         Command::Serve(args) => crate::serve::serve(json_mode, args),
+        Command::Console(args) => crate::console::console(json_mode, args),
         Command::Status(_) => unreachable!("handled above"),
     }
     .map(|()| 0)

@@ -12,7 +12,7 @@ use crate::args::{Command, LogFormat};
 /// Whether `command` keeps running until told to stop.
 pub fn long_running(command: &Command) -> bool {
     match command {
-        Command::Serve(_) => true,
+        Command::Serve(_) | Command::Console(_) => true,
         Command::Relay(args) => args.follow,
         Command::Apply(args) => args.follow,
         _ => false,

@@ -4,6 +4,7 @@
 
 mod args;
 mod commands;
+mod console;
 mod context;
 mod follow;
 mod lab;

@@ -6,7 +6,7 @@ use ordo_reservation::ApplyOptions;
 use std::collections::BTreeMap;
 
 use ordo_core::ops::{
-    ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
+    age_s, ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
 };
 use ordo_core::{ProducerStore, APPLY_BATCH_LEN_DEFAULT};
 use serde_json::{json, Value};
@@ -157,14 +157,7 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
             support_v2,
         } => {
             let mut consumer = open_reservation_consumer(&consumer)?;
-            let reopened = consumer.reopen_blocked(&flow)?;
-            let options = ApplyOptions { support_v2 };
-            let d = consumer.drain_reservation(
-                &flow,
-                None,
-                &mut ordo_reservation::ReservationHandler::new(options),
-                APPLY_BATCH_LEN_DEFAULT,
-            )?;
+            let (reopened, d) = reevaluate_blocked(&mut consumer, &flow, support_v2)?;
             let value = json!({
                 "flow_id": flow.as_str(),
                 "reopened": reopened,
@@ -271,14 +264,10 @@ fn compact_duration(duration: std::time::Duration) -> String {
     parts.join(" ")
 }
 
-fn age_s(now_ms: i64, since_ms: i64) -> f64 {
-    ((now_ms - since_ms).max(0) as f64) / 1000.0
-}
-
 fn producer_status_value(now_ms: i64, p: &ProducerStatus) -> Value {
     json!({
         "backlog": p.backlog,
-        "oldest_pending_age_s": p.oldest_pending_created_at_ms.map(|t| age_s(now_ms, t)),
+        "oldest_pending_age_s": p.oldest_pending_age_s(now_ms),
         "quarantined": p.quarantined,
         "backing_off": p.backing_off,
     })
@@ -443,6 +432,25 @@ pub fn prune(json_mode: bool, args: PruneArgs) -> Result<(), Failure> {
         )
     });
     Ok(())
+}
+
+/// `inbox retry`: sets the flow's blocked rows back to pending and drains
+/// the flow through the reservation handler; how many rows were reopened,
+/// and the drain. The console's re-evaluation makes the same calls.
+pub fn reevaluate_blocked(
+    consumer: &mut crate::stores::AnyConsumer,
+    flow: &ordo_core::FlowId,
+    support_v2: bool,
+) -> Result<(u64, ordo_core::Drain), Failure> {
+    let reopened = consumer.reopen_blocked(flow)?;
+    let options = ApplyOptions { support_v2 };
+    let drained = consumer.drain_reservation(
+        flow,
+        None,
+        &mut ordo_reservation::ReservationHandler::new(options),
+        APPLY_BATCH_LEN_DEFAULT,
+    )?;
+    Ok((reopened, drained))
 }
 
 #[cfg(test)]

@@ -245,3 +245,43 @@ pub struct Pruned {
     /// Fingerprints kept for them (consumer side).
     pub fingerprints: u64,
 }
+
+/// Seconds from `since_ms` to `now_ms`, never negative: the ages that
+/// `status` reports.
+pub fn age_s(now_ms: i64, since_ms: i64) -> f64 {
+    (now_ms.saturating_sub(since_ms).max(0) as f64) / 1000.0
+}
+
+impl ProducerStatus {
+    /// The age at `now_ms` of the oldest event not yet accepted, in
+    /// seconds; `None` when every event is accepted.
+    pub fn oldest_pending_age_s(&self, now_ms: i64) -> Option<f64> {
+        self.oldest_pending_created_at_ms
+            .map(|since| age_s(now_ms, since))
+    }
+}
+
+impl ConsumerStatus {
+    /// Blocked rows, whatever their reason.
+    pub fn blocked_total(&self) -> u64 {
+        self.blocked.values().sum()
+    }
+}
+
+/// A flow as the producer knows it: its last committed seq.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerFlow {
+    /// The flow.
+    pub flow_id: FlowId,
+    /// Its last committed seq.
+    pub last_seq: Seq,
+}
+
+/// A flow as the consumer knows it: how far it is applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerFlow {
+    /// The flow.
+    pub flow_id: FlowId,
+    /// Its last applied (or skipped) seq; 0 before the first.
+    pub applied_seq: u64,
+}

@@ -5,12 +5,13 @@ use std::collections::BTreeSet;
 
 use crate::backoff::Backoff;
 use crate::envelope::{BodyHash, Envelope};
+use crate::error::ErrorKind;
 use crate::error::{AppendError, StoreError};
 use crate::handler::ApplyHandler;
 use crate::ids::{BlockCode, EventId, FlowId, Seq};
 use crate::ops::{
-    ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, Pruned, RepairRecord, RetryRefused,
-    SkipRefused, SkipRequest,
+    ConsumerFlow, ConsumerStatus, InboxEntry, OutboxEntry, ProducerFlow, ProducerStatus, Pruned,
+    RepairRecord, RetryRefused, SkipRefused, SkipRequest,
 };
 use crate::outcome::{
     BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
@@ -121,6 +122,38 @@ pub trait ProducerStore {
     /// Removes accepted outbox rows accepted before `cutoff_ms`. Seq
     /// allocation is unaffected: each flow's last seq is kept apart.
     fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError>;
+
+    /// Up to `limit` flows whose id starts with `prefix`, after `after`,
+    /// ordered by flow id: an indexed range read, however many flows there
+    /// are (the console's flow list).
+    fn producer_flows_page(
+        &mut self,
+        prefix: &str,
+        after: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<ProducerFlow>, StoreError> {
+        let _ = (prefix, after, limit);
+        Err(not_supported("listing flows"))
+    }
+
+    /// The flow's outbox rows with their delivery bookkeeping, in seq
+    /// order, at most `limit`.
+    fn flow_outbox_entries(
+        &mut self,
+        flow_id: &FlowId,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        let _ = (flow_id, limit);
+        Err(not_supported("listing a flow's outbox rows"))
+    }
+}
+
+/// The error of a read a store does not offer yet.
+fn not_supported(what: &str) -> StoreError {
+    StoreError::new(
+        ErrorKind::Other,
+        format!("{what} is not supported by this store"),
+    )
 }
 
 /// The consumer side: the inbox, the per-flow apply cursor, and the
@@ -213,6 +246,29 @@ pub trait ConsumerStore {
     /// per flow a watermark, so that a redelivery is still `duplicate` or
     /// `conflict` and no old seq is ever applied again.
     fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError>;
+
+    /// Up to `limit` flows the inbox knows (stored rows or an apply
+    /// cursor) whose id starts with `prefix`, after `after`, ordered by
+    /// flow id: an indexed range read, however many flows there are.
+    fn consumer_flows_page(
+        &mut self,
+        prefix: &str,
+        after: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<ConsumerFlow>, StoreError> {
+        let _ = (prefix, after, limit);
+        Err(not_supported("listing flows"))
+    }
+
+    /// The inbox row stored at `(flow_id, seq)`, if any.
+    fn inbox_entry_at(
+        &mut self,
+        flow_id: &FlowId,
+        seq: Seq,
+    ) -> Result<Option<InboxEntry>, StoreError> {
+        let _ = (flow_id, seq);
+        Err(not_supported("reading one inbox row"))
+    }
 }
 
 /// The default number of events applied per transaction.

@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+mod browse;
 mod conn;
 mod consumer;
 mod domain;

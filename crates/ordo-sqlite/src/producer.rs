@@ -814,6 +814,23 @@ impl ProducerStore for ProducerDb {
             })
         })
     }
+
+    fn producer_flows_page(
+        &mut self,
+        prefix: &str,
+        after: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<ordo_core::ops::ProducerFlow>, StoreError> {
+        crate::browse::producer_flows_page(&self.conn, prefix, after, limit)
+    }
+
+    fn flow_outbox_entries(
+        &mut self,
+        flow_id: &FlowId,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        crate::browse::flow_outbox_entries(&self.conn, flow_id, limit)
+    }
 }
 
 /// Bookkeeping columns of one outbox row.

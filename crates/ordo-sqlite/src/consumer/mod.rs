@@ -11,6 +11,7 @@
 //! only the handler does, through the transaction it is handed.
 
 mod apply;
+mod browse;
 mod ops;
 mod receive;
 mod schema;
@@ -238,5 +239,22 @@ impl ConsumerStore for ConsumerDb {
 
     fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
         ops::prune_inbox(self, cutoff_ms)
+    }
+
+    fn consumer_flows_page(
+        &mut self,
+        prefix: &str,
+        after: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<ordo_core::ops::ConsumerFlow>, StoreError> {
+        browse::consumer_flows_page(&self.conn, prefix, after, limit)
+    }
+
+    fn inbox_entry_at(
+        &mut self,
+        flow_id: &FlowId,
+        seq: ordo_core::Seq,
+    ) -> Result<Option<InboxEntry>, StoreError> {
+        browse::inbox_entry_at(&self.conn, flow_id, seq)
     }
 }

@@ -1,0 +1,762 @@
+//! `ordo console` as a real process over real SQLite stores built with the
+//! real CLI: the overview's numbers against `ordo status --json` at the
+//! same clock, the flow search and its pages, escaping, the security
+//! headers, and the operator token.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{envelope, reservation, run, Lab};
+use serde_json::{json, Value};
+
+const T0: i64 = 1_700_000_000_000;
+/// The clock of the status and of the console: well after every event.
+const NOW: i64 = T0 + 90_500;
+
+/// A running `ordo console`; killed when dropped.
+struct Console {
+    child: Child,
+    addr: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Console {
+    /// Starts `ordo console ARGS --listen 127.0.0.1:0` at `ORDO_NOW_MS=NOW`
+    /// and reads the address from its first stdout line.
+    fn start(args: &[&str]) -> Console {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
+            .arg("console")
+            .args(args)
+            .args(["--listen", "127.0.0.1:0"])
+            .env_remove("ORDO_CRASH_POINT")
+            .env("ORDO_NOW_MS", NOW.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the ordo binary starts");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("stderr is piped");
+        let sink = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            sink.lock().unwrap().push_str(&text);
+        });
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().expect("stdout is piped"))
+            .read_line(&mut line)
+            .expect("stdout is readable");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("first line {line:?}, stderr {:?}", stderr.lock().unwrap()))
+            .to_owned();
+        Console {
+            child,
+            addr,
+            stderr,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn get(&self, path: &str) -> Page {
+        page(agent().get(&self.url(path)).call())
+    }
+
+    fn get_with_cookie(&self, path: &str, cookie: &str) -> Page {
+        page(agent().get(&self.url(path)).header("Cookie", cookie).call())
+    }
+
+    fn login(&self, token: &str) -> Page {
+        page(
+            agent()
+                .post(&self.url("/login"))
+                .send_form([("token", token)]),
+        )
+    }
+
+    /// SIGTERM, then the exit status.
+    fn terminate(mut self) -> i32 {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid");
+        // SAFETY: kill(2) on the pid of our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait works") {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(Instant::now() < deadline, "console did not exit on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("console stderr:\n{}", self.stderr.lock().unwrap());
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Page {
+    status: u16,
+    headers: Vec<(String, String)>,
+    text: String,
+}
+
+impl Page {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The text of the element carrying `data-metric="NAME"`.
+    #[track_caller]
+    fn metric(&self, name: &str) -> String {
+        let marker = format!("data-metric=\"{name}\">");
+        let start = self
+            .text
+            .find(&marker)
+            .unwrap_or_else(|| panic!("no data-metric {name} in {}", self.text))
+            + marker.len();
+        let end = start + self.text[start..].find('<').expect("the element closes");
+        self.text[start..end].to_owned()
+    }
+
+    /// The flows listed (their `data-flow` attributes), in order.
+    fn flows(&self) -> Vec<String> {
+        self.text
+            .split("data-flow=\"")
+            .skip(1)
+            .map(|rest| rest[..rest.find('"').unwrap()].to_owned())
+            .collect()
+    }
+
+    /// The target of the "Next page" link, if any.
+    fn next(&self) -> Option<String> {
+        let rest = &self.text[self.text.find("id=\"next\" href=\"")? + 16..];
+        Some(rest[..rest.find('"').unwrap()].replace("&amp;", "&"))
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+fn page(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Page {
+    let mut response = response.expect("the console answers");
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    Page {
+        status: response.status().as_u16(),
+        headers,
+        text: response.body_mut().read_to_string().expect("a text body"),
+    }
+}
+
+/// Both stores with every kind of trouble: a quarantined event (A-1, the
+/// consumer holding another body), applied flows, a pending backlog (C-1),
+/// a flow waiting on a gap (G), and a blocked row (X-1, an unknown schema)
+/// whose type and payload hold markup.
+fn troubled() -> Lab {
+    let lab = Lab::new();
+    lab.at(T0).init();
+    lab.at(T0).advance("A", 0, "reserved", Some(5));
+    lab.at(T0 + 100).advance("B", 0, "reserved", Some(2));
+    lab.at(T0 + 200).advance("A", 1, "confirmed", None);
+    lab.at(T0 + 300)
+        .receive(&reservation("A", 1, "reserved", 9));
+    lab.at(T0 + 400).relay(&[]);
+    lab.at(T0 + 450).relay(&[]);
+    lab.at(T0 + 500).advance("C", 0, "reserved", Some(1));
+    let x = envelope(
+        "X-1",
+        "X",
+        1,
+        9,
+        "<script>alert('type')</script>",
+        json!({"note": "<script>alert('payload')</script>"}),
+    );
+    lab.at(T0 + 600).receive(&x);
+    lab.at(T0 + 700)
+        .receive(&reservation("G", 2, "confirmed", 1));
+    lab.at(T0 + 800).apply(&[]);
+    lab
+}
+
+#[test]
+fn the_overview_numbers_are_those_of_status_at_the_same_clock() {
+    let lab = troubled();
+    let status = lab.at(NOW).run_both("status", &[]).json();
+    let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
+    let overview = console.get("/");
+    assert_eq!(overview.status, 200, "{overview:?}");
+    let expected = [
+        ("backlog", &status["producer"]["backlog"]),
+        (
+            "oldest_pending_age_s",
+            &status["producer"]["oldest_pending_age_s"],
+        ),
+        ("quarantined", &status["producer"]["quarantined"]),
+        ("blocked", &status["consumer"]["blocked"]["total"]),
+        ("gaps_total", &status["consumer"]["gaps_total"]),
+        ("applied", &status["consumer"]["applied"]),
+        ("skipped", &status["consumer"]["skipped"]),
+    ];
+    for (name, value) in expected {
+        assert!(value.is_number(), "{name} in {status}");
+        assert_eq!(overview.metric(name), value.to_string(), "{name}: {status}");
+    }
+    // The states built are the ones meant: each number is non-trivial.
+    assert_eq!(overview.metric("quarantined"), "1");
+    assert_ne!(overview.metric("blocked"), "0");
+    assert_eq!(overview.metric("gaps_total"), "1");
+    assert_ne!(overview.metric("applied"), "0");
+    // The live refresh reads the same values.
+    let live: Value = serde_json::from_str(&console.get("/overview.json").text).unwrap();
+    for name in ["backlog", "quarantined", "blocked", "applied"] {
+        assert_eq!(live[name], json!(overview.metric(name)), "{name}");
+    }
+    assert_eq!(console.terminate(), 0);
+}
+
+#[test]
+fn one_side_leaves_the_other_sides_numbers_empty() {
+    let lab = troubled();
+    let status = lab
+        .at(NOW)
+        .run(&["status", "--json", "--consumer", &lab.c])
+        .json();
+    let console = Console::start(&["--consumer", &lab.c]);
+    let overview = console.get("/");
+    for name in ["backlog", "oldest_pending_age_s", "quarantined"] {
+        assert_eq!(overview.metric(name), "", "{name}");
+    }
+    assert_eq!(
+        overview.metric("applied"),
+        status["consumer"]["applied"].to_string()
+    );
+    // No pending event: the age is absent, and empty.
+    let lab = Lab::new();
+    lab.at(T0).init();
+    let console = Console::start(&["--producer", &lab.p]);
+    let overview = console.get("/");
+    assert_eq!(overview.metric("backlog"), "0");
+    assert_eq!(overview.metric("oldest_pending_age_s"), "");
+    assert_eq!(overview.metric("applied"), "");
+}
+
+#[test]
+fn pages_escape_markup_and_carry_the_security_headers() {
+    let lab = troubled();
+    let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
+    for path in [
+        "/",
+        "/flows",
+        "/flow?id=X",
+        "/quarantined",
+        "/blocked",
+        "/repairs",
+        "/static/console.js",
+        "/static/console.css",
+        "/login",
+    ] {
+        let page = console.get(path);
+        assert_eq!(page.status, 200, "{path}: {page:?}");
+        let csp = page.header("content-security-policy").unwrap_or("");
+        assert!(
+            csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+            "{path}: {csp}"
+        );
+        assert_eq!(page.header("x-frame-options"), Some("DENY"), "{path}");
+        assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
+        if page.text.contains("<html") {
+            assert!(!page.text.contains("<script>"), "{path}: an inline script");
+            assert!(!page.text.contains("style="), "{path}: an inline style");
+        }
+    }
+    for path in ["/blocked", "/flow?id=X"] {
+        let page = console.get(path);
+        assert!(page.text.contains("X-1"), "{path}: {}", page.text);
+        assert!(
+            page.text
+                .contains("&lt;script&gt;alert(&#39;type&#39;)&lt;/script&gt;")
+                || page
+                    .text
+                    .contains("&lt;script&gt;alert('type')&lt;/script&gt;"),
+            "{path}: {}",
+            page.text
+        );
+        assert!(page.text.contains("&lt;script&gt;alert("), "{path}");
+        assert!(!page.text.contains("<script>alert"), "{path}");
+    }
+}
+
+#[test]
+fn flow_detail_and_quarantined_bodies_side_by_side() {
+    let lab = troubled();
+    let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
+    let a = console.get("/flow?id=A");
+    assert_eq!(a.status, 200);
+    assert!(
+        a.text.contains("A-1") && a.text.contains("A-2"),
+        "{}",
+        a.text
+    );
+    assert!(
+        a.text.contains("conflict"),
+        "the quarantine shows: {}",
+        a.text
+    );
+    assert!(
+        a.text.contains("applied"),
+        "the inbox rows' status: {}",
+        a.text
+    );
+    let g = console.get("/flow?id=G");
+    assert!(g.text.contains("id=\"gap\""), "{}", g.text);
+    assert!(g.text.contains("seq 1 is missing"), "{}", g.text);
+    assert!(!a.text.contains("id=\"gap\""));
+    let quarantined = console.get("/quarantined");
+    assert!(
+        quarantined.text.contains("data-event=\"A-1\""),
+        "{}",
+        quarantined.text
+    );
+    // amount 5 in the outbox, 9 at the consumer: that field differs, the
+    // event id does not.
+    let differs: Vec<&str> = quarantined
+        .text
+        .split("<tr class=\"differs\"><td class=\"field\">")
+        .skip(1)
+        .map(|rest| &rest[..rest.find('<').unwrap()])
+        .collect();
+    assert_eq!(differs, ["payload.amount"], "{}", quarantined.text);
+    assert!(
+        quarantined.text.contains("&quot;amount&quot;:5")
+            || quarantined.text.contains("\"amount\":5")
+    );
+    let blocked = console.get("/blocked");
+    assert!(blocked.text.contains("data-reason=\""), "{}", blocked.text);
+    let repairs = console.get("/repairs");
+    assert!(repairs.text.contains("No repair yet"), "{}", repairs.text);
+    // Skips appear in the repair log.
+    let out = lab.at(NOW).run(&[
+        "inbox",
+        "skip",
+        "--json",
+        "--consumer",
+        &lab.c,
+        "--flow",
+        "X",
+        "--seq",
+        "1",
+        "--reason",
+        "bad <b>schema</b>",
+        "--by",
+        "ops",
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let repairs = console.get("/repairs");
+    assert!(
+        repairs.text.contains("bad &lt;b&gt;schema&lt;/b&gt;"),
+        "{}",
+        repairs.text
+    );
+    assert_eq!(console.get("/").metric("skipped"), "1");
+}
+
+#[test]
+fn flows_are_searched_by_prefix_and_paged() {
+    let lab = Lab::new();
+    lab.at(T0).init();
+    // 120 flows p-000..p-119 at the consumer, in one receive; q-1 and
+    // producer flows beside them.
+    let batch: String = (0..120)
+        .map(|i| reservation(&format!("p-{i:03}"), 1, "reserved", 1) + "\n")
+        .collect();
+    lab.at(T0).receive(&batch);
+    lab.at(T0).receive(&reservation("q-1", 1, "reserved", 1));
+    lab.at(T0).advance("p-050", 0, "reserved", Some(1));
+    lab.at(T0).advance("o-1", 0, "reserved", Some(1));
+    lab.at(T0).apply(&[]);
+    let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
+    let expected = |range: std::ops::Range<usize>| -> Vec<String> {
+        range.map(|i| format!("p-{i:03}")).collect()
+    };
+    let first = console.get("/flows?q=p-");
+    assert_eq!(first.flows(), expected(0..50));
+    let next = first.next().expect("a next page");
+    let second = console.get(&next);
+    assert_eq!(second.flows(), expected(50..100));
+    let third = console.get(&second.next().expect("a third page"));
+    assert_eq!(third.flows(), expected(100..120));
+    assert_eq!(third.next(), None);
+    assert_eq!(console.get("/flows?q=p-11").flows(), expected(110..120));
+    assert_eq!(console.get("/flows?q=zz").flows(), Vec::<String>::new());
+    // Without a prefix: every flow of either side, in id order.
+    let all = console.get("/flows");
+    assert_eq!(all.flows()[0], "o-1");
+    assert_eq!(all.flows()[1], "p-000");
+    // Both sides' view of a flow known to both.
+    let p050 = second.text.split("data-flow=\"p-050\"").nth(1).unwrap();
+    let cells: Vec<&str> = p050
+        .split("<td>")
+        .skip(2)
+        .take(2)
+        .map(|c| &c[..c.find('<').unwrap()])
+        .collect();
+    assert_eq!(cells, ["1", "1"], "last seq and applied seq: {p050}");
+    assert_eq!(console.get("/flows?after=%3Cbad%3E").status, 400);
+}
+
+#[test]
+fn a_missing_store_is_never_created() {
+    let lab = Lab::new();
+    let out = run(&["console", "--consumer", &lab.c, "--listen", "127.0.0.1:0"]);
+    out.usage("does not exist");
+    assert!(!std::path::Path::new(&lab.c).exists());
+    run(&["console", "--listen", "127.0.0.1:0"]).usage("required");
+}
+
+#[test]
+fn a_postgres_side_is_refused_and_its_password_never_shown() {
+    let url = "postgres://ops:hunter2@127.0.0.1:1/orders";
+    let out = run(&["console", "--consumer", url, "--listen", "127.0.0.1:0"]);
+    out.usage("not supported yet");
+    assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
+}
+
+fn token_file(lab: &Lab, mode: u32) -> String {
+    let path = lab.path("token");
+    std::fs::write(&path, "s3cret-token\n").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    path
+}
+
+#[test]
+fn beyond_loopback_only_with_a_private_token_file() {
+    let lab = troubled();
+    let out = run(&["console", "--consumer", &lab.c, "--listen", "0.0.0.0:0"]);
+    out.usage("--token-file");
+    let open = token_file(&lab, 0o644);
+    let out = run(&[
+        "console",
+        "--consumer",
+        &lab.c,
+        "--listen",
+        "0.0.0.0:0",
+        "--token-file",
+        &open,
+    ]);
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains(&open), "{out:?}");
+}
+
+#[test]
+fn with_a_token_every_page_needs_the_login() {
+    let lab = troubled();
+    let token = token_file(&lab, 0o600);
+    let console = Console::start(&["--consumer", &lab.c, "--token-file", &token]);
+    for path in ["/", "/flows", "/blocked", "/overview.json", "/flow?id=A"] {
+        let page = console.get(path);
+        assert_eq!(page.status, 303, "{path}: {page:?}");
+        assert_eq!(page.header("location"), Some("/login"), "{path}");
+        assert!(!page.text.contains("data-metric"));
+    }
+    let wrong = console.login("s3cret-tokeN");
+    assert_eq!(wrong.status, 401, "{wrong:?}");
+    assert_eq!(wrong.header("set-cookie"), None);
+    let forged = console.get_with_cookie("/", "ordo_console=00");
+    assert_eq!(forged.status, 303);
+    let right = console.login("s3cret-token");
+    assert_eq!(right.status, 303, "{right:?}");
+    let cookie = right.header("set-cookie").expect("a session cookie");
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    assert!(cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(
+        !cookie.contains("s3cret"),
+        "the cookie is not the token: {cookie}"
+    );
+    let pair = cookie.split(';').next().unwrap();
+    let overview = console.get_with_cookie("/", pair);
+    assert_eq!(overview.status, 200, "{overview:?}");
+    assert_ne!(overview.metric("blocked"), "");
+    // A login from another site's page is refused.
+    let cross = page(
+        agent()
+            .post(&console.url("/login"))
+            .header("Origin", "http://evil.example")
+            .send_form([("token", "s3cret-token")]),
+    );
+    assert_eq!(cross.status, 403, "{cross:?}");
+    assert_eq!(console.terminate(), 0);
+}
+
+/// The value of the hidden field `name` of the page's first form.
+fn hidden(page: &Page, name: &str) -> Option<String> {
+    let marker = format!("name=\"{name}\" value=\"");
+    let rest = &page.text[page.text.find(&marker)? + marker.len()..];
+    Some(rest[..rest.find('"').unwrap()].to_owned())
+}
+
+fn post(console: &Console, path: &str, origin: Option<&str>, form: &[(&str, &str)]) -> Page {
+    let mut request = agent().post(&console.url(path));
+    if let Some(origin) = origin {
+        request = request.header("Origin", origin);
+    }
+    page(request.send_form(form.iter().copied()))
+}
+
+fn quarantined_ids(lab: &Lab) -> Vec<String> {
+    let out = lab
+        .at(NOW)
+        .run(&[
+            "outbox",
+            "list",
+            "--json",
+            "--producer",
+            &lab.p,
+            "--quarantined",
+        ])
+        .json();
+    out["outbox"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn retrying_a_quarantined_event_needs_the_form_token_and_the_same_origin() {
+    let lab = troubled();
+    assert_eq!(quarantined_ids(&lab), ["A-1"]);
+    let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
+    let quarantined = console.get("/quarantined");
+    assert!(quarantined.text.contains("action=\"/quarantined/retry\""));
+    let csrf = hidden(&quarantined, "csrf").expect("the form carries its token");
+    assert_eq!(hidden(&quarantined, "event_id").as_deref(), Some("A-1"));
+    let own = console.url("");
+    let refused = [
+        post(
+            &console,
+            "/quarantined/retry",
+            Some(&own),
+            &[("event_id", "A-1")],
+        ),
+        post(
+            &console,
+            "/quarantined/retry",
+            Some(&own),
+            &[("event_id", "A-1"), ("csrf", "00")],
+        ),
+        post(
+            &console,
+            "/quarantined/retry",
+            Some("http://evil.example"),
+            &[("event_id", "A-1"), ("csrf", &csrf)],
+        ),
+    ];
+    for page in refused {
+        assert_eq!(page.status, 403, "{page:?}");
+    }
+    assert_eq!(quarantined_ids(&lab), ["A-1"], "nothing written");
+    let done = post(
+        &console,
+        "/quarantined/retry",
+        Some(&own),
+        &[("event_id", "A-1"), ("csrf", &csrf)],
+    );
+    assert_eq!(done.status, 200, "{done:?}");
+    assert!(done.text.contains("id=\"done\""), "{}", done.text);
+    assert_eq!(quarantined_ids(&lab), Vec::<String>::new());
+    // The store's own refusal, as `ordo outbox retry` gives it.
+    let again = post(
+        &console,
+        "/quarantined/retry",
+        Some(&own),
+        &[("event_id", "A-1"), ("csrf", &csrf)],
+    );
+    assert_eq!(again.status, 409, "{again:?}");
+    assert!(again.text.contains("not quarantined"), "{}", again.text);
+    assert_eq!(console.get("/").metric("quarantined"), "0");
+}
+
+#[test]
+fn read_only_shows_no_action_and_refuses_them() {
+    let lab = troubled();
+    let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c, "--read-only"]);
+    for path in ["/", "/quarantined", "/blocked", "/flow?id=A", "/repairs"] {
+        let page = console.get(path);
+        assert_eq!(page.status, 200, "{path}");
+        assert!(
+            !page.text.contains("method=\"post\""),
+            "{path}: {}",
+            page.text
+        );
+        assert!(!page.text.contains("<button"), "{path}: {}", page.text);
+    }
+    assert!(console
+        .get("/quarantined")
+        .text
+        .contains("data-event=\"A-1\""));
+    let refused = post(
+        &console,
+        "/quarantined/retry",
+        Some(&console.url("")),
+        &[("event_id", "A-1"), ("csrf", "whatever")],
+    );
+    assert_eq!(refused.status, 403, "{refused:?}");
+    assert_eq!(quarantined_ids(&lab), ["A-1"]);
+}
+
+fn repairs(lab: &Lab) -> Value {
+    lab.at(NOW)
+        .run(&["inbox", "repairs", "--json", "--consumer", &lab.c])
+        .json()
+}
+
+#[test]
+fn a_skip_is_previewed_needs_a_name_and_a_reason_and_confirms_once() {
+    let lab = troubled();
+    let before = repairs(&lab);
+    let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
+    assert!(console
+        .get("/flow?id=X")
+        .text
+        .contains("href=\"/flow/skip?id=X\""));
+    let preview = console.get("/flow/skip?id=X");
+    assert_eq!(preview.status, 200, "{preview:?}");
+    assert!(preview.text.contains("id=\"preview\""), "{}", preview.text);
+    assert!(preview.text.contains("X-1"), "{}", preview.text);
+    assert!(
+        preview.text.contains("moves from 0 to 1"),
+        "{}",
+        preview.text
+    );
+    let csrf = hidden(&preview, "csrf").unwrap();
+    let confirm = hidden(&preview, "confirm").unwrap();
+    let own = console.url("");
+    let form = |by: &'static str, reason: &'static str| {
+        [
+            ("flow_id", "X".to_owned()),
+            ("seq", "1".to_owned()),
+            ("csrf", csrf.clone()),
+            ("confirm", confirm.clone()),
+            ("by", by.to_owned()),
+            ("reason", reason.to_owned()),
+        ]
+    };
+    let send = |fields: &[(&str, String)]| {
+        let pairs: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        post(&console, "/flow/skip", Some(&own), &pairs)
+    };
+    let no_reason = send(&form("ops", "  "));
+    assert_eq!(no_reason.status, 400, "{no_reason:?}");
+    assert!(no_reason.text.contains("reason"), "{}", no_reason.text);
+    let no_name = send(&form("", "bad schema"));
+    assert_eq!(no_name.status, 400, "{no_name:?}");
+    assert_eq!(repairs(&lab), before, "nothing written");
+    let done = send(&form("ops", "schema 9 is retired"));
+    assert_eq!(done.status, 200, "{done:?}");
+    assert!(done.text.contains("skipped X seq 1"), "{}", done.text);
+    let after = repairs(&lab);
+    let log = after["repairs"].as_array().expect("a repair list");
+    assert_eq!(log.len(), 1, "{after}");
+    assert_eq!(log[0]["flow_id"], "X");
+    assert_eq!(log[0]["by"], "ops");
+    assert_eq!(log[0]["reason"], "schema 9 is retired");
+    // The confirmation is used up.
+    let again = send(&form("ops", "schema 9 is retired"));
+    assert_eq!(again.status, 409, "{again:?}");
+    assert_eq!(repairs(&lab), after);
+    assert!(console.get("/repairs").text.contains("schema 9 is retired"));
+    assert_eq!(console.get("/").metric("skipped"), "1");
+    // Nothing stored at G's next seq: nothing to skip, no form.
+    let gap = console.get("/flow/skip?id=G");
+    assert!(!gap.text.contains("method=\"post\""), "{}", gap.text);
+    let read_only = Console::start(&["--consumer", &lab.c, "--read-only"]);
+    assert_eq!(read_only.get("/flow/skip?id=X").status, 403);
+    assert!(!read_only.get("/flow?id=X").text.contains("/flow/skip"));
+}
+
+#[test]
+fn blocked_rows_of_the_reservation_domain_are_re_evaluated_as_inbox_retry() {
+    let lab = Lab::new();
+    lab.at(T0).init();
+    let v2 = envelope("V-1", "V", 1, 2, "reserved", json!({"units": 3}));
+    lab.at(T0).receive(&v2);
+    lab.at(T0).apply(&[]);
+    let blocked_flows = |lab: &Lab| -> Vec<String> {
+        let out = lab
+            .at(NOW)
+            .run(&["inbox", "list", "--json", "--consumer", &lab.c, "--blocked"])
+            .json();
+        out["inbox"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["flow_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(blocked_flows(&lab), ["V"]);
+    let console = Console::start(&["--consumer", &lab.c]);
+    let page = console.get("/blocked");
+    assert!(
+        page.text.contains("action=\"/blocked/reevaluate\""),
+        "{}",
+        page.text
+    );
+    let csrf = hidden(&page, "csrf").unwrap();
+    let own = console.url("");
+    let still = post(
+        &console,
+        "/blocked/reevaluate",
+        Some(&own),
+        &[("flow_id", "V"), ("csrf", &csrf)],
+    );
+    assert_eq!(still.status, 200, "{still:?}");
+    assert!(still.text.contains("stop blocked"), "{}", still.text);
+    assert_eq!(blocked_flows(&lab), ["V"]);
+    let refused = post(
+        &console,
+        "/blocked/reevaluate",
+        Some(&own),
+        &[("flow_id", "V"), ("support_v2", "on")],
+    );
+    assert_eq!(refused.status, 403, "{refused:?}");
+    let applied = post(
+        &console,
+        "/blocked/reevaluate",
+        Some(&own),
+        &[("flow_id", "V"), ("support_v2", "on"), ("csrf", &csrf)],
+    );
+    assert_eq!(applied.status, 200, "{applied:?}");
+    assert!(applied.text.contains("applied 1"), "{}", applied.text);
+    assert_eq!(blocked_flows(&lab), Vec::<String>::new());
+    assert_eq!(console.get("/").metric("blocked"), "0");
+}

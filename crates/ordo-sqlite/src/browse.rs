@@ -1,0 +1,145 @@
+//! The producer's reads for browsing (the operator console): flows by id
+//! prefix, one flow's outbox rows. Each is an indexed range read, bounded
+//! by its limit, however large the outbox.
+
+use ordo_core::ops::{OutboxEntry, ProducerFlow};
+use ordo_core::{FlowId, Seq, StoreError};
+use rusqlite::{params, Connection};
+
+use crate::conn::{collect_rows, corrupt};
+use crate::producer::stored_envelope;
+
+const FLOWS_PAGE_SQL: &str = "SELECT flow_id, last_seq FROM outbox_head
+    WHERE flow_id >= ?1 AND flow_id > ?2 ORDER BY flow_id LIMIT ?3";
+
+const FLOW_OUTBOX_SQL: &str =
+    "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
+       next_attempt_at_ms, created_at_ms, accepted_at_ms
+    FROM outbox WHERE flow_id = ?1 ORDER BY seq LIMIT ?2";
+
+/// Up to `limit` flows of `outbox_head` whose id starts with `prefix`,
+/// after `after`. The range starts at the later of `prefix` and `after`;
+/// rows past the prefix end the list.
+pub(crate) fn producer_flows_page(
+    conn: &Connection,
+    prefix: &str,
+    after: Option<&FlowId>,
+    limit: usize,
+) -> Result<Vec<ProducerFlow>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = collect_rows(
+        conn,
+        "producer: cannot list flows",
+        FLOWS_PAGE_SQL,
+        params![prefix, after.map_or("", FlowId::as_str), limit],
+        |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)),
+        |(flow_id, last_seq)| {
+            let bad = |e: String| corrupt("producer: stored flow", e);
+            Ok(ProducerFlow {
+                flow_id: FlowId::new(&flow_id).map_err(|e| bad(e.to_string()))?,
+                last_seq: Seq::new(last_seq).map_err(|e| bad(e.to_string()))?,
+            })
+        },
+    )?;
+    Ok(rows
+        .into_iter()
+        .take_while(|flow| flow.flow_id.as_str().starts_with(prefix))
+        .collect())
+}
+
+/// The flow's outbox rows in seq order, at most `limit`.
+pub(crate) fn flow_outbox_entries(
+    conn: &Connection,
+    flow_id: &FlowId,
+    limit: usize,
+) -> Result<Vec<OutboxEntry>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    collect_rows(
+        conn,
+        "producer: cannot list a flow's outbox rows",
+        FLOW_OUTBOX_SQL,
+        params![flow_id.as_str(), limit],
+        |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, bool>(1)?,
+                row.get::<_, bool>(2)?,
+                row.get::<_, Option<String>>(3)?,
+                row.get::<_, i64>(4)?,
+                (
+                    row.get::<_, Option<String>>(5)?,
+                    row.get::<_, Option<String>>(6)?,
+                    row.get::<_, i64>(7)?,
+                    row.get::<_, i64>(8)?,
+                    row.get::<_, Option<i64>>(9)?,
+                ),
+            ))
+        },
+        |(body, accepted, quarantined, quarantine_reason, attempts, rest)| {
+            let (last_outcome, last_error, next_attempt_at_ms, created_at_ms, accepted_at_ms) =
+                rest;
+            Ok(OutboxEntry {
+                envelope: stored_envelope("producer: stored outbox body", &body)?,
+                accepted,
+                quarantined,
+                quarantine_reason,
+                attempts: u64::try_from(attempts).unwrap_or(0),
+                last_outcome,
+                last_error,
+                next_attempt_at_ms,
+                created_at_ms,
+                accepted_at_ms,
+            })
+        },
+    )
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The plan of `sql` on `conn`, one line per step.
+    pub(crate) fn plan(conn: &Connection, sql: &str) -> Vec<String> {
+        let mut stmt = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("the query plans");
+        let params = vec!["p"; stmt.parameter_count()];
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(params), |row| {
+                row.get::<_, String>(3)
+            })
+            .expect("the plan reads");
+        rows.map(|r| r.expect("a plan step")).collect()
+    }
+
+    /// Asserts that no step of `sql` scans one of `tables` whole.
+    #[track_caller]
+    pub(crate) fn assert_indexed(conn: &Connection, sql: &str, tables: &[&str]) {
+        let plan = plan(conn, sql);
+        for step in &plan {
+            for table in tables {
+                let scan = format!("SCAN {table}");
+                assert!(
+                    !(step == &scan || step.starts_with(&format!("{scan} "))),
+                    "{sql} scans {table}: {plan:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn flow_reads_are_indexed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.db");
+        crate::ProducerDb::open_or_create(
+            &path,
+            &crate::Schema::new("browse").unwrap(),
+            std::sync::Arc::new(ordo_core::SystemClock),
+            &crate::OpenOptions::default(),
+        )
+        .unwrap();
+        let conn = Connection::open(&path).unwrap();
+        assert_indexed(&conn, FLOWS_PAGE_SQL, &["outbox_head", "outbox"]);
+        assert_indexed(&conn, FLOW_OUTBOX_SQL, &["outbox_head", "outbox"]);
+    }
+}
