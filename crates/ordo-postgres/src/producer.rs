@@ -374,6 +374,20 @@ fn refresh_heads(
     turn: Option<i64>,
     reopened: Option<i64>,
 ) -> Result<(), StoreError> {
+    if flows.is_empty() {
+        return Ok(());
+    }
+    // The head rows first, in flow order: a writer appending to one of the
+    // flows commits before (and its event is then seen by the statements
+    // below, each reading a new snapshot) or waits until this transaction
+    // ends. Computed in the statement that waits, the head could miss that
+    // writer's event and be set past it.
+    let names: Vec<&str> = flows.iter().map(String::as_str).collect();
+    conn.run(
+        "producer: cannot lock the relay heads",
+        "SELECT 1 FROM {s}.outbox_head WHERE flow_id = ANY ($1) ORDER BY flow_id FOR UPDATE",
+        &[&names],
+    )?;
     for flow in flows {
         conn.run(
             "producer: cannot move the relay heads",
