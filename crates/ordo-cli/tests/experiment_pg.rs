@@ -198,7 +198,7 @@ fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards()
     // Every database of the run was dropped: none of its process is left,
     // and the experiment's databases are those of before.
     let after = experiment_databases(&mut client);
-    let own = format!("ordo_exp_{pid}_");
+    let own = format!("ordo_exp_{}_{pid}_", ordo_lab::experiment::pg::machine());
     assert!(
         after.iter().all(|name| !name.starts_with(&own)),
         "left behind: {after:?}"
@@ -236,9 +236,13 @@ fn a_leftover_of_a_dead_run_is_dropped_and_nothing_else() {
     let mut dead = Command::new("true").spawn().expect("start true");
     let dead_pid = dead.id();
     dead.wait().expect("wait for true");
-    let leftover = format!("ordo_exp_{dead_pid}_7");
-    let not_ours = format!("ordo_exp_{dead_pid}_7_kept");
-    for name in [&leftover, &not_ours] {
+    let host = ordo_lab::experiment::pg::machine();
+    let leftover = format!("ordo_exp_{host}_{dead_pid}_7");
+    // Not a name of a run: kept.
+    let not_ours = format!("ordo_exp_{host}_{dead_pid}_7_kept");
+    // Another machine's run, whose process cannot be looked up here: kept.
+    let elsewhere = format!("ordo_exp_{host}x_{dead_pid}_7");
+    for name in [&leftover, &not_ours, &elsewhere] {
         client
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
             .expect("drop a database");
@@ -258,12 +262,15 @@ fn a_leftover_of_a_dead_run_is_dropped_and_nothing_else() {
         "happy_path",
     ]);
     let after = experiment_databases(&mut client);
-    client
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {not_ours}"))
-        .expect("drop the test's database");
+    for name in [&not_ours, &elsewhere] {
+        client
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+            .expect("drop the test's database");
+    }
     assert_eq!(code, 0, "{stderr}\n{stdout}");
     assert!(!after.contains(&leftover), "{after:?}");
     assert!(after.contains(&not_ours), "{after:?}");
+    assert!(after.contains(&elsewhere), "{after:?}");
 }
 
 #[test]

@@ -1,11 +1,13 @@
 //! The PostgreSQL server of `experiment --backend postgres`: one fresh
 //! database per scenario, created under a unique name and dropped after the
 //! scenario (whether it passed, failed or panicked); databases left by runs
-//! whose process is gone are dropped when the next run connects.
+//! on this machine whose process is gone are dropped when the next run
+//! connects (a run of another machine on the same server is never touched:
+//! the machine's name is part of the database's).
 //!
 //! Invariant: a URL is only ever shown through [`redact`] (never its
 //! password), and a database name is only ever one this module made
-//! (`ordo_exp_PID_N`, safe to interpolate into SQL).
+//! (`ordo_exp_HOST_PID_N`, safe to interpolate into SQL).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,8 +17,11 @@ use ordo_postgres::postgres::{Client, Config, NoTls};
 
 use crate::LabError as Failure;
 
-/// The prefix of every scenario database, then the process id and a number.
+/// The prefix of every scenario database, then the machine, the process id
+/// and a number.
 const PREFIX: &str = "ordo_exp_";
+/// The longest machine name kept in a database name.
+const HOST_LEN_MAX: usize = 20;
 /// The database the server's connection uses when the URL names none.
 const ADMIN_DB_DEFAULT: &str = "postgres";
 /// The URL schemes that name a PostgreSQL server.
@@ -184,14 +189,17 @@ impl Server {
         Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
-    /// Drops the scenario databases whose creating process no longer runs
-    /// on this machine.
+    /// Drops the scenario databases of this machine whose creating process
+    /// no longer runs.
     fn drop_leftovers(&self) -> Result<(), Failure> {
+        let host = machine();
         for name in self.databases()? {
-            let pid = name[PREFIX.len()..].split('_').next().unwrap_or("");
-            let own = pid == std::process::id().to_string();
-            let alive = !pid.is_empty() && Path::new("/proc").join(pid).exists();
-            if !own && !alive && is_ours(&name) {
+            let Some((their_host, pid)) = parse_name(&name) else {
+                continue;
+            };
+            let alive =
+                pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists();
+            if their_host == host && !alive {
                 self.drop_database(&name)?;
             }
         }
@@ -208,7 +216,8 @@ impl Server {
     pub fn create(&self) -> Result<Database<'_>, Failure> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let name = format!(
-            "{PREFIX}{}_{}",
+            "{PREFIX}{}_{}_{}",
+            machine(),
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
@@ -219,15 +228,41 @@ impl Server {
     }
 }
 
-/// Whether `name` is exactly a name [`Server::create`] makes.
-fn is_ours(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix(PREFIX) else {
-        return false;
-    };
-    let mut parts = rest.split('_');
-    let digits =
-        |p: Option<&str>| p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
-    digits(parts.next()) && digits(parts.next()) && parts.next().is_none()
+/// This machine's name as database names hold it: its host name in lower
+/// case, letters and digits only, at most [`HOST_LEN_MAX`] of them
+/// (`host` if none is left).
+pub fn machine() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let kept: String = name
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(HOST_LEN_MAX)
+        .collect();
+    if kept.is_empty() {
+        "host".into()
+    } else {
+        kept
+    }
+}
+
+/// The machine and process id of a name [`Server::create`] makes; `None`
+/// for any other name.
+fn parse_name(name: &str) -> Option<(&str, u32)> {
+    let mut parts = name.strip_prefix(PREFIX)?.split('_');
+    let (host, pid, number) = (parts.next()?, parts.next()?, parts.next()?);
+    let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    let host_ok = !host.is_empty()
+        && host.len() <= HOST_LEN_MAX
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    let pid = Some(pid).filter(|p| digits(p))?.parse::<u32>().ok()?;
+    (host_ok && digits(number) && parts.next().is_none()).then_some((host, pid))
 }
 
 /// One scenario's database; dropped (connections and all) with the value.
@@ -292,10 +327,18 @@ mod tests {
 
     #[test]
     fn only_our_names_are_dropped() {
-        assert!(is_ours("ordo_exp_123_0"));
-        assert!(!is_ours("ordo_exp_123"));
-        assert!(!is_ours("ordo_exp_123_0_x"));
-        assert!(!is_ours("ordo_exp_x_0"));
-        assert!(!is_ours("ordo_cli_123_0"));
+        assert_eq!(parse_name("ordo_exp_vm_123_0"), Some(("vm", 123)));
+        assert_eq!(parse_name("ordo_exp_vm_123"), None);
+        assert_eq!(parse_name("ordo_exp_vm_123_0_x"), None);
+        assert_eq!(parse_name("ordo_exp_vm_x_0"), None);
+        assert_eq!(parse_name("ordo_exp_vm_+1_0"), None);
+        assert_eq!(parse_name("ordo_exp_Vm_1_0"), None);
+        assert_eq!(parse_name("ordo_cli_vm_123_0"), None);
+        let host = machine();
+        assert!(!host.is_empty() && host.len() <= HOST_LEN_MAX, "{host}");
+        assert_eq!(
+            parse_name(&format!("ordo_exp_{host}_1_2")),
+            Some((host.as_str(), 1))
+        );
     }
 }
