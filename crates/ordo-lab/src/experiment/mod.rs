@@ -1,6 +1,7 @@
 //! The experiment: the seed's 22 scenarios, the features beyond it, and the
-//! HTTP transport's, on real processes and real files, compared field by field with the
-//! protocol's expectations.
+//! HTTP transport's, on real processes and real stores (two SQLite files, or
+//! a PostgreSQL database, of each scenario's own), compared field by field
+//! with the protocol's expectations.
 
 mod beyond;
 pub(crate) mod child;
@@ -294,5 +295,26 @@ fn run_one(
         observed,
         expected,
         differences: found,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_not_applicable_on_postgresql_exists() {
+        for (name, reason) in NOT_ON_POSTGRES {
+            assert!(
+                GROUPS
+                    .iter()
+                    .any(|(_, list)| list.iter().any(|(n, _)| *n == name)),
+                "no scenario {name}"
+            );
+            assert!(!reason.is_empty());
+            let postgres = Backend::Postgres { url: String::new() };
+            assert_eq!(not_applicable(&postgres, name), Some(reason));
+            assert_eq!(not_applicable(&Backend::Sqlite, name), None);
+        }
     }
 }
