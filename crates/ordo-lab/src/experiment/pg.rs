@@ -147,9 +147,12 @@ impl Server {
             .unwrap_or(ADMIN_DB_DEFAULT)
             .to_owned();
         config.dbname(&admin_db);
-        let client = config
-            .connect(NoTls)
-            .map_err(|e| Failure::Internal(format!("cannot connect to {shown}: {e}")))?;
+        let client = config.connect(NoTls).map_err(|e| {
+            let cause = std::error::Error::source(&e)
+                .map(|c| format!(": {c}"))
+                .unwrap_or_default();
+            Failure::Internal(format!("cannot connect to {shown}: {e}{cause}"))
+        })?;
         let server = Server {
             url: url.to_owned(),
             shown,
