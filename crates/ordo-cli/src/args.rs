@@ -233,6 +233,23 @@ pub struct ExperimentArgs {
     /// Run only this scenario (repeatable).
     #[arg(long, value_name = "NAME")]
     pub only: Vec<String>,
+    /// Where the scenarios' stores live: two SQLite files each, or a fresh
+    /// PostgreSQL database each on the server of `--url`.
+    #[arg(long, value_enum, value_name = "B", default_value = "sqlite")]
+    pub backend: BackendArg,
+    /// The PostgreSQL server of `--backend postgres` (`postgres://USER@HOST:PORT`;
+    /// a database in it is only where the run connects to create the others).
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+}
+
+/// The storage backend of a lab run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    /// SQLite files.
+    Sqlite,
+    /// PostgreSQL databases.
+    Postgres,
 }
 
 #[derive(Debug, Args)]

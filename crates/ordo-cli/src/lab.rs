@@ -10,7 +10,9 @@ use ordo_lab::{
     Progress,
 };
 
-use crate::args::{BenchArgs, DemoArgs, ExperimentArgs, SoakArgs, TransportArg, WorkerCommand};
+use crate::args::{
+    BackendArg, BenchArgs, DemoArgs, ExperimentArgs, SoakArgs, TransportArg, WorkerCommand,
+};
 use crate::context::{clock, emit, open_options};
 use crate::{render_lab, Failure};
 
@@ -120,8 +122,26 @@ pub fn demo(json_mode: bool, args: DemoArgs) -> Result<(), Failure> {
     )))
 }
 
+/// The backend of `--backend` and `--url`, which go together.
+fn experiment_backend(args: &ExperimentArgs) -> Result<experiment::Backend, Failure> {
+    match (args.backend, &args.url) {
+        (BackendArg::Sqlite, None) => Ok(experiment::Backend::Sqlite),
+        (BackendArg::Sqlite, Some(_)) => {
+            Err(Failure::Usage("--url needs --backend postgres".into()))
+        }
+        (BackendArg::Postgres, None) => Err(Failure::Usage(
+            "--backend postgres needs --url postgres://USER@HOST:PORT".into(),
+        )),
+        (BackendArg::Postgres, Some(url)) => {
+            experiment::pg::check_url(url).map_err(failure)?;
+            Ok(experiment::Backend::Postgres { url: url.clone() })
+        }
+    }
+}
+
 pub fn experiment(json_mode: bool, args: ExperimentArgs) -> Result<(), Failure> {
     let options = experiment::ExperimentOptions {
+        backend: experiment_backend(&args)?,
         exe: ordo_binary()?,
         only: args.only,
         expected: args.expected,

@@ -82,7 +82,7 @@ pub fn demo_text(report: &DemoReport) -> String {
 }
 
 pub fn experiment(report: &ExperimentReport) -> Value {
-    json!({
+    let mut value = json!({
         "scenarios": report.scenarios.iter().map(|r| json!({
             "name": r.name,
             "group": r.group,
@@ -96,7 +96,19 @@ pub fn experiment(report: &ExperimentReport) -> Value {
         "groups": report.groups().iter().map(|g| {
             (g.group.to_owned(), json!({"passed": g.passed, "failed": g.failed}))
         }).collect::<serde_json::Map<_, _>>(),
-    })
+    });
+    // On SQLite the report is the contract's as it always was; on another
+    // backend it also names the backend, its server and what did not apply.
+    if report.backend != "sqlite" {
+        value["backend"] = json!(report.backend);
+        value["server"] = json!(report.server);
+        value["not_applicable"] = report
+            .not_applicable
+            .iter()
+            .map(|n| json!({"name": n.name, "group": n.group, "reason": n.reason}))
+            .collect();
+    }
+    value
 }
 
 pub fn experiment_text(report: &ExperimentReport) -> String {
@@ -106,11 +118,25 @@ pub fn experiment_text(report: &ExperimentReport) -> String {
             lines.push(format!("{}: {d}", r.name));
         }
     }
-    lines.push(format!(
-        "{} passed, {} failed",
-        report.passed(),
-        report.failed()
-    ));
+    if report.backend == "sqlite" {
+        lines.push(format!(
+            "{} passed, {} failed",
+            report.passed(),
+            report.failed()
+        ));
+    } else {
+        for n in &report.not_applicable {
+            lines.push(format!("{}: not applicable: {}", n.name, n.reason));
+        }
+        lines.push(format!(
+            "{} passed, {} failed, {} not applicable ({} on {})",
+            report.passed(),
+            report.failed(),
+            report.not_applicable.len(),
+            report.backend,
+            report.server.as_deref().unwrap_or("")
+        ));
+    }
     lines.join("\n")
 }
 

@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use ordo_core::StoreError;
 use ordo_core::{
-    process_all, relay, Backoff, Clock, ErrorKind, FlowId, ProducerStore, RelayError, RelayOptions,
-    SchemaVersion, SystemClock, Transport,
+    process_all, relay, ApplyHandler, Backoff, Clock, ConsumerStore, ErrorKind, FlowId,
+    ProducerStore, RelayError, RelayOptions, SchemaVersion, SystemClock, Transport,
 };
 use ordo_http::{ClientOptions, HttpTransport};
+use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
+use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 
 use crate::LabError as Failure;
@@ -128,6 +130,35 @@ impl WorkerEnv {
             &self.options,
         )?)
     }
+
+    fn pg_producer(&self, url: &str) -> Result<PgProducer, Failure> {
+        let schema = pg_producer_schema();
+        Ok(PgProducer::open_with(
+            url,
+            &schema,
+            self.clock.clone(),
+            &PgOptions::default(),
+        )?)
+    }
+
+    fn pg_consumer(&self, url: &str) -> Result<PgConsumer, Failure> {
+        let schema = pg_consumer_schema();
+        Ok(PgConsumer::open_with(
+            url,
+            &schema,
+            self.clock.clone(),
+            &PgOptions::default(),
+        )?)
+    }
+}
+
+/// The URL a `--producer` or `--consumer` value is when it names a
+/// PostgreSQL database (it starts with `postgres://` or `postgresql://`);
+/// anything else is an SQLite file.
+fn postgres_url(store: &Path) -> Option<&str> {
+    store
+        .to_str()
+        .filter(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
 }
 
 /// What a worker did before it finished.
@@ -164,19 +195,31 @@ pub fn run(role: WorkerRole, env: &WorkerEnv) -> Result<WorkerReport, Failure> {
             flows,
             quantity,
             spread_ms,
-        } => produce(env, &producer, &flows, quantity, spread_ms),
+        } => match postgres_url(&producer) {
+            Some(url) => produce(&mut env.pg_producer(url)?, &flows, quantity, spread_ms),
+            None => produce(&mut env.producer(&producer)?, &flows, quantity, spread_ms),
+        },
         WorkerRole::ProduceGrouped(job) => crate::worker_group::produce(env, &job),
         WorkerRole::Relay {
             producer,
             target,
             until,
-        } => relay_until(env, &producer, &target, &until),
-        WorkerRole::Apply { consumer, until } => apply_until(env, &consumer, &until),
+        } => match postgres_url(&producer) {
+            Some(url) => relay_until(env, &mut env.pg_producer(url)?, &target, &until),
+            None => relay_until(env, &mut env.producer(&producer)?, &target, &until),
+        },
+        WorkerRole::Apply { consumer, until } => match postgres_url(&consumer) {
+            Some(url) => apply_until(&mut env.pg_consumer(url)?, &until),
+            None => apply_until(&mut env.consumer(&consumer)?, &until),
+        },
         WorkerRole::UnsafeDualWrite {
             producer,
             flow,
             quantity,
-        } => unsafe_dual_write(env, &producer, &flow, quantity),
+        } => match postgres_url(&producer) {
+            Some(url) => unsafe_dual_write_pg(env, url, &flow, quantity),
+            None => unsafe_dual_write(env, &producer, &flow, quantity),
+        },
     }
 }
 
@@ -184,13 +227,11 @@ pub fn run(role: WorkerRole, env: &WorkerEnv) -> Result<WorkerReport, Failure> {
 /// `expected_seq` of that step: when another producer won the race the
 /// outcome is `stale` and the step is already done.
 fn produce(
-    env: &WorkerEnv,
-    path: &Path,
+    producer: &mut impl ReservationProducer,
     flows: &[FlowId],
     quantity: Quantity,
     spread: Option<(i64, i64)>,
 ) -> Result<WorkerReport, Failure> {
-    let mut producer = env.producer(path)?;
     let (mut committed, mut stale) = (0u64, 0u64);
     let steps = [
         FlowState::Reserved,
@@ -273,7 +314,10 @@ fn open_target(
         ..RelayOptions::default()
     };
     match target {
-        RelayTarget::File(path) => Ok((Box::new(env.consumer(path)?), options)),
+        RelayTarget::File(path) => match postgres_url(path) {
+            Some(url) => Ok((Box::new(env.pg_consumer(url)?), options)),
+            None => Ok((Box::new(env.consumer(path)?), options)),
+        },
         RelayTarget::Http(url) => {
             let client = ClientOptions {
                 timeout: HTTP_TIMEOUT,
@@ -296,18 +340,17 @@ fn open_target(
 /// been accepted (events still backing off are waited for).
 fn relay_until(
     env: &WorkerEnv,
-    producer: &Path,
+    producer: &mut impl ProducerStore,
     target: &RelayTarget,
     until: &Path,
 ) -> Result<WorkerReport, Failure> {
-    let mut producer = env.producer(producer)?;
     let (mut transport, options) = open_target(env, target)?;
     let clock = env.clock.clone();
     let mut busy = BusyRetries(0);
     let mut delivered = 0u64;
     loop {
         let finishing = until.exists();
-        let report = match relay(&mut producer, transport.as_mut(), &options, clock.as_ref()) {
+        let report = match relay(producer, transport.as_mut(), &options, clock.as_ref()) {
             Ok(report) => report,
             Err(RelayError::Store(e)) if e.kind() == ErrorKind::Busy => {
                 busy.retry(e)?;
@@ -332,14 +375,17 @@ fn relay_until(
 }
 
 /// Applies until `until` exists and a round after that applies nothing.
-fn apply_until(env: &WorkerEnv, consumer: &Path, until: &Path) -> Result<WorkerReport, Failure> {
-    let mut consumer = env.consumer(consumer)?;
+fn apply_until<C>(consumer: &mut C, until: &Path) -> Result<WorkerReport, Failure>
+where
+    C: ConsumerStore,
+    ReservationHandler: ApplyHandler<C::Tx>,
+{
     let mut busy = BusyRetries(0);
     let mut applied = 0u64;
     loop {
         let finishing = until.exists();
         let drains = match process_all(
-            &mut consumer,
+            consumer,
             None,
             &mut ReservationHandler::default(),
             APPLY_BATCH_LEN,
@@ -385,6 +431,23 @@ fn unsafe_dual_write(
                 ordo_core::StoreError::with_source(ErrorKind::Other, "unsafe_dual_write", e)
             })?;
         Ok(())
+    })?;
+    std::process::exit(UNSAFE_EXIT_STATUS);
+}
+
+/// THE WRONG CONTROL on a PostgreSQL producer: as [`unsafe_dual_write`].
+fn unsafe_dual_write_pg(
+    env: &WorkerEnv,
+    url: &str,
+    flow: &FlowId,
+    quantity: Quantity,
+) -> Result<WorkerReport, Failure> {
+    let mut producer = env.pg_producer(url)?;
+    producer.write(|tx| -> Result<u64, ordo_core::StoreError> {
+        tx.sql().execute(
+            "INSERT INTO flow (flow_id, state, quantity) VALUES ($1, 'reserved', $2)",
+            &[&flow.as_str(), &quantity.get()],
+        )
     })?;
     std::process::exit(UNSAFE_EXIT_STATUS);
 }

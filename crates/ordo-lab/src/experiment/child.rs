@@ -16,10 +16,22 @@ pub const NOW_ENV: &str = "ORDO_NOW_MS";
 /// How often a waiting parent looks at its child.
 const POLL: Duration = Duration::from_millis(2);
 
-/// The files of one scenario and the binary that runs on them.
+/// The stores of one scenario and the binary that runs on them.
 pub struct Ctx {
     pub exe: PathBuf,
+    /// The scenario's own directory (its SQLite files, marker files, logs).
     pub dir: PathBuf,
+    /// What `{P}` and `{C}` stand for: the SQLite files in `dir`, or the
+    /// URL of the scenario's own PostgreSQL database (both roles in it).
+    pub stores: Stores,
+}
+
+/// Where a scenario's two stores live.
+pub enum Stores {
+    /// `producer.db` and `consumer.db` in the scenario's directory.
+    Files,
+    /// One PostgreSQL database holding both roles' schemas, by URL.
+    Postgres(String),
 }
 
 /// What a finished child left: its exit code and its stdout parsed as JSON
@@ -109,12 +121,20 @@ fn drain(pipe: Option<impl Read + Send + 'static>) -> Drain {
 }
 
 impl Ctx {
+    /// The producer store, as `--producer` takes it.
     pub fn producer(&self) -> PathBuf {
-        self.dir.join("producer.db")
+        match &self.stores {
+            Stores::Files => self.dir.join("producer.db"),
+            Stores::Postgres(url) => PathBuf::from(url),
+        }
     }
 
+    /// The consumer store, as `--consumer` takes it.
     pub fn consumer(&self) -> PathBuf {
-        self.dir.join("consumer.db")
+        match &self.stores {
+            Stores::Files => self.dir.join("consumer.db"),
+            Stores::Postgres(url) => PathBuf::from(url),
+        }
     }
 
     /// Starts `ordo --json ARGS` with `{P}` and `{C}` in ARGS replaced by
@@ -154,14 +174,29 @@ impl Ctx {
     fn expand(&self, args: &[&str]) -> Vec<String> {
         let p = self.producer().display().to_string();
         let c = self.consumer().display().to_string();
-        args.iter()
-            .map(|a| a.replace("{P}", &p).replace("{C}", &c))
-            .collect()
+        replace_stores(args, &p, &c)
     }
 
+    /// The command line as reports show it: a URL without its password.
+    pub fn shown(&self, args: &[&str]) -> String {
+        let shown = match &self.stores {
+            Stores::Files => return self.expand(args).join(" "),
+            Stores::Postgres(url) => super::pg::redact(url),
+        };
+        replace_stores(args, &shown, &shown).join(" ")
+    }
+}
+
+fn replace_stores(args: &[&str], p: &str, c: &str) -> Vec<String> {
+    args.iter()
+        .map(|a| a.replace("{P}", p).replace("{C}", c))
+        .collect()
+}
+
+impl Ctx {
     /// Runs `ordo --json ARGS` to completion with `stdin` as input.
     pub fn run(&self, args: &[&str], stdin: &[u8], crash: Option<&str>) -> Result<Run, String> {
-        let what = self.expand(args).join(" ");
+        let what = self.shown(args);
         let mut child = self.spawn(args, crash)?;
         deliver_stdin(&mut child, stdin, &what)?;
         finish(child, &what)
@@ -169,7 +204,7 @@ impl Ctx {
 
     /// Runs `ordo --json ARGS` to completion at the fixed time `now_ms`.
     pub fn run_at(&self, now_ms: i64, args: &[&str]) -> Result<Run, String> {
-        let what = self.expand(args).join(" ");
+        let what = self.shown(args);
         let mut child = self.spawn_env(args, None, &[(NOW_ENV, now_ms.to_string())])?;
         deliver_stdin(&mut child, b"", &what)?;
         finish(child, &what)
@@ -186,7 +221,7 @@ impl Ctx {
         if run.code != 0 {
             return Err(format!(
                 "`ordo {}` exited {}: {}",
-                self.expand(args).join(" "),
+                self.shown(args),
                 run.code,
                 run.stderr.trim()
             ));

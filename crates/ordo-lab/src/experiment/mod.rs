@@ -1,10 +1,12 @@
 //! The experiment: the seed's 22 scenarios, the features beyond it, and the
-//! HTTP transport's, on real processes and real files, compared field by field with the
-//! protocol's expectations.
+//! HTTP transport's, on real processes and real stores (two SQLite files, or
+//! a PostgreSQL database, of each scenario's own), compared field by field
+//! with the protocol's expectations.
 
 mod beyond;
 pub(crate) mod child;
 mod expect;
+pub mod pg;
 mod scenarios;
 mod transport;
 
@@ -14,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::LabError as Failure;
 use beyond::BEYOND;
-use child::{scenario_dir, Ctx};
+use child::{scenario_dir, Ctx, Stores};
 use expect::differences;
 use scenarios::{ScenarioFn, SEED};
 use transport::TRANSPORT;
@@ -27,9 +29,55 @@ const GROUPS: [(&str, &[(&str, ScenarioFn)]); 3] = [
     ("transport", &TRANSPORT),
 ];
 
+/// Where the scenarios' stores live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// Two SQLite files in a temporary directory per scenario.
+    Sqlite,
+    /// A fresh database per scenario on the PostgreSQL server of this URL
+    /// (its database, if any, is only where the run connects to create and
+    /// drop the others).
+    Postgres {
+        /// The server's URL.
+        url: String,
+    },
+}
+
+impl Backend {
+    /// `sqlite` or `postgres`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres { .. } => "postgres",
+        }
+    }
+}
+
+/// Scenarios that cannot run on PostgreSQL, with the reason: they are about
+/// what only an SQLite file has.
+const NOT_ON_POSTGRES: [(&str, &str); 1] = [(
+    "transient_failure_backs_off",
+    "makes the consumer transiently busy by holding its SQLite file's write lock \
+     (--busy-timeout-ms); a PostgreSQL store has no file lock, and a lock held on \
+     its tables makes a receive wait, not fail",
+)];
+
+/// Why `name` cannot run on `backend`, if it cannot.
+fn not_applicable(backend: &Backend, name: &str) -> Option<&'static str> {
+    match backend {
+        Backend::Sqlite => None,
+        Backend::Postgres { .. } => NOT_ON_POSTGRES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, reason)| *reason),
+    }
+}
+
 /// What the experiment runs.
 #[derive(Debug, Clone)]
 pub struct ExperimentOptions {
+    /// Where the stores live.
+    pub backend: Backend,
     /// The `ordo` binary the scenarios run.
     pub exe: PathBuf,
     /// Only these scenarios (all if empty); an unknown name is refused.
@@ -61,11 +109,29 @@ impl ScenarioResult {
     }
 }
 
+/// A scenario that was not run because it cannot apply to the backend.
+#[derive(Debug, Clone)]
+pub struct NotApplicable {
+    /// Its group.
+    pub group: &'static str,
+    /// Its name.
+    pub name: &'static str,
+    /// Why it cannot apply.
+    pub reason: &'static str,
+}
+
 /// Every scenario run, in order.
 #[derive(Debug, Clone)]
 pub struct ExperimentReport {
+    /// `sqlite` or `postgres`.
+    pub backend: &'static str,
+    /// The PostgreSQL server, without a password (`None` on SQLite).
+    pub server: Option<String>,
     /// The scenarios' outcomes.
     pub scenarios: Vec<ScenarioResult>,
+    /// The scenarios selected but not run, because they cannot apply to
+    /// the backend; neither passed nor failed.
+    pub not_applicable: Vec<NotApplicable>,
 }
 
 /// One group's counts.
@@ -135,8 +201,8 @@ fn expectations_from(path: &Path) -> Result<Vec<(String, Value)>, Failure> {
         .collect()
 }
 
-/// Runs the scenarios in order, each on its own files, calling `on_result`
-/// after each.
+/// Runs the scenarios in order, each on its own stores (two files, or a
+/// database of its own), calling `on_result` after each.
 pub fn run(
     options: &ExperimentOptions,
     on_result: &mut dyn FnMut(&ScenarioResult),
@@ -153,11 +219,16 @@ pub fn run(
         Some(path) => expectations_from(path)?,
         None => Vec::new(),
     };
+    let server = match &options.backend {
+        Backend::Sqlite => None,
+        Backend::Postgres { url } => Some(pg::Server::connect(url)?),
+    };
     let root = tempfile::Builder::new()
         .prefix("ordo-experiment-")
         .tempdir()
         .map_err(|e| Failure::Internal(format!("cannot create a temporary directory: {e}")))?;
     let mut scenarios = Vec::new();
+    let mut skipped = Vec::new();
     for (group, name, scenario) in GROUPS
         .iter()
         .flat_map(|(group, list)| list.iter().map(move |(name, f)| (*group, *name, *f)))
@@ -165,16 +236,39 @@ pub fn run(
         if !options.only.is_empty() && !options.only.iter().any(|n| n == name) {
             continue;
         }
+        if let Some(reason) = not_applicable(&options.backend, name) {
+            skipped.push(NotApplicable {
+                group,
+                name,
+                reason,
+            });
+            continue;
+        }
+        // Dropped at the end of this iteration, whatever the outcome.
+        let database = match &server {
+            Some(server) => Some(server.create()?),
+            None => None,
+        };
         let ctx = Ctx {
             exe: options.exe.clone(),
             dir: scenario_dir(root.path(), name).map_err(Failure::Internal)?,
+            stores: match &database {
+                Some(database) => Stores::Postgres(database.url()),
+                None => Stores::Files,
+            },
         };
         let override_ = overrides.iter().find(|(n, _)| n == name).map(|(_, v)| v);
         let result = run_one(group, name, scenario, &ctx, override_);
+        drop(database);
         on_result(&result);
         scenarios.push(result);
     }
-    Ok(ExperimentReport { scenarios })
+    Ok(ExperimentReport {
+        backend: options.backend.as_str(),
+        server: server.as_ref().map(|s| s.shown().to_owned()),
+        scenarios,
+        not_applicable: skipped,
+    })
 }
 
 fn run_one(
@@ -201,5 +295,26 @@ fn run_one(
         observed,
         expected,
         differences: found,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scenario_not_applicable_on_postgresql_exists() {
+        for (name, reason) in NOT_ON_POSTGRES {
+            assert!(
+                GROUPS
+                    .iter()
+                    .any(|(_, list)| list.iter().any(|(n, _)| *n == name)),
+                "no scenario {name}"
+            );
+            assert!(!reason.is_empty());
+            let postgres = Backend::Postgres { url: String::new() };
+            assert_eq!(not_applicable(&postgres, name), Some(reason));
+            assert_eq!(not_applicable(&Backend::Sqlite, name), None);
+        }
     }
 }

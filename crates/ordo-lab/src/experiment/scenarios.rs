@@ -1,5 +1,5 @@
 //! The 22 scenarios of docs/PROTOCOL.md section 10. Each runs real `ordo` child
-//! processes on its own two files and returns what it observed and what the
+//! processes on its own two stores and returns what it observed and what the
 //! protocol expects. Neither records race winners, process ids, paths or
 //! times.
 

@@ -1,0 +1,347 @@
+//! The PostgreSQL server of `experiment --backend postgres`: one fresh
+//! database per scenario, created under a unique name and dropped after the
+//! scenario (whether it passed, failed or panicked); databases left by runs
+//! on this machine whose process is gone are dropped when the next run
+//! connects (a run of another machine on the same server is never touched:
+//! the machine's name is part of the database's).
+//!
+//! Invariant: a URL is only ever shown through [`redact`] (never its
+//! password), and a database name is only ever one this module made
+//! (`ordo_exp_HOST_PID_N`, safe to interpolate into SQL).
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use ordo_postgres::postgres::{Client, Config, NoTls};
+
+use crate::LabError as Failure;
+
+/// The prefix of every scenario database, then the machine, the process id
+/// and a number.
+const PREFIX: &str = "ordo_exp_";
+/// The longest machine name kept in a database name.
+const HOST_LEN_MAX: usize = 20;
+/// The database the server's connection uses when the URL names none.
+const ADMIN_DB_DEFAULT: &str = "postgres";
+/// The URL schemes that name a PostgreSQL server.
+const SCHEMES: [&str; 2] = ["postgres://", "postgresql://"];
+
+/// `url` with the password of its user part and any `password` parameter
+/// replaced by `***`; works on the text alone, so that a URL that does not
+/// parse is hidden as well.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (user_part, tail) = match rest.rfind('@') {
+        Some(at) => {
+            let user_info = &rest[..at];
+            let shown = match user_info.split_once(':') {
+                Some((user, _password)) => format!("{user}:***@"),
+                None => format!("{user_info}@"),
+            };
+            (shown, &rest[at + 1..])
+        }
+        None => (String::new(), rest),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|param| match param.split_once('=') {
+                    Some((key, _)) if key.eq_ignore_ascii_case("password") => {
+                        format!("{key}=***")
+                    }
+                    _ => param.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", params.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{user_part}{tail}")
+}
+
+/// The parts of a server URL around its database name:
+/// `(before, database, after)`, where `before` ends at the host and port and
+/// `after` is the query (with its `?`) or empty.
+fn split_url(url: &str) -> Option<(&str, &str, &str)> {
+    let scheme_end = SCHEMES
+        .iter()
+        .find(|s| url.starts_with(*s))
+        .map(|s| s.len())?;
+    // The user part ends at the last `@` (a password may hold `/` or `?`).
+    let host_start = url[scheme_end..]
+        .rfind('@')
+        .map_or(scheme_end, |at| scheme_end + at + 1);
+    let host_end = url[host_start..]
+        .find(['/', '?'])
+        .map_or(url.len(), |i| host_start + i);
+    let (path, after) = match url[host_end..].find('?') {
+        Some(q) => (&url[host_end..host_end + q], &url[host_end + q..]),
+        None => (&url[host_end..], ""),
+    };
+    Some((&url[..host_end], path.trim_start_matches('/'), after))
+}
+
+/// `url` naming the database `name` instead of its own.
+fn with_database(url: &str, name: &str) -> String {
+    match split_url(url) {
+        Some((before, _, after)) => format!("{before}/{name}{after}"),
+        None => url.to_owned(),
+    }
+}
+
+/// The server, as messages name it: `postgres://USER@HOST:PORT`.
+fn describe(config: &Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            ordo_postgres::postgres::config::Host::Tcp(name) => name.clone(),
+            ordo_postgres::postgres::config::Host::Unix(path) => path.display().to_string(),
+        })
+        .unwrap_or_else(|| "localhost".into());
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "postgres://{}@{host}:{port}",
+        config.get_user().unwrap_or("")
+    )
+}
+
+/// Checks a `--url` without connecting: a `postgres://` or `postgresql://`
+/// URL that parses. An error is a usage error, naming the URL without its
+/// password.
+pub fn check_url(url: &str) -> Result<Config, Failure> {
+    let shown = redact(url);
+    if split_url(url).is_none() {
+        return Err(Failure::Usage(format!(
+            "--url {shown}: not a postgres:// or postgresql:// URL"
+        )));
+    }
+    url.parse::<Config>().map_err(|e| {
+        Failure::Usage(format!(
+            "--url {shown}: not a PostgreSQL connection URL: {e}"
+        ))
+    })
+}
+
+/// A connection to the server that creates and drops the scenarios'
+/// databases.
+pub struct Server {
+    url: String,
+    shown: String,
+    admin: Mutex<Client>,
+}
+
+impl Server {
+    /// Connects to the database of `url` (`postgres` if it names none) and
+    /// drops the databases of runs whose process is gone.
+    pub fn connect(url: &str) -> Result<Server, Failure> {
+        let mut config = check_url(url)?;
+        let shown = describe(&config);
+        let admin_db = split_url(url)
+            .map(|(_, db, _)| db)
+            .filter(|db| !db.is_empty())
+            .unwrap_or(ADMIN_DB_DEFAULT)
+            .to_owned();
+        config.dbname(&admin_db);
+        let client = config.connect(NoTls).map_err(|e| {
+            let cause = std::error::Error::source(&e)
+                .map(|c| format!(": {c}"))
+                .unwrap_or_default();
+            Failure::Internal(format!("cannot connect to {shown}: {e}{cause}"))
+        })?;
+        let server = Server {
+            url: url.to_owned(),
+            shown,
+            admin: Mutex::new(client),
+        };
+        server.drop_leftovers()?;
+        Ok(server)
+    }
+
+    /// The server as messages and reports name it (no password).
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    fn admin(&self) -> std::sync::MutexGuard<'_, Client> {
+        self.admin.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn fail(&self, what: &str, error: ordo_postgres::postgres::Error) -> Failure {
+        let code = error
+            .code()
+            .map(|c| format!(" (SQLSTATE {})", c.code()))
+            .unwrap_or_default();
+        Failure::Internal(format!("{}: {what}: {error}{code}", self.shown))
+    }
+
+    /// The names of this suite's databases on the server.
+    pub fn databases(&self) -> Result<Vec<String>, Failure> {
+        let pattern = format!("{}%", PREFIX.replace('_', "\\_"));
+        let rows = self
+            .admin()
+            .query(
+                "SELECT datname::text FROM pg_database WHERE datname LIKE $1 ORDER BY 1",
+                &[&pattern],
+            )
+            .map_err(|e| self.fail("cannot list databases", e))?;
+        Ok(rows.iter().map(|row| row.get(0)).collect())
+    }
+
+    /// Drops the scenario databases of this machine whose creating process
+    /// no longer runs.
+    fn drop_leftovers(&self) -> Result<(), Failure> {
+        let host = machine();
+        for name in self.databases()? {
+            let Some((their_host, pid)) = parse_name(&name) else {
+                continue;
+            };
+            let alive =
+                pid == std::process::id() || Path::new("/proc").join(pid.to_string()).exists();
+            if their_host == host && !alive {
+                self.drop_database(&name)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn drop_database(&self, name: &str) -> Result<(), Failure> {
+        self.admin()
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .map_err(|e| self.fail(&format!("cannot drop database {name}"), e))
+    }
+
+    /// A fresh, empty database for one scenario, dropped with the value.
+    pub fn create(&self) -> Result<Database<'_>, Failure> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "{PREFIX}{}_{}_{}",
+            machine(),
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        self.admin()
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .map_err(|e| self.fail(&format!("cannot create database {name}"), e))?;
+        Ok(Database { server: self, name })
+    }
+}
+
+/// This machine's name as database names hold it: its host name in lower
+/// case, letters and digits only, at most [`HOST_LEN_MAX`] of them
+/// (`host` if none is left).
+pub fn machine() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let kept: String = name
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(HOST_LEN_MAX)
+        .collect();
+    if kept.is_empty() {
+        "host".into()
+    } else {
+        kept
+    }
+}
+
+/// The machine and process id of a name [`Server::create`] makes; `None`
+/// for any other name.
+fn parse_name(name: &str) -> Option<(&str, u32)> {
+    let mut parts = name.strip_prefix(PREFIX)?.split('_');
+    let (host, pid, number) = (parts.next()?, parts.next()?, parts.next()?);
+    let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    let host_ok = !host.is_empty()
+        && host.len() <= HOST_LEN_MAX
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    let pid = Some(pid).filter(|p| digits(p))?.parse::<u32>().ok()?;
+    (host_ok && digits(number) && parts.next().is_none()).then_some((host, pid))
+}
+
+/// One scenario's database; dropped (connections and all) with the value.
+pub struct Database<'a> {
+    server: &'a Server,
+    name: String,
+}
+
+impl Database<'_> {
+    /// The URL the scenario's processes take for `--producer` and
+    /// `--consumer`: the server's URL naming this database.
+    pub fn url(&self) -> String {
+        with_database(&self.server.url, &self.name)
+    }
+}
+
+impl Drop for Database<'_> {
+    fn drop(&mut self) {
+        // A database that cannot be dropped now is a leftover the next run
+        // drops.
+        let _ = self.server.drop_database(&self.name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_names_another_database() {
+        let cases = [
+            ("postgres://u@h:5432", "postgres://u@h:5432/d"),
+            ("postgres://u@h:5432/", "postgres://u@h:5432/d"),
+            ("postgres://u@h/x", "postgres://u@h/d"),
+            (
+                "postgresql://u:p/w@h/x?sslmode=disable",
+                "postgresql://u:p/w@h/d?sslmode=disable",
+            ),
+            ("postgres://h?user=u", "postgres://h/d?user=u"),
+        ];
+        for (url, expected) in cases {
+            assert_eq!(with_database(url, "d"), expected, "{url}");
+        }
+        assert!(split_url("host=localhost").is_none());
+    }
+
+    #[test]
+    fn passwords_are_never_shown() {
+        assert_eq!(redact("postgres://u:secret@h/d"), "postgres://u:***@h/d");
+        assert_eq!(
+            redact("postgres://u@h/d?password=secret&x=1"),
+            "postgres://u@h/d?password=***&x=1"
+        );
+        let error = check_url("postgres://u:secret@h:notaport/d")
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            error.as_deref().is_some_and(|e| !e.contains("secret")),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn only_our_names_are_dropped() {
+        assert_eq!(parse_name("ordo_exp_vm_123_0"), Some(("vm", 123)));
+        assert_eq!(parse_name("ordo_exp_vm_123"), None);
+        assert_eq!(parse_name("ordo_exp_vm_123_0_x"), None);
+        assert_eq!(parse_name("ordo_exp_vm_x_0"), None);
+        assert_eq!(parse_name("ordo_exp_vm_+1_0"), None);
+        assert_eq!(parse_name("ordo_exp_Vm_1_0"), None);
+        assert_eq!(parse_name("ordo_cli_vm_123_0"), None);
+        let host = machine();
+        assert!(!host.is_empty() && host.len() <= HOST_LEN_MAX, "{host}");
+        assert_eq!(
+            parse_name(&format!("ordo_exp_{host}_1_2")),
+            Some((host.as_str(), 1))
+        );
+    }
+}
