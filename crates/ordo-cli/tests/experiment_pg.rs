@@ -13,9 +13,8 @@ use std::sync::Mutex;
 use ordo_postgres::postgres::{Client, NoTls};
 use serde_json::{json, Value};
 
-/// The seed's scenarios run here: all 22 but `six_process_concurrency`
-/// (see [`six_process_concurrency_on_postgres`]).
-const SEED: [&str; 21] = [
+/// The seed's scenarios, all 22.
+const SEED: [&str; 22] = [
     "happy_path",
     "duplicate_delivery",
     "conflict_same_event_id",
@@ -26,6 +25,7 @@ const SEED: [&str; 21] = [
     "invalid_payload_blocked",
     "process_all_isolation",
     "default_relay_conflict_can_starve",
+    "six_process_concurrency",
     "unsafe_dual_write_loses_event",
     "crash_producer_advance_before_commit",
     "crash_producer_advance_after_commit",
@@ -156,7 +156,7 @@ fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards()
         .filter(|s| s["passed"] != true)
         .collect();
     assert!(failures.is_empty(), "failed on PostgreSQL: {failures:#?}");
-    assert_eq!(report["groups"]["seed"], json!({"passed": 21, "failed": 0}));
+    assert_eq!(report["groups"]["seed"], json!({"passed": 22, "failed": 0}));
     assert_eq!(
         report["groups"]["beyond"],
         json!({"passed": 5, "failed": 0})
@@ -165,7 +165,7 @@ fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards()
         report["groups"]["transport"],
         json!({"passed": 2, "failed": 0})
     );
-    assert_eq!(report["passed"], 28);
+    assert_eq!(report["passed"], 29);
     assert_eq!(report["failed"], 0);
     let ran: Vec<&str> = report["scenarios"]
         .as_array()
@@ -204,28 +204,6 @@ fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards()
         "left behind: {after:?}"
     );
     assert_eq!(after, before);
-}
-
-/// Two appliers at once on one PostgreSQL consumer apply the same event, and
-/// one of them fails on the effect's primary key (SQLSTATE 23505) instead of
-/// passing by a flow the other holds: the scenario's worker exits 1.
-#[test]
-#[ignore = "two concurrent appliers on one PostgreSQL consumer collide (23505 on effect_pkey) until appliers lock their flows"]
-fn six_process_concurrency_on_postgres() {
-    let _serial = serial();
-    let server = pgdb::server();
-    let (code, stdout, stderr) = ordo(&[
-        "--json",
-        "experiment",
-        "--check",
-        "--backend",
-        "postgres",
-        "--url",
-        &server,
-        "--only",
-        "six_process_concurrency",
-    ]);
-    assert_eq!(code, 0, "{stderr}\n{stdout}");
 }
 
 #[test]

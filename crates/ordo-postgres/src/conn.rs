@@ -15,7 +15,7 @@ use crate::error::{commit_error, corrupt, kind_of, pg_error};
 
 /// The version of ordo's own tables this build writes, per schema; a store
 /// with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The default schema of the producer's tables.
 pub const PRODUCER_SCHEMA_DEFAULT: &str = "ordo_producer";

@@ -31,6 +31,11 @@ pub(crate) const TABLES: Tables = Tables {
          );
          CREATE INDEX relay_lease_owner ON {s}.relay_lease (owner) WHERE owner IS NOT NULL;
          INSERT INTO {s}.relay_lease (flow_id) SELECT flow_id FROM {s}.outbox_head;",
+        // 3: the server session (`pg_backend_pid()`) of the relay that
+        // claimed the lease: a lease whose session is gone (the relay
+        // exited, was killed, or lost its connection) is free at once,
+        // without waiting for its expiry.
+        "ALTER TABLE {s}.relay_lease ADD COLUMN backend_pid integer;",
     ],
 };
 
@@ -231,7 +236,9 @@ impl PgProducer {
                          WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
                            AND NOT (l.flow_id = ANY ($3))
                            AND (l.owner IS NULL OR l.owner = $4
-                                OR l.expires_at_ms <= (SELECT ms FROM now))
+                                OR l.expires_at_ms <= (SELECT ms FROM now)
+                                OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a
+                                               WHERE a.pid = l.backend_pid))
                          ORDER BY h.relay_turn, h.flow_id
                          LIMIT $2
                          FOR UPDATE OF l SKIP LOCKED)
@@ -239,6 +246,7 @@ impl PgProducer {
                          fence = CASE WHEN l.owner = $4 AND l.expires_at_ms > now.ms
                                       THEN l.fence ELSE l.fence + 1 END,
                          owner = $4,
+                         backend_pid = pg_backend_pid(),
                          expires_at_ms = now.ms + $5
                      FROM pick, now WHERE l.flow_id = pick.flow_id
                      RETURNING l.flow_id, l.fence",

@@ -98,11 +98,12 @@ fn a_stale_fence_refuses_bookkeeping_and_writes_nothing() {
 }
 
 #[test]
-fn a_dead_relays_flows_are_taken_over_when_its_leases_expire() {
+fn a_dead_relays_flows_are_taken_over_once_its_session_is_gone() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let target = url(&database_for(dir.path()));
-    let mut dead = producer(&target, "dead", 300);
+    // Leases far longer than the test: only the session's end frees them.
+    let mut dead = producer(&target, "dead", 3_600_000);
     for i in 0..6 {
         for _ in 0..3 {
             append(&mut dead, &flow(i)).unwrap();
@@ -147,6 +148,40 @@ fn a_dead_relays_flows_are_taken_over_when_its_leases_expire() {
         "{}",
         inbox_summary(&mut inbox)
     );
+}
+
+#[test]
+fn a_stalled_relays_flows_are_taken_over_when_its_leases_expire() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut stalled = producer(&target, "stalled", 300);
+    for i in 0..4 {
+        append(&mut stalled, &flow(i)).unwrap();
+    }
+    let now = SystemClock.now_ms();
+    assert_eq!(
+        stalled
+            .fair_round(100, &BTreeSet::new(), now)
+            .unwrap()
+            .len(),
+        4
+    );
+    // Its session lives on, but it renews nothing: another relay gets
+    // nothing until the leases expire, then everything.
+    let mut other = producer(&target, "other", 60_000);
+    assert!(other
+        .fair_round(100, &BTreeSet::new(), now)
+        .unwrap()
+        .is_empty());
+    wait_until("the stalled relay's leases expired", BOUND, || {
+        other
+            .fair_round(100, &BTreeSet::new(), SystemClock.now_ms())
+            .unwrap()
+            .len()
+            == 4
+    });
+    drop(stalled);
 }
 
 /// One relay's loop: runs until `stop`, collecting every delivery.

@@ -38,6 +38,9 @@ pub(crate) const TABLES: Tables = Tables {
              CHECK (applied_seq >= 0);
          INSERT INTO {s}.inbox_cursor (flow_id, applied_seq)
              SELECT DISTINCT flow_id, 0 FROM {s}.inbox ON CONFLICT (flow_id) DO NOTHING;",
+        // 3: nothing for the consumer (the producer's leases name their
+        // holder's server session).
+        "SELECT 1;",
     ],
 };
 
