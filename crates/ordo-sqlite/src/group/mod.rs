@@ -19,9 +19,7 @@
 //! with it) without handing it to another thread and back. Either way
 //! units are taken in arrival order by whoever holds the store, one batch
 //! at a time. [`GroupWriter::enqueue`] (and so every async caller) always
-//! leaves its unit to the writer thread. The writer thread hands a
-//! committed batch of several units to a settler thread, which wakes its
-//! callers while the writer runs the next batch.
+//! leaves its unit to the writer thread.
 //!
 //! Bounds: the queue holds at most [`GroupOptions::queue_len_max`] units; a
 //! submit to a full queue waits for room or is refused
@@ -183,7 +181,6 @@ pub(crate) struct Shared {
 pub struct GroupWriter {
     shared: Arc<Shared>,
     writer: Option<JoinHandle<()>>,
-    settler: Option<JoinHandle<()>>,
     /// The store's checkpoint setting before the writer changed it.
     own_checkpoint_pages: u32,
 }
@@ -213,22 +210,16 @@ impl GroupWriter {
             options,
             db: Mutex::new(Some(db)),
         });
-        let (to_settler, ended) = std::sync::mpsc::channel();
-        let settler = std::thread::Builder::new()
-            .name("ordo-group-settler".into())
-            .spawn(move || writer::settle_all(ended))
-            .expect("the settler thread starts");
         let writer = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("ordo-group-writer".into())
-                .spawn(move || writer::run(&shared, to_settler))
+                .spawn(move || writer::run(&shared))
                 .expect("the writer thread starts")
         };
         Ok(GroupWriter {
             shared,
             writer: Some(writer),
-            settler: Some(settler),
             own_checkpoint_pages,
         })
     }
@@ -356,10 +347,6 @@ impl GroupWriter {
         let writer = self.writer.take()?;
         // The writer ran every queued unit; no caller can lead any more.
         writer.join().ok()?;
-        // Every batch's callers are told before the store is given back.
-        if let Some(settler) = self.settler.take() {
-            settler.join().ok()?;
-        }
         let db = lock(&self.shared.db).take()?;
         // Best effort: the setting only tunes this connection's checkpoints.
         let _ = checkpoint_pages(&db, Some(self.own_checkpoint_pages));

@@ -7,7 +7,6 @@
 //! store's lock, so batches never overlap and arrival order is commit
 //! order.
 
-use std::sync::mpsc::{Receiver, Sender};
 use std::sync::MutexGuard;
 use std::time::Instant;
 
@@ -17,26 +16,8 @@ use super::ticket::{lock, Job, Phase, Ran, Ticket};
 use super::Shared;
 use crate::producer::ProducerDb;
 
-/// A batch whose transaction ended, for its callers to be told.
-pub(crate) type Ended = (Vec<Box<dyn Job>>, Result<(), StoreError>);
-
-/// Who tells a batch's callers their outcome.
-enum Teller<'a> {
-    /// The thread that ran the batch, at once.
-    Inline,
-    /// The settler thread, so that the writer thread goes on to the next
-    /// batch while the callers of this one are woken.
-    Settler(&'a Sender<Ended>),
-}
-
-/// Batches of at least this many units are told by the settler thread; a
-/// smaller one costs less to tell than to hand over.
-const SETTLER_BATCH_LEN_MIN: usize = 4;
-
 /// The writer thread: runs batches until the queue is closed and empty.
-/// Dropping `settler` on return lets the settler thread end once it has
-/// told every batch handed to it.
-pub(crate) fn run(shared: &Shared, settler: Sender<Ended>) {
+pub(crate) fn run(shared: &Shared) {
     // A writer that unwinds (never by a unit's panic, which is caught)
     // still tells every queued caller that its unit was not run.
     let _guard = CloseOnDrop(shared);
@@ -44,22 +25,8 @@ pub(crate) fn run(shared: &Shared, settler: Sender<Ended>) {
         let mut db = lock(&shared.db);
         let Some(db) = db.as_mut() else { return };
         while let Some(first) = take(shared) {
-            run_batch(db, shared, first, Teller::Settler(&settler));
+            run_batch(db, shared, first);
         }
-    }
-}
-
-/// The settler thread: tells each ended batch's callers, in order, until
-/// the writer thread is gone.
-pub(crate) fn settle_all(ended: Receiver<Ended>) {
-    for (batch, outcome) in ended {
-        settle(batch, &outcome);
-    }
-}
-
-fn settle(batch: Vec<Box<dyn Job>>, outcome: &Result<(), StoreError>) {
-    for job in batch {
-        job.settle(outcome.as_ref().map(|_| ()));
     }
 }
 
@@ -75,7 +42,7 @@ pub(crate) fn lead<R>(
     if let Some(db) = db.as_mut() {
         while lock(&own.slot).phase != Phase::Done {
             let Some(first) = take(shared) else { break };
-            run_batch(db, shared, first, Teller::Inline);
+            run_batch(db, shared, first);
         }
     }
     drop(db);
@@ -134,7 +101,7 @@ fn take(shared: &Shared) -> Option<Box<dyn Job>> {
 /// savepoint. If it fails, the transaction (holding nothing else) is rolled
 /// back, its caller told, and the units behind it go to the next batch. So
 /// a lone unit costs what a direct `write` costs.
-fn run_batch(db: &mut ProducerDb, shared: &Shared, first: Box<dyn Job>, teller: Teller<'_>) {
+fn run_batch(db: &mut ProducerDb, shared: &Shared, first: Box<dyn Job>) {
     let options = &shared.options;
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(options.batch_len_max.min(1024));
     let mut next = Some(first);
@@ -167,15 +134,8 @@ fn run_batch(db: &mut ProducerDb, shared: &Shared, first: Box<dyn Job>, teller: 
     // with the same error as the batch.
     batch.extend(next);
     debug_assert!(batch.len() <= options.batch_len_max);
-    match teller {
-        Teller::Settler(settler) if batch.len() >= SETTLER_BATCH_LEN_MIN => {
-            // A settler that is gone hands the batch back, to be told here.
-            if let Err(returned) = settler.send((batch, ended)) {
-                let (batch, ended) = returned.0;
-                settle(batch, &ended);
-            }
-        }
-        Teller::Settler(_) | Teller::Inline => settle(batch, &ended),
+    for job in batch {
+        job.settle(ended.as_ref().map(|_| ()));
     }
 }
 
