@@ -66,6 +66,7 @@ mod consumer;
 mod domain;
 pub mod error;
 mod producer;
+mod url;
 
 pub use conn::{
     Params, PgOptions, PgTx, TxOutcome, CONSUMER_SCHEMA_DEFAULT, LEASE_MS_DEFAULT,
@@ -74,6 +75,7 @@ pub use conn::{
 pub use consumer::{read_inbox, PgConsumer};
 pub use domain::{Schema, MIGRATIONS_MAX};
 pub use producer::{read_outbox, PgProducer, PgProducerTx, CONFLICT_REASON};
+pub use url::redact_url;
 /// ordo's own tables of each role (producer, consumer) as they are created,
 /// with `{s}` standing for the schema: what a store at [`SCHEMA_VERSION`]
 /// holds, for a caller that caches migrated databases (a test template).
