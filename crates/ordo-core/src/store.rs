@@ -47,7 +47,7 @@ pub trait ProducerStore {
     ///
     /// A store shared by several relays returns only flows this relay
     /// holds: it claims them here, and refuses the round's bookkeeping
-    /// ([`ErrorKind::LeaseLost`](crate::ErrorKind::LeaseLost)) when another
+    /// ([`ErrorKind::LeaseLost`]) when another
     /// relay claimed one of them since. A store with one relay (an SQLite
     /// file) needs no claims.
     fn fair_round(

@@ -198,7 +198,7 @@ impl Server {
 }
 
 /// This machine's name as database names hold it: its host name in lower
-/// case, letters and digits only, at most [`HOST_LEN_MAX`] of them
+/// case, letters and digits only, at most `HOST_LEN_MAX` (20) of them
 /// (`host` if none is left).
 pub fn machine() -> String {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
