@@ -17,34 +17,50 @@ const FLOW_OUTBOX_SQL: &str =
        next_attempt_at_ms, created_at_ms, accepted_at_ms
     FROM outbox WHERE flow_id = ?1 ORDER BY seq LIMIT ?2";
 
+/// Up to `limit` `(flow, number)` rows that `sql` reads with the
+/// parameters `(prefix, after, limit)`, in flow order, as long as the flow
+/// starts with `prefix`: `sql` starts its range at the later of `prefix`
+/// and `after`, and the first row past the prefix ends the list.
+pub(crate) fn flows_page(
+    conn: &Connection,
+    context: &str,
+    sql: &str,
+    prefix: &str,
+    after: Option<&FlowId>,
+    limit: usize,
+) -> Result<Vec<(FlowId, i64)>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let stored = |e: String| corrupt(&format!("{context}: stored flow"), e);
+    let rows = collect_rows(
+        conn,
+        &format!("{context}: cannot list flows"),
+        sql,
+        params![prefix, after.map_or("", FlowId::as_str), limit],
+        |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)),
+        |(flow_id, n)| Ok((FlowId::new(&flow_id).map_err(|e| stored(e.to_string()))?, n)),
+    )?;
+    Ok(rows
+        .into_iter()
+        .take_while(|(flow_id, _)| flow_id.as_str().starts_with(prefix))
+        .collect())
+}
+
 /// Up to `limit` flows of `outbox_head` whose id starts with `prefix`,
-/// after `after`. The range starts at the later of `prefix` and `after`;
-/// rows past the prefix end the list.
+/// after `after`.
 pub(crate) fn producer_flows_page(
     conn: &Connection,
     prefix: &str,
     after: Option<&FlowId>,
     limit: usize,
 ) -> Result<Vec<ProducerFlow>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let rows = collect_rows(
-        conn,
-        "producer: cannot list flows",
-        FLOWS_PAGE_SQL,
-        params![prefix, after.map_or("", FlowId::as_str), limit],
-        |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)),
-        |(flow_id, last_seq)| {
-            let bad = |e: String| corrupt("producer: stored flow", e);
-            Ok(ProducerFlow {
-                flow_id: FlowId::new(&flow_id).map_err(|e| bad(e.to_string()))?,
-                last_seq: Seq::new(last_seq).map_err(|e| bad(e.to_string()))?,
-            })
-        },
-    )?;
-    Ok(rows
+    flows_page(conn, "producer", FLOWS_PAGE_SQL, prefix, after, limit)?
         .into_iter()
-        .take_while(|flow| flow.flow_id.as_str().starts_with(prefix))
-        .collect())
+        .map(|(flow_id, last_seq)| {
+            let last_seq =
+                Seq::new(last_seq).map_err(|e| corrupt("producer: stored flow", e.to_string()))?;
+            Ok(ProducerFlow { flow_id, last_seq })
+        })
+        .collect()
 }
 
 /// The flow's outbox rows in seq order, at most `limit`.

@@ -7,7 +7,8 @@ use ordo_core::{FlowId, Seq, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::schema::inbox_status;
-use crate::conn::{collect_rows, corrupt, sql_error};
+use crate::browse::flows_page;
+use crate::conn::sql_error;
 use crate::producer::stored_envelope;
 
 const FLOWS_PAGE_SQL: &str = "SELECT f.flow_id, coalesce(c.applied_seq, 0) FROM (
@@ -32,24 +33,13 @@ pub(super) fn consumer_flows_page(
     after: Option<&FlowId>,
     limit: usize,
 ) -> Result<Vec<ConsumerFlow>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let rows = collect_rows(
-        conn,
-        "consumer: cannot list flows",
-        FLOWS_PAGE_SQL,
-        params![prefix, after.map_or("", FlowId::as_str), limit],
-        |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)),
-        |(flow_id, applied_seq)| {
-            Ok(ConsumerFlow {
-                flow_id: FlowId::new(&flow_id)
-                    .map_err(|e| corrupt("consumer: stored flow", e.to_string()))?,
-                applied_seq: u64::try_from(applied_seq).unwrap_or(0),
-            })
-        },
-    )?;
+    let rows = flows_page(conn, "consumer", FLOWS_PAGE_SQL, prefix, after, limit)?;
     Ok(rows
         .into_iter()
-        .take_while(|flow| flow.flow_id.as_str().starts_with(prefix))
+        .map(|(flow_id, applied_seq)| ConsumerFlow {
+            flow_id,
+            applied_seq: u64::try_from(applied_seq).unwrap_or(0),
+        })
         .collect())
 }
 
