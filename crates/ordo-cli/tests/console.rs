@@ -5,9 +5,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,34 +28,13 @@ impl Console {
     /// Starts `ordo console ARGS --listen 127.0.0.1:0` at `ORDO_NOW_MS=NOW`
     /// and reads the address from its first stdout line.
     fn start(args: &[&str]) -> Console {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
-            .arg("console")
-            .args(args)
-            .args(["--listen", "127.0.0.1:0"])
-            .env_remove("ORDO_CRASH_POINT")
-            .env("ORDO_NOW_MS", NOW.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the ordo binary starts");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("stderr is piped");
-        let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text);
-            sink.lock().unwrap().push_str(&text);
-        });
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().expect("stdout is piped"))
-            .read_line(&mut line)
-            .expect("stdout is readable");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("first line {line:?}, stderr {:?}", stderr.lock().unwrap()))
-            .to_owned();
+        let (child, addr, stderr) = common::spawn_listening(
+            Command::new(env!("CARGO_BIN_EXE_ordo"))
+                .arg("console")
+                .args(args)
+                .args(["--listen", "127.0.0.1:0"])
+                .env("ORDO_NOW_MS", NOW.to_string()),
+        );
         Console {
             child,
             addr,

@@ -32,33 +32,12 @@ impl Served {
     }
 
     fn start_on(consumer: &str, listen: &str, extra: &[&str]) -> Served {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
-            .args(["serve", "--consumer", consumer, "--listen", listen])
-            .args(extra)
-            .env_remove("ORDO_CRASH_POINT")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the ordo binary starts");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("stderr is piped");
-        let sink = Arc::clone(&stderr);
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text);
-            sink.lock().unwrap().push_str(&text);
-        });
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().expect("stdout is piped"))
-            .read_line(&mut line)
-            .expect("stdout is readable");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("first line {line:?}, stderr {:?}", stderr.lock().unwrap()))
-            .to_owned();
+        let (child, addr, stderr) = common::spawn_listening(
+            Command::new(env!("CARGO_BIN_EXE_ordo"))
+                .args(["serve", "--consumer", consumer, "--listen", listen])
+                .args(extra)
+                .env("RUST_LOG", "info"),
+        );
         Served {
             child,
             addr,

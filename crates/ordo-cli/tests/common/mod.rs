@@ -418,3 +418,41 @@ fn path_str(path: &Path) -> String {
 pub fn join(dir: &Path, name: &str) -> String {
     path_str(&PathBuf::from(dir).join(name))
 }
+
+/// Spawns `command` (the binary of a long-running mode, stdout and stderr
+/// piped here), collects its stderr on a thread, and reads the address from
+/// its first stdout line, `listening on ADDR`.
+pub fn spawn_listening(
+    command: &mut Command,
+) -> (
+    std::process::Child,
+    String,
+    std::sync::Arc<std::sync::Mutex<String>>,
+) {
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = command
+        .env_remove("ORDO_CRASH_POINT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the ordo binary starts");
+    let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut pipe = child.stderr.take().expect("stderr is piped");
+    let sink = std::sync::Arc::clone(&stderr);
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = pipe.read_to_string(&mut text);
+        sink.lock().unwrap().push_str(&text);
+    });
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().expect("stdout is piped"))
+        .read_line(&mut line)
+        .expect("stdout is readable");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("first line {line:?}, stderr {:?}", stderr.lock().unwrap()))
+        .to_owned();
+    (child, addr, stderr)
+}
