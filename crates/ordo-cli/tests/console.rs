@@ -5,47 +5,14 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
-use std::process::{Child, Command};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::console::{repairs, status_metrics, token_file, troubled, Console, NOW, T0};
 use common::{envelope, reservation, run, Lab};
 use serde_json::{json, Value};
 
-const T0: i64 = 1_700_000_000_000;
-/// The clock of the status and of the console: well after every event.
-const NOW: i64 = T0 + 90_500;
-
-/// A running `ordo console`; killed when dropped.
-struct Console {
-    child: Child,
-    addr: String,
-    stderr: Arc<Mutex<String>>,
-}
-
+/// The HTTP side of a running console.
 impl Console {
-    /// Starts `ordo console ARGS --listen 127.0.0.1:0` at `ORDO_NOW_MS=NOW`
-    /// and reads the address from its first stdout line.
-    fn start(args: &[&str]) -> Console {
-        let (child, addr, stderr) = common::spawn_listening(
-            Command::new(env!("CARGO_BIN_EXE_ordo"))
-                .arg("console")
-                .args(args)
-                .args(["--listen", "127.0.0.1:0"])
-                .env("ORDO_NOW_MS", NOW.to_string()),
-        );
-        Console {
-            child,
-            addr,
-            stderr,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
     fn get(&self, path: &str) -> Page {
         page(agent().get(&self.url(path)).call())
     }
@@ -60,31 +27,6 @@ impl Console {
                 .post(&self.url("/login"))
                 .send_form([("token", token)]),
         )
-    }
-
-    /// SIGTERM, then the exit status.
-    fn terminate(mut self) -> i32 {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid");
-        // SAFETY: kill(2) on the pid of our own child.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait works") {
-                return status.code().unwrap_or(-1);
-            }
-            assert!(Instant::now() < deadline, "console did not exit on SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Console {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("console stderr:\n{}", self.stderr.lock().unwrap());
-        }
     }
 }
 
@@ -155,36 +97,6 @@ fn page(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Page
     }
 }
 
-/// Both stores with every kind of trouble: a quarantined event (A-1, the
-/// consumer holding another body), applied flows, a pending backlog (C-1),
-/// a flow waiting on a gap (G), and a blocked row (X-1, an unknown schema)
-/// whose type and payload hold markup.
-fn troubled() -> Lab {
-    let lab = Lab::new();
-    lab.at(T0).init();
-    lab.at(T0).advance("A", 0, "reserved", Some(5));
-    lab.at(T0 + 100).advance("B", 0, "reserved", Some(2));
-    lab.at(T0 + 200).advance("A", 1, "confirmed", None);
-    lab.at(T0 + 300)
-        .receive(&reservation("A", 1, "reserved", 9));
-    lab.at(T0 + 400).relay(&[]);
-    lab.at(T0 + 450).relay(&[]);
-    lab.at(T0 + 500).advance("C", 0, "reserved", Some(1));
-    let x = envelope(
-        "X-1",
-        "X",
-        1,
-        9,
-        "<script>alert('type')</script>",
-        json!({"note": "<script>alert('payload')</script>"}),
-    );
-    lab.at(T0 + 600).receive(&x);
-    lab.at(T0 + 700)
-        .receive(&reservation("G", 2, "confirmed", 1));
-    lab.at(T0 + 800).apply(&[]);
-    lab
-}
-
 #[test]
 fn the_overview_numbers_are_those_of_status_at_the_same_clock() {
     let lab = troubled();
@@ -192,19 +104,7 @@ fn the_overview_numbers_are_those_of_status_at_the_same_clock() {
     let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
     let overview = console.get("/");
     assert_eq!(overview.status, 200, "{overview:?}");
-    let expected = [
-        ("backlog", &status["producer"]["backlog"]),
-        (
-            "oldest_pending_age_s",
-            &status["producer"]["oldest_pending_age_s"],
-        ),
-        ("quarantined", &status["producer"]["quarantined"]),
-        ("blocked", &status["consumer"]["blocked"]["total"]),
-        ("gaps_total", &status["consumer"]["gaps_total"]),
-        ("applied", &status["consumer"]["applied"]),
-        ("skipped", &status["consumer"]["skipped"]),
-    ];
-    for (name, value) in expected {
+    for (name, value) in status_metrics(&status) {
         assert!(value.is_number(), "{name} in {status}");
         assert_eq!(overview.metric(name), value.to_string(), "{name}: {status}");
     }
@@ -428,13 +328,6 @@ fn a_postgres_side_is_refused_and_its_password_never_shown() {
     assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
 }
 
-fn token_file(lab: &Lab, mode: u32) -> String {
-    let path = lab.path("token");
-    std::fs::write(&path, "s3cret-token\n").unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
-    path
-}
-
 #[test]
 fn beyond_loopback_only_with_a_private_token_file() {
     let lab = troubled();
@@ -610,12 +503,6 @@ fn read_only_shows_no_action_and_refuses_them() {
     );
     assert_eq!(refused.status, 403, "{refused:?}");
     assert_eq!(quarantined_ids(&lab), ["A-1"]);
-}
-
-fn repairs(lab: &Lab) -> Value {
-    lab.at(NOW)
-        .run(&["inbox", "repairs", "--json", "--consumer", &lab.c])
-        .json()
 }
 
 #[test]

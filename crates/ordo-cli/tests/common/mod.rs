@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod console;
+
 #[allow(unused_imports)]
 use ordo_reservation::ReservationProducer;
 use std::cell::Cell;
