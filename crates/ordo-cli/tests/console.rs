@@ -171,6 +171,8 @@ fn pages_escape_markup_and_carry_the_security_headers() {
         );
         assert_eq!(page.header("x-frame-options"), Some("DENY"), "{path}");
         assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
+        // A browser's form POSTs then carry the console's origin, not `null`.
+        assert_eq!(page.header("referrer-policy"), Some("same-origin"));
         if page.text.contains("<html") {
             assert!(!page.text.contains("<script>"), "{path}: an inline script");
             assert!(!page.text.contains("style="), "{path}: an inline style");
