@@ -370,6 +370,17 @@ fn with_a_token_every_page_needs_the_login() {
     let cookie = right.header("set-cookie").expect("a session cookie");
     assert!(cookie.contains("HttpOnly"), "{cookie}");
     assert!(cookie.contains("SameSite=Strict"), "{cookie}");
+    // The browser forgets it after a working shift.
+    let max_age = cookie
+        .split(';')
+        .find_map(|attr| attr.trim().strip_prefix("Max-Age="))
+        .unwrap_or_else(|| panic!("the cookie expires: {cookie}"));
+    assert_eq!(
+        max_age.parse::<u64>().ok(),
+        Some(ordo_console::SESSION_MAX_AGE_S),
+        "{cookie}"
+    );
+    assert_eq!(ordo_console::SESSION_MAX_AGE_S, 12 * 60 * 60);
     assert!(
         !cookie.contains("s3cret"),
         "the cookie is not the token: {cookie}"

@@ -13,6 +13,10 @@ use subtle::ConstantTimeEq;
 /// The session cookie's name.
 pub const COOKIE: &str = "ordo_console";
 
+/// How long the browser keeps the session cookie (its `Max-Age`): 12
+/// hours, one working shift; the operator then enters the token again.
+pub const SESSION_MAX_AGE_S: u64 = 12 * 60 * 60;
+
 /// The operator token.
 #[derive(Clone)]
 pub struct Token {
@@ -82,7 +86,7 @@ impl Token {
     /// The `Set-Cookie` value of a session.
     pub fn set_cookie(&self) -> String {
         format!(
-            "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/",
+            "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={SESSION_MAX_AGE_S}",
             self.session
         )
     }
@@ -163,6 +167,7 @@ mod tests {
         let other = Token::new("other").unwrap();
         assert!(!other.session_valid(&headers));
         assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+        assert!(cookie.ends_with(&format!("; Max-Age={SESSION_MAX_AGE_S}")));
     }
 
     #[test]

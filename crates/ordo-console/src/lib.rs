@@ -33,7 +33,7 @@ use ordo_core::ops::{ConsumerStatus, ProducerStatus};
 use ordo_core::{Clock, EventId, FlowId, StoreError};
 use serde::Deserialize;
 
-pub use auth::{Csrf, Token, TokenError};
+pub use auth::{Csrf, Token, TokenError, SESSION_MAX_AGE_S};
 pub use stores::{ConsumerOpener, ConsumerView, ProducerOpener, ProducerView};
 
 /// The console's Content-Security-Policy: scripts, styles and everything
