@@ -31,8 +31,8 @@ use tempfile::TempDir;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-const INSTALL: &str =
-    "install them with `apt-get update && apt-get install -y chromium chromium-driver`";
+const INSTALL: &str = "install Chromium and its driver with \
+    `apt-get update && apt-get install -y chromium chromium-driver`";
 
 /// The page's viewport, and so the screenshots' size.
 const WIDTH: u32 = 1280;
@@ -243,13 +243,20 @@ fn both(lab: &Lab) -> [&str; 4] {
     ["--producer", &lab.p, "--consumer", &lab.c]
 }
 
-#[tokio::test]
-async fn the_overview_shows_the_numbers_of_status_at_the_same_clock() {
+/// The troubled stores, a console over both, and a browser showing `path`
+/// on it.
+async fn troubled_at(path: &str) -> (Lab, Console, Browser) {
     let lab = troubled();
-    let status = lab.at(NOW).run_both("status", &[]).json();
     let console = Console::start(&both(&lab));
     let browser = Browser::start().await;
-    browser.goto(&console.url("/")).await;
+    browser.goto(&console.url(path)).await;
+    (lab, console, browser)
+}
+
+#[tokio::test]
+async fn the_overview_shows_the_numbers_of_status_at_the_same_clock() {
+    let (lab, _console, browser) = troubled_at("/").await;
+    let status = lab.at(NOW).run_both("status", &[]).json();
     assert_eq!(browser.title().await, "Overview");
     for (name, value) in status_metrics(&status) {
         assert!(value.is_number(), "{name} in {status}");
@@ -265,10 +272,7 @@ async fn the_overview_shows_the_numbers_of_status_at_the_same_clock() {
 
 #[tokio::test]
 async fn a_quarantined_event_shows_both_bodies() {
-    let lab = troubled();
-    let console = Console::start(&both(&lab));
-    let browser = Browser::start().await;
-    browser.goto(&console.url("/quarantined")).await;
+    let (_lab, _console, browser) = troubled_at("/quarantined").await;
     let section = "section.quarantined[data-event='A-1']";
     let bodies: Vec<Value> = {
         let cells = browser
@@ -314,11 +318,8 @@ async fn a_quarantined_event_shows_both_bodies() {
 
 #[tokio::test]
 async fn a_skip_needs_a_reason_then_moves_the_flow_on_into_the_repair_log() {
-    let lab = troubled();
+    let (lab, console, browser) = troubled_at("/flow?id=X").await;
     let before = repairs(&lab);
-    let console = Console::start(&both(&lab));
-    let browser = Browser::start().await;
-    browser.goto(&console.url("/flow?id=X")).await;
     assert_eq!(browser.text("#applied-seq").await, "0");
     browser.click_away("a[href='/flow/skip?id=X']").await;
     assert_eq!(browser.at().await, "/flow/skip?id=X");
@@ -456,10 +457,7 @@ async fn read_only_has_no_buttons() {
 
 #[tokio::test]
 async fn the_overview_refreshes_itself_when_the_stores_change() {
-    let lab = troubled();
-    let console = Console::start(&both(&lab));
-    let browser = Browser::start().await;
-    browser.goto(&console.url("/")).await;
+    let (lab, _console, browser) = troubled_at("/").await;
     let before = lab.at(NOW).run_both("status", &[]).json();
     let backlog = "[data-metric='backlog']";
     assert_eq!(
