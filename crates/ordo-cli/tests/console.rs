@@ -381,11 +381,21 @@ fn with_a_token_every_page_needs_the_login() {
         "{cookie}"
     );
     assert_eq!(ordo_console::SESSION_MAX_AGE_S, 12 * 60 * 60);
+    // The console itself refuses the cookie once the session is over, even
+    // if a browser kept it: the cookie carries the time of the login.
+    let max_age_ms = 12 * 60 * 60 * 1000;
+    let args = ["--consumer", lab.c.as_str(), "--token-file", token.as_str()];
+    let pair = cookie.split(';').next().unwrap();
+    let last = Console::start_at(NOW + max_age_ms - 1, &args);
+    assert_eq!(last.get_with_cookie("/", pair).status, 200);
+    let over = Console::start_at(NOW + max_age_ms, &args);
+    let refused = over.get_with_cookie("/", pair);
+    assert_eq!(refused.status, 303, "{refused:?}");
+    assert_eq!(refused.header("location"), Some("/login"));
     assert!(
         !cookie.contains("s3cret"),
         "the cookie is not the token: {cookie}"
     );
-    let pair = cookie.split(';').next().unwrap();
     let overview = console.get_with_cookie("/", pair);
     assert_eq!(overview.status, 200, "{overview:?}");
     assert_ne!(overview.metric("blocked"), "");

@@ -1,28 +1,34 @@
 //! The operator token: read from a file only its owner may read, entered
-//! once in the login form, compared in constant time; the session cookie
-//! it sets is a digest of it (HttpOnly, SameSite=Strict), never the token
-//! itself.
+//! once in the login form, compared in constant time. The session cookie
+//! it sets (HttpOnly, SameSite=Strict) is never the token itself: it is the
+//! time of the login and an HMAC of that time under a key derived from the
+//! token, so that the console refuses it after [`SESSION_MAX_AGE_S`] even
+//! if a browser kept it.
 
 use std::path::{Path, PathBuf};
 
 use axum::http::header;
 use axum::http::HeaderMap;
+use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 /// The session cookie's name.
 pub const COOKIE: &str = "ordo_console";
 
-/// How long the browser keeps the session cookie (its `Max-Age`): 12
-/// hours, one working shift; the operator then enters the token again.
+/// How long a session lasts: 12 hours, one working shift; the operator
+/// then enters the token again. The cookie's `Max-Age`, and the most the
+/// console accepts between a login and a request.
 pub const SESSION_MAX_AGE_S: u64 = 12 * 60 * 60;
 
 /// The operator token.
 #[derive(Clone)]
 pub struct Token {
     digest: [u8; 32],
-    session: String,
+    session_key: [u8; 32],
 }
+
+type HmacSha256 = Hmac<Sha256>;
 
 /// Why a token file was refused.
 #[derive(Debug)]
@@ -60,12 +66,12 @@ impl Token {
         if token.is_empty() {
             return None;
         }
-        let mut session = Sha256::new();
-        session.update(b"ordo console session\n");
-        session.update(token.as_bytes());
+        let mut session_key = Sha256::new();
+        session_key.update(b"ordo console session\n");
+        session_key.update(token.as_bytes());
         Some(Token {
             digest: digest(token.as_bytes()),
-            session: hex::encode(session.finalize()),
+            session_key: session_key.finalize().into(),
         })
     }
 
@@ -83,24 +89,41 @@ impl Token {
         bool::from(digest(candidate.as_bytes()).ct_eq(&self.digest))
     }
 
-    /// The `Set-Cookie` value of a session.
-    pub fn set_cookie(&self) -> String {
+    fn mac(&self, login_ms: i64) -> HmacSha256 {
+        let mut mac =
+            HmacSha256::new_from_slice(&self.session_key).expect("HMAC takes a key of any length");
+        mac.update(login_ms.to_string().as_bytes());
+        mac
+    }
+
+    /// The `Set-Cookie` value of a session opened at `now_ms`:
+    /// `LOGIN_MS.HMAC`.
+    pub fn set_cookie(&self, now_ms: i64) -> String {
+        let mac = hex::encode(self.mac(now_ms).finalize().into_bytes());
         format!(
-            "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={SESSION_MAX_AGE_S}",
-            self.session
+            "{COOKIE}={now_ms}.{mac}; HttpOnly; SameSite=Strict; Path=/; Max-Age={SESSION_MAX_AGE_S}"
         )
     }
 
-    /// Whether the request carries this token's session cookie.
-    pub fn session_valid(&self, headers: &HeaderMap) -> bool {
+    /// Whether the request carries a session cookie of this token opened
+    /// less than [`SESSION_MAX_AGE_S`] before `now_ms` (and not after it).
+    pub fn session_valid(&self, headers: &HeaderMap, now_ms: i64) -> bool {
+        let max_age_ms = i64::try_from(SESSION_MAX_AGE_S * 1000).unwrap_or(i64::MAX);
         headers
             .get_all(header::COOKIE)
             .iter()
             .filter_map(|value| value.to_str().ok())
             .flat_map(|value| value.split(';'))
             .filter_map(|pair| pair.trim().split_once('='))
-            .any(|(name, value)| {
-                name == COOKIE && bool::from(value.as_bytes().ct_eq(self.session.as_bytes()))
+            .filter(|(name, _)| *name == COOKIE)
+            .filter_map(|(_, value)| value.split_once('.'))
+            .any(|(login, mac)| {
+                let (Ok(login_ms), Ok(mac)) = (login.parse::<i64>(), hex::decode(mac)) else {
+                    return false;
+                };
+                login_ms <= now_ms
+                    && now_ms.saturating_sub(login_ms) < max_age_ms
+                    && self.mac(login_ms).verify_slice(&mac).is_ok()
             })
     }
 }
@@ -159,13 +182,25 @@ mod tests {
         assert!(!token.matches(""));
         assert!(Token::new("  ").is_none());
         let mut headers = HeaderMap::new();
-        assert!(!token.session_valid(&headers));
-        let cookie = token.set_cookie();
+        let login = 1_700_000_000_000;
+        assert!(!token.session_valid(&headers, login));
+        let cookie = token.set_cookie(login);
         let pair = cookie.split(';').next().unwrap().to_owned();
         headers.insert(header::COOKIE, format!("a=b; {pair}").parse().unwrap());
-        assert!(token.session_valid(&headers));
+        assert!(token.session_valid(&headers, login));
+        let last = login + i64::try_from(SESSION_MAX_AGE_S * 1000).unwrap() - 1;
+        assert!(token.session_valid(&headers, last));
+        assert!(!token.session_valid(&headers, last + 1), "expired");
+        assert!(!token.session_valid(&headers, login - 1), "from the future");
         let other = Token::new("other").unwrap();
-        assert!(!other.session_valid(&headers));
+        assert!(!other.session_valid(&headers, login));
+        // Another login time under the same MAC is refused.
+        let mac = pair.split_once('.').unwrap().1;
+        headers.insert(
+            header::COOKIE,
+            format!("{COOKIE}={}.{mac}", login + 1).parse().unwrap(),
+        );
+        assert!(!token.session_valid(&headers, login + 1));
         assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
         assert!(cookie.ends_with(&format!("; Max-Age={SESSION_MAX_AGE_S}")));
     }

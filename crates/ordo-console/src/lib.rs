@@ -169,7 +169,7 @@ async fn security_headers(request: Request, next: Next) -> Response {
 /// is sent to the login form.
 async fn require_session(State(app): State<App>, request: Request, next: Next) -> Response {
     match &app.token {
-        Some(token) if !token.session_valid(request.headers()) => {
+        Some(token) if !token.session_valid(request.headers(), app.clock.now_ms()) => {
             Redirect::to("/login").into_response()
         }
         _ => next.run(request).await,
@@ -206,7 +206,7 @@ async fn login(
             .into_response();
     }
     let mut response = Redirect::to("/").into_response();
-    if let Ok(cookie) = HeaderValue::from_str(&token.set_cookie()) {
+    if let Ok(cookie) = HeaderValue::from_str(&token.set_cookie(app.clock.now_ms())) {
         response.headers_mut().insert(header::SET_COOKIE, cookie);
     }
     response

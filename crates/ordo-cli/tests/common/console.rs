@@ -91,12 +91,17 @@ impl Console {
     /// Starts `ordo console ARGS --listen 127.0.0.1:0` at `ORDO_NOW_MS=NOW`
     /// and reads the address from its first stdout line.
     pub fn start(args: &[&str]) -> Console {
+        Console::start_at(NOW, args)
+    }
+
+    /// [`Console::start`] with its clock at `now_ms`.
+    pub fn start_at(now_ms: i64, args: &[&str]) -> Console {
         let (child, addr, stderr) = super::spawn_listening(
             Command::new(env!("CARGO_BIN_EXE_ordo"))
                 .arg("console")
                 .args(args)
                 .args(["--listen", "127.0.0.1:0"])
-                .env("ORDO_NOW_MS", NOW.to_string()),
+                .env("ORDO_NOW_MS", now_ms.to_string()),
         );
         Console {
             child,
