@@ -291,6 +291,48 @@ fn a_full_queue_blocks_the_submit_until_its_timeout_and_the_unit_never_runs() {
 }
 
 #[test]
+fn a_submit_blocked_on_a_full_queue_is_woken_when_the_writer_makes_room() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(
+        dir.path(),
+        GroupOptions {
+            queue_len_max: 1,
+            when_full: WhenFull::Block,
+            // Far longer than the test needs: a submit never woken for the
+            // room made fails with `TimedOut` instead of committing.
+            wait_max: Duration::from_secs(20),
+            ..GroupOptions::default()
+        },
+    );
+    let (gate, gated) = gate(&writer);
+    let queued = writer.enqueue(|ptx| note(ptx, "a")).unwrap();
+    std::thread::scope(|scope| {
+        let blocked = scope.spawn(|| {
+            let submitted = std::time::Instant::now();
+            let outcome = writer.submit(|ptx| note(ptx, "b"));
+            (outcome, submitted.elapsed())
+        });
+        // Let the submit find the queue full and wait for room.
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            writer.queued(),
+            1,
+            "the second unit waits outside the queue"
+        );
+        gate.release.send(()).unwrap();
+        let (blocked, waited) = blocked.join().unwrap();
+        assert!(blocked.is_ok(), "{blocked:?}");
+        // Woken by the room made, not by its own deadline: a lost wake-up
+        // would leave it waiting the whole 20 s before it looked again.
+        assert!(waited < Duration::from_secs(10), "waited {waited:?}");
+    });
+    gated.wait().unwrap();
+    queued.wait().unwrap();
+    let db = writer.close();
+    assert_eq!(noted(&db), vec!["a".to_string(), "b".to_string()]);
+}
+
+#[test]
 fn a_caller_timing_out_in_the_queue_withdraws_its_unit_which_never_runs() {
     let dir = tempfile::tempdir().unwrap();
     let writer = writer(

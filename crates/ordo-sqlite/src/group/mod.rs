@@ -204,6 +204,7 @@ impl GroupWriter {
                 closed: false,
                 next_id: 0,
                 writer_waiting: false,
+                room_waiters: 0,
             }),
             work: Condvar::new(),
             room: Condvar::new(),
@@ -320,12 +321,14 @@ impl GroupWriter {
             let Some(wait) = left(deadline) else {
                 return Err(SubmitError::TimedOut);
             };
+            queue.room_waiters += 1;
             queue = self
                 .shared
                 .room
                 .wait_timeout(queue, wait)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            queue.room_waiters -= 1;
         }
     }
 
@@ -393,6 +396,7 @@ impl<T, E> Pending<T, E> {
             if let Some(outcome) = slot.result.take() {
                 return outcome;
             }
+            slot.waiting = true;
             if slot.phase != Phase::Queued {
                 slot = self
                     .ticket
@@ -430,8 +434,11 @@ impl<T, E> Pending<T, E> {
             slot.phase = Phase::Withdrawn;
         }
         let withdrawn = queue.withdraw(self.ticket.id);
+        let room_waiters = queue.room_waiters;
         drop(queue);
-        self.shared.room.notify_one();
+        if room_waiters > 0 {
+            self.shared.room.notify_one();
+        }
         withdrawn
     }
 }

@@ -31,6 +31,9 @@ pub(crate) struct Slot<R> {
     pub phase: Phase,
     pub result: Option<R>,
     pub waker: Option<Waker>,
+    /// The caller waits on [`Ticket::ready`]: only then does filling the
+    /// ticket notify it (a caller that ran its own unit never waits).
+    pub waiting: bool,
 }
 
 /// A unit's ticket, shared by its caller and the writer.
@@ -54,6 +57,7 @@ impl<R> Ticket<R> {
                 phase: Phase::Queued,
                 result: None,
                 waker: None,
+                waiting: false,
             }),
             ready: Condvar::new(),
         })
@@ -70,7 +74,9 @@ impl<R> Ticket<R> {
         if let Some(waker) = slot.waker.take() {
             waker.wake();
         }
-        self.ready.notify_all();
+        if slot.waiting {
+            self.ready.notify_all();
+        }
     }
 }
 
@@ -112,6 +118,9 @@ pub(crate) struct Queue {
     /// look at the queue again before it waits, so a caller queueing a unit
     /// need not wake it.
     pub writer_waiting: bool,
+    /// Submitters waiting for room in a full queue: taking or withdrawing a
+    /// unit notifies them only when there are any.
+    pub room_waiters: usize,
 }
 
 impl Queue {

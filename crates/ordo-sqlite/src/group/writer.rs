@@ -89,8 +89,11 @@ fn take(shared: &Shared) -> Option<Box<dyn Job>> {
     let mut queue = lock(&shared.queue);
     let job = queue.jobs.pop_front()?;
     job.mark_taken();
+    let room_waiters = queue.room_waiters;
     drop(queue);
-    shared.room.notify_one();
+    if room_waiters > 0 {
+        shared.room.notify_one();
+    }
     Some(job)
 }
 
