@@ -27,16 +27,18 @@ pub(super) fn inbox_entries(
          ORDER BY flow_id, seq LIMIT $3",
         &[&blocked_only, &flow_id.map(FlowId::as_str), &limit],
     )?;
-    rows.iter()
-        .map(|row| {
-            Ok(InboxEntry {
-                envelope: stored_envelope("consumer: stored inbox body", row.get(0))?,
-                status: inbox_status(row.get(1), row.get(2), row.get(5))?,
-                received_at_ms: row.get(3),
-                settled_at_ms: row.get(4),
-            })
-        })
-        .collect()
+    rows.iter().map(inbox_entry).collect()
+}
+
+/// An inbox row read as `body, status, reason, received_at_ms,
+/// settled_at_ms, detail`.
+pub(crate) fn inbox_entry(row: &Row) -> Result<InboxEntry, StoreError> {
+    Ok(InboxEntry {
+        envelope: stored_envelope("consumer: stored inbox body", row.get(0))?,
+        status: inbox_status(row.get(1), row.get(2), row.get(5))?,
+        received_at_ms: row.get(3),
+        settled_at_ms: row.get(4),
+    })
 }
 
 pub(super) fn reopen_blocked(db: &mut PgConsumer, flow_id: &FlowId) -> Result<u64, StoreError> {
