@@ -78,7 +78,16 @@ pub struct Console {
     /// this process runs it (the reservation domain, as `ordo inbox
     /// retry`); other domains' handlers run in the application.
     pub reevaluate: Option<Reevaluator>,
+    /// Reads a flow's state as the consumer's domain keeps it, if this
+    /// process knows the domain (the reservation domain's projection);
+    /// other domains keep theirs in the application's own tables.
+    pub summary: Option<Summarizer>,
 }
+
+/// A flow's state as its domain keeps it, as `(name, value)` pairs in
+/// display order.
+pub type Summarizer =
+    Arc<dyn Fn(&FlowId) -> Result<Vec<(String, String)>, StoreError> + Send + Sync>;
 
 /// Re-evaluates a flow's blocked rows (`support_v2`: the reservation
 /// domain's option); a line telling what happened, or why it failed.
@@ -406,6 +415,9 @@ pub struct FlowDetail {
     /// The consumer's applied seq (0 before the first), if a consumer is
     /// given.
     pub applied_seq: Option<u64>,
+    /// The flow's state as the consumer's domain keeps it, if the console
+    /// knows the domain.
+    pub summary: Option<Vec<(String, String)>>,
 }
 
 impl FlowDetail {
@@ -439,11 +451,16 @@ fn read_flow(app: &Console, flow_id: FlowId) -> Result<FlowDetail, StoreError> {
         }
         None => (None, None),
     };
+    let summary = match &app.summary {
+        Some(read) => Some(read(&flow_id)?),
+        None => None,
+    };
     Ok(FlowDetail {
         flow_id,
         outbox,
         inbox,
         applied_seq,
+        summary,
     })
 }
 
