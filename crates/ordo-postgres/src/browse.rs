@@ -42,9 +42,10 @@ pub(crate) const INBOX_AT_SQL: &str =
      WHERE flow_id = $1 AND seq = $2";
 
 /// Up to `limit` `(flow, number)` rows that `sql` reads with the parameters
-/// `(prefix, after, limit)`, in flow order, as long as the flow starts
-/// with `prefix`: `sql` starts its range at the later of `prefix` and
-/// `after`, and the first row past the prefix ends the list.
+/// `(start, after, limit)`, in flow order, as long as the flow starts with
+/// `prefix`: `sql` starts its range at `start`, the later of `prefix` and
+/// `after` (so that a deep page starts there, not at the prefix), and the
+/// first row past the prefix ends the list.
 fn flows_page(
     conn: &PgTx,
     context: &str,
@@ -55,10 +56,11 @@ fn flows_page(
 ) -> Result<Vec<(FlowId, i64)>, StoreError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let after = after.map_or("", FlowId::as_str);
+    let start = prefix.max(after);
     let rows = conn.rows(
         &format!("{context}: cannot list flows"),
         sql,
-        &[&prefix, &after, &limit],
+        &[&start, &after, &limit],
     )?;
     let mut out = Vec::with_capacity(rows.len());
     for row in &rows {
@@ -259,8 +261,8 @@ mod tests {
             for params in [
                 "'', '', 51",
                 "'f-0123', '', 51",
-                "'', 'f-019950', 51",
-                "'f-01', 'f-019990', 51",
+                "'f-019950', 'f-019950', 51",
+                "'f-019990', 'f-019990', 51",
             ] {
                 assert_indexed(&plan(client, schema, sql, params));
             }
