@@ -198,15 +198,48 @@ fn pg_lab(db: &Database) -> Lab {
     Lab::with_stores(&db.url(), &db.url())
 }
 
-#[test]
-fn the_overview_numbers_are_those_of_status_at_the_same_clock() {
-    overview_is_status(&troubled());
+/// A lab's stores as they are (empty).
+fn as_given(lab: Lab) -> Lab {
+    lab
 }
 
-#[test]
-fn on_postgres_the_overview_numbers_are_those_of_status() {
-    let db = Database::create();
-    overview_is_status(&troubled_in(pg_lab(&db)));
+/// Each check as two tests: `FILES` on SQLite files, `POSTGRES` with both
+/// sides in one PostgreSQL database of its own; `BUILD` makes the stores
+/// of an empty lab.
+macro_rules! on_both_backends {
+    ($($files:ident, $postgres:ident: $check:ident($build:ident);)*) => {$(
+        #[test]
+        fn $files() {
+            $check(&$build(Lab::new()));
+        }
+
+        #[test]
+        fn $postgres() {
+            let db = Database::create();
+            $check(&$build(pg_lab(&db)));
+        }
+    )*};
+}
+
+on_both_backends! {
+    the_overview_numbers_are_those_of_status_at_the_same_clock,
+    on_postgres_the_overview_numbers_are_those_of_status:
+        overview_is_status(troubled_in);
+    flow_detail_and_quarantined_bodies_side_by_side,
+    on_postgres_flow_detail_and_quarantined_bodies_side_by_side:
+        detail_and_quarantined(troubled_in);
+    flows_are_searched_by_prefix_and_paged,
+    on_postgres_flows_are_searched_by_prefix_and_paged:
+        flows_by_prefix_and_page(as_given);
+    read_only_shows_no_action_and_refuses_them,
+    on_postgres_read_only_shows_no_action_and_refuses_them:
+        read_only(troubled_in);
+    a_skip_is_previewed_needs_a_name_and_a_reason_and_confirms_once,
+    on_postgres_a_skip_moves_the_flow_and_lands_in_the_repair_log:
+        skip_previewed_and_confirmed(troubled_in);
+    blocked_rows_of_the_reservation_domain_are_re_evaluated_as_inbox_retry,
+    on_postgres_blocked_rows_are_re_evaluated_as_inbox_retry:
+        reevaluated_as_inbox_retry(as_given);
 }
 
 fn overview_is_status(lab: &Lab) {
@@ -315,17 +348,6 @@ fn pages_escape_markup_and_carry_the_security_headers() {
     }
 }
 
-#[test]
-fn flow_detail_and_quarantined_bodies_side_by_side() {
-    detail_and_quarantined(&troubled());
-}
-
-#[test]
-fn on_postgres_flow_detail_and_quarantined_bodies_side_by_side() {
-    let db = Database::create();
-    detail_and_quarantined(&troubled_in(pg_lab(&db)));
-}
-
 fn detail_and_quarantined(lab: &Lab) {
     let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
     let a = console.get("/flow?id=A");
@@ -406,17 +428,6 @@ fn detail_and_quarantined(lab: &Lab) {
         repairs.text
     );
     assert_eq!(console.get("/").metric("skipped"), "1");
-}
-
-#[test]
-fn flows_are_searched_by_prefix_and_paged() {
-    flows_by_prefix_and_page(&Lab::new());
-}
-
-#[test]
-fn on_postgres_flows_are_searched_by_prefix_and_paged() {
-    let db = Database::create();
-    flows_by_prefix_and_page(&pg_lab(&db));
 }
 
 fn flows_by_prefix_and_page(lab: &Lab) {
@@ -706,17 +717,6 @@ fn retrying_a_quarantined_event_needs_the_form_token_and_the_same_origin() {
     assert_eq!(console.get("/").metric("quarantined"), "0");
 }
 
-#[test]
-fn read_only_shows_no_action_and_refuses_them() {
-    read_only(&troubled());
-}
-
-#[test]
-fn on_postgres_read_only_shows_no_action_and_refuses_them() {
-    let db = Database::create();
-    read_only(&troubled_in(pg_lab(&db)));
-}
-
 fn read_only(lab: &Lab) {
     let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c, "--read-only"]);
     for path in ["/", "/quarantined", "/blocked", "/flow?id=A", "/repairs"] {
@@ -747,17 +747,6 @@ fn repairs(lab: &Lab) -> Value {
     lab.at(NOW)
         .run(&["inbox", "repairs", "--json", "--consumer", &lab.c])
         .json()
-}
-
-#[test]
-fn a_skip_is_previewed_needs_a_name_and_a_reason_and_confirms_once() {
-    skip_previewed_and_confirmed(&troubled());
-}
-
-#[test]
-fn on_postgres_a_skip_moves_the_flow_and_lands_in_the_repair_log() {
-    let db = Database::create();
-    skip_previewed_and_confirmed(&troubled_in(pg_lab(&db)));
 }
 
 fn skip_previewed_and_confirmed(lab: &Lab) {
@@ -820,17 +809,6 @@ fn skip_previewed_and_confirmed(lab: &Lab) {
     let read_only = Console::start(&["--consumer", &lab.c, "--read-only"]);
     assert_eq!(read_only.get("/flow/skip?id=X").status, 403);
     assert!(!read_only.get("/flow?id=X").text.contains("/flow/skip"));
-}
-
-#[test]
-fn blocked_rows_of_the_reservation_domain_are_re_evaluated_as_inbox_retry() {
-    reevaluated_as_inbox_retry(&Lab::new());
-}
-
-#[test]
-fn on_postgres_blocked_rows_are_re_evaluated_as_inbox_retry() {
-    let db = Database::create();
-    reevaluated_as_inbox_retry(&pg_lab(&db));
 }
 
 fn reevaluated_as_inbox_retry(lab: &Lab) {

@@ -146,17 +146,28 @@ pub(crate) mod tests {
         }
     }
 
+    /// A new, empty producer store (`producer`) or consumer store in a
+    /// directory of its own, kept as long as the directory.
+    pub(crate) fn new_store(producer: bool) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let (schema, clock, options) = (
+            crate::Schema::new("browse").unwrap(),
+            std::sync::Arc::new(ordo_core::SystemClock),
+            crate::OpenOptions::default(),
+        );
+        if producer {
+            crate::ProducerDb::open_or_create(&path, &schema, clock, &options).map(drop)
+        } else {
+            crate::ConsumerDb::open_or_create(&path, &schema, clock, &options).map(drop)
+        }
+        .unwrap();
+        (dir, path)
+    }
+
     #[test]
     fn flow_reads_are_indexed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.db");
-        crate::ProducerDb::open_or_create(
-            &path,
-            &crate::Schema::new("browse").unwrap(),
-            std::sync::Arc::new(ordo_core::SystemClock),
-            &crate::OpenOptions::default(),
-        )
-        .unwrap();
+        let (_dir, path) = new_store(true);
         let conn = Connection::open(&path).unwrap();
         assert_indexed(&conn, FLOWS_PAGE_SQL, &["outbox_head", "outbox"]);
         assert_indexed(&conn, FLOW_OUTBOX_SQL, &["outbox_head", "outbox"]);
@@ -207,15 +218,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_deep_page_reads_only_its_own_rows() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.db");
-        crate::ProducerDb::open_or_create(
-            &path,
-            &crate::Schema::new("browse").unwrap(),
-            std::sync::Arc::new(ordo_core::SystemClock),
-            &crate::OpenOptions::default(),
-        )
-        .unwrap();
+        let (_dir, path) = new_store(true);
         fill_flows(&path, "outbox_head", "last_seq");
         assert_deep_pages_are_short(&path, FLOWS_PAGE_SQL, |conn, prefix, after| {
             producer_flows_page(conn, prefix, Some(after), 10)
