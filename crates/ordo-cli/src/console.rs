@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ordo_console::{
-    Console, ConsumerOpener, ConsumerView, Csrf, ProducerOpener, ProducerView, Reevaluator,
-    Summarizer, Token,
+    keep_idle_consumers, keep_idle_producers, Console, ConsumerOpener, ConsumerView, Csrf,
+    ProducerOpener, ProducerView, Reevaluator, Summarizer, Token,
 };
 use serde_json::json;
 use tokio::signal::unix::{signal, SignalKind};
@@ -25,20 +25,23 @@ use crate::context::{
 use crate::stores::{AnyConsumer, AnyProducer, Location};
 use crate::Failure;
 
+/// Store handles (for PostgreSQL, connections) each side keeps open
+/// between requests.
+const IDLE_MAX: usize = 4;
+
 pub fn console(json_mode: bool, args: ConsoleArgs) -> Result<(), Failure> {
     let token = load_token(&args)?;
     check_sides(&args.sides)?;
     let producer = match &args.sides.producer {
-        Some(side) => Some(producer_opener(side)?),
+        Some(side) => Some(keep_idle_producers(producer_opener(side)?, IDLE_MAX)),
         None => None,
     };
     let (consumer, reservation) = match &args.sides.consumer {
         Some(side) => {
             let (open, domain) = consumer_opener(side)?;
-            (
-                Some(open),
-                (domain == ordo_reservation::DOMAIN).then_some(side),
-            )
+            let open = keep_idle_consumers(open, IDLE_MAX);
+            let reservation = domain == ordo_reservation::DOMAIN;
+            (Some(open), reservation.then_some(side))
         }
         None => (None, None),
     };

@@ -34,7 +34,10 @@ use ordo_core::{Clock, EventId, FlowId, StoreError};
 use serde::Deserialize;
 
 pub use auth::{Csrf, Token, TokenError};
-pub use stores::{ConsumerOpener, ConsumerView, ProducerOpener, ProducerView};
+pub use stores::{
+    keep_idle_consumers, keep_idle_producers, ConsumerOpener, ConsumerView, ProducerOpener,
+    ProducerView,
+};
 
 /// The console's Content-Security-Policy: scripts, styles and everything
 /// else from the console itself, no inline code, no framing.
