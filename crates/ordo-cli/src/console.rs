@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use ordo_console::{
     keep_idle_consumers, keep_idle_producers, Console, ConsumerOpener, ConsumerView, Csrf,
-    ProducerOpener, ProducerView, Reevaluator, Summarizer, Token,
+    IdlePool, ProducerOpener, ProducerView, Reevaluator, Summarizer, Token,
 };
 use serde_json::json;
 use tokio::signal::unix::{signal, SignalKind};
@@ -182,8 +182,14 @@ fn text(failure: Failure) -> String {
 /// it is.
 fn reservation_summary(location: &Location) -> Summarizer {
     let location = location.clone();
+    let idle = IdlePool::default();
     Arc::new(move |flow| {
-        let projection = existing_consumer(&location)?.projection(flow)?;
+        let mut consumer = match idle.take() {
+            Some(consumer) => consumer,
+            None => existing_consumer(&location)?,
+        };
+        let projection = consumer.projection(flow)?;
+        idle.put(consumer, IDLE_MAX);
         Ok(vec![
             ("state".to_owned(), projection.state.as_str().to_owned()),
             (

@@ -35,8 +35,8 @@ use serde::Deserialize;
 
 pub use auth::{Csrf, Token, TokenError};
 pub use stores::{
-    keep_idle_consumers, keep_idle_producers, ConsumerOpener, ConsumerView, ProducerOpener,
-    ProducerView,
+    keep_idle_consumers, keep_idle_producers, ConsumerOpener, ConsumerView, IdlePool,
+    ProducerOpener, ProducerView,
 };
 
 /// The console's Content-Security-Policy: scripts, styles and everything

@@ -142,26 +142,37 @@ pub type ProducerOpener = Arc<dyn Fn() -> Result<Box<dyn ProducerView>, StoreErr
 pub type ConsumerOpener = Arc<dyn Fn() -> Result<Box<dyn ConsumerView>, StoreError> + Send + Sync>;
 
 /// Handles opened earlier and idle now, shared by one opener's handles.
-type Idle<V> = Arc<IdleHandles<V>>;
+type Idle<V> = Arc<IdlePool<Box<V>>>;
 
-/// The idle handles, closed on a thread of their own when the last opener
-/// goes: not on an async runtime's thread, where PostgreSQL's blocking
-/// client (which runs a runtime of its own) cannot close.
-struct IdleHandles<V: ?Sized + Send + 'static>(Mutex<Vec<Box<V>>>);
+/// Store handles kept open between requests. Those still idle when the
+/// pool goes are closed on a thread of their own: not on an async
+/// runtime's thread, where PostgreSQL's blocking client (which runs a
+/// runtime of its own) cannot close.
+pub struct IdlePool<T: Send + 'static>(Mutex<Vec<T>>);
 
-impl<V: ?Sized + Send + 'static> Default for IdleHandles<V> {
+impl<T: Send + 'static> Default for IdlePool<T> {
     fn default() -> Self {
-        IdleHandles(Mutex::new(Vec::new()))
+        IdlePool(Mutex::new(Vec::new()))
     }
 }
 
-impl<V: ?Sized + Send + 'static> IdleHandles<V> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Box<V>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+impl<T: Send + 'static> IdlePool<T> {
+    /// An idle handle, if there is one.
+    pub fn take(&self) -> Option<T> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    }
+
+    /// Keeps `handle` for a later request, unless `max` are idle already
+    /// (then it is closed).
+    pub fn put(&self, handle: T, max: usize) {
+        let mut idle = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < max {
+            idle.push(handle);
+        }
     }
 }
 
-impl<V: ?Sized + Send + 'static> Drop for IdleHandles<V> {
+impl<T: Send + 'static> Drop for IdlePool<T> {
     fn drop(&mut self) {
         let handles = std::mem::take(self.0.get_mut().unwrap_or_else(|e| e.into_inner()));
         if !handles.is_empty() {
@@ -187,7 +198,7 @@ impl<V: ?Sized + Send + 'static> Kept<V> {
         idle_max: usize,
         open: impl FnOnce() -> Result<Box<V>, StoreError>,
     ) -> Result<Kept<V>, StoreError> {
-        let handle = idle.lock().pop();
+        let handle = idle.take();
         Ok(Kept {
             handle: Some(match handle {
                 Some(handle) => handle,
@@ -222,10 +233,7 @@ impl<V: ?Sized + Send + 'static> Drop for Kept<V> {
         if self.failed {
             return;
         }
-        let mut idle = self.idle.lock();
-        if idle.len() < self.idle_max {
-            idle.push(handle);
-        }
+        self.idle.put(handle, self.idle_max);
     }
 }
 
