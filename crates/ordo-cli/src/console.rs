@@ -1,5 +1,6 @@
 //! `ordo console`: the operator web console (ordo-console) over the given
-//! stores.
+//! stores, SQLite files or PostgreSQL databases (one database may hold
+//! both sides).
 //!
 //! The token file and the stores are checked before anything is served;
 //! no store is ever created here. Beyond loopback the console needs an
@@ -7,37 +8,42 @@
 //! process then runs until SIGTERM or SIGINT and exits 0.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ordo_console::{
-    Console, ConsumerOpener, ConsumerView, Csrf, ProducerOpener, ProducerView, Reevaluator, Token,
+    keep_idle_consumers, keep_idle_producers, Console, ConsumerOpener, ConsumerView, Csrf,
+    IdlePool, ProducerOpener, ProducerView, Reevaluator, Summarizer, Token,
 };
-use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 use serde_json::json;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::args::ConsoleArgs;
-use crate::context::{check_sides, clock, emit, open_existing_reservation_consumer, open_options};
-use crate::stores::Location;
+use crate::context::{
+    check_sides, clock, emit, existing_consumer, existing_consumer_domain, existing_producer,
+    existing_producer_domain, open_existing_reservation_consumer,
+};
+use crate::stores::{AnyConsumer, AnyProducer, Location};
 use crate::Failure;
+
+/// Store handles (for PostgreSQL, connections) each side keeps open
+/// between requests.
+const IDLE_MAX: usize = 4;
 
 pub fn console(json_mode: bool, args: ConsoleArgs) -> Result<(), Failure> {
     let token = load_token(&args)?;
-    for side in [&args.sides.producer, &args.sides.consumer]
-        .into_iter()
-        .flatten()
-    {
-        file_of(side)?;
-    }
     check_sides(&args.sides)?;
     let producer = match &args.sides.producer {
-        Some(side) => Some(producer_opener(file_of(side)?)?),
+        Some(side) => Some(keep_idle_producers(producer_opener(side)?, IDLE_MAX)),
         None => None,
     };
-    let consumer = match &args.sides.consumer {
-        Some(side) => Some(consumer_opener(file_of(side)?)?),
-        None => None,
+    let (consumer, reservation) = match &args.sides.consumer {
+        Some(side) => {
+            let (open, domain) = consumer_opener(side)?;
+            let open = keep_idle_consumers(open, IDLE_MAX);
+            let reservation = domain == ordo_reservation::DOMAIN;
+            (Some(open), reservation.then_some(side))
+        }
+        None => (None, None),
     };
     let console = Console {
         producer,
@@ -48,10 +54,8 @@ pub fn console(json_mode: bool, args: ConsoleArgs) -> Result<(), Failure> {
         csrf: Csrf::generate()
             .map_err(|e| Failure::Internal(format!("cannot draw a form token: {e}")))?,
         confirmations: Default::default(),
-        reevaluate: match &args.sides.consumer {
-            Some(side) => reservation_reevaluator(file_of(side)?)?,
-            None => None,
-        },
+        reevaluate: reservation.map(reservation_reevaluator),
+        summary: reservation.map(reservation_summary),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -79,60 +83,45 @@ fn load_token(args: &ConsoleArgs) -> Result<Option<Token>, Failure> {
         .map_err(|e| Failure::Usage(e.to_string()))
 }
 
-/// The SQLite file a side names; the console cannot browse PostgreSQL
-/// stores yet.
-fn file_of(location: &Location) -> Result<&Path, Failure> {
-    match location {
-        Location::File(path) => Ok(path),
-        Location::Postgres(_) => Err(Failure::Usage(format!(
-            "{location}: the console reads SQLite stores only; PostgreSQL stores are not supported yet"
-        ))),
-    }
-}
-
-fn existing_only() -> OpenOptions {
-    OpenOptions {
-        create: false,
-        ..open_options()
-    }
-}
-
-fn missing(path: &Path) -> Failure {
+fn missing(location: &Location) -> Failure {
     Failure::Usage(format!(
-        "{} does not exist (console never creates a store)",
-        path.display()
+        "{location} does not exist (console never creates a store)"
     ))
 }
 
-/// Opens producer handles that never create the file; one is opened now,
-/// so that a store that cannot be opened stops the start.
-fn producer_opener(path: &Path) -> Result<ProducerOpener, Failure> {
-    if ProducerDb::existing_domain(path)?.is_none() {
-        return Err(missing(path));
+/// Opens producer handles (an SQLite file or a PostgreSQL database) that
+/// never create the store; one is opened now, so that a store that cannot
+/// be opened stops the start.
+fn producer_opener(location: &Location) -> Result<ProducerOpener, Failure> {
+    if existing_producer_domain(location)?.is_none() {
+        return Err(missing(location));
     }
-    let path: PathBuf = path.to_owned();
-    let options = existing_only();
+    let location = location.clone();
     let open: ProducerOpener = Arc::new(move || {
-        let store = ProducerDb::open_existing(&path, clock(), &options)?;
-        Ok(Box::new(store) as Box<dyn ProducerView>)
+        Ok(match existing_producer(&location)? {
+            AnyProducer::Sqlite(store) => Box::new(store) as Box<dyn ProducerView>,
+            AnyProducer::Postgres(store) => Box::new(store),
+        })
     });
     open()?;
     Ok(open)
 }
 
-/// Opens consumer handles that never create the file; one is opened now.
-fn consumer_opener(path: &Path) -> Result<ConsumerOpener, Failure> {
-    if ConsumerDb::existing_domain(path)?.is_none() {
-        return Err(missing(path));
-    }
-    let path: PathBuf = path.to_owned();
-    let options = existing_only();
+/// Opens consumer handles that never create the store; one is opened now.
+/// Also the store's domain.
+fn consumer_opener(location: &Location) -> Result<(ConsumerOpener, String), Failure> {
+    let Some(domain) = existing_consumer_domain(location)? else {
+        return Err(missing(location));
+    };
+    let location = location.clone();
     let open: ConsumerOpener = Arc::new(move || {
-        let store = ConsumerDb::open_existing(&path, clock(), &options)?;
-        Ok(Box::new(store) as Box<dyn ConsumerView>)
+        Ok(match existing_consumer(&location)? {
+            AnyConsumer::Sqlite(store) => Box::new(store) as Box<dyn ConsumerView>,
+            AnyConsumer::Postgres(store) => Box::new(store),
+        })
     });
     open()?;
-    Ok(open)
+    Ok((open, domain))
 }
 
 async fn run(json_mode: bool, listen: SocketAddr, console: Console) -> Result<(), Failure> {
@@ -167,15 +156,9 @@ async fn run(json_mode: bool, listen: SocketAddr, console: Console) -> Result<()
 
 /// For a consumer of the reservation domain, whose handler this process
 /// runs: `inbox retry`'s re-evaluation of a flow's blocked rows.
-fn reservation_reevaluator(path: &Path) -> Result<Option<Reevaluator>, Failure> {
-    if ConsumerDb::existing_domain(path)?.as_deref() != Some(ordo_reservation::DOMAIN) {
-        return Ok(None);
-    }
-    let location = Location::File(path.to_owned());
-    let run: Reevaluator = Arc::new(move |flow, support_v2| {
-        let text = |failure: Failure| match failure {
-            Failure::Usage(m) | Failure::Internal(m) | Failure::Check(m) => m,
-        };
+fn reservation_reevaluator(location: &Location) -> Reevaluator {
+    let location = location.clone();
+    Arc::new(move |flow, support_v2| {
         let mut consumer = open_existing_reservation_consumer(&location).map_err(text)?;
         let (reopened, drained) =
             crate::ops::reevaluate_blocked(&mut consumer, flow, support_v2).map_err(text)?;
@@ -185,6 +168,37 @@ fn reservation_reevaluator(path: &Path) -> Result<Option<Reevaluator>, Failure> 
             drained.applied,
             drained.stop.as_str()
         ))
-    });
-    Ok(Some(run))
+    })
+}
+
+fn text(failure: Failure) -> String {
+    match failure {
+        Failure::Usage(m) | Failure::Internal(m) | Failure::Check(m) => m,
+    }
+}
+
+/// For a consumer of the reservation domain: the flow's projection (its
+/// state, quantity and applied seq), one keyed read on a store opened as
+/// it is.
+fn reservation_summary(location: &Location) -> Summarizer {
+    let location = location.clone();
+    let idle = IdlePool::default();
+    Arc::new(move |flow| {
+        let mut consumer = match idle.take() {
+            Some(consumer) => consumer,
+            None => existing_consumer(&location)?,
+        };
+        let projection = consumer.projection(flow)?;
+        idle.put(consumer, IDLE_MAX);
+        Ok(vec![
+            ("state".to_owned(), projection.state.as_str().to_owned()),
+            (
+                "quantity".to_owned(),
+                projection
+                    .quantity
+                    .map_or_else(String::new, |q| q.get().to_string()),
+            ),
+            ("applied_seq".to_owned(), projection.applied_seq.to_string()),
+        ])
+    })
 }

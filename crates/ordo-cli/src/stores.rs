@@ -23,7 +23,7 @@ use ordo_core::{
 use ordo_postgres::{PgConsumer, PgProducer};
 use ordo_reservation::{
     Advance, AdvanceError, AdvanceRefused, AdvanceRequest, EffectRecord, FlowRecord, Projection,
-    ReservationHandler, ReservationProducer,
+    ReservationConsumer, ReservationHandler, ReservationProducer,
 };
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 
@@ -291,6 +291,12 @@ impl AnyConsumer {
         each: impl FnMut(Drain),
     ) -> Result<(), StoreError> {
         each!(self, s => ordo_core::process_all_each(s, limit, handler, batch_len_max, each))
+    }
+
+    /// The flow's projection, for a store of the reservation domain
+    /// ([`ReservationConsumer::projection`]).
+    pub fn projection(&mut self, flow_id: &FlowId) -> Result<Projection, StoreError> {
+        each!(self, s => s.projection(flow_id))
     }
 
     /// [`ConsumerStore::inbox_entries`].

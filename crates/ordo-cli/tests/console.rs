@@ -1,14 +1,20 @@
-//! `ordo console` as a real process over real SQLite stores built with the
-//! real CLI: the overview's numbers against `ordo status --json` at the
-//! same clock, the flow search and its pages, escaping, the security
-//! headers, and the operator token.
+//! `ordo console` as a real process over real stores built with the real
+//! CLI, SQLite files and PostgreSQL databases (`ORDO_TEST_PG`, see
+//! `pgdb`): the overview's numbers against `ordo status --json` at the
+//! same clock, the flow search and its pages, flow detail, both bodies of
+//! a quarantined event, the actions, escaping, the security headers, and
+//! the operator token.
 
 mod common;
+mod pgdb;
 
 use std::time::Duration;
 
-use common::console::{repairs, status_metrics, token_file, troubled, Console, NOW, T0};
+use common::console::{
+    repairs, status_metrics, token_file, troubled, troubled_in, Console, NOW, T0,
+};
 use common::{envelope, reservation, run, Lab};
+use pgdb::Database;
 use serde_json::{json, Value};
 
 /// The HTTP side of a running console.
@@ -97,9 +103,56 @@ fn page(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Page
     }
 }
 
-#[test]
-fn the_overview_numbers_are_those_of_status_at_the_same_clock() {
-    let lab = troubled();
+/// Both sides in one PostgreSQL database.
+fn pg_lab(db: &Database) -> Lab {
+    Lab::with_stores(&db.url(), &db.url())
+}
+
+/// A lab's stores as they are (empty).
+fn as_given(lab: Lab) -> Lab {
+    lab
+}
+
+/// Each check as two tests: `FILES` on SQLite files, `POSTGRES` with both
+/// sides in one PostgreSQL database of its own; `BUILD` makes the stores
+/// of an empty lab.
+macro_rules! on_both_backends {
+    ($($files:ident, $postgres:ident: $check:ident($build:ident);)*) => {$(
+        #[test]
+        fn $files() {
+            $check(&$build(Lab::new()));
+        }
+
+        #[test]
+        fn $postgres() {
+            let db = Database::create();
+            $check(&$build(pg_lab(&db)));
+        }
+    )*};
+}
+
+on_both_backends! {
+    the_overview_numbers_are_those_of_status_at_the_same_clock,
+    on_postgres_the_overview_numbers_are_those_of_status:
+        overview_is_status(troubled_in);
+    flow_detail_and_quarantined_bodies_side_by_side,
+    on_postgres_flow_detail_and_quarantined_bodies_side_by_side:
+        detail_and_quarantined(troubled_in);
+    flows_are_searched_by_prefix_and_paged,
+    on_postgres_flows_are_searched_by_prefix_and_paged:
+        flows_by_prefix_and_page(as_given);
+    read_only_shows_no_action_and_refuses_them,
+    on_postgres_read_only_shows_no_action_and_refuses_them:
+        read_only(troubled_in);
+    a_skip_is_previewed_needs_a_name_and_a_reason_and_confirms_once,
+    on_postgres_a_skip_moves_the_flow_and_lands_in_the_repair_log:
+        skip_previewed_and_confirmed(troubled_in);
+    blocked_rows_of_the_reservation_domain_are_re_evaluated_as_inbox_retry,
+    on_postgres_blocked_rows_are_re_evaluated_as_inbox_retry:
+        reevaluated_as_inbox_retry(as_given);
+}
+
+fn overview_is_status(lab: &Lab) {
     let status = lab.at(NOW).run_both("status", &[]).json();
     let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
     let overview = console.get("/");
@@ -195,9 +248,7 @@ fn pages_escape_markup_and_carry_the_security_headers() {
     }
 }
 
-#[test]
-fn flow_detail_and_quarantined_bodies_side_by_side() {
-    let lab = troubled();
+fn detail_and_quarantined(lab: &Lab) {
     let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
     let a = console.get("/flow?id=A");
     assert_eq!(a.status, 200);
@@ -216,6 +267,16 @@ fn flow_detail_and_quarantined_bodies_side_by_side() {
         "the inbox rows' status: {}",
         a.text
     );
+    // The reservation domain's projection: A-1 (amount 9, the consumer's
+    // body) applied.
+    for (field, value) in [
+        ("state", "reserved"),
+        ("quantity", "9"),
+        ("applied_seq", "1"),
+    ] {
+        let cell = format!("data-field=\"{field}\">{value}<");
+        assert!(a.text.contains(&cell), "{cell}: {}", a.text);
+    }
     let g = console.get("/flow?id=G");
     assert!(g.text.contains("id=\"gap\""), "{}", g.text);
     assert!(g.text.contains("seq 1 is missing"), "{}", g.text);
@@ -269,9 +330,7 @@ fn flow_detail_and_quarantined_bodies_side_by_side() {
     assert_eq!(console.get("/").metric("skipped"), "1");
 }
 
-#[test]
-fn flows_are_searched_by_prefix_and_paged() {
-    let lab = Lab::new();
+fn flows_by_prefix_and_page(lab: &Lab) {
     lab.at(T0).init();
     // 120 flows p-000..p-119 at the consumer, in one receive; q-1 and
     // producer flows beside them.
@@ -323,11 +382,83 @@ fn a_missing_store_is_never_created() {
 }
 
 #[test]
-fn a_postgres_side_is_refused_and_its_password_never_shown() {
+fn another_domain_keeps_the_flows_state_in_its_own_tables() {
+    let db = Database::create();
+    for lab in [Lab::new(), pg_lab(&db)] {
+        lab.at(T0).run_both("init", &["--domain", "orders"]).json();
+        let event = envelope("o-1", "O", 1, 1, "placed", json!({"total": 3}));
+        lab.at(T0)
+            .run_bytes(
+                &["receive", "--json", "--consumer", &lab.c],
+                event.as_bytes(),
+            )
+            .json();
+        let console = Console::start(&["--consumer", &lab.c]);
+        let page = console.get("/flow?id=O");
+        assert!(page.text.contains("o-1"), "{}", page.text);
+        assert!(
+            page.text.contains("id=\"summary\"") && page.text.contains("application's own tables"),
+            "{}",
+            page.text
+        );
+        assert!(!page.text.contains("data-field="), "{}", page.text);
+    }
+}
+
+#[test]
+fn a_missing_postgres_store_is_never_created() {
+    let db = Database::create();
+    for side in ["--producer", "--consumer"] {
+        let out = run(&["console", side, &db.url(), "--listen", "127.0.0.1:0"]);
+        out.usage("does not exist");
+    }
+    assert_eq!(db.ordo_schemas(), Vec::<String>::new(), "nothing created");
+}
+
+#[test]
+fn an_unreachable_server_is_named_without_its_password() {
     let url = "postgres://ops:hunter2@127.0.0.1:1/orders";
-    let out = run(&["console", "--consumer", url, "--listen", "127.0.0.1:0"]);
-    out.usage("not supported yet");
-    assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
+    for side in ["--producer", "--consumer"] {
+        let out = run(&["console", side, url, "--listen", "127.0.0.1:0"]);
+        out.storage_error();
+        assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+        assert!(out.stderr.contains("127.0.0.1:1"), "{out:?}");
+        assert!(!out.stderr.contains("hunter2"), "{out:?}");
+    }
+}
+
+#[test]
+fn on_postgres_one_side_leaves_the_other_sides_numbers_empty() {
+    let db = Database::create();
+    let lab = troubled_in(pg_lab(&db));
+    let status = lab
+        .at(NOW)
+        .run(&["status", "--json", "--consumer", &lab.c])
+        .json();
+    let console = Console::start(&["--consumer", &lab.c]);
+    let overview = console.get("/");
+    assert_eq!(overview.metric("backlog"), "");
+    assert_eq!(
+        overview.metric("blocked"),
+        status["consumer"]["blocked"]["total"].to_string()
+    );
+    // Each side's flows, as on SQLite files.
+    let files = troubled();
+    let on_files = Console::start(&["--consumer", &files.c]);
+    assert_eq!(console.get("/flows").flows(), ["A", "B", "G", "X"]);
+    assert_eq!(on_files.get("/flows").flows(), ["A", "B", "G", "X"]);
+    // The producer alone: its flows, and no inbox on the flow's page.
+    let console = Console::start(&["--producer", &lab.p]);
+    let on_files = Console::start(&["--producer", &files.p]);
+    assert_eq!(console.get("/flows").flows(), ["A", "B", "C"]);
+    assert_eq!(on_files.get("/flows").flows(), ["A", "B", "C"]);
+    let a = console.get("/flow?id=A");
+    assert!(
+        a.text.contains("A-2") && !a.text.contains("Inbox"),
+        "{}",
+        a.text
+    );
+    assert_eq!(console.get("/").metric("applied"), "");
 }
 
 #[test]
@@ -500,9 +631,7 @@ fn retrying_a_quarantined_event_needs_the_form_token_and_the_same_origin() {
     assert_eq!(console.get("/").metric("quarantined"), "0");
 }
 
-#[test]
-fn read_only_shows_no_action_and_refuses_them() {
-    let lab = troubled();
+fn read_only(lab: &Lab) {
     let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c, "--read-only"]);
     for path in ["/", "/quarantined", "/blocked", "/flow?id=A", "/repairs"] {
         let page = console.get(path);
@@ -525,13 +654,11 @@ fn read_only_shows_no_action_and_refuses_them() {
         &[("event_id", "A-1"), ("csrf", "whatever")],
     );
     assert_eq!(refused.status, 403, "{refused:?}");
-    assert_eq!(quarantined_ids(&lab), ["A-1"]);
+    assert_eq!(quarantined_ids(lab), ["A-1"]);
 }
 
-#[test]
-fn a_skip_is_previewed_needs_a_name_and_a_reason_and_confirms_once() {
-    let lab = troubled();
-    let before = repairs(&lab);
+fn skip_previewed_and_confirmed(lab: &Lab) {
+    let before = repairs(lab);
     let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
     assert!(console
         .get("/flow?id=X")
@@ -568,11 +695,11 @@ fn a_skip_is_previewed_needs_a_name_and_a_reason_and_confirms_once() {
     assert!(no_reason.text.contains("reason"), "{}", no_reason.text);
     let no_name = send(&form("", "bad schema"));
     assert_eq!(no_name.status, 400, "{no_name:?}");
-    assert_eq!(repairs(&lab), before, "nothing written");
+    assert_eq!(repairs(lab), before, "nothing written");
     let done = send(&form("ops", "schema 9 is retired"));
     assert_eq!(done.status, 200, "{done:?}");
     assert!(done.text.contains("skipped X seq 1"), "{}", done.text);
-    let after = repairs(&lab);
+    let after = repairs(lab);
     let log = after["repairs"].as_array().expect("a repair list");
     assert_eq!(log.len(), 1, "{after}");
     assert_eq!(log[0]["flow_id"], "X");
@@ -581,7 +708,7 @@ fn a_skip_is_previewed_needs_a_name_and_a_reason_and_confirms_once() {
     // The confirmation is used up.
     let again = send(&form("ops", "schema 9 is retired"));
     assert_eq!(again.status, 409, "{again:?}");
-    assert_eq!(repairs(&lab), after);
+    assert_eq!(repairs(lab), after);
     assert!(console.get("/repairs").text.contains("schema 9 is retired"));
     assert_eq!(console.get("/").metric("skipped"), "1");
     // Nothing stored at G's next seq: nothing to skip, no form.
@@ -592,9 +719,7 @@ fn a_skip_is_previewed_needs_a_name_and_a_reason_and_confirms_once() {
     assert!(!read_only.get("/flow?id=X").text.contains("/flow/skip"));
 }
 
-#[test]
-fn blocked_rows_of_the_reservation_domain_are_re_evaluated_as_inbox_retry() {
-    let lab = Lab::new();
+fn reevaluated_as_inbox_retry(lab: &Lab) {
     lab.at(T0).init();
     let v2 = envelope("V-1", "V", 1, 2, "reserved", json!({"units": 3}));
     lab.at(T0).receive(&v2);
@@ -611,7 +736,7 @@ fn blocked_rows_of_the_reservation_domain_are_re_evaluated_as_inbox_retry() {
             .map(|e| e["flow_id"].as_str().unwrap().to_owned())
             .collect()
     };
-    assert_eq!(blocked_flows(&lab), ["V"]);
+    assert_eq!(blocked_flows(lab), ["V"]);
     let console = Console::start(&["--consumer", &lab.c]);
     let page = console.get("/blocked");
     assert!(
@@ -629,7 +754,7 @@ fn blocked_rows_of_the_reservation_domain_are_re_evaluated_as_inbox_retry() {
     );
     assert_eq!(still.status, 200, "{still:?}");
     assert!(still.text.contains("stop blocked"), "{}", still.text);
-    assert_eq!(blocked_flows(&lab), ["V"]);
+    assert_eq!(blocked_flows(lab), ["V"]);
     let refused = post(
         &console,
         "/blocked/reevaluate",
@@ -645,6 +770,6 @@ fn blocked_rows_of_the_reservation_domain_are_re_evaluated_as_inbox_retry() {
     );
     assert_eq!(applied.status, 200, "{applied:?}");
     assert!(applied.text.contains("applied 1"), "{}", applied.text);
-    assert_eq!(blocked_flows(&lab), Vec::<String>::new());
+    assert_eq!(blocked_flows(lab), Vec::<String>::new());
     assert_eq!(console.get("/").metric("blocked"), "0");
 }

@@ -34,7 +34,10 @@ use ordo_core::{Clock, EventId, FlowId, StoreError};
 use serde::Deserialize;
 
 pub use auth::{Csrf, Token, TokenError, SESSION_MAX_AGE_S};
-pub use stores::{ConsumerOpener, ConsumerView, ProducerOpener, ProducerView};
+pub use stores::{
+    keep_idle_consumers, keep_idle_producers, ConsumerOpener, ConsumerView, IdlePool,
+    ProducerOpener, ProducerView,
+};
 
 /// The console's Content-Security-Policy: scripts, styles and everything
 /// else from the console itself, no inline code, no framing.
@@ -78,7 +81,16 @@ pub struct Console {
     /// this process runs it (the reservation domain, as `ordo inbox
     /// retry`); other domains' handlers run in the application.
     pub reevaluate: Option<Reevaluator>,
+    /// Reads a flow's state as the consumer's domain keeps it, if this
+    /// process knows the domain (the reservation domain's projection);
+    /// other domains keep theirs in the application's own tables.
+    pub summary: Option<Summarizer>,
 }
+
+/// A flow's state as its domain keeps it, as `(name, value)` pairs in
+/// display order.
+pub type Summarizer =
+    Arc<dyn Fn(&FlowId) -> Result<Vec<(String, String)>, StoreError> + Send + Sync>;
 
 /// Re-evaluates a flow's blocked rows (`support_v2`: the reservation
 /// domain's option); a line telling what happened, or why it failed.
@@ -410,6 +422,9 @@ pub struct FlowDetail {
     /// The consumer's applied seq (0 before the first), if a consumer is
     /// given.
     pub applied_seq: Option<u64>,
+    /// The flow's state as the consumer's domain keeps it, if the console
+    /// knows the domain.
+    pub summary: Option<Vec<(String, String)>>,
 }
 
 impl FlowDetail {
@@ -443,11 +458,16 @@ fn read_flow(app: &Console, flow_id: FlowId) -> Result<FlowDetail, StoreError> {
         }
         None => (None, None),
     };
+    let summary = match &app.summary {
+        Some(read) => Some(read(&flow_id)?),
+        None => None,
+    };
     Ok(FlowDetail {
         flow_id,
         outbox,
         inbox,
         applied_seq,
+        summary,
     })
 }
 

@@ -297,6 +297,19 @@ pub fn flow(console: &Console, detail: &FlowDetail) -> Page {
                 h2 { "Inbox" }
                 @if inbox.is_empty() { p.note { "No inbox row (none received, or all pruned)." } }
                 @else { (inbox_table(inbox)) (truncated(inbox.len())) }
+                h2 { "Domain state" }
+                @match &detail.summary {
+                    Some(fields) => {
+                        table #summary {
+                            @for (name, value) in fields {
+                                tr { th { (name) } td data-field=(name) { (value) } }
+                            }
+                        }
+                    }
+                    None => {
+                        p.note #summary { "This store's domain keeps the flow's state in the application's own tables: the application shows it." }
+                    }
+                }
             }
         },
     )

@@ -61,6 +61,7 @@
 
 #![warn(missing_docs)]
 
+mod browse;
 mod conn;
 mod consumer;
 mod domain;

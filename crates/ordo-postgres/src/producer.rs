@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use ordo_core::envelope::EventType;
-use ordo_core::ops::{OutboxEntry, ProducerStatus, Pruned, RetryRefused};
+use ordo_core::ops::{OutboxEntry, ProducerFlow, ProducerStatus, Pruned, RetryRefused};
 use ordo_core::{
     crash, AppendError, Backoff, Clock, Envelope, ErrorKind, EventId, FlowId, OutboxRecord,
     ProducerStore, Receipt, SchemaVersion, Seq, StoreError, SystemClock,
@@ -848,6 +848,23 @@ impl ProducerStore for PgProducer {
             })
         })
     }
+
+    fn producer_flows_page(
+        &mut self,
+        prefix: &str,
+        after: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<ProducerFlow>, StoreError> {
+        crate::browse::producer_flows_page(&self.conn, prefix, after, limit)
+    }
+
+    fn flow_outbox_entries(
+        &mut self,
+        flow_id: &FlowId,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        crate::browse::flow_outbox_entries(&self.conn, flow_id, limit)
+    }
 }
 
 /// `accepted_at` is the later of the relay's clock and the store's.
@@ -897,7 +914,7 @@ fn record_receipts_in(
     Ok(())
 }
 
-fn outbox_entry(row: &Row) -> Result<OutboxEntry, StoreError> {
+pub(crate) fn outbox_entry(row: &Row) -> Result<OutboxEntry, StoreError> {
     Ok(OutboxEntry {
         envelope: stored_envelope(BODY, row.get(0))?,
         accepted: row.get(1),

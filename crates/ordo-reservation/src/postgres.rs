@@ -354,6 +354,10 @@ impl ReservationConsumer for PgConsumer {
         pg_read_projections(self.connection())
     }
 
+    fn projection(&mut self, flow_id: &FlowId) -> Result<Projection, StoreError> {
+        read_projection(self.connection(), flow_id)
+    }
+
     fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError> {
         pg_read_effects(self.connection())
     }

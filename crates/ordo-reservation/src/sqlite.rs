@@ -174,6 +174,17 @@ pub trait ReservationConsumer: ConsumerStore {
     /// Every projection, ordered by flow id.
     fn projections(&mut self) -> Result<Vec<Projection>, StoreError>;
 
+    /// The flow's projection ([`Projection::empty`] before anything is
+    /// applied). The stores of this crate read it by its key, however many
+    /// flows there are; this default looks through every projection.
+    fn projection(&mut self, flow_id: &FlowId) -> Result<Projection, StoreError> {
+        Ok(self
+            .projections()?
+            .into_iter()
+            .find(|p| &p.flow_id == flow_id)
+            .unwrap_or_else(|| Projection::empty(flow_id.clone())))
+    }
+
     /// Every effect record, ordered by flow id then seq.
     fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError>;
 }
@@ -548,6 +559,10 @@ impl ReservationConsumer for ConsumerDb {
 
     fn projections(&mut self) -> Result<Vec<Projection>, StoreError> {
         read_projections(self.connection())
+    }
+
+    fn projection(&mut self, flow_id: &FlowId) -> Result<Projection, StoreError> {
+        read_projection(self.connection(), flow_id)
     }
 
     fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError> {

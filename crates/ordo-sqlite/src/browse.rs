@@ -18,9 +18,10 @@ const FLOW_OUTBOX_SQL: &str =
     FROM outbox WHERE flow_id = ?1 ORDER BY seq LIMIT ?2";
 
 /// Up to `limit` `(flow, number)` rows that `sql` reads with the
-/// parameters `(prefix, after, limit)`, in flow order, as long as the flow
-/// starts with `prefix`: `sql` starts its range at the later of `prefix`
-/// and `after`, and the first row past the prefix ends the list.
+/// parameters `(start, after, limit)`, in flow order, as long as the flow
+/// starts with `prefix`: `sql` starts its range at `start`, the later of
+/// `prefix` and `after` (so that a deep page starts there, not at the
+/// prefix), and the first row past the prefix ends the list.
 pub(crate) fn flows_page(
     conn: &Connection,
     context: &str,
@@ -31,11 +32,13 @@ pub(crate) fn flows_page(
 ) -> Result<Vec<(FlowId, i64)>, StoreError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let stored = |e: String| corrupt(&format!("{context}: stored flow"), e);
+    let after = after.map_or("", FlowId::as_str);
+    let start = prefix.max(after);
     let rows = collect_rows(
         conn,
         &format!("{context}: cannot list flows"),
         sql,
-        params![prefix, after.map_or("", FlowId::as_str), limit],
+        params![start, after, limit],
         |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)),
         |(flow_id, n)| Ok((FlowId::new(&flow_id).map_err(|e| stored(e.to_string()))?, n)),
     )?;
@@ -143,19 +146,84 @@ pub(crate) mod tests {
         }
     }
 
+    /// A new, empty producer store (`producer`) or consumer store in a
+    /// directory of its own, kept as long as the directory.
+    pub(crate) fn new_store(producer: bool) -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let (schema, clock, options) = (
+            crate::Schema::new("browse").unwrap(),
+            std::sync::Arc::new(ordo_core::SystemClock),
+            crate::OpenOptions::default(),
+        );
+        if producer {
+            crate::ProducerDb::open_or_create(&path, &schema, clock, &options).map(drop)
+        } else {
+            crate::ConsumerDb::open_or_create(&path, &schema, clock, &options).map(drop)
+        }
+        .unwrap();
+        (dir, path)
+    }
+
     #[test]
     fn flow_reads_are_indexed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("p.db");
-        crate::ProducerDb::open_or_create(
-            &path,
-            &crate::Schema::new("browse").unwrap(),
-            std::sync::Arc::new(ordo_core::SystemClock),
-            &crate::OpenOptions::default(),
-        )
-        .unwrap();
+        let (_dir, path) = new_store(true);
         let conn = Connection::open(&path).unwrap();
         assert_indexed(&conn, FLOWS_PAGE_SQL, &["outbox_head", "outbox"]);
         assert_indexed(&conn, FLOW_OUTBOX_SQL, &["outbox_head", "outbox"]);
+    }
+
+    /// Flows `f-000001` to `f-020000` in `table` (`flow_id`, and `column`
+    /// at 1).
+    pub(crate) fn fill_flows(path: &std::path::Path, table: &str, column: &str) {
+        Connection::open(path)
+            .unwrap()
+            .execute_batch(&format!(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000)
+                 INSERT INTO {table} (flow_id, {column}) SELECT printf('f-%06d', i), 1 FROM n"
+            ))
+            .unwrap();
+    }
+
+    /// Asserts that a page deep in the 20,000 flows of [`fill_flows`], with
+    /// or without a prefix, runs about as many steps of `sql` as the first
+    /// page: its range starts at `after`, not at the prefix. `read` reads a
+    /// page of 10 (`prefix`, `after`) through `sql` on a new connection.
+    #[track_caller]
+    pub(crate) fn assert_deep_pages_are_short(
+        path: &std::path::Path,
+        sql: &str,
+        read: impl Fn(&Connection, &str, &FlowId) -> usize,
+    ) {
+        let steps = |prefix: &str, after: &str| {
+            let conn = Connection::open(path).unwrap();
+            let listed = read(&conn, prefix, &FlowId::new(after).unwrap());
+            assert!(listed > 0, "{prefix:?} after {after}");
+            let stmt = conn.prepare_cached(sql).expect("the statement is cached");
+            stmt.get_status(rusqlite::StatementStatus::VmStep)
+        };
+        let first = steps("", "f-000001");
+        for (prefix, after) in [
+            ("", "f-019900"),
+            ("f-01", "f-019900"),
+            ("f-0199", "f-019900"),
+        ] {
+            let deep = steps(prefix, after);
+            assert!(
+                deep < first * 2,
+                "{prefix:?} after {after}: {deep} steps, the first page {first}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_deep_page_reads_only_its_own_rows() {
+        let (_dir, path) = new_store(true);
+        fill_flows(&path, "outbox_head", "last_seq");
+        assert_deep_pages_are_short(&path, FLOWS_PAGE_SQL, |conn, prefix, after| {
+            producer_flows_page(conn, prefix, Some(after), 10)
+                .unwrap()
+                .len()
+        });
     }
 }

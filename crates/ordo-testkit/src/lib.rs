@@ -278,6 +278,10 @@ macro_rules! conformance_suite {
             consumer_status_counts_pending_blocked_and_gaps
             consumer_status_caps_the_listed_gaps
             prune_inbox_keeps_fingerprints_and_never_reapplies
+            // browsing (the operator console)
+            browse_producer_flows_by_prefix_and_page
+            browse_flow_outbox_entries_in_seq_order
+            browse_consumer_flows_and_one_inbox_row
             // durability
             reopen_keeps_all_state
             apply_exactly_once_across_reopen
@@ -291,8 +295,9 @@ macro_rules! conformance_suite {
 #[cfg(test)]
 mod tests {
     /// The suite's source files, by module name.
-    const SOURCES: [(&str, &str); 9] = [
+    const SOURCES: [(&str, &str); 10] = [
         ("apply", include_str!("suite/apply.rs")),
+        ("browse", include_str!("suite/browse.rs")),
         ("delivery", include_str!("suite/delivery.rs")),
         ("durability", include_str!("suite/durability.rs")),
         ("generic", include_str!("suite/generic.rs")),

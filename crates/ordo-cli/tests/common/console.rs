@@ -20,7 +20,11 @@ pub const NOW: i64 = T0 + 90_500;
 /// a flow waiting on a gap (G), and a blocked row (X-1, an unknown schema)
 /// whose type and payload hold markup.
 pub fn troubled() -> Lab {
-    let lab = Lab::new();
+    troubled_in(Lab::new())
+}
+
+/// [`troubled`] in the (empty) stores of `lab`.
+pub fn troubled_in(lab: Lab) -> Lab {
     lab.at(T0).init();
     lab.at(T0).advance("A", 0, "reserved", Some(5));
     lab.at(T0 + 100).advance("B", 0, "reserved", Some(2));

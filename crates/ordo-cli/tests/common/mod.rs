@@ -221,6 +221,16 @@ impl Lab {
         }
     }
 
+    /// A lab whose stores are `p` and `c` (files or PostgreSQL URLs; one
+    /// database may hold both).
+    pub fn with_stores(p: &str, c: &str) -> Lab {
+        Lab {
+            p: p.to_owned(),
+            c: c.to_owned(),
+            ..Lab::new()
+        }
+    }
+
     /// A path inside the lab's directory.
     pub fn path(&self, name: &str) -> String {
         path_str(&self.dir.path().join(name))

@@ -13,12 +13,16 @@ mod apply;
 mod ops;
 mod receive;
 
+pub(crate) use ops::inbox_entry;
+
 use std::sync::Arc;
 
-use ordo_core::ops::{ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest};
+use ordo_core::ops::{
+    ConsumerFlow, ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest,
+};
 use ordo_core::{
     ApplyHandler, BlockCode, BlockReason, Clock, ConsumerStore, Drain, Envelope, FlowId,
-    InboxRecord, InboxStatus, Receipt, Step, StoreError, SystemClock,
+    InboxRecord, InboxStatus, Receipt, Seq, Step, StoreError, SystemClock,
 };
 
 use crate::conn::{open, PgOptions, PgTx, Role, Tables, Want};
@@ -306,5 +310,22 @@ impl ConsumerStore for PgConsumer {
 
     fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
         ops::prune_inbox(self, cutoff_ms)
+    }
+
+    fn consumer_flows_page(
+        &mut self,
+        prefix: &str,
+        after: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<ConsumerFlow>, StoreError> {
+        crate::browse::consumer_flows_page(&self.conn, prefix, after, limit)
+    }
+
+    fn inbox_entry_at(
+        &mut self,
+        flow_id: &FlowId,
+        seq: Seq,
+    ) -> Result<Option<InboxEntry>, StoreError> {
+        crate::browse::inbox_entry_at(&self.conn, flow_id, seq)
     }
 }

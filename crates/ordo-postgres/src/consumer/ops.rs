@@ -20,23 +20,37 @@ pub(super) fn inbox_entries(
     limit: usize,
 ) -> Result<Vec<InboxEntry>, StoreError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    // One statement per shape, so that a plan reused on a long-lived
+    // connection still reads one flow by its key.
+    let sql = match flow_id {
+        Some(_) => {
+            "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM {s}.inbox
+             WHERE flow_id = $2::text AND (NOT $1 OR status = 'blocked')
+             ORDER BY seq LIMIT $3"
+        }
+        None => {
+            "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM {s}.inbox
+             WHERE (NOT $1 OR status = 'blocked') AND $2::text IS NULL
+             ORDER BY flow_id, seq LIMIT $3"
+        }
+    };
     let rows = db.conn.rows(
         "consumer: cannot list the inbox",
-        "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM {s}.inbox
-         WHERE (NOT $1 OR status = 'blocked') AND ($2::text IS NULL OR flow_id = $2)
-         ORDER BY flow_id, seq LIMIT $3",
+        sql,
         &[&blocked_only, &flow_id.map(FlowId::as_str), &limit],
     )?;
-    rows.iter()
-        .map(|row| {
-            Ok(InboxEntry {
-                envelope: stored_envelope("consumer: stored inbox body", row.get(0))?,
-                status: inbox_status(row.get(1), row.get(2), row.get(5))?,
-                received_at_ms: row.get(3),
-                settled_at_ms: row.get(4),
-            })
-        })
-        .collect()
+    rows.iter().map(inbox_entry).collect()
+}
+
+/// An inbox row read as `body, status, reason, received_at_ms,
+/// settled_at_ms, detail`.
+pub(crate) fn inbox_entry(row: &Row) -> Result<InboxEntry, StoreError> {
+    Ok(InboxEntry {
+        envelope: stored_envelope("consumer: stored inbox body", row.get(0))?,
+        status: inbox_status(row.get(1), row.get(2), row.get(5))?,
+        received_at_ms: row.get(3),
+        settled_at_ms: row.get(4),
+    })
 }
 
 pub(super) fn reopen_blocked(db: &mut PgConsumer, flow_id: &FlowId) -> Result<u64, StoreError> {

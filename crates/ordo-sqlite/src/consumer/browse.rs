@@ -80,22 +80,28 @@ pub(super) fn inbox_entry_at(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::browse::tests::assert_indexed;
+    use crate::browse::tests::{
+        assert_deep_pages_are_short, assert_indexed, fill_flows, new_store,
+    };
 
     #[test]
     fn flow_reads_are_indexed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.db");
-        crate::ConsumerDb::open_or_create(
-            &path,
-            &crate::Schema::new("browse").unwrap(),
-            std::sync::Arc::new(ordo_core::SystemClock),
-            &crate::OpenOptions::default(),
-        )
-        .unwrap();
+        let (_dir, path) = new_store(false);
         let conn = Connection::open(&path).unwrap();
         let tables = ["inbox", "inbox_cursor"];
         assert_indexed(&conn, FLOWS_PAGE_SQL, &tables);
         assert_indexed(&conn, ENTRY_AT_SQL, &tables);
+        assert_indexed(&conn, super::super::ops::FLOW_ENTRIES_SQL, &tables);
+    }
+
+    #[test]
+    fn a_deep_page_reads_only_its_own_rows() {
+        let (_dir, path) = new_store(false);
+        fill_flows(&path, "inbox_cursor", "applied_seq");
+        assert_deep_pages_are_short(&path, FLOWS_PAGE_SQL, |conn, prefix, after| {
+            consumer_flows_page(conn, prefix, Some(after), 10)
+                .unwrap()
+                .len()
+        });
     }
 }

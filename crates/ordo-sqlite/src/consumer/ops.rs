@@ -13,6 +13,19 @@ use super::ConsumerDb;
 use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error};
 use crate::producer::stored_envelope;
 
+/// The inbox listing, `(blocked_only, NULL, limit)`.
+pub(super) const ENTRIES_SQL: &str =
+    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM inbox
+     WHERE (NOT ?1 OR status = 'blocked') AND ?2 IS NULL
+     ORDER BY flow_id, seq LIMIT ?3";
+
+/// One flow's inbox listing, `(blocked_only, flow, limit)`: a range of the
+/// `(flow_id, seq)` key, however large the inbox.
+pub(super) const FLOW_ENTRIES_SQL: &str =
+    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM inbox
+     WHERE flow_id = ?2 AND (NOT ?1 OR status = 'blocked')
+     ORDER BY seq LIMIT ?3";
+
 pub(super) fn inbox_entries(
     db: &mut ConsumerDb,
     blocked_only: bool,
@@ -20,12 +33,14 @@ pub(super) fn inbox_entries(
     limit: usize,
 ) -> Result<Vec<InboxEntry>, StoreError> {
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let sql = match flow_id {
+        Some(_) => FLOW_ENTRIES_SQL,
+        None => ENTRIES_SQL,
+    };
     collect_rows(
         &db.conn,
         "consumer: cannot list the inbox",
-        "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM inbox
-             WHERE (NOT ?1 OR status = 'blocked') AND (?2 IS NULL OR flow_id = ?2)
-             ORDER BY flow_id, seq LIMIT ?3",
+        sql,
         params![blocked_only, flow_id.map(FlowId::as_str), limit],
         |row| {
             Ok((

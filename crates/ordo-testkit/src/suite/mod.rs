@@ -7,6 +7,7 @@
 //! [`Backend`]: crate::Backend
 
 mod apply;
+mod browse;
 mod delivery;
 mod durability;
 pub mod generic;
@@ -17,6 +18,7 @@ mod receive;
 mod relay;
 
 pub use apply::*;
+pub use browse::*;
 pub use delivery::*;
 pub use durability::*;
 pub use generic::*;

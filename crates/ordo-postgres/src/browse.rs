@@ -1,0 +1,273 @@
+//! The reads for browsing (the operator console): flows by id prefix on
+//! either side, one flow's outbox rows, one inbox row. Each is a range read
+//! on a primary or unique key (flow ids are `COLLATE "C"`, so the order is
+//! the bytes', as on SQLite), bounded by its limit however many flows and
+//! rows there are: keyset paging, never an offset.
+
+use ordo_core::ops::{ConsumerFlow, InboxEntry, OutboxEntry, ProducerFlow};
+use ordo_core::{FlowId, Seq, StoreError};
+
+use crate::conn::PgTx;
+use crate::consumer::inbox_entry;
+use crate::error::corrupt;
+use crate::producer::outbox_entry;
+
+/// Each flow's last seq, on the key of `outbox_head`. A head at 0 (locked
+/// by a writer that appended nothing) is no flow.
+pub(crate) const PRODUCER_FLOWS_SQL: &str = "SELECT flow_id, last_seq FROM {s}.outbox_head
+     WHERE flow_id >= $1 AND flow_id > $2 AND last_seq >= 1 ORDER BY flow_id LIMIT $3";
+
+/// Each flow's apply cursor, on its key: receive creates it with the
+/// flow's first event, so it lists every flow the inbox knows. A cursor at
+/// 0 without a stored row (an apply that found nothing) is no flow. The
+/// stored row is looked up per cursor row on the `(flow_id, seq)` key (a
+/// lateral read, which the planner cannot turn into a hash of the whole
+/// inbox).
+pub(crate) const CONSUMER_FLOWS_SQL: &str = "SELECT c.flow_id, c.applied_seq
+     FROM {s}.inbox_cursor AS c
+     LEFT JOIN LATERAL (SELECT true AS stored FROM {s}.inbox AS i
+                        WHERE i.flow_id = c.flow_id LIMIT 1) AS r ON true
+     WHERE c.flow_id >= $1 AND c.flow_id > $2 AND (c.applied_seq >= 1 OR r.stored)
+     ORDER BY c.flow_id LIMIT $3";
+
+/// One flow's outbox rows, on the `(flow_id, seq)` key.
+pub(crate) const FLOW_OUTBOX_SQL: &str =
+    "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
+            next_attempt_at_ms, created_at_ms, accepted_at_ms
+     FROM {s}.outbox WHERE flow_id = $1 ORDER BY seq LIMIT $2";
+
+/// One inbox row, on the `(flow_id, seq)` key.
+pub(crate) const INBOX_AT_SQL: &str =
+    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM {s}.inbox
+     WHERE flow_id = $1 AND seq = $2";
+
+/// Up to `limit` `(flow, number)` rows that `sql` reads with the parameters
+/// `(start, after, limit)`, in flow order, as long as the flow starts with
+/// `prefix`: `sql` starts its range at `start`, the later of `prefix` and
+/// `after` (so that a deep page starts there, not at the prefix), and the
+/// first row past the prefix ends the list.
+fn flows_page(
+    conn: &PgTx,
+    context: &str,
+    sql: &'static str,
+    prefix: &str,
+    after: Option<&FlowId>,
+    limit: usize,
+) -> Result<Vec<(FlowId, i64)>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let after = after.map_or("", FlowId::as_str);
+    let start = prefix.max(after);
+    let rows = conn.rows(
+        &format!("{context}: cannot list flows"),
+        sql,
+        &[&start, &after, &limit],
+    )?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let flow_id: &str = row.get(0);
+        if !flow_id.starts_with(prefix) {
+            break;
+        }
+        let flow_id =
+            FlowId::new(flow_id).map_err(|e| corrupt(&format!("{context}: stored flow"), e))?;
+        out.push((flow_id, row.get(1)));
+    }
+    Ok(out)
+}
+
+/// Up to `limit` flows of `outbox_head` whose id starts with `prefix`,
+/// after `after`.
+pub(crate) fn producer_flows_page(
+    conn: &PgTx,
+    prefix: &str,
+    after: Option<&FlowId>,
+    limit: usize,
+) -> Result<Vec<ProducerFlow>, StoreError> {
+    flows_page(conn, "producer", PRODUCER_FLOWS_SQL, prefix, after, limit)?
+        .into_iter()
+        .map(|(flow_id, last_seq)| {
+            let last_seq = Seq::new(last_seq).map_err(|e| corrupt("producer: stored flow", e))?;
+            Ok(ProducerFlow { flow_id, last_seq })
+        })
+        .collect()
+}
+
+/// Up to `limit` flows the inbox knows whose id starts with `prefix`,
+/// after `after`, with their applied seq.
+pub(crate) fn consumer_flows_page(
+    conn: &PgTx,
+    prefix: &str,
+    after: Option<&FlowId>,
+    limit: usize,
+) -> Result<Vec<ConsumerFlow>, StoreError> {
+    Ok(
+        flows_page(conn, "consumer", CONSUMER_FLOWS_SQL, prefix, after, limit)?
+            .into_iter()
+            .map(|(flow_id, applied_seq)| ConsumerFlow {
+                flow_id,
+                applied_seq: u64::try_from(applied_seq).unwrap_or(0),
+            })
+            .collect(),
+    )
+}
+
+/// The flow's outbox rows in seq order, at most `limit`.
+pub(crate) fn flow_outbox_entries(
+    conn: &PgTx,
+    flow_id: &FlowId,
+    limit: usize,
+) -> Result<Vec<OutboxEntry>, StoreError> {
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = conn.rows(
+        "producer: cannot list a flow's outbox rows",
+        FLOW_OUTBOX_SQL,
+        &[&flow_id.as_str(), &limit],
+    )?;
+    rows.iter().map(outbox_entry).collect()
+}
+
+/// The inbox row at `(flow_id, seq)`, if stored.
+pub(crate) fn inbox_entry_at(
+    conn: &PgTx,
+    flow_id: &FlowId,
+    seq: Seq,
+) -> Result<Option<InboxEntry>, StoreError> {
+    let row = conn.row(
+        "consumer: cannot read an inbox row",
+        INBOX_AT_SQL,
+        &[&flow_id.as_str(), &seq.get()],
+    )?;
+    row.as_ref().map(inbox_entry).transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    //! The plans of the browsing reads on tables of many flows: each is an
+    //! index scan, never a sequential scan, whatever the page.
+
+    use std::sync::Arc;
+
+    use postgres::{Client, NoTls};
+
+    use super::*;
+    use crate::{PgConsumer, PgOptions, PgProducer, Schema};
+
+    /// Flows in each table: enough that a sequential scan would be the
+    /// planner's choice for anything but a keyed range.
+    const FLOWS: i64 = 20_000;
+
+    fn server() -> String {
+        std::env::var("ORDO_TEST_PG")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+            .trim_end_matches('/')
+            .to_string()
+    }
+
+    /// Schemas of this test's own in the server's `postgres` database,
+    /// dropped with the value.
+    struct Schemas {
+        client: Client,
+        names: [String; 2],
+    }
+
+    impl Drop for Schemas {
+        fn drop(&mut self) {
+            for name in &self.names {
+                let _ = self
+                    .client
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"));
+            }
+        }
+    }
+
+    /// The plan of `sql` (`{s}` being `schema`) run with `params`, as
+    /// text, after the planner's statistics are fresh.
+    fn plan(client: &mut Client, schema: &str, sql: &str, params: &str) -> String {
+        let sql = sql.replace("{s}", schema);
+        let name = format!("q{}", fastrand::u32(..));
+        let types = if sql.contains("$3") {
+            "(text, text, bigint)"
+        } else {
+            "(text, bigint)"
+        };
+        client
+            .batch_execute(&format!("PREPARE {name} {types} AS {sql}"))
+            .expect("prepare");
+        let rows = client
+            .query(&format!("EXPLAIN EXECUTE {name}({params})"), &[])
+            .expect("explain");
+        client
+            .batch_execute(&format!("DEALLOCATE {name}"))
+            .expect("deallocate");
+        rows.iter()
+            .map(|row| row.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[track_caller]
+    fn assert_indexed(plan: &str) {
+        assert!(
+            plan.contains("Index Scan") || plan.contains("Index Only Scan"),
+            "no index scan:\n{plan}"
+        );
+        assert!(!plan.contains("Seq Scan"), "a sequential scan:\n{plan}");
+    }
+
+    #[test]
+    fn browsing_reads_are_index_scans_on_many_flows() {
+        let url = format!("{}/postgres", server());
+        let tag = format!("ordo_browse_{}_{}", std::process::id(), fastrand::u32(..));
+        let (producer_schema, consumer_schema) = (format!("{tag}_p"), format!("{tag}_c"));
+        let client = Client::connect(&url, NoTls)
+            .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {url} ({e}); set ORDO_TEST_PG"));
+        let mut schemas = Schemas {
+            client,
+            names: [producer_schema.clone(), consumer_schema.clone()],
+        };
+        let domain = Schema::new("browse").unwrap();
+        let clock = Arc::new(ordo_core::SystemClock);
+        let options = |schema: &str| PgOptions {
+            schema: Some(schema.to_owned()),
+            ..PgOptions::default()
+        };
+        drop(
+            PgProducer::open_with(&url, &domain, clock.clone(), &options(&producer_schema))
+                .unwrap(),
+        );
+        drop(PgConsumer::open_with(&url, &domain, clock, &options(&consumer_schema)).unwrap());
+        let (p, c) = (&producer_schema, &consumer_schema);
+        let body = "'{\"event_id\":\"f-' || lpad(i::text, 6, '0') || '-1\",\"flow_id\":\"f-' || lpad(i::text, 6, '0') || '\",\"seq\":1,\"schema_version\":1,\"type\":\"t\",\"payload\":{}}'";
+        schemas
+            .client
+            .batch_execute(&format!(
+                "INSERT INTO {p}.outbox_head (flow_id, last_seq)
+                     SELECT 'f-' || lpad(i::text, 6, '0'), 1 FROM generate_series(1, {FLOWS}) i;
+                 INSERT INTO {p}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
+                     SELECT 'f-' || lpad(i::text, 6, '0') || '-1', 'f-' || lpad(i::text, 6, '0'), 1, 1, 't', {body}, 0
+                     FROM generate_series(1, {FLOWS}) i;
+                 INSERT INTO {c}.inbox_cursor (flow_id, applied_seq)
+                     SELECT 'f-' || lpad(i::text, 6, '0'), i % 2 FROM generate_series(1, {FLOWS}) i;
+                 INSERT INTO {c}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms)
+                     SELECT 'f-' || lpad(i::text, 6, '0') || '-1', 'f-' || lpad(i::text, 6, '0'), 1, 1, 't', {body}, '', 'pending', 0
+                     FROM generate_series(1, {FLOWS}) i;
+                 ANALYZE {p}.outbox_head; ANALYZE {p}.outbox; ANALYZE {c}.inbox_cursor; ANALYZE {c}.inbox;"
+            ))
+            .expect("fill the tables");
+        let client = &mut schemas.client;
+        // The first page, a prefix, a deep keyset page, a prefix past its
+        // end, on either side.
+        for (sql, schema) in [(PRODUCER_FLOWS_SQL, p), (CONSUMER_FLOWS_SQL, c)] {
+            for params in [
+                "'', '', 51",
+                "'f-0123', '', 51",
+                "'f-019950', 'f-019950', 51",
+                "'f-019990', 'f-019990', 51",
+            ] {
+                assert_indexed(&plan(client, schema, sql, params));
+            }
+        }
+        assert_indexed(&plan(client, p, FLOW_OUTBOX_SQL, "'f-012345', 1000"));
+        assert_indexed(&plan(client, c, INBOX_AT_SQL, "'f-012345', 1"));
+    }
+}
