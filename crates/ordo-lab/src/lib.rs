@@ -9,6 +9,7 @@
 
 pub mod bench;
 pub mod bench_http;
+pub mod bench_pg;
 pub mod bench_producers;
 pub mod demo;
 pub mod experiment;
