@@ -34,8 +34,10 @@ pub const WORKERS_DEFAULT: [usize; 3] = [1, 2, 4];
 pub const WORKERS_MAX: usize = 5;
 /// The producer threads of every run, each advancing its own flows.
 pub const PRODUCER_THREADS: usize = 2;
-/// The pause of a worker that found nothing to do.
+/// The first pause of a worker that found nothing to do; each pause in a
+/// row doubles, up to [`IDLE_PAUSE_MAX`] (polling, as the follow modes do).
 const IDLE_PAUSE: Duration = Duration::from_millis(1);
+const IDLE_PAUSE_MAX: Duration = Duration::from_millis(16);
 /// A run in which no event is applied for this long has stalled.
 const STALL: Duration = Duration::from_secs(60);
 
@@ -177,6 +179,24 @@ pub fn run(options: &PgBenchOptions, progress: &dyn Progress) -> Result<PgBenchR
     })
 }
 
+/// The pauses of a worker while it finds nothing to do.
+struct Idle(Duration);
+
+impl Idle {
+    fn new() -> Idle {
+        Idle(IDLE_PAUSE)
+    }
+
+    fn reset(&mut self) {
+        self.0 = IDLE_PAUSE;
+    }
+
+    fn wait(&mut self) {
+        std::thread::sleep(self.0);
+        self.0 = (self.0 * 2).min(IDLE_PAUSE_MAX);
+    }
+}
+
 /// What the threads of one run share.
 struct Shared {
     events: u64,
@@ -285,6 +305,7 @@ fn relay_thread(url: &str, i: usize, options: &PgBenchOptions, shared: &Shared) 
         ..RelayOptions::default()
     };
     let mut deliveries = 0u64;
+    let mut idle = Idle::new();
     while shared.accepted.load(Ordering::SeqCst) < shared.events && !shared.aborted() {
         let (mut delivered, mut accepted) = (0u64, 0u64);
         relay_each(
@@ -309,7 +330,9 @@ fn relay_thread(url: &str, i: usize, options: &PgBenchOptions, shared: &Shared) 
             shared.relayed_at.get_or_init(Instant::now);
         }
         if delivered == 0 {
-            std::thread::sleep(IDLE_PAUSE);
+            idle.wait();
+        } else {
+            idle.reset();
         }
     }
     Ok((producer.commits() + consumer.commits(), deliveries))
@@ -336,6 +359,7 @@ fn apply_thread(
     let mut handler = ReservationHandler::default();
     let mut after: Option<FlowId> = None;
     let mut pass_applied = 0u64;
+    let mut idle = Idle::new();
     while shared.applied.load(Ordering::SeqCst) < shared.events && !shared.aborted() {
         let mut applied = 0u64;
         let mut blocked = None;
@@ -365,7 +389,9 @@ fn apply_thread(
         }
         if after.is_none() {
             if pass_applied == 0 {
-                std::thread::sleep(IDLE_PAUSE);
+                idle.wait();
+            } else {
+                idle.reset();
             }
             pass_applied = 0;
         }
