@@ -8,36 +8,14 @@
 mod common;
 mod pgdb;
 
-use std::sync::Mutex;
-
 use common::run;
-use ordo_postgres::postgres::{Client, NoTls};
+use ordo_postgres::postgres::Client;
+use pgdb::{admin_client as admin, serial};
 use serde_json::Value;
-
-/// One test at a time: each compares the server's bench databases before
-/// and after its runs.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn admin() -> Client {
-    Client::connect(&format!("{}/postgres", pgdb::server()), NoTls)
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {} ({e})", pgdb::server()))
-}
 
 /// The bench's databases on the server, sorted.
 fn bench_databases(client: &mut Client) -> Vec<String> {
-    client
-        .query(
-            "SELECT datname::text FROM pg_database WHERE datname LIKE 'ordo\\_bench\\_%' ORDER BY 1",
-            &[],
-        )
-        .expect("list databases")
-        .iter()
-        .map(|row| row.get(0))
-        .collect()
+    pgdb::databases_named(client, "ordo_bench_")
 }
 
 fn number(value: &Value, key: &str) -> f64 {
