@@ -245,6 +245,27 @@ impl Drop for AbortOnDrop<'_> {
 /// What one thread did: its commits, and its deliveries if a relay.
 type Done = Result<(u64, u64), Failure>;
 
+/// The producer store of `url`, its connection named for the bench's
+/// `role` and worker `i`.
+fn open_producer(url: &str, role: &str, i: usize) -> Result<PgProducer, Failure> {
+    Ok(PgProducer::open_with(
+        url,
+        &pg_producer_schema(),
+        clock(),
+        &store_options(role, i),
+    )?)
+}
+
+/// The consumer store of `url`, named as [`open_producer`]'s.
+fn open_consumer(url: &str, role: &str, i: usize) -> Result<PgConsumer, Failure> {
+    Ok(PgConsumer::open_with(
+        url,
+        &pg_consumer_schema(),
+        clock(),
+        &store_options(role, i),
+    )?)
+}
+
 fn store_options(role: &str, i: usize) -> PgOptions {
     PgOptions {
         application_name: Some(format!("ordo-bench-{role}-{i}")),
@@ -265,12 +286,7 @@ fn producer_thread(
     options: &PgBenchOptions,
     shared: &Shared,
 ) -> Done {
-    let mut producer = PgProducer::open_with(
-        url,
-        &pg_producer_schema(),
-        clock(),
-        &store_options("produce", i),
-    )?;
+    let mut producer = open_producer(url, "produce", i)?;
     if shared.ready().is_none() {
         return Ok((0, 0));
     }
@@ -284,18 +300,8 @@ fn producer_thread(
 /// A relay: rounds of up to `batch` events from its own producer handle
 /// into its own consumer handle, until the consumer accepted every event.
 fn relay_thread(url: &str, i: usize, options: &PgBenchOptions, shared: &Shared) -> Done {
-    let mut producer = PgProducer::open_with(
-        url,
-        &pg_producer_schema(),
-        clock(),
-        &store_options("relay", i),
-    )?;
-    let mut consumer = PgConsumer::open_with(
-        url,
-        &pg_consumer_schema(),
-        clock(),
-        &store_options("receive", i),
-    )?;
+    let mut producer = open_producer(url, "relay", i)?;
+    let mut consumer = open_consumer(url, "receive", i)?;
     if shared.ready().is_none() {
         return Ok((0, 0));
     }
@@ -347,12 +353,7 @@ fn apply_thread(
     shared: &Shared,
     progress: &dyn Progress,
 ) -> Done {
-    let mut consumer = PgConsumer::open_with(
-        url,
-        &pg_consumer_schema(),
-        clock(),
-        &store_options("apply", i),
-    )?;
+    let mut consumer = open_consumer(url, "apply", i)?;
     if shared.ready().is_none() {
         return Ok((0, 0));
     }
@@ -417,8 +418,8 @@ fn workers_run(
     progress: &dyn Progress,
 ) -> Result<WorkersRun, Failure> {
     // Both schemas first, so that the workers only open them.
-    PgProducer::open_with(url, &pg_producer_schema(), clock(), &PgOptions::default())?;
-    PgConsumer::open_with(url, &pg_consumer_schema(), clock(), &PgOptions::default())?;
+    open_producer(url, "init", 0)?;
+    open_consumer(url, "init", 0)?;
     let events = options.flows * 3;
     let shared = Shared {
         events,
