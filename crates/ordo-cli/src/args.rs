@@ -452,6 +452,19 @@ pub struct BenchArgs {
     #[arg(long, value_name = "S", default_value = "3", requires = "producers",
           value_parser = clap::value_parser!(u64).range(1..=600))]
     pub producers_seconds: u64,
+    /// The backend: `sqlite` (files, the default) or `postgres` (the server
+    /// of --url: F_pg, then --workers runs, each on a fresh database).
+    #[arg(long, value_enum, value_name = "B", default_value = "sqlite")]
+    pub backend: BackendArg,
+    /// With --backend postgres, the server (`postgres://USER@HOST:PORT`; its
+    /// role needs CREATEDB).
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// With --backend postgres, the worker counts, one run each: N relays
+    /// and N appliers at once (1..=5, comma-separated; default 1,2,4).
+    #[arg(long, value_name = "N,...", value_delimiter = ',',
+          value_parser = clap::value_parser!(u64).range(1..=5))]
+    pub workers: Vec<u64>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use ordo_lab::{
-    bench, bench_http, bench_producers, demo, experiment, soak, worker, worker_group, LabError,
-    Progress,
+    bench, bench_http, bench_pg, bench_producers, demo, experiment, soak, worker, worker_group,
+    LabError, Progress,
 };
 
 use crate::args::{
@@ -123,8 +123,8 @@ pub fn demo(json_mode: bool, args: DemoArgs) -> Result<(), Failure> {
 }
 
 /// The backend of `--backend` and `--url`, which go together.
-fn experiment_backend(args: &ExperimentArgs) -> Result<experiment::Backend, Failure> {
-    match (args.backend, &args.url) {
+fn lab_backend(backend: BackendArg, url: Option<&String>) -> Result<experiment::Backend, Failure> {
+    match (backend, url) {
         (BackendArg::Sqlite, None) => Ok(experiment::Backend::Sqlite),
         (BackendArg::Sqlite, Some(_)) => {
             Err(Failure::Usage("--url needs --backend postgres".into()))
@@ -141,7 +141,7 @@ fn experiment_backend(args: &ExperimentArgs) -> Result<experiment::Backend, Fail
 
 pub fn experiment(json_mode: bool, args: ExperimentArgs) -> Result<(), Failure> {
     let options = experiment::ExperimentOptions {
-        backend: experiment_backend(&args)?,
+        backend: lab_backend(args.backend, args.url.as_ref())?,
         exe: ordo_binary()?,
         only: args.only,
         expected: args.expected,
@@ -223,6 +223,12 @@ fn http_load(args: &BenchArgs) -> Result<Option<bench_http::HttpLoad>, Failure> 
 }
 
 pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
+    if let experiment::Backend::Postgres { url } = lab_backend(args.backend, args.url.as_ref())? {
+        return bench_pg(json_mode, args, url);
+    }
+    if !args.workers.is_empty() {
+        return Err(Failure::Usage("--workers needs --backend postgres".into()));
+    }
     if !args.producers.is_empty() {
         if args.transport == TransportArg::Http {
             return Err(Failure::Usage(
@@ -270,6 +276,41 @@ pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
             problems.len()
         ))),
     }
+}
+
+/// `ordo bench --backend postgres --url URL --workers N,...`: F_pg, then
+/// relays and appliers at once, per worker count.
+fn bench_pg(json_mode: bool, args: BenchArgs, url: String) -> Result<(), Failure> {
+    let other_modes = [
+        (args.sweep, "--sweep"),
+        (args.growth, "--growth"),
+        (args.plot.is_some(), "--plot"),
+        (args.dir.is_some(), "--dir"),
+        (!args.producers.is_empty(), "--producers"),
+        (args.transport == TransportArg::Http, "--transport http"),
+    ];
+    if let Some((_, flag)) = other_modes.iter().find(|(given, _)| *given) {
+        return Err(Failure::Usage(format!(
+            "--backend postgres measures relays and appliers at once: without {flag}"
+        )));
+    }
+    let workers = if args.workers.is_empty() {
+        bench_pg::WORKERS_DEFAULT.to_vec()
+    } else {
+        args.workers.iter().map(|&n| n as usize).collect()
+    };
+    let options = bench_pg::PgBenchOptions {
+        url,
+        workers,
+        flows: args.flows,
+        batch: args.batch,
+    };
+    let bars = Bars::new("{prefix:>12} [{bar:40}] {pos}/{len} {per_sec}");
+    let report = bench_pg::run(&options, &bars).map_err(failure)?;
+    emit(json_mode, &render_lab::bench_pg(&report), || {
+        render_lab::bench_pg_text(&report)
+    });
+    Ok(())
 }
 
 /// `ordo bench --producers N,...`: producer threads through one group writer.

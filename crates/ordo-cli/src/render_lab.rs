@@ -7,6 +7,7 @@ use ordo_lab::bench::{
     BenchReport, Calibration, GrowthRun, Phase, PipelineRun, SequentialRun, ThroughputReport,
 };
 use ordo_lab::bench_http::{HttpBenchReport, RelayRun, RequestLatency, RATIO_TARGET};
+use ordo_lab::bench_pg::{PgBenchReport, WorkersRun};
 use ordo_lab::bench_producers::{ProducersReport, ProducersRun};
 use ordo_lab::demo::DemoReport;
 use ordo_lab::experiment::ExperimentReport;
@@ -279,6 +280,78 @@ pub fn producers_text(report: &ProducersReport) -> String {
             .iter()
             .map(|run| row(run.producers.to_string(), run)),
     );
+    lines.join("\n")
+}
+
+fn workers_run(run: &WorkersRun, f_pg: f64) -> Value {
+    json!({
+        "workers": run.workers,
+        "events": run.events,
+        "seconds": round3(run.seconds),
+        "events_per_s": run.events_per_s().round(),
+        "ratio_to_f": round3(run.events_per_s() / f_pg.max(1e-9)),
+        "produce_per_s": run.produce_per_s().round(),
+        "relay_per_s": run.relay_per_s().round(),
+        "deliveries": run.deliveries,
+        "commits_per_event": round3(run.commits as f64 / run.events.max(1) as f64),
+    })
+}
+
+/// `ordo bench --backend postgres`: F_pg and one object per worker count.
+pub fn bench_pg(report: &PgBenchReport) -> Value {
+    json!({
+        "backend": "postgres",
+        "server": report.server,
+        "f_pg": report.f_pg.round(),
+        "flows": report.flows,
+        "batch": report.batch,
+        "producers": report.producers,
+        "workers": report
+            .runs
+            .iter()
+            .map(|run| workers_run(run, report.f_pg))
+            .collect::<Vec<_>>(),
+    })
+}
+
+pub fn bench_pg_text(report: &PgBenchReport) -> String {
+    let mut lines = vec![
+        format!(
+            "F_pg = {:.0} commits/s ({}: single-row commits, synchronous_commit on)",
+            report.f_pg, report.server
+        ),
+        format!(
+            "{} flows ({} events) per run, batch {}, {} producer threads",
+            report.flows,
+            report.flows * 3,
+            report.batch,
+            report.producers
+        ),
+        format!(
+            "{:>7} {:>8} {:>8} {:>10} {:>7} {:>10} {:>10} {:>10}",
+            "workers",
+            "events",
+            "seconds",
+            "events/s",
+            "x F_pg",
+            "produce/s",
+            "relay/s",
+            "ev/commit"
+        ),
+    ];
+    lines.extend(report.runs.iter().map(|run| {
+        format!(
+            "{:>7} {:>8} {:>8.2} {:>10.0} {:>7.2} {:>10.0} {:>10.0} {:>10.2}",
+            run.workers,
+            run.events,
+            run.seconds,
+            run.events_per_s(),
+            run.events_per_s() / report.f_pg.max(1e-9),
+            run.produce_per_s(),
+            run.relay_per_s(),
+            run.events as f64 / run.commits.max(1) as f64,
+        )
+    }));
     lines.join("\n")
 }
 

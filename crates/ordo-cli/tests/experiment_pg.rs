@@ -8,9 +8,9 @@
 mod pgdb;
 
 use std::process::{Command, Output};
-use std::sync::Mutex;
 
-use ordo_postgres::postgres::{Client, NoTls};
+use ordo_postgres::postgres::Client;
+use pgdb::{admin_client as admin, serial};
 use serde_json::{json, Value};
 
 /// The seed's scenarios, all 22.
@@ -53,31 +53,9 @@ const TRANSPORT: [&str; 2] = [
     "crash_relay_after_receive_over_http",
 ];
 
-/// One experiment at a time: each test compares the server's experiment
-/// databases before and after its run.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A connection of the test's own to the server's `postgres` database.
-fn admin() -> Client {
-    Client::connect(&format!("{}/postgres", pgdb::server()), NoTls)
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {} ({e})", pgdb::server()))
-}
-
 /// The experiment's databases on the server, sorted.
 fn experiment_databases(client: &mut Client) -> Vec<String> {
-    client
-        .query(
-            "SELECT datname::text FROM pg_database WHERE datname LIKE 'ordo\\_exp\\_%' ORDER BY 1",
-            &[],
-        )
-        .expect("list databases")
-        .iter()
-        .map(|row| row.get(0))
-        .collect()
+    pgdb::databases_named(client, "ordo_exp_")
 }
 
 /// Runs `ordo ARGS` and returns its exit status, stdout and stderr; the

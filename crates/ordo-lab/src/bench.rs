@@ -30,7 +30,7 @@ const STEPS: [FlowState; 3] = [
     FlowState::Released,
 ];
 /// How long the fsync calibration runs.
-const CALIBRATION: Duration = Duration::from_millis(1500);
+pub(crate) const CALIBRATION: Duration = Duration::from_millis(1500);
 /// Batch sizes of `--sweep`.
 pub const SWEEP: [u64; 7] = [1, 4, 16, 64, 256, 1024, 4096];
 /// The most flows of the unbatched run.
@@ -114,7 +114,7 @@ fn chunks(
 
 /// Commits one chunk: with `batch` 1 one `advance`, else one `advance_batch`.
 fn produce_chunk(
-    producer: &mut ProducerDb,
+    producer: &mut impl ReservationProducer,
     step: usize,
     range: std::ops::Range<u64>,
     batch: u64,
@@ -132,7 +132,7 @@ fn produce_chunk(
 
 /// Produces all steps of flows `range`, `batch` requests per transaction.
 pub(crate) fn produce(
-    producer: &mut ProducerDb,
+    producer: &mut impl ReservationProducer,
     range: std::ops::Range<u64>,
     batch: u64,
     progress: &dyn Progress,

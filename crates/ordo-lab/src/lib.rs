@@ -9,10 +9,12 @@
 
 pub mod bench;
 pub mod bench_http;
+pub mod bench_pg;
 pub mod bench_producers;
 pub mod demo;
 pub mod experiment;
 pub mod faults;
+pub mod pg;
 pub mod serve;
 pub mod soak;
 pub mod worker;

@@ -137,6 +137,9 @@ pub struct PgTx {
     /// ordo's schema, quoted, for the store's own statements.
     schema: String,
     cache: RefCell<HashMap<&'static str, Statement>>,
+    /// The application's statements run through the query methods,
+    /// prepared on this connection, by their text.
+    prepared: RefCell<HashMap<String, Statement>>,
     /// Where to connect again, with the same settings.
     target: Target,
     /// A transaction is open on the connection.
@@ -172,24 +175,30 @@ const IN_PROGRESS_WAITS: u32 = 100;
 const IN_PROGRESS_WAIT: Duration = Duration::from_millis(50);
 
 impl PgTx {
-    /// Runs one statement and returns how many rows it changed.
+    /// Runs one statement and returns how many rows it changed. Each
+    /// distinct `sql` is prepared once per connection (as are those of the
+    /// query methods), so that running it again is one round trip.
     pub fn execute(&self, sql: &str, params: Params<'_>) -> Result<u64, StoreError> {
-        self.call("PostgreSQL", |c| c.execute(sql, params))
+        let statement = self.prepared(sql)?;
+        self.call("PostgreSQL", |c| c.execute(&statement, params))
     }
 
     /// Runs a query and returns its rows.
     pub fn query(&self, sql: &str, params: Params<'_>) -> Result<Vec<Row>, StoreError> {
-        self.call("PostgreSQL", |c| c.query(sql, params))
+        let statement = self.prepared(sql)?;
+        self.call("PostgreSQL", |c| c.query(&statement, params))
     }
 
     /// Runs a query that returns at most one row.
     pub fn query_opt(&self, sql: &str, params: Params<'_>) -> Result<Option<Row>, StoreError> {
-        self.call("PostgreSQL", |c| c.query_opt(sql, params))
+        let statement = self.prepared(sql)?;
+        self.call("PostgreSQL", |c| c.query_opt(&statement, params))
     }
 
     /// Runs a query that returns exactly one row.
     pub fn query_one(&self, sql: &str, params: Params<'_>) -> Result<Row, StoreError> {
-        self.call("PostgreSQL", |c| c.query_one(sql, params))
+        let statement = self.prepared(sql)?;
+        self.call("PostgreSQL", |c| c.query_one(&statement, params))
     }
 
     /// Runs statements separated by semicolons, without parameters.
@@ -277,6 +286,7 @@ impl PgTx {
         let client = connect(&self.target.url, &self.target.application_name)?;
         *self.client.borrow_mut() = client;
         self.cache.borrow_mut().clear();
+        self.prepared.borrow_mut().clear();
         self.broken.set(false);
         tracing::debug!(
             application_name = %self.target.application_name,
@@ -299,6 +309,22 @@ impl PgTx {
             cache.clear();
         }
         cache.insert(template, statement.clone());
+        Ok(statement)
+    }
+
+    /// The application's statement `sql`, prepared once per connection.
+    fn prepared(&self, sql: &str) -> Result<Statement, StoreError> {
+        let context = "PostgreSQL";
+        self.ensure_connected(context)?;
+        if let Some(statement) = self.prepared.borrow().get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.call(context, |c| c.prepare(sql))?;
+        let mut prepared = self.prepared.borrow_mut();
+        if prepared.len() >= STATEMENT_CACHE_CAPACITY {
+            prepared.clear();
+        }
+        prepared.insert(sql.to_owned(), statement.clone());
         Ok(statement)
     }
 
@@ -591,6 +617,7 @@ pub(crate) fn open(
         client: RefCell::new(client),
         schema: format!("\"{schema}\""),
         cache: RefCell::new(HashMap::new()),
+        prepared: RefCell::new(HashMap::new()),
         target,
         in_tx: Cell::new(false),
         broken: Cell::new(false),

@@ -1,7 +1,7 @@
 //! The producer store: the outbox and the per-flow head of its sequence in
 //! ordo's producer schema, beside the application's own tables.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use ordo_core::envelope::EventType;
@@ -206,8 +206,8 @@ impl PgProducer {
             tx.run(
                 LEASE,
                 "UPDATE {s}.relay_lease SET owner = NULL, expires_at_ms = 0
-                 WHERE flow_id IN (SELECT flow_id FROM {s}.relay_lease WHERE owner = $1
-                                   FOR UPDATE SKIP LOCKED)",
+                 WHERE flow_id = ANY (ARRAY(SELECT flow_id FROM {s}.relay_lease WHERE owner = $1
+                                            FOR UPDATE SKIP LOCKED))",
                 &[&owner],
             )
         })?;
@@ -225,6 +225,9 @@ impl PgProducer {
     ) -> Result<HashMap<String, i64>, StoreError> {
         let owner = self.owner.clone();
         let lease_ms = self.lease_ms;
+        // The lease rows are updated through `= ANY (ARRAY(...))`: by their
+        // primary key, never a scan of every flow's lease; the flows kept
+        // are an anti-join (hashed), not a comparison with each of them.
         self.conn.in_tx(LEASE, |tx| {
             let claimed: HashMap<String, i64> = tx
                 .rows(
@@ -248,7 +251,7 @@ impl PgProducer {
                          owner = $4,
                          backend_pid = pg_backend_pid(),
                          expires_at_ms = now.ms + $5
-                     FROM pick, now WHERE l.flow_id = pick.flow_id
+                     FROM now WHERE l.flow_id = ANY (ARRAY(SELECT flow_id FROM pick))
                      RETURNING l.flow_id, l.fence",
                     &[&now_ms, &limit, &skip, &owner, &lease_ms],
                 )?
@@ -259,9 +262,12 @@ impl PgProducer {
             tx.run(
                 LEASE,
                 "UPDATE {s}.relay_lease SET owner = NULL, expires_at_ms = 0
-                 WHERE flow_id IN (SELECT flow_id FROM {s}.relay_lease
-                                   WHERE owner = $1 AND NOT (flow_id = ANY ($2))
-                                   FOR UPDATE SKIP LOCKED)",
+                 WHERE flow_id = ANY (ARRAY(
+                     SELECT l.flow_id FROM {s}.relay_lease l
+                     WHERE l.owner = $1
+                       AND NOT EXISTS (SELECT 1 FROM unnest($2::text[]) AS k(flow_id)
+                                       WHERE k.flow_id = l.flow_id)
+                     FOR UPDATE OF l SKIP LOCKED))",
                 &[&owner, &keep],
             )?;
             Ok(claimed)
@@ -432,21 +438,43 @@ impl PgProducerTx<'_> {
     /// writer of the same flow waits here, then reads the seq this one
     /// committed (READ COMMITTED), so that it finds itself stale.
     pub fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
+        Ok(self.last_seqs([flow_id])?[flow_id.as_str()])
+    }
+
+    /// [`PgProducerTx::last_seq`] of several flows at once (each flow
+    /// once), their head rows locked in flow id order, in two statements
+    /// whatever their number: keyed by flow id.
+    pub fn last_seqs<'f>(
+        &self,
+        flows: impl IntoIterator<Item = &'f FlowId>,
+    ) -> Result<HashMap<String, i64>, StoreError> {
         let context = "producer: cannot lock the outbox head";
+        let mut names: Vec<&str> = flows.into_iter().map(FlowId::as_str).collect();
+        names.sort_unstable();
+        names.dedup();
         self.conn.run(
             context,
-            "WITH head AS (INSERT INTO {s}.outbox_head (flow_id, last_seq) VALUES ($1, 0)
+            "WITH head AS (INSERT INTO {s}.outbox_head (flow_id, last_seq)
+                           SELECT flow_id, 0 FROM unnest($1::text[]) AS flow_id
                            ON CONFLICT (flow_id) DO NOTHING RETURNING flow_id)
              INSERT INTO {s}.relay_lease (flow_id) SELECT flow_id FROM head",
-            &[&flow_id.as_str()],
+            &[&names],
         )?;
-        let row = self.conn.row(
-            context,
-            "SELECT last_seq FROM {s}.outbox_head WHERE flow_id = $1 FOR UPDATE",
-            &[&flow_id.as_str()],
-        )?;
-        row.map(|row| row.get(0))
-            .ok_or_else(|| corrupt(context, format!("flow {flow_id} has no head row")))
+        let heads: HashMap<String, i64> = self
+            .conn
+            .rows(
+                context,
+                "SELECT flow_id, last_seq FROM {s}.outbox_head WHERE flow_id = ANY ($1)
+                 ORDER BY flow_id FOR UPDATE",
+                &[&names],
+            )?
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        match names.iter().find(|name| !heads.contains_key(**name)) {
+            Some(missing) => Err(corrupt(context, format!("flow {missing} has no head row"))),
+            None => Ok(heads),
+        }
     }
 
     /// The time this transaction records on what it writes, in
@@ -499,53 +527,136 @@ impl PgProducerTx<'_> {
     /// anything else is refused without writing, and the transaction can go
     /// on.
     pub fn append_envelope(&mut self, event: &Envelope) -> Result<(), AppendError> {
+        self.append_envelopes(std::slice::from_ref(event))
+    }
+
+    /// Appends envelopes the caller built, in order, as
+    /// [`PgProducerTx::append_envelope`] one after the other would, in a
+    /// few statements whatever their number (arrays as parameters): the
+    /// events before the first refusal are appended, and that refusal is
+    /// returned (a caller that wants all or nothing rolls back, as
+    /// [`ProducerStore::append_events`] does).
+    pub fn append_envelopes(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
         let context = "producer: cannot append to the outbox";
-        let flow = event.flow_id.as_str();
-        let seq = event.seq.get();
-        let last = self.last_seq(&event.flow_id)?;
-        if last.checked_add(1) != Some(seq) {
-            return Err(AppendError::NotNext {
-                flow_id: event.flow_id.clone(),
-                seq: event.seq,
-                last_seq: last,
-            });
+        if events.is_empty() {
+            return Ok(());
         }
-        let inserted = self.conn.run(
-            context,
-            "INSERT INTO {s}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
-            &[
-                &event.event_id.as_str(),
-                &flow,
-                &seq,
-                &event.schema_version.get(),
-                &event.event_type.as_str(),
-                &event.stored_text(),
-                &self.now_ms,
-            ],
-        )?;
-        if inserted == 0 {
-            // The head is locked and the seq is past it: the event id is
-            // the one in use.
-            return Err(AppendError::EventIdUsed(event.event_id.clone()));
+        let mut last = self.last_seqs(events.iter().map(|e| &e.flow_id))?;
+        let mut refused = None;
+        let mut valid = events.len();
+        for (i, event) in events.iter().enumerate() {
+            let last_seq = last[event.flow_id.as_str()];
+            if last_seq.checked_add(1) != Some(event.seq.get()) {
+                refused = Some(AppendError::NotNext {
+                    flow_id: event.flow_id.clone(),
+                    seq: event.seq,
+                    last_seq,
+                });
+                valid = i;
+                break;
+            }
+            last.insert(event.flow_id.as_str().to_owned(), event.seq.get());
         }
-        let moved = self.conn.run(
-            context,
-            "UPDATE {s}.outbox_head SET last_seq = $2::bigint,
-                 relay_seq = coalesce(relay_seq, $2::bigint),
-                 relay_due_ms = CASE WHEN relay_seq IS NULL THEN 0 ELSE relay_due_ms END
-             WHERE flow_id = $1 AND last_seq = $2::bigint - 1",
-            &[&flow, &seq],
-        )?;
-        if moved != 1 {
-            return Err(corrupt(
+        if let Some((used, id)) = self.insert_outbox(context, &events[..valid])? {
+            // An event id in use comes before any later refusal.
+            (valid, refused) = (used, Some(AppendError::EventIdUsed(id)));
+        }
+        let appended = &events[..valid];
+        // Each flow's first and last new seq, in the order flows are met.
+        let mut flows: Vec<&str> = Vec::new();
+        let (mut firsts, mut lasts): (Vec<i64>, Vec<i64>) = (Vec::new(), Vec::new());
+        for event in appended {
+            let flow = event.flow_id.as_str();
+            match flows.iter().position(|f| *f == flow) {
+                Some(at) => lasts[at] = event.seq.get(),
+                None => {
+                    flows.push(flow);
+                    firsts.push(event.seq.get());
+                    lasts.push(event.seq.get());
+                }
+            }
+        }
+        if !flows.is_empty() {
+            let moved = self.conn.run(
                 context,
-                format!("the head of flow {flow} moved while locked"),
-            )
-            .into());
+                "UPDATE {s}.outbox_head h SET last_seq = m.last_seq,
+                     relay_seq = coalesce(h.relay_seq, m.first_seq),
+                     relay_due_ms = CASE WHEN h.relay_seq IS NULL THEN 0 ELSE h.relay_due_ms END
+                 FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS m(flow_id, first_seq, last_seq)
+                 WHERE h.flow_id = m.flow_id AND h.last_seq = m.first_seq - 1",
+                &[&flows, &firsts, &lasts],
+            )?;
+            if moved != flows.len() as u64 {
+                return Err(corrupt(
+                    context,
+                    format!("the heads of flows {flows:?} moved while locked"),
+                )
+                .into());
+            }
         }
-        self.appended += 1;
-        Ok(())
+        self.appended += appended.len() as u64;
+        refused.map_or(Ok(()), Err)
+    }
+
+    /// Inserts `events` (each its flow's next, the heads locked) into the
+    /// outbox in one statement. When an event id is in use (or repeated in
+    /// `events`), the first such event's index and id are returned and
+    /// nothing from it on stays inserted.
+    fn insert_outbox(
+        &self,
+        context: &str,
+        events: &[Envelope],
+    ) -> Result<Option<(usize, EventId)>, StoreError> {
+        if events.is_empty() {
+            return Ok(None);
+        }
+        let text = |f: fn(&Envelope) -> &str| events.iter().map(f).collect::<Vec<&str>>();
+        let bodies: Vec<String> = events.iter().map(Envelope::stored_text).collect();
+        let seqs: Vec<i64> = events.iter().map(|e| e.seq.get()).collect();
+        let versions: Vec<i64> = events.iter().map(|e| e.schema_version.get()).collect();
+        let inserted: HashSet<(String, i64)> = self
+            .conn
+            .rows(
+                context,
+                "INSERT INTO {s}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
+                 SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, $7
+                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[])
+                      WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, i)
+                 ORDER BY e.i
+                 ON CONFLICT DO NOTHING RETURNING flow_id, seq",
+                &[
+                    &text(|e| e.event_id.as_str()),
+                    &text(|e| e.flow_id.as_str()),
+                    &seqs,
+                    &versions,
+                    &text(|e| e.event_type.as_str()),
+                    &bodies,
+                    &self.now_ms,
+                ],
+            )?
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        let is_in = |e: &Envelope| inserted.contains(&(e.flow_id.as_str().to_owned(), e.seq.get()));
+        // The head is locked and each seq is past it: an insert that did
+        // not happen is an event id in use.
+        let Some(used) = events.iter().position(|e| !is_in(e)) else {
+            return Ok(None);
+        };
+        let (flows, seqs): (Vec<&str>, Vec<i64>) = events[used..]
+            .iter()
+            .filter(|e| is_in(e))
+            .map(|e| (e.flow_id.as_str(), e.seq.get()))
+            .unzip();
+        if !flows.is_empty() {
+            self.conn.run(
+                context,
+                "DELETE FROM {s}.outbox o USING unnest($1::text[], $2::bigint[]) AS d(flow_id, seq)
+                 WHERE o.flow_id = d.flow_id AND o.seq = d.seq",
+                &[&flows, &seqs],
+            )?;
+        }
+        Ok(Some((used, events[used].event_id.clone())))
     }
 }
 
@@ -581,23 +692,33 @@ pub fn read_outbox(conn: &PgTx) -> Result<Vec<OutboxRecord>, StoreError> {
     )?)
 }
 
+/// Whether moving the relay heads records a new round of service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// The flows were served: they take the next turn of the relay's
+    /// sequence, so that the flows served longest ago come first.
+    Next,
+    /// Their turn stays.
+    Keep,
+}
+
 /// Moves each flow's relay head to its lowest seq neither accepted nor
 /// quarantined, with that event's next attempt time; records the round in
-/// which the flows were served when `turn` is given. The search starts at
+/// which the flows were served with [`Turn::Next`]. The search starts at
 /// the current head, or at `reopened` (a seq whose quarantine was cleared)
 /// when that is earlier. A flow with nothing eligible keeps a NULL head.
 fn refresh_heads(
     conn: &PgTx,
     flows: &BTreeSet<String>,
-    turn: Option<i64>,
+    turn: Turn,
     reopened: Option<i64>,
 ) -> Result<(), StoreError> {
     if flows.is_empty() {
         return Ok(());
     }
     // The head rows first, in flow order: a writer appending to one of the
-    // flows commits before (and its event is then seen by the statements
-    // below, each reading a new snapshot) or waits until this transaction
+    // flows commits before (and its event is then seen by the statement
+    // below, reading a new snapshot) or waits until this transaction
     // ends. Computed in the statement that waits, the head could miss that
     // writer's event and be set past it.
     let names: Vec<&str> = flows.iter().map(String::as_str).collect();
@@ -606,30 +727,25 @@ fn refresh_heads(
         "SELECT 1 FROM {s}.outbox_head WHERE flow_id = ANY ($1) ORDER BY flow_id FOR UPDATE",
         &[&names],
     )?;
-    for flow in flows {
-        conn.run(
-            "producer: cannot move the relay heads",
-            "UPDATE {s}.outbox_head h SET
-                 (relay_seq, relay_due_ms) = (SELECT max(seq), coalesce(max(due), 0) FROM (
-                     SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM {s}.outbox o
-                     WHERE o.flow_id = $1 AND NOT o.accepted AND NOT o.quarantined
-                       AND o.seq >= least(h.relay_seq, $3::bigint)
-                     ORDER BY o.seq LIMIT 1) AS next),
-                 relay_turn = coalesce($2::bigint, h.relay_turn)
-             WHERE h.flow_id = $1",
-            &[flow, &turn, &reopened],
-        )?;
-    }
+    // One turn for the whole round, drawn once (an uncorrelated subquery).
+    conn.run(
+        "producer: cannot move the relay heads",
+        "UPDATE {s}.outbox_head h SET
+             (relay_seq, relay_due_ms) = (SELECT max(seq), coalesce(max(due), 0) FROM (
+                 SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM {s}.outbox o
+                 WHERE o.flow_id = h.flow_id AND NOT o.accepted AND NOT o.quarantined
+                   AND o.seq >= least(h.relay_seq, $3::bigint)
+                 ORDER BY o.seq LIMIT 1) AS next),
+             relay_turn = CASE WHEN $2 THEN (SELECT nextval('{s}.relay_turn')) ELSE h.relay_turn END
+         WHERE h.flow_id = ANY ($1)",
+        &[&names, &(turn == Turn::Next), &reopened],
+    )?;
     Ok(())
 }
 
 impl ProducerStore for PgProducer {
     fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
-        self.write(|ptx| {
-            events
-                .iter()
-                .try_for_each(|event| ptx.append_envelope(event))
-        })
+        self.write(|ptx| ptx.append_envelopes(events))
     }
 
     fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
@@ -745,7 +861,7 @@ impl ProducerStore for PgProducer {
                 )?;
                 flows.insert(row.get::<_, String>(0));
             }
-            refresh_heads(tx, &flows, None, None)
+            refresh_heads(tx, &flows, Turn::Keep, None)
         })
     }
 
@@ -767,7 +883,7 @@ impl ProducerStore for PgProducer {
                 &[&event_id.as_str(), &reason, &outcome],
             )?;
             let flows = row.map(|row| row.get::<_, String>(0)).into_iter().collect();
-            refresh_heads(tx, &flows, None, None)
+            refresh_heads(tx, &flows, Turn::Keep, None)
         })
     }
 
@@ -812,7 +928,7 @@ impl ProducerStore for PgProducer {
                  WHERE event_id = $1",
                 &[&event_id.as_str()],
             )?;
-            refresh_heads(ptx.conn, &BTreeSet::from([flow]), None, Some(seq))?;
+            refresh_heads(ptx.conn, &BTreeSet::from([flow]), Turn::Keep, Some(seq))?;
             Ok(Ok(()))
         })
     }
@@ -867,49 +983,58 @@ impl ProducerStore for PgProducer {
     }
 }
 
-/// `accepted_at` is the later of the relay's clock and the store's.
+/// `accepted_at` is the later of the relay's clock and the store's. The
+/// latest receipt of each event is recorded, every event in one statement
+/// (arrays as parameters), and the flows' heads moved in two more.
 fn record_receipts_in(
     conn: &PgTx,
     receipts: &[(EventId, Receipt)],
     accepted_at: i64,
 ) -> Result<(), StoreError> {
     let context = "producer: cannot record receipts";
-    let turn: i64 = conn
-        .row(context, "SELECT nextval('{s}.relay_turn')", &[])?
-        .expect("nextval returns a row")
-        .get(0);
     let mut latest: BTreeMap<&str, Receipt> = BTreeMap::new();
     for (event_id, receipt) in receipts {
         latest.insert(event_id.as_str(), *receipt);
     }
+    let (conflicts, stored): (Vec<_>, Vec<_>) = latest
+        .into_iter()
+        .partition(|(_, receipt)| *receipt == Receipt::Conflict);
     let mut flows = BTreeSet::new();
-    for (event_id, receipt) in &latest {
-        // An event no longer in the outbox was settled and pruned
-        // meanwhile: there is nothing left to mark.
-        let row = if *receipt == Receipt::Conflict {
-            conn.row(
+    // An event no longer in the outbox was settled and pruned meanwhile:
+    // there is nothing left to mark.
+    if !conflicts.is_empty() {
+        let ids: Vec<&str> = conflicts.iter().map(|(id, _)| *id).collect();
+        flows.extend(
+            conn.rows(
                 context,
                 "UPDATE {s}.outbox SET quarantined = NOT accepted,
                      quarantine_reason = CASE WHEN accepted THEN NULL ELSE $2 END,
                      attempts = attempts + 1, last_outcome = 'conflict'
-                 WHERE event_id = $1 RETURNING flow_id",
-                &[event_id, &CONFLICT_REASON],
+                 WHERE event_id = ANY ($1) RETURNING flow_id",
+                &[&ids, &CONFLICT_REASON],
             )?
-        } else {
-            conn.row(
-                context,
-                "UPDATE {s}.outbox SET accepted = true, quarantined = false, quarantine_reason = NULL,
-                     accepted_at_ms = coalesce(accepted_at_ms, $2),
-                     attempts = attempts + 1, last_outcome = $3, last_error = NULL
-                 WHERE event_id = $1 RETURNING flow_id",
-                &[event_id, &accepted_at, &receipt.as_str()],
-            )?
-        };
-        if let Some(row) = row {
-            flows.insert(row.get::<_, String>(0));
-        }
+            .iter()
+            .map(|row| row.get::<_, String>(0)),
+        );
     }
-    refresh_heads(conn, &flows, Some(turn), None)?;
+    if !stored.is_empty() {
+        let ids: Vec<&str> = stored.iter().map(|(id, _)| *id).collect();
+        let outcomes: Vec<&str> = stored.iter().map(|(_, receipt)| receipt.as_str()).collect();
+        flows.extend(
+            conn.rows(
+                context,
+                "UPDATE {s}.outbox o SET accepted = true, quarantined = false, quarantine_reason = NULL,
+                     accepted_at_ms = coalesce(o.accepted_at_ms, $3),
+                     attempts = o.attempts + 1, last_outcome = r.outcome, last_error = NULL
+                 FROM unnest($1::text[], $2::text[]) AS r(event_id, outcome)
+                 WHERE o.event_id = r.event_id RETURNING o.flow_id",
+                &[&ids, &outcomes, &accepted_at],
+            )?
+            .iter()
+            .map(|row| row.get::<_, String>(0)),
+        );
+    }
+    refresh_heads(conn, &flows, Turn::Next, None)?;
     crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
     Ok(())
 }

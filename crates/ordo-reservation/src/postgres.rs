@@ -3,6 +3,8 @@
 //! handler and its `advance`, written against `ordo-postgres`'s public API.
 //! The rules are the same as on SQLite (`rules.rs`); only the SQL differs.
 
+use std::collections::HashMap;
+
 use ordo_core::{
     crash, process_all, ApplyHandler, ConsumerStore, Drain, Envelope, EventId, FlowId, Seq, Step,
     StoreError, Verdict,
@@ -187,6 +189,75 @@ fn advance_in_tx(
     }))
 }
 
+/// Every request decided in order, each seeing the ones before it, as
+/// [`advance_in_tx`] one after the other would, in a few statements
+/// whatever their number: the heads locked and the flows read at once, the
+/// decisions made in memory, then each changed flow written once and every
+/// event appended at once.
+#[allow(clippy::type_complexity)]
+fn advance_all_in_tx(
+    ptx: &mut PgProducerTx<'_>,
+    requests: &[AdvanceRequest],
+) -> Result<Vec<Result<Advance, AdvanceRefused>>, AdvanceError> {
+    if requests.is_empty() {
+        return Ok(Vec::new());
+    }
+    let heads = ptx.last_seqs(requests.iter().map(|r| &r.flow_id))?;
+    let names: Vec<&str> = heads.keys().map(String::as_str).collect();
+    let mut flows: HashMap<String, FlowRecord> = HashMap::new();
+    for row in ptx.sql().query(
+        "SELECT flow_id, state, quantity FROM flow WHERE flow_id = ANY ($1)",
+        &[&names],
+    )? {
+        let flow: &str = row.get(0);
+        let record = flow_record(flow, row.get(1), row.get(2), heads[flow])?;
+        flows.insert(flow.to_owned(), record);
+    }
+    let mut outcomes = Vec::with_capacity(requests.len());
+    let mut events = Vec::new();
+    let mut changed: Vec<String> = Vec::new();
+    for request in requests {
+        let flow = request.flow_id.as_str();
+        let current = flows.entry(flow.to_owned()).or_insert_with(|| FlowRecord {
+            last_seq: heads[flow],
+            ..FlowRecord::new_flow(request.flow_id.clone())
+        });
+        outcomes.push(match decide_advance(current, request) {
+            Err(refused) => Err(refused),
+            Ok(AdvanceDecision::Stale { last_seq }) => Ok(Advance::Stale { last_seq }),
+            Ok(AdvanceDecision::InvalidTransition { from, to }) => {
+                Ok(Advance::InvalidTransition { from, to })
+            }
+            Ok(AdvanceDecision::Commit { flow: next, event }) => {
+                *current = next;
+                if !changed.iter().any(|c| c == flow) {
+                    changed.push(flow.to_owned());
+                }
+                events.push(event.clone());
+                Ok(Advance::Committed(event))
+            }
+        });
+    }
+    if !changed.is_empty() {
+        let records: Vec<&FlowRecord> = changed.iter().map(|flow| &flows[flow]).collect();
+        let ids: Vec<&str> = records.iter().map(|r| r.flow_id.as_str()).collect();
+        let states: Vec<&str> = records.iter().map(|r| r.state.as_str()).collect();
+        let quantities: Vec<i64> = records
+            .iter()
+            .map(|r| r.quantity.expect("a committed flow has a quantity").get())
+            .collect();
+        ptx.sql().execute(
+            "INSERT INTO flow (flow_id, state, quantity)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+             ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
+                 quantity = excluded.quantity",
+            &[&ids, &states, &quantities],
+        )?;
+    }
+    ptx.append_envelopes(&events)?;
+    Ok(outcomes)
+}
+
 /// Whether the application's table `table` exists (a store of another
 /// domain has none).
 fn table_exists(tx: &PgTx, table: &str) -> Result<bool, StoreError> {
@@ -272,10 +343,7 @@ impl ReservationProducer for PgProducer {
         };
         let outcomes = self
             .write(|ptx| -> Result<Vec<_>, AdvanceError> {
-                let outcomes = requests
-                    .iter()
-                    .map(|request| advance_in_tx(ptx, request))
-                    .collect::<Result<Vec<_>, AdvanceError>>()?;
+                let outcomes = advance_all_in_tx(ptx, requests)?;
                 if committed(&outcomes) {
                     crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
                 }

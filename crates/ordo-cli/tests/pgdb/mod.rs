@@ -124,3 +124,30 @@ impl Drop for Database {
         ));
     }
 }
+
+/// Runs the tests that compare the server's databases before and after
+/// their runs one at a time (within one test binary).
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A connection of the test's own to the server's `postgres` database.
+pub fn admin_client() -> Client {
+    Client::connect(&format!("{}/postgres", server()), NoTls)
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {} ({e})", server()))
+}
+
+/// The server's databases whose names start with `prefix`, sorted.
+pub fn databases_named(client: &mut Client, prefix: &str) -> Vec<String> {
+    let pattern = format!("{}%", prefix.replace('_', "\\_"));
+    client
+        .query(
+            "SELECT datname::text FROM pg_database WHERE datname LIKE $1 ORDER BY 1",
+            &[&pattern],
+        )
+        .expect("list databases")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}

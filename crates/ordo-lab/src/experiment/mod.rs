@@ -6,7 +6,7 @@
 mod beyond;
 pub(crate) mod child;
 mod expect;
-pub mod pg;
+pub use crate::pg;
 mod scenarios;
 mod transport;
 

@@ -1,6 +1,8 @@
 //! Apply: the flow's next event through the application's handler, alone
 //! or in batches across flows, strictly in order per flow.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use ordo_core::store::{plan_apply, ApplyPlan, NextRow};
 use ordo_core::{
     crash, ApplyHandler, BlockCode, Drain, DrainStop, ErrorKind, FlowId, InboxStatus, Seq, Step,
@@ -67,11 +69,24 @@ where
     H: ApplyHandler<PgTx> + ?Sized,
 {
     let step = in_apply_tx(db, |tx, now_ms| {
-        let applied_seq =
-            lock_cursor(tx, flow_id, Lock::Wait)?.expect("a waiting lock is always taken");
-        let (step, wrote) =
-            step_in_tx(tx, flow_id, applied_seq, handler, now_ms, Guard::Savepoint)?
-                .expect("a guarded step always ends");
+        let applied_seq = lock_cursor(tx, flow_id)?;
+        let (step, wrote) = match Seq::after(applied_seq) {
+            None => (Step::Idle, false),
+            Some(next) => {
+                let found = next_row(tx, flow_id, next)?;
+                step_in_tx(
+                    tx,
+                    flow_id,
+                    next,
+                    found,
+                    handler,
+                    now_ms,
+                    Guard::Savepoint,
+                    None,
+                )?
+                .expect("a guarded step always ends")
+            }
+        };
         if let Step::Applied { seq } = step {
             write_cursor(tx, flow_id, seq.get())?;
         }
@@ -112,8 +127,80 @@ where
     unreachable!("a guarded batch runs to its end")
 }
 
+/// What a batch writes at its end, in two statements: the events its
+/// handlers applied, and the flows' new apply cursors.
+#[derive(Default)]
+struct Marks {
+    event_ids: Vec<String>,
+    flows: Vec<String>,
+    seqs: Vec<i64>,
+    cursors: BTreeMap<String, i64>,
+}
+
+impl Marks {
+    fn applied(&mut self, flow_id: &FlowId, seq: Seq, event_id: &ordo_core::EventId) {
+        self.event_ids.push(event_id.as_str().to_owned());
+        self.flows.push(flow_id.as_str().to_owned());
+        self.seqs.push(seq.get());
+    }
+
+    /// Marks every applied event, only inside the apply transaction (see
+    /// [`mark_applied`]), and moves the cursors.
+    fn write(&self, tx: &PgTx, now_ms: i64) -> Result<(), StoreError> {
+        if !self.event_ids.is_empty() {
+            let marked: BTreeSet<String> = tx
+                .rows(
+                    CONTEXT,
+                    "UPDATE {s}.inbox i SET status = 'applied', reason = NULL, detail = NULL,
+                         settled_at_ms = $4
+                     FROM unnest($1::text[], $2::text[], $3::bigint[]) AS m(event_id, flow_id, seq)
+                     WHERE i.event_id = m.event_id AND i.flow_id = m.flow_id AND i.seq = m.seq
+                       AND i.status IN ('pending', 'blocked')
+                       AND current_setting('ordo.apply_tx', true) = 'on'
+                     RETURNING i.event_id",
+                    &[&self.event_ids, &self.flows, &self.seqs, &now_ms],
+                )?
+                .iter()
+                .map(|row| row.get(0))
+                .collect();
+            if let Some(i) =
+                (0..self.event_ids.len()).find(|i| !marked.contains(&self.event_ids[*i]))
+            {
+                let flow_id = FlowId::new(self.flows[i].clone())
+                    .map_err(|e| corrupt("consumer: stored flow id", e))?;
+                let seq = Seq::new(self.seqs[i]).map_err(|e| corrupt("consumer: stored seq", e))?;
+                check_still_open(tx, &flow_id, seq)?;
+                return Err(corrupt(
+                    "consumer: inbox",
+                    format!(
+                        "the body stored at flow {flow_id} seq {seq} names event {}",
+                        self.event_ids[i]
+                    ),
+                ));
+            }
+        }
+        if !self.cursors.is_empty() {
+            let (flows, seqs): (Vec<&str>, Vec<i64>) =
+                self.cursors.iter().map(|(f, s)| (f.as_str(), *s)).unzip();
+            tx.run(
+                "consumer: cannot move the apply cursor",
+                "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq)
+                 SELECT * FROM unnest($1::text[], $2::bigint[])
+                 ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
+                &[&flows, &seqs],
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// One run of a batch: the drains, how many events applied, and whether
 /// anything was written; `None` when an event blocked under [`Guard::None`].
+///
+/// Each flow, when its turn comes, is locked and its next rows read in one
+/// statement (passing it by when another applier holds it); the handler
+/// then runs event by event, and the marks and cursors of the whole batch
+/// are written at its end.
 #[allow(clippy::type_complexity)]
 fn batch_in_tx<H>(
     tx: &PgTx,
@@ -129,8 +216,14 @@ where
     let mut drains = Vec::new();
     let mut total = 0u64;
     let mut wrote_any = false;
+    let mut marks = Marks::default();
     for (flow_id, limit) in flows {
-        let Some(mut applied_seq) = lock_cursor(tx, flow_id, Lock::Skip)? else {
+        let left = events_max.saturating_sub(total);
+        let most = limit.map_or(left, |limit| limit.min(left));
+        // A flow met before in this batch goes on from where it stopped.
+        let moved = marks.cursors.get(flow_id.as_str()).copied();
+        let Some((locked_at, rows)) = lock_and_read(tx, flow_id, moved, most.saturating_add(1))?
+        else {
             // Another applier holds the flow and drains it.
             drains.push(Drain {
                 flow_id: flow_id.clone(),
@@ -139,12 +232,35 @@ where
             });
             continue;
         };
+        let mut applied_seq = moved.unwrap_or(locked_at);
         let mut applied = 0u64;
         let stop = loop {
             if total >= events_max || limit.is_some_and(|limit| applied >= limit) {
                 break DrainStop::Limit;
             }
-            let Some((step, wrote)) = step_in_tx(tx, flow_id, applied_seq, handler, now_ms, guard)?
+            let Some(next) = Seq::after(applied_seq) else {
+                break DrainStop::Idle;
+            };
+            // Every row before this one was applied, in seq order.
+            let found = match rows.get(applied as usize) {
+                Some(row) => row.found(next)?,
+                None => (
+                    NextRow::Missing {
+                        later_stored: false,
+                    },
+                    None,
+                ),
+            };
+            let Some((step, wrote)) = step_in_tx(
+                tx,
+                flow_id,
+                next,
+                found,
+                handler,
+                now_ms,
+                guard,
+                Some(&mut marks),
+            )?
             else {
                 return Ok(None);
             };
@@ -161,7 +277,9 @@ where
             }
         };
         if applied > 0 {
-            write_cursor(tx, flow_id, applied_seq)?;
+            marks
+                .cursors
+                .insert(flow_id.as_str().to_owned(), applied_seq);
         }
         let limit_hit = stop == DrainStop::Limit;
         drains.push(Drain {
@@ -173,64 +291,109 @@ where
             break;
         }
     }
+    marks.write(tx, now_ms)?;
     Ok(Some(((drains, total), wrote_any)))
 }
 
-/// Whether locking a flow's apply cursor waits for another applier.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Lock {
-    /// Wait until the other applier's transaction ends.
-    Wait,
-    /// Give up at once (`SKIP LOCKED`): the other applier drains the flow.
-    Skip,
+/// A stored row after a flow's cursor.
+struct Ahead {
+    seq: i64,
+    body: String,
+    status: String,
+    reason: Option<String>,
+    detail: Option<String>,
+}
+
+impl Ahead {
+    /// What is stored at `next`, given that this is the first row at or
+    /// after it.
+    fn found(&self, next: Seq) -> Result<(NextRow, Option<String>), StoreError> {
+        Ok(if self.seq == next.get() {
+            (
+                NextRow::Stored(inbox_status(
+                    &self.status,
+                    self.reason.as_deref(),
+                    self.detail.clone(),
+                )?),
+                Some(self.body.clone()),
+            )
+        } else {
+            (NextRow::Missing { later_stored: true }, None)
+        })
+    }
+}
+
+/// Locks the flow's apply cursor unless another applier holds it (then
+/// `None`), creating it at 0 if it has none, and reads up to `take` rows
+/// after it (after `moved` instead, where this batch has moved it), in seq
+/// order, in one statement: the stored cursor and the rows.
+fn lock_and_read(
+    tx: &PgTx,
+    flow_id: &FlowId,
+    moved: Option<i64>,
+    take: u64,
+) -> Result<Option<(i64, Vec<Ahead>)>, StoreError> {
+    let take = i64::try_from(take).unwrap_or(i64::MAX);
+    let rows = tx.rows(
+        "consumer: cannot lock the apply cursor",
+        "WITH locked AS (
+             SELECT flow_id, applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1
+             FOR UPDATE SKIP LOCKED),
+         created AS (
+             INSERT INTO {s}.inbox_cursor (flow_id, applied_seq)
+             SELECT $1, 0 WHERE NOT EXISTS (SELECT 1 FROM locked)
+             ON CONFLICT (flow_id) DO NOTHING RETURNING flow_id, applied_seq),
+         cursor AS (SELECT * FROM locked UNION ALL SELECT * FROM created)
+         SELECT c.applied_seq, n.seq, n.body, n.status, n.reason, n.detail
+         FROM cursor c LEFT JOIN LATERAL (
+             SELECT i.seq, i.body, i.status, i.reason, i.detail FROM {s}.inbox i
+             WHERE i.flow_id = c.flow_id AND i.seq > greatest(c.applied_seq, $2::bigint)
+             ORDER BY i.seq LIMIT $3) AS n ON true
+         ORDER BY n.seq",
+        &[&flow_id.as_str(), &moved, &take],
+    )?;
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let locked_at: i64 = first.get(0);
+    let ahead = rows
+        .iter()
+        .filter_map(|row| {
+            Some(Ahead {
+                seq: row.get::<_, Option<i64>>(1)?,
+                body: row.get(2),
+                status: row.get(3),
+                reason: row.get(4),
+                detail: row.get(5),
+            })
+        })
+        .collect();
+    Ok(Some((locked_at, ahead)))
 }
 
 /// The flow's apply cursor (the last applied or skipped seq, 0 if none),
-/// its row locked until the transaction ends, so that one applier at a
-/// time applies the flow; a flow never applied gets its row (at 0) first.
-/// `None` when another applier holds the flow and `lock` is [`Lock::Skip`].
-pub(super) fn lock_cursor(
-    tx: &PgTx,
-    flow_id: &FlowId,
-    lock: Lock,
-) -> Result<Option<i64>, StoreError> {
+/// its row locked until the transaction ends (waiting for another applier
+/// that holds it), so that one applier at a time applies the flow; a flow
+/// never applied gets its row (at 0) first.
+pub(super) fn lock_cursor(tx: &PgTx, flow_id: &FlowId) -> Result<i64, StoreError> {
     let context = "consumer: cannot lock the apply cursor";
     let flow = flow_id.as_str();
-    let locked = match lock {
-        Lock::Wait => tx.row(
-            context,
-            "SELECT applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1 FOR UPDATE",
-            &[&flow],
-        )?,
-        Lock::Skip => tx.row(
-            context,
-            "SELECT applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1 FOR UPDATE SKIP LOCKED",
-            &[&flow],
-        )?,
-    };
-    if let Some(row) = locked {
-        return Ok(Some(row.get(0)));
+    let lock = "SELECT applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1 FOR UPDATE";
+    if let Some(row) = tx.row(context, lock, &[&flow])? {
+        return Ok(row.get(0));
     }
-    // Another applier's row, or none: receive creates the row with the
-    // flow's first event, so none means nothing stored (or the flow's
-    // first event being received right now, which the insert waits for).
+    // None: receive creates the row with the flow's first event, so none
+    // means nothing stored (or the flow's first event being received right
+    // now, which the insert waits for).
     let created = tx.row(
         context,
         "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq) VALUES ($1, 0)
          ON CONFLICT (flow_id) DO NOTHING RETURNING applied_seq",
         &[&flow],
     )?;
-    match (created, lock) {
-        (Some(row), _) => Ok(Some(row.get(0))),
-        (None, Lock::Skip) => Ok(None),
-        (None, Lock::Wait) => Ok(Some(
-            tx.row(
-                context,
-                "SELECT applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1 FOR UPDATE",
-                &[&flow],
-            )?
-            .map_or(0, |row| row.get(0)),
-        )),
+    match created {
+        Some(row) => Ok(row.get(0)),
+        None => Ok(tx.row(context, lock, &[&flow])?.map_or(0, |row| row.get(0))),
     }
 }
 
@@ -277,24 +440,27 @@ fn next_row(
     })
 }
 
-/// One apply step of `flow_id`, whose cursor is at `applied_seq`: the step
-/// and whether it wrote anything; `None` when the event blocked under
-/// [`Guard::None`] (the caller rolls back).
+/// One apply step of `flow_id` at its next seq `next`, where `found` is
+/// what is stored there: the step and whether it wrote anything; `None`
+/// when the event blocked under [`Guard::None`] (the caller rolls back). An
+/// applied event is marked now, or added to `marks` when given (the caller
+/// writes them).
+#[allow(clippy::too_many_arguments)]
 fn step_in_tx<H>(
     tx: &PgTx,
     flow_id: &FlowId,
-    applied_seq: i64,
+    next: Seq,
+    found: (NextRow, Option<String>),
     handler: &mut H,
     now_ms: i64,
     guard: Guard,
+    marks: Option<&mut Marks>,
 ) -> Result<Option<(Step, bool)>, StoreError>
 where
     H: ApplyHandler<PgTx> + ?Sized,
 {
-    let Some(next) = Seq::after(applied_seq) else {
-        return Ok(Some((Step::Idle, false)));
-    };
-    let (next_row, body) = next_row(tx, flow_id, next)?;
+    let (next_row, body) = found;
+    let applied_seq = next.get() - 1;
     if matches!(
         next_row,
         NextRow::Stored(InboxStatus::Applied | InboxStatus::Skipped)
@@ -322,7 +488,10 @@ where
             if guarded {
                 tx.control(CONTEXT, "RELEASE SAVEPOINT ordo_apply_event")?;
             }
-            mark_applied(tx, flow_id, next, &event.event_id, now_ms)?;
+            match marks {
+                Some(marks) => marks.applied(flow_id, next, &event.event_id),
+                None => mark_applied(tx, flow_id, next, &event.event_id, now_ms)?,
+            }
             Ok(Some((Step::Applied { seq: next }, true)))
         }
         Verdict::Block(_) if !guarded => {

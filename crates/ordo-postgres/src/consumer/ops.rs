@@ -107,8 +107,7 @@ fn skip_in_tx(
 ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
     let flow = request.flow_id.as_str();
     let seq = request.seq.get();
-    let applied_seq = super::apply::lock_cursor(tx, &request.flow_id, super::apply::Lock::Wait)?
-        .expect("a waiting lock is always taken");
+    let applied_seq = super::apply::lock_cursor(tx, &request.flow_id)?;
     let event_id: Option<String> = tx
         .row(
             SKIP,

@@ -1,14 +1,26 @@
 //! Receive: stores envelopes durably, deciding `accepted`, `duplicate` or
 //! `conflict` against the inbox and the fingerprints left by pruning.
+//!
+//! A batch is decided and stored in a few statements whatever its size
+//! (arrays as parameters): every envelope's stored identities read at once,
+//! the receipts decided in order (each envelope seeing those accepted
+//! before it in the batch, as one after the other would), the accepted
+//! ones inserted at once. When an insert loses a race with another
+//! receiver of the same identities, the batch is rolled back and decided
+//! again one envelope at a time, against what that one committed.
+
+use std::collections::HashMap;
 
 use ordo_core::store::{decide_receive, StoredIdentities};
 use ordo_core::{crash, BodyHash, Envelope, EventId, Receipt, StoreError};
+use postgres::Row;
 
 use super::PgConsumer;
 use crate::conn::PgTx;
 use crate::error::corrupt;
 
 const CONTEXT: &str = "consumer: receive failed";
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 pub(super) fn receive_batch(
     db: &mut PgConsumer,
@@ -17,25 +29,147 @@ pub(super) fn receive_batch(
     let mut flows: Vec<&str> = envelopes.iter().map(|e| e.flow_id.as_str()).collect();
     flows.sort_unstable();
     flows.dedup();
-    db.write(CONTEXT, |tx, now_ms| {
-        // Each flow's apply cursor row exists before its first event is
-        // stored, so that appliers lock it (and skip it when another holds
-        // it) and never wait to create it.
-        tx.run(
-            CONTEXT,
-            "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq)
-             SELECT flow_id, 0 FROM unnest($1::text[]) AS flow_id
-             ON CONFLICT (flow_id) DO NOTHING",
-            &[&flows],
-        )?;
-        let receipts = envelopes
+    for one_by_one in [false, true] {
+        let tx = &db.conn;
+        let txid = tx.begin_with(CONTEXT, BEGIN)?;
+        let now_ms = db.clock.now_ms();
+        let receipts = match receive_in_tx(tx, &flows, envelopes, now_ms, one_by_one) {
+            Ok(Some(receipts)) => receipts,
+            Ok(None) => {
+                tx.rollback();
+                continue;
+            }
+            Err(e) => {
+                tx.rollback();
+                return Err(e);
+            }
+        };
+        crash::point(crash::CONSUMER_RECEIVE_BEFORE_COMMIT);
+        tx.commit(CONTEXT, txid)?;
+        db.commits += 1;
+        crash::point(crash::CONSUMER_RECEIVE_AFTER_COMMIT);
+        return Ok(receipts);
+    }
+    unreachable!("a batch received one envelope at a time always ends")
+}
+
+/// The receipts of `envelopes`, stored in the open transaction; `None` when
+/// the batch lost a race (only when not `one_by_one`).
+fn receive_in_tx(
+    tx: &PgTx,
+    flows: &[&str],
+    envelopes: &[Envelope],
+    now_ms: i64,
+    one_by_one: bool,
+) -> Result<Option<Vec<Receipt>>, StoreError> {
+    // Each flow's apply cursor row exists before its first event is
+    // stored, so that appliers lock it (and skip it when another holds
+    // it) and never wait to create it.
+    tx.run(
+        CONTEXT,
+        "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq)
+         SELECT flow_id, 0 FROM unnest($1::text[]) AS flow_id
+         ON CONFLICT (flow_id) DO NOTHING",
+        &[&flows],
+    )?;
+    if one_by_one {
+        return envelopes
             .iter()
             .map(|envelope| receive_one(tx, envelope, now_ms))
-            .collect::<Result<Vec<_>, _>>()?;
-        crash::point(crash::CONSUMER_RECEIVE_BEFORE_COMMIT);
-        Ok(receipts)
-    })
-    .inspect(|_| crash::point(crash::CONSUMER_RECEIVE_AFTER_COMMIT))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some);
+    }
+    receive_all(tx, envelopes, now_ms)
+}
+
+/// Decides the whole batch from one read, then inserts what it accepted in
+/// one statement; `None` when one of those inserts did not happen.
+fn receive_all(
+    tx: &PgTx,
+    envelopes: &[Envelope],
+    now_ms: i64,
+) -> Result<Option<Vec<Receipt>>, StoreError> {
+    let ids: Vec<&str> = envelopes.iter().map(|e| e.event_id.as_str()).collect();
+    let flows: Vec<&str> = envelopes.iter().map(|e| e.flow_id.as_str()).collect();
+    let seqs: Vec<i64> = envelopes.iter().map(|e| e.seq.get()).collect();
+    let rows = tx.rows(
+        CONTEXT,
+        "SELECT coalesce((SELECT body_hash FROM {s}.inbox WHERE event_id = r.event_id),
+                         (SELECT encode(body_hash, 'hex') FROM {s}.inbox_fingerprint
+                          WHERE event_id = r.event_id)),
+                coalesce((SELECT event_id FROM {s}.inbox WHERE flow_id = r.flow_id AND seq = r.seq),
+                         (SELECT event_id FROM {s}.inbox_fingerprint
+                          WHERE flow_id = r.flow_id AND seq = r.seq)),
+                EXISTS (SELECT 1 FROM {s}.inbox_watermark WHERE flow_id = r.flow_id AND pruned_seq >= r.seq)
+         FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS r(event_id, flow_id, seq, i)
+         ORDER BY r.i",
+        &[&ids, &flows, &seqs],
+    )?;
+    if rows.len() != envelopes.len() {
+        return Err(corrupt(
+            CONTEXT,
+            format!(
+                "{} identities read for {} envelopes",
+                rows.len(),
+                envelopes.len()
+            ),
+        ));
+    }
+    // What the batch accepted so far, as the envelopes after it would find
+    // it stored.
+    let mut by_id: HashMap<&str, BodyHash> = HashMap::new();
+    let mut by_position: HashMap<(&str, i64), &EventId> = HashMap::new();
+    let mut receipts = Vec::with_capacity(envelopes.len());
+    let mut accepted: Vec<(&Envelope, BodyHash)> = Vec::new();
+    for (envelope, row) in envelopes.iter().zip(&rows) {
+        let mut stored = stored_identities(row)?;
+        let position = (envelope.flow_id.as_str(), envelope.seq.get());
+        if stored.by_event_id.is_none() {
+            stored.by_event_id = by_id.get(envelope.event_id.as_str()).cloned();
+        }
+        if stored.by_flow_seq.is_none() {
+            stored.by_flow_seq = by_position.get(&position).map(|id| (*id).clone());
+        }
+        let hash = envelope.body_hash();
+        let receipt = decide_receive(&envelope.event_id, &hash, &stored);
+        if receipt == Receipt::Accepted {
+            by_id.insert(envelope.event_id.as_str(), hash.clone());
+            by_position.insert(position, &envelope.event_id);
+            accepted.push((envelope, hash));
+        }
+        receipts.push(receipt);
+    }
+    if accepted.is_empty() {
+        return Ok(Some(receipts));
+    }
+    let column = |f: fn(&Envelope) -> &str| accepted.iter().map(|(e, _)| f(e)).collect::<Vec<_>>();
+    let bodies: Vec<String> = accepted.iter().map(|(e, _)| e.stored_text()).collect();
+    let hashes: Vec<&str> = accepted.iter().map(|(_, h)| h.as_str()).collect();
+    let seqs: Vec<i64> = accepted.iter().map(|(e, _)| e.seq.get()).collect();
+    let versions: Vec<i64> = accepted
+        .iter()
+        .map(|(e, _)| e.schema_version.get())
+        .collect();
+    let inserted = tx.run(
+        CONTEXT,
+        "INSERT INTO {s}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms)
+         SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, e.body_hash, 'pending', $8
+         FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[])
+              WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, body_hash, i)
+         ORDER BY e.i
+         ON CONFLICT DO NOTHING",
+        &[
+            &column(|e| e.event_id.as_str()),
+            &column(|e| e.flow_id.as_str()),
+            &seqs,
+            &versions,
+            &column(|e| e.event_type.as_str()),
+            &bodies,
+            &hashes,
+            &now_ms,
+        ],
+    )?;
+    Ok((inserted == accepted.len() as u64).then_some(receipts))
 }
 
 /// Decides and, when accepted, stores one envelope. An insert that loses a
@@ -92,6 +226,12 @@ fn identities(tx: &PgTx, envelope: &Envelope) -> Result<StoredIdentities, StoreE
             ],
         )?
         .expect("a SELECT without FROM returns one row");
+    stored_identities(&row)
+}
+
+/// The identities of a row of (hash by event id, event id by position,
+/// below the watermark).
+fn stored_identities(row: &Row) -> Result<StoredIdentities, StoreError> {
     let hash: Option<String> = row.get(0);
     let id: Option<String> = row.get(1);
     Ok(StoredIdentities {

@@ -1,13 +1,15 @@
-//! The PostgreSQL server of `experiment --backend postgres`: one fresh
-//! database per scenario, created under a unique name and dropped after the
-//! scenario (whether it passed, failed or panicked); databases left by runs
-//! on this machine whose process is gone are dropped when the next run
-//! connects (a run of another machine on the same server is never touched:
-//! the machine's name is part of the database's).
+//! The PostgreSQL server of the lab's runs on `--backend postgres`
+//! (`experiment`, `bench`): one fresh database per scenario or run, created
+//! under a unique name and dropped after it (whether it passed, failed or
+//! panicked); databases left by runs on this machine whose process is gone
+//! are dropped when the next run of the same kind connects (a run of
+//! another machine on the same server is never touched: the machine's name
+//! is part of the database's).
 //!
 //! Invariant: a URL is only ever shown through [`redact`] (never its
 //! password), and a database name is only ever one this module made
-//! (`ordo_exp_HOST_PID_N`, safe to interpolate into SQL).
+//! (the run's prefix, [`EXPERIMENT`] or [`BENCH`], then `HOST_PID_N`: safe
+//! to interpolate into SQL).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,9 +19,11 @@ use ordo_postgres::postgres::{Client, Config, NoTls};
 
 use crate::LabError as Failure;
 
-/// The prefix of every scenario database, then the machine, the process id
-/// and a number.
-const PREFIX: &str = "ordo_exp_";
+/// The prefix of every experiment scenario's database, then the machine,
+/// the process id and a number.
+pub const EXPERIMENT: &str = "ordo_exp_";
+/// The prefix of every bench run's database.
+pub const BENCH: &str = "ordo_bench_";
 /// The longest machine name kept in a database name.
 const HOST_LEN_MAX: usize = 20;
 /// The database the server's connection uses when the URL names none.
@@ -97,14 +101,22 @@ pub fn check_url(url: &str) -> Result<Config, Failure> {
 /// databases.
 pub struct Server {
     url: String,
+    prefix: &'static str,
     shown: String,
     admin: Mutex<Client>,
 }
 
 impl Server {
-    /// Connects to the database of `url` (`postgres` if it names none) and
-    /// drops the databases of runs whose process is gone.
+    /// Connects for the experiment's databases (see
+    /// [`Server::connect_for`]).
     pub fn connect(url: &str) -> Result<Server, Failure> {
+        Server::connect_for(url, EXPERIMENT)
+    }
+
+    /// Connects to the database of `url` (`postgres` if it names none), for
+    /// databases named with `prefix` ([`EXPERIMENT`] or [`BENCH`]), and
+    /// drops those of runs whose process is gone.
+    pub fn connect_for(url: &str, prefix: &'static str) -> Result<Server, Failure> {
         let mut config = check_url(url)?;
         let shown = describe(&config);
         let admin_db = split_url(url)
@@ -121,6 +133,7 @@ impl Server {
         })?;
         let server = Server {
             url: url.to_owned(),
+            prefix,
             shown,
             admin: Mutex::new(client),
         };
@@ -145,9 +158,9 @@ impl Server {
         Failure::Internal(format!("{}: {what}: {error}{code}", self.shown))
     }
 
-    /// The names of this suite's databases on the server.
+    /// The names of this kind of run's databases on the server.
     pub fn databases(&self) -> Result<Vec<String>, Failure> {
-        let pattern = format!("{}%", PREFIX.replace('_', "\\_"));
+        let pattern = format!("{}%", self.prefix.replace('_', "\\_"));
         let rows = self
             .admin()
             .query(
@@ -163,7 +176,7 @@ impl Server {
     fn drop_leftovers(&self) -> Result<(), Failure> {
         let host = machine();
         for name in self.databases()? {
-            let Some((their_host, pid)) = parse_name(&name) else {
+            let Some((their_host, pid)) = parse_name(self.prefix, &name) else {
                 continue;
             };
             let alive =
@@ -181,11 +194,13 @@ impl Server {
             .map_err(|e| self.fail(&format!("cannot drop database {name}"), e))
     }
 
-    /// A fresh, empty database for one scenario, dropped with the value.
+    /// A fresh, empty database for one scenario or run, dropped with the
+    /// value.
     pub fn create(&self) -> Result<Database<'_>, Failure> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let name = format!(
-            "{PREFIX}{}_{}_{}",
+            "{}{}_{}_{}",
+            self.prefix,
             machine(),
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
@@ -219,10 +234,10 @@ pub fn machine() -> String {
     }
 }
 
-/// The machine and process id of a name [`Server::create`] makes; `None`
-/// for any other name.
-fn parse_name(name: &str) -> Option<(&str, u32)> {
-    let mut parts = name.strip_prefix(PREFIX)?.split('_');
+/// The machine and process id of a name [`Server::create`] makes with
+/// `prefix`; `None` for any other name.
+fn parse_name<'a>(prefix: &str, name: &'a str) -> Option<(&'a str, u32)> {
+    let mut parts = name.strip_prefix(prefix)?.split('_');
     let (host, pid, number) = (parts.next()?, parts.next()?, parts.next()?);
     let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
     let host_ok = !host.is_empty()
@@ -296,17 +311,23 @@ mod tests {
 
     #[test]
     fn only_our_names_are_dropped() {
-        assert_eq!(parse_name("ordo_exp_vm_123_0"), Some(("vm", 123)));
-        assert_eq!(parse_name("ordo_exp_vm_123"), None);
-        assert_eq!(parse_name("ordo_exp_vm_123_0_x"), None);
-        assert_eq!(parse_name("ordo_exp_vm_x_0"), None);
-        assert_eq!(parse_name("ordo_exp_vm_+1_0"), None);
-        assert_eq!(parse_name("ordo_exp_Vm_1_0"), None);
-        assert_eq!(parse_name("ordo_cli_vm_123_0"), None);
+        assert_eq!(
+            parse_name(EXPERIMENT, "ordo_exp_vm_123_0"),
+            Some(("vm", 123))
+        );
+        assert_eq!(parse_name(EXPERIMENT, "ordo_exp_vm_123"), None);
+        assert_eq!(parse_name(EXPERIMENT, "ordo_exp_vm_123_0_x"), None);
+        assert_eq!(parse_name(EXPERIMENT, "ordo_exp_vm_x_0"), None);
+        assert_eq!(parse_name(EXPERIMENT, "ordo_exp_vm_+1_0"), None);
+        assert_eq!(parse_name(EXPERIMENT, "ordo_exp_Vm_1_0"), None);
+        assert_eq!(parse_name(EXPERIMENT, "ordo_cli_vm_123_0"), None);
+        // Each kind of run drops only its own databases.
+        assert_eq!(parse_name(BENCH, "ordo_exp_vm_123_0"), None);
+        assert_eq!(parse_name(BENCH, "ordo_bench_vm_123_0"), Some(("vm", 123)));
         let host = machine();
         assert!(!host.is_empty() && host.len() <= HOST_LEN_MAX, "{host}");
         assert_eq!(
-            parse_name(&format!("ordo_exp_{host}_1_2")),
+            parse_name(EXPERIMENT, &format!("ordo_exp_{host}_1_2")),
             Some((host.as_str(), 1))
         );
     }

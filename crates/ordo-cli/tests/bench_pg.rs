@@ -1,0 +1,190 @@
+//! `ordo bench --backend postgres` as a process, on the server of
+//! `ORDO_TEST_PG`: a tiny run counts every event it produced, relayed and
+//! applied for each worker count, with positive rates and ratios to F_pg,
+//! and leaves no database behind; flags that do not go together and URLs
+//! that do not parse are refused (exit 2, nothing created); an unreachable
+//! server is exit 1, named without its password. Speeds are never asserted.
+
+mod common;
+mod pgdb;
+
+use common::run;
+use ordo_postgres::postgres::Client;
+use pgdb::{admin_client as admin, serial};
+use serde_json::Value;
+
+/// The bench's databases on the server, sorted.
+fn bench_databases(client: &mut Client) -> Vec<String> {
+    pgdb::databases_named(client, "ordo_bench_")
+}
+
+fn number(value: &Value, key: &str) -> f64 {
+    value[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number: {value:#}"))
+}
+
+#[test]
+fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
+    let _serial = serial();
+    let mut client = admin();
+    let before = bench_databases(&mut client);
+    let server = pgdb::server();
+    let args = [
+        "--json",
+        "bench",
+        "--backend",
+        "postgres",
+        "--url",
+        server.as_str(),
+        "--workers",
+        "1,2",
+        "--flows",
+        "20",
+        "--batch",
+        "8",
+    ];
+    let v = run(&args).json();
+    assert_eq!(v["backend"], "postgres", "{v:#}");
+    assert!(
+        v["server"].as_str().unwrap().starts_with("postgres://"),
+        "{v:#}"
+    );
+    assert_eq!(v["flows"], 20, "{v:#}");
+    assert_eq!(v["batch"], 8, "{v:#}");
+    assert!(v["producers"].as_u64().unwrap() >= 1, "{v:#}");
+    let f_pg = number(&v, "f_pg");
+    assert!(f_pg > 0.0, "{v:#}");
+    let runs = v["workers"]
+        .as_array()
+        .expect("one object per worker count");
+    let counts: Vec<u64> = runs
+        .iter()
+        .map(|r| r["workers"].as_u64().unwrap())
+        .collect();
+    assert_eq!(counts, [1, 2], "{v:#}");
+    for run in runs {
+        // Every event produced was relayed and applied, and only those.
+        assert_eq!(run["events"], 60, "{run:#}");
+        assert!(run["deliveries"].as_u64().unwrap() >= 60, "{run:#}");
+        let events_per_s = number(run, "events_per_s");
+        assert!(events_per_s > 0.0, "{run:#}");
+        let ratio = number(run, "ratio_to_f");
+        assert!(ratio > 0.0, "{run:#}");
+        assert!(
+            (ratio - events_per_s / f_pg).abs() <= 0.01 * ratio + 0.002,
+            "the ratio is events per second over F_pg: {v:#}"
+        );
+        for key in [
+            "seconds",
+            "produce_per_s",
+            "relay_per_s",
+            "commits_per_event",
+        ] {
+            assert!(number(run, key) > 0.0, "{key}: {run:#}");
+        }
+    }
+    assert_eq!(
+        bench_databases(&mut client),
+        before,
+        "a database was left behind"
+    );
+
+    // The text report: F_pg, then one row per worker count.
+    let out = run(&args[1..]);
+    let text = out.text();
+    assert!(text.starts_with("F_pg = "), "{text}");
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|line| line.split_whitespace().nth(1) == Some("60"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{text}");
+    assert_eq!(
+        bench_databases(&mut client),
+        before,
+        "a database was left behind"
+    );
+}
+
+#[test]
+fn bad_input_is_exit_2_and_creates_nothing() {
+    let _serial = serial();
+    let mut client = admin();
+    let before = bench_databases(&mut client);
+    let server = pgdb::server();
+    let cases: [(&[&str], &str); 7] = [
+        (&["--backend", "postgres"], "--backend postgres needs --url"),
+        (&["--url", &server], "--url needs --backend postgres"),
+        (&["--workers", "2"], "--workers needs --backend postgres"),
+        (
+            &["--backend", "postgres", "--url", "mysql://root@127.0.0.1"],
+            "not a postgres:// or postgresql:// URL",
+        ),
+        (
+            &[
+                "--backend",
+                "postgres",
+                "--url",
+                "postgres://ordo:sekret@h:notaport",
+            ],
+            "not a PostgreSQL connection URL",
+        ),
+        (
+            &["--backend", "postgres", "--url", &server, "--sweep"],
+            "without --sweep",
+        ),
+        (
+            &[
+                "--backend",
+                "postgres",
+                "--url",
+                &server,
+                "--transport",
+                "http",
+            ],
+            "without --transport http",
+        ),
+    ];
+    for (flags, message) in cases {
+        let mut args = vec!["bench"];
+        args.extend_from_slice(flags);
+        let out = run(&args);
+        out.usage(message);
+        assert!(!out.stderr.contains("sekret"), "{flags:?}: {out:#?}");
+    }
+    // Out of range: refused by the argument parser.
+    for workers in ["0", "6", "1,x"] {
+        let out = run(&[
+            "bench",
+            "--backend",
+            "postgres",
+            "--url",
+            &server,
+            "--workers",
+            workers,
+        ]);
+        assert_eq!(out.code, 2, "--workers {workers}: {out:#?}");
+        assert_eq!(out.stdout, "", "--workers {workers}: {out:#?}");
+    }
+    assert_eq!(bench_databases(&mut client), before);
+}
+
+#[test]
+fn an_unreachable_server_is_exit_1_named_without_its_password() {
+    // Port 1 on the loopback interface: nothing listens there.
+    let out = run(&[
+        "bench",
+        "--backend",
+        "postgres",
+        "--url",
+        "postgres://ordo:sekret@127.0.0.1:1",
+    ]);
+    out.storage_error();
+    assert_eq!(out.stderr.lines().count(), 1, "{out:#?}");
+    assert!(
+        out.stderr
+            .contains("cannot connect to postgres://ordo@127.0.0.1:1"),
+        "{out:#?}"
+    );
+    assert!(!out.stderr.contains("sekret"), "{out:#?}");
+}

@@ -1,0 +1,555 @@
+//! The bench on PostgreSQL: the server's own single-row commit rate F_pg,
+//! then, for each worker count N, producer threads, N relays and N appliers
+//! at once on a fresh database, until every event is applied; events per
+//! second end to end as a ratio to F_pg.
+//!
+//! Every worker is a thread with its own connections, running the stores'
+//! real code paths: the reservation domain's `advance_batch` on
+//! [`PgProducer`], the relay's rounds ([`relay_each`], fair policy, leases)
+//! from a [`PgProducer`] into a [`PgConsumer`], and the applier's pages
+//! ([`process_page`], `FOR UPDATE SKIP LOCKED` on the apply cursors).
+//! Connections at once: [`PRODUCER_THREADS`] + 3 N + 1.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use ordo_core::{
+    process_page, relay_each, Clock, DrainStop, FlowId, Handover, Receipt, RelayError,
+    RelayOptions, SystemClock,
+};
+use ordo_postgres::error::pg_error;
+use ordo_postgres::postgres::{Client, Config, NoTls};
+use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
+use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
+use ordo_reservation::ReservationHandler;
+
+use crate::bench::{produce, CALIBRATION};
+use crate::pg::{Server, BENCH};
+use crate::{LabError as Failure, Progress, Silent};
+
+/// The worker counts measured unless told otherwise.
+pub const WORKERS_DEFAULT: [usize; 3] = [1, 2, 4];
+/// The most workers of one run (3 connections each).
+pub const WORKERS_MAX: usize = 5;
+/// The producer threads of every run, each advancing its own flows.
+pub const PRODUCER_THREADS: usize = 2;
+/// The first pause of a worker that found nothing to do; each pause in a
+/// row doubles, up to [`IDLE_PAUSE_MAX`] (polling, as the follow modes do).
+const IDLE_PAUSE: Duration = Duration::from_millis(1);
+const IDLE_PAUSE_MAX: Duration = Duration::from_millis(16);
+/// A run in which no event is applied for this long has stalled.
+const STALL: Duration = Duration::from_secs(60);
+
+/// What the PostgreSQL bench measures.
+#[derive(Debug, Clone)]
+pub struct PgBenchOptions {
+    /// The server, `postgres://USER@HOST:PORT` (its role needs `CREATEDB`).
+    pub url: String,
+    /// The worker counts: N relays and N appliers, one run each.
+    pub workers: Vec<usize>,
+    /// Flows per run, each three events.
+    pub flows: u64,
+    /// Events per transaction: per `advance_batch`, relay round and apply
+    /// batch.
+    pub batch: u64,
+}
+
+/// One run: producers, N relays and N appliers on a fresh database.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkersRun {
+    /// Relays, and as many appliers.
+    pub workers: usize,
+    /// Events produced, relayed and applied.
+    pub events: u64,
+    /// From the start until the last event was applied, in seconds.
+    pub seconds: f64,
+    /// Until the producers had committed every event, in seconds.
+    pub produced_seconds: f64,
+    /// Until the consumer had accepted every event, in seconds.
+    pub relayed_seconds: f64,
+    /// Events handed to the consumer (more than `events` when two relays
+    /// delivered one event, the second answered `duplicate`).
+    pub deliveries: u64,
+    /// Write transactions committed by every store handle of the run.
+    pub commits: u64,
+}
+
+impl WorkersRun {
+    /// Events per second, end to end.
+    pub fn events_per_s(&self) -> f64 {
+        self.events as f64 / self.seconds.max(1e-9)
+    }
+
+    /// Events per second at which the producers committed.
+    pub fn produce_per_s(&self) -> f64 {
+        self.events as f64 / self.produced_seconds.max(1e-9)
+    }
+
+    /// Events per second at which the relays got them accepted.
+    pub fn relay_per_s(&self) -> f64 {
+        self.events as f64 / self.relayed_seconds.max(1e-9)
+    }
+}
+
+/// What the PostgreSQL bench measured.
+#[derive(Debug, Clone)]
+pub struct PgBenchReport {
+    /// The server as messages name it (no password).
+    pub server: String,
+    /// F_pg: single-row insert-and-commit transactions per second on one
+    /// connection, `synchronous_commit` on.
+    pub f_pg: f64,
+    /// Flows per run.
+    pub flows: u64,
+    /// Events per transaction.
+    pub batch: u64,
+    /// Producer threads per run.
+    pub producers: usize,
+    /// One run per worker count, in the order asked.
+    pub runs: Vec<WorkersRun>,
+}
+
+/// A connection of the bench's own to `url`, named `application_name`.
+fn connect(url: &str, application_name: &str) -> Result<Client, Failure> {
+    let mut config: Config = url.parse().map_err(|e| pg_error("bench", e))?;
+    config.application_name(application_name);
+    config
+        .connect(NoTls)
+        .map_err(|e| pg_error("bench: cannot connect", e).into())
+}
+
+/// F_pg on the database of `url`: single-row insert-and-commit
+/// transactions per second on one connection, each commit waiting for the
+/// WAL flush (`synchronous_commit` on).
+fn calibrate(url: &str) -> Result<f64, Failure> {
+    let context = "bench: calibrating F_pg";
+    let mut client = connect(url, "ordo-bench-calibrate")?;
+    client
+        .batch_execute(
+            "SET synchronous_commit = on;
+             CREATE TABLE calibrate (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                                     v bytea NOT NULL)",
+        )
+        .map_err(|e| pg_error(context, e))?;
+    let insert = client
+        .prepare("INSERT INTO calibrate (v) VALUES ($1)")
+        .map_err(|e| pg_error(context, e))?;
+    let payload = vec![7u8; 200];
+    let started = Instant::now();
+    let mut commits = 0u64;
+    while started.elapsed() < CALIBRATION {
+        // Outside a transaction block: each statement commits alone.
+        client
+            .execute(&insert, &[&payload])
+            .map_err(|e| pg_error(context, e))?;
+        commits += 1;
+    }
+    Ok(commits as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Runs the bench: F_pg on a fresh database, then one run per worker count,
+/// each on a fresh database; every database is dropped afterwards.
+pub fn run(options: &PgBenchOptions, progress: &dyn Progress) -> Result<PgBenchReport, Failure> {
+    if let Some(&n) = options.workers.iter().find(|&&n| n == 0 || n > WORKERS_MAX) {
+        return Err(Failure::Usage(format!(
+            "--workers {n}: between 1 and {WORKERS_MAX}"
+        )));
+    }
+    let server = Server::connect_for(&options.url, BENCH)?;
+    progress.start(
+        "calibrating F_pg (single-row commits, synchronous_commit on)",
+        0,
+    );
+    let f_pg = calibrate(&server.create()?.url());
+    progress.finish();
+    let f_pg = f_pg?;
+    let mut runs = Vec::new();
+    for &workers in &options.workers {
+        let database = server.create()?;
+        runs.push(workers_run(&database.url(), workers, options, progress)?);
+    }
+    Ok(PgBenchReport {
+        server: server.shown().to_owned(),
+        f_pg,
+        flows: options.flows,
+        batch: options.batch,
+        producers: PRODUCER_THREADS,
+        runs,
+    })
+}
+
+/// The pauses of a worker while it finds nothing to do.
+struct Idle(Duration);
+
+impl Idle {
+    fn new() -> Idle {
+        Idle(IDLE_PAUSE)
+    }
+
+    fn reset(&mut self) {
+        self.0 = IDLE_PAUSE;
+    }
+
+    fn wait(&mut self) {
+        std::thread::sleep(self.0);
+        self.0 = (self.0 * 2).min(IDLE_PAUSE_MAX);
+    }
+}
+
+/// What the threads of one run share.
+struct Shared {
+    events: u64,
+    threads: usize,
+    ready: AtomicU64,
+    start: OnceLock<Instant>,
+    abort: AtomicBool,
+    accepted: AtomicU64,
+    applied: AtomicU64,
+    relayed_at: OnceLock<Instant>,
+    applied_at: OnceLock<Instant>,
+}
+
+impl Shared {
+    /// Counts this thread ready, then waits until the run starts; `None`
+    /// when it was aborted instead.
+    fn ready(&self) -> Option<Instant> {
+        self.ready.fetch_add(1, Ordering::SeqCst);
+        loop {
+            if let Some(start) = self.start.get() {
+                return Some(*start);
+            }
+            if self.aborted() {
+                return None;
+            }
+            std::thread::sleep(IDLE_PAUSE);
+        }
+    }
+
+    fn aborted(&self) -> bool {
+        self.abort.load(Ordering::SeqCst)
+    }
+}
+
+/// Aborts the run when its thread returns early, with an error or a panic.
+struct AbortOnDrop<'a>(&'a Shared);
+
+impl Drop for AbortOnDrop<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.abort.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// What one thread did: its commits, and its deliveries if a relay.
+type Done = Result<(u64, u64), Failure>;
+
+/// The producer store of `url`, its connection named for the bench's
+/// `role` and worker `i`.
+fn open_producer(url: &str, role: &str, i: usize) -> Result<PgProducer, Failure> {
+    Ok(PgProducer::open_with(
+        url,
+        &pg_producer_schema(),
+        clock(),
+        &store_options(role, i),
+    )?)
+}
+
+/// The consumer store of `url`, named as [`open_producer`]'s.
+fn open_consumer(url: &str, role: &str, i: usize) -> Result<PgConsumer, Failure> {
+    Ok(PgConsumer::open_with(
+        url,
+        &pg_consumer_schema(),
+        clock(),
+        &store_options(role, i),
+    )?)
+}
+
+fn store_options(role: &str, i: usize) -> PgOptions {
+    PgOptions {
+        application_name: Some(format!("ordo-bench-{role}-{i}")),
+        ..PgOptions::default()
+    }
+}
+
+fn clock() -> Arc<dyn Clock> {
+    Arc::new(SystemClock)
+}
+
+/// Producer `i` of `of`: every step of its share of the flows, `batch`
+/// requests per `advance_batch`.
+fn producer_thread(
+    url: &str,
+    i: usize,
+    of: usize,
+    options: &PgBenchOptions,
+    shared: &Shared,
+) -> Done {
+    let mut producer = open_producer(url, "produce", i)?;
+    if shared.ready().is_none() {
+        return Ok((0, 0));
+    }
+    let share = options.flows.div_ceil(of as u64);
+    let first = share * i as u64;
+    let range = first.min(options.flows)..(first + share).min(options.flows);
+    produce(&mut producer, range, options.batch, &Silent)?;
+    Ok((producer.commits(), 0))
+}
+
+/// A relay: rounds of up to `batch` events from its own producer handle
+/// into its own consumer handle, until the consumer accepted every event.
+fn relay_thread(url: &str, i: usize, options: &PgBenchOptions, shared: &Shared) -> Done {
+    let mut producer = open_producer(url, "relay", i)?;
+    let mut consumer = open_consumer(url, "receive", i)?;
+    if shared.ready().is_none() {
+        return Ok((0, 0));
+    }
+    let round = RelayOptions {
+        max: Some(options.batch),
+        batch_len_max: options.batch as usize,
+        ..RelayOptions::default()
+    };
+    let mut deliveries = 0u64;
+    let mut idle = Idle::new();
+    while shared.accepted.load(Ordering::SeqCst) < shared.events && !shared.aborted() {
+        let (mut delivered, mut accepted) = (0u64, 0u64);
+        relay_each(
+            &mut producer,
+            &mut consumer,
+            &round,
+            &SystemClock,
+            |handover| {
+                if let Handover::Delivered(delivery) = handover {
+                    delivered += 1;
+                    accepted += u64::from(delivery.receipt == Receipt::Accepted);
+                }
+            },
+        )
+        .map_err(|e| match e {
+            RelayError::Store(e) => Failure::Store(e),
+            other => Failure::Internal(other.to_string()),
+        })?;
+        deliveries += delivered;
+        let total = shared.accepted.fetch_add(accepted, Ordering::SeqCst) + accepted;
+        if total >= shared.events {
+            shared.relayed_at.get_or_init(Instant::now);
+        }
+        if delivered == 0 {
+            idle.wait();
+        } else {
+            idle.reset();
+        }
+    }
+    Ok((producer.commits() + consumer.commits(), deliveries))
+}
+
+/// An applier: pages of flows with work, up to `batch` events per
+/// transaction, until every event is applied.
+fn apply_thread(
+    url: &str,
+    i: usize,
+    options: &PgBenchOptions,
+    shared: &Shared,
+    progress: &dyn Progress,
+) -> Done {
+    let mut consumer = open_consumer(url, "apply", i)?;
+    if shared.ready().is_none() {
+        return Ok((0, 0));
+    }
+    let mut handler = ReservationHandler::default();
+    let mut after: Option<FlowId> = None;
+    let mut pass_applied = 0u64;
+    let mut idle = Idle::new();
+    while shared.applied.load(Ordering::SeqCst) < shared.events && !shared.aborted() {
+        let mut applied = 0u64;
+        let mut blocked = None;
+        after = process_page(
+            &mut consumer,
+            after.as_ref(),
+            None,
+            &mut handler,
+            options.batch,
+            |drain| {
+                applied += drain.applied;
+                if let DrainStop::Blocked(reason) = drain.stop {
+                    blocked = Some((drain.flow_id, reason));
+                }
+            },
+        )?;
+        if let Some((flow, reason)) = blocked {
+            return Err(Failure::Check(format!(
+                "bench: flow {flow} blocked ({reason})"
+            )));
+        }
+        progress.inc(applied);
+        pass_applied += applied;
+        let total = shared.applied.fetch_add(applied, Ordering::SeqCst) + applied;
+        if total >= shared.events {
+            shared.applied_at.get_or_init(Instant::now);
+        }
+        if after.is_none() {
+            if pass_applied == 0 {
+                idle.wait();
+            } else {
+                idle.reset();
+            }
+            pass_applied = 0;
+        }
+    }
+    Ok((consumer.commits(), 0))
+}
+
+/// Runs `body` as the run's thread, aborting the run when it fails.
+fn guarded(shared: &Shared, body: impl FnOnce() -> Done) -> Done {
+    let _abort = AbortOnDrop(shared);
+    let done = body();
+    if done.is_err() {
+        shared.abort.store(true, Ordering::SeqCst);
+    }
+    done
+}
+
+/// One run with `workers` relays and appliers on the database of `url`.
+fn workers_run(
+    url: &str,
+    workers: usize,
+    options: &PgBenchOptions,
+    progress: &dyn Progress,
+) -> Result<WorkersRun, Failure> {
+    // Both schemas first, so that the workers only open them.
+    open_producer(url, "init", 0)?;
+    open_consumer(url, "init", 0)?;
+    let events = options.flows * 3;
+    let shared = Shared {
+        events,
+        threads: PRODUCER_THREADS + 2 * workers,
+        ready: AtomicU64::new(0),
+        start: OnceLock::new(),
+        abort: AtomicBool::new(false),
+        accepted: AtomicU64::new(0),
+        applied: AtomicU64::new(0),
+        relayed_at: OnceLock::new(),
+        applied_at: OnceLock::new(),
+    };
+    progress.start(&format!("{workers} workers"), events);
+    let (results, produced, stalled) = std::thread::scope(|scope| {
+        let shared = &shared;
+        let producers: Vec<_> = (0..PRODUCER_THREADS)
+            .map(|i| {
+                scope.spawn(move || {
+                    let done = guarded(shared, || {
+                        producer_thread(url, i, PRODUCER_THREADS, options, shared)
+                    });
+                    (done, Instant::now())
+                })
+            })
+            .collect();
+        let others: Vec<_> = (0..workers)
+            .flat_map(|i| {
+                [
+                    scope.spawn(move || guarded(shared, || relay_thread(url, i, options, shared))),
+                    scope.spawn(move || {
+                        guarded(shared, || apply_thread(url, i, options, shared, progress))
+                    }),
+                ]
+            })
+            .collect();
+        while shared.ready.load(Ordering::SeqCst) < shared.threads as u64 && !shared.aborted() {
+            std::thread::sleep(IDLE_PAUSE);
+        }
+        shared.start.get_or_init(Instant::now);
+        // A watchdog: a run that applies nothing for STALL is aborted.
+        let (mut seen, mut since) = (0, Instant::now());
+        let mut stalled = false;
+        while shared.applied_at.get().is_none() && !shared.aborted() {
+            std::thread::sleep(Duration::from_millis(50));
+            let applied = shared.applied.load(Ordering::SeqCst);
+            if applied != seen {
+                (seen, since) = (applied, Instant::now());
+            } else if since.elapsed() >= STALL {
+                stalled = true;
+                shared.abort.store(true, Ordering::SeqCst);
+            }
+        }
+        let mut produced = None::<Instant>;
+        let mut results = Vec::new();
+        for handle in producers {
+            let (done, at) = handle.join().unwrap_or_else(|_| {
+                (
+                    Err(Failure::Internal("a producer panicked".into())),
+                    Instant::now(),
+                )
+            });
+            produced = produced.max(Some(at));
+            results.push(done);
+        }
+        for handle in others {
+            results.push(
+                handle
+                    .join()
+                    .unwrap_or_else(|_| Err(Failure::Internal("a worker panicked".into()))),
+            );
+        }
+        (results, produced, stalled)
+    });
+    progress.finish();
+    let mut commits = 0;
+    let mut deliveries = 0;
+    for result in results {
+        let (c, d) = result?;
+        commits += c;
+        deliveries += d;
+    }
+    let applied = shared.applied.load(Ordering::SeqCst);
+    if stalled {
+        return Err(Failure::Check(format!(
+            "bench: {workers} workers applied {applied} of {events} events, then nothing for {} s",
+            STALL.as_secs()
+        )));
+    }
+    check_end_state(url, events)?;
+    let start = *shared.start.get().expect("the run started");
+    let since_start = |at: Option<&Instant>| -> Result<f64, Failure> {
+        at.map(|at| at.duration_since(start).as_secs_f64())
+            .ok_or_else(|| {
+                Failure::Check(format!(
+                    "bench: {workers} workers applied {applied} of {events} events"
+                ))
+            })
+    };
+    Ok(WorkersRun {
+        workers,
+        events,
+        seconds: since_start(shared.applied_at.get())?,
+        produced_seconds: since_start(produced.as_ref())?,
+        relayed_seconds: since_start(shared.relayed_at.get())?,
+        deliveries,
+        commits,
+    })
+}
+
+/// Every event is in the outbox, accepted, and has its one effect.
+fn check_end_state(url: &str, events: u64) -> Result<(), Failure> {
+    let context = "bench: cannot check the end state";
+    let mut client = connect(url, "ordo-bench-check")?;
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM ordo_producer.outbox),
+                    (SELECT count(*) FROM ordo_producer.outbox WHERE accepted),
+                    (SELECT count(*) FROM ordo_consumer.inbox WHERE status = 'applied'),
+                    (SELECT count(*) FROM effect)",
+            &[],
+        )
+        .map_err(|e| pg_error(context, e))?;
+    let counts: Vec<i64> = (0..4).map(|i| row.get(i)).collect();
+    let expected = i64::try_from(events).unwrap_or(i64::MAX);
+    if counts.iter().any(|&n| n != expected) {
+        return Err(Failure::Check(format!(
+            "bench: of {events} events, the outbox holds {}, {} accepted, \
+             the inbox {} applied, with {} effects",
+            counts[0], counts[1], counts[2], counts[3]
+        )));
+    }
+    Ok(())
+}
