@@ -13,6 +13,7 @@ pub mod bench_producers;
 pub mod demo;
 pub mod experiment;
 pub mod faults;
+pub mod pg;
 pub mod serve;
 pub mod soak;
 pub mod worker;
