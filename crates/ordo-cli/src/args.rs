@@ -479,9 +479,9 @@ pub enum WorkerCommand {
         /// without it, one thread calling advance.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_024))]
         threads: Option<u64>,
-        /// With --threads, append the id of every event acknowledged as
-        /// committed to this file, one line each.
-        #[arg(long, requires = "threads")]
+        /// Append the id of every event acknowledged as committed to this
+        /// file, one line each.
+        #[arg(long)]
         acks: Option<PathBuf>,
     },
     /// Relay until the marker file exists and nothing is left.

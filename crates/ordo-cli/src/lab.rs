@@ -314,6 +314,7 @@ pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
                     flows,
                     quantity,
                     spread_ms: spread_from_ms.zip(spread_until_ms),
+                    acks,
                 }
             }
         }
