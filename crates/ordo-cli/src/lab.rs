@@ -123,8 +123,8 @@ pub fn demo(json_mode: bool, args: DemoArgs) -> Result<(), Failure> {
 }
 
 /// The backend of `--backend` and `--url`, which go together.
-fn experiment_backend(args: &ExperimentArgs) -> Result<experiment::Backend, Failure> {
-    match (args.backend, &args.url) {
+fn lab_backend(backend: BackendArg, url: &Option<String>) -> Result<experiment::Backend, Failure> {
+    match (backend, url) {
         (BackendArg::Sqlite, None) => Ok(experiment::Backend::Sqlite),
         (BackendArg::Sqlite, Some(_)) => {
             Err(Failure::Usage("--url needs --backend postgres".into()))
@@ -141,7 +141,7 @@ fn experiment_backend(args: &ExperimentArgs) -> Result<experiment::Backend, Fail
 
 pub fn experiment(json_mode: bool, args: ExperimentArgs) -> Result<(), Failure> {
     let options = experiment::ExperimentOptions {
-        backend: experiment_backend(&args)?,
+        backend: lab_backend(args.backend, &args.url)?,
         exe: ordo_binary()?,
         only: args.only,
         expected: args.expected,
@@ -176,6 +176,11 @@ pub fn experiment(json_mode: bool, args: ExperimentArgs) -> Result<(), Failure> 
 }
 
 pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
+    let backend = lab_backend(args.backend, &args.url)?;
+    let workers = match backend {
+        experiment::Backend::Sqlite => soak::WORKERS_SQLITE,
+        experiment::Backend::Postgres { .. } => soak::WORKERS_POSTGRES,
+    };
     let options = soak::SoakOptions {
         exe: ordo_binary()?,
         seconds: args.seconds,
@@ -188,6 +193,10 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
             TransportArg::Http => soak::SoakTransport::Http,
         },
         producer_threads: args.producer_threads,
+        backend,
+        relays: args.relays.map_or(workers, |n| n as usize),
+        appliers: args.appliers.map_or(workers, |n| n as usize),
+        keep: args.keep,
     };
     let bars = Bars::new("soak [{bar:40}] {pos}/{len} s {msg}");
     let report = soak::run(&options, &bars).map_err(failure)?;

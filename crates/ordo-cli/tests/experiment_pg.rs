@@ -10,7 +10,7 @@ mod pgdb;
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
-use ordo_postgres::postgres::{Client, NoTls};
+use ordo_postgres::postgres::Client;
 use serde_json::{json, Value};
 
 /// The seed's scenarios, all 22.
@@ -61,23 +61,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A connection of the test's own to the server's `postgres` database.
-fn admin() -> Client {
-    Client::connect(&format!("{}/postgres", pgdb::server()), NoTls)
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {} ({e})", pgdb::server()))
-}
-
 /// The experiment's databases on the server, sorted.
 fn experiment_databases(client: &mut Client) -> Vec<String> {
-    client
-        .query(
-            "SELECT datname::text FROM pg_database WHERE datname LIKE 'ordo\\_exp\\_%' ORDER BY 1",
-            &[],
-        )
-        .expect("list databases")
-        .iter()
-        .map(|row| row.get(0))
-        .collect()
+    pgdb::databases_named(client, "ordo_exp_")
 }
 
 /// Runs `ordo ARGS` and returns its exit status, stdout and stderr; the
@@ -122,7 +108,7 @@ fn server_with_password() -> (String, String) {
 #[test]
 fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards() {
     let _serial = serial();
-    let mut client = admin();
+    let mut client = pgdb::admin_client();
     let before = experiment_databases(&mut client);
     let (url, password) = server_with_password();
     let mut args = vec![
@@ -209,7 +195,7 @@ fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards()
 #[test]
 fn a_leftover_of_a_dead_run_is_dropped_and_nothing_else() {
     let _serial = serial();
-    let mut client = admin();
+    let mut client = pgdb::admin_client();
     // A process id that no longer runs: a child that has exited.
     let mut dead = Command::new("true").spawn().expect("start true");
     let dead_pid = dead.id();
@@ -254,7 +240,7 @@ fn a_leftover_of_a_dead_run_is_dropped_and_nothing_else() {
 #[test]
 fn flags_go_together_and_a_bad_url_creates_nothing() {
     let _serial = serial();
-    let mut client = admin();
+    let mut client = pgdb::admin_client();
     let before = experiment_databases(&mut client);
     let server = pgdb::server();
     let cases: [(&[&str], &str); 5] = [
