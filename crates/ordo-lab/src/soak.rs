@@ -48,6 +48,11 @@ pub const WORKERS_POSTGRES: usize = 4;
 /// relay has two connections and each applier one, and the server's
 /// connections are shared.
 pub const WORKERS_MAX: usize = 8;
+/// What convergence allows each event beyond the watchdog, in ms, on
+/// SQLite and on PostgreSQL (where a producer started late walks every
+/// flow again with one round trip to the server per step, on a server
+/// that other programs share).
+const CONVERGE_PER_EVENT_MS: (u64, u64) = (5, 25);
 /// How long the end check waits for the server to see every worker's
 /// session gone.
 const SESSIONS_GONE_BOUND: Duration = Duration::from_secs(10);
@@ -274,6 +279,8 @@ struct Soak {
     acks: PathBuf,
     /// Whether every producer records its acks (on PostgreSQL).
     record_acks: bool,
+    /// What convergence allows each event (see [`converge_watchdog`]).
+    per_event_ms: u64,
 }
 
 impl Soak {
@@ -528,6 +535,10 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         producer_threads: options.producer_threads,
         acks: dir.join("acks.log"),
         record_acks: database.is_some(),
+        per_event_ms: match database {
+            Some(_) => CONVERGE_PER_EVENT_MS.1,
+            None => CONVERGE_PER_EVENT_MS.0,
+        },
     };
     // Create both stores before any worker starts.
     match &database {
@@ -802,10 +813,10 @@ fn worker_pid(application_name: &str) -> Option<u32> {
 }
 
 /// How long convergence may wait for one worker: the experiment's watchdog,
-/// plus 5 ms for each of the soak's events, since a producer started late
-/// may still have every flow to drive.
-fn converge_watchdog(flows: u64) -> Duration {
-    WATCHDOG + Duration::from_millis(flows.saturating_mul(3 * 5))
+/// plus `per_event_ms` for each of the soak's events, since a producer
+/// started late may still have every flow to drive.
+fn converge_watchdog(flows: u64, per_event_ms: u64) -> Duration {
+    WATCHDOG + Duration::from_millis(flows.saturating_mul(3 * per_event_ms))
 }
 
 /// Lets the workers converge without kills and without faults: workers
@@ -824,7 +835,7 @@ fn converge(soak: &Soak, workers: &mut [Worker], tally: &mut Tally) -> Result<()
             worker.child = Some(soak.spawn(worker.role, None)?);
         }
     }
-    let watchdog = converge_watchdog(soak.flows);
+    let watchdog = converge_watchdog(soak.flows, soak.per_event_ms);
     for (role, marker) in [
         (Role::Produce, Some(&soak.produced_marker)),
         (Role::Relay, Some(&soak.relayed_marker)),
