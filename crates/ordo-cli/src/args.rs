@@ -282,6 +282,25 @@ pub struct SoakArgs {
     #[arg(long, value_name = "N", default_value = "1",
           value_parser = clap::value_parser!(u64).range(1..=1_024))]
     pub producer_threads: u64,
+    /// Where the run's stores live: two SQLite files, or one fresh
+    /// PostgreSQL database (both roles' schemas) on the server of `--url`,
+    /// dropped afterwards.
+    #[arg(long, value_enum, value_name = "B", default_value = "sqlite")]
+    pub backend: BackendArg,
+    /// The PostgreSQL server of `--backend postgres` (`postgres://USER@HOST:PORT`;
+    /// a database in it is only where the run connects to create its own).
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// Relay processes, 1..=8 (default: 2 on sqlite, 4 on postgres).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=8))]
+    pub relays: Option<u64>,
+    /// Applier processes, 1..=8 (default: 2 on sqlite, 4 on postgres).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=8))]
+    pub appliers: Option<u64>,
+    /// With --backend postgres, keep the run's database (named in the
+    /// result) instead of dropping it.
+    #[arg(long)]
+    pub keep: bool,
 }
 
 /// How a lab run's relays reach the consumer.
@@ -492,9 +511,9 @@ pub enum WorkerCommand {
         /// without it, one thread calling advance.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_024))]
         threads: Option<u64>,
-        /// With --threads, append the id of every event acknowledged as
-        /// committed to this file, one line each.
-        #[arg(long, requires = "threads")]
+        /// Append the id of every event acknowledged as committed to this
+        /// file, one line each.
+        #[arg(long)]
         acks: Option<PathBuf>,
     },
     /// Relay until the marker file exists and nothing is left.

@@ -176,6 +176,11 @@ pub fn experiment(json_mode: bool, args: ExperimentArgs) -> Result<(), Failure> 
 }
 
 pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
+    let backend = lab_backend(args.backend, args.url.as_ref())?;
+    let workers = match backend {
+        experiment::Backend::Sqlite => soak::WORKERS_SQLITE,
+        experiment::Backend::Postgres { .. } => soak::WORKERS_POSTGRES,
+    };
     let options = soak::SoakOptions {
         exe: ordo_binary()?,
         seconds: args.seconds,
@@ -188,6 +193,10 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
             TransportArg::Http => soak::SoakTransport::Http,
         },
         producer_threads: args.producer_threads,
+        backend,
+        relays: args.relays.map_or(workers, |n| n as usize),
+        appliers: args.appliers.map_or(workers, |n| n as usize),
+        keep: args.keep,
     };
     let bars = Bars::new("soak [{bar:40}] {pos}/{len} s {msg}");
     let report = soak::run(&options, &bars).map_err(failure)?;
@@ -355,6 +364,7 @@ pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
                     flows,
                     quantity,
                     spread_ms: spread_from_ms.zip(spread_until_ms),
+                    acks,
                 }
             }
         }

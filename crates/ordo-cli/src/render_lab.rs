@@ -11,7 +11,7 @@ use ordo_lab::bench_pg::{PgBenchReport, WorkersRun};
 use ordo_lab::bench_producers::{ProducersReport, ProducersRun};
 use ordo_lab::demo::DemoReport;
 use ordo_lab::experiment::ExperimentReport;
-use ordo_lab::soak::SoakReport;
+use ordo_lab::soak::{Role, SoakReport};
 use ordo_lab::worker::WorkerReport;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -141,31 +141,64 @@ pub fn experiment_text(report: &ExperimentReport) -> String {
     lines.join("\n")
 }
 
+/// Counts by role, as JSON.
+fn by_role(counts: &std::collections::BTreeMap<Role, u64>) -> Value {
+    counts
+        .iter()
+        .map(|(r, n)| (r.as_str().to_owned(), json!(n)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// Counts by role, as text.
+fn by_role_text(counts: &std::collections::BTreeMap<Role, u64>) -> String {
+    counts
+        .iter()
+        .map(|(role, n)| format!("{} {n}", role.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub fn soak(report: &SoakReport) -> Value {
     let violations = report.violations();
-    json!({
+    let mut value = json!({
         "seconds": report.seconds,
         "flows": report.flows,
         "seed": report.seed,
         "transport": report.transport.as_str(),
         "server_moves": report.server_moves,
         "kills": report.kills(),
-        "kills_by_role": report.kills_by_role.iter().map(|(r, n)| (r.as_str().to_owned(), json!(n))).collect::<serde_json::Map<_, _>>(),
+        "kills_by_role": by_role(&report.kills_by_role),
         "events": report.events,
         "faults_armed": report.faults_armed,
         "fault_exits": report.fault_exits,
         "acknowledged": report.acknowledged,
         "violations": violations,
         "verdict": if violations.is_empty() { "ok" } else { "violated" },
-    })
+    });
+    // On SQLite the report keeps its shape; on PostgreSQL it also names the
+    // backend, its server, the workers, the connections ended, and the
+    // database when kept.
+    if let Some(pg) = &report.postgres {
+        let extra = json!({
+            "backend": report.backend(),
+            "server": pg.server,
+            "relays": report.relays,
+            "appliers": report.appliers,
+            "terminations": pg.terminations(),
+            "terminations_by_role": by_role(&pg.terminations_by_role),
+            "leases_left": pg.leases_left,
+            "converge_seconds": seconds(report.converge),
+            "database": pg.kept,
+        });
+        if let (Some(value), Some(extra)) = (value.as_object_mut(), extra.as_object()) {
+            value.extend(extra.clone());
+        }
+    }
+    value
 }
 
 pub fn soak_text(report: &SoakReport) -> String {
-    let by_role: Vec<String> = report
-        .kills_by_role
-        .iter()
-        .map(|(role, n)| format!("{} {n}", role.as_str()))
-        .collect();
     let mut lines = vec![
         format!("seed     {}", report.seed),
         format!("transport {}", report.transport.as_str()),
@@ -173,7 +206,7 @@ pub fn soak_text(report: &SoakReport) -> String {
             "kills    {} (SIGKILL) over {} s: {}",
             report.kills(),
             report.seconds,
-            by_role.join(", ")
+            by_role_text(&report.kills_by_role)
         ),
         format!("events   {}", report.events),
         format!(
@@ -186,6 +219,29 @@ pub fn soak_text(report: &SoakReport) -> String {
             "server   took a new port {} time(s): its port was not free again in time",
             report.server_moves
         ));
+    }
+    if let Some(pg) = &report.postgres {
+        lines.insert(
+            1,
+            format!(
+                "backend  postgres on {}: {} relays, {} appliers",
+                pg.server, report.relays, report.appliers
+            ),
+        );
+        lines.push(format!(
+            "ended    {} connections (pg_terminate_backend): {}",
+            pg.terminations(),
+            by_role_text(&pg.terminations_by_role)
+        ));
+        lines.push(format!(
+            "converge {:.3} s; {} acknowledged events checked; {} leases left by relays that could not release them",
+            report.converge.as_secs_f64(),
+            report.acknowledged,
+            pg.leases_left
+        ));
+        if let Some(database) = &pg.kept {
+            lines.push(format!("database {database} (kept)"));
+        }
     }
     let violations = report.violations();
     if violations.is_empty() {

@@ -17,12 +17,12 @@ use ordo_core::ops::{
     SkipRefused, SkipRequest,
 };
 use ordo_core::{
-    AppendError, Backoff, ConsumerStore, Drain, Envelope, EventId, FlowId, InboxRecord,
-    OutboxRecord, ProducerStore, Receipt, StoreError, Transport, TransportError,
+    AppendError, Backoff, ConsumerStore, Drain, Envelope, EventId, FlowId, OutboxRecord,
+    ProducerStore, Receipt, StoreError, Transport, TransportError,
 };
 use ordo_postgres::{PgConsumer, PgProducer};
 use ordo_reservation::{
-    Advance, AdvanceError, AdvanceRefused, AdvanceRequest, EffectRecord, FlowRecord, Projection,
+    Advance, AdvanceError, AdvanceRefused, AdvanceRequest, FlowRecord, Projection,
     ReservationConsumer, ReservationHandler, ReservationProducer,
 };
 use ordo_sqlite::{ConsumerDb, ProducerDb};
@@ -120,12 +120,7 @@ impl AnyProducer {
     pub fn snapshot(&mut self) -> Result<(Vec<FlowRecord>, Vec<OutboxRecord>), StoreError> {
         match self {
             AnyProducer::Sqlite(s) => ordo_reservation::producer_snapshot(s),
-            AnyProducer::Postgres(s) => s.read(|tx| {
-                Ok((
-                    ordo_reservation::postgres::pg_read_flows(tx)?,
-                    ordo_postgres::read_outbox(tx)?,
-                ))
-            }),
+            AnyProducer::Postgres(s) => ordo_reservation::postgres::pg_producer_snapshot(s),
         }
     }
 }
@@ -243,7 +238,7 @@ pub enum AnyConsumer {
 }
 
 /// The inbox, projections and effects of a consumer snapshot.
-pub type ConsumerRows = (Vec<InboxRecord>, Vec<Projection>, Vec<EffectRecord>);
+pub use ordo_reservation::ConsumerRows;
 
 impl AnyConsumer {
     /// The domain that owns the store.
@@ -256,13 +251,7 @@ impl AnyConsumer {
     pub fn snapshot(&mut self) -> Result<ConsumerRows, StoreError> {
         match self {
             AnyConsumer::Sqlite(s) => ordo_reservation::consumer_snapshot(s),
-            AnyConsumer::Postgres(s) => s.read(|tx| {
-                Ok((
-                    ordo_postgres::read_inbox(tx)?,
-                    ordo_reservation::postgres::pg_read_projections(tx)?,
-                    ordo_reservation::postgres::pg_read_effects(tx)?,
-                ))
-            }),
+            AnyConsumer::Postgres(s) => ordo_reservation::postgres::pg_consumer_snapshot(s),
         }
     }
 

@@ -10,7 +10,7 @@ mod pgdb;
 use std::process::{Command, Output};
 
 use ordo_postgres::postgres::Client;
-use pgdb::{admin_client as admin, serial};
+use pgdb::serial;
 use serde_json::{json, Value};
 
 /// The seed's scenarios, all 22.
@@ -100,7 +100,7 @@ fn server_with_password() -> (String, String) {
 #[test]
 fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards() {
     let _serial = serial();
-    let mut client = admin();
+    let mut client = pgdb::admin_client();
     let before = experiment_databases(&mut client);
     let (url, password) = server_with_password();
     let mut args = vec![
@@ -187,7 +187,7 @@ fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards()
 #[test]
 fn a_leftover_of_a_dead_run_is_dropped_and_nothing_else() {
     let _serial = serial();
-    let mut client = admin();
+    let mut client = pgdb::admin_client();
     // A process id that no longer runs: a child that has exited.
     let mut dead = Command::new("true").spawn().expect("start true");
     let dead_pid = dead.id();
@@ -232,7 +232,7 @@ fn a_leftover_of_a_dead_run_is_dropped_and_nothing_else() {
 #[test]
 fn flags_go_together_and_a_bad_url_creates_nothing() {
     let _serial = serial();
-    let mut client = admin();
+    let mut client = pgdb::admin_client();
     let before = experiment_databases(&mut client);
     let server = pgdb::server();
     let cases: [(&[&str], &str); 5] = [

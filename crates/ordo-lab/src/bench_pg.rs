@@ -25,7 +25,7 @@ use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 use ordo_reservation::ReservationHandler;
 
 use crate::bench::{produce, CALIBRATION};
-use crate::pg::{Server, BENCH};
+use crate::pg::{Server, BENCH_PREFIX};
 use crate::{LabError as Failure, Progress, Silent};
 
 /// The worker counts measured unless told otherwise.
@@ -156,7 +156,7 @@ pub fn run(options: &PgBenchOptions, progress: &dyn Progress) -> Result<PgBenchR
             "--workers {n}: between 1 and {WORKERS_MAX}"
         )));
     }
-    let server = Server::connect_for(&options.url, BENCH)?;
+    let server = Server::connect(&options.url, BENCH_PREFIX)?;
     progress.start(
         "calibrating F_pg (single-row commits, synchronous_commit on)",
         0,

@@ -1,15 +1,17 @@
 //! The PostgreSQL server of the lab's runs on `--backend postgres`
-//! (`experiment`, `bench`): one fresh database per scenario or run, created
-//! under a unique name and dropped after it (whether it passed, failed or
-//! panicked); databases left by runs on this machine whose process is gone
-//! are dropped when the next run of the same kind connects (a run of
-//! another machine on the same server is never touched: the machine's name
-//! is part of the database's).
+//! (`experiment`, one database per scenario; `soak`, one per run; `bench`,
+//! one per measurement): each
+//! fresh database is created under a unique name and dropped after its use
+//! (whether it passed, failed or panicked) unless it is kept; databases
+//! left by runs on this machine whose process is gone are dropped when the
+//! next run of the same kind connects (a run of another machine on the same
+//! server is never touched: the machine's name is part of the database's;
+//! nor is a kept database: its name ends in `_kept`).
 //!
 //! Invariant: a URL is only ever shown through [`redact`] (never its
-//! password), and a database name is only ever one this module made
-//! (the run's prefix, [`EXPERIMENT`] or [`BENCH`], then `HOST_PID_N`: safe
-//! to interpolate into SQL).
+//! password), and a database name is only ever one this module made (the
+//! kind's prefix, then `HOST_PID_N`, then `_kept` for a kept one; safe to
+//! interpolate into SQL).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,11 +21,18 @@ use ordo_postgres::postgres::{Client, Config, NoTls};
 
 use crate::LabError as Failure;
 
-/// The prefix of every experiment scenario's database, then the machine,
+/// The prefix of every scenario database of `experiment`, then the machine,
 /// the process id and a number.
-pub const EXPERIMENT: &str = "ordo_exp_";
-/// The prefix of every bench run's database.
-pub const BENCH: &str = "ordo_bench_";
+pub const EXPERIMENT_PREFIX: &str = "ordo_exp_";
+/// The prefix of the database of a `soak` run, then as for
+/// [`EXPERIMENT_PREFIX`].
+pub const SOAK_PREFIX: &str = "ordo_soak_";
+/// The prefix of the databases of a `bench` run, then as for
+/// [`EXPERIMENT_PREFIX`].
+pub const BENCH_PREFIX: &str = "ordo_bench_";
+/// The suffix of a database kept after its run (never dropped as a
+/// leftover).
+const KEPT_SUFFIX: &str = "_kept";
 /// The longest machine name kept in a database name.
 const HOST_LEN_MAX: usize = 20;
 /// The database the server's connection uses when the URL names none.
@@ -97,26 +106,20 @@ pub fn check_url(url: &str) -> Result<Config, Failure> {
     })
 }
 
-/// A connection to the server that creates and drops the scenarios'
-/// databases.
+/// A connection to the server that creates and drops the runs' databases,
+/// whose names start with its prefix.
 pub struct Server {
     url: String,
-    prefix: &'static str,
     shown: String,
+    prefix: &'static str,
     admin: Mutex<Client>,
 }
 
 impl Server {
-    /// Connects for the experiment's databases (see
-    /// [`Server::connect_for`]).
-    pub fn connect(url: &str) -> Result<Server, Failure> {
-        Server::connect_for(url, EXPERIMENT)
-    }
-
-    /// Connects to the database of `url` (`postgres` if it names none), for
-    /// databases named with `prefix` ([`EXPERIMENT`] or [`BENCH`]), and
-    /// drops those of runs whose process is gone.
-    pub fn connect_for(url: &str, prefix: &'static str) -> Result<Server, Failure> {
+    /// Connects to the database of `url` (`postgres` if it names none) and
+    /// drops the databases named with `prefix` ([`EXPERIMENT_PREFIX`],
+    /// [`SOAK_PREFIX`], [`BENCH_PREFIX`]) of runs whose process is gone.
+    pub fn connect(url: &str, prefix: &'static str) -> Result<Server, Failure> {
         let mut config = check_url(url)?;
         let shown = describe(&config);
         let admin_db = split_url(url)
@@ -133,8 +136,8 @@ impl Server {
         })?;
         let server = Server {
             url: url.to_owned(),
-            prefix,
             shown,
+            prefix,
             admin: Mutex::new(client),
         };
         server.drop_leftovers()?;
@@ -158,7 +161,7 @@ impl Server {
         Failure::Internal(format!("{}: {what}: {error}{code}", self.shown))
     }
 
-    /// The names of this kind of run's databases on the server.
+    /// The names of the databases of this kind of run on the server.
     pub fn databases(&self) -> Result<Vec<String>, Failure> {
         let pattern = format!("{}%", self.prefix.replace('_', "\\_"));
         let rows = self
@@ -194,21 +197,32 @@ impl Server {
             .map_err(|e| self.fail(&format!("cannot drop database {name}"), e))
     }
 
-    /// A fresh, empty database for one scenario or run, dropped with the
-    /// value.
+    /// A fresh, empty database for one run, dropped with the value.
     pub fn create(&self) -> Result<Database<'_>, Failure> {
+        self.create_as(false)
+    }
+
+    /// A fresh, empty database for one run, kept when `keep` (its name then
+    /// ends in `_kept`, and no later run drops it), else dropped with the
+    /// value.
+    pub fn create_as(&self, keep: bool) -> Result<Database<'_>, Failure> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let name = format!(
-            "{}{}_{}_{}",
+            "{}{}_{}_{}{}",
             self.prefix,
             machine(),
             std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            if keep { KEPT_SUFFIX } else { "" }
         );
         self.admin()
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .map_err(|e| self.fail(&format!("cannot create database {name}"), e))?;
-        Ok(Database { server: self, name })
+        Ok(Database {
+            server: self,
+            name,
+            keep,
+        })
     }
 }
 
@@ -235,8 +249,8 @@ pub fn machine() -> String {
 }
 
 /// The machine and process id of a name [`Server::create`] makes with
-/// `prefix`; `None` for any other name.
-fn parse_name<'a>(prefix: &str, name: &'a str) -> Option<(&'a str, u32)> {
+/// `prefix`; `None` for any other name (a kept database's among them).
+fn parse_name<'n>(prefix: &str, name: &'n str) -> Option<(&'n str, u32)> {
     let mut parts = name.strip_prefix(prefix)?.split('_');
     let (host, pid, number) = (parts.next()?, parts.next()?, parts.next()?);
     let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
@@ -249,22 +263,70 @@ fn parse_name<'a>(prefix: &str, name: &'a str) -> Option<(&'a str, u32)> {
     (host_ok && digits(number) && parts.next().is_none()).then_some((host, pid))
 }
 
-/// One scenario's database; dropped (connections and all) with the value.
+/// One run's database; dropped (connections and all) with the value,
+/// unless it was created to be kept.
 pub struct Database<'a> {
     server: &'a Server,
     name: String,
+    keep: bool,
 }
 
 impl Database<'_> {
-    /// The URL the scenario's processes take for `--producer` and
-    /// `--consumer`: the server's URL naming this database.
+    /// The URL the run's processes take for `--producer` and `--consumer`:
+    /// the server's URL naming this database.
     pub fn url(&self) -> String {
         with_database(&self.server.url, &self.name)
+    }
+
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The database as messages and reports name it:
+    /// `postgres://USER@HOST:PORT/NAME` (no password).
+    pub fn shown(&self) -> String {
+        format!("{}/{}", self.server.shown, self.name)
+    }
+
+    /// The server sessions connected to this database whose
+    /// `application_name` starts with `ordo-` (ordo's stores' own), as
+    /// `(pid, application_name)`, ordered by pid.
+    pub fn ordo_sessions(&self) -> Result<Vec<(i32, String)>, Failure> {
+        let rows = self
+            .server
+            .admin()
+            .query(
+                "SELECT pid, application_name::text FROM pg_stat_activity
+                 WHERE datname = $1 AND application_name LIKE 'ordo-%' ORDER BY pid",
+                &[&self.name],
+            )
+            .map_err(|e| self.server.fail("cannot list sessions", e))?;
+        Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+    }
+
+    /// Ends the server session `pid` with `pg_terminate_backend`, if it is
+    /// still one of [`Database::ordo_sessions`]; returns whether it ended
+    /// one.
+    pub fn terminate(&self, pid: i32) -> Result<bool, Failure> {
+        let row = self
+            .server
+            .admin()
+            .query_one(
+                "SELECT coalesce(bool_or(pg_terminate_backend(pid)), false) FROM pg_stat_activity
+                 WHERE pid = $1 AND datname = $2 AND application_name LIKE 'ordo-%'",
+                &[&pid, &self.name],
+            )
+            .map_err(|e| self.server.fail("cannot terminate a session", e))?;
+        Ok(row.get(0))
     }
 }
 
 impl Drop for Database<'_> {
     fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
         // A database that cannot be dropped now is a leftover the next run
         // drops.
         let _ = self.server.drop_database(&self.name);
@@ -311,23 +373,30 @@ mod tests {
 
     #[test]
     fn only_our_names_are_dropped() {
+        let parse = |name| parse_name(EXPERIMENT_PREFIX, name);
+        assert_eq!(parse("ordo_exp_vm_123_0"), Some(("vm", 123)));
+        assert_eq!(parse("ordo_exp_vm_123"), None);
+        assert_eq!(parse("ordo_exp_vm_123_0_x"), None);
+        assert_eq!(parse("ordo_exp_vm_123_0_kept"), None);
+        assert_eq!(parse("ordo_exp_vm_x_0"), None);
+        assert_eq!(parse("ordo_exp_vm_+1_0"), None);
+        assert_eq!(parse("ordo_exp_Vm_1_0"), None);
+        assert_eq!(parse("ordo_cli_vm_123_0"), None);
+        assert_eq!(parse("ordo_soak_vm_123_0"), None);
         assert_eq!(
-            parse_name(EXPERIMENT, "ordo_exp_vm_123_0"),
+            parse_name(SOAK_PREFIX, "ordo_soak_vm_123_0"),
             Some(("vm", 123))
         );
-        assert_eq!(parse_name(EXPERIMENT, "ordo_exp_vm_123"), None);
-        assert_eq!(parse_name(EXPERIMENT, "ordo_exp_vm_123_0_x"), None);
-        assert_eq!(parse_name(EXPERIMENT, "ordo_exp_vm_x_0"), None);
-        assert_eq!(parse_name(EXPERIMENT, "ordo_exp_vm_+1_0"), None);
-        assert_eq!(parse_name(EXPERIMENT, "ordo_exp_Vm_1_0"), None);
-        assert_eq!(parse_name(EXPERIMENT, "ordo_cli_vm_123_0"), None);
-        // Each kind of run drops only its own databases.
-        assert_eq!(parse_name(BENCH, "ordo_exp_vm_123_0"), None);
-        assert_eq!(parse_name(BENCH, "ordo_bench_vm_123_0"), Some(("vm", 123)));
+        assert_eq!(parse_name(SOAK_PREFIX, "ordo_exp_vm_123_0"), None);
+        assert_eq!(parse_name(BENCH_PREFIX, "ordo_soak_vm_123_0"), None);
+        assert_eq!(
+            parse_name(BENCH_PREFIX, "ordo_bench_vm_123_0"),
+            Some(("vm", 123))
+        );
         let host = machine();
         assert!(!host.is_empty() && host.len() <= HOST_LEN_MAX, "{host}");
         assert_eq!(
-            parse_name(EXPERIMENT, &format!("ordo_exp_{host}_1_2")),
+            parse(&format!("ordo_exp_{host}_1_2")),
             Some((host.as_str(), 1))
         );
     }

@@ -2,6 +2,12 @@
 //! SIGKILL at random instants, then left to converge; the end state is
 //! checked against the protocol's invariants. Over HTTP the relays post to
 //! an `ordo serve` child, which is killed and started again too.
+//!
+//! On PostgreSQL the run has one fresh database (both roles' schemas in it,
+//! as one application database would hold them), several relays and
+//! appliers at once, and the server also ends ordo's own connections to
+//! that database (`pg_terminate_backend`, chosen by `application_name`) at
+//! random instants; the end check adds the relays' leases.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -11,9 +17,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ordo_core::{Clock, SystemClock};
-use ordo_testkit::check::{check_end_state, EndState, Finished, Snapshot, Violation};
+use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
+use ordo_reservation::postgres::{
+    pg_consumer_schema, pg_consumer_snapshot, pg_producer_schema, pg_producer_snapshot,
+};
+use ordo_testkit::check::{check_end_state, EndState, Finished, Rule, Snapshot, Violation};
 
 use crate::experiment::child::{finish_within, WATCHDOG};
+use crate::experiment::Backend;
+use crate::pg::{Database, Server, SOAK_PREFIX};
 use crate::serve::{loopback_any, ServeSpec};
 use crate::{internal, LabError, Progress};
 
@@ -24,6 +36,26 @@ const KILL_PAUSE_MS: (u64, u64) = (5, 60);
 const SERVER_BIND_ATTEMPTS: u32 = 20;
 /// The pause between two of those attempts.
 const SERVER_BIND_PAUSE: Duration = Duration::from_millis(25);
+/// Producer processes.
+const PRODUCERS: usize = 2;
+/// Relay and applier processes of each when not told: on SQLite, whose
+/// writers take turns on each file.
+pub const WORKERS_SQLITE: usize = 2;
+/// Relay and applier processes of each when not told: on PostgreSQL, where
+/// they work on different flows at once.
+pub const WORKERS_POSTGRES: usize = 4;
+/// The most relays, and the most appliers, of one run: on PostgreSQL each
+/// relay has two connections and each applier one, and the server's
+/// connections are shared.
+pub const WORKERS_MAX: usize = 8;
+/// What convergence allows each event beyond the watchdog, in ms, on
+/// SQLite and on PostgreSQL (where a producer started late walks every
+/// flow again with one round trip to the server per step, on a server
+/// that other programs share).
+const CONVERGE_PER_EVENT_MS: (u64, u64) = (5, 25);
+/// How long the end check waits for the server to see every worker's
+/// session gone.
+const SESSIONS_GONE_BOUND: Duration = Duration::from_secs(10);
 
 /// How the relays reach the consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,9 +97,19 @@ pub struct SoakOptions {
     /// How the relays reach the consumer.
     pub transport: SoakTransport,
     /// Threads in each producer process: 1 is one thread calling
-    /// `advance`; more share one group-committing writer and record every
-    /// event acknowledged to them, which the end check looks for.
+    /// `advance`; more share one group-committing writer (SQLite only).
+    /// Every event acknowledged to a producer on PostgreSQL, or to grouped
+    /// threads, is recorded, and the end check looks for it.
     pub producer_threads: u64,
+    /// Two SQLite files, or one fresh database on a PostgreSQL server.
+    pub backend: Backend,
+    /// Relay processes.
+    pub relays: usize,
+    /// Applier processes.
+    pub appliers: usize,
+    /// Keep the PostgreSQL database after the run (its name ends in
+    /// `_kept`; the report names it) instead of dropping it.
+    pub keep: bool,
 }
 
 /// What the soak did and found.
@@ -97,9 +139,34 @@ pub struct SoakReport {
     pub worker_failures: Vec<String>,
     /// The end state's violations.
     pub end_state: Vec<Violation>,
-    /// Events acknowledged as committed to a grouped producer's threads,
-    /// each checked to be in the outbox (0 with one thread per producer).
+    /// Events acknowledged as committed to a grouped producer's threads or
+    /// to a producer on PostgreSQL, each checked to be in the outbox (0
+    /// with one thread per producer on SQLite).
     pub acknowledged: u64,
+    /// Relay processes.
+    pub relays: usize,
+    /// Applier processes.
+    pub appliers: usize,
+    /// How long the workers took to finish once the kills stopped.
+    pub converge: Duration,
+    /// What only a run on PostgreSQL reports.
+    pub postgres: Option<PgSoakReport>,
+}
+
+/// What a soak on PostgreSQL reports besides.
+#[derive(Debug, Clone)]
+pub struct PgSoakReport {
+    /// The server, `postgres://USER@HOST:PORT` (no password).
+    pub server: String,
+    /// The run's database, `postgres://USER@HOST:PORT/NAME`, when kept.
+    pub kept: Option<String>,
+    /// Connections ended with `pg_terminate_backend`, by the role of the
+    /// worker that held them.
+    pub terminations_by_role: BTreeMap<Role, u64>,
+    /// Relay leases still naming a relay after convergence, each free
+    /// because its relay's session is gone (a killed relay cannot release
+    /// its leases) or its lease expired.
+    pub leases_left: u64,
 }
 
 impl SoakReport {
@@ -116,6 +183,21 @@ impl SoakReport {
     /// All kills.
     pub fn kills(&self) -> u64 {
         self.kills_by_role.values().sum()
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn backend(&self) -> &'static str {
+        match self.postgres {
+            Some(_) => "postgres",
+            None => "sqlite",
+        }
+    }
+}
+
+impl PgSoakReport {
+    /// All connections ended.
+    pub fn terminations(&self) -> u64 {
+        self.terminations_by_role.values().sum()
     }
 }
 
@@ -168,6 +250,7 @@ impl Worker {
 #[derive(Default)]
 struct Tally {
     kills: BTreeMap<Role, u64>,
+    terminations: BTreeMap<Role, u64>,
     faults_armed: u64,
     fault_exits: u64,
     failures: Vec<String>,
@@ -194,6 +277,10 @@ struct Soak {
     /// Threads per producer process, and the file of their acks.
     producer_threads: u64,
     acks: PathBuf,
+    /// Whether every producer records its acks (on PostgreSQL).
+    record_acks: bool,
+    /// What convergence allows each event (see [`converge_watchdog`]).
+    per_event_ms: u64,
 }
 
 impl Soak {
@@ -285,9 +372,10 @@ impl Soak {
             Role::Server => unreachable!("the server is started by spawn_server"),
         };
         if role == Role::Produce && self.producer_threads > 1 {
-            command
-                .args(["--threads", &self.producer_threads.to_string(), "--acks"])
-                .arg(&self.acks);
+            command.args(["--threads", &self.producer_threads.to_string()]);
+        }
+        if role == Role::Produce && (self.producer_threads > 1 || self.record_acks) {
+            command.arg("--acks").arg(&self.acks);
         }
         command
             .env_remove(ordo_core::crash::CRASH_POINT_ENV)
@@ -368,18 +456,70 @@ fn soak_dir(dir: Option<&Path>, temp: &Path) -> Result<PathBuf, LabError> {
     Ok(dir.to_path_buf())
 }
 
+/// Refuses options that do not go together; nothing is run.
+fn check_options(options: &SoakOptions) -> Result<(), LabError> {
+    for (flag, n) in [
+        ("--relays", options.relays),
+        ("--appliers", options.appliers),
+    ] {
+        if !(1..=WORKERS_MAX).contains(&n) {
+            return Err(LabError::Usage(format!(
+                "{flag} must be in 1..={WORKERS_MAX}"
+            )));
+        }
+    }
+    let sqlite_only = [
+        (options.faults, "--faults injects faults into SQLite files"),
+        (
+            options.transport == SoakTransport::Http,
+            "--transport http posts to an `ordo serve` of an SQLite file",
+        ),
+        (
+            options.producer_threads > 1,
+            "--producer-threads shares one SQLite group writer",
+        ),
+    ];
+    match options.backend {
+        Backend::Postgres { .. } => match sqlite_only.iter().find(|(given, _)| *given) {
+            Some((_, what)) => Err(LabError::Usage(format!(
+                "{what}: it needs --backend sqlite"
+            ))),
+            None => Ok(()),
+        },
+        Backend::Sqlite if options.keep => Err(LabError::Usage(
+            "--keep keeps a PostgreSQL database: it needs --backend postgres (--dir keeps SQLite files)"
+                .into(),
+        )),
+        Backend::Sqlite => Ok(()),
+    }
+}
+
 /// Runs the soak; a violated end state is in the report, not an error.
 pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport, LabError> {
+    check_options(options)?;
+    let server = match &options.backend {
+        Backend::Sqlite => None,
+        Backend::Postgres { url } => Some(Server::connect(url, SOAK_PREFIX)?),
+    };
+    // Dropped at the end of the run, whatever its outcome, unless kept.
+    let database = server
+        .as_ref()
+        .map(|server| server.create_as(options.keep))
+        .transpose()?;
     let seed = options.seed.unwrap_or_else(|| fastrand::u64(..));
     let temp = tempfile::Builder::new()
         .prefix("ordo-soak-")
         .tempdir()
         .map_err(|e| LabError::Internal(format!("cannot create a temporary directory: {e}")))?;
     let dir = soak_dir(options.dir.as_deref(), temp.path())?;
+    let (producer, consumer) = match &database {
+        Some(database) => (PathBuf::from(database.url()), PathBuf::from(database.url())),
+        None => (dir.join("producer.db"), dir.join("consumer.db")),
+    };
     let soak = Soak {
         exe: options.exe.clone(),
-        producer: dir.join("producer.db"),
-        consumer: dir.join("consumer.db"),
+        producer,
+        consumer,
         produced_marker: dir.join("produced.done"),
         relayed_marker: dir.join("relayed.done"),
         flows: options.flows,
@@ -394,21 +534,31 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         server: Cell::new(None),
         producer_threads: options.producer_threads,
         acks: dir.join("acks.log"),
+        record_acks: database.is_some(),
+        per_event_ms: match database {
+            Some(_) => CONVERGE_PER_EVENT_MS.1,
+            None => CONVERGE_PER_EVENT_MS.0,
+        },
     };
-    // Create both files before any worker starts.
-    ordo_reservation::open_producer(&soak.producer)?;
-    ordo_reservation::open_consumer(&soak.consumer)?;
+    // Create both stores before any worker starts.
+    match &database {
+        Some(database) => {
+            pg_producer(&database.url(), true)?;
+            pg_consumer(&database.url(), true)?;
+        }
+        None => {
+            ordo_reservation::open_producer(&soak.producer)?;
+            ordo_reservation::open_consumer(&soak.consumer)?;
+        }
+    }
 
     // The server first: the relays take its address.
-    let server = (options.transport == SoakTransport::Http).then_some(Role::Server);
-    let roles = server.into_iter().chain([
-        Role::Produce,
-        Role::Produce,
-        Role::Relay,
-        Role::Relay,
-        Role::Apply,
-        Role::Apply,
-    ]);
+    let server_role = (options.transport == SoakTransport::Http).then_some(Role::Server);
+    let roles = server_role
+        .into_iter()
+        .chain(std::iter::repeat_n(Role::Produce, PRODUCERS))
+        .chain(std::iter::repeat_n(Role::Relay, options.relays))
+        .chain(std::iter::repeat_n(Role::Apply, options.appliers));
     let mut tally = Tally::default();
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut workers = Vec::new();
@@ -419,15 +569,37 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
     }
     kill_loop(
         &soak,
+        database.as_ref(),
         &mut workers,
         options.seconds,
         &mut rng,
         &mut tally,
         progress,
     )?;
+    let converging = Instant::now();
     converge(&soak, &mut workers, &mut tally)?;
-    let (events, end_state) = check_files(&soak.producer, &soak.consumer, options.flows)?;
-    let acknowledged = check_acks(&soak.producer, &soak.acks, &mut tally)?;
+    let converge = converging.elapsed();
+    let (snapshot, end_state, postgres) = match (&database, &server) {
+        (Some(database), Some(server)) => {
+            let mut end_state = sessions_gone(database)?;
+            let (snapshot, leases) = database_state(&database.url())?;
+            end_state.extend(end_violations(&snapshot, options.flows)?);
+            end_state.extend(leases.violations);
+            let report = PgSoakReport {
+                server: server.shown().to_owned(),
+                kept: options.keep.then(|| database.shown()),
+                terminations_by_role: std::mem::take(&mut tally.terminations),
+                leases_left: leases.left,
+            };
+            (snapshot, end_state, Some(report))
+        }
+        _ => {
+            let snapshot = files_state(&soak.producer, &soak.consumer)?;
+            let end_state = end_violations(&snapshot, options.flows)?;
+            (snapshot, end_state, None)
+        }
+    };
+    let acknowledged = check_acks(&snapshot, &soak.acks, &mut tally)?;
     Ok(SoakReport {
         seconds: options.seconds,
         flows: options.flows,
@@ -435,18 +607,53 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         transport: options.transport,
         server_moves: tally.server_moves,
         kills_by_role: tally.kills,
-        events,
+        events: snapshot.outbox.len(),
         faults_armed: tally.faults_armed,
         fault_exits: tally.fault_exits,
         worker_failures: tally.failures,
         end_state,
         acknowledged,
+        relays: options.relays,
+        appliers: options.appliers,
+        converge,
+        postgres,
     })
 }
 
-/// Checks that every event acknowledged to a producer thread is in the
-/// outbox; returns how many were acknowledged.
-fn check_acks(producer: &Path, acks: &Path, tally: &mut Tally) -> Result<u64, LabError> {
+/// The options of the soak's own PostgreSQL stores: ordo's and the
+/// domain's tables created when `create`.
+fn pg_options(create: bool) -> PgOptions {
+    PgOptions {
+        create,
+        ..PgOptions::default()
+    }
+}
+
+/// Opens the PostgreSQL producer of a soak's database.
+fn pg_producer(url: &str, create: bool) -> Result<PgProducer, LabError> {
+    let clock = std::sync::Arc::new(SystemClock);
+    Ok(PgProducer::open_with(
+        url,
+        &pg_producer_schema(),
+        clock,
+        &pg_options(create),
+    )?)
+}
+
+/// As [`pg_producer`], for the consumer.
+fn pg_consumer(url: &str, create: bool) -> Result<PgConsumer, LabError> {
+    let clock = std::sync::Arc::new(SystemClock);
+    Ok(PgConsumer::open_with(
+        url,
+        &pg_consumer_schema(),
+        clock,
+        &pg_options(create),
+    )?)
+}
+
+/// Checks that every event acknowledged to a producer is in the outbox;
+/// returns how many were acknowledged.
+fn check_acks(snapshot: &Snapshot, acks: &Path, tally: &mut Tally) -> Result<u64, LabError> {
     let text = match std::fs::read_to_string(acks) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
@@ -457,9 +664,8 @@ fn check_acks(producer: &Path, acks: &Path, tally: &mut Tally) -> Result<u64, La
             )))
         }
     };
-    let (_, outbox) =
-        ordo_reservation::producer_snapshot(&mut ordo_reservation::open_producer(producer)?)?;
-    let stored: std::collections::BTreeSet<&str> = outbox
+    let stored: std::collections::BTreeSet<&str> = snapshot
+        .outbox
         .iter()
         .map(|r| r.envelope.event_id.as_str())
         .collect();
@@ -476,9 +682,11 @@ fn check_acks(producer: &Path, acks: &Path, tally: &mut Tally) -> Result<u64, La
 }
 
 /// Kills a random live worker after each short pause, and starts it again,
-/// for `seconds`.
+/// for `seconds`; on PostgreSQL, half of the time ends one of a live
+/// worker's connections to the run's database instead.
 fn kill_loop(
     soak: &Soak,
+    database: Option<&Database>,
     workers: &mut [Worker],
     seconds: u64,
     rng: &mut fastrand::Rng,
@@ -494,6 +702,16 @@ fn kill_loop(
         ));
         for worker in workers.iter_mut() {
             reap(soak, worker, tally, rng)?;
+        }
+        if let Some(database) = database.filter(|_| rng.bool()) {
+            terminate_one(database, workers, tally, rng)?;
+            let note = format!(
+                "{} kills, {} terminations",
+                tally.kills.values().sum::<u64>(),
+                tally.terminations.values().sum::<u64>()
+            );
+            progress.set(started.elapsed().as_secs().min(seconds), &note);
+            continue;
         }
         let Some(victim) = pick_victim(workers, &tally.kills, rng) else {
             continue;
@@ -521,23 +739,84 @@ fn pick_victim(
     kills: &BTreeMap<Role, u64>,
     rng: &mut fastrand::Rng,
 ) -> Option<usize> {
-    let live: Vec<usize> = (0..workers.len())
+    let live: Vec<(usize, Role)> = (0..workers.len())
         .filter(|&i| workers[i].child.is_some())
+        .map(|i| (i, workers[i].role))
         .collect();
-    let spared: Vec<usize> = live
+    pick(&live, kills, rng)
+}
+
+/// A random one of `candidates`, of a role not `hit` yet while there is
+/// one.
+fn pick<T: Copy>(
+    candidates: &[(T, Role)],
+    hit: &BTreeMap<Role, u64>,
+    rng: &mut fastrand::Rng,
+) -> Option<T> {
+    let spared: Vec<T> = candidates
         .iter()
-        .copied()
-        .filter(|&i| !kills.contains_key(&workers[i].role))
+        .filter(|(_, role)| !hit.contains_key(role))
+        .map(|(c, _)| *c)
         .collect();
-    let pool = if spared.is_empty() { live } else { spared };
+    let pool = if spared.is_empty() {
+        candidates.iter().map(|(c, _)| *c).collect()
+    } else {
+        spared
+    };
     (!pool.is_empty()).then(|| pool[rng.usize(..pool.len())])
 }
 
+/// Ends one connection that a live worker holds to the run's database
+/// (`pg_terminate_backend`), of a role none of whose connections was ended
+/// yet while there is one. Only ordo's own sessions of that database are
+/// candidates, each known by its `application_name`.
+fn terminate_one(
+    database: &Database,
+    workers: &[Worker],
+    tally: &mut Tally,
+    rng: &mut fastrand::Rng,
+) -> Result<(), LabError> {
+    let candidates: Vec<(i32, Role)> = database
+        .ordo_sessions()?
+        .iter()
+        .filter_map(|(session, name)| {
+            let pid = worker_pid(name)?;
+            let worker = workers
+                .iter()
+                .find(|w| w.child.as_ref().is_some_and(|c| c.id() == pid))?;
+            Some((*session, worker.role))
+        })
+        .collect();
+    let Some(session) = pick(&candidates, &tally.terminations, rng) else {
+        return Ok(());
+    };
+    if database.terminate(session)? {
+        let role = candidates
+            .iter()
+            .find(|(s, _)| *s == session)
+            .map(|(_, role)| *role)
+            .expect("picked among the candidates");
+        *tally.terminations.entry(role).or_default() += 1;
+    }
+    Ok(())
+}
+
+/// The process id of the worker whose store connection has this
+/// `application_name`: `ordo-relay-OWNER` (a producer store) or
+/// `ordo-apply-OWNER` (a consumer store), where a store's owner is
+/// `PID-RANDOM` unless set ([`PgOptions::owner`]).
+fn worker_pid(application_name: &str) -> Option<u32> {
+    let owner = application_name
+        .strip_prefix("ordo-relay-")
+        .or_else(|| application_name.strip_prefix("ordo-apply-"))?;
+    owner.split('-').next()?.parse().ok()
+}
+
 /// How long convergence may wait for one worker: the experiment's watchdog,
-/// plus 5 ms for each of the soak's events, since a producer started late
-/// may still have every flow to drive.
-fn converge_watchdog(flows: u64) -> Duration {
-    WATCHDOG + Duration::from_millis(flows.saturating_mul(3 * 5))
+/// plus `per_event_ms` for each of the soak's events, since a producer
+/// started late may still have every flow to drive.
+fn converge_watchdog(flows: u64, per_event_ms: u64) -> Duration {
+    WATCHDOG + Duration::from_millis(flows.saturating_mul(3 * per_event_ms))
 }
 
 /// Lets the workers converge without kills and without faults: workers
@@ -556,7 +835,7 @@ fn converge(soak: &Soak, workers: &mut [Worker], tally: &mut Tally) -> Result<()
             worker.child = Some(soak.spawn(worker.role, None)?);
         }
     }
-    let watchdog = converge_watchdog(soak.flows);
+    let watchdog = converge_watchdog(soak.flows, soak.per_event_ms);
     for (role, marker) in [
         (Role::Produce, Some(&soak.produced_marker)),
         (Role::Relay, Some(&soak.relayed_marker)),
@@ -582,6 +861,26 @@ fn converge(soak: &Soak, workers: &mut [Worker], tally: &mut Tally) -> Result<()
     Ok(())
 }
 
+/// The end state's violations in `snapshot`: every event delivered and
+/// applied once, every one of `flows` flows released.
+fn end_violations(snapshot: &Snapshot, flows: u64) -> Result<Vec<Violation>, LabError> {
+    let expected = EndState {
+        delivered: true,
+        finished: Some(Finished::released(
+            usize::try_from(flows).map_err(internal)?,
+        )),
+    };
+    Ok(check_end_state(snapshot, &expected))
+}
+
+/// Both files of a soak, read.
+fn files_state(producer: &Path, consumer: &Path) -> Result<Snapshot, LabError> {
+    Ok(Snapshot::new(
+        ordo_reservation::producer_snapshot(&mut ordo_reservation::open_producer(producer)?)?,
+        ordo_reservation::consumer_snapshot(&mut ordo_reservation::open_consumer(consumer)?)?,
+    ))
+}
+
 /// Checks the end state of a soak's two files: every event delivered and
 /// applied once, every one of `flows` flows released. Returns the number of
 /// committed events and the violations.
@@ -590,17 +889,106 @@ pub fn check_files(
     consumer: &Path,
     flows: u64,
 ) -> Result<(usize, Vec<Violation>), LabError> {
+    let snapshot = files_state(producer, consumer)?;
+    Ok((snapshot.outbox.len(), end_violations(&snapshot, flows)?))
+}
+
+/// Checks the end state of a soak's PostgreSQL database (`url`) once its
+/// workers are gone: as [`check_files`], and every relay lease free (one
+/// lease row per flow, none held by a live session). Returns the number of
+/// committed events and the violations.
+pub fn check_database(url: &str, flows: u64) -> Result<(usize, Vec<Violation>), LabError> {
+    let (snapshot, leases) = database_state(url)?;
+    let mut violations = end_violations(&snapshot, flows)?;
+    violations.extend(leases.violations);
+    Ok((snapshot.outbox.len(), violations))
+}
+
+/// The relays' leases after convergence. Each flow has one lease row; a
+/// lease is free when it names no relay, has expired, or names a relay
+/// whose server session is gone (as a claim decides). With every worker
+/// gone, each must be free; those still naming a relay were left by a
+/// relay that could not release them (killed, or its connection ended).
+struct Leases {
+    /// Leases still naming a relay, all free.
+    left: u64,
+    /// A lease held by a live session, or flows without a lease row.
+    violations: Vec<Violation>,
+}
+
+/// Both sides of a soak's database, read, and its leases.
+fn database_state(url: &str) -> Result<(Snapshot, Leases), LabError> {
+    let mut producer = pg_producer(url, false)?;
     let snapshot = Snapshot::new(
-        ordo_reservation::producer_snapshot(&mut ordo_reservation::open_producer(producer)?)?,
-        ordo_reservation::consumer_snapshot(&mut ordo_reservation::open_consumer(consumer)?)?,
+        pg_producer_snapshot(&mut producer)?,
+        pg_consumer_snapshot(&mut pg_consumer(url, false)?)?,
     );
-    let expected = EndState {
-        delivered: true,
-        finished: Some(Finished::released(
-            usize::try_from(flows).map_err(internal)?,
-        )),
-    };
-    Ok((snapshot.outbox.len(), check_end_state(&snapshot, &expected)))
+    let (rows, heads, held) = producer.read(|tx| {
+        let s = tx.ordo_schema().to_owned();
+        let counts = tx.query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM \"{s}\".relay_lease),
+                        (SELECT count(*) FROM \"{s}\".outbox_head)"
+            ),
+            &[],
+        )?;
+        let held = tx.query(
+            &format!(
+                "SELECT l.flow_id, l.owner,
+                        l.expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                        AND EXISTS (SELECT 1 FROM pg_stat_activity a
+                                    WHERE a.pid = l.backend_pid AND a.datname = current_database())
+                 FROM \"{s}\".relay_lease l WHERE l.owner IS NOT NULL ORDER BY l.flow_id"
+            ),
+            &[],
+        )?;
+        let held: Vec<(String, String, bool)> = held
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2)))
+            .collect();
+        Ok((counts.get::<_, i64>(0), counts.get::<_, i64>(1), held))
+    })?;
+    let mut violations = Vec::new();
+    if rows != heads {
+        violations.push(Violation {
+            rule: Rule::Unfinished,
+            detail: format!("{rows} relay lease rows for {heads} flows: one per flow expected"),
+        });
+    }
+    for (flow, owner, _) in held.iter().filter(|(_, _, live)| *live) {
+        violations.push(Violation {
+            rule: Rule::Unfinished,
+            detail: format!(
+                "flow {flow} is still leased to relay {owner}, whose session is alive after every worker finished"
+            ),
+        });
+    }
+    let left = held.iter().filter(|(_, _, live)| !live).count() as u64;
+    Ok((snapshot, Leases { left, violations }))
+}
+
+/// Waits until the server sees none of ordo's sessions in the run's
+/// database (every worker has exited); a session still there after
+/// [`SESSIONS_GONE_BOUND`] is a violation.
+fn sessions_gone(database: &Database) -> Result<Vec<Violation>, LabError> {
+    let started = Instant::now();
+    loop {
+        let sessions = database.ordo_sessions()?;
+        if sessions.is_empty() {
+            return Ok(Vec::new());
+        }
+        if started.elapsed() > SESSIONS_GONE_BOUND {
+            let names: Vec<&str> = sessions.iter().map(|(_, name)| name.as_str()).collect();
+            return Ok(vec![Violation {
+                rule: Rule::Unfinished,
+                detail: format!(
+                    "sessions still connected after every worker finished: {}",
+                    names.join(", ")
+                ),
+            }]);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[cfg(test)]

@@ -31,8 +31,13 @@ const RELAY_ROUND_LEN: u64 = 64;
 const APPLY_BATCH_LEN: u64 = 64;
 /// How long a relay worker's request to an HTTP inbox may take.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
-/// The first and the largest backoff ceiling of a relay worker over HTTP.
-const HTTP_BACKOFF_MS: (u64, u64) = (10, 250);
+/// The backoff of a relay worker over HTTP or to a PostgreSQL consumer,
+/// whose failures are brief (a restarted server, an ended connection).
+const SHORT_BACKOFF: Backoff = Backoff {
+    base_ms: 10,
+    cap_ms: 250,
+    floor_ms: 0,
+};
 
 /// The exit status of the wrong control `unsafe_dual_write`, between its
 /// two transactions.
@@ -52,6 +57,9 @@ pub enum WorkerRole {
         /// Flow by flow over this window (ms since the epoch) instead of
         /// step by step at once.
         spread_ms: Option<(i64, i64)>,
+        /// Appends the id of every event acknowledged as committed, one
+        /// line each, after the acknowledgement.
+        acks: Option<PathBuf>,
     },
     /// Advances every flow through all three steps with many threads
     /// through one group-committing writer, racing other producers.
@@ -131,24 +139,19 @@ impl WorkerEnv {
         )?)
     }
 
+    /// Opens a PostgreSQL producer, opening again while the server ends
+    /// the connection (see [`Retries::POSTGRES`]).
     fn pg_producer(&self, url: &str) -> Result<PgProducer, Failure> {
         let schema = pg_producer_schema();
-        Ok(PgProducer::open_with(
-            url,
-            &schema,
-            self.clock.clone(),
-            &PgOptions::default(),
-        )?)
+        Retries::postgres()
+            .run(|| PgProducer::open_with(url, &schema, self.clock.clone(), &PgOptions::default()))
     }
 
+    /// As [`WorkerEnv::pg_producer`], for a consumer.
     fn pg_consumer(&self, url: &str) -> Result<PgConsumer, Failure> {
         let schema = pg_consumer_schema();
-        Ok(PgConsumer::open_with(
-            url,
-            &schema,
-            self.clock.clone(),
-            &PgOptions::default(),
-        )?)
+        Retries::postgres()
+            .run(|| PgConsumer::open_with(url, &schema, self.clock.clone(), &PgOptions::default()))
     }
 }
 
@@ -195,22 +198,43 @@ pub fn run(role: WorkerRole, env: &WorkerEnv) -> Result<WorkerReport, Failure> {
             flows,
             quantity,
             spread_ms,
-        } => match postgres_url(&producer) {
-            Some(url) => produce(&mut env.pg_producer(url)?, &flows, quantity, spread_ms),
-            None => produce(&mut env.producer(&producer)?, &flows, quantity, spread_ms),
-        },
+            acks,
+        } => {
+            let job = Production {
+                flows: &flows,
+                quantity,
+                spread: spread_ms,
+                acks: crate::worker_group::Acks::open(acks.as_deref())?,
+            };
+            match postgres_url(&producer) {
+                Some(url) => produce(&mut env.pg_producer(url)?, &job, Retries::postgres()),
+                None => produce(&mut env.producer(&producer)?, &job, Retries::sqlite()),
+            }
+        }
         WorkerRole::ProduceGrouped(job) => crate::worker_group::produce(env, &job),
         WorkerRole::Relay {
             producer,
             target,
             until,
         } => match postgres_url(&producer) {
-            Some(url) => relay_until(env, &mut env.pg_producer(url)?, &target, &until),
-            None => relay_until(env, &mut env.producer(&producer)?, &target, &until),
+            Some(url) => relay_until(
+                env,
+                &mut env.pg_producer(url)?,
+                &target,
+                &until,
+                Retries::postgres(),
+            ),
+            None => relay_until(
+                env,
+                &mut env.producer(&producer)?,
+                &target,
+                &until,
+                Retries::sqlite(),
+            ),
         },
         WorkerRole::Apply { consumer, until } => match postgres_url(&consumer) {
-            Some(url) => apply_until(&mut env.pg_consumer(url)?, &until),
-            None => apply_until(&mut env.consumer(&consumer)?, &until),
+            Some(url) => apply_until(&mut env.pg_consumer(url)?, &until, Retries::postgres()),
+            None => apply_until(&mut env.consumer(&consumer)?, &until, Retries::sqlite()),
         },
         WorkerRole::UnsafeDualWrite {
             producer,
@@ -223,16 +247,26 @@ pub fn run(role: WorkerRole, env: &WorkerEnv) -> Result<WorkerReport, Failure> {
     }
 }
 
-/// Advances every flow through all three steps, each step with the
-/// `expected_seq` of that step: when another producer won the race the
-/// outcome is `stale` and the step is already done.
-fn produce(
-    producer: &mut impl ReservationProducer,
-    flows: &[FlowId],
+/// What a single-threaded producer worker drives.
+struct Production<'a> {
+    flows: &'a [FlowId],
     quantity: Quantity,
     spread: Option<(i64, i64)>,
+    acks: crate::worker_group::Acks,
+}
+
+/// Advances every flow through all three steps, each step with the
+/// `expected_seq` of that step: when another producer won the race the
+/// outcome is `stale` and the step is already done. A step that failed
+/// with a kind `retries` allows is tried again: the `expected_seq` makes
+/// that safe (a step that did commit is found `stale`).
+fn produce(
+    producer: &mut impl ReservationProducer,
+    job: &Production<'_>,
+    mut retries: Retries,
 ) -> Result<WorkerReport, Failure> {
     let (mut committed, mut stale) = (0u64, 0u64);
+    let (flows, quantity, spread) = (job.flows, job.quantity, job.spread);
     let steps = [
         FlowState::Reserved,
         FlowState::Confirmed,
@@ -247,14 +281,26 @@ fn produce(
             SchemaVersion::V1,
         )
         .map_err(|e| Failure::Usage(e.to_string()))?;
-        match producer.advance(&request) {
-            Ok(Advance::Committed(_)) => committed += 1,
-            Ok(Advance::Stale { .. }) => stale += 1,
-            Ok(other) => return Err(Failure::Internal(format!("{flow}: unexpected {other:?}"))),
-            Err(AdvanceError::Store(e)) => return Err(e.into()),
-            Err(e) => return Err(Failure::Internal(e.to_string())),
+        loop {
+            match producer.advance(&request) {
+                Ok(Advance::Committed(event)) => {
+                    committed += 1;
+                    job.acks.record(event.event_id.as_str())?;
+                }
+                Ok(Advance::Stale { .. }) => stale += 1,
+                Ok(other) => {
+                    return Err(Failure::Internal(format!("{flow}: unexpected {other:?}")))
+                }
+                Err(AdvanceError::Store(e)) if retries.allows(&e) => {
+                    retries.retry(e)?;
+                    continue;
+                }
+                Err(AdvanceError::Store(e)) => return Err(e.into()),
+                Err(e) => return Err(Failure::Internal(e.to_string())),
+            }
+            retries.reset();
+            return Ok(());
         }
-        Ok(())
     };
     match spread {
         // Step by step across all flows: racing producers meet on every step.
@@ -284,27 +330,80 @@ fn produce(
     Ok(WorkerReport::Produced { committed, stale })
 }
 
-/// Counts consecutive `Busy` failures; past the limit the worker gives up
-/// with the error, as a service would report it.
-struct BusyRetries(u32);
+/// Counts consecutive failures of the kinds a worker retries; past the
+/// limit the worker gives up with the error, as a service would report it.
+struct Retries {
+    count: u32,
+    kinds: &'static [ErrorKind],
+}
 
-impl BusyRetries {
-    /// Consecutive busy failures tolerated before giving up.
+impl Retries {
+    /// Consecutive failures tolerated before giving up.
     const MAX: u32 = 1_000;
+    /// On SQLite: another writer held the lock past the busy timeout.
+    const SQLITE: &'static [ErrorKind] = &[ErrorKind::Busy];
+    /// On PostgreSQL also a connection that the server ended, or a COMMIT
+    /// whose answer it lost: the store replaces the connection before its
+    /// next transaction, and every step a worker takes (a conditional
+    /// advance, a receive, a relay's bookkeeping, an apply) is idempotent
+    /// or conditional, so trying it again is safe.
+    const POSTGRES: &'static [ErrorKind] = &[
+        ErrorKind::Busy,
+        ErrorKind::ConnectionLost,
+        ErrorKind::CommitOutcomeUnknown,
+    ];
 
+    fn sqlite() -> Retries {
+        Retries {
+            count: 0,
+            kinds: Self::SQLITE,
+        }
+    }
+
+    fn postgres() -> Retries {
+        Retries {
+            count: 0,
+            kinds: Self::POSTGRES,
+        }
+    }
+
+    /// Whether `error` is of a kind tried again.
+    fn allows(&self, error: &StoreError) -> bool {
+        self.kinds.contains(&error.kind())
+    }
+
+    /// Pauses before the next try, or gives up with `error` past
+    /// [`Retries::MAX`] in a row.
     fn retry(&mut self, error: StoreError) -> Result<(), Failure> {
-        self.0 += 1;
-        if self.0 > Self::MAX {
+        self.count += 1;
+        if self.count > Self::MAX {
             return Err(error.into());
         }
         std::thread::sleep(IDLE_PAUSE);
         Ok(())
     }
+
+    /// A success: the count starts again.
+    fn reset(&mut self) {
+        self.count = 0;
+    }
+
+    /// Runs `f` until it succeeds or fails otherwise than [`Retries::allows`].
+    fn run<T>(mut self, mut f: impl FnMut() -> Result<T, StoreError>) -> Result<T, Failure> {
+        loop {
+            match f() {
+                Ok(value) => return Ok(value),
+                Err(e) if self.allows(&e) => self.retry(e)?,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
 }
 
 /// The transport to `target` and the relay options that go with it: over
-/// HTTP a short backoff, since a restarted server is back within
-/// milliseconds and the soak's convergence waits for every event.
+/// HTTP and to PostgreSQL a short backoff, since a restarted server or a
+/// new connection is back within milliseconds and the soak's convergence
+/// waits for every event.
 fn open_target(
     env: &WorkerEnv,
     target: &RelayTarget,
@@ -315,7 +414,15 @@ fn open_target(
     };
     match target {
         RelayTarget::File(path) => match postgres_url(path) {
-            Some(url) => Ok((Box::new(env.pg_consumer(url)?), options)),
+            // A connection the server ended is replaced at the next
+            // receive: the events it failed back off briefly.
+            Some(url) => Ok((
+                Box::new(env.pg_consumer(url)?),
+                RelayOptions {
+                    backoff: SHORT_BACKOFF,
+                    ..options
+                },
+            )),
             None => Ok((Box::new(env.consumer(path)?), options)),
         },
         RelayTarget::Http(url) => {
@@ -326,12 +433,13 @@ fn open_target(
             };
             let transport = HttpTransport::new(url, None, &client)
                 .map_err(|e| Failure::Usage(e.to_string()))?;
-            let backoff = Backoff {
-                base_ms: HTTP_BACKOFF_MS.0,
-                cap_ms: HTTP_BACKOFF_MS.1,
-                floor_ms: 0,
-            };
-            Ok((Box::new(transport), RelayOptions { backoff, ..options }))
+            Ok((
+                Box::new(transport),
+                RelayOptions {
+                    backoff: SHORT_BACKOFF,
+                    ..options
+                },
+            ))
         }
     }
 }
@@ -343,27 +451,40 @@ fn relay_until(
     producer: &mut impl ProducerStore,
     target: &RelayTarget,
     until: &Path,
+    mut retries: Retries,
 ) -> Result<WorkerReport, Failure> {
     let (mut transport, options) = open_target(env, target)?;
     let clock = env.clock.clone();
-    let mut busy = BusyRetries(0);
     let mut delivered = 0u64;
     loop {
         let finishing = until.exists();
         let report = match relay(producer, transport.as_mut(), &options, clock.as_ref()) {
             Ok(report) => report,
-            Err(RelayError::Store(e)) if e.kind() == ErrorKind::Busy => {
-                busy.retry(e)?;
+            Err(RelayError::Store(e)) if retries.allows(&e) => {
+                retries.retry(e)?;
+                continue;
+            }
+            // The round's failure is not recorded: its events are simply
+            // due again.
+            Err(RelayError::FailureUnrecorded { recording, .. }) if retries.allows(&recording) => {
+                retries.retry(recording)?;
                 continue;
             }
             Err(RelayError::Store(e)) => return Err(e.into()),
             Err(e) => return Err(Failure::Internal(e.to_string())),
         };
-        busy.0 = 0;
+        retries.reset();
         delivered += report.deliveries.len() as u64;
         if report.deliveries.is_empty() {
             if finishing {
-                let status = producer.producer_status(clock.now_ms())?;
+                let status = match producer.producer_status(clock.now_ms()) {
+                    Ok(status) => status,
+                    Err(e) if retries.allows(&e) => {
+                        retries.retry(e)?;
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                };
                 if status.backlog == status.quarantined {
                     break;
                 }
@@ -375,12 +496,15 @@ fn relay_until(
 }
 
 /// Applies until `until` exists and a round after that applies nothing.
-fn apply_until<C>(consumer: &mut C, until: &Path) -> Result<WorkerReport, Failure>
+fn apply_until<C>(
+    consumer: &mut C,
+    until: &Path,
+    mut retries: Retries,
+) -> Result<WorkerReport, Failure>
 where
     C: ConsumerStore,
     ReservationHandler: ApplyHandler<C::Tx>,
 {
-    let mut busy = BusyRetries(0);
     let mut applied = 0u64;
     loop {
         let finishing = until.exists();
@@ -391,13 +515,13 @@ where
             APPLY_BATCH_LEN,
         ) {
             Ok(drains) => drains,
-            Err(e) if e.kind() == ErrorKind::Busy => {
-                busy.retry(e)?;
+            Err(e) if retries.allows(&e) => {
+                retries.retry(e)?;
                 continue;
             }
             Err(e) => return Err(e.into()),
         };
-        busy.0 = 0;
+        retries.reset();
         let round: u64 = drains.iter().map(|d| d.applied).sum();
         applied += round;
         if round == 0 {

@@ -50,11 +50,11 @@ struct Tally {
     stale: u64,
 }
 
-/// Where a thread records what it was told committed.
-struct Acks(Option<File>);
+/// Where a producer thread records what it was told committed.
+pub(crate) struct Acks(Option<File>);
 
 impl Acks {
-    fn open(path: Option<&Path>) -> Result<Acks, Failure> {
+    pub(crate) fn open(path: Option<&Path>) -> Result<Acks, Failure> {
         let file = path
             .map(|p| {
                 std::fs::OpenOptions::new()
@@ -68,7 +68,7 @@ impl Acks {
     }
 
     /// One line in one write, so that a kill leaves whole lines.
-    fn record(&self, event_id: &str) -> Result<(), Failure> {
+    pub(crate) fn record(&self, event_id: &str) -> Result<(), Failure> {
         if let Some(mut file) = self.0.as_ref() {
             file.write_all(format!("{event_id}\n").as_bytes())
                 .map_err(|e| Failure::Internal(format!("cannot record an ack: {e}")))?;

@@ -22,6 +22,6 @@ pub use rules::{
 };
 pub use sqlite::{
     advance_in, consumer_schema, consumer_snapshot, open_consumer, open_producer, producer_schema,
-    producer_snapshot, Advance, AdvanceError, EffectRecord, ReservationConsumer,
+    producer_snapshot, Advance, AdvanceError, ConsumerRows, EffectRecord, ReservationConsumer,
     ReservationHandler, ReservationProducer, DOMAIN,
 };

@@ -317,6 +317,31 @@ pub fn pg_read_effects(tx: &PgTx) -> Result<Vec<EffectRecord>, StoreError> {
     .collect()
 }
 
+/// The flows and the outbox of a reservation producer store, read in one
+/// read transaction (no flows for a store of another domain), as
+/// [`crate::producer_snapshot`] reads an SQLite file.
+pub fn pg_producer_snapshot(
+    producer: &mut PgProducer,
+) -> Result<(Vec<FlowRecord>, Vec<ordo_core::OutboxRecord>), StoreError> {
+    producer.read(|tx| Ok((pg_read_flows(tx)?, ordo_postgres::read_outbox(tx)?)))
+}
+
+/// The inbox, the projections and the effects of a reservation consumer
+/// store, read in one read transaction (no projections or effects for a
+/// store of another domain), as [`crate::consumer_snapshot`] reads an
+/// SQLite file.
+pub fn pg_consumer_snapshot(
+    consumer: &mut PgConsumer,
+) -> Result<crate::sqlite::ConsumerRows, StoreError> {
+    consumer.read(|tx| {
+        Ok((
+            ordo_postgres::read_inbox(tx)?,
+            pg_read_projections(tx)?,
+            pg_read_effects(tx)?,
+        ))
+    })
+}
+
 impl ReservationProducer for PgProducer {
     fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError> {
         let outcome = self.write(|ptx| -> Result<Advance, AdvanceError> {

@@ -594,19 +594,17 @@ pub fn producer_snapshot(
     })
 }
 
+/// The rows of a consumer snapshot: the inbox, the projections and the
+/// effects.
+pub type ConsumerRows = (
+    Vec<ordo_core::InboxRecord>,
+    Vec<Projection>,
+    Vec<EffectRecord>,
+);
+
 /// The inbox, the projections and the effects, read in one read
 /// transaction (no projections or effects for a store of another domain).
-#[allow(clippy::type_complexity)]
-pub fn consumer_snapshot(
-    consumer: &mut ConsumerDb,
-) -> Result<
-    (
-        Vec<ordo_core::InboxRecord>,
-        Vec<Projection>,
-        Vec<EffectRecord>,
-    ),
-    StoreError,
-> {
+pub fn consumer_snapshot(consumer: &mut ConsumerDb) -> Result<ConsumerRows, StoreError> {
     consumer.read(|conn| {
         Ok((
             ordo_sqlite::read_inbox(conn)?,

@@ -25,6 +25,26 @@ pub fn server() -> String {
         .to_string()
 }
 
+/// A connection of the test's own to the server's `postgres` database.
+pub fn admin_client() -> Client {
+    Client::connect(&format!("{}/postgres", server()), NoTls)
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {} ({e})", server()))
+}
+
+/// The databases on the server whose names start with `prefix` (a prefix
+/// of letters, digits and `_`), sorted.
+pub fn databases_named(client: &mut Client, prefix: &str) -> Vec<String> {
+    client
+        .query(
+            "SELECT datname::text FROM pg_database WHERE datname LIKE $1 ORDER BY 1",
+            &[&format!("{}%", prefix.replace('_', "\\_"))],
+        )
+        .expect("list databases")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
 /// The connection that creates and drops databases; leftovers are dropped
 /// when it is first made.
 fn admin() -> &'static Mutex<Client> {
@@ -130,24 +150,4 @@ impl Drop for Database {
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A connection of the test's own to the server's `postgres` database.
-pub fn admin_client() -> Client {
-    Client::connect(&format!("{}/postgres", server()), NoTls)
-        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {} ({e})", server()))
-}
-
-/// The server's databases whose names start with `prefix`, sorted.
-pub fn databases_named(client: &mut Client, prefix: &str) -> Vec<String> {
-    let pattern = format!("{}%", prefix.replace('_', "\\_"));
-    client
-        .query(
-            "SELECT datname::text FROM pg_database WHERE datname LIKE $1 ORDER BY 1",
-            &[&pattern],
-        )
-        .expect("list databases")
-        .iter()
-        .map(|row| row.get(0))
-        .collect()
 }

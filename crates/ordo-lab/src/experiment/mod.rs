@@ -6,11 +6,13 @@
 mod beyond;
 pub(crate) mod child;
 mod expect;
-pub use crate::pg;
 mod scenarios;
 mod transport;
 
 use std::path::{Path, PathBuf};
+
+/// The PostgreSQL server of `--backend postgres`, shared with the soak.
+pub use crate::pg;
 
 use serde_json::{json, Value};
 
@@ -221,7 +223,7 @@ pub fn run(
     };
     let server = match &options.backend {
         Backend::Sqlite => None,
-        Backend::Postgres { url } => Some(pg::Server::connect(url)?),
+        Backend::Postgres { url } => Some(pg::Server::connect(url, pg::EXPERIMENT_PREFIX)?),
     };
     let root = tempfile::Builder::new()
         .prefix("ordo-experiment-")

@@ -1,0 +1,254 @@
+//! `ordo soak --backend postgres` against the server of `ORDO_TEST_PG`:
+//! four relays and four appliers SIGKILLed at random and their connections
+//! ended by the server, with every invariant kept and the run's database
+//! gone afterwards; only ordo's own connections of that database are ended;
+//! the flags go together as for `experiment`; an unreachable server is named
+//! without its password; and the end check of a kept database reports what
+//! was broken in it.
+
+mod common;
+mod pgdb;
+
+use common::*;
+use ordo_postgres::postgres::{Client, NoTls};
+use serde_json::Value;
+
+/// The soak's databases on the server, sorted.
+fn soak_databases(client: &mut Client) -> Vec<String> {
+    pgdb::databases_named(client, "ordo_soak_")
+}
+
+#[test]
+fn a_soak_on_postgresql_keeps_every_invariant_and_leaves_no_database() {
+    // One soak at a time: each compares the server's soak databases before
+    // and after its run, and each run opens about twenty connections.
+    let _serial = pgdb::serial();
+    let mut client = pgdb::admin_client();
+    let before = soak_databases(&mut client);
+    // A session named like ordo's, in another database: never ended.
+    let bystander_db = pgdb::Database::create();
+    let mut bystander = Client::connect(
+        &format!(
+            "{}?application_name=ordo-relay-1-bystander",
+            bystander_db.url()
+        ),
+        NoTls,
+    )
+    .expect("connect the bystander");
+    let server = pgdb::server();
+    let out = run(&[
+        "soak",
+        "--backend",
+        "postgres",
+        "--url",
+        &server,
+        "--seconds",
+        "5",
+        "--flows",
+        "60",
+        "--seed",
+        "7",
+        "--json",
+    ]);
+    let report = out.json();
+    assert_eq!(report["verdict"], "ok", "{report}");
+    assert_eq!(report["backend"], "postgres", "{report}");
+    assert_eq!(report["relays"], 4, "{report}");
+    assert_eq!(report["appliers"], 4, "{report}");
+    assert_eq!(report["events"], 180, "{report}");
+    assert_eq!(report["database"], Value::Null, "{report}");
+    for role in ["produce", "relay", "apply"] {
+        assert!(
+            report["kills_by_role"][role].as_u64().unwrap_or(0) >= 1,
+            "no {role} killed: {report}"
+        );
+    }
+    for role in ["relay", "apply"] {
+        assert!(
+            report["terminations_by_role"][role].as_u64().unwrap_or(0) >= 1,
+            "no {role} connection ended: {report}"
+        );
+    }
+    // Every acknowledged event is checked to be in the outbox (a producer
+    // killed between its commit and its record acknowledged fewer).
+    let acknowledged = report["acknowledged"].as_u64().unwrap();
+    assert!(acknowledged > 0 && acknowledged <= 180, "{report}");
+    assert!(report["violations"].as_array().unwrap().is_empty());
+    bystander
+        .query_one("SELECT 1", &[])
+        .expect("the bystander's connection was not ended");
+    assert_eq!(soak_databases(&mut client), before, "a database is left");
+}
+
+#[test]
+fn flags_go_together_and_a_bad_url_creates_nothing() {
+    let _serial = pgdb::serial();
+    let mut client = pgdb::admin_client();
+    let before = soak_databases(&mut client);
+    let server = pgdb::server();
+    let cases: [(&[&str], &str); 8] = [
+        (&["--url", &server], "--url needs --backend postgres"),
+        (&["--backend", "postgres"], "--backend postgres needs --url"),
+        (
+            &["--backend", "postgres", "--url", "host=127.0.0.1"],
+            "not a postgres://",
+        ),
+        (
+            &[
+                "--backend",
+                "postgres",
+                "--url",
+                "postgres://u:sekret@127.0.0.1:notaport",
+            ],
+            "not a PostgreSQL connection URL",
+        ),
+        (&["--keep"], "--keep"),
+        (
+            &["--backend", "postgres", "--url", &server, "--faults"],
+            "--faults",
+        ),
+        (
+            &[
+                "--backend",
+                "postgres",
+                "--url",
+                &server,
+                "--producer-threads",
+                "4",
+            ],
+            "--producer-threads",
+        ),
+        (&["--relays", "9"], "--relays"),
+    ];
+    for (flags, needle) in cases {
+        let mut args = vec!["soak", "--seconds", "1"];
+        args.extend_from_slice(flags);
+        let out = run(&args);
+        out.usage(needle);
+        assert!(!out.stderr.contains("sekret"), "{flags:?}: {}", out.stderr);
+    }
+    assert_eq!(soak_databases(&mut client), before);
+}
+
+#[test]
+fn an_unreachable_server_is_exit_1_in_one_line_without_its_password() {
+    // Port 1 on the loopback interface: nothing listens there.
+    let out = run(&[
+        "soak",
+        "--seconds",
+        "1",
+        "--backend",
+        "postgres",
+        "--url",
+        "postgres://ordo:sekret@127.0.0.1:1",
+    ]);
+    assert_eq!(out.code, 1, "{out:#?}");
+    assert_eq!(out.stdout, "", "{out:#?}");
+    assert_eq!(out.stderr.lines().count(), 1, "{out:#?}");
+    assert!(
+        out.stderr
+            .contains("cannot connect to postgres://ordo@127.0.0.1:1"),
+        "{out:#?}"
+    );
+    assert!(!out.stderr.contains("sekret"), "{out:#?}");
+}
+
+/// The URL of a database on the test server.
+fn database_url(name: &str) -> String {
+    format!("{}/{name}", pgdb::server())
+}
+
+#[test]
+fn the_end_check_of_a_kept_database_reports_what_was_broken_in_it() {
+    let _serial = pgdb::serial();
+    let mut client = pgdb::admin_client();
+    let out = run(&[
+        "soak",
+        "--backend",
+        "postgres",
+        "--url",
+        &pgdb::server(),
+        "--seconds",
+        "2",
+        "--flows",
+        "20",
+        "--seed",
+        "3",
+        "--keep",
+        "--json",
+    ]);
+    let report = out.json();
+    assert_eq!(report["verdict"], "ok", "{report}");
+    let kept = report["database"]
+        .as_str()
+        .expect("the kept database")
+        .to_owned();
+    let name = kept.rsplit('/').next().unwrap().to_owned();
+    assert!(
+        name.starts_with("ordo_soak_") && name.ends_with("_kept"),
+        "{kept}"
+    );
+    assert!(soak_databases(&mut client).contains(&name));
+
+    let (events, violations) =
+        ordo_lab::soak::check_database(&database_url(&name), 20).expect("check");
+    assert_eq!(events, 60);
+    assert!(violations.is_empty(), "{violations:?}");
+
+    // Each case on a copy of the finished run's database.
+    let cases: [(&str, &str); 7] = [
+        (
+            "DELETE FROM ordo_consumer.inbox WHERE event_id = 'flow-0000001-2'",
+            "lost",
+        ),
+        (
+            "DELETE FROM effect WHERE event_id = 'flow-0000002-3'",
+            "effects",
+        ),
+        (
+            "UPDATE ordo_consumer.inbox SET status = 'pending', settled_at_ms = NULL
+             WHERE event_id = 'flow-0000001-3'",
+            "not applied",
+        ),
+        (
+            "UPDATE projection SET state = 'confirmed', applied_seq = 2 WHERE flow_id = 'flow-0000001'",
+            "projection",
+        ),
+        (
+            "UPDATE ordo_consumer.inbox SET body = replace(body, '\"amount\":7', '\"amount\":8')
+             WHERE event_id = 'flow-0000001-1'",
+            "different body",
+        ),
+        (
+            "UPDATE ordo_producer.relay_lease SET owner = 'ghost', backend_pid = pg_backend_pid(),
+                 expires_at_ms = 9000000000000 WHERE flow_id = 'flow-0000003'",
+            "still leased to relay ghost",
+        ),
+        (
+            "DELETE FROM ordo_producer.relay_lease WHERE flow_id = 'flow-0000004'",
+            "relay lease rows for 20 flows",
+        ),
+    ];
+    for (i, (sql, expected)) in cases.into_iter().enumerate() {
+        let copy = format!("{name}_case{i}");
+        client
+            .batch_execute(&format!("CREATE DATABASE {copy} TEMPLATE {name}"))
+            .expect("copy the kept database");
+        // Stays connected while the check runs: the lease case's session.
+        let mut corrupter = Client::connect(&database_url(&copy), NoTls).expect("connect");
+        corrupter.batch_execute(sql).expect(sql);
+        let checked = ordo_lab::soak::check_database(&database_url(&copy), 20);
+        drop(corrupter);
+        client
+            .batch_execute(&format!("DROP DATABASE {copy} WITH (FORCE)"))
+            .expect("drop the copy");
+        let (_, violations) = checked.expect("check");
+        assert!(
+            violations.iter().any(|v| v.detail.contains(expected)),
+            "{sql}: {violations:?} lacks {expected:?}"
+        );
+    }
+    client
+        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .expect("drop the kept database");
+}
