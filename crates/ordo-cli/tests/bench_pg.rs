@@ -112,22 +112,12 @@ fn bad_input_is_exit_2_and_creates_nothing() {
     let mut client = admin();
     let before = bench_databases(&mut client);
     let server = pgdb::server();
-    let cases: [(&[&str], &str); 7] = [
-        (&["--backend", "postgres"], "--backend postgres needs --url"),
-        (&["--url", &server], "--url needs --backend postgres"),
+    let mut cases = pgdb::backend_url_misuses(&server);
+    cases.extend(pgdb::owned_cases(&[
         (&["--workers", "2"], "--workers needs --backend postgres"),
         (
             &["--backend", "postgres", "--url", "mysql://root@127.0.0.1"],
             "not a postgres:// or postgresql:// URL",
-        ),
-        (
-            &[
-                "--backend",
-                "postgres",
-                "--url",
-                "postgres://ordo:sekret@h:notaport",
-            ],
-            "not a PostgreSQL connection URL",
         ),
         (
             &["--backend", "postgres", "--url", &server, "--sweep"],
@@ -144,10 +134,10 @@ fn bad_input_is_exit_2_and_creates_nothing() {
             ],
             "without --transport http",
         ),
-    ];
+    ]));
     for (flags, message) in cases {
         let mut args = vec!["bench"];
-        args.extend_from_slice(flags);
+        args.extend(flags.iter().map(String::as_str));
         let out = run(&args);
         out.usage(message);
         assert!(!out.stderr.contains("sekret"), "{flags:?}: {out:#?}");

@@ -235,30 +235,10 @@ fn flags_go_together_and_a_bad_url_creates_nothing() {
     let mut client = pgdb::admin_client();
     let before = experiment_databases(&mut client);
     let server = pgdb::server();
-    let cases: [(&[&str], &str); 5] = [
-        (&["--url", &server], "--url needs --backend postgres"),
-        (
-            &["--backend", "sqlite", "--url", &server],
-            "--url needs --backend postgres",
-        ),
-        (&["--backend", "postgres"], "--backend postgres needs --url"),
-        (
-            &["--backend", "postgres", "--url", "host=127.0.0.1"],
-            "not a postgres://",
-        ),
-        (
-            &[
-                "--backend",
-                "postgres",
-                "--url",
-                "postgres://u:sekret@127.0.0.1:notaport",
-            ],
-            "not a PostgreSQL connection URL",
-        ),
-    ];
+    let cases = pgdb::backend_url_misuses(&server);
     for (flags, message) in cases {
         let mut args = vec!["experiment", "--only", "happy_path"];
-        args.extend_from_slice(flags);
+        args.extend(flags.iter().map(String::as_str));
         let (code, stdout, stderr) = ordo(&args);
         assert_eq!(code, 2, "{flags:?}: {stderr}");
         assert!(stdout.is_empty(), "{flags:?}: {stdout}");

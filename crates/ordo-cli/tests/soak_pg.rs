@@ -86,22 +86,8 @@ fn flags_go_together_and_a_bad_url_creates_nothing() {
     let mut client = pgdb::admin_client();
     let before = soak_databases(&mut client);
     let server = pgdb::server();
-    let cases: [(&[&str], &str); 8] = [
-        (&["--url", &server], "--url needs --backend postgres"),
-        (&["--backend", "postgres"], "--backend postgres needs --url"),
-        (
-            &["--backend", "postgres", "--url", "host=127.0.0.1"],
-            "not a postgres://",
-        ),
-        (
-            &[
-                "--backend",
-                "postgres",
-                "--url",
-                "postgres://u:sekret@127.0.0.1:notaport",
-            ],
-            "not a PostgreSQL connection URL",
-        ),
+    let mut cases = pgdb::backend_url_misuses(&server);
+    cases.extend(pgdb::owned_cases(&[
         (&["--keep"], "--keep"),
         (
             &["--backend", "postgres", "--url", &server, "--faults"],
@@ -119,10 +105,10 @@ fn flags_go_together_and_a_bad_url_creates_nothing() {
             "--producer-threads",
         ),
         (&["--relays", "9"], "--relays"),
-    ];
+    ]));
     for (flags, needle) in cases {
         let mut args = vec!["soak", "--seconds", "1"];
-        args.extend_from_slice(flags);
+        args.extend(flags.iter().map(String::as_str));
         let out = run(&args);
         out.usage(needle);
         assert!(!out.stderr.contains("sekret"), "{flags:?}: {}", out.stderr);

@@ -151,3 +151,40 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// The `--backend` / `--url` misuses that every lab command on PostgreSQL
+/// (`experiment`, `soak`, `bench`) refuses with exit 2, before it connects
+/// or creates anything, each with a phrase of its message. The password of
+/// the last URL must never be printed.
+pub fn backend_url_misuses(server: &str) -> Vec<(Vec<String>, &'static str)> {
+    let cases: [(&[&str], &str); 5] = [
+        (&["--url", server], "--url needs --backend postgres"),
+        (
+            &["--backend", "sqlite", "--url", server],
+            "--url needs --backend postgres",
+        ),
+        (&["--backend", "postgres"], "--backend postgres needs --url"),
+        (
+            &["--backend", "postgres", "--url", "host=127.0.0.1"],
+            "not a postgres://",
+        ),
+        (
+            &[
+                "--backend",
+                "postgres",
+                "--url",
+                "postgres://u:sekret@127.0.0.1:notaport",
+            ],
+            "not a PostgreSQL connection URL",
+        ),
+    ];
+    owned_cases(&cases)
+}
+
+/// Flag cases as owned strings, to extend [`backend_url_misuses`].
+pub fn owned_cases(cases: &[(&[&str], &'static str)]) -> Vec<(Vec<String>, &'static str)> {
+    cases
+        .iter()
+        .map(|(flags, needle)| (flags.iter().map(|f| f.to_string()).collect(), *needle))
+        .collect()
+}
