@@ -138,6 +138,9 @@ on_both_backends! {
     flow_detail_and_quarantined_bodies_side_by_side,
     on_postgres_flow_detail_and_quarantined_bodies_side_by_side:
         detail_and_quarantined(troubled_in);
+    an_event_id_conflict_shows_the_body_the_consumer_stores_under_that_id,
+    on_postgres_an_event_id_conflict_shows_the_body_stored_under_that_id:
+        quarantined_on_the_event_id(event_id_held_elsewhere);
     flows_are_searched_by_prefix_and_paged,
     on_postgres_flows_are_searched_by_prefix_and_paged:
         flows_by_prefix_and_page(as_given);
@@ -150,6 +153,52 @@ on_both_backends! {
     blocked_rows_of_the_reservation_domain_are_re_evaluated_as_inbox_retry,
     on_postgres_blocked_rows_are_re_evaluated_as_inbox_retry:
         reevaluated_as_inbox_retry(as_given);
+}
+
+/// The consumer holds the producer's event id A-1 at another flow and seq
+/// (Z, seq 2, received first): relaying A-1 is a conflict on the event id,
+/// and A-1 is quarantined.
+fn event_id_held_elsewhere(lab: Lab) -> Lab {
+    lab.at(T0).init();
+    lab.at(T0).advance("A", 0, "reserved", Some(5));
+    let held = envelope("A-1", "Z", 2, 1, "confirmed", json!({"amount": 7}));
+    let received = lab.at(T0 + 100).receive(&held);
+    assert_eq!(received["receipts"][0]["receipt"], "accepted", "{received}");
+    let relayed = lab.at(T0 + 200).relay(&[]);
+    assert_eq!(relayed["deliveries"][0]["receipt"], "conflict", "{relayed}");
+    lab
+}
+
+fn quarantined_on_the_event_id(lab: &Lab) {
+    let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
+    let quarantined = console.get("/quarantined");
+    assert_eq!(quarantined.status, 200, "{quarantined:?}");
+    let text = &quarantined.text;
+    assert!(text.contains("data-event=\"A-1\""), "{text}");
+    assert!(!text.contains("stores nothing"), "{text}");
+    assert!(
+        text.contains("the consumer stores it at flow <a href=\"/flow?id=Z\">Z</a>, seq 2."),
+        "{text}"
+    );
+    // Both bodies, the differing fields marked: flow, seq, type, amount;
+    // the event id and the schema alike.
+    let differs: Vec<&str> = text
+        .split("<tr class=\"differs\"><td class=\"field\">")
+        .skip(1)
+        .map(|rest| &rest[..rest.find('<').unwrap()])
+        .collect();
+    assert_eq!(
+        differs,
+        ["flow_id", "payload.amount", "seq", "type"],
+        "{text}"
+    );
+    for amount in [5, 7] {
+        assert!(
+            text.contains(&format!("&quot;amount&quot;:{amount}"))
+                || text.contains(&format!("\"amount\":{amount}")),
+            "amount {amount}: {text}"
+        );
+    }
 }
 
 fn overview_is_status(lab: &Lab) {

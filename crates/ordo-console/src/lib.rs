@@ -484,13 +484,18 @@ async fn flow_page(State(app): State<App>, Query(query): Query<FlowQuery>) -> Re
 }
 
 /// A quarantined outbox row and what the consumer stores at its flow and
-/// seq, if a consumer is given.
+/// seq, or else under its event id, if a consumer is given.
 pub struct Quarantined {
     /// The outbox row.
     pub outbox: ordo_core::ops::OutboxEntry,
-    /// The consumer's row at the same flow and seq: `None` without a
-    /// consumer, `Some(None)` when it stores nothing there.
+    /// The consumer's row at the same flow and seq, or else the one under
+    /// the same event id: `None` without a consumer, `Some(None)` when it
+    /// stores neither.
     pub stored: Option<Option<ordo_core::ops::InboxEntry>>,
+    /// Whether `stored` was read by the event id, the consumer storing
+    /// nothing at the flow and seq (the conflict is on the event id: a row
+    /// found is at another flow or seq).
+    pub by_event_id: bool,
 }
 
 fn read_quarantined(app: &Console) -> Result<Option<Vec<Quarantined>>, StoreError> {
@@ -504,13 +509,19 @@ fn read_quarantined(app: &Console) -> Result<Option<Vec<Quarantined>>, StoreErro
     };
     let mut out = Vec::with_capacity(rows.len());
     for outbox in rows {
-        let stored = match consumer.as_mut() {
-            Some(consumer) => {
-                Some(consumer.entry_at(&outbox.envelope.flow_id, outbox.envelope.seq)?)
-            }
-            None => None,
+        let env = &outbox.envelope;
+        let (stored, by_event_id) = match consumer.as_mut() {
+            Some(consumer) => match consumer.entry_at(&env.flow_id, env.seq)? {
+                Some(at) => (Some(Some(at)), false),
+                None => (Some(consumer.entry_of_event(&env.event_id)?), true),
+            },
+            None => (None, false),
         };
-        out.push(Quarantined { outbox, stored });
+        out.push(Quarantined {
+            outbox,
+            stored,
+            by_event_id,
+        });
     }
     Ok(Some(out))
 }

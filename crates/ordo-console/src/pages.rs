@@ -386,10 +386,14 @@ pub fn quarantined(console: &Console, rows: Option<&[Quarantined]>) -> Page {
                                     pre { (env.body()) }
                                 }
                                 Some(None) => {
-                                    p.note { "The consumer stores nothing at this flow and seq (the conflict is on the event id)." }
+                                    p.note { "The consumer stores nothing at this flow and seq, nor under this event id (a pruned row keeps only its fingerprint)." }
                                     pre { (env.body()) }
                                 }
                                 Some(Some(stored)) => {
+                                    @if row.by_event_id {
+                                        @let at = &stored.envelope;
+                                        p.stored-at { "The conflict is on the event id: the consumer stores it at flow " (flow_link(&at.flow_id)) ", seq " (at.seq.get()) "." }
+                                    }
                                     (side_by_side(env, &stored.envelope))
                                     table {
                                         tr { th { "Outbox body" } th { "Consumer's stored body" } }

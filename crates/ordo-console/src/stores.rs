@@ -88,6 +88,8 @@ pub trait ConsumerView: Send {
     ) -> Result<Vec<InboxEntry>, StoreError>;
     /// [`ConsumerStore::inbox_entry_at`].
     fn entry_at(&mut self, flow_id: &FlowId, seq: Seq) -> Result<Option<InboxEntry>, StoreError>;
+    /// [`ConsumerStore::inbox_entry_of_event`].
+    fn entry_of_event(&mut self, event_id: &EventId) -> Result<Option<InboxEntry>, StoreError>;
     /// [`ConsumerStore::repairs`].
     fn repair_log(&mut self) -> Result<Vec<RepairRecord>, StoreError>;
     /// [`ConsumerStore::skip`], as `ordo inbox skip`.
@@ -122,6 +124,10 @@ impl<S: ConsumerStore + Send> ConsumerView for S {
 
     fn entry_at(&mut self, flow_id: &FlowId, seq: Seq) -> Result<Option<InboxEntry>, StoreError> {
         self.inbox_entry_at(flow_id, seq)
+    }
+
+    fn entry_of_event(&mut self, event_id: &EventId) -> Result<Option<InboxEntry>, StoreError> {
+        self.inbox_entry_of_event(event_id)
     }
 
     fn repair_log(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
@@ -293,6 +299,10 @@ impl ConsumerView for Kept<dyn ConsumerView> {
 
     fn entry_at(&mut self, flow_id: &FlowId, seq: Seq) -> Result<Option<InboxEntry>, StoreError> {
         self.call(|h| h.entry_at(flow_id, seq))
+    }
+
+    fn entry_of_event(&mut self, event_id: &EventId) -> Result<Option<InboxEntry>, StoreError> {
+        self.call(|h| h.entry_of_event(event_id))
     }
 
     fn repair_log(&mut self) -> Result<Vec<RepairRecord>, StoreError> {

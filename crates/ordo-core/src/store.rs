@@ -269,6 +269,16 @@ pub trait ConsumerStore {
         let _ = (flow_id, seq);
         Err(not_supported("reading one inbox row"))
     }
+
+    /// The inbox row stored under `event_id`, wherever its flow and seq,
+    /// if any. A pruned row keeps only its fingerprint: `None`.
+    fn inbox_entry_of_event(
+        &mut self,
+        event_id: &EventId,
+    ) -> Result<Option<InboxEntry>, StoreError> {
+        let _ = event_id;
+        Err(not_supported("reading one inbox row"))
+    }
 }
 
 /// The default number of events applied per transaction.

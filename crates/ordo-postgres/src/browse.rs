@@ -1,11 +1,12 @@
 //! The reads for browsing (the operator console): flows by id prefix on
-//! either side, one flow's outbox rows, one inbox row. Each is a range read
+//! either side, one flow's outbox rows, one inbox row (by flow and seq, or
+//! by event id). Each is a range read
 //! on a primary or unique key (flow ids are `COLLATE "C"`, so the order is
 //! the bytes', as on SQLite), bounded by its limit however many flows and
 //! rows there are: keyset paging, never an offset.
 
 use ordo_core::ops::{ConsumerFlow, InboxEntry, OutboxEntry, ProducerFlow};
-use ordo_core::{FlowId, Seq, StoreError};
+use ordo_core::{EventId, FlowId, Seq, StoreError};
 
 use crate::conn::PgTx;
 use crate::consumer::inbox_entry;
@@ -40,6 +41,11 @@ pub(crate) const FLOW_OUTBOX_SQL: &str =
 pub(crate) const INBOX_AT_SQL: &str =
     "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM {s}.inbox
      WHERE flow_id = $1 AND seq = $2";
+
+/// One inbox row, on the `event_id` key.
+pub(crate) const INBOX_OF_EVENT_SQL: &str =
+    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM {s}.inbox
+     WHERE event_id = $1";
 
 /// Up to `limit` `(flow, number)` rows that `sql` reads with the parameters
 /// `(start, after, limit)`, in flow order, as long as the flow starts with
@@ -140,6 +146,19 @@ pub(crate) fn inbox_entry_at(
     row.as_ref().map(inbox_entry).transpose()
 }
 
+/// The inbox row stored under `event_id`, if any (a pruned row is gone).
+pub(crate) fn inbox_entry_of_event(
+    conn: &PgTx,
+    event_id: &EventId,
+) -> Result<Option<InboxEntry>, StoreError> {
+    let row = conn.row(
+        "consumer: cannot read an inbox row",
+        INBOX_OF_EVENT_SQL,
+        &[&event_id.as_str()],
+    )?;
+    row.as_ref().map(inbox_entry).transpose()
+}
+
 #[cfg(test)]
 mod tests {
     //! The plans of the browsing reads on tables of many flows: each is an
@@ -187,8 +206,10 @@ mod tests {
         let name = format!("q{}", fastrand::u32(..));
         let types = if sql.contains("$3") {
             "(text, text, bigint)"
-        } else {
+        } else if sql.contains("$2") {
             "(text, bigint)"
+        } else {
+            "(text)"
         };
         client
             .batch_execute(&format!("PREPARE {name} {types} AS {sql}"))
@@ -269,5 +290,6 @@ mod tests {
         }
         assert_indexed(&plan(client, p, FLOW_OUTBOX_SQL, "'f-012345', 1000"));
         assert_indexed(&plan(client, c, INBOX_AT_SQL, "'f-012345', 1"));
+        assert_indexed(&plan(client, c, INBOX_OF_EVENT_SQL, "'f-012345-1'"));
     }
 }

@@ -21,7 +21,7 @@ use ordo_core::ops::{
     ConsumerFlow, ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest,
 };
 use ordo_core::{
-    ApplyHandler, BlockCode, BlockReason, Clock, ConsumerStore, Drain, Envelope, FlowId,
+    ApplyHandler, BlockCode, BlockReason, Clock, ConsumerStore, Drain, Envelope, EventId, FlowId,
     InboxRecord, InboxStatus, Receipt, Seq, Step, StoreError, SystemClock,
 };
 
@@ -327,5 +327,12 @@ impl ConsumerStore for PgConsumer {
         seq: Seq,
     ) -> Result<Option<InboxEntry>, StoreError> {
         crate::browse::inbox_entry_at(&self.conn, flow_id, seq)
+    }
+
+    fn inbox_entry_of_event(
+        &mut self,
+        event_id: &EventId,
+    ) -> Result<Option<InboxEntry>, StoreError> {
+        crate::browse::inbox_entry_of_event(&self.conn, event_id)
     }
 }

@@ -1,10 +1,10 @@
 //! The consumer's reads for browsing (the operator console): flows by id
-//! prefix, one inbox row. Each is an indexed range read, bounded by its
-//! limit, however large the inbox.
+//! prefix, one inbox row (by flow and seq, or by event id). Each is an
+//! indexed range read, bounded by its limit, however large the inbox.
 
 use ordo_core::ops::{ConsumerFlow, InboxEntry};
-use ordo_core::{FlowId, Seq, StoreError};
-use rusqlite::{params, Connection, OptionalExtension};
+use ordo_core::{EventId, FlowId, Seq, StoreError};
+use rusqlite::{params, Connection, OptionalExtension, ToSql};
 
 use super::schema::inbox_status;
 use crate::browse::flows_page;
@@ -23,6 +23,11 @@ const FLOWS_PAGE_SQL: &str = "SELECT f.flow_id, coalesce(c.applied_seq, 0) FROM 
 const ENTRY_AT_SQL: &str =
     "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM inbox
         WHERE flow_id = ?1 AND seq = ?2";
+
+/// One inbox row on the unique `event_id` key.
+const ENTRY_OF_EVENT_SQL: &str =
+    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM inbox
+        WHERE event_id = ?1";
 
 /// Up to `limit` flows with stored rows or an apply cursor whose id starts
 /// with `prefix`, after `after`: two range reads on the `(flow_id, seq)`
@@ -49,11 +54,27 @@ pub(super) fn inbox_entry_at(
     flow_id: &FlowId,
     seq: Seq,
 ) -> Result<Option<InboxEntry>, StoreError> {
-    let seq = seq.get();
+    inbox_entry(conn, ENTRY_AT_SQL, params![flow_id.as_str(), seq.get()])
+}
+
+/// The inbox row stored under `event_id`, if any (a pruned row is gone).
+pub(super) fn inbox_entry_of_event(
+    conn: &Connection,
+    event_id: &EventId,
+) -> Result<Option<InboxEntry>, StoreError> {
+    inbox_entry(conn, ENTRY_OF_EVENT_SQL, params![event_id.as_str()])
+}
+
+/// The one inbox row that `sql` reads with `params`, if any.
+fn inbox_entry(
+    conn: &Connection,
+    sql: &str,
+    params: &[&dyn ToSql],
+) -> Result<Option<InboxEntry>, StoreError> {
     let row = conn
-        .prepare_cached(ENTRY_AT_SQL)
+        .prepare_cached(sql)
         .and_then(|mut stmt| {
-            stmt.query_row(params![flow_id.as_str(), seq], |row| {
+            stmt.query_row(params, |row| {
                 Ok((
                     row.get::<_, String>(0)?,
                     row.get::<_, String>(1)?,
@@ -91,6 +112,7 @@ mod tests {
         let tables = ["inbox", "inbox_cursor"];
         assert_indexed(&conn, FLOWS_PAGE_SQL, &tables);
         assert_indexed(&conn, ENTRY_AT_SQL, &tables);
+        assert_indexed(&conn, ENTRY_OF_EVENT_SQL, &tables);
         assert_indexed(&conn, super::super::ops::FLOW_ENTRIES_SQL, &tables);
     }
 

@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use ordo_core::ops::{ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest};
 use ordo_core::{
-    ApplyHandler, BlockCode, Clock, ConsumerStore, Drain, Envelope, FlowId, InboxRecord, Receipt,
-    Step, StoreError, SystemClock,
+    ApplyHandler, BlockCode, Clock, ConsumerStore, Drain, Envelope, EventId, FlowId, InboxRecord,
+    Receipt, Step, StoreError, SystemClock,
 };
 use rusqlite::Connection;
 
@@ -256,5 +256,12 @@ impl ConsumerStore for ConsumerDb {
         seq: ordo_core::Seq,
     ) -> Result<Option<InboxEntry>, StoreError> {
         browse::inbox_entry_at(&self.conn, flow_id, seq)
+    }
+
+    fn inbox_entry_of_event(
+        &mut self,
+        event_id: &EventId,
+    ) -> Result<Option<InboxEntry>, StoreError> {
+        browse::inbox_entry_of_event(&self.conn, event_id)
     }
 }

@@ -1,6 +1,6 @@
 //! The reads for browsing (the operator console): each side's flows by id
 //! prefix, keyset-paged, in the bytes' order of their ids; one flow's
-//! outbox rows; one inbox row. Every backend gives the same rows in the
+//! outbox rows; one inbox row, by flow and seq or by event id. Every backend gives the same rows in the
 //! same order as the full listings they page through.
 
 #[allow(unused_imports)]
@@ -159,8 +159,8 @@ pub fn browse_flow_outbox_entries_in_seq_order<B: Backend>(dir: &Path) {
 /// The consumer's flows: every flow with a stored row or an applied seq
 /// (after its rows are pruned), with its applied seq, by id prefix and
 /// keyset-paged; an apply that found nothing makes no flow. One inbox row
-/// by flow and seq is the listing's row; one flow's projection, the
-/// listing's.
+/// by flow and seq, or by event id, is the listing's row; one flow's
+/// projection, the listing's.
 pub fn browse_consumer_flows_and_one_inbox_row<B: Backend>(dir: &Path) {
     let clock = ManualClock::new(T0);
     let (_p, mut c) = open_at::<B>(dir, &clock);
@@ -235,6 +235,24 @@ pub fn browse_consumer_flows_and_one_inbox_row<B: Backend>(dir: &Path) {
     assert_eq!(c.inbox_entry_at(&flow("a-2"), seq(1)).unwrap(), None);
     assert_eq!(c.inbox_entry_at(&flow("b"), seq(1)).unwrap(), None);
     assert_eq!(c.inbox_entry_at(&flow("zz"), seq(1)).unwrap(), None);
+    // One row by event id: the listing's, wherever its flow and seq; none
+    // for an unknown id, or one pruned to its fingerprint ("b"'s).
+    for entry in &listed {
+        let of = c.inbox_entry_of_event(&entry.envelope.event_id).unwrap();
+        assert_eq!(of.as_ref(), Some(entry));
+    }
+    let sent = reservation_event("a-2", 2, 3);
+    let stored = c
+        .inbox_entry_of_event(&sent.event_id)
+        .unwrap()
+        .expect("a stored event id");
+    assert_eq!(
+        (&stored.envelope.flow_id, stored.envelope.seq),
+        (&flow("a-2"), seq(2))
+    );
+    assert_eq!(stored.envelope.body(), sent.body());
+    assert_eq!(c.inbox_entry_of_event(&event_id("zz-1")).unwrap(), None);
+    assert_eq!(c.inbox_entry_of_event(&event_id("b-1")).unwrap(), None);
     // One flow's projection is the listing's, or the empty one.
     for id in IDS.iter().chain(&["zz"]) {
         let expected = projection(&mut c, id).unwrap_or_else(|| Projection::empty(flow(id)));
