@@ -118,25 +118,16 @@ fn flags_go_together_and_a_bad_url_creates_nothing() {
 
 #[test]
 fn an_unreachable_server_is_exit_1_in_one_line_without_its_password() {
-    // Port 1 on the loopback interface: nothing listens there.
-    let out = run(&[
+    run(&[
         "soak",
         "--seconds",
         "1",
         "--backend",
         "postgres",
         "--url",
-        "postgres://ordo:sekret@127.0.0.1:1",
-    ]);
-    assert_eq!(out.code, 1, "{out:#?}");
-    assert_eq!(out.stdout, "", "{out:#?}");
-    assert_eq!(out.stderr.lines().count(), 1, "{out:#?}");
-    assert!(
-        out.stderr
-            .contains("cannot connect to postgres://ordo@127.0.0.1:1"),
-        "{out:#?}"
-    );
-    assert!(!out.stderr.contains("sekret"), "{out:#?}");
+        common::UNREACHABLE_PG,
+    ])
+    .unreachable_server();
 }
 
 /// The URL of a database on the test server.

@@ -16,6 +16,10 @@ use std::process::{Command, Stdio};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
+/// A PostgreSQL URL with a password on loopback port 1, where nothing
+/// listens.
+pub const UNREACHABLE_PG: &str = "postgres://ordo:sekret@127.0.0.1:1";
+
 /// What one run of the binary produced.
 #[derive(Debug)]
 pub struct Out {
@@ -65,6 +69,20 @@ impl Out {
             self.stderr.starts_with("error: ") && self.stderr.trim().len() > "error: ".len(),
             "stderr must carry the underlying message: {self:#?}"
         );
+    }
+
+    /// Asserts what a lab run given [`UNREACHABLE_PG`] answers: exit 1, one
+    /// line naming the server without its password.
+    #[track_caller]
+    pub fn unreachable_server(&self) {
+        self.storage_error();
+        assert_eq!(self.stderr.lines().count(), 1, "{self:#?}");
+        assert!(
+            self.stderr
+                .contains("cannot connect to postgres://ordo@127.0.0.1:1"),
+            "{self:#?}"
+        );
+        assert!(!self.stderr.contains("sekret"), "{self:#?}");
     }
 
     /// Asserts exit 0 with human-readable (non-JSON, non-empty) stdout.
