@@ -312,6 +312,17 @@ pub enum TransportArg {
     Http,
 }
 
+/// How `bench --producers` names its flows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FlowIdsArg {
+    /// The flow's number, zero-padded: flows in flight are neighbours in
+    /// every index, as order numbers or time-ordered ids are.
+    Sequential,
+    /// A hash of the number, as random UUIDs: every event of a batch
+    /// writes its own pages.
+    Random,
+}
+
 /// The most rows a list prints unless told otherwise.
 const LIST_LIMIT_DEFAULT: &str = "1000";
 
@@ -471,6 +482,16 @@ pub struct BenchArgs {
     #[arg(long, value_name = "S", default_value = "3", requires = "producers",
           value_parser = clap::value_parser!(u64).range(1..=600))]
     pub producers_seconds: u64,
+    /// With --producers, how flow numbers (one counter shared by every
+    /// producer) become flow ids.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "IDS",
+        default_value = "sequential",
+        requires = "producers"
+    )]
+    pub flow_ids: FlowIdsArg,
     /// The backend: `sqlite` (files, the default) or `postgres` (the server
     /// of --url: F_pg, then --workers runs, each on a fresh database).
     #[arg(long, value_enum, value_name = "B", default_value = "sqlite")]

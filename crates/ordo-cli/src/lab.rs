@@ -11,7 +11,8 @@ use ordo_lab::{
 };
 
 use crate::args::{
-    BackendArg, BenchArgs, DemoArgs, ExperimentArgs, SoakArgs, TransportArg, WorkerCommand,
+    BackendArg, BenchArgs, DemoArgs, ExperimentArgs, FlowIdsArg, SoakArgs, TransportArg,
+    WorkerCommand,
 };
 use crate::context::{clock, emit, open_options};
 use crate::{render_lab, Failure};
@@ -326,6 +327,10 @@ fn bench_pg(json_mode: bool, args: BenchArgs, url: String) -> Result<(), Failure
 fn bench_producers(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
     let options = bench_producers::ProducersOptions {
         counts: args.producers.iter().map(|&n| n as usize).collect(),
+        flow_ids: match args.flow_ids {
+            FlowIdsArg::Sequential => bench_producers::FlowIds::Sequential,
+            FlowIdsArg::Random => bench_producers::FlowIds::Random,
+        },
         run: std::time::Duration::from_secs(args.producers_seconds),
         dir: args.dir,
     };

@@ -292,6 +292,7 @@ fn producers_run(run: &ProducersRun) -> Value {
 pub fn producers(report: &ProducersReport) -> Value {
     let (f_min, f, f_max) = f_spread(&report.calibrations);
     json!({
+        "flow_ids": report.flow_ids.name(),
         "f_commits_per_s": f.round(),
         "f_range": [f_min.round(), f_max.round()],
         "direct": producers_run(&report.direct),
@@ -302,7 +303,10 @@ pub fn producers(report: &ProducersReport) -> Value {
 pub fn producers_text(report: &ProducersReport) -> String {
     let (f_min, f, f_max) = f_spread(&report.calibrations);
     let mut lines = vec![
-        format!("F = {f:.0} commits/s (range {f_min:.0}..{f_max:.0})"),
+        format!(
+            "F = {f:.0} commits/s (range {f_min:.0}..{f_max:.0}), {} flow ids",
+            report.flow_ids.name()
+        ),
         format!(
             "{:>9} {:>10} {:>7} {:>8} {:>8} {:>8} {:>9} {:>22}",
             "producers",

@@ -174,16 +174,21 @@ fn bench_over_http_counts_every_request_and_every_event() {
     bench(&["--producers", "0"]).usage("--producers");
     bench(&["--producers", "1025"]).usage("--producers");
     bench(&["--producers", "4", "--growth"]).usage("--growth");
+    bench(&["--flow-ids", "random"]).usage("--producers");
+    bench(&["--producers", "4", "--flow-ids", "uuid"]).usage("--flow-ids");
 }
 
 #[test]
 fn bench_producers_reports_each_count_with_latency_and_fairness() {
-    let v = bench(&["--producers", "1,4", "--producers-seconds", "1"]).json();
+    // A count given twice is measured twice, each run on its own file.
+    let args = ["--producers", "1,4,1", "--producers-seconds", "1"];
+    let v = bench(&[&args[..], &["--flow-ids", "random"]].concat()).json();
+    assert_eq!(v["flow_ids"], "random", "{v:#}");
     assert!(v["f_commits_per_s"].as_f64().unwrap() > 0.0, "{v:#}");
     assert_eq!(v["direct"]["producers"], 1, "{v:#}");
     let runs = v["producers"].as_array().unwrap();
-    assert_eq!(runs.len(), 2, "{v:#}");
-    for (run, n) in runs.iter().zip([1u64, 4]) {
+    assert_eq!(runs.len(), 3, "{v:#}");
+    for (run, n) in runs.iter().zip([1u64, 4, 1]) {
         assert_eq!(run["producers"], n, "{run:#}");
         let events = run["events"].as_u64().unwrap();
         assert!(

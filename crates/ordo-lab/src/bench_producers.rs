@@ -4,8 +4,16 @@
 //! in the same run, latency from submit to durable, and each producer's
 //! count (fairness). One thread calling `advance` directly, without the
 //! writer, is measured too, as today's single append.
+//!
+//! Flows are numbered by one counter that every producer of a run shares,
+//! as a service numbers its orders: a producer that has taken a flow
+//! through its three steps takes the next number. The number becomes the
+//! flow id as is ([`FlowIds::Sequential`]) or hashed
+//! ([`FlowIds::Random`]); which one decides how many places of each index
+//! one group transaction writes.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -30,11 +38,53 @@ const STEPS: [FlowState; 3] = [
     FlowState::Released,
 ];
 
+/// How a flow's number becomes its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlowIds {
+    /// The number itself, zero-padded (`000000000042`), as an order number
+    /// or a time-ordered id: the flows in flight at one time are neighbours
+    /// in every index, so a group transaction writes few pages per event.
+    Sequential,
+    /// A hash of the number (16 hex digits), as a random UUID: each event
+    /// of a group transaction writes its own page of each index.
+    Random,
+}
+
+impl FlowIds {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            FlowIds::Sequential => "sequential",
+            FlowIds::Random => "random",
+        }
+    }
+
+    /// The id of flow number `k`.
+    fn id(self, k: u64) -> FlowId {
+        let id = match self {
+            FlowIds::Sequential => format!("{k:012}"),
+            FlowIds::Random => format!("{:016x}", mix(k)),
+        };
+        FlowId::new(id).expect("bench flow ids are identifiers")
+    }
+}
+
+/// SplitMix64's finaliser: a bijection of u64, so distinct numbers give
+/// distinct ids.
+fn mix(k: u64) -> u64 {
+    let mut z = k.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// What the producers bench measures.
 #[derive(Debug, Clone)]
 pub struct ProducersOptions {
     /// The producer counts, one run each, in this order.
     pub counts: Vec<usize>,
+    /// How flow numbers become flow ids.
+    pub flow_ids: FlowIds,
     /// How long each run lasts.
     pub run: Duration,
     /// Where to create the temporary files (the system's if `None`).
@@ -104,6 +154,8 @@ impl ProducersRun {
 /// What the producers bench measured.
 #[derive(Debug, Clone)]
 pub struct ProducersReport {
+    /// How flow numbers became flow ids.
+    pub flow_ids: FlowIds,
     /// One thread calling `advance` directly, without the writer.
     pub direct: ProducersRun,
     /// One run per producer count, through the writer.
@@ -112,15 +164,10 @@ pub struct ProducersReport {
     pub calibrations: Vec<f64>,
 }
 
-/// The flow `k` of producer `p`.
-fn flow_id(producer: usize, k: u64) -> FlowId {
-    FlowId::new(format!("p{producer:04}-{k:08}")).expect("bench flow ids are identifiers")
-}
-
-fn request(producer: usize, n: u64) -> AdvanceRequest {
-    let (k, step) = (n / STEPS.len() as u64, (n % STEPS.len() as u64) as usize);
+/// Step `step` of flow number `k`.
+fn request(flow_ids: FlowIds, k: u64, step: usize) -> AdvanceRequest {
     AdvanceRequest::new(
-        flow_id(producer, k),
+        flow_ids.id(k),
         step as i64,
         STEPS[step],
         Some(Quantity::new(1 + (k % 1_000) as i64).expect("1..=1000 is a quantity")),
@@ -147,33 +194,56 @@ impl Commit for GroupWriter {
     }
 }
 
-/// One producer: advances its own flows until `end`.
-fn produce(producer: usize, commit: &dyn Commit, end: Instant) -> Result<Samples, LabError> {
+/// What the producers of one run share.
+struct Race<'a> {
+    commit: &'a dyn Commit,
+    flow_ids: FlowIds,
+    /// The next flow number.
+    next_flow: AtomicU64,
+}
+
+/// One producer: takes the next flow number, advances that flow through
+/// its steps, and again, until `end`.
+fn produce(race: &Race<'_>, end: Instant) -> Result<Samples, LabError> {
     let mut samples = Samples::new();
-    let mut n = 0u64;
+    let mut k = race.next_flow.fetch_add(1, Ordering::Relaxed);
+    let mut step = 0;
     while Instant::now() < end {
         let submitted = Instant::now();
-        match commit.commit(request(producer, n))? {
+        match race.commit.commit(request(race.flow_ids, k, step))? {
             Advance::Committed(_) => {}
             other => return Err(LabError::Check(format!("bench advance was {other:?}"))),
         }
         let us = submitted.elapsed().as_micros();
         samples.push(u32::try_from(us).unwrap_or(u32::MAX));
-        n += 1;
+        step += 1;
+        if step == STEPS.len() {
+            (k, step) = (race.next_flow.fetch_add(1, Ordering::Relaxed), 0);
+        }
     }
     Ok(samples)
 }
 
 /// `producers` threads, started together, each producing until `run` ends.
-fn race(producers: usize, commit: &dyn Commit, run: Duration) -> Result<Vec<Samples>, LabError> {
+fn race(
+    producers: usize,
+    commit: &dyn Commit,
+    flow_ids: FlowIds,
+    run: Duration,
+) -> Result<Vec<Samples>, LabError> {
     let barrier = Barrier::new(producers);
+    let race = Race {
+        commit,
+        flow_ids,
+        next_flow: AtomicU64::new(0),
+    };
     std::thread::scope(|scope| {
         let handles: Vec<_> = (0..producers)
-            .map(|p| {
-                let barrier = &barrier;
+            .map(|_| {
+                let (barrier, race) = (&barrier, &race);
                 scope.spawn(move || {
                     barrier.wait();
-                    produce(p, commit, Instant::now() + run)
+                    produce(race, Instant::now() + run)
                 })
             })
             .collect();
@@ -222,11 +292,16 @@ fn summarize(producers: usize, samples: Vec<Samples>, seconds: f64, commits: u64
 }
 
 /// `producers` threads through one group writer on a fresh file in `dir`.
-fn grouped(dir: &Path, producers: usize, run: Duration) -> Result<ProducersRun, LabError> {
+fn grouped(
+    dir: &Path,
+    producers: usize,
+    flow_ids: FlowIds,
+    run: Duration,
+) -> Result<ProducersRun, LabError> {
     let db = ordo_reservation::open_producer(dir.join("producer.db"))?;
     let writer = GroupWriter::start(db, GroupOptions::default())?;
     let started = Instant::now();
-    let samples = race(producers, &writer, run);
+    let samples = race(producers, &writer, flow_ids, run);
     let seconds = started.elapsed().as_secs_f64();
     let db = writer.close();
     Ok(summarize(producers, samples?, seconds, db.commits()))
@@ -243,20 +318,22 @@ impl Commit for Direct {
     }
 }
 
-fn direct(dir: &Path, run: Duration) -> Result<ProducersRun, LabError> {
+fn direct(dir: &Path, flow_ids: FlowIds, run: Duration) -> Result<ProducersRun, LabError> {
     let db = Direct(std::sync::Mutex::new(ordo_reservation::open_producer(
         dir.join("producer.db"),
     )?));
     let started = Instant::now();
-    let samples = race(1, &db, run)?;
+    let samples = race(1, &db, flow_ids, run)?;
     let seconds = started.elapsed().as_secs_f64();
     let commits = db.0.lock().unwrap_or_else(|e| e.into_inner()).commits();
     Ok(summarize(1, samples, seconds, commits))
 }
 
-fn fresh_dir(root: &Path, name: &str) -> Result<PathBuf, LabError> {
-    let dir = root.join(name);
-    std::fs::create_dir_all(&dir).map_err(crate::internal)?;
+/// A new directory under `root` for run number `run`, so that no two runs
+/// (two of the same count among them) share a file.
+fn fresh_dir(root: &Path, run: usize, name: &str) -> Result<PathBuf, LabError> {
+    let dir = root.join(format!("{run:03}-{}", name.replace(' ', "-")));
+    std::fs::create_dir(&dir).map_err(crate::internal)?;
     Ok(dir)
 }
 
@@ -296,7 +373,7 @@ pub fn run(
                        f: &dyn Fn(&Path) -> Result<ProducersRun, LabError>|
      -> Result<ProducersRun, LabError> {
         progress.start(&label, 0);
-        let run = f(&fresh_dir(root, &label.replace(' ', "-"))?);
+        let run = f(&fresh_dir(root, calibrations.len(), &label)?);
         progress.finish();
         let mut run = run?;
         let before = *calibrations.last().expect("F was measured first");
@@ -305,14 +382,17 @@ pub fn run(
         run.f_before_after = (before, after);
         Ok(run)
     };
-    let direct = measure("direct advance".into(), &|dir| direct(dir, options.run))?;
+    let direct = measure("direct advance".into(), &|dir| {
+        direct(dir, options.flow_ids, options.run)
+    })?;
     let mut runs = Vec::new();
     for &n in &options.counts {
         runs.push(measure(format!("producers {n}"), &|dir| {
-            grouped(dir, n, options.run)
+            grouped(dir, n, options.flow_ids, options.run)
         })?);
     }
     Ok(ProducersReport {
+        flow_ids: options.flow_ids,
         direct,
         runs,
         calibrations,
