@@ -341,6 +341,12 @@ impl<H: ApplyHandler<PgTx>> ApplyHandler<PgTx> for Seen<H> {
         Ok(verdict)
     }
 
+    /// The handler's own batch call; a block in it is seen when the store
+    /// offers the events again one at a time.
+    fn apply_all(&mut self, tx: &PgTx, events: &[Envelope]) -> Result<Option<Verdict>, StoreError> {
+        self.handler.apply_all(tx, events)
+    }
+
     fn reevaluate(&self) -> &[BlockCode] {
         self.handler.reevaluate()
     }

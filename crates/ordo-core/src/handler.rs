@@ -60,6 +60,31 @@ pub trait ApplyHandler<Tx: ?Sized> {
     /// error returned to the caller; nothing is marked.
     fn apply(&mut self, tx: &Tx, event: &Envelope) -> Result<Verdict, StoreError>;
 
+    /// Applies several events in one call, in the order given, writing
+    /// through `tx`: `Some(Verdict::Apply)` when every one of them applied,
+    /// else `Some` of the first [`Verdict::Block`] (the handler may stop
+    /// there); `None` (the default) to have the store offer them one at a
+    /// time through [`ApplyHandler::apply`] instead. A batch apply hands over
+    /// every event it is about to apply at once, so that a handler can read
+    /// and write for all of them in a few statements (`unnest`, `= ANY`)
+    /// instead of a few per event.
+    ///
+    /// The same guarantees as [`ApplyHandler::apply`], for each event: each
+    /// flow's events come in seq order, each the flow's next one after the
+    /// events before it in `events` (flows may be interleaved), none of them
+    /// applied or skipped before. On `Apply` every event is marked applied
+    /// in the same transaction. On a `Block` nothing of the call is kept:
+    /// the store undoes all of it and offers the same events again one at a
+    /// time through [`ApplyHandler::apply`], each under its own savepoint,
+    /// to learn which one blocks. So an implementation must decide exactly
+    /// as `apply` would for the same events in the same order. The store
+    /// cannot step in between the events of one call: a handler that has
+    /// ended the transaction (which it must not) should stop there.
+    fn apply_all(&mut self, tx: &Tx, events: &[Envelope]) -> Result<Option<Verdict>, StoreError> {
+        let _ = (tx, events);
+        Ok(None)
+    }
+
     /// The block codes this handler evaluates again: rows blocked with one
     /// of them are offered to [`ApplyHandler::apply`] once more (for example
     /// after the handler learned a new schema version). Rows blocked with

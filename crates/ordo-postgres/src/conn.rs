@@ -508,9 +508,22 @@ pub(crate) fn parse_url(url: &str) -> Result<postgres::Config, StoreError> {
     })
 }
 
+/// The settings of every connection of ordo's:
+/// - READ COMMITTED;
+/// - a plan for each run of a prepared statement, with its parameters.
+///   ordo's statements take arrays of a batch's keys (`= ANY ($1)`,
+///   `unnest`), and a connection lives for days: the generic plan that
+///   PostgreSQL would reuse after five runs is made for a ten-element array
+///   and the table's size at that time, so a statement first run on an
+///   empty table would go on scanning the whole table once it holds
+///   millions of rows (until an `ANALYZE` happens to replan it). Planning
+///   costs tens of microseconds per statement, a few statements per batch.
+const SESSION: &str = "SET default_transaction_isolation = 'read committed';
+                       SET plan_cache_mode = force_custom_plan";
+
 /// Connects as `application_name` and checks the session:
 /// `synchronous_commit` read back (`off` is refused: a returned commit must
-/// be durable) and READ COMMITTED.
+/// be durable), then sets it up ([`SESSION`]).
 pub(crate) fn connect(url: &str, application_name: &str) -> Result<Client, StoreError> {
     let mut config = parse_url(url)?;
     config.application_name(application_name);
@@ -532,8 +545,8 @@ pub(crate) fn connect(url: &str, application_name: &str) -> Result<Client, Store
         ));
     }
     client
-        .batch_execute("SET default_transaction_isolation = 'read committed'")
-        .map_err(|e| pg_error(&format!("{server}: cannot set the isolation level"), e))?;
+        .batch_execute(SESSION)
+        .map_err(|e| pg_error(&format!("{server}: cannot set the session"), e))?;
     Ok(client)
 }
 

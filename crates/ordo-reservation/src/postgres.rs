@@ -3,7 +3,7 @@
 //! handler and its `advance`, written against `ordo-postgres`'s public API.
 //! The rules are the same as on SQLite (`rules.rs`); only the SQL differs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use ordo_core::{
     crash, process_all, ApplyHandler, ConsumerStore, Drain, Envelope, EventId, FlowId, Seq, Step,
@@ -65,39 +65,93 @@ fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
 
 impl ApplyHandler<PgTx> for ReservationHandler {
     fn apply(&mut self, tx: &PgTx, event: &Envelope) -> Result<Verdict, StoreError> {
-        let current = read_projection(tx, &event.flow_id)?;
-        let next = match decide_apply(&current, event, self.options()) {
-            Ok(next) => next,
-            Err(reason) => return Ok(Verdict::Block(reason)),
-        };
-        let quantity = next.quantity.expect("an applied step has a quantity");
-        tx.execute(
-            "INSERT INTO projection (flow_id, state, quantity, applied_seq) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
-                 quantity = excluded.quantity, applied_seq = excluded.applied_seq",
-            &[
-                &next.flow_id.as_str(),
-                &next.state.as_str(),
-                &quantity.get(),
-                &next.applied_seq,
-            ],
-        )?;
-        crash::point(crash::CONSUMER_APPLY_AFTER_PROJECTION);
-        tx.execute(
-            "INSERT INTO effect (flow_id, seq, event_id) VALUES ($1, $2, $3)",
-            &[
-                &event.flow_id.as_str(),
-                &event.seq.get(),
-                &event.event_id.as_str(),
-            ],
-        )?;
-        crash::point(crash::CONSUMER_APPLY_AFTER_EFFECT);
-        Ok(Verdict::Apply)
+        self.apply_events(tx, std::slice::from_ref(event))
+    }
+
+    fn apply_all(&mut self, tx: &PgTx, events: &[Envelope]) -> Result<Option<Verdict>, StoreError> {
+        self.apply_events(tx, events).map(Some)
     }
 
     fn reevaluate(&self) -> &[ordo_core::BlockCode] {
         ReservationHandler::reevaluate(self)
     }
+}
+
+impl ReservationHandler {
+    /// Decides event by event in memory (`decide_apply`, as on SQLite),
+    /// with the projections of every flow read in one statement and written
+    /// in one, and the effects inserted in one; a single event goes the
+    /// same way.
+    fn apply_events(&mut self, tx: &PgTx, events: &[Envelope]) -> Result<Verdict, StoreError> {
+        let flows: Vec<&str> = events.iter().map(|e| e.flow_id.as_str()).collect();
+        let mut projections = read_projections(tx, &flows)?;
+        let mut touched = BTreeMap::new();
+        for event in events {
+            let flow = event.flow_id.as_str();
+            let current = projections
+                .get(flow)
+                .cloned()
+                .unwrap_or_else(|| Projection::empty(event.flow_id.clone()));
+            let next = match decide_apply(&current, event, self.options()) {
+                Ok(next) => next,
+                Err(reason) => return Ok(Verdict::Block(reason)),
+            };
+            touched.insert(flow, next.clone());
+            projections.insert(flow.to_owned(), next);
+        }
+        write_projections(tx, touched.values())?;
+        crash::point(crash::CONSUMER_APPLY_AFTER_PROJECTION);
+        let (flows, seqs, event_ids): (Vec<&str>, Vec<i64>, Vec<&str>) = events
+            .iter()
+            .map(|e| (e.flow_id.as_str(), e.seq.get(), e.event_id.as_str()))
+            .collect();
+        tx.execute(
+            "INSERT INTO effect (flow_id, seq, event_id)
+             SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[])",
+            &[&flows, &seqs, &event_ids],
+        )?;
+        crash::point(crash::CONSUMER_APPLY_AFTER_EFFECT);
+        Ok(Verdict::Apply)
+    }
+}
+
+/// The stored projections of `flows` (each once, however often named), by
+/// flow id.
+fn read_projections(tx: &PgTx, flows: &[&str]) -> Result<HashMap<String, Projection>, StoreError> {
+    tx.query(
+        "SELECT flow_id, state, quantity, applied_seq FROM projection WHERE flow_id = ANY($1)",
+        &[&flows],
+    )?
+    .iter()
+    .map(|row| {
+        let flow_id: String = row.get(0);
+        let stored = projection(&flow_id, row.get(1), row.get(2), row.get(3))?;
+        Ok((flow_id, stored))
+    })
+    .collect()
+}
+
+/// Upserts `projections` (one per flow) in one statement.
+fn write_projections<'a>(
+    tx: &PgTx,
+    projections: impl Iterator<Item = &'a Projection>,
+) -> Result<(), StoreError> {
+    let (mut flows, mut states, mut quantities, mut seqs) = (vec![], vec![], vec![], vec![]);
+    for next in projections {
+        let quantity = next.quantity.expect("an applied step has a quantity");
+        flows.push(next.flow_id.as_str());
+        states.push(next.state.as_str());
+        quantities.push(quantity.get());
+        seqs.push(next.applied_seq);
+    }
+    tx.execute(
+        "INSERT INTO projection (flow_id, state, quantity, applied_seq)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+         ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
+             quantity = excluded.quantity, applied_seq = excluded.applied_seq",
+        &[&flows, &states, &quantities, &seqs],
+    )?;
+    Ok(())
 }
 
 fn read_projection(tx: &PgTx, flow_id: &FlowId) -> Result<Projection, StoreError> {

@@ -220,6 +220,9 @@ macro_rules! conformance_suite {
             generic_handler_writes_commit_with_the_mark_and_a_block_undoes_them
             generic_reevaluation_is_the_handlers_choice
             generic_a_block_in_a_batch_undoes_only_its_own_writes
+            generic_a_batch_hands_its_events_to_the_handler_at_once
+            generic_a_reevaluated_row_keeps_its_place_in_the_batch
+            generic_a_batch_drains_a_long_flow_among_short_ones
             // producer
             advance_happy_path
             advance_schema_2_payload

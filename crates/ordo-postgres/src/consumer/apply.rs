@@ -1,12 +1,12 @@
 //! Apply: the flow's next event through the application's handler, alone
 //! or in batches across flows, strictly in order per flow.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use ordo_core::store::{plan_apply, ApplyPlan, NextRow};
 use ordo_core::{
-    crash, ApplyHandler, BlockCode, Drain, DrainStop, ErrorKind, FlowId, InboxStatus, Seq, Step,
-    StoreError, Verdict,
+    crash, ApplyHandler, BlockCode, Drain, DrainStop, Envelope, ErrorKind, FlowId, InboxStatus,
+    Seq, Step, StoreError, Verdict,
 };
 
 use super::{inbox_status, PgConsumer};
@@ -101,9 +101,11 @@ where
 
 /// Drains the given flows in ONE transaction (see
 /// [`ConsumerStore::apply_batch_with`](ordo_core::ConsumerStore::apply_batch_with)).
-/// The batch first runs without a savepoint per event; when an event
-/// blocks, the transaction is rolled back and the batch runs again with a
-/// savepoint around each event.
+/// The batch first runs without a savepoint per event, handing the events
+/// it is about to apply to the handler in one call
+/// ([`ApplyHandler::apply_all`]); when one blocks, the transaction is
+/// rolled back and the batch runs again, event by event, with a savepoint
+/// around each.
 pub(super) fn apply_batch<H>(
     db: &mut PgConsumer,
     flows: &[(FlowId, Option<u64>)],
@@ -125,6 +127,56 @@ where
         }
     }
     unreachable!("a guarded batch runs to its end")
+}
+
+/// What a batch keeps until its end: its marks and, while it runs without
+/// savepoints, the events it has yet to hand to the handler.
+#[derive(Default)]
+struct Batch {
+    marks: Marks,
+    /// Events to apply, in the batch's order, for one
+    /// [`ApplyHandler::apply_all`] call.
+    deferred: Vec<Envelope>,
+}
+
+impl Batch {
+    /// Hands the deferred events to the handler in one call; false when
+    /// one of them blocked (the caller rolls the transaction back).
+    fn flush<H>(&mut self, tx: &PgTx, handler: &mut H) -> Result<bool, StoreError>
+    where
+        H: ApplyHandler<PgTx> + ?Sized,
+    {
+        let Some(first) = self.deferred.first() else {
+            return Ok(true);
+        };
+        let (flow_id, seq) = (first.flow_id.clone(), first.seq);
+        let events = std::mem::take(&mut self.deferred);
+        let verdict = match handler.apply_all(tx, &events)? {
+            Some(verdict) => verdict,
+            None => one_by_one(tx, handler, &events)?,
+        };
+        match verdict {
+            Verdict::Apply => Ok(true),
+            Verdict::Block(_) => {
+                check_still_open(tx, &flow_id, seq)?;
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// `events` through [`ApplyHandler::apply`], in order, up to the first
+/// block.
+fn one_by_one<H>(tx: &PgTx, handler: &mut H, events: &[Envelope]) -> Result<Verdict, StoreError>
+where
+    H: ApplyHandler<PgTx> + ?Sized,
+{
+    for event in events {
+        if let Verdict::Block(reason) = handler.apply(tx, event)? {
+            return Ok(Verdict::Block(reason));
+        }
+    }
+    Ok(Verdict::Apply)
 }
 
 /// What a batch writes at its end, in two statements: the events its
@@ -198,9 +250,11 @@ impl Marks {
 /// anything was written; `None` when an event blocked under [`Guard::None`].
 ///
 /// Each flow, when its turn comes, is locked and its next rows read in one
-/// statement (passing it by when another applier holds it); the handler
-/// then runs event by event, and the marks and cursors of the whole batch
-/// are written at its end.
+/// statement (passing it by when another applier holds it). Under
+/// [`Guard::None`] the handler gets every event to apply in one call at the
+/// batch's end (a row blocked before is evaluated alone, after the events
+/// before it); under [`Guard::Savepoint`] it runs event by event. The marks
+/// and cursors of the whole batch are written at its end.
 #[allow(clippy::type_complexity)]
 fn batch_in_tx<H>(
     tx: &PgTx,
@@ -216,14 +270,18 @@ where
     let mut drains = Vec::new();
     let mut total = 0u64;
     let mut wrote_any = false;
-    let mut marks = Marks::default();
-    for (flow_id, limit) in flows {
+    let mut batch = Batch::default();
+    let mut ahead = ReadAhead::default();
+    for (index, (flow_id, limit)) in flows.iter().enumerate() {
         let left = events_max.saturating_sub(total);
         let most = limit.map_or(left, |limit| limit.min(left));
         // A flow met before in this batch goes on from where it stopped.
-        let moved = marks.cursors.get(flow_id.as_str()).copied();
-        let Some((locked_at, rows)) = lock_and_read(tx, flow_id, moved, most.saturating_add(1))?
-        else {
+        let moved = batch.marks.cursors.get(flow_id.as_str()).copied();
+        let read = match moved {
+            Some(_) => lock_and_read(tx, flow_id, moved, most.saturating_add(1))?.map(Read::all),
+            None => ahead.read(tx, &flows[index..], &batch.marks, left)?,
+        };
+        let Some(mut read) = read else {
             // Another applier holds the flow and drains it.
             drains.push(Drain {
                 flow_id: flow_id.clone(),
@@ -232,7 +290,7 @@ where
             });
             continue;
         };
-        let mut applied_seq = moved.unwrap_or(locked_at);
+        let mut applied_seq = moved.unwrap_or(read.locked_at);
         let mut applied = 0u64;
         let stop = loop {
             if total >= events_max || limit.is_some_and(|limit| applied >= limit) {
@@ -242,7 +300,8 @@ where
                 break DrainStop::Idle;
             };
             // Every row before this one was applied, in seq order.
-            let found = match rows.get(applied as usize) {
+            let want = most.saturating_sub(applied) + 1;
+            let found = match read.next(tx, flow_id, applied_seq, want)? {
                 Some(row) => row.found(next)?,
                 None => (
                     NextRow::Missing {
@@ -259,7 +318,7 @@ where
                 handler,
                 now_ms,
                 guard,
-                Some(&mut marks),
+                Some(&mut batch),
             )?
             else {
                 return Ok(None);
@@ -277,7 +336,8 @@ where
             }
         };
         if applied > 0 {
-            marks
+            batch
+                .marks
                 .cursors
                 .insert(flow_id.as_str().to_owned(), applied_seq);
         }
@@ -291,8 +351,141 @@ where
             break;
         }
     }
-    marks.write(tx, now_ms)?;
+    if !batch.flush(tx, handler)? {
+        return Ok(None);
+    }
+    batch.marks.write(tx, now_ms)?;
     Ok(Some(((drains, total), wrote_any)))
+}
+
+/// The most flows one statement locks and reads ahead of their turn.
+const READ_AHEAD_FLOWS_MAX: usize = 256;
+
+/// A flow's apply cursor, locked by this transaction, and its rows after
+/// it read so far, in seq order.
+struct Read {
+    locked_at: i64,
+    rows: VecDeque<Ahead>,
+    /// Whether more rows may be stored after those read (the read stopped
+    /// at its limit).
+    more: bool,
+}
+
+impl Read {
+    /// A read that asked for every row the batch may need.
+    fn all((locked_at, rows): (i64, Vec<Ahead>)) -> Read {
+        Read {
+            locked_at,
+            rows: rows.into(),
+            more: false,
+        }
+    }
+
+    /// The first row after `applied_seq`, reading up to `want` more rows
+    /// when those read ahead have run out and more may be stored.
+    fn next(
+        &mut self,
+        tx: &PgTx,
+        flow_id: &FlowId,
+        applied_seq: i64,
+        want: u64,
+    ) -> Result<Option<Ahead>, StoreError> {
+        if self.rows.is_empty() && self.more {
+            // This transaction holds the flow: SKIP LOCKED does not skip it.
+            let (_, rows) = lock_and_read(tx, flow_id, Some(applied_seq), want)?
+                .ok_or_else(|| corrupt("consumer: apply", "a flow the batch holds was skipped"))?;
+            *self = Read::all((applied_seq, rows));
+        }
+        Ok(self.rows.pop_front())
+    }
+}
+
+/// Flows of a batch locked and read before their turn, many in one
+/// statement.
+#[derive(Default)]
+struct ReadAhead {
+    /// Every flow a read ahead asked for.
+    asked: HashSet<String>,
+    /// Those it locked, not yet taken.
+    read: HashMap<String, Read>,
+}
+
+impl ReadAhead {
+    /// The flow `flows[0]`, locked and read: as read ahead, or else with the
+    /// flows after it not asked for yet (as many as events are `left`, at
+    /// least one) in one statement; alone when a read ahead passed it by
+    /// (another applier held it, or it had no cursor yet). `None` when
+    /// another applier holds it.
+    fn read(
+        &mut self,
+        tx: &PgTx,
+        flows: &[(FlowId, Option<u64>)],
+        marks: &Marks,
+        left: u64,
+    ) -> Result<Option<Read>, StoreError> {
+        let flow = flows[0].0.as_str();
+        if !self.asked.contains(flow) {
+            let most = usize::try_from(left).unwrap_or(usize::MAX);
+            let mut chunk: Vec<&str> = Vec::new();
+            for (flow_id, _) in flows {
+                let id = flow_id.as_str();
+                if chunk.len() >= most.clamp(1, READ_AHEAD_FLOWS_MAX) {
+                    break;
+                }
+                if !marks.cursors.contains_key(id) && self.asked.insert(id.to_owned()) {
+                    chunk.push(id);
+                }
+            }
+            // Enough rows for every event left, two at least: a flow with
+            // fewer rows than asked has no more.
+            let each = (left + 1).div_ceil(chunk.len() as u64).max(2);
+            self.read.extend(lock_and_read_many(tx, &chunk, each)?);
+        }
+        if let Some(read) = self.read.remove(flow) {
+            return Ok(Some(read));
+        }
+        let take = left.saturating_add(1);
+        Ok(lock_and_read(tx, &flows[0].0, None, take)?.map(Read::all))
+    }
+}
+
+/// Locks the apply cursors of `flows` that no other applier holds, and
+/// reads up to `each` rows after each, in one statement. Flows without a
+/// cursor are left out.
+fn lock_and_read_many(
+    tx: &PgTx,
+    flows: &[&str],
+    each: u64,
+) -> Result<HashMap<String, Read>, StoreError> {
+    let each_sql = i64::try_from(each).unwrap_or(i64::MAX);
+    let rows = tx.rows(
+        "consumer: cannot lock the apply cursors",
+        "WITH locked AS (
+             SELECT flow_id, applied_seq FROM {s}.inbox_cursor WHERE flow_id = ANY ($1)
+             ORDER BY flow_id FOR UPDATE SKIP LOCKED)
+         SELECT l.flow_id, l.applied_seq, n.seq, n.body, n.status, n.reason, n.detail
+         FROM locked l LEFT JOIN LATERAL (
+             SELECT i.seq, i.body, i.status, i.reason, i.detail FROM {s}.inbox i
+             WHERE i.flow_id = l.flow_id AND i.seq > l.applied_seq
+             ORDER BY i.seq LIMIT $2) AS n ON true
+         ORDER BY l.flow_id, n.seq",
+        &[&flows, &each_sql],
+    )?;
+    let mut read: HashMap<String, Read> = HashMap::new();
+    for row in &rows {
+        let entry = read.entry(row.get(0)).or_insert_with(|| Read {
+            locked_at: row.get(1),
+            rows: VecDeque::new(),
+            more: false,
+        });
+        if let Some(ahead) = Ahead::of(row, 2) {
+            entry.rows.push_back(ahead);
+        }
+    }
+    for entry in read.values_mut() {
+        entry.more = entry.rows.len() as u64 >= each;
+    }
+    Ok(read)
 }
 
 /// A stored row after a flow's cursor.
@@ -305,6 +498,18 @@ struct Ahead {
 }
 
 impl Ahead {
+    /// The row in the columns of `row` from `first` on (seq, body, status,
+    /// reason, detail); `None` where a left join found none.
+    fn of(row: &postgres::Row, first: usize) -> Option<Ahead> {
+        Some(Ahead {
+            seq: row.get::<_, Option<i64>>(first)?,
+            body: row.get(first + 1),
+            status: row.get(first + 2),
+            reason: row.get(first + 3),
+            detail: row.get(first + 4),
+        })
+    }
+
     /// What is stored at `next`, given that this is the first row at or
     /// after it.
     fn found(&self, next: Seq) -> Result<(NextRow, Option<String>), StoreError> {
@@ -356,18 +561,7 @@ fn lock_and_read(
         return Ok(None);
     };
     let locked_at: i64 = first.get(0);
-    let ahead = rows
-        .iter()
-        .filter_map(|row| {
-            Some(Ahead {
-                seq: row.get::<_, Option<i64>>(1)?,
-                body: row.get(2),
-                status: row.get(3),
-                reason: row.get(4),
-                detail: row.get(5),
-            })
-        })
-        .collect();
+    let ahead = rows.iter().filter_map(|row| Ahead::of(row, 1)).collect();
     Ok(Some((locked_at, ahead)))
 }
 
@@ -443,7 +637,7 @@ fn next_row(
 /// One apply step of `flow_id` at its next seq `next`, where `found` is
 /// what is stored there: the step and whether it wrote anything; `None`
 /// when the event blocked under [`Guard::None`] (the caller rolls back). An
-/// applied event is marked now, or added to `marks` when given (the caller
+/// applied event is marked now, or added to `batch`'s marks when given (the caller
 /// writes them).
 #[allow(clippy::too_many_arguments)]
 fn step_in_tx<H>(
@@ -454,7 +648,7 @@ fn step_in_tx<H>(
     handler: &mut H,
     now_ms: i64,
     guard: Guard,
-    marks: Option<&mut Marks>,
+    mut batch: Option<&mut Batch>,
 ) -> Result<Option<(Step, bool)>, StoreError>
 where
     H: ApplyHandler<PgTx> + ?Sized,
@@ -479,6 +673,18 @@ where
     // always gets its savepoint.
     let guarded =
         guard == Guard::Savepoint || matches!(next_row, NextRow::Stored(InboxStatus::Blocked(_)));
+    if let Some(batch) = batch.as_deref_mut() {
+        if !guarded {
+            // Applied with the rest of the batch, or not at all.
+            batch.marks.applied(flow_id, next, &event.event_id);
+            batch.deferred.push(event);
+            return Ok(Some((Step::Applied { seq: next }, true)));
+        }
+        // The handler sees the events in the batch's order.
+        if !batch.flush(tx, handler)? {
+            return Ok(None);
+        }
+    }
     if guarded {
         tx.control(CONTEXT, "SAVEPOINT ordo_apply_event")?;
     }
@@ -488,8 +694,8 @@ where
             if guarded {
                 tx.control(CONTEXT, "RELEASE SAVEPOINT ordo_apply_event")?;
             }
-            match marks {
-                Some(marks) => marks.applied(flow_id, next, &event.event_id),
+            match batch {
+                Some(batch) => batch.marks.applied(flow_id, next, &event.event_id),
                 None => mark_applied(tx, flow_id, next, &event.event_id, now_ms)?,
             }
             Ok(Some((Step::Applied { seq: next }, true)))

@@ -4,8 +4,8 @@
 use ordo_core::crash;
 use ordo_core::store::{plan_apply, ApplyPlan, NextRow};
 use ordo_core::{
-    ApplyHandler, BlockCode, Drain, DrainStop, ErrorKind, FlowId, InboxStatus, Seq, Step,
-    StoreError, Verdict,
+    ApplyHandler, BlockCode, Drain, DrainStop, Envelope, ErrorKind, EventId, FlowId, InboxStatus,
+    Seq, Step, StoreError, Verdict,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -35,6 +35,7 @@ where
         handler,
         now_ms,
         Guard::Savepoint,
+        None,
     )?
     .expect("a guarded step always ends");
     if let Step::Applied { seq } = step {
@@ -58,11 +59,13 @@ where
 /// visited flow; when `events_max` runs out, the flow in progress stops
 /// with `limit` and the flows after it are not visited.
 ///
-/// The batch first runs without a savepoint around each event. When an
-/// event blocks, what the handler wrote for it cannot be told apart from
-/// the rest of the batch, so the whole transaction is rolled back and the
-/// batch runs again with a savepoint around each event; blocks are rare,
-/// and a handler must already expect a call whose writes never commit.
+/// The batch first runs without a savepoint around each event, handing the
+/// events it is about to apply to the handler in one call
+/// ([`ApplyHandler::apply_all`]). When one blocks, what the handler wrote
+/// for it cannot be told apart from the rest of the batch, so the whole
+/// transaction is rolled back and the batch runs again, event by event,
+/// with a savepoint around each; blocks are rare, and a handler must
+/// already expect a call whose writes never commit.
 pub(super) fn apply_batch<H>(
     db: &mut ConsumerDb,
     flows: &[(FlowId, Option<u64>)],
@@ -98,6 +101,8 @@ where
     let mut drains = Vec::new();
     let mut total = 0u64;
     let mut wrote_any = false;
+    // Under `Guard::None`, the events for one `apply_all` call.
+    let mut deferred = Vec::new();
     for (flow_id, limit) in flows {
         // The cursor is read once per flow and written once after its
         // run, in the same transaction as every event of the run.
@@ -107,8 +112,9 @@ where
             if total >= events_max || limit.is_some_and(|limit| applied >= limit) {
                 break DrainStop::Limit;
             }
+            let defer = (guard == Guard::None).then_some(&mut deferred);
             let Some((step, wrote)) =
-                step_in_tx(&mut tx, flow_id, applied_seq, handler, now_ms, guard)?
+                step_in_tx(&mut tx, flow_id, applied_seq, handler, now_ms, guard, defer)?
             else {
                 return Ok(None);
             };
@@ -136,6 +142,9 @@ where
         if total >= events_max && limit_hit {
             break;
         }
+    }
+    if !flush(&tx, handler, &mut deferred)? {
+        return Ok(None);
     }
     if wrote_any {
         tx.commit()
@@ -175,12 +184,61 @@ enum Guard {
     Savepoint,
 }
 
+/// Hands the `deferred` events to the handler in one call; false when one
+/// of them blocked (the caller rolls the transaction back).
+fn flush<H>(
+    tx: &Connection,
+    handler: &mut H,
+    deferred: &mut Vec<Envelope>,
+) -> Result<bool, StoreError>
+where
+    H: ApplyHandler<Connection> + ?Sized,
+{
+    let Some(first) = deferred.first() else {
+        return Ok(true);
+    };
+    let (flow_id, seq) = (first.flow_id.clone(), first.seq);
+    let events = std::mem::take(deferred);
+    if let Some(verdict) = handler.apply_all(tx, &events)? {
+        if tx.is_autocommit() {
+            return Err(ended_under_handler(&flow_id, seq));
+        }
+        return Ok(verdict == Verdict::Apply);
+    }
+    // One at a time, stopping as soon as the transaction has ended.
+    for event in &events {
+        let verdict = handler.apply(tx, event)?;
+        if tx.is_autocommit() {
+            return Err(ended_under_handler(&event.flow_id, event.seq));
+        }
+        if verdict != Verdict::Apply {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// SQLite ended the transaction under the handler (an `ON CONFLICT
+/// ROLLBACK` constraint, a full disk) and the handler went on: nothing
+/// written since BEGIN stands, so nothing after it may be.
+fn ended_under_handler(flow_id: &FlowId, seq: Seq) -> StoreError {
+    StoreError::new(
+        ErrorKind::Other,
+        format!(
+            "consumer: the transaction ended while the handler applied flow {flow_id} seq {seq}; nothing was applied"
+        ),
+    )
+}
+
 /// One apply step of `flow_id`, whose cursor is at `applied_seq`, inside
 /// `tx`. Returns the step and whether it wrote anything (an application or a
 /// new block); the caller moves the cursor when the step applied, in the
 /// same transaction. Returns `None` when the event blocked under
 /// [`Guard::None`]: the handler may have written, so the caller must roll
-/// the transaction back.
+/// the transaction back. With `deferred`, an event to apply that needs no
+/// savepoint is marked and added there instead of handed to the handler,
+/// and the events there go to the handler before any other.
+#[allow(clippy::too_many_arguments)]
 fn step_in_tx<H>(
     tx: &mut rusqlite::Transaction<'_>,
     flow_id: &FlowId,
@@ -188,6 +246,7 @@ fn step_in_tx<H>(
     handler: &mut H,
     now_ms: i64,
     guard: Guard,
+    deferred: Option<&mut Vec<Envelope>>,
 ) -> Result<Option<(Step, bool)>, StoreError>
 where
     H: ApplyHandler<Connection> + ?Sized,
@@ -250,49 +309,31 @@ where
     // that stays does not throw the whole batch away at every pass.
     let guarded =
         guard == Guard::Savepoint || matches!(next_row, NextRow::Stored(InboxStatus::Blocked(_)));
+    if let Some(deferred) = deferred {
+        if !guarded {
+            // Applied with the rest of the batch, or not at all.
+            mark_applied(tx, flow_id, next, &event.event_id, now_ms)?;
+            deferred.push(event);
+            return Ok(Some((Step::Applied { seq: next }, true)));
+        }
+        // The handler sees the events in the batch's order.
+        if !flush(tx, handler, deferred)? {
+            return Ok(None);
+        }
+    }
     if guarded {
         exec_cached(tx, "SAVEPOINT ordo_apply_event", []).map_err(err)?;
     }
     let verdict = handler.apply(tx, &event)?;
     if tx.is_autocommit() {
-        // SQLite ended the transaction under the handler (an `ON CONFLICT
-        // ROLLBACK` constraint, a full disk) and the handler went on:
-        // nothing written since BEGIN stands, so nothing after it may be.
-        return Err(StoreError::new(
-            ErrorKind::Other,
-            format!(
-                "consumer: the transaction ended while the handler applied flow {flow_id} seq {next}; nothing was applied"
-            ),
-        ));
+        return Err(ended_under_handler(flow_id, next));
     }
     match verdict {
         Verdict::Apply => {
             if guarded {
                 exec_cached(tx, "RELEASE ordo_apply_event", []).map_err(err)?;
             }
-            // By the primary key: the row's event id is the body's, at this
-            // flow and seq (anything else is a corrupt file).
-            let marked = exec_cached(
-                tx,
-                "UPDATE inbox SET status = 'applied', reason = NULL, detail = NULL, settled_at_ms = ?4
-                 WHERE event_id = ?1 AND flow_id = ?2 AND seq = ?3",
-                params![
-                    event.event_id.as_str(),
-                    flow_id.as_str(),
-                    next.get(),
-                    now_ms
-                ],
-            )
-            .map_err(err)?;
-            if marked != 1 {
-                return Err(corrupt(
-                    "consumer: inbox",
-                    format!(
-                        "the body stored at flow {flow_id} seq {next} names event {}",
-                        event.event_id
-                    ),
-                ));
-            }
+            mark_applied(tx, flow_id, next, &event.event_id, now_ms)?;
             Ok(Some((Step::Applied { seq: next }, true)))
         }
         Verdict::Block(_) if !guarded => Ok(None),
@@ -320,6 +361,32 @@ where
             Ok(Some((Step::Blocked { seq: next, reason }, true)))
         }
     }
+}
+
+/// Marks the row at `flow_id`, `seq` applied by the inbox's primary key:
+/// the row's event id is its body's `event_id` (anything else is a corrupt
+/// file).
+fn mark_applied(
+    tx: &Connection,
+    flow_id: &FlowId,
+    seq: Seq,
+    event_id: &EventId,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let marked = exec_cached(
+        tx,
+        "UPDATE inbox SET status = 'applied', reason = NULL, detail = NULL, settled_at_ms = ?4
+         WHERE event_id = ?1 AND flow_id = ?2 AND seq = ?3",
+        params![event_id.as_str(), flow_id.as_str(), seq.get(), now_ms],
+    )
+    .map_err(|e| sql_error("consumer: apply failed", e))?;
+    if marked != 1 {
+        return Err(corrupt(
+            "consumer: inbox",
+            format!("the body stored at flow {flow_id} seq {seq} names event {event_id}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Up to `limit` flows with work after `after` (see

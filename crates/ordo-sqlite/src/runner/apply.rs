@@ -124,19 +124,44 @@ pub(super) struct Observed<H> {
     pub(super) seen: ApplyRound,
 }
 
+impl<H> Observed<H> {
+    /// Records how long `event`, applied now, waited since its receipt.
+    fn lag(&mut self, tx: &Connection, event: &Envelope) -> Result<(), StoreError> {
+        let Some(clock) = &self.clock else {
+            return Ok(());
+        };
+        if let Some(received_at_ms) = received_at_ms(tx, event)? {
+            let lag_ms = clock.now_ms().saturating_sub(received_at_ms).max(0);
+            self.seen.lags_ms.push(lag_ms as u64);
+        }
+        Ok(())
+    }
+}
+
 impl<H: ApplyHandler<Connection>> ApplyHandler<Connection> for Observed<H> {
+    /// The handler's own batch call; a block in it is seen when the store
+    /// offers the events again one at a time.
+    fn apply_all(
+        &mut self,
+        tx: &Connection,
+        events: &[Envelope],
+    ) -> Result<Option<Verdict>, StoreError> {
+        let verdict = self.handler.apply_all(tx, events)?;
+        if verdict == Some(Verdict::Apply) {
+            for event in events {
+                self.lag(tx, event)?;
+            }
+        }
+        Ok(verdict)
+    }
+
     fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
         let verdict = self.handler.apply(tx, event)?;
-        let Some(clock) = &self.clock else {
+        if self.clock.is_none() {
             return Ok(verdict);
-        };
+        }
         match &verdict {
-            Verdict::Apply => {
-                if let Some(received_at_ms) = received_at_ms(tx, event)? {
-                    let lag_ms = clock.now_ms().saturating_sub(received_at_ms).max(0);
-                    self.seen.lags_ms.push(lag_ms as u64);
-                }
-            }
+            Verdict::Apply => self.lag(tx, event)?,
             Verdict::Block(reason) => {
                 tracing::info!(
                     event_id = %event.event_id, flow_id = %event.flow_id,

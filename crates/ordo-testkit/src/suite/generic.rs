@@ -18,8 +18,8 @@ use std::path::Path;
 
 use ordo_core::envelope::EventType;
 use ordo_core::{
-    process_all, BlockCode, BlockReason, ConsumerStore, DrainStop, Envelope, EventId, FlowId,
-    InboxStatus, SchemaVersion, Seq, Step,
+    process_all, ApplyHandler, BlockCode, BlockReason, ConsumerStore, DrainStop, Envelope, EventId,
+    FlowId, InboxStatus, SchemaVersion, Seq, Step, StoreError, Verdict,
 };
 
 use crate::Backend;
@@ -147,4 +147,166 @@ pub fn generic_a_block_in_a_batch_undoes_only_its_own_writes<B: Backend>(dir: &P
             ("b".to_owned(), 2)
         ]
     );
+}
+
+/// A call a store made to a handler: the `(flow_id, seq)` of its events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Call {
+    One(String),
+    All(Vec<String>),
+}
+
+fn named(event: &Envelope) -> String {
+    format!("{}{}", event.flow_id, event.seq)
+}
+
+/// The test handler, with every call the store made to it recorded.
+struct Calls<H> {
+    inner: H,
+    calls: Vec<Call>,
+}
+
+impl<Tx: ?Sized, H: ApplyHandler<Tx>> ApplyHandler<Tx> for Calls<H> {
+    fn apply(&mut self, tx: &Tx, event: &Envelope) -> Result<Verdict, StoreError> {
+        self.calls.push(Call::One(named(event)));
+        self.inner.apply(tx, event)
+    }
+
+    /// Each event through the test handler, stopping at the first block.
+    fn apply_all(&mut self, tx: &Tx, events: &[Envelope]) -> Result<Option<Verdict>, StoreError> {
+        self.calls
+            .push(Call::All(events.iter().map(named).collect()));
+        for event in events {
+            if let Verdict::Block(reason) = self.inner.apply(tx, event)? {
+                return Ok(Some(Verdict::Block(reason)));
+            }
+        }
+        Ok(Some(Verdict::Apply))
+    }
+
+    fn reevaluate(&self) -> &[BlockCode] {
+        self.inner.reevaluate()
+    }
+}
+
+fn one(name: &str) -> Call {
+    Call::One(name.to_owned())
+}
+
+fn all(names: &[&str]) -> Call {
+    Call::All(names.iter().map(|n| n.to_string()).collect())
+}
+
+/// A batch hands the events it applies to the handler in one
+/// `apply_all` call, in the batch's order; when that call blocks, nothing
+/// of it stays, and the same events are offered again one at a time, so
+/// that only the blocked one is held. A single apply is one `apply` call.
+pub fn generic_a_batch_hands_its_events_to_the_handler_at_once<B: Backend>(dir: &Path) {
+    let mut c = B::open_test_domain(dir);
+    c.receive_batch(&[
+        event("a", 1, "record"),
+        event("a", 2, "record"),
+        event("b", 1, "record"),
+        event("c", 1, "record"),
+        event("c", 2, "refuse"),
+        event("d", 1, "record"),
+        event("e", 1, "record"),
+    ])
+    .unwrap();
+    let mut handler = Calls {
+        inner: B::test_handler(Vec::new()),
+        calls: Vec::new(),
+    };
+    let drains = c
+        .apply_batch_with(&[(flow("a"), None), (flow("b"), None)], 100, &mut handler)
+        .unwrap();
+    assert_eq!(handler.calls, [all(&["a1", "a2", "b1"])]);
+    let applied: Vec<u64> = drains.iter().map(|d| d.applied).collect();
+    assert_eq!(applied, [2, 1]);
+
+    handler.calls.clear();
+    let drains = c
+        .apply_batch_with(&[(flow("c"), None), (flow("d"), None)], 100, &mut handler)
+        .unwrap();
+    assert_eq!(
+        handler.calls,
+        [all(&["c1", "c2", "d1"]), one("c1"), one("c2"), one("d1")],
+        "a block in the batch call: the events again, one at a time"
+    );
+    assert_eq!((drains[0].applied, drains[1].applied), (1, 1));
+    assert!(matches!(drains[0].stop, DrainStop::Blocked(_)));
+    let handled: Vec<String> = B::handled(&mut c)
+        .into_iter()
+        .map(|(flow, seq)| format!("{flow}{seq}"))
+        .collect();
+    assert_eq!(
+        handled,
+        ["a1", "a2", "b1", "c1", "d1"],
+        "c2's record is undone"
+    );
+
+    handler.calls.clear();
+    assert_eq!(
+        c.apply_next_with(&flow("e"), &mut handler).unwrap(),
+        Step::Applied { seq: Seq::FIRST }
+    );
+    assert_eq!(handler.calls, [one("e1")]);
+}
+
+/// A row blocked before and evaluated again is offered alone, under its
+/// own savepoint, after the events of the batch before it and before those
+/// after it.
+pub fn generic_a_reevaluated_row_keeps_its_place_in_the_batch<B: Backend>(dir: &Path) {
+    let mut c = B::open_test_domain(dir);
+    c.receive_batch(&[event("g", 1, "later"), event("g", 2, "record")])
+        .unwrap();
+    let mut old = B::test_handler(Vec::new());
+    let step = c.apply_next_with(&flow("g"), &mut old).unwrap();
+    assert!(matches!(step, Step::Blocked { .. }), "{step:?}");
+    c.receive_batch(&[event("a", 1, "record")]).unwrap();
+
+    let mut handler = Calls {
+        inner: B::test_handler(vec![NOT_YET]),
+        calls: Vec::new(),
+    };
+    let drains = c
+        .apply_batch_with(&[(flow("a"), None), (flow("g"), None)], 100, &mut handler)
+        .unwrap();
+    assert_eq!(handler.calls, [all(&["a1"]), one("g1"), all(&["g2"])]);
+    assert_eq!((drains[0].applied, drains[1].applied), (1, 2));
+    assert_eq!(
+        B::handled(&mut c),
+        [
+            ("a".to_owned(), 1),
+            ("g".to_owned(), 1),
+            ("g".to_owned(), 2)
+        ]
+    );
+}
+
+/// A batch that visits many flows still drains one flow's many events up to
+/// its limit, however few of them it read ahead with the others.
+pub fn generic_a_batch_drains_a_long_flow_among_short_ones<B: Backend>(dir: &Path) {
+    let mut c = B::open_test_domain(dir);
+    let mut events: Vec<Envelope> = (1..=6).map(|seq| event("a", seq, "record")).collect();
+    events.extend(["b", "c", "d"].map(|f| event(f, 1, "record")));
+    c.receive_batch(&events).unwrap();
+    let mut handler = B::test_handler(Vec::new());
+    let flows = ["a", "b", "c", "d"].map(|f| (flow(f), None));
+    let drains = c.apply_batch_with(&flows, 5, &mut handler).unwrap();
+    let seen: Vec<(String, u64, DrainStop)> = drains
+        .into_iter()
+        .map(|d| (d.flow_id.to_string(), d.applied, d.stop))
+        .collect();
+    assert_eq!(seen, [("a".to_owned(), 5, DrainStop::Limit)]);
+    let drains = c.apply_batch_with(&flows, 5, &mut handler).unwrap();
+    let applied: Vec<(String, u64)> = drains
+        .into_iter()
+        .map(|d| (d.flow_id.to_string(), d.applied))
+        .collect();
+    assert_eq!(
+        applied,
+        [("a", 1), ("b", 1), ("c", 1), ("d", 1)].map(|(f, n)| (f.to_owned(), n))
+    );
+    assert_eq!(B::handled(&mut c).len(), 9);
 }
