@@ -284,7 +284,8 @@ impl PgProducer {
             "SELECT l.flow_id, l.owner, l.fence,
                     l.expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
              FROM {s}.relay_lease l
-             WHERE l.flow_id IN (SELECT o.flow_id FROM {s}.outbox o WHERE o.event_id = ANY ($1))
+             WHERE l.flow_id = ANY (ARRAY(
+                 SELECT o.flow_id FROM {s}.outbox o WHERE o.event_id = ANY ($1)))
              ORDER BY l.flow_id FOR SHARE OF l",
             &[&event_ids],
         )?;

@@ -460,8 +460,11 @@ fn lock_and_read_many(
     let each_sql = i64::try_from(each).unwrap_or(i64::MAX);
     let rows = tx.rows(
         "consumer: cannot lock the apply cursors",
+        // By the primary key whatever the planner guesses of the table
+        // (`ARRAY(...)` hides the array's length from it).
         "WITH locked AS (
-             SELECT flow_id, applied_seq FROM {s}.inbox_cursor WHERE flow_id = ANY ($1)
+             SELECT flow_id, applied_seq FROM {s}.inbox_cursor
+             WHERE flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
              ORDER BY flow_id FOR UPDATE SKIP LOCKED)
          SELECT l.flow_id, l.applied_seq, n.seq, n.body, n.status, n.reason, n.detail
          FROM locked l LEFT JOIN LATERAL (
