@@ -408,14 +408,15 @@ struct ReadAhead {
     asked: HashSet<String>,
     /// Those it locked, not yet taken.
     read: HashMap<String, Read>,
+    /// Those another applier held.
+    held: HashSet<String>,
 }
 
 impl ReadAhead {
     /// The flow `flows[0]`, locked and read: as read ahead, or else with the
     /// flows after it not asked for yet (as many as events are `left`, at
-    /// least one) in one statement; alone when a read ahead passed it by
-    /// (another applier held it, or it had no cursor yet). `None` when
-    /// another applier holds it.
+    /// least one) in one statement; alone when a read ahead found no cursor
+    /// for it. `None` when another applier holds it.
     fn read(
         &mut self,
         tx: &PgTx,
@@ -439,45 +440,67 @@ impl ReadAhead {
             // Enough rows for every event left, two at least: a flow with
             // fewer rows than asked has no more.
             let each = (left + 1).div_ceil(chunk.len() as u64).max(2);
-            self.read.extend(lock_and_read_many(tx, &chunk, each)?);
+            let many = lock_and_read_many(tx, &chunk, each)?;
+            self.read.extend(many.locked);
+            self.held.extend(many.held);
         }
         if let Some(read) = self.read.remove(flow) {
             return Ok(Some(read));
+        }
+        if self.held.contains(flow) {
+            return Ok(None);
         }
         let take = left.saturating_add(1);
         Ok(lock_and_read(tx, &flows[0].0, None, take)?.map(Read::all))
     }
 }
 
+/// What one statement found of many flows: those it locked, with their
+/// rows, and those another applier holds.
+#[derive(Default)]
+struct ManyRead {
+    locked: HashMap<String, Read>,
+    held: HashSet<String>,
+}
+
 /// Locks the apply cursors of `flows` that no other applier holds, and
-/// reads up to `each` rows after each, in one statement. Flows without a
-/// cursor are left out.
-fn lock_and_read_many(
-    tx: &PgTx,
-    flows: &[&str],
-    each: u64,
-) -> Result<HashMap<String, Read>, StoreError> {
+/// reads up to `each` rows after each, in one statement; also names the
+/// flows whose cursor another applier holds. Flows without a cursor are in
+/// neither.
+fn lock_and_read_many(tx: &PgTx, flows: &[&str], each: u64) -> Result<ManyRead, StoreError> {
     let each_sql = i64::try_from(each).unwrap_or(i64::MAX);
     let rows = tx.rows(
         "consumer: cannot lock the apply cursors",
         // By the primary key whatever the planner guesses of the table
-        // (`ARRAY(...)` hides the array's length from it).
+        // (`ARRAY(...)` hides the array's length from it). A cursor row
+        // seen but not locked is locked by another transaction: `held`.
         "WITH locked AS (
              SELECT flow_id, applied_seq FROM {s}.inbox_cursor
              WHERE flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
-             ORDER BY flow_id FOR UPDATE SKIP LOCKED)
+             ORDER BY flow_id FOR UPDATE SKIP LOCKED),
+         held AS (
+             SELECT c.flow_id FROM {s}.inbox_cursor c
+             WHERE c.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
+               AND NOT EXISTS (SELECT 1 FROM locked l WHERE l.flow_id = c.flow_id))
          SELECT l.flow_id, l.applied_seq, n.seq, n.body, n.status, n.reason, n.detail
          FROM locked l LEFT JOIN LATERAL (
              SELECT i.seq, i.body, i.status, i.reason, i.detail FROM {s}.inbox i
              WHERE i.flow_id = l.flow_id AND i.seq > l.applied_seq
              ORDER BY i.seq LIMIT $2) AS n ON true
-         ORDER BY l.flow_id, n.seq",
+         UNION ALL
+         SELECT h.flow_id, NULL, NULL, NULL, NULL, NULL, NULL FROM held h
+         ORDER BY 1, 3",
         &[&flows, &each_sql],
     )?;
-    let mut read: HashMap<String, Read> = HashMap::new();
+    let mut many = ManyRead::default();
+    let read = &mut many.locked;
     for row in &rows {
+        let Some(locked_at) = row.get::<_, Option<i64>>(1) else {
+            many.held.insert(row.get(0));
+            continue;
+        };
         let entry = read.entry(row.get(0)).or_insert_with(|| Read {
-            locked_at: row.get(1),
+            locked_at,
             rows: VecDeque::new(),
             more: false,
         });
@@ -488,7 +511,7 @@ fn lock_and_read_many(
     for entry in read.values_mut() {
         entry.more = entry.rows.len() as u64 >= each;
     }
-    Ok(read)
+    Ok(many)
 }
 
 /// A stored row after a flow's cursor.
