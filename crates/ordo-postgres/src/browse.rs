@@ -164,132 +164,40 @@ mod tests {
     //! The plans of the browsing reads on tables of many flows: each is an
     //! index scan, never a sequential scan, whatever the page.
 
-    use std::sync::Arc;
-
-    use postgres::{Client, NoTls};
-
     use super::*;
-    use crate::{PgConsumer, PgOptions, PgProducer, Schema};
+    use crate::plans::{assert_indexed, Filled};
 
-    /// Flows in each table: enough that a sequential scan would be the
-    /// planner's choice for anything but a keyed range.
-    const FLOWS: i64 = 20_000;
-
-    fn server() -> String {
-        std::env::var("ORDO_TEST_PG")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
-            .trim_end_matches('/')
-            .to_string()
-    }
-
-    /// Schemas of this test's own in the server's `postgres` database,
-    /// dropped with the value.
-    struct Schemas {
-        client: Client,
-        names: [String; 2],
-    }
-
-    impl Drop for Schemas {
-        fn drop(&mut self) {
-            for name in &self.names {
-                let _ = self
-                    .client
-                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"));
-            }
-        }
-    }
-
-    /// The plan of `sql` (`{s}` being `schema`) run with `params`, as
-    /// text, after the planner's statistics are fresh.
-    fn plan(client: &mut Client, schema: &str, sql: &str, params: &str) -> String {
-        let sql = sql.replace("{s}", schema);
-        let name = format!("q{}", fastrand::u32(..));
-        let types = if sql.contains("$3") {
-            "(text, text, bigint)"
+    /// The parameter types of `sql`: a flow id, then a seq or a limit.
+    fn types(sql: &str) -> &'static str {
+        if sql.contains("$3") {
+            "text, text, bigint"
         } else if sql.contains("$2") {
-            "(text, bigint)"
+            "text, bigint"
         } else {
-            "(text)"
-        };
-        client
-            .batch_execute(&format!("PREPARE {name} {types} AS {sql}"))
-            .expect("prepare");
-        let rows = client
-            .query(&format!("EXPLAIN EXECUTE {name}({params})"), &[])
-            .expect("explain");
-        client
-            .batch_execute(&format!("DEALLOCATE {name}"))
-            .expect("deallocate");
-        rows.iter()
-            .map(|row| row.get::<_, String>(0))
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
-
-    #[track_caller]
-    fn assert_indexed(plan: &str) {
-        assert!(
-            plan.contains("Index Scan") || plan.contains("Index Only Scan"),
-            "no index scan:\n{plan}"
-        );
-        assert!(!plan.contains("Seq Scan"), "a sequential scan:\n{plan}");
+            "text"
+        }
     }
 
     #[test]
     fn browsing_reads_are_index_scans_on_many_flows() {
-        let url = format!("{}/postgres", server());
-        let tag = format!("ordo_browse_{}_{}", std::process::id(), fastrand::u32(..));
-        let (producer_schema, consumer_schema) = (format!("{tag}_p"), format!("{tag}_c"));
-        let client = Client::connect(&url, NoTls)
-            .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {url} ({e}); set ORDO_TEST_PG"));
-        let mut schemas = Schemas {
-            client,
-            names: [producer_schema.clone(), consumer_schema.clone()],
-        };
-        let domain = Schema::new("browse").unwrap();
-        let clock = Arc::new(ordo_core::SystemClock);
-        let options = |schema: &str| PgOptions {
-            schema: Some(schema.to_owned()),
-            ..PgOptions::default()
-        };
-        drop(
-            PgProducer::open_with(&url, &domain, clock.clone(), &options(&producer_schema))
-                .unwrap(),
-        );
-        drop(PgConsumer::open_with(&url, &domain, clock, &options(&consumer_schema)).unwrap());
-        let (p, c) = (&producer_schema, &consumer_schema);
-        let body = "'{\"event_id\":\"f-' || lpad(i::text, 6, '0') || '-1\",\"flow_id\":\"f-' || lpad(i::text, 6, '0') || '\",\"seq\":1,\"schema_version\":1,\"type\":\"t\",\"payload\":{}}'";
-        schemas
-            .client
-            .batch_execute(&format!(
-                "INSERT INTO {p}.outbox_head (flow_id, last_seq)
-                     SELECT 'f-' || lpad(i::text, 6, '0'), 1 FROM generate_series(1, {FLOWS}) i;
-                 INSERT INTO {p}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
-                     SELECT 'f-' || lpad(i::text, 6, '0') || '-1', 'f-' || lpad(i::text, 6, '0'), 1, 1, 't', {body}, 0
-                     FROM generate_series(1, {FLOWS}) i;
-                 INSERT INTO {c}.inbox_cursor (flow_id, applied_seq)
-                     SELECT 'f-' || lpad(i::text, 6, '0'), i % 2 FROM generate_series(1, {FLOWS}) i;
-                 INSERT INTO {c}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms)
-                     SELECT 'f-' || lpad(i::text, 6, '0') || '-1', 'f-' || lpad(i::text, 6, '0'), 1, 1, 't', {body}, '', 'pending', 0
-                     FROM generate_series(1, {FLOWS}) i;
-                 ANALYZE {p}.outbox_head; ANALYZE {p}.outbox; ANALYZE {c}.inbox_cursor; ANALYZE {c}.inbox;"
-            ))
-            .expect("fill the tables");
-        let client = &mut schemas.client;
+        let mut filled = Filled::new("browse");
+        let (p, c) = (filled.p.clone(), filled.c.clone());
+        let mut plan =
+            |schema: &str, sql: &str, params: &str| filled.plan(schema, sql, types(sql), params);
         // The first page, a prefix, a deep keyset page, a prefix past its
         // end, on either side.
-        for (sql, schema) in [(PRODUCER_FLOWS_SQL, p), (CONSUMER_FLOWS_SQL, c)] {
+        for (sql, schema) in [(PRODUCER_FLOWS_SQL, &p), (CONSUMER_FLOWS_SQL, &c)] {
             for params in [
                 "'', '', 51",
                 "'f-0123', '', 51",
                 "'f-019950', 'f-019950', 51",
                 "'f-019990', 'f-019990', 51",
             ] {
-                assert_indexed(&plan(client, schema, sql, params));
+                assert_indexed(&plan(schema, sql, params));
             }
         }
-        assert_indexed(&plan(client, p, FLOW_OUTBOX_SQL, "'f-012345', 1000"));
-        assert_indexed(&plan(client, c, INBOX_AT_SQL, "'f-012345', 1"));
-        assert_indexed(&plan(client, c, INBOX_OF_EVENT_SQL, "'f-012345-1'"));
+        assert_indexed(&plan(&p, FLOW_OUTBOX_SQL, "'f-012345', 1000"));
+        assert_indexed(&plan(&c, INBOX_AT_SQL, "'f-012345', 1"));
+        assert_indexed(&plan(&c, INBOX_OF_EVENT_SQL, "'f-012345-1'"));
     }
 }

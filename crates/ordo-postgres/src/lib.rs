@@ -66,6 +66,8 @@ mod conn;
 mod consumer;
 mod domain;
 pub mod error;
+#[cfg(test)]
+mod plans;
 mod producer;
 mod url;
 

@@ -39,6 +39,16 @@ pub(crate) const TABLES: Tables = Tables {
     ],
 };
 
+/// The leases of the flows of some events, locked (`check_fences`): by
+/// their primary key whatever the planner guesses of the tables
+/// (`ARRAY(...)`; a join was planned as a scan of every lease).
+const FENCES_SQL: &str = "SELECT l.flow_id, l.owner, l.fence,
+        l.expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+    FROM {s}.relay_lease l
+    WHERE l.flow_id = ANY (ARRAY(
+        SELECT o.flow_id FROM {s}.outbox o WHERE o.event_id = ANY ($1)))
+    ORDER BY l.flow_id FOR SHARE OF l";
+
 /// ordo's producer tables as version 1 created them (`{s}` is the
 /// schema). `outbox_head` holds each flow's last seq, the row a writer
 /// locks to allocate the next one, and the relay's bookkeeping (its head,
@@ -279,16 +289,7 @@ impl PgProducer {
     /// refuses the write when another relay claimed one of them since this
     /// handle's round, or holds one this handle did not claim.
     fn check_fences(&self, tx: &PgTx, event_ids: &[&str]) -> Result<(), StoreError> {
-        let rows = tx.rows(
-            LEASE,
-            "SELECT l.flow_id, l.owner, l.fence,
-                    l.expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-             FROM {s}.relay_lease l
-             WHERE l.flow_id = ANY (ARRAY(
-                 SELECT o.flow_id FROM {s}.outbox o WHERE o.event_id = ANY ($1)))
-             ORDER BY l.flow_id FOR SHARE OF l",
-            &[&event_ids],
-        )?;
+        let rows = tx.rows(LEASE, FENCES_SQL, &[&event_ids])?;
         for row in &rows {
             let flow: &str = row.get(0);
             let owner: Option<&str> = row.get(1);
@@ -1053,4 +1054,22 @@ pub(crate) fn outbox_entry(row: &Row) -> Result<OutboxEntry, StoreError> {
         created_at_ms: row.get(8),
         accepted_at_ms: row.get(9),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FENCES_SQL;
+    use crate::plans::{assert_indexed, flow_array, Filled};
+
+    /// The fence check of a round's receipts reads the leases by key
+    /// however many events the round had.
+    #[test]
+    fn the_fence_check_reads_leases_by_key_on_many_flows() {
+        let mut filled = Filled::new("fences");
+        let p = filled.p.clone();
+        for n in [1, 16, 256] {
+            let plan = filled.plan(&p, FENCES_SQL, "text[]", &flow_array(n, "-1"));
+            assert_indexed(&plan);
+        }
+    }
 }

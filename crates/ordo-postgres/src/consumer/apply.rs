@@ -455,6 +455,27 @@ impl ReadAhead {
     }
 }
 
+/// [`lock_and_read_many`]'s statement. The cursors go by their primary key
+/// whatever the planner guesses of the table (`ARRAY(...)` hides the
+/// array's length from it). A cursor row seen but not locked is locked by
+/// another transaction: `held`.
+const LOCK_AND_READ_MANY_SQL: &str = "WITH locked AS (
+             SELECT flow_id, applied_seq FROM {s}.inbox_cursor
+             WHERE flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
+             ORDER BY flow_id FOR UPDATE SKIP LOCKED),
+         held AS (
+             SELECT c.flow_id FROM {s}.inbox_cursor c
+             WHERE c.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
+               AND NOT EXISTS (SELECT 1 FROM locked l WHERE l.flow_id = c.flow_id))
+         SELECT l.flow_id, l.applied_seq, n.seq, n.body, n.status, n.reason, n.detail
+         FROM locked l LEFT JOIN LATERAL (
+             SELECT i.seq, i.body, i.status, i.reason, i.detail FROM {s}.inbox i
+             WHERE i.flow_id = l.flow_id AND i.seq > l.applied_seq
+             ORDER BY i.seq LIMIT $2) AS n ON true
+         UNION ALL
+         SELECT h.flow_id, NULL, NULL, NULL, NULL, NULL, NULL FROM held h
+         ORDER BY 1, 3";
+
 /// What one statement found of many flows: those it locked, with their
 /// rows, and those another applier holds.
 #[derive(Default)]
@@ -471,25 +492,7 @@ fn lock_and_read_many(tx: &PgTx, flows: &[&str], each: u64) -> Result<ManyRead, 
     let each_sql = i64::try_from(each).unwrap_or(i64::MAX);
     let rows = tx.rows(
         "consumer: cannot lock the apply cursors",
-        // By the primary key whatever the planner guesses of the table
-        // (`ARRAY(...)` hides the array's length from it). A cursor row
-        // seen but not locked is locked by another transaction: `held`.
-        "WITH locked AS (
-             SELECT flow_id, applied_seq FROM {s}.inbox_cursor
-             WHERE flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
-             ORDER BY flow_id FOR UPDATE SKIP LOCKED),
-         held AS (
-             SELECT c.flow_id FROM {s}.inbox_cursor c
-             WHERE c.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
-               AND NOT EXISTS (SELECT 1 FROM locked l WHERE l.flow_id = c.flow_id))
-         SELECT l.flow_id, l.applied_seq, n.seq, n.body, n.status, n.reason, n.detail
-         FROM locked l LEFT JOIN LATERAL (
-             SELECT i.seq, i.body, i.status, i.reason, i.detail FROM {s}.inbox i
-             WHERE i.flow_id = l.flow_id AND i.seq > l.applied_seq
-             ORDER BY i.seq LIMIT $2) AS n ON true
-         UNION ALL
-         SELECT h.flow_id, NULL, NULL, NULL, NULL, NULL, NULL FROM held h
-         ORDER BY 1, 3",
+        LOCK_AND_READ_MANY_SQL,
         &[&flows, &each_sql],
     )?;
     let mut many = ManyRead::default();
@@ -867,3 +870,22 @@ pub(super) fn flows_with_work(
 
 /// How many flows one page lists.
 const FLOWS_PAGE_LEN: usize = 1_024;
+
+#[cfg(test)]
+mod tests {
+    use super::LOCK_AND_READ_MANY_SQL;
+    use crate::plans::{assert_indexed, flow_array, Filled};
+
+    /// The cursors and rows of a batch's flows are read by key however many
+    /// flows the batch asks for.
+    #[test]
+    fn a_batch_locks_and_reads_its_flows_by_key_on_many_flows() {
+        let mut filled = Filled::new("apply");
+        let c = filled.c.clone();
+        for n in [1, 16, 256] {
+            let params = format!("{}, 2", flow_array(n, ""));
+            let plan = filled.plan(&c, LOCK_AND_READ_MANY_SQL, "text[], bigint", &params);
+            assert_indexed(&plan);
+        }
+    }
+}
