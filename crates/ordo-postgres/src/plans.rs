@@ -128,3 +128,33 @@ pub fn assert_indexed(plan: &str) {
     );
     assert!(!plan.contains("Seq Scan"), "a sequential scan:\n{plan}");
 }
+
+/// Which of a [`Filled`] pair's schemas a statement runs in.
+#[derive(Clone, Copy)]
+pub enum Side {
+    Producer,
+    Consumer,
+}
+
+/// Asserts that `sql`, on `side` of fresh [`Filled`] schemas, is planned
+/// as index scans for arrays of 1, 16 and 256 flows: `params` makes the
+/// statement's parameters (of `types`) from the array of ids, each with
+/// `suffix`.
+#[track_caller]
+pub fn assert_indexed_by_batch(
+    side: Side,
+    sql: &str,
+    types: &str,
+    suffix: &str,
+    params: impl Fn(String) -> String,
+) {
+    let mut filled = Filled::new("batch");
+    let schema = match side {
+        Side::Producer => filled.p.clone(),
+        Side::Consumer => filled.c.clone(),
+    };
+    for n in [1, 16, 256] {
+        let plan = filled.plan(&schema, sql, types, &params(flow_array(n, suffix)));
+        assert_indexed(&plan);
+    }
+}

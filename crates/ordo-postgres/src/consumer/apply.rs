@@ -874,18 +874,15 @@ const FLOWS_PAGE_LEN: usize = 1_024;
 #[cfg(test)]
 mod tests {
     use super::LOCK_AND_READ_MANY_SQL;
-    use crate::plans::{assert_indexed, flow_array, Filled};
+    use crate::plans::{assert_indexed_by_batch, Side};
 
     /// The cursors and rows of a batch's flows are read by key however many
     /// flows the batch asks for.
     #[test]
     fn a_batch_locks_and_reads_its_flows_by_key_on_many_flows() {
-        let mut filled = Filled::new("apply");
-        let c = filled.c.clone();
-        for n in [1, 16, 256] {
-            let params = format!("{}, 2", flow_array(n, ""));
-            let plan = filled.plan(&c, LOCK_AND_READ_MANY_SQL, "text[], bigint", &params);
-            assert_indexed(&plan);
-        }
+        let sql = LOCK_AND_READ_MANY_SQL;
+        assert_indexed_by_batch(Side::Consumer, sql, "text[], bigint", "", |flows| {
+            format!("{flows}, 2")
+        });
     }
 }
