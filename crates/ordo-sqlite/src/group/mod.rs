@@ -97,9 +97,9 @@ pub struct GroupOptions {
     /// however often batches rewrote it, which helps when each batch writes
     /// many scattered pages (random flow ids); but the WAL then grows
     /// larger, a checkpoint takes longer, and the commit that runs it is
-    /// late: at 64 producers, 10,000 pages measured 10 to 20 % faster with
-    /// random flow ids and 5 to 15 % slower with sequential ones, with a
-    /// p99.9 of 16 ms against 4 ms. Other connections to the store keep
+    /// late: at 64 producers, 10,000 pages measured 23 % faster with random
+    /// flow ids and 12 to 16 % slower with sequential ones, with a p99.9 of
+    /// 16 ms against 4 ms. Other connections to the store keep
     /// their own setting.
     pub wal_checkpoint_pages: u32,
 }
