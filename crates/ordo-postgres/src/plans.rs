@@ -113,7 +113,7 @@ impl Filled {
 
 /// An SQL array of the ids of `n` flows spread over the table, each
 /// followed by `suffix` (`-1` makes them the ids of their first events).
-pub fn flow_array(n: i64, suffix: &str) -> String {
+fn flow_array(n: i64, suffix: &str) -> String {
     let ids: Vec<String> = (0..n)
         .map(|k| format!("'f-{:06}{suffix}'", 1 + k * (FLOWS / n)))
         .collect();

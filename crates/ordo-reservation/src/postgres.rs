@@ -154,15 +154,11 @@ fn write_projections<'a>(
     Ok(())
 }
 
+/// The stored projection of one flow, empty if nothing was applied to it.
 fn read_projection(tx: &PgTx, flow_id: &FlowId) -> Result<Projection, StoreError> {
-    let row = tx.query_opt(
-        "SELECT state, quantity, applied_seq FROM projection WHERE flow_id = $1",
-        &[&flow_id.as_str()],
-    )?;
-    match row {
-        None => Ok(Projection::empty(flow_id.clone())),
-        Some(row) => projection(flow_id.as_str(), row.get(0), row.get(1), row.get(2)),
-    }
+    Ok(read_projections(tx, &[flow_id.as_str()])?
+        .remove(flow_id.as_str())
+        .unwrap_or_else(|| Projection::empty(flow_id.clone())))
 }
 
 fn projection(
