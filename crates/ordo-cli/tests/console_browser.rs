@@ -47,34 +47,68 @@ struct Browser {
     _profile: TempDir,
 }
 
+/// Starts chromedriver on a port of its choosing: the process, its
+/// stdout, and the port; or what it wrote on stderr when it exited first.
+/// The process returned is the caller's: a [`Browser`] kills and reaps it
+/// on drop.
+#[allow(clippy::zombie_processes)]
+fn start_driver(
+    dir: &Path,
+) -> Result<(Child, BufReader<std::process::ChildStdout>, String), String> {
+    let stderr_path = dir.join("chromedriver.stderr");
+    let stderr = std::fs::File::create(&stderr_path).expect("chromedriver's stderr file");
+    let mut driver = Command::new(CHROMEDRIVER)
+        .arg("--port=0")
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{CHROMEDRIVER} does not start ({e}): {INSTALL}"));
+    let mut lines = BufReader::new(driver.stdout.take().expect("stdout is piped"));
+    // "ChromeDriver was started successfully on port N."
+    loop {
+        let mut line = String::new();
+        // An unreadable stdout counts as the end of it.
+        let read = lines.read_line(&mut line).unwrap_or(0);
+        if read == 0 {
+            let _ = driver.kill();
+            let status = driver
+                .wait()
+                .map_or_else(|e| e.to_string(), |s| s.to_string());
+            let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+            return Err(format!("{status}: {}", stderr.trim()));
+        }
+        if let Some(rest) = line.split("started successfully on port ").nth(1) {
+            let port = rest.trim().trim_end_matches('.').to_owned();
+            return Ok((driver, lines, port));
+        }
+    }
+}
+
 impl Browser {
     async fn start() -> Browser {
         for path in [CHROMIUM, CHROMEDRIVER] {
             assert!(Path::new(path).exists(), "{path} is missing: {INSTALL}");
         }
         let profile = tempfile::tempdir().expect("a temporary directory");
-        let mut driver = Command::new(CHROMEDRIVER)
-            .arg("--port=0")
-            .process_group(0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{CHROMEDRIVER} does not start ({e}): {INSTALL}"));
-        let mut lines = BufReader::new(driver.stdout.take().expect("stdout is piped"));
+        // A driver that exits before it listens is started again, twice at
+        // most: its start is not what these tests check.
+        let mut failures = Vec::new();
+        let (driver, mut lines, port) = loop {
+            match start_driver(profile.path()) {
+                Ok(started) => break started,
+                Err(why) if failures.len() < 2 => failures.push(why),
+                Err(why) => {
+                    failures.push(why);
+                    panic!("chromedriver exited before listening ({failures:?}): {INSTALL}")
+                }
+            }
+        };
         let mut browser = Browser {
             client: None,
             driver,
             _profile: profile,
-        };
-        // "ChromeDriver was started successfully on port N."
-        let port = loop {
-            let mut line = String::new();
-            let read = lines.read_line(&mut line).expect("chromedriver's stdout");
-            assert!(read > 0, "chromedriver exited before listening: {INSTALL}");
-            if let Some(rest) = line.split("started successfully on port ").nth(1) {
-                break rest.trim().trim_end_matches('.').to_owned();
-            }
         };
         std::thread::spawn(move || std::io::copy(&mut lines, &mut std::io::sink()));
         let mut capabilities = serde_json::Map::new();
