@@ -90,6 +90,58 @@ CREATE SEQUENCE {s}.relay_turn;
 pub const CONFLICT_REASON: &str =
     "conflict: the consumer holds a different body under this event id, or another event id at this (flow_id, seq)";
 
+// The batch statements below name their rows by key through
+// `= ANY (ARRAY(SELECT unnest($1)))`: the planner cannot count that array,
+// so it reads the rows by index whatever the tables' sizes and statistics.
+// Handed the array itself, it counts it and, on a table of a few thousand
+// rows, scans the whole table once per batch instead (its cost model
+// prices each index read as a disk read); as the table grows, every batch
+// then costs more.
+
+/// Locks the heads of the flows `$1`, in key order.
+const LOCK_HEADS_SQL: &str = "SELECT flow_id, last_seq FROM {s}.outbox_head
+     WHERE flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
+     ORDER BY flow_id FOR UPDATE";
+
+/// Moves the heads of the flows `$1` past the events appended, each only
+/// from the seq before its first (`$2`) to its last (`$3`).
+const MOVE_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET last_seq = m.last_seq,
+         relay_seq = coalesce(h.relay_seq, m.first_seq),
+         relay_due_ms = CASE WHEN h.relay_seq IS NULL THEN 0 ELSE h.relay_due_ms END
+     FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS m(flow_id, first_seq, last_seq)
+     WHERE h.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
+       AND h.flow_id = m.flow_id AND h.last_seq = m.first_seq - 1";
+
+/// Sets the relay heads of the flows `$1` to their first event to relay,
+/// and moves them to the back of the relay's order when `$2`.
+const REFRESH_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET
+         (relay_seq, relay_due_ms) = (SELECT max(seq), coalesce(max(due), 0) FROM (
+             SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM {s}.outbox o
+             WHERE o.flow_id = h.flow_id AND NOT o.accepted AND NOT o.quarantined
+               AND o.seq >= least(h.relay_seq, $3::bigint)
+             ORDER BY o.seq LIMIT 1) AS next),
+         relay_turn = CASE WHEN $2 THEN (SELECT nextval('{s}.relay_turn')) ELSE h.relay_turn END
+     WHERE h.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))";
+
+/// The event at the relay head of each of the flows `$3` due at `$1`, in
+/// the relay's order, at most `$2`.
+const ROUND_SQL: &str = "SELECT o.body FROM {s}.outbox_head h
+     JOIN {s}.outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
+     WHERE h.flow_id = ANY (ARRAY(SELECT unnest($3::text[])))
+       AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
+     ORDER BY h.relay_turn, h.flow_id
+     LIMIT $2";
+
+/// Marks the events `$1` accepted with their receipts `$2` at `$3`;
+/// returns their flows.
+const MARK_ACCEPTED_SQL: &str = "UPDATE {s}.outbox o SET accepted = true, quarantined = false,
+         quarantine_reason = NULL, accepted_at_ms = coalesce(o.accepted_at_ms, $3),
+         attempts = o.attempts + 1, last_outcome = r.outcome, last_error = NULL
+     FROM unnest($1::text[], $2::text[]) AS r(event_id, outcome)
+     WHERE o.event_id = ANY (ARRAY(SELECT unnest($1::text[])))
+       AND o.event_id = r.event_id
+     RETURNING o.flow_id";
+
 const BODY: &str = "producer: stored outbox body";
 const LEASE: &str = "producer: relay lease";
 const BEGIN_SYNCED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
@@ -464,12 +516,7 @@ impl PgProducerTx<'_> {
         )?;
         let heads: HashMap<String, i64> = self
             .conn
-            .rows(
-                context,
-                "SELECT flow_id, last_seq FROM {s}.outbox_head WHERE flow_id = ANY ($1)
-                 ORDER BY flow_id FOR UPDATE",
-                &[&names],
-            )?
+            .rows(context, LOCK_HEADS_SQL, &[&names])?
             .iter()
             .map(|row| (row.get(0), row.get(1)))
             .collect();
@@ -579,15 +626,9 @@ impl PgProducerTx<'_> {
             }
         }
         if !flows.is_empty() {
-            let moved = self.conn.run(
-                context,
-                "UPDATE {s}.outbox_head h SET last_seq = m.last_seq,
-                     relay_seq = coalesce(h.relay_seq, m.first_seq),
-                     relay_due_ms = CASE WHEN h.relay_seq IS NULL THEN 0 ELSE h.relay_due_ms END
-                 FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS m(flow_id, first_seq, last_seq)
-                 WHERE h.flow_id = m.flow_id AND h.last_seq = m.first_seq - 1",
-                &[&flows, &firsts, &lasts],
-            )?;
+            let moved = self
+                .conn
+                .run(context, MOVE_HEADS_SQL, &[&flows, &firsts, &lasts])?;
             if moved != flows.len() as u64 {
                 return Err(corrupt(
                     context,
@@ -726,20 +767,13 @@ fn refresh_heads(
     let names: Vec<&str> = flows.iter().map(String::as_str).collect();
     conn.run(
         "producer: cannot lock the relay heads",
-        "SELECT 1 FROM {s}.outbox_head WHERE flow_id = ANY ($1) ORDER BY flow_id FOR UPDATE",
+        LOCK_HEADS_SQL,
         &[&names],
     )?;
     // One turn for the whole round, drawn once (an uncorrelated subquery).
     conn.run(
         "producer: cannot move the relay heads",
-        "UPDATE {s}.outbox_head h SET
-             (relay_seq, relay_due_ms) = (SELECT max(seq), coalesce(max(due), 0) FROM (
-                 SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM {s}.outbox o
-                 WHERE o.flow_id = h.flow_id AND NOT o.accepted AND NOT o.quarantined
-                   AND o.seq >= least(h.relay_seq, $3::bigint)
-                 ORDER BY o.seq LIMIT 1) AS next),
-             relay_turn = CASE WHEN $2 THEN (SELECT nextval('{s}.relay_turn')) ELSE h.relay_turn END
-         WHERE h.flow_id = ANY ($1)",
+        REFRESH_HEADS_SQL,
         &[&names, &(turn == Turn::Next), &reopened],
     )?;
     Ok(())
@@ -804,11 +838,7 @@ impl ProducerStore for PgProducer {
         let flows: Vec<&str> = self.held.keys().map(String::as_str).collect();
         envelopes(self.conn.rows(
             "producer: cannot pick a fair round",
-            "SELECT o.body FROM {s}.outbox_head h
-             JOIN {s}.outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
-             WHERE h.flow_id = ANY ($3) AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
-             ORDER BY h.relay_turn, h.flow_id
-             LIMIT $2",
+            ROUND_SQL,
             &[&now_ms, &limit, &flows],
         )?)
     }
@@ -1023,17 +1053,9 @@ fn record_receipts_in(
         let ids: Vec<&str> = stored.iter().map(|(id, _)| *id).collect();
         let outcomes: Vec<&str> = stored.iter().map(|(_, receipt)| receipt.as_str()).collect();
         flows.extend(
-            conn.rows(
-                context,
-                "UPDATE {s}.outbox o SET accepted = true, quarantined = false, quarantine_reason = NULL,
-                     accepted_at_ms = coalesce(o.accepted_at_ms, $3),
-                     attempts = o.attempts + 1, last_outcome = r.outcome, last_error = NULL
-                 FROM unnest($1::text[], $2::text[]) AS r(event_id, outcome)
-                 WHERE o.event_id = r.event_id RETURNING o.flow_id",
-                &[&ids, &outcomes, &accepted_at],
-            )?
-            .iter()
-            .map(|row| row.get::<_, String>(0)),
+            conn.rows(context, MARK_ACCEPTED_SQL, &[&ids, &outcomes, &accepted_at])?
+                .iter()
+                .map(|row| row.get::<_, String>(0)),
         );
     }
     refresh_heads(conn, &flows, Turn::Next, None)?;
@@ -1058,13 +1080,57 @@ pub(crate) fn outbox_entry(row: &Row) -> Result<OutboxEntry, StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use super::FENCES_SQL;
+    use super::{
+        FENCES_SQL, LOCK_HEADS_SQL, MARK_ACCEPTED_SQL, MOVE_HEADS_SQL, REFRESH_HEADS_SQL, ROUND_SQL,
+    };
     use crate::plans::{assert_indexed_by_batch, Side};
+
+    /// `n` copies of `value` as an SQL array as long as the SQL array `of`.
+    fn alongside(of: &str, value: &str) -> String {
+        format!("array_fill({value}, ARRAY[cardinality({of})])")
+    }
 
     /// The fence check of a round's receipts reads the leases by key
     /// however many events the round had.
     #[test]
     fn the_fence_check_reads_leases_by_key_on_many_flows() {
         assert_indexed_by_batch(Side::Producer, FENCES_SQL, "text[]", "-1", |events| events);
+    }
+
+    /// An append's heads are locked and moved by key however many flows it
+    /// names.
+    #[test]
+    fn an_append_locks_and_moves_heads_by_key_on_many_flows() {
+        assert_indexed_by_batch(Side::Producer, LOCK_HEADS_SQL, "text[]", "", |flows| flows);
+        let types = "text[], bigint[], bigint[]";
+        assert_indexed_by_batch(Side::Producer, MOVE_HEADS_SQL, types, "", |flows| {
+            let (firsts, lasts) = (
+                alongside(&flows, "2::bigint"),
+                alongside(&flows, "3::bigint"),
+            );
+            format!("{flows}, {firsts}, {lasts}")
+        });
+    }
+
+    /// A round's events are read, marked accepted and its heads moved by
+    /// key however many flows it holds.
+    #[test]
+    fn a_round_reads_and_marks_by_key_on_many_flows() {
+        assert_indexed_by_batch(
+            Side::Producer,
+            ROUND_SQL,
+            "bigint, bigint, text[]",
+            "",
+            |flows| format!("0, 1000, {flows}"),
+        );
+        let types = "text[], text[], bigint";
+        assert_indexed_by_batch(Side::Producer, MARK_ACCEPTED_SQL, types, "-1", |events| {
+            let outcomes = alongside(&events, "'accepted'::text");
+            format!("{events}, {outcomes}, 0")
+        });
+        let types = "text[], boolean, bigint";
+        assert_indexed_by_batch(Side::Producer, REFRESH_HEADS_SQL, types, "", |flows| {
+            format!("{flows}, true, NULL")
+        });
     }
 }

@@ -203,13 +203,7 @@ impl Marks {
             let marked: BTreeSet<String> = tx
                 .rows(
                     CONTEXT,
-                    "UPDATE {s}.inbox i SET status = 'applied', reason = NULL, detail = NULL,
-                         settled_at_ms = $4
-                     FROM unnest($1::text[], $2::text[], $3::bigint[]) AS m(event_id, flow_id, seq)
-                     WHERE i.event_id = m.event_id AND i.flow_id = m.flow_id AND i.seq = m.seq
-                       AND i.status IN ('pending', 'blocked')
-                       AND current_setting('ordo.apply_tx', true) = 'on'
-                     RETURNING i.event_id",
+                    MARK_APPLIED_MANY_SQL,
                     &[&self.event_ids, &self.flows, &self.seqs, &now_ms],
                 )?
                 .iter()
@@ -454,6 +448,18 @@ impl ReadAhead {
         Ok(lock_and_read(tx, &flows[0].0, None, take)?.map(Read::all))
     }
 }
+
+/// Marks the events `$1` (of flows `$2` at seqs `$3`) applied at `$4`, each
+/// only while still open and inside an apply transaction; returns the ones
+/// marked. By key whatever the inbox's size (see `LOCK_AND_READ_MANY_SQL`).
+const MARK_APPLIED_MANY_SQL: &str = "UPDATE {s}.inbox i SET status = 'applied', reason = NULL,
+         detail = NULL, settled_at_ms = $4
+     FROM unnest($1::text[], $2::text[], $3::bigint[]) AS m(event_id, flow_id, seq)
+     WHERE i.event_id = ANY (ARRAY(SELECT unnest($1::text[])))
+       AND i.event_id = m.event_id AND i.flow_id = m.flow_id AND i.seq = m.seq
+       AND i.status IN ('pending', 'blocked')
+       AND current_setting('ordo.apply_tx', true) = 'on'
+     RETURNING i.event_id";
 
 /// [`lock_and_read_many`]'s statement. The cursors go by their primary key
 /// whatever the planner guesses of the table (`ARRAY(...)` hides the
@@ -873,7 +879,7 @@ const FLOWS_PAGE_LEN: usize = 1_024;
 
 #[cfg(test)]
 mod tests {
-    use super::LOCK_AND_READ_MANY_SQL;
+    use super::{LOCK_AND_READ_MANY_SQL, MARK_APPLIED_MANY_SQL};
     use crate::plans::{assert_indexed_by_batch, Side};
 
     /// The cursors and rows of a batch's flows are read by key however many
@@ -884,5 +890,22 @@ mod tests {
         assert_indexed_by_batch(Side::Consumer, sql, "text[], bigint", "", |flows| {
             format!("{flows}, 2")
         });
+    }
+
+    /// A batch's events are marked applied by key however many it applied.
+    #[test]
+    fn a_batch_marks_its_events_by_key_on_many_events() {
+        let types = "text[], text[], bigint[], bigint";
+        assert_indexed_by_batch(
+            Side::Consumer,
+            MARK_APPLIED_MANY_SQL,
+            types,
+            "-1",
+            |events| {
+                let flows = events.replace("-1'", "'");
+                let seqs = format!("array_fill(1::bigint, ARRAY[cardinality({events})])");
+                format!("{events}, {flows}, {seqs}, 0")
+            },
+        );
     }
 }
