@@ -364,6 +364,53 @@ fn a_url_that_does_not_parse_is_invalid_input_and_nothing_is_created() {
     let url = db.url();
     run(&["init", "--producer", &url, "--consumer", bad]).usage("not a PostgreSQL connection URL");
     assert!(db.ordo_schemas().is_empty(), "{:?}", db.ordo_schemas());
+    // TLS parameters that cannot be used are bad input too.
+    let cases = [
+        ("sslmode=always", "sslmode=always: one of disable, prefer"),
+        (
+            "sslmode=verify-full",
+            "sslmode=verify-full: needs sslrootcert=FILE",
+        ),
+        (
+            "sslmode=require&sslrootcert=/nonexistent/ca.pem",
+            "sslrootcert=/nonexistent/ca.pem",
+        ),
+    ];
+    for (params, words) in cases {
+        let consumer = format!("{url}?{params}");
+        run(&["init", "--producer", &url, "--consumer", &consumer]).usage(words);
+        assert!(db.ordo_schemas().is_empty(), "{:?}", db.ordo_schemas());
+    }
+}
+
+#[test]
+fn a_url_asking_for_tls_connects_with_it() {
+    let lab = Lab::new();
+    let db = Database::create();
+    let url = db.url();
+    let secured = format!("{url}?sslmode=require");
+    let out = run(&[
+        "init",
+        "--producer",
+        &secured,
+        "--consumer",
+        &secured,
+        "--json",
+    ]);
+    assert_eq!(out.code, 0, "{out:#?}");
+    let out = run(&["status", "--consumer", &secured, "--json"]);
+    assert_eq!(out.code, 0, "{out:#?}");
+    // A certificate no CA of sslrootcert signed: the connection fails
+    // (exit 1, one line). The CA trusted is a certificate of the test's
+    // own, not the server's.
+    let other = lab.path("other-ca.pem");
+    let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    std::fs::write(&other, ca.cert.pem()).unwrap();
+    let untrusted = format!("{url}?sslmode=verify-ca&sslrootcert={other}");
+    let out = run(&["status", "--consumer", &untrusted, "--json"]);
+    assert_eq!(out.code, 1, "{out:#?}");
+    assert_eq!(out.stderr.lines().count(), 1, "{out:#?}");
+    assert!(out.stderr.contains("UnknownIssuer"), "{out:#?}");
 }
 
 #[test]

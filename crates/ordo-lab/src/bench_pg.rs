@@ -19,8 +19,8 @@ use ordo_core::{
     RelayOptions, SystemClock,
 };
 use ordo_postgres::error::pg_error;
-use ordo_postgres::postgres::{Client, Config, NoTls};
-use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
+use ordo_postgres::postgres::Client;
+use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgUrl};
 use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 use ordo_reservation::ReservationHandler;
 
@@ -112,10 +112,10 @@ pub struct PgBenchReport {
 
 /// A connection of the bench's own to `url`, named `application_name`.
 fn connect(url: &str, application_name: &str) -> Result<Client, Failure> {
-    let mut config: Config = url.parse().map_err(|e| pg_error("bench", e))?;
-    config.application_name(application_name);
-    config
-        .connect(NoTls)
+    let mut target = PgUrl::parse(url)?;
+    target.config_mut().application_name(application_name);
+    target
+        .connect()
         .map_err(|e| pg_error("bench: cannot connect", e).into())
 }
 

@@ -17,7 +17,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use ordo_postgres::postgres::{Client, Config, NoTls};
+use ordo_postgres::postgres::{Client, Config};
+use ordo_postgres::PgUrl;
 
 use crate::LabError as Failure;
 
@@ -92,18 +93,14 @@ fn describe(config: &Config) -> String {
 /// Checks a `--url` without connecting: a `postgres://` or `postgresql://`
 /// URL that parses. An error is a usage error, naming the URL without its
 /// password.
-pub fn check_url(url: &str) -> Result<Config, Failure> {
+pub fn check_url(url: &str) -> Result<PgUrl, Failure> {
     let shown = redact(url);
     if split_url(url).is_none() {
         return Err(Failure::Usage(format!(
             "--url {shown}: not a postgres:// or postgresql:// URL"
         )));
     }
-    url.parse::<Config>().map_err(|e| {
-        Failure::Usage(format!(
-            "--url {shown}: not a PostgreSQL connection URL: {e}"
-        ))
-    })
+    PgUrl::parse(url).map_err(|e| Failure::Usage(format!("--url {shown}: {e}")))
 }
 
 /// A connection to the server that creates and drops the runs' databases,
@@ -120,15 +117,15 @@ impl Server {
     /// drops the databases named with `prefix` ([`EXPERIMENT_PREFIX`],
     /// [`SOAK_PREFIX`], [`BENCH_PREFIX`]) of runs whose process is gone.
     pub fn connect(url: &str, prefix: &'static str) -> Result<Server, Failure> {
-        let mut config = check_url(url)?;
-        let shown = describe(&config);
+        let mut target = check_url(url)?;
+        let shown = describe(target.config());
         let admin_db = split_url(url)
             .map(|(_, db, _)| db)
             .filter(|db| !db.is_empty())
             .unwrap_or(ADMIN_DB_DEFAULT)
             .to_owned();
-        config.dbname(&admin_db);
-        let client = config.connect(NoTls).map_err(|e| {
+        target.config_mut().dbname(&admin_db);
+        let client = target.connect().map_err(|e| {
             let cause = std::error::Error::source(&e)
                 .map(|c| format!(": {c}"))
                 .unwrap_or_default();

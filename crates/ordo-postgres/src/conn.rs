@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use ordo_core::{ErrorKind, StoreError};
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Row, SimpleQueryMessage, Statement};
+use postgres::{Client, Row, SimpleQueryMessage, Statement};
 
 use crate::domain::{self, Schema};
 use crate::error::{commit_error, corrupt, kind_of, pg_error};
+use crate::tls::PgUrl;
 
 /// The version of ordo's own tables this build writes, per schema; a store
 /// with a newer one is refused.
@@ -498,16 +499,6 @@ pub(crate) fn describe(config: &postgres::Config) -> String {
     )
 }
 
-/// Parses a `postgres://` URL (or key-value connection string).
-pub(crate) fn parse_url(url: &str) -> Result<postgres::Config, StoreError> {
-    url.parse::<postgres::Config>().map_err(|e| {
-        StoreError::new(
-            ErrorKind::InvalidInput,
-            format!("not a PostgreSQL connection URL: {e}"),
-        )
-    })
-}
-
 /// The settings of every connection of ordo's:
 /// - READ COMMITTED;
 /// - a plan for each run of a prepared statement, with its parameters.
@@ -525,11 +516,11 @@ const SESSION: &str = "SET default_transaction_isolation = 'read committed';
 /// `synchronous_commit` read back (`off` is refused: a returned commit must
 /// be durable), then sets it up ([`SESSION`]).
 pub(crate) fn connect(url: &str, application_name: &str) -> Result<Client, StoreError> {
-    let mut config = parse_url(url)?;
-    config.application_name(application_name);
-    let server = describe(&config);
-    let mut client = config
-        .connect(NoTls)
+    let mut target = PgUrl::parse(url)?;
+    target.config_mut().application_name(application_name);
+    let server = describe(target.config());
+    let mut client = target
+        .connect()
         .map_err(|e| pg_error(&format!("cannot connect to {server}"), e))?;
     let setting: String = client
         .query_one("SHOW synchronous_commit", &[])
@@ -613,7 +604,8 @@ pub(crate) fn open(
         .unwrap_or_else(|| role.default_schema().to_string());
     check_schema_name(&schema)?;
     let owner = options.owner_or_unique();
-    let application_name = match (&options.application_name, parse_url(url)?) {
+    let parsed = PgUrl::parse(url)?;
+    let application_name = match (&options.application_name, parsed.config()) {
         (Some(name), _) => name.clone(),
         (None, config) if config.get_application_name().is_some() => config
             .get_application_name()

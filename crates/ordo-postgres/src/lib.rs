@@ -69,6 +69,7 @@ pub mod error;
 #[cfg(test)]
 mod plans;
 mod producer;
+mod tls;
 mod url;
 
 pub use conn::{
@@ -78,6 +79,7 @@ pub use conn::{
 pub use consumer::{read_inbox, PgConsumer};
 pub use domain::{Schema, MIGRATIONS_MAX};
 pub use producer::{read_outbox, PgProducer, PgProducerTx, CONFLICT_REASON};
+pub use tls::{PgUrl, TlsMode};
 pub use url::redact_url;
 /// ordo's own tables of each role (producer, consumer) as they are created,
 /// with `{s}` standing for the schema: what a store at [`SCHEMA_VERSION`]

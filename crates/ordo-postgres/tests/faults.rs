@@ -25,8 +25,21 @@ const KILLS: usize = 80;
 
 #[test]
 fn terminated_connections_at_random_instants_still_converge() {
+    converge_through_terminations("");
+}
+
+/// The same over TLS: a session ended by the server is a closed TLS stream,
+/// seen and recovered from as a closed socket is.
+#[test]
+fn terminated_tls_connections_at_random_instants_still_converge() {
+    converge_through_terminations("?sslmode=require");
+}
+
+/// Runs the workers on a fresh database through the URL with `params`
+/// while their sessions are ended at random.
+fn converge_through_terminations(params: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let target = format!("{}{params}", url(&database_for(dir.path())));
     let stop = Arc::new(AtomicBool::new(false));
     let violations: Violations = Arc::default();
     let errors: Arc<Mutex<BTreeSet<String>>> = Arc::default();

@@ -6,22 +6,10 @@ mod support;
 use std::sync::Arc;
 
 use ordo_core::{ConsumerStore, ErrorKind, FlowId, SchemaVersion, StoreError, SystemClock};
-use ordo_postgres::postgres::{Client, NoTls};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
 use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 use ordo_reservation::{Advance, AdvanceRequest, FlowState, Quantity, ReservationProducer};
-use support::{database_for, test_schema, url};
-
-/// A fresh database of its own, and its URL.
-fn fresh() -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let target = url(&database_for(dir.path()));
-    (dir, target)
-}
-
-fn admin(target: &str) -> Client {
-    Client::connect(target, NoTls).expect("connect")
-}
+use support::{admin_client, fresh_database, test_schema};
 
 fn options(schema: &str) -> PgOptions {
     PgOptions {
@@ -31,7 +19,7 @@ fn options(schema: &str) -> PgOptions {
 }
 
 fn schema_exists(target: &str, schema: &str) -> bool {
-    admin(target)
+    admin_client(target)
         .query_one("SELECT to_regnamespace($1) IS NOT NULL", &[&schema])
         .expect("read")
         .get(0)
@@ -49,7 +37,7 @@ fn refused<T>(result: Result<T, StoreError>, kind: ErrorKind, words: &str) {
 
 #[test]
 fn synchronous_commit_off_is_refused() {
-    let (_dir, target) = fresh();
+    let (_dir, target) = fresh_database();
     let off = format!("{target}?options=-c%20synchronous_commit%3Doff");
     refused(
         PgProducer::open_with(
@@ -66,7 +54,7 @@ fn synchronous_commit_off_is_refused() {
 
 #[test]
 fn another_role_domain_or_newer_version_is_refused() {
-    let (_dir, target) = fresh();
+    let (_dir, target) = fresh_database();
     let clock = Arc::new(SystemClock);
     // The template holds a reservation consumer in ordo_consumer.
     refused(
@@ -89,7 +77,7 @@ fn another_role_domain_or_newer_version_is_refused() {
         ErrorKind::Incompatible,
         "belongs to domain \"reservation\"",
     );
-    admin(&target)
+    admin_client(&target)
         .batch_execute(
             "UPDATE ordo_consumer.ordo_meta SET value = '99' WHERE key = 'schema_version'",
         )
@@ -103,7 +91,7 @@ fn another_role_domain_or_newer_version_is_refused() {
 
 #[test]
 fn open_existing_creates_nothing_and_a_foreign_schema_is_refused() {
-    let (_dir, target) = fresh();
+    let (_dir, target) = fresh_database();
     let clock = Arc::new(SystemClock);
     refused(
         PgProducer::open_existing(&target, clock.clone(), &options("ordo_nothing")),
@@ -111,7 +99,7 @@ fn open_existing_creates_nothing_and_a_foreign_schema_is_refused() {
         "ordo_nothing",
     );
     assert!(!schema_exists(&target, "ordo_nothing"));
-    admin(&target)
+    admin_client(&target)
         .batch_execute("CREATE SCHEMA app; CREATE TABLE app.orders (id bigint)")
         .expect("an application's schema");
     refused(
@@ -149,7 +137,7 @@ fn unreachable_server_and_bad_url_name_no_password() {
 
 #[test]
 fn errors_name_their_sqlstate() {
-    let (_dir, target) = fresh();
+    let (_dir, target) = fresh_database();
     let consumer = PgConsumer::open(&target, &pg_consumer_schema()).expect("open");
     let error = consumer
         .connection()
@@ -161,8 +149,8 @@ fn errors_name_their_sqlstate() {
 
 #[test]
 fn the_repair_log_refuses_update_and_delete() {
-    let (_dir, target) = fresh();
-    let mut client = admin(&target);
+    let (_dir, target) = fresh_database();
+    let mut client = admin_client(&target);
     client
         .batch_execute(
             "INSERT INTO ordo_consumer.repair_log (action, flow_id, seq, event_id, reason, decided_by, at_ms)
@@ -189,7 +177,7 @@ fn the_repair_log_refuses_update_and_delete() {
 /// Polls until another backend waits for a lock; the loop is bounded by a
 /// count, not a time.
 fn wait_for_a_lock_waiter(target: &str) {
-    let mut client = admin(target);
+    let mut client = admin_client(target);
     for _ in 0..100_000 {
         let waiting: i64 = client
             .query_one(
@@ -209,7 +197,7 @@ fn wait_for_a_lock_waiter(target: &str) {
 
 #[test]
 fn a_racing_writer_of_the_same_flow_waits_then_is_stale() {
-    let (_dir, target) = fresh();
+    let (_dir, target) = fresh_database();
     let flow = FlowId::new("race").expect("a flow id");
     let mut first = PgProducer::open(&target, &pg_producer_schema()).expect("open");
     let mut second = PgProducer::open(&target, &pg_producer_schema()).expect("open");
@@ -245,7 +233,7 @@ fn a_racing_writer_of_the_same_flow_waits_then_is_stale() {
 
 #[test]
 fn domain_migrations_run_forward_once_and_a_newer_store_is_refused() {
-    let (_dir, target) = fresh();
+    let (_dir, target) = fresh_database();
     let clock = Arc::new(SystemClock);
     let first = ordo_postgres::Schema::new("mig")
         .expect("a domain")
@@ -258,7 +246,7 @@ fn domain_migrations_run_forward_once_and_a_newer_store_is_refused() {
         // Migration 1 runs once: a second CREATE TABLE would fail.
         PgConsumer::open_with(&target, schema, clock.clone(), &opts).expect("open");
     }
-    let columns: i64 = admin(&target)
+    let columns: i64 = admin_client(&target)
         .query_one(
             "SELECT count(*) FROM information_schema.columns WHERE table_name = 'mig_orders'",
             &[],

@@ -39,6 +39,19 @@ pub fn url(database: &str) -> String {
     format!("{}/{database}", server())
 }
 
+/// A fresh database of the test's own, kept while the directory lives, and
+/// its URL.
+pub fn fresh_database() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let target = url(&database_for(dir.path()));
+    (dir, target)
+}
+
+/// A plain client of the test's own on `target` (no TLS), for checks.
+pub fn admin_client(target: &str) -> Client {
+    Client::connect(target, NoTls).expect("connect")
+}
+
 pub fn unreachable_server(error: ordo_postgres::postgres::Error) -> ! {
     let error = match std::error::Error::source(&error) {
         Some(cause) => format!("{error}: {cause}"),

@@ -10,7 +10,7 @@ use ordo_core::{
     ApplyHandler, Backoff, ConsumerStore, Envelope, ErrorKind, FlowId, InboxStatus, ProducerStore,
     RelayOptions, SchemaVersion, StoreError, SystemClock, Verdict,
 };
-use ordo_postgres::postgres::{Client, NoTls};
+use ordo_postgres::postgres::Client;
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgTx};
 use ordo_reservation::postgres::pg_producer_schema;
 
@@ -137,7 +137,10 @@ impl ApplyHandler<PgTx> for Ordered {
 /// A plain client on the test database, for checks and for ending ordo's
 /// own connections.
 pub fn client(target: &str) -> Client {
-    Client::connect(target, NoTls).expect("a checking connection")
+    ordo_postgres::PgUrl::parse(target)
+        .expect("a test URL")
+        .connect()
+        .expect("a checking connection")
 }
 
 /// Polls `done` until it holds, failing after `bound`.
