@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use ordo_core::{
     process_page, relay_each, ApplyHandler, Backoff, BlockCode, Clock, Envelope, ErrorKind, FlowId,
-    Handover, Receipt, RelayError, RelayOptions, StoreError, Transport, Verdict,
+    RelayError, RelayOptions, StoreError, Transport, Verdict,
 };
 use ordo_postgres::{PgConsumer, PgTx};
 use ordo_reservation::ReservationHandler;
@@ -262,7 +262,7 @@ fn relay_loop<T: Transport, O: FnMut(&RelayRound)>(
             &mut transport,
             &round_options,
             clock.as_ref(),
-            |handover| note(&mut round, handover),
+            |handover| round.note(handover),
         );
         let lost = match outcome {
             Ok(_) => false,
@@ -301,25 +301,6 @@ fn relay_loop<T: Transport, O: FnMut(&RelayRound)>(
         }
     }
     Ok(())
-}
-
-fn note(round: &mut RelayRound, handover: Handover<'_>) {
-    let totals = &mut round.totals;
-    match handover {
-        Handover::Delivered(delivery) => {
-            totals.delivered += 1;
-            match delivery.receipt {
-                Receipt::Accepted => totals.accepted += 1,
-                Receipt::Duplicate => totals.duplicate += 1,
-                Receipt::Conflict => totals.conflict += 1,
-            }
-        }
-        Handover::Refused(_) => totals.refused += 1,
-        Handover::Failed(failure) => {
-            totals.transient_errors += 1;
-            round.failures.push(failure.kind);
-        }
-    }
 }
 
 /// The application's handler, with the codes it blocked seen by the loop.

@@ -52,7 +52,7 @@ impl<T: Transport, O: FnMut(&RelayRound)> RelayLoop<T, O> {
                 &mut self.transport,
                 &round,
                 self.clock.as_ref(),
-                |handover| note(&mut this, handover),
+                |handover| this.note(handover),
             );
             match outcome {
                 Ok(_) => {}
@@ -89,21 +89,25 @@ fn transient(kind: ErrorKind) -> bool {
     matches!(kind, ErrorKind::Busy | ErrorKind::ConnectionLost)
 }
 
-fn note(round: &mut RelayRound, handover: Handover<'_>) {
-    let totals = &mut round.totals;
-    match handover {
-        Handover::Delivered(delivery) => {
-            totals.delivered += 1;
-            match delivery.receipt {
-                Receipt::Accepted => totals.accepted += 1,
-                Receipt::Duplicate => totals.duplicate += 1,
-                Receipt::Conflict => totals.conflict += 1,
+impl RelayRound {
+    /// Counts one handover of the round into its totals (a failure also
+    /// by its kind).
+    pub fn note(&mut self, handover: Handover<'_>) {
+        let totals = &mut self.totals;
+        match handover {
+            Handover::Delivered(delivery) => {
+                totals.delivered += 1;
+                match delivery.receipt {
+                    Receipt::Accepted => totals.accepted += 1,
+                    Receipt::Duplicate => totals.duplicate += 1,
+                    Receipt::Conflict => totals.conflict += 1,
+                }
             }
-        }
-        Handover::Refused(_) => totals.refused += 1,
-        Handover::Failed(failure) => {
-            totals.transient_errors += 1;
-            round.failures.push(failure.kind);
+            Handover::Refused(_) => totals.refused += 1,
+            Handover::Failed(failure) => {
+                totals.transient_errors += 1;
+                self.failures.push(failure.kind);
+            }
         }
     }
 }
