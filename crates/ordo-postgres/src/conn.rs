@@ -150,11 +150,17 @@ pub struct PgTx {
     broken: Cell<bool>,
 }
 
-/// What a store connects to, kept to connect again.
+/// What a store connects to, kept to connect again: the URL parsed once
+/// (its CAs read once), its `application_name` set.
 #[derive(Clone)]
 pub(crate) struct Target {
-    url: String,
-    application_name: String,
+    url: PgUrl,
+}
+
+impl Target {
+    fn application_name(&self) -> &str {
+        self.url.config().get_application_name().unwrap_or_default()
+    }
 }
 
 /// What the server says became of a transaction whose COMMIT got no answer.
@@ -214,7 +220,7 @@ impl PgTx {
 
     /// The connection's `application_name`.
     pub fn application_name(&self) -> &str {
-        &self.target.application_name
+        self.target.application_name()
     }
 
     /// What became of transaction `txid` (a `txid_current()` value), asked
@@ -284,13 +290,13 @@ impl PgTx {
     /// Replaces the connection by a new one with the same settings.
     pub(crate) fn reconnect(&self) -> Result<(), StoreError> {
         self.broken.set(true);
-        let client = connect(&self.target.url, &self.target.application_name)?;
+        let client = connect(&self.target.url)?;
         *self.client.borrow_mut() = client;
         self.cache.borrow_mut().clear();
         self.prepared.borrow_mut().clear();
         self.broken.set(false);
         tracing::debug!(
-            application_name = %self.target.application_name,
+            application_name = %self.target.application_name(),
             "a new connection replaces one that failed"
         );
         Ok(())
@@ -502,8 +508,8 @@ pub(crate) fn describe(config: &postgres::Config) -> String {
 /// The settings of every connection of ordo's:
 /// - READ COMMITTED;
 /// - a plan for each run of a prepared statement, with its parameters.
-///   ordo's statements take arrays of a batch's keys (`= ANY ($1)`,
-///   `unnest`), and a connection lives for days: the generic plan that
+///   ordo's statements take arrays of a batch's keys (`= ANY`, `unnest`),
+///   and a connection lives for days: the generic plan that
 ///   PostgreSQL would reuse after five runs is made for a ten-element array
 ///   and the table's size at that time, so a statement first run on an
 ///   empty table would go on scanning the whole table once it holds
@@ -512,12 +518,10 @@ pub(crate) fn describe(config: &postgres::Config) -> String {
 const SESSION: &str = "SET default_transaction_isolation = 'read committed';
                        SET plan_cache_mode = force_custom_plan";
 
-/// Connects as `application_name` and checks the session:
-/// `synchronous_commit` read back (`off` is refused: a returned commit must
-/// be durable), then sets it up ([`SESSION`]).
-pub(crate) fn connect(url: &str, application_name: &str) -> Result<Client, StoreError> {
-    let mut target = PgUrl::parse(url)?;
-    target.config_mut().application_name(application_name);
+/// Connects to `target` and checks the session: `synchronous_commit` read
+/// back (`off` is refused: a returned commit must be durable), then sets it
+/// up ([`SESSION`]).
+fn connect(target: &PgUrl) -> Result<Client, StoreError> {
     let server = describe(target.config());
     let mut client = target
         .connect()
@@ -604,7 +608,7 @@ pub(crate) fn open(
         .unwrap_or_else(|| role.default_schema().to_string());
     check_schema_name(&schema)?;
     let owner = options.owner_or_unique();
-    let parsed = PgUrl::parse(url)?;
+    let mut parsed = PgUrl::parse(url)?;
     let application_name = match (&options.application_name, parsed.config()) {
         (Some(name), _) => name.clone(),
         (None, config) if config.get_application_name().is_some() => config
@@ -613,11 +617,9 @@ pub(crate) fn open(
             .to_string(),
         (None, _) => format!("ordo-{}-{owner}", role.worker()),
     };
-    let target = Target {
-        url: url.to_string(),
-        application_name,
-    };
-    let client = connect(&target.url, &target.application_name)?;
+    parsed.config_mut().application_name(&application_name);
+    let target = Target { url: parsed };
+    let client = connect(&target.url)?;
     let conn = PgTx {
         client: RefCell::new(client),
         schema: format!("\"{schema}\""),
