@@ -94,6 +94,39 @@ pub trait ApplyHandler<Tx: ?Sized> {
     }
 }
 
+/// Hands `events` to `handler` in order: in one
+/// [`ApplyHandler::apply_all`] call, or, when it declines, one at a time
+/// through [`ApplyHandler::apply`] up to the first block. `after` runs after
+/// each call (once after `apply_all`, with the first event) and may refuse
+/// to go on (a store whose transaction ended under the handler). The
+/// verdict is the call's, or the first block's.
+pub fn apply_in_order<Tx, H>(
+    handler: &mut H,
+    tx: &Tx,
+    events: &[Envelope],
+    mut after: impl FnMut(&Envelope) -> Result<(), StoreError>,
+) -> Result<Verdict, StoreError>
+where
+    Tx: ?Sized,
+    H: ApplyHandler<Tx> + ?Sized,
+{
+    let Some(first) = events.first() else {
+        return Ok(Verdict::Apply);
+    };
+    if let Some(verdict) = handler.apply_all(tx, events)? {
+        after(first)?;
+        return Ok(verdict);
+    }
+    for event in events {
+        let verdict = handler.apply(tx, event)?;
+        after(event)?;
+        if let Verdict::Block(_) = verdict {
+            return Ok(verdict);
+        }
+    }
+    Ok(Verdict::Apply)
+}
+
 impl<Tx: ?Sized, F> ApplyHandler<Tx> for F
 where
     F: FnMut(&Tx, &Envelope) -> Result<Verdict, StoreError>,

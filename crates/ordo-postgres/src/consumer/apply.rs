@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use ordo_core::store::{plan_apply, ApplyPlan, NextRow};
 use ordo_core::{
-    crash, ApplyHandler, BlockCode, Drain, DrainStop, Envelope, ErrorKind, FlowId, InboxStatus,
-    Seq, Step, StoreError, Verdict,
+    apply_in_order, crash, ApplyHandler, BlockCode, Drain, DrainStop, Envelope, ErrorKind, FlowId,
+    InboxStatus, Seq, Step, StoreError, Verdict,
 };
 
 use super::{inbox_status, PgConsumer};
@@ -146,37 +146,18 @@ impl Batch {
     where
         H: ApplyHandler<PgTx> + ?Sized,
     {
-        let Some(first) = self.deferred.first() else {
+        let events = std::mem::take(&mut self.deferred);
+        let Some(first) = events.first() else {
             return Ok(true);
         };
-        let (flow_id, seq) = (first.flow_id.clone(), first.seq);
-        let events = std::mem::take(&mut self.deferred);
-        let verdict = match handler.apply_all(tx, &events)? {
-            Some(verdict) => verdict,
-            None => one_by_one(tx, handler, &events)?,
-        };
-        match verdict {
+        match apply_in_order(handler, tx, &events, |_| Ok(()))? {
             Verdict::Apply => Ok(true),
             Verdict::Block(_) => {
-                check_still_open(tx, &flow_id, seq)?;
+                check_still_open(tx, &first.flow_id, first.seq)?;
                 Ok(false)
             }
         }
     }
-}
-
-/// `events` through [`ApplyHandler::apply`], in order, up to the first
-/// block.
-fn one_by_one<H>(tx: &PgTx, handler: &mut H, events: &[Envelope]) -> Result<Verdict, StoreError>
-where
-    H: ApplyHandler<PgTx> + ?Sized,
-{
-    for event in events {
-        if let Verdict::Block(reason) = handler.apply(tx, event)? {
-            return Ok(Verdict::Block(reason));
-        }
-    }
-    Ok(Verdict::Apply)
 }
 
 /// What a batch writes at its end, in two statements: the events its

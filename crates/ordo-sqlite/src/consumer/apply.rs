@@ -4,8 +4,8 @@
 use ordo_core::crash;
 use ordo_core::store::{plan_apply, ApplyPlan, NextRow};
 use ordo_core::{
-    ApplyHandler, BlockCode, Drain, DrainStop, Envelope, ErrorKind, EventId, FlowId, InboxStatus,
-    Seq, Step, StoreError, Verdict,
+    apply_in_order, ApplyHandler, BlockCode, Drain, DrainStop, Envelope, ErrorKind, EventId,
+    FlowId, InboxStatus, Seq, Step, StoreError, Verdict,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -194,28 +194,15 @@ fn flush<H>(
 where
     H: ApplyHandler<Connection> + ?Sized,
 {
-    let Some(first) = deferred.first() else {
-        return Ok(true);
-    };
-    let (flow_id, seq) = (first.flow_id.clone(), first.seq);
     let events = std::mem::take(deferred);
-    if let Some(verdict) = handler.apply_all(tx, &events)? {
-        if tx.is_autocommit() {
-            return Err(ended_under_handler(&flow_id, seq));
-        }
-        return Ok(verdict == Verdict::Apply);
-    }
-    // One at a time, stopping as soon as the transaction has ended.
-    for event in &events {
-        let verdict = handler.apply(tx, event)?;
+    // Stopping as soon as the transaction has ended.
+    let verdict = apply_in_order(handler, tx, &events, |event| {
         if tx.is_autocommit() {
             return Err(ended_under_handler(&event.flow_id, event.seq));
         }
-        if verdict != Verdict::Apply {
-            return Ok(false);
-        }
-    }
-    Ok(true)
+        Ok(())
+    })?;
+    Ok(verdict == Verdict::Apply)
 }
 
 /// SQLite ended the transaction under the handler (an `ON CONFLICT
