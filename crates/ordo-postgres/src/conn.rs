@@ -53,8 +53,9 @@ pub struct PgOptions {
     /// for a consumer; the URL's own `application_name` when it has one).
     pub application_name: Option<String>,
     /// How long a relay's claim on a flow lasts without being renewed
-    /// (default [`LEASE_MS_DEFAULT`]). Every round renews the claims it
-    /// uses; a relay that stops holds its flows at most this long.
+    /// (default [`LEASE_MS_DEFAULT`]). A round renews the claims it uses
+    /// once less than half of them is left; a relay that stops holds its
+    /// flows at most this long.
     pub lease_ms: u64,
 }
 

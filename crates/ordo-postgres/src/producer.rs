@@ -142,6 +142,78 @@ const MARK_ACCEPTED_SQL: &str = "UPDATE {s}.outbox o SET accepted = true, quaran
        AND o.event_id = r.event_id
      RETURNING o.flow_id";
 
+/// Whether a lease is free for the claimer `$4`: unheld, its own, expired,
+/// or held by a server session that is gone.
+macro_rules! claimable {
+    ($l:literal) => {
+        concat!(
+            "(",
+            $l,
+            ".owner IS NULL OR ",
+            $l,
+            ".owner = $4
+              OR ",
+            $l,
+            ".expires_at_ms <= (SELECT ms FROM now)
+              OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = ",
+            $l,
+            ".backend_pid))"
+        )
+    };
+}
+
+/// The claim of a round ([`PgProducer::claim`]): up to `$2` flows due at
+/// `$1`, none of `$3`, in the relay's order, for the owner `$4` with leases
+/// of `$5` ms. `pick` reads without locking; a flow the claimer's session
+/// holds with more than half its lease left is `kept` as it is; the others
+/// are locked, skipping those another transaction holds, and claimed if
+/// still free under the lock. The lease rows go by primary key through
+/// `= ANY (ARRAY(...))`, never a scan of every flow's lease.
+const CLAIM_SQL: &str = concat!(
+    "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
+     pick AS (
+         SELECT l.flow_id, l.fence,
+                coalesce(l.owner = $4 AND l.backend_pid = pg_backend_pid()
+                         AND l.expires_at_ms > (SELECT ms FROM now) + $5::bigint / 2, false) AS kept
+         FROM {s}.relay_lease l
+         JOIN {s}.outbox_head h ON h.flow_id = l.flow_id
+         WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
+           AND NOT (l.flow_id = ANY ($3))
+           AND ",
+    claimable!("l"),
+    "
+         ORDER BY h.relay_turn, h.flow_id
+         LIMIT $2),
+     locked AS (
+         SELECT l.flow_id FROM {s}.relay_lease l
+         WHERE l.flow_id = ANY (ARRAY(SELECT flow_id FROM pick WHERE NOT kept))
+           AND ",
+    claimable!("l"),
+    "
+         FOR UPDATE OF l SKIP LOCKED),
+     claimed AS (
+         UPDATE {s}.relay_lease l SET
+             fence = CASE WHEN l.owner = $4 AND l.expires_at_ms > now.ms
+                          THEN l.fence ELSE l.fence + 1 END,
+             owner = $4,
+             backend_pid = pg_backend_pid(),
+             expires_at_ms = now.ms + $5
+         FROM now WHERE l.flow_id = ANY (ARRAY(SELECT flow_id FROM locked))
+         RETURNING l.flow_id, l.fence)
+     SELECT flow_id, fence FROM pick WHERE kept
+     UNION ALL
+     SELECT flow_id, fence FROM claimed"
+);
+
+/// Releases the leases the owner `$2` holds on those of the flows `$1`
+/// with nothing due at `$3` ([`PgProducer::release_settled`]).
+const RELEASE_SETTLED_SQL: &str = "UPDATE {s}.relay_lease l SET owner = NULL, expires_at_ms = 0
+     WHERE l.flow_id = ANY (ARRAY(
+         SELECT h.flow_id FROM {s}.outbox_head h
+         WHERE h.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
+           AND (h.relay_seq IS NULL OR h.relay_due_ms > $3)))
+       AND l.owner = $2";
+
 const BODY: &str = "producer: stored outbox body";
 const LEASE: &str = "producer: relay lease";
 const BEGIN_SYNCED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
@@ -160,9 +232,11 @@ const BEGIN_UNSYNCED: &str =
 /// claims (or renews) a lease on each flow it returns, for
 /// [`PgOptions::lease_ms`], under the handle's owner name
 /// ([`PgOptions::owner`]), in one short transaction (`FOR UPDATE SKIP
-/// LOCKED` on the flows' lease rows: relays never wait for each other), and
-/// releases the flows it held but has nothing due for. No transaction is
-/// held across a delivery. Each new claim of a flow increases its fence;
+/// LOCKED` on the flows' lease rows: relays never wait for each other). A
+/// flow the handle holds with more than half its lease left is used as it
+/// is, its lease row neither locked nor written. The round's bookkeeping
+/// releases the flows it leaves with nothing due; the others stay held for
+/// the handle's next rounds. No transaction is held across a delivery. Each new claim of a flow increases its fence;
 /// the round's bookkeeping ([`record_receipts`](ProducerStore::record_receipts),
 /// [`record_failure`](ProducerStore::record_failure),
 /// [`quarantine`](ProducerStore::quarantine)) carries the fence it claimed
@@ -191,6 +265,9 @@ pub struct PgProducer {
     lease_ms: i64,
     /// The fence of each flow claimed by the last round.
     held: HashMap<String, i64>,
+    /// Whether this handle may hold leases (it claimed some since it last
+    /// released all).
+    may_hold: bool,
 }
 
 /// A write transaction on the producer, in which the caller changes its own
@@ -244,6 +321,7 @@ impl PgProducer {
             owner: opened.owner,
             lease_ms: i64::try_from(options.lease_ms).unwrap_or(i64::MAX),
             held: HashMap::new(),
+            may_hold: false,
         })
     }
 
@@ -274,73 +352,51 @@ impl PgProducer {
             )
         })?;
         self.held.clear();
+        self.may_hold = false;
         Ok(released)
     }
 
-    /// Claims up to `limit` due flows for this handle and releases the
-    /// others it held; returns the claimed flows with their fences.
+    /// Claims up to `limit` due flows for this handle; returns them with
+    /// their fences. A flow this handle's session holds with more than half
+    /// its lease left is kept as it is, neither locked nor written; the
+    /// others are locked (`SKIP LOCKED`: relays never wait for each other),
+    /// checked again under the lock, and claimed or renewed.
     fn claim(
         &mut self,
         limit: i64,
         skip: &[&str],
         now_ms: i64,
     ) -> Result<HashMap<String, i64>, StoreError> {
-        let owner = self.owner.clone();
-        let lease_ms = self.lease_ms;
-        // The lease rows are updated through `= ANY (ARRAY(...))`: by their
-        // primary key, never a scan of every flow's lease; the flows kept
-        // are an anti-join (hashed), not a comparison with each of them.
-        self.conn.in_tx(LEASE, |tx| {
-            let claimed: HashMap<String, i64> = tx
-                .rows(
-                    LEASE,
-                    "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
-                     pick AS (
-                         SELECT l.flow_id FROM {s}.relay_lease l
-                         JOIN {s}.outbox_head h ON h.flow_id = l.flow_id
-                         WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
-                           AND NOT (l.flow_id = ANY ($3))
-                           AND (l.owner IS NULL OR l.owner = $4
-                                OR l.expires_at_ms <= (SELECT ms FROM now)
-                                OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a
-                                               WHERE a.pid = l.backend_pid))
-                         ORDER BY h.relay_turn, h.flow_id
-                         LIMIT $2
-                         FOR UPDATE OF l SKIP LOCKED)
-                     UPDATE {s}.relay_lease l SET
-                         fence = CASE WHEN l.owner = $4 AND l.expires_at_ms > now.ms
-                                      THEN l.fence ELSE l.fence + 1 END,
-                         owner = $4,
-                         backend_pid = pg_backend_pid(),
-                         expires_at_ms = now.ms + $5
-                     FROM now WHERE l.flow_id = ANY (ARRAY(SELECT flow_id FROM pick))
-                     RETURNING l.flow_id, l.fence",
-                    &[&now_ms, &limit, &skip, &owner, &lease_ms],
-                )?
-                .iter()
-                .map(|row| (row.get(0), row.get(1)))
-                .collect();
-            let keep: Vec<&str> = claimed.keys().map(String::as_str).collect();
-            tx.run(
-                LEASE,
-                "UPDATE {s}.relay_lease SET owner = NULL, expires_at_ms = 0
-                 WHERE flow_id = ANY (ARRAY(
-                     SELECT l.flow_id FROM {s}.relay_lease l
-                     WHERE l.owner = $1
-                       AND NOT EXISTS (SELECT 1 FROM unnest($2::text[]) AS k(flow_id)
-                                       WHERE k.flow_id = l.flow_id)
-                     FOR UPDATE OF l SKIP LOCKED))",
-                &[&owner, &keep],
-            )?;
-            Ok(claimed)
-        })
+        let params: [&(dyn postgres::types::ToSql + Sync); 5] =
+            [&now_ms, &limit, &skip, &self.owner, &self.lease_ms];
+        let claimed: HashMap<String, i64> = self.conn.in_tx(LEASE, |tx| {
+            let rows = tx.rows(LEASE, CLAIM_SQL, &params)?;
+            Ok::<_, StoreError>(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+        })?;
+        self.may_hold |= !claimed.is_empty();
+        Ok(claimed)
+    }
+
+    /// Inside a bookkeeping transaction, after its writes: releases the
+    /// leases this handle holds on those of `flows` with nothing due at
+    /// `now_ms` (caught up, or backing off), so that any relay takes them
+    /// when they have events again. The others stay claimed for the
+    /// handle's next rounds. The lease rows are locked by the transaction
+    /// already (`check_fences`).
+    fn release_settled(&self, tx: &PgTx, flows: &[String], now_ms: i64) -> Result<(), StoreError> {
+        if flows.is_empty() {
+            return Ok(());
+        }
+        tx.run(LEASE, RELEASE_SETTLED_SQL, &[&flows, &self.owner, &now_ms])?;
+        Ok(())
     }
 
     /// Inside a bookkeeping transaction: locks the lease rows of the flows
     /// of `event_ids` (a claim skips them until this transaction ends) and
     /// refuses the write when another relay claimed one of them since this
     /// handle's round, or holds one this handle did not claim.
-    fn check_fences(&self, tx: &PgTx, event_ids: &[&str]) -> Result<(), StoreError> {
+    /// Returns the flows.
+    fn check_fences(&self, tx: &PgTx, event_ids: &[&str]) -> Result<Vec<String>, StoreError> {
         let rows = tx.rows(LEASE, FENCES_SQL, &[&event_ids])?;
         for row in &rows {
             let flow: &str = row.get(0);
@@ -366,7 +422,7 @@ impl PgProducer {
                 ));
             }
         }
-        Ok(())
+        Ok(rows.iter().map(|row| row.get(0)).collect())
     }
 
     /// The domain that owns this store.
@@ -432,7 +488,8 @@ impl PgProducer {
 
     /// Delivery bookkeeping on the events `event_ids`, in one transaction
     /// committed without waiting for the WAL flush, refused whole when the
-    /// fence of one of their flows is stale (see [`PgProducer`]).
+    /// fence of one of their flows is stale (see [`PgProducer`]); the
+    /// flows left with nothing due are released.
     fn bookkeeping<T>(
         &mut self,
         event_ids: &[&str],
@@ -440,8 +497,11 @@ impl PgProducer {
     ) -> Result<T, StoreError> {
         let this = &*self;
         let value = this.conn.in_tx_begun(LEASE, BEGIN_UNSYNCED, |tx| {
-            this.check_fences(tx, event_ids)?;
-            f(tx, this.clock.now_ms())
+            let flows = this.check_fences(tx, event_ids)?;
+            let now_ms = this.clock.now_ms();
+            let value = f(tx, now_ms)?;
+            this.release_settled(tx, &flows, now_ms)?;
+            Ok::<_, StoreError>(value)
         })?;
         self.commits += 1;
         Ok(value)
@@ -461,7 +521,7 @@ impl Drop for PgProducer {
     /// Releases the handle's leases, so that other relays take its flows at
     /// once (a failure leaves them to expire).
     fn drop(&mut self) {
-        if !self.held.is_empty() {
+        if self.may_hold {
             if let Err(e) = self.release_leases() {
                 tracing::debug!("the relay leases are left to expire: {e}");
             }

@@ -97,6 +97,85 @@ fn a_stale_fence_refuses_bookkeeping_and_writes_nothing() {
     assert!(third.held_flows()[&f] > holder_fence);
 }
 
+/// A flow's lease row: its owner, fence and expiry, and the transaction
+/// that last wrote it.
+fn lease_row(
+    checker: &mut postgres::Client,
+    flow_id: &ordo_core::FlowId,
+) -> (Option<String>, i64, i64, String) {
+    let row = checker
+        .query_one(
+            "SELECT owner, fence, expires_at_ms, xmin::text FROM ordo_producer.relay_lease
+             WHERE flow_id = $1",
+            &[&flow_id.as_str()],
+        )
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2), row.get(3))
+}
+
+#[test]
+fn a_relay_keeps_flows_with_events_due_and_releases_those_caught_up() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut first = producer(&target, "first", 600_000);
+    let mut second = producer(&target, "second", 600_000);
+    let mut checker = client(&target);
+    let (busy, done) = (flow(1), flow(2));
+    append(&mut first, &busy).unwrap();
+    append(&mut first, &busy).unwrap();
+    append(&mut first, &done).unwrap();
+    let now = SystemClock.now_ms();
+    let none = BTreeSet::new();
+    let accept = |events: &[Envelope]| -> Vec<(EventId, Receipt)> {
+        events
+            .iter()
+            .map(|e| (e.event_id.clone(), Receipt::Accepted))
+            .collect()
+    };
+
+    let round = first.fair_round(10, &none, now).unwrap();
+    assert_eq!(round.len(), 2, "one head per flow");
+    let fences = first.held_flows();
+    first.record_receipts(&accept(&round), now).unwrap();
+    let owner = Some(first.owner().to_owned());
+    assert_eq!(
+        lease_row(&mut checker, &done).0,
+        None,
+        "caught up: released"
+    );
+    let kept = lease_row(&mut checker, &busy);
+    assert_eq!(kept.0, owner, "an event still due: kept");
+
+    // Another relay does not take the kept flow.
+    assert!(second.fair_round(10, &none, now).unwrap().is_empty());
+
+    // The holder's next round uses its lease as it is: same fence, the
+    // lease row not written.
+    let round = first.fair_round(10, &none, now).unwrap();
+    assert_eq!(round.len(), 1);
+    assert_eq!((&round[0].flow_id, round[0].seq.get()), (&busy, 2));
+    assert_eq!(first.held_flows()[&busy], fences[&busy]);
+    assert_eq!(
+        lease_row(&mut checker, &busy),
+        kept,
+        "the lease row is untouched"
+    );
+    first.record_receipts(&accept(&round), now).unwrap();
+    assert_eq!(
+        lease_row(&mut checker, &busy).0,
+        None,
+        "caught up: released"
+    );
+
+    // A released flow with a new event goes to whichever relay claims it,
+    // under a new fence.
+    append(&mut first, &done).unwrap();
+    let round = second.fair_round(10, &none, now).unwrap();
+    assert_eq!((&round[0].flow_id, round[0].seq.get()), (&done, 2));
+    assert!(second.held_flows()[&done] > fences[&done]);
+}
+
 #[test]
 fn a_dead_relays_flows_are_taken_over_once_its_session_is_gone() {
     let _serial = serial();
