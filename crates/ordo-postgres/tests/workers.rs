@@ -565,6 +565,77 @@ fn appliers_on_different_flows_never_wait_for_each_other() {
 }
 
 #[test]
+fn a_batch_holds_about_the_flows_its_events_need() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut source = producer(&target, "source", 60_000);
+    let mut events = Vec::new();
+    for i in 1..=8 {
+        for _ in 0..3 {
+            events.push(append(&mut source, &flow(i)).unwrap());
+        }
+    }
+    let mut receiver = consumer(&target, "receiver");
+    receiver.receive_batch(&events).unwrap();
+    let violations: Violations = Arc::default();
+
+    // A batch of 8 events over all eight flows needs flows 1 to 3; it is
+    // held open on its first event. It may lock a flow or so more than it
+    // needs (it guesses their events before it reads them), never all.
+    let (entered_tx, entered) = mpsc::channel();
+    let (go_on, go_on_rx) = mpsc::channel();
+    let slow = {
+        let (target, violations) = (target.clone(), violations.clone());
+        std::thread::spawn(move || {
+            let mut store = consumer(&target, "slow");
+            let mut gate = Gate {
+                inner: Ordered { violations },
+                gated: flow(1).as_str().to_string(),
+                entered: Some(entered_tx),
+                go_on: go_on_rx,
+            };
+            let work: Vec<_> = (1..=8).map(|i| (flow(i), None)).collect();
+            store.apply_batch_with(&work, 8, &mut gate).unwrap()
+        })
+    };
+    entered
+        .recv_timeout(BOUND)
+        .expect("the slow applier holds its batch open");
+
+    // Meanwhile another applier drains every flow the batch does not reach.
+    let mut quick = consumer(&target, "quick");
+    let drains = process_all(
+        &mut quick,
+        None,
+        &mut Ordered {
+            violations: violations.clone(),
+        },
+        64,
+    )
+    .unwrap();
+    go_on.send(()).unwrap();
+    let slow_drains = slow.join().unwrap();
+    let applied = |drains: &[ordo_core::Drain], i: usize| -> u64 {
+        drains
+            .iter()
+            .filter(|d| d.flow_id == flow(i))
+            .map(|d| d.applied)
+            .sum()
+    };
+    for i in 5..=8 {
+        assert_eq!(
+            applied(&drains, i),
+            3,
+            "flow {i} was left to the other applier"
+        );
+    }
+    let slow_applied: u64 = (1..=3).map(|i| applied(&slow_drains, i)).sum();
+    assert_eq!(slow_applied, 8);
+    assert!(violations.lock().unwrap().is_empty(), "{violations:?}");
+}
+
+#[test]
 fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();

@@ -336,6 +336,11 @@ where
 /// The most flows one statement locks and reads ahead of their turn.
 const READ_AHEAD_FLOWS_MAX: usize = 256;
 
+/// The rows per flow a batch's first read-ahead expects, before it has
+/// seen any: it locks about as many flows as the events left need at this
+/// many each. Later read-aheads go by the rows per flow the batch found.
+const READ_AHEAD_ROWS_PER_FLOW_GUESS: u64 = 2;
+
 /// A flow's apply cursor, locked by this transaction, and its rows after
 /// it read so far, in seq order.
 struct Read {
@@ -385,13 +390,17 @@ struct ReadAhead {
     read: HashMap<String, Read>,
     /// Those another applier held.
     held: HashSet<String>,
+    /// How many flows the read-aheads locked, and the rows they read.
+    flows_locked: u64,
+    rows_read: u64,
 }
 
 impl ReadAhead {
     /// The flow `flows[0]`, locked and read: as read ahead, or else with the
-    /// flows after it not asked for yet (as many as events are `left`, at
-    /// least one) in one statement; alone when a read ahead found no cursor
-    /// for it. `None` when another applier holds it.
+    /// flows after it not asked for yet (about as many as the events `left`
+    /// need, see [`ReadAhead::chunk_len`]) in one statement; alone when a
+    /// read ahead found no cursor for it. `None` when another applier
+    /// holds it.
     fn read(
         &mut self,
         tx: &PgTx,
@@ -401,11 +410,11 @@ impl ReadAhead {
     ) -> Result<Option<Read>, StoreError> {
         let flow = flows[0].0.as_str();
         if !self.asked.contains(flow) {
-            let most = usize::try_from(left).unwrap_or(usize::MAX);
+            let most = self.chunk_len(left);
             let mut chunk: Vec<&str> = Vec::new();
             for (flow_id, _) in flows {
                 let id = flow_id.as_str();
-                if chunk.len() >= most.clamp(1, READ_AHEAD_FLOWS_MAX) {
+                if chunk.len() >= most {
                     break;
                 }
                 if !marks.cursors.contains_key(id) && self.asked.insert(id.to_owned()) {
@@ -416,6 +425,12 @@ impl ReadAhead {
             // fewer rows than asked has no more.
             let each = (left + 1).div_ceil(chunk.len() as u64).max(2);
             let many = lock_and_read_many(tx, &chunk, each)?;
+            self.flows_locked += many.locked.len() as u64;
+            self.rows_read += many
+                .locked
+                .values()
+                .map(|r| r.rows.len() as u64)
+                .sum::<u64>();
             self.read.extend(many.locked);
             self.held.extend(many.held);
         }
@@ -427,6 +442,21 @@ impl ReadAhead {
         }
         let take = left.saturating_add(1);
         Ok(lock_and_read(tx, &flows[0].0, None, take)?.map(Read::all))
+    }
+
+    /// How many flows the next read-ahead locks for `left` events: as many
+    /// as they need at the rows per flow read so far (a guess before the
+    /// first), so that a batch holds few flows it will not reach (another
+    /// applier takes those meanwhile); one at least,
+    /// [`READ_AHEAD_FLOWS_MAX`] at most.
+    fn chunk_len(&self, left: u64) -> usize {
+        let per_flow = match self.flows_locked {
+            0 => READ_AHEAD_ROWS_PER_FLOW_GUESS,
+            flows => (self.rows_read / flows).max(1),
+        };
+        usize::try_from(left.div_ceil(per_flow))
+            .unwrap_or(usize::MAX)
+            .clamp(1, READ_AHEAD_FLOWS_MAX)
     }
 }
 
