@@ -494,42 +494,64 @@ impl ApplyHandler<PgTx> for Gate {
     }
 }
 
+/// Appends `per_flow` events to each of `flows` and has the consumer
+/// receive them all.
+fn received(target: &str, flows: impl IntoIterator<Item = usize>, per_flow: usize) {
+    let mut source = producer(target, "source", 60_000);
+    let mut events = Vec::new();
+    for i in flows {
+        for _ in 0..per_flow {
+            events.push(append(&mut source, &flow(i)).unwrap());
+        }
+    }
+    consumer(target, "receiver").receive_batch(&events).unwrap();
+}
+
+/// Starts an applier, named "slow", that runs `body` with a [`Gate`] on
+/// flow 1, and returns once it holds its transaction open there: the thread
+/// and the sender that lets it go on.
+fn gated_applier(
+    target: &str,
+    violations: &Violations,
+    body: impl FnOnce(&mut ordo_postgres::PgConsumer, &mut Gate) -> Vec<ordo_core::Drain>
+        + Send
+        + 'static,
+) -> (
+    std::thread::JoinHandle<Vec<ordo_core::Drain>>,
+    mpsc::Sender<()>,
+) {
+    let (entered_tx, entered) = mpsc::channel();
+    let (go_on, go_on_rx) = mpsc::channel();
+    let (target, violations) = (target.to_owned(), violations.clone());
+    let slow = std::thread::spawn(move || {
+        let mut store = consumer(&target, "slow");
+        let mut gate = Gate {
+            inner: Ordered { violations },
+            gated: flow(1).as_str().to_string(),
+            entered: Some(entered_tx),
+            go_on: go_on_rx,
+        };
+        body(&mut store, &mut gate)
+    });
+    entered
+        .recv_timeout(BOUND)
+        .expect("the slow applier holds flow 1");
+    (slow, go_on)
+}
+
 #[test]
 fn appliers_on_different_flows_never_wait_for_each_other() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let target = url(&database_for(dir.path()));
-    let mut source = producer(&target, "source", 60_000);
-    let mut events = Vec::new();
-    for i in [1, 2] {
-        for _ in 0..3 {
-            events.push(append(&mut source, &flow(i)).unwrap());
-        }
-    }
-    let mut receiver = consumer(&target, "receiver");
-    receiver.receive_batch(&events).unwrap();
+    received(&target, [1, 2], 3);
     let violations: Violations = Arc::default();
 
-    let (entered_tx, entered) = mpsc::channel();
-    let (go_on, go_on_rx) = mpsc::channel();
-    let slow = {
-        let (target, violations) = (target.clone(), violations.clone());
-        std::thread::spawn(move || {
-            let mut store = consumer(&target, "slow");
-            let mut gate = Gate {
-                inner: Ordered { violations },
-                gated: flow(1).as_str().to_string(),
-                entered: Some(entered_tx),
-                go_on: go_on_rx,
-            };
-            // Flow 1 alone: a batch locks each of its flows before its
-            // handler call, so flow 2 would be held too.
-            vec![ordo_core::drain(&mut store, &flow(1), None, &mut gate, 16).unwrap()]
-        })
-    };
-    entered
-        .recv_timeout(BOUND)
-        .expect("the slow applier holds flow 1");
+    // Flow 1 alone: a batch locks each of its flows before its handler
+    // call, so flow 2 would be held too.
+    let (slow, go_on) = gated_applier(&target, &violations, |store, gate| {
+        vec![ordo_core::drain(store, &flow(1), None, gate, 16).unwrap()]
+    });
 
     // While flow 1 is held, another applier drains flow 2 and passes flow 1
     // by without waiting.
@@ -569,39 +591,16 @@ fn a_batch_holds_about_the_flows_its_events_need() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let target = url(&database_for(dir.path()));
-    let mut source = producer(&target, "source", 60_000);
-    let mut events = Vec::new();
-    for i in 1..=8 {
-        for _ in 0..3 {
-            events.push(append(&mut source, &flow(i)).unwrap());
-        }
-    }
-    let mut receiver = consumer(&target, "receiver");
-    receiver.receive_batch(&events).unwrap();
+    received(&target, 1..=8, 3);
     let violations: Violations = Arc::default();
 
     // A batch of 8 events over all eight flows needs flows 1 to 3; it is
     // held open on its first event. It may lock a flow or so more than it
     // needs (it guesses their events before it reads them), never all.
-    let (entered_tx, entered) = mpsc::channel();
-    let (go_on, go_on_rx) = mpsc::channel();
-    let slow = {
-        let (target, violations) = (target.clone(), violations.clone());
-        std::thread::spawn(move || {
-            let mut store = consumer(&target, "slow");
-            let mut gate = Gate {
-                inner: Ordered { violations },
-                gated: flow(1).as_str().to_string(),
-                entered: Some(entered_tx),
-                go_on: go_on_rx,
-            };
-            let work: Vec<_> = (1..=8).map(|i| (flow(i), None)).collect();
-            store.apply_batch_with(&work, 8, &mut gate).unwrap()
-        })
-    };
-    entered
-        .recv_timeout(BOUND)
-        .expect("the slow applier holds its batch open");
+    let (slow, go_on) = gated_applier(&target, &violations, |store, gate| {
+        let work: Vec<_> = (1..=8).map(|i| (flow(i), None)).collect();
+        store.apply_batch_with(&work, 8, gate).unwrap()
+    });
 
     // Meanwhile another applier drains every flow the batch does not reach.
     let mut quick = consumer(&target, "quick");
