@@ -60,6 +60,10 @@ pub struct RelayOptions {
     pub max: Option<u64>,
     /// The most events per round (one consumer and one producer transaction).
     pub batch_len_max: usize,
+    /// The most events of one flow in a fair round, from its head in seq
+    /// order (default 1: the head alone). A store may hand fewer
+    /// ([`ProducerStore::fair_round_deep`]).
+    pub flow_events_max: usize,
     /// Backoff for transient failures.
     pub backoff: Backoff,
 }
@@ -70,6 +74,7 @@ impl Default for RelayOptions {
             policy: RelayPolicy::Fair,
             max: None,
             batch_len_max: BATCH_LEN_DEFAULT,
+            flow_events_max: 1,
             backoff: Backoff::default(),
         }
     }
@@ -416,9 +421,12 @@ where
                 .oldest_unaccepted(clock.now_ms())?
                 .into_iter()
                 .collect(),
-            RelayPolicy::Fair => {
-                producer.fair_round(batch_len_max.min(room), &skipped, clock.now_ms())?
-            }
+            RelayPolicy::Fair => producer.fair_round_deep(
+                batch_len_max.min(room),
+                options.flow_events_max.max(1),
+                &skipped,
+                clock.now_ms(),
+            )?,
         };
         if events.is_empty() {
             return Ok(RelayStop::Drained);

@@ -297,6 +297,9 @@ fn producer_thread(
     Ok((producer.commits(), 0))
 }
 
+/// The most events of one flow in a relay's round.
+const ROUND_FLOW_EVENTS_MAX: usize = 16;
+
 /// A relay: rounds of up to `batch` events from its own producer handle
 /// into its own consumer handle, until the consumer accepted every event.
 fn relay_thread(url: &str, i: usize, options: &PgBenchOptions, shared: &Shared) -> Done {
@@ -308,6 +311,7 @@ fn relay_thread(url: &str, i: usize, options: &PgBenchOptions, shared: &Shared) 
     let round = RelayOptions {
         max: Some(options.batch),
         batch_len_max: options.batch as usize,
+        flow_events_max: ROUND_FLOW_EVENTS_MAX,
         ..RelayOptions::default()
     };
     let mut deliveries = 0u64;

@@ -123,13 +123,19 @@ const REFRESH_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET
          relay_turn = CASE WHEN $2 THEN (SELECT nextval('{s}.relay_turn')) ELSE h.relay_turn END
      WHERE h.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))";
 
-/// The event at the relay head of each of the flows `$3` due at `$1`, in
-/// the relay's order, at most `$2`.
-const ROUND_SQL: &str = "SELECT o.body FROM {s}.outbox_head h
-     JOIN {s}.outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
+/// Up to `$4` events of each of the flows `$3` whose relay head is due at
+/// `$1`: the head and the events after it neither accepted nor
+/// quarantined, in seq order; flows in the relay's order, at most `$2`
+/// events in all.
+const ROUND_SQL: &str = "SELECT e.body FROM {s}.outbox_head h
+     CROSS JOIN LATERAL (
+         SELECT o.body, o.seq FROM {s}.outbox o
+         WHERE o.flow_id = h.flow_id AND o.seq >= h.relay_seq
+           AND NOT o.accepted AND NOT o.quarantined
+         ORDER BY o.seq LIMIT $4) AS e
      WHERE h.flow_id = ANY (ARRAY(SELECT unnest($3::text[])))
        AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
-     ORDER BY h.relay_turn, h.flow_id
+     ORDER BY h.relay_turn, h.flow_id, e.seq
      LIMIT $2";
 
 /// Marks the events `$1` accepted with their receipts `$2` at `$3`;
@@ -268,6 +274,9 @@ pub struct PgProducer {
     /// Whether this handle may hold leases (it claimed some since it last
     /// released all).
     may_hold: bool,
+    /// The events per flow of this handle's last round (how many flows
+    /// the next claims for its events).
+    events_per_flow: usize,
 }
 
 /// A write transaction on the producer, in which the caller changes its own
@@ -322,6 +331,7 @@ impl PgProducer {
             lease_ms: i64::try_from(options.lease_ms).unwrap_or(i64::MAX),
             held: HashMap::new(),
             may_hold: false,
+            events_per_flow: 1,
         })
     }
 
@@ -889,18 +899,37 @@ impl ProducerStore for PgProducer {
         skip: &BTreeSet<FlowId>,
         now_ms: i64,
     ) -> Result<Vec<Envelope>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.fair_round_deep(limit, 1, skip, now_ms)
+    }
+
+    /// Claims about as many flows as the round's events need, at the events
+    /// per flow of this handle's last round (one before its first).
+    fn fair_round_deep(
+        &mut self,
+        limit: usize,
+        flow_events_max: usize,
+        skip: &BTreeSet<FlowId>,
+        now_ms: i64,
+    ) -> Result<Vec<Envelope>, StoreError> {
+        let per_flow = self.events_per_flow.clamp(1, flow_events_max.max(1));
+        let flows_max = limit.div_ceil(per_flow).max(1);
         let skip: Vec<&str> = skip.iter().map(FlowId::as_str).collect();
-        self.held = self.claim(limit, &skip, now_ms)?;
+        let flows_sql = i64::try_from(flows_max).unwrap_or(i64::MAX);
+        self.held = self.claim(flows_sql, &skip, now_ms)?;
         if self.held.is_empty() {
             return Ok(Vec::new());
         }
         let flows: Vec<&str> = self.held.keys().map(String::as_str).collect();
-        envelopes(self.conn.rows(
+        let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
+        let depth_sql = i64::try_from(flow_events_max.max(1)).unwrap_or(i64::MAX);
+        let round = envelopes(self.conn.rows(
             "producer: cannot pick a fair round",
             ROUND_SQL,
-            &[&now_ms, &limit, &flows],
-        )?)
+            &[&now_ms, &limit_sql, &flows, &depth_sql],
+        )?)?;
+        let served: HashSet<&str> = round.iter().map(|e| e.flow_id.as_str()).collect();
+        self.events_per_flow = round.len().checked_div(served.len()).unwrap_or(1);
+        Ok(round)
     }
 
     /// Committed without waiting for the WAL flush: an accepted mark lost
@@ -1179,9 +1208,9 @@ mod tests {
         assert_indexed_by_batch(
             Side::Producer,
             ROUND_SQL,
-            "bigint, bigint, text[]",
+            "bigint, bigint, text[], bigint",
             "",
-            |flows| format!("0, 1000, {flows}"),
+            |flows| format!("0, 1000, {flows}, 4"),
         );
         let types = "text[], text[], bigint";
         assert_indexed_by_batch(Side::Producer, MARK_ACCEPTED_SQL, types, "-1", |events| {

@@ -177,6 +177,51 @@ fn a_relay_keeps_flows_with_events_due_and_releases_those_caught_up() {
 }
 
 #[test]
+fn a_deep_round_takes_several_events_of_each_flow_in_order() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut relay = producer(&target, "deep", 600_000);
+    for i in 1..=3 {
+        for _ in 0..3 {
+            append(&mut relay, &flow(i)).unwrap();
+        }
+    }
+    let now = SystemClock.now_ms();
+    let none = BTreeSet::new();
+    let taken = |round: &[Envelope]| -> Vec<(String, i64)> {
+        round
+            .iter()
+            .map(|e| (e.flow_id.as_str().to_owned(), e.seq.get()))
+            .collect()
+    };
+    let pairs = |list: &[(usize, i64)]| -> Vec<(String, i64)> {
+        list.iter()
+            .map(|(i, seq)| (flow(*i).as_str().to_owned(), *seq))
+            .collect()
+    };
+
+    // Two of each flow, flows in the relay's order, five in all.
+    let round = relay.fair_round_deep(5, 2, &none, now).unwrap();
+    assert_eq!(
+        taken(&round),
+        pairs(&[(1, 1), (1, 2), (2, 1), (2, 2), (3, 1)])
+    );
+    let receipts: Vec<(EventId, Receipt)> = round
+        .iter()
+        .map(|e| (e.event_id.clone(), Receipt::Accepted))
+        .collect();
+    relay.record_receipts(&receipts, now).unwrap();
+
+    // Each flow from its new head (all three were served by the same
+    // round, so they go in flow order).
+    let round = relay.fair_round_deep(10, 2, &none, now).unwrap();
+    assert_eq!(taken(&round), pairs(&[(1, 3), (2, 3), (3, 2), (3, 3)]));
+    let entries = relay.outbox_entries(false, 20).unwrap();
+    assert_eq!(entries.iter().filter(|e| e.accepted).count(), 5);
+}
+
+#[test]
 fn a_dead_relays_flows_are_taken_over_once_its_session_is_gone() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();

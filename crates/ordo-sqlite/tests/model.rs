@@ -1343,6 +1343,7 @@ fn relay_options(policy: RelayPolicy, max: Option<u64>, batch_len_max: usize) ->
         policy,
         max,
         batch_len_max,
+        flow_events_max: 1,
         backoff: Backoff::default(),
     }
 }

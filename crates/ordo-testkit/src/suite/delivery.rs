@@ -873,6 +873,7 @@ pub fn relay_transient_failure_backs_off_the_whole_round<B: Backend>(dir: &Path)
         policy: RelayPolicy::Fair,
         max: Some(RELAY_DELIVERIES_MAX),
         batch_len_max: 256,
+        flow_events_max: 1,
         backoff: Backoff {
             base_ms: 500,
             cap_ms: 500,
