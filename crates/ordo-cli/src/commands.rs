@@ -179,6 +179,7 @@ pub fn relay_options(args: &RelayArgs) -> RelayOptions {
         },
         max: args.max,
         batch_len_max: args.batch as usize,
+        flow_events_max: args.flow_events as usize,
         ..RelayOptions::default()
     }
 }

@@ -155,6 +155,16 @@ impl ProducerStore for AnyProducer {
         each!(self, s => s.fair_round(limit, skip, now_ms))
     }
 
+    fn fair_round_deep(
+        &mut self,
+        limit: usize,
+        flow_events_max: usize,
+        skip: &BTreeSet<FlowId>,
+        now_ms: i64,
+    ) -> Result<Vec<Envelope>, StoreError> {
+        each!(self, s => s.fair_round_deep(limit, flow_events_max, skip, now_ms))
+    }
+
     fn record_receipts(
         &mut self,
         receipts: &[(EventId, Receipt)],

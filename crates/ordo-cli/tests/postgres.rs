@@ -324,6 +324,72 @@ fn the_relay_crosses_backends_both_ways() {
     assert_eq!(receipts(&again), [("b-1-1".into(), "duplicate".into())]);
 }
 
+/// Two events on each of `flows`: reserved, then confirmed.
+fn two_events_each(producer: &str, flows: &[&str]) {
+    for flow in flows {
+        advance_new(producer, flow);
+        let out = run(&[
+            "advance",
+            "--json",
+            "--producer",
+            producer,
+            "--flow",
+            flow,
+            "--expected-seq",
+            "1",
+            "--to",
+            "confirmed",
+            "--quantity",
+            "2",
+        ]);
+        assert_eq!(out.json()["outcome"], "committed");
+    }
+}
+
+#[test]
+fn flow_events_hands_over_several_events_of_a_flow_per_round() {
+    let lab = Lab::new();
+    let db = Database::create();
+    let url = db.url();
+    two_events_each(&url, &["d-1", "d-2"]);
+    two_events_each(&lab.p, &["d-1", "d-2"]);
+    let first_round = |producer: &str, consumer: &str| -> Vec<String> {
+        let relay = run(&[
+            "relay",
+            "--json",
+            "--producer",
+            producer,
+            "--consumer",
+            consumer,
+            "--batch",
+            "2",
+            "--max",
+            "2",
+            "--flow-events",
+            "2",
+        ])
+        .json();
+        receipts(&relay).into_iter().map(|(id, _)| id).collect()
+    };
+    // PostgreSQL: both events of the first flow in one round.
+    assert_eq!(first_round(&url, &url), ["d-1-1", "d-1-2"]);
+    // SQLite: the head of each flow.
+    assert_eq!(first_round(&lab.p, &lab.c), ["d-1-1", "d-2-1"]);
+
+    for bad in ["0", "1025", "x"] {
+        let out = run(&[
+            "relay",
+            "--producer",
+            &url,
+            "--consumer",
+            &url,
+            "--flow-events",
+            bad,
+        ]);
+        assert_eq!(out.code, 2, "--flow-events {bad}: {out:#?}");
+    }
+}
+
 #[test]
 fn a_url_that_does_not_parse_is_invalid_input_and_nothing_is_created() {
     let lab = Lab::new();
