@@ -27,6 +27,8 @@ use crate::LabError as Failure;
 const IDLE_PAUSE: Duration = Duration::from_millis(5);
 /// Deliveries per relay round.
 const RELAY_ROUND_LEN: u64 = 64;
+/// The most events of one flow in a relay round.
+const RELAY_ROUND_FLOW_EVENTS_MAX: usize = 4;
 /// Events per apply transaction.
 const APPLY_BATCH_LEN: u64 = 64;
 /// How long a relay worker's request to an HTTP inbox may take.
@@ -408,8 +410,12 @@ fn open_target(
     env: &WorkerEnv,
     target: &RelayTarget,
 ) -> Result<(Box<dyn Transport>, RelayOptions), Failure> {
+    // Deep rounds, so that SIGKILLs and ended connections also meet rounds
+    // holding several events of a flow (a PostgreSQL producer takes them;
+    // an SQLite one hands each flow's head alone).
     let options = RelayOptions {
         max: Some(RELAY_ROUND_LEN),
+        flow_events_max: RELAY_ROUND_FLOW_EVENTS_MAX,
         ..RelayOptions::default()
     };
     match target {
