@@ -215,21 +215,7 @@ fn text_output_is_the_same_on_both_backends() {
 /// JSON.
 fn produce_and_relay(p: &str, c: &str, flows: &[&str]) -> Value {
     for flow in flows {
-        let out = run(&[
-            "advance",
-            "--json",
-            "--producer",
-            p,
-            "--flow",
-            flow,
-            "--expected-seq",
-            "0",
-            "--to",
-            "reserved",
-            "--quantity",
-            "3",
-        ]);
-        assert_eq!(out.json()["outcome"], "committed");
+        advance(p, flow, 0, "reserved", 3);
     }
     run(&["relay", "--json", "--producer", p, "--consumer", c]).json()
 }
@@ -327,22 +313,8 @@ fn the_relay_crosses_backends_both_ways() {
 /// Two events on each of `flows`: reserved, then confirmed.
 fn two_events_each(producer: &str, flows: &[&str]) {
     for flow in flows {
-        advance_new(producer, flow);
-        let out = run(&[
-            "advance",
-            "--json",
-            "--producer",
-            producer,
-            "--flow",
-            flow,
-            "--expected-seq",
-            "1",
-            "--to",
-            "confirmed",
-            "--quantity",
-            "2",
-        ]);
-        assert_eq!(out.json()["outcome"], "committed");
+        advance(producer, flow, 0, "reserved", 2);
+        advance(producer, flow, 1, "confirmed", 2);
     }
 }
 
@@ -713,7 +685,10 @@ impl Drop for Running {
     }
 }
 
-fn advance_new(producer: &str, flow: &str) {
+/// Advances `flow` on `producer` from `expected_seq` to `to`, and checks
+/// that it committed.
+fn advance(producer: &str, flow: &str, expected_seq: i64, to: &str, quantity: u32) {
+    let (expected_seq, quantity) = (expected_seq.to_string(), quantity.to_string());
     let out = run(&[
         "advance",
         "--json",
@@ -722,13 +697,18 @@ fn advance_new(producer: &str, flow: &str) {
         "--flow",
         flow,
         "--expected-seq",
-        "0",
+        &expected_seq,
         "--to",
-        "reserved",
+        to,
         "--quantity",
-        "2",
+        &quantity,
     ]);
-    assert_eq!(out.json()["outcome"], "committed");
+    assert_eq!(out.json()["outcome"], "committed", "{out:#?}");
+}
+
+/// A new flow `flow` on `producer`, reserved.
+fn advance_new(producer: &str, flow: &str) {
+    advance(producer, flow, 0, "reserved", 2);
 }
 
 #[test]
@@ -880,20 +860,7 @@ fn a_postgres_producer_relays_to_serve_on_a_postgres_consumer() {
     let serve = Serve::start(&consumer);
     let to = format!("http://{}", serve.addr);
     for flow in ["h-1", "h-2"] {
-        run(&[
-            "advance",
-            "--producer",
-            &producer,
-            "--flow",
-            flow,
-            "--expected-seq",
-            "0",
-            "--to",
-            "reserved",
-            "--quantity",
-            "2",
-        ])
-        .text();
+        advance_new(&producer, flow);
     }
     let relay = run(&["relay", "--json", "--producer", &producer, "--to", &to]).json();
     assert_eq!(

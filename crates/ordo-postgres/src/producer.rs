@@ -404,8 +404,8 @@ impl PgProducer {
     /// Inside a bookkeeping transaction: locks the lease rows of the flows
     /// of `event_ids` (a claim skips them until this transaction ends) and
     /// refuses the write when another relay claimed one of them since this
-    /// handle's round, or holds one this handle did not claim.
-    /// Returns the flows.
+    /// handle's round, or holds one this handle did not claim; returns
+    /// those flows.
     fn check_fences(&self, tx: &PgTx, event_ids: &[&str]) -> Result<Vec<String>, StoreError> {
         let rows = tx.rows(LEASE, FENCES_SQL, &[&event_ids])?;
         for row in &rows {
