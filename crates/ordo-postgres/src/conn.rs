@@ -16,7 +16,7 @@ use crate::tls::PgUrl;
 
 /// The version of ordo's own tables this build writes, per schema; a store
 /// with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The default schema of the producer's tables.
 pub const PRODUCER_SCHEMA_DEFAULT: &str = "ordo_producer";
@@ -54,7 +54,8 @@ pub struct PgOptions {
     pub application_name: Option<String>,
     /// How long a relay's claim on a flow lasts without being renewed
     /// (default [`LEASE_MS_DEFAULT`]). A round renews the claims it uses
-    /// once less than half of them is left; a relay that stops holds its
+    /// once less than half of them is left, and keeps a flow after its
+    /// round, caught up or not; a relay that stops making rounds holds its
     /// flows at most this long.
     pub lease_ms: u64,
 }

@@ -36,6 +36,9 @@ pub(crate) const TABLES: Tables = Tables {
         // exited, was killed, or lost its connection) is free at once,
         // without waiting for its expiry.
         "ALTER TABLE {s}.relay_lease ADD COLUMN backend_pid integer;",
+        // 4: room on each page of the leases for a renewal to stay on its
+        // page (a HOT update: no new index entries).
+        "ALTER TABLE {s}.relay_lease SET (fillfactor = 50);",
     ],
 };
 
@@ -211,15 +214,6 @@ const CLAIM_SQL: &str = concat!(
      SELECT flow_id, fence FROM claimed"
 );
 
-/// Releases the leases the owner `$2` holds on those of the flows `$1`
-/// with nothing due at `$3` ([`PgProducer::release_settled`]).
-const RELEASE_SETTLED_SQL: &str = "UPDATE {s}.relay_lease l SET owner = NULL, expires_at_ms = 0
-     WHERE l.flow_id = ANY (ARRAY(
-         SELECT h.flow_id FROM {s}.outbox_head h
-         WHERE h.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
-           AND (h.relay_seq IS NULL OR h.relay_due_ms > $3)))
-       AND l.owner = $2";
-
 const BODY: &str = "producer: stored outbox body";
 const LEASE: &str = "producer: relay lease";
 const BEGIN_SYNCED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
@@ -240,9 +234,12 @@ const BEGIN_UNSYNCED: &str =
 /// ([`PgOptions::owner`]), in one short transaction (`FOR UPDATE SKIP
 /// LOCKED` on the flows' lease rows: relays never wait for each other). A
 /// flow the handle holds with more than half its lease left is used as it
-/// is, its lease row neither locked nor written. The round's bookkeeping
-/// releases the flows it leaves with nothing due; the others stay held for
-/// the handle's next rounds. No transaction is held across a delivery. Each new claim of a flow increases its fence;
+/// is, its lease row neither locked nor written. A flow stays held after
+/// its round, caught up or not, until its lease expires, the handle's
+/// server session ends or the handle releases it: the handle's next rounds
+/// serve it when it has events again without a new claim, and other relays
+/// pass it by. No transaction is held across a delivery. Each new claim of
+/// a flow increases its fence;
 /// the round's bookkeeping ([`record_receipts`](ProducerStore::record_receipts),
 /// [`record_failure`](ProducerStore::record_failure),
 /// [`quarantine`](ProducerStore::quarantine)) carries the fence it claimed
@@ -387,26 +384,11 @@ impl PgProducer {
         Ok(claimed)
     }
 
-    /// Inside a bookkeeping transaction, after its writes: releases the
-    /// leases this handle holds on those of `flows` with nothing due at
-    /// `now_ms` (caught up, or backing off), so that any relay takes them
-    /// when they have events again. The others stay claimed for the
-    /// handle's next rounds. The lease rows are locked by the transaction
-    /// already (`check_fences`).
-    fn release_settled(&self, tx: &PgTx, flows: &[String], now_ms: i64) -> Result<(), StoreError> {
-        if flows.is_empty() {
-            return Ok(());
-        }
-        tx.run(LEASE, RELEASE_SETTLED_SQL, &[&flows, &self.owner, &now_ms])?;
-        Ok(())
-    }
-
     /// Inside a bookkeeping transaction: locks the lease rows of the flows
     /// of `event_ids` (a claim skips them until this transaction ends) and
     /// refuses the write when another relay claimed one of them since this
-    /// handle's round, or holds one this handle did not claim; returns
-    /// those flows.
-    fn check_fences(&self, tx: &PgTx, event_ids: &[&str]) -> Result<Vec<String>, StoreError> {
+    /// handle's round, or holds one this handle did not claim.
+    fn check_fences(&self, tx: &PgTx, event_ids: &[&str]) -> Result<(), StoreError> {
         let rows = tx.rows(LEASE, FENCES_SQL, &[&event_ids])?;
         for row in &rows {
             let flow: &str = row.get(0);
@@ -432,7 +414,7 @@ impl PgProducer {
                 ));
             }
         }
-        Ok(rows.iter().map(|row| row.get(0)).collect())
+        Ok(())
     }
 
     /// The domain that owns this store.
@@ -498,8 +480,7 @@ impl PgProducer {
 
     /// Delivery bookkeeping on the events `event_ids`, in one transaction
     /// committed without waiting for the WAL flush, refused whole when the
-    /// fence of one of their flows is stale (see [`PgProducer`]); the
-    /// flows left with nothing due are released.
+    /// fence of one of their flows is stale (see [`PgProducer`]).
     fn bookkeeping<T>(
         &mut self,
         event_ids: &[&str],
@@ -507,11 +488,8 @@ impl PgProducer {
     ) -> Result<T, StoreError> {
         let this = &*self;
         let value = this.conn.in_tx_begun(LEASE, BEGIN_UNSYNCED, |tx| {
-            let flows = this.check_fences(tx, event_ids)?;
-            let now_ms = this.clock.now_ms();
-            let value = f(tx, now_ms)?;
-            this.release_settled(tx, &flows, now_ms)?;
-            Ok::<_, StoreError>(value)
+            this.check_fences(tx, event_ids)?;
+            f(tx, this.clock.now_ms())
         })?;
         self.commits += 1;
         Ok(value)

@@ -31,6 +31,7 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
          ALTER TABLE ordo_testkit.inbox_cursor DROP CONSTRAINT inbox_cursor_applied_seq_check;
          ALTER TABLE ordo_testkit.inbox_cursor ADD CONSTRAINT inbox_cursor_applied_seq_check
              CHECK (applied_seq >= 1);
+         ALTER TABLE ordo_testkit.inbox_cursor RESET (fillfactor);
          UPDATE ordo_testkit.ordo_meta SET value = '1' WHERE key = 'schema_version';",
     )
     .unwrap();
@@ -59,6 +60,20 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
         .unwrap()
         .get(0);
     assert_eq!(cursors, 3, "a cursor row per flow with events");
+    for table in ["ordo_producer.relay_lease", "ordo_testkit.inbox_cursor"] {
+        let options: Option<Vec<String>> = c
+            .query_one(
+                &format!("SELECT reloptions FROM pg_class WHERE oid = '{table}'::regclass"),
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            options,
+            Some(vec!["fillfactor=50".to_owned()]),
+            "{table}: room for HOT updates"
+        );
+    }
     let round = relay_store
         .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
         .unwrap();

@@ -114,7 +114,7 @@ fn lease_row(
 }
 
 #[test]
-fn a_relay_keeps_flows_with_events_due_and_releases_those_caught_up() {
+fn a_relay_keeps_its_flows_across_rounds_caught_up_or_not() {
     let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let target = url(&database_for(dir.path()));
@@ -139,40 +139,34 @@ fn a_relay_keeps_flows_with_events_due_and_releases_those_caught_up() {
     let fences = first.held_flows();
     first.record_receipts(&accept(&round), now).unwrap();
     let owner = Some(first.owner().to_owned());
-    assert_eq!(
-        lease_row(&mut checker, &done).0,
-        None,
-        "caught up: released"
-    );
     let kept = lease_row(&mut checker, &busy);
+    let caught_up = lease_row(&mut checker, &done);
     assert_eq!(kept.0, owner, "an event still due: kept");
+    assert_eq!(caught_up.0, owner, "caught up: kept too");
 
-    // Another relay does not take the kept flow.
+    // A caught-up flow given a new event stays with its holder: another
+    // relay's round passes both flows by.
+    append(&mut first, &done).unwrap();
     assert!(second.fair_round(10, &none, now).unwrap().is_empty());
 
-    // The holder's next round uses its lease as it is: same fence, the
-    // lease row not written.
+    // The holder's next round serves both under the fences it claimed,
+    // the lease rows not written.
     let round = first.fair_round(10, &none, now).unwrap();
-    assert_eq!(round.len(), 1);
-    assert_eq!((&round[0].flow_id, round[0].seq.get()), (&busy, 2));
-    assert_eq!(first.held_flows()[&busy], fences[&busy]);
-    assert_eq!(
-        lease_row(&mut checker, &busy),
-        kept,
-        "the lease row is untouched"
-    );
+    let taken: Vec<(&ordo_core::FlowId, i64)> =
+        round.iter().map(|e| (&e.flow_id, e.seq.get())).collect();
+    assert_eq!(taken, [(&busy, 2), (&done, 2)]);
+    assert_eq!(first.held_flows(), fences);
+    assert_eq!(lease_row(&mut checker, &busy), kept, "untouched");
+    assert_eq!(lease_row(&mut checker, &done), caught_up, "untouched");
     first.record_receipts(&accept(&round), now).unwrap();
-    assert_eq!(
-        lease_row(&mut checker, &busy).0,
-        None,
-        "caught up: released"
-    );
 
-    // A released flow with a new event goes to whichever relay claims it,
-    // under a new fence.
+    // Released (as dropping the handle does), a flow with a new event goes
+    // to whichever relay claims it, under a new fence.
+    assert_eq!(first.release_leases().unwrap(), 2);
+    assert_eq!(lease_row(&mut checker, &done).0, None, "released");
     append(&mut first, &done).unwrap();
     let round = second.fair_round(10, &none, now).unwrap();
-    assert_eq!((&round[0].flow_id, round[0].seq.get()), (&done, 2));
+    assert_eq!((&round[0].flow_id, round[0].seq.get()), (&done, 3));
     assert!(second.held_flows()[&done] > fences[&done]);
 }
 

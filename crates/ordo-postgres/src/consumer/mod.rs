@@ -45,6 +45,10 @@ pub(crate) const TABLES: Tables = Tables {
         // 3: nothing for the consumer (the producer's leases name their
         // holder's server session).
         "SELECT 1;",
+        // 4: room on each page of the apply cursors for the applies that
+        // move them to stay on their page (HOT updates: no new index
+        // entries).
+        "ALTER TABLE {s}.inbox_cursor SET (fillfactor = 50);",
     ],
 };
 
