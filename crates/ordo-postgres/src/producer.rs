@@ -1,6 +1,7 @@
 //! The producer store: the outbox and the per-flow head of its sequence in
 //! ordo's producer schema, beside the application's own tables.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
@@ -283,6 +284,9 @@ pub struct PgProducerTx<'c> {
     conn: &'c PgTx,
     now_ms: i64,
     appended: u64,
+    /// The heads this transaction has locked, at the last seq it read or
+    /// appended: no other transaction moves them until it ends.
+    locked: RefCell<HashMap<String, i64>>,
 }
 
 impl PgProducer {
@@ -470,6 +474,7 @@ impl PgProducer {
                 conn,
                 now_ms: clock.now_ms(),
                 appended: 0,
+                locked: RefCell::default(),
             };
             let value = f(&mut ptx)?;
             Ok::<_, E>((value, ptx.appended))
@@ -545,15 +550,34 @@ impl PgProducerTx<'_> {
 
     /// [`PgProducerTx::last_seq`] of several flows at once (each flow
     /// once), their head rows locked in flow id order, in two statements
-    /// whatever their number: keyed by flow id.
+    /// whatever their number (none for the heads this transaction locked
+    /// already): keyed by flow id.
     pub fn last_seqs<'f>(
         &self,
         flows: impl IntoIterator<Item = &'f FlowId>,
     ) -> Result<HashMap<String, i64>, StoreError> {
-        let context = "producer: cannot lock the outbox head";
         let mut names: Vec<&str> = flows.into_iter().map(FlowId::as_str).collect();
         names.sort_unstable();
         names.dedup();
+        let mut locked = self.locked.borrow_mut();
+        let new: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|name| !locked.contains_key(*name))
+            .collect();
+        if !new.is_empty() {
+            locked.extend(self.lock_heads(&new)?);
+        }
+        Ok(names
+            .iter()
+            .map(|name| ((*name).to_owned(), locked[*name]))
+            .collect())
+    }
+
+    /// Creates the heads of `names` (sorted, each once) that do not exist
+    /// and locks them all; returns their last seqs.
+    fn lock_heads(&self, names: &[&str]) -> Result<HashMap<String, i64>, StoreError> {
+        let context = "producer: cannot lock the outbox head";
         self.conn.run(
             context,
             "WITH head AS (INSERT INTO {s}.outbox_head (flow_id, last_seq)
@@ -680,9 +704,15 @@ impl PgProducerTx<'_> {
             if moved != flows.len() as u64 {
                 return Err(corrupt(
                     context,
-                    format!("the heads of flows {flows:?} moved while locked"),
+                    format!(
+                        "the heads of flows {flows:?} are not where this transaction locked them"
+                    ),
                 )
                 .into());
+            }
+            let mut locked = self.locked.borrow_mut();
+            for (flow, last) in flows.iter().zip(&lasts) {
+                locked.insert((*flow).to_owned(), *last);
             }
         }
         self.appended += appended.len() as u64;

@@ -232,6 +232,39 @@ fn a_racing_writer_of_the_same_flow_waits_then_is_stale() {
 }
 
 #[test]
+fn a_transaction_sees_its_own_appends_in_the_heads_it_locked() {
+    let (_dir, target) = fresh_database();
+    let (f, g) = (FlowId::new("own-f").unwrap(), FlowId::new("own-g").unwrap());
+    let mut producer = PgProducer::open(&target, &pg_producer_schema()).expect("open");
+    let v1 = SchemaVersion::new(1).expect("v1");
+    let payload = serde_json::json!({"quantity": 3});
+    producer
+        .write(|tx| -> Result<(), ordo_core::AppendError> {
+            assert_eq!(tx.last_seq(&f)?, 0);
+            let first = tx.append(&f, "reserved", v1, &payload)?;
+            assert_eq!(first.seq.get(), 1);
+            assert_eq!(tx.last_seq(&f)?, 1, "the head moved by this transaction");
+            let heads = tx.last_seqs([&f, &g])?;
+            assert_eq!((heads["own-f"], heads["own-g"]), (1, 0));
+            match tx.append_envelope(&first) {
+                Err(ordo_core::AppendError::NotNext { last_seq, .. }) => assert_eq!(last_seq, 1),
+                other => panic!("a second seq 1 is refused as not next: {other:?}"),
+            }
+            assert_eq!(tx.append(&f, "confirmed", v1, &payload)?.seq.get(), 2);
+            assert_eq!(tx.append(&g, "reserved", v1, &payload)?.seq.get(), 1);
+            Ok(())
+        })
+        .expect("commits");
+    producer
+        .write(|tx| -> Result<(), ordo_core::AppendError> {
+            let heads = tx.last_seqs([&g, &f])?;
+            assert_eq!((heads["own-f"], heads["own-g"]), (2, 1), "as committed");
+            Ok(())
+        })
+        .expect("reads");
+}
+
+#[test]
 fn domain_migrations_run_forward_once_and_a_newer_store_is_refused() {
     let (_dir, target) = fresh_database();
     let clock = Arc::new(SystemClock);
