@@ -37,9 +37,11 @@ pub(crate) const TABLES: Tables = Tables {
         // exited, was killed, or lost its connection) is free at once,
         // without waiting for its expiry.
         "ALTER TABLE {s}.relay_lease ADD COLUMN backend_pid integer;",
-        // 4: room on each page of the leases for a renewal to stay on its
-        // page (a HOT update: no new index entries).
-        "ALTER TABLE {s}.relay_lease SET (fillfactor = 50);",
+        // 4: room on each page of the leases and heads for a renewal, or an
+        // append to a flow whose relay head is set, to stay on its page (a
+        // HOT update: no new index entries).
+        "ALTER TABLE {s}.relay_lease SET (fillfactor = 50);
+         ALTER TABLE {s}.outbox_head SET (fillfactor = 50);",
     ],
 };
 

@@ -31,6 +31,7 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
          ALTER TABLE ordo_testkit.inbox_cursor DROP CONSTRAINT inbox_cursor_applied_seq_check;
          ALTER TABLE ordo_testkit.inbox_cursor ADD CONSTRAINT inbox_cursor_applied_seq_check
              CHECK (applied_seq >= 1);
+         ALTER TABLE ordo_producer.outbox_head RESET (fillfactor);
          ALTER TABLE ordo_testkit.inbox_cursor RESET (fillfactor);
          UPDATE ordo_testkit.ordo_meta SET value = '1' WHERE key = 'schema_version';",
     )
@@ -60,7 +61,11 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
         .unwrap()
         .get(0);
     assert_eq!(cursors, 3, "a cursor row per flow with events");
-    for table in ["ordo_producer.relay_lease", "ordo_testkit.inbox_cursor"] {
+    for table in [
+        "ordo_producer.relay_lease",
+        "ordo_producer.outbox_head",
+        "ordo_testkit.inbox_cursor",
+    ] {
         let options: Option<Vec<String>> = c
             .query_one(
                 &format!("SELECT reloptions FROM pg_class WHERE oid = '{table}'::regclass"),
