@@ -37,11 +37,19 @@ pub(crate) const TABLES: Tables = Tables {
         // exited, was killed, or lost its connection) is free at once,
         // without waiting for its expiry.
         "ALTER TABLE {s}.relay_lease ADD COLUMN backend_pid integer;",
-        // 4: room on each page of the leases and heads for a renewal, or an
-        // append to a flow whose relay head is set, to stay on its page (a
-        // HOT update: no new index entries).
+        // 4: room on each page of the leases, heads and outbox rows for a
+        // renewal, an append to a flow whose relay head is set, or an
+        // accepted mark to stay on its page (a HOT update: no new index
+        // entries). The events not yet accepted are listed in a table of
+        // their own instead of a partial index naming `accepted` (which
+        // made every mark write each index of the outbox again).
         "ALTER TABLE {s}.relay_lease SET (fillfactor = 50);
-         ALTER TABLE {s}.outbox_head SET (fillfactor = 50);",
+         ALTER TABLE {s}.outbox_head SET (fillfactor = 50);
+         ALTER TABLE {s}.outbox SET (fillfactor = 50);
+         DROP INDEX {s}.outbox_unaccepted;
+         CREATE TABLE {s}.outbox_pending (position bigint PRIMARY KEY);
+         INSERT INTO {s}.outbox_pending (position)
+             SELECT position FROM {s}.outbox WHERE NOT accepted;",
     ],
 };
 
@@ -146,13 +154,18 @@ const ROUND_SQL: &str = "SELECT e.body FROM {s}.outbox_head h
 
 /// Marks the events `$1` accepted with their receipts `$2` at `$3`;
 /// returns their flows.
-const MARK_ACCEPTED_SQL: &str = "UPDATE {s}.outbox o SET accepted = true, quarantined = false,
-         quarantine_reason = NULL, accepted_at_ms = coalesce(o.accepted_at_ms, $3),
-         attempts = o.attempts + 1, last_outcome = r.outcome, last_error = NULL
-     FROM unnest($1::text[], $2::text[]) AS r(event_id, outcome)
-     WHERE o.event_id = ANY (ARRAY(SELECT unnest($1::text[])))
-       AND o.event_id = r.event_id
-     RETURNING o.flow_id";
+const MARK_ACCEPTED_SQL: &str = "WITH marked AS (
+         UPDATE {s}.outbox o SET accepted = true, quarantined = false,
+             quarantine_reason = NULL, accepted_at_ms = coalesce(o.accepted_at_ms, $3),
+             attempts = o.attempts + 1, last_outcome = r.outcome, last_error = NULL
+         FROM unnest($1::text[], $2::text[]) AS r(event_id, outcome)
+         WHERE o.event_id = ANY (ARRAY(SELECT unnest($1::text[])))
+           AND o.event_id = r.event_id
+         RETURNING o.position, o.flow_id),
+     settled AS (
+         DELETE FROM {s}.outbox_pending p
+         WHERE p.position = ANY (ARRAY(SELECT position FROM marked)))
+     SELECT flow_id FROM marked";
 
 /// Whether a lease is free for the claimer `$4`: unheld, its own, expired,
 /// or held by a server session that is gone.
@@ -741,12 +754,16 @@ impl PgProducerTx<'_> {
             .conn
             .rows(
                 context,
-                "INSERT INTO {s}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
-                 SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, $7
-                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[])
-                      WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, i)
-                 ORDER BY e.i
-                 ON CONFLICT DO NOTHING RETURNING flow_id, seq",
+                "WITH appended AS (
+                     INSERT INTO {s}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
+                     SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, $7
+                     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[])
+                          WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, i)
+                     ORDER BY e.i
+                     ON CONFLICT DO NOTHING RETURNING position, flow_id, seq),
+                 listed AS (
+                     INSERT INTO {s}.outbox_pending (position) SELECT position FROM appended)
+                 SELECT flow_id, seq FROM appended",
                 &[
                     &text(|e| e.event_id.as_str()),
                     &text(|e| e.flow_id.as_str()),
@@ -774,8 +791,10 @@ impl PgProducerTx<'_> {
         if !flows.is_empty() {
             self.conn.run(
                 context,
-                "DELETE FROM {s}.outbox o USING unnest($1::text[], $2::bigint[]) AS d(flow_id, seq)
-                 WHERE o.flow_id = d.flow_id AND o.seq = d.seq",
+                "WITH gone AS (
+                     DELETE FROM {s}.outbox o USING unnest($1::text[], $2::bigint[]) AS d(flow_id, seq)
+                     WHERE o.flow_id = d.flow_id AND o.seq = d.seq RETURNING o.position)
+                 DELETE FROM {s}.outbox_pending p WHERE p.position IN (SELECT position FROM gone)",
                 &[&flows, &seqs],
             )?;
         }
@@ -881,7 +900,8 @@ impl ProducerStore for PgProducer {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         envelopes(self.conn.rows(
             "producer: cannot read pending events",
-            "SELECT body FROM {s}.outbox WHERE NOT accepted ORDER BY position LIMIT $1",
+            "SELECT o.body FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position
+             ORDER BY p.position LIMIT $1",
             &[&limit],
         )?)
     }
@@ -889,8 +909,9 @@ impl ProducerStore for PgProducer {
     fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError> {
         let row = self.conn.row(
             "producer: cannot read the oldest unaccepted event",
-            "SELECT body, next_attempt_at_ms FROM {s}.outbox WHERE NOT accepted
-             ORDER BY position LIMIT 1",
+            "SELECT o.body, o.next_attempt_at_ms
+             FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position
+             ORDER BY p.position LIMIT 1",
             &[],
         )?;
         match row {
@@ -1067,9 +1088,9 @@ impl ProducerStore for PgProducer {
     fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
         let row = self.conn.row(
             "producer: cannot read the status",
-            "SELECT count(*), min(created_at_ms), count(*) FILTER (WHERE quarantined),
-                    count(*) FILTER (WHERE NOT quarantined AND next_attempt_at_ms > $1)
-             FROM {s}.outbox WHERE NOT accepted",
+            "SELECT count(*), min(o.created_at_ms), count(*) FILTER (WHERE o.quarantined),
+                    count(*) FILTER (WHERE NOT o.quarantined AND o.next_attempt_at_ms > $1)
+             FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position",
             &[&now_ms],
         )?;
         let row = row.expect("an aggregate returns one row");

@@ -1,6 +1,6 @@
 //! A store created by the first schema version is migrated forward when
-//! opened: relay leases for its flows, apply cursors from 0; its state is
-//! kept.
+//! opened: relay leases for its flows, apply cursors from 0, the list of
+//! events not yet accepted; its state is kept.
 
 mod support;
 
@@ -32,6 +32,9 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
          ALTER TABLE ordo_testkit.inbox_cursor ADD CONSTRAINT inbox_cursor_applied_seq_check
              CHECK (applied_seq >= 1);
          ALTER TABLE ordo_producer.outbox_head RESET (fillfactor);
+         ALTER TABLE ordo_producer.outbox RESET (fillfactor);
+         DROP TABLE ordo_producer.outbox_pending;
+         CREATE INDEX outbox_unaccepted ON ordo_producer.outbox (position) WHERE NOT accepted;
          ALTER TABLE ordo_testkit.inbox_cursor RESET (fillfactor);
          UPDATE ordo_testkit.ordo_meta SET value = '1' WHERE key = 'schema_version';",
     )
@@ -64,6 +67,7 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
     for table in [
         "ordo_producer.relay_lease",
         "ordo_producer.outbox_head",
+        "ordo_producer.outbox",
         "ordo_testkit.inbox_cursor",
     ] {
         let options: Option<Vec<String>> = c
@@ -79,6 +83,12 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
             "{table}: room for HOT updates"
         );
     }
+    let listed: i64 = c
+        .query_one("SELECT count(*) FROM ordo_producer.outbox_pending", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(listed, 3, "every event not accepted is listed pending");
+    assert_eq!(relay_store.pending(10).unwrap().len(), 3);
     let round = relay_store
         .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
         .unwrap();

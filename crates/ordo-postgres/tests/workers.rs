@@ -802,3 +802,87 @@ fn a_relay_overtaken_on_a_round_leaves_its_flows_to_the_new_holder() {
         .all(|d| d.receipt == Receipt::Duplicate));
     assert_eq!(backlog(&mut other), 0);
 }
+
+/// The positions of `outbox_pending` and of the outbox rows not accepted.
+fn pending_positions(checker: &mut postgres::Client) -> (Vec<i64>, Vec<i64>) {
+    let column = |checker: &mut postgres::Client, sql: &str| -> Vec<i64> {
+        checker
+            .query(sql, &[])
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect()
+    };
+    (
+        column(
+            checker,
+            "SELECT position FROM ordo_producer.outbox_pending ORDER BY position",
+        ),
+        column(
+            checker,
+            "SELECT position FROM ordo_producer.outbox WHERE NOT accepted ORDER BY position",
+        ),
+    )
+}
+
+#[test]
+fn the_pending_list_follows_custody_appends_refusals_marks_and_quarantines() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut relay = producer(&target, "custody", 600_000);
+    let mut checker = client(&target);
+    let a1 = append(&mut relay, &flow(1)).unwrap();
+    let b1 = append(&mut relay, &flow(2)).unwrap();
+    let a2 = append(&mut relay, &flow(1)).unwrap();
+    // A batch whose second event reuses an id keeps its first event and
+    // takes back the third, inserted before the refusal was known.
+    let first_of = |i: usize| Envelope {
+        flow_id: flow(i),
+        event_id: EventId::for_seq(&flow(i), a1.seq),
+        ..a1.clone()
+    };
+    let (c1, d1) = (first_of(3), first_of(5));
+    let reused = Envelope {
+        event_id: a1.event_id.clone(),
+        ..first_of(4)
+    };
+    relay
+        .write(|ptx| -> Result<(), ordo_core::AppendError> {
+            match ptx.append_envelopes(&[c1.clone(), reused, d1]) {
+                Err(ordo_core::AppendError::EventIdUsed(id)) => assert_eq!(id, a1.event_id),
+                other => panic!("an event id in use is refused: {other:?}"),
+            }
+            Ok(())
+        })
+        .unwrap();
+    let now = SystemClock.now_ms();
+    let (listed, unaccepted) = pending_positions(&mut checker);
+    assert_eq!(listed, unaccepted);
+    assert_eq!(
+        listed.len(),
+        4,
+        "the refused events left nothing: {listed:?}"
+    );
+    assert_eq!(
+        ids(&relay.pending(10).unwrap()),
+        ids(&[a1.clone(), b1.clone(), a2.clone(), c1.clone()]),
+        "in append order"
+    );
+    assert_eq!(relay.producer_status(now).unwrap().backlog, 4);
+
+    let round = relay.fair_round(10, &BTreeSet::new(), now).unwrap();
+    assert_eq!(ids(&round), ids(&[a1.clone(), b1.clone(), c1.clone()]));
+    relay
+        .record_receipts(&[(a1.event_id.clone(), Receipt::Accepted)], now)
+        .unwrap();
+    relay
+        .quarantine(&b1.event_id, "too_large", "too_large: test", now)
+        .unwrap();
+    let (listed, unaccepted) = pending_positions(&mut checker);
+    assert_eq!(listed, unaccepted);
+    assert_eq!(listed.len(), 3, "the accepted event left the list");
+    assert_eq!(relay.oldest_unaccepted(now).unwrap(), Some(b1.clone()));
+    let status = relay.producer_status(now).unwrap();
+    assert_eq!((status.backlog, status.quarantined), (3, 1));
+}
