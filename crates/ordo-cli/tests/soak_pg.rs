@@ -173,7 +173,7 @@ fn the_end_check_of_a_kept_database_reports_what_was_broken_in_it() {
     assert!(violations.is_empty(), "{violations:?}");
 
     // Each case on a copy of the finished run's database.
-    let cases: [(&str, &str); 7] = [
+    let cases: [(&str, &str); 8] = [
         (
             "DELETE FROM ordo_consumer.inbox WHERE event_id = 'flow-0000001-2'",
             "lost",
@@ -204,6 +204,11 @@ fn the_end_check_of_a_kept_database_reports_what_was_broken_in_it() {
         (
             "DELETE FROM ordo_producer.relay_lease WHERE flow_id = 'flow-0000004'",
             "relay lease rows for 20 flows",
+        ),
+        (
+            "INSERT INTO ordo_producer.outbox_pending (position)
+             SELECT position FROM ordo_producer.outbox WHERE event_id = 'flow-0000005-1'",
+            "listed pending but accepted",
         ),
     ];
     for (i, (sql, expected)) in cases.into_iter().enumerate() {

@@ -916,19 +916,26 @@ struct Leases {
     violations: Vec<Violation>,
 }
 
-/// Both sides of a soak's database, read, and its leases.
+/// Both sides of a soak's database, read, and its leases; the list of
+/// events not yet accepted must match the outbox.
 fn database_state(url: &str) -> Result<(Snapshot, Leases), LabError> {
     let mut producer = pg_producer(url, false)?;
     let snapshot = Snapshot::new(
         pg_producer_snapshot(&mut producer)?,
         pg_consumer_snapshot(&mut pg_consumer(url, false)?)?,
     );
-    let (rows, heads, held) = producer.read(|tx| {
+    let (rows, heads, misfiled, held) = producer.read(|tx| {
         let s = tx.ordo_schema().to_owned();
         let counts = tx.query_one(
             &format!(
                 "SELECT (SELECT count(*) FROM \"{s}\".relay_lease),
-                        (SELECT count(*) FROM \"{s}\".outbox_head)"
+                        (SELECT count(*) FROM \"{s}\".outbox_head),
+                        (SELECT count(*) FROM (
+                            (SELECT position FROM \"{s}\".outbox_pending
+                             EXCEPT SELECT position FROM \"{s}\".outbox WHERE NOT accepted)
+                            UNION ALL
+                            (SELECT position FROM \"{s}\".outbox WHERE NOT accepted
+                             EXCEPT SELECT position FROM \"{s}\".outbox_pending)) AS d)"
             ),
             &[],
         )?;
@@ -946,9 +953,22 @@ fn database_state(url: &str) -> Result<(Snapshot, Leases), LabError> {
             .iter()
             .map(|row| (row.get(0), row.get(1), row.get(2)))
             .collect();
-        Ok((counts.get::<_, i64>(0), counts.get::<_, i64>(1), held))
+        Ok((
+            counts.get::<_, i64>(0),
+            counts.get::<_, i64>(1),
+            counts.get::<_, i64>(2),
+            held,
+        ))
     })?;
     let mut violations = Vec::new();
+    if misfiled > 0 {
+        violations.push(Violation {
+            rule: Rule::Unfinished,
+            detail: format!(
+                "{misfiled} outbox events listed pending but accepted or gone, or not accepted and unlisted"
+            ),
+        });
+    }
     if rows != heads {
         violations.push(Violation {
             rule: Rule::Unfinished,
