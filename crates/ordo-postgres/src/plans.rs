@@ -82,7 +82,9 @@ impl Filled {
                  INSERT INTO {c}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms)
                      SELECT {FLOW} || '-1', {FLOW}, 1, 1, 't', {body}, '', 'pending', 0
                      FROM generate_series(1, {FLOWS}) i;
+                 INSERT INTO {p}.outbox_pending (position) SELECT position FROM {p}.outbox;
                  ANALYZE {p}.outbox_head; ANALYZE {p}.relay_lease; ANALYZE {p}.outbox;
+                 ANALYZE {p}.outbox_pending;
                  ANALYZE {c}.inbox;"
             ))
             .expect("fill the tables");
@@ -94,12 +96,18 @@ impl Filled {
     pub fn plan(&mut self, schema: &str, sql: &str, types: &str, params: &str) -> String {
         let sql = sql.replace("{s}", schema);
         let name = format!("q{}", fastrand::u32(..));
+        // A statement without parameters is prepared and run without
+        // parentheses.
+        let (types, params) = match types {
+            "" => (String::new(), String::new()),
+            _ => (format!(" ({types})"), format!("({params})")),
+        };
         self.client
-            .batch_execute(&format!("PREPARE {name} ({types}) AS {sql}"))
+            .batch_execute(&format!("PREPARE {name}{types} AS {sql}"))
             .expect("prepare");
         let rows = self
             .client
-            .query(&format!("EXPLAIN EXECUTE {name}({params})"), &[])
+            .query(&format!("EXPLAIN EXECUTE {name}{params}"), &[])
             .expect("explain");
         self.client
             .batch_execute(&format!("DEALLOCATE {name}"))

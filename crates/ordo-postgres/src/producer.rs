@@ -230,6 +230,17 @@ const CLAIM_SQL: &str = concat!(
      SELECT flow_id, fence FROM claimed"
 );
 
+/// The first `$1` events not yet accepted, oldest first, on the keys of
+/// `outbox_pending` and of the outbox.
+const PENDING_SQL: &str = "SELECT o.body
+     FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position
+     ORDER BY p.position LIMIT $1";
+
+/// The oldest event not yet accepted and when it is due, as [`PENDING_SQL`].
+const OLDEST_UNACCEPTED_SQL: &str = "SELECT o.body, o.next_attempt_at_ms
+     FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position
+     ORDER BY p.position LIMIT 1";
+
 const BODY: &str = "producer: stored outbox body";
 const LEASE: &str = "producer: relay lease";
 const BEGIN_SYNCED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
@@ -900,8 +911,7 @@ impl ProducerStore for PgProducer {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         envelopes(self.conn.rows(
             "producer: cannot read pending events",
-            "SELECT o.body FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position
-             ORDER BY p.position LIMIT $1",
+            PENDING_SQL,
             &[&limit],
         )?)
     }
@@ -909,9 +919,7 @@ impl ProducerStore for PgProducer {
     fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError> {
         let row = self.conn.row(
             "producer: cannot read the oldest unaccepted event",
-            "SELECT o.body, o.next_attempt_at_ms
-             FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position
-             ORDER BY p.position LIMIT 1",
+            OLDEST_UNACCEPTED_SQL,
             &[],
         )?;
         match row {
@@ -1201,9 +1209,10 @@ pub(crate) fn outbox_entry(row: &Row) -> Result<OutboxEntry, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::{
-        FENCES_SQL, LOCK_HEADS_SQL, MARK_ACCEPTED_SQL, MOVE_HEADS_SQL, REFRESH_HEADS_SQL, ROUND_SQL,
+        FENCES_SQL, LOCK_HEADS_SQL, MARK_ACCEPTED_SQL, MOVE_HEADS_SQL, OLDEST_UNACCEPTED_SQL,
+        PENDING_SQL, REFRESH_HEADS_SQL, ROUND_SQL,
     };
-    use crate::plans::{assert_indexed_by_batch, Side};
+    use crate::plans::{assert_indexed, assert_indexed_by_batch, Filled, Side};
 
     /// `n` copies of `value` as an SQL array as long as the SQL array `of`.
     fn alongside(of: &str, value: &str) -> String {
@@ -1252,5 +1261,17 @@ mod tests {
         assert_indexed_by_batch(Side::Producer, REFRESH_HEADS_SQL, types, "", |flows| {
             format!("{flows}, true, NULL")
         });
+    }
+
+    /// The oldest events not yet accepted are read by key on an outbox
+    /// where every event is, not by a scan of either table.
+    #[test]
+    fn the_oldest_unaccepted_events_are_read_by_key() {
+        let mut filled = Filled::new("pending");
+        let schema = filled.p.clone();
+        assert_indexed(&filled.plan(&schema, OLDEST_UNACCEPTED_SQL, "", ""));
+        for limit in ["1", "256"] {
+            assert_indexed(&filled.plan(&schema, PENDING_SQL, "bigint", limit));
+        }
     }
 }
