@@ -96,18 +96,12 @@ impl Filled {
     pub fn plan(&mut self, schema: &str, sql: &str, types: &str, params: &str) -> String {
         let sql = sql.replace("{s}", schema);
         let name = format!("q{}", fastrand::u32(..));
-        // A statement without parameters is prepared and run without
-        // parentheses.
-        let (types, params) = match types {
-            "" => (String::new(), String::new()),
-            _ => (format!(" ({types})"), format!("({params})")),
-        };
         self.client
-            .batch_execute(&format!("PREPARE {name}{types} AS {sql}"))
+            .batch_execute(&format!("PREPARE {name} ({types}) AS {sql}"))
             .expect("prepare");
         let rows = self
             .client
-            .query(&format!("EXPLAIN EXECUTE {name}{params}"), &[])
+            .query(&format!("EXPLAIN EXECUTE {name}({params})"), &[])
             .expect("explain");
         self.client
             .batch_execute(&format!("DEALLOCATE {name}"))

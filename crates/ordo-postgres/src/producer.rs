@@ -230,16 +230,11 @@ const CLAIM_SQL: &str = concat!(
      SELECT flow_id, fence FROM claimed"
 );
 
-/// The first `$1` events not yet accepted, oldest first, on the keys of
-/// `outbox_pending` and of the outbox.
-const PENDING_SQL: &str = "SELECT o.body
+/// The first `$1` events not yet accepted, oldest first, and when each is
+/// due, on the keys of `outbox_pending` and of the outbox.
+const PENDING_SQL: &str = "SELECT o.body, o.next_attempt_at_ms
      FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position
      ORDER BY p.position LIMIT $1";
-
-/// The oldest event not yet accepted and when it is due, as [`PENDING_SQL`].
-const OLDEST_UNACCEPTED_SQL: &str = "SELECT o.body, o.next_attempt_at_ms
-     FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position
-     ORDER BY p.position LIMIT 1";
 
 const BODY: &str = "producer: stored outbox body";
 const LEASE: &str = "producer: relay lease";
@@ -919,8 +914,8 @@ impl ProducerStore for PgProducer {
     fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError> {
         let row = self.conn.row(
             "producer: cannot read the oldest unaccepted event",
-            OLDEST_UNACCEPTED_SQL,
-            &[],
+            PENDING_SQL,
+            &[&1i64],
         )?;
         match row {
             Some(row) if row.get::<_, i64>(1) <= now_ms => {
@@ -1209,8 +1204,8 @@ pub(crate) fn outbox_entry(row: &Row) -> Result<OutboxEntry, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::{
-        FENCES_SQL, LOCK_HEADS_SQL, MARK_ACCEPTED_SQL, MOVE_HEADS_SQL, OLDEST_UNACCEPTED_SQL,
-        PENDING_SQL, REFRESH_HEADS_SQL, ROUND_SQL,
+        FENCES_SQL, LOCK_HEADS_SQL, MARK_ACCEPTED_SQL, MOVE_HEADS_SQL, PENDING_SQL,
+        REFRESH_HEADS_SQL, ROUND_SQL,
     };
     use crate::plans::{assert_indexed, assert_indexed_by_batch, Filled, Side};
 
@@ -1269,7 +1264,6 @@ mod tests {
     fn the_oldest_unaccepted_events_are_read_by_key() {
         let mut filled = Filled::new("pending");
         let schema = filled.p.clone();
-        assert_indexed(&filled.plan(&schema, OLDEST_UNACCEPTED_SQL, "", ""));
         for limit in ["1", "256"] {
             assert_indexed(&filled.plan(&schema, PENDING_SQL, "bigint", limit));
         }
