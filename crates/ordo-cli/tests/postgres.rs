@@ -413,6 +413,19 @@ fn a_url_that_does_not_parse_is_invalid_input_and_nothing_is_created() {
             "sslmode=require&sslrootcert=/nonexistent/ca.pem",
             "sslrootcert=/nonexistent/ca.pem",
         ),
+        (
+            "sslmode=require&sslcert=/nonexistent/c.pem&sslkey=/nonexistent/k.pem",
+            "sslcert=/nonexistent/c.pem",
+        ),
+        (
+            "sslmode=require&sslkey=/nonexistent/k.pem",
+            "sslkey=/nonexistent/k.pem: needs sslcert=FILE",
+        ),
+        (
+            "sslrootcert=system&sslmode=require",
+            "needs sslmode=verify-full (the default with it), not sslmode=require",
+        ),
+        ("sslrootcert=%2Ftmp%2Fca.pem", "sslrootcert without sslmode"),
     ];
     for (params, words) in cases {
         let consumer = format!("{url}?{params}");

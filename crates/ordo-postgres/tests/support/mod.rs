@@ -17,6 +17,7 @@ use ordo_postgres::postgres::{Client, NoTls};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, Schema};
 use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 
+pub mod own_server;
 pub mod workers;
 
 const SERVER_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432";
