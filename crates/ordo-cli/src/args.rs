@@ -493,7 +493,8 @@ pub struct BenchArgs {
     )]
     pub flow_ids: FlowIdsArg,
     /// The backend: `sqlite` (files, the default) or `postgres` (the server
-    /// of --url: F_pg, then --workers runs, each on a fresh database).
+    /// of --url: --workers runs, each on a fresh database, F_pg before and
+    /// after each).
     #[arg(long, value_enum, value_name = "B", default_value = "sqlite")]
     pub backend: BackendArg,
     /// With --backend postgres, the server (`postgres://USER@HOST:PORT`; its

@@ -288,8 +288,8 @@ pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
     }
 }
 
-/// `ordo bench --backend postgres --url URL --workers N,...`: F_pg, then
-/// relays and appliers at once, per worker count.
+/// `ordo bench --backend postgres --url URL --workers N,...`: relays and
+/// appliers at once, per worker count, F_pg measured around each run.
 fn bench_pg(json_mode: bool, args: BenchArgs, url: String) -> Result<(), Failure> {
     let other_modes = [
         (args.sweep, "--sweep"),

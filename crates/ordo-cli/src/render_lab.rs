@@ -343,13 +343,15 @@ pub fn producers_text(report: &ProducersReport) -> String {
     lines.join("\n")
 }
 
-fn workers_run(run: &WorkersRun, f_pg: f64) -> Value {
+fn workers_run(run: &WorkersRun) -> Value {
     json!({
         "workers": run.workers,
         "events": run.events,
         "seconds": round3(run.seconds),
         "events_per_s": run.events_per_s().round(),
-        "ratio_to_f": round3(run.events_per_s() / f_pg.max(1e-9)),
+        "f_pg": run.f_pg().round(),
+        "f_pg_before_after": [run.f_before_after.0.round(), run.f_before_after.1.round()],
+        "ratio_to_f": round3(run.ratio_to_f()),
         "produce_per_s": run.produce_per_s().round(),
         "relay_per_s": run.relay_per_s().round(),
         "deliveries": run.deliveries,
@@ -363,13 +365,14 @@ pub fn bench_pg(report: &PgBenchReport) -> Value {
         "backend": "postgres",
         "server": report.server,
         "f_pg": report.f_pg.round(),
+        "f_pg_range": [report.f_range.0.round(), report.f_range.1.round()],
         "flows": report.flows,
         "batch": report.batch,
         "producers": report.producers,
         "workers": report
             .runs
             .iter()
-            .map(|run| workers_run(run, report.f_pg))
+            .map(workers_run)
             .collect::<Vec<_>>(),
     })
 }
@@ -377,8 +380,9 @@ pub fn bench_pg(report: &PgBenchReport) -> Value {
 pub fn bench_pg_text(report: &PgBenchReport) -> String {
     let mut lines = vec![
         format!(
-            "F_pg = {:.0} commits/s ({}: single-row commits, synchronous_commit on)",
-            report.f_pg, report.server
+            "F_pg = {:.0} commits/s, {:.0} to {:.0} ({}: single-row commits, synchronous_commit on, \
+             before the first run and after each; each run's ratio is to the F_pg around it)",
+            report.f_pg, report.f_range.0, report.f_range.1, report.server
         ),
         format!(
             "{} flows ({} events) per run, batch {}, {} producer threads",
@@ -388,11 +392,12 @@ pub fn bench_pg_text(report: &PgBenchReport) -> String {
             report.producers
         ),
         format!(
-            "{:>7} {:>8} {:>8} {:>10} {:>7} {:>10} {:>10} {:>10}",
+            "{:>7} {:>8} {:>8} {:>10} {:>7} {:>7} {:>10} {:>10} {:>10}",
             "workers",
             "events",
             "seconds",
             "events/s",
+            "F_pg",
             "x F_pg",
             "produce/s",
             "relay/s",
@@ -401,12 +406,13 @@ pub fn bench_pg_text(report: &PgBenchReport) -> String {
     ];
     lines.extend(report.runs.iter().map(|run| {
         format!(
-            "{:>7} {:>8} {:>8.2} {:>10.0} {:>7.2} {:>10.0} {:>10.0} {:>10.2}",
+            "{:>7} {:>8} {:>8.2} {:>10.0} {:>7.0} {:>7.2} {:>10.0} {:>10.0} {:>10.2}",
             run.workers,
             run.events,
             run.seconds,
             run.events_per_s(),
-            run.events_per_s() / report.f_pg.max(1e-9),
+            run.f_pg(),
+            run.ratio_to_f(),
             run.produce_per_s(),
             run.relay_per_s(),
             run.events as f64 / run.commits.max(1) as f64,

@@ -24,6 +24,16 @@ fn number(value: &Value, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("{key} is not a number: {value:#}"))
 }
 
+/// The two numbers of `value[key]`.
+fn pair(value: &Value, key: &str) -> (f64, f64) {
+    let number = |i: usize| {
+        value[key][i]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} is not a pair of numbers: {value:#}"))
+    };
+    (number(0), number(1))
+}
+
 #[test]
 fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
     let _serial = serial();
@@ -54,7 +64,12 @@ fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
     assert_eq!(v["batch"], 8, "{v:#}");
     assert!(v["producers"].as_u64().unwrap() >= 1, "{v:#}");
     let f_pg = number(&v, "f_pg");
-    assert!(f_pg > 0.0, "{v:#}");
+    let range = pair(&v, "f_pg_range");
+    assert!(
+        0.0 < range.0 && range.0 <= f_pg && f_pg <= range.1,
+        "the median of the calibrations lies in their range: {v:#}"
+    );
+    let mut calibrations = Vec::new();
     let runs = v["workers"]
         .as_array()
         .expect("one object per worker count");
@@ -69,11 +84,21 @@ fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
         assert!(run["deliveries"].as_u64().unwrap() >= 60, "{run:#}");
         let events_per_s = number(run, "events_per_s");
         assert!(events_per_s > 0.0, "{run:#}");
+        let (before, after) = pair(run, "f_pg_before_after");
+        if let Some(&last) = calibrations.last() {
+            assert_eq!(before, last, "a run starts with the last one's F_pg: {v:#}");
+        }
+        calibrations.extend([before, after]);
+        let run_f = number(run, "f_pg");
+        assert!(
+            (run_f - (before * after).sqrt()).abs() <= 1.0,
+            "a run's F_pg is the geometric mean of the calibrations around it: {run:#}"
+        );
         let ratio = number(run, "ratio_to_f");
         assert!(ratio > 0.0, "{run:#}");
         assert!(
-            (ratio - events_per_s / f_pg).abs() <= 0.01 * ratio + 0.002,
-            "the ratio is events per second over F_pg: {v:#}"
+            (ratio - events_per_s / run_f).abs() <= 0.01 * ratio + 0.002,
+            "the ratio is events per second over the run's F_pg: {v:#}"
         );
         for key in [
             "seconds",
@@ -84,6 +109,13 @@ fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
             assert!(number(run, key) > 0.0, "{key}: {run:#}");
         }
     }
+    let least = calibrations.iter().copied().fold(f64::INFINITY, f64::min);
+    let greatest = calibrations.iter().copied().fold(0.0, f64::max);
+    assert_eq!(
+        (least, greatest),
+        range,
+        "the range is the calibrations': {v:#}"
+    );
     assert_eq!(
         bench_databases(&mut client),
         before,

@@ -19,7 +19,7 @@ use ordo_core::{
     RelayOptions, SystemClock,
 };
 use ordo_postgres::error::pg_error;
-use ordo_postgres::postgres::Client;
+use ordo_postgres::postgres::{Client, Statement};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgUrl};
 use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 use ordo_reservation::ReservationHandler;
@@ -73,9 +73,21 @@ pub struct WorkersRun {
     pub deliveries: u64,
     /// Write transactions committed by every store handle of the run.
     pub commits: u64,
+    /// F_pg measured just before and just after the run.
+    pub f_before_after: (f64, f64),
 }
 
 impl WorkersRun {
+    /// F_pg of the run: the geometric mean of the calibrations around it.
+    pub fn f_pg(&self) -> f64 {
+        (self.f_before_after.0 * self.f_before_after.1).sqrt()
+    }
+
+    /// End-to-end events per second over the run's F_pg.
+    pub fn ratio_to_f(&self) -> f64 {
+        self.events_per_s() / self.f_pg().max(1e-9)
+    }
+
     /// Events per second, end to end.
     pub fn events_per_s(&self) -> f64 {
         self.events as f64 / self.seconds.max(1e-9)
@@ -98,8 +110,11 @@ pub struct PgBenchReport {
     /// The server as messages name it (no password).
     pub server: String,
     /// F_pg: single-row insert-and-commit transactions per second on one
-    /// connection, `synchronous_commit` on.
+    /// connection, `synchronous_commit` on; the median of the
+    /// calibrations, one before the first run and one after each.
     pub f_pg: f64,
+    /// The least and the greatest calibration.
+    pub f_range: (f64, f64),
     /// Flows per run.
     pub flows: u64,
     /// Events per transaction.
@@ -119,37 +134,69 @@ fn connect(url: &str, application_name: &str) -> Result<Client, Failure> {
         .map_err(|e| pg_error("bench: cannot connect", e).into())
 }
 
-/// F_pg on the database of `url`: single-row insert-and-commit
-/// transactions per second on one connection, each commit waiting for the
-/// WAL flush (`synchronous_commit` on).
-fn calibrate(url: &str) -> Result<f64, Failure> {
-    let context = "bench: calibrating F_pg";
-    let mut client = connect(url, "ordo-bench-calibrate")?;
-    client
-        .batch_execute(
-            "SET synchronous_commit = on;
-             CREATE TABLE calibrate (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                                     v bytea NOT NULL)",
-        )
-        .map_err(|e| pg_error(context, e))?;
-    let insert = client
-        .prepare("INSERT INTO calibrate (v) VALUES ($1)")
-        .map_err(|e| pg_error(context, e))?;
-    let payload = vec![7u8; 200];
-    let started = Instant::now();
-    let mut commits = 0u64;
-    while started.elapsed() < CALIBRATION {
-        // Outside a transaction block: each statement commits alone.
-        client
-            .execute(&insert, &[&payload])
-            .map_err(|e| pg_error(context, e))?;
-        commits += 1;
-    }
-    Ok(commits as f64 / started.elapsed().as_secs_f64())
+/// Measures F_pg, as often as asked, on a database of its own: single-row
+/// insert-and-commit transactions per second on one connection, each
+/// commit waiting for the WAL flush (`synchronous_commit` on).
+struct Calibrator {
+    client: Client,
+    insert: Statement,
 }
 
-/// Runs the bench: F_pg on a fresh database, then one run per worker count,
-/// each on a fresh database; every database is dropped afterwards.
+const CALIBRATING: &str = "bench: calibrating F_pg";
+
+impl Calibrator {
+    fn new(url: &str) -> Result<Calibrator, Failure> {
+        let mut client = connect(url, "ordo-bench-calibrate")?;
+        client
+            .batch_execute(
+                "SET synchronous_commit = on;
+                 CREATE TABLE calibrate (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                                         v bytea NOT NULL)",
+            )
+            .map_err(|e| pg_error(CALIBRATING, e))?;
+        let insert = client
+            .prepare("INSERT INTO calibrate (v) VALUES ($1)")
+            .map_err(|e| pg_error(CALIBRATING, e))?;
+        Ok(Calibrator { client, insert })
+    }
+
+    /// Commits per second over [`CALIBRATION`].
+    fn measure(&mut self, progress: &dyn Progress) -> Result<f64, Failure> {
+        progress.start(
+            "calibrating F_pg (single-row commits, synchronous_commit on)",
+            0,
+        );
+        let payload = vec![7u8; 200];
+        let started = Instant::now();
+        let mut commits = 0u64;
+        while started.elapsed() < CALIBRATION {
+            // Outside a transaction block: each statement commits alone.
+            self.client
+                .execute(&self.insert, &[&payload])
+                .map_err(|e| pg_error(CALIBRATING, e))?;
+            commits += 1;
+        }
+        progress.finish();
+        Ok(commits as f64 / started.elapsed().as_secs_f64())
+    }
+}
+
+/// The median of `values` (not empty).
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let mid = sorted.len() / 2;
+    if sorted.len() % 2 == 0 {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    } else {
+        sorted[mid]
+    }
+}
+
+/// Runs the bench: one run per worker count, each on a fresh database,
+/// with F_pg measured before the first and after each (the single-row
+/// commit rate of a shared server moves with everything else on it);
+/// every database is dropped afterwards.
 pub fn run(options: &PgBenchOptions, progress: &dyn Progress) -> Result<PgBenchReport, Failure> {
     if let Some(&n) = options.workers.iter().find(|&&n| n == 0 || n > WORKERS_MAX) {
         return Err(Failure::Usage(format!(
@@ -157,21 +204,25 @@ pub fn run(options: &PgBenchOptions, progress: &dyn Progress) -> Result<PgBenchR
         )));
     }
     let server = Server::connect(&options.url, BENCH_PREFIX)?;
-    progress.start(
-        "calibrating F_pg (single-row commits, synchronous_commit on)",
-        0,
-    );
-    let f_pg = calibrate(&server.create()?.url());
-    progress.finish();
-    let f_pg = f_pg?;
+    let calibration_database = server.create()?;
+    let mut calibrator = Calibrator::new(&calibration_database.url())?;
+    let mut calibrations = vec![calibrator.measure(progress)?];
     let mut runs = Vec::new();
     for &workers in &options.workers {
         let database = server.create()?;
-        runs.push(workers_run(&database.url(), workers, options, progress)?);
+        let mut run = workers_run(&database.url(), workers, options, progress)?;
+        drop(database);
+        let after = calibrator.measure(progress)?;
+        run.f_before_after = (calibrations[calibrations.len() - 1], after);
+        calibrations.push(after);
+        runs.push(run);
     }
+    let least = calibrations.iter().copied().fold(f64::INFINITY, f64::min);
+    let greatest = calibrations.iter().copied().fold(0.0, f64::max);
     Ok(PgBenchReport {
         server: server.shown().to_owned(),
-        f_pg,
+        f_pg: median(&calibrations),
+        f_range: (least, greatest),
         flows: options.flows,
         batch: options.batch,
         producers: PRODUCER_THREADS,
@@ -530,6 +581,7 @@ fn workers_run(
         relayed_seconds: since_start(shared.relayed_at.get())?,
         deliveries,
         commits,
+        f_before_after: (0.0, 0.0),
     })
 }
 
