@@ -14,6 +14,7 @@ use ordo_postgres::{PgOptions, PgProducer, PgUrl};
 use ordo_reservation::postgres::pg_producer_schema;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use support::own_server::{OwnServer, Setup};
+use support::session_ssl;
 
 /// A CA and a certificate it signed, in PEM.
 struct Pair {
@@ -107,14 +108,7 @@ fn client_dn(server: &OwnServer, application_name: &str) -> Option<String> {
         server.port
     );
     let mut admin = Client::connect(&socket, NoTls).expect("connect over the socket");
-    admin
-        .query_opt(
-            "SELECT s.client_dn FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
-             WHERE a.application_name = $1",
-            &[&application_name],
-        )
-        .unwrap()
-        .and_then(|row| row.get(0))
+    session_ssl(&mut admin, application_name).and_then(|row| row.get("client_dn"))
 }
 
 /// The whole error, its causes included.

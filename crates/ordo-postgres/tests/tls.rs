@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ordo_core::{ErrorKind, SystemClock};
 use ordo_postgres::{PgOptions, PgProducer, PgUrl, TlsMode};
 use ordo_reservation::postgres::pg_producer_schema;
-use support::{admin_client, fresh_database};
+use support::{admin_client, fresh_database, session_ssl};
 
 /// The server's certificate file, after checking that it offers TLS.
 fn server_certificate(target: &str) -> String {
@@ -25,14 +25,7 @@ fn server_certificate(target: &str) -> String {
 /// Whether the sessions named `application_name` use TLS (`None`: there
 /// is no such session).
 fn encrypted(target: &str, application_name: &str) -> Option<bool> {
-    admin_client(target)
-        .query_opt(
-            "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
-             WHERE a.application_name = $1",
-            &[&application_name],
-        )
-        .unwrap()
-        .map(|row| row.get(0))
+    session_ssl(&mut admin_client(target), application_name).map(|row| row.get("ssl"))
 }
 
 fn with_params(target: &str, params: &str) -> String {

@@ -53,6 +53,21 @@ pub fn admin_client(target: &str) -> Client {
     Client::connect(target, NoTls).expect("connect")
 }
 
+/// The row of `pg_stat_ssl` of the session named `application_name`, as
+/// `admin` sees it (`None`: there is no such session).
+pub fn session_ssl(
+    admin: &mut Client,
+    application_name: &str,
+) -> Option<ordo_postgres::postgres::Row> {
+    admin
+        .query_opt(
+            "SELECT s.* FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+             WHERE a.application_name = $1",
+            &[&application_name],
+        )
+        .expect("read pg_stat_ssl")
+}
+
 pub fn unreachable_server(error: ordo_postgres::postgres::Error) -> ! {
     let error = match std::error::Error::source(&error) {
         Some(cause) => format!("{error}: {cause}"),
