@@ -2,6 +2,10 @@
 //! (`sslrootcert=system`), against a server of the test's own that
 //! authenticates by certificate alone (`pg_hba.conf`: `hostssl ... cert`):
 //! the shared server's settings are not changed.
+//!
+//! One test in this binary: it sets `HOME`, `SSL_CERT_FILE` and
+//! `SSL_CERT_DIR` first, with no other thread running, so that libpq's
+//! default files and the system's store are the test's own.
 
 mod support;
 
@@ -123,6 +127,17 @@ fn text(error: &StoreError) -> String {
 }
 
 #[test]
+fn client_certificates_and_the_systems_cas() {
+    let home = tempfile::tempdir().unwrap();
+    let (unrelated, _) = ca("an unrelated CA");
+    let system_store = private_file(home.path(), "system-cas.pem", &unrelated);
+    std::env::set_var("HOME", home.path());
+    std::env::set_var("SSL_CERT_FILE", &system_store);
+    std::env::remove_var("SSL_CERT_DIR");
+    a_server_that_asks_for_a_client_certificate_gets_the_one_the_url_names();
+    the_systems_cas_are_trusted_with_sslrootcert_system();
+}
+
 fn a_server_that_asks_for_a_client_certificate_gets_the_one_the_url_names() {
     let pki = pki("127.0.0.1");
     let server = start(&pki);
@@ -181,7 +196,6 @@ fn a_server_that_asks_for_a_client_certificate_gets_the_one_the_url_names() {
     assert!(text(&error).contains("KeyMismatch"), "{}", text(&error));
 }
 
-#[test]
 fn the_systems_cas_are_trusted_with_sslrootcert_system() {
     let pki = pki("localhost");
     let server = start(&pki);
@@ -194,18 +208,16 @@ fn the_systems_cas_are_trusted_with_sslrootcert_system() {
         cert.display(),
         key.display()
     );
-    // The system's store (as SSL_CERT_FILE and SSL_CERT_DIR may name it)
-    // does not hold the test's CA.
+    // The system's store (here: the unrelated CA of SSL_CERT_FILE) does
+    // not hold the test's CA.
     let parsed = PgUrl::parse(&url).expect("the system's store is read");
     let error = parsed.connect().err().expect("refused: an unknown CA");
     let cause = format!("{error}: {:?}", std::error::Error::source(&error));
     assert!(cause.contains("UnknownIssuer"), "{cause}");
     // OpenSSL's variable names the store: the CA is in it, and the host
-    // name is checked (verify-full). No other test of this process reads
-    // the system's store.
+    // name is checked (verify-full).
     let ca = private_file(files.path(), "ca.pem", &pki.ca);
     std::env::set_var("SSL_CERT_FILE", &ca);
-    std::env::remove_var("SSL_CERT_DIR");
     let store = open(&url, "ordo-system-cas").expect("trusted through SSL_CERT_FILE");
     assert_eq!(
         client_dn(&server, "ordo-system-cas").as_deref(),

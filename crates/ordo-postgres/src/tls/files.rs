@@ -150,19 +150,23 @@ pub(super) fn read_identity(cert: &Path, key: &Path) -> Result<Identity, StoreEr
     Ok(Identity { chain, key })
 }
 
-/// As libpq: a private key that its owner's group or others may read is
-/// refused (`0600` at most, `0640` when root owns it).
+/// As libpq: a private key must be a file that neither its owner's group
+/// nor others may use (`0600` or less), except that root's may be read by
+/// its group (`0640`).
 #[cfg(unix)]
 pub(super) fn check_key_access(key: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::MetadataExt;
     let metadata =
         std::fs::metadata(key).map_err(|e| invalid(format!("sslkey={}: {e}", key.display())))?;
+    if !metadata.is_file() {
+        return Err(invalid(format!("sslkey={}: not a file", key.display())));
+    }
     let mode = metadata.mode() & 0o777;
-    let allowed = if metadata.uid() == 0 { 0o640 } else { 0o600 };
-    if mode & !allowed != 0 {
+    let forbidden = if metadata.uid() == 0 { 0o037 } else { 0o077 };
+    if mode & forbidden != 0 {
         return Err(invalid(format!(
-            "sslkey={}: others may read it (mode {mode:04o}); allow u=rw (0600) or less, \
-             or u=rw,g=r (0640) when root owns it",
+            "sslkey={}: its group or others have access (mode {mode:04o}); allow u=rw (0600) \
+             or less, or u=rw,g=r (0640) when root owns it",
             key.display()
         )));
     }
@@ -232,7 +236,7 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
-    fn a_key_others_may_read_is_refused() {
+    fn a_key_its_group_or_others_may_use_is_refused() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let key = dir.path().join("k.pem");
@@ -242,18 +246,29 @@ mod tests {
             m.uid() == 0
         });
         let group_may = if root_owned.unwrap() { 0o640 } else { 0o600 };
-        for (mode, ok) in [
+        let cases = [
             (0o600, true),
+            (0o700, true),
+            (0o400, true),
             (group_may, true),
             (0o644, false),
             (0o660, false),
-        ] {
+            (0o604, false),
+        ];
+        for (mode, ok) in cases {
             std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
             let result = check_key_access(&key);
             assert_eq!(result.is_ok(), ok, "mode {mode:o}: {result:?}");
             if let Err(error) = result {
-                assert!(error.to_string().contains("others may read it"), "{error}");
+                assert!(
+                    error
+                        .to_string()
+                        .contains("its group or others have access"),
+                    "{error}"
+                );
             }
         }
+        let error = check_key_access(dir.path()).unwrap_err();
+        assert!(error.to_string().contains("not a file"), "{error}");
     }
 }

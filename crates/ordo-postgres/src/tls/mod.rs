@@ -92,6 +92,9 @@ impl TlsMode {
     }
 }
 
+/// The schemes of a connection URL.
+const URL_SCHEMES: [&str; 2] = ["postgres://", "postgresql://"];
+
 /// A connection URL, parsed: the client's settings and the TLS to use.
 #[derive(Clone)]
 pub struct PgUrl {
@@ -115,11 +118,27 @@ impl PgUrl {
     ///
     /// [`ErrorKind::InvalidInput`]: ordo_core::ErrorKind::InvalidInput
     pub fn parse(url: &str) -> Result<PgUrl, StoreError> {
+        // The client also takes `key=value` strings, whose TLS parameters
+        // this module would not see.
+        if !URL_SCHEMES.iter().any(|scheme| url.starts_with(scheme)) {
+            return Err(invalid(
+                "not a PostgreSQL connection URL: it must start with postgres:// or postgresql://"
+                    .into(),
+            ));
+        }
         let (rest, params) = take_tls_params(url)?;
         let mode = params.mode()?;
         let mut config = rest
             .parse::<Config>()
             .map_err(|e| invalid(format!("not a PostgreSQL connection URL: {e}")))?;
+        // An `sslmode` the client read but this module did not would be
+        // overridden below: refuse rather than weaken it.
+        if config.get_ssl_mode() != Config::new().get_ssl_mode() {
+            return Err(invalid(
+                "sslmode: given in a form this URL's parser cannot read; write it as sslmode=MODE"
+                    .into(),
+            ));
+        }
         config.ssl_mode(mode.ssl_mode());
         let tls = match mode {
             TlsMode::Disable => None,
@@ -212,10 +231,11 @@ impl TlsParams {
 /// `sslkey`), and their values.
 fn take_tls_params(url: &str) -> Result<(String, TlsParams), StoreError> {
     // The parameters start at the first `?` after the user part, which
-    // ends at its last `@` (a password may hold `?`).
+    // ends at the first `@` (a password may hold `?`), as the client's
+    // parser reads it: both must see the same parameters.
     let authority = url.find("://").map_or(0, |i| i + 3);
     let host = url[authority..]
-        .rfind('@')
+        .find('@')
         .map_or(authority, |at| authority + at + 1);
     let Some(query_at) = url[host..].find('?').map(|i| host + i) else {
         return Ok((url.to_owned(), TlsParams::default()));
@@ -223,7 +243,10 @@ fn take_tls_params(url: &str) -> Result<(String, TlsParams), StoreError> {
     let (base, query) = (&url[..query_at], &url[query_at + 1..]);
     let (mut params, mut kept) = (TlsParams::default(), Vec::new());
     for param in query.split('&') {
-        let (key, value) = param.split_once('=').unwrap_or((param, ""));
+        let (raw_key, value) = param.split_once('=').unwrap_or((param, ""));
+        // Keys are decoded too, as the client's parser decodes them.
+        let key = percent_decode_str(raw_key).decode_utf8_lossy();
+        let key = key.as_ref();
         let decoded = || {
             percent_decode_str(value)
                 .decode_utf8()
@@ -306,7 +329,7 @@ fn client_config(mode: TlsMode, params: &TlsParams) -> Result<ClientConfig, Stor
 mod tests {
     use std::path::PathBuf;
 
-    use super::{take_tls_params, Roots, TlsMode, TlsParams};
+    use super::{take_tls_params, PgUrl, Roots, TlsMode, TlsParams};
 
     /// The URL left and the mode, for URLs that must parse.
     fn mode_of(url: &str) -> (String, TlsMode) {
@@ -348,10 +371,40 @@ mod tests {
                 TlsMode::Disable
             )
         );
+        assert_eq!(
+            mode_of("postgres://u@h/d?sslmode=require&application_name=a@b"),
+            (
+                "postgres://u@h/d?application_name=a@b".into(),
+                TlsMode::Require
+            )
+        );
+        assert_eq!(
+            mode_of("postgres://h/d?ssl%6Dode=verify-ca&sslrootcert=%2Fca.pem").1,
+            TlsMode::VerifyCa
+        );
         let error = take_tls_params("postgres://h/d?sslmode=always").unwrap_err();
         assert!(
             error.to_string().contains("sslmode=always: one of"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn only_urls_are_parsed() {
+        // The client would read this string's sslmode, which this module
+        // does not see.
+        let error = PgUrl::parse("host=db sslmode=require").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("must start with postgres:// or postgresql://"),
+            "{error}"
+        );
+        assert_eq!(
+            PgUrl::parse("postgresql://h/d?sslmode=disable")
+                .unwrap()
+                .mode(),
+            TlsMode::Disable
         );
     }
 

@@ -3,10 +3,15 @@
 //! temporary directory, on a free port of `localhost`, stopped and removed when
 //! dropped. The binaries are found at `ORDO_TEST_PG_BIN`, else by
 //! `pg_config --bindir`, else in `/usr/lib/postgresql/*/bin`. As root, the
-//! server runs as the `postgres` user (it refuses root).
+//! server runs as the `postgres` user (it refuses root). A test process
+//! killed outright leaves its server running (`pg_ctl` detaches it) until
+//! it is stopped by hand (`pg_ctl -D /tmp/.tmpXXXX/data stop`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// How many ports a start tries.
+const START_ATTEMPTS: u32 = 3;
 
 /// A running server of the test's own.
 pub struct OwnServer {
@@ -31,11 +36,11 @@ impl OwnServer {
         let bin = binaries();
         let run_as = is_root().then(|| "postgres".to_owned());
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let server = OwnServer {
+        let mut server = OwnServer {
             dir,
             bin,
             run_as,
-            port: free_port(),
+            port: 0,
         };
         server.give(server.dir.path());
         server.run(
@@ -59,20 +64,27 @@ impl OwnServer {
         let hba = Path::new(&server.data()).join("pg_hba.conf");
         std::fs::write(&hba, setup.hba).expect("write pg_hba.conf");
         server.give(&hba);
-        let mut options = format!(
-            "-c port={} -c listen_addresses=localhost -c unix_socket_directories={} -c fsync=off",
-            server.port,
-            server.dir.path().display()
-        );
-        for (key, value) in setup.settings {
-            let value = value.replace("$DIR", &server.dir.path().display().to_string());
-            options.push_str(&format!(" -c {key}={value}"));
-        }
-        let log = server.dir.path().join("server.log");
-        let log = log.to_str().expect("a UTF-8 path");
-        server.run(
-            "pg_ctl",
-            &[
+        let settings: String = setup
+            .settings
+            .iter()
+            .map(|(key, value)| {
+                let value = value.replace("$DIR", &server.dir.path().display().to_string());
+                format!(" -c {key}={value}")
+            })
+            .collect();
+        // The free port found may be taken before the server binds it:
+        // another is tried.
+        for attempt in 1..=START_ATTEMPTS {
+            server.port = free_port();
+            let options = format!(
+                "-c port={} -c listen_addresses=localhost -c unix_socket_directories={} \
+                 -c fsync=off{settings}",
+                server.port,
+                server.dir.path().display()
+            );
+            let log = server.dir.path().join("server.log");
+            let log = log.to_str().expect("a UTF-8 path");
+            let args = [
                 "-D",
                 &server.data(),
                 "-l",
@@ -81,8 +93,13 @@ impl OwnServer {
                 &options,
                 "-w",
                 "start",
-            ],
-        );
+            ];
+            if attempt == START_ATTEMPTS {
+                server.run("pg_ctl", &args);
+            } else if server.try_run("pg_ctl", &args) {
+                break;
+            }
+        }
         server
     }
 
@@ -98,14 +115,23 @@ impl OwnServer {
     /// The server binary `name`, to run as the server's user.
     fn command(&self, name: &str) -> Command {
         let program = self.bin.join(name);
-        match &self.run_as {
+        let mut command = match &self.run_as {
             Some(user) => {
                 let mut command = Command::new("runuser");
                 command.args(["-u", user, "--"]).arg(&program);
                 command
             }
             None => Command::new(&program),
-        }
+        };
+        // A directory the server's user may enter.
+        command.current_dir(self.dir.path());
+        command
+    }
+
+    /// Runs the server binary `name`; whether it succeeded.
+    fn try_run(&self, name: &str, args: &[&str]) -> bool {
+        let out = self.command(name).args(args).output();
+        out.is_ok_and(|out| out.status.success())
     }
 
     /// Runs the server binary `name`; panics with its output when it
@@ -165,7 +191,15 @@ fn binaries() -> PathBuf {
         .map(|entry| entry.path().join("bin"))
         .filter(|bin| bin.join("initdb").is_file())
         .collect();
-    found.sort();
+    // The newest version: the directories are named by major version.
+    let version = |bin: &PathBuf| -> u32 {
+        let name = bin.parent().and_then(|dir| dir.file_name());
+        name.and_then(|n| n.to_str())
+            .and_then(|n| n.split('.').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    found.sort_by_key(version);
     found.pop().unwrap_or_else(|| {
         panic!(
             "no PostgreSQL server binaries (initdb, pg_ctl) found: install PostgreSQL's \
