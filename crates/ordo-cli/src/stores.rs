@@ -27,9 +27,6 @@ use ordo_reservation::{
 };
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 
-/// The URL schemes that name a PostgreSQL database.
-const URL_SCHEMES: [&str; 2] = ["postgres://", "postgresql://"];
-
 /// A `--producer` or `--consumer` value.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Location {
@@ -43,7 +40,7 @@ pub enum Location {
 impl From<OsString> for Location {
     fn from(value: OsString) -> Location {
         match value.to_str() {
-            Some(text) if URL_SCHEMES.iter().any(|s| text.starts_with(s)) => {
+            Some(text) if ordo_postgres::is_postgres_url(text) => {
                 Location::Postgres(text.to_owned())
             }
             _ => Location::File(PathBuf::from(value)),

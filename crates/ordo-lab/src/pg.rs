@@ -38,8 +38,6 @@ const KEPT_SUFFIX: &str = "_kept";
 const HOST_LEN_MAX: usize = 20;
 /// The database the server's connection uses when the URL names none.
 const ADMIN_DB_DEFAULT: &str = "postgres";
-/// The URL schemes that name a PostgreSQL server.
-const SCHEMES: [&str; 2] = ["postgres://", "postgresql://"];
 
 pub use ordo_postgres::redact_url as redact;
 
@@ -47,14 +45,7 @@ pub use ordo_postgres::redact_url as redact;
 /// `(before, database, after)`, where `before` ends at the host and port and
 /// `after` is the query (with its `?`) or empty.
 fn split_url(url: &str) -> Option<(&str, &str, &str)> {
-    let scheme_end = SCHEMES
-        .iter()
-        .find(|s| url.starts_with(*s))
-        .map(|s| s.len())?;
-    // The user part ends at the last `@` (a password may hold `/` or `?`).
-    let host_start = url[scheme_end..]
-        .rfind('@')
-        .map_or(scheme_end, |at| scheme_end + at + 1);
+    let host_start = ordo_postgres::url_host_start(url)?;
     let host_end = url[host_start..]
         .find(['/', '?'])
         .map_or(url.len(), |i| host_start + i);
@@ -345,6 +336,10 @@ mod tests {
                 "postgresql://u:p/w@h/d?sslmode=disable",
             ),
             ("postgres://h?user=u", "postgres://h/d?user=u"),
+            (
+                "postgres://u@h/x?application_name=a@b",
+                "postgres://u@h/d?application_name=a@b",
+            ),
         ];
         for (url, expected) in cases {
             assert_eq!(with_database(url, "d"), expected, "{url}");

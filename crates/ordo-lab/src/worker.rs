@@ -161,9 +161,7 @@ impl WorkerEnv {
 /// PostgreSQL database (it starts with `postgres://` or `postgresql://`);
 /// anything else is an SQLite file.
 fn postgres_url(store: &Path) -> Option<&str> {
-    store
-        .to_str()
-        .filter(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
+    store.to_str().filter(|s| ordo_postgres::is_postgres_url(s))
 }
 
 /// What a worker did before it finished.

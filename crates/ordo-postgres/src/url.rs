@@ -1,4 +1,30 @@
-//! Showing a connection URL without its secrets.
+//! Connection URLs as text: which strings are URLs, where their host
+//! part starts, and showing them without their secrets.
+
+/// The schemes of a connection URL.
+pub const URL_SCHEMES: [&str; 2] = ["postgres://", "postgresql://"];
+
+/// Whether `text` is a connection URL: it starts with one of
+/// [`URL_SCHEMES`].
+pub fn is_postgres_url(text: &str) -> bool {
+    URL_SCHEMES.iter().any(|scheme| text.starts_with(scheme))
+}
+
+/// Where the host part of the connection URL `url` starts: after its
+/// scheme and its user part, which ends at the first `@` (a password may
+/// hold `?` or `/`), as the client's parser reads it. `None` when `url`
+/// is not a connection URL.
+pub fn url_host_start(url: &str) -> Option<usize> {
+    let scheme_end = URL_SCHEMES
+        .iter()
+        .find(|scheme| url.starts_with(*scheme))?
+        .len();
+    Some(
+        url[scheme_end..]
+            .find('@')
+            .map_or(scheme_end, |at| scheme_end + at + 1),
+    )
+}
 
 /// `url` with the password of its user part and any `password` parameter
 /// replaced by `***`. Works on the text alone, so that a URL that does not

@@ -35,6 +35,7 @@ use rustls::client::WebPkiServerVerifier;
 use rustls::ClientConfig;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::url::{is_postgres_url, url_host_start};
 use files::invalid;
 use verify::Lenient;
 
@@ -54,31 +55,35 @@ pub enum TlsMode {
     VerifyFull,
 }
 
+/// Each mode and its name in a URL.
+const MODE_NAMES: [(TlsMode, &str); 5] = [
+    (TlsMode::Disable, "disable"),
+    (TlsMode::Prefer, "prefer"),
+    (TlsMode::Require, "require"),
+    (TlsMode::VerifyCa, "verify-ca"),
+    (TlsMode::VerifyFull, "verify-full"),
+];
+
 impl TlsMode {
     fn parse(value: &str) -> Result<TlsMode, StoreError> {
-        Ok(match value {
-            "disable" => TlsMode::Disable,
-            "prefer" => TlsMode::Prefer,
-            "require" => TlsMode::Require,
-            "verify-ca" => TlsMode::VerifyCa,
-            "verify-full" => TlsMode::VerifyFull,
-            other => {
-                return Err(invalid(format!(
-                    "sslmode={other}: one of disable, prefer, require, verify-ca, verify-full"
-                )))
-            }
-        })
+        MODE_NAMES
+            .iter()
+            .find(|(_, name)| *name == value)
+            .map(|(mode, _)| *mode)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "sslmode={value}: one of disable, prefer, require, verify-ca, verify-full"
+                ))
+            })
     }
 
     /// The mode as a URL names it.
     fn name(self) -> &'static str {
-        match self {
-            TlsMode::Disable => "disable",
-            TlsMode::Prefer => "prefer",
-            TlsMode::Require => "require",
-            TlsMode::VerifyCa => "verify-ca",
-            TlsMode::VerifyFull => "verify-full",
-        }
+        MODE_NAMES
+            .iter()
+            .find(|(mode, _)| *mode == self)
+            .map(|(_, name)| *name)
+            .expect("every mode is named")
     }
 
     /// What the client library is told: it negotiates TLS, this module
@@ -91,9 +96,6 @@ impl TlsMode {
         }
     }
 }
-
-/// The schemes of a connection URL.
-const URL_SCHEMES: [&str; 2] = ["postgres://", "postgresql://"];
 
 /// A connection URL, parsed: the client's settings and the TLS to use.
 #[derive(Clone)]
@@ -120,7 +122,7 @@ impl PgUrl {
     pub fn parse(url: &str) -> Result<PgUrl, StoreError> {
         // The client also takes `key=value` strings, whose TLS parameters
         // this module would not see.
-        if !URL_SCHEMES.iter().any(|scheme| url.starts_with(scheme)) {
+        if !is_postgres_url(url) {
             return Err(invalid(
                 "not a PostgreSQL connection URL: it must start with postgres:// or postgresql://"
                     .into(),
@@ -230,13 +232,9 @@ impl TlsParams {
 /// `url` without its TLS parameters (`sslmode`, `sslrootcert`, `sslcert`,
 /// `sslkey`), and their values.
 fn take_tls_params(url: &str) -> Result<(String, TlsParams), StoreError> {
-    // The parameters start at the first `?` after the user part, which
-    // ends at the first `@` (a password may hold `?`), as the client's
-    // parser reads it: both must see the same parameters.
-    let authority = url.find("://").map_or(0, |i| i + 3);
-    let host = url[authority..]
-        .find('@')
-        .map_or(authority, |at| authority + at + 1);
+    // The parameters start at the first `?` of the host part, where the
+    // client's parser finds them: both must see the same parameters.
+    let host = url_host_start(url).unwrap_or(0);
     let Some(query_at) = url[host..].find('?').map(|i| host + i) else {
         return Ok((url.to_owned(), TlsParams::default()));
     };
