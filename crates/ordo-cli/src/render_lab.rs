@@ -361,11 +361,12 @@ fn workers_run(run: &WorkersRun) -> Value {
 
 /// `ordo bench --backend postgres`: F_pg and one object per worker count.
 pub fn bench_pg(report: &PgBenchReport) -> Value {
+    let (f_min, f, f_max) = f_spread(&report.calibrations);
     json!({
         "backend": "postgres",
         "server": report.server,
-        "f_pg": report.f_pg.round(),
-        "f_pg_range": [report.f_range.0.round(), report.f_range.1.round()],
+        "f_pg": f.round(),
+        "f_pg_range": [f_min.round(), f_max.round()],
         "flows": report.flows,
         "batch": report.batch,
         "producers": report.producers,
@@ -378,11 +379,12 @@ pub fn bench_pg(report: &PgBenchReport) -> Value {
 }
 
 pub fn bench_pg_text(report: &PgBenchReport) -> String {
+    let (f_min, f, f_max) = f_spread(&report.calibrations);
     let mut lines = vec![
         format!(
             "F_pg = {:.0} commits/s, {:.0} to {:.0} ({}: single-row commits, synchronous_commit on, \
              before the first run and after each; each run's ratio is to the F_pg around it)",
-            report.f_pg, report.f_range.0, report.f_range.1, report.server
+            f, f_min, f_max, report.server
         ),
         format!(
             "{} flows ({} events) per run, batch {}, {} producer threads",

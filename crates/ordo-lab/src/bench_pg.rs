@@ -109,12 +109,10 @@ impl WorkersRun {
 pub struct PgBenchReport {
     /// The server as messages name it (no password).
     pub server: String,
-    /// F_pg: single-row insert-and-commit transactions per second on one
-    /// connection, `synchronous_commit` on; the median of the
-    /// calibrations, one before the first run and one after each.
-    pub f_pg: f64,
-    /// The least and the greatest calibration.
-    pub f_range: (f64, f64),
+    /// F_pg, each time it was measured (single-row insert-and-commit
+    /// transactions per second on one connection, `synchronous_commit`
+    /// on): before the first run and after each.
+    pub calibrations: Vec<f64>,
     /// Flows per run.
     pub flows: u64,
     /// Events per transaction.
@@ -181,18 +179,6 @@ impl Calibrator {
     }
 }
 
-/// The median of `values` (not empty).
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let mid = sorted.len() / 2;
-    if sorted.len() % 2 == 0 {
-        (sorted[mid - 1] + sorted[mid]) / 2.0
-    } else {
-        sorted[mid]
-    }
-}
-
 /// Runs the bench: one run per worker count, each on a fresh database,
 /// with F_pg measured before the first and after each (the single-row
 /// commit rate of a shared server moves with everything else on it);
@@ -217,12 +203,9 @@ pub fn run(options: &PgBenchOptions, progress: &dyn Progress) -> Result<PgBenchR
         calibrations.push(after);
         runs.push(run);
     }
-    let least = calibrations.iter().copied().fold(f64::INFINITY, f64::min);
-    let greatest = calibrations.iter().copied().fold(0.0, f64::max);
     Ok(PgBenchReport {
         server: server.shown().to_owned(),
-        f_pg: median(&calibrations),
-        f_range: (least, greatest),
+        calibrations,
         flows: options.flows,
         batch: options.batch,
         producers: PRODUCER_THREADS,
