@@ -75,7 +75,7 @@ pub fn pg_error(context: &str, error: postgres::Error) -> StoreError {
         if let Some(detail) = db.detail() {
             message.push_str(&format!("; {detail}"));
         }
-        return StoreError::new(kind, message);
+        return StoreError::with_source(kind, message, error);
     }
     let message = match error.code() {
         Some(code) => format!("{context} (SQLSTATE {})", code.code()),
@@ -86,6 +86,15 @@ pub fn pg_error(context: &str, error: postgres::Error) -> StoreError {
         None => context.to_string(),
     };
     StoreError::with_source(kind, message, error)
+}
+
+/// Whether `error` is the server's refusal of a row whose key a unique
+/// index already holds (SQLSTATE 23505).
+pub(crate) fn is_unique_violation(error: &StoreError) -> bool {
+    std::error::Error::source(error)
+        .and_then(|source| source.downcast_ref::<postgres::Error>())
+        .and_then(postgres::Error::code)
+        .is_some_and(|code| code == &SqlState::UNIQUE_VIOLATION)
 }
 
 /// An error at COMMIT: a refusal by the server (an `ERROR`: a

@@ -756,6 +756,9 @@ impl PgProducerTx<'_> {
         let bodies: Vec<String> = events.iter().map(Envelope::stored_text).collect();
         let seqs: Vec<i64> = events.iter().map(|e| e.seq.get()).collect();
         let versions: Vec<i64> = events.iter().map(|e| e.schema_version.get()).collect();
+        // Only the event id arbitrates: the heads are locked and each seq
+        // is past its head, so no (flow, seq) is taken, and the position is
+        // new. `ON CONFLICT` probes each arbiter index before inserting.
         let inserted: HashSet<(String, i64)> = self
             .conn
             .rows(
@@ -766,7 +769,7 @@ impl PgProducerTx<'_> {
                      FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[])
                           WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, i)
                      ORDER BY e.i
-                     ON CONFLICT DO NOTHING RETURNING position, flow_id, seq),
+                     ON CONFLICT (event_id) DO NOTHING RETURNING position, flow_id, seq),
                  listed AS (
                      INSERT INTO {s}.outbox_pending (position) SELECT position FROM appended)
                  SELECT flow_id, seq FROM appended",

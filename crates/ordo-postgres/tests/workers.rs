@@ -886,3 +886,77 @@ fn the_pending_list_follows_custody_appends_refusals_marks_and_quarantines() {
     let status = relay.producer_status(now).unwrap();
     assert_eq!((status.backlog, status.quarantined), (3, 1));
 }
+
+/// A batch whose insert meets an event another receiver stored after the
+/// batch read the inbox is decided again, one envelope at a time, against
+/// what that receiver committed: the raced event is a duplicate, the
+/// others are accepted, and each is stored once.
+#[test]
+fn a_received_batch_that_loses_a_race_is_decided_again() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut source = producer(&target, "source", 60_000);
+    let events: Vec<Envelope> = (0..3)
+        .map(|i| append(&mut source, &flow(i)).unwrap())
+        .collect();
+
+    // Another receiver stores the second event and holds its transaction
+    // open: the batch reads the inbox without it, then waits on its key.
+    let mut rival = client(&target);
+    let mut open = rival.transaction().unwrap();
+    let raced = &events[1];
+    open.execute(
+        "INSERT INTO ordo_testkit.inbox (event_id, flow_id, seq, schema_version, type, body,
+             body_hash, status, received_at_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', 0)",
+        &[
+            &raced.event_id.as_str(),
+            &raced.flow_id.as_str(),
+            &raced.seq.get(),
+            &raced.schema_version.get(),
+            &raced.event_type.as_str(),
+            &raced.stored_text(),
+            &raced.body_hash().as_str(),
+        ],
+    )
+    .unwrap();
+    let receiving = {
+        let (target, events) = (target.clone(), events.clone());
+        std::thread::spawn(move || consumer(&target, "receiver").receive_batch(&events))
+    };
+    let mut checker = client(&target);
+    wait_until("the batch waits for the rival's row", BOUND, || {
+        checker
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    });
+    open.commit().unwrap();
+
+    let receipts = receiving.join().unwrap().unwrap();
+    assert_eq!(
+        receipts,
+        [Receipt::Accepted, Receipt::Duplicate, Receipt::Accepted]
+    );
+    let stored: Vec<(String, i64)> = checker
+        .query(
+            "SELECT event_id, count(*) FROM ordo_testkit.inbox GROUP BY event_id ORDER BY event_id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let mut expected: Vec<(String, i64)> = events
+        .iter()
+        .map(|e| (e.event_id.as_str().to_owned(), 1))
+        .collect();
+    expected.sort();
+    assert_eq!(stored, expected, "each event stored once");
+}
