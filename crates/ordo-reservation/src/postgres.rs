@@ -3,7 +3,7 @@
 //! handler and its `advance`, written against `ordo-postgres`'s public API.
 //! The rules are the same as on SQLite (`rules.rs`); only the SQL differs.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ordo_core::{
     crash, process_all, ApplyHandler, ConsumerStore, Drain, Envelope, EventId, FlowId, Seq, Step,
@@ -42,11 +42,20 @@ CREATE TABLE effect (
     PRIMARY KEY (flow_id, seq)
 );";
 
+/// Version 2 of the producer's table: half of each page left free, so
+/// that a flow's next state is written on its page (a HOT update: no new
+/// entry in the key's index).
+const FLOW_ROOM: &str = "ALTER TABLE flow SET (fillfactor = 50);";
+
+/// Version 2 of the consumer's tables: the same room for the projections.
+const PROJECTION_ROOM: &str = "ALTER TABLE projection SET (fillfactor = 50);";
+
 /// The producer side's schema on PostgreSQL.
 pub fn pg_producer_schema() -> Schema {
     Schema::new(DOMAIN)
         .expect("the domain name is valid")
         .migration(FLOW_TABLE)
+        .migration(FLOW_ROOM)
 }
 
 /// The consumer side's schema on PostgreSQL.
@@ -54,6 +63,7 @@ pub fn pg_consumer_schema() -> Schema {
     Schema::new(DOMAIN)
         .expect("the domain name is valid")
         .migration(PROJECTION_TABLES)
+        .migration(PROJECTION_ROOM)
 }
 
 fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
@@ -85,6 +95,7 @@ impl ReservationHandler {
     fn apply_events(&mut self, tx: &PgTx, events: &[Envelope]) -> Result<Verdict, StoreError> {
         let flows: Vec<&str> = events.iter().map(|e| e.flow_id.as_str()).collect();
         let mut projections = read_projections(tx, &flows)?;
+        let stored: HashSet<String> = projections.keys().cloned().collect();
         let mut touched = BTreeMap::new();
         for event in events {
             let flow = event.flow_id.as_str();
@@ -99,7 +110,7 @@ impl ReservationHandler {
             touched.insert(flow, next.clone());
             projections.insert(flow.to_owned(), next);
         }
-        write_projections(tx, touched.values())?;
+        write_projections(tx, touched.values(), &stored)?;
         crash::point(crash::CONSUMER_APPLY_AFTER_PROJECTION);
         let (flows, seqs, event_ids): (Vec<&str>, Vec<i64>, Vec<&str>) = events
             .iter()
@@ -135,26 +146,52 @@ fn read_projections(tx: &PgTx, flows: &[&str]) -> Result<HashMap<String, Project
     .collect()
 }
 
-/// Upserts `projections` (one per flow) in one statement.
+/// Writes `projections` (one per flow): those of the flows in `stored`
+/// updated in one statement, the others inserted in one. The applier holds
+/// each flow's apply cursor, so no other writes its projection meanwhile:
+/// no `ON CONFLICT`, whose upsert locks each row before updating it (a
+/// WAL record more) and probes the key before each insert.
 fn write_projections<'a>(
     tx: &PgTx,
     projections: impl Iterator<Item = &'a Projection>,
+    stored: &HashSet<String>,
 ) -> Result<(), StoreError> {
-    let (mut flows, mut states, mut quantities, mut seqs) = (vec![], vec![], vec![], vec![]);
-    for next in projections {
-        let quantity = next.quantity.expect("an applied step has a quantity");
-        flows.push(next.flow_id.as_str());
-        states.push(next.state.as_str());
-        quantities.push(quantity.get());
-        seqs.push(next.applied_seq);
+    let (updated, inserted): (Vec<&Projection>, Vec<&Projection>) =
+        projections.partition(|p| stored.contains(p.flow_id.as_str()));
+    for (rows, sql) in [
+        (
+            updated,
+            "UPDATE projection p SET state = n.state, quantity = n.quantity,
+                 applied_seq = n.applied_seq
+             FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+                  AS n(flow_id, state, quantity, applied_seq)
+             WHERE p.flow_id = ANY (ARRAY(SELECT unnest($1::text[]))) AND p.flow_id = n.flow_id",
+        ),
+        (
+            inserted,
+            "INSERT INTO projection (flow_id, state, quantity, applied_seq)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])",
+        ),
+    ] {
+        if rows.is_empty() {
+            continue;
+        }
+        let (mut flows, mut states, mut quantities, mut seqs) = (vec![], vec![], vec![], vec![]);
+        for next in &rows {
+            let quantity = next.quantity.expect("an applied step has a quantity");
+            flows.push(next.flow_id.as_str());
+            states.push(next.state.as_str());
+            quantities.push(quantity.get());
+            seqs.push(next.applied_seq);
+        }
+        let written = tx.execute(sql, &[&flows, &states, &quantities, &seqs])?;
+        if written != rows.len() as u64 {
+            return Err(corrupt(
+                "consumer: projection",
+                format!("{written} of {} projections written", rows.len()),
+            ));
+        }
     }
-    tx.execute(
-        "INSERT INTO projection (flow_id, state, quantity, applied_seq)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
-         ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
-             quantity = excluded.quantity, applied_seq = excluded.applied_seq",
-        &[&flows, &states, &quantities, &seqs],
-    )?;
     Ok(())
 }
 
@@ -259,6 +296,7 @@ fn advance_all_in_tx(
     let heads = ptx.last_seqs(requests.iter().map(|r| &r.flow_id))?;
     let names: Vec<&str> = heads.keys().map(String::as_str).collect();
     let mut flows: HashMap<String, FlowRecord> = HashMap::new();
+    let mut stored: HashSet<String> = HashSet::new();
     for row in ptx.sql().query(
         // By the key's index, as `read_projections`.
         "SELECT flow_id, state, quantity FROM flow
@@ -268,6 +306,7 @@ fn advance_all_in_tx(
         let flow: &str = row.get(0);
         let record = flow_record(flow, row.get(1), row.get(2), heads[flow])?;
         flows.insert(flow.to_owned(), record);
+        stored.insert(flow.to_owned());
     }
     let mut outcomes = Vec::with_capacity(requests.len());
     let mut events = Vec::new();
@@ -294,24 +333,54 @@ fn advance_all_in_tx(
             }
         });
     }
-    if !changed.is_empty() {
-        let records: Vec<&FlowRecord> = changed.iter().map(|flow| &flows[flow]).collect();
-        let ids: Vec<&str> = records.iter().map(|r| r.flow_id.as_str()).collect();
-        let states: Vec<&str> = records.iter().map(|r| r.state.as_str()).collect();
-        let quantities: Vec<i64> = records
+    let records = changed.iter().map(|flow| &flows[flow]);
+    write_flows(ptx, records, &stored)?;
+    ptx.append_envelopes(&events)?;
+    Ok(outcomes)
+}
+
+/// Writes the flows `records`: those in `stored` updated in one statement,
+/// the others inserted in one. Their heads are locked, so no other writer
+/// changes or creates them meanwhile: no `ON CONFLICT` (see
+/// `write_projections`).
+fn write_flows<'a>(
+    ptx: &PgProducerTx<'_>,
+    records: impl Iterator<Item = &'a FlowRecord>,
+    stored: &HashSet<String>,
+) -> Result<(), StoreError> {
+    let (updated, inserted): (Vec<&FlowRecord>, Vec<&FlowRecord>) =
+        records.partition(|r| stored.contains(r.flow_id.as_str()));
+    for (rows, sql) in [
+        (
+            updated,
+            "UPDATE flow f SET state = n.state, quantity = n.quantity
+             FROM unnest($1::text[], $2::text[], $3::bigint[]) AS n(flow_id, state, quantity)
+             WHERE f.flow_id = ANY (ARRAY(SELECT unnest($1::text[]))) AND f.flow_id = n.flow_id",
+        ),
+        (
+            inserted,
+            "INSERT INTO flow (flow_id, state, quantity)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])",
+        ),
+    ] {
+        if rows.is_empty() {
+            continue;
+        }
+        let ids: Vec<&str> = rows.iter().map(|r| r.flow_id.as_str()).collect();
+        let states: Vec<&str> = rows.iter().map(|r| r.state.as_str()).collect();
+        let quantities: Vec<i64> = rows
             .iter()
             .map(|r| r.quantity.expect("a committed flow has a quantity").get())
             .collect();
-        ptx.sql().execute(
-            "INSERT INTO flow (flow_id, state, quantity)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
-             ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
-                 quantity = excluded.quantity",
-            &[&ids, &states, &quantities],
-        )?;
+        let written = ptx.sql().execute(sql, &[&ids, &states, &quantities])?;
+        if written != rows.len() as u64 {
+            return Err(corrupt(
+                "producer: flow",
+                format!("{written} of {} flows written", rows.len()),
+            ));
+        }
     }
-    ptx.append_envelopes(&events)?;
-    Ok(outcomes)
+    Ok(())
 }
 
 /// Whether the application's table `table` exists (a store of another
