@@ -146,49 +146,70 @@ fn read_projections(tx: &PgTx, flows: &[&str]) -> Result<HashMap<String, Project
     .collect()
 }
 
-/// Writes `projections` (one per flow): those of the flows in `stored`
-/// updated in one statement, the others inserted in one. The applier holds
-/// each flow's apply cursor, so no other writes its projection meanwhile:
-/// no `ON CONFLICT`, whose upsert locks each row before updating it (a
-/// WAL record more) and probes the key before each insert.
+/// Writes `projections` (one per flow): see [`update_or_insert`]. The
+/// applier holds each flow's apply cursor, so no other writes its
+/// projection meanwhile.
 fn write_projections<'a>(
     tx: &PgTx,
     projections: impl Iterator<Item = &'a Projection>,
     stored: &HashSet<String>,
 ) -> Result<(), StoreError> {
-    let (updated, inserted): (Vec<&Projection>, Vec<&Projection>) =
-        projections.partition(|p| stored.contains(p.flow_id.as_str()));
-    for (rows, sql) in [
-        (
-            updated,
-            "UPDATE projection p SET state = n.state, quantity = n.quantity,
-                 applied_seq = n.applied_seq
-             FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
-                  AS n(flow_id, state, quantity, applied_seq)
-             WHERE p.flow_id = ANY (ARRAY(SELECT unnest($1::text[]))) AND p.flow_id = n.flow_id",
-        ),
-        (
-            inserted,
-            "INSERT INTO projection (flow_id, state, quantity, applied_seq)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])",
-        ),
-    ] {
+    let statements = [
+        "UPDATE projection p SET state = n.state, quantity = n.quantity,
+             applied_seq = n.applied_seq
+         FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
+              AS n(flow_id, state, quantity, applied_seq)
+         WHERE p.flow_id = ANY (ARRAY(SELECT unnest($1::text[]))) AND p.flow_id = n.flow_id",
+        "INSERT INTO projection (flow_id, state, quantity, applied_seq)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])",
+    ];
+    update_or_insert(
+        projections,
+        stored,
+        |p| p.flow_id.as_str(),
+        statements,
+        "consumer: projection",
+        |sql, rows| {
+            let (mut flows, mut states, mut quantities, mut seqs) =
+                (vec![], vec![], vec![], vec![]);
+            for next in rows {
+                let quantity = next.quantity.expect("an applied step has a quantity");
+                flows.push(next.flow_id.as_str());
+                states.push(next.state.as_str());
+                quantities.push(quantity.get());
+                seqs.push(next.applied_seq);
+            }
+            tx.execute(sql, &[&flows, &states, &quantities, &seqs])
+        },
+    )
+}
+
+/// Writes `rows` (one per flow): those whose flow is in `stored` (read by
+/// this transaction) with the first of `statements`, the others with the
+/// second, one statement each; `write` runs one on its rows and returns how
+/// many it wrote, all of them or the tables were changed meanwhile. The
+/// caller holds each flow (its head or apply cursor), so that no other
+/// transaction writes these rows meanwhile: no `ON CONFLICT`, whose upsert
+/// locks each row before updating it (a WAL record more) and probes the
+/// key before each insert.
+fn update_or_insert<'r, R: 'r>(
+    rows: impl Iterator<Item = &'r R>,
+    stored: &HashSet<String>,
+    flow_of: impl Fn(&R) -> &str,
+    statements: [&'static str; 2],
+    context: &str,
+    mut write: impl FnMut(&'static str, &[&'r R]) -> Result<u64, StoreError>,
+) -> Result<(), StoreError> {
+    let (updated, inserted): (Vec<&R>, Vec<&R>) = rows.partition(|r| stored.contains(flow_of(r)));
+    for (rows, sql) in [(updated, statements[0]), (inserted, statements[1])] {
         if rows.is_empty() {
             continue;
         }
-        let (mut flows, mut states, mut quantities, mut seqs) = (vec![], vec![], vec![], vec![]);
-        for next in &rows {
-            let quantity = next.quantity.expect("an applied step has a quantity");
-            flows.push(next.flow_id.as_str());
-            states.push(next.state.as_str());
-            quantities.push(quantity.get());
-            seqs.push(next.applied_seq);
-        }
-        let written = tx.execute(sql, &[&flows, &states, &quantities, &seqs])?;
+        let written = write(sql, &rows)?;
         if written != rows.len() as u64 {
             return Err(corrupt(
-                "consumer: projection",
-                format!("{written} of {} projections written", rows.len()),
+                context,
+                format!("{written} of {} rows written", rows.len()),
             ));
         }
     }
@@ -339,48 +360,36 @@ fn advance_all_in_tx(
     Ok(outcomes)
 }
 
-/// Writes the flows `records`: those in `stored` updated in one statement,
-/// the others inserted in one. Their heads are locked, so no other writer
-/// changes or creates them meanwhile: no `ON CONFLICT` (see
-/// `write_projections`).
+/// Writes the flows `records`: see [`update_or_insert`]. Their heads are
+/// locked, so no other writer changes or creates them meanwhile.
 fn write_flows<'a>(
     ptx: &PgProducerTx<'_>,
     records: impl Iterator<Item = &'a FlowRecord>,
     stored: &HashSet<String>,
 ) -> Result<(), StoreError> {
-    let (updated, inserted): (Vec<&FlowRecord>, Vec<&FlowRecord>) =
-        records.partition(|r| stored.contains(r.flow_id.as_str()));
-    for (rows, sql) in [
-        (
-            updated,
-            "UPDATE flow f SET state = n.state, quantity = n.quantity
-             FROM unnest($1::text[], $2::text[], $3::bigint[]) AS n(flow_id, state, quantity)
-             WHERE f.flow_id = ANY (ARRAY(SELECT unnest($1::text[]))) AND f.flow_id = n.flow_id",
-        ),
-        (
-            inserted,
-            "INSERT INTO flow (flow_id, state, quantity)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])",
-        ),
-    ] {
-        if rows.is_empty() {
-            continue;
-        }
-        let ids: Vec<&str> = rows.iter().map(|r| r.flow_id.as_str()).collect();
-        let states: Vec<&str> = rows.iter().map(|r| r.state.as_str()).collect();
-        let quantities: Vec<i64> = rows
-            .iter()
-            .map(|r| r.quantity.expect("a committed flow has a quantity").get())
-            .collect();
-        let written = ptx.sql().execute(sql, &[&ids, &states, &quantities])?;
-        if written != rows.len() as u64 {
-            return Err(corrupt(
-                "producer: flow",
-                format!("{written} of {} flows written", rows.len()),
-            ));
-        }
-    }
-    Ok(())
+    let statements = [
+        "UPDATE flow f SET state = n.state, quantity = n.quantity
+         FROM unnest($1::text[], $2::text[], $3::bigint[]) AS n(flow_id, state, quantity)
+         WHERE f.flow_id = ANY (ARRAY(SELECT unnest($1::text[]))) AND f.flow_id = n.flow_id",
+        "INSERT INTO flow (flow_id, state, quantity)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])",
+    ];
+    update_or_insert(
+        records,
+        stored,
+        |r| r.flow_id.as_str(),
+        statements,
+        "producer: flow",
+        |sql, rows| {
+            let ids: Vec<&str> = rows.iter().map(|r| r.flow_id.as_str()).collect();
+            let states: Vec<&str> = rows.iter().map(|r| r.state.as_str()).collect();
+            let quantities: Vec<i64> = rows
+                .iter()
+                .map(|r| r.quantity.expect("a committed flow has a quantity").get())
+                .collect();
+            ptx.sql().execute(sql, &[&ids, &states, &quantities])
+        },
+    )
 }
 
 /// Whether the application's table `table` exists (a store of another
