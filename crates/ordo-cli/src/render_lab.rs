@@ -356,6 +356,7 @@ fn workers_run(run: &WorkersRun) -> Value {
         "relay_per_s": run.relay_per_s().round(),
         "deliveries": run.deliveries,
         "commits_per_event": round3(run.commits as f64 / run.events.max(1) as f64),
+        "wal_bytes_per_event": run.wal_bytes_per_event().round(),
     })
 }
 
@@ -394,7 +395,7 @@ pub fn bench_pg_text(report: &PgBenchReport) -> String {
             report.producers
         ),
         format!(
-            "{:>7} {:>8} {:>8} {:>10} {:>7} {:>7} {:>10} {:>10} {:>10}",
+            "{:>7} {:>8} {:>8} {:>10} {:>7} {:>7} {:>10} {:>10} {:>10} {:>9}",
             "workers",
             "events",
             "seconds",
@@ -403,12 +404,13 @@ pub fn bench_pg_text(report: &PgBenchReport) -> String {
             "x F_pg",
             "produce/s",
             "relay/s",
-            "ev/commit"
+            "ev/commit",
+            "WAL B/ev"
         ),
     ];
     lines.extend(report.runs.iter().map(|run| {
         format!(
-            "{:>7} {:>8} {:>8.2} {:>10.0} {:>7.0} {:>7.2} {:>10.0} {:>10.0} {:>10.2}",
+            "{:>7} {:>8} {:>8.2} {:>10.0} {:>7.0} {:>7.2} {:>10.0} {:>10.0} {:>10.2} {:>9.0}",
             run.workers,
             run.events,
             run.seconds,
@@ -418,6 +420,7 @@ pub fn bench_pg_text(report: &PgBenchReport) -> String {
             run.produce_per_s(),
             run.relay_per_s(),
             run.events as f64 / run.commits.max(1) as f64,
+            run.wal_bytes_per_event(),
         )
     }));
     lines.join("\n")

@@ -108,6 +108,12 @@ fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
         ] {
             assert!(number(run, key) > 0.0, "{key}: {run:#}");
         }
+        // Each event's outbox and inbox rows, with their bodies, are in
+        // the WAL written during the run.
+        assert!(
+            number(run, "wal_bytes_per_event") >= 200.0,
+            "wal_bytes_per_event: {run:#}"
+        );
     }
     let least = calibrations.iter().copied().fold(f64::INFINITY, f64::min);
     let greatest = calibrations.iter().copied().fold(0.0, f64::max);

@@ -75,6 +75,10 @@ pub struct WorkersRun {
     pub commits: u64,
     /// F_pg measured just before and just after the run.
     pub f_before_after: (f64, f64),
+    /// Bytes of WAL the server wrote from the start until every thread of
+    /// the run had ended (its write position before and after: every
+    /// database's, so other work on the server counts too).
+    pub wal_bytes: u64,
 }
 
 impl WorkersRun {
@@ -101,6 +105,12 @@ impl WorkersRun {
     /// Events per second at which the relays got them accepted.
     pub fn relay_per_s(&self) -> f64 {
         self.events as f64 / self.relayed_seconds.max(1e-9)
+    }
+
+    /// Bytes of WAL per event: a measure of the work each event costs the
+    /// server that a shared machine's speed does not move.
+    pub fn wal_bytes_per_event(&self) -> f64 {
+        self.wal_bytes as f64 / self.events.max(1) as f64
     }
 }
 
@@ -458,6 +468,7 @@ fn workers_run(
     // Both schemas first, so that the workers only open them.
     open_producer(url, "init", 0)?;
     open_consumer(url, "init", 0)?;
+    let mut wal = WalPosition::connect(url)?;
     let events = options.flows * 3;
     let shared = Shared {
         events,
@@ -471,7 +482,7 @@ fn workers_run(
         applied_at: OnceLock::new(),
     };
     progress.start(&format!("{workers} workers"), events);
-    let (results, produced, stalled) = std::thread::scope(|scope| {
+    let (results, produced, stalled, wal_start) = std::thread::scope(|scope| {
         let shared = &shared;
         let producers: Vec<_> = (0..PRODUCER_THREADS)
             .map(|i| {
@@ -496,6 +507,7 @@ fn workers_run(
         while shared.ready.load(Ordering::SeqCst) < shared.threads as u64 && !shared.aborted() {
             std::thread::sleep(IDLE_PAUSE);
         }
+        let wal_start = wal.read();
         shared.start.get_or_init(Instant::now);
         // A watchdog: a run that applies nothing for STALL is aborted.
         let (mut seen, mut since) = (0, Instant::now());
@@ -529,7 +541,7 @@ fn workers_run(
                     .unwrap_or_else(|_| Err(Failure::Internal("a worker panicked".into()))),
             );
         }
-        (results, produced, stalled)
+        (results, produced, stalled, wal_start)
     });
     progress.finish();
     let mut commits = 0;
@@ -546,6 +558,7 @@ fn workers_run(
             STALL.as_secs()
         )));
     }
+    let wal_bytes = wal.bytes_since(&wal_start?)?;
     check_end_state(url, events)?;
     let start = *shared.start.get().expect("the run started");
     let since_start = |at: Option<&Instant>| -> Result<f64, Failure> {
@@ -565,7 +578,46 @@ fn workers_run(
         deliveries,
         commits,
         f_before_after: (0.0, 0.0),
+        wal_bytes,
     })
+}
+
+/// The server's WAL write position, read on a connection of the bench's
+/// own.
+struct WalPosition(Client);
+
+impl WalPosition {
+    const CONTEXT: &'static str = "bench: cannot read the WAL position";
+
+    fn connect(url: &str) -> Result<WalPosition, Failure> {
+        connect(url, "ordo-bench-wal").map(WalPosition)
+    }
+
+    /// The position now, as the server writes it (`pg_lsn` as text).
+    fn read(&mut self) -> Result<String, Failure> {
+        let row = self
+            .0
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .map_err(|e| pg_error(Self::CONTEXT, e))?;
+        Ok(row.get(0))
+    }
+
+    /// Bytes written since the position `start`.
+    fn bytes_since(&mut self, start: &str) -> Result<u64, Failure> {
+        let row = self
+            .0
+            .query_one(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::bigint",
+                &[&start],
+            )
+            .map_err(|e| pg_error(Self::CONTEXT, e))?;
+        let bytes: i64 = row.get(0);
+        u64::try_from(bytes).map_err(|_| {
+            Failure::Check(format!(
+                "bench: the WAL position went back by {bytes} bytes"
+            ))
+        })
+    }
 }
 
 /// Every event is in the outbox, accepted, and has its one effect.
