@@ -80,7 +80,7 @@ pub use consumer::{read_inbox, PgConsumer};
 pub use domain::{Schema, MIGRATIONS_MAX};
 pub use producer::{read_outbox, PgProducer, PgProducerTx, CONFLICT_REASON};
 pub use tls::{PgUrl, TlsMode};
-pub use url::{is_postgres_url, redact_url, url_host_start, URL_SCHEMES};
+pub use url::{is_postgres_url, redact_url, url_host_start};
 /// ordo's own tables of each role (producer, consumer) as they are created,
 /// with `{s}` standing for the schema: what a store at [`SCHEMA_VERSION`]
 /// holds, for a caller that caches migrated databases (a test template).

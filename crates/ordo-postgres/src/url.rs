@@ -2,10 +2,10 @@
 //! part starts, and showing them without their secrets.
 
 /// The schemes of a connection URL.
-pub const URL_SCHEMES: [&str; 2] = ["postgres://", "postgresql://"];
+const URL_SCHEMES: [&str; 2] = ["postgres://", "postgresql://"];
 
-/// Whether `text` is a connection URL: it starts with one of
-/// [`URL_SCHEMES`].
+/// Whether `text` is a connection URL: it starts with `postgres://` or
+/// `postgresql://`.
 pub fn is_postgres_url(text: &str) -> bool {
     URL_SCHEMES.iter().any(|scheme| text.starts_with(scheme))
 }

@@ -94,23 +94,25 @@ impl ReservationHandler {
     /// same way.
     fn apply_events(&mut self, tx: &PgTx, events: &[Envelope]) -> Result<Verdict, StoreError> {
         let flows: Vec<&str> = events.iter().map(|e| e.flow_id.as_str()).collect();
-        let mut projections = read_projections(tx, &flows)?;
-        let stored: HashSet<String> = projections.keys().cloned().collect();
-        let mut touched = BTreeMap::new();
+        let stored = read_projections(tx, &flows)?;
+        // Each flow's projection after the batch's events so far.
+        let mut touched: BTreeMap<&str, Projection> = BTreeMap::new();
         for event in events {
             let flow = event.flow_id.as_str();
-            let current = projections
+            let current = touched
                 .get(flow)
+                .or_else(|| stored.get(flow))
                 .cloned()
                 .unwrap_or_else(|| Projection::empty(event.flow_id.clone()));
             let next = match decide_apply(&current, event, self.options()) {
                 Ok(next) => next,
                 Err(reason) => return Ok(Verdict::Block(reason)),
             };
-            touched.insert(flow, next.clone());
-            projections.insert(flow.to_owned(), next);
+            touched.insert(flow, next);
         }
-        write_projections(tx, touched.values(), &stored)?;
+        write_projections(tx, touched.values(), |p| {
+            stored.contains_key(p.flow_id.as_str())
+        })?;
         crash::point(crash::CONSUMER_APPLY_AFTER_PROJECTION);
         let (flows, seqs, event_ids): (Vec<&str>, Vec<i64>, Vec<&str>) = events
             .iter()
@@ -152,7 +154,7 @@ fn read_projections(tx: &PgTx, flows: &[&str]) -> Result<HashMap<String, Project
 fn write_projections<'a>(
     tx: &PgTx,
     projections: impl Iterator<Item = &'a Projection>,
-    stored: &HashSet<String>,
+    is_stored: impl Fn(&Projection) -> bool,
 ) -> Result<(), StoreError> {
     let statements = [
         "UPDATE projection p SET state = n.state, quantity = n.quantity,
@@ -165,8 +167,7 @@ fn write_projections<'a>(
     ];
     update_or_insert(
         projections,
-        stored,
-        |p| p.flow_id.as_str(),
+        is_stored,
         statements,
         "consumer: projection",
         |sql, rows| {
@@ -184,8 +185,8 @@ fn write_projections<'a>(
     )
 }
 
-/// Writes `rows` (one per flow): those whose flow is in `stored` (read by
-/// this transaction) with the first of `statements`, the others with the
+/// Writes `rows` (one per flow): those `is_stored` (read by this
+/// transaction) with the first of `statements`, the others with the
 /// second, one statement each; `write` runs one on its rows and returns how
 /// many it wrote, all of them or the tables were changed meanwhile. The
 /// caller holds each flow (its head or apply cursor), so that no other
@@ -194,13 +195,12 @@ fn write_projections<'a>(
 /// key before each insert.
 fn update_or_insert<'r, R: 'r>(
     rows: impl Iterator<Item = &'r R>,
-    stored: &HashSet<String>,
-    flow_of: impl Fn(&R) -> &str,
+    is_stored: impl Fn(&R) -> bool,
     statements: [&'static str; 2],
     context: &str,
     mut write: impl FnMut(&'static str, &[&'r R]) -> Result<u64, StoreError>,
 ) -> Result<(), StoreError> {
-    let (updated, inserted): (Vec<&R>, Vec<&R>) = rows.partition(|r| stored.contains(flow_of(r)));
+    let (updated, inserted): (Vec<&R>, Vec<&R>) = rows.partition(|r| is_stored(r));
     for (rows, sql) in [(updated, statements[0]), (inserted, statements[1])] {
         if rows.is_empty() {
             continue;
@@ -376,8 +376,7 @@ fn write_flows<'a>(
     ];
     update_or_insert(
         records,
-        stored,
-        |r| r.flow_id.as_str(),
+        |r| stored.contains(r.flow_id.as_str()),
         statements,
         "producer: flow",
         |sql, rows| {
