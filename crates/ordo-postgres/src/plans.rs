@@ -150,13 +150,27 @@ pub fn assert_indexed_by_batch(
     suffix: &str,
     params: impl Fn(String) -> String,
 ) {
+    for plan in plans_by_batch(side, sql, types, suffix, params) {
+        assert_indexed(&plan);
+    }
+}
+
+/// The plans of `sql` for arrays of 1, 16 and 256 flows (see
+/// [`assert_indexed_by_batch`]).
+pub fn plans_by_batch(
+    side: Side,
+    sql: &str,
+    types: &str,
+    suffix: &str,
+    params: impl Fn(String) -> String,
+) -> Vec<String> {
     let mut filled = Filled::new("batch");
     let schema = match side {
         Side::Producer => filled.p.clone(),
         Side::Consumer => filled.c.clone(),
     };
-    for n in [1, 16, 256] {
-        let plan = filled.plan(&schema, sql, types, &params(flow_array(n, suffix)));
-        assert_indexed(&plan);
-    }
+    [1, 16, 256]
+        .into_iter()
+        .map(|n| filled.plan(&schema, sql, types, &params(flow_array(n, suffix))))
+        .collect()
 }

@@ -53,15 +53,29 @@ pub(crate) const TABLES: Tables = Tables {
     ],
 };
 
-/// The leases of the flows of some events, locked (`check_fences`): by
-/// their primary key whatever the planner guesses of the tables
-/// (`ARRAY(...)`; a join was planned as a scan of every lease).
-const FENCES_SQL: &str = "SELECT l.flow_id, l.owner, l.fence,
-        l.expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-    FROM {s}.relay_lease l
-    WHERE l.flow_id = ANY (ARRAY(
-        SELECT o.flow_id FROM {s}.outbox o WHERE o.event_id = ANY ($1)))
-    ORDER BY l.flow_id FOR SHARE OF l";
+/// The leases of the flows of some events (`check_fences`): by their
+/// primary key whatever the planner guesses of the tables (`ARRAY(...)`;
+/// a join was planned as a scan of every lease).
+macro_rules! fences_sql {
+    ($lock:literal) => {
+        concat!(
+            "SELECT l.flow_id, l.owner, l.fence,
+                 l.expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+             FROM {s}.relay_lease l
+             WHERE l.flow_id = ANY (ARRAY(
+                 SELECT o.flow_id FROM {s}.outbox o WHERE o.event_id = ANY ($1)))
+             ORDER BY l.flow_id",
+            $lock
+        )
+    };
+}
+
+/// [`fences_sql`], the leases locked until the transaction ends: no claim
+/// comes between the check and the commit.
+const FENCES_SQL: &str = fences_sql!(" FOR SHARE OF l");
+
+/// [`fences_sql`] without a lock (a lock is a WAL record per lease).
+const FENCES_SEEN_SQL: &str = fences_sql!("");
 
 /// ordo's producer tables as version 1 created them (`{s}` is the
 /// schema). `outbox_head` holds each flow's last seq, the row a writer
@@ -128,12 +142,27 @@ const MOVE_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET last_seq = m.last_seq
 
 /// Sets the relay heads of the flows `$1` to their first event to relay,
 /// and moves them to the back of the relay's order when `$2`.
+///
+/// A writer appending to one of the flows holds its head locked until it
+/// commits; this statement then waits for it and updates the head the
+/// writer left (`h`), while its subqueries still read the statement's
+/// snapshot, without the writer's events. `seen` is the head's `last_seq`
+/// in that snapshot: when `h.last_seq` is past it and the snapshot has
+/// nothing left to relay, the first event to relay is the writer's first,
+/// `seen + 1`. The head needs no lock of its own beforehand (a lock is a
+/// WAL record per flow).
 const REFRESH_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET
-         (relay_seq, relay_due_ms) = (SELECT max(seq), coalesce(max(due), 0) FROM (
-             SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM {s}.outbox o
-             WHERE o.flow_id = h.flow_id AND NOT o.accepted AND NOT o.quarantined
-               AND o.seq >= least(h.relay_seq, $3::bigint)
-             ORDER BY o.seq LIMIT 1) AS next),
+         (relay_seq, relay_due_ms) = (SELECT
+                 coalesce(next.seq, CASE WHEN h.last_seq > seen.last_seq
+                                         THEN seen.last_seq + 1 END),
+                 coalesce(next.due, 0)
+             FROM (SELECT max(seq) AS seq, max(due) AS due FROM (
+                     SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM {s}.outbox o
+                     WHERE o.flow_id = h.flow_id AND NOT o.accepted AND NOT o.quarantined
+                       AND o.seq >= least(h.relay_seq, $3::bigint)
+                     ORDER BY o.seq LIMIT 1) AS first) AS next,
+                  (SELECT coalesce(max(v.last_seq), h.last_seq) AS last_seq
+                     FROM {s}.outbox_head v WHERE v.flow_id = h.flow_id) AS seen),
          relay_turn = CASE WHEN $2 THEN (SELECT nextval('{s}.relay_turn')) ELSE h.relay_turn END
      WHERE h.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))";
 
@@ -269,7 +298,12 @@ const BEGIN_UNSYNCED: &str =
 /// [`ErrorKind::LeaseLost`] when another relay has claimed the flow since
 /// (the lease expired under a slow relay). Bookkeeping for a flow this
 /// handle did not claim (an explicit delivery of one event) is refused the
-/// same way while another relay holds the flow.
+/// same way while another relay holds the flow. A failure, a quarantine or
+/// a conflict locks the flows' lease rows for its check, so that no claim
+/// comes between the check and the commit; receipts of custody
+/// (`accepted`, `duplicate`) only read them, because custody needs no
+/// fence: a claim that comes in between finds the events accepted, or
+/// delivers them again and is answered `duplicate`.
 ///
 /// The consumer's receive needs no fence: the inbox decides every receipt
 /// from what it stores (`duplicate` for an event it holds, `conflict` for a
@@ -409,12 +443,22 @@ impl PgProducer {
         Ok(claimed)
     }
 
-    /// Inside a bookkeeping transaction: locks the lease rows of the flows
-    /// of `event_ids` (a claim skips them until this transaction ends) and
-    /// refuses the write when another relay claimed one of them since this
-    /// handle's round, or holds one this handle did not claim.
-    fn check_fences(&self, tx: &PgTx, event_ids: &[&str]) -> Result<(), StoreError> {
-        let rows = tx.rows(LEASE, FENCES_SQL, &[&event_ids])?;
+    /// Inside a bookkeeping transaction: refuses the write when another
+    /// relay claimed one of the flows of `event_ids` since this handle's
+    /// round, or holds one this handle did not claim. `Fences::Locked`
+    /// also locks their lease rows (a claim skips them until this
+    /// transaction ends).
+    fn check_fences(
+        &self,
+        tx: &PgTx,
+        event_ids: &[&str],
+        fences: Fences,
+    ) -> Result<(), StoreError> {
+        let sql = match fences {
+            Fences::Locked => FENCES_SQL,
+            Fences::Seen => FENCES_SEEN_SQL,
+        };
+        let rows = tx.rows(LEASE, sql, &[&event_ids])?;
         for row in &rows {
             let flow: &str = row.get(0);
             let owner: Option<&str> = row.get(1);
@@ -510,15 +554,33 @@ impl PgProducer {
     fn bookkeeping<T>(
         &mut self,
         event_ids: &[&str],
+        fences: Fences,
         f: impl FnOnce(&PgTx, i64) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let this = &*self;
         let value = this.conn.in_tx_begun(LEASE, BEGIN_UNSYNCED, |tx| {
-            this.check_fences(tx, event_ids)?;
+            this.check_fences(tx, event_ids, fences)?;
             f(tx, this.clock.now_ms())
         })?;
         self.commits += 1;
         Ok(value)
+    }
+
+    /// Moves the heads of flows that a claim found due and a round that
+    /// was not cut short found nothing to relay in. A head is left at an
+    /// event when another relay (whose lease had expired) accepts the events
+    /// appended while this handle's bookkeeping waited for their writer
+    /// (see [`REFRESH_HEADS_SQL`]); without this, the flow would stay due
+    /// with nothing to relay until its next append.
+    fn refresh_idle_heads(&mut self, idle: &BTreeSet<String>) -> Result<(), StoreError> {
+        if idle.is_empty() {
+            return Ok(());
+        }
+        (self.conn).in_tx_begun(LEASE, BEGIN_UNSYNCED, |tx| {
+            refresh_heads(tx, idle, Turn::Next, None)
+        })?;
+        self.commits += 1;
+        Ok(())
     }
 
     /// Runs `f` inside one read-only REPEATABLE READ transaction, so that
@@ -843,6 +905,18 @@ pub fn read_outbox(conn: &PgTx) -> Result<Vec<OutboxRecord>, StoreError> {
     )?)
 }
 
+/// How a bookkeeping transaction checks the fences of its flows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fences {
+    /// Read and locked until the transaction ends: no claim comes between
+    /// the check and the commit (failures, quarantines, conflicts).
+    Locked,
+    /// Read only: custody needs no fence, so receipts of `accepted` and
+    /// `duplicate` written just after another relay's claim only make the
+    /// consumer answer that relay `duplicate`.
+    Seen,
+}
+
 /// Whether moving the relay heads records a new round of service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Turn {
@@ -867,17 +941,7 @@ fn refresh_heads(
     if flows.is_empty() {
         return Ok(());
     }
-    // The head rows first, in flow order: a writer appending to one of the
-    // flows commits before (and its event is then seen by the statement
-    // below, reading a new snapshot) or waits until this transaction
-    // ends. Computed in the statement that waits, the head could miss that
-    // writer's event and be set past it.
     let names: Vec<&str> = flows.iter().map(String::as_str).collect();
-    conn.run(
-        "producer: cannot lock the relay heads",
-        LOCK_HEADS_SQL,
-        &[&names],
-    )?;
     // One turn for the whole round, drawn once (an uncorrelated subquery).
     conn.run(
         "producer: cannot move the relay heads",
@@ -966,6 +1030,13 @@ impl ProducerStore for PgProducer {
         )?)?;
         let served: HashSet<&str> = round.iter().map(|e| e.flow_id.as_str()).collect();
         self.events_per_flow = round.len().checked_div(served.len()).unwrap_or(1);
+        if round.len() < limit {
+            let idle: BTreeSet<String> = (self.held.keys())
+                .filter(|flow| !served.contains(flow.as_str()))
+                .cloned()
+                .collect();
+            self.refresh_idle_heads(&idle)?;
+        }
         Ok(round)
     }
 
@@ -980,7 +1051,12 @@ impl ProducerStore for PgProducer {
         now_ms: i64,
     ) -> Result<(), StoreError> {
         let ids: Vec<&str> = receipts.iter().map(|(id, _)| id.as_str()).collect();
-        self.bookkeeping(&ids, |tx, store_now_ms| {
+        let fences = if receipts.iter().any(|(_, r)| *r == Receipt::Conflict) {
+            Fences::Locked
+        } else {
+            Fences::Seen
+        };
+        self.bookkeeping(&ids, fences, |tx, store_now_ms| {
             record_receipts_in(tx, receipts, store_now_ms.max(now_ms))
         })
     }
@@ -995,7 +1071,7 @@ impl ProducerStore for PgProducer {
         backoff: &Backoff,
     ) -> Result<(), StoreError> {
         let ids: Vec<&str> = event_ids.iter().map(EventId::as_str).collect();
-        self.bookkeeping(&ids, |tx, _| {
+        self.bookkeeping(&ids, Fences::Locked, |tx, _| {
             let mut flows = BTreeSet::new();
             for event_id in event_ids {
                 let row = tx.row(
@@ -1032,7 +1108,7 @@ impl ProducerStore for PgProducer {
         reason: &str,
         _now_ms: i64,
     ) -> Result<(), StoreError> {
-        self.bookkeeping(&[event_id.as_str()], |tx, _| {
+        self.bookkeeping(&[event_id.as_str()], Fences::Locked, |tx, _| {
             let row = tx.row(
                 "producer: cannot quarantine an event",
                 "UPDATE {s}.outbox SET quarantined = true, quarantine_reason = $2,
@@ -1207,10 +1283,10 @@ pub(crate) fn outbox_entry(row: &Row) -> Result<OutboxEntry, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::{
-        FENCES_SQL, LOCK_HEADS_SQL, MARK_ACCEPTED_SQL, MOVE_HEADS_SQL, PENDING_SQL,
-        REFRESH_HEADS_SQL, ROUND_SQL,
+        FENCES_SEEN_SQL, FENCES_SQL, LOCK_HEADS_SQL, MARK_ACCEPTED_SQL, MOVE_HEADS_SQL,
+        PENDING_SQL, REFRESH_HEADS_SQL, ROUND_SQL,
     };
-    use crate::plans::{assert_indexed, assert_indexed_by_batch, Filled, Side};
+    use crate::plans::{assert_indexed, assert_indexed_by_batch, plans_by_batch, Filled, Side};
 
     /// `n` copies of `value` as an SQL array as long as the SQL array `of`.
     fn alongside(of: &str, value: &str) -> String {
@@ -1221,7 +1297,9 @@ mod tests {
     /// however many events the round had.
     #[test]
     fn the_fence_check_reads_leases_by_key_on_many_flows() {
-        assert_indexed_by_batch(Side::Producer, FENCES_SQL, "text[]", "-1", |events| events);
+        for sql in [FENCES_SQL, FENCES_SEEN_SQL] {
+            assert_indexed_by_batch(Side::Producer, sql, "text[]", "-1", |events| events);
+        }
     }
 
     /// An append's heads are locked and moved by key however many flows it
@@ -1255,10 +1333,26 @@ mod tests {
             let outcomes = alongside(&events, "'accepted'::text");
             format!("{events}, {outcomes}, 0")
         });
+    }
+
+    /// A round's heads are moved by key, in key order (a plain index scan
+    /// of the sorted keys, never a bitmap scan in the table's order): an
+    /// appender locks its heads in key order too, so neither waits for the
+    /// other in a cycle.
+    #[test]
+    fn a_rounds_heads_are_moved_by_key_in_key_order() {
         let types = "text[], boolean, bigint";
-        assert_indexed_by_batch(Side::Producer, REFRESH_HEADS_SQL, types, "", |flows| {
+        let plans = plans_by_batch(Side::Producer, REFRESH_HEADS_SQL, types, "", |flows| {
             format!("{flows}, true, NULL")
         });
+        for plan in plans {
+            assert_indexed(&plan);
+            assert!(
+                plan.contains("Index Scan using outbox_head_pkey on outbox_head h"),
+                "the heads by key:\n{plan}"
+            );
+            assert!(!plan.contains("Bitmap"), "the heads in key order:\n{plan}");
+        }
     }
 
     /// The oldest events not yet accepted are read by key on an outbox

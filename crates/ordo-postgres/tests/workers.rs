@@ -746,6 +746,57 @@ fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
     );
 }
 
+/// A relay head left at an event that is already accepted (a head moved
+/// while its flow's writer committed, the writer's event then accepted by
+/// another relay before the head was) is moved by the next round that
+/// finds nothing to relay for it.
+#[test]
+fn a_head_left_at_an_accepted_event_is_moved_by_the_next_round() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut relay = producer(&target, "relay", 600_000);
+    let f = flow(1);
+    let none = BTreeSet::new();
+    let first = append(&mut relay, &f).unwrap();
+    let round = relay.fair_round(10, &none, SystemClock.now_ms()).unwrap();
+    assert_eq!(ids(&round), [first.event_id.as_str()]);
+    relay
+        .record_receipts(
+            &[(first.event_id.clone(), Receipt::Accepted)],
+            SystemClock.now_ms(),
+        )
+        .unwrap();
+    let mut checker = client(&target);
+    let head = |checker: &mut postgres::Client| -> Option<i64> {
+        checker
+            .query_one(
+                "SELECT relay_seq FROM ordo_producer.outbox_head WHERE flow_id = $1",
+                &[&f.as_str()],
+            )
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(head(&mut checker), None, "caught up");
+    checker
+        .execute(
+            "UPDATE ordo_producer.outbox_head SET relay_seq = 1 WHERE flow_id = $1",
+            &[&f.as_str()],
+        )
+        .unwrap();
+
+    let round = relay.fair_round(10, &none, SystemClock.now_ms()).unwrap();
+    assert!(round.is_empty(), "nothing to relay: {:?}", ids(&round));
+    assert_eq!(
+        head(&mut checker),
+        None,
+        "the head is moved past the accepted event"
+    );
+    let second = append(&mut relay, &f).unwrap();
+    let round = relay.fair_round(10, &none, SystemClock.now_ms()).unwrap();
+    assert_eq!(ids(&round), [second.event_id.as_str()]);
+}
+
 /// Delivers to a consumer, letting another relay claim the round's flows
 /// first (the lease lapsed while the round was on its way).
 struct OvertakenOnTheWay<'a> {
