@@ -197,13 +197,14 @@ fn the_end_check_of_a_kept_database_reports_what_was_broken_in_it() {
             "different body",
         ),
         (
-            "UPDATE ordo_producer.relay_lease SET owner = 'ghost', backend_pid = pg_backend_pid(),
-                 expires_at_ms = 9000000000000 WHERE flow_id = 'flow-0000003'",
+            "UPDATE ordo_producer.outbox_head SET lease_owner = 'ghost',
+                 lease_backend_pid = pg_backend_pid(), lease_expires_at_ms = 9000000000000
+                 WHERE flow_id = 'flow-0000003'",
             "still leased to relay ghost",
         ),
         (
-            "DELETE FROM ordo_producer.relay_lease WHERE flow_id = 'flow-0000004'",
-            "relay lease rows for 20 flows",
+            "DELETE FROM ordo_producer.outbox_head WHERE flow_id = 'flow-0000004'",
+            "1 flows have outbox events but no head row",
         ),
         (
             "INSERT INTO ordo_producer.outbox_pending (position)

@@ -16,7 +16,7 @@ use crate::tls::PgUrl;
 
 /// The version of ordo's own tables this build writes, per schema; a store
 /// with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The default schema of the producer's tables.
 pub const PRODUCER_SCHEMA_DEFAULT: &str = "ordo_producer";

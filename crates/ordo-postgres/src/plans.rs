@@ -13,7 +13,7 @@ pub const FLOWS: i64 = 20_000;
 
 /// A producer and a consumer schema of a test's own in the server's
 /// `postgres` database, each table holding [`FLOWS`] flows of one pending
-/// event; dropped with the value. Every table is analyzed but the apply
+/// event (due to the relay, in flow order); dropped with the value. Every table is analyzed but the apply
 /// cursors, left as a table that grew since autovacuum last looked at it
 /// (the planner then guesses its rows from its size).
 pub struct Filled {
@@ -70,10 +70,8 @@ impl Filled {
         filled
             .client
             .batch_execute(&format!(
-                "INSERT INTO {p}.outbox_head (flow_id, last_seq)
-                     SELECT {FLOW}, 1 FROM generate_series(1, {FLOWS}) i;
-                 INSERT INTO {p}.relay_lease (flow_id)
-                     SELECT {FLOW} FROM generate_series(1, {FLOWS}) i;
+                "INSERT INTO {p}.outbox_head (flow_id, last_seq, relay_seq, relay_turn)
+                     SELECT {FLOW}, 1, 1, i FROM generate_series(1, {FLOWS}) i;
                  INSERT INTO {p}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
                      SELECT {FLOW} || '-1', {FLOW}, 1, 1, 't', {body}, 0
                      FROM generate_series(1, {FLOWS}) i;
@@ -83,7 +81,7 @@ impl Filled {
                      SELECT {FLOW} || '-1', {FLOW}, 1, 1, 't', {body}, '', 'pending', 0
                      FROM generate_series(1, {FLOWS}) i;
                  INSERT INTO {p}.outbox_pending (position) SELECT position FROM {p}.outbox;
-                 ANALYZE {p}.outbox_head; ANALYZE {p}.relay_lease; ANALYZE {p}.outbox;
+                 ANALYZE {p}.outbox_head; ANALYZE {p}.outbox;
                  ANALYZE {p}.outbox_pending;
                  ANALYZE {c}.inbox;"
             ))

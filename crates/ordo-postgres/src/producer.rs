@@ -50,6 +50,20 @@ pub(crate) const TABLES: Tables = Tables {
          CREATE TABLE {s}.outbox_pending (position bigint PRIMARY KEY);
          INSERT INTO {s}.outbox_pending (position)
              SELECT position FROM {s}.outbox WHERE NOT accepted;",
+        // 5: the lease in the flow's head row. A claim walks the due heads
+        // in the relay's order and reads each one's lease on the same row
+        // (a join to `relay_lease` looked up a second row per due flow,
+        // most of them held by other relays), and writes it on its page
+        // (no index names a lease column, so a claim is a HOT update).
+        "ALTER TABLE {s}.outbox_head
+             ADD COLUMN lease_owner text,
+             ADD COLUMN lease_fence bigint NOT NULL DEFAULT 0,
+             ADD COLUMN lease_expires_at_ms bigint NOT NULL DEFAULT 0,
+             ADD COLUMN lease_backend_pid integer;
+         UPDATE {s}.outbox_head h SET lease_owner = l.owner, lease_fence = l.fence,
+                lease_expires_at_ms = l.expires_at_ms, lease_backend_pid = l.backend_pid
+             FROM {s}.relay_lease l WHERE l.flow_id = h.flow_id;
+         DROP TABLE {s}.relay_lease;",
     ],
 };
 
@@ -59,20 +73,22 @@ pub(crate) const TABLES: Tables = Tables {
 macro_rules! fences_sql {
     ($lock:literal) => {
         concat!(
-            "SELECT l.flow_id, l.owner, l.fence,
-                 l.expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-             FROM {s}.relay_lease l
-             WHERE l.flow_id = ANY (ARRAY(
+            "SELECT h.flow_id, h.lease_owner, h.lease_fence,
+                 h.lease_expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+             FROM {s}.outbox_head h
+             WHERE h.flow_id = ANY (ARRAY(
                  SELECT o.flow_id FROM {s}.outbox o WHERE o.event_id = ANY ($1)))
-             ORDER BY l.flow_id",
+             ORDER BY h.flow_id",
             $lock
         )
     };
 }
 
-/// [`fences_sql`], the leases locked until the transaction ends: no claim
-/// comes between the check and the commit.
-const FENCES_SQL: &str = fences_sql!(" FOR SHARE OF l");
+/// [`fences_sql`], the heads locked until the transaction ends: no claim
+/// comes between the check and the commit. In key order, as appenders
+/// lock them; exclusive, so that two checks never both hold a head they
+/// then both wait to update.
+const FENCES_SQL: &str = fences_sql!(" FOR NO KEY UPDATE OF h");
 
 /// [`fences_sql`] without a lock (a lock is a WAL record per lease).
 const FENCES_SEEN_SQL: &str = fences_sql!("");
@@ -80,7 +96,7 @@ const FENCES_SEEN_SQL: &str = fences_sql!("");
 /// ordo's producer tables as version 1 created them (`{s}` is the
 /// schema). `outbox_head` holds each flow's last seq, the row a writer
 /// locks to allocate the next one, and the relay's bookkeeping (its head,
-/// when it is due, when it was served).
+/// when it is due, when it was served; from version 5 the flow's lease).
 const DDL: &str = "
 CREATE TABLE {s}.outbox (
     position           bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -196,68 +212,80 @@ const MARK_ACCEPTED_SQL: &str = "WITH marked AS (
          WHERE p.position = ANY (ARRAY(SELECT position FROM marked)))
      SELECT flow_id FROM marked";
 
-/// Whether a lease is free for the claimer `$4`: unheld, its own, expired,
-/// or held by a server session that is gone.
+/// Whether the lease on a head `h` is free for the claimer `$4`: unheld,
+/// its own, expired, or held by a server session that is gone.
 macro_rules! claimable {
-    ($l:literal) => {
-        concat!(
-            "(",
-            $l,
-            ".owner IS NULL OR ",
-            $l,
-            ".owner = $4
-              OR ",
-            $l,
-            ".expires_at_ms <= (SELECT ms FROM now)
-              OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = ",
-            $l,
-            ".backend_pid))"
-        )
+    () => {
+        "(h.lease_owner IS NULL OR h.lease_owner = $4
+              OR h.lease_expires_at_ms <= (SELECT ms FROM now)
+              OR NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = h.lease_backend_pid))"
     };
 }
 
 /// The claim of a round ([`PgProducer::claim`]): up to `$2` flows due at
 /// `$1`, none of `$3`, in the relay's order, for the owner `$4` with leases
-/// of `$5` ms. `pick` reads without locking; a flow the claimer's session
-/// holds with more than half its lease left is `kept` as it is; the others
-/// are locked, skipping those another transaction holds, and claimed if
-/// still free under the lock. The lease rows go by primary key through
-/// `= ANY (ARRAY(...))`, never a scan of every flow's lease.
+/// of `$5` ms. `pick` walks the due heads without locking them, each
+/// with its lease on the same row; a flow the claimer's session holds with
+/// more than half its lease left is `kept` as it is; the others are
+/// locked, skipping those another transaction holds (a relay's claim or
+/// bookkeeping, or a writer appending to the flow), and claimed if still
+/// free under the lock. The heads to claim go by primary key through
+/// `= ANY (ARRAY(...))`, never a scan of every head.
 const CLAIM_SQL: &str = concat!(
     "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
      pick AS (
-         SELECT l.flow_id, l.fence,
-                coalesce(l.owner = $4 AND l.backend_pid = pg_backend_pid()
-                         AND l.expires_at_ms > (SELECT ms FROM now) + $5::bigint / 2, false) AS kept
-         FROM {s}.relay_lease l
-         JOIN {s}.outbox_head h ON h.flow_id = l.flow_id
+         SELECT h.flow_id, h.lease_fence AS fence,
+                coalesce(h.lease_owner = $4 AND h.lease_backend_pid = pg_backend_pid()
+                         AND h.lease_expires_at_ms > (SELECT ms FROM now) + $5::bigint / 2,
+                         false) AS kept
+         FROM {s}.outbox_head h
          WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
-           AND NOT (l.flow_id = ANY ($3))
+           AND NOT (h.flow_id = ANY ($3))
            AND ",
-    claimable!("l"),
+    claimable!(),
     "
          ORDER BY h.relay_turn, h.flow_id
          LIMIT $2),
      locked AS (
-         SELECT l.flow_id FROM {s}.relay_lease l
-         WHERE l.flow_id = ANY (ARRAY(SELECT flow_id FROM pick WHERE NOT kept))
+         SELECT h.flow_id FROM {s}.outbox_head h
+         WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM pick WHERE NOT kept))
            AND ",
-    claimable!("l"),
+    claimable!(),
     "
-         FOR UPDATE OF l SKIP LOCKED),
+         FOR NO KEY UPDATE OF h SKIP LOCKED),
      claimed AS (
-         UPDATE {s}.relay_lease l SET
-             fence = CASE WHEN l.owner = $4 AND l.expires_at_ms > now.ms
-                          THEN l.fence ELSE l.fence + 1 END,
-             owner = $4,
-             backend_pid = pg_backend_pid(),
-             expires_at_ms = now.ms + $5
-         FROM now WHERE l.flow_id = ANY (ARRAY(SELECT flow_id FROM locked))
-         RETURNING l.flow_id, l.fence)
+         UPDATE {s}.outbox_head h SET
+             lease_fence = CASE WHEN h.lease_owner = $4 AND h.lease_expires_at_ms > now.ms
+                                THEN h.lease_fence ELSE h.lease_fence + 1 END,
+             lease_owner = $4,
+             lease_backend_pid = pg_backend_pid(),
+             lease_expires_at_ms = now.ms + $5
+         FROM now WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM locked))
+         RETURNING h.flow_id, h.lease_fence)
      SELECT flow_id, fence FROM pick WHERE kept
      UNION ALL
-     SELECT flow_id, fence FROM claimed"
+     SELECT flow_id, lease_fence FROM claimed"
 );
+
+/// Releases the leases of the flows `$2` that the owner `$1` holds,
+/// passing by the heads another transaction has locked.
+const RELEASE_SQL: &str = "UPDATE {s}.outbox_head SET lease_owner = NULL, lease_expires_at_ms = 0
+     WHERE flow_id = ANY (ARRAY(SELECT flow_id FROM {s}.outbox_head
+                                WHERE flow_id = ANY (ARRAY(SELECT unnest($2::text[])))
+                                  AND lease_owner = $1
+                                FOR NO KEY UPDATE SKIP LOCKED))";
+
+/// [`RELEASE_SQL`] for every flow the owner `$1` holds, found by reading
+/// every head (no index names the lease's owner, so that a claim is a
+/// HOT update).
+const RELEASE_ALL_SQL: &str =
+    "UPDATE {s}.outbox_head SET lease_owner = NULL, lease_expires_at_ms = 0
+     WHERE flow_id = ANY (ARRAY(SELECT flow_id FROM {s}.outbox_head WHERE lease_owner = $1
+                                FOR NO KEY UPDATE SKIP LOCKED))";
+
+/// The most flows a handle remembers having claimed, to release them by
+/// key; past that, a release reads every head.
+const CLAIMED_TRACKED_MAX: usize = 65_536;
 
 /// The first `$1` events not yet accepted, oldest first, and when each is
 /// due, on the keys of `outbox_pending` and of the outbox.
@@ -282,10 +310,11 @@ const BEGIN_UNSYNCED: &str =
 /// flows, never single events: [`fair_round`](ProducerStore::fair_round)
 /// claims (or renews) a lease on each flow it returns, for
 /// [`PgOptions::lease_ms`], under the handle's owner name
-/// ([`PgOptions::owner`]), in one short transaction (`FOR UPDATE SKIP
-/// LOCKED` on the flows' lease rows: relays never wait for each other). A
-/// flow the handle holds with more than half its lease left is used as it
-/// is, its lease row neither locked nor written. A flow stays held after
+/// ([`PgOptions::owner`]), in one short transaction (`SKIP LOCKED` on the
+/// flows' head rows, which hold their leases: relays never wait for each
+/// other, nor for a writer appending to a flow). A flow the handle holds
+/// with more than half its lease left is used as it is, its head neither
+/// locked nor written. A flow stays held after
 /// its round, caught up or not, until its lease expires, the handle's
 /// server session ends or the handle releases it: the handle's next rounds
 /// serve it when it has events again without a new claim, and other relays
@@ -299,7 +328,7 @@ const BEGIN_UNSYNCED: &str =
 /// (the lease expired under a slow relay). Bookkeeping for a flow this
 /// handle did not claim (an explicit delivery of one event) is refused the
 /// same way while another relay holds the flow. A failure, a quarantine or
-/// a conflict locks the flows' lease rows for its check, so that no claim
+/// a conflict locks the flows' heads for its check, so that no claim
 /// comes between the check and the commit; receipts of custody
 /// (`accepted`, `duplicate`) only read them, because custody needs no
 /// fence: a claim that comes in between finds the events accepted, or
@@ -313,8 +342,9 @@ const BEGIN_UNSYNCED: &str =
 /// custody mark refused with its round is found again by the flow's new
 /// holder, whose delivery the consumer answers `duplicate`.
 ///
-/// Dropping the handle releases its leases; a relay that dies holds its
-/// flows until their leases expire.
+/// Dropping the handle releases its leases; the flows of a relay that dies
+/// come free when its server session ends, at the latest when their
+/// leases expire.
 pub struct PgProducer {
     conn: PgTx,
     domain: String,
@@ -324,9 +354,10 @@ pub struct PgProducer {
     lease_ms: i64,
     /// The fence of each flow claimed by the last round.
     held: HashMap<String, i64>,
-    /// Whether this handle may hold leases (it claimed some since it last
-    /// released all).
-    may_hold: bool,
+    /// The flows this handle claimed since it last released its leases,
+    /// up to [`CLAIMED_TRACKED_MAX`]; `None` past that (a release then
+    /// looks for the handle's name in every head).
+    claimed: Option<HashSet<String>>,
     /// The events per flow of this handle's last round (how many flows
     /// the next claims for its events).
     events_per_flow: usize,
@@ -386,7 +417,7 @@ impl PgProducer {
             owner: opened.owner,
             lease_ms: i64::try_from(options.lease_ms).unwrap_or(i64::MAX),
             held: HashMap::new(),
-            may_hold: false,
+            claimed: Some(HashSet::new()),
             events_per_flow: 1,
         })
     }
@@ -405,21 +436,30 @@ impl PgProducer {
     }
 
     /// Releases every flow this handle holds, so that other relays take
-    /// them at once; returns how many. Dropping the handle does it too.
+    /// them at once; returns how many. Dropping the handle does it too. A
+    /// flow whose head another transaction has locked at that instant (a
+    /// writer appending to it) is passed by: it stays held until the
+    /// handle's server session ends or its lease expires.
     pub fn release_leases(&mut self) -> Result<u64, StoreError> {
         let owner = self.owner.clone();
-        let released = self.conn.in_tx(LEASE, |tx| {
-            tx.run(
-                LEASE,
-                "UPDATE {s}.relay_lease SET owner = NULL, expires_at_ms = 0
-                 WHERE flow_id = ANY (ARRAY(SELECT flow_id FROM {s}.relay_lease WHERE owner = $1
-                                            FOR UPDATE SKIP LOCKED))",
-                &[&owner],
-            )
-        })?;
+        let tracked: Option<Vec<&str>> =
+            (self.claimed.as_ref()).map(|flows| flows.iter().map(String::as_str).collect());
+        let released = self
+            .conn
+            .in_tx_begun(LEASE, BEGIN_UNSYNCED, |tx| match &tracked {
+                Some(flows) if flows.is_empty() => Ok(0),
+                Some(flows) => tx.run(LEASE, RELEASE_SQL, &[&owner, flows]),
+                None => tx.run(LEASE, RELEASE_ALL_SQL, &[&owner]),
+            })?;
         self.held.clear();
-        self.may_hold = false;
+        self.claimed = Some(HashSet::new());
         Ok(released)
+    }
+
+    /// Whether this handle may hold leases (it claimed some since it last
+    /// released all).
+    fn may_hold(&self) -> bool {
+        self.claimed.as_ref().is_none_or(|flows| !flows.is_empty())
     }
 
     /// Claims up to `limit` due flows for this handle; returns them with
@@ -435,19 +475,28 @@ impl PgProducer {
     ) -> Result<HashMap<String, i64>, StoreError> {
         let params: [&(dyn postgres::types::ToSql + Sync); 5] =
             [&now_ms, &limit, &skip, &self.owner, &self.lease_ms];
-        let claimed: HashMap<String, i64> = self.conn.in_tx(LEASE, |tx| {
+        // Committed without waiting for the WAL flush: a claim lost with
+        // the server leaves the lease as it was, and this handle's
+        // bookkeeping under the fence it was given is then refused (its
+        // owner or fence differ).
+        let claimed: HashMap<String, i64> = self.conn.in_tx_begun(LEASE, BEGIN_UNSYNCED, |tx| {
             let rows = tx.rows(LEASE, CLAIM_SQL, &params)?;
             Ok::<_, StoreError>(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
         })?;
-        self.may_hold |= !claimed.is_empty();
+        if let Some(tracked) = &mut self.claimed {
+            tracked.extend(claimed.keys().cloned());
+            if tracked.len() > CLAIMED_TRACKED_MAX {
+                self.claimed = None;
+            }
+        }
         Ok(claimed)
     }
 
     /// Inside a bookkeeping transaction: refuses the write when another
     /// relay claimed one of the flows of `event_ids` since this handle's
     /// round, or holds one this handle did not claim. `Fences::Locked`
-    /// also locks their lease rows (a claim skips them until this
-    /// transaction ends).
+    /// also locks their heads (a claim skips them until this transaction
+    /// ends).
     fn check_fences(
         &self,
         tx: &PgTx,
@@ -597,7 +646,7 @@ impl Drop for PgProducer {
     /// Releases the handle's leases, so that other relays take its flows at
     /// once (a failure leaves them to expire).
     fn drop(&mut self) {
-        if self.may_hold {
+        if self.may_hold() {
             if let Err(e) = self.release_leases() {
                 tracing::debug!("the relay leases are left to expire: {e}");
             }
@@ -663,10 +712,9 @@ impl PgProducerTx<'_> {
         let context = "producer: cannot lock the outbox head";
         self.conn.run(
             context,
-            "WITH head AS (INSERT INTO {s}.outbox_head (flow_id, last_seq)
-                           SELECT flow_id, 0 FROM unnest($1::text[]) AS flow_id
-                           ON CONFLICT (flow_id) DO NOTHING RETURNING flow_id)
-             INSERT INTO {s}.relay_lease (flow_id) SELECT flow_id FROM head",
+            "INSERT INTO {s}.outbox_head (flow_id, last_seq)
+             SELECT flow_id, 0 FROM unnest($1::text[]) AS flow_id
+             ON CONFLICT (flow_id) DO NOTHING",
             &[&names],
         )?;
         let heads: HashMap<String, i64> = self
@@ -1283,8 +1331,8 @@ pub(crate) fn outbox_entry(row: &Row) -> Result<OutboxEntry, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::{
-        FENCES_SEEN_SQL, FENCES_SQL, LOCK_HEADS_SQL, MARK_ACCEPTED_SQL, MOVE_HEADS_SQL,
-        PENDING_SQL, REFRESH_HEADS_SQL, ROUND_SQL,
+        CLAIM_SQL, FENCES_SEEN_SQL, FENCES_SQL, LOCK_HEADS_SQL, MARK_ACCEPTED_SQL, MOVE_HEADS_SQL,
+        PENDING_SQL, REFRESH_HEADS_SQL, RELEASE_SQL, ROUND_SQL,
     };
     use crate::plans::{assert_indexed, assert_indexed_by_batch, plans_by_batch, Filled, Side};
 
@@ -1353,6 +1401,34 @@ mod tests {
             );
             assert!(!plan.contains("Bitmap"), "the heads in key order:\n{plan}");
         }
+    }
+
+    /// A claim walks the due heads in the relay's order on their index,
+    /// each lease read on its head (no join, no sort of every due flow),
+    /// and locks the flows it claims by key.
+    #[test]
+    fn a_claim_walks_the_due_heads_in_order() {
+        let mut filled = Filled::new("claim");
+        let schema = filled.p.clone();
+        let types = "bigint, bigint, text[], text, bigint";
+        for limit in ["1", "256"] {
+            let params = format!("0, {limit}, ARRAY[]::text[], 'me', 10000");
+            let plan = filled.plan(&schema, CLAIM_SQL, types, &params);
+            assert_indexed(&plan);
+            assert!(
+                plan.contains("Index Scan using outbox_head_relay on outbox_head h"),
+                "the due heads in order:\n{plan}"
+            );
+            assert!(!plan.contains("Sort"), "no sort:\n{plan}");
+            assert!(!plan.contains("Join"), "no join:\n{plan}");
+        }
+        let plan = filled.plan(
+            &schema,
+            RELEASE_SQL,
+            "text, text[]",
+            "'me', ARRAY['f-000001', 'f-000002']",
+        );
+        assert_indexed(&plan);
     }
 
     /// The oldest events not yet accepted are read by key on an outbox

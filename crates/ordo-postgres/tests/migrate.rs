@@ -1,6 +1,7 @@
-//! A store created by the first schema version is migrated forward when
+//! A store created by an earlier schema version is migrated forward when
 //! opened: relay leases for its flows, apply cursors from 0, the list of
-//! events not yet accepted; its state is kept.
+//! events not yet accepted, the leases moved into the heads; its state is
+//! kept.
 
 mod support;
 
@@ -25,7 +26,9 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
     // Back to version 1, as that version left both schemas.
     let mut c = client(&target);
     c.batch_execute(
-        "DROP TABLE ordo_producer.relay_lease;
+        "ALTER TABLE ordo_producer.outbox_head DROP COLUMN lease_owner,
+             DROP COLUMN lease_fence, DROP COLUMN lease_expires_at_ms,
+             DROP COLUMN lease_backend_pid;
          UPDATE ordo_producer.ordo_meta SET value = '1' WHERE key = 'schema_version';
          DELETE FROM ordo_testkit.inbox_cursor;
          ALTER TABLE ordo_testkit.inbox_cursor DROP CONSTRAINT inbox_cursor_applied_seq_check;
@@ -65,7 +68,6 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
         .get(0);
     assert_eq!(cursors, 3, "a cursor row per flow with events");
     for table in [
-        "ordo_producer.relay_lease",
         "ordo_producer.outbox_head",
         "ordo_producer.outbox",
         "ordo_testkit.inbox_cursor",
@@ -92,6 +94,99 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
     let round = relay_store
         .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
         .unwrap();
-    assert_eq!(round.len(), 3, "every flow has its lease row");
+    assert_eq!(round.len(), 3, "every flow has its lease");
     assert_eq!(relay_store.outbox().unwrap().len(), 3, "the outbox is kept");
+}
+
+/// Version 4 kept the leases in a table of their own: migrated, each
+/// head holds its flow's lease as it was (holder, fence, expiry), so that
+/// another relay passes the held flow by and the holder's bookkeeping
+/// under its fence is still written.
+#[test]
+fn a_version_4_stores_leases_move_into_the_heads() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut holder = producer(&target, "holder", 600_000);
+    let (held, free) = (flow(7), flow(8));
+    let first = append(&mut holder, &held).unwrap();
+    let second = append(&mut holder, &free).unwrap();
+    let round = holder
+        .fair_round(1, &BTreeSet::new(), SystemClock.now_ms())
+        .unwrap();
+    assert_eq!(round, std::slice::from_ref(&first));
+    let fence = holder.held_flows()[&held];
+    let mut c = client(&target);
+    // Back to version 4: the leases in `relay_lease`, one row per head.
+    c.batch_execute(
+        "CREATE TABLE ordo_producer.relay_lease (
+             flow_id       text   COLLATE \"C\" PRIMARY KEY,
+             owner         text,
+             fence         bigint NOT NULL DEFAULT 0,
+             expires_at_ms bigint NOT NULL DEFAULT 0,
+             backend_pid   integer
+         ) WITH (fillfactor = 50);
+         CREATE INDEX relay_lease_owner ON ordo_producer.relay_lease (owner) WHERE owner IS NOT NULL;
+         INSERT INTO ordo_producer.relay_lease (flow_id, owner, fence, expires_at_ms, backend_pid)
+             SELECT flow_id, lease_owner, lease_fence, lease_expires_at_ms, lease_backend_pid
+             FROM ordo_producer.outbox_head;
+         ALTER TABLE ordo_producer.outbox_head DROP COLUMN lease_owner,
+             DROP COLUMN lease_fence, DROP COLUMN lease_expires_at_ms,
+             DROP COLUMN lease_backend_pid;
+         UPDATE ordo_producer.ordo_meta SET value = '4' WHERE key = 'schema_version';",
+    )
+    .unwrap();
+    let before: Vec<(String, Option<String>, i64, i64)> = c
+        .query(
+            "SELECT flow_id, owner, fence, expires_at_ms FROM ordo_producer.relay_lease
+             ORDER BY flow_id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
+        .collect();
+    assert_eq!(before.len(), 2, "a lease row per flow");
+    assert_eq!(
+        (before[0].1.as_deref(), before[0].2),
+        (Some(holder.owner()), fence),
+        "the holder's lease"
+    );
+
+    let mut other = producer(&target, "other", 600_000);
+    let after: Vec<(String, Option<String>, i64, i64)> = c
+        .query(
+            "SELECT flow_id, lease_owner, lease_fence, lease_expires_at_ms
+             FROM ordo_producer.outbox_head ORDER BY flow_id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2), row.get(3)))
+        .collect();
+    assert_eq!(after, before, "every lease kept, in its head");
+    let gone: Option<String> = c
+        .query_one("SELECT to_regclass('ordo_producer.relay_lease')::text", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(gone, None, "the lease table is dropped");
+
+    let round = other
+        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
+        .unwrap();
+    assert_eq!(
+        round,
+        std::slice::from_ref(&second),
+        "the held flow is passed by"
+    );
+    holder
+        .record_receipts(
+            &[(first.event_id.clone(), ordo_core::Receipt::Accepted)],
+            SystemClock.now_ms(),
+        )
+        .expect("the holder's fence still holds");
+    assert_eq!(
+        other.pending(10).unwrap(),
+        [second],
+        "the held flow's event accepted"
+    );
 }

@@ -97,20 +97,20 @@ fn a_stale_fence_refuses_bookkeeping_and_writes_nothing() {
     assert!(third.held_flows()[&f] > holder_fence);
 }
 
-/// A flow's lease row: its owner, fence and expiry, and the transaction
-/// that last wrote it.
+/// A flow's lease, in its head: its owner, fence and expiry (which every
+/// claim and renewal moves on).
 fn lease_row(
     checker: &mut postgres::Client,
     flow_id: &ordo_core::FlowId,
-) -> (Option<String>, i64, i64, String) {
+) -> (Option<String>, i64, i64) {
     let row = checker
         .query_one(
-            "SELECT owner, fence, expires_at_ms, xmin::text FROM ordo_producer.relay_lease
-             WHERE flow_id = $1",
+            "SELECT lease_owner, lease_fence, lease_expires_at_ms
+             FROM ordo_producer.outbox_head WHERE flow_id = $1",
             &[&flow_id.as_str()],
         )
         .unwrap();
-    (row.get(0), row.get(1), row.get(2), row.get(3))
+    (row.get(0), row.get(1), row.get(2))
 }
 
 #[test]
@@ -150,7 +150,7 @@ fn a_relay_keeps_its_flows_across_rounds_caught_up_or_not() {
     assert!(second.fair_round(10, &none, now).unwrap().is_empty());
 
     // The holder's next round serves both under the fences it claimed,
-    // the lease rows not written.
+    // the leases not written.
     let round = first.fair_round(10, &none, now).unwrap();
     let taken: BTreeSet<(&ordo_core::FlowId, i64)> =
         round.iter().map(|e| (&e.flow_id, e.seq.get())).collect();
@@ -253,7 +253,7 @@ fn a_dead_relays_flows_are_taken_over_once_its_session_is_gone() {
     for (flow_id, fence) in fences {
         let now: i64 = checker
             .query_one(
-                "SELECT fence FROM ordo_producer.relay_lease WHERE flow_id = $1",
+                "SELECT lease_fence FROM ordo_producer.outbox_head WHERE flow_id = $1",
                 &[&flow_id.as_str()],
             )
             .unwrap()
