@@ -746,6 +746,64 @@ fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
     );
 }
 
+/// A claim passes by a flow whose head a writer has locked (the head holds
+/// the flow's lease) instead of waiting for the writer, and takes the
+/// flow in a round after the writer commits.
+#[test]
+fn a_claim_passes_by_a_flow_a_writer_is_appending_to() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut relay = producer(&target, "claimer", 600_000);
+    let (busy, free) = (flow(1), flow(2));
+    let first = append(&mut relay, &busy).unwrap();
+    let other = append(&mut relay, &free).unwrap();
+
+    let (appended_tx, appended) = mpsc::channel();
+    let (commit_tx, commit) = mpsc::channel::<()>();
+    let writer = {
+        let (target, busy) = (target.clone(), busy.clone());
+        std::thread::spawn(move || {
+            let mut store = producer(&target, "writer", 600_000);
+            store
+                .write(|ptx| {
+                    ptx.append(
+                        &busy,
+                        "record",
+                        ordo_core::SchemaVersion::V1,
+                        &serde_json::json!({}),
+                    )?;
+                    appended_tx.send(()).unwrap();
+                    commit.recv_timeout(BOUND).expect("told to commit");
+                    Ok::<_, ordo_core::AppendError>(())
+                })
+                .unwrap()
+        })
+    };
+    appended.recv_timeout(BOUND).expect("the writer appended");
+    // The writer commits only once this round has returned: a claim that
+    // waited for its lock would never return.
+    let round = relay
+        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
+        .unwrap();
+    assert_eq!(
+        ids(&round),
+        [other.event_id.as_str()],
+        "the busy flow passed by"
+    );
+    commit_tx.send(()).unwrap();
+    writer.join().unwrap();
+
+    let round = relay
+        .fair_round(10, &BTreeSet::from([free]), SystemClock.now_ms())
+        .unwrap();
+    assert_eq!(
+        ids(&round),
+        [first.event_id.as_str()],
+        "taken once the writer committed"
+    );
+}
+
 /// A relay head left at an event that is already accepted (a head moved
 /// while its flow's writer committed, the writer's event then accepted by
 /// another relay before the head was) is moved by the next round that
