@@ -673,6 +673,46 @@ fn a_batch_holds_about_the_flows_its_events_need() {
     assert!(violations.lock().unwrap().is_empty(), "{violations:?}");
 }
 
+/// A writer that has appended a flow's next event in a transaction it
+/// keeps open (the flow's head locked) until told to commit.
+struct OpenAppend {
+    commit: mpsc::Sender<()>,
+    writer: std::thread::JoinHandle<Envelope>,
+}
+
+impl OpenAppend {
+    /// Returns once the event is appended, its transaction still open.
+    fn start(target: &str, flow_id: &ordo_core::FlowId) -> OpenAppend {
+        let (appended_tx, appended) = mpsc::channel();
+        let (commit, told) = mpsc::channel::<()>();
+        let (target, flow_id) = (target.to_owned(), flow_id.clone());
+        let writer = std::thread::spawn(move || {
+            let mut store = producer(&target, "writer", 600_000);
+            store
+                .write(|ptx| {
+                    let event = ptx.append(
+                        &flow_id,
+                        "record",
+                        ordo_core::SchemaVersion::V1,
+                        &serde_json::json!({}),
+                    )?;
+                    appended_tx.send(()).unwrap();
+                    told.recv_timeout(BOUND).expect("told to commit");
+                    Ok::<_, ordo_core::AppendError>(event)
+                })
+                .unwrap()
+        });
+        appended.recv_timeout(BOUND).expect("the writer appended");
+        OpenAppend { commit, writer }
+    }
+
+    /// Commits the writer's transaction; returns the event it appended.
+    fn commit(self) -> Envelope {
+        self.commit.send(()).unwrap();
+        self.writer.join().unwrap()
+    }
+}
+
 #[test]
 fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
     let _serial = serial();
@@ -688,28 +728,7 @@ fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
 
     // A writer appends the flow's next event and holds its transaction
     // open, the flow's head locked.
-    let (appended_tx, appended) = mpsc::channel();
-    let (commit_tx, commit) = mpsc::channel::<()>();
-    let writer = {
-        let (target, f) = (target.clone(), f.clone());
-        std::thread::spawn(move || {
-            let mut store = producer(&target, "writer", 600_000);
-            store
-                .write(|ptx| {
-                    let event = ptx.append(
-                        &f,
-                        "record",
-                        ordo_core::SchemaVersion::V1,
-                        &serde_json::json!({}),
-                    )?;
-                    appended_tx.send(()).unwrap();
-                    commit.recv_timeout(BOUND).expect("told to commit");
-                    Ok::<_, ordo_core::AppendError>(event)
-                })
-                .unwrap()
-        })
-    };
-    appended.recv_timeout(BOUND).expect("the writer appended");
+    let writer = OpenAppend::start(&target, &f);
     // The relay records the first event's receipt meanwhile: it waits for
     // the writer's lock.
     let bookkeeping = std::thread::spawn(move || {
@@ -733,8 +752,7 @@ fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
             .get::<_, i64>(0)
             == 1
     });
-    commit_tx.send(()).unwrap();
-    let second = writer.join().unwrap();
+    let second = writer.commit();
     let mut relay_store = bookkeeping.join().unwrap();
     let round = relay_store
         .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
@@ -759,28 +777,7 @@ fn a_claim_passes_by_a_flow_a_writer_is_appending_to() {
     let first = append(&mut relay, &busy).unwrap();
     let other = append(&mut relay, &free).unwrap();
 
-    let (appended_tx, appended) = mpsc::channel();
-    let (commit_tx, commit) = mpsc::channel::<()>();
-    let writer = {
-        let (target, busy) = (target.clone(), busy.clone());
-        std::thread::spawn(move || {
-            let mut store = producer(&target, "writer", 600_000);
-            store
-                .write(|ptx| {
-                    ptx.append(
-                        &busy,
-                        "record",
-                        ordo_core::SchemaVersion::V1,
-                        &serde_json::json!({}),
-                    )?;
-                    appended_tx.send(()).unwrap();
-                    commit.recv_timeout(BOUND).expect("told to commit");
-                    Ok::<_, ordo_core::AppendError>(())
-                })
-                .unwrap()
-        })
-    };
-    appended.recv_timeout(BOUND).expect("the writer appended");
+    let writer = OpenAppend::start(&target, &busy);
     // The writer commits only once this round has returned: a claim that
     // waited for its lock would never return.
     let round = relay
@@ -791,8 +788,7 @@ fn a_claim_passes_by_a_flow_a_writer_is_appending_to() {
         [other.event_id.as_str()],
         "the busy flow passed by"
     );
-    commit_tx.send(()).unwrap();
-    writer.join().unwrap();
+    writer.commit();
 
     let round = relay
         .fair_round(10, &BTreeSet::from([free]), SystemClock.now_ms())
