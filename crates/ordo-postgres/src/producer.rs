@@ -162,23 +162,21 @@ const MOVE_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET last_seq = m.last_seq
 /// A writer appending to one of the flows holds its head locked until it
 /// commits; this statement then waits for it and updates the head the
 /// writer left (`h`), while its subqueries still read the statement's
-/// snapshot, without the writer's events. `seen` is the head's `last_seq`
-/// in that snapshot: when `h.last_seq` is past it and the snapshot has
-/// nothing left to relay, the first event to relay is the writer's first,
-/// `seen + 1`. The head needs no lock of its own beforehand (a lock is a
-/// WAL record per flow).
+/// snapshot, without the writer's events. `seen` is the head in that
+/// snapshot, read only when the snapshot has nothing left to relay: when
+/// `h.last_seq` is past its `last_seq`, the first event to relay is the
+/// writer's first, `seen.last_seq + 1`. The head needs no lock of its own
+/// beforehand (a lock is a WAL record per flow).
 const REFRESH_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET
          (relay_seq, relay_due_ms) = (SELECT
-                 coalesce(next.seq, CASE WHEN h.last_seq > seen.last_seq
-                                         THEN seen.last_seq + 1 END),
-                 coalesce(next.due, 0)
-             FROM (SELECT max(seq) AS seq, max(due) AS due FROM (
-                     SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM {s}.outbox o
-                     WHERE o.flow_id = h.flow_id AND NOT o.accepted AND NOT o.quarantined
-                       AND o.seq >= least(h.relay_seq, $3::bigint)
-                     ORDER BY o.seq LIMIT 1) AS first) AS next,
-                  (SELECT coalesce(max(v.last_seq), h.last_seq) AS last_seq
-                     FROM {s}.outbox_head v WHERE v.flow_id = h.flow_id) AS seen),
+                 coalesce(max(seq), (SELECT seen.last_seq + 1 FROM {s}.outbox_head seen
+                                     WHERE seen.flow_id = h.flow_id
+                                       AND seen.last_seq < h.last_seq)),
+                 coalesce(max(due), 0)
+             FROM (SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM {s}.outbox o
+                   WHERE o.flow_id = h.flow_id AND NOT o.accepted AND NOT o.quarantined
+                     AND o.seq >= least(h.relay_seq, $3::bigint)
+                   ORDER BY o.seq LIMIT 1) AS next),
          relay_turn = CASE WHEN $2 THEN (SELECT nextval('{s}.relay_turn')) ELSE h.relay_turn END
      WHERE h.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))";
 
