@@ -159,15 +159,24 @@ const MOVE_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET last_seq = m.last_seq
 /// Sets the relay heads of the flows `$1` to their first event to relay,
 /// and moves them to the back of the relay's order when `$2`.
 ///
+/// `locked` takes the heads first, in key order, the order writers lock
+/// them in: an update alone takes each row in the order the server reads
+/// them (storage order under a sequential scan), and a writer holding one
+/// head while it asks for the next would wait for this statement while it
+/// waits for the writer (a deadlock).
+///
 /// A writer appending to one of the flows holds its head locked until it
-/// commits; this statement then waits for it and updates the head the
-/// writer left (`h`), while its subqueries still read the statement's
-/// snapshot, without the writer's events. `seen` is the head in that
-/// snapshot, read only when the snapshot has nothing left to relay: when
-/// `h.last_seq` is past its `last_seq`, the first event to relay is the
-/// writer's first, `seen.last_seq + 1`. The head needs no lock of its own
-/// beforehand (a lock is a WAL record per flow).
-const REFRESH_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET
+/// commits; `locked` then waits for it and takes the head the writer left
+/// (`h`), while the subqueries still read the statement's snapshot,
+/// without the writer's events. `seen` is the head in that snapshot, read
+/// only when the snapshot has nothing left to relay: when `h.last_seq` is
+/// past its `last_seq`, the first event to relay is the writer's first,
+/// `seen.last_seq + 1`.
+const REFRESH_HEADS_SQL: &str = "WITH locked AS (
+         SELECT flow_id FROM {s}.outbox_head
+         WHERE flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
+         ORDER BY flow_id FOR NO KEY UPDATE)
+     UPDATE {s}.outbox_head h SET
          (relay_seq, relay_due_ms) = (SELECT
                  coalesce(max(seq), (SELECT seen.last_seq + 1 FROM {s}.outbox_head seen
                                      WHERE seen.flow_id = h.flow_id
@@ -178,7 +187,7 @@ const REFRESH_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET
                      AND o.seq >= least(h.relay_seq, $3::bigint)
                    ORDER BY o.seq LIMIT 1) AS next),
          relay_turn = CASE WHEN $2 THEN (SELECT nextval('{s}.relay_turn')) ELSE h.relay_turn END
-     WHERE h.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))";
+     WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM locked))";
 
 /// Up to `$4` events of each of the flows `$3` whose relay head is due at
 /// `$1`: the head and the events after it neither accepted nor
@@ -1386,7 +1395,7 @@ mod tests {
     /// appender locks its heads in key order too, so neither waits for the
     /// other in a cycle.
     #[test]
-    fn a_rounds_heads_are_moved_by_key_in_key_order() {
+    fn a_rounds_heads_are_locked_by_key_in_key_order() {
         let types = "text[], boolean, bigint";
         let plans = plans_by_batch(Side::Producer, REFRESH_HEADS_SQL, types, "", |flows| {
             format!("{flows}, true, NULL")
@@ -1397,7 +1406,14 @@ mod tests {
                 plan.contains("Index Scan using outbox_head_pkey on outbox_head h"),
                 "the heads by key:\n{plan}"
             );
-            assert!(!plan.contains("Bitmap"), "the heads in key order:\n{plan}");
+            // The lock follows the statement's ORDER BY: the index's order,
+            // or a sort.
+            assert!(
+                plan.contains("LockRows")
+                    && (plan.contains("Index Scan using outbox_head_pkey on outbox_head ")
+                        || plan.contains("Sort Key: outbox_head.flow_id")),
+                "the heads locked in key order:\n{plan}"
+            );
         }
     }
 

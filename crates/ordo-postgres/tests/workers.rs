@@ -764,6 +764,96 @@ fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
     );
 }
 
+/// A relay's bookkeeping takes the heads of its flows in key order, as
+/// writers do, whatever order the server reads them in: a writer that
+/// holds one flow's head and then asks for the next never waits for a
+/// relay that holds the next and waits for the first (a deadlock, which the
+/// server breaks by failing one of them). The relay's session is told to
+/// read every table in storage order, where the later flow's head comes
+/// first.
+#[test]
+fn a_relays_bookkeeping_and_a_writer_take_heads_in_one_order() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let storage_order = format!(
+        "{target}?options=-c%20enable_indexscan%3Doff%20-c%20enable_bitmapscan%3Doff%20-c%20enable_indexonlyscan%3Doff"
+    );
+    let mut relay_store = producer(&storage_order, "bookkeeper", 600_000);
+    let (first_key, second_key) = (flow(1), flow(2));
+    // The second flow's head is stored first.
+    let second = append(&mut relay_store, &second_key).unwrap();
+    let first = append(&mut relay_store, &first_key).unwrap();
+    let round = relay_store
+        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
+        .unwrap();
+    assert_eq!(round.len(), 2, "{:?}", ids(&round));
+
+    // A writer appends to the first flow, then (when told) to the second,
+    // in one transaction.
+    let (appended_tx, appended) = mpsc::channel();
+    let (go, told) = mpsc::channel::<()>();
+    let writer = {
+        let (target, first_key, second_key) =
+            (target.clone(), first_key.clone(), second_key.clone());
+        std::thread::spawn(move || {
+            let mut store = producer(&target, "writer", 600_000);
+            store.write(|ptx| {
+                let a = ptx.append(
+                    &first_key,
+                    "record",
+                    ordo_core::SchemaVersion::V1,
+                    &serde_json::json!({}),
+                )?;
+                appended_tx.send(()).unwrap();
+                told.recv_timeout(BOUND).expect("told to go on");
+                let b = ptx.append(
+                    &second_key,
+                    "record",
+                    ordo_core::SchemaVersion::V1,
+                    &serde_json::json!({}),
+                )?;
+                Ok::<_, ordo_core::AppendError>((a, b))
+            })
+        })
+    };
+    appended.recv_timeout(BOUND).expect("the writer appended");
+    // The relay records both receipts meanwhile: it waits for the writer's
+    // lock on the first flow's head.
+    let receipts = [
+        (first.event_id.clone(), Receipt::Accepted),
+        (second.event_id.clone(), Receipt::Accepted),
+    ];
+    let bookkeeping = std::thread::spawn(move || {
+        let recorded = relay_store.record_receipts(&receipts, SystemClock.now_ms());
+        (recorded, relay_store)
+    });
+    let mut checker = client(&target);
+    wait_until("the bookkeeping waits for the writer", BOUND, || {
+        checker
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                 AND application_name = 'ordo-relay-bookkeeper' AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    });
+    go.send(()).unwrap();
+    let (a, b) = writer.join().unwrap().expect("the writer commits");
+    let (recorded, mut relay_store) = bookkeeping.join().unwrap();
+    recorded.expect("the bookkeeping commits");
+    let round = relay_store
+        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
+        .unwrap();
+    let mut relayed = ids(&round);
+    relayed.sort_unstable();
+    let mut written = [a.event_id.as_str(), b.event_id.as_str()];
+    written.sort_unstable();
+    assert_eq!(relayed, written, "the writer's events are the heads");
+}
+
 /// A claim passes by a flow whose head a writer has locked (the head holds
 /// the flow's lease) instead of waiting for the writer, and takes the
 /// flow in a round after the writer commits.
