@@ -11,6 +11,7 @@ use ordo_lab::bench_pg::{PgBenchReport, WorkersRun};
 use ordo_lab::bench_producers::{ProducersReport, ProducersRun};
 use ordo_lab::demo::DemoReport;
 use ordo_lab::experiment::ExperimentReport;
+use ordo_lab::skeleton_pg::SkeletonRun;
 use ordo_lab::soak::{Role, SoakReport};
 use ordo_lab::worker::WorkerReport;
 use serde_json::{json, Value};
@@ -343,7 +344,7 @@ pub fn producers_text(report: &ProducersReport) -> String {
     lines.join("\n")
 }
 
-fn workers_run(run: &WorkersRun) -> Value {
+fn workers_run(report: &PgBenchReport, run: &WorkersRun) -> Value {
     json!({
         "workers": run.workers,
         "events": run.events,
@@ -352,6 +353,7 @@ fn workers_run(run: &WorkersRun) -> Value {
         "f_pg": run.f_pg().round(),
         "f_pg_before_after": [run.f_before_after.0.round(), run.f_before_after.1.round()],
         "ratio_to_f": round3(run.ratio_to_f()),
+        "ratio_to_s": round3(report.ratio_to_s(run)),
         "produce_per_s": run.produce_per_s().round(),
         "relay_per_s": run.relay_per_s().round(),
         "deliveries": run.deliveries,
@@ -368,24 +370,54 @@ pub fn bench_pg(report: &PgBenchReport) -> Value {
         "server": report.server,
         "f_pg": f.round(),
         "f_pg_range": [f_min.round(), f_max.round()],
+        "s_pg": report.s_pg().round(),
+        "s_pg_runs": report.skeletons.iter().map(skeleton_run).collect::<Vec<_>>(),
         "flows": report.flows,
         "batch": report.batch,
         "producers": report.producers,
         "workers": report
             .runs
             .iter()
-            .map(workers_run)
+            .map(|run| workers_run(report, run))
             .collect::<Vec<_>>(),
+    })
+}
+
+fn skeleton_run(run: &SkeletonRun) -> Value {
+    json!({
+        "clients": run.clients,
+        "events": run.events,
+        "seconds": round3(run.seconds),
+        "events_per_s": run.events_per_s().round(),
+        "wal_bytes_per_event": run.wal_bytes_per_event().round(),
     })
 }
 
 pub fn bench_pg_text(report: &PgBenchReport) -> String {
     let (f_min, f, f_max) = f_spread(&report.calibrations);
+    let skeleton_rates: Vec<f64> = report
+        .skeletons
+        .iter()
+        .map(SkeletonRun::events_per_s)
+        .collect();
     let mut lines = vec![
         format!(
             "F_pg = {:.0} commits/s, {:.0} to {:.0} ({}: single-row commits, synchronous_commit on, \
              before the first run and after each; each run's ratio is to the F_pg around it)",
             f, f_min, f_max, report.server
+        ),
+        format!(
+            "S_pg = {:.0} events/s, {:.0} to {:.0}, {:.0} WAL B/ev ({} clients on a database of \
+             their own, each event's protocol rows and nothing else: no leases, fences, checks \
+             or handler; before the first run and after the last; each run's ratio is to S_pg)",
+            report.s_pg(),
+            skeleton_rates.iter().copied().fold(f64::INFINITY, f64::min),
+            skeleton_rates.iter().copied().fold(0.0, f64::max),
+            report
+                .skeletons
+                .last()
+                .map_or(0.0, SkeletonRun::wal_bytes_per_event),
+            report.skeletons.first().map_or(0, |s| s.clients),
         ),
         format!(
             "{} flows ({} events) per run, batch {}, {} producer threads",
@@ -395,13 +427,14 @@ pub fn bench_pg_text(report: &PgBenchReport) -> String {
             report.producers
         ),
         format!(
-            "{:>7} {:>8} {:>8} {:>10} {:>7} {:>7} {:>10} {:>10} {:>10} {:>9}",
+            "{:>7} {:>8} {:>8} {:>10} {:>7} {:>7} {:>7} {:>10} {:>10} {:>10} {:>9}",
             "workers",
             "events",
             "seconds",
             "events/s",
             "F_pg",
             "x F_pg",
+            "x S_pg",
             "produce/s",
             "relay/s",
             "ev/commit",
@@ -410,13 +443,14 @@ pub fn bench_pg_text(report: &PgBenchReport) -> String {
     ];
     lines.extend(report.runs.iter().map(|run| {
         format!(
-            "{:>7} {:>8} {:>8.2} {:>10.0} {:>7.0} {:>7.2} {:>10.0} {:>10.0} {:>10.2} {:>9.0}",
+            "{:>7} {:>8} {:>8.2} {:>10.0} {:>7.0} {:>7.2} {:>7.2} {:>10.0} {:>10.0} {:>10.2} {:>9.0}",
             run.workers,
             run.events,
             run.seconds,
             run.events_per_s(),
             run.f_pg(),
             run.ratio_to_f(),
+            report.ratio_to_s(run),
             run.produce_per_s(),
             run.relay_per_s(),
             run.events as f64 / run.commits.max(1) as f64,

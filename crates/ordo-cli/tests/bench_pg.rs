@@ -9,6 +9,7 @@ mod common;
 mod pgdb;
 
 use common::run;
+use ordo_lab::skeleton_pg;
 use ordo_postgres::postgres::Client;
 use pgdb::{admin_client as admin, serial};
 use serde_json::Value;
@@ -69,6 +70,28 @@ fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
         0.0 < range.0 && range.0 <= f_pg && f_pg <= range.1,
         "the median of the calibrations lies in their range: {v:#}"
     );
+    // S_pg: measured before the first run and after the last, each with
+    // every event of the runs' flows; S_pg is their geometric mean.
+    let s_pg = number(&v, "s_pg");
+    let skeletons = v["s_pg_runs"].as_array().expect("the S_pg measurements");
+    assert_eq!(skeletons.len(), 2, "{v:#}");
+    let rates: Vec<f64> = skeletons
+        .iter()
+        .map(|s| number(s, "events_per_s"))
+        .collect();
+    for skeleton in skeletons {
+        assert_eq!(skeleton["events"], 60, "{skeleton:#}");
+        assert!(skeleton["clients"].as_u64().unwrap() >= 1, "{skeleton:#}");
+        assert!(number(skeleton, "events_per_s") > 0.0, "{skeleton:#}");
+        assert!(
+            number(skeleton, "wal_bytes_per_event") >= 200.0,
+            "{skeleton:#}"
+        );
+    }
+    assert!(
+        ((rates[0] * rates[1]).sqrt() - s_pg).abs() <= 1.0,
+        "S_pg is the geometric mean of its measurements: {v:#}"
+    );
     let mut calibrations = Vec::new();
     let runs = v["workers"]
         .as_array()
@@ -93,6 +116,11 @@ fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
         assert!(
             (run_f - (before * after).sqrt()).abs() <= 1.0,
             "a run's F_pg is the geometric mean of the calibrations around it: {run:#}"
+        );
+        let to_s = number(run, "ratio_to_s");
+        assert!(
+            (to_s - events_per_s / s_pg).abs() <= 0.01 * to_s + 0.002,
+            "the ratio is events per second over S_pg: {v:#}"
         );
         let ratio = number(run, "ratio_to_f");
         assert!(ratio > 0.0, "{run:#}");
@@ -132,6 +160,12 @@ fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
     let out = run(&args[1..]);
     let text = out.text();
     assert!(text.starts_with("F_pg = "), "{text}");
+    assert!(
+        text.lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("S_pg = ")),
+        "{text}"
+    );
     let rows: Vec<&str> = text
         .lines()
         .filter(|line| line.split_whitespace().nth(1) == Some("60"))
@@ -207,4 +241,33 @@ fn an_unreachable_server_is_exit_1_named_without_its_password() {
         common::UNREACHABLE_PG,
     ])
     .unreachable_server();
+}
+
+/// The S_pg measurement's end check fails when a step of one event is
+/// missing: an event applied again pending, a flow left due.
+#[test]
+fn the_skeletons_end_check_finds_a_missing_step() {
+    let _serial = serial();
+    let database = pgdb::Database::create();
+    let url = database.url();
+    let measured = skeleton_pg::measure(&url, 20, 8, &ordo_lab::Silent).expect("measured");
+    assert_eq!(measured.events, 60);
+    skeleton_pg::verify(&url, 60).expect("every event went through every step");
+    let mut client = database.client();
+    client
+        .batch_execute("UPDATE inbox SET status = 'pending' WHERE flow_id = 'flow-0' AND seq = 3")
+        .unwrap();
+    let refused = skeleton_pg::verify(&url, 60).expect_err("an event is not applied");
+    assert!(refused.to_string().contains("59 applied"), "{refused}");
+    client
+        .batch_execute(
+            "UPDATE inbox SET status = 'applied' WHERE flow_id = 'flow-0';
+             UPDATE head SET relay_seq = 3 WHERE flow_id = 'flow-1'",
+        )
+        .unwrap();
+    let refused = skeleton_pg::verify(&url, 60).expect_err("a flow is left due");
+    assert!(
+        refused.to_string().contains("1 flows still due"),
+        "{refused}"
+    );
 }

@@ -1,7 +1,9 @@
-//! The bench on PostgreSQL: the server's own single-row commit rate F_pg,
-//! then, for each worker count N, producer threads, N relays and N appliers
-//! at once on a fresh database, until every event is applied; events per
-//! second end to end as a ratio to F_pg.
+//! The bench on PostgreSQL: the server's own single-row commit rate F_pg
+//! and its rate S_pg for the rows the protocol keeps per event
+//! ([`crate::skeleton_pg`]), then, for each worker count N, producer
+//! threads, N relays and N appliers at once on a fresh database, until
+//! every event is applied; events per second end to end as a ratio to
+//! F_pg and to S_pg.
 //!
 //! Every worker is a thread with its own connections, running the stores'
 //! real code paths: the reservation domain's `advance_batch` on
@@ -20,12 +22,13 @@ use ordo_core::{
 };
 use ordo_postgres::error::pg_error;
 use ordo_postgres::postgres::{Client, Statement};
-use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgUrl};
+use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
 use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 use ordo_reservation::ReservationHandler;
 
 use crate::bench::{produce, CALIBRATION};
-use crate::pg::{Server, BENCH_PREFIX};
+use crate::pg::{connect, Server, WalPosition, BENCH_PREFIX};
+use crate::skeleton_pg::{self, SkeletonRun};
 use crate::{LabError as Failure, Progress, Silent};
 
 /// The worker counts measured unless told otherwise.
@@ -123,6 +126,10 @@ pub struct PgBenchReport {
     /// transactions per second on one connection, `synchronous_commit`
     /// on): before the first run and after each.
     pub calibrations: Vec<f64>,
+    /// S_pg, measured before the first run and after the last: the
+    /// server's rate for the rows the protocol keeps per event and nothing
+    /// else ([`crate::skeleton_pg`]).
+    pub skeletons: Vec<SkeletonRun>,
     /// Flows per run.
     pub flows: u64,
     /// Events per transaction.
@@ -133,13 +140,21 @@ pub struct PgBenchReport {
     pub runs: Vec<WorkersRun>,
 }
 
-/// A connection of the bench's own to `url`, named `application_name`.
-fn connect(url: &str, application_name: &str) -> Result<Client, Failure> {
-    let mut target = PgUrl::parse(url)?;
-    target.config_mut().application_name(application_name);
-    target
-        .connect()
-        .map_err(|e| pg_error("bench: cannot connect", e).into())
+impl PgBenchReport {
+    /// S_pg of the bench: the geometric mean of its measurements.
+    pub fn s_pg(&self) -> f64 {
+        let logs: f64 = self
+            .skeletons
+            .iter()
+            .map(|s| s.events_per_s().max(1e-9).ln())
+            .sum();
+        (logs / self.skeletons.len().max(1) as f64).exp()
+    }
+
+    /// A run's end-to-end events per second over S_pg.
+    pub fn ratio_to_s(&self, run: &WorkersRun) -> f64 {
+        run.events_per_s() / self.s_pg().max(1e-9)
+    }
 }
 
 /// Measures F_pg, as often as asked, on a database of its own: single-row
@@ -199,10 +214,16 @@ pub fn run(options: &PgBenchOptions, progress: &dyn Progress) -> Result<PgBenchR
             "--workers {n}: between 1 and {WORKERS_MAX}"
         )));
     }
+    if options.flows == 0 || options.batch == 0 {
+        return Err(Failure::Usage(
+            "--flows and --batch: at least 1 each".into(),
+        ));
+    }
     let server = Server::connect(&options.url, BENCH_PREFIX)?;
     let calibration_database = server.create()?;
     let mut calibrator = Calibrator::new(&calibration_database.url())?;
     let mut calibrations = vec![calibrator.measure(progress)?];
+    let mut skeletons = vec![skeleton(&server, options, progress)?];
     let mut runs = Vec::new();
     for &workers in &options.workers {
         let database = server.create()?;
@@ -213,14 +234,27 @@ pub fn run(options: &PgBenchOptions, progress: &dyn Progress) -> Result<PgBenchR
         calibrations.push(after);
         runs.push(run);
     }
+    skeletons.push(skeleton(&server, options, progress)?);
     Ok(PgBenchReport {
         server: server.shown().to_owned(),
         calibrations,
+        skeletons,
         flows: options.flows,
         batch: options.batch,
         producers: PRODUCER_THREADS,
         runs,
     })
+}
+
+/// One measurement of S_pg, on a fresh database of its own with the
+/// runs' flows and batch.
+fn skeleton(
+    server: &Server,
+    options: &PgBenchOptions,
+    progress: &dyn Progress,
+) -> Result<SkeletonRun, Failure> {
+    let database = server.create()?;
+    skeleton_pg::measure(&database.url(), options.flows, options.batch, progress)
 }
 
 /// The pauses of a worker while it finds nothing to do.
@@ -580,44 +614,6 @@ fn workers_run(
         f_before_after: (0.0, 0.0),
         wal_bytes,
     })
-}
-
-/// The server's WAL write position, read on a connection of the bench's
-/// own.
-struct WalPosition(Client);
-
-impl WalPosition {
-    const CONTEXT: &'static str = "bench: cannot read the WAL position";
-
-    fn connect(url: &str) -> Result<WalPosition, Failure> {
-        connect(url, "ordo-bench-wal").map(WalPosition)
-    }
-
-    /// The position now, as the server writes it (`pg_lsn` as text).
-    fn read(&mut self) -> Result<String, Failure> {
-        let row = self
-            .0
-            .query_one("SELECT pg_current_wal_lsn()::text", &[])
-            .map_err(|e| pg_error(Self::CONTEXT, e))?;
-        Ok(row.get(0))
-    }
-
-    /// Bytes written since the position `start`.
-    fn bytes_since(&mut self, start: &str) -> Result<u64, Failure> {
-        let row = self
-            .0
-            .query_one(
-                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::bigint",
-                &[&start],
-            )
-            .map_err(|e| pg_error(Self::CONTEXT, e))?;
-        let bytes: i64 = row.get(0);
-        u64::try_from(bytes).map_err(|_| {
-            Failure::Check(format!(
-                "bench: the WAL position went back by {bytes} bytes"
-            ))
-        })
-    }
 }
 
 /// Every event is in the outbox, accepted, and has its one effect.

@@ -16,6 +16,7 @@ pub mod experiment;
 pub mod faults;
 pub mod pg;
 pub mod serve;
+pub mod skeleton_pg;
 pub mod soak;
 pub mod worker;
 pub mod worker_group;

@@ -20,6 +20,8 @@ use std::sync::Mutex;
 use ordo_postgres::postgres::{Client, Config};
 use ordo_postgres::PgUrl;
 
+use ordo_postgres::error::pg_error;
+
 use crate::LabError as Failure;
 
 /// The prefix of every scenario database of `experiment`, then the machine,
@@ -318,6 +320,53 @@ impl Drop for Database<'_> {
         // A database that cannot be dropped now is a leftover the next run
         // drops.
         let _ = self.server.drop_database(&self.name);
+    }
+}
+
+/// A connection of the bench's own to `url`, named `application_name`.
+pub(crate) fn connect(url: &str, application_name: &str) -> Result<Client, Failure> {
+    let mut target = PgUrl::parse(url)?;
+    target.config_mut().application_name(application_name);
+    target
+        .connect()
+        .map_err(|e| pg_error("bench: cannot connect", e).into())
+}
+
+/// The server's WAL write position, read on a connection of the bench's
+/// own.
+pub(crate) struct WalPosition(Client);
+
+impl WalPosition {
+    const CONTEXT: &'static str = "bench: cannot read the WAL position";
+
+    pub(crate) fn connect(url: &str) -> Result<WalPosition, Failure> {
+        connect(url, "ordo-bench-wal").map(WalPosition)
+    }
+
+    /// The position now, as the server writes it (`pg_lsn` as text).
+    pub(crate) fn read(&mut self) -> Result<String, Failure> {
+        let row = self
+            .0
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .map_err(|e| pg_error(Self::CONTEXT, e))?;
+        Ok(row.get(0))
+    }
+
+    /// Bytes written since the position `start`.
+    pub(crate) fn bytes_since(&mut self, start: &str) -> Result<u64, Failure> {
+        let row = self
+            .0
+            .query_one(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::bigint",
+                &[&start],
+            )
+            .map_err(|e| pg_error(Self::CONTEXT, e))?;
+        let bytes: i64 = row.get(0);
+        u64::try_from(bytes).map_err(|_| {
+            Failure::Check(format!(
+                "bench: the WAL position went back by {bytes} bytes"
+            ))
+        })
     }
 }
 
