@@ -250,6 +250,20 @@ fn the_skeletons_end_check_finds_a_missing_step() {
     let _serial = serial();
     let database = pgdb::Database::create();
     let url = database.url();
+    let refused = skeleton_pg::measure(&url, 0, 8, &ordo_lab::Silent).expect_err("no flows");
+    assert!(
+        matches!(refused, ordo_lab::LabError::Usage(_)),
+        "{refused:?}"
+    );
+    let tables: i64 = database
+        .client()
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(tables, 0, "a refused measurement creates nothing");
     let measured = skeleton_pg::measure(&url, 20, 8, &ordo_lab::Silent).expect("measured");
     assert_eq!(measured.events, 60);
     skeleton_pg::verify(&url, 60).expect("every event went through every step");

@@ -198,7 +198,11 @@ pub fn measure(
     batch: u64,
     progress: &dyn Progress,
 ) -> Result<SkeletonRun, Failure> {
-    assert!(flows > 0 && batch > 0, "the options were checked");
+    if flows == 0 || batch == 0 {
+        return Err(Failure::Usage(format!(
+            "S_pg: {flows} flows in batches of {batch}: at least 1 each"
+        )));
+    }
     let events = flows * FLOW_EVENTS;
     progress.start(
         "measuring S_pg (the protocol's rows per event only)",
