@@ -400,6 +400,7 @@ pub fn bench_pg_text(report: &PgBenchReport) -> String {
         .iter()
         .map(SkeletonRun::events_per_s)
         .collect();
+    let (s_min, _, s_max) = f_spread(&skeleton_rates);
     let mut lines = vec![
         format!(
             "F_pg = {:.0} commits/s, {:.0} to {:.0} ({}: single-row commits, synchronous_commit on, \
@@ -411,8 +412,8 @@ pub fn bench_pg_text(report: &PgBenchReport) -> String {
              their own, each event's protocol rows and nothing else: no leases, fences, checks \
              or handler; before the first run and after the last; each run's ratio is to S_pg)",
             report.s_pg(),
-            skeleton_rates.iter().copied().fold(f64::INFINITY, f64::min),
-            skeleton_rates.iter().copied().fold(0.0, f64::max),
+            s_min,
+            s_max,
             report
                 .skeletons
                 .last()

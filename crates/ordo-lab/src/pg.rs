@@ -17,10 +17,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use ordo_postgres::error::pg_error;
 use ordo_postgres::postgres::{Client, Config};
 use ordo_postgres::PgUrl;
-
-use ordo_postgres::error::pg_error;
 
 use crate::LabError as Failure;
 

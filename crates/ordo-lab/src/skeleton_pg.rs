@@ -208,13 +208,7 @@ pub fn measure(
         "measuring S_pg (the protocol's rows per event only)",
         events,
     );
-    let mut setup = connect(url, "ordo-bench-skeleton")?;
-    let seed = i64::try_from(flows).unwrap_or(i64::MAX);
-    setup
-        .batch_execute(DDL)
-        .and_then(|()| setup.execute(SEED_SQL, &[&seed]).map(drop))
-        .and_then(|()| setup.batch_execute("VACUUM ANALYZE"))
-        .map_err(|e| pg_error(CONTEXT, e))?;
+    seed(url, flows)?;
     let mut wal = WalPosition::connect(url)?;
     let clients = shares(flows, SKELETON_CLIENTS as u64);
     let start = Barrier::new(clients.len() + 1);
@@ -256,6 +250,18 @@ pub fn measure(
         seconds,
         wal_bytes,
     })
+}
+
+/// The skeleton's tables on the database of `url`, with the rows of
+/// `flows` flows, vacuumed and analyzed.
+fn seed(url: &str, flows: u64) -> Result<(), Failure> {
+    let mut setup = connect(url, "ordo-bench-skeleton")?;
+    let flows = i64::try_from(flows).unwrap_or(i64::MAX);
+    setup
+        .batch_execute(DDL)
+        .and_then(|()| setup.execute(SEED_SQL, &[&flows]).map(drop))
+        .and_then(|()| setup.batch_execute("VACUUM ANALYZE"))
+        .map_err(|e| pg_error(CONTEXT, e).into())
 }
 
 /// `0..total` in up to `parts` consecutive ranges, none empty.

@@ -673,6 +673,23 @@ fn a_batch_holds_about_the_flows_its_events_need() {
     assert!(violations.lock().unwrap().is_empty(), "{violations:?}");
 }
 
+/// Waits until exactly one session of the test's database (named
+/// `application_name`, when given) waits for a lock.
+fn wait_for_one_lock_wait(target: &str, application_name: Option<&str>, what: &str) {
+    let mut checker = client(target);
+    wait_until(what, BOUND, || {
+        checker
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                 AND ($1::text IS NULL OR application_name = $1) AND wait_event_type = 'Lock'",
+                &[&application_name],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            == 1
+    });
+}
+
 /// A writer that has appended a flow's next event in a transaction it
 /// keeps open (the flow's head locked) until told to commit.
 struct OpenAppend {
@@ -740,18 +757,11 @@ fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
             .unwrap();
         relay_store
     });
-    let mut checker = client(&target);
-    wait_until("the bookkeeping waits for the writer", BOUND, || {
-        checker
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-                 AND application_name = 'ordo-relay-bookkeeper' AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .unwrap()
-            .get::<_, i64>(0)
-            == 1
-    });
+    wait_for_one_lock_wait(
+        &target,
+        Some("ordo-relay-bookkeeper"),
+        "the bookkeeping waits for the writer",
+    );
     let second = writer.commit();
     let mut relay_store = bookkeeping.join().unwrap();
     let round = relay_store
@@ -799,20 +809,18 @@ fn a_relays_bookkeeping_and_a_writer_take_heads_in_one_order() {
         std::thread::spawn(move || {
             let mut store = producer(&target, "writer", 600_000);
             store.write(|ptx| {
-                let a = ptx.append(
-                    &first_key,
-                    "record",
-                    ordo_core::SchemaVersion::V1,
-                    &serde_json::json!({}),
-                )?;
+                let mut append = |flow_id| {
+                    ptx.append(
+                        flow_id,
+                        "record",
+                        ordo_core::SchemaVersion::V1,
+                        &serde_json::json!({}),
+                    )
+                };
+                let a = append(&first_key)?;
                 appended_tx.send(()).unwrap();
                 told.recv_timeout(BOUND).expect("told to go on");
-                let b = ptx.append(
-                    &second_key,
-                    "record",
-                    ordo_core::SchemaVersion::V1,
-                    &serde_json::json!({}),
-                )?;
+                let b = append(&second_key)?;
                 Ok::<_, ordo_core::AppendError>((a, b))
             })
         })
@@ -828,18 +836,11 @@ fn a_relays_bookkeeping_and_a_writer_take_heads_in_one_order() {
         let recorded = relay_store.record_receipts(&receipts, SystemClock.now_ms());
         (recorded, relay_store)
     });
-    let mut checker = client(&target);
-    wait_until("the bookkeeping waits for the writer", BOUND, || {
-        checker
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-                 AND application_name = 'ordo-relay-bookkeeper' AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .unwrap()
-            .get::<_, i64>(0)
-            == 1
-    });
+    wait_for_one_lock_wait(
+        &target,
+        Some("ordo-relay-bookkeeper"),
+        "the bookkeeping waits for the writer",
+    );
     go.send(()).unwrap();
     let (a, b) = writer.join().unwrap().expect("the writer commits");
     let (recorded, mut relay_store) = bookkeeping.join().unwrap();
@@ -1120,18 +1121,8 @@ fn a_received_batch_that_loses_a_race_is_decided_again() {
         let (target, events) = (target.clone(), events.clone());
         std::thread::spawn(move || consumer(&target, "receiver").receive_batch(&events))
     };
+    wait_for_one_lock_wait(&target, None, "the batch waits for the rival's row");
     let mut checker = client(&target);
-    wait_until("the batch waits for the rival's row", BOUND, || {
-        checker
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .unwrap()
-            .get::<_, i64>(0)
-            == 1
-    });
     open.commit().unwrap();
 
     let receipts = receiving.join().unwrap().unwrap();
