@@ -7,7 +7,9 @@
 //! is answered after the checks that need no body (`Content-Length`,
 //! content type, the signing headers): a server at capacity reads no body,
 //! so such a request gets 503 where its body would have failed a later
-//! check, and its retry gets the body's answer.
+//! check, and its retry gets the body's answer. An answer given before the
+//! body was read to its end is followed by a lingering close
+//! ([`crate::linger`]).
 //!
 //! Invariant: nothing is stored unless every item parsed; the receipts are
 //! the store's, one per item in input order, and a store error is never

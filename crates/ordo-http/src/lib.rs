@@ -12,7 +12,8 @@
 //! * [`server`]: the inbox server ([`Server`], [`ServerConfig`]); its
 //!   parts: [`batch`] (the body), `inbox` (`POST /v1/events`), [`stores`]
 //!   (handles on blocking threads), [`listen`] (accept loop, limits,
-//!   shutdown), [`tls`], `reply` (JSON errors).
+//!   shutdown), [`linger`] (the lingering close after an early answer),
+//!   [`tls`], `reply` (JSON errors).
 
 #![warn(missing_docs)]
 
@@ -21,6 +22,7 @@ pub mod batch;
 pub mod client;
 pub mod exposition;
 mod inbox;
+pub mod linger;
 pub mod listen;
 pub mod metrics;
 mod reply;

@@ -1,6 +1,7 @@
 //! The accept loop: bounded connections, HTTP/1.1 (over TLS when given),
 //! a read timeout on every request head, body and TLS handshake, and a
-//! graceful shutdown.
+//! graceful shutdown. An answer given before its request's body was read
+//! to the end is followed by a lingering close ([`crate::linger`]).
 //!
 //! On shutdown the loop stops accepting and asks every open connection to
 //! close once its request in flight is answered (idle ones close at once),
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper::server::conn::http1;
+use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use hyper_util::service::TowerToHyperService;
@@ -23,6 +25,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
+
+use crate::linger;
 
 /// The bounds of a listener.
 #[derive(Debug, Clone, Copy)]
@@ -145,7 +149,8 @@ impl Connection {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let service = TowerToHyperService::new(self.router);
+        let router = TowerToHyperService::new(self.router);
+        let service = service_fn(move |request| linger::answer(&router, request));
         let mut builder = http1::Builder::new();
         builder
             .timer(TokioTimer::new())
