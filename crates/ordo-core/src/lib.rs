@@ -16,6 +16,7 @@
 
 #![warn(missing_docs)]
 
+pub mod apply;
 pub mod backoff;
 pub mod clock;
 pub mod crash;

@@ -3,16 +3,15 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
-use ordo_core::store::{plan_apply, ApplyPlan, NextRow};
+use ordo_core::apply::{self, ApplyWriter, Guard, NextEvent};
 use ordo_core::{
-    apply_in_order, crash, ApplyHandler, BlockCode, Drain, DrainStop, Envelope, ErrorKind, FlowId,
-    InboxStatus, Seq, Step, StoreError, Verdict,
+    crash, ApplyHandler, BlockCode, BlockReason, Drain, ErrorKind, EventId, FlowId, Seq, Step,
+    StoreError,
 };
 
 use super::{inbox_status, PgConsumer};
 use crate::conn::PgTx;
 use crate::error::corrupt;
-use crate::producer::stored_envelope;
 
 const CONTEXT: &str = "consumer: apply failed";
 
@@ -20,16 +19,6 @@ const CONTEXT: &str = "consumer: apply failed";
 /// that a handler that ends the transaction (which it must not) clears it,
 /// and the mark then fails.
 const BEGIN_APPLY: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL ordo.apply_tx = 'on'";
-
-/// How a step keeps a blocked event's handler writes apart from the rest of
-/// its transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Guard {
-    /// Nothing: a block returns `None` for the caller to roll back.
-    None,
-    /// A savepoint around the handler, rolled back on a block.
-    Savepoint,
-}
 
 /// Runs `f` in an apply transaction, committed if it wrote anything.
 fn in_apply_tx<T>(
@@ -70,27 +59,8 @@ where
 {
     let step = in_apply_tx(db, |tx, now_ms| {
         let applied_seq = lock_cursor(tx, flow_id)?;
-        let (step, wrote) = match Seq::after(applied_seq) {
-            None => (Step::Idle, false),
-            Some(next) => {
-                let found = next_row(tx, flow_id, next)?;
-                step_in_tx(
-                    tx,
-                    flow_id,
-                    next,
-                    found,
-                    handler,
-                    now_ms,
-                    Guard::Savepoint,
-                    None,
-                )?
-                .expect("a guarded step always ends")
-            }
-        };
-        if let Step::Applied { seq } = step {
-            write_cursor(tx, flow_id, seq.get())?;
-        }
-        Ok(Some((step, wrote)))
+        let mut writer = Writer::new(tx, now_ms, None);
+        apply::apply_next(&mut writer, flow_id, applied_seq, handler).map(Some)
     })?
     .expect("a guarded step always ends");
     if matches!(step, Step::Applied { .. }) {
@@ -100,12 +70,17 @@ where
 }
 
 /// Drains the given flows in ONE transaction (see
-/// [`ConsumerStore::apply_batch_with`](ordo_core::ConsumerStore::apply_batch_with)).
-/// The batch first runs without a savepoint per event, handing the events
-/// it is about to apply to the handler in one call
-/// ([`ApplyHandler::apply_all`]); when one blocks, the transaction is
+/// [`ConsumerStore::apply_batch_with`](ordo_core::ConsumerStore::apply_batch_with)
+/// and [`apply::run_batch`]). The batch first runs without a savepoint per
+/// event, handing the events it is about to apply to the handler in one
+/// call ([`ApplyHandler::apply_all`]); when one blocks, the transaction is
 /// rolled back and the batch runs again, event by event, with a savepoint
 /// around each.
+///
+/// Each flow, when its turn comes, is locked and its next rows read in one
+/// statement (passing it by when another applier holds it), many flows
+/// ahead of their turn at once ([`ReadAhead`]). The marks and cursors of
+/// the whole batch are written at its end.
 pub(super) fn apply_batch<H>(
     db: &mut PgConsumer,
     flows: &[(FlowId, Option<u64>)],
@@ -117,10 +92,12 @@ where
 {
     for guard in [Guard::None, Guard::Savepoint] {
         let run = in_apply_tx(db, |tx, now_ms| {
-            batch_in_tx(tx, flows, events_max, handler, now_ms, guard)
+            let mut writer = Writer::new(tx, now_ms, Some(Batch::default()));
+            let run = apply::run_batch(&mut writer, flows, events_max, handler, guard)?;
+            Ok(run.map(|run| ((run.drains, run.applied), run.wrote)))
         })?;
-        if let Some((drains, total)) = run {
-            if total > 0 {
+        if let Some((drains, applied)) = run {
+            if applied > 0 {
                 crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
             }
             return Ok(drains);
@@ -129,34 +106,163 @@ where
     unreachable!("a guarded batch runs to its end")
 }
 
-/// What a batch keeps until its end: its marks and, while it runs without
-/// savepoints, the events it has yet to hand to the handler.
+/// One open apply transaction, as the engine writes through it: alone, or
+/// with a batch's read-ahead and the marks it writes at its end.
+struct Writer<'a> {
+    tx: &'a PgTx,
+    now_ms: i64,
+    batch: Option<Batch>,
+}
+
+impl<'a> Writer<'a> {
+    fn new(tx: &'a PgTx, now_ms: i64, batch: Option<Batch>) -> Writer<'a> {
+        Writer { tx, now_ms, batch }
+    }
+}
+
+impl ApplyWriter for Writer<'_> {
+    type Tx = PgTx;
+
+    fn handler_tx(&self) -> &PgTx {
+        self.tx
+    }
+
+    fn open_flow(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        left: u64,
+    ) -> Result<Option<i64>, StoreError> {
+        let batch = self.batch.as_mut().expect("only a batch opens flows");
+        batch.open(self.tx, flows, left)
+    }
+
+    fn next_event(
+        &mut self,
+        flow_id: &FlowId,
+        applied_seq: i64,
+        want: u64,
+    ) -> Result<NextEvent, StoreError> {
+        let next = Seq::after(applied_seq).expect("the engine asks only below the last seq");
+        let Some(batch) = self.batch.as_mut() else {
+            return next_row(self.tx, flow_id, next);
+        };
+        let read = batch
+            .current
+            .as_mut()
+            .expect("a batch reads the flow it opened");
+        match read.next(self.tx, flow_id, applied_seq, want)? {
+            Some(row) => row.found(next),
+            None => Ok(NextEvent::missing(false)),
+        }
+    }
+
+    fn savepoint(&mut self) -> Result<(), StoreError> {
+        self.tx.control(CONTEXT, "SAVEPOINT ordo_apply_event")
+    }
+
+    fn release_savepoint(&mut self) -> Result<(), StoreError> {
+        self.tx
+            .control(CONTEXT, "RELEASE SAVEPOINT ordo_apply_event")
+    }
+
+    fn rollback_savepoint(&mut self) -> Result<(), StoreError> {
+        self.tx.control(
+            CONTEXT,
+            "ROLLBACK TO SAVEPOINT ordo_apply_event; RELEASE SAVEPOINT ordo_apply_event",
+        )
+    }
+
+    fn after_handler(&self, _flow_id: &FlowId, _seq: Seq) -> Result<(), StoreError> {
+        // Every mark checks `ordo.apply_tx` itself.
+        Ok(())
+    }
+
+    fn check_open(&self, flow_id: &FlowId, seq: Seq) -> Result<(), StoreError> {
+        check_still_open(self.tx, flow_id, seq)
+    }
+
+    fn mark_applied(
+        &mut self,
+        flow_id: &FlowId,
+        seq: Seq,
+        event_id: &EventId,
+    ) -> Result<(), StoreError> {
+        match self.batch.as_mut() {
+            Some(batch) => {
+                batch.marks.applied(flow_id, seq, event_id);
+                Ok(())
+            }
+            None => mark_applied(self.tx, flow_id, seq, event_id, self.now_ms),
+        }
+    }
+
+    fn mark_blocked(
+        &mut self,
+        flow_id: &FlowId,
+        seq: Seq,
+        reason: &BlockReason,
+    ) -> Result<(), StoreError> {
+        mark_blocked(self.tx, flow_id, seq, reason)
+    }
+
+    fn close_flow(&mut self, flow_id: &FlowId, applied_seq: i64) -> Result<(), StoreError> {
+        match self.batch.as_mut() {
+            Some(batch) => {
+                let before = batch
+                    .marks
+                    .cursors
+                    .insert(flow_id.as_str().to_owned(), applied_seq);
+                assert!(
+                    before.is_none_or(|seq| seq < applied_seq),
+                    "a cursor moves forward"
+                );
+                Ok(())
+            }
+            None => write_cursor(self.tx, flow_id, applied_seq),
+        }
+    }
+
+    fn finish(&mut self) -> Result<(), StoreError> {
+        match &self.batch {
+            Some(batch) => batch.marks.write(self.tx, self.now_ms),
+            None => Ok(()),
+        }
+    }
+}
+
+/// What a batch keeps while it runs: the flows read ahead, the flow in
+/// progress, and what it writes at its end.
 #[derive(Default)]
 struct Batch {
     marks: Marks,
-    /// Events to apply, in the batch's order, for one
-    /// [`ApplyHandler::apply_all`] call.
-    deferred: Vec<Envelope>,
+    ahead: ReadAhead,
+    current: Option<Read>,
 }
 
 impl Batch {
-    /// Hands the deferred events to the handler in one call; false when
-    /// one of them blocked (the caller rolls the transaction back).
-    fn flush<H>(&mut self, tx: &PgTx, handler: &mut H) -> Result<bool, StoreError>
-    where
-        H: ApplyHandler<PgTx> + ?Sized,
-    {
-        let events = std::mem::take(&mut self.deferred);
-        let Some(first) = events.first() else {
-            return Ok(true);
+    /// Takes `flows[0]`: goes on from where this batch left it, or locks
+    /// and reads it (as read ahead where it was); `None` when another
+    /// applier holds it.
+    fn open(
+        &mut self,
+        tx: &PgTx,
+        flows: &[(FlowId, Option<u64>)],
+        left: u64,
+    ) -> Result<Option<i64>, StoreError> {
+        let (flow_id, limit) = &flows[0];
+        let most = limit.map_or(left, |limit| limit.min(left));
+        // A flow met before in this batch goes on from where it stopped.
+        let moved = self.marks.cursors.get(flow_id.as_str()).copied();
+        let read = match moved {
+            Some(_) => lock_and_read(tx, flow_id, moved, most.saturating_add(1))?.map(Read::all),
+            None => self.ahead.read(tx, flows, &self.marks, left)?,
         };
-        match apply_in_order(handler, tx, &events, |_| Ok(()))? {
-            Verdict::Apply => Ok(true),
-            Verdict::Block(_) => {
-                check_still_open(tx, &first.flow_id, first.seq)?;
-                Ok(false)
-            }
-        }
+        let Some(read) = read else {
+            return Ok(None);
+        };
+        let applied_seq = moved.unwrap_or(read.locked_at);
+        self.current = Some(read);
+        Ok(Some(applied_seq))
     }
 }
 
@@ -209,128 +315,20 @@ impl Marks {
         if !self.cursors.is_empty() {
             let (flows, seqs): (Vec<&str>, Vec<i64>) =
                 self.cursors.iter().map(|(f, s)| (f.as_str(), *s)).unzip();
-            tx.run(
+            let moved = tx.run(
                 "consumer: cannot move the apply cursor",
-                "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq)
+                "INSERT INTO {s}.inbox_cursor AS c (flow_id, applied_seq)
                  SELECT * FROM unnest($1::text[], $2::bigint[])
-                 ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
+                 ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq
+                 WHERE excluded.applied_seq > c.applied_seq",
                 &[&flows, &seqs],
             )?;
+            if moved != flows.len() as u64 {
+                return Err(cursor_not_forward(flows[0], seqs[0]));
+            }
         }
         Ok(())
     }
-}
-
-/// One run of a batch: the drains, how many events applied, and whether
-/// anything was written; `None` when an event blocked under [`Guard::None`].
-///
-/// Each flow, when its turn comes, is locked and its next rows read in one
-/// statement (passing it by when another applier holds it). Under
-/// [`Guard::None`] the handler gets every event to apply in one call at the
-/// batch's end (a row blocked before is evaluated alone, after the events
-/// before it); under [`Guard::Savepoint`] it runs event by event. The marks
-/// and cursors of the whole batch are written at its end.
-#[allow(clippy::type_complexity)]
-fn batch_in_tx<H>(
-    tx: &PgTx,
-    flows: &[(FlowId, Option<u64>)],
-    events_max: u64,
-    handler: &mut H,
-    now_ms: i64,
-    guard: Guard,
-) -> Result<Option<((Vec<Drain>, u64), bool)>, StoreError>
-where
-    H: ApplyHandler<PgTx> + ?Sized,
-{
-    let mut drains = Vec::new();
-    let mut total = 0u64;
-    let mut wrote_any = false;
-    let mut batch = Batch::default();
-    let mut ahead = ReadAhead::default();
-    for (index, (flow_id, limit)) in flows.iter().enumerate() {
-        let left = events_max.saturating_sub(total);
-        let most = limit.map_or(left, |limit| limit.min(left));
-        // A flow met before in this batch goes on from where it stopped.
-        let moved = batch.marks.cursors.get(flow_id.as_str()).copied();
-        let read = match moved {
-            Some(_) => lock_and_read(tx, flow_id, moved, most.saturating_add(1))?.map(Read::all),
-            None => ahead.read(tx, &flows[index..], &batch.marks, left)?,
-        };
-        let Some(mut read) = read else {
-            // Another applier holds the flow and drains it.
-            drains.push(Drain {
-                flow_id: flow_id.clone(),
-                applied: 0,
-                stop: DrainStop::Idle,
-            });
-            continue;
-        };
-        let mut applied_seq = moved.unwrap_or(read.locked_at);
-        let mut applied = 0u64;
-        let stop = loop {
-            if total >= events_max || limit.is_some_and(|limit| applied >= limit) {
-                break DrainStop::Limit;
-            }
-            let Some(next) = Seq::after(applied_seq) else {
-                break DrainStop::Idle;
-            };
-            // Every row before this one was applied, in seq order.
-            let want = most.saturating_sub(applied) + 1;
-            let found = match read.next(tx, flow_id, applied_seq, want)? {
-                Some(row) => row.found(next)?,
-                None => (
-                    NextRow::Missing {
-                        later_stored: false,
-                    },
-                    None,
-                ),
-            };
-            let Some((step, wrote)) = step_in_tx(
-                tx,
-                flow_id,
-                next,
-                found,
-                handler,
-                now_ms,
-                guard,
-                Some(&mut batch),
-            )?
-            else {
-                return Ok(None);
-            };
-            wrote_any |= wrote;
-            match step {
-                Step::Applied { seq } => {
-                    applied_seq = seq.get();
-                    applied += 1;
-                    total += 1;
-                }
-                Step::Gap { .. } => break DrainStop::Gap,
-                Step::Blocked { reason, .. } => break DrainStop::Blocked(reason),
-                Step::Idle => break DrainStop::Idle,
-            }
-        };
-        if applied > 0 {
-            batch
-                .marks
-                .cursors
-                .insert(flow_id.as_str().to_owned(), applied_seq);
-        }
-        let limit_hit = stop == DrainStop::Limit;
-        drains.push(Drain {
-            flow_id: flow_id.clone(),
-            applied,
-            stop,
-        });
-        if total >= events_max && limit_hit {
-            break;
-        }
-    }
-    if !batch.flush(tx, handler)? {
-        return Ok(None);
-    }
-    batch.marks.write(tx, now_ms)?;
-    Ok(Some(((drains, total), wrote_any)))
 }
 
 /// The most flows one statement locks and reads ahead of their turn.
@@ -558,19 +556,9 @@ impl Ahead {
 
     /// What is stored at `next`, given that this is the first row at or
     /// after it.
-    fn found(&self, next: Seq) -> Result<(NextRow, Option<String>), StoreError> {
-        Ok(if self.seq == next.get() {
-            (
-                NextRow::Stored(inbox_status(
-                    &self.status,
-                    self.reason.as_deref(),
-                    self.detail.clone(),
-                )?),
-                Some(self.body.clone()),
-            )
-        } else {
-            (NextRow::Missing { later_stored: true }, None)
-        })
+    fn found(self, next: Seq) -> Result<NextEvent, StoreError> {
+        let status = inbox_status(&self.status, self.reason.as_deref(), self.detail)?;
+        Ok(NextEvent::at(next, Some((self.seq, self.body, status))))
     }
 }
 
@@ -611,6 +599,16 @@ fn lock_and_read(
     Ok(Some((locked_at, ahead)))
 }
 
+/// A cursor that would stay or move back: refused as a damaged inbox.
+pub(super) fn cursor_not_forward(flow: &str, applied_seq: i64) -> StoreError {
+    corrupt(
+        "consumer: inbox_cursor",
+        format!(
+            "a cursor (of flow {flow} or another of its batch) is already at or past {applied_seq}"
+        ),
+    )
+}
+
 /// The flow's apply cursor (the last applied or skipped seq, 0 if none),
 /// its row locked until the transaction ends (waiting for another applier
 /// that holds it), so that one applier at a time applies the flow; a flow
@@ -642,21 +640,22 @@ pub(super) fn write_cursor(
     flow_id: &FlowId,
     applied_seq: i64,
 ) -> Result<(), StoreError> {
-    tx.run(
+    assert!(applied_seq > 0, "a cursor moves to a stored seq");
+    let moved = tx.run(
         "consumer: cannot move the apply cursor",
-        "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq) VALUES ($1, $2)
-         ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
+        "INSERT INTO {s}.inbox_cursor AS c (flow_id, applied_seq) VALUES ($1, $2)
+         ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq
+         WHERE excluded.applied_seq > c.applied_seq",
         &[&flow_id.as_str(), &applied_seq],
     )?;
+    if moved != 1 {
+        return Err(cursor_not_forward(flow_id.as_str(), applied_seq));
+    }
     Ok(())
 }
 
 /// What is stored at the flow's next seq, with its body.
-fn next_row(
-    tx: &PgTx,
-    flow_id: &FlowId,
-    next: Seq,
-) -> Result<(NextRow, Option<String>), StoreError> {
+fn next_row(tx: &PgTx, flow_id: &FlowId, next: Seq) -> Result<NextEvent, StoreError> {
     // The flow's first stored row at or after `next`: the next event
     // itself, or one past a gap, or none.
     let row = tx.row(
@@ -665,115 +664,45 @@ fn next_row(
          ORDER BY seq LIMIT 1",
         &[&flow_id.as_str(), &next.get()],
     )?;
-    Ok(match row {
-        Some(row) if row.get::<_, i64>(0) == next.get() => (
-            NextRow::Stored(inbox_status(row.get(2), row.get(3), row.get(4))?),
-            Some(row.get(1)),
-        ),
-        Some(_) => (NextRow::Missing { later_stored: true }, None),
-        None => (
-            NextRow::Missing {
-                later_stored: false,
-            },
-            None,
-        ),
-    })
+    let first = match row {
+        Some(row) => Some((
+            row.get(0),
+            row.get(1),
+            inbox_status(row.get(2), row.get(3), row.get(4))?,
+        )),
+        None => None,
+    };
+    Ok(NextEvent::at(next, first))
 }
 
-/// One apply step of `flow_id` at its next seq `next`, where `found` is
-/// what is stored there: the step and whether it wrote anything; `None`
-/// when the event blocked under [`Guard::None`] (the caller rolls back). An
-/// applied event is marked now, or added to `batch`'s marks when given (the caller
-/// writes them).
-#[allow(clippy::too_many_arguments)]
-fn step_in_tx<H>(
+/// Marks the event blocked with `reason`, only while it is pending or
+/// blocked and inside the apply transaction.
+fn mark_blocked(
     tx: &PgTx,
     flow_id: &FlowId,
-    next: Seq,
-    found: (NextRow, Option<String>),
-    handler: &mut H,
-    now_ms: i64,
-    guard: Guard,
-    mut batch: Option<&mut Batch>,
-) -> Result<Option<(Step, bool)>, StoreError>
-where
-    H: ApplyHandler<PgTx> + ?Sized,
-{
-    let (next_row, body) = found;
-    let applied_seq = next.get() - 1;
-    if matches!(
-        next_row,
-        NextRow::Stored(InboxStatus::Applied | InboxStatus::Skipped)
-    ) {
-        return Err(corrupt(
-            "consumer: inbox",
-            format!("flow {flow_id} seq {next} is settled but the cursor is at {applied_seq}"),
-        ));
+    seq: Seq,
+    reason: &BlockReason,
+) -> Result<(), StoreError> {
+    let marked = tx.run(
+        CONTEXT,
+        "UPDATE {s}.inbox SET status = 'blocked', reason = $3, detail = $4
+         WHERE flow_id = $1 AND seq = $2 AND status IN ('pending', 'blocked')
+           AND current_setting('ordo.apply_tx', true) = 'on'",
+        &[
+            &flow_id.as_str(),
+            &seq.get(),
+            &reason.code.as_str(),
+            &reason.detail,
+        ],
+    )?;
+    if marked == 1 {
+        return Ok(());
     }
-    let body = match plan_apply(next_row.clone(), handler.reevaluate()) {
-        ApplyPlan::Report(kind) => return Ok(Some((kind.into_step(next), false))),
-        ApplyPlan::Evaluate => body.expect("an evaluated row is stored"),
-    };
-    let event = stored_envelope("consumer: stored inbox body", &body)?;
-    // A row blocked before is evaluated again and likely to block again: it
-    // always gets its savepoint.
-    let guarded =
-        guard == Guard::Savepoint || matches!(next_row, NextRow::Stored(InboxStatus::Blocked(_)));
-    if let Some(batch) = batch.as_deref_mut() {
-        if !guarded {
-            // Applied with the rest of the batch, or not at all.
-            batch.marks.applied(flow_id, next, &event.event_id);
-            batch.deferred.push(event);
-            return Ok(Some((Step::Applied { seq: next }, true)));
-        }
-        // The handler sees the events in the batch's order.
-        if !batch.flush(tx, handler)? {
-            return Ok(None);
-        }
-    }
-    if guarded {
-        tx.control(CONTEXT, "SAVEPOINT ordo_apply_event")?;
-    }
-    let verdict = handler.apply(tx, &event)?;
-    match verdict {
-        Verdict::Apply => {
-            if guarded {
-                tx.control(CONTEXT, "RELEASE SAVEPOINT ordo_apply_event")?;
-            }
-            match batch {
-                Some(batch) => batch.marks.applied(flow_id, next, &event.event_id),
-                None => mark_applied(tx, flow_id, next, &event.event_id, now_ms)?,
-            }
-            Ok(Some((Step::Applied { seq: next }, true)))
-        }
-        Verdict::Block(_) if !guarded => {
-            check_still_open(tx, flow_id, next)?;
-            Ok(None)
-        }
-        Verdict::Block(reason) => {
-            tx.control(
-                CONTEXT,
-                "ROLLBACK TO SAVEPOINT ordo_apply_event; RELEASE SAVEPOINT ordo_apply_event",
-            )?;
-            let reason = reason.normalized();
-            if next_row == NextRow::Stored(InboxStatus::Blocked(reason.clone())) {
-                // Evaluated again and blocked for the same reason.
-                return Ok(Some((Step::Blocked { seq: next, reason }, false)));
-            }
-            tx.run(
-                CONTEXT,
-                "UPDATE {s}.inbox SET status = 'blocked', reason = $3, detail = $4
-                 WHERE flow_id = $1 AND seq = $2",
-                &[
-                    &flow_id.as_str(),
-                    &next.get(),
-                    &reason.code.as_str(),
-                    &reason.detail,
-                ],
-            )?;
-            Ok(Some((Step::Blocked { seq: next, reason }, true)))
-        }
-    }
+    check_still_open(tx, flow_id, seq)?;
+    Err(corrupt(
+        "consumer: inbox",
+        format!("flow {flow_id} seq {seq} is no longer pending or blocked while it is applied"),
+    ))
 }
 
 /// Marks the event applied, by its primary key and only inside the apply

@@ -21,13 +21,12 @@ use ordo_core::ops::{
     ConsumerFlow, ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest,
 };
 use ordo_core::{
-    ApplyHandler, BlockCode, BlockReason, Clock, ConsumerStore, Drain, Envelope, EventId, FlowId,
-    InboxRecord, InboxStatus, Receipt, Seq, Step, StoreError, SystemClock,
+    ApplyHandler, BlockCode, Clock, ConsumerStore, Drain, Envelope, EventId, FlowId, InboxRecord,
+    Receipt, Seq, Step, StoreError, SystemClock,
 };
 
 use crate::conn::{open, PgOptions, PgTx, Role, Tables, Want};
 use crate::domain::Schema;
-use crate::error::corrupt;
 use crate::producer::{read_snapshot, stored_envelope};
 
 /// ordo's consumer tables, version by version.
@@ -204,27 +203,7 @@ impl PgConsumer {
     }
 }
 
-/// Decodes a stored status, its block code and detail; anything else is
-/// damage.
-pub(crate) fn inbox_status(
-    status: &str,
-    reason: Option<&str>,
-    detail: Option<String>,
-) -> Result<InboxStatus, StoreError> {
-    let context = "consumer: stored inbox status";
-    match (status, reason) {
-        ("pending", None) => Ok(InboxStatus::Pending),
-        ("applied", None) => Ok(InboxStatus::Applied),
-        ("skipped", None) => Ok(InboxStatus::Skipped),
-        ("blocked", Some(code)) => BlockCode::new(code)
-            .map(|code| InboxStatus::Blocked(BlockReason { code, detail }))
-            .map_err(|e| corrupt(context, e)),
-        _ => Err(corrupt(
-            context,
-            format!("{status:?} with reason {reason:?}"),
-        )),
-    }
-}
+pub(crate) use ordo_core::apply::stored_status as inbox_status;
 
 /// Every inbox row, ordered by flow id then seq, read through `conn` (for
 /// reads inside [`PgConsumer::read`] beside the application's own tables).

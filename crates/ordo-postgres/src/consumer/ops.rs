@@ -119,18 +119,19 @@ fn skip_in_tx(
         return Ok(Err(refused));
     }
     let event_id = event_id.expect("decide_skip checked that the row is stored");
-    tx.run(
+    let marked = tx.run(
         SKIP,
         "UPDATE {s}.inbox SET status = 'skipped', reason = NULL, detail = NULL, settled_at_ms = $3
-         WHERE flow_id = $1 AND seq = $2",
+         WHERE flow_id = $1 AND seq = $2 AND status IN ('pending', 'blocked')",
         &[&flow, &seq, &now_ms],
     )?;
-    tx.run(
-        SKIP,
-        "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq) VALUES ($1, $2)
-         ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
-        &[&flow, &seq],
-    )?;
+    if marked != 1 {
+        return Err(corrupt(
+            "consumer: inbox",
+            format!("flow {flow} seq {seq} is past its cursor but settled"),
+        ));
+    }
+    super::apply::write_cursor(tx, &request.flow_id, seq)?;
     let id: i64 = tx
         .row(
             SKIP,

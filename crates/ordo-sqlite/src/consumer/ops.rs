@@ -8,7 +8,7 @@ use ordo_core::ops::{
 use ordo_core::{EventId, FlowId, Seq, StoreError};
 use rusqlite::{params, OptionalExtension};
 
-use super::schema::{begin_write, inbox_status};
+use super::schema::{begin_write, inbox_status, write_cursor};
 use super::ConsumerDb;
 use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error};
 use crate::producer::stored_envelope;
@@ -106,18 +106,23 @@ pub(super) fn skip(
         return Ok(Err(refused));
     }
     let event_id = event_id.expect("decide_skip checked that the row is stored");
-    exec_cached(&tx,
-            "UPDATE inbox SET status = 'skipped', reason = NULL, detail = NULL, settled_at_ms = ?3 WHERE flow_id = ?1 AND seq = ?2",
-            params![flow, request.seq.get(), now_ms],
-        )
-        .map_err(err)?;
-    exec_cached(
+    let marked = exec_cached(
         &tx,
-        "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
-             ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
-        params![flow, request.seq.get()],
+        "UPDATE inbox SET status = 'skipped', reason = NULL, detail = NULL, settled_at_ms = ?3
+         WHERE flow_id = ?1 AND seq = ?2 AND (status = 'pending' OR status = 'blocked')",
+        params![flow, request.seq.get(), now_ms],
     )
     .map_err(err)?;
+    if marked != 1 {
+        return Err(corrupt(
+            "consumer: inbox",
+            format!(
+                "flow {flow} seq {} is past its cursor but settled",
+                request.seq
+            ),
+        ));
+    }
+    write_cursor(&tx, &request.flow_id, request.seq.get())?;
     let id = row_cached(
         &tx,
         "INSERT INTO repair_log (action, flow_id, seq, event_id, reason, decided_by, at_ms)

@@ -1,6 +1,6 @@
 //! The consumer's own tables and how their rows are read back.
 
-use ordo_core::{BlockCode, BlockReason, FlowId, InboxRecord, InboxStatus, StoreError};
+use ordo_core::{FlowId, InboxRecord, StoreError};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error, Tables};
@@ -65,27 +65,7 @@ pub(super) const TABLES: Tables = Tables {
     upgrade_from_1: "ALTER TABLE inbox ADD COLUMN detail TEXT;",
 };
 
-/// Decodes a stored status, its block code and detail; anything else is a
-/// damaged file.
-pub(super) fn inbox_status(
-    status: &str,
-    reason: Option<&str>,
-    detail: Option<String>,
-) -> Result<InboxStatus, StoreError> {
-    let context = "consumer: stored inbox status";
-    match (status, reason) {
-        ("pending", None) => Ok(InboxStatus::Pending),
-        ("applied", None) => Ok(InboxStatus::Applied),
-        ("skipped", None) => Ok(InboxStatus::Skipped),
-        ("blocked", Some(code)) => BlockCode::new(code)
-            .map(|code| InboxStatus::Blocked(BlockReason { code, detail }))
-            .map_err(|e| corrupt(context, e)),
-        _ => Err(corrupt(
-            context,
-            format!("{status:?} with reason {reason:?}"),
-        )),
-    }
-}
+pub(super) use ordo_core::apply::stored_status as inbox_status;
 
 pub(super) fn begin_write(conn: &mut Connection) -> Result<rusqlite::Transaction<'_>, StoreError> {
     conn.transaction_with_behavior(TransactionBehavior::Immediate)
@@ -105,18 +85,29 @@ pub(super) fn read_cursor(tx: &Connection, flow_id: &FlowId) -> Result<i64, Stor
     .unwrap_or(0))
 }
 
+/// Moves the flow's apply cursor forward to `applied_seq`: a cursor never
+/// moves back nor stays, so a move that would is refused as a corrupt store
+/// and nothing is written.
 pub(super) fn write_cursor(
     tx: &Connection,
     flow_id: &FlowId,
     applied_seq: i64,
 ) -> Result<(), StoreError> {
-    exec_cached(
+    assert!(applied_seq > 0, "a cursor moves to a stored seq");
+    let moved = exec_cached(
         tx,
         "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
-         ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq",
+         ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq
+         WHERE excluded.applied_seq > inbox_cursor.applied_seq",
         params![flow_id.as_str(), applied_seq],
     )
     .map_err(|e| sql_error("consumer: cannot move the apply cursor", e))?;
+    if moved != 1 {
+        return Err(corrupt(
+            "consumer: inbox_cursor",
+            format!("the cursor of flow {flow_id} is already at or past {applied_seq}"),
+        ));
+    }
     Ok(())
 }
 

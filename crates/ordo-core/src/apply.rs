@@ -1,0 +1,536 @@
+//! The apply engine: one flow's next event through the application's
+//! handler, alone or in batches across flows, strictly in order per flow.
+//!
+//! The engine decides; a backend stores. Everything the protocol says about
+//! a step (what a gap, an idle flow, a held block, an event evaluated
+//! again, an applied or newly blocked event is, when a savepoint guards the
+//! handler and when a batch must run again) lives here once. A backend
+//! implements [`ApplyWriter`] for one open apply transaction: it reads a
+//! flow's cursor and rows, sets savepoints and writes the marks, in its own
+//! SQL and with its own batching.
+//!
+//! Invariant: the engine performs no I/O of its own and knows no backend:
+//! it sees only what [`ApplyWriter`] reads and writes, and the handler.
+
+use crate::envelope::Envelope;
+use crate::error::{ErrorKind, StoreError};
+use crate::handler::{apply_in_order, ApplyHandler, Verdict};
+use crate::ids::{BlockCode, EventId, FlowId, Seq};
+use crate::outcome::{BlockReason, Drain, DrainStop, InboxStatus, Step};
+use crate::store::{plan_apply, ApplyPlan, NextRow};
+
+/// What is stored at a flow's next seq, with the body of the row there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NextEvent {
+    /// The row's state at the next seq.
+    pub row: NextRow,
+    /// The stored body, when a row is there.
+    pub body: Option<String>,
+}
+
+impl NextEvent {
+    /// What is stored at `next`, given the flow's first stored row at or
+    /// after it (its seq, body and status), or none.
+    pub fn at(next: Seq, first: Option<(i64, String, InboxStatus)>) -> NextEvent {
+        match first {
+            Some((seq, body, status)) if seq == next.get() => NextEvent {
+                row: NextRow::Stored(status),
+                body: Some(body),
+            },
+            Some(_) => NextEvent::missing(true),
+            None => NextEvent::missing(false),
+        }
+    }
+
+    /// Nothing at the next seq; `later_stored` when a later seq is.
+    pub fn missing(later_stored: bool) -> NextEvent {
+        NextEvent {
+            row: NextRow::Missing { later_stored },
+            body: None,
+        }
+    }
+}
+
+/// How a step keeps a blocked event's handler writes apart from the rest of
+/// its transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// Nothing: the events to apply go to the handler in one call at the
+    /// batch's end, and a block leaves the transaction for the caller to
+    /// roll back and run again under [`Guard::Savepoint`].
+    None,
+    /// A savepoint around each handler call, rolled back on a block.
+    Savepoint,
+}
+
+/// One open apply transaction of a backend, as the engine uses it.
+///
+/// A backend reads and writes only through its own transaction; every
+/// method either does what it says in that transaction or returns the
+/// error, and the caller then drops the whole transaction.
+pub trait ApplyWriter {
+    /// The transaction type the handler writes through.
+    type Tx: ?Sized;
+
+    /// The transaction the handler is handed.
+    fn handler_tx(&self) -> &Self::Tx;
+
+    /// Takes the flow `flows[0]` for this transaction and returns its
+    /// applied seq, or `None` when another applier holds it (the flow is
+    /// then reported idle). `flows` are the batch's flows from this one on
+    /// and `left` the events the batch may still apply, for a backend that
+    /// reads ahead.
+    fn open_flow(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        left: u64,
+    ) -> Result<Option<i64>, StoreError>;
+
+    /// What is stored at `flow_id`'s seq after `applied_seq`; `want` is how
+    /// many of its rows from there the batch may still use.
+    fn next_event(
+        &mut self,
+        flow_id: &FlowId,
+        applied_seq: i64,
+        want: u64,
+    ) -> Result<NextEvent, StoreError>;
+
+    /// Sets the savepoint that guards one handler call.
+    fn savepoint(&mut self) -> Result<(), StoreError>;
+
+    /// Keeps what the handler wrote since [`ApplyWriter::savepoint`].
+    fn release_savepoint(&mut self) -> Result<(), StoreError>;
+
+    /// Undoes what the handler wrote since [`ApplyWriter::savepoint`].
+    fn rollback_savepoint(&mut self) -> Result<(), StoreError>;
+
+    /// Runs after every handler call: fails where the backend can tell
+    /// cheaply that the handler ended the transaction (a backend whose
+    /// marks themselves refuse to write outside it may do nothing).
+    fn after_handler(&self, flow_id: &FlowId, seq: Seq) -> Result<(), StoreError>;
+
+    /// Fails when the handler ended the transaction; the last word before a
+    /// batch is given up on.
+    fn check_open(&self, flow_id: &FlowId, seq: Seq) -> Result<(), StoreError>;
+
+    /// Marks the event at `flow_id`, `seq` applied, now or in
+    /// [`ApplyWriter::finish`]; called only after the handler has applied
+    /// it, and only a row still pending or blocked may be marked.
+    fn mark_applied(
+        &mut self,
+        flow_id: &FlowId,
+        seq: Seq,
+        event_id: &EventId,
+    ) -> Result<(), StoreError>;
+
+    /// Marks the event at `flow_id`, `seq` blocked with `reason`; only a row
+    /// still pending or blocked may be marked.
+    fn mark_blocked(
+        &mut self,
+        flow_id: &FlowId,
+        seq: Seq,
+        reason: &BlockReason,
+    ) -> Result<(), StoreError>;
+
+    /// Moves the flow's cursor forward to `applied_seq`, now or in
+    /// [`ApplyWriter::finish`] (called only when the flow applied an event
+    /// in this transaction; the handler may not have run for all of them
+    /// yet). A cursor never stays or moves back.
+    fn close_flow(&mut self, flow_id: &FlowId, applied_seq: i64) -> Result<(), StoreError>;
+
+    /// Writes what was kept for the end, after every handler call of the
+    /// transaction.
+    fn finish(&mut self) -> Result<(), StoreError>;
+}
+
+/// A step and whether it wrote anything (an application or a new block).
+pub type Stepped = (Step, bool);
+
+/// The events a batch has yet to hand to the handler in one call, in the
+/// batch's order (under [`Guard::None`]).
+pub type Deferred = Vec<Envelope>;
+
+/// One apply step of `flow_id` at `next`, where `found` is what is stored
+/// there. Returns `None` when the event blocked under [`Guard::None`]: the
+/// handler may have written, so the caller must roll the transaction back.
+/// With `deferred`, an event that needs no savepoint is kept there instead
+/// of handed to the handler, and those kept go to the handler (and are
+/// marked) before any other.
+pub fn step<W, H>(
+    w: &mut W,
+    flow_id: &FlowId,
+    next: Seq,
+    found: NextEvent,
+    handler: &mut H,
+    guard: Guard,
+    deferred: Option<&mut Deferred>,
+) -> Result<Option<Stepped>, StoreError>
+where
+    W: ApplyWriter + ?Sized,
+    H: ApplyHandler<W::Tx> + ?Sized,
+{
+    let event = match evaluated(flow_id, next, &found, handler.reevaluate())? {
+        Ok(event) => event,
+        Err(report) => return Ok(Some((report, false))),
+    };
+    // A row blocked before is being evaluated again (the handler asked for
+    // its code) and is likely to block again: it always gets its savepoint,
+    // so a block that stays does not throw a whole batch away at every pass.
+    let was_blocked = matches!(found.row, NextRow::Stored(InboxStatus::Blocked(_)));
+    let guarded = guard == Guard::Savepoint || was_blocked;
+    if let Some(deferred) = deferred {
+        if !guarded {
+            // Applied with the rest of the batch, or not at all; marked once
+            // the handler has run (see `flush`).
+            deferred.push(event);
+            return Ok(Some((Step::Applied { seq: next }, true)));
+        }
+        // The handler sees the events in the batch's order.
+        if !flush(w, handler, deferred)? {
+            return Ok(None);
+        }
+    }
+    offer(w, flow_id, next, &found.row, event, handler, guarded)
+}
+
+/// The stored event to hand to the handler at `next`, or the step to
+/// report without writing; a row already settled there is a corrupt store.
+fn evaluated(
+    flow_id: &FlowId,
+    next: Seq,
+    found: &NextEvent,
+    reevaluate: &[BlockCode],
+) -> Result<Result<Envelope, Step>, StoreError> {
+    if matches!(
+        found.row,
+        NextRow::Stored(InboxStatus::Applied | InboxStatus::Skipped)
+    ) {
+        return Err(corrupt(
+            "consumer: inbox",
+            format!(
+                "flow {flow_id} seq {next} is settled but the cursor is at {}",
+                next.get() - 1
+            ),
+        ));
+    }
+    if let ApplyPlan::Report(kind) = plan_apply(found.row.clone(), reevaluate) {
+        return Ok(Err(kind.into_step(next)));
+    }
+    let body = found.body.as_deref().expect("an evaluated row is stored");
+    let event =
+        Envelope::from_stored(body).map_err(|e| corrupt("consumer: stored inbox body", e))?;
+    Ok(Ok(event))
+}
+
+/// Hands one event to the handler, under a savepoint when `guarded`, and
+/// marks what it decided.
+fn offer<W, H>(
+    w: &mut W,
+    flow_id: &FlowId,
+    next: Seq,
+    row: &NextRow,
+    event: Envelope,
+    handler: &mut H,
+    guarded: bool,
+) -> Result<Option<Stepped>, StoreError>
+where
+    W: ApplyWriter + ?Sized,
+    H: ApplyHandler<W::Tx> + ?Sized,
+{
+    if guarded {
+        w.savepoint()?;
+    }
+    let verdict = handler.apply(w.handler_tx(), &event)?;
+    w.after_handler(flow_id, next)?;
+    match verdict {
+        Verdict::Apply => {
+            if guarded {
+                w.release_savepoint()?;
+            }
+            w.mark_applied(flow_id, next, &event.event_id)?;
+            Ok(Some((Step::Applied { seq: next }, true)))
+        }
+        Verdict::Block(_) if !guarded => {
+            w.check_open(flow_id, next)?;
+            Ok(None)
+        }
+        Verdict::Block(reason) => {
+            w.rollback_savepoint()?;
+            let reason = reason.normalized();
+            if *row == NextRow::Stored(InboxStatus::Blocked(reason.clone())) {
+                // Evaluated again and blocked for the same reason: nothing
+                // to write.
+                return Ok(Some((Step::Blocked { seq: next, reason }, false)));
+            }
+            w.mark_blocked(flow_id, next, &reason)?;
+            Ok(Some((Step::Blocked { seq: next, reason }, true)))
+        }
+    }
+}
+
+/// Hands the `deferred` events to the handler in one call and marks them
+/// applied; false when one of them blocked (the caller rolls the
+/// transaction back).
+pub fn flush<W, H>(w: &mut W, handler: &mut H, deferred: &mut Deferred) -> Result<bool, StoreError>
+where
+    W: ApplyWriter + ?Sized,
+    H: ApplyHandler<W::Tx> + ?Sized,
+{
+    let events = std::mem::take(deferred);
+    let Some(first) = events.first() else {
+        return Ok(true);
+    };
+    let verdict = apply_in_order(handler, w.handler_tx(), &events, |event| {
+        w.after_handler(&event.flow_id, event.seq)
+    })?;
+    match verdict {
+        Verdict::Apply => {
+            for event in &events {
+                w.mark_applied(&event.flow_id, event.seq, &event.event_id)?;
+            }
+            Ok(true)
+        }
+        Verdict::Block(_) => {
+            w.check_open(&first.flow_id, first.seq)?;
+            Ok(false)
+        }
+    }
+}
+
+/// What one run of a batch did.
+#[derive(Debug, Default)]
+pub struct BatchRun {
+    /// One drain per visited flow, in the batch's order.
+    pub drains: Vec<Drain>,
+    /// How many events were applied in all.
+    pub applied: u64,
+    /// Whether anything was written (the transaction is worth committing).
+    pub wrote: bool,
+}
+
+/// Drains `flows` in order, each up to its own limit, applying at most
+/// `events_max` events in all, inside the writer's one transaction, and
+/// writes the batch's end. `None` when an event blocked under
+/// [`Guard::None`]: the caller rolls back and runs the batch again under
+/// [`Guard::Savepoint`]. When `events_max` runs out, the flow in progress
+/// stops with `limit` and the flows after it are not visited.
+pub fn run_batch<W, H>(
+    w: &mut W,
+    flows: &[(FlowId, Option<u64>)],
+    events_max: u64,
+    handler: &mut H,
+    guard: Guard,
+) -> Result<Option<BatchRun>, StoreError>
+where
+    W: ApplyWriter + ?Sized,
+    H: ApplyHandler<W::Tx> + ?Sized,
+{
+    let mut run = BatchRun::default();
+    let mut deferred = Deferred::new();
+    for index in 0..flows.len() {
+        let left = events_max.saturating_sub(run.applied);
+        let Some(drain) = drain_one(w, &flows[index..], left, handler, guard, &mut deferred)?
+        else {
+            return Ok(None);
+        };
+        run.wrote |= drain.wrote;
+        run.applied += drain.drain.applied;
+        let stopped_at_limit = drain.drain.stop == DrainStop::Limit;
+        run.drains.push(drain.drain);
+        if run.applied >= events_max && stopped_at_limit {
+            break;
+        }
+    }
+    if !flush(w, handler, &mut deferred)? {
+        return Ok(None);
+    }
+    w.finish()?;
+    assert!(
+        run.applied <= events_max,
+        "a batch applies at most its limit"
+    );
+    Ok(Some(run))
+}
+
+/// A flow's drain inside a batch, and whether it wrote anything.
+struct FlowDrain {
+    drain: Drain,
+    wrote: bool,
+}
+
+/// Drains `flows[0]` for at most `left` events (and its own limit); `None`
+/// when an event blocked under [`Guard::None`].
+fn drain_one<W, H>(
+    w: &mut W,
+    flows: &[(FlowId, Option<u64>)],
+    left: u64,
+    handler: &mut H,
+    guard: Guard,
+    deferred: &mut Deferred,
+) -> Result<Option<FlowDrain>, StoreError>
+where
+    W: ApplyWriter + ?Sized,
+    H: ApplyHandler<W::Tx> + ?Sized,
+{
+    let (flow_id, limit) = &flows[0];
+    let most = limit.map_or(left, |limit| limit.min(left));
+    let Some(start_seq) = w.open_flow(flows, left)? else {
+        // Another applier holds the flow and drains it.
+        let drain = Drain {
+            flow_id: flow_id.clone(),
+            applied: 0,
+            stop: DrainStop::Idle,
+        };
+        return Ok(Some(FlowDrain {
+            drain,
+            wrote: false,
+        }));
+    };
+    let (mut applied_seq, mut applied, mut wrote) = (start_seq, 0u64, false);
+    let stop = loop {
+        if applied >= most {
+            break DrainStop::Limit;
+        }
+        let Some(next) = Seq::after(applied_seq) else {
+            break DrainStop::Idle;
+        };
+        // Every row before this one was applied, in seq order.
+        let found = w.next_event(flow_id, applied_seq, most - applied + 1)?;
+        let defer = (guard == Guard::None).then_some(&mut *deferred);
+        let Some((step, stepped_wrote)) = step(w, flow_id, next, found, handler, guard, defer)?
+        else {
+            return Ok(None);
+        };
+        wrote |= stepped_wrote;
+        match step {
+            Step::Applied { seq } => {
+                assert_eq!(seq, next, "a flow applies its next seq");
+                applied_seq = seq.get();
+                applied += 1;
+            }
+            Step::Gap { .. } => break DrainStop::Gap,
+            Step::Blocked { reason, .. } => break DrainStop::Blocked(reason),
+            Step::Idle => break DrainStop::Idle,
+        }
+    };
+    if applied > 0 {
+        assert_eq!(
+            applied_seq,
+            start_seq + applied as i64,
+            "applied seqs are contiguous"
+        );
+        w.close_flow(flow_id, applied_seq)?;
+    }
+    let drain = Drain {
+        flow_id: flow_id.clone(),
+        applied,
+        stop,
+    };
+    Ok(Some(FlowDrain { drain, wrote }))
+}
+
+/// Applies the next event of `flow_id`, whose cursor the writer has taken
+/// at `applied_seq`, with a savepoint around the handler; moves the cursor
+/// when it applied. The step and whether it wrote anything.
+pub fn apply_next<W, H>(
+    w: &mut W,
+    flow_id: &FlowId,
+    applied_seq: i64,
+    handler: &mut H,
+) -> Result<Stepped, StoreError>
+where
+    W: ApplyWriter + ?Sized,
+    H: ApplyHandler<W::Tx> + ?Sized,
+{
+    let Some(next) = Seq::after(applied_seq) else {
+        return Ok((Step::Idle, false));
+    };
+    let found = w.next_event(flow_id, applied_seq, 1)?;
+    let stepped = step(w, flow_id, next, found, handler, Guard::Savepoint, None)?
+        .expect("a guarded step always ends");
+    if let Step::Applied { seq } = stepped.0 {
+        w.close_flow(flow_id, seq.get())?;
+    }
+    w.finish()?;
+    Ok(stepped)
+}
+
+/// A corrupt store: what was being read, and what was wrong.
+pub fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::new(ErrorKind::Corrupt, format!("{context}: {detail}"))
+}
+
+/// A row's status as stored (`status`, `reason`, `detail` columns), or a
+/// corrupt store when the columns do not make one.
+pub fn stored_status(
+    status: &str,
+    reason: Option<&str>,
+    detail: Option<String>,
+) -> Result<InboxStatus, StoreError> {
+    let context = "consumer: stored inbox status";
+    match (status, reason) {
+        ("pending", None) => Ok(InboxStatus::Pending),
+        ("applied", None) => Ok(InboxStatus::Applied),
+        ("skipped", None) => Ok(InboxStatus::Skipped),
+        ("blocked", Some(code)) => BlockCode::new(code)
+            .map(|code| InboxStatus::Blocked(BlockReason { code, detail }))
+            .map_err(|e| corrupt(context, e)),
+        _ => Err(corrupt(
+            context,
+            format!("{status:?} with reason {reason:?}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(value: i64) -> Seq {
+        Seq::new(value).unwrap()
+    }
+
+    #[test]
+    fn the_first_row_at_or_after_next_says_what_is_there() {
+        let body = || "{}".to_owned();
+        let cases = [
+            (None, NextEvent::missing(false)),
+            (
+                Some((4, body(), InboxStatus::Pending)),
+                NextEvent::missing(true),
+            ),
+            (
+                Some((3, body(), InboxStatus::Pending)),
+                NextEvent {
+                    row: NextRow::Stored(InboxStatus::Pending),
+                    body: Some(body()),
+                },
+            ),
+        ];
+        for (first, expected) in cases {
+            assert_eq!(NextEvent::at(seq(3), first.clone()), expected, "{first:?}");
+        }
+    }
+
+    #[test]
+    fn stored_statuses_decode_or_are_corrupt() {
+        let blocked = stored_status("blocked", Some("late"), Some("why".into())).unwrap();
+        assert_eq!(blocked.reason().unwrap().code.as_str(), "late");
+        assert_eq!(
+            stored_status("pending", None, None).unwrap(),
+            InboxStatus::Pending
+        );
+        assert_eq!(
+            stored_status("applied", None, None).unwrap(),
+            InboxStatus::Applied
+        );
+        assert_eq!(
+            stored_status("skipped", None, None).unwrap(),
+            InboxStatus::Skipped
+        );
+        for (status, reason) in [("blocked", None), ("pending", Some("x")), ("gone", None)] {
+            let error = stored_status(status, reason, None).unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::Corrupt, "{status} {reason:?}");
+        }
+    }
+}
