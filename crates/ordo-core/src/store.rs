@@ -1,7 +1,7 @@
 //! The store traits every backend implements, and the pure decisions the
 //! backends run inside their transactions.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::backoff::Backoff;
 use crate::envelope::{BodyHash, Envelope};
@@ -484,6 +484,66 @@ pub fn decide_receive(
     }
 }
 
+impl StoredIdentities {
+    /// The identities as a backend reads them: the body hash stored under
+    /// the event id (hex), the event id stored at the position, and whether
+    /// the position is at or below the prune watermark; a value that does
+    /// not decode is a corrupt store.
+    pub fn from_columns(
+        hash_hex: Option<String>,
+        id_at_seq: Option<String>,
+        below_watermark: bool,
+    ) -> Result<StoredIdentities, StoreError> {
+        let corrupt = |what: &str, e: &dyn std::fmt::Display| {
+            StoreError::new(ErrorKind::Corrupt, format!("consumer: stored {what}: {e}"))
+        };
+        Ok(StoredIdentities {
+            by_event_id: hash_hex
+                .map(|hex| BodyHash::from_hex(&hex).map_err(|e| corrupt("body hash", &e)))
+                .transpose()?,
+            by_flow_seq: id_at_seq
+                .map(|id| EventId::new(id).map_err(|e| corrupt("event id", &e)))
+                .transpose()?,
+            below_watermark,
+        })
+    }
+}
+
+/// The receipts of a batch received in order, from what was stored before
+/// it (`stored[i]` for `envelopes[i]`): each envelope is decided as if the
+/// ones accepted before it in the batch were stored already, as one
+/// delivery after the other would find them. Also returns the indices of
+/// the accepted envelopes, which the backend stores.
+pub fn decide_batch(
+    envelopes: &[Envelope],
+    stored: Vec<StoredIdentities>,
+) -> (Vec<Receipt>, Vec<usize>) {
+    assert_eq!(envelopes.len(), stored.len(), "one read per envelope");
+    let mut by_id: HashMap<&str, BodyHash> = HashMap::new();
+    let mut by_position: HashMap<(&str, i64), &EventId> = HashMap::new();
+    let mut receipts = Vec::with_capacity(envelopes.len());
+    let mut accepted = Vec::new();
+    for (index, (envelope, mut stored)) in envelopes.iter().zip(stored).enumerate() {
+        let position = (envelope.flow_id.as_str(), envelope.seq.get());
+        if stored.by_event_id.is_none() {
+            stored.by_event_id = by_id.get(envelope.event_id.as_str()).cloned();
+        }
+        if stored.by_flow_seq.is_none() {
+            stored.by_flow_seq = by_position.get(&position).map(|id| (*id).clone());
+        }
+        let hash = envelope.body_hash();
+        let receipt = decide_receive(&envelope.event_id, &hash, &stored);
+        if receipt == Receipt::Accepted {
+            by_id.insert(envelope.event_id.as_str(), hash);
+            by_position.insert(position, &envelope.event_id);
+            accepted.push(index);
+        }
+        receipts.push(receipt);
+    }
+    assert_eq!(receipts.len(), envelopes.len(), "one receipt per envelope");
+    (receipts, accepted)
+}
+
 /// What is stored at a flow's next seq.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NextRow {
@@ -551,6 +611,68 @@ impl StepKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn envelope(flow: &str, seq: i64, amount: i64) -> Envelope {
+        let flow_id = FlowId::new(flow).unwrap();
+        let seq = Seq::new(seq).unwrap();
+        Envelope {
+            event_id: EventId::for_seq(&flow_id, seq),
+            flow_id,
+            seq,
+            schema_version: crate::ids::SchemaVersion::V1,
+            event_type: crate::envelope::EventType::new("noted").unwrap(),
+            payload: serde_json::json!({ "amount": amount })
+                .as_object()
+                .unwrap()
+                .clone(),
+        }
+    }
+
+    /// Each envelope of a batch sees those accepted before it in the
+    /// batch as stored; nothing stored before: the receipts in order.
+    #[test]
+    fn a_batch_is_decided_in_order() {
+        use Receipt::{Accepted, Conflict, Duplicate};
+        let a1 = envelope("a", 1, 1);
+        let a1_other = envelope("a", 1, 2);
+        let a2 = envelope("a", 2, 1);
+        let cases: Vec<(Vec<Envelope>, Vec<Receipt>, Vec<usize>)> = vec![
+            (vec![], vec![], vec![]),
+            (
+                vec![a1.clone(), a2.clone()],
+                vec![Accepted, Accepted],
+                vec![0, 1],
+            ),
+            (
+                vec![a1.clone(), a1.clone()],
+                vec![Accepted, Duplicate],
+                vec![0],
+            ),
+            (
+                vec![a1.clone(), a1_other.clone()],
+                vec![Accepted, Conflict],
+                vec![0],
+            ),
+            (
+                vec![a1_other, a1, a2],
+                vec![Accepted, Conflict, Accepted],
+                vec![0, 2],
+            ),
+        ];
+        for (batch, receipts, accepted) in cases {
+            let stored = vec![StoredIdentities::default(); batch.len()];
+            assert_eq!(
+                decide_batch(&batch, stored),
+                (receipts, accepted),
+                "{batch:?}"
+            );
+        }
+        let stored = StoredIdentities::from_columns(None, Some("a-1".into()), false).unwrap();
+        let (receipts, accepted) = decide_batch(&[envelope("a", 1, 3)], vec![stored]);
+        assert_eq!((receipts, accepted), (vec![Conflict], vec![]));
+        let bad = StoredIdentities::from_columns(Some("zz".into()), None, false).unwrap_err();
+        assert_eq!(bad.kind(), ErrorKind::Corrupt);
+    }
 
     #[test]
     fn receive_decisions() {

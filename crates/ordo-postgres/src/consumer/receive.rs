@@ -9,10 +9,8 @@
 //! receiver of the same identities, the batch is rolled back and decided
 //! again one envelope at a time, against what that one committed.
 
-use std::collections::HashMap;
-
-use ordo_core::store::{decide_receive, StoredIdentities};
-use ordo_core::{crash, BodyHash, Envelope, EventId, Receipt, StoreError};
+use ordo_core::store::{decide_batch, decide_receive, StoredIdentities};
+use ordo_core::{crash, Envelope, Receipt, StoreError};
 use postgres::Row;
 
 use super::PgConsumer;
@@ -115,41 +113,32 @@ fn receive_all(
             ),
         ));
     }
-    // What the batch accepted so far, as the envelopes after it would find
-    // it stored.
-    let mut by_id: HashMap<&str, BodyHash> = HashMap::new();
-    let mut by_position: HashMap<(&str, i64), &EventId> = HashMap::new();
-    let mut receipts = Vec::with_capacity(envelopes.len());
-    let mut accepted: Vec<(&Envelope, BodyHash)> = Vec::new();
-    for (envelope, row) in envelopes.iter().zip(&rows) {
-        let mut stored = stored_identities(row)?;
-        let position = (envelope.flow_id.as_str(), envelope.seq.get());
-        if stored.by_event_id.is_none() {
-            stored.by_event_id = by_id.get(envelope.event_id.as_str()).cloned();
-        }
-        if stored.by_flow_seq.is_none() {
-            stored.by_flow_seq = by_position.get(&position).map(|id| (*id).clone());
-        }
-        let hash = envelope.body_hash();
-        let receipt = decide_receive(&envelope.event_id, &hash, &stored);
-        if receipt == Receipt::Accepted {
-            by_id.insert(envelope.event_id.as_str(), hash.clone());
-            by_position.insert(position, &envelope.event_id);
-            accepted.push((envelope, hash));
-        }
-        receipts.push(receipt);
-    }
+    let stored = rows
+        .iter()
+        .map(stored_identities)
+        .collect::<Result<Vec<_>, _>>()?;
+    let (receipts, accepted) = decide_batch(envelopes, stored);
     if accepted.is_empty() {
         return Ok(Some(receipts));
     }
-    let column = |f: fn(&Envelope) -> &str| accepted.iter().map(|(e, _)| f(e)).collect::<Vec<_>>();
-    let bodies: Vec<String> = accepted.iter().map(|(e, _)| e.stored_text()).collect();
-    let hashes: Vec<&str> = accepted.iter().map(|(_, h)| h.as_str()).collect();
-    let seqs: Vec<i64> = accepted.iter().map(|(e, _)| e.seq.get()).collect();
-    let versions: Vec<i64> = accepted
+    let accepted: Vec<&Envelope> = accepted.into_iter().map(|i| &envelopes[i]).collect();
+    match insert_all(tx, &accepted, now_ms)? {
+        true => Ok(Some(receipts)),
+        false => Ok(None),
+    }
+}
+
+/// Inserts the accepted envelopes in one statement; false when another
+/// receiver stored one of their identities since the batch read them.
+fn insert_all(tx: &PgTx, accepted: &[&Envelope], now_ms: i64) -> Result<bool, StoreError> {
+    let column = |f: fn(&Envelope) -> &str| accepted.iter().map(|e| f(e)).collect::<Vec<_>>();
+    let bodies: Vec<String> = accepted.iter().map(|e| e.stored_text()).collect();
+    let hashes: Vec<String> = accepted
         .iter()
-        .map(|(e, _)| e.schema_version.get())
+        .map(|e| e.body_hash().as_str().to_owned())
         .collect();
+    let seqs: Vec<i64> = accepted.iter().map(|e| e.seq.get()).collect();
+    let versions: Vec<i64> = accepted.iter().map(|e| e.schema_version.get()).collect();
     // A plain insert: a row another receiver stored since the read above
     // fails it (SQLSTATE 23505) instead of being passed over, which spares
     // every row the extra probe of each unique index that `ON CONFLICT`
@@ -173,12 +162,12 @@ fn receive_all(
         ],
     );
     match inserted {
-        Ok(rows) if rows == accepted.len() as u64 => Ok(Some(receipts)),
+        Ok(rows) if rows == accepted.len() as u64 => Ok(true),
         Ok(rows) => Err(corrupt(
             CONTEXT,
             format!("{rows} rows inserted for {} accepted", accepted.len()),
         )),
-        Err(e) if is_unique_violation(&e) => Ok(None),
+        Err(e) if is_unique_violation(&e) => Ok(false),
         Err(e) => Err(e),
     }
 }
@@ -243,17 +232,5 @@ fn identities(tx: &PgTx, envelope: &Envelope) -> Result<StoredIdentities, StoreE
 /// The identities of a row of (hash by event id, event id by position,
 /// below the watermark).
 fn stored_identities(row: &Row) -> Result<StoredIdentities, StoreError> {
-    let hash: Option<String> = row.get(0);
-    let id: Option<String> = row.get(1);
-    Ok(StoredIdentities {
-        by_event_id: hash
-            .map(|hex| {
-                BodyHash::from_hex(&hex).map_err(|e| corrupt("consumer: stored body hash", e))
-            })
-            .transpose()?,
-        by_flow_seq: id
-            .map(|id| EventId::new(id).map_err(|e| corrupt("consumer: stored event id", e)))
-            .transpose()?,
-        below_watermark: row.get(2),
-    })
+    StoredIdentities::from_columns(row.get(0), row.get(1), row.get(2))
 }
