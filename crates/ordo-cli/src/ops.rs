@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use ordo_core::ops::{
     age_s, ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
 };
-use ordo_core::{ProducerStore, APPLY_BATCH_LEN_DEFAULT};
+use ordo_core::{FlowId, ProducerStore, APPLY_BATCH_LEN_DEFAULT};
 use serde_json::{json, Value};
 
 use crate::args::{InboxCommand, OutboxCommand, PruneArgs, StatusArgs};
@@ -16,6 +16,7 @@ use crate::context::{
     check_sides, clock, consumer_if_exists, emit, open_consumer, open_producer,
     open_reservation_consumer, producer_if_exists,
 };
+use crate::stores::Location;
 use crate::{render, Failure};
 
 fn outbox_entry(e: &OutboxEntry) -> Value {
@@ -127,55 +128,12 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
             blocked,
             flow,
             limit,
-        } => {
-            let mut consumer = open_consumer(&consumer)?;
-            let entries = consumer.inbox_entries(blocked, flow.as_ref(), limit as usize)?;
-            let value = json!({"inbox": entries.iter().map(inbox_entry).collect::<Vec<_>>()});
-            emit(json_mode, &value, || {
-                let mut lines: Vec<String> = entries
-                    .iter()
-                    .map(|e| {
-                        let reason = render::reason_suffix(e.status.reason());
-                        format!(
-                            "{} {} seq {} {}: {}{reason}",
-                            e.envelope.event_id,
-                            e.envelope.flow_id,
-                            e.envelope.seq,
-                            e.envelope.event_type,
-                            e.status.as_str()
-                        )
-                    })
-                    .collect();
-                lines.push(format!("{} rows", entries.len()));
-                lines.join("\n")
-            });
-            Ok(())
-        }
+        } => inbox_list(json_mode, &consumer, blocked, flow.as_ref(), limit),
         InboxCommand::Retry {
             consumer,
             flow,
             support_v2,
-        } => {
-            let mut consumer = open_reservation_consumer(&consumer)?;
-            let (reopened, d) = reevaluate_blocked(&mut consumer, &flow, support_v2)?;
-            let value = json!({
-                "flow_id": flow.as_str(),
-                "reopened": reopened,
-                "applied": d.applied,
-                "stop": d.stop.as_str(),
-                "reason": d.stop.reason().map(|r| r.as_str()),
-                "detail": d.stop.reason().and_then(|r| r.detail.as_deref()),
-            });
-            emit(json_mode, &value, || {
-                let reason = render::reason_suffix(d.stop.reason());
-                format!(
-                    "{flow}: reopened {reopened} blocked rows, applied {}, stop {}{reason}",
-                    d.applied,
-                    d.stop.as_str()
-                )
-            });
-            Ok(())
-        }
+        } => inbox_retry(json_mode, &consumer, &flow, support_v2),
         InboxCommand::Skip {
             consumer,
             flow,
@@ -185,58 +143,110 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
         } => {
             let request = SkipRequest::new(flow, seq, reason, by)
                 .map_err(|e| Failure::Usage(e.to_string()))?;
-            let Some(mut store) = consumer_if_exists(&consumer)? else {
-                return Err(Failure::Usage(format!(
-                    "flow {} seq {} is not stored in the inbox; a missing event cannot be skipped",
-                    request.flow_id, request.seq
-                )));
-            };
-            let record = store
-                .skip(&request)?
-                .map_err(|refused| Failure::Usage(refused.to_string()))?;
-            emit(json_mode, &json!({ "repair": repair(&record) }), || {
-                format!(
-                    "skipped {} seq {} ({}) by {}: {} [repair {}]",
-                    record.flow_id,
-                    record.seq,
-                    record.event_id,
-                    record.by,
-                    record.reason,
-                    record.id
-                )
-            });
-            Ok(())
+            inbox_skip(json_mode, &consumer, &request)
         }
-        InboxCommand::Repairs { consumer } => {
-            let mut consumer = open_consumer(&consumer)?;
-            let records = consumer.repairs()?;
-            emit(
-                json_mode,
-                &json!({"repairs": records.iter().map(repair).collect::<Vec<_>>()}),
-                || {
-                    let mut lines: Vec<String> = records
-                        .iter()
-                        .map(|r| {
-                            format!(
-                                "#{} at {} ms: {} {} seq {} ({}) by {}: {}",
-                                r.id,
-                                r.at_ms,
-                                r.action,
-                                r.flow_id,
-                                r.seq,
-                                r.event_id,
-                                r.by,
-                                r.reason
-                            )
-                        })
-                        .collect();
-                    lines.push(format!("{} repairs", records.len()));
-                    lines.join("\n")
-                },
-            );
-            Ok(())
-        }
+        InboxCommand::Repairs { consumer } => inbox_repairs(json_mode, &consumer),
     }
+}
+
+/// One line per item, then how many there are: "N rows".
+fn counted(lines: impl Iterator<Item = String>, n: usize, noun: &str) -> String {
+    let mut lines: Vec<String> = lines.collect();
+    lines.push(format!("{n} {noun}"));
+    lines.join("\n")
+}
+
+/// `inbox list`'s line for one row.
+fn inbox_line(e: &InboxEntry) -> String {
+    let reason = render::reason_suffix(e.status.reason());
+    format!(
+        "{} {} seq {} {}: {}{reason}",
+        e.envelope.event_id,
+        e.envelope.flow_id,
+        e.envelope.seq,
+        e.envelope.event_type,
+        e.status.as_str()
+    )
+}
+
+fn inbox_list(
+    json_mode: bool,
+    consumer: &Location,
+    blocked: bool,
+    flow: Option<&FlowId>,
+    limit: u64,
+) -> Result<(), Failure> {
+    let mut consumer = open_consumer(consumer)?;
+    let entries = consumer.inbox_entries(blocked, flow, limit as usize)?;
+    let value = json!({"inbox": entries.iter().map(inbox_entry).collect::<Vec<_>>()});
+    emit(json_mode, &value, || {
+        counted(entries.iter().map(inbox_line), entries.len(), "rows")
+    });
+    Ok(())
+}
+
+fn inbox_retry(
+    json_mode: bool,
+    consumer: &Location,
+    flow: &FlowId,
+    support_v2: bool,
+) -> Result<(), Failure> {
+    let mut consumer = open_reservation_consumer(consumer)?;
+    let (reopened, d) = reevaluate_blocked(&mut consumer, flow, support_v2)?;
+    let value = json!({
+        "flow_id": flow.as_str(),
+        "reopened": reopened,
+        "applied": d.applied,
+        "stop": d.stop.as_str(),
+        "reason": d.stop.reason().map(|r| r.as_str()),
+        "detail": d.stop.reason().and_then(|r| r.detail.as_deref()),
+    });
+    emit(json_mode, &value, || {
+        let reason = render::reason_suffix(d.stop.reason());
+        format!(
+            "{flow}: reopened {reopened} blocked rows, applied {}, stop {}{reason}",
+            d.applied,
+            d.stop.as_str()
+        )
+    });
+    Ok(())
+}
+
+fn inbox_skip(json_mode: bool, consumer: &Location, request: &SkipRequest) -> Result<(), Failure> {
+    let Some(mut store) = consumer_if_exists(consumer)? else {
+        return Err(Failure::Usage(format!(
+            "flow {} seq {} is not stored in the inbox; a missing event cannot be skipped",
+            request.flow_id, request.seq
+        )));
+    };
+    let record = store
+        .skip(request)?
+        .map_err(|refused| Failure::Usage(refused.to_string()))?;
+    emit(json_mode, &json!({ "repair": repair(&record) }), || {
+        format!(
+            "skipped {} seq {} ({}) by {}: {} [repair {}]",
+            record.flow_id, record.seq, record.event_id, record.by, record.reason, record.id
+        )
+    });
+    Ok(())
+}
+
+/// `inbox repairs`'s line for one record.
+fn repair_line(r: &RepairRecord) -> String {
+    format!(
+        "#{} at {} ms: {} {} seq {} ({}) by {}: {}",
+        r.id, r.at_ms, r.action, r.flow_id, r.seq, r.event_id, r.by, r.reason
+    )
+}
+
+fn inbox_repairs(json_mode: bool, consumer: &Location) -> Result<(), Failure> {
+    let mut consumer = open_consumer(consumer)?;
+    let records = consumer.repairs()?;
+    let value = json!({"repairs": records.iter().map(repair).collect::<Vec<_>>()});
+    emit(json_mode, &value, || {
+        counted(records.iter().map(repair_line), records.len(), "repairs")
+    });
+    Ok(())
 }
 
 /// A duration the way `--older-than` takes it: `7d`, `12h`, `1d 2h 30m`,
