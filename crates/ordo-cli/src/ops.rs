@@ -353,15 +353,15 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
     let mut signals: Vec<Signal> = Vec::new();
     if let Some(location) = &args.sides.producer {
         let p = open_producer(location)?.producer_status(now_ms)?;
-        let oldest_age_s = p
-            .oldest_pending_created_at_ms
-            .map(|t| age_s(now_ms, t))
-            .unwrap_or(0.0);
-        signals.extend(producer_signals(&args, &p, oldest_age_s));
+        // Nothing pending: no age to claim ("-" in the text, null in JSON),
+        // and no age threshold can be breached.
+        let oldest_age_s = p.oldest_pending_age_s(now_ms);
+        signals.extend(producer_signals(&args, &p, oldest_age_s.unwrap_or(0.0)));
         value.insert("producer".into(), producer_status_value(now_ms, &p));
+        let oldest = oldest_age_s.map_or("-".to_owned(), |age| format!("{age:.1} s"));
         lines.push(format!(
-            "producer: backlog {} (oldest {:.1} s), quarantined {}, backing off {}",
-            p.backlog, oldest_age_s, p.quarantined, p.backing_off
+            "producer: backlog {} (oldest {oldest}), quarantined {}, backing off {}",
+            p.backlog, p.quarantined, p.backing_off
         ));
     }
     if let Some(location) = &args.sides.consumer {

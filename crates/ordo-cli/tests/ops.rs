@@ -1040,6 +1040,36 @@ fn status_reports_every_signal_with_exact_ages() {
     assert_eq!(lines[2], "  gap: z waits for seq 1 since 30.0 s");
 }
 
+/// With nothing pending the text claims no age ("oldest -"), and JSON's
+/// `oldest_pending_age_s` is null: on fresh files, and once every event
+/// is accepted.
+#[test]
+fn status_with_an_empty_backlog_claims_no_oldest_age() {
+    let ops = Ops::new();
+    let text = |ops: &Ops| {
+        let out = ops.run(&["status", "--producer", ops.p(), "--consumer", ops.c()]);
+        out.text().lines().next().unwrap_or_default().to_owned()
+    };
+    let empty_line = "producer: backlog 0 (oldest -), quarantined 0, backing off 0";
+    assert_eq!(text(&ops), empty_line);
+    assert_eq!(
+        ops.status()["producer"]["oldest_pending_age_s"],
+        json!(null)
+    );
+
+    ops.full_flow("A", 2);
+    ops.relay(&[]);
+    let later = ops.at(T0 + MINUTE);
+    assert_eq!(later.status()["producer"]["backlog"], json!(0));
+    assert_eq!(
+        later.status()["producer"]["oldest_pending_age_s"],
+        json!(null)
+    );
+    assert_eq!(text(later), empty_line);
+    let out = later.run(&["status", "--producer", later.p()]);
+    assert_eq!(out.text(), format!("{empty_line}\n"));
+}
+
 #[test]
 fn status_thresholds_exit_3_only_when_exceeded() {
     let ops = status_lab();
