@@ -25,8 +25,12 @@
 //!   a lost connection `ConnectionLost`, a COMMIT whose outcome cannot be
 //!   learned `CommitOutcomeUnknown`.
 //!
-//! Each store owns one connection (the sync `postgres` client, without
-//! TLS for now: meant for loopback or a trusted network).
+//! Each store owns one connection (the sync `postgres` client), over TLS
+//! when the URL asks for it with libpq's parameters (`sslmode`,
+//! `sslrootcert`, `sslcert`, `sslkey`; see [`PgUrl`] and [`TlsMode`]), with
+//! rustls. Unlike libpq, a URL without `sslmode` connects without TLS: on
+//! anything but a loopback address or a trusted network, ask for
+//! `sslmode=verify-full`.
 //!
 //! # Several workers
 //!
