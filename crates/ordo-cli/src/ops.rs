@@ -234,8 +234,15 @@ fn inbox_skip(json_mode: bool, consumer: &Location, request: &SkipRequest) -> Re
 /// `inbox repairs`'s line for one record.
 fn repair_line(r: &RepairRecord) -> String {
     format!(
-        "#{} at {} ms: {} {} seq {} ({}) by {}: {}",
-        r.id, r.at_ms, r.action, r.flow_id, r.seq, r.event_id, r.by, r.reason
+        "#{} at {}: {} {} seq {} ({}) by {}: {}",
+        r.id,
+        render::utc_ms(r.at_ms),
+        r.action,
+        r.flow_id,
+        r.seq,
+        r.event_id,
+        r.by,
+        r.reason
     )
 }
 

@@ -13,6 +13,21 @@ pub fn reason_suffix(reason: Option<&BlockReason>) -> String {
     reason.map(|r| format!(" ({r})")).unwrap_or_default()
 }
 
+/// A time stored as milliseconds since the Unix epoch, for the text
+/// output: RFC 3339 in UTC with milliseconds (`2026-12-02T13:04:05.123Z`).
+/// A time RFC 3339 cannot write (before 1970, after 9999) stays as the
+/// number it is, `N ms`.
+pub fn utc_ms(ms: i64) -> String {
+    const YEAR_10000_MS: u64 = 253_402_300_800_000;
+    match u64::try_from(ms) {
+        Ok(since) if since < YEAR_10000_MS => {
+            let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(since);
+            humantime::format_rfc3339_millis(at).to_string()
+        }
+        _ => format!("{ms} ms"),
+    }
+}
+
 /// The envelope fields plus `extra`.
 pub fn envelope_with(envelope: &Envelope, extra: Value) -> Value {
     let mut object: Map<String, Value> = match envelope.to_value() {
@@ -194,4 +209,28 @@ pub fn effect(record: &EffectRecord) -> Value {
         "seq": record.seq.get(),
         "event_id": record.event_id.as_str(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_read_as_rfc3339_utc_with_milliseconds() {
+        let cases = [
+            (0, "1970-01-01T00:00:00.000Z"),
+            (1, "1970-01-01T00:00:00.001Z"),
+            (1_700_000_005_000, "2023-11-14T22:13:25.000Z"),
+            (1_796_216_645_123, "2026-12-02T13:04:05.123Z"),
+            (253_402_300_799_999, "9999-12-31T23:59:59.999Z"),
+            // What RFC 3339 cannot write stays a number.
+            (253_402_300_800_000, "253402300800000 ms"),
+            (-1, "-1 ms"),
+            (i64::MIN, "-9223372036854775808 ms"),
+            (i64::MAX, "9223372036854775807 ms"),
+        ];
+        for (ms, text) in cases {
+            assert_eq!(utc_ms(ms), text, "{ms}");
+        }
+    }
 }

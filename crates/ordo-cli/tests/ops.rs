@@ -876,14 +876,10 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
     assert_eq!(
         text.text().lines().collect::<Vec<_>>(),
         [
-            format!(
-                "#1 at {} ms: skip w seq 2 (w-2) by alice: {reason}",
-                T0 + 5 * SECOND
-            ),
-            format!(
-                "#2 at {} ms: skip v seq 1 (v-1) by bob: order cancelled by phone",
-                T0 + 8 * SECOND
-            ),
+            // T0 + 5 s and T0 + 8 s, in RFC 3339 UTC.
+            format!("#1 at 2023-11-14T22:13:25.000Z: skip w seq 2 (w-2) by alice: {reason}"),
+            "#2 at 2023-11-14T22:13:28.000Z: skip v seq 1 (v-1) by bob: order cancelled by phone"
+                .to_owned(),
             "2 repairs".to_owned(),
         ]
     );
