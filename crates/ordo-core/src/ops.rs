@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::envelope::Envelope;
+use crate::error::{ErrorKind, StoreError};
 use crate::ids::{EventId, FlowId, Seq};
 use crate::outcome::InboxStatus;
 
@@ -237,6 +238,60 @@ pub struct ConsumerStatus {
     pub skipped: u64,
 }
 
+impl ConsumerStatus {
+    /// Counts `n` inbox rows of a stored `status` (and block `reason`); an
+    /// unknown status is a corrupt store.
+    pub fn count_rows(&mut self, status: &str, reason: String, n: i64) -> Result<(), StoreError> {
+        let n = n.max(0) as u64;
+        match status {
+            "pending" => self.pending += n,
+            "applied" => self.applied += n,
+            "skipped" => self.skipped += n,
+            "blocked" => *self.blocked.entry(reason).or_default() += n,
+            other => {
+                return Err(StoreError::new(
+                    ErrorKind::Corrupt,
+                    format!("consumer: stored inbox status: unknown status {other:?}"),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts `n` fingerprints of pruned rows of a stored `status`.
+    pub fn count_fingerprints(&mut self, status: &str, n: i64) {
+        let n = n.max(0) as u64;
+        if status == "applied" {
+            self.applied += n;
+        } else {
+            self.skipped += n;
+        }
+    }
+
+    /// Counts a flow waiting at its `missing` seq since `since_ms`, listed
+    /// while fewer than [`GAPS_LISTED_MAX`] are.
+    pub fn count_gap(
+        &mut self,
+        flow_id: String,
+        missing: i64,
+        since_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.gaps_total += 1;
+        if self.gaps.len() >= GAPS_LISTED_MAX {
+            return Ok(());
+        }
+        let corrupt = |what: &str, e: &dyn std::fmt::Display| {
+            StoreError::new(ErrorKind::Corrupt, format!("consumer: stored {what}: {e}"))
+        };
+        self.gaps.push(GapWait {
+            flow_id: FlowId::new(flow_id).map_err(|e| corrupt("flow id", &e))?,
+            missing: Seq::new(missing).map_err(|e| corrupt("cursor", &e))?,
+            since_ms,
+        });
+        Ok(())
+    }
+}
+
 /// What a prune removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pruned {
@@ -284,4 +339,46 @@ pub struct ConsumerFlow {
     pub flow_id: FlowId,
     /// Its last applied (or skipped) seq; 0 before the first.
     pub applied_seq: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_counts_what_each_backend_reads() {
+        let mut status = ConsumerStatus::default();
+        let rows = [
+            ("pending", "", 2),
+            ("applied", "", 3),
+            ("skipped", "", 1),
+            ("blocked", "late", 4),
+            ("blocked", "late", 1),
+            ("pending", "", -7),
+        ];
+        for (state, reason, n) in rows {
+            status.count_rows(state, reason.into(), n).unwrap();
+        }
+        status.count_fingerprints("applied", 10);
+        status.count_fingerprints("skipped", 2);
+        let counted = (status.pending, status.applied, status.skipped);
+        assert_eq!(counted, (2, 13, 3));
+        assert_eq!(status.blocked.get("late"), Some(&5));
+        let error = status.count_rows("gone", String::new(), 1).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Corrupt);
+        for i in 0..GAPS_LISTED_MAX + 2 {
+            status.count_gap(format!("f{i}"), 2, 0).unwrap();
+        }
+        assert_eq!(status.gaps.len(), GAPS_LISTED_MAX);
+        assert_eq!(status.gaps_total, GAPS_LISTED_MAX as u64 + 2);
+        assert!(
+            status.count_gap("bad id!".into(), 2, 0).is_ok(),
+            "past the list, only counted"
+        );
+        let mut fresh = ConsumerStatus::default();
+        assert!(
+            fresh.count_gap("f".into(), 0, 0).is_err(),
+            "seq 0 is not a seq"
+        );
+    }
 }

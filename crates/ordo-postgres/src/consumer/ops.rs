@@ -2,8 +2,7 @@
 //! rows, the repair log, alerting signals, and pruning.
 
 use ordo_core::ops::{
-    decide_skip, ConsumerStatus, GapWait, InboxEntry, Pruned, RepairRecord, SkipRefused,
-    SkipRequest, GAPS_LISTED_MAX,
+    decide_skip, ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest,
 };
 use ordo_core::{EventId, FlowId, Seq, StoreError};
 use postgres::Row;
@@ -196,10 +195,6 @@ pub(super) fn consumer_status(db: &mut PgConsumer) -> Result<ConsumerStatus, Sto
     })
 }
 
-fn count(row: &Row, index: usize) -> u64 {
-    row.get::<_, i64>(index).max(0) as u64
-}
-
 fn count_inbox(tx: &PgTx, status: &mut ConsumerStatus) -> Result<(), StoreError> {
     let rows = tx.rows(
         STATUS,
@@ -207,19 +202,7 @@ fn count_inbox(tx: &PgTx, status: &mut ConsumerStatus) -> Result<(), StoreError>
         &[],
     )?;
     for row in &rows {
-        let n = count(row, 2);
-        match row.get::<_, &str>(0) {
-            "pending" => status.pending += n,
-            "applied" => status.applied += n,
-            "skipped" => status.skipped += n,
-            "blocked" => *status.blocked.entry(row.get(1)).or_default() += n,
-            other => {
-                return Err(corrupt(
-                    "consumer: stored inbox status",
-                    format!("unknown status {other:?}"),
-                ))
-            }
-        }
+        status.count_rows(row.get(0), row.get(1), row.get(2))?;
     }
     Ok(())
 }
@@ -231,11 +214,7 @@ fn count_fingerprints(tx: &PgTx, status: &mut ConsumerStatus) -> Result<(), Stor
         &[],
     )?;
     for row in &rows {
-        if row.get::<_, &str>(0) == "applied" {
-            status.applied += count(row, 1);
-        } else {
-            status.skipped += count(row, 1);
-        }
+        status.count_fingerprints(row.get(0), row.get(1));
     }
     Ok(())
 }
@@ -252,16 +231,7 @@ fn list_gaps(tx: &PgTx, status: &mut ConsumerStatus) -> Result<(), StoreError> {
         &[],
     )?;
     for row in &rows {
-        status.gaps_total += 1;
-        if status.gaps.len() >= GAPS_LISTED_MAX {
-            continue;
-        }
-        status.gaps.push(GapWait {
-            flow_id: FlowId::new(row.get::<_, String>(0))
-                .map_err(|e| corrupt("consumer: stored flow id", e))?,
-            missing: Seq::new(row.get(1)).map_err(|e| corrupt("consumer: cursor", e))?,
-            since_ms: row.get(2),
-        });
+        status.count_gap(row.get(0), row.get(1), row.get(2))?;
     }
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! Apply on SQLite: the engine of `ordo_core::apply` over one
 //! `BEGIN IMMEDIATE` transaction, with a savepoint where it asks for one.
 
+use std::collections::BTreeMap;
+
 use ordo_core::apply::{self, ApplyWriter, Guard, NextEvent};
 use ordo_core::{
     crash, ApplyHandler, BlockCode, BlockReason, Drain, ErrorKind, EventId, FlowId, Seq, Step,
@@ -85,7 +87,7 @@ where
 struct Writer<'a> {
     tx: &'a Connection,
     now_ms: i64,
-    cursors: Vec<(FlowId, i64)>,
+    cursors: BTreeMap<FlowId, i64>,
 }
 
 impl<'a> Writer<'a> {
@@ -93,7 +95,7 @@ impl<'a> Writer<'a> {
         Writer {
             tx,
             now_ms,
-            cursors: Vec::new(),
+            cursors: BTreeMap::new(),
         }
     }
 
@@ -117,8 +119,13 @@ impl ApplyWriter for Writer<'_> {
         _left: u64,
     ) -> Result<Option<i64>, StoreError> {
         // The write transaction holds the whole file: no other applier can
-        // hold the flow.
-        read_cursor(self.tx, &flows[0].0).map(Some)
+        // hold the flow. A flow met before in this batch goes on from
+        // where it stopped.
+        let flow_id = &flows[0].0;
+        match self.cursors.get(flow_id) {
+            Some(&moved) => Ok(Some(moved)),
+            None => read_cursor(self.tx, flow_id).map(Some),
+        }
     }
 
     fn next_event(
@@ -215,7 +222,11 @@ impl ApplyWriter for Writer<'_> {
     }
 
     fn close_flow(&mut self, flow_id: &FlowId, applied_seq: i64) -> Result<(), StoreError> {
-        self.cursors.push((flow_id.clone(), applied_seq));
+        let before = self.cursors.insert(flow_id.clone(), applied_seq);
+        assert!(
+            before.is_none_or(|seq| seq < applied_seq),
+            "a cursor moves forward"
+        );
         Ok(())
     }
 

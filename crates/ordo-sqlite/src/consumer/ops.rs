@@ -2,13 +2,12 @@
 //! rows, the repair log, alerting signals, and pruning.
 
 use ordo_core::ops::{
-    decide_skip, ConsumerStatus, GapWait, InboxEntry, Pruned, RepairRecord, SkipRefused,
-    SkipRequest, GAPS_LISTED_MAX,
+    decide_skip, ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest,
 };
 use ordo_core::{EventId, FlowId, Seq, StoreError};
-use rusqlite::{params, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension};
 
-use super::schema::{begin_write, inbox_status, write_cursor};
+use super::schema::{begin_write, inbox_status, read_cursor, write_cursor};
 use super::ConsumerDb;
 use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error};
 use crate::producer::stored_envelope;
@@ -83,61 +82,23 @@ pub(super) fn skip(
     let tx = begin_write(&mut db.conn)?;
     // Read under the write lock: the log's times follow commit order.
     let now_ms = db.clock.now_ms();
-    let err = |e| sql_error("consumer: skip failed", e);
-    let flow = request.flow_id.as_str();
-    let applied_seq: i64 = row_cached(
-        &tx,
-        "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1",
-        [flow],
-        |row| row.get(0),
-    )
-    .optional()
-    .map_err(err)?
-    .unwrap_or(0);
+    let applied_seq = read_cursor(&tx, &request.flow_id)?;
     let event_id: Option<String> = row_cached(
         &tx,
         "SELECT event_id FROM inbox WHERE flow_id = ?1 AND seq = ?2",
-        params![flow, request.seq.get()],
+        params![request.flow_id.as_str(), request.seq.get()],
         |row| row.get(0),
     )
     .optional()
-    .map_err(err)?;
+    .map_err(|e| sql_error(SKIP, e))?;
     if let Err(refused) = decide_skip(request, applied_seq, event_id.is_some()) {
         return Ok(Err(refused));
     }
-    let event_id = event_id.expect("decide_skip checked that the row is stored");
-    let marked = exec_cached(
-        &tx,
-        "UPDATE inbox SET status = 'skipped', reason = NULL, detail = NULL, settled_at_ms = ?3
-         WHERE flow_id = ?1 AND seq = ?2 AND (status = 'pending' OR status = 'blocked')",
-        params![flow, request.seq.get(), now_ms],
-    )
-    .map_err(err)?;
-    if marked != 1 {
-        return Err(corrupt(
-            "consumer: inbox",
-            format!(
-                "flow {flow} seq {} is past its cursor but settled",
-                request.seq
-            ),
-        ));
-    }
+    let event_id = EventId::new(event_id.expect("decide_skip checked that the row is stored"))
+        .map_err(|e| corrupt("consumer: stored event id", e))?;
+    mark_skipped(&tx, request, now_ms)?;
     write_cursor(&tx, &request.flow_id, request.seq.get())?;
-    let id = row_cached(
-        &tx,
-        "INSERT INTO repair_log (action, flow_id, seq, event_id, reason, decided_by, at_ms)
-                 VALUES ('skip', ?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
-        params![
-            flow,
-            request.seq.get(),
-            event_id,
-            request.reason,
-            request.by,
-            now_ms
-        ],
-        |row| row.get(0),
-    )
-    .map_err(err)?;
+    let id = log_skip(&tx, request, &event_id, now_ms)?;
     tx.commit()
         .map_err(|e| sql_error("consumer: skip commit failed", e))?;
     db.commits += 1;
@@ -146,11 +107,58 @@ pub(super) fn skip(
         action: "skip".into(),
         flow_id: request.flow_id.clone(),
         seq: request.seq,
-        event_id: EventId::new(event_id).map_err(|e| corrupt("consumer: stored event id", e))?,
+        event_id,
         reason: request.reason.clone(),
         by: request.by.clone(),
         at_ms: now_ms,
     }))
+}
+
+const SKIP: &str = "consumer: skip failed";
+
+/// Marks the row of the skip skipped; only a row still pending or blocked.
+fn mark_skipped(tx: &Connection, request: &SkipRequest, now_ms: i64) -> Result<(), StoreError> {
+    let marked = exec_cached(
+        tx,
+        "UPDATE inbox SET status = 'skipped', reason = NULL, detail = NULL, settled_at_ms = ?3
+         WHERE flow_id = ?1 AND seq = ?2 AND (status = 'pending' OR status = 'blocked')",
+        params![request.flow_id.as_str(), request.seq.get(), now_ms],
+    )
+    .map_err(|e| sql_error(SKIP, e))?;
+    if marked != 1 {
+        return Err(corrupt(
+            "consumer: inbox",
+            format!(
+                "flow {} seq {} is past its cursor but settled",
+                request.flow_id, request.seq
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Writes the skip into the repair log; its id.
+fn log_skip(
+    tx: &Connection,
+    request: &SkipRequest,
+    event_id: &EventId,
+    now_ms: i64,
+) -> Result<i64, StoreError> {
+    row_cached(
+        tx,
+        "INSERT INTO repair_log (action, flow_id, seq, event_id, reason, decided_by, at_ms)
+         VALUES ('skip', ?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
+        params![
+            request.flow_id.as_str(),
+            request.seq.get(),
+            event_id.as_str(),
+            request.reason,
+            request.by,
+            now_ms
+        ],
+        |row| row.get(0),
+    )
+    .map_err(|e| sql_error(SKIP, e))
 }
 
 pub(super) fn repairs(db: &mut ConsumerDb) -> Result<Vec<RepairRecord>, StoreError> {
@@ -187,89 +195,42 @@ pub(super) fn consumer_status(db: &mut ConsumerDb) -> Result<ConsumerStatus, Sto
         .conn
         .transaction()
         .map_err(|e| sql_error("consumer: cannot begin a read transaction", e))?;
-    let err = |e| sql_error("consumer: cannot read the status", e);
     let mut status = ConsumerStatus::default();
-    {
-        let mut stmt = tx
-            .prepare(
-                "SELECT status, coalesce(reason, ''), count(*) FROM inbox GROUP BY status, reason",
-            )
-            .map_err(err)?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, String>(1)?,
-                    row.get::<_, i64>(2)?,
-                ))
-            })
-            .map_err(err)?;
-        for row in rows {
-            let (state, reason, n) = row.map_err(err)?;
-            let n = n.max(0) as u64;
-            match state.as_str() {
-                "pending" => status.pending += n,
-                "applied" => status.applied += n,
-                "skipped" => status.skipped += n,
-                "blocked" => *status.blocked.entry(reason).or_default() += n,
-                other => {
-                    return Err(corrupt(
-                        "consumer: stored inbox status",
-                        format!("unknown status {other:?}"),
-                    ))
-                }
-            }
-        }
-        let mut stmt = tx
-            .prepare("SELECT status, count(*) FROM inbox_fingerprint GROUP BY status")
-            .map_err(err)?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
-            })
-            .map_err(err)?;
-        for row in rows {
-            let (state, n) = row.map_err(err)?;
-            if state == "applied" {
-                status.applied += n.max(0) as u64;
-            } else {
-                status.skipped += n.max(0) as u64;
-            }
-        }
-        let mut stmt = tx
-                .prepare(
-                    "SELECT i.flow_id, coalesce(c.applied_seq, 0) + 1, min(i.received_at_ms)
-                     FROM inbox i LEFT JOIN inbox_cursor c ON c.flow_id = i.flow_id
-                     WHERE i.status = 'pending' AND i.seq > coalesce(c.applied_seq, 0) + 1
-                       AND NOT EXISTS (SELECT 1 FROM inbox j
-                                       WHERE j.flow_id = i.flow_id AND j.seq = coalesce(c.applied_seq, 0) + 1)
-                     GROUP BY i.flow_id ORDER BY i.flow_id",
-                )
-                .map_err(err)?;
-        let rows = stmt
-            .query_map([], |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, i64>(1)?,
-                    row.get::<_, i64>(2)?,
-                ))
-            })
-            .map_err(err)?;
-        for row in rows {
-            let (flow_id, missing, since_ms) = row.map_err(err)?;
-            status.gaps_total += 1;
-            if status.gaps.len() >= GAPS_LISTED_MAX {
-                continue;
-            }
-            status.gaps.push(GapWait {
-                flow_id: FlowId::new(flow_id)
-                    .map_err(|e| corrupt("consumer: stored flow id", e))?,
-                missing: Seq::new(missing).map_err(|e| corrupt("consumer: cursor", e))?,
-                since_ms,
-            });
-        }
+    for (state, reason, n) in status_rows::<(String, String, i64)>(
+        &tx,
+        "SELECT status, coalesce(reason, ''), count(*) FROM inbox GROUP BY status, reason",
+    )? {
+        status.count_rows(&state, reason, n)?;
+    }
+    for (state, n) in status_rows::<(String, i64)>(
+        &tx,
+        "SELECT status, count(*) FROM inbox_fingerprint GROUP BY status",
+    )? {
+        status.count_fingerprints(&state, n);
+    }
+    for (flow_id, missing, since_ms) in status_rows::<(String, i64, i64)>(
+        &tx,
+        "SELECT i.flow_id, coalesce(c.applied_seq, 0) + 1, min(i.received_at_ms)
+         FROM inbox i LEFT JOIN inbox_cursor c ON c.flow_id = i.flow_id
+         WHERE i.status = 'pending' AND i.seq > coalesce(c.applied_seq, 0) + 1
+           AND NOT EXISTS (SELECT 1 FROM inbox j
+                           WHERE j.flow_id = i.flow_id AND j.seq = coalesce(c.applied_seq, 0) + 1)
+         GROUP BY i.flow_id ORDER BY i.flow_id",
+    )? {
+        status.count_gap(flow_id, missing, since_ms)?;
     }
     Ok(status)
+}
+
+/// Every row of a status query, as a tuple of its columns.
+fn status_rows<T>(conn: &rusqlite::Connection, sql: &str) -> Result<Vec<T>, StoreError>
+where
+    T: for<'a> TryFrom<&'a rusqlite::Row<'a>, Error = rusqlite::Error>,
+{
+    let err = |e| sql_error("consumer: cannot read the status", e);
+    let mut stmt = conn.prepare_cached(sql).map_err(err)?;
+    let rows = stmt.query_map([], |row| T::try_from(row)).map_err(err)?;
+    rows.collect::<Result<_, _>>().map_err(err)
 }
 
 pub(super) fn prune_inbox(db: &mut ConsumerDb, cutoff_ms: i64) -> Result<Pruned, StoreError> {
