@@ -72,80 +72,24 @@ impl Metrics {
     /// A fresh registry holding every metric, at zero.
     pub fn new() -> Metrics {
         let registry = Registry::new();
+        let inbox = InboxMetrics::register(&registry);
+        let apply = ApplyMetrics::register(&registry);
+        let relay = RelayMetrics::register(&registry);
         let metrics = Metrics {
-            inbox_received_total: counter_vec(
-                &registry,
-                "ordo_inbox_received_total",
-                "Receipts answered by the inbox, by receipt.",
-                "receipt",
-            ),
-            http_requests_total: counter_vec(
-                &registry,
-                "ordo_http_requests_total",
-                "HTTP responses, by status code.",
-                "status",
-            ),
-            http_request_seconds: histogram(
-                &registry,
-                "ordo_http_request_seconds",
-                "Time from a request's head to its response, in seconds.",
-                prometheus::DEFAULT_BUCKETS.to_vec(),
-            ),
-            inbox_pending: int_gauge(
-                &registry,
-                "ordo_inbox_pending",
-                "Stored events waiting for apply.",
-            ),
-            inbox_blocked: int_gauge(&registry, "ordo_inbox_blocked", "Blocked inbox rows."),
-            inbox_gap_flows: int_gauge(
-                &registry,
-                "ordo_inbox_gap_flows",
-                "Flows waiting on a missing seq.",
-            ),
-            apply_applied_total: int_counter(
-                &registry,
-                "ordo_apply_applied_total",
-                "Events applied (committed).",
-            ),
-            apply_blocked_total: counter_vec(
-                &registry,
-                "ordo_apply_blocked_total",
-                "Events blocked by the handler, by block code.",
-                "reason",
-            ),
-            apply_lag_seconds: histogram(
-                &registry,
-                "ordo_apply_lag_seconds",
-                "Time from an event's receive to its apply, in seconds.",
-                exponential_buckets(0.001, 4.0, 12).expect("valid buckets"),
-            ),
-            outbox_backlog: int_gauge(
-                &registry,
-                "ordo_outbox_backlog",
-                "Outbox events not yet accepted.",
-            ),
-            outbox_oldest_pending_age_seconds: gauge(
-                &registry,
-                "ordo_outbox_oldest_pending_age_seconds",
-                "Age of the oldest outbox event not yet accepted, in seconds.",
-            ),
-            outbox_quarantined: int_gauge(
-                &registry,
-                "ordo_outbox_quarantined",
-                "Quarantined outbox events.",
-            ),
-            relay_deliveries_total: counter_vec(
-                &registry,
-                "ordo_relay_deliveries_total",
-                "Receipts the relay recorded, by receipt.",
-                "receipt",
-            ),
-            relay_errors_total: counter_vec(
-                &registry,
-                "ordo_relay_errors_total",
-                "Transient delivery failures, by kind.",
-                "kind",
-            ),
+            inbox_received_total: inbox.received_total,
+            http_requests_total: inbox.http_requests_total,
+            http_request_seconds: inbox.http_request_seconds,
+            inbox_pending: inbox.pending,
+            inbox_blocked: inbox.blocked,
+            inbox_gap_flows: inbox.gap_flows,
+            apply_applied_total: apply.applied_total,
+            apply_blocked_total: apply.blocked_total,
+            apply_lag_seconds: apply.lag_seconds,
+            outbox_backlog: relay.outbox_backlog,
+            outbox_oldest_pending_age_seconds: relay.outbox_oldest_pending_age_seconds,
+            outbox_quarantined: relay.outbox_quarantined,
+            relay_deliveries_total: relay.deliveries_total,
+            relay_errors_total: relay.errors_total,
             registry,
         };
         metrics.start_at_zero();
@@ -219,6 +163,130 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut buffer)
             .expect("the text encoder writes to memory");
         String::from_utf8(buffer).expect("the text exposition is UTF-8")
+    }
+}
+
+/// The inbox server's metrics: its receipts, its HTTP responses and the
+/// inbox gauges.
+struct InboxMetrics {
+    received_total: IntCounterVec,
+    http_requests_total: IntCounterVec,
+    http_request_seconds: Histogram,
+    pending: IntGauge,
+    blocked: IntGauge,
+    gap_flows: IntGauge,
+}
+
+impl InboxMetrics {
+    /// Registers each metric in `registry`, in field order.
+    fn register(registry: &Registry) -> InboxMetrics {
+        InboxMetrics {
+            received_total: counter_vec(
+                registry,
+                "ordo_inbox_received_total",
+                "Receipts answered by the inbox, by receipt.",
+                "receipt",
+            ),
+            http_requests_total: counter_vec(
+                registry,
+                "ordo_http_requests_total",
+                "HTTP responses, by status code.",
+                "status",
+            ),
+            http_request_seconds: histogram(
+                registry,
+                "ordo_http_request_seconds",
+                "Time from a request's head to its response, in seconds.",
+                prometheus::DEFAULT_BUCKETS.to_vec(),
+            ),
+            pending: int_gauge(
+                registry,
+                "ordo_inbox_pending",
+                "Stored events waiting for apply.",
+            ),
+            blocked: int_gauge(registry, "ordo_inbox_blocked", "Blocked inbox rows."),
+            gap_flows: int_gauge(
+                registry,
+                "ordo_inbox_gap_flows",
+                "Flows waiting on a missing seq.",
+            ),
+        }
+    }
+}
+
+/// The applier's metrics.
+struct ApplyMetrics {
+    applied_total: IntCounter,
+    blocked_total: IntCounterVec,
+    lag_seconds: Histogram,
+}
+
+impl ApplyMetrics {
+    /// Registers each metric in `registry`, in field order.
+    fn register(registry: &Registry) -> ApplyMetrics {
+        ApplyMetrics {
+            applied_total: int_counter(
+                registry,
+                "ordo_apply_applied_total",
+                "Events applied (committed).",
+            ),
+            blocked_total: counter_vec(
+                registry,
+                "ordo_apply_blocked_total",
+                "Events blocked by the handler, by block code.",
+                "reason",
+            ),
+            lag_seconds: histogram(
+                registry,
+                "ordo_apply_lag_seconds",
+                "Time from an event's receive to its apply, in seconds.",
+                exponential_buckets(0.001, 4.0, 12).expect("valid buckets"),
+            ),
+        }
+    }
+}
+
+/// The relay's metrics: the outbox gauges and its delivery counters.
+struct RelayMetrics {
+    outbox_backlog: IntGauge,
+    outbox_oldest_pending_age_seconds: Gauge,
+    outbox_quarantined: IntGauge,
+    deliveries_total: IntCounterVec,
+    errors_total: IntCounterVec,
+}
+
+impl RelayMetrics {
+    /// Registers each metric in `registry`, in field order.
+    fn register(registry: &Registry) -> RelayMetrics {
+        RelayMetrics {
+            outbox_backlog: int_gauge(
+                registry,
+                "ordo_outbox_backlog",
+                "Outbox events not yet accepted.",
+            ),
+            outbox_oldest_pending_age_seconds: gauge(
+                registry,
+                "ordo_outbox_oldest_pending_age_seconds",
+                "Age of the oldest outbox event not yet accepted, in seconds.",
+            ),
+            outbox_quarantined: int_gauge(
+                registry,
+                "ordo_outbox_quarantined",
+                "Quarantined outbox events.",
+            ),
+            deliveries_total: counter_vec(
+                registry,
+                "ordo_relay_deliveries_total",
+                "Receipts the relay recorded, by receipt.",
+                "receipt",
+            ),
+            errors_total: counter_vec(
+                registry,
+                "ordo_relay_errors_total",
+                "Transient delivery failures, by kind.",
+                "kind",
+            ),
+        }
     }
 }
 
