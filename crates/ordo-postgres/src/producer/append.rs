@@ -1,0 +1,259 @@
+//! Appends: the next seq of a flow and its outbox row, in the caller's
+//! transaction.
+
+use super::*;
+
+impl PgProducerTx<'_> {
+    /// The transaction, for the caller's own reads and writes of its state.
+    pub fn sql(&self) -> &PgTx {
+        self.conn
+    }
+
+    /// The seq of the flow's last committed event, 0 if it has none, with
+    /// the flow's head row locked until the transaction ends: a concurrent
+    /// writer of the same flow waits here, then reads the seq this one
+    /// committed (READ COMMITTED), so that it finds itself stale.
+    pub fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
+        Ok(self.last_seqs([flow_id])?[flow_id.as_str()])
+    }
+
+    /// [`PgProducerTx::last_seq`] of several flows at once (each flow
+    /// once), their head rows locked in flow id order, in two statements
+    /// whatever their number (none for the heads this transaction locked
+    /// already): keyed by flow id.
+    pub fn last_seqs<'f>(
+        &self,
+        flows: impl IntoIterator<Item = &'f FlowId>,
+    ) -> Result<HashMap<String, i64>, StoreError> {
+        let mut names: Vec<&str> = flows.into_iter().map(FlowId::as_str).collect();
+        names.sort_unstable();
+        names.dedup();
+        let mut locked = self.locked.borrow_mut();
+        let new: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|name| !locked.contains_key(*name))
+            .collect();
+        if !new.is_empty() {
+            locked.extend(self.lock_heads(&new)?);
+        }
+        Ok(names
+            .iter()
+            .map(|name| ((*name).to_owned(), locked[*name]))
+            .collect())
+    }
+
+    /// Creates the heads of `names` (sorted, each once) that do not exist
+    /// and locks them all; returns their last seqs.
+    fn lock_heads(&self, names: &[&str]) -> Result<HashMap<String, i64>, StoreError> {
+        let context = "producer: cannot lock the outbox head";
+        self.conn.run(
+            context,
+            "INSERT INTO {s}.outbox_head (flow_id, last_seq)
+             SELECT flow_id, 0 FROM unnest($1::text[]) AS flow_id
+             ON CONFLICT (flow_id) DO NOTHING",
+            &[&names],
+        )?;
+        let heads: HashMap<String, i64> = self
+            .conn
+            .rows(context, LOCK_HEADS_SQL, &[&names])?
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        match names.iter().find(|name| !heads.contains_key(**name)) {
+            Some(missing) => Err(corrupt(context, format!("flow {missing} has no head row"))),
+            None => Ok(heads),
+        }
+    }
+
+    /// The time this transaction records on what it writes, in
+    /// milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.now_ms
+    }
+
+    /// Appends the flow's next event to the outbox in this transaction, and
+    /// returns it: its seq is the flow's last committed seq plus one, its id
+    /// [`EventId::for_seq`], its payload `payload` serialized to a JSON
+    /// object. A refusal writes nothing.
+    pub fn append<T: serde::Serialize + ?Sized>(
+        &mut self,
+        flow_id: &FlowId,
+        event_type: &str,
+        schema_version: SchemaVersion,
+        payload: &T,
+    ) -> Result<Envelope, AppendError> {
+        let event_type =
+            EventType::new(event_type).map_err(|e| AppendError::Invalid(format!("type {e}")))?;
+        let payload = match serde_json::to_value(payload) {
+            Ok(serde_json::Value::Object(map)) => map,
+            Ok(_) => {
+                return Err(AppendError::Invalid(
+                    "the payload must serialize to a JSON object".into(),
+                ))
+            }
+            Err(e) => return Err(AppendError::Invalid(format!("payload: {e}"))),
+        };
+        let last_seq = self.last_seq(flow_id)?;
+        let seq = Seq::after(last_seq).ok_or_else(|| AppendError::SeqExhausted {
+            flow_id: flow_id.clone(),
+        })?;
+        let event = Envelope {
+            event_id: EventId::for_seq(flow_id, seq),
+            flow_id: flow_id.clone(),
+            seq,
+            schema_version,
+            event_type,
+            payload,
+        };
+        self.append_envelope(&event)?;
+        Ok(event)
+    }
+
+    /// Appends an envelope the caller built to the outbox in this
+    /// transaction. Its seq must be exactly the flow's
+    /// [`PgProducerTx::last_seq`] plus one, and its event id unused;
+    /// anything else is refused without writing, and the transaction can go
+    /// on.
+    pub fn append_envelope(&mut self, event: &Envelope) -> Result<(), AppendError> {
+        self.append_envelopes(std::slice::from_ref(event))
+    }
+
+    /// Appends envelopes the caller built, in order, as
+    /// [`PgProducerTx::append_envelope`] one after the other would, in a
+    /// few statements whatever their number (arrays as parameters): the
+    /// events before the first refusal are appended, and that refusal is
+    /// returned (a caller that wants all or nothing rolls back, as
+    /// [`ProducerStore::append_events`] does).
+    pub fn append_envelopes(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
+        let context = "producer: cannot append to the outbox";
+        if events.is_empty() {
+            return Ok(());
+        }
+        let mut last = self.last_seqs(events.iter().map(|e| &e.flow_id))?;
+        let mut refused = None;
+        let mut valid = events.len();
+        for (i, event) in events.iter().enumerate() {
+            let last_seq = last[event.flow_id.as_str()];
+            if last_seq.checked_add(1) != Some(event.seq.get()) {
+                refused = Some(AppendError::NotNext {
+                    flow_id: event.flow_id.clone(),
+                    seq: event.seq,
+                    last_seq,
+                });
+                valid = i;
+                break;
+            }
+            last.insert(event.flow_id.as_str().to_owned(), event.seq.get());
+        }
+        if let Some((used, id)) = self.insert_outbox(context, &events[..valid])? {
+            // An event id in use comes before any later refusal.
+            (valid, refused) = (used, Some(AppendError::EventIdUsed(id)));
+        }
+        let appended = &events[..valid];
+        // Each flow's first and last new seq, in the order flows are met.
+        let mut flows: Vec<&str> = Vec::new();
+        let (mut firsts, mut lasts): (Vec<i64>, Vec<i64>) = (Vec::new(), Vec::new());
+        for event in appended {
+            let flow = event.flow_id.as_str();
+            match flows.iter().position(|f| *f == flow) {
+                Some(at) => lasts[at] = event.seq.get(),
+                None => {
+                    flows.push(flow);
+                    firsts.push(event.seq.get());
+                    lasts.push(event.seq.get());
+                }
+            }
+        }
+        if !flows.is_empty() {
+            let moved = self
+                .conn
+                .run(context, MOVE_HEADS_SQL, &[&flows, &firsts, &lasts])?;
+            if moved != flows.len() as u64 {
+                return Err(corrupt(
+                    context,
+                    format!(
+                        "the heads of flows {flows:?} are not where this transaction locked them"
+                    ),
+                )
+                .into());
+            }
+            let mut locked = self.locked.borrow_mut();
+            for (flow, last) in flows.iter().zip(&lasts) {
+                locked.insert((*flow).to_owned(), *last);
+            }
+        }
+        self.appended += appended.len() as u64;
+        refused.map_or(Ok(()), Err)
+    }
+
+    /// Inserts `events` (each its flow's next, the heads locked) into the
+    /// outbox in one statement. When an event id is in use (or repeated in
+    /// `events`), the first such event's index and id are returned and
+    /// nothing from it on stays inserted.
+    fn insert_outbox(
+        &self,
+        context: &str,
+        events: &[Envelope],
+    ) -> Result<Option<(usize, EventId)>, StoreError> {
+        if events.is_empty() {
+            return Ok(None);
+        }
+        let text = |f: fn(&Envelope) -> &str| events.iter().map(f).collect::<Vec<&str>>();
+        let bodies: Vec<String> = events.iter().map(Envelope::stored_text).collect();
+        let seqs: Vec<i64> = events.iter().map(|e| e.seq.get()).collect();
+        let versions: Vec<i64> = events.iter().map(|e| e.schema_version.get()).collect();
+        // Only the event id arbitrates: the heads are locked and each seq
+        // is past its head, so no (flow, seq) is taken, and the position is
+        // new. `ON CONFLICT` probes each arbiter index before inserting.
+        let inserted: HashSet<(String, i64)> = self
+            .conn
+            .rows(
+                context,
+                "WITH appended AS (
+                     INSERT INTO {s}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
+                     SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, $7
+                     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[])
+                          WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, i)
+                     ORDER BY e.i
+                     ON CONFLICT (event_id) DO NOTHING RETURNING position, flow_id, seq),
+                 listed AS (
+                     INSERT INTO {s}.outbox_pending (position) SELECT position FROM appended)
+                 SELECT flow_id, seq FROM appended",
+                &[
+                    &text(|e| e.event_id.as_str()),
+                    &text(|e| e.flow_id.as_str()),
+                    &seqs,
+                    &versions,
+                    &text(|e| e.event_type.as_str()),
+                    &bodies,
+                    &self.now_ms,
+                ],
+            )?
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        let is_in = |e: &Envelope| inserted.contains(&(e.flow_id.as_str().to_owned(), e.seq.get()));
+        // The head is locked and each seq is past it: an insert that did
+        // not happen is an event id in use.
+        let Some(used) = events.iter().position(|e| !is_in(e)) else {
+            return Ok(None);
+        };
+        let (flows, seqs): (Vec<&str>, Vec<i64>) = events[used..]
+            .iter()
+            .filter(|e| is_in(e))
+            .map(|e| (e.flow_id.as_str(), e.seq.get()))
+            .unzip();
+        if !flows.is_empty() {
+            self.conn.run(
+                context,
+                "WITH gone AS (
+                     DELETE FROM {s}.outbox o USING unnest($1::text[], $2::bigint[]) AS d(flow_id, seq)
+                     WHERE o.flow_id = d.flow_id AND o.seq = d.seq RETURNING o.position)
+                 DELETE FROM {s}.outbox_pending p WHERE p.position IN (SELECT position FROM gone)",
+                &[&flows, &seqs],
+            )?;
+        }
+        Ok(Some((used, events[used].event_id.clone())))
+    }
+}

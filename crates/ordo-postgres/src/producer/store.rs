@@ -1,0 +1,318 @@
+//! The producer store's side of the protocol: the relay's rounds and
+//! bookkeeping, repairs, status and pruning over the outbox.
+
+use super::*;
+
+impl ProducerStore for PgProducer {
+    fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
+        self.write(|ptx| ptx.append_envelopes(events))
+    }
+
+    fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
+        read_outbox(&self.conn)
+    }
+
+    fn outbox_event(&mut self, event_id: &EventId) -> Result<Option<OutboxRecord>, StoreError> {
+        let rows = self.conn.rows(
+            "producer: cannot read the outbox",
+            "SELECT body, accepted FROM {s}.outbox WHERE event_id = $1",
+            &[&event_id.as_str()],
+        )?;
+        Ok(outbox_records(rows)?.pop())
+    }
+
+    fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        envelopes(self.conn.rows(
+            "producer: cannot read pending events",
+            PENDING_SQL,
+            &[&limit],
+        )?)
+    }
+
+    fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError> {
+        let row = self.conn.row(
+            "producer: cannot read the oldest unaccepted event",
+            PENDING_SQL,
+            &[&1i64],
+        )?;
+        match row {
+            Some(row) if row.get::<_, i64>(1) <= now_ms => {
+                Ok(Some(stored_envelope(BODY, row.get(0))?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Claims the flows of the round first (see [`PgProducer`]): only the
+    /// heads of flows this handle holds are returned.
+    fn fair_round(
+        &mut self,
+        limit: usize,
+        skip: &BTreeSet<FlowId>,
+        now_ms: i64,
+    ) -> Result<Vec<Envelope>, StoreError> {
+        self.fair_round_deep(limit, 1, skip, now_ms)
+    }
+
+    /// Claims about as many flows as the round's events need, at the events
+    /// per flow of this handle's last round (one before its first).
+    fn fair_round_deep(
+        &mut self,
+        limit: usize,
+        flow_events_max: usize,
+        skip: &BTreeSet<FlowId>,
+        now_ms: i64,
+    ) -> Result<Vec<Envelope>, StoreError> {
+        let per_flow = self.events_per_flow.clamp(1, flow_events_max.max(1));
+        let flows_max = limit.div_ceil(per_flow).max(1);
+        let skip: Vec<&str> = skip.iter().map(FlowId::as_str).collect();
+        let flows_sql = i64::try_from(flows_max).unwrap_or(i64::MAX);
+        self.held = self.claim(flows_sql, &skip, now_ms)?;
+        if self.held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let flows: Vec<&str> = self.held.keys().map(String::as_str).collect();
+        let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
+        let depth_sql = i64::try_from(flow_events_max.max(1)).unwrap_or(i64::MAX);
+        let round = envelopes(self.conn.rows(
+            "producer: cannot pick a fair round",
+            ROUND_SQL,
+            &[&now_ms, &limit_sql, &flows, &depth_sql],
+        )?)?;
+        let served: HashSet<&str> = round.iter().map(|e| e.flow_id.as_str()).collect();
+        self.events_per_flow = round.len().checked_div(served.len()).unwrap_or(1);
+        if round.len() < limit {
+            let idle: BTreeSet<String> = (self.held.keys())
+                .filter(|flow| !served.contains(flow.as_str()))
+                .cloned()
+                .collect();
+            self.refresh_idle_heads(&idle)?;
+        }
+        Ok(round)
+    }
+
+    /// Committed without waiting for the WAL flush: an accepted mark lost
+    /// with the server only makes the relay hand the event over again, and
+    /// the consumer answers duplicate. Refused whole ([`ErrorKind::LeaseLost`])
+    /// when another relay claimed one of the events' flows since this
+    /// handle's round.
+    fn record_receipts(
+        &mut self,
+        receipts: &[(EventId, Receipt)],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let ids: Vec<&str> = receipts.iter().map(|(id, _)| id.as_str()).collect();
+        let fences = if receipts.iter().any(|(_, r)| *r == Receipt::Conflict) {
+            Fences::Locked
+        } else {
+            Fences::Seen
+        };
+        self.bookkeeping(&ids, fences, |tx, store_now_ms| {
+            record_receipts_in(tx, receipts, store_now_ms.max(now_ms))
+        })
+    }
+
+    /// Refused whole ([`ErrorKind::LeaseLost`]) when another relay claimed
+    /// one of the events' flows since this handle's round.
+    fn record_failure(
+        &mut self,
+        event_ids: &[EventId],
+        error: &str,
+        now_ms: i64,
+        backoff: &Backoff,
+    ) -> Result<(), StoreError> {
+        let ids: Vec<&str> = event_ids.iter().map(EventId::as_str).collect();
+        self.bookkeeping(&ids, Fences::Locked, |tx, _| {
+            let mut flows = BTreeSet::new();
+            for event_id in event_ids {
+                let row = tx.row(
+                    "producer: cannot record a delivery failure",
+                    "UPDATE {s}.outbox SET attempts = attempts + 1, last_outcome = 'error', last_error = $2
+                     WHERE event_id = $1 AND NOT accepted RETURNING flow_id, attempts",
+                    &[&event_id.as_str(), &error],
+                )?;
+                let Some(row) = row else { continue };
+                let attempts: i64 = row.get(1);
+                let delay_ms = backoff
+                    .delay_ms(u32::try_from(attempts).unwrap_or(u32::MAX), fastrand::f64());
+                // Strictly later than the failure, whatever the jitter drew.
+                let due = now_ms
+                    .saturating_add(1)
+                    .saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
+                tx.run(
+                    "producer: cannot record a delivery failure",
+                    "UPDATE {s}.outbox SET next_attempt_at_ms = $2 WHERE event_id = $1",
+                    &[&event_id.as_str(), &due],
+                )?;
+                flows.insert(row.get::<_, String>(0));
+            }
+            refresh_heads(tx, &flows, Turn::Keep, None)
+        })
+    }
+
+    /// Refused ([`ErrorKind::LeaseLost`]) when another relay claimed the
+    /// event's flow since this handle's round.
+    fn quarantine(
+        &mut self,
+        event_id: &EventId,
+        outcome: &str,
+        reason: &str,
+        _now_ms: i64,
+    ) -> Result<(), StoreError> {
+        self.bookkeeping(&[event_id.as_str()], Fences::Locked, |tx, _| {
+            let row = tx.row(
+                "producer: cannot quarantine an event",
+                "UPDATE {s}.outbox SET quarantined = true, quarantine_reason = $2,
+                     attempts = attempts + 1, last_outcome = $3, last_error = $2
+                 WHERE event_id = $1 AND NOT accepted RETURNING flow_id",
+                &[&event_id.as_str(), &reason, &outcome],
+            )?;
+            let flows = row.map(|row| row.get::<_, String>(0)).into_iter().collect();
+            refresh_heads(tx, &flows, Turn::Keep, None)
+        })
+    }
+
+    fn outbox_entries(
+        &mut self,
+        quarantined_only: bool,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self.conn.rows(
+            "producer: cannot list the outbox",
+            "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
+                    next_attempt_at_ms, created_at_ms, accepted_at_ms
+             FROM {s}.outbox WHERE (NOT $1 OR quarantined) ORDER BY position LIMIT $2",
+            &[&quarantined_only, &limit],
+        )?;
+        rows.iter().map(outbox_entry).collect()
+    }
+
+    fn retry_quarantined(
+        &mut self,
+        event_id: &EventId,
+    ) -> Result<Result<(), RetryRefused>, StoreError> {
+        self.write(|ptx| {
+            let context = "producer: cannot retry a quarantined event";
+            let row = ptx.conn.row(
+                context,
+                "SELECT flow_id, seq, quarantined FROM {s}.outbox WHERE event_id = $1 FOR UPDATE",
+                &[&event_id.as_str()],
+            )?;
+            let (flow, seq) = match row {
+                None => return Ok(Err(RetryRefused::Unknown(event_id.clone()))),
+                Some(row) if !row.get::<_, bool>(2) => {
+                    return Ok(Err(RetryRefused::NotQuarantined(event_id.clone())))
+                }
+                Some(row) => (row.get::<_, String>(0), row.get::<_, i64>(1)),
+            };
+            ptx.conn.run(
+                context,
+                "UPDATE {s}.outbox SET quarantined = false, quarantine_reason = NULL,
+                     next_attempt_at_ms = 0
+                 WHERE event_id = $1",
+                &[&event_id.as_str()],
+            )?;
+            refresh_heads(ptx.conn, &BTreeSet::from([flow]), Turn::Keep, Some(seq))?;
+            Ok(Ok(()))
+        })
+    }
+
+    fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
+        let row = self.conn.row(
+            "producer: cannot read the status",
+            "SELECT count(*), min(o.created_at_ms), count(*) FILTER (WHERE o.quarantined),
+                    count(*) FILTER (WHERE NOT o.quarantined AND o.next_attempt_at_ms > $1)
+             FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position",
+            &[&now_ms],
+        )?;
+        let row = row.expect("an aggregate returns one row");
+        let count = |i: usize| row.get::<_, i64>(i).max(0) as u64;
+        Ok(ProducerStatus {
+            backlog: count(0),
+            oldest_pending_created_at_ms: row.get(1),
+            quarantined: count(2),
+            backing_off: count(3),
+        })
+    }
+
+    fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
+        self.write(|ptx| {
+            let rows = ptx.conn.run(
+                "producer: cannot prune the outbox",
+                "DELETE FROM {s}.outbox WHERE accepted AND accepted_at_ms < $1",
+                &[&cutoff_ms],
+            )?;
+            Ok(Pruned {
+                rows,
+                fingerprints: 0,
+            })
+        })
+    }
+
+    fn producer_flows_page(
+        &mut self,
+        prefix: &str,
+        after: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<ProducerFlow>, StoreError> {
+        crate::browse::producer_flows_page(&self.conn, prefix, after, limit)
+    }
+
+    fn flow_outbox_entries(
+        &mut self,
+        flow_id: &FlowId,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        crate::browse::flow_outbox_entries(&self.conn, flow_id, limit)
+    }
+}
+
+/// `accepted_at` is the later of the relay's clock and the store's. The
+/// latest receipt of each event is recorded, every event in one statement
+/// (arrays as parameters), and the flows' heads moved in two more.
+fn record_receipts_in(
+    conn: &PgTx,
+    receipts: &[(EventId, Receipt)],
+    accepted_at: i64,
+) -> Result<(), StoreError> {
+    let context = "producer: cannot record receipts";
+    let mut latest: BTreeMap<&str, Receipt> = BTreeMap::new();
+    for (event_id, receipt) in receipts {
+        latest.insert(event_id.as_str(), *receipt);
+    }
+    let (conflicts, stored): (Vec<_>, Vec<_>) = latest
+        .into_iter()
+        .partition(|(_, receipt)| *receipt == Receipt::Conflict);
+    let mut flows = BTreeSet::new();
+    // An event no longer in the outbox was settled and pruned meanwhile:
+    // there is nothing left to mark.
+    if !conflicts.is_empty() {
+        let ids: Vec<&str> = conflicts.iter().map(|(id, _)| *id).collect();
+        flows.extend(
+            conn.rows(
+                context,
+                "UPDATE {s}.outbox SET quarantined = NOT accepted,
+                     quarantine_reason = CASE WHEN accepted THEN NULL ELSE $2 END,
+                     attempts = attempts + 1, last_outcome = 'conflict'
+                 WHERE event_id = ANY ($1) RETURNING flow_id",
+                &[&ids, &CONFLICT_REASON],
+            )?
+            .iter()
+            .map(|row| row.get::<_, String>(0)),
+        );
+    }
+    if !stored.is_empty() {
+        let ids: Vec<&str> = stored.iter().map(|(id, _)| *id).collect();
+        let outcomes: Vec<&str> = stored.iter().map(|(_, receipt)| receipt.as_str()).collect();
+        flows.extend(
+            conn.rows(context, MARK_ACCEPTED_SQL, &[&ids, &outcomes, &accepted_at])?
+                .iter()
+                .map(|row| row.get::<_, String>(0)),
+        );
+    }
+    refresh_heads(conn, &flows, Turn::Next, None)?;
+    crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
+    Ok(())
+}
