@@ -22,6 +22,7 @@ use ordo_sqlite::rusqlite::{self, Connection};
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 
 use crate::bench_http::{HttpBenchReport, HttpLoad};
+use crate::figures::{per, per_second, Spread};
 use crate::{LabError as Failure, Progress, Silent};
 
 const STEPS: [FlowState; 3] = [
@@ -29,6 +30,14 @@ const STEPS: [FlowState; 3] = [
     FlowState::Confirmed,
     FlowState::Released,
 ];
+/// Events per flow: one per step.
+pub const EVENTS_PER_FLOW: u64 = STEPS.len() as u64;
+/// A run whose F moved by more than this many percent between the
+/// calibrations before and after it has unreliable ratios.
+pub const DRIFT_FLAGGED_PERCENT: f64 = 25.0;
+/// [`DRIFT_FLAGGED_PERCENT`] as the largest [`Calibration::drift`] that is
+/// not flagged.
+pub const DRIFT_FLAGGED: f64 = 1.0 + DRIFT_FLAGGED_PERCENT / 100.0;
 /// How long the fsync calibration runs.
 pub(crate) const CALIBRATION: Duration = Duration::from_millis(1500);
 /// Batch sizes of `--sweep`.
@@ -237,6 +246,49 @@ pub struct Calibration {
     pub after: f64,
 }
 
+impl Phase {
+    /// The phase's rate for `events` events, in events per second.
+    pub fn events_per_s(&self, events: u64) -> f64 {
+        per_second(events, self.seconds)
+    }
+
+    /// Commits per event over `events` events.
+    pub fn commits_per_event(&self, events: u64) -> f64 {
+        per(self.commits.all, events)
+    }
+
+    /// Commits that waited for the disk, per event over `events` events.
+    pub fn fsyncs_per_event(&self, events: u64) -> f64 {
+        per(self.commits.synced, events)
+    }
+}
+
+impl Calibration {
+    /// F of the run: the geometric mean of the calibrations around it.
+    pub fn f(&self) -> f64 {
+        (self.before * self.after).sqrt()
+    }
+
+    /// A rate of the run over its F; the rate counted in whole events per
+    /// second, as reported.
+    pub fn ratio_to_f(&self, events_per_s: f64) -> f64 {
+        events_per_s.round() / self.f()
+    }
+
+    /// How far F moved during the run: the larger calibration over the
+    /// smaller, each as reported (whole commits per second, at least 1).
+    pub fn drift(&self) -> f64 {
+        let whole = |f: f64| f.round().max(1.0);
+        let (before, after) = (whole(self.before), whole(self.after));
+        before.max(after) / before.min(after)
+    }
+
+    /// Whether F moved too much for the run's ratios to be reliable.
+    pub fn drifted(&self) -> bool {
+        self.drift() > DRIFT_FLAGGED
+    }
+}
+
 /// Produce, relay and apply, one after the other, on one thread.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SequentialRun {
@@ -310,6 +362,20 @@ pub struct GrowthRun {
     pub bytes_after_each_round: Vec<(u64, u64)>,
 }
 
+impl GrowthRun {
+    /// The producer file's bytes per event run (not a number when no
+    /// event ran).
+    pub fn producer_bytes_per_event(&self) -> f64 {
+        self.producer_bytes as f64 / self.events as f64
+    }
+
+    /// The consumer file's bytes per event run (not a number when no
+    /// event ran).
+    pub fn consumer_bytes_per_event(&self) -> f64 {
+        self.consumer_bytes as f64 / self.events as f64
+    }
+}
+
 /// What the bench measures.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -349,6 +415,28 @@ pub struct ThroughputReport {
     pub offered: PipelineRun,
     /// The process's peak resident memory.
     pub peak_memory_bytes: Option<u64>,
+}
+
+impl ThroughputReport {
+    /// Events of each run but the unbatched one.
+    pub fn events(&self) -> u64 {
+        self.flows * EVENTS_PER_FLOW
+    }
+
+    /// The spread of every calibration of F; its median is the bench's F.
+    pub fn f_spread(&self) -> Spread {
+        Spread::of(&self.calibrations)
+    }
+
+    /// Whether F moved too much around any run ([`Calibration::drifted`]).
+    pub fn drifted(&self) -> bool {
+        let sequential = self.runs.iter().chain(&self.unbatched);
+        let pipelines = [&self.concurrent, &self.pipelined, &self.offered];
+        sequential
+            .map(|r| r.calibration)
+            .chain(pipelines.map(|r| r.calibration))
+            .any(|c| c.drifted())
+    }
 }
 
 /// What the bench measured.
@@ -972,4 +1060,175 @@ fn throughput(
         offered,
         peak_memory_bytes: peak_memory_bytes(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn phase(seconds: f64, all: u64, synced: u64) -> Phase {
+        Phase {
+            seconds,
+            commits: Commits { all, synced },
+        }
+    }
+
+    fn calibration(before: f64, after: f64) -> Calibration {
+        Calibration { before, after }
+    }
+
+    #[test]
+    fn a_phase_has_a_rate_and_commits_per_event() {
+        // (seconds, commits, synced, events) -> (events/s, commits/event, fsyncs/event)
+        let cases = [
+            ((1.5, 30, 10, 3000), (2000.0, 0.01, 1.0 / 300.0)),
+            ((0.25, 4, 4, 1), (4.0, 4.0, 4.0)),
+            ((2.0, 0, 0, 0), (0.0, 0.0, 0.0)),
+            // No time and no event: still finite.
+            ((0.0, 7, 3, 0), (0.0, 7.0, 3.0)),
+            ((0.0, 1, 0, 3), (3e9, 1.0 / 3.0, 0.0)),
+        ];
+        for ((seconds, all, synced, events), (rate, commits, fsyncs)) in cases {
+            let p = phase(seconds, all, synced);
+            let got = (
+                p.events_per_s(events),
+                p.commits_per_event(events),
+                p.fsyncs_per_event(events),
+            );
+            assert_eq!(got, (rate, commits, fsyncs), "{p:?}, {events} events");
+        }
+    }
+
+    #[test]
+    fn a_run_s_f_is_the_geometric_mean_and_its_ratios_use_whole_rates() {
+        // (before, after, events/s) -> (F, ratio to F)
+        let cases = [
+            ((400.0, 900.0, 1200.0), (600.0, 2.0)),
+            ((400.0, 900.0, 1200.4), (600.0, 2.0)),
+            ((400.0, 900.0, 299.5), (600.0, 0.5)),
+            ((800.0, 800.0, 0.0), (800.0, 0.0)),
+            ((0.0, 800.0, 10.0), (0.0, f64::INFINITY)),
+        ];
+        for ((before, after, rate), (f, ratio)) in cases {
+            let c = calibration(before, after);
+            assert_eq!((c.f(), c.ratio_to_f(rate)), (f, ratio), "{c:?} at {rate}/s");
+        }
+    }
+
+    #[test]
+    fn drift_is_the_larger_whole_calibration_over_the_smaller() {
+        // (before, after) -> (drift, flagged)
+        let cases = [
+            ((800.0, 800.0), (1.0, false)),
+            ((1000.0, 1250.0), (1.25, false)),
+            ((1250.0, 1000.0), (1.25, false)),
+            ((1000.0, 1251.0), (1.251, true)),
+            ((1251.0, 1000.0), (1.251, true)),
+            // As reported: 999.6 and 1250.4 are 1000 and 1250.
+            ((999.6, 1250.4), (1.25, false)),
+            ((1000.4, 1250.6), (1.251, true)),
+            // Below one commit per second counts as one.
+            ((0.0, 800.0), (800.0, true)),
+            ((0.2, 0.4), (1.0, false)),
+        ];
+        for ((before, after), (drift, flagged)) in cases {
+            let c = calibration(before, after);
+            assert!((c.drift() - drift).abs() < 1e-12, "{c:?}: {}", c.drift());
+            assert_eq!(c.drifted(), flagged, "{c:?}");
+        }
+        assert_eq!(DRIFT_FLAGGED, 1.25);
+    }
+
+    #[test]
+    fn growth_is_bytes_per_event_run() {
+        // (events, producer bytes, consumer bytes) -> (per event each)
+        let cases = [
+            ((3000, 1_000_000, 2_400_000), (1_000_000.0 / 3000.0, 800.0)),
+            ((1, 4096, 8192), (4096.0, 8192.0)),
+        ];
+        for ((events, producer_bytes, consumer_bytes), (producer, consumer)) in cases {
+            let g = GrowthRun {
+                events,
+                producer_bytes,
+                consumer_bytes,
+                bytes_after_each_round: Vec::new(),
+            };
+            let got = (g.producer_bytes_per_event(), g.consumer_bytes_per_event());
+            assert_eq!(got, (producer, consumer), "{g:?}");
+        }
+        let none = GrowthRun {
+            events: 0,
+            producer_bytes: 4096,
+            consumer_bytes: 0,
+            bytes_after_each_round: Vec::new(),
+        };
+        assert!(none.producer_bytes_per_event().is_infinite());
+        assert!(none.consumer_bytes_per_event().is_nan());
+    }
+
+    fn sequential_at(c: Calibration) -> SequentialRun {
+        SequentialRun {
+            batch: 16,
+            flows: 10,
+            events: 30,
+            produce: phase(1.0, 3, 3),
+            relay: phase(1.0, 3, 3),
+            apply: phase(1.0, 3, 3),
+            calibration: c,
+        }
+    }
+
+    fn pipeline_at(c: Calibration) -> PipelineRun {
+        PipelineRun {
+            batch: 16,
+            events: 30,
+            phase: phase(1.0, 3, 3),
+            latency: Latency {
+                p50_ms: 1,
+                p99_ms: 2,
+                max_ms: 3,
+                samples: 30,
+            },
+            offered_per_s: None,
+            calibration: c,
+        }
+    }
+
+    #[test]
+    fn a_throughput_report_is_flagged_when_any_run_drifted() {
+        let steady = calibration(800.0, 810.0);
+        let moved = calibration(800.0, 1100.0);
+        // Which run moved: none, a sequential one, the unbatched one, and
+        // each pipeline.
+        let cases = [
+            ([steady; 6], false),
+            ([steady, moved, steady, steady, steady, steady], true),
+            ([steady, steady, moved, steady, steady, steady], true),
+            ([steady, steady, steady, moved, steady, steady], true),
+            ([steady, steady, steady, steady, moved, steady], true),
+            ([steady, steady, steady, steady, steady, moved], true),
+        ];
+        for (runs, flagged) in cases {
+            let report = ThroughputReport {
+                flows: 10,
+                calibrations: vec![900.0, 700.0, 800.0, 1100.0],
+                runs: vec![sequential_at(runs[0]), sequential_at(runs[1])],
+                unbatched: Some(sequential_at(runs[2])),
+                concurrent: pipeline_at(runs[3]),
+                pipelined: pipeline_at(runs[4]),
+                offered: pipeline_at(runs[5]),
+                peak_memory_bytes: None,
+            };
+            assert_eq!(report.drifted(), flagged, "{runs:?}");
+            assert_eq!(report.events(), 30);
+            assert_eq!(
+                report.f_spread(),
+                Spread {
+                    min: 700.0,
+                    median: 900.0,
+                    max: 1100.0
+                }
+            );
+        }
+    }
 }

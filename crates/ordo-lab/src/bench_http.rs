@@ -16,7 +16,8 @@ use ordo_sqlite::rusqlite::Connection;
 use ordo_sqlite::ProducerDb;
 use serde_json::json;
 
-use crate::bench::{fresh_dir, produce};
+use crate::bench::{fresh_dir, produce, EVENTS_PER_FLOW};
+use crate::figures::per_second;
 use crate::serve::{loopback_any, ServeSpec, Served};
 use crate::{internal, LabError as Failure, Progress, Silent};
 
@@ -112,6 +113,18 @@ pub struct LoadRun {
     pub server_peak_memory_bytes: Option<u64>,
 }
 
+impl LoadRun {
+    /// Requests made per second.
+    pub fn requests_per_s(&self) -> f64 {
+        per_second(self.requests, self.seconds)
+    }
+
+    /// Events accepted per second.
+    pub fn events_per_s(&self) -> f64 {
+        per_second(self.accepted, self.seconds)
+    }
+}
+
 /// What the HTTP bench measured.
 #[derive(Debug, Clone)]
 pub struct HttpBenchReport {
@@ -128,6 +141,11 @@ pub struct HttpBenchReport {
 }
 
 impl HttpBenchReport {
+    /// Events relayed by each relay run.
+    pub fn events(&self) -> u64 {
+        self.flows * EVENTS_PER_FLOW
+    }
+
     /// The HTTP relay's rate over the in-process relay's.
     pub fn ratio(&self) -> f64 {
         self.http.events_per_s() / self.in_process.events_per_s().max(1e-9)
@@ -456,6 +474,31 @@ mod tests {
     }
 
     #[test]
+    fn a_load_run_reports_requests_and_accepted_events_per_second() {
+        // (seconds, requests, accepted) -> (requests/s, events/s)
+        let cases = [
+            ((2.0, 1000, 8000), (500.0, 4000.0)),
+            ((0.5, 3, 0), (6.0, 0.0)),
+            ((4.0, 0, 0), (0.0, 0.0)),
+            // No measurable time: still finite.
+            ((0.0, 3, 5), (3e9, 5e9)),
+        ];
+        for ((seconds, requests, accepted), rates) in cases {
+            let load = LoadRun {
+                seconds,
+                requests,
+                accepted,
+                ..LoadRun::default()
+            };
+            assert_eq!(
+                (load.requests_per_s(), load.events_per_s()),
+                rates,
+                "{load:?}"
+            );
+        }
+    }
+
+    #[test]
     fn load_batches_never_share_a_flow() {
         let a = load_batch(1, 0, 3).unwrap();
         let b = load_batch(1, 3, 3).unwrap();
@@ -492,6 +535,7 @@ mod tests {
         };
         assert!(report.problems().is_empty());
         assert_eq!(report.ratio(), 1.0);
+        assert_eq!(report.events(), 3);
         report.load.stored = 5;
         assert_eq!(report.problems().len(), 1);
         report.load.failed_requests = 1;

@@ -26,7 +26,8 @@ use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
 use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 use ordo_reservation::ReservationHandler;
 
-use crate::bench::{produce, CALIBRATION};
+use crate::bench::{produce, CALIBRATION, EVENTS_PER_FLOW};
+use crate::figures::{per, Spread};
 use crate::pg::{connect, Server, WalPosition, BENCH_PREFIX};
 use crate::skeleton_pg::{self, SkeletonRun};
 use crate::{LabError as Failure, Progress, Silent};
@@ -115,6 +116,16 @@ impl WorkersRun {
     pub fn wal_bytes_per_event(&self) -> f64 {
         self.wal_bytes as f64 / self.events.max(1) as f64
     }
+
+    /// Write transactions per event.
+    pub fn commits_per_event(&self) -> f64 {
+        per(self.commits, self.events)
+    }
+
+    /// Events per write transaction.
+    pub fn events_per_commit(&self) -> f64 {
+        per(self.events, self.commits)
+    }
 }
 
 /// What the PostgreSQL bench measured.
@@ -154,6 +165,35 @@ impl PgBenchReport {
     /// A run's end-to-end events per second over S_pg.
     pub fn ratio_to_s(&self, run: &WorkersRun) -> f64 {
         run.events_per_s() / self.s_pg().max(1e-9)
+    }
+
+    /// The spread of every calibration of F_pg; its median is the bench's
+    /// F_pg.
+    pub fn f_pg_spread(&self) -> Spread {
+        Spread::of(&self.calibrations)
+    }
+
+    /// The spread of the measurements of S_pg.
+    pub fn s_pg_spread(&self) -> Spread {
+        let rates: Vec<f64> = self
+            .skeletons
+            .iter()
+            .map(SkeletonRun::events_per_s)
+            .collect();
+        Spread::of(&rates)
+    }
+
+    /// Bytes of WAL per event of the last measurement of S_pg (0 when
+    /// none).
+    pub fn s_pg_wal_bytes_per_event(&self) -> f64 {
+        self.skeletons
+            .last()
+            .map_or(0.0, SkeletonRun::wal_bytes_per_event)
+    }
+
+    /// Events of each run.
+    pub fn events_per_run(&self) -> u64 {
+        self.flows * EVENTS_PER_FLOW
     }
 }
 
@@ -639,4 +679,102 @@ fn check_end_state(url: &str, events: u64) -> Result<(), Failure> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workers(events: u64, commits: u64) -> WorkersRun {
+        WorkersRun {
+            workers: 4,
+            events,
+            seconds: 2.0,
+            produced_seconds: 1.0,
+            relayed_seconds: 1.5,
+            deliveries: events,
+            commits,
+            f_before_after: (400.0, 900.0),
+            wal_bytes: 0,
+        }
+    }
+
+    fn skeleton(events: u64, seconds: f64, wal_bytes: u64) -> SkeletonRun {
+        SkeletonRun {
+            clients: 8,
+            events,
+            seconds,
+            wal_bytes,
+        }
+    }
+
+    #[test]
+    fn a_run_reports_commits_per_event_and_events_per_commit() {
+        // (events, commits) -> (commits per event, events per commit)
+        let cases = [
+            ((3000, 500), (1.0 / 6.0, 6.0)),
+            ((3000, 3000), (1.0, 1.0)),
+            ((3000, 0), (0.0, 3000.0)),
+            ((0, 12), (12.0, 0.0)),
+            ((0, 0), (0.0, 0.0)),
+        ];
+        for ((events, commits), figures) in cases {
+            let run = workers(events, commits);
+            assert_eq!(
+                (run.commits_per_event(), run.events_per_commit()),
+                figures,
+                "{events} events in {commits} commits"
+            );
+        }
+    }
+
+    #[test]
+    fn the_report_spreads_f_pg_and_s_pg_and_takes_the_last_s_pg_s_wal() {
+        let spread = |min, median, max| Spread { min, median, max };
+        // (calibrations, S_pg measurements) ->
+        // (F_pg spread, S_pg spread, WAL bytes per event of the last)
+        let cases = [
+            (
+                (
+                    vec![400.0, 450.5, 380.25],
+                    vec![
+                        skeleton(3000, 1.5, 3_000_000),
+                        skeleton(3000, 1.0, 3_300_000),
+                    ],
+                ),
+                (
+                    spread(380.25, 400.0, 450.5),
+                    spread(2000.0, 3000.0, 3000.0),
+                    1100.0,
+                ),
+            ),
+            (
+                (vec![500.0], vec![skeleton(1000, 0.5, 0)]),
+                (
+                    spread(500.0, 500.0, 500.0),
+                    spread(2000.0, 2000.0, 2000.0),
+                    0.0,
+                ),
+            ),
+            (
+                (vec![500.0, 600.0], Vec::new()),
+                (spread(500.0, 600.0, 600.0), spread(0.0, 0.0, 0.0), 0.0),
+            ),
+        ];
+        for ((calibrations, skeletons), (f_pg, s_pg, wal)) in cases {
+            let report = PgBenchReport {
+                server: "localhost".into(),
+                calibrations,
+                skeletons,
+                flows: 1000,
+                batch: 64,
+                producers: 4,
+                runs: Vec::new(),
+            };
+            assert_eq!(report.f_pg_spread(), f_pg, "{report:?}");
+            assert_eq!(report.s_pg_spread(), s_pg, "{report:?}");
+            assert_eq!(report.s_pg_wal_bytes_per_event(), wal, "{report:?}");
+            assert_eq!(report.events_per_run(), 3000);
+        }
+    }
 }

@@ -23,6 +23,7 @@ use ordo_reservation::{
 };
 use ordo_sqlite::{GroupOptions, GroupWriter, ProducerDb, SubmitError};
 
+use crate::figures::{per, Spread};
 use crate::{LabError, Progress};
 
 /// The most producers of one run.
@@ -149,6 +150,11 @@ impl ProducersRun {
     pub fn ratio_to_f(&self) -> f64 {
         self.events_per_s() / self.f().max(1e-9)
     }
+
+    /// Events per transaction committed.
+    pub fn events_per_commit(&self) -> f64 {
+        per(self.events, self.commits)
+    }
 }
 
 /// What the producers bench measured.
@@ -162,6 +168,13 @@ pub struct ProducersReport {
     pub runs: Vec<ProducersRun>,
     /// Every calibration of F, in order.
     pub calibrations: Vec<f64>,
+}
+
+impl ProducersReport {
+    /// The spread of every calibration of F; its median is the bench's F.
+    pub fn f_spread(&self) -> Spread {
+        Spread::of(&self.calibrations)
+    }
 }
 
 /// Step `step` of flow number `k`.
@@ -397,4 +410,68 @@ pub fn run(
         runs,
         calibrations,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(events: u64, commits: u64) -> ProducersRun {
+        ProducersRun {
+            producers: 4,
+            events,
+            commits,
+            seconds: 2.0,
+            f_before_after: (400.0, 900.0),
+            latency: SubmitLatency {
+                p50_ms: 1.0,
+                p99_ms: 2.0,
+                p999_ms: 3.0,
+                max_ms: 4.0,
+            },
+            per_producer: PerProducer {
+                min: 1,
+                max: 2,
+                mean: 1.5,
+            },
+        }
+    }
+
+    #[test]
+    fn a_run_reports_events_per_commit() {
+        // (events, commits) -> events per commit
+        let cases = [
+            ((20_000, 1_000), 20.0),
+            ((5_000, 5_000), 1.0),
+            ((3, 2), 1.5),
+            ((7, 0), 7.0),
+            ((0, 0), 0.0),
+        ];
+        for ((events, commits), per_commit) in cases {
+            assert_eq!(
+                run(events, commits).events_per_commit(),
+                per_commit,
+                "{events} events in {commits} commits"
+            );
+        }
+    }
+
+    #[test]
+    fn the_report_s_f_spans_every_calibration() {
+        // calibrations -> (least, median, greatest)
+        let cases = [
+            (vec![800.0], (800.0, 800.0, 800.0)),
+            (vec![800.0, 820.0, 700.5, 900.25], (700.5, 820.0, 900.25)),
+            (vec![820.0, 700.5, 800.0], (700.5, 800.0, 820.0)),
+        ];
+        for (calibrations, (min, median, max)) in cases {
+            let report = ProducersReport {
+                flow_ids: FlowIds::Sequential,
+                direct: run(1, 1),
+                runs: Vec::new(),
+                calibrations,
+            };
+            assert_eq!(report.f_spread(), Spread { min, median, max });
+        }
+    }
 }

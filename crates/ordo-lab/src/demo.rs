@@ -13,6 +13,7 @@ use ordo_core::{
 use ordo_sqlite::{ConsumerDb, GroupOptions, GroupWriter, ProducerDb};
 use ordo_testkit::check::{check_end_state, EndState, Finished, Snapshot, Violation};
 
+use crate::figures::per_second;
 use crate::{LabError as Failure, Progress};
 
 const FILES: [&str; 2] = ["producer.db", "consumer.db"];
@@ -59,6 +60,21 @@ pub struct DemoReport {
 }
 
 impl DemoReport {
+    /// Events committed per second of the produce phase.
+    pub fn produced_per_s(&self) -> f64 {
+        per_second(self.produced, self.produce_time.as_secs_f64())
+    }
+
+    /// Events delivered per second of the relay phase.
+    pub fn delivered_per_s(&self) -> f64 {
+        per_second(self.delivered, self.relay_time.as_secs_f64())
+    }
+
+    /// Events applied per second of the apply phase.
+    pub fn applied_per_s(&self) -> f64 {
+        per_second(self.applied, self.apply_time.as_secs_f64())
+    }
+
     /// Everything wrong with the end state, one line each; empty when it is
     /// right.
     pub fn problems(&self) -> Vec<String> {
@@ -301,4 +317,54 @@ fn apply_all(consumer: &mut ConsumerDb, progress: &dyn Progress) -> Result<(u64,
         progress.inc(applied - before);
     }
     Ok((applied, blocked))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_phase_has_its_rate() {
+        let ms = Duration::from_millis;
+        // (events of each phase, times) -> (produced/s, delivered/s, applied/s)
+        let cases = [
+            (
+                ((300, 300, 300), (ms(1500), ms(3000), ms(600))),
+                (200.0, 100.0, 500.0),
+            ),
+            (
+                ((300, 299, 0), (ms(250), ms(1000), ms(40))),
+                (1200.0, 299.0, 0.0),
+            ),
+            // A phase of no measurable time stays finite.
+            (
+                ((3, 0, 5), (Duration::ZERO, Duration::ZERO, Duration::ZERO)),
+                (3e9, 0.0, 5e9),
+            ),
+        ];
+        for (((produced, delivered, applied), (produce, relay, apply)), rates) in cases {
+            let report = DemoReport {
+                options: DemoOptions {
+                    dir: PathBuf::from("demo"),
+                    flows: 100,
+                    force: false,
+                },
+                produced,
+                delivered,
+                applied,
+                blocked: 0,
+                produce_time: produce,
+                relay_time: relay,
+                apply_time: apply,
+                violations: Vec::new(),
+                leftover_flows: 0,
+            };
+            let got = (
+                report.produced_per_s(),
+                report.delivered_per_s(),
+                report.applied_per_s(),
+            );
+            assert_eq!(got, rates, "{report:?}");
+        }
+    }
 }

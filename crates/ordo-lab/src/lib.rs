@@ -14,6 +14,7 @@ pub mod bench_producers;
 pub mod demo;
 pub mod experiment;
 pub mod faults;
+pub mod figures;
 pub mod pg;
 pub mod serve;
 pub mod skeleton_pg;
