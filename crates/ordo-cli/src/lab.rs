@@ -274,7 +274,9 @@ pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
     if let (Some(plot), bench::BenchReport::Throughput(throughput)) = (&args.plot, &report) {
         render_lab::draw(plot, &value["runs"], throughput)?;
     }
-    emit(json_mode, &value, || render_lab::bench_text(&value));
+    emit(json_mode, &value, || {
+        render_lab::bench_text(&report, &value)
+    });
     let problems = match &report {
         bench::BenchReport::Http(http) => http.problems(),
         _ => Vec::new(),

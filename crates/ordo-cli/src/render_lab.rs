@@ -5,6 +5,7 @@ use std::path::Path;
 
 use ordo_lab::bench::{
     BenchReport, Calibration, GrowthRun, Phase, PipelineRun, SequentialRun, ThroughputReport,
+    DRIFT_FLAGGED_PERCENT,
 };
 use ordo_lab::bench_http::{HttpBenchReport, RelayRun, RequestLatency, RATIO_TARGET};
 use ordo_lab::bench_pg::{PgBenchReport, WorkersRun};
@@ -47,7 +48,6 @@ pub fn demo(report: &DemoReport) -> Value {
 }
 
 pub fn demo_text(report: &DemoReport) -> String {
-    let rate = |n: u64, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
     let (produced, delivered, applied) = (report.produced, report.delivered, report.applied);
     let (produce_time, relay_time, apply_time) =
         (report.produce_time, report.relay_time, report.apply_time);
@@ -56,17 +56,17 @@ pub fn demo_text(report: &DemoReport) -> String {
         format!(
             "produced   {produced:>8} events in {:>7.3} s ({:.0}/s)",
             produce_time.as_secs_f64(),
-            rate(produced, produce_time)
+            report.produced_per_s()
         ),
         format!(
             "delivered  {delivered:>8} events in {:>7.3} s ({:.0}/s)",
             relay_time.as_secs_f64(),
-            rate(delivered, relay_time)
+            report.delivered_per_s()
         ),
         format!(
             "applied    {applied:>8} events in {:>7.3} s ({:.0}/s)",
             apply_time.as_secs_f64(),
-            rate(applied, apply_time)
+            report.applied_per_s()
         ),
         format!("blocked    {:>8} flows", report.blocked),
     ];
@@ -280,7 +280,7 @@ fn producers_run(run: &ProducersRun) -> Value {
         "commits": run.commits,
         "seconds": round3(run.seconds),
         "events_per_s": run.events_per_s().round(),
-        "events_per_commit": round3(run.events as f64 / run.commits.max(1) as f64),
+        "events_per_commit": round3(run.events_per_commit()),
         "f_commits_per_s": run.f().round(),
         "f_before_after": [run.f_before_after.0.round(), run.f_before_after.1.round()],
         "ratio_to_f": round3(run.ratio_to_f()),
@@ -291,21 +291,24 @@ fn producers_run(run: &ProducersRun) -> Value {
 
 /// `ordo bench --producers`: the direct baseline and one object per N.
 pub fn producers(report: &ProducersReport) -> Value {
-    let (f_min, f, f_max) = f_spread(&report.calibrations);
+    let f = report.f_spread();
     json!({
         "flow_ids": report.flow_ids.name(),
-        "f_commits_per_s": f.round(),
-        "f_range": [f_min.round(), f_max.round()],
+        "f_commits_per_s": f.median.round(),
+        "f_range": [f.min.round(), f.max.round()],
         "direct": producers_run(&report.direct),
         "producers": report.runs.iter().map(producers_run).collect::<Vec<_>>(),
     })
 }
 
 pub fn producers_text(report: &ProducersReport) -> String {
-    let (f_min, f, f_max) = f_spread(&report.calibrations);
+    let f = report.f_spread();
     let mut lines = vec![
         format!(
-            "F = {f:.0} commits/s (range {f_min:.0}..{f_max:.0}), {} flow ids",
+            "F = {:.0} commits/s (range {:.0}..{:.0}), {} flow ids",
+            f.median,
+            f.min,
+            f.max,
             report.flow_ids.name()
         ),
         format!(
@@ -330,7 +333,7 @@ pub fn producers_text(report: &ProducersReport) -> String {
             l.p50_ms,
             l.p99_ms,
             l.p999_ms,
-            run.events as f64 / run.commits.max(1) as f64,
+            run.events_per_commit(),
             format!("{}..{} (mean {:.0})", p.min, p.max, p.mean),
         )
     };
@@ -357,19 +360,19 @@ fn workers_run(report: &PgBenchReport, run: &WorkersRun) -> Value {
         "produce_per_s": run.produce_per_s().round(),
         "relay_per_s": run.relay_per_s().round(),
         "deliveries": run.deliveries,
-        "commits_per_event": round3(run.commits as f64 / run.events.max(1) as f64),
+        "commits_per_event": round3(run.commits_per_event()),
         "wal_bytes_per_event": run.wal_bytes_per_event().round(),
     })
 }
 
 /// `ordo bench --backend postgres`: F_pg and one object per worker count.
 pub fn bench_pg(report: &PgBenchReport) -> Value {
-    let (f_min, f, f_max) = f_spread(&report.calibrations);
+    let f = report.f_pg_spread();
     json!({
         "backend": "postgres",
         "server": report.server,
-        "f_pg": f.round(),
-        "f_pg_range": [f_min.round(), f_max.round()],
+        "f_pg": f.median.round(),
+        "f_pg_range": [f.min.round(), f.max.round()],
         "s_pg": report.s_pg().round(),
         "s_pg_runs": report.skeletons.iter().map(skeleton_run).collect::<Vec<_>>(),
         "flows": report.flows,
@@ -394,36 +397,28 @@ fn skeleton_run(run: &SkeletonRun) -> Value {
 }
 
 pub fn bench_pg_text(report: &PgBenchReport) -> String {
-    let (f_min, f, f_max) = f_spread(&report.calibrations);
-    let skeleton_rates: Vec<f64> = report
-        .skeletons
-        .iter()
-        .map(SkeletonRun::events_per_s)
-        .collect();
-    let (s_min, _, s_max) = f_spread(&skeleton_rates);
+    let f = report.f_pg_spread();
+    let s = report.s_pg_spread();
     let mut lines = vec![
         format!(
             "F_pg = {:.0} commits/s, {:.0} to {:.0} ({}: single-row commits, synchronous_commit on, \
              before the first run and after each; each run's ratio is to the F_pg around it)",
-            f, f_min, f_max, report.server
+            f.median, f.min, f.max, report.server
         ),
         format!(
             "S_pg = {:.0} events/s, {:.0} to {:.0}, {:.0} WAL B/ev ({} clients on a database of \
              their own, each event's protocol rows and nothing else: no leases, fences, checks \
              or handler; before the first run and after the last; each run's ratio is to S_pg)",
             report.s_pg(),
-            s_min,
-            s_max,
-            report
-                .skeletons
-                .last()
-                .map_or(0.0, SkeletonRun::wal_bytes_per_event),
+            s.min,
+            s.max,
+            report.s_pg_wal_bytes_per_event(),
             report.skeletons.first().map_or(0, |s| s.clients),
         ),
         format!(
             "{} flows ({} events) per run, batch {}, {} producer threads",
             report.flows,
-            report.flows * 3,
+            report.events_per_run(),
             report.batch,
             report.producers
         ),
@@ -454,7 +449,7 @@ pub fn bench_pg_text(report: &PgBenchReport) -> String {
             report.ratio_to_s(run),
             run.produce_per_s(),
             run.relay_per_s(),
-            run.events as f64 / run.commits.max(1) as f64,
+            run.events_per_commit(),
             run.wal_bytes_per_event(),
         )
     }));
@@ -477,13 +472,13 @@ pub fn bench(report: &BenchReport) -> Value {
     }
 }
 
-pub fn bench_text(value: &Value) -> String {
-    if value["transport"] == "http" {
-        return http_bench_text(value);
-    }
-    match value.get("growth") {
-        Some(growth) => growth_text(growth),
-        None => throughput_text(value),
+/// The text of a bench report from its JSON document (`value`, as
+/// [`bench`] renders it).
+pub fn bench_text(report: &BenchReport, value: &Value) -> String {
+    match report {
+        BenchReport::Growth { .. } => growth_text(&value["growth"]),
+        BenchReport::Throughput(report) => throughput_text(report, value),
+        BenchReport::Http(_) => http_bench_text(value),
     }
 }
 
@@ -503,11 +498,10 @@ fn relay_run(run: &RelayRun) -> Value {
 
 fn http_bench(report: &HttpBenchReport) -> Value {
     let load = &report.load;
-    let seconds = load.seconds.max(1e-9);
     json!({
         "transport": "http",
         "flows": report.flows,
-        "events": report.flows * 3,
+        "events": report.events(),
         "batch": report.batch,
         "relay": {
             "in_process": relay_run(&report.in_process),
@@ -524,8 +518,8 @@ fn http_bench(report: &HttpBenchReport) -> Value {
             "first_failure": load.first_failure,
             "accepted": load.accepted,
             "stored": load.stored,
-            "requests_per_s": (load.requests as f64 / seconds).round(),
-            "events_per_s": (load.accepted as f64 / seconds).round(),
+            "requests_per_s": load.requests_per_s().round(),
+            "events_per_s": load.events_per_s().round(),
             "request_latency_ms": request_latency(&load.latency),
             "server_peak_memory_bytes": load.server_peak_memory_bytes,
         },
@@ -545,9 +539,7 @@ fn http_bench_text(v: &Value) -> String {
     let load = &v["load"];
     let memory = load["server_peak_memory_bytes"]
         .as_u64()
-        .map_or("unknown".to_owned(), |b| {
-            format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
-        });
+        .map_or("unknown".to_owned(), mib);
     let mut lines = vec![
         format!("flows {}, events {}, batch {}", v["flows"], v["events"], v["batch"]),
         run("relay in process", &relay["in_process"]),
@@ -575,26 +567,27 @@ fn growth(g: &GrowthRun) -> Value {
         "events": g.events,
         "producer_bytes": g.producer_bytes,
         "consumer_bytes": g.consumer_bytes,
-        "producer_bytes_per_event": round3(g.producer_bytes as f64 / g.events as f64),
-        "consumer_bytes_per_event": round3(g.consumer_bytes as f64 / g.events as f64),
+        "producer_bytes_per_event": round3(g.producer_bytes_per_event()),
+        "consumer_bytes_per_event": round3(g.consumer_bytes_per_event()),
         "bytes_after_each_round": g.bytes_after_each_round.iter().map(|(p, c)| json!([p, c])).collect::<Vec<_>>(),
     })
 }
 
 fn sequential(run: &SequentialRun) -> Value {
+    let (events, c) = (run.events, &run.calibration);
     let mut value = json!({
         "batch": run.batch,
-        "produce": phase_json(run.events, &run.produce),
-        "relay": phase_json(run.events, &run.relay),
-        "apply": phase_json(run.events, &run.apply),
-        "end_to_end": phase_json(run.events, &run.end_to_end()),
+        "produce": phase_json(events, &run.produce, c),
+        "relay": phase_json(events, &run.relay, c),
+        "apply": phase_json(events, &run.apply, c),
+        "end_to_end": phase_json(events, &run.end_to_end(), c),
     });
-    calibrated(&mut value, run.calibration);
+    calibrated(&mut value, c);
     value
 }
 
 fn pipeline(run: &PipelineRun) -> Value {
-    let mut value = phase_json(run.events, &run.phase);
+    let mut value = phase_json(run.events, &run.phase, &run.calibration);
     value["batch"] = json!(run.batch);
     let l = &run.latency;
     value["latency_ms"] =
@@ -602,26 +595,20 @@ fn pipeline(run: &PipelineRun) -> Value {
     if let Some(rate) = run.offered_per_s {
         value["offered_per_s"] = json!(rate);
     }
-    calibrated(&mut value, run.calibration);
+    calibrated(&mut value, &run.calibration);
     value
 }
 
-fn calibrated(value: &mut Value, calibration: Calibration) {
-    set_f(value, calibration.before, calibration.after);
-}
-
-/// The smallest, the median and the largest calibration of F.
-fn f_spread(calibrations: &[f64]) -> (f64, f64, f64) {
-    let f_min = calibrations.iter().copied().fold(f64::INFINITY, f64::min);
-    let f_max = calibrations.iter().copied().fold(0.0, f64::max);
-    let mut sorted = calibrations.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    (f_min, sorted[sorted.len() / 2], f_max)
+/// A run's F (the geometric mean of the calibrations before and after
+/// it) and both calibrations.
+fn calibrated(value: &mut Value, calibration: &Calibration) {
+    value["f_commits_per_s"] = json!(calibration.f().round());
+    value["f_before_after"] = json!([calibration.before.round(), calibration.after.round()]);
 }
 
 fn throughput(report: &ThroughputReport) -> Value {
     // The run's F in one number: the median of all calibrations.
-    let (f_min, f, f_max) = f_spread(&report.calibrations);
+    let f = report.f_spread();
     let unbatched = match &report.unbatched {
         Some(run) => {
             let mut value = sequential(run);
@@ -631,10 +618,10 @@ fn throughput(report: &ThroughputReport) -> Value {
         None => Value::Null,
     };
     json!({
-        "f_commits_per_s": f.round(),
-        "f_range": [f_min.round(), f_max.round()],
+        "f_commits_per_s": f.median.round(),
+        "f_range": [f.min.round(), f.max.round()],
         "flows": report.flows,
-        "events": report.flows * 3,
+        "events": report.events(),
         "runs": report.runs.iter().map(sequential).collect::<Vec<_>>(),
         "unbatched": unbatched,
         "concurrent": pipeline(&report.concurrent),
@@ -646,51 +633,28 @@ fn throughput(report: &ThroughputReport) -> Value {
 
 /// Draws the sweep's runs (`runs`, as rendered) into an SVG file.
 pub fn draw(path: &Path, runs: &Value, report: &ThroughputReport) -> Result<(), Failure> {
-    let (f_min, _, f_max) = f_spread(&report.calibrations);
+    let f = report.f_spread();
     let runs = runs.as_array().map(Vec::as_slice).unwrap_or_default();
-    draw_runs(path, runs, f_min, f_max)
+    draw_runs(path, runs, f.min, f.max)
 }
 
-/// A phase's figures; `ratio_to_f` is filled in by `set_f` once the F
-/// measured after the run is known.
-fn phase_json(events: u64, phase: &Phase) -> Value {
-    let rate = events as f64 / phase.seconds.max(1e-9);
+/// A phase's figures, its ratio to the F around its run included.
+fn phase_json(events: u64, phase: &Phase, calibration: &Calibration) -> Value {
+    let rate = phase.events_per_s(events);
     json!({
         "events": events,
         "seconds": round3(phase.seconds),
         "events_per_s": rate.round(),
-        "commits_per_event": round3(phase.commits.all as f64 / events.max(1) as f64),
-        "fsyncs_per_event": round3(phase.commits.synced as f64 / events.max(1) as f64),
+        "commits_per_event": round3(phase.commits_per_event(events)),
+        "fsyncs_per_event": round3(phase.fsyncs_per_event(events)),
+        "ratio_to_f": round3(calibration.ratio_to_f(rate)),
     })
 }
 
-/// Fills in a run's F (the geometric mean of the calibrations before and
-/// after it), both calibrations, and every phase's ratio to that F.
-fn set_f(run: &mut Value, before: f64, after: f64) {
-    let f = (before * after).sqrt();
-    run["f_commits_per_s"] = json!(f.round());
-    run["f_before_after"] = json!([before.round(), after.round()]);
-    let ratio = |phase: &mut Value| {
-        if let Some(rate) = phase["events_per_s"].as_f64() {
-            phase["ratio_to_f"] = json!(round3(rate / f));
-        }
-    };
-    ratio(run);
-    for name in ["produce", "relay", "apply", "end_to_end"] {
-        if run.get(name).is_some() {
-            ratio(&mut run[name]);
-        }
-    }
+/// Bytes as MiB with one decimal.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
-
-/// How far F moved during a run: the larger calibration over the smaller.
-fn drift(run: &Value) -> f64 {
-    let pair = |i: usize| run["f_before_after"][i].as_f64().unwrap_or(0.0).max(1.0);
-    pair(0).max(pair(1)) / pair(0).min(pair(1))
-}
-
-/// A run whose F moved more than this is flagged in the text output.
-const DRIFT_FLAGGED: f64 = 1.25;
 
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
@@ -710,30 +674,34 @@ fn growth_text(g: &Value) -> String {
     .join("\n")
 }
 
-fn throughput_text(v: &Value) -> String {
-    let mut lines = vec![
-        format!(
-            "F (fsync-bound single-row commits on this disk), measured between the runs: {} to {} /s",
-            v["f_range"][0], v["f_range"][1]
-        ),
-        format!("flows {}, events {}", v["flows"], v["events"]),
-        format!(
-            "{:>6} {:>8} {:>20} {:>20} {:>20} {:>20} {:>14} {:>13}",
-            "batch",
-            "F/s",
-            "produce/s (x F)",
-            "relay/s (x F)",
-            "apply/s (x F)",
-            "end-to-end/s (x F)",
-            "commits/event",
-            "fsyncs/event"
-        ),
-    ];
-    // serde_json's Display ignores width, so every cell is a String first.
-    let f_cell = |r: &Value| {
-        let flag = if drift(r) > DRIFT_FLAGGED { "*" } else { "" };
-        format!("{}{flag}", r["f_commits_per_s"])
-    };
+/// The column heads of the sequential runs, and the format of their rows.
+const SEQUENTIAL_HEADS: [&str; 8] = [
+    "batch",
+    "F/s",
+    "produce/s (x F)",
+    "relay/s (x F)",
+    "apply/s (x F)",
+    "end-to-end/s (x F)",
+    "commits/event",
+    "fsyncs/event",
+];
+
+fn sequential_row(cells: [String; 8]) -> String {
+    let [batch, f, produce, relay, apply, end_to_end, commits, fsyncs] = cells;
+    format!(
+        "{batch:>6} {f:>8} {produce:>20} {relay:>20} {apply:>20} {end_to_end:>20} {commits:>14} {fsyncs:>13}"
+    )
+}
+
+/// A run's F, starred when it moved too much around the run.
+fn f_cell(r: &Value, drifted: bool) -> String {
+    let flag = if drifted { "*" } else { "" };
+    format!("{}{flag}", r["f_commits_per_s"])
+}
+
+/// A sequential run's row; serde_json's Display ignores width, so every
+/// cell is a String first.
+fn sequential_text(r: &Value, drifted: bool) -> String {
     let rate = |p: &Value| {
         format!(
             "{} ({:.2})",
@@ -741,60 +709,63 @@ fn throughput_text(v: &Value) -> String {
             p["ratio_to_f"].as_f64().unwrap_or(0.0)
         )
     };
-    let row = |r: &Value| {
+    sequential_row([
+        r["batch"].to_string(),
+        f_cell(r, drifted),
+        rate(&r["produce"]),
+        rate(&r["relay"]),
+        rate(&r["apply"]),
+        rate(&r["end_to_end"]),
+        r["end_to_end"]["commits_per_event"].to_string(),
+        r["end_to_end"]["fsyncs_per_event"].to_string(),
+    ])
+}
+
+/// The lines of the three pipelines.
+fn pipelines_text(report: &ThroughputReport, v: &Value) -> [String; 3] {
+    let (c, p, o) = (&v["concurrent"], &v["pipelined"], &v["offered"]);
+    [
         format!(
-            "{:>6} {:>8} {:>20} {:>20} {:>20} {:>20} {:>14} {:>13}",
-            r["batch"].to_string(),
-            f_cell(r),
-            rate(&r["produce"]),
-            rate(&r["relay"]),
-            rate(&r["apply"]),
-            rate(&r["end_to_end"]),
-            r["end_to_end"]["commits_per_event"].to_string(),
-            r["end_to_end"]["fsyncs_per_event"].to_string(),
-        )
-    };
-    if !v["unbatched"].is_null() {
-        lines.push(row(&v["unbatched"]));
+            "concurrent (3 threads, B={}, F {}/s): {} events/s = {} x F, {} commits/event, {} fsyncs/event, latency p50 {} ms p99 {} ms",
+            c["batch"], f_cell(c, report.concurrent.calibration.drifted()), c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["fsyncs_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
+        ),
+        format!(
+            "pipelined (2 threads: producer file, consumer file; B={}, F {}/s): {} events/s = {} x F, {} fsyncs/event, latency p50 {} ms p99 {} ms",
+            p["batch"], f_cell(p, report.pipelined.calibration.drifted()), p["events_per_s"], p["ratio_to_f"], p["fsyncs_per_event"], p["latency_ms"]["p50"], p["latency_ms"]["p99"]
+        ),
+        format!(
+            "offered {} events/s: achieved {} events/s, commit-to-applied p50 {} ms, p99 {} ms, max {} ms",
+            o["offered_per_s"], o["events_per_s"], o["latency_ms"]["p50"], o["latency_ms"]["p99"], o["latency_ms"]["max"]
+        ),
+    ]
+}
+
+/// The text of a throughput report from its JSON document (`v`).
+fn throughput_text(report: &ThroughputReport, v: &Value) -> String {
+    let mut lines = vec![
+        format!(
+            "F (fsync-bound single-row commits on this disk), measured between the runs: {} to {} /s",
+            v["f_range"][0], v["f_range"][1]
+        ),
+        format!("flows {}, events {}", v["flows"], v["events"]),
+        sequential_row(SEQUENTIAL_HEADS.map(str::to_owned)),
+    ];
+    let unbatched = report.unbatched.iter().zip([&v["unbatched"]]);
+    let runs = report
+        .runs
+        .iter()
+        .zip(v["runs"].as_array().into_iter().flatten());
+    for (run, r) in unbatched.chain(runs) {
+        lines.push(sequential_text(r, run.calibration.drifted()));
     }
-    for r in v["runs"].as_array().into_iter().flatten() {
-        lines.push(row(r));
-    }
-    let c = &v["concurrent"];
-    lines.push(format!(
-        "concurrent (3 threads, B={}, F {}/s): {} events/s = {} x F, {} commits/event, {} fsyncs/event, latency p50 {} ms p99 {} ms",
-        c["batch"], f_cell(c), c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["fsyncs_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
-    ));
-    let p = &v["pipelined"];
-    lines.push(format!(
-        "pipelined (2 threads: producer file, consumer file; B={}, F {}/s): {} events/s = {} x F, {} fsyncs/event, latency p50 {} ms p99 {} ms",
-        p["batch"], f_cell(p), p["events_per_s"], p["ratio_to_f"], p["fsyncs_per_event"], p["latency_ms"]["p50"], p["latency_ms"]["p99"]
-    ));
-    let o = &v["offered"];
-    lines.push(format!(
-        "offered {} events/s: achieved {} events/s, commit-to-applied p50 {} ms, p99 {} ms, max {} ms",
-        o["offered_per_s"], o["events_per_s"], o["latency_ms"]["p50"], o["latency_ms"]["p99"], o["latency_ms"]["max"]
-    ));
-    let all_runs = v["runs"].as_array().into_iter().flatten().chain([
-        &v["unbatched"],
-        &v["concurrent"],
-        &v["pipelined"],
-        &v["offered"],
-    ]);
-    if all_runs
-        .filter(|r| !r.is_null())
-        .any(|r| drift(r) > DRIFT_FLAGGED)
-    {
+    lines.extend(pipelines_text(report, v));
+    if report.drifted() {
         lines.push(format!(
-            "* F moved by more than {:.0} % between the calibrations before and after this run: its ratios are unreliable, run again",
-            (DRIFT_FLAGGED - 1.0) * 100.0
+            "* F moved by more than {DRIFT_FLAGGED_PERCENT:.0} % between the calibrations before and after this run: its ratios are unreliable, run again"
         ));
     }
-    if let Some(bytes) = v["peak_memory_bytes"].as_u64() {
-        lines.push(format!(
-            "peak memory {:.1} MiB",
-            bytes as f64 / (1024.0 * 1024.0)
-        ));
+    if let Some(bytes) = report.peak_memory_bytes {
+        lines.push(format!("peak memory {}", mib(bytes)));
     }
     lines.join("\n")
 }
