@@ -1,6 +1,6 @@
-//! `relay --follow` and `apply --follow`: the runner's loops (or, on
-//! PostgreSQL, the polling loops of `polling`) in the foreground until
-//! SIGTERM or SIGINT, one line per round, and metrics.
+//! `relay --follow` and `apply --follow`: the runtime's loops on either
+//! backend in the foreground until SIGTERM or SIGINT, one line per round,
+//! and metrics.
 //!
 //! Invariant: a signal only asks the loops to stop; the round in progress
 //! commits (or rolls back) whole before the process exits 0.
@@ -13,17 +13,17 @@ use std::time::{Duration, Instant};
 use ordo_core::{ProducerStore, Transport};
 use ordo_http::{Metrics, MetricsServer};
 use ordo_reservation::{ApplyOptions, ReservationHandler};
-use ordo_sqlite::{ApplyRound, RelayRound, Runner, RunnerOptions};
+use ordo_runtime::{ApplyRound, RelayRound, Runner, RunnerOptions};
 use serde_json::json;
 
 use crate::args::{ApplyArgs, Files, RelayArgs};
 use crate::commands::relay_options;
 use crate::context::{
-    check_distinct, clock, existing_producer, open_existing_consumer, open_existing_producer,
+    check_distinct, clock, open_existing_consumer, open_existing_producer,
     open_existing_reservation_consumer,
 };
 use crate::metered::{count_apply, count_relay, expect_reservation_blocks};
-use crate::polling::{start_apply, Loops, Running};
+use crate::running::{start_apply, start_relay};
 use crate::stores::AnyProducer;
 use crate::{remote, Failure};
 
@@ -77,28 +77,7 @@ fn relay_with<T: Transport + Send + 'static>(
         count_relay(&observer_metrics, round);
         printer.relay(round);
     };
-    let started = match producer {
-        AnyProducer::Sqlite(producer) => {
-            let mut runner = Runner::new(options);
-            runner
-                .spawn_relay_to(producer, transport, observe)
-                .map(|()| Running::Runner(runner))
-        }
-        producer @ AnyProducer::Postgres(_) => {
-            let location = args.producer.clone();
-            let mut loops = Loops::default();
-            loops
-                .spawn_relay(
-                    producer,
-                    Box::new(move || existing_producer(&location)),
-                    transport,
-                    options.relay,
-                    clock(),
-                    observe,
-                )
-                .map(|()| Running::Loops(loops))
-        }
-    };
+    let started = start_relay(producer, &args.producer, transport, options, observe);
     let running =
         started.map_err(|e| Failure::Internal(format!("cannot start the relay loop: {e}")))?;
     watch(&stop, &running, || {
@@ -110,7 +89,7 @@ fn relay_with<T: Transport + Send + 'static>(
         metrics.set_outbox(&status, now_ms);
         Ok(())
     });
-    running.stop()?;
+    crate::running::stop(running)?;
     exposition.stop();
     Ok(())
 }
@@ -142,7 +121,7 @@ pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
         }
         Ok(())
     });
-    running.stop()?;
+    crate::running::stop(running)?;
     exposition.stop();
     Ok(())
 }
@@ -151,7 +130,7 @@ pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
 /// `refresh` (the gauges) every [`GAUGE_INTERVAL`].
 fn watch(
     stop: &Stop,
-    running: &Running,
+    running: &Runner,
     mut refresh: impl FnMut() -> Result<(), ordo_core::StoreError>,
 ) {
     let mut refreshed: Option<Instant> = None;

@@ -11,10 +11,10 @@ mod lab;
 mod logging;
 mod metered;
 mod ops;
-mod polling;
 mod remote;
 mod render;
 mod render_lab;
+mod running;
 mod serve;
 mod stores;
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ordo_core::Receipt;
 use ordo_http::Metrics;
 use ordo_reservation::{INVALID_PAYLOAD, INVALID_TRANSITION, UNSUPPORTED_SCHEMA};
-use ordo_sqlite::{ApplyRound, RelayRound};
+use ordo_runtime::{ApplyRound, RelayRound};
 
 /// Lists the reservation domain's block codes at zero.
 pub fn expect_reservation_blocks(metrics: &Metrics) {

@@ -473,7 +473,7 @@ pub fn bench(report: &BenchReport) -> Value {
 }
 
 /// The text of a bench report from its JSON document (`value`, as
-/// [`bench`] renders it).
+/// [`bench()`] renders it).
 pub fn bench_text(report: &BenchReport, value: &Value) -> String {
     match report {
         BenchReport::Growth { .. } => growth_text(&value["growth"]),

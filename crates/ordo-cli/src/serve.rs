@@ -26,9 +26,10 @@ use crate::context::{
     open_existing_reservation_consumer,
 };
 use crate::metered::{count_apply, expect_reservation_blocks};
-use crate::polling::{start_apply, Running};
+use crate::running::start_apply;
 use crate::stores::{AnyConsumer, Location};
 use crate::Failure;
+use ordo_runtime::Runner;
 
 /// How often the applier's committed totals reach the metrics, and its
 /// health is checked.
@@ -248,7 +249,7 @@ fn start_applier(
     consumer: AnyConsumer,
     location: &Location,
     metrics: &Arc<Metrics>,
-) -> Result<Running, Failure> {
+) -> Result<Runner, Failure> {
     expect_reservation_blocks(metrics);
     let handler = ReservationHandler::new(ApplyOptions::default());
     let counted = Some(Arc::clone(metrics));
@@ -267,7 +268,7 @@ fn start_applier(
 /// Watches the applier until the server stops or the applier fails (which
 /// stops the server); then stops it.
 async fn watch_applier(
-    runner: Running,
+    runner: Runner,
     stop: tokio::sync::watch::Sender<bool>,
 ) -> Result<(), Failure> {
     let mut stopped = stop.subscribe();
@@ -283,7 +284,7 @@ async fn watch_applier(
             break;
         }
     }
-    tokio::task::spawn_blocking(move || runner.stop())
+    tokio::task::spawn_blocking(move || crate::running::stop(runner))
         .await
         .map_err(|e| Failure::Internal(format!("the applier's stop failed: {e}")))??;
     tracing::info!("applier stopped");

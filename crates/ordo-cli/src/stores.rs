@@ -122,6 +122,20 @@ impl AnyProducer {
     }
 }
 
+impl ordo_core::RunStore for AnyProducer {
+    fn clock(&self) -> std::sync::Arc<dyn ordo_core::Clock> {
+        each!(self, s => s.clock())
+    }
+
+    fn signal(&self) -> ordo_core::Signal {
+        each!(self, s => ordo_core::RunStore::signal(s))
+    }
+
+    fn changed_elsewhere(&mut self) -> Result<bool, StoreError> {
+        each!(self, s => s.changed_elsewhere())
+    }
+}
+
 impl ProducerStore for AnyProducer {
     fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
         each!(self, s => s.append_events(events))

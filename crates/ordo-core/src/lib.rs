@@ -27,8 +27,10 @@ pub mod ids;
 pub mod ops;
 pub mod outcome;
 pub mod relay;
+pub mod run;
 pub mod store;
 pub mod transport;
+pub mod wake;
 
 pub use backoff::Backoff;
 pub use clock::{Clock, FixedClock, SystemClock};
@@ -43,8 +45,10 @@ pub use relay::{
     relay, relay_each, relay_event, Delivery, Handover, Refusal, RefusalReason, RelayOptions,
     RelayPolicy, RelayReport, RelayStop, RoundFailure,
 };
+pub use run::{RunConsumer, RunStore};
 pub use store::{
     drain, process_all, process_all_each, process_page, ConsumerStore, ProducerStore,
     APPLY_BATCH_LEN_DEFAULT,
 };
 pub use transport::{TransientKind, Transport, TransportError};
+pub use wake::Signal;

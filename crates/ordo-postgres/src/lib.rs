@@ -95,3 +95,9 @@ pub fn tables_ddl() -> [String; 2] {
 /// The `postgres` client these stores are built on, for rows and types in
 /// an application's own SQL.
 pub use postgres;
+
+/// This process's wake-up signal for the store of `schema` at `url` (by
+/// the URL without its password).
+fn signal_for(url: &str, schema: &str) -> ordo_core::Signal {
+    ordo_core::Signal::for_key(format!("postgres:{}#{schema}", redact_url(url)))
+}

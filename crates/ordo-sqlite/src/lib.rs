@@ -15,7 +15,7 @@
 //!   its own tables in the transaction that marks the event applied.
 //! * [`GroupWriter`] commits the units of many threads of one process
 //!   together, each unit under its own savepoint, so they share a sync.
-//! * [`Runner`] runs the relay and apply loops in the application's process.
+//! * The relay and apply loops of an application's process are `ordo_runtime::Runner`'s.
 
 #![warn(missing_docs)]
 
@@ -25,8 +25,7 @@ mod consumer;
 mod domain;
 pub mod group;
 mod producer;
-pub mod runner;
-pub mod wake;
+mod watch;
 
 pub use conn::{
     same_file, OpenOptions, APPLICATION_ID, BUSY_TIMEOUT_DEFAULT, FIRST_RELEASE_DOMAIN,
@@ -39,9 +38,6 @@ pub use group::{
     BATCH_TIME_MAX_DEFAULT, QUEUE_LEN_MAX_DEFAULT, WAIT_MAX_DEFAULT, WAL_CHECKPOINT_PAGES_DEFAULT,
 };
 pub use producer::{read_outbox, ProducerDb, ProducerTx, CONFLICT_REASON};
-pub use runner::{
-    ApplyRound, ApplyTotals, RelayRound, RelayTotals, RunReport, Runner, RunnerOptions,
-};
 /// The rusqlite version these stores are built on, for callers writing their
 /// own state in `ProducerDb::write` or an `ApplyHandler`.
 pub use rusqlite;

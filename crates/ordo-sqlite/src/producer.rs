@@ -18,7 +18,7 @@ use crate::conn::{
     Want,
 };
 use crate::domain::Schema;
-use crate::wake;
+use crate::watch::{signal_for, DataVersion};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS outbox (
@@ -69,7 +69,8 @@ const TABLES: Tables = Tables {
 pub struct ProducerDb {
     conn: Connection,
     domain: String,
-    wake: wake::Signal,
+    wake: ordo_core::Signal,
+    data_version: DataVersion,
     clock: Arc<dyn Clock>,
     commits: u64,
     synced_commits: u64,
@@ -153,7 +154,8 @@ impl ProducerDb {
         Ok(ProducerDb {
             conn,
             domain,
-            wake: wake::Signal::for_path(path),
+            wake: signal_for(path),
+            data_version: DataVersion::default(),
             clock,
             commits: 0,
             synced_commits: 0,
@@ -169,13 +171,6 @@ impl ProducerDb {
     /// The domain that owns this store.
     pub fn domain(&self) -> &str {
         &self.domain
-    }
-
-    /// The signal raised by every commit of this process that appends to
-    /// this file (whichever handle made it): a relay loop in the same
-    /// process waits on it to deliver at once.
-    pub fn append_signal(&self) -> wake::Signal {
-        self.wake.clone()
     }
 
     /// The underlying connection, for reading pragmas and for the caller's
@@ -458,6 +453,24 @@ pub fn read_outbox(conn: &Connection) -> Result<Vec<OutboxRecord>, StoreError> {
 /// envelope; anything else is a damaged file.
 pub(crate) fn stored_envelope(context: &str, body: &str) -> Result<Envelope, StoreError> {
     Envelope::from_stored(body).map_err(|e| corrupt(context, e))
+}
+
+impl ordo_core::RunStore for ProducerDb {
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+
+    /// Raised by every commit of this process that appends to this file
+    /// (whichever handle made it).
+    fn signal(&self) -> ordo_core::Signal {
+        self.wake.clone()
+    }
+
+    /// Another process's commit to this file (the application's appends),
+    /// seen by the file's `data_version`.
+    fn changed_elsewhere(&mut self) -> Result<bool, StoreError> {
+        self.data_version.changed(&self.conn)
+    }
 }
 
 impl ProducerStore for ProducerDb {

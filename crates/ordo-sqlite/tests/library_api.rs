@@ -17,8 +17,9 @@ use ordo_core::{
     StoreError, SystemClock, Verdict,
 };
 use ordo_reservation::{ReservationConsumer, ReservationProducer};
+use ordo_runtime::{Runner, RunnerOptions};
 use ordo_sqlite::rusqlite::{params, Connection};
-use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Runner, RunnerOptions, Schema};
+use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
 use serde_json::json;
 
 fn flow(id: &str) -> FlowId {

@@ -16,8 +16,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use ordo_core::{ConsumerStore, InboxStatus, ProducerStore};
-use ordo_sqlite::runner::RunReport;
-use ordo_sqlite::{ConsumerDb, ProducerDb, Runner, RunnerOptions};
+use ordo_runtime::{RunReport, Runner, RunnerOptions};
+use ordo_sqlite::{ConsumerDb, ProducerDb};
 
 use orders::Orders;
 

@@ -117,6 +117,7 @@ pub struct PgConsumer {
     domain: String,
     clock: Arc<dyn Clock>,
     commits: u64,
+    wake: ordo_core::Signal,
 }
 
 impl PgConsumer {
@@ -153,11 +154,13 @@ impl PgConsumer {
         options: &PgOptions,
     ) -> Result<PgConsumer, StoreError> {
         let opened = open(url, Role::Consumer, &TABLES, want, options)?;
+        let wake = crate::signal_for(url, opened.conn.ordo_schema());
         Ok(PgConsumer {
             conn: opened.conn,
             domain: opened.domain,
             clock,
             commits: 0,
+            wake,
         })
     }
 
@@ -221,6 +224,29 @@ pub fn read_inbox(conn: &PgTx) -> Result<Vec<InboxRecord>, StoreError> {
             })
         })
         .collect()
+}
+
+impl ordo_core::RunStore for PgConsumer {
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+
+    /// Raised by every commit of this process that stores a new event in
+    /// this store (through any handle on the same URL and schema).
+    fn signal(&self) -> ordo_core::Signal {
+        self.wake.clone()
+    }
+}
+
+impl ordo_core::RunConsumer for PgConsumer {
+    fn received_at_ms(tx: &PgTx, event: &Envelope) -> Result<Option<i64>, StoreError> {
+        let row = tx.row(
+            "consumer: cannot read when an event was received",
+            "SELECT received_at_ms FROM {s}.inbox WHERE flow_id = $1 AND seq = $2",
+            &[&event.flow_id.as_str(), &event.seq.get()],
+        )?;
+        Ok(row.map(|row| row.get(0)))
+    }
 }
 
 impl ConsumerStore for PgConsumer {

@@ -46,6 +46,9 @@ pub(super) fn receive_batch(
         tx.commit(CONTEXT, txid)?;
         db.commits += 1;
         crash::point(crash::CONSUMER_RECEIVE_AFTER_COMMIT);
+        if receipts.contains(&Receipt::Accepted) {
+            db.wake.raise();
+        }
         return Ok(receipts);
     }
     unreachable!("a batch received one envelope at a time always ends")

@@ -87,6 +87,7 @@ pub struct PgProducer {
     /// The events per flow of this handle's last round (how many flows
     /// the next claims for its events).
     events_per_flow: usize,
+    wake: ordo_core::Signal,
 }
 
 /// A write transaction on the producer, in which the caller changes its own
@@ -135,7 +136,9 @@ impl PgProducer {
         options: &PgOptions,
     ) -> Result<PgProducer, StoreError> {
         let opened = open(url, Role::Producer, &TABLES, want, options)?;
+        let wake = crate::signal_for(url, opened.conn.ordo_schema());
         Ok(PgProducer {
+            wake,
             conn: opened.conn,
             domain: opened.domain,
             clock,
@@ -320,6 +323,9 @@ impl PgProducer {
             Ok::<_, E>((value, ptx.appended))
         })?;
         self.commits += 1;
+        if appended.1 > 0 {
+            self.wake.raise();
+        }
         Ok(appended.0)
     }
 
@@ -365,6 +371,18 @@ impl PgProducer {
         f: impl FnOnce(&PgTx) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         read_snapshot(&self.conn, "producer: read transaction", f)
+    }
+}
+
+impl ordo_core::RunStore for PgProducer {
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+
+    /// Raised by every commit of this process that appends to this store
+    /// (through any handle on the same URL and schema).
+    fn signal(&self) -> ordo_core::Signal {
+        self.wake.clone()
     }
 }
 

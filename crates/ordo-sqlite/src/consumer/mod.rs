@@ -28,7 +28,7 @@ use rusqlite::Connection;
 
 use crate::conn::{open, sql_error, OpenOptions, Role, Want};
 use crate::domain::Schema;
-use crate::wake;
+use crate::watch::{signal_for, DataVersion};
 
 /// The consumer's SQLite file: the inbox (every received event, durably,
 /// with its status), the per-flow apply cursor, and the application's own
@@ -39,7 +39,8 @@ use crate::wake;
 pub struct ConsumerDb {
     conn: Connection,
     domain: String,
-    wake: wake::Signal,
+    wake: ordo_core::Signal,
+    data_version: DataVersion,
     clock: Arc<dyn Clock>,
     commits: u64,
 }
@@ -113,7 +114,8 @@ impl ConsumerDb {
         Ok(ConsumerDb {
             conn,
             domain,
-            wake: wake::Signal::for_path(path),
+            wake: signal_for(path),
+            data_version: DataVersion::default(),
             clock,
             commits: 0,
         })
@@ -127,12 +129,6 @@ impl ConsumerDb {
     /// The clock this store stamps its writes with.
     pub fn clock(&self) -> Arc<dyn Clock> {
         self.clock.clone()
-    }
-
-    /// The signal raised by every commit of this process that stores a new
-    /// event in this file: an apply loop in the same process waits on it.
-    pub fn receive_signal(&self) -> wake::Signal {
-        self.wake.clone()
     }
 
     /// The underlying connection, for reading pragmas and for the caller's
@@ -164,6 +160,40 @@ impl ConsumerDb {
 /// reads inside [`ConsumerDb::read`] beside the application's own tables).
 pub fn read_inbox(conn: &Connection) -> Result<Vec<InboxRecord>, StoreError> {
     schema::read_inbox(conn)
+}
+
+impl ordo_core::RunStore for ConsumerDb {
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+
+    /// Raised by every commit of this process that stores a new event in
+    /// this file.
+    fn signal(&self) -> ordo_core::Signal {
+        self.wake.clone()
+    }
+
+    /// Another process's commit to this file (a receive by `ordo serve`),
+    /// seen by the file's `data_version`.
+    fn changed_elsewhere(&mut self) -> Result<bool, StoreError> {
+        self.data_version.changed(&self.conn)
+    }
+}
+
+impl ordo_core::RunConsumer for ConsumerDb {
+    fn received_at_ms(tx: &Connection, event: &Envelope) -> Result<Option<i64>, StoreError> {
+        use rusqlite::OptionalExtension;
+        tx.prepare_cached("SELECT received_at_ms FROM inbox WHERE flow_id = ?1 AND seq = ?2")
+            .and_then(|mut statement| {
+                statement
+                    .query_row(
+                        rusqlite::params![event.flow_id.as_str(), event.seq.get()],
+                        |row| row.get(0),
+                    )
+                    .optional()
+            })
+            .map_err(|e| sql_error("consumer: cannot read when an event was received", e))
+    }
 }
 
 impl ConsumerStore for ConsumerDb {

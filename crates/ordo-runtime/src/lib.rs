@@ -1,29 +1,35 @@
-//! Running ordo inside the application's process: a relay loop that hands
-//! the outbox to the consumer, and an apply loop that runs the application's
-//! handler, each on its own thread with its own store handles.
+//! Running ordo inside the application's process, on any backend: a relay
+//! loop that hands the outbox to a consumer through any transport, and an
+//! apply loop that runs the application's handler, each on its own thread
+//! with its own store handles.
 //!
 //! Each loop wakes at once when the same process commits work for it (an
-//! append to the producer file, a receive into the consumer file), and
-//! otherwise polls, more slowly the longer it finds nothing (from
-//! `poll_ms_min` doubling up to `poll_ms_max`), so that work committed by
-//! other processes is found too. A transient failure (`Busy`,
-//! `ConnectionLost`) is retried after the relay's backoff; any other failure
-//! ends the loop and is returned by [`Runner::stop`] or reported by
-//! [`Runner::failed`].
+//! append to the producer store, a receive into the consumer store), looks
+//! every [`WATCH_MS`] while idle for another process's commits where the
+//! store can tell cheaply ([`RunStore::changed_elsewhere`]: SQLite's
+//! `data_version`), and otherwise polls, more slowly the longer it finds
+//! nothing (from `poll_ms_min` doubling up to `poll_ms_max`). A transient
+//! failure (`Busy`, `ConnectionLost`) is retried after a backoff, and a lost
+//! connection is opened again where the loop was given a way to
+//! ([`Reopen`]); any other failure ends the loop and is returned by
+//! [`Runner::stop`] or reported by [`Runner::failed`].
 //!
 //! Invariant: a loop stops only between rounds, so every round it started
 //! has committed or rolled back whole when [`Runner::stop`] returns; nothing
 //! is half-done, and a later start resumes from the stores.
+//!
+//! Invariant: the runtime knows no backend, no transport and no domain: it
+//! sees the store traits of `ordo-core`, [`Transport`] and the handler.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use ordo_core::{ApplyHandler, Backoff, ErrorKind, RelayOptions, StoreError, Transport};
-
-use crate::wake::Signal;
-use crate::{ConsumerDb, ProducerDb};
+use ordo_core::{
+    ApplyHandler, Backoff, ErrorKind, ProducerStore, RelayOptions, RunConsumer, RunStore, Signal,
+    StoreError, Transport,
+};
 
 mod apply;
 mod relay;
@@ -163,36 +169,52 @@ impl Runner {
         }
     }
 
-    /// Starts the relay loop on its own thread, with its own handles on the
-    /// producer and consumer files (open them for this loop alone). The
-    /// relay reads the time from the producer's clock.
-    pub fn spawn_relay(
-        &mut self,
-        producer: ProducerDb,
-        consumer: ConsumerDb,
-    ) -> std::io::Result<()> {
-        self.spawn_relay_to(producer, consumer, |_: &RelayRound| {})
+    /// Starts the relay loop on its own thread, with its own producer
+    /// handle, handing the outbox over through `transport` (a consumer
+    /// store, or a network client). The relay reads the time from the
+    /// producer's clock.
+    pub fn spawn_relay<P, T>(&mut self, producer: P, transport: T) -> std::io::Result<()>
+    where
+        P: ProducerStore + RunStore + Send + 'static,
+        T: Transport + Send + 'static,
+    {
+        self.spawn_relay_to(producer, transport, |_: &RelayRound| {})
     }
 
-    /// Starts the relay loop on its own thread, handing the producer's
-    /// outbox over through `transport` (a consumer store, or a network
-    /// client), and showing each round that did anything to `observe`.
-    pub fn spawn_relay_to<T, O>(
+    /// [`Runner::spawn_relay`], showing each round that did anything to
+    /// `observe`.
+    pub fn spawn_relay_to<P, T, O>(
         &mut self,
-        producer: ProducerDb,
+        producer: P,
         transport: T,
         observe: O,
     ) -> std::io::Result<()>
     where
+        P: ProducerStore + RunStore + Send + 'static,
         T: Transport + Send + 'static,
         O: FnMut(&RelayRound) + Send + 'static,
     {
-        let signal = producer.append_signal();
-        let clock = producer.clock();
+        self.spawn_relay_reopening(producer, None, transport, observe)
+    }
+
+    /// [`Runner::spawn_relay_to`], opening the producer store again with
+    /// `reopen` after its connection was lost.
+    pub fn spawn_relay_reopening<P, T, O>(
+        &mut self,
+        producer: P,
+        reopen: Option<Reopen<P>>,
+        transport: T,
+        observe: O,
+    ) -> std::io::Result<()>
+    where
+        P: ProducerStore + RunStore + Send + 'static,
+        T: Transport + Send + 'static,
+        O: FnMut(&RelayRound) + Send + 'static,
+    {
+        let signal = producer.signal();
         let relay = relay::RelayLoop {
-            producer,
+            store: Held::new(producer, reopen),
             transport,
-            clock,
             options: self.options,
             control: self.control.clone(),
             signal: signal.clone(),
@@ -203,47 +225,69 @@ impl Runner {
 
     /// Starts the apply loop on its own thread with its own consumer handle
     /// and the application's handler.
-    pub fn spawn_apply<H>(&mut self, consumer: ConsumerDb, handler: H) -> std::io::Result<()>
+    pub fn spawn_apply<C, H>(&mut self, consumer: C, handler: H) -> std::io::Result<()>
     where
-        H: ApplyHandler<rusqlite::Connection> + Send + 'static,
+        C: RunConsumer + Send + 'static,
+        H: ApplyHandler<C::Tx> + Send + 'static,
     {
-        self.start_apply(consumer, handler, None::<fn(&ApplyRound)>)
+        self.start_apply(consumer, None, handler, None::<fn(&ApplyRound)>)
     }
 
     /// [`Runner::spawn_apply`], showing each page that applied or blocked
     /// anything to `observe`, with the time each event waited from its
     /// receipt to its apply (one indexed read per event applied).
-    pub fn spawn_apply_observed<H, O>(
+    pub fn spawn_apply_observed<C, H, O>(
         &mut self,
-        consumer: ConsumerDb,
+        consumer: C,
         handler: H,
         observe: O,
     ) -> std::io::Result<()>
     where
-        H: ApplyHandler<rusqlite::Connection> + Send + 'static,
+        C: RunConsumer + Send + 'static,
+        H: ApplyHandler<C::Tx> + Send + 'static,
         O: FnMut(&ApplyRound) + Send + 'static,
     {
-        self.start_apply(consumer, handler, Some(observe))
+        self.start_apply(consumer, None, handler, Some(observe))
     }
 
-    fn start_apply<H, O>(
+    /// [`Runner::spawn_apply_observed`], opening the consumer store again
+    /// with `reopen` after its connection was lost.
+    pub fn spawn_apply_reopening<C, H, O>(
         &mut self,
-        consumer: ConsumerDb,
+        consumer: C,
+        reopen: Reopen<C>,
+        handler: H,
+        observe: O,
+    ) -> std::io::Result<()>
+    where
+        C: RunConsumer + Send + 'static,
+        H: ApplyHandler<C::Tx> + Send + 'static,
+        O: FnMut(&ApplyRound) + Send + 'static,
+    {
+        self.start_apply(consumer, Some(reopen), handler, Some(observe))
+    }
+
+    fn start_apply<C, H, O>(
+        &mut self,
+        consumer: C,
+        reopen: Option<Reopen<C>>,
         handler: H,
         observe: Option<O>,
     ) -> std::io::Result<()>
     where
-        H: ApplyHandler<rusqlite::Connection> + Send + 'static,
+        C: RunConsumer + Send + 'static,
+        H: ApplyHandler<C::Tx> + Send + 'static,
         O: FnMut(&ApplyRound) + Send + 'static,
     {
-        let signal = consumer.receive_signal();
+        let signal = consumer.signal();
         let handler = apply::Observed {
             handler,
             clock: observe.is_some().then(|| consumer.clock()),
+            received_at_ms: C::received_at_ms,
             seen: ApplyRound::default(),
         };
         let apply = apply::ApplyLoop {
-            consumer,
+            store: Held::new(consumer, reopen),
             handler,
             options: self.options,
             control: self.control.clone(),
@@ -311,6 +355,66 @@ impl Drop for Runner {
     }
 }
 
+/// Opens a store again after its connection was lost.
+pub type Reopen<S> = Box<dyn FnMut() -> Result<S, StoreError> + Send>;
+
+/// How often an idle loop looks for another process's commits
+/// ([`RunStore::changed_elsewhere`]), so that such work waits at most
+/// about this long.
+pub const WATCH_MS: u64 = 5;
+
+/// Whether a failure is worth retrying after a wait.
+fn transient(kind: ErrorKind) -> bool {
+    matches!(kind, ErrorKind::Busy | ErrorKind::ConnectionLost)
+}
+
+/// A loop's store handle, and how to open it again after a lost
+/// connection.
+struct Held<S> {
+    store: S,
+    reopen: Option<Reopen<S>>,
+    failures: u32,
+}
+
+impl<S> Held<S> {
+    fn new(store: S, reopen: Option<Reopen<S>>) -> Held<S> {
+        Held {
+            store,
+            reopen,
+            failures: 0,
+        }
+    }
+
+    /// Whether a lost connection can be opened again.
+    fn can_reopen(&self) -> bool {
+        self.reopen.is_some()
+    }
+
+    /// A round went through.
+    fn succeeded(&mut self) {
+        self.failures = 0;
+    }
+
+    /// After a transient failure of `kind`: opens the store again when the
+    /// connection was lost and the loop can; returns how long to wait
+    /// before the next round.
+    fn failed(&mut self, kind: ErrorKind, backoff: &Backoff) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        if kind == ErrorKind::ConnectionLost {
+            if let Some(reopen) = self.reopen.as_mut() {
+                match reopen() {
+                    Ok(fresh) => {
+                        self.store = fresh;
+                        return Duration::ZERO;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot open the store again"),
+                }
+            }
+        }
+        Duration::from_millis(backoff.delay_ms(self.failures, fastrand::f64()))
+    }
+}
+
 /// The adaptive wait of a loop that found nothing to do.
 struct Idle {
     next_ms: u64,
@@ -333,10 +437,29 @@ impl Idle {
         self.next_ms = self.min_ms;
     }
 
-    /// Nothing was found: wait for the signal past `seen`, or the poll
-    /// interval, which then doubles.
-    fn wait(&mut self, signal: &Signal, seen: u64) {
-        signal.wait(seen, Duration::from_millis(self.next_ms));
+    /// Nothing was found: waits for the signal past `seen`, another
+    /// process's commit seen by `store`, or the poll interval, which then
+    /// doubles. A failed look is logged and the wait goes on as a poll.
+    fn wait(&mut self, signal: &Signal, seen: u64, store: &mut impl RunStore) {
+        let deadline = Instant::now() + Duration::from_millis(self.next_ms);
         self.next_ms = self.next_ms.saturating_mul(2).min(self.max_ms);
+        let mut watching = true;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let step = left.min(Duration::from_millis(WATCH_MS));
+            if step.is_zero() || signal.wait(seen, step) != seen {
+                return;
+            }
+            if watching {
+                match store.changed_elsewhere() {
+                    Ok(true) => return,
+                    Ok(false) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot look for other processes' commits");
+                        watching = false;
+                    }
+                }
+            }
+        }
     }
 }

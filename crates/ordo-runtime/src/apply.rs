@@ -6,17 +6,13 @@
 //! applied row's receive time inside the apply transaction.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ordo_core::{
-    process_page, ApplyHandler, BlockCode, Clock, DrainStop, Envelope, ErrorKind, FlowId,
+    process_page, ApplyHandler, BlockCode, Clock, DrainStop, Envelope, FlowId, RunConsumer, Signal,
     StoreError, Verdict,
 };
-use rusqlite::{Connection, OptionalExtension};
 
-use super::{ApplyTotals, Control, Idle, RunnerOptions};
-use crate::wake::Signal;
-use crate::ConsumerDb;
+use super::{transient, ApplyTotals, Control, Held, Idle, RunnerOptions};
 
 /// One page of the apply loop, as its observer sees it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,61 +25,47 @@ pub struct ApplyRound {
     pub lags_ms: Vec<u64>,
 }
 
-pub(super) struct ApplyLoop<H, O> {
-    pub(super) consumer: ConsumerDb,
-    pub(super) handler: Observed<H>,
+pub(super) struct ApplyLoop<C: RunConsumer, H, O> {
+    pub(super) store: Held<C>,
+    pub(super) handler: Observed<C::Tx, H>,
     pub(super) options: RunnerOptions,
     pub(super) control: Arc<Control>,
     pub(super) signal: Signal,
     pub(super) observe: Option<O>,
 }
 
-impl<H, O> ApplyLoop<H, O>
+impl<C, H, O> ApplyLoop<C, H, O>
 where
-    H: ApplyHandler<Connection>,
+    C: RunConsumer,
+    H: ApplyHandler<C::Tx>,
     O: FnMut(&ApplyRound),
 {
     pub(super) fn run(mut self) -> Result<(), StoreError> {
         let mut idle = Idle::new(&self.options);
-        let mut failures = 0u32;
         let mut after: Option<FlowId> = None;
         let mut pass_applied = 0u64;
         let mut page_no = 0u64;
         while !self.control.stopping() {
             let seen = self.signal.generation();
-            let mut page = ApplyTotals::default();
             page_no += 1;
             let _span = tracing::debug_span!("apply_page", page = page_no).entered();
-            self.handler.seen = ApplyRound::default();
-            let outcome = process_page(
-                &mut self.consumer,
-                after.as_ref(),
-                None,
-                &mut self.handler,
-                self.options.apply_batch_len_max.max(1),
-                |drain| {
-                    page.applied += drain.applied;
-                    page.blocked += u64::from(matches!(drain.stop, DrainStop::Blocked(_)));
-                },
-            );
-            match outcome {
-                Ok(next) => {
-                    failures = 0;
+            let page = match self.page(after.as_ref()) {
+                Ok((page, next)) => {
+                    self.store.succeeded();
                     after = next;
-                    pass_applied += page.applied;
-                    page.rounds = u64::from(page.applied > 0);
-                    self.control.update(|r| r.apply.add(&page));
-                    self.report(page);
+                    page
                 }
-                Err(e) if matches!(e.kind(), ErrorKind::Busy | ErrorKind::ConnectionLost) => {
-                    failures = failures.saturating_add(1);
+                Err(e) if transient(e.kind()) => {
                     self.control.update(|r| r.apply.transient_errors += 1);
-                    let wait_ms = self.options.backoff.delay_ms(failures, fastrand::f64());
-                    self.signal.wait(seen, Duration::from_millis(wait_ms));
+                    let wait = self.store.failed(e.kind(), &self.options.backoff);
+                    self.signal.wait(seen, wait);
                     continue;
                 }
                 Err(e) => return Err(e),
-            }
+            };
+            pass_applied += page.applied;
+            self.control.update(|r| r.apply.add(&page));
+            self.report(page);
             if after.is_some() {
                 continue; // the pass goes on with the next page
             }
@@ -92,11 +74,34 @@ where
             if pass_applied > 0 {
                 idle.reset();
             } else {
-                idle.wait(&self.signal, seen);
+                idle.wait(&self.signal, seen, &mut self.store.store);
             }
             pass_applied = 0;
         }
         Ok(())
+    }
+
+    /// One page of flows with work after `after`, drained: what it did,
+    /// and where the pass goes on (`None`: the pass is done).
+    fn page(
+        &mut self,
+        after: Option<&FlowId>,
+    ) -> Result<(ApplyTotals, Option<FlowId>), StoreError> {
+        let mut page = ApplyTotals::default();
+        self.handler.seen = ApplyRound::default();
+        let next = process_page(
+            &mut self.store.store,
+            after,
+            None,
+            &mut self.handler,
+            self.options.apply_batch_len_max.max(1),
+            |drain| {
+                page.applied += drain.applied;
+                page.blocked += u64::from(matches!(drain.stop, DrainStop::Blocked(_)));
+            },
+        )?;
+        page.rounds = u64::from(page.applied > 0);
+        Ok((page, next))
     }
 
     /// Hands a page that applied or blocked anything to the observer.
@@ -118,19 +123,22 @@ where
 
 /// The application's handler, with what it decided seen by the loop when
 /// the loop is observed.
-pub(super) struct Observed<H> {
+pub(super) struct Observed<Tx: ?Sized, H> {
     pub(super) handler: H,
     pub(super) clock: Option<Arc<dyn Clock>>,
+    /// The store's read of when an event was received (see
+    /// [`RunConsumer::received_at_ms`]).
+    pub(super) received_at_ms: fn(&Tx, &Envelope) -> Result<Option<i64>, StoreError>,
     pub(super) seen: ApplyRound,
 }
 
-impl<H> Observed<H> {
+impl<Tx: ?Sized, H> Observed<Tx, H> {
     /// Records how long `event`, applied now, waited since its receipt.
-    fn lag(&mut self, tx: &Connection, event: &Envelope) -> Result<(), StoreError> {
+    fn lag(&mut self, tx: &Tx, event: &Envelope) -> Result<(), StoreError> {
         let Some(clock) = &self.clock else {
             return Ok(());
         };
-        if let Some(received_at_ms) = received_at_ms(tx, event)? {
+        if let Some(received_at_ms) = (self.received_at_ms)(tx, event)? {
             let lag_ms = clock.now_ms().saturating_sub(received_at_ms).max(0);
             self.seen.lags_ms.push(lag_ms as u64);
         }
@@ -138,14 +146,10 @@ impl<H> Observed<H> {
     }
 }
 
-impl<H: ApplyHandler<Connection>> ApplyHandler<Connection> for Observed<H> {
+impl<Tx: ?Sized, H: ApplyHandler<Tx>> ApplyHandler<Tx> for Observed<Tx, H> {
     /// The handler's own batch call; a block in it is seen when the store
     /// offers the events again one at a time.
-    fn apply_all(
-        &mut self,
-        tx: &Connection,
-        events: &[Envelope],
-    ) -> Result<Option<Verdict>, StoreError> {
+    fn apply_all(&mut self, tx: &Tx, events: &[Envelope]) -> Result<Option<Verdict>, StoreError> {
         let verdict = self.handler.apply_all(tx, events)?;
         if verdict == Some(Verdict::Apply) {
             for event in events {
@@ -155,7 +159,7 @@ impl<H: ApplyHandler<Connection>> ApplyHandler<Connection> for Observed<H> {
         Ok(verdict)
     }
 
-    fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(&mut self, tx: &Tx, event: &Envelope) -> Result<Verdict, StoreError> {
         let verdict = self.handler.apply(tx, event)?;
         if self.clock.is_none() {
             return Ok(verdict);
@@ -176,17 +180,4 @@ impl<H: ApplyHandler<Connection>> ApplyHandler<Connection> for Observed<H> {
     fn reevaluate(&self) -> &[BlockCode] {
         self.handler.reevaluate()
     }
-}
-
-fn received_at_ms(tx: &Connection, event: &Envelope) -> Result<Option<i64>, StoreError> {
-    tx.prepare_cached("SELECT received_at_ms FROM inbox WHERE flow_id = ?1 AND seq = ?2")
-        .and_then(|mut statement| {
-            statement
-                .query_row(
-                    rusqlite::params![event.flow_id.as_str(), event.seq.get()],
-                    |row| row.get(0),
-                )
-                .optional()
-        })
-        .map_err(StoreError::from)
 }

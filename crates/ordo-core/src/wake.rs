@@ -1,18 +1,21 @@
 //! In-process wake-ups: a commit that gives a loop work (an append to an
-//! outbox, a receive into an inbox) raises the signal of its file, and a
-//! loop of the same process waiting on that file wakes at once instead of
-//! at its next poll. Other processes' commits are found by polling.
+//! outbox, a receive into an inbox) raises the signal of its store, and a
+//! loop of the same process waiting on that store wakes at once instead of
+//! at its next poll. Other processes' commits are found by the store's own
+//! watch ([`RunStore::changed_elsewhere`](crate::run::RunStore::changed_elsewhere))
+//! or by polling.
 //!
 //! Invariant: a signal is only a hint to look; the loops always read the
 //! store to learn what there is to do, so a lost or spurious wake-up costs
-//! at most one poll interval or one empty look.
+//! at most one poll interval or one empty look. A signal performs no I/O:
+//! a backend names its store by a key of its own (a canonical path, a URL
+//! and schema).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
-/// The wake-up signal of one database file in this process.
+/// The wake-up signal of one store in this process.
 #[derive(Debug, Clone)]
 pub struct Signal {
     inner: Arc<Inner>,
@@ -24,17 +27,17 @@ struct Inner {
     changed: Condvar,
 }
 
-/// Every file's signal, by canonical path: two handles on one file share one.
-fn registry() -> &'static Mutex<HashMap<PathBuf, Signal>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<PathBuf, Signal>>> = OnceLock::new();
+/// Every store's signal, by its key: two handles on one store share one.
+fn registry() -> &'static Mutex<HashMap<String, Signal>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, Signal>>> = OnceLock::new();
     REGISTRY.get_or_init(Default::default)
 }
 
 impl Signal {
-    /// The signal of the file at `path` (by its canonical path when it
-    /// exists).
-    pub fn for_path(path: &Path) -> Signal {
-        let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    /// The signal of the store named `key` in this process (the same key,
+    /// the same signal).
+    pub fn for_key(key: impl Into<String>) -> Signal {
+        let key = key.into();
         let mut map = registry().lock().unwrap_or_else(|e| e.into_inner());
         map.entry(key)
             .or_insert_with(|| Signal {
@@ -74,12 +77,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_raise_wakes_a_waiter_at_once_and_handles_share_a_file_signal() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("p.db");
-        std::fs::write(&file, b"").unwrap();
-        let a = Signal::for_path(&file);
-        let b = Signal::for_path(&dir.path().join(".").join("p.db"));
+    fn a_raise_wakes_a_waiter_at_once_and_handles_share_a_store_signal() {
+        let a = Signal::for_key("wake-test-shared");
+        let b = Signal::for_key(String::from("wake-test-shared"));
         let seen = a.generation();
         let waiter = std::thread::spawn(move || (b.wait(seen, Duration::from_secs(30)), ()));
         std::thread::sleep(Duration::from_millis(50));
@@ -90,8 +90,7 @@ mod tests {
 
     #[test]
     fn a_wait_without_raise_returns_after_its_timeout_unchanged() {
-        let dir = tempfile::tempdir().unwrap();
-        let signal = Signal::for_path(&dir.path().join("c.db"));
+        let signal = Signal::for_key("wake-test-alone");
         let seen = signal.generation();
         assert_eq!(signal.wait(seen, Duration::from_millis(10)), seen);
     }
