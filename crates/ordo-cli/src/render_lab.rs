@@ -523,6 +523,11 @@ fn http_bench(report: &HttpBenchReport) -> Value {
             "request_latency_ms": request_latency(&load.latency),
             "server_peak_memory_bytes": load.server_peak_memory_bytes,
         },
+        "wake": {
+            "events": report.wake.events,
+            "lag_ms": request_latency(&report.wake.lag),
+            "idle_cpu_ms_per_s": round3(report.wake.idle_cpu_ms_per_s),
+        },
         "problems": report.problems(),
     })
 }
@@ -555,6 +560,11 @@ fn http_bench_text(v: &Value) -> String {
             load["request_latency_ms"]["p50"], load["request_latency_ms"]["p99"], load["request_latency_ms"]["max"]
         ),
         format!("server peak memory (VmHWM) {memory}"),
+        format!(
+            "serve to an applier process: {} events, receive-to-apply lag p50 {} ms p99 {} ms max {} ms; idle applier {} ms CPU per s",
+            v["wake"]["events"], v["wake"]["lag_ms"]["p50"], v["wake"]["lag_ms"]["p99"],
+            v["wake"]["lag_ms"]["max"], v["wake"]["idle_cpu_ms_per_s"]
+        ),
     ];
     for problem in v["problems"].as_array().into_iter().flatten() {
         lines.push(format!("PROBLEM {}", problem.as_str().unwrap_or_default()));

@@ -170,6 +170,21 @@ fn bench_over_http_counts_every_request_and_every_event() {
     assert_eq!(load["stored"], load["accepted"], "{load:#}");
     request_latency(load, requests);
     assert!(load["server_peak_memory_bytes"].as_u64().unwrap() > 0);
+    // Every event posted to `ordo serve` is applied by the applier process
+    // and has its lag.
+    let wake = &v["wake"];
+    assert_eq!(wake["events"], 200, "{wake:#}");
+    assert_eq!(wake["lag_ms"]["samples"], 200, "{wake:#}");
+    let (p50, p99, max) = (
+        wake["lag_ms"]["p50"].as_f64().unwrap(),
+        wake["lag_ms"]["p99"].as_f64().unwrap(),
+        wake["lag_ms"]["max"].as_f64().unwrap(),
+    );
+    assert!(0.0 <= p50 && p50 <= p99 && p99 <= max, "{wake:#}");
+    assert!(
+        wake["idle_cpu_ms_per_s"].as_f64().unwrap() >= 0.0,
+        "{wake:#}"
+    );
     assert_eq!(v["problems"], serde_json::json!([]));
     bench(&["--producers", "0"]).usage("--producers");
     bench(&["--producers", "1025"]).usage("--producers");

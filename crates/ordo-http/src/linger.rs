@@ -36,6 +36,10 @@ use hyper_util::service::TowerToHyperService;
 pub const LINGER_BYTES_MAX: u64 = 32 * 1024 * 1024;
 /// The longest time spent discarding an unread body after an early answer.
 pub const LINGER_MS_MAX: u64 = 5_000;
+/// The longest a lingering connection may stay silent: a client that sends
+/// nothing for this long is not writing a body (a slow client answered 408
+/// is not waited for again).
+pub const LINGER_IDLE_MS_MAX: u64 = 1_000;
 
 /// Hands `request` to `router` with its body wrapped in [`Lingering`]; an
 /// answer given before the body's end carries `Connection: close`.
@@ -129,9 +133,9 @@ impl Drop for Lingering {
 }
 
 /// Reads and drops `body` until its end, an error, [`LINGER_MS_MAX`] ms,
-/// or once [`LINGER_BYTES_MAX`] bytes are discarded (the last piece read
-/// may pass that bound by the size of one read); then drops it, which
-/// closes the connection.
+/// [`LINGER_IDLE_MS_MAX`] ms without a byte, or once [`LINGER_BYTES_MAX`]
+/// bytes are discarded (the last piece read may pass that bound by the
+/// size of one read); then drops it, which closes the connection.
 async fn discard(mut body: Incoming) {
     let deadline = tokio::time::Instant::now() + Duration::from_millis(LINGER_MS_MAX);
     let mut discarded_bytes: u64 = 0;
@@ -139,14 +143,15 @@ async fn discard(mut body: Incoming) {
         if discarded_bytes >= LINGER_BYTES_MAX {
             break "the bound of bytes was reached";
         }
-        match tokio::time::timeout_at(deadline, body.frame()).await {
+        let idle = tokio::time::Instant::now() + Duration::from_millis(LINGER_IDLE_MS_MAX);
+        match tokio::time::timeout_at(deadline.min(idle), body.frame()).await {
             Ok(Some(Ok(frame))) => {
                 let piece = frame.data_ref().map_or(0, |data| data.len());
                 discarded_bytes += piece as u64;
             }
             Ok(None) => break "the body ended",
             Ok(Some(Err(_))) => break "the body failed",
-            Err(_) => break "the bound of time was reached",
+            Err(_) => break "the bound of time, or of silence, was reached",
         }
     };
     tracing::debug!(discarded_bytes, "discarded an unread body: {outcome}");

@@ -17,6 +17,7 @@ use ordo_sqlite::ProducerDb;
 use serde_json::json;
 
 use crate::bench::{fresh_dir, produce, EVENTS_PER_FLOW};
+use crate::bench_wake::{WakeRun, WAKE_EVENTS};
 use crate::figures::per_second;
 use crate::serve::{loopback_any, ServeSpec, Served};
 use crate::{internal, LabError as Failure, Progress, Silent};
@@ -52,7 +53,7 @@ pub struct RequestLatency {
 }
 
 impl RequestLatency {
-    fn of(mut samples: Vec<Duration>) -> RequestLatency {
+    pub(crate) fn of(mut samples: Vec<Duration>) -> RequestLatency {
         samples.sort_unstable();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         // The sample at rank round((n - 1) * q), counting from 0.
@@ -138,6 +139,9 @@ pub struct HttpBenchReport {
     pub http: RelayRun,
     /// The server under concurrent clients.
     pub load: LoadRun,
+    /// The receive-to-apply lag between `ordo serve` and an applier
+    /// process on the same file.
+    pub wake: WakeRun,
 }
 
 impl HttpBenchReport {
@@ -448,13 +452,20 @@ pub fn run(
     progress: &dyn Progress,
 ) -> Result<HttpBenchReport, Failure> {
     let (in_process, http) = relay_runs(root, flows, batch, load, progress)?;
-    let load = load_run(root, batch, load, progress)?;
+    let load_report = load_run(root, batch, load, progress)?;
+    progress.start(
+        &format!("wake: {WAKE_EVENTS} events, serve and an applier process"),
+        0,
+    );
+    let wake = crate::bench_wake::run(root, load)?;
+    progress.finish();
     Ok(HttpBenchReport {
         flows,
         batch,
         in_process,
         http,
-        load,
+        load: load_report,
+        wake,
     })
 }
 
@@ -532,6 +543,7 @@ mod tests {
                 stored: 6,
                 ..LoadRun::default()
             },
+            wake: WakeRun::default(),
         };
         assert!(report.problems().is_empty());
         assert_eq!(report.ratio(), 1.0);

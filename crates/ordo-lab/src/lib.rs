@@ -11,6 +11,7 @@ pub mod bench;
 pub mod bench_http;
 pub mod bench_pg;
 pub mod bench_producers;
+pub mod bench_wake;
 pub mod demo;
 pub mod experiment;
 pub mod faults;

@@ -1,0 +1,146 @@
+//! The follow modes' metrics on PostgreSQL: `apply --follow` and
+//! `relay --follow` on a real server record the same metrics as on SQLite
+//! files, the apply lag included, read from their `/metrics` as a scraper
+//! would.
+
+mod common;
+mod pgdb;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::run;
+use pgdb::Database;
+use serde_json::Value;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A follow mode with its metrics on any free port; killed when dropped.
+struct Follow {
+    child: Child,
+    addr: String,
+}
+
+impl Follow {
+    fn start(args: &[&str]) -> Follow {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
+            .args(args)
+            .args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
+            .env_remove("ORDO_CRASH_POINT")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ordo starts");
+        let logs = lines(child.stderr.take().expect("piped"));
+        let addr = loop {
+            let line = logs.recv_timeout(PATIENCE).expect("a log line");
+            let log: Value = serde_json::from_str(&line).expect("a JSON log line");
+            if log["fields"]["message"] == "serving metrics" {
+                break log["fields"]["addr"].as_str().expect("addr").to_owned();
+            }
+        };
+        Follow { child, addr }
+    }
+
+    /// Reads `/metrics` until every sample is in it (the gauges are read
+    /// from the store every second); fails with the last exposition.
+    #[track_caller]
+    fn until_exposes(&self, samples: &[&str]) {
+        let started = Instant::now();
+        loop {
+            let exposition = http_get(&self.addr, "/metrics");
+            let missing: Vec<_> = samples
+                .iter()
+                .filter(|s| !exposition.contains(*s))
+                .collect();
+            if missing.is_empty() {
+                return;
+            }
+            assert!(
+                started.elapsed() < PATIENCE,
+                "{missing:?} missing in {exposition}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Follow {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn lines(pipe: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (send, receive) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            if send.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receive
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+fn advance_new(producer: &str, flow: &str) {
+    let out = run(&[
+        "advance",
+        "--json",
+        "--producer",
+        producer,
+        "--flow",
+        flow,
+        "--expected-seq",
+        "0",
+        "--to",
+        "reserved",
+        "--quantity",
+        "2",
+    ]);
+    assert_eq!(out.json()["outcome"], "committed", "{out:#?}");
+}
+
+#[test]
+fn relay_and_apply_follow_on_postgres_serve_their_metrics() {
+    let db = Database::create();
+    let url = db.url();
+    run(&["init", "--producer", &url, "--consumer", &url]).text();
+    for flow in ["m-1", "m-2"] {
+        advance_new(&url, flow);
+    }
+    let relay = Follow::start(&["relay", "--follow", "--producer", &url, "--consumer", &url]);
+    relay.until_exposes(&[
+        "ordo_relay_deliveries_total{receipt=\"accepted\"} 2",
+        "ordo_outbox_backlog 0",
+        "ordo_outbox_quarantined 0",
+    ]);
+    let apply = Follow::start(&["apply", "--follow", "--consumer", &url]);
+    apply.until_exposes(&[
+        "ordo_apply_applied_total 2",
+        "ordo_apply_lag_seconds_count 2",
+        "ordo_inbox_pending 0",
+        "ordo_inbox_blocked 0",
+    ]);
+    // Work that arrives while both run: relayed, then applied, its lag
+    // observed too.
+    advance_new(&url, "m-3");
+    relay.until_exposes(&["ordo_relay_deliveries_total{receipt=\"accepted\"} 3"]);
+    apply.until_exposes(&[
+        "ordo_apply_applied_total 3",
+        "ordo_apply_lag_seconds_count 3",
+    ]);
+}
