@@ -23,14 +23,15 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use ordo_core::{Envelope, ErrorKind, Receipt, StoreError};
+use ordo_core::{Envelope, Receipt};
 use serde_json::json;
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
-use crate::batch::{parse_batch, BatchError};
+use ordo_inbox::{Caller, Refusal};
+
 use crate::reply;
-use crate::server::App;
+use crate::server::{blocking, App};
 
 /// The handler of `POST /v1/events`.
 pub async fn post_events(State(app): State<Arc<App>>, request: Request) -> Response {
@@ -58,15 +59,16 @@ async fn receive(app: Arc<App>, parts: Parts, body: Body) -> Response {
     if let Some(refused) = check_content_type(&parts.headers) {
         return refused;
     }
-    if let Some(refused) = authenticate(&app, &parts, Some(&body)) {
-        return refused;
-    }
-    let envelopes = match parse_batch(&body, app.config.max_batch) {
+    let caller = match authenticate(&app, &parts, Some(&body)) {
+        Ok(caller) => caller,
+        Err(refused) => return *refused,
+    };
+    let envelopes = match app.inbox.parse(&body) {
         Ok(envelopes) => envelopes,
-        Err(error) => return refuse_batch(error),
+        Err(refusal) => return refuse(&refusal),
     };
     drop(body);
-    store(app, envelopes, permit).await
+    store(app, caller, envelopes, permit).await
 }
 
 fn check_length(app: &App, headers: &HeaderMap) -> Option<Response> {
@@ -95,8 +97,8 @@ fn at_capacity(app: &App, parts: &Parts) -> Response {
     if let Some(refused) = check_content_type(&parts.headers) {
         return refused;
     }
-    if let Some(refused) = authenticate(app, parts, None) {
-        return refused;
+    if let Err(refused) = authenticate(app, parts, None) {
+        return *refused;
     }
     tracing::warn!(
         max_in_flight = app.config.max_in_flight,
@@ -146,10 +148,13 @@ fn check_content_type(headers: &HeaderMap) -> Option<Response> {
     ))
 }
 
-/// Checks the signing headers (with `body`, the signature too); `None`
-/// when the server has no keys or the request passes.
-fn authenticate(app: &App, parts: &Parts, body: Option<&[u8]>) -> Option<Response> {
-    let keys = app.config.keys.as_ref()?;
+/// Checks the signing headers (with `body`, the signature too): who
+/// delivered (no one in particular when the server has no keys), or the
+/// 401.
+fn authenticate(app: &App, parts: &Parts, body: Option<&[u8]>) -> Result<Caller, Box<Response>> {
+    let Some(keys) = app.config.keys.as_ref() else {
+        return Ok(Caller::default());
+    };
     let now_s = app.clock.now_ms().div_euclid(1000);
     let checked = match body {
         Some(body) => keys.verify(
@@ -161,48 +166,75 @@ fn authenticate(app: &App, parts: &Parts, body: Option<&[u8]>) -> Option<Respons
         ),
         None => keys.check_headers(&parts.headers, now_s),
     };
-    let error = checked.err()?;
-    tracing::warn!("refused a request: {error}");
-    Some(reply::error(
-        StatusCode::UNAUTHORIZED,
-        format!("authentication failed: {error}"),
-    ))
-}
-
-fn refuse_batch(error: BatchError) -> Response {
-    tracing::info!("refused a body: {error}");
-    match error {
-        BatchError::TooMany { .. } => {
-            reply::error(StatusCode::PAYLOAD_TOO_LARGE, error.to_string())
+    match checked {
+        Ok(()) => Ok(Caller {
+            key_id: key_id(&parts.headers),
+        }),
+        Err(error) => {
+            tracing::warn!("refused a request: {error}");
+            Err(Box::new(reply::error(
+                StatusCode::UNAUTHORIZED,
+                format!("authentication failed: {error}"),
+            )))
         }
-        BatchError::Item {
-            index: Some(index),
-            error,
-        } => reply::item_error(index, format!("malformed envelope: {error}")),
-        BatchError::Item { index: None, error } => reply::error(
-            StatusCode::BAD_REQUEST,
-            format!("malformed envelope: {error}"),
-        ),
-        BatchError::Body(message) => reply::error(StatusCode::BAD_REQUEST, message),
     }
 }
 
-async fn store(app: Arc<App>, envelopes: Vec<Envelope>, permit: OwnedSemaphorePermit) -> Response {
+/// The key id a request names in its signing headers.
+fn key_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get(crate::auth::HEADER_KEY_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// The answer to a delivery the inbox refused.
+fn refuse(refusal: &Refusal) -> Response {
+    tracing::info!("refused a delivery: {refusal}");
+    match refusal {
+        Refusal::TooLarge { .. } | Refusal::Malformed { too_many: true, .. } => {
+            reply::error(StatusCode::PAYLOAD_TOO_LARGE, refusal.to_string())
+        }
+        Refusal::Malformed {
+            index: Some(index),
+            message,
+            ..
+        } => reply::item_error(*index, message.clone()),
+        Refusal::Malformed { message, .. } => {
+            reply::error(StatusCode::BAD_REQUEST, message.clone())
+        }
+        Refusal::Busy(_) => {
+            tracing::warn!("{refusal}");
+            reply::unavailable(refusal.to_string())
+        }
+        Refusal::Storage(error) => {
+            tracing::error!(kind = ?error.kind(), "{refusal}");
+            reply::error(StatusCode::INTERNAL_SERVER_ERROR, refusal.to_string())
+        }
+    }
+}
+
+async fn store(
+    app: Arc<App>,
+    caller: Caller,
+    envelopes: Vec<Envelope>,
+    permit: OwnedSemaphorePermit,
+) -> Response {
     record_ids(&envelopes);
-    let stored = app
-        .stores
-        .run(move |store| {
-            let receipts = store.receive_batch(&envelopes);
-            if receipts.is_ok() {
-                ordo_core::crash::point(ordo_core::crash::SERVE_AFTER_COMMIT);
-            }
-            drop(permit);
-            Ok((envelopes, receipts?))
-        })
-        .await;
+    let inbox = Arc::clone(&app.inbox);
+    let stored = blocking(move || {
+        let receipts: Result<Vec<Receipt>, Refusal> = inbox.store(&caller, &envelopes);
+        if receipts.is_ok() {
+            ordo_core::crash::point(ordo_core::crash::SERVE_AFTER_COMMIT);
+        }
+        drop(permit);
+        Ok((envelopes, receipts))
+    })
+    .await;
     match stored {
-        Ok((envelopes, receipts)) => receipts_reply(&app, &envelopes, &receipts),
-        Err(error) => store_failed(&error),
+        Ok((envelopes, Ok(receipts))) => receipts_reply(&app, &envelopes, &receipts),
+        Ok((_, Err(refusal))) => refuse(&refusal),
+        Err(error) => refuse(&Refusal::Storage(error)),
     }
 }
 
@@ -231,16 +263,4 @@ fn receipts_reply(app: &App, envelopes: &[Envelope], receipts: &[Receipt]) -> Re
         .collect();
     tracing::debug!(items = listed.len(), "stored");
     reply::body(StatusCode::OK, json!({ "receipts": listed }))
-}
-
-fn store_failed(error: &StoreError) -> Response {
-    if error.kind() == ErrorKind::Busy {
-        tracing::warn!("the store is busy: {error}");
-        return reply::unavailable(format!("the store is busy: {error}"));
-    }
-    tracing::error!(kind = ?error.kind(), "the store failed: {error}");
-    reply::error(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("the store failed (retry; receive is idempotent): {error}"),
-    )
 }

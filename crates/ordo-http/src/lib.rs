@@ -10,15 +10,14 @@
 //!   [`exposition`]: `GET /metrics` alone ([`metrics_router`],
 //!   [`serve_metrics`], [`MetricsServer`]).
 //! * [`server`]: the inbox server ([`Server`], [`ServerConfig`]); its
-//!   parts: [`batch`] (the body), `inbox` (`POST /v1/events`), [`stores`]
-//!   (handles on blocking threads), [`listen`] (accept loop, limits,
+//!   parts: `inbox` (`POST /v1/events`: HTTP's checks over
+//!   [`ordo_inbox::Inbox`], which parses and stores), [`listen`] (accept loop, limits,
 //!   shutdown), [`linger`] (the lingering close after an early answer),
 //!   [`tls`], `reply` (JSON errors).
 
 #![warn(missing_docs)]
 
 pub mod auth;
-pub mod batch;
 pub mod client;
 pub mod exposition;
 mod inbox;
@@ -27,7 +26,6 @@ pub mod listen;
 pub mod metrics;
 mod reply;
 pub mod server;
-pub mod stores;
 pub mod tls;
 
 pub use auth::{sign, signature_headers, AuthError, KeyFileError, KeyRing, Secret};
@@ -35,5 +33,5 @@ pub use client::{ClientError, ClientOptions, HttpTransport, Signer};
 pub use exposition::{metrics_router, serve_metrics, MetricsServer};
 pub use listen::bind;
 pub use metrics::Metrics;
+pub use ordo_inbox::{InboxStore, Opener};
 pub use server::{Server, ServerConfig};
-pub use stores::{InboxStore, Opener};

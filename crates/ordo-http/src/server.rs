@@ -20,7 +20,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use ordo_core::Clock;
+use ordo_core::{Clock, ErrorKind, StoreError};
+use ordo_inbox::{Inbox, InboxLimits, Opener, Pool};
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -28,7 +29,6 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use crate::listen::{self, Limits};
-use crate::stores::{Opener, Stores};
 use crate::{inbox, metrics, reply, KeyRing, Metrics};
 
 /// Default of `--max-batch`: envelopes in one request.
@@ -86,12 +86,22 @@ impl Default for ServerConfig {
 /// What every request of one server shares.
 pub(crate) struct App {
     pub(crate) config: ServerConfig,
-    pub(crate) stores: Arc<Stores>,
+    pub(crate) inbox: Arc<Inbox>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) in_flight: Arc<Semaphore>,
     status_reads: Semaphore,
     draining: AtomicBool,
+}
+
+/// Runs `f` (a call on the store) on a blocking thread, never on the
+/// executor.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::new(ErrorKind::Other, format!("the store task failed: {e}")))?
 }
 
 /// The inbox server.
@@ -111,7 +121,13 @@ impl Server {
         let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
         Server {
             app: Arc::new(App {
-                stores: Arc::new(Stores::new(open, IDLE_STORES_MAX)),
+                inbox: Arc::new(Inbox::new(
+                    Pool::new(open, IDLE_STORES_MAX),
+                    InboxLimits {
+                        max_batch: config.max_batch,
+                        max_body_bytes: config.max_body_bytes,
+                    },
+                )),
                 config,
                 metrics,
                 clock,
@@ -194,9 +210,8 @@ async fn refresh(app: &Arc<App>) -> Result<(), String> {
         .status_reads
         .try_acquire()
         .map_err(|_| "too many status reads in flight".to_string())?;
-    let status = app
-        .stores
-        .run(|store| store.consumer_status())
+    let inbox = Arc::clone(&app.inbox);
+    let status = blocking(move || inbox.status())
         .await
         .map_err(|e| format!("the store does not answer: {e}"))?;
     app.metrics.set_inbox(&status);

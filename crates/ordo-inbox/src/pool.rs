@@ -1,7 +1,8 @@
-//! Store handles for the server: opened on demand through the caller's
-//! opener, kept for reuse, and used only on tokio's blocking threads.
+//! Store handles for an inbox: opened on demand through the caller's
+//! opener, kept for reuse between deliveries. Every call blocks: an async
+//! transport runs it on a blocking thread of its own runtime.
 //!
-//! Invariant: the server knows no backend. It sees a store only through
+//! Invariant: the inbox knows no backend. It sees a store only through
 //! [`InboxStore`] (receive a batch in one transaction, read the status), so
 //! any [`ConsumerStore`] can stand behind it; how a handle is opened (file,
 //! clock, busy timeout) is the opener's.
@@ -33,47 +34,41 @@ impl<S: ConsumerStore + Send> InboxStore for S {
 /// Opens one more handle on the consumer store.
 pub type Opener = Arc<dyn Fn() -> Result<Box<dyn InboxStore>, StoreError> + Send + Sync>;
 
-/// Handles kept between requests; at most `idle_max` wait idle, more are
-/// opened when requests overlap (their number is bounded by the caller's
-/// limits on requests in flight).
-pub struct Stores {
+/// Handles kept between deliveries; at most `idle_max` wait idle, more are
+/// opened when deliveries overlap (their number is bounded by the
+/// transport's limits on deliveries in flight).
+pub struct Pool {
     open: Opener,
     idle: Mutex<Vec<Box<dyn InboxStore>>>,
     idle_max: usize,
 }
 
-impl Stores {
+impl Pool {
     /// A pool that opens handles with `open` and keeps up to `idle_max`.
-    pub fn new(open: Opener, idle_max: usize) -> Stores {
-        Stores {
+    pub fn new(open: Opener, idle_max: usize) -> Pool {
+        Pool {
             open,
             idle: Mutex::new(Vec::new()),
             idle_max,
         }
     }
 
-    /// Runs `f` on a handle, on a blocking thread (never on the executor).
-    /// A handle that failed other than `Busy` is dropped, so that the next
-    /// request opens a fresh one.
-    pub async fn run<T: Send + 'static>(
-        self: &Arc<Self>,
-        f: impl FnOnce(&mut dyn InboxStore) -> Result<T, StoreError> + Send + 'static,
+    /// Runs `f` on a handle, blocking. A handle that failed other than
+    /// `Busy` is dropped, so that the next delivery opens a fresh one.
+    pub fn with_store<T>(
+        &self,
+        f: impl FnOnce(&mut dyn InboxStore) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let stores = Arc::clone(self);
-        tokio::task::spawn_blocking(move || {
-            let mut store = stores.take()?;
-            let outcome = f(store.as_mut());
-            if outcome
-                .as_ref()
-                .err()
-                .is_none_or(|e| e.kind() == ErrorKind::Busy)
-            {
-                stores.put(store);
-            }
-            outcome
-        })
-        .await
-        .map_err(|e| StoreError::new(ErrorKind::Other, format!("the store task failed: {e}")))?
+        let mut store = self.take()?;
+        let outcome = f(store.as_mut());
+        if outcome
+            .as_ref()
+            .err()
+            .is_none_or(|e| e.kind() == ErrorKind::Busy)
+        {
+            self.put(store);
+        }
+        outcome
     }
 
     fn take(&self) -> Result<Box<dyn InboxStore>, StoreError> {

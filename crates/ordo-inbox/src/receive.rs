@@ -1,0 +1,252 @@
+//! One delivery into the inbox: the size, the batch, then one transaction.
+
+use ordo_core::ops::ConsumerStatus;
+use ordo_core::{Envelope, ErrorKind, Receipt, StoreError};
+
+use crate::batch::{parse_batch, BatchError};
+use crate::pool::Pool;
+
+/// What one delivery may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InboxLimits {
+    /// The most envelopes of one delivery.
+    pub max_batch: usize,
+    /// The largest body of one delivery, in bytes.
+    pub max_body_bytes: u64,
+}
+
+/// Who delivered a batch, as the transport authenticated it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// The key the delivery was signed with; `None` when the transport
+    /// authenticates no one.
+    pub key_id: Option<String>,
+}
+
+/// Why a delivery was not stored. Nothing of it was.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// The body is larger than [`InboxLimits::max_body_bytes`].
+    #[error("the body is larger than {max_body_bytes} bytes")]
+    TooLarge {
+        /// The limit.
+        max_body_bytes: u64,
+    },
+    /// The body is not a batch of envelopes; with the item's 0-based
+    /// position in an array when one item is at fault.
+    #[error("{message}")]
+    Malformed {
+        /// The position of the malformed item, `None` for the body as a
+        /// whole or a single envelope.
+        index: Option<usize>,
+        /// What is wrong.
+        message: String,
+        /// The batch holds more than [`InboxLimits::max_batch`] items.
+        too_many: bool,
+    },
+    /// The store is busy (another writer holds it): retry later.
+    #[error("the store is busy: {0}")]
+    Busy(StoreError),
+    /// The store failed; receive is idempotent, so a retry is safe.
+    #[error("the store failed (retry; receive is idempotent): {0}")]
+    Storage(StoreError),
+}
+
+impl From<BatchError> for Refusal {
+    fn from(error: BatchError) -> Refusal {
+        match error {
+            BatchError::TooMany { .. } => Refusal::Malformed {
+                index: None,
+                message: error.to_string(),
+                too_many: true,
+            },
+            BatchError::Item { index, error } => Refusal::Malformed {
+                index,
+                message: format!("malformed envelope: {error}"),
+                too_many: false,
+            },
+            BatchError::Body(message) => Refusal::Malformed {
+                index: None,
+                message,
+                too_many: false,
+            },
+        }
+    }
+}
+
+impl From<StoreError> for Refusal {
+    fn from(error: StoreError) -> Refusal {
+        match error.kind() {
+            ErrorKind::Busy => Refusal::Busy(error),
+            _ => Refusal::Storage(error),
+        }
+    }
+}
+
+/// The inbox of one consumer store.
+pub struct Inbox {
+    pool: Pool,
+    limits: InboxLimits,
+}
+
+impl Inbox {
+    /// An inbox storing through `pool`'s handles within `limits`.
+    pub fn new(pool: Pool, limits: InboxLimits) -> Inbox {
+        assert!(limits.max_batch > 0, "a delivery may hold an envelope");
+        Inbox { pool, limits }
+    }
+
+    /// The limits of one delivery.
+    pub fn limits(&self) -> InboxLimits {
+        self.limits
+    }
+
+    /// Checks and parses a delivery's body; blocks on nothing.
+    pub fn parse(&self, body: &[u8]) -> Result<Vec<Envelope>, Refusal> {
+        if body.len() as u64 > self.limits.max_body_bytes {
+            return Err(Refusal::TooLarge {
+                max_body_bytes: self.limits.max_body_bytes,
+            });
+        }
+        let envelopes = parse_batch(body, self.limits.max_batch)?;
+        assert!(!envelopes.is_empty() && envelopes.len() <= self.limits.max_batch);
+        Ok(envelopes)
+    }
+
+    /// Stores parsed envelopes in one transaction; blocks. One receipt per
+    /// envelope, in order.
+    pub fn store(&self, caller: &Caller, envelopes: &[Envelope]) -> Result<Vec<Receipt>, Refusal> {
+        let receipts = self
+            .pool
+            .with_store(|store| store.receive_batch(envelopes))?;
+        assert_eq!(receipts.len(), envelopes.len(), "one receipt per envelope");
+        tracing::debug!(
+            key_id = caller.key_id.as_deref().unwrap_or("-"),
+            items = receipts.len(),
+            "stored"
+        );
+        Ok(receipts)
+    }
+
+    /// [`Inbox::parse`] then [`Inbox::store`]: a delivery's receipts, with
+    /// its envelopes.
+    pub fn receive(
+        &self,
+        caller: &Caller,
+        body: &[u8],
+    ) -> Result<(Vec<Envelope>, Vec<Receipt>), Refusal> {
+        let envelopes = self.parse(body)?;
+        let receipts = self.store(caller, &envelopes)?;
+        Ok((envelopes, receipts))
+    }
+
+    /// The inbox's counts (pending, blocked, gaps); blocks.
+    pub fn status(&self) -> Result<ConsumerStatus, StoreError> {
+        self.pool.with_store(|store| store.consumer_status())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use ordo_core::Receipt;
+    use ordo_sqlite::{ConsumerDb, Schema};
+
+    use super::*;
+    use crate::pool::InboxStore;
+
+    fn inbox(dir: &std::path::Path, max_batch: usize, max_body_bytes: u64) -> Inbox {
+        let path = dir.join("consumer.db");
+        let open: crate::Opener = Arc::new(move || {
+            let store = ConsumerDb::open(&path, &Schema::new("inbox").unwrap())?;
+            Ok(Box::new(store) as Box<dyn InboxStore>)
+        });
+        let limits = InboxLimits {
+            max_batch,
+            max_body_bytes,
+        };
+        Inbox::new(Pool::new(open, 2), limits)
+    }
+
+    /// What a refusal must be.
+    type Expect = dyn Fn(&Refusal) -> bool;
+
+    const ONE: &str = r#"{"event_id":"f-1","flow_id":"f","seq":1,"schema_version":1,"type":"noted","payload":{}}"#;
+
+    #[test]
+    fn a_delivery_is_stored_once_and_again_is_a_duplicate() {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = inbox(dir.path(), 10, 1 << 20);
+        let caller = Caller::default();
+        let (envelopes, receipts) = inbox.receive(&caller, ONE.as_bytes()).unwrap();
+        assert_eq!((envelopes.len(), receipts), (1, vec![Receipt::Accepted]));
+        let (_, again) = inbox.receive(&caller, ONE.as_bytes()).unwrap();
+        assert_eq!(again, [Receipt::Duplicate]);
+        assert_eq!(inbox.status().unwrap().pending, 1);
+    }
+
+    #[test]
+    fn bad_deliveries_are_refused_and_store_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = inbox(dir.path(), 1, 200);
+        let caller = Caller::default();
+        let two = format!("[{ONE},{ONE}]");
+        let bad_item = format!("[{}]", ONE.replace("\"seq\":1", "\"seq\":0"));
+        let cases: Vec<(Vec<u8>, &Expect)> = vec![
+            (vec![b' '; 201], &|r| {
+                matches!(
+                    r,
+                    Refusal::TooLarge {
+                        max_body_bytes: 200
+                    }
+                )
+            }),
+            (b"nope".to_vec(), &|r| {
+                matches!(
+                    r,
+                    Refusal::Malformed {
+                        index: None,
+                        too_many: false,
+                        ..
+                    }
+                )
+            }),
+            (b"[]".to_vec(), &|r| {
+                matches!(r, Refusal::Malformed { index: None, .. })
+            }),
+            (two.into_bytes(), &|r| {
+                matches!(r, Refusal::Malformed { too_many: true, .. })
+            }),
+            (bad_item.into_bytes(), &|r| {
+                matches!(r, Refusal::Malformed { index: Some(0), .. })
+            }),
+        ];
+        for (body, expected) in cases {
+            let refusal = inbox.receive(&caller, &body).unwrap_err();
+            assert!(
+                expected(&refusal),
+                "{refusal:?} for {:?}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+        assert_eq!(inbox.status().unwrap().pending, 0, "nothing stored");
+    }
+
+    #[test]
+    fn a_store_that_cannot_open_is_a_storage_refusal() {
+        let open: crate::Opener =
+            Arc::new(|| Err(StoreError::new(ErrorKind::NotFound, "no such store")));
+        let limits = InboxLimits {
+            max_batch: 1,
+            max_body_bytes: 1 << 20,
+        };
+        let inbox = Inbox::new(Pool::new(open, 1), limits);
+        let refusal = inbox
+            .receive(&Caller::default(), ONE.as_bytes())
+            .unwrap_err();
+        assert!(matches!(refusal, Refusal::Storage(_)), "{refusal:?}");
+        let busy = Refusal::from(StoreError::new(ErrorKind::Busy, "locked"));
+        assert!(matches!(busy, Refusal::Busy(_)));
+    }
+}
