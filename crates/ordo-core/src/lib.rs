@@ -16,10 +16,12 @@
 
 #![warn(missing_docs)]
 
+pub mod append;
 pub mod apply;
 pub mod backoff;
 pub mod clock;
 pub mod crash;
+pub mod domain;
 pub mod envelope;
 pub mod error;
 pub mod handler;

@@ -17,6 +17,9 @@ use crate::outcome::{
     BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
 };
 
+/// How many flows one page of [`ConsumerStore::flows_with_work`] lists.
+pub const FLOWS_PAGE_LEN: usize = 1_024;
+
 /// The producer side: the outbox. The application's own state lives beside
 /// it in the same store and changes in the same transactions (see the
 /// backend's write API, such as `ordo_sqlite::ProducerDb::write`).
@@ -216,8 +219,24 @@ pub trait ConsumerStore {
     /// Flows with a `pending` row, or with a row blocked with one of the
     /// `reevaluate` codes, ordered by flow id. A flow whose next event is
     /// blocked or missing is listed too when a later row is pending: apply
-    /// then reports `blocked` or `gap` for it, and writes nothing.
-    fn flows_with_work(&mut self, reevaluate: &[BlockCode]) -> Result<Vec<FlowId>, StoreError>;
+    /// then reports `blocked` or `gap` for it, and writes nothing. Read a
+    /// page of [`FLOWS_PAGE_LEN`] flows at a time.
+    fn flows_with_work(&mut self, reevaluate: &[BlockCode]) -> Result<Vec<FlowId>, StoreError> {
+        let mut all = Vec::new();
+        let mut after: Option<FlowId> = None;
+        loop {
+            let page = self.flows_with_work_page(after.as_ref(), FLOWS_PAGE_LEN, reevaluate)?;
+            let Some(last) = page.last().cloned() else {
+                return Ok(all);
+            };
+            debug_assert!(
+                after.as_ref().is_none_or(|a| *a < last),
+                "pages move forward"
+            );
+            all.extend(page);
+            after = Some(last);
+        }
+    }
 
     /// Up to `limit` of [`ConsumerStore::flows_with_work`] after `after`.
     fn flows_with_work_page(

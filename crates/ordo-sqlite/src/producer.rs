@@ -5,11 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ordo_core::crash;
-use ordo_core::envelope::EventType;
 use ordo_core::ops::{OutboxEntry, ProducerStatus, Pruned, RetryRefused};
 use ordo_core::{
     AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, ProducerStore, Receipt,
-    SchemaVersion, Seq, StoreError, SystemClock,
+    SchemaVersion, StoreError, SystemClock,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -310,30 +309,9 @@ impl ProducerTx<'_> {
         schema_version: SchemaVersion,
         payload: &T,
     ) -> Result<Envelope, AppendError> {
-        let event_type =
-            EventType::new(event_type).map_err(|e| AppendError::Invalid(format!("type {e}")))?;
-        let payload = match serde_json::to_value(payload) {
-            Ok(serde_json::Value::Object(map)) => map,
-            Ok(other) => {
-                return Err(AppendError::Invalid(format!(
-                    "the payload must serialize to a JSON object, not {}",
-                    json_kind(&other)
-                )))
-            }
-            Err(e) => return Err(AppendError::Invalid(format!("payload: {e}"))),
-        };
         let last_seq = self.last_seq(flow_id)?;
-        let seq = Seq::after(last_seq).ok_or_else(|| AppendError::SeqExhausted {
-            flow_id: flow_id.clone(),
-        })?;
-        let event = Envelope {
-            event_id: EventId::for_seq(flow_id, seq),
-            flow_id: flow_id.clone(),
-            seq,
-            schema_version,
-            event_type,
-            payload,
-        };
+        let event =
+            ordo_core::append::next_event(flow_id, last_seq, event_type, schema_version, payload)?;
         self.append_envelope(&event)?;
         Ok(event)
     }
@@ -416,17 +394,6 @@ fn not_next(event: &Envelope, last_seq: i64) -> AppendError {
         flow_id: event.flow_id.clone(),
         seq: event.seq,
         last_seq,
-    }
-}
-
-fn json_kind(value: &serde_json::Value) -> &'static str {
-    match value {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
     }
 }
 

@@ -83,29 +83,9 @@ impl PgProducerTx<'_> {
         schema_version: SchemaVersion,
         payload: &T,
     ) -> Result<Envelope, AppendError> {
-        let event_type =
-            EventType::new(event_type).map_err(|e| AppendError::Invalid(format!("type {e}")))?;
-        let payload = match serde_json::to_value(payload) {
-            Ok(serde_json::Value::Object(map)) => map,
-            Ok(_) => {
-                return Err(AppendError::Invalid(
-                    "the payload must serialize to a JSON object".into(),
-                ))
-            }
-            Err(e) => return Err(AppendError::Invalid(format!("payload: {e}"))),
-        };
         let last_seq = self.last_seq(flow_id)?;
-        let seq = Seq::after(last_seq).ok_or_else(|| AppendError::SeqExhausted {
-            flow_id: flow_id.clone(),
-        })?;
-        let event = Envelope {
-            event_id: EventId::for_seq(flow_id, seq),
-            flow_id: flow_id.clone(),
-            seq,
-            schema_version,
-            event_type,
-            payload,
-        };
+        let event =
+            ordo_core::append::next_event(flow_id, last_seq, event_type, schema_version, payload)?;
         self.append_envelope(&event)?;
         Ok(event)
     }

@@ -5,11 +5,10 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use ordo_core::envelope::EventType;
 use ordo_core::ops::{OutboxEntry, ProducerFlow, ProducerStatus, Pruned, RetryRefused};
 use ordo_core::{
     crash, AppendError, Backoff, Clock, Envelope, ErrorKind, EventId, FlowId, OutboxRecord,
-    ProducerStore, Receipt, SchemaVersion, Seq, StoreError, SystemClock,
+    ProducerStore, Receipt, SchemaVersion, StoreError, SystemClock,
 };
 use postgres::Row;
 

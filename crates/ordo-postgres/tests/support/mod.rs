@@ -103,11 +103,10 @@ fn template_name() -> String {
     let schemas = [pg_producer_schema(), pg_consumer_schema(), test_schema()];
     let tables = ordo_postgres::tables_ddl();
     let mut parts: Vec<&str> = tables.iter().map(String::as_str).collect();
-    parts.extend(
-        schemas
-            .iter()
-            .flat_map(|s| s.migrations().collect::<Vec<_>>()),
-    );
+    parts.extend(schemas.iter().flat_map(|s| {
+        s.migrations(ordo_core::domain::Dialect::Postgres)
+            .collect::<Vec<_>>()
+    }));
     let version = ordo_postgres::SCHEMA_VERSION;
     format!("ordo_tpl_{version}_{:016x}", hash_of(&parts))
 }

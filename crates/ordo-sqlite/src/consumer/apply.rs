@@ -348,23 +348,3 @@ pub(super) fn flows_with_work_page(
     }
     Ok(flows)
 }
-
-/// Every flow with work, ordered by flow id.
-pub(super) fn flows_with_work(
-    db: &mut ConsumerDb,
-    reevaluate: &[BlockCode],
-) -> Result<Vec<FlowId>, StoreError> {
-    let mut all = Vec::new();
-    let mut after: Option<FlowId> = None;
-    loop {
-        let page = flows_with_work_page(db, after.as_ref(), FLOWS_PAGE_LEN, reevaluate)?;
-        let Some(last) = page.last().cloned() else {
-            return Ok(all);
-        };
-        all.extend(page);
-        after = Some(last);
-    }
-}
-
-/// How many flows one page lists.
-const FLOWS_PAGE_LEN: usize = 1_024;

@@ -222,10 +222,6 @@ impl ConsumerStore for ConsumerDb {
         apply::apply_batch(self, flows, events_max, handler)
     }
 
-    fn flows_with_work(&mut self, reevaluate: &[BlockCode]) -> Result<Vec<FlowId>, StoreError> {
-        apply::flows_with_work(self, reevaluate)
-    }
-
     fn flows_with_work_page(
         &mut self,
         after: Option<&FlowId>,
