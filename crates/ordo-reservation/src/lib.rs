@@ -11,6 +11,7 @@
 
 #![warn(missing_docs)]
 
+mod methods;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod rules;

@@ -2,8 +2,8 @@
 //! `advance`, written against `ordo-sqlite`'s public API.
 
 use ordo_core::{
-    crash, process_all, ApplyHandler, BlockCode, ConsumerStore, Drain, Envelope, EventId, FlowId,
-    Seq, Step, StoreError, Verdict,
+    crash, ApplyHandler, BlockCode, ConsumerStore, Drain, Envelope, EventId, FlowId, Seq, Step,
+    StoreError, Verdict,
 };
 use ordo_sqlite::{ConsumerDb, ProducerDb, ProducerTx, Schema};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -308,6 +308,17 @@ pub fn advance_in(
 }
 
 /// Decides and writes one advance inside `ptx`; a refusal writes nothing.
+/// Advances each request in turn in one transaction.
+fn advance_all_in_tx(
+    ptx: &mut ProducerTx<'_>,
+    requests: &[AdvanceRequest],
+) -> Result<Vec<Result<Advance, AdvanceRefused>>, AdvanceError> {
+    requests
+        .iter()
+        .map(|request| advance_in_tx(ptx, request))
+        .collect()
+}
+
 fn advance_in_tx(
     ptx: &mut ProducerTx<'_>,
     request: &AdvanceRequest,
@@ -454,51 +465,7 @@ pub(crate) fn read_effects(conn: &Connection) -> Result<Vec<EffectRecord>, Store
 }
 
 impl ReservationProducer for ProducerDb {
-    fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError> {
-        let outcome = self.write(|ptx| -> Result<Advance, AdvanceError> {
-            let outcome = advance_in_tx(ptx, request)??;
-            if matches!(outcome, Advance::Committed(_)) {
-                crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
-            }
-            Ok(outcome)
-        })?;
-        if matches!(outcome, Advance::Committed(_)) {
-            crash::point(crash::PRODUCER_ADVANCE_AFTER_COMMIT);
-        }
-        Ok(outcome)
-    }
-
-    fn advance_batch(
-        &mut self,
-        requests: &[AdvanceRequest],
-    ) -> Result<Vec<Result<Advance, AdvanceRefused>>, StoreError> {
-        let committed = |outcomes: &[Result<Advance, AdvanceRefused>]| {
-            outcomes
-                .iter()
-                .any(|o| matches!(o, Ok(Advance::Committed(_))))
-        };
-        let outcomes = self
-            .write(|ptx| -> Result<Vec<_>, AdvanceError> {
-                let outcomes = requests
-                    .iter()
-                    .map(|request| advance_in_tx(ptx, request))
-                    .collect::<Result<Vec<_>, AdvanceError>>()?;
-                if committed(&outcomes) {
-                    crash::point(crash::PRODUCER_ADVANCE_BEFORE_COMMIT);
-                }
-                Ok(outcomes)
-            })
-            .map_err(|e| match e {
-                AdvanceError::Store(e) => e,
-                AdvanceError::Refused(r) => {
-                    unreachable!("a batch returns refusals as values: {r}")
-                }
-            })?;
-        if committed(&outcomes) {
-            crash::point(crash::PRODUCER_ADVANCE_AFTER_COMMIT);
-        }
-        Ok(outcomes)
-    }
+    crate::methods::advance_methods!(advance_in_tx, advance_all_in_tx);
 
     fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError> {
         read_flows(self.connection())
@@ -506,56 +473,7 @@ impl ReservationProducer for ProducerDb {
 }
 
 impl ReservationConsumer for ConsumerDb {
-    fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError> {
-        self.apply_next_with(flow_id, &mut ReservationHandler::new(options))
-    }
-
-    fn apply_batch(
-        &mut self,
-        flows: &[(FlowId, Option<u64>)],
-        events_max: u64,
-        options: ApplyOptions,
-    ) -> Result<Vec<Drain>, StoreError> {
-        self.apply_batch_with(flows, events_max, &mut ReservationHandler::new(options))
-    }
-
-    fn drain(
-        &mut self,
-        flow_id: &FlowId,
-        limit: Option<u64>,
-        options: ApplyOptions,
-        batch_len_max: u64,
-    ) -> Result<Drain, StoreError> {
-        ordo_core::drain(
-            self,
-            flow_id,
-            limit,
-            &mut ReservationHandler::new(options),
-            batch_len_max,
-        )
-    }
-
-    fn process_all(
-        &mut self,
-        limit: Option<u64>,
-        options: ApplyOptions,
-        batch_len_max: u64,
-    ) -> Result<Vec<Drain>, StoreError> {
-        process_all(
-            self,
-            limit,
-            &mut ReservationHandler::new(options),
-            batch_len_max,
-        )
-    }
-
-    fn flows_with_reservation_work(
-        &mut self,
-        options: ApplyOptions,
-    ) -> Result<Vec<FlowId>, StoreError> {
-        let handler = ReservationHandler::new(options);
-        self.flows_with_work(handler.reevaluate())
-    }
+    crate::methods::apply_methods!();
 
     fn projections(&mut self) -> Result<Vec<Projection>, StoreError> {
         read_projections(self.connection())

@@ -113,6 +113,7 @@ use ordo_reservation::{ReservationConsumer, ReservationProducer};
 
 pub mod check;
 pub mod fuzz;
+pub mod guards;
 pub mod suite;
 pub mod support;
 
