@@ -65,6 +65,9 @@ where
     .expect("a guarded step always ends");
     if matches!(step, Step::Applied { .. }) {
         crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
+        if cfg!(debug_assertions) {
+            check_settled(&db.conn, flow_id)?;
+        }
     }
     Ok(step)
 }
@@ -99,11 +102,43 @@ where
         if let Some((drains, applied)) = run {
             if applied > 0 {
                 crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
+                if cfg!(debug_assertions) {
+                    let mut touched = drains.iter().filter(|d| d.applied > 0);
+                    touched.try_for_each(|d| check_settled(&db.conn, &d.flow_id))?;
+                }
             }
             return Ok(drains);
         }
     }
     unreachable!("a guarded batch runs to its end")
+}
+
+/// Checks a flow after an apply committed (debug builds): every stored row
+/// at or below its cursor is settled (applied or skipped), and none above
+/// it is. Panics otherwise: the store broke the protocol.
+fn check_settled(conn: &PgTx, flow_id: &FlowId) -> Result<(), StoreError> {
+    let row = conn
+        .row(
+            "consumer: cannot check an applied flow",
+            "WITH c AS (SELECT coalesce((SELECT applied_seq FROM {s}.inbox_cursor
+                                         WHERE flow_id = $1), 0) AS at)
+             SELECT c.at,
+                    (SELECT count(*) FROM {s}.inbox WHERE flow_id = $1 AND seq <= c.at
+                       AND status NOT IN ('applied', 'skipped')),
+                    (SELECT count(*) FROM {s}.inbox WHERE flow_id = $1 AND seq > c.at
+                       AND status IN ('applied', 'skipped'))
+             FROM c",
+            &[&flow_id.as_str()],
+        )?
+        .expect("a SELECT of one row");
+    let (cursor, unsettled_below, settled_above): (i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2));
+    assert_eq!(
+        (unsettled_below, settled_above),
+        (0, 0),
+        "flow {flow_id} at cursor {cursor}: rows unsettled at or below it, settled above it"
+    );
+    Ok(())
 }
 
 /// One open apply transaction, as the engine writes through it: alone, or

@@ -36,6 +36,9 @@ where
         db.commits += 1;
         if matches!(step, Step::Applied { .. }) {
             crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
+            if cfg!(debug_assertions) {
+                check_settled(&db.conn, flow_id)?;
+            }
         }
     }
     Ok(step)
@@ -76,10 +79,39 @@ where
             if run.applied > 0 {
                 crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
             }
+            if cfg!(debug_assertions) {
+                let mut touched = run.drains.iter().filter(|d| d.applied > 0);
+                touched.try_for_each(|d| check_settled(&db.conn, &d.flow_id))?;
+            }
         }
         return Ok(run.drains);
     }
     unreachable!("a guarded batch runs to its end")
+}
+
+/// Checks a flow after an apply committed (debug builds): every stored row
+/// at or below its cursor is settled (applied or skipped), and none above
+/// it is. Panics otherwise: the store broke the protocol.
+fn check_settled(conn: &Connection, flow_id: &FlowId) -> Result<(), StoreError> {
+    let (cursor, unsettled_below, settled_above): (i64, i64, i64) = row_cached(
+        conn,
+        "WITH c AS (SELECT coalesce((SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1), 0) AS at)
+         SELECT c.at,
+                (SELECT count(*) FROM inbox WHERE flow_id = ?1 AND seq <= c.at
+                   AND status <> 'applied' AND status <> 'skipped'),
+                (SELECT count(*) FROM inbox WHERE flow_id = ?1 AND seq > c.at
+                   AND (status = 'applied' OR status = 'skipped'))
+         FROM c",
+        params![flow_id.as_str()],
+        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+    )
+    .map_err(|e| sql_error("consumer: cannot check an applied flow", e))?;
+    assert_eq!(
+        (unsettled_below, settled_above),
+        (0, 0),
+        "flow {flow_id} at cursor {cursor}: rows unsettled at or below it, settled above it"
+    );
+    Ok(())
 }
 
 /// One open apply transaction, as the engine writes through it. The
