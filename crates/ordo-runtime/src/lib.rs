@@ -361,7 +361,7 @@ pub type Reopen<S> = Box<dyn FnMut() -> Result<S, StoreError> + Send>;
 /// How often an idle loop looks for another process's commits
 /// ([`RunStore::changed_elsewhere`]), so that such work waits at most
 /// about this long.
-pub const WATCH_MS: u64 = 5;
+pub const WATCH_MS: u64 = 10;
 
 /// Whether a failure is worth retrying after a wait.
 fn transient(kind: ErrorKind) -> bool {

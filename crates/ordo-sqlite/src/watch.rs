@@ -28,7 +28,8 @@ impl DataVersion {
     /// look says yes: nothing was seen before it).
     pub(crate) fn changed(&mut self, conn: &Connection) -> Result<bool, StoreError> {
         let now: i64 = conn
-            .query_row("PRAGMA data_version", [], |row| row.get(0))
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
             .map_err(|e| sql_error("cannot read the file's data version", e))?;
         let changed = self.0 != Some(now);
         self.0 = Some(now);
