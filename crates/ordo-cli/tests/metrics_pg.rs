@@ -6,12 +6,10 @@
 mod common;
 mod pgdb;
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::run;
+use common::{advance_new, http_get, line_reader, run};
 use pgdb::Database;
 use serde_json::Value;
 
@@ -33,7 +31,7 @@ impl Follow {
             .stderr(Stdio::piped())
             .spawn()
             .expect("ordo starts");
-        let logs = lines(child.stderr.take().expect("piped"));
+        let logs = line_reader(child.stderr.take().expect("piped"));
         let addr = loop {
             let line = logs.recv_timeout(PATIENCE).expect("a log line");
             let log: Value = serde_json::from_str(&line).expect("a JSON log line");
@@ -72,46 +70,6 @@ impl Drop for Follow {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn lines(pipe: impl Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (send, receive) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            if send.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    receive
-}
-
-fn http_get(addr: &str, path: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
-    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response
-}
-
-fn advance_new(producer: &str, flow: &str) {
-    let out = run(&[
-        "advance",
-        "--json",
-        "--producer",
-        producer,
-        "--flow",
-        flow,
-        "--expected-seq",
-        "0",
-        "--to",
-        "reserved",
-        "--quantity",
-        "2",
-    ]);
-    assert_eq!(out.json()["outcome"], "committed", "{out:#?}");
 }
 
 #[test]

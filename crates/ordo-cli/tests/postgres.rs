@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{keys, row, run, Lab, Out};
+use common::{advance_committed, advance_new, keys, row, run, Lab, Out};
 use pgdb::Database;
 use serde_json::{json, Value};
 
@@ -215,7 +215,7 @@ fn text_output_is_the_same_on_both_backends() {
 /// JSON.
 fn produce_and_relay(p: &str, c: &str, flows: &[&str]) -> Value {
     for flow in flows {
-        advance(p, flow, 0, "reserved", 3);
+        advance_committed(p, flow, 0, "reserved", 3);
     }
     run(&["relay", "--json", "--producer", p, "--consumer", c]).json()
 }
@@ -313,8 +313,8 @@ fn the_relay_crosses_backends_both_ways() {
 /// Two events on each of `flows`: reserved, then confirmed.
 fn two_events_each(producer: &str, flows: &[&str]) {
     for flow in flows {
-        advance(producer, flow, 0, "reserved", 2);
-        advance(producer, flow, 1, "confirmed", 2);
+        advance_committed(producer, flow, 0, "reserved", 2);
+        advance_committed(producer, flow, 1, "confirmed", 2);
     }
 }
 
@@ -696,32 +696,6 @@ impl Drop for Running {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Advances `flow` on `producer` from `expected_seq` to `to`, and checks
-/// that it committed.
-fn advance(producer: &str, flow: &str, expected_seq: i64, to: &str, quantity: u32) {
-    let (expected_seq, quantity) = (expected_seq.to_string(), quantity.to_string());
-    let out = run(&[
-        "advance",
-        "--json",
-        "--producer",
-        producer,
-        "--flow",
-        flow,
-        "--expected-seq",
-        &expected_seq,
-        "--to",
-        to,
-        "--quantity",
-        &quantity,
-    ]);
-    assert_eq!(out.json()["outcome"], "committed", "{out:#?}");
-}
-
-/// A new flow `flow` on `producer`, reserved.
-fn advance_new(producer: &str, flow: &str) {
-    advance(producer, flow, 0, "reserved", 2);
 }
 
 #[test]

@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{row, run, Lab, Out};
+use common::{http_get, line_reader, row, run, Lab, Out};
 use ordo_sqlite::rusqlite;
 use serde_json::{json, Value};
 
@@ -597,16 +597,6 @@ fn read_request(stream: &mut std::net::TcpStream) -> Value {
 }
 
 /// The body of `GET path` on `addr`, which must answer 200.
-fn http_get(addr: &str, path: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
-    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response
-}
-
 fn spawn(args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_ordo"))
         .args(args)
@@ -615,18 +605,6 @@ fn spawn(args: &[&str]) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("ordo starts")
-}
-
-fn line_reader(stdout: impl Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (send, receive) = mpsc::channel();
-    thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if send.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    receive
 }
 
 #[track_caller]

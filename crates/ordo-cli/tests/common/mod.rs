@@ -486,3 +486,56 @@ pub fn spawn_listening(
         .to_owned();
     (child, addr, stderr)
 }
+
+/// `GET path` of the server at `addr` over a plain socket; the whole
+/// response, which must be a 200.
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response
+}
+
+/// The lines of `pipe` as they come, read on a thread of their own.
+pub fn line_reader(pipe: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+            if send.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    receive
+}
+
+/// Advances `flow` on `producer` from `expected_seq` to `to`, and checks
+/// that it committed.
+pub fn advance_committed(producer: &str, flow: &str, expected_seq: i64, to: &str, quantity: u32) {
+    let (expected_seq, quantity) = (expected_seq.to_string(), quantity.to_string());
+    let out = run(&[
+        "advance",
+        "--json",
+        "--producer",
+        producer,
+        "--flow",
+        flow,
+        "--expected-seq",
+        &expected_seq,
+        "--to",
+        to,
+        "--quantity",
+        &quantity,
+    ]);
+    assert_eq!(out.json()["outcome"], "committed", "{out:#?}");
+}
+
+/// A new flow `flow` on `producer`, reserved.
+pub fn advance_new(producer: &str, flow: &str) {
+    advance_committed(producer, flow, 0, "reserved", 2);
+}
