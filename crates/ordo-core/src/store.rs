@@ -532,11 +532,12 @@ impl StoredIdentities {
 /// it (`stored[i]` for `envelopes[i]`): each envelope is decided as if the
 /// ones accepted before it in the batch were stored already, as one
 /// delivery after the other would find them. Also returns the indices of
-/// the accepted envelopes, which the backend stores.
+/// the accepted envelopes, which the backend stores, with their body hashes
+/// (computed once here).
 pub fn decide_batch(
     envelopes: &[Envelope],
     stored: Vec<StoredIdentities>,
-) -> (Vec<Receipt>, Vec<usize>) {
+) -> (Vec<Receipt>, Vec<(usize, BodyHash)>) {
     assert_eq!(envelopes.len(), stored.len(), "one read per envelope");
     let mut by_id: HashMap<&str, BodyHash> = HashMap::new();
     let mut by_position: HashMap<(&str, i64), &EventId> = HashMap::new();
@@ -553,9 +554,9 @@ pub fn decide_batch(
         let hash = envelope.body_hash();
         let receipt = decide_receive(&envelope.event_id, &hash, &stored);
         if receipt == Receipt::Accepted {
-            by_id.insert(envelope.event_id.as_str(), hash);
+            by_id.insert(envelope.event_id.as_str(), hash.clone());
             by_position.insert(position, &envelope.event_id);
-            accepted.push(index);
+            accepted.push((index, hash));
         }
         receipts.push(receipt);
     }
@@ -680,15 +681,16 @@ mod tests {
         ];
         for (batch, receipts, accepted) in cases {
             let stored = vec![StoredIdentities::default(); batch.len()];
-            assert_eq!(
-                decide_batch(&batch, stored),
-                (receipts, accepted),
-                "{batch:?}"
-            );
+            let (got, hashes) = decide_batch(&batch, stored);
+            let indices: Vec<usize> = hashes.iter().map(|(i, _)| *i).collect();
+            assert_eq!((got, indices), (receipts, accepted), "{batch:?}");
+            for (i, hash) in hashes {
+                assert_eq!(hash, batch[i].body_hash(), "the hash of what is stored");
+            }
         }
         let stored = StoredIdentities::from_columns(None, Some("a-1".into()), false).unwrap();
         let (receipts, accepted) = decide_batch(&[envelope("a", 1, 3)], vec![stored]);
-        assert_eq!((receipts, accepted), (vec![Conflict], vec![]));
+        assert_eq!((receipts, accepted.len()), (vec![Conflict], 0));
         let bad = StoredIdentities::from_columns(Some("zz".into()), None, false).unwrap_err();
         assert_eq!(bad.kind(), ErrorKind::Corrupt);
     }

@@ -10,7 +10,7 @@
 //! again one envelope at a time, against what that one committed.
 
 use ordo_core::store::{decide_batch, decide_receive, StoredIdentities};
-use ordo_core::{crash, Envelope, Receipt, StoreError};
+use ordo_core::{crash, BodyHash, Envelope, Receipt, StoreError};
 use postgres::Row;
 
 use super::PgConsumer;
@@ -124,7 +124,10 @@ fn receive_all(
     if accepted.is_empty() {
         return Ok(Some(receipts));
     }
-    let accepted: Vec<&Envelope> = accepted.into_iter().map(|i| &envelopes[i]).collect();
+    let accepted: Vec<(&Envelope, BodyHash)> = accepted
+        .into_iter()
+        .map(|(i, hash)| (&envelopes[i], hash))
+        .collect();
     match insert_all(tx, &accepted, now_ms)? {
         true => Ok(Some(receipts)),
         false => Ok(None),
@@ -133,15 +136,19 @@ fn receive_all(
 
 /// Inserts the accepted envelopes in one statement; false when another
 /// receiver stored one of their identities since the batch read them.
-fn insert_all(tx: &PgTx, accepted: &[&Envelope], now_ms: i64) -> Result<bool, StoreError> {
-    let column = |f: fn(&Envelope) -> &str| accepted.iter().map(|e| f(e)).collect::<Vec<_>>();
-    let bodies: Vec<String> = accepted.iter().map(|e| e.stored_text()).collect();
-    let hashes: Vec<String> = accepted
+fn insert_all(
+    tx: &PgTx,
+    accepted: &[(&Envelope, BodyHash)],
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let column = |f: fn(&Envelope) -> &str| accepted.iter().map(|(e, _)| f(e)).collect::<Vec<_>>();
+    let bodies: Vec<String> = accepted.iter().map(|(e, _)| e.stored_text()).collect();
+    let hashes: Vec<&str> = accepted.iter().map(|(_, h)| h.as_str()).collect();
+    let seqs: Vec<i64> = accepted.iter().map(|(e, _)| e.seq.get()).collect();
+    let versions: Vec<i64> = accepted
         .iter()
-        .map(|e| e.body_hash().as_str().to_owned())
+        .map(|(e, _)| e.schema_version.get())
         .collect();
-    let seqs: Vec<i64> = accepted.iter().map(|e| e.seq.get()).collect();
-    let versions: Vec<i64> = accepted.iter().map(|e| e.schema_version.get()).collect();
     // A plain insert: a row another receiver stored since the read above
     // fails it (SQLSTATE 23505) instead of being passed over, which spares
     // every row the extra probe of each unique index that `ON CONFLICT`

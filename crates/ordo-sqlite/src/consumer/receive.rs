@@ -3,7 +3,7 @@
 
 use ordo_core::crash;
 use ordo_core::store::{decide_batch, StoredIdentities};
-use ordo_core::{Envelope, Receipt, StoreError};
+use ordo_core::{BodyHash, Envelope, Receipt, StoreError};
 use rusqlite::{params, Connection};
 
 use super::schema::begin_write;
@@ -25,8 +25,8 @@ pub(super) fn receive_batch(
         .map(|envelope| identities(&tx, envelope))
         .collect::<Result<Vec<_>, _>>()?;
     let (receipts, accepted) = decide_batch(envelopes, stored);
-    for index in accepted {
-        insert(&tx, &envelopes[index], now_ms)?;
+    for (index, hash) in accepted {
+        insert(&tx, &envelopes[index], &hash, now_ms)?;
     }
     crash::point(crash::CONSUMER_RECEIVE_BEFORE_COMMIT);
     tx.commit()
@@ -61,7 +61,12 @@ fn identities(tx: &Connection, envelope: &Envelope) -> Result<StoredIdentities, 
 }
 
 /// Stores an accepted envelope as pending.
-fn insert(tx: &Connection, envelope: &Envelope, now_ms: i64) -> Result<(), StoreError> {
+fn insert(
+    tx: &Connection,
+    envelope: &Envelope,
+    hash: &BodyHash,
+    now_ms: i64,
+) -> Result<(), StoreError> {
     let inserted = exec_cached(
         tx,
         "INSERT INTO inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms)
@@ -73,7 +78,7 @@ fn insert(tx: &Connection, envelope: &Envelope, now_ms: i64) -> Result<(), Store
             envelope.schema_version.get(),
             envelope.event_type.as_str(),
             envelope.stored_text(),
-            envelope.body_hash().as_str(),
+            hash.as_str(),
             now_ms,
         ],
     )
