@@ -1,13 +1,13 @@
 //! # ordo-http
 //!
 //! The HTTP transport of ordo (HTTP.md): the inbox server behind `ordo
-//! serve`, the request signing that a relay client uses, and the Prometheus
-//! metrics of every long-running mode.
+//! serve`, the request signing that a relay client uses, and the exposition
+//! of the Prometheus metrics of every long-running mode.
 //!
 //! * [`auth`]: key files, [`sign`], [`signature_headers`], [`KeyRing::verify`].
 //! * [`client`]: [`HttpTransport`], the relay's [`ordo_core::Transport`] to an inbox.
-//! * [`metrics`]: [`Metrics`], every metric of HTTP.md, and its exposition;
-//!   [`exposition`]: `GET /metrics` alone ([`metrics_router`],
+//! * [`metrics`]: [`Metrics`], every metric of HTTP.md (the `ordo-metrics`
+//!   crate, which knows no transport); [`exposition`]: `GET /metrics` alone ([`metrics_router`],
 //!   [`serve_metrics`], [`MetricsServer`]).
 //! * [`server`]: the inbox server ([`Server`], [`ServerConfig`]); its
 //!   parts: `inbox` (`POST /v1/events`: HTTP's checks over
@@ -23,7 +23,8 @@ pub mod exposition;
 mod inbox;
 pub mod linger;
 pub mod listen;
-pub mod metrics;
+/// The metrics of every long-running mode (the `ordo-metrics` crate).
+pub use ordo_metrics as metrics;
 mod reply;
 pub mod server;
 pub mod tls;

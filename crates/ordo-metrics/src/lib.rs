@@ -1,16 +1,21 @@
+//! # ordo-metrics
+//!
 //! Every metric of HTTP.md's Metrics table, on one Prometheus registry per
 //! process: the inbox server's, the applier's and the relay's, so that
-//! `serve`, `apply --follow` and `relay --follow` expose the same names.
+//! `serve`, `apply --follow` and `relay --follow` expose the same names on
+//! either backend, whatever transport serves them.
 //!
 //! Labelled counters with a closed set of label values (`receipt`, `kind`)
 //! start at zero for every value, so that their names appear in the first
 //! scrape; `status` starts with `200`, and `reason` with the codes the
 //! caller names ([`Metrics::expect_block_reasons`]).
 //!
-//! Invariant: this module only counts. It reads no store and serves
-//! nothing by itself; the caller updates the gauges from its own status
-//! reads ([`Metrics::set_inbox`], [`Metrics::set_outbox`]) and chooses where
-//! the exposition is served ([`crate::metrics_router`]).
+//! Invariant: this crate only counts. It reads no store, knows no transport
+//! and serves nothing by itself; the caller updates the gauges from its own
+//! status reads ([`Metrics::set_inbox`], [`Metrics::set_outbox`]) and
+//! chooses where the exposition is served (ordo-http's `metrics_router`).
+
+#![warn(missing_docs)]
 
 use ordo_core::ops::{ConsumerStatus, ProducerStatus};
 use ordo_core::Receipt;
