@@ -13,7 +13,7 @@
 //! it sees only what [`ApplyWriter`] reads and writes, and the handler.
 
 use crate::envelope::Envelope;
-use crate::error::{ErrorKind, StoreError};
+use crate::error::StoreError;
 use crate::handler::{apply_in_order, ApplyHandler, Verdict};
 use crate::ids::{BlockCode, EventId, FlowId, Seq};
 use crate::outcome::{BlockReason, Drain, DrainStop, InboxStatus, Step};
@@ -205,7 +205,7 @@ fn evaluated(
         found.row,
         NextRow::Stored(InboxStatus::Applied | InboxStatus::Skipped)
     ) {
-        return Err(corrupt(
+        return Err(StoreError::corrupt(
             "consumer: inbox",
             format!(
                 "flow {flow_id} seq {next} is settled but the cursor is at {}",
@@ -217,8 +217,8 @@ fn evaluated(
         return Ok(Err(kind.into_step(next)));
     }
     let body = found.body.as_deref().expect("an evaluated row is stored");
-    let event =
-        Envelope::from_stored(body).map_err(|e| corrupt("consumer: stored inbox body", e))?;
+    let event = Envelope::from_stored(body)
+        .map_err(|e| StoreError::corrupt("consumer: stored inbox body", e))?;
     Ok(Ok(event))
 }
 
@@ -455,11 +455,6 @@ where
     Ok(stepped)
 }
 
-/// A corrupt store: what was being read, and what was wrong.
-pub fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
-    StoreError::new(ErrorKind::Corrupt, format!("{context}: {detail}"))
-}
-
 /// A row's status as stored (`status`, `reason`, `detail` columns), or a
 /// corrupt store when the columns do not make one.
 pub fn stored_status(
@@ -474,8 +469,8 @@ pub fn stored_status(
         ("skipped", None) => Ok(InboxStatus::Skipped),
         ("blocked", Some(code)) => BlockCode::new(code)
             .map(|code| InboxStatus::Blocked(BlockReason { code, detail }))
-            .map_err(|e| corrupt(context, e)),
-        _ => Err(corrupt(
+            .map_err(|e| StoreError::corrupt(context, e)),
+        _ => Err(StoreError::corrupt(
             context,
             format!("{status:?} with reason {reason:?}"),
         )),
@@ -485,6 +480,7 @@ pub fn stored_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorKind;
 
     fn seq(value: i64) -> Seq {
         Seq::new(value).unwrap()

@@ -72,6 +72,12 @@ impl StoreError {
         }
     }
 
+    /// A corrupt store: what was being read (`context`), and what was
+    /// wrong with it.
+    pub fn corrupt(context: &str, detail: impl fmt::Display) -> StoreError {
+        StoreError::new(ErrorKind::Corrupt, format!("{context}: {detail}"))
+    }
+
     /// The kind of failure.
     pub fn kind(&self) -> ErrorKind {
         self.kind

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::envelope::Envelope;
-use crate::error::{ErrorKind, StoreError};
+use crate::error::StoreError;
 use crate::ids::{EventId, FlowId, Seq};
 use crate::outcome::InboxStatus;
 
@@ -249,9 +249,9 @@ impl ConsumerStatus {
             "skipped" => self.skipped += n,
             "blocked" => *self.blocked.entry(reason).or_default() += n,
             other => {
-                return Err(StoreError::new(
-                    ErrorKind::Corrupt,
-                    format!("consumer: stored inbox status: unknown status {other:?}"),
+                return Err(StoreError::corrupt(
+                    "consumer: stored inbox status",
+                    format!("unknown status {other:?}"),
                 ))
             }
         }
@@ -280,12 +280,11 @@ impl ConsumerStatus {
         if self.gaps.len() >= GAPS_LISTED_MAX {
             return Ok(());
         }
-        let corrupt = |what: &str, e: &dyn std::fmt::Display| {
-            StoreError::new(ErrorKind::Corrupt, format!("consumer: stored {what}: {e}"))
-        };
         self.gaps.push(GapWait {
-            flow_id: FlowId::new(flow_id).map_err(|e| corrupt("flow id", &e))?,
-            missing: Seq::new(missing).map_err(|e| corrupt("cursor", &e))?,
+            flow_id: FlowId::new(flow_id)
+                .map_err(|e| StoreError::corrupt("consumer: stored flow id", e))?,
+            missing: Seq::new(missing)
+                .map_err(|e| StoreError::corrupt("consumer: stored cursor", e))?,
             since_ms,
         });
         Ok(())
@@ -344,6 +343,7 @@ pub struct ConsumerFlow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorKind;
 
     #[test]
     fn a_status_counts_what_each_backend_reads() {

@@ -513,15 +513,18 @@ impl StoredIdentities {
         id_at_seq: Option<String>,
         below_watermark: bool,
     ) -> Result<StoredIdentities, StoreError> {
-        let corrupt = |what: &str, e: &dyn std::fmt::Display| {
-            StoreError::new(ErrorKind::Corrupt, format!("consumer: stored {what}: {e}"))
-        };
         Ok(StoredIdentities {
             by_event_id: hash_hex
-                .map(|hex| BodyHash::from_hex(&hex).map_err(|e| corrupt("body hash", &e)))
+                .map(|hex| {
+                    BodyHash::from_hex(&hex)
+                        .map_err(|e| StoreError::corrupt("consumer: stored body hash", e))
+                })
                 .transpose()?,
             by_flow_seq: id_at_seq
-                .map(|id| EventId::new(id).map_err(|e| corrupt("event id", &e)))
+                .map(|id| {
+                    EventId::new(id)
+                        .map_err(|e| StoreError::corrupt("consumer: stored event id", e))
+                })
                 .transpose()?,
             below_watermark,
         })

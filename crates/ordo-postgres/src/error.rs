@@ -123,7 +123,7 @@ pub fn commit_error(context: &str, error: postgres::Error) -> StoreError {
 /// A stored value that breaks the protocol's rules: the tables were changed
 /// outside ordo.
 pub(crate) fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
-    StoreError::new(ErrorKind::Corrupt, format!("{context}: {detail}"))
+    StoreError::corrupt(context, detail)
 }
 
 #[cfg(test)]

@@ -39,12 +39,17 @@ where
 {
     pub(super) fn run(mut self) -> Result<(), StoreError> {
         let mut idle = Idle::new(&self.options);
+        // Each round hands over at most one batch.
+        let round_options = RelayOptions {
+            max: Some(self.options.relay.batch_len_max.max(1) as u64),
+            ..self.options.relay
+        };
         let mut round_no = 0u64;
         while !self.control.stopping() {
             let seen = self.signal.generation();
             round_no += 1;
             let _span = tracing::debug_span!("relay_round", round = round_no).entered();
-            let (this, lost) = self.round()?;
+            let (this, lost) = self.round(&round_options)?;
             let worked = this.totals.rounds > 0;
             if worked || !this.failures.is_empty() {
                 (self.observe)(&this);
@@ -68,17 +73,16 @@ where
     /// One round of at most the batch's events: what it did, and the kind
     /// of a transient failure that ended it (a failure that is not
     /// transient ends the loop).
-    fn round(&mut self) -> Result<(RelayRound, Option<ErrorKind>), StoreError> {
-        let options = RelayOptions {
-            max: Some(self.options.relay.batch_len_max.max(1) as u64),
-            ..self.options.relay
-        };
+    fn round(
+        &mut self,
+        options: &RelayOptions,
+    ) -> Result<(RelayRound, Option<ErrorKind>), StoreError> {
         let clock = self.store.store.clock();
         let mut this = RelayRound::default();
         let outcome = relay_each(
             &mut self.store.store,
             &mut self.transport,
-            &options,
+            options,
             clock.as_ref(),
             |handover| this.note(handover),
         );

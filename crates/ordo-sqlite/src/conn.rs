@@ -238,7 +238,7 @@ pub(crate) fn sql_error(context: &str, error: rusqlite::Error) -> StoreError {
 /// A stored value that does not satisfy the protocol's rules: the file was
 /// changed outside ordo.
 pub(crate) fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
-    StoreError::new(ErrorKind::Corrupt, format!("{context}: {detail}"))
+    StoreError::corrupt(context, detail)
 }
 
 /// The most symbolic links followed while resolving one path.
