@@ -212,7 +212,7 @@ fn init_adopt_installs_ordo_beside_the_applications_tables() {
 
 #[test]
 fn inbox_list_shows_an_applications_own_block_code_and_detail() {
-    use ordo_core::{BlockCode, ConsumerStore, Envelope, StoreError, Verdict};
+    use ordo_core::{ApplyContext, BlockCode, ConsumerStore, Envelope, StoreError, Verdict};
     use ordo_sqlite::rusqlite::Connection;
 
     let lab = orders_lab();
@@ -222,12 +222,13 @@ fn inbox_list_shows_an_applications_own_block_code_and_detail() {
         ordo_sqlite::ConsumerDb::open(&lab.c, &ordo_sqlite::Schema::new("orders").unwrap())
             .unwrap();
     const UNKNOWN: BlockCode = BlockCode::from_static("unknown_event_type");
-    let mut handler = |_: &Connection, event: &Envelope| -> Result<Verdict, StoreError> {
-        Ok(Verdict::block_with(
-            UNKNOWN,
-            format!("no handler for {}", event.event_type),
-        ))
-    };
+    let mut handler =
+        |_: &mut ApplyContext<Connection>, event: &Envelope| -> Result<Verdict, StoreError> {
+            Ok(Verdict::block_with(
+                UNKNOWN,
+                format!("no handler for {}", event.event_type),
+            ))
+        };
     consumer
         .apply_next_with(&ordo_core::FlowId::new("o").unwrap(), &mut handler)
         .unwrap();

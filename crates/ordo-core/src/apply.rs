@@ -14,7 +14,7 @@
 
 use crate::envelope::Envelope;
 use crate::error::StoreError;
-use crate::handler::{apply_in_order, ApplyHandler, Verdict};
+use crate::handler::{apply_in_order, ApplyContext, ApplyHandler, Verdict, DEFAULT_PRODUCER};
 use crate::ids::{BlockCode, EventId, FlowId, Seq};
 use crate::outcome::{BlockReason, Drain, DrainStop, InboxStatus, Step};
 use crate::store::{plan_apply, ApplyPlan, NextRow};
@@ -240,7 +240,8 @@ where
     if guarded {
         w.savepoint()?;
     }
-    let verdict = handler.apply(w.handler_tx(), &event)?;
+    let mut cx = ApplyContext::new(w.handler_tx(), DEFAULT_PRODUCER);
+    let verdict = handler.apply(&mut cx, &event)?;
     w.after_handler(flow_id, next)?;
     match verdict {
         Verdict::Apply => {
@@ -280,7 +281,8 @@ where
     let Some(first) = events.first() else {
         return Ok(true);
     };
-    let verdict = apply_in_order(handler, w.handler_tx(), &events, |event| {
+    let mut cx = ApplyContext::new(w.handler_tx(), DEFAULT_PRODUCER);
+    let verdict = apply_in_order(handler, &mut cx, &events, |event| {
         w.after_handler(&event.flow_id, event.seq)
     })?;
     match verdict {

@@ -7,10 +7,60 @@
 //! store hands it, so the application's change and the inbox mark commit
 //! together or not at all.
 
+use std::ops::Deref;
+
 use crate::envelope::Envelope;
 use crate::error::StoreError;
 use crate::ids::BlockCode;
 use crate::outcome::BlockReason;
+
+/// The producer name of every event until producers are named: the one
+/// namespace of a store that serves one producer.
+pub const DEFAULT_PRODUCER: &str = "default";
+
+/// What the store hands a handler with each call: the backend's
+/// transaction, and what ordo knows of the events being applied beyond
+/// their envelopes. It dereferences to the transaction, so a handler
+/// writes through it as through the transaction itself
+/// (`cx.execute(..)` on SQLite, `cx.client()` on PostgreSQL).
+///
+/// Invariant: the context only grows. What later releases hand a handler
+/// (the effect intents it records) is added here, never to the
+/// [`ApplyHandler`] trait's signatures.
+pub struct ApplyContext<'a, Tx: ?Sized> {
+    tx: &'a Tx,
+    producer: &'a str,
+}
+
+impl<'a, Tx: ?Sized> ApplyContext<'a, Tx> {
+    /// A context around the open apply transaction `tx`, for events of
+    /// `producer`. Built by the engine, not by applications.
+    pub fn new(tx: &'a Tx, producer: &'a str) -> ApplyContext<'a, Tx> {
+        debug_assert!(!producer.is_empty(), "a producer has a name");
+        ApplyContext { tx, producer }
+    }
+
+    /// The transaction the handler writes through.
+    pub fn tx(&self) -> &'a Tx {
+        self.tx
+    }
+
+    /// The producer of the events being applied: every event of one
+    /// [`ApplyHandler::apply`] or [`ApplyHandler::apply_all`] call comes
+    /// from this one producer ([`DEFAULT_PRODUCER`] for a store that
+    /// serves one).
+    pub fn producer(&self) -> &'a str {
+        self.producer
+    }
+}
+
+impl<Tx: ?Sized> Deref for ApplyContext<'_, Tx> {
+    type Target = Tx;
+
+    fn deref(&self) -> &Tx {
+        self.tx
+    }
+}
 
 /// What a handler decided about one event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +90,8 @@ impl Verdict {
 /// Applies a flow's next event inside the consumer's apply transaction.
 ///
 /// `Tx` is the backend's transaction type (for SQLite,
-/// `rusqlite::Connection`, inside an open `BEGIN IMMEDIATE` transaction).
+/// `rusqlite::Connection`, inside an open `BEGIN IMMEDIATE` transaction),
+/// handed over inside an [`ApplyContext`].
 ///
 /// Guarantees the store gives a handler:
 /// - it is called only for a flow's next event after its applied seq, in
@@ -55,13 +106,17 @@ impl Verdict {
 /// must not read the store's own tables to learn where a flow stands: the
 /// event it is given is the next one.
 pub trait ApplyHandler<Tx: ?Sized> {
-    /// Applies `event` by writing through `tx`, or blocks it. An `Err` is an
+    /// Applies `event` by writing through `cx`, or blocks it. An `Err` is an
     /// operating failure: the whole apply transaction is rolled back and the
     /// error returned to the caller; nothing is marked.
-    fn apply(&mut self, tx: &Tx, event: &Envelope) -> Result<Verdict, StoreError>;
+    fn apply(
+        &mut self,
+        cx: &mut ApplyContext<'_, Tx>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError>;
 
     /// Applies several events in one call, in the order given, writing
-    /// through `tx`: `Some(Verdict::Apply)` when every one of them applied,
+    /// through `cx`: `Some(Verdict::Apply)` when every one of them applied,
     /// else `Some` of the first [`Verdict::Block`] (the handler may stop
     /// there); `None` (the default) to have the store offer them one at a
     /// time through [`ApplyHandler::apply`] instead. A batch apply hands over
@@ -80,8 +135,12 @@ pub trait ApplyHandler<Tx: ?Sized> {
     /// as `apply` would for the same events in the same order. The store
     /// cannot step in between the events of one call: a handler that has
     /// ended the transaction (which it must not) should stop there.
-    fn apply_all(&mut self, tx: &Tx, events: &[Envelope]) -> Result<Option<Verdict>, StoreError> {
-        let _ = (tx, events);
+    fn apply_all(
+        &mut self,
+        cx: &mut ApplyContext<'_, Tx>,
+        events: &[Envelope],
+    ) -> Result<Option<Verdict>, StoreError> {
+        let _ = (cx, events);
         Ok(None)
     }
 
@@ -102,7 +161,7 @@ pub trait ApplyHandler<Tx: ?Sized> {
 /// verdict is the call's, or the first block's.
 pub fn apply_in_order<Tx, H>(
     handler: &mut H,
-    tx: &Tx,
+    cx: &mut ApplyContext<'_, Tx>,
     events: &[Envelope],
     mut after: impl FnMut(&Envelope) -> Result<(), StoreError>,
 ) -> Result<Verdict, StoreError>
@@ -113,12 +172,12 @@ where
     let Some(first) = events.first() else {
         return Ok(Verdict::Apply);
     };
-    if let Some(verdict) = handler.apply_all(tx, events)? {
+    if let Some(verdict) = handler.apply_all(cx, events)? {
         after(first)?;
         return Ok(verdict);
     }
     for event in events {
-        let verdict = handler.apply(tx, event)?;
+        let verdict = handler.apply(cx, event)?;
         after(event)?;
         if let Verdict::Block(_) = verdict {
             return Ok(verdict);
@@ -129,9 +188,13 @@ where
 
 impl<Tx: ?Sized, F> ApplyHandler<Tx> for F
 where
-    F: FnMut(&Tx, &Envelope) -> Result<Verdict, StoreError>,
+    F: FnMut(&mut ApplyContext<'_, Tx>, &Envelope) -> Result<Verdict, StoreError>,
 {
-    fn apply(&mut self, tx: &Tx, event: &Envelope) -> Result<Verdict, StoreError> {
-        self(tx, event)
+    fn apply(
+        &mut self,
+        cx: &mut ApplyContext<'_, Tx>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
+        self(cx, event)
     }
 }

@@ -38,7 +38,7 @@ pub use backoff::Backoff;
 pub use clock::{Clock, FixedClock, SystemClock};
 pub use envelope::{BodyHash, Envelope, EventType, MalformedEnvelope};
 pub use error::{AppendError, ErrorKind, RelayError, StoreError};
-pub use handler::{apply_in_order, ApplyHandler, Verdict};
+pub use handler::{apply_in_order, ApplyContext, ApplyHandler, Verdict, DEFAULT_PRODUCER};
 pub use ids::{BlockCode, DomainName, EventId, FlowId, RuleViolation, SchemaVersion, Seq};
 pub use outcome::{
     BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use ordo_core::{ApplyHandler, ConsumerStore, Envelope, ErrorKind, StoreError, Verdict};
+use ordo_core::{
+    ApplyContext, ApplyHandler, ConsumerStore, Envelope, ErrorKind, StoreError, Verdict,
+};
 use ordo_postgres::postgres::Client;
 use ordo_postgres::{PgTx, TxOutcome};
 use support::workers::{append, client, consumer, flow, producer, wait_until};
@@ -282,7 +284,11 @@ fn a_receive_whose_commit_answer_is_lost_is_resolved() {
 struct Failing;
 
 impl ApplyHandler<PgTx> for Failing {
-    fn apply(&mut self, tx: &PgTx, _: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, PgTx>,
+        _: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         tx.execute("SELECT * FROM no_such_table", &[])?;
         Ok(Verdict::Apply)
     }
@@ -330,7 +336,11 @@ fn a_connection_whose_transaction_errored_is_replaced() {
 struct Swallowing;
 
 impl ApplyHandler<PgTx> for Swallowing {
-    fn apply(&mut self, tx: &PgTx, _: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, PgTx>,
+        _: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         let _ = tx.execute("SELECT * FROM no_such_table", &[]);
         Ok(Verdict::Apply)
     }

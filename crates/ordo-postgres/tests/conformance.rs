@@ -7,7 +7,9 @@ mod support;
 use std::path::Path;
 use std::sync::Arc;
 
-use ordo_core::{ApplyHandler, BlockCode, Clock, Envelope, StoreError, SystemClock, Verdict};
+use ordo_core::{
+    ApplyContext, ApplyHandler, BlockCode, Clock, Envelope, StoreError, SystemClock, Verdict,
+};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgTx};
 use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 use ordo_testkit::suite::generic;
@@ -68,7 +70,11 @@ pub struct TestDomain {
 }
 
 impl ApplyHandler<PgTx> for TestDomain {
-    fn apply(&mut self, tx: &PgTx, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, PgTx>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         let record = |tx: &PgTx| -> Result<(), StoreError> {
             tx.execute(
                 "INSERT INTO handled (flow_id, seq) VALUES ($1, $2)",

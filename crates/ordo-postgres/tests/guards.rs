@@ -6,12 +6,12 @@ mod support;
 
 use std::sync::Arc;
 
-use ordo_core::{Envelope, StoreError, SystemClock, Verdict};
+use ordo_core::{ApplyContext, Envelope, StoreError, SystemClock, Verdict};
 use ordo_postgres::{PgConsumer, PgTx};
 use ordo_testkit::guards::damage_under_apply_is_refused;
 use support::{admin_client, fresh_database, test_options, test_schema};
 
-fn run(damage: impl FnMut(&PgTx, &Envelope) -> Result<Verdict, StoreError>) {
+fn run(damage: impl FnMut(&mut ApplyContext<PgTx>, &Envelope) -> Result<Verdict, StoreError>) {
     let (_dir, target) = fresh_database();
     let options = test_options();
     let mut inbox =

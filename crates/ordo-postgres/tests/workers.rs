@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ordo_core::{
-    process_all, relay, ApplyHandler, Backoff, Clock, ConsumerStore, DrainStop, Envelope,
-    ErrorKind, EventId, ProducerStore, Receipt, StoreError, SystemClock, Verdict,
+    process_all, relay, ApplyContext, ApplyHandler, Backoff, Clock, ConsumerStore, DrainStop,
+    Envelope, ErrorKind, EventId, ProducerStore, Receipt, StoreError, SystemClock, Verdict,
 };
 use ordo_postgres::PgTx;
 use support::workers::{
@@ -520,7 +520,11 @@ struct Gate {
 }
 
 impl ApplyHandler<PgTx> for Gate {
-    fn apply(&mut self, tx: &PgTx, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, PgTx>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         if event.flow_id.as_str() == self.gated {
             if let Some(entered) = self.entered.take() {
                 entered.send(()).unwrap();

@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ordo_core::{
-    crash, ApplyHandler, ConsumerStore, Drain, Envelope, EventId, FlowId, Seq, Step, StoreError,
-    Verdict,
+    crash, ApplyContext, ApplyHandler, ConsumerStore, Drain, Envelope, EventId, FlowId, Seq, Step,
+    StoreError, Verdict,
 };
 use ordo_postgres::{PgConsumer, PgProducer, PgProducerTx, PgTx, Schema};
 
@@ -74,11 +74,19 @@ fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
 }
 
 impl ApplyHandler<PgTx> for ReservationHandler {
-    fn apply(&mut self, tx: &PgTx, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, PgTx>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         self.apply_events(tx, std::slice::from_ref(event))
     }
 
-    fn apply_all(&mut self, tx: &PgTx, events: &[Envelope]) -> Result<Option<Verdict>, StoreError> {
+    fn apply_all(
+        &mut self,
+        tx: &mut ApplyContext<'_, PgTx>,
+        events: &[Envelope],
+    ) -> Result<Option<Verdict>, StoreError> {
         self.apply_events(tx, events).map(Some)
     }
 

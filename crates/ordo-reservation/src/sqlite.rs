@@ -2,8 +2,8 @@
 //! `advance`, written against `ordo-sqlite`'s public API.
 
 use ordo_core::{
-    crash, ApplyHandler, BlockCode, ConsumerStore, Drain, Envelope, EventId, FlowId, Seq, Step,
-    StoreError, Verdict,
+    crash, ApplyContext, ApplyHandler, BlockCode, ConsumerStore, Drain, Envelope, EventId, FlowId,
+    Seq, Step, StoreError, Verdict,
 };
 use ordo_sqlite::{ConsumerDb, ProducerDb, ProducerTx, Schema};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -224,7 +224,11 @@ impl ReservationHandler {
 }
 
 impl ApplyHandler<Connection> for ReservationHandler {
-    fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, Connection>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         let current = read_projection(tx, &event.flow_id)?;
         let next = match decide_apply(&current, event, self.options) {
             Ok(next) => next,

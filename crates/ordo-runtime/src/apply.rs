@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use ordo_core::{
-    process_page, ApplyHandler, BlockCode, Clock, DrainStop, Envelope, FlowId, RunConsumer, Signal,
-    StoreError, Verdict,
+    process_page, ApplyContext, ApplyHandler, BlockCode, Clock, DrainStop, Envelope, FlowId,
+    RunConsumer, Signal, StoreError, Verdict,
 };
 
 use super::{transient, ApplyTotals, Control, Held, Idle, RunnerOptions};
@@ -149,7 +149,11 @@ impl<Tx: ?Sized, H> Observed<Tx, H> {
 impl<Tx: ?Sized, H: ApplyHandler<Tx>> ApplyHandler<Tx> for Observed<Tx, H> {
     /// The handler's own batch call; a block in it is seen when the store
     /// offers the events again one at a time.
-    fn apply_all(&mut self, tx: &Tx, events: &[Envelope]) -> Result<Option<Verdict>, StoreError> {
+    fn apply_all(
+        &mut self,
+        tx: &mut ApplyContext<'_, Tx>,
+        events: &[Envelope],
+    ) -> Result<Option<Verdict>, StoreError> {
         let verdict = self.handler.apply_all(tx, events)?;
         if verdict == Some(Verdict::Apply) {
             for event in events {
@@ -159,7 +163,11 @@ impl<Tx: ?Sized, H: ApplyHandler<Tx>> ApplyHandler<Tx> for Observed<Tx, H> {
         Ok(verdict)
     }
 
-    fn apply(&mut self, tx: &Tx, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, Tx>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         let verdict = self.handler.apply(tx, event)?;
         if self.clock.is_none() {
             return Ok(verdict);

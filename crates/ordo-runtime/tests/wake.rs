@@ -9,7 +9,9 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use ordo_core::envelope::EventType;
-use ordo_core::{ConsumerStore, Envelope, EventId, FlowId, SchemaVersion, Seq, Verdict};
+use ordo_core::{
+    ApplyContext, ConsumerStore, Envelope, EventId, FlowId, SchemaVersion, Seq, Verdict,
+};
 use ordo_runtime::{Runner, RunnerOptions};
 use ordo_sqlite::rusqlite::Connection;
 use ordo_sqlite::{ConsumerDb, Schema};
@@ -62,7 +64,7 @@ fn an_idle_apply_loop_wakes_on_another_process_receive() {
     let path = dir.path().join("consumer.db");
     let consumer = ConsumerDb::open(&path, &schema()).unwrap();
     let (applied, seen) = mpsc::channel();
-    let handler = move |_: &Connection, e: &Envelope| {
+    let handler = move |_: &mut ApplyContext<Connection>, e: &Envelope| {
         applied.send(e.flow_id.to_string()).unwrap();
         Ok(Verdict::Apply)
     };

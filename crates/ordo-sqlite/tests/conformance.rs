@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ordo_core::Clock;
-use ordo_core::{ApplyHandler, BlockCode, Envelope, StoreError, Verdict};
+use ordo_core::{ApplyContext, ApplyHandler, BlockCode, Envelope, StoreError, Verdict};
 use ordo_sqlite::rusqlite::Connection;
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
 use ordo_testkit::suite::generic;
@@ -67,7 +67,11 @@ pub struct TestDomain {
 }
 
 impl ApplyHandler<Connection> for TestDomain {
-    fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, Connection>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         let record = |tx: &Connection| -> Result<(), StoreError> {
             tx.execute(
                 "INSERT INTO handled (flow_id, seq) VALUES (?1, ?2)",

@@ -2,12 +2,14 @@
 //! handler that settles its own row, or moves its flow's cursor past it,
 //! makes the apply fail as a corrupt store, and nothing is written.
 
-use ordo_core::{Envelope, StoreError, Verdict};
+use ordo_core::{ApplyContext, Envelope, StoreError, Verdict};
 use ordo_sqlite::rusqlite::{params, Connection};
 use ordo_sqlite::{ConsumerDb, Schema};
 use ordo_testkit::guards::damage_under_apply_is_refused;
 
-fn run(damage: impl FnMut(&Connection, &Envelope) -> Result<Verdict, StoreError>) {
+fn run(
+    damage: impl FnMut(&mut ApplyContext<Connection>, &Envelope) -> Result<Verdict, StoreError>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("consumer.db");
     let mut inbox = ConsumerDb::open(&path, &Schema::new("guards").unwrap()).unwrap();

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use ordo_core::envelope::EventType;
 use ordo_core::ops::SkipRequest;
 use ordo_core::{
-    process_all, AppendError, ApplyHandler, BlockCode, BlockReason, ConsumerStore, DrainStop,
-    Envelope, ErrorKind, EventId, FlowId, InboxStatus, ProducerStore, SchemaVersion, Seq, Step,
-    StoreError, SystemClock, Verdict,
+    process_all, AppendError, ApplyContext, ApplyHandler, BlockCode, BlockReason, ConsumerStore,
+    DrainStop, Envelope, ErrorKind, EventId, FlowId, InboxStatus, ProducerStore, SchemaVersion,
+    Seq, Step, StoreError, SystemClock, Verdict,
 };
 use ordo_reservation::{ReservationConsumer, ReservationProducer};
 use ordo_runtime::{Runner, RunnerOptions};
@@ -89,7 +89,11 @@ const NEGATIVE_AMOUNT: BlockCode = BlockCode::from_static("negative_amount");
 struct Ledger;
 
 impl ApplyHandler<Connection> for Ledger {
-    fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, Connection>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         let amount = event.payload["amount"].as_i64().unwrap_or(0);
         tx.execute(
             "INSERT INTO ledger (event_id, flow_id, seq, amount) VALUES (?1, ?2, ?3, ?4)",
@@ -311,7 +315,7 @@ fn a_block_in_a_batch_undoes_only_the_blocked_events_writes() {
 
 /// Records each event's amount in a table where a repeated amount makes
 /// SQLite roll the whole transaction back, and ignores that error.
-fn careless(tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+fn careless(tx: &mut ApplyContext<Connection>, event: &Envelope) -> Result<Verdict, StoreError> {
     let _ = tx.execute(
         "INSERT INTO amounts (event_id, amount) VALUES (?1, ?2)",
         params![event.event_id.as_str(), event.payload["amount"].as_i64()],
@@ -433,7 +437,10 @@ fn only_delivery_bookkeeping_commits_unsynced() {
 const OVER_LIMIT: BlockCode = BlockCode::from_static("over_limit");
 
 /// Blocks amounts over 100 with its own code and a detail naming the amount.
-fn limit_handler(_tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+fn limit_handler(
+    _tx: &mut ApplyContext<Connection>,
+    event: &Envelope,
+) -> Result<Verdict, StoreError> {
     let amount = event.payload["amount"].as_i64().unwrap_or(0);
     if amount > 100 {
         let detail = if amount > 1_000 {
@@ -518,7 +525,11 @@ fn distinct(ids: &[String]) -> Vec<&str> {
 }
 
 impl ApplyHandler<Connection> for Versioned {
-    fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, Connection>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         self.offered.push(event.event_id.as_str().to_owned());
         if event.schema_version != SchemaVersion::V1 && !self.learned {
             return Ok(Verdict::block_with(
@@ -631,7 +642,10 @@ fn rows_blocked_with_a_code_the_handler_reevaluates_are_offered_again_and_others
 
 /// A handler that writes to a table the application never created: its
 /// SQLite error goes through `?` and fails the apply.
-fn missing_table(tx: &Connection, _event: &Envelope) -> Result<Verdict, StoreError> {
+fn missing_table(
+    tx: &mut ApplyContext<Connection>,
+    _event: &Envelope,
+) -> Result<Verdict, StoreError> {
     tx.execute(
         "INSERT INTO ledger (event_id, flow_id, seq, amount) VALUES ('x', 'x', 1, 1)",
         [],

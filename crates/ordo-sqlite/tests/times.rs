@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use ordo_core::envelope::EventType;
 use ordo_core::ops::SkipRequest;
 use ordo_core::{
-    Clock, ConsumerStore, Envelope, EventId, FlowId, ProducerStore, Receipt, SchemaVersion, Seq,
-    StoreError, Verdict,
+    ApplyContext, Clock, ConsumerStore, Envelope, EventId, FlowId, ProducerStore, Receipt,
+    SchemaVersion, Seq, StoreError, Verdict,
 };
 use ordo_sqlite::rusqlite::{Connection, ErrorCode};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
@@ -84,8 +84,9 @@ fn settle_times_are_read_under_the_write_lock() {
         .unwrap();
     all_under_lock(clock.take(), "receive");
 
-    let mut apply =
-        |_: &Connection, _: &Envelope| -> Result<Verdict, StoreError> { Ok(Verdict::Apply) };
+    let mut apply = |_: &mut ApplyContext<Connection>,
+                     _: &Envelope|
+     -> Result<Verdict, StoreError> { Ok(Verdict::Apply) };
     consumer
         .apply_next_with(&FlowId::new("f").unwrap(), &mut apply)
         .unwrap();

@@ -13,7 +13,7 @@
 //! use std::path::Path;
 //! use std::sync::Arc;
 //!
-//! use ordo_core::{ApplyHandler, BlockCode, Clock, Envelope, StoreError, Verdict};
+//! use ordo_core::{ApplyContext, ApplyHandler, BlockCode, Clock, Envelope, StoreError, Verdict};
 //! use ordo_sqlite::rusqlite::Connection;
 //! use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
 //! use ordo_testkit::suite::generic;
@@ -68,7 +68,7 @@
 //! }
 //!
 //! impl ApplyHandler<Connection> for TestDomain {
-//!     fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+//!     fn apply(&mut self, tx: &mut ApplyContext<'_, Connection>, event: &Envelope) -> Result<Verdict, StoreError> {
 //!         let record = || -> Result<(), StoreError> {
 //!             tx.execute(
 //!                 "INSERT INTO handled VALUES (?1, ?2)",
@@ -186,7 +186,7 @@ pub mod __private {
 /// #         let c = ordo_sqlite::ConsumerDb::open_with(dir.join("c.db"), &cs, clock, &options);
 /// #         (p.expect("producer"), c.expect("consumer"))
 /// #     }
-/// #     type TestHandler = fn(&ordo_sqlite::rusqlite::Connection, &ordo_core::Envelope)
+/// #     type TestHandler = fn(&mut ordo_core::ApplyContext<ordo_sqlite::rusqlite::Connection>, &ordo_core::Envelope)
 /// #         -> Result<ordo_core::Verdict, ordo_core::StoreError>;
 /// #     fn open_test_domain(dir: &Path) -> Self::Consumer {
 /// #         let schema = ordo_sqlite::Schema::new("testkit").expect("a domain");

@@ -2,7 +2,7 @@
 //! amount its payload carries. One schema for both backends (its SQL reads
 //! the same in both dialects), one handler per backend's transaction.
 
-use ordo_core::{ApplyHandler, BlockCode, Envelope, StoreError, Verdict};
+use ordo_core::{ApplyContext, ApplyHandler, BlockCode, Envelope, StoreError, Verdict};
 use ordo_postgres::PgTx;
 use ordo_sqlite::rusqlite::{params, Connection};
 
@@ -30,7 +30,11 @@ fn amount(event: &Envelope) -> Option<i64> {
 }
 
 impl ApplyHandler<Connection> for Ledger {
-    fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, Connection>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         let Some(amount) = amount(event) else {
             return Ok(Verdict::block(NO_AMOUNT));
         };
@@ -48,7 +52,11 @@ impl ApplyHandler<Connection> for Ledger {
 }
 
 impl ApplyHandler<PgTx> for Ledger {
-    fn apply(&mut self, tx: &PgTx, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, PgTx>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         let Some(amount) = amount(event) else {
             return Ok(Verdict::block(NO_AMOUNT));
         };

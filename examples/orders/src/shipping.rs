@@ -1,7 +1,7 @@
 //! The shipping service: its `shipments` table, kept by a handler that
 //! applies the orders service's events in order, each exactly once.
 
-use ordo_core::{ApplyHandler, BlockCode, Envelope, StoreError, Verdict};
+use ordo_core::{ApplyContext, ApplyHandler, BlockCode, Envelope, StoreError, Verdict};
 use ordo_sqlite::rusqlite::{params, Connection};
 use ordo_sqlite::Schema;
 use serde::de::DeserializeOwned;
@@ -34,7 +34,11 @@ pub fn schema() -> Schema {
 pub struct Shipping;
 
 impl ApplyHandler<Connection> for Shipping {
-    fn apply(&mut self, tx: &Connection, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, Connection>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         let (order_id, status) = match event.event_type.as_str() {
             PLACED => {
                 let placed = match decode::<OrderPlaced>(event) {

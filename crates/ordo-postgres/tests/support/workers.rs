@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ordo_core::{
-    ApplyHandler, Backoff, ConsumerStore, Envelope, ErrorKind, FlowId, InboxStatus, ProducerStore,
-    RelayOptions, SchemaVersion, StoreError, SystemClock, Verdict,
+    ApplyContext, ApplyHandler, Backoff, ConsumerStore, Envelope, ErrorKind, FlowId, InboxStatus,
+    ProducerStore, RelayOptions, SchemaVersion, StoreError, SystemClock, Verdict,
 };
 use ordo_postgres::postgres::Client;
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgTx};
@@ -112,7 +112,11 @@ pub struct Ordered {
 }
 
 impl ApplyHandler<PgTx> for Ordered {
-    fn apply(&mut self, tx: &PgTx, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, PgTx>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         let flow = event.flow_id.as_str();
         let seq = event.seq.get();
         let last: i64 = tx

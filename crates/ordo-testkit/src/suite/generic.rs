@@ -18,8 +18,8 @@ use std::path::Path;
 
 use ordo_core::envelope::EventType;
 use ordo_core::{
-    process_all, ApplyHandler, BlockCode, BlockReason, ConsumerStore, DrainStop, Envelope, EventId,
-    FlowId, InboxStatus, SchemaVersion, Seq, Step, StoreError, Verdict,
+    process_all, ApplyContext, ApplyHandler, BlockCode, BlockReason, ConsumerStore, DrainStop,
+    Envelope, EventId, FlowId, InboxStatus, SchemaVersion, Seq, Step, StoreError, Verdict,
 };
 
 use crate::Backend;
@@ -167,13 +167,21 @@ struct Calls<H> {
 }
 
 impl<Tx: ?Sized, H: ApplyHandler<Tx>> ApplyHandler<Tx> for Calls<H> {
-    fn apply(&mut self, tx: &Tx, event: &Envelope) -> Result<Verdict, StoreError> {
+    fn apply(
+        &mut self,
+        tx: &mut ApplyContext<'_, Tx>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
         self.calls.push(Call::One(named(event)));
         self.inner.apply(tx, event)
     }
 
     /// Each event through the test handler, stopping at the first block.
-    fn apply_all(&mut self, tx: &Tx, events: &[Envelope]) -> Result<Option<Verdict>, StoreError> {
+    fn apply_all(
+        &mut self,
+        tx: &mut ApplyContext<'_, Tx>,
+        events: &[Envelope],
+    ) -> Result<Option<Verdict>, StoreError> {
         self.calls
             .push(Call::All(events.iter().map(named).collect()));
         for event in events {
