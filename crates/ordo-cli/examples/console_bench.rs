@@ -100,18 +100,14 @@ fn main() {
         let options = PgOptions::default();
         let mut producer = PgProducer::open_with(
             &url,
-            &ordo_reservation::postgres::pg_producer_schema(),
+            &ordo_reservation::producer_schema(),
             clock.clone(),
             &options,
         )
         .expect("create the producer schema");
-        let mut consumer = PgConsumer::open_with(
-            &url,
-            &ordo_reservation::postgres::pg_consumer_schema(),
-            clock,
-            &options,
-        )
-        .expect("create the consumer schema");
+        let mut consumer =
+            PgConsumer::open_with(&url, &ordo_reservation::consumer_schema(), clock, &options)
+                .expect("create the consumer schema");
         fill("PostgreSQL", &mut producer, &mut consumer, args.flows);
         drop((producer, consumer));
         database.analyze();

@@ -1,14 +1,12 @@
 //! One function per command: validate, open (the implied `init`), call the
 //! library, print.
 
-use ordo_reservation::{
-    Advance, AdvanceError, AdvanceRequest, ApplyOptions, ReservationHandler, ReservationProducer,
-};
+use ordo_reservation::{Advance, AdvanceError, AdvanceRequest, ApplyOptions, ReservationHandler};
 use std::io::Read;
 
 use ordo_core::envelope::{parse_stream, StreamError};
 use ordo_core::{
-    relay_each, relay_event, Envelope, EventId, ProducerStore, RelayError, RelayOptions,
+    relay_each, relay_event, Envelope, EventId, ProducerOps, Receive, RelayError, RelayOptions,
     RelayPolicy, RelayStop, StoreError, Transport,
 };
 use ordo_sqlite::OpenOptions;
@@ -24,6 +22,7 @@ use crate::context::{
     open_reservation_consumer, open_reservation_producer, producer_if_exists, set_open_options,
 };
 use crate::stores::{AnyConsumer, AnyProducer, Location};
+use crate::stores::{ReservationInbox, ReservationSide};
 use crate::{follow, lab, ops, remote, render, Failure};
 
 /// Runs a command; returns the exit status of a completed command (0, or 3

@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use ordo_console::{
-    keep_idle_consumers, keep_idle_producers, Console, ConsumerOpener, ConsumerView, Csrf,
-    IdlePool, ProducerOpener, ProducerView, Reevaluator, Summarizer, Token,
+    keep_idle, Console, ConsumerOpener, Csrf, IdlePool, ProducerOpener, Reevaluator, Summarizer,
+    Token,
 };
 use serde_json::json;
 use tokio::signal::unix::{signal, SignalKind};
@@ -22,7 +22,8 @@ use crate::context::{
     check_sides, clock, emit, existing_consumer, existing_consumer_domain, existing_producer,
     existing_producer_domain, open_existing_reservation_consumer,
 };
-use crate::stores::{AnyConsumer, AnyProducer, Location};
+use crate::stores::Location;
+use crate::stores::ReservationInbox;
 use crate::Failure;
 
 /// Store handles (for PostgreSQL, connections) each side keeps open
@@ -33,13 +34,13 @@ pub fn console(json_mode: bool, args: ConsoleArgs) -> Result<(), Failure> {
     let token = load_token(&args)?;
     check_sides(&args.sides)?;
     let producer = match &args.sides.producer {
-        Some(side) => Some(keep_idle_producers(producer_opener(side)?, IDLE_MAX)),
+        Some(side) => Some(keep_idle(producer_opener(side)?, IDLE_MAX)),
         None => None,
     };
     let (consumer, reservation) = match &args.sides.consumer {
         Some(side) => {
             let (open, domain) = consumer_opener(side)?;
-            let open = keep_idle_consumers(open, IDLE_MAX);
+            let open = keep_idle(open, IDLE_MAX);
             let reservation = domain == ordo_reservation::DOMAIN;
             (Some(open), reservation.then_some(side))
         }
@@ -97,12 +98,7 @@ fn producer_opener(location: &Location) -> Result<ProducerOpener, Failure> {
         return Err(missing(location));
     }
     let location = location.clone();
-    let open: ProducerOpener = Arc::new(move || {
-        Ok(match existing_producer(&location)? {
-            AnyProducer::Sqlite(store) => Box::new(store) as Box<dyn ProducerView>,
-            AnyProducer::Postgres(store) => Box::new(store),
-        })
-    });
+    let open: ProducerOpener = Arc::new(move || Ok(existing_producer(&location)?.into_handle()));
     open()?;
     Ok(open)
 }
@@ -114,12 +110,7 @@ fn consumer_opener(location: &Location) -> Result<(ConsumerOpener, String), Fail
         return Err(missing(location));
     };
     let location = location.clone();
-    let open: ConsumerOpener = Arc::new(move || {
-        Ok(match existing_consumer(&location)? {
-            AnyConsumer::Sqlite(store) => Box::new(store) as Box<dyn ConsumerView>,
-            AnyConsumer::Postgres(store) => Box::new(store),
-        })
-    });
+    let open: ConsumerOpener = Arc::new(move || Ok(existing_consumer(&location)?.into_handle()));
     open()?;
     Ok((open, domain))
 }

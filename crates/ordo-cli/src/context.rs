@@ -4,15 +4,14 @@
 
 use std::sync::{Arc, OnceLock};
 
+use ordo::{OpenSpec, Schema};
 use ordo_core::{Clock, ErrorKind, FixedClock, StoreError, SystemClock};
-use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
-use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 use ordo_reservation::{consumer_schema, producer_schema};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 use serde_json::Value;
 
 use crate::args::{Files, Sides};
-use crate::stores::{redact, AnyConsumer, AnyProducer, Location};
+use crate::stores::{AnyConsumer, AnyProducer, Location};
 use crate::Failure;
 
 /// Prints a result: the JSON document with `--json`, else the text. A
@@ -74,30 +73,10 @@ pub fn open_options() -> OpenOptions {
     OPEN_OPTIONS.get().cloned().unwrap_or_default()
 }
 
-/// The options of every PostgreSQL store this process opens: the default
-/// schemas (`ordo_producer`, `ordo_consumer`), creating what is missing.
-fn pg_options() -> PgOptions {
-    PgOptions::default()
-}
-
-/// [`pg_options`] that never create anything.
-fn pg_existing_only() -> PgOptions {
-    PgOptions {
-        create: false,
-        ..pg_options()
-    }
-}
-
-/// A PostgreSQL store's error, naming the server (never its password)
-/// when the message does not already.
-fn on_server<T>(url: &str, opened: Result<T, StoreError>) -> Result<T, StoreError> {
-    opened.map_err(|e| {
-        let message = e.to_string();
-        if message.contains("://") || e.kind() == ErrorKind::InvalidInput {
-            return e;
-        }
-        StoreError::new(e.kind(), format!("{}: {message}", redact(url)))
-    })
+/// The specification `want` with this process's clock and options.
+fn with_process(spec: OpenSpec) -> OpenSpec {
+    spec.clock(clock())
+        .busy_timeout(open_options().busy_timeout)
 }
 
 /// `Ok(None)` for a store that does not exist.
@@ -109,38 +88,16 @@ fn unless_missing<T>(opened: Result<T, StoreError>) -> Result<Option<T>, StoreEr
     }
 }
 
-fn pg_existing_producer(url: &str) -> Result<Option<PgProducer>, StoreError> {
-    unless_missing(on_server(
-        url,
-        PgProducer::open_existing(url, clock(), &pg_existing_only()),
-    ))
-}
-
-fn pg_existing_consumer(url: &str) -> Result<Option<PgConsumer>, StoreError> {
-    unless_missing(on_server(
-        url,
-        PgConsumer::open_existing(url, clock(), &pg_existing_only()),
-    ))
-}
-
-/// The tables of a new store of `domain` on each backend, for the
-/// producer (`producer`) or the consumer: the reservation domain's own, or
-/// none for another domain (its application creates them).
-fn schemas(
-    domain: &str,
-    producer: bool,
-) -> Result<(ordo_sqlite::Schema, ordo_postgres::Schema), Failure> {
+/// The specification of a store of `domain` (the reservation domain's
+/// tables, or none for another domain: its application creates them).
+fn schema(domain: &str, producer: bool) -> Result<Schema, Failure> {
     if domain == ordo_reservation::DOMAIN {
         return Ok(match producer {
-            true => (producer_schema(), pg_producer_schema()),
-            false => (consumer_schema(), pg_consumer_schema()),
+            true => producer_schema(),
+            false => consumer_schema(),
         });
     }
-    let invalid = |e: ordo_core::RuleViolation| Failure::Usage(format!("--domain {e}"));
-    Ok((
-        ordo_sqlite::Schema::new(domain).map_err(invalid)?,
-        ordo_postgres::Schema::new(domain).map_err(invalid)?,
-    ))
+    Schema::new(domain).map_err(|e| Failure::Usage(format!("--domain {e}")))
 }
 
 /// Opens the producer store with [`clock`]: an existing store of any
@@ -152,19 +109,8 @@ pub fn open_producer(location: &Location) -> Result<AnyProducer, Failure> {
 /// Opens the producer store with [`clock`]: an existing store of any
 /// domain (left as it is), or a new one of `domain`.
 pub fn open_producer_of(location: &Location, domain: &str) -> Result<AnyProducer, Failure> {
-    let (sqlite, pg) = schemas(domain, true)?;
-    Ok(match location {
-        Location::File(path) => AnyProducer::Sqlite(ProducerDb::open_or_create(
-            path,
-            &sqlite,
-            clock(),
-            &open_options(),
-        )?),
-        Location::Postgres(url) => AnyProducer::Postgres(match pg_existing_producer(url)? {
-            Some(store) => store,
-            None => on_server(url, PgProducer::open_with(url, &pg, clock(), &pg_options()))?,
-        }),
-    })
+    let spec = with_process(OpenSpec::existing_or_new(schema(domain, true)?));
+    Ok(spec.producer(location)?)
 }
 
 /// Opens the consumer store with [`clock`]: an existing store of any
@@ -176,72 +122,38 @@ pub fn open_consumer(location: &Location) -> Result<AnyConsumer, Failure> {
 /// Opens the consumer store with [`clock`]: an existing store of any
 /// domain (left as it is), or a new one of `domain`.
 pub fn open_consumer_of(location: &Location, domain: &str) -> Result<AnyConsumer, Failure> {
-    let (sqlite, pg) = schemas(domain, false)?;
-    Ok(match location {
-        Location::File(path) => AnyConsumer::Sqlite(ConsumerDb::open_or_create(
-            path,
-            &sqlite,
-            clock(),
-            &open_options(),
-        )?),
-        Location::Postgres(url) => AnyConsumer::Postgres(match pg_existing_consumer(url)? {
-            Some(store) => store,
-            None => on_server(url, PgConsumer::open_with(url, &pg, clock(), &pg_options()))?,
-        }),
-    })
+    let spec = with_process(OpenSpec::existing_or_new(schema(domain, false)?));
+    Ok(spec.consumer(location)?)
 }
 
 /// Opens the producer store if it exists (of any domain), creating
 /// nothing: for the commands whose subject cannot be in a missing store.
 pub fn producer_if_exists(location: &Location) -> Result<Option<AnyProducer>, Failure> {
-    match location {
-        Location::File(path) if !path.exists() => Ok(None),
-        Location::File(_) => open_producer(location).map(Some),
-        Location::Postgres(url) => Ok(pg_existing_producer(url)?.map(AnyProducer::Postgres)),
-    }
+    Ok(unless_missing(existing_spec().producer(location))?)
 }
 
 /// [`producer_if_exists`] for the consumer.
 pub fn consumer_if_exists(location: &Location) -> Result<Option<AnyConsumer>, Failure> {
-    match location {
-        Location::File(path) if !path.exists() => Ok(None),
-        Location::File(_) => open_consumer(location).map(Some),
-        Location::Postgres(url) => Ok(pg_existing_consumer(url)?.map(AnyConsumer::Postgres)),
-    }
+    Ok(unless_missing(existing_spec().consumer(location))?)
+}
+
+/// The specification of `init --adopt` (beside an application's own
+/// tables in an SQLite file) for `domain`; a URL is refused.
+fn adopting(location: &Location, domain: &str, producer: bool) -> Result<OpenSpec, Failure> {
+    adoptable(location)?;
+    Ok(with_process(OpenSpec::domain(schema(domain, producer)?)).adopt(true))
 }
 
 /// Opens the SQLite files of `init --adopt` (beside an application's own
 /// tables) for `domain`; a URL is refused: a PostgreSQL store has its own
 /// schemas, beside the application's, without adopting anything.
 pub fn adopt_producer(location: &Location, domain: &str) -> Result<AnyProducer, Failure> {
-    let path = adoptable(location)?;
-    let options = OpenOptions {
-        adopt: true,
-        ..open_options()
-    };
-    let (schema, _) = schemas(domain, true)?;
-    Ok(AnyProducer::Sqlite(ProducerDb::open_with(
-        path,
-        &schema,
-        clock(),
-        &options,
-    )?))
+    Ok(adopting(location, domain, true)?.producer(location)?)
 }
 
 /// [`adopt_producer`] for the consumer.
 pub fn adopt_consumer(location: &Location, domain: &str) -> Result<AnyConsumer, Failure> {
-    let path = adoptable(location)?;
-    let options = OpenOptions {
-        adopt: true,
-        ..open_options()
-    };
-    let (schema, _) = schemas(domain, false)?;
-    Ok(AnyConsumer::Sqlite(ConsumerDb::open_with(
-        path,
-        &schema,
-        clock(),
-        &options,
-    )?))
+    Ok(adopting(location, domain, false)?.consumer(location)?)
 }
 
 /// The file of `--adopt`; a URL is invalid input.
@@ -253,42 +165,21 @@ pub fn adoptable(location: &Location) -> Result<&std::path::Path, Failure> {
     })
 }
 
-/// The options of [`open_options`] that refuse a missing store: for the
-/// commands that serve or follow a store, so that a mistyped path cannot
-/// start an empty one.
-pub fn existing_only() -> OpenOptions {
-    OpenOptions {
-        create: false,
-        ..open_options()
-    }
+/// An existing store of any domain, as it is; nothing is created.
+pub fn existing_spec() -> OpenSpec {
+    with_process(OpenSpec::existing())
 }
 
 /// Opens an existing producer store of any domain; a missing one is
 /// invalid input, and nothing is created.
 pub fn open_existing_producer(location: &Location) -> Result<AnyProducer, Failure> {
-    Ok(match location {
-        Location::File(path) => {
-            AnyProducer::Sqlite(ProducerDb::open_existing(path, clock(), &existing_only())?)
-        }
-        Location::Postgres(url) => AnyProducer::Postgres(on_server(
-            url,
-            PgProducer::open_existing(url, clock(), &pg_existing_only()),
-        )?),
-    })
+    Ok(existing_producer(location)?)
 }
 
 /// [`open_existing_producer`] with the store's own error (for a store
 /// opened again by a loop).
 pub fn existing_producer(location: &Location) -> Result<AnyProducer, StoreError> {
-    Ok(match location {
-        Location::File(path) => {
-            AnyProducer::Sqlite(ProducerDb::open_existing(path, clock(), &existing_only())?)
-        }
-        Location::Postgres(url) => AnyProducer::Postgres(on_server(
-            url,
-            PgProducer::open_existing(url, clock(), &pg_existing_only()),
-        )?),
-    })
+    existing_spec().producer(location)
 }
 
 /// Opens an existing consumer store of any domain; a missing one is
@@ -300,15 +191,17 @@ pub fn open_existing_consumer(location: &Location) -> Result<AnyConsumer, Failur
 /// [`open_existing_consumer`] with the store's own error (for a handle
 /// opened while serving).
 pub fn existing_consumer(location: &Location) -> Result<AnyConsumer, StoreError> {
-    Ok(match location {
-        Location::File(path) => {
-            AnyConsumer::Sqlite(ConsumerDb::open_existing(path, clock(), &existing_only())?)
-        }
-        Location::Postgres(url) => AnyConsumer::Postgres(on_server(
-            url,
-            PgConsumer::open_existing(url, clock(), &pg_existing_only()),
-        )?),
-    })
+    existing_spec().consumer(location)
+}
+
+/// The specification of an existing store of the reservation domain, whose
+/// migrations run; nothing is created.
+pub fn reservation_existing(producer: bool) -> OpenSpec {
+    let schema = match producer {
+        true => producer_schema(),
+        false => consumer_schema(),
+    };
+    with_process(OpenSpec::domain(schema)).create(false)
 }
 
 /// Opens an existing consumer store of the reservation domain; a missing
@@ -318,25 +211,14 @@ pub fn open_existing_reservation_consumer(location: &Location) -> Result<AnyCons
     refuse_other_domain(location, consumer.domain())?;
     // Opened again for its domain, whose migrations then run.
     drop(consumer);
-    Ok(match location {
-        Location::File(path) => AnyConsumer::Sqlite(ConsumerDb::open_with(
-            path,
-            &consumer_schema(),
-            clock(),
-            &existing_only(),
-        )?),
-        Location::Postgres(url) => AnyConsumer::Postgres(on_server(
-            url,
-            PgConsumer::open_with(url, &pg_consumer_schema(), clock(), &pg_existing_only()),
-        )?),
-    })
+    Ok(reservation_existing(false).consumer(location)?)
 }
 
 /// The domain of the producer store, if it exists.
 pub fn existing_producer_domain(location: &Location) -> Result<Option<String>, Failure> {
     Ok(match location {
         Location::File(path) => ProducerDb::existing_domain(path)?,
-        Location::Postgres(url) => pg_existing_producer(url)?.map(|s| s.domain().to_owned()),
+        Location::Postgres(_) => producer_if_exists(location)?.map(|s| s.domain().to_owned()),
     })
 }
 
@@ -344,7 +226,7 @@ pub fn existing_producer_domain(location: &Location) -> Result<Option<String>, F
 pub fn existing_consumer_domain(location: &Location) -> Result<Option<String>, Failure> {
     Ok(match location {
         Location::File(path) => ConsumerDb::existing_domain(path)?,
-        Location::Postgres(url) => pg_existing_consumer(url)?.map(|s| s.domain().to_owned()),
+        Location::Postgres(_) => consumer_if_exists(location)?.map(|s| s.domain().to_owned()),
     })
 }
 
@@ -355,18 +237,7 @@ pub fn open_reservation_producer(location: &Location) -> Result<AnyProducer, Fai
     if let Some(domain) = existing_producer_domain(location)? {
         refuse_other_domain(location, &domain)?;
     }
-    Ok(match location {
-        Location::File(path) => AnyProducer::Sqlite(ProducerDb::open_with(
-            path,
-            &producer_schema(),
-            clock(),
-            &open_options(),
-        )?),
-        Location::Postgres(url) => AnyProducer::Postgres(on_server(
-            url,
-            PgProducer::open_with(url, &pg_producer_schema(), clock(), &pg_options()),
-        )?),
-    })
+    Ok(with_process(OpenSpec::domain(producer_schema())).producer(location)?)
 }
 
 /// Opens (creating if missing) a consumer store of the reservation domain,
@@ -376,18 +247,7 @@ pub fn open_reservation_consumer(location: &Location) -> Result<AnyConsumer, Fai
     if let Some(domain) = existing_consumer_domain(location)? {
         refuse_other_domain(location, &domain)?;
     }
-    Ok(match location {
-        Location::File(path) => AnyConsumer::Sqlite(ConsumerDb::open_with(
-            path,
-            &consumer_schema(),
-            clock(),
-            &open_options(),
-        )?),
-        Location::Postgres(url) => AnyConsumer::Postgres(on_server(
-            url,
-            PgConsumer::open_with(url, &pg_consumer_schema(), clock(), &pg_options()),
-        )?),
-    })
+    Ok(with_process(OpenSpec::domain(consumer_schema())).consumer(location)?)
 }
 
 /// Refuses a store whose domain is not the reservation domain.
@@ -423,8 +283,8 @@ pub fn check_distinct(files: &Files) -> Result<(), Failure> {
 pub fn check_producer(location: &Location) -> Result<(), Failure> {
     match location {
         Location::File(path) => ProducerDb::check_existing(path)?,
-        Location::Postgres(url) => {
-            pg_existing_producer(url)?;
+        Location::Postgres(_) => {
+            producer_if_exists(location)?;
         }
     }
     Ok(())
@@ -434,8 +294,8 @@ pub fn check_producer(location: &Location) -> Result<(), Failure> {
 pub fn check_consumer(location: &Location) -> Result<(), Failure> {
     match location {
         Location::File(path) => ConsumerDb::check_existing(path)?,
-        Location::Postgres(url) => {
-            pg_existing_consumer(url)?;
+        Location::Postgres(_) => {
+            consumer_if_exists(location)?;
         }
     }
     Ok(())

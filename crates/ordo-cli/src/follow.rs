@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ordo_core::{ProducerStore, Transport};
+use ordo_core::{ConsumerOps, ProducerOps, Transport};
 use ordo_http::{Metrics, MetricsServer};
 use ordo_reservation::{ApplyOptions, ReservationHandler};
 use ordo_runtime::{ApplyRound, RelayRound, Runner, RunnerOptions};

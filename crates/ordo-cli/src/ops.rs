@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use ordo_core::ops::{
     age_s, ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
 };
-use ordo_core::{FlowId, ProducerStore, APPLY_BATCH_LEN_DEFAULT};
+use ordo_core::{ConsumerOps, FlowId, ProducerOps, APPLY_BATCH_LEN_DEFAULT};
 use serde_json::{json, Value};
 
 use crate::args::{InboxCommand, OutboxCommand, PruneArgs, StatusArgs};
@@ -17,6 +17,7 @@ use crate::context::{
     open_reservation_consumer, producer_if_exists,
 };
 use crate::stores::Location;
+use crate::stores::ReservationInbox;
 use crate::{render, Failure};
 
 fn outbox_entry(e: &OutboxEntry) -> Value {

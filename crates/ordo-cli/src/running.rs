@@ -9,7 +9,7 @@ use ordo_core::{StoreError, Transport};
 use ordo_reservation::ReservationHandler;
 use ordo_runtime::{ApplyRound, RelayRound, Runner, RunnerOptions};
 
-use crate::context::{existing_consumer, existing_producer};
+use crate::context::existing_spec;
 use crate::stores::{AnyConsumer, AnyProducer, Location};
 
 /// Starts the relay loop of `producer` (opened from `location`) through
@@ -26,10 +26,7 @@ where
     O: FnMut(&RelayRound) + Send + 'static,
 {
     let mut runner = Runner::new(options);
-    let location = location.clone();
-    let reopen = matches!(producer, AnyProducer::Postgres(_))
-        .then(|| Box::new(move || existing_producer(&location)) as ordo_runtime::Reopen<_>);
-    runner.spawn_relay_reopening(producer, reopen, transport, observe)?;
+    existing_spec().spawn_relay(&mut runner, location, producer, transport, observe)?;
     Ok(runner)
 }
 
@@ -47,17 +44,7 @@ pub fn start_apply(
         apply_batch_len_max: batch_len_max,
         ..RunnerOptions::default()
     });
-    match consumer {
-        AnyConsumer::Sqlite(consumer) => runner.spawn_apply_observed(consumer, handler, observe)?,
-        AnyConsumer::Postgres(consumer) => {
-            let location = location.clone();
-            let reopen = Box::new(move || match existing_consumer(&location)? {
-                AnyConsumer::Postgres(consumer) => Ok(consumer),
-                AnyConsumer::Sqlite(_) => unreachable!("a URL opens a PostgreSQL store"),
-            });
-            runner.spawn_apply_reopening(consumer, reopen, handler, observe)?
-        }
-    }
+    existing_spec().spawn_apply(&mut runner, location, consumer, handler, observe)?;
     Ok(runner)
 }
 

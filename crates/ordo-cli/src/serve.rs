@@ -10,12 +10,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ordo_core::ops::ConsumerStatus;
-use ordo_core::{ConsumerStore, Envelope, Receipt, StoreError};
 use ordo_http::server::ServerConfig;
 use ordo_http::tls::TlsAcceptor;
-use ordo_http::{InboxStore, KeyRing, Metrics, Opener, Server};
-use ordo_postgres::PgConsumer;
+use ordo_http::{KeyRing, Metrics, Opener, Server};
 use ordo_reservation::{ApplyOptions, ReservationHandler};
 use serde_json::json;
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -125,46 +122,7 @@ fn raise_open_files_limit() {
 
 /// Opens store handles that never create the store.
 fn opener(location: Location) -> Opener {
-    Arc::new(move || {
-        Ok(match existing_consumer(&location)? {
-            AnyConsumer::Sqlite(store) => Box::new(store) as Box<dyn InboxStore>,
-            AnyConsumer::Postgres(store) => Box::new(PgHandle(Some(store))) as Box<dyn InboxStore>,
-        })
-    })
-}
-
-/// A PostgreSQL consumer handle of the server. Its client does its I/O on
-/// a runtime of its own, which cannot run on a thread of the server's
-/// runtime: handles are used on blocking threads only (as every handle
-/// is), and one dropped in the runtime's context (the idle handles when
-/// the server stops) is dropped on a thread of its own.
-struct PgHandle(Option<PgConsumer>);
-
-impl PgHandle {
-    fn store(&mut self) -> &mut PgConsumer {
-        self.0
-            .as_mut()
-            .expect("a handle holds its store until dropped")
-    }
-}
-
-impl InboxStore for PgHandle {
-    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
-        ConsumerStore::receive_batch(self.store(), envelopes)
-    }
-
-    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
-        ConsumerStore::consumer_status(self.store())
-    }
-}
-
-impl Drop for PgHandle {
-    fn drop(&mut self) {
-        let Some(store) = self.0.take() else { return };
-        if tokio::runtime::Handle::try_current().is_ok() {
-            let _ = std::thread::spawn(move || drop(store)).join();
-        }
-    }
+    Arc::new(move || Ok(existing_consumer(&location)?.into_handle()))
 }
 
 async fn run(

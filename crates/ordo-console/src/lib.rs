@@ -12,8 +12,8 @@
 //! Content-Security-Policy that forbids them, `X-Frame-Options: DENY` and
 //! `X-Content-Type-Options: nosniff`. With an operator token, every page
 //! but the login form and the static files needs the session cookie. The
-//! console reads the stores only through [`ProducerView`] and
-//! [`ConsumerView`], so any backend can stand behind it.
+//! console reads the stores only through `ordo-core`'s operator views
+//! ([`ProducerOps`], [`ConsumerHandle`]), so any backend can stand behind it.
 
 mod auth;
 mod pages;
@@ -30,14 +30,11 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 use ordo_core::ops::{ConsumerStatus, ProducerStatus};
-use ordo_core::{Clock, EventId, FlowId, StoreError};
+use ordo_core::{Clock, ConsumerHandle, EventId, FlowId, ProducerOps, StoreError};
 use serde::Deserialize;
 
 pub use auth::{Csrf, Token, TokenError, SESSION_MAX_AGE_S};
-pub use stores::{
-    keep_idle_consumers, keep_idle_producers, ConsumerOpener, ConsumerView, IdlePool,
-    ProducerOpener, ProducerView,
-};
+pub use stores::{keep_idle, ConsumerOpener, IdlePool, Kept, Lender, Opener, ProducerOpener};
 
 /// The console's Content-Security-Policy: scripts, styles and everything
 /// else from the console itself, no inline code, no framing.
@@ -63,9 +60,9 @@ pub const ROWS_MAX: usize = 1000;
 /// What the console serves.
 pub struct Console {
     /// The producer store, if given.
-    pub producer: Option<ProducerOpener>,
+    pub producer: Option<Lender<dyn ProducerOps + Send>>,
     /// The consumer store, if given.
-    pub consumer: Option<ConsumerOpener>,
+    pub consumer: Option<Lender<dyn ConsumerHandle>>,
     /// The clock of the ages shown (the same as `ordo status`'s).
     pub clock: Arc<dyn Clock>,
     /// The operator token; without one, no login is asked (loopback only,
@@ -296,11 +293,11 @@ impl Overview {
 fn read_overview(app: &Console) -> Result<Overview, StoreError> {
     let now_ms = app.clock.now_ms();
     let producer = match &app.producer {
-        Some(open) => Some(open()?.status(now_ms)?),
+        Some(open) => Some(open()?.call(|s| s.producer_status(now_ms))?),
         None => None,
     };
     let consumer = match &app.consumer {
-        Some(open) => Some(open()?.status()?),
+        Some(open) => Some(open()?.call(|s| s.consumer_status())?),
         None => None,
     };
     Ok(Overview {
@@ -357,7 +354,7 @@ fn read_flows(
     let mut rows: BTreeMap<FlowId, FlowRow> = BTreeMap::new();
     let fetch = FLOWS_PER_PAGE + 1;
     if let Some(open) = &app.producer {
-        for flow in open()?.flows_page(prefix, after, fetch)? {
+        for flow in open()?.call(|s| s.producer_flows_page(prefix, after, fetch))? {
             rows.entry(flow.flow_id.clone())
                 .or_insert_with(|| FlowRow {
                     flow_id: flow.flow_id,
@@ -368,7 +365,7 @@ fn read_flows(
         }
     }
     if let Some(open) = &app.consumer {
-        for flow in open()?.flows_page(prefix, after, fetch)? {
+        for flow in open()?.call(|s| s.consumer_flows_page(prefix, after, fetch))? {
             rows.entry(flow.flow_id.clone())
                 .or_insert_with(|| FlowRow {
                     flow_id: flow.flow_id,
@@ -442,18 +439,18 @@ impl FlowDetail {
 
 fn read_flow(app: &Console, flow_id: FlowId) -> Result<FlowDetail, StoreError> {
     let outbox = match &app.producer {
-        Some(open) => Some(open()?.flow_entries(&flow_id, ROWS_MAX)?),
+        Some(open) => Some(open()?.call(|s| s.flow_outbox_entries(&flow_id, ROWS_MAX))?),
         None => None,
     };
     let (inbox, applied_seq) = match &app.consumer {
         Some(open) => {
             let mut consumer = open()?;
             let applied = consumer
-                .flows_page(flow_id.as_str(), None, 1)?
+                .call(|s| s.consumer_flows_page(flow_id.as_str(), None, 1))?
                 .into_iter()
                 .find(|f| f.flow_id == flow_id)
                 .map_or(0, |f| f.applied_seq);
-            let rows = consumer.entries(false, Some(&flow_id), ROWS_MAX)?;
+            let rows = consumer.call(|s| s.inbox_entries(false, Some(&flow_id), ROWS_MAX))?;
             (Some(rows), Some(applied))
         }
         None => (None, None),
@@ -502,7 +499,7 @@ fn read_quarantined(app: &Console) -> Result<Option<Vec<Quarantined>>, StoreErro
     let Some(open) = &app.producer else {
         return Ok(None);
     };
-    let rows = open()?.quarantined(ROWS_MAX)?;
+    let rows = open()?.call(|s| s.outbox_entries(true, ROWS_MAX))?;
     let mut consumer = match &app.consumer {
         Some(open) => Some(open()?),
         None => None,
@@ -511,9 +508,12 @@ fn read_quarantined(app: &Console) -> Result<Option<Vec<Quarantined>>, StoreErro
     for outbox in rows {
         let env = &outbox.envelope;
         let (stored, by_event_id) = match consumer.as_mut() {
-            Some(consumer) => match consumer.entry_at(&env.flow_id, env.seq)? {
+            Some(consumer) => match consumer.call(|s| s.inbox_entry_at(&env.flow_id, env.seq))? {
                 Some(at) => (Some(Some(at)), false),
-                None => (Some(consumer.entry_of_event(&env.event_id)?), true),
+                None => (
+                    Some(consumer.call(|s| s.inbox_entry_of_event(&env.event_id))?),
+                    true,
+                ),
             },
             None => (None, false),
         };
@@ -548,9 +548,9 @@ fn read_blocked(app: &Console) -> Result<Option<Blocked>, StoreError> {
         return Ok(None);
     };
     let mut consumer = open()?;
-    let totals = consumer.status()?.blocked;
+    let totals = consumer.call(|s| s.consumer_status())?.blocked;
     let mut rows: BTreeMap<String, Vec<_>> = BTreeMap::new();
-    for entry in consumer.entries(true, None, ROWS_MAX)? {
+    for entry in consumer.call(|s| s.inbox_entries(true, None, ROWS_MAX))? {
         let code = entry
             .status
             .reason()
@@ -571,7 +571,7 @@ async fn blocked_page(State(app): State<App>) -> Response {
 async fn repairs_page(State(app): State<App>) -> Response {
     let read = Arc::clone(&app);
     let result = blocking(move || match &read.consumer {
-        Some(open) => open()?.repair_log().map(Some),
+        Some(open) => open()?.call(|s| s.repairs()).map(Some),
         None => Ok(None),
     })
     .await;
@@ -620,7 +620,7 @@ async fn retry_quarantined(
     let read = Arc::clone(&app);
     let id = event_id.clone();
     let result = blocking(move || match &read.producer {
-        Some(open) => open()?.retry(&id).map(Some),
+        Some(open) => open()?.call(|s| s.retry_quarantined(&id)).map(Some),
         None => Ok(None),
     })
     .await;
@@ -655,7 +655,7 @@ fn read_skip_preview(app: &Console, flow_id: FlowId) -> Result<Option<SkipPrevie
     };
     let mut consumer = open()?;
     let applied_seq = consumer
-        .flows_page(flow_id.as_str(), None, 1)?
+        .call(|s| s.consumer_flows_page(flow_id.as_str(), None, 1))?
         .into_iter()
         .find(|f| f.flow_id == flow_id)
         .map_or(0, |f| f.applied_seq);
@@ -663,7 +663,7 @@ fn read_skip_preview(app: &Console, flow_id: FlowId) -> Result<Option<SkipPrevie
         .ok()
         .and_then(|s| ordo_core::Seq::new(s).ok())
     {
-        Some(seq) => consumer.entry_at(&flow_id, seq)?,
+        Some(seq) => consumer.call(|s| s.inbox_entry_at(&flow_id, seq))?,
         None => None,
     };
     Ok(Some(SkipPreview {
@@ -749,7 +749,7 @@ async fn skip(
     }
     let read = Arc::clone(&app);
     let result = blocking(move || match &read.consumer {
-        Some(open) => open()?.skip_next(&request).map(Some),
+        Some(open) => open()?.call(|s| s.skip(&request)).map(Some),
         None => Ok(None),
     })
     .await;

@@ -424,7 +424,7 @@ fn reevaluate_forms(console: &Console, rows: &[InboxEntry]) -> Markup {
                 }
             }
         } @else {
-            p.note { "The application's handler re-evaluates the rows blocked with the codes it lists (ApplyHandler::reevaluate); ConsumerStore::reopen_blocked reopens a flow's rows from the application." }
+            p.note { "The application's handler re-evaluates the rows blocked with the codes it lists (ApplyHandler::reevaluate); ConsumerOps::reopen_blocked reopens a flow's rows from the application." }
         }
     }
 }

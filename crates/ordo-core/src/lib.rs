@@ -49,8 +49,8 @@ pub use relay::{
 };
 pub use run::{RunConsumer, RunStore};
 pub use store::{
-    drain, process_all, process_all_each, process_page, ConsumerStore, ProducerStore,
-    APPLY_BATCH_LEN_DEFAULT,
+    drain, process_all, process_all_each, process_page, ConsumerHandle, ConsumerOps, ConsumerStore,
+    ProducerOps, ProducerStore, Receive, APPLY_BATCH_LEN_DEFAULT,
 };
 pub use transport::{TransientKind, Transport, TransportError};
 pub use wake::Signal;

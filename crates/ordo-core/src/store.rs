@@ -20,22 +20,79 @@ use crate::outcome::{
 /// How many flows one page of [`ConsumerStore::flows_with_work`] lists.
 pub const FLOWS_PAGE_LEN: usize = 1_024;
 
-/// The producer side: the outbox. The application's own state lives beside
-/// it in the same store and changes in the same transactions (see the
-/// backend's write API, such as `ordo_sqlite::ProducerDb::write`).
-pub trait ProducerStore {
-    /// Appends `events` to the outbox in ONE write transaction: each event's
-    /// seq must be its flow's last committed seq plus one (events of one
-    /// flow in seq order), and its event id unused. Any refusal writes
-    /// nothing. For applications that build their own envelopes; the
-    /// backend's write API also allocates seqs and ids.
-    fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError>;
+/// The operator's view of a producer store: the outbox's reads and
+/// repairs, which need no transaction of the application's. Object-safe:
+/// `Box<dyn ProducerStore + Send>` (which includes it) is a producer store
+/// of any backend, and `&mut dyn ProducerOps` the console's view of one.
+pub trait ProducerOps {
+    /// The domain that owns the store.
+    fn domain(&self) -> &str;
 
     /// Every outbox row, in commit order.
     fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError>;
 
     /// One outbox row by event id.
     fn outbox_event(&mut self, event_id: &EventId) -> Result<Option<OutboxRecord>, StoreError>;
+
+    /// Outbox rows with their delivery bookkeeping, in commit order, only the
+    /// quarantined ones if asked, at most `limit`.
+    fn outbox_entries(
+        &mut self,
+        quarantined_only: bool,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError>;
+
+    /// Clears an event's quarantine so that the relay tries it once more.
+    fn retry_quarantined(
+        &mut self,
+        event_id: &EventId,
+    ) -> Result<Result<(), RetryRefused>, StoreError>;
+
+    /// The producer's alerting signals at `now_ms`.
+    fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError>;
+
+    /// Removes accepted outbox rows accepted before `cutoff_ms`. Seq
+    /// allocation is unaffected: each flow's last seq is kept apart.
+    fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError>;
+
+    /// Up to `limit` flows whose id starts with `prefix`, after `after`,
+    /// ordered by flow id: an indexed range read, however many flows there
+    /// are (the console's flow list).
+    fn producer_flows_page(
+        &mut self,
+        prefix: &str,
+        after: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<ProducerFlow>, StoreError> {
+        let _ = (prefix, after, limit);
+        Err(not_supported("listing flows"))
+    }
+
+    /// The flow's outbox rows with their delivery bookkeeping, in seq
+    /// order, at most `limit`.
+    fn flow_outbox_entries(
+        &mut self,
+        flow_id: &FlowId,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        let _ = (flow_id, limit);
+        Err(not_supported("listing a flow's outbox rows"))
+    }
+}
+
+/// The producer side: the outbox. The application's own state lives beside
+/// it in the same store and changes in the same transactions (see the
+/// backend's write API, such as `ordo_sqlite::ProducerDb::write`).
+///
+/// Its own methods are the producer's writes: append, and the relay's
+/// reads of what to hand over with their bookkeeping. Object-safe.
+pub trait ProducerStore: ProducerOps {
+    /// Appends `events` to the outbox in ONE write transaction: each event's
+    /// seq must be its flow's last committed seq plus one (events of one
+    /// flow in seq order), and its event id unused. Any refusal writes
+    /// nothing. For applications that build their own envelopes; the
+    /// backend's write API also allocates seqs and ids.
+    fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError>;
 
     /// Up to `limit` events not yet accepted, oldest commit first.
     fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError>;
@@ -121,51 +178,6 @@ pub trait ProducerStore {
         reason: &str,
         now_ms: i64,
     ) -> Result<(), StoreError>;
-
-    /// Outbox rows with their delivery bookkeeping, in commit order, only the
-    /// quarantined ones if asked, at most `limit`.
-    fn outbox_entries(
-        &mut self,
-        quarantined_only: bool,
-        limit: usize,
-    ) -> Result<Vec<OutboxEntry>, StoreError>;
-
-    /// Clears an event's quarantine so that the relay tries it once more.
-    fn retry_quarantined(
-        &mut self,
-        event_id: &EventId,
-    ) -> Result<Result<(), RetryRefused>, StoreError>;
-
-    /// The producer's alerting signals at `now_ms`.
-    fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError>;
-
-    /// Removes accepted outbox rows accepted before `cutoff_ms`. Seq
-    /// allocation is unaffected: each flow's last seq is kept apart.
-    fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError>;
-
-    /// Up to `limit` flows whose id starts with `prefix`, after `after`,
-    /// ordered by flow id: an indexed range read, however many flows there
-    /// are (the console's flow list).
-    fn producer_flows_page(
-        &mut self,
-        prefix: &str,
-        after: Option<&FlowId>,
-        limit: usize,
-    ) -> Result<Vec<ProducerFlow>, StoreError> {
-        let _ = (prefix, after, limit);
-        Err(not_supported("listing flows"))
-    }
-
-    /// The flow's outbox rows with their delivery bookkeeping, in seq
-    /// order, at most `limit`.
-    fn flow_outbox_entries(
-        &mut self,
-        flow_id: &FlowId,
-        limit: usize,
-    ) -> Result<Vec<OutboxEntry>, StoreError> {
-        let _ = (flow_id, limit);
-        Err(not_supported("listing a flow's outbox rows"))
-    }
 }
 
 /// The error of a read a store does not offer yet.
@@ -176,75 +188,29 @@ fn not_supported(what: &str) -> StoreError {
     )
 }
 
-/// The consumer side: the inbox, the per-flow apply cursor, and the
-/// application's own tables beside them, written by its [`ApplyHandler`].
-pub trait ConsumerStore {
-    /// The transaction a handler writes in (for SQLite,
-    /// `rusqlite::Connection` inside an open write transaction).
-    type Tx: ?Sized;
-
+/// The consumer's durable receive: what a transport calls (in process, or
+/// the inbox behind HTTP). Object-safe.
+pub trait Receive {
     /// Stores envelopes durably in one transaction and returns one receipt per
     /// envelope, in input order. Never changes the application's tables.
     /// Within a batch, a later envelope sees the earlier ones.
     fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError>;
 
-    /// [`ConsumerStore::receive_batch`] for one envelope.
+    /// [`Receive::receive_batch`] for one envelope.
     fn receive(&mut self, envelope: &Envelope) -> Result<Receipt, StoreError> {
         let receipts = self.receive_batch(std::slice::from_ref(envelope))?;
         assert_eq!(receipts.len(), 1, "one receipt per envelope");
         Ok(receipts[0])
     }
+}
 
-    /// Looks only at `(flow_id, applied_seq + 1)` and applies it through
-    /// `handler`, blocks it, or reports `gap` or `idle`. An application
-    /// commits the handler's writes and the inbox mark in one transaction.
-    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
-    where
-        H: ApplyHandler<Self::Tx> + ?Sized;
-
-    /// Drains the given flows, in order, each up to its own limit (`None`: no
-    /// limit), in ONE transaction applying at most `events_max` events in
-    /// all through `handler`, strictly in order per flow. Returns one drain
-    /// per visited flow; when `events_max` runs out, the flow in progress
-    /// stops with `limit` and later flows are not visited.
-    fn apply_batch_with<H>(
-        &mut self,
-        flows: &[(FlowId, Option<u64>)],
-        events_max: u64,
-        handler: &mut H,
-    ) -> Result<Vec<Drain>, StoreError>
-    where
-        H: ApplyHandler<Self::Tx> + ?Sized;
-
-    /// Flows with a `pending` row, or with a row blocked with one of the
-    /// `reevaluate` codes, ordered by flow id. A flow whose next event is
-    /// blocked or missing is listed too when a later row is pending: apply
-    /// then reports `blocked` or `gap` for it, and writes nothing. Read a
-    /// page of [`FLOWS_PAGE_LEN`] flows at a time.
-    fn flows_with_work(&mut self, reevaluate: &[BlockCode]) -> Result<Vec<FlowId>, StoreError> {
-        let mut all = Vec::new();
-        let mut after: Option<FlowId> = None;
-        loop {
-            let page = self.flows_with_work_page(after.as_ref(), FLOWS_PAGE_LEN, reevaluate)?;
-            let Some(last) = page.last().cloned() else {
-                return Ok(all);
-            };
-            debug_assert!(
-                after.as_ref().is_none_or(|a| *a < last),
-                "pages move forward"
-            );
-            all.extend(page);
-            after = Some(last);
-        }
-    }
-
-    /// Up to `limit` of [`ConsumerStore::flows_with_work`] after `after`.
-    fn flows_with_work_page(
-        &mut self,
-        after: Option<&FlowId>,
-        limit: usize,
-        reevaluate: &[BlockCode],
-    ) -> Result<Vec<FlowId>, StoreError>;
+/// The operator's view of a consumer store: the inbox's reads and repairs
+/// (list, reopen, skip, prune, status). Object-safe, with [`Receive`]
+/// beside it in [`ConsumerHandle`]: a consumer store of any backend, as the
+/// command line, the console and the inbox server see it.
+pub trait ConsumerOps {
+    /// The domain that owns the store.
+    fn domain(&self) -> &str;
 
     /// Every inbox row, ordered by flow id then seq.
     fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError>;
@@ -316,6 +282,75 @@ pub trait ConsumerStore {
         Err(not_supported("reading one inbox row"))
     }
 }
+
+/// The consumer side: the inbox, the per-flow apply cursor, and the
+/// application's own tables beside them, written by its [`ApplyHandler`].
+///
+/// Its own methods are the apply side, generic over the handler and so not
+/// object-safe: apply runs on a concrete backend, whose transaction type
+/// the handler writes through.
+pub trait ConsumerStore: Receive + ConsumerOps {
+    /// The transaction a handler writes in (for SQLite,
+    /// `rusqlite::Connection` inside an open write transaction).
+    type Tx: ?Sized;
+
+    /// Looks only at `(flow_id, applied_seq + 1)` and applies it through
+    /// `handler`, blocks it, or reports `gap` or `idle`. An application
+    /// commits the handler's writes and the inbox mark in one transaction.
+    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
+    where
+        H: ApplyHandler<Self::Tx> + ?Sized;
+
+    /// Drains the given flows, in order, each up to its own limit (`None`: no
+    /// limit), in ONE transaction applying at most `events_max` events in
+    /// all through `handler`, strictly in order per flow. Returns one drain
+    /// per visited flow; when `events_max` runs out, the flow in progress
+    /// stops with `limit` and later flows are not visited.
+    fn apply_batch_with<H>(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        handler: &mut H,
+    ) -> Result<Vec<Drain>, StoreError>
+    where
+        H: ApplyHandler<Self::Tx> + ?Sized;
+
+    /// Flows with a `pending` row, or with a row blocked with one of the
+    /// `reevaluate` codes, ordered by flow id. A flow whose next event is
+    /// blocked or missing is listed too when a later row is pending: apply
+    /// then reports `blocked` or `gap` for it, and writes nothing. Read a
+    /// page of [`FLOWS_PAGE_LEN`] flows at a time.
+    fn flows_with_work(&mut self, reevaluate: &[BlockCode]) -> Result<Vec<FlowId>, StoreError> {
+        let mut all = Vec::new();
+        let mut after: Option<FlowId> = None;
+        loop {
+            let page = self.flows_with_work_page(after.as_ref(), FLOWS_PAGE_LEN, reevaluate)?;
+            let Some(last) = page.last().cloned() else {
+                return Ok(all);
+            };
+            debug_assert!(
+                after.as_ref().is_none_or(|a| *a < last),
+                "pages move forward"
+            );
+            all.extend(page);
+            after = Some(last);
+        }
+    }
+
+    /// Up to `limit` of [`ConsumerStore::flows_with_work`] after `after`.
+    fn flows_with_work_page(
+        &mut self,
+        after: Option<&FlowId>,
+        limit: usize,
+        reevaluate: &[BlockCode],
+    ) -> Result<Vec<FlowId>, StoreError>;
+}
+
+/// A consumer store of any backend, behind one object-safe type: receive
+/// and the operator's view. Every [`ConsumerStore`] that is `Send` is one.
+pub trait ConsumerHandle: Receive + ConsumerOps + Send {}
+
+impl<S: Receive + ConsumerOps + Send + ?Sized> ConsumerHandle for S {}
 
 /// The default number of events applied per transaction.
 pub const APPLY_BATCH_LEN_DEFAULT: u64 = 256;

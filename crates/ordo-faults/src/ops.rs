@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use ordo_core::ops::{ConsumerStatus, RepairRecord, SkipRequest};
 use ordo_core::{
-    ConsumerStore, Envelope, FixedClock, FlowId, ProducerStore, RelayError, RelayOptions,
+    ConsumerOps, Envelope, FixedClock, FlowId, ProducerOps, Receive, RelayError, RelayOptions,
     RelayPolicy, RelayStop, StoreError,
 };
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};

@@ -34,5 +34,5 @@ pub use client::{ClientError, ClientOptions, HttpTransport, Signer};
 pub use exposition::{metrics_router, serve_metrics, MetricsServer};
 pub use listen::bind;
 pub use metrics::Metrics;
-pub use ordo_inbox::{InboxStore, Opener};
+pub use ordo_inbox::Opener;
 pub use server::{Server, ServerConfig};

@@ -3,43 +3,23 @@
 //! transport runs it on a blocking thread of its own runtime.
 //!
 //! Invariant: the inbox knows no backend. It sees a store only through
-//! [`InboxStore`] (receive a batch in one transaction, read the status), so
-//! any [`ConsumerStore`] can stand behind it; how a handle is opened (file,
-//! clock, busy timeout) is the opener's.
+//! `ordo-core`'s object-safe [`ConsumerHandle`] (receive a batch in one
+//! transaction, read the status), so any consumer store can stand behind
+//! it; how a handle is opened (file, clock, busy timeout) is the opener's.
 
 use std::sync::{Arc, Mutex};
 
-use ordo_core::ops::ConsumerStatus;
-use ordo_core::{ConsumerStore, Envelope, ErrorKind, Receipt, StoreError};
-
-/// What the server asks of a consumer store.
-pub trait InboxStore: Send {
-    /// Stores `envelopes` in one transaction, durable before it returns;
-    /// one receipt per envelope, in order.
-    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError>;
-    /// The inbox's counts (pending, blocked, gaps).
-    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError>;
-}
-
-impl<S: ConsumerStore + Send> InboxStore for S {
-    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
-        ConsumerStore::receive_batch(self, envelopes)
-    }
-
-    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
-        ConsumerStore::consumer_status(self)
-    }
-}
+use ordo_core::{ConsumerHandle, ErrorKind, StoreError};
 
 /// Opens one more handle on the consumer store.
-pub type Opener = Arc<dyn Fn() -> Result<Box<dyn InboxStore>, StoreError> + Send + Sync>;
+pub type Opener = Arc<dyn Fn() -> Result<Box<dyn ConsumerHandle>, StoreError> + Send + Sync>;
 
 /// Handles kept between deliveries; at most `idle_max` wait idle, more are
 /// opened when deliveries overlap (their number is bounded by the
 /// transport's limits on deliveries in flight).
 pub struct Pool {
     open: Opener,
-    idle: Mutex<Vec<Box<dyn InboxStore>>>,
+    idle: Mutex<Vec<Box<dyn ConsumerHandle>>>,
     idle_max: usize,
 }
 
@@ -57,7 +37,7 @@ impl Pool {
     /// `Busy` is dropped, so that the next delivery opens a fresh one.
     pub fn with_store<T>(
         &self,
-        f: impl FnOnce(&mut dyn InboxStore) -> Result<T, StoreError>,
+        f: impl FnOnce(&mut dyn ConsumerHandle) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let mut store = self.take()?;
         let outcome = f(store.as_mut());
@@ -71,7 +51,7 @@ impl Pool {
         outcome
     }
 
-    fn take(&self) -> Result<Box<dyn InboxStore>, StoreError> {
+    fn take(&self) -> Result<Box<dyn ConsumerHandle>, StoreError> {
         let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         match idle {
             Some(store) => Ok(store),
@@ -79,10 +59,22 @@ impl Pool {
         }
     }
 
-    fn put(&self, store: Box<dyn InboxStore>) {
+    fn put(&self, store: Box<dyn ConsumerHandle>) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         if idle.len() < self.idle_max {
             idle.push(store);
+        }
+    }
+}
+
+/// The idle handles are closed on a thread of their own: not on an async
+/// runtime's thread (where a server drops its pool), on which PostgreSQL's
+/// blocking client, which runs a runtime of its own, cannot close.
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if !idle.is_empty() {
+            let _ = std::thread::spawn(move || drop(idle)).join();
         }
     }
 }

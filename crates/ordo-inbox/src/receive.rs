@@ -154,13 +154,12 @@ mod tests {
     use ordo_sqlite::{ConsumerDb, Schema};
 
     use super::*;
-    use crate::pool::InboxStore;
 
     fn inbox(dir: &std::path::Path, max_batch: usize, max_body_bytes: u64) -> Inbox {
         let path = dir.join("consumer.db");
         let open: crate::Opener = Arc::new(move || {
             let store = ConsumerDb::open(&path, &Schema::new("inbox").unwrap())?;
-            Ok(Box::new(store) as Box<dyn InboxStore>)
+            Ok(Box::new(store) as Box<dyn ordo_core::ConsumerHandle>)
         });
         let limits = InboxLimits {
             max_batch,

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ordo_core::{
-    process_all_each, relay, Envelope, EventId, FlowId, Receipt, RelayOptions, SchemaVersion,
-    StoreError, SystemClock,
+    process_all_each, relay, ConsumerOps, Envelope, EventId, FlowId, ProducerOps, Receipt, Receive,
+    RelayOptions, SchemaVersion, StoreError, SystemClock,
 };
 use ordo_core::{Clock, ConsumerStore, ProducerStore};
 use ordo_sqlite::rusqlite::{self, Connection};

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ordo_core::relay::Handover;
 use ordo_core::{
-    relay_each, Clock, Envelope, ProducerStore, Receipt, RelayOptions, SystemClock, Transport,
+    relay_each, Clock, Envelope, ProducerOps, Receipt, RelayOptions, SystemClock, Transport,
 };
 use ordo_http::{ClientOptions, HttpTransport};
 use ordo_sqlite::rusqlite::Connection;

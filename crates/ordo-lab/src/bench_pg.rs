@@ -23,8 +23,8 @@ use ordo_core::{
 use ordo_postgres::error::pg_error;
 use ordo_postgres::postgres::{Client, Statement};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
-use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 use ordo_reservation::ReservationHandler;
+use ordo_reservation::{consumer_schema, producer_schema};
 
 use crate::bench::{produce, CALIBRATION, EVENTS_PER_FLOW};
 use crate::figures::{per, Spread};
@@ -368,7 +368,7 @@ type Done = Result<(u64, u64), Failure>;
 fn open_producer(url: &str, role: &str, i: usize) -> Result<PgProducer, Failure> {
     Ok(PgProducer::open_with(
         url,
-        &pg_producer_schema(),
+        &producer_schema(),
         clock(),
         &store_options(role, i),
     )?)
@@ -378,7 +378,7 @@ fn open_producer(url: &str, role: &str, i: usize) -> Result<PgProducer, Failure>
 fn open_consumer(url: &str, role: &str, i: usize) -> Result<PgConsumer, Failure> {
     Ok(PgConsumer::open_with(
         url,
-        &pg_consumer_schema(),
+        &consumer_schema(),
         clock(),
         &store_options(role, i),
     )?)

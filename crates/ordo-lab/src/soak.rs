@@ -18,9 +18,8 @@ use std::time::{Duration, Instant};
 
 use ordo_core::{Clock, SystemClock};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
-use ordo_reservation::postgres::{
-    pg_consumer_schema, pg_consumer_snapshot, pg_producer_schema, pg_producer_snapshot,
-};
+use ordo_reservation::postgres::{pg_consumer_snapshot, pg_producer_snapshot};
+use ordo_reservation::{consumer_schema, producer_schema};
 use ordo_testkit::check::{check_end_state, EndState, Finished, Rule, Snapshot, Violation};
 
 use crate::experiment::child::{finish_within, WATCHDOG};
@@ -634,7 +633,7 @@ fn pg_producer(url: &str, create: bool) -> Result<PgProducer, LabError> {
     let clock = std::sync::Arc::new(SystemClock);
     Ok(PgProducer::open_with(
         url,
-        &pg_producer_schema(),
+        &producer_schema(),
         clock,
         &pg_options(create),
     )?)
@@ -645,7 +644,7 @@ fn pg_consumer(url: &str, create: bool) -> Result<PgConsumer, LabError> {
     let clock = std::sync::Arc::new(SystemClock);
     Ok(PgConsumer::open_with(
         url,
-        &pg_consumer_schema(),
+        &consumer_schema(),
         clock,
         &pg_options(create),
     )?)

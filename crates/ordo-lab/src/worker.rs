@@ -18,7 +18,6 @@ use ordo_core::{
 };
 use ordo_http::{ClientOptions, HttpTransport};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
-use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 
 use crate::LabError as Failure;
@@ -144,14 +143,14 @@ impl WorkerEnv {
     /// Opens a PostgreSQL producer, opening again while the server ends
     /// the connection (see [`Retries::POSTGRES`]).
     fn pg_producer(&self, url: &str) -> Result<PgProducer, Failure> {
-        let schema = pg_producer_schema();
+        let schema = producer_schema();
         Retries::postgres()
             .run(|| PgProducer::open_with(url, &schema, self.clock.clone(), &PgOptions::default()))
     }
 
     /// As [`WorkerEnv::pg_producer`], for a consumer.
     fn pg_consumer(&self, url: &str) -> Result<PgConsumer, Failure> {
-        let schema = pg_consumer_schema();
+        let schema = consumer_schema();
         Retries::postgres()
             .run(|| PgConsumer::open_with(url, &schema, self.clock.clone(), &PgOptions::default()))
     }

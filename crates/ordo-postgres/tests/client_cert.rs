@@ -15,7 +15,7 @@ use std::sync::Arc;
 use ordo_core::{ErrorKind, StoreError, SystemClock};
 use ordo_postgres::postgres::{Client, NoTls};
 use ordo_postgres::{PgOptions, PgProducer, PgUrl};
-use ordo_reservation::postgres::pg_producer_schema;
+use ordo_reservation::producer_schema;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use support::own_server::{OwnServer, Setup};
 use support::session_ssl;
@@ -100,7 +100,7 @@ fn open(url: &str, name: &str) -> Result<PgProducer, StoreError> {
         application_name: Some(name.into()),
         ..PgOptions::default()
     };
-    PgProducer::open_with(url, &pg_producer_schema(), Arc::new(SystemClock), &options)
+    PgProducer::open_with(url, &producer_schema(), Arc::new(SystemClock), &options)
 }
 
 /// The subject of the client certificate of the session named

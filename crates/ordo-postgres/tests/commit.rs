@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ordo_core::{
-    ApplyContext, ApplyHandler, ConsumerStore, Envelope, ErrorKind, StoreError, Verdict,
+    ApplyContext, ApplyHandler, ConsumerStore, Envelope, ErrorKind, Receive, StoreError, Verdict,
 };
 use ordo_postgres::postgres::Client;
 use ordo_postgres::{PgTx, TxOutcome};

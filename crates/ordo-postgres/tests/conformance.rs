@@ -11,7 +11,7 @@ use ordo_core::{
     ApplyContext, ApplyHandler, BlockCode, Clock, Envelope, StoreError, SystemClock, Verdict,
 };
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgTx};
-use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
+use ordo_reservation::{consumer_schema, producer_schema};
 use ordo_testkit::suite::generic;
 use support::{database_for, test_options, test_schema, url};
 
@@ -26,10 +26,9 @@ impl ordo_testkit::Backend for Postgres {
     fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> (PgProducer, PgConsumer) {
         let target = url(&database_for(dir));
         let options = PgOptions::default();
-        let producer =
-            PgProducer::open_with(&target, &pg_producer_schema(), clock.clone(), &options)
-                .expect("open the producer");
-        let consumer = PgConsumer::open_with(&target, &pg_consumer_schema(), clock, &options)
+        let producer = PgProducer::open_with(&target, &producer_schema(), clock.clone(), &options)
+            .expect("open the producer");
+        let consumer = PgConsumer::open_with(&target, &consumer_schema(), clock, &options)
             .expect("open the consumer");
         (producer, consumer)
     }

@@ -7,7 +7,7 @@ mod support;
 
 use std::collections::BTreeSet;
 
-use ordo_core::{Clock, ConsumerStore, ProducerStore, SystemClock};
+use ordo_core::{Clock, ProducerOps, ProducerStore, Receive, SystemClock};
 use support::workers::{append, client, consumer, flow, producer};
 use support::{database_for, url};
 

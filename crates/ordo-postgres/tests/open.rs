@@ -5,9 +5,9 @@ mod support;
 
 use std::sync::Arc;
 
-use ordo_core::{ConsumerStore, ErrorKind, FlowId, SchemaVersion, StoreError, SystemClock};
+use ordo_core::{ConsumerOps, ErrorKind, FlowId, SchemaVersion, StoreError, SystemClock};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
-use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
+use ordo_reservation::{consumer_schema, producer_schema};
 use ordo_reservation::{Advance, AdvanceRequest, FlowState, Quantity, ReservationProducer};
 use support::{admin_client, fresh_database, test_schema};
 
@@ -42,7 +42,7 @@ fn synchronous_commit_off_is_refused() {
     refused(
         PgProducer::open_with(
             &off,
-            &pg_producer_schema(),
+            &producer_schema(),
             Arc::new(SystemClock),
             &options("ordo_off"),
         ),
@@ -60,7 +60,7 @@ fn another_role_domain_or_newer_version_is_refused() {
     refused(
         PgProducer::open_with(
             &target,
-            &pg_producer_schema(),
+            &producer_schema(),
             clock.clone(),
             &options("ordo_consumer"),
         ),
@@ -83,7 +83,7 @@ fn another_role_domain_or_newer_version_is_refused() {
         )
         .expect("age the store");
     refused(
-        PgConsumer::open_with(&target, &pg_consumer_schema(), clock, &PgOptions::default()),
+        PgConsumer::open_with(&target, &consumer_schema(), clock, &PgOptions::default()),
         ErrorKind::Incompatible,
         "schema version 99",
     );
@@ -103,7 +103,7 @@ fn open_existing_creates_nothing_and_a_foreign_schema_is_refused() {
         .batch_execute("CREATE SCHEMA app; CREATE TABLE app.orders (id bigint)")
         .expect("an application's schema");
     refused(
-        PgProducer::open_with(&target, &pg_producer_schema(), clock, &options("app")),
+        PgProducer::open_with(&target, &producer_schema(), clock, &options("app")),
         ErrorKind::Incompatible,
         "did not create",
     );
@@ -113,7 +113,7 @@ fn open_existing_creates_nothing_and_a_foreign_schema_is_refused() {
 fn unreachable_server_and_bad_url_name_no_password() {
     let result = PgProducer::open(
         "postgres://someone:secret@127.0.0.1:1/db",
-        &pg_producer_schema(),
+        &producer_schema(),
     );
     let error = result.err().expect("nothing listens on port 1");
     assert_eq!(error.kind(), ErrorKind::ConnectionLost, "{error}");
@@ -123,7 +123,7 @@ fn unreachable_server_and_bad_url_name_no_password() {
         "{message}"
     );
     assert!(!message.contains("secret"), "{message}");
-    let error = PgProducer::open("postgres://a:b@host:notaport/db", &pg_producer_schema())
+    let error = PgProducer::open("postgres://a:b@host:notaport/db", &producer_schema())
         .err()
         .expect("not a URL");
     assert_eq!(error.kind(), ErrorKind::InvalidInput, "{error}");
@@ -138,7 +138,7 @@ fn unreachable_server_and_bad_url_name_no_password() {
 #[test]
 fn errors_name_their_sqlstate() {
     let (_dir, target) = fresh_database();
-    let consumer = PgConsumer::open(&target, &pg_consumer_schema()).expect("open");
+    let consumer = PgConsumer::open(&target, &consumer_schema()).expect("open");
     let error = consumer
         .connection()
         .execute("SELECT * FROM no_such_table", &[])
@@ -170,7 +170,7 @@ fn the_repair_log_refuses_update_and_delete() {
             "{statement}"
         );
     }
-    let mut consumer = PgConsumer::open(&target, &pg_consumer_schema()).expect("open");
+    let mut consumer = PgConsumer::open(&target, &consumer_schema()).expect("open");
     assert_eq!(consumer.repairs().expect("read").len(), 1);
 }
 
@@ -199,8 +199,8 @@ fn wait_for_a_lock_waiter(target: &str) {
 fn a_racing_writer_of_the_same_flow_waits_then_is_stale() {
     let (_dir, target) = fresh_database();
     let flow = FlowId::new("race").expect("a flow id");
-    let mut first = PgProducer::open(&target, &pg_producer_schema()).expect("open");
-    let mut second = PgProducer::open(&target, &pg_producer_schema()).expect("open");
+    let mut first = PgProducer::open(&target, &producer_schema()).expect("open");
+    let mut second = PgProducer::open(&target, &producer_schema()).expect("open");
     let request = AdvanceRequest::new(
         flow.clone(),
         0,
@@ -235,7 +235,7 @@ fn a_racing_writer_of_the_same_flow_waits_then_is_stale() {
 fn a_transaction_sees_its_own_appends_in_the_heads_it_locked() {
     let (_dir, target) = fresh_database();
     let (f, g) = (FlowId::new("own-f").unwrap(), FlowId::new("own-g").unwrap());
-    let mut producer = PgProducer::open(&target, &pg_producer_schema()).expect("open");
+    let mut producer = PgProducer::open(&target, &producer_schema()).expect("open");
     let v1 = SchemaVersion::new(1).expect("v1");
     let payload = serde_json::json!({"quantity": 3});
     producer
@@ -299,7 +299,7 @@ fn schema_names_outside_the_safe_set_are_refused() {
     for name in ["Upper", "pg_catalog", "with space", "semi;colon", ""] {
         let error = PgProducer::open_with(
             "postgres://nobody@127.0.0.1:1/none",
-            &pg_producer_schema(),
+            &producer_schema(),
             Arc::new(SystemClock),
             &options(name),
         )

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ordo_core::{ErrorKind, SystemClock};
 use ordo_postgres::{PgOptions, PgProducer, PgUrl, TlsMode};
-use ordo_reservation::postgres::pg_producer_schema;
+use ordo_reservation::producer_schema;
 use support::{admin_client, fresh_database, session_ssl};
 
 /// The server's certificate file, after checking that it offers TLS.
@@ -40,12 +40,7 @@ fn open(target: &str, name: &str) -> Result<PgProducer, ordo_core::StoreError> {
         schema: name.ends_with("-bad").then(|| name.replace('-', "_")),
         ..PgOptions::default()
     };
-    PgProducer::open_with(
-        target,
-        &pg_producer_schema(),
-        Arc::new(SystemClock),
-        &options,
-    )
+    PgProducer::open_with(target, &producer_schema(), Arc::new(SystemClock), &options)
 }
 
 #[test]

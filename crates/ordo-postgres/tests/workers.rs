@@ -13,8 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ordo_core::{
-    process_all, relay, ApplyContext, ApplyHandler, Backoff, Clock, ConsumerStore, DrainStop,
-    Envelope, ErrorKind, EventId, ProducerStore, Receipt, StoreError, SystemClock, Verdict,
+    process_all, relay, ApplyContext, ApplyHandler, Backoff, Clock, ConsumerOps, ConsumerStore,
+    DrainStop, Envelope, ErrorKind, EventId, ProducerOps, ProducerStore, Receipt, Receive,
+    StoreError, SystemClock, Verdict,
 };
 use ordo_postgres::PgTx;
 use support::workers::{

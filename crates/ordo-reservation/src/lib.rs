@@ -15,14 +15,16 @@ mod methods;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod rules;
+mod schema;
 mod sqlite;
 
 pub use rules::{
     AdvanceRefused, AdvanceRequest, ApplyOptions, FlowRecord, FlowState, InvalidRequest,
     Projection, Quantity, INVALID_PAYLOAD, INVALID_TRANSITION, QUANTITY_MAX, UNSUPPORTED_SCHEMA,
 };
+pub use schema::{consumer_schema, producer_schema};
 pub use sqlite::{
-    advance_in, consumer_schema, consumer_snapshot, open_consumer, open_producer, producer_schema,
-    producer_snapshot, Advance, AdvanceError, ConsumerRows, EffectRecord, ReservationConsumer,
-    ReservationHandler, ReservationProducer, DOMAIN,
+    advance_in, consumer_snapshot, open_consumer, open_producer, producer_snapshot, Advance,
+    AdvanceError, ConsumerRows, EffectRecord, ReservationConsumer, ReservationHandler,
+    ReservationProducer, DOMAIN,
 };

@@ -9,7 +9,7 @@ use ordo_core::{
     crash, ApplyContext, ApplyHandler, ConsumerStore, Drain, Envelope, EventId, FlowId, Seq, Step,
     StoreError, Verdict,
 };
-use ordo_postgres::{PgConsumer, PgProducer, PgProducerTx, PgTx, Schema};
+use ordo_postgres::{PgConsumer, PgProducer, PgProducerTx, PgTx};
 
 use crate::rules::{
     decide_advance, decide_apply, parse_state, AdvanceDecision, AdvanceRefused, AdvanceRequest,
@@ -17,54 +17,8 @@ use crate::rules::{
 };
 use crate::sqlite::{
     Advance, AdvanceError, EffectRecord, ReservationConsumer, ReservationHandler,
-    ReservationProducer, DOMAIN,
+    ReservationProducer,
 };
-
-/// The producer's table: one row per flow that has advanced.
-const FLOW_TABLE: &str = "CREATE TABLE flow (
-    flow_id  text   COLLATE \"C\" PRIMARY KEY,
-    state    text   NOT NULL,
-    quantity bigint NOT NULL
-);";
-
-/// The consumer's tables: the projection of each flow, and one effect per
-/// applied event (a second effect for the same seq cannot commit).
-const PROJECTION_TABLES: &str = "CREATE TABLE projection (
-    flow_id     text   COLLATE \"C\" PRIMARY KEY,
-    state       text   NOT NULL,
-    quantity    bigint NOT NULL,
-    applied_seq bigint NOT NULL
-);
-CREATE TABLE effect (
-    flow_id  text   COLLATE \"C\" NOT NULL,
-    seq      bigint NOT NULL,
-    event_id text   NOT NULL,
-    PRIMARY KEY (flow_id, seq)
-);";
-
-/// Version 2 of the producer's table: half of each page left free, so
-/// that a flow's next state is written on its page (a HOT update: no new
-/// entry in the key's index).
-const FLOW_ROOM: &str = "ALTER TABLE flow SET (fillfactor = 50);";
-
-/// Version 2 of the consumer's tables: the same room for the projections.
-const PROJECTION_ROOM: &str = "ALTER TABLE projection SET (fillfactor = 50);";
-
-/// The producer side's schema on PostgreSQL.
-pub fn pg_producer_schema() -> Schema {
-    Schema::new(DOMAIN)
-        .expect("the domain name is valid")
-        .migration(FLOW_TABLE)
-        .migration(FLOW_ROOM)
-}
-
-/// The consumer side's schema on PostgreSQL.
-pub fn pg_consumer_schema() -> Schema {
-    Schema::new(DOMAIN)
-        .expect("the domain name is valid")
-        .migration(PROJECTION_TABLES)
-        .migration(PROJECTION_ROOM)
-}
 
 fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
     StoreError::new(

@@ -5,56 +5,17 @@ use ordo_core::{
     crash, ApplyContext, ApplyHandler, BlockCode, ConsumerStore, Drain, Envelope, EventId, FlowId,
     Seq, Step, StoreError, Verdict,
 };
-use ordo_sqlite::{ConsumerDb, ProducerDb, ProducerTx, Schema};
+use ordo_sqlite::{ConsumerDb, ProducerDb, ProducerTx};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::rules::{
     decide_advance, decide_apply, parse_state, AdvanceDecision, AdvanceRefused, AdvanceRequest,
     ApplyOptions, FlowRecord, FlowState, Projection, Quantity,
 };
+use crate::schema::{consumer_schema, producer_schema};
 
 /// The domain name of reservation stores.
 pub const DOMAIN: &str = "reservation";
-
-/// The producer's table: one row per flow that has advanced. Its last seq
-/// is the outbox's.
-const FLOW_TABLE: &str = "CREATE TABLE IF NOT EXISTS flow (
-    flow_id  TEXT    PRIMARY KEY,
-    state    TEXT    NOT NULL,
-    quantity INTEGER NOT NULL
-) WITHOUT ROWID;";
-
-/// The consumer's tables: the projection of each flow, and one effect per
-/// applied event. `IF NOT EXISTS`, because stores of the first release
-/// already hold them.
-const PROJECTION_TABLES: &str = "CREATE TABLE IF NOT EXISTS projection (
-    flow_id     TEXT    PRIMARY KEY,
-    state       TEXT    NOT NULL,
-    quantity    INTEGER NOT NULL,
-    applied_seq INTEGER NOT NULL
-) WITHOUT ROWID;
--- One effect per (flow_id, seq): a second effect for the same seq cannot
--- commit.
-CREATE TABLE IF NOT EXISTS effect (
-    flow_id  TEXT    NOT NULL,
-    seq      INTEGER NOT NULL,
-    event_id TEXT    NOT NULL,
-    PRIMARY KEY (flow_id, seq)
-) WITHOUT ROWID;";
-
-/// The producer side's schema.
-pub fn producer_schema() -> Schema {
-    Schema::new(DOMAIN)
-        .expect("the domain name is valid")
-        .migration(FLOW_TABLE)
-}
-
-/// The consumer side's schema.
-pub fn consumer_schema() -> Schema {
-    Schema::new(DOMAIN)
-        .expect("the domain name is valid")
-        .migration(PROJECTION_TABLES)
-}
 
 /// The outcome of an advance.
 #[derive(Debug, Clone, PartialEq)]

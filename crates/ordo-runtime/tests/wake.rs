@@ -9,9 +9,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use ordo_core::envelope::EventType;
-use ordo_core::{
-    ApplyContext, ConsumerStore, Envelope, EventId, FlowId, SchemaVersion, Seq, Verdict,
-};
+use ordo_core::{ApplyContext, Envelope, EventId, FlowId, Receive, SchemaVersion, Seq, Verdict};
 use ordo_runtime::{Runner, RunnerOptions};
 use ordo_sqlite::rusqlite::Connection;
 use ordo_sqlite::{ConsumerDb, Schema};

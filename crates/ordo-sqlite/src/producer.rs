@@ -7,8 +7,8 @@ use std::sync::Arc;
 use ordo_core::crash;
 use ordo_core::ops::{OutboxEntry, ProducerStatus, Pruned, RetryRefused};
 use ordo_core::{
-    AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, ProducerStore, Receipt,
-    SchemaVersion, StoreError, SystemClock,
+    AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, ProducerOps,
+    ProducerStore, Receipt, SchemaVersion, StoreError, SystemClock,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -440,13 +440,9 @@ impl ordo_core::RunStore for ProducerDb {
     }
 }
 
-impl ProducerStore for ProducerDb {
-    fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
-        self.write(|ptx| {
-            events
-                .iter()
-                .try_for_each(|event| ptx.append_envelope(event))
-        })
+impl ProducerOps for ProducerDb {
+    fn domain(&self) -> &str {
+        ProducerDb::domain(self)
     }
 
     fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
@@ -469,6 +465,146 @@ impl ProducerStore for ProducerDb {
             })
         })
         .transpose()
+    }
+
+    fn outbox_entries(
+        &mut self,
+        quarantined_only: bool,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        collect_rows(
+            &self.conn,
+            "producer: cannot list the outbox",
+            "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
+                    next_attempt_at_ms, created_at_ms, accepted_at_ms
+             FROM outbox WHERE (NOT ?1 OR quarantined = 1) ORDER BY position LIMIT ?2",
+            params![quarantined_only, limit],
+            |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    OutboxEntryRow {
+                        accepted: row.get(1)?,
+                        quarantined: row.get(2)?,
+                        quarantine_reason: row.get(3)?,
+                        attempts: row.get(4)?,
+                        last_outcome: row.get(5)?,
+                        last_error: row.get(6)?,
+                        next_attempt_at_ms: row.get(7)?,
+                        created_at_ms: row.get(8)?,
+                        accepted_at_ms: row.get(9)?,
+                    },
+                ))
+            },
+            |(body, r)| {
+                Ok(OutboxEntry {
+                    envelope: stored_envelope("producer: stored outbox body", &body)?,
+                    accepted: r.accepted,
+                    quarantined: r.quarantined,
+                    quarantine_reason: r.quarantine_reason,
+                    attempts: u64::try_from(r.attempts).unwrap_or(0),
+                    last_outcome: r.last_outcome,
+                    last_error: r.last_error,
+                    next_attempt_at_ms: r.next_attempt_at_ms,
+                    created_at_ms: r.created_at_ms,
+                    accepted_at_ms: r.accepted_at_ms,
+                })
+            },
+        )
+    }
+
+    fn retry_quarantined(
+        &mut self,
+        event_id: &EventId,
+    ) -> Result<Result<(), RetryRefused>, StoreError> {
+        self.write(|ptx| {
+            let tx = &ptx.tx;
+            let err = |e| sql_error("producer: cannot retry a quarantined event", e);
+            let row: Option<(String, i64, bool)> = row_cached(
+                tx,
+                "SELECT flow_id, seq, quarantined FROM outbox WHERE event_id = ?1",
+                [event_id.as_str()],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )
+            .optional()
+            .map_err(err)?;
+            let (flow, seq) = match row {
+                None => return Ok(Err(RetryRefused::Unknown(event_id.clone()))),
+                Some((_, _, false)) => {
+                    return Ok(Err(RetryRefused::NotQuarantined(event_id.clone())))
+                }
+                Some((flow, seq, true)) => (flow, seq),
+            };
+            exec_cached(tx,
+                "UPDATE outbox SET quarantined = 0, quarantine_reason = NULL, next_attempt_at_ms = 0
+                 WHERE event_id = ?1",
+                [event_id.as_str()],
+            )
+            .map_err(err)?;
+            refresh_heads(tx, &[flow], None, Some(seq))?;
+            Ok(Ok(()))
+        })
+    }
+
+    fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
+        row_cached(
+            &self.conn,
+            "SELECT count(*), min(created_at_ms), coalesce(sum(quarantined), 0),
+                        coalesce(sum(quarantined = 0 AND next_attempt_at_ms > ?1), 0)
+                 FROM outbox WHERE accepted = 0",
+            [now_ms],
+            |row| {
+                Ok(ProducerStatus {
+                    backlog: row.get::<_, i64>(0)?.max(0) as u64,
+                    oldest_pending_created_at_ms: row.get(1)?,
+                    quarantined: row.get::<_, i64>(2)?.max(0) as u64,
+                    backing_off: row.get::<_, i64>(3)?.max(0) as u64,
+                })
+            },
+        )
+        .map_err(|e| sql_error("producer: cannot read the status", e))
+    }
+
+    fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
+        self.write(|ptx| {
+            let rows = exec_cached(
+                &ptx.tx,
+                "DELETE FROM outbox WHERE accepted = 1 AND accepted_at_ms < ?1",
+                [cutoff_ms],
+            )
+            .map_err(|e| sql_error("producer: cannot prune the outbox", e))?;
+            Ok(Pruned {
+                rows: rows as u64,
+                fingerprints: 0,
+            })
+        })
+    }
+
+    fn producer_flows_page(
+        &mut self,
+        prefix: &str,
+        after: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<ordo_core::ops::ProducerFlow>, StoreError> {
+        crate::browse::producer_flows_page(&self.conn, prefix, after, limit)
+    }
+
+    fn flow_outbox_entries(
+        &mut self,
+        flow_id: &FlowId,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        crate::browse::flow_outbox_entries(&self.conn, flow_id, limit)
+    }
+}
+
+impl ProducerStore for ProducerDb {
+    fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
+        self.write(|ptx| {
+            events
+                .iter()
+                .try_for_each(|event| ptx.append_envelope(event))
+        })
     }
 
     fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError> {
@@ -680,136 +816,6 @@ impl ProducerStore for ProducerDb {
             .map_err(err)?;
             refresh_heads(tx, &flow.into_iter().collect::<Vec<_>>(), None, None)
         })
-    }
-
-    fn outbox_entries(
-        &mut self,
-        quarantined_only: bool,
-        limit: usize,
-    ) -> Result<Vec<OutboxEntry>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        collect_rows(
-            &self.conn,
-            "producer: cannot list the outbox",
-            "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
-                    next_attempt_at_ms, created_at_ms, accepted_at_ms
-             FROM outbox WHERE (NOT ?1 OR quarantined = 1) ORDER BY position LIMIT ?2",
-            params![quarantined_only, limit],
-            |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    OutboxEntryRow {
-                        accepted: row.get(1)?,
-                        quarantined: row.get(2)?,
-                        quarantine_reason: row.get(3)?,
-                        attempts: row.get(4)?,
-                        last_outcome: row.get(5)?,
-                        last_error: row.get(6)?,
-                        next_attempt_at_ms: row.get(7)?,
-                        created_at_ms: row.get(8)?,
-                        accepted_at_ms: row.get(9)?,
-                    },
-                ))
-            },
-            |(body, r)| {
-                Ok(OutboxEntry {
-                    envelope: stored_envelope("producer: stored outbox body", &body)?,
-                    accepted: r.accepted,
-                    quarantined: r.quarantined,
-                    quarantine_reason: r.quarantine_reason,
-                    attempts: u64::try_from(r.attempts).unwrap_or(0),
-                    last_outcome: r.last_outcome,
-                    last_error: r.last_error,
-                    next_attempt_at_ms: r.next_attempt_at_ms,
-                    created_at_ms: r.created_at_ms,
-                    accepted_at_ms: r.accepted_at_ms,
-                })
-            },
-        )
-    }
-
-    fn retry_quarantined(
-        &mut self,
-        event_id: &EventId,
-    ) -> Result<Result<(), RetryRefused>, StoreError> {
-        self.write(|ptx| {
-            let tx = &ptx.tx;
-            let err = |e| sql_error("producer: cannot retry a quarantined event", e);
-            let row: Option<(String, i64, bool)> = row_cached(
-                tx,
-                "SELECT flow_id, seq, quarantined FROM outbox WHERE event_id = ?1",
-                [event_id.as_str()],
-                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-            )
-            .optional()
-            .map_err(err)?;
-            let (flow, seq) = match row {
-                None => return Ok(Err(RetryRefused::Unknown(event_id.clone()))),
-                Some((_, _, false)) => {
-                    return Ok(Err(RetryRefused::NotQuarantined(event_id.clone())))
-                }
-                Some((flow, seq, true)) => (flow, seq),
-            };
-            exec_cached(tx,
-                "UPDATE outbox SET quarantined = 0, quarantine_reason = NULL, next_attempt_at_ms = 0
-                 WHERE event_id = ?1",
-                [event_id.as_str()],
-            )
-            .map_err(err)?;
-            refresh_heads(tx, &[flow], None, Some(seq))?;
-            Ok(Ok(()))
-        })
-    }
-
-    fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
-        row_cached(
-            &self.conn,
-            "SELECT count(*), min(created_at_ms), coalesce(sum(quarantined), 0),
-                        coalesce(sum(quarantined = 0 AND next_attempt_at_ms > ?1), 0)
-                 FROM outbox WHERE accepted = 0",
-            [now_ms],
-            |row| {
-                Ok(ProducerStatus {
-                    backlog: row.get::<_, i64>(0)?.max(0) as u64,
-                    oldest_pending_created_at_ms: row.get(1)?,
-                    quarantined: row.get::<_, i64>(2)?.max(0) as u64,
-                    backing_off: row.get::<_, i64>(3)?.max(0) as u64,
-                })
-            },
-        )
-        .map_err(|e| sql_error("producer: cannot read the status", e))
-    }
-
-    fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
-        self.write(|ptx| {
-            let rows = exec_cached(
-                &ptx.tx,
-                "DELETE FROM outbox WHERE accepted = 1 AND accepted_at_ms < ?1",
-                [cutoff_ms],
-            )
-            .map_err(|e| sql_error("producer: cannot prune the outbox", e))?;
-            Ok(Pruned {
-                rows: rows as u64,
-                fingerprints: 0,
-            })
-        })
-    }
-
-    fn producer_flows_page(
-        &mut self,
-        prefix: &str,
-        after: Option<&FlowId>,
-        limit: usize,
-    ) -> Result<Vec<ordo_core::ops::ProducerFlow>, StoreError> {
-        crate::browse::producer_flows_page(&self.conn, prefix, after, limit)
-    }
-
-    fn flow_outbox_entries(
-        &mut self,
-        flow_id: &FlowId,
-        limit: usize,
-    ) -> Result<Vec<OutboxEntry>, StoreError> {
-        crate::browse::flow_outbox_entries(&self.conn, flow_id, limit)
     }
 }
 

@@ -2,7 +2,7 @@
 //! by every reader, never counted as something they are not.
 
 use ordo_core::envelope::EventType;
-use ordo_core::{ConsumerStore, Envelope, ErrorKind, EventId, FlowId, SchemaVersion, Seq};
+use ordo_core::{ConsumerOps, Envelope, ErrorKind, EventId, FlowId, Receive, SchemaVersion, Seq};
 use ordo_sqlite::rusqlite::Connection;
 use ordo_sqlite::{ConsumerDb, Schema};
 use serde_json::json;

@@ -2,7 +2,7 @@
 //! (`fuzz/corpus/receive_stream/`) into a real consumer file, through the
 //! same check the fuzzer runs.
 
-use ordo_core::ConsumerStore;
+use ordo_core::ConsumerOps;
 use ordo_sqlite::ConsumerDb;
 use ordo_testkit::fuzz::{check_receive_stream, replay_corpus};
 

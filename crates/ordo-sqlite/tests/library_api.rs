@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use ordo_core::envelope::EventType;
 use ordo_core::ops::SkipRequest;
 use ordo_core::{
-    process_all, AppendError, ApplyContext, ApplyHandler, BlockCode, BlockReason, ConsumerStore,
-    DrainStop, Envelope, ErrorKind, EventId, FlowId, InboxStatus, ProducerStore, SchemaVersion,
-    Seq, Step, StoreError, SystemClock, Verdict,
+    process_all, AppendError, ApplyContext, ApplyHandler, BlockCode, BlockReason, ConsumerOps,
+    ConsumerStore, DrainStop, Envelope, ErrorKind, EventId, FlowId, InboxStatus, ProducerOps,
+    ProducerStore, Receive, SchemaVersion, Seq, Step, StoreError, SystemClock, Verdict,
 };
 use ordo_reservation::{ReservationConsumer, ReservationProducer};
 use ordo_runtime::{Runner, RunnerOptions};

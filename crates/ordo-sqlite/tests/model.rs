@@ -40,10 +40,10 @@ use ordo_core::ops::{
     RetryRefused, SkipRefused, SkipRequest,
 };
 use ordo_core::{
-    relay, relay_event, Backoff, BlockReason, Clock, ConsumerStore, Delivery, Drain, DrainStop,
-    Envelope, EventId, EventType, FlowId, InboxRecord, InboxStatus, OutboxRecord, ProducerStore,
-    Receipt, RelayError, RelayOptions, RelayPolicy, RelayReport, RelayStop, SchemaVersion, Seq,
-    Step,
+    relay, relay_event, Backoff, BlockReason, Clock, ConsumerOps, Delivery, Drain, DrainStop,
+    Envelope, EventId, EventType, FlowId, InboxRecord, InboxStatus, OutboxRecord, ProducerOps,
+    ProducerStore, Receipt, Receive, RelayError, RelayOptions, RelayPolicy, RelayReport, RelayStop,
+    SchemaVersion, Seq, Step,
 };
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 use ordo_testkit::check::{check_end_state, EndState, Snapshot};

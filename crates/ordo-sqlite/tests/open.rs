@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use ordo_core::envelope::EventType;
 use ordo_core::{
-    ConsumerStore, Envelope, ErrorKind, EventId, FlowId, SchemaVersion, Seq, StoreError,
-    SystemClock,
+    Envelope, ErrorKind, EventId, FlowId, Receive, SchemaVersion, Seq, StoreError, SystemClock,
 };
 use ordo_sqlite::rusqlite::Connection;
 use ordo_sqlite::{

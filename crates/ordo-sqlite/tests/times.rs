@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use ordo_core::envelope::EventType;
 use ordo_core::ops::SkipRequest;
 use ordo_core::{
-    ApplyContext, Clock, ConsumerStore, Envelope, EventId, FlowId, ProducerStore, Receipt,
-    SchemaVersion, Seq, StoreError, Verdict,
+    ApplyContext, Clock, ConsumerOps, ConsumerStore, Envelope, EventId, FlowId, ProducerOps,
+    ProducerStore, Receipt, Receive, SchemaVersion, Seq, StoreError, Verdict,
 };
 use ordo_sqlite::rusqlite::{Connection, ErrorCode};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};

@@ -17,10 +17,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ordo_core::StoreError;
-use ordo_postgres::{is_postgres_url, PgConsumer};
-use ordo_runtime::{ApplyRound, Runner, RunnerOptions};
-use ordo_sqlite::ConsumerDb;
+use ordo::runtime::{ApplyRound, Runner, RunnerOptions};
+use ordo::{Location, OpenSpec, StoreError};
 
 /// How often the main thread looks at the stop flag and the loop.
 const WATCH: Duration = Duration::from_millis(50);
@@ -62,17 +60,8 @@ fn run(store: &str) -> Result<u64, StoreError> {
 /// The runner with its apply loop on the store, whichever backend holds it.
 fn start(store: &str) -> Result<Runner, StoreError> {
     let mut runner = Runner::new(RunnerOptions::default());
-    let schema = ledger::schema();
-    let started = if is_postgres_url(store) {
-        let consumer = PgConsumer::open(store, &schema)?;
-        let url = store.to_owned();
-        let reopen = Box::new(move || PgConsumer::open(&url, &ledger::schema()));
-        runner.spawn_apply_reopening(consumer, reopen, ledger::Ledger, report)
-    } else {
-        let consumer = ConsumerDb::open(store, &schema)?;
-        runner.spawn_apply_observed(consumer, ledger::Ledger, report)
-    };
-    started.map_err(|e| StoreError::new(ordo_core::ErrorKind::Other, e.to_string()))?;
+    let spec = OpenSpec::domain(ledger::schema());
+    spec.run_apply(&mut runner, &Location::from(store), ledger::Ledger, report)?;
     Ok(runner)
 }
 

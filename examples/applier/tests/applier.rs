@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ordo_core::{ConsumerStore, Envelope, SystemClock};
+use ordo_core::{Envelope, Receive, SystemClock};
 use ordo_postgres::postgres::{Client, NoTls};
 
 const PATIENCE: Duration = Duration::from_secs(30);

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use ordo_core::{ConsumerStore, InboxStatus, ProducerStore};
+use ordo_core::{ConsumerOps, InboxStatus, ProducerOps};
 use ordo_runtime::{RunReport, Runner, RunnerOptions};
 use ordo_sqlite::{ConsumerDb, ProducerDb};
 

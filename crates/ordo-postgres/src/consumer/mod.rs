@@ -21,8 +21,8 @@ use ordo_core::ops::{
     ConsumerFlow, ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest,
 };
 use ordo_core::{
-    ApplyHandler, BlockCode, Clock, ConsumerStore, Drain, Envelope, EventId, FlowId, InboxRecord,
-    Receipt, Seq, Step, StoreError, SystemClock,
+    ApplyHandler, BlockCode, Clock, ConsumerOps, ConsumerStore, Drain, Envelope, EventId, FlowId,
+    InboxRecord, Receipt, Receive, Seq, Step, StoreError, SystemClock,
 };
 
 use crate::conn::{open, PgOptions, PgTx, Role, Tables, Want};
@@ -249,39 +249,15 @@ impl ordo_core::RunConsumer for PgConsumer {
     }
 }
 
-impl ConsumerStore for PgConsumer {
-    type Tx = PgTx;
-
+impl Receive for PgConsumer {
     fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
         receive::receive_batch(self, envelopes)
     }
+}
 
-    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
-    where
-        H: ApplyHandler<PgTx> + ?Sized,
-    {
-        apply::apply_next(self, flow_id, handler)
-    }
-
-    fn apply_batch_with<H>(
-        &mut self,
-        flows: &[(FlowId, Option<u64>)],
-        events_max: u64,
-        handler: &mut H,
-    ) -> Result<Vec<Drain>, StoreError>
-    where
-        H: ApplyHandler<PgTx> + ?Sized,
-    {
-        apply::apply_batch(self, flows, events_max, handler)
-    }
-
-    fn flows_with_work_page(
-        &mut self,
-        after: Option<&FlowId>,
-        limit: usize,
-        reevaluate: &[BlockCode],
-    ) -> Result<Vec<FlowId>, StoreError> {
-        apply::flows_with_work_page(self, after, limit, reevaluate)
+impl ConsumerOps for PgConsumer {
+    fn domain(&self) -> &str {
+        PgConsumer::domain(self)
     }
 
     fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
@@ -342,5 +318,37 @@ impl ConsumerStore for PgConsumer {
         event_id: &EventId,
     ) -> Result<Option<InboxEntry>, StoreError> {
         crate::browse::inbox_entry_of_event(&self.conn, event_id)
+    }
+}
+
+impl ConsumerStore for PgConsumer {
+    type Tx = PgTx;
+
+    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
+    where
+        H: ApplyHandler<PgTx> + ?Sized,
+    {
+        apply::apply_next(self, flow_id, handler)
+    }
+
+    fn apply_batch_with<H>(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        handler: &mut H,
+    ) -> Result<Vec<Drain>, StoreError>
+    where
+        H: ApplyHandler<PgTx> + ?Sized,
+    {
+        apply::apply_batch(self, flows, events_max, handler)
+    }
+
+    fn flows_with_work_page(
+        &mut self,
+        after: Option<&FlowId>,
+        limit: usize,
+        reevaluate: &[BlockCode],
+    ) -> Result<Vec<FlowId>, StoreError> {
+        apply::flows_with_work_page(self, after, limit, reevaluate)
     }
 }

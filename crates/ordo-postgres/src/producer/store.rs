@@ -2,10 +2,11 @@
 //! bookkeeping, repairs, status and pruning over the outbox.
 
 use super::*;
+use ordo_core::ProducerOps;
 
-impl ProducerStore for PgProducer {
-    fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
-        self.write(|ptx| ptx.append_envelopes(events))
+impl ProducerOps for PgProducer {
+    fn domain(&self) -> &str {
+        PgProducer::domain(self)
     }
 
     fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
@@ -19,6 +20,107 @@ impl ProducerStore for PgProducer {
             &[&event_id.as_str()],
         )?;
         Ok(outbox_records(rows)?.pop())
+    }
+
+    fn outbox_entries(
+        &mut self,
+        quarantined_only: bool,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self.conn.rows(
+            "producer: cannot list the outbox",
+            "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
+                    next_attempt_at_ms, created_at_ms, accepted_at_ms
+             FROM {s}.outbox WHERE (NOT $1 OR quarantined) ORDER BY position LIMIT $2",
+            &[&quarantined_only, &limit],
+        )?;
+        rows.iter().map(outbox_entry).collect()
+    }
+
+    fn retry_quarantined(
+        &mut self,
+        event_id: &EventId,
+    ) -> Result<Result<(), RetryRefused>, StoreError> {
+        self.write(|ptx| {
+            let context = "producer: cannot retry a quarantined event";
+            let row = ptx.conn.row(
+                context,
+                "SELECT flow_id, seq, quarantined FROM {s}.outbox WHERE event_id = $1 FOR UPDATE",
+                &[&event_id.as_str()],
+            )?;
+            let (flow, seq) = match row {
+                None => return Ok(Err(RetryRefused::Unknown(event_id.clone()))),
+                Some(row) if !row.get::<_, bool>(2) => {
+                    return Ok(Err(RetryRefused::NotQuarantined(event_id.clone())))
+                }
+                Some(row) => (row.get::<_, String>(0), row.get::<_, i64>(1)),
+            };
+            ptx.conn.run(
+                context,
+                "UPDATE {s}.outbox SET quarantined = false, quarantine_reason = NULL,
+                     next_attempt_at_ms = 0
+                 WHERE event_id = $1",
+                &[&event_id.as_str()],
+            )?;
+            refresh_heads(ptx.conn, &BTreeSet::from([flow]), Turn::Keep, Some(seq))?;
+            Ok(Ok(()))
+        })
+    }
+
+    fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
+        let row = self.conn.row(
+            "producer: cannot read the status",
+            "SELECT count(*), min(o.created_at_ms), count(*) FILTER (WHERE o.quarantined),
+                    count(*) FILTER (WHERE NOT o.quarantined AND o.next_attempt_at_ms > $1)
+             FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position",
+            &[&now_ms],
+        )?;
+        let row = row.expect("an aggregate returns one row");
+        let count = |i: usize| row.get::<_, i64>(i).max(0) as u64;
+        Ok(ProducerStatus {
+            backlog: count(0),
+            oldest_pending_created_at_ms: row.get(1),
+            quarantined: count(2),
+            backing_off: count(3),
+        })
+    }
+
+    fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
+        self.write(|ptx| {
+            let rows = ptx.conn.run(
+                "producer: cannot prune the outbox",
+                "DELETE FROM {s}.outbox WHERE accepted AND accepted_at_ms < $1",
+                &[&cutoff_ms],
+            )?;
+            Ok(Pruned {
+                rows,
+                fingerprints: 0,
+            })
+        })
+    }
+
+    fn producer_flows_page(
+        &mut self,
+        prefix: &str,
+        after: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<ProducerFlow>, StoreError> {
+        crate::browse::producer_flows_page(&self.conn, prefix, after, limit)
+    }
+
+    fn flow_outbox_entries(
+        &mut self,
+        flow_id: &FlowId,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        crate::browse::flow_outbox_entries(&self.conn, flow_id, limit)
+    }
+}
+
+impl ProducerStore for PgProducer {
+    fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
+        self.write(|ptx| ptx.append_envelopes(events))
     }
 
     fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError> {
@@ -171,101 +273,6 @@ impl ProducerStore for PgProducer {
             let flows = row.map(|row| row.get::<_, String>(0)).into_iter().collect();
             refresh_heads(tx, &flows, Turn::Keep, None)
         })
-    }
-
-    fn outbox_entries(
-        &mut self,
-        quarantined_only: bool,
-        limit: usize,
-    ) -> Result<Vec<OutboxEntry>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = self.conn.rows(
-            "producer: cannot list the outbox",
-            "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
-                    next_attempt_at_ms, created_at_ms, accepted_at_ms
-             FROM {s}.outbox WHERE (NOT $1 OR quarantined) ORDER BY position LIMIT $2",
-            &[&quarantined_only, &limit],
-        )?;
-        rows.iter().map(outbox_entry).collect()
-    }
-
-    fn retry_quarantined(
-        &mut self,
-        event_id: &EventId,
-    ) -> Result<Result<(), RetryRefused>, StoreError> {
-        self.write(|ptx| {
-            let context = "producer: cannot retry a quarantined event";
-            let row = ptx.conn.row(
-                context,
-                "SELECT flow_id, seq, quarantined FROM {s}.outbox WHERE event_id = $1 FOR UPDATE",
-                &[&event_id.as_str()],
-            )?;
-            let (flow, seq) = match row {
-                None => return Ok(Err(RetryRefused::Unknown(event_id.clone()))),
-                Some(row) if !row.get::<_, bool>(2) => {
-                    return Ok(Err(RetryRefused::NotQuarantined(event_id.clone())))
-                }
-                Some(row) => (row.get::<_, String>(0), row.get::<_, i64>(1)),
-            };
-            ptx.conn.run(
-                context,
-                "UPDATE {s}.outbox SET quarantined = false, quarantine_reason = NULL,
-                     next_attempt_at_ms = 0
-                 WHERE event_id = $1",
-                &[&event_id.as_str()],
-            )?;
-            refresh_heads(ptx.conn, &BTreeSet::from([flow]), Turn::Keep, Some(seq))?;
-            Ok(Ok(()))
-        })
-    }
-
-    fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
-        let row = self.conn.row(
-            "producer: cannot read the status",
-            "SELECT count(*), min(o.created_at_ms), count(*) FILTER (WHERE o.quarantined),
-                    count(*) FILTER (WHERE NOT o.quarantined AND o.next_attempt_at_ms > $1)
-             FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position",
-            &[&now_ms],
-        )?;
-        let row = row.expect("an aggregate returns one row");
-        let count = |i: usize| row.get::<_, i64>(i).max(0) as u64;
-        Ok(ProducerStatus {
-            backlog: count(0),
-            oldest_pending_created_at_ms: row.get(1),
-            quarantined: count(2),
-            backing_off: count(3),
-        })
-    }
-
-    fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
-        self.write(|ptx| {
-            let rows = ptx.conn.run(
-                "producer: cannot prune the outbox",
-                "DELETE FROM {s}.outbox WHERE accepted AND accepted_at_ms < $1",
-                &[&cutoff_ms],
-            )?;
-            Ok(Pruned {
-                rows,
-                fingerprints: 0,
-            })
-        })
-    }
-
-    fn producer_flows_page(
-        &mut self,
-        prefix: &str,
-        after: Option<&FlowId>,
-        limit: usize,
-    ) -> Result<Vec<ProducerFlow>, StoreError> {
-        crate::browse::producer_flows_page(&self.conn, prefix, after, limit)
-    }
-
-    fn flow_outbox_entries(
-        &mut self,
-        flow_id: &FlowId,
-        limit: usize,
-    ) -> Result<Vec<OutboxEntry>, StoreError> {
-        crate::browse::flow_outbox_entries(&self.conn, flow_id, limit)
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use ordo_core::{Clock, SystemClock};
 use ordo_postgres::postgres::{Client, NoTls};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, Schema};
-use ordo_reservation::postgres::{pg_consumer_schema, pg_producer_schema};
+use ordo_reservation::{consumer_schema, producer_schema};
 
 pub mod own_server;
 pub mod workers;
@@ -100,7 +100,7 @@ fn hash_of(parts: &[&str]) -> u64 {
 
 /// The template's name: changes with anything it holds.
 fn template_name() -> String {
-    let schemas = [pg_producer_schema(), pg_consumer_schema(), test_schema()];
+    let schemas = [producer_schema(), consumer_schema(), test_schema()];
     let tables = ordo_postgres::tables_ddl();
     let mut parts: Vec<&str> = tables.iter().map(String::as_str).collect();
     parts.extend(schemas.iter().flat_map(|s| {
@@ -174,9 +174,9 @@ fn build_template(client: &mut Client, template: &str) {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let target = url(&building);
         let options = PgOptions::default();
-        PgProducer::open_with(&target, &pg_producer_schema(), clock.clone(), &options)
+        PgProducer::open_with(&target, &producer_schema(), clock.clone(), &options)
             .expect("migrate the template's producer");
-        PgConsumer::open_with(&target, &pg_consumer_schema(), clock.clone(), &options)
+        PgConsumer::open_with(&target, &consumer_schema(), clock.clone(), &options)
             .expect("migrate the template's consumer");
         PgConsumer::open_with(&target, &test_schema(), clock, &test_options())
             .expect("migrate the template's test domain");

@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ordo_core::{
-    ApplyContext, ApplyHandler, Backoff, ConsumerStore, Envelope, ErrorKind, FlowId, InboxStatus,
-    ProducerStore, RelayOptions, SchemaVersion, StoreError, SystemClock, Verdict,
+    ApplyContext, ApplyHandler, Backoff, ConsumerOps, Envelope, ErrorKind, FlowId, InboxStatus,
+    ProducerOps, RelayOptions, SchemaVersion, StoreError, SystemClock, Verdict,
 };
 use ordo_postgres::postgres::Client;
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgTx};
-use ordo_reservation::postgres::pg_producer_schema;
+use ordo_reservation::producer_schema;
 
 use super::{test_options, test_schema};
 
@@ -25,7 +25,7 @@ pub fn producer(target: &str, owner: &str, lease_ms: u64) -> PgProducer {
 pub fn try_producer(target: &str, owner: &str, lease_ms: u64) -> Result<PgProducer, StoreError> {
     PgProducer::open_with(
         target,
-        &pg_producer_schema(),
+        &producer_schema(),
         Arc::new(SystemClock),
         &PgOptions {
             owner: Some(owner.into()),

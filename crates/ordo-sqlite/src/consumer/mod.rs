@@ -21,8 +21,8 @@ use std::sync::Arc;
 
 use ordo_core::ops::{ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest};
 use ordo_core::{
-    ApplyHandler, BlockCode, Clock, ConsumerStore, Drain, Envelope, EventId, FlowId, InboxRecord,
-    Receipt, Step, StoreError, SystemClock,
+    ApplyHandler, BlockCode, Clock, ConsumerOps, ConsumerStore, Drain, Envelope, EventId, FlowId,
+    InboxRecord, Receipt, Receive, Step, StoreError, SystemClock,
 };
 use rusqlite::Connection;
 
@@ -196,39 +196,15 @@ impl ordo_core::RunConsumer for ConsumerDb {
     }
 }
 
-impl ConsumerStore for ConsumerDb {
-    type Tx = Connection;
-
+impl Receive for ConsumerDb {
     fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
         receive::receive_batch(self, envelopes)
     }
+}
 
-    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
-    where
-        H: ApplyHandler<Connection> + ?Sized,
-    {
-        apply::apply_next(self, flow_id, handler)
-    }
-
-    fn apply_batch_with<H>(
-        &mut self,
-        flows: &[(FlowId, Option<u64>)],
-        events_max: u64,
-        handler: &mut H,
-    ) -> Result<Vec<Drain>, StoreError>
-    where
-        H: ApplyHandler<Connection> + ?Sized,
-    {
-        apply::apply_batch(self, flows, events_max, handler)
-    }
-
-    fn flows_with_work_page(
-        &mut self,
-        after: Option<&FlowId>,
-        limit: usize,
-        reevaluate: &[BlockCode],
-    ) -> Result<Vec<FlowId>, StoreError> {
-        apply::flows_with_work_page(self, after, limit, reevaluate)
+impl ConsumerOps for ConsumerDb {
+    fn domain(&self) -> &str {
+        ConsumerDb::domain(self)
     }
 
     fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
@@ -289,5 +265,37 @@ impl ConsumerStore for ConsumerDb {
         event_id: &EventId,
     ) -> Result<Option<InboxEntry>, StoreError> {
         browse::inbox_entry_of_event(&self.conn, event_id)
+    }
+}
+
+impl ConsumerStore for ConsumerDb {
+    type Tx = Connection;
+
+    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
+    where
+        H: ApplyHandler<Connection> + ?Sized,
+    {
+        apply::apply_next(self, flow_id, handler)
+    }
+
+    fn apply_batch_with<H>(
+        &mut self,
+        flows: &[(FlowId, Option<u64>)],
+        events_max: u64,
+        handler: &mut H,
+    ) -> Result<Vec<Drain>, StoreError>
+    where
+        H: ApplyHandler<Connection> + ?Sized,
+    {
+        apply::apply_batch(self, flows, events_max, handler)
+    }
+
+    fn flows_with_work_page(
+        &mut self,
+        after: Option<&FlowId>,
+        limit: usize,
+        reevaluate: &[BlockCode],
+    ) -> Result<Vec<FlowId>, StoreError> {
+        apply::flows_with_work_page(self, after, limit, reevaluate)
     }
 }

@@ -7,8 +7,8 @@ use ordo_reservation::{
 use std::path::Path;
 
 use ordo_core::{
-    BlockReason, ConsumerStore, Drain, DrainStop, Envelope, InboxStatus, ProducerStore, Receipt,
-    Step,
+    BlockReason, Drain, DrainStop, Envelope, InboxStatus, ProducerOps, ProducerStore, Receipt,
+    Receive, Step,
 };
 use serde_json::{json, Value};
 

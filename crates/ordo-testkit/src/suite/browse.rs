@@ -8,7 +8,7 @@ use ordo_reservation::{Advance, FlowState, Projection, ReservationConsumer, Rese
 use std::path::Path;
 
 use ordo_core::ops::{ConsumerFlow, ProducerFlow};
-use ordo_core::{ConsumerStore, FlowId, ProducerStore, Receipt, Step};
+use ordo_core::{ConsumerOps, FlowId, ProducerOps, Receipt, Receive, Step};
 use serde_json::json;
 
 use crate::support::*;

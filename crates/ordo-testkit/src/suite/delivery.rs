@@ -19,8 +19,9 @@ use ordo_core::ops::{
     SkipRequest,
 };
 use ordo_core::{
-    Backoff, ConsumerStore, Delivery, Drain, Envelope, ErrorKind, EventId, FixedClock, FlowId,
-    InboxRecord, ProducerStore, Receipt, RelayOptions, RelayPolicy, RelayStop, Step, StoreError,
+    Backoff, ConsumerOps, ConsumerStore, Delivery, Drain, Envelope, ErrorKind, EventId, FixedClock,
+    FlowId, InboxRecord, ProducerOps, ProducerStore, Receipt, Receive, RelayOptions, RelayPolicy,
+    RelayStop, Step, StoreError,
 };
 use serde_json::json;
 
@@ -714,21 +715,67 @@ struct Flaky<C> {
 
 const BUSY: &str = "consumer busy (suite)";
 
-impl<C: ReservationConsumer> ConsumerStore for Flaky<C> {
-    type Tx = C::Tx;
-
+impl<C: ReservationConsumer> Receive for Flaky<C> {
     fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
         if self.down {
             return Err(StoreError::new(ErrorKind::Busy, BUSY));
         }
         self.inner.receive_batch(envelopes)
     }
+}
+
+impl<C: ReservationConsumer> ConsumerOps for Flaky<C> {
+    fn domain(&self) -> &str {
+        self.inner.domain()
+    }
+
+    fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
+        self.inner.inbox()
+    }
+
+    fn inbox_entries(
+        &mut self,
+        blocked_only: bool,
+        flow_id: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<InboxEntry>, StoreError> {
+        self.inner.inbox_entries(blocked_only, flow_id, limit)
+    }
+
+    fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError> {
+        self.inner.reopen_blocked(flow_id)
+    }
+
+    fn skip(
+        &mut self,
+        request: &SkipRequest,
+    ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
+        self.inner.skip(request)
+    }
+
+    fn repairs(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
+        self.inner.repairs()
+    }
+
+    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
+        self.inner.consumer_status()
+    }
+
+    fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
+        self.inner.prune_inbox(cutoff_ms)
+    }
+}
+
+impl<C: ReservationConsumer> ConsumerStore for Flaky<C> {
+    type Tx = C::Tx;
+
     fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
     where
         H: ordo_core::ApplyHandler<Self::Tx> + ?Sized,
     {
         self.inner.apply_next_with(flow_id, handler)
     }
+
     fn apply_batch_with<H>(
         &mut self,
         flows: &[(FlowId, Option<u64>)],
@@ -740,12 +787,14 @@ impl<C: ReservationConsumer> ConsumerStore for Flaky<C> {
     {
         self.inner.apply_batch_with(flows, events_max, handler)
     }
+
     fn flows_with_work(
         &mut self,
         reevaluate: &[ordo_core::BlockCode],
     ) -> Result<Vec<FlowId>, StoreError> {
         self.inner.flows_with_work(reevaluate)
     }
+
     fn flows_with_work_page(
         &mut self,
         after: Option<&FlowId>,
@@ -753,35 +802,6 @@ impl<C: ReservationConsumer> ConsumerStore for Flaky<C> {
         reevaluate: &[ordo_core::BlockCode],
     ) -> Result<Vec<FlowId>, StoreError> {
         self.inner.flows_with_work_page(after, limit, reevaluate)
-    }
-    fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
-        self.inner.inbox()
-    }
-    fn inbox_entries(
-        &mut self,
-        blocked_only: bool,
-        flow_id: Option<&FlowId>,
-        limit: usize,
-    ) -> Result<Vec<InboxEntry>, StoreError> {
-        self.inner.inbox_entries(blocked_only, flow_id, limit)
-    }
-    fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError> {
-        self.inner.reopen_blocked(flow_id)
-    }
-    fn skip(
-        &mut self,
-        request: &SkipRequest,
-    ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
-        self.inner.skip(request)
-    }
-    fn repairs(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
-        self.inner.repairs()
-    }
-    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
-        self.inner.consumer_status()
-    }
-    fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
-        self.inner.prune_inbox(cutoff_ms)
     }
 }
 

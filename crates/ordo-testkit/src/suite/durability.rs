@@ -8,7 +8,7 @@ use ordo_reservation::{
 };
 use std::path::Path;
 
-use ordo_core::{ConsumerStore, DrainStop, InboxStatus, ProducerStore, Receipt, Step};
+use ordo_core::{DrainStop, InboxStatus, ProducerOps, Receipt, Receive, Step};
 use serde_json::json;
 
 use crate::support::*;

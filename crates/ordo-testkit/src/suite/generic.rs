@@ -18,8 +18,9 @@ use std::path::Path;
 
 use ordo_core::envelope::EventType;
 use ordo_core::{
-    process_all, ApplyContext, ApplyHandler, BlockCode, BlockReason, ConsumerStore, DrainStop,
-    Envelope, EventId, FlowId, InboxStatus, SchemaVersion, Seq, Step, StoreError, Verdict,
+    process_all, ApplyContext, ApplyHandler, BlockCode, BlockReason, ConsumerOps, ConsumerStore,
+    DrainStop, Envelope, EventId, FlowId, InboxStatus, Receive, SchemaVersion, Seq, Step,
+    StoreError, Verdict,
 };
 
 use crate::Backend;

@@ -16,7 +16,7 @@ use ordo_core::ops::{
     ConsumerStatus, GapWait, InvalidSkip, Pruned, SkipRefused, SkipRequest, REPAIR_BY_LEN_MAX,
     REPAIR_REASON_LEN_MAX,
 };
-use ordo_core::{BlockReason, ConsumerStore, DrainStop, InboxStatus, Receipt, Step};
+use ordo_core::{BlockReason, ConsumerOps, DrainStop, InboxStatus, Receipt, Receive, Step};
 use serde_json::json;
 
 use crate::support::*;

@@ -7,7 +7,7 @@ use ordo_reservation::{
 };
 use std::path::Path;
 
-use ordo_core::{OutboxRecord, ProducerStore, SchemaVersion};
+use ordo_core::{OutboxRecord, ProducerOps, ProducerStore, SchemaVersion};
 use serde_json::json;
 
 use crate::support::*;

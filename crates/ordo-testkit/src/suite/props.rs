@@ -12,8 +12,8 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use ordo_core::{
-    ConsumerStore, DrainStop, Envelope, EventType, InboxStatus, OutboxRecord, ProducerStore,
-    Receipt, SchemaVersion, Step,
+    ConsumerOps, DrainStop, Envelope, EventType, InboxStatus, OutboxRecord, ProducerOps,
+    ProducerStore, Receipt, SchemaVersion, Step,
 };
 use ordo_reservation::rules::payload_for;
 use proptest::prelude::*;

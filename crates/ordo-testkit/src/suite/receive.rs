@@ -5,7 +5,7 @@
 use ordo_reservation::{FlowState, ReservationConsumer, UNSUPPORTED_SCHEMA};
 use std::path::Path;
 
-use ordo_core::{ConsumerStore, DrainStop, InboxStatus, Receipt, Step};
+use ordo_core::{ConsumerOps, DrainStop, InboxStatus, Receipt, Receive, Step};
 use serde_json::json;
 
 use crate::support::*;

@@ -6,8 +6,8 @@ use ordo_reservation::{FlowState, ReservationConsumer, ReservationProducer};
 use std::path::Path;
 
 use ordo_core::{
-    ConsumerStore, Envelope, InboxStatus, ProducerStore, Receipt, RelayError, RelayReport,
-    RelayStop,
+    ConsumerOps, Envelope, InboxStatus, ProducerOps, ProducerStore, Receipt, Receive, RelayError,
+    RelayReport, RelayStop,
 };
 use serde_json::json;
 

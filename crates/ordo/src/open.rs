@@ -1,0 +1,631 @@
+//! One specification opens a store of either backend, and the stores it
+//! opens, behind one type per role.
+//!
+//! Invariant: the specification only chooses among the backends' own open
+//! calls; what they check (the role, the domain, the versions, a foreign
+//! file) and refuse is theirs, and so is every error's kind.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ordo_core::domain::Schema;
+use ordo_core::ops::{
+    ConsumerFlow, ConsumerStatus, InboxEntry, OutboxEntry, ProducerFlow, ProducerStatus, Pruned,
+    RepairRecord, RetryRefused, SkipRefused, SkipRequest,
+};
+use ordo_core::{
+    AppendError, ApplyHandler, Backoff, Clock, ConsumerHandle, ConsumerOps, Envelope, ErrorKind,
+    EventId, FlowId, InboxRecord, OutboxRecord, ProducerOps, ProducerStore, Receipt, Receive,
+    RunStore, Seq, Signal, StoreError, SystemClock, Transport,
+};
+use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgTx};
+use ordo_runtime::{ApplyRound, RelayRound, Reopen, Runner};
+use ordo_sqlite::rusqlite::Connection;
+use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
+
+use crate::location::{redact, Location};
+
+/// Which stores a specification opens.
+#[derive(Debug, Clone)]
+enum Want {
+    /// A store of this domain, migrated to its schema's version.
+    Domain(Schema),
+    /// An existing store of any domain, as it is.
+    Any,
+    /// An existing store of any domain as it is, or a new one of this one.
+    AnyOrNew(Schema),
+}
+
+/// How to open a store, whichever backend its [`Location`] names.
+///
+/// ```no_run
+/// use ordo::{Location, OpenSpec, Schema};
+///
+/// let schema = Schema::new("ledger")?.migration("CREATE TABLE ledger (event_id TEXT PRIMARY KEY)");
+/// let spec = OpenSpec::domain(schema);
+/// // The same specification opens a file or a PostgreSQL database.
+/// let consumer = spec.consumer(&Location::from("consumer.db"))?;
+/// let also = spec.consumer(&Location::from("postgres://127.0.0.1/app"))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct OpenSpec {
+    want: Want,
+    create: bool,
+    adopt: bool,
+    clock: Arc<dyn Clock>,
+    busy_timeout: Option<Duration>,
+    postgres: PgOptions,
+}
+
+impl OpenSpec {
+    /// A store of `schema`'s domain: created if missing, its domain's
+    /// migrations run; a store of another domain is refused.
+    pub fn domain(schema: Schema) -> OpenSpec {
+        OpenSpec::new(Want::Domain(schema), true)
+    }
+
+    /// An existing store of any domain, as it is (its domain's migrations
+    /// are not run): for what never runs a handler (receive, status,
+    /// listing, repairs). A missing store is refused; nothing is created.
+    pub fn existing() -> OpenSpec {
+        OpenSpec::new(Want::Any, false)
+    }
+
+    /// An existing store of any domain as it is, or, when there is none, a
+    /// new one of `schema`'s domain: what a tool that serves every domain
+    /// and creates stores of one needs.
+    pub fn existing_or_new(schema: Schema) -> OpenSpec {
+        OpenSpec::new(Want::AnyOrNew(schema), true)
+    }
+
+    fn new(want: Want, create: bool) -> OpenSpec {
+        OpenSpec {
+            want,
+            create,
+            adopt: false,
+            clock: Arc::new(SystemClock),
+            busy_timeout: None,
+            postgres: PgOptions::default(),
+        }
+    }
+
+    /// Whether a missing store is created ([`OpenSpec::domain`]: `true`);
+    /// when `false`, it is refused with [`ErrorKind::NotFound`] and nothing
+    /// is created, so that a mistyped path cannot start an empty store.
+    pub fn create(mut self, create: bool) -> OpenSpec {
+        self.create = create;
+        self
+    }
+
+    /// Installs ordo's tables beside an application's own in an SQLite file
+    /// that ordo did not create (see `ordo_sqlite::OpenOptions::adopt`). A
+    /// PostgreSQL store keeps ordo's tables in schemas of their own, beside
+    /// the application's, and adopts nothing: opening a URL with `adopt`
+    /// is invalid input.
+    pub fn adopt(mut self, adopt: bool) -> OpenSpec {
+        self.adopt = adopt;
+        self
+    }
+
+    /// The clock the stores stamp their writes with (the system's).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> OpenSpec {
+        self.clock = clock;
+        self
+    }
+
+    /// How long an SQLite write waits for another writer's lock (the
+    /// backend's default otherwise).
+    pub fn busy_timeout(mut self, timeout: Duration) -> OpenSpec {
+        self.busy_timeout = Some(timeout);
+        self
+    }
+
+    /// PostgreSQL's own options (schema names, lease, application name);
+    /// `create` is the specification's.
+    pub fn postgres_options(mut self, options: PgOptions) -> OpenSpec {
+        self.postgres = options;
+        self
+    }
+
+    /// Opens the producer store at `at`.
+    pub fn producer(&self, at: &Location) -> Result<Producer, StoreError> {
+        Ok(match at {
+            Location::File(path) => {
+                let options = self.sqlite_options();
+                let clock = self.clock.clone();
+                Producer::Sqlite(match &self.want {
+                    Want::Domain(schema) => ProducerDb::open_with(path, schema, clock, &options)?,
+                    Want::Any => ProducerDb::open_existing(path, clock, &options)?,
+                    Want::AnyOrNew(schema) => {
+                        ProducerDb::open_or_create(path, schema, clock, &options)?
+                    }
+                })
+            }
+            Location::Postgres(url) => Producer::Postgres(self.on_server(url, |options| {
+                let clock = self.clock.clone();
+                match &self.want {
+                    Want::Domain(schema) => PgProducer::open_with(url, schema, clock, options),
+                    Want::Any => PgProducer::open_existing(url, clock, options),
+                    Want::AnyOrNew(schema) => {
+                        match PgProducer::open_existing(url, clock, options) {
+                            Err(e) if e.kind() == ErrorKind::NotFound => {
+                                PgProducer::open_with(url, schema, self.clock.clone(), options)
+                            }
+                            opened => opened,
+                        }
+                    }
+                }
+            })?),
+        })
+    }
+
+    /// Opens the consumer store at `at`.
+    pub fn consumer(&self, at: &Location) -> Result<Consumer, StoreError> {
+        Ok(match at {
+            Location::File(path) => {
+                let options = self.sqlite_options();
+                let clock = self.clock.clone();
+                Consumer::Sqlite(match &self.want {
+                    Want::Domain(schema) => ConsumerDb::open_with(path, schema, clock, &options)?,
+                    Want::Any => ConsumerDb::open_existing(path, clock, &options)?,
+                    Want::AnyOrNew(schema) => {
+                        ConsumerDb::open_or_create(path, schema, clock, &options)?
+                    }
+                })
+            }
+            Location::Postgres(url) => Consumer::Postgres(self.on_server(url, |options| {
+                let clock = self.clock.clone();
+                match &self.want {
+                    Want::Domain(schema) => PgConsumer::open_with(url, schema, clock, options),
+                    Want::Any => PgConsumer::open_existing(url, clock, options),
+                    Want::AnyOrNew(schema) => {
+                        match PgConsumer::open_existing(url, clock, options) {
+                            Err(e) if e.kind() == ErrorKind::NotFound => {
+                                PgConsumer::open_with(url, schema, self.clock.clone(), options)
+                            }
+                            opened => opened,
+                        }
+                    }
+                }
+            })?),
+        })
+    }
+
+    fn sqlite_options(&self) -> OpenOptions {
+        let defaults = OpenOptions::default();
+        OpenOptions {
+            busy_timeout: self.busy_timeout.unwrap_or(defaults.busy_timeout),
+            create: self.create,
+            adopt: self.adopt,
+        }
+    }
+
+    /// Runs `open` with PostgreSQL's options; its error names the server
+    /// (never its password) when the message does not already.
+    fn on_server<T>(
+        &self,
+        url: &str,
+        open: impl FnOnce(&PgOptions) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if self.adopt {
+            return Err(StoreError::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "adopting is for SQLite files ({} is a PostgreSQL database, whose ordo tables live in their own schemas beside the application's)",
+                    redact(url)
+                ),
+            ));
+        }
+        let options = PgOptions {
+            create: self.create,
+            ..self.postgres.clone()
+        };
+        open(&options).map_err(|e| {
+            let message = e.to_string();
+            if message.contains("://") || e.kind() == ErrorKind::InvalidInput {
+                return e;
+            }
+            StoreError::new(e.kind(), format!("{}: {message}", redact(url)))
+        })
+    }
+
+    /// Starts the relay loop of `producer`, opened from `at` with this
+    /// specification, through `transport` on `runner`; each round that did
+    /// anything is shown to `observe`. A PostgreSQL store is opened again
+    /// (with this specification) after its connection was lost.
+    pub fn spawn_relay<T, O>(
+        &self,
+        runner: &mut Runner,
+        at: &Location,
+        producer: Producer,
+        transport: T,
+        observe: O,
+    ) -> std::io::Result<()>
+    where
+        T: Transport + Send + 'static,
+        O: FnMut(&RelayRound) + Send + 'static,
+    {
+        let reopen = matches!(producer, Producer::Postgres(_)).then(|| {
+            let (spec, at) = (self.clone(), at.clone());
+            Box::new(move || spec.producer(&at)) as Reopen<Producer>
+        });
+        runner.spawn_relay_reopening(producer, reopen, transport, observe)
+    }
+
+    /// Starts the apply loop of `consumer`, opened from `at` with this
+    /// specification, with the application's `handler` (written for both
+    /// backends' transactions) on `runner`; each page that applied or
+    /// blocked anything is shown to `observe`. A PostgreSQL store is opened
+    /// again (with this specification) after its connection was lost.
+    pub fn spawn_apply<H, O>(
+        &self,
+        runner: &mut Runner,
+        at: &Location,
+        consumer: Consumer,
+        handler: H,
+        observe: O,
+    ) -> std::io::Result<()>
+    where
+        H: ApplyHandler<Connection> + ApplyHandler<PgTx> + Send + 'static,
+        O: FnMut(&ApplyRound) + Send + 'static,
+    {
+        match consumer {
+            Consumer::Sqlite(consumer) => runner.spawn_apply_observed(consumer, handler, observe),
+            Consumer::Postgres(consumer) => {
+                let (spec, at) = (self.clone(), at.clone());
+                let reopen = Box::new(move || match spec.consumer(&at)? {
+                    Consumer::Postgres(consumer) => Ok(consumer),
+                    Consumer::Sqlite(_) => unreachable!("a URL opens a PostgreSQL store"),
+                });
+                runner.spawn_apply_reopening(consumer, reopen, handler, observe)
+            }
+        }
+    }
+
+    /// Opens the consumer store at `at` and starts its apply loop with
+    /// `handler`, as [`OpenSpec::spawn_apply`] does: an application's
+    /// applier process in one call.
+    pub fn run_apply<H, O>(
+        &self,
+        runner: &mut Runner,
+        at: &Location,
+        handler: H,
+        observe: O,
+    ) -> Result<(), StoreError>
+    where
+        H: ApplyHandler<Connection> + ApplyHandler<PgTx> + Send + 'static,
+        O: FnMut(&ApplyRound) + Send + 'static,
+    {
+        let consumer = self.consumer(at)?;
+        self.spawn_apply(runner, at, consumer, handler, observe)
+            .map_err(|e| {
+                StoreError::new(
+                    ErrorKind::Other,
+                    format!("cannot start the apply loop: {e}"),
+                )
+            })
+    }
+}
+
+/// A producer store of either backend.
+// One per role and handle, never in a collection: the size is no matter.
+#[allow(clippy::large_enum_variant)]
+pub enum Producer {
+    /// An SQLite file.
+    Sqlite(ProducerDb),
+    /// A PostgreSQL database.
+    Postgres(PgProducer),
+}
+
+/// A consumer store of either backend. The apply side runs on the
+/// backend's own store (the handler's transaction type differs by
+/// backend): match on it, or start its loop with [`OpenSpec::spawn_apply`];
+/// everything else is [`Consumer::handle`].
+// One per role and handle, never in a collection: the size is no matter.
+#[allow(clippy::large_enum_variant)]
+pub enum Consumer {
+    /// An SQLite file.
+    Sqlite(ConsumerDb),
+    /// A PostgreSQL database.
+    Postgres(PgConsumer),
+}
+
+/// Calls the same method on whichever store `self` holds.
+macro_rules! each {
+    ($self:expr, $store:ident => $call:expr) => {
+        match $self {
+            Self::Sqlite($store) => $call,
+            Self::Postgres($store) => $call,
+        }
+    };
+}
+
+impl Producer {
+    /// The domain that owns the store.
+    pub fn domain(&self) -> &str {
+        each!(self, s => s.domain())
+    }
+
+    /// The store behind the object-safe operator view of any backend.
+    pub fn into_handle(self) -> Box<dyn ProducerOps + Send> {
+        each!(self, s => Box::new(s))
+    }
+}
+
+impl Consumer {
+    /// The domain that owns the store.
+    pub fn domain(&self) -> &str {
+        each!(self, s => s.domain())
+    }
+
+    /// Receive and the operator's view, on whichever backend.
+    pub fn handle(&mut self) -> &mut dyn ConsumerHandle {
+        each!(self, s => s)
+    }
+
+    /// The store behind the object-safe view of any backend.
+    pub fn into_handle(self) -> Box<dyn ConsumerHandle> {
+        each!(self, s => Box::new(s))
+    }
+}
+
+/// A consumer store in this process is a transport, of either backend.
+impl Transport for Consumer {
+    fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, ordo_core::TransportError> {
+        each!(self, s => s.deliver(events))
+    }
+}
+
+impl RunStore for Consumer {
+    fn clock(&self) -> Arc<dyn Clock> {
+        each!(self, s => s.clock())
+    }
+
+    fn signal(&self) -> Signal {
+        each!(self, s => RunStore::signal(s))
+    }
+
+    fn changed_elsewhere(&mut self) -> Result<bool, StoreError> {
+        each!(self, s => s.changed_elsewhere())
+    }
+}
+
+impl Receive for Consumer {
+    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
+        each!(self, s => s.receive_batch(envelopes))
+    }
+}
+
+impl ConsumerOps for Consumer {
+    fn domain(&self) -> &str {
+        Consumer::domain(self)
+    }
+
+    fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
+        each!(self, s => s.inbox())
+    }
+
+    fn inbox_entries(
+        &mut self,
+        blocked_only: bool,
+        flow_id: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<InboxEntry>, StoreError> {
+        each!(self, s => s.inbox_entries(blocked_only, flow_id, limit))
+    }
+
+    fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError> {
+        each!(self, s => s.reopen_blocked(flow_id))
+    }
+
+    fn skip(
+        &mut self,
+        request: &SkipRequest,
+    ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
+        each!(self, s => s.skip(request))
+    }
+
+    fn repairs(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
+        each!(self, s => s.repairs())
+    }
+
+    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
+        each!(self, s => s.consumer_status())
+    }
+
+    fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
+        each!(self, s => s.prune_inbox(cutoff_ms))
+    }
+
+    fn consumer_flows_page(
+        &mut self,
+        prefix: &str,
+        after: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<ConsumerFlow>, StoreError> {
+        each!(self, s => s.consumer_flows_page(prefix, after, limit))
+    }
+
+    fn inbox_entry_at(
+        &mut self,
+        flow_id: &FlowId,
+        seq: Seq,
+    ) -> Result<Option<InboxEntry>, StoreError> {
+        each!(self, s => s.inbox_entry_at(flow_id, seq))
+    }
+
+    fn inbox_entry_of_event(
+        &mut self,
+        event_id: &EventId,
+    ) -> Result<Option<InboxEntry>, StoreError> {
+        each!(self, s => s.inbox_entry_of_event(event_id))
+    }
+}
+
+impl RunStore for Producer {
+    fn clock(&self) -> Arc<dyn Clock> {
+        each!(self, s => s.clock())
+    }
+
+    fn signal(&self) -> Signal {
+        each!(self, s => RunStore::signal(s))
+    }
+
+    fn changed_elsewhere(&mut self) -> Result<bool, StoreError> {
+        each!(self, s => s.changed_elsewhere())
+    }
+}
+
+impl ProducerOps for Producer {
+    fn domain(&self) -> &str {
+        Producer::domain(self)
+    }
+
+    fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
+        each!(self, s => s.outbox())
+    }
+
+    fn outbox_event(&mut self, event_id: &EventId) -> Result<Option<OutboxRecord>, StoreError> {
+        each!(self, s => s.outbox_event(event_id))
+    }
+
+    fn outbox_entries(
+        &mut self,
+        quarantined_only: bool,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        each!(self, s => s.outbox_entries(quarantined_only, limit))
+    }
+
+    fn retry_quarantined(
+        &mut self,
+        event_id: &EventId,
+    ) -> Result<Result<(), RetryRefused>, StoreError> {
+        each!(self, s => s.retry_quarantined(event_id))
+    }
+
+    fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
+        each!(self, s => s.producer_status(now_ms))
+    }
+
+    fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
+        each!(self, s => s.prune_outbox(cutoff_ms))
+    }
+
+    fn producer_flows_page(
+        &mut self,
+        prefix: &str,
+        after: Option<&FlowId>,
+        limit: usize,
+    ) -> Result<Vec<ProducerFlow>, StoreError> {
+        each!(self, s => s.producer_flows_page(prefix, after, limit))
+    }
+
+    fn flow_outbox_entries(
+        &mut self,
+        flow_id: &FlowId,
+        limit: usize,
+    ) -> Result<Vec<OutboxEntry>, StoreError> {
+        each!(self, s => s.flow_outbox_entries(flow_id, limit))
+    }
+}
+
+impl ProducerStore for Producer {
+    fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
+        each!(self, s => s.append_events(events))
+    }
+
+    fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError> {
+        each!(self, s => s.pending(limit))
+    }
+
+    fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError> {
+        each!(self, s => s.oldest_unaccepted(now_ms))
+    }
+
+    fn fair_round(
+        &mut self,
+        limit: usize,
+        skip: &BTreeSet<FlowId>,
+        now_ms: i64,
+    ) -> Result<Vec<Envelope>, StoreError> {
+        each!(self, s => s.fair_round(limit, skip, now_ms))
+    }
+
+    fn fair_round_deep(
+        &mut self,
+        limit: usize,
+        flow_events_max: usize,
+        skip: &BTreeSet<FlowId>,
+        now_ms: i64,
+    ) -> Result<Vec<Envelope>, StoreError> {
+        each!(self, s => s.fair_round_deep(limit, flow_events_max, skip, now_ms))
+    }
+
+    fn record_receipts(
+        &mut self,
+        receipts: &[(EventId, Receipt)],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        each!(self, s => s.record_receipts(receipts, now_ms))
+    }
+
+    fn record_failure(
+        &mut self,
+        event_ids: &[EventId],
+        error: &str,
+        now_ms: i64,
+        backoff: &Backoff,
+    ) -> Result<(), StoreError> {
+        each!(self, s => s.record_failure(event_ids, error, now_ms, backoff))
+    }
+
+    fn quarantine(
+        &mut self,
+        event_id: &EventId,
+        outcome: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        each!(self, s => s.quarantine(event_id, outcome, reason, now_ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One specification opens either backend's file the same way: a store
+    /// of the domain, created, then refused for another domain; `existing`
+    /// refuses a missing one and creates nothing.
+    #[test]
+    fn one_specification_opens_creates_and_refuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = Location::from(dir.path().join("c.db").as_os_str().to_owned());
+        let missing = OpenSpec::existing().consumer(&at).err().expect("missing");
+        assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing}");
+        assert!(!dir.path().join("c.db").exists(), "nothing was created");
+        let spec = OpenSpec::domain(Schema::new("ledger").unwrap());
+        let mut consumer = spec.consumer(&at).unwrap();
+        assert_eq!(consumer.domain(), "ledger");
+        assert_eq!(consumer.handle().consumer_status().unwrap().pending, 0);
+        drop(consumer);
+        let other = OpenSpec::domain(Schema::new("billing").unwrap());
+        assert!(other.consumer(&at).is_err(), "another domain is refused");
+        let any = OpenSpec::existing().consumer(&at).unwrap();
+        assert_eq!(any.domain(), "ledger");
+    }
+
+    /// Adopting is for SQLite files: a URL with `adopt` is invalid input,
+    /// refused before any connection is made.
+    #[test]
+    fn a_url_is_never_adopted() {
+        let spec = OpenSpec::domain(Schema::new("ledger").unwrap()).adopt(true);
+        let at = Location::from("postgres://nobody:secret@127.0.0.1:1/none");
+        let error = spec.producer(&at).err().expect("refused");
+        assert_eq!(error.kind(), ErrorKind::InvalidInput);
+        assert!(!error.to_string().contains("secret"), "{error}");
+    }
+}
