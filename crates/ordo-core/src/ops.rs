@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::envelope::Envelope;
-use crate::error::StoreError;
+use crate::error::{ErrorKind, StoreError};
 use crate::ids::{EventId, FlowId, Seq};
 use crate::outcome::InboxStatus;
 
@@ -300,6 +300,35 @@ pub struct Pruned {
     pub fingerprints: u64,
 }
 
+/// The most rows one whole-table read returns (every outbox row, every
+/// inbox row, the repair log, a domain's table in a snapshot). A store
+/// past it is read in pages instead (`outbox list`, `inbox list --limit`,
+/// the console's flow pages) or pruned: the read fails rather than hold
+/// an unbounded table in memory.
+pub const WHOLE_READ_ROWS_MAX: usize = 1_000_000;
+
+/// The row count a whole-table read of at most `rows_max` rows asks its
+/// database for: one more, so that [`whole_read`] can tell a table past
+/// the bound from one at it.
+pub fn whole_read_limit(rows_max: usize) -> i64 {
+    i64::try_from(rows_max).map_or(i64::MAX, |max| max.saturating_add(1))
+}
+
+/// The rows of a whole-table read of `what` that asked for
+/// [`whole_read_limit`]`(rows_max)` rows; an error when more than
+/// `rows_max` came (nothing is returned in part).
+pub fn whole_read<T>(what: &str, rows_max: usize, rows: Vec<T>) -> Result<Vec<T>, StoreError> {
+    if rows.len() <= rows_max {
+        return Ok(rows);
+    }
+    Err(StoreError::new(
+        ErrorKind::Other,
+        format!(
+            "{what} holds more than {rows_max} rows, more than one read returns: list it in pages, or prune it"
+        ),
+    ))
+}
+
 /// Seconds from `since_ms` to `now_ms`, never negative: the ages that
 /// `status` reports.
 pub fn age_s(now_ms: i64, since_ms: i64) -> f64 {
@@ -343,6 +372,20 @@ pub struct ConsumerFlow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_whole_read_past_its_bound_fails_whole() {
+        assert_eq!(whole_read_limit(2), 3);
+        assert_eq!(whole_read_limit(usize::MAX), i64::MAX);
+        assert_eq!(whole_read("the outbox", 2, vec![1, 2]).unwrap(), [1, 2]);
+        let error = whole_read("the outbox", 2, vec![1, 2, 3]).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("the outbox holds more than 2 rows"),
+            "{error}"
+        );
+    }
     use crate::error::ErrorKind;
 
     #[test]

@@ -10,8 +10,9 @@ use crate::error::{AppendError, StoreError};
 use crate::handler::ApplyHandler;
 use crate::ids::{BlockCode, EventId, FlowId, Seq};
 use crate::ops::{
-    ConsumerFlow, ConsumerStatus, InboxEntry, OutboxEntry, ProducerFlow, ProducerStatus, Pruned,
-    RepairRecord, RetryRefused, SkipRefused, SkipRequest,
+    whole_read, ConsumerFlow, ConsumerStatus, InboxEntry, OutboxEntry, ProducerFlow,
+    ProducerStatus, Pruned, RepairRecord, RetryRefused, SkipRefused, SkipRequest,
+    WHOLE_READ_ROWS_MAX,
 };
 use crate::outcome::{
     BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
@@ -319,7 +320,9 @@ pub trait ConsumerStore: Receive + ConsumerOps {
     /// `reevaluate` codes, ordered by flow id. A flow whose next event is
     /// blocked or missing is listed too when a later row is pending: apply
     /// then reports `blocked` or `gap` for it, and writes nothing. Read a
-    /// page of [`FLOWS_PAGE_LEN`] flows at a time.
+    /// page of [`FLOWS_PAGE_LEN`] flows at a time, at most
+    /// [`WHOLE_READ_ROWS_MAX`] flows in all ([`process_all`] reads a page at
+    /// a time instead, however many there are).
     fn flows_with_work(&mut self, reevaluate: &[BlockCode]) -> Result<Vec<FlowId>, StoreError> {
         let mut all = Vec::new();
         let mut after: Option<FlowId> = None;
@@ -333,6 +336,9 @@ pub trait ConsumerStore: Receive + ConsumerOps {
                 "pages move forward"
             );
             all.extend(page);
+            if all.len() > WHOLE_READ_ROWS_MAX {
+                return whole_read("the list of flows with work", WHOLE_READ_ROWS_MAX, all);
+            }
             after = Some(last);
         }
     }

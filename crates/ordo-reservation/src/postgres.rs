@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};
 use ordo_core::{
     crash, ApplyContext, ApplyHandler, ConsumerStore, Drain, Envelope, EventId, FlowId, Seq, Step,
     StoreError, Verdict,
@@ -361,6 +362,11 @@ fn table_exists(tx: &PgTx, table: &str) -> Result<bool, StoreError> {
         .get(0))
 }
 
+/// The row count a snapshot's read of a domain table asks for.
+fn limit() -> i64 {
+    whole_read_limit(WHOLE_READ_ROWS_MAX)
+}
+
 /// Every flow of a reservation producer store, ordered by flow id.
 pub fn pg_read_flows(tx: &PgTx) -> Result<Vec<FlowRecord>, StoreError> {
     if !table_exists(tx, "flow")? {
@@ -368,13 +374,15 @@ pub fn pg_read_flows(tx: &PgTx) -> Result<Vec<FlowRecord>, StoreError> {
     }
     let sql = format!(
         "SELECT f.flow_id, f.state, f.quantity, coalesce(h.last_seq, 0)
-         FROM flow f LEFT JOIN \"{}\".outbox_head h ON h.flow_id = f.flow_id ORDER BY f.flow_id",
+         FROM flow f LEFT JOIN \"{}\".outbox_head h ON h.flow_id = f.flow_id ORDER BY f.flow_id LIMIT $1",
         tx.ordo_schema()
     );
-    tx.query(&sql, &[])?
+    let flows = tx
+        .query(&sql, &[&limit()])?
         .iter()
         .map(|row| flow_record(row.get(0), row.get(1), row.get(2), row.get(3)))
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    whole_read("flow", WHOLE_READ_ROWS_MAX, flows)
 }
 
 /// Every projection, ordered by flow id.
@@ -382,13 +390,15 @@ pub fn pg_read_projections(tx: &PgTx) -> Result<Vec<Projection>, StoreError> {
     if !table_exists(tx, "projection")? {
         return Ok(Vec::new());
     }
-    tx.query(
-        "SELECT flow_id, state, quantity, applied_seq FROM projection ORDER BY flow_id",
-        &[],
-    )?
-    .iter()
-    .map(|row| projection(row.get(0), row.get(1), row.get(2), row.get(3)))
-    .collect()
+    let projections = tx
+        .query(
+            "SELECT flow_id, state, quantity, applied_seq FROM projection ORDER BY flow_id LIMIT $1",
+            &[&limit()],
+        )?
+        .iter()
+        .map(|row| projection(row.get(0), row.get(1), row.get(2), row.get(3)))
+        .collect::<Result<Vec<_>, _>>()?;
+    whole_read("projection", WHOLE_READ_ROWS_MAX, projections)
 }
 
 /// Every effect, ordered by flow id then seq.
@@ -397,19 +407,21 @@ pub fn pg_read_effects(tx: &PgTx) -> Result<Vec<EffectRecord>, StoreError> {
         return Ok(Vec::new());
     }
     let context = "consumer: stored effect";
-    tx.query(
-        "SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq",
-        &[],
-    )?
-    .iter()
-    .map(|row| {
-        Ok(EffectRecord {
-            flow_id: FlowId::new(row.get::<_, String>(0)).map_err(|e| corrupt(context, e))?,
-            seq: Seq::new(row.get(1)).map_err(|e| corrupt(context, e))?,
-            event_id: EventId::new(row.get::<_, String>(2)).map_err(|e| corrupt(context, e))?,
+    let effects = tx
+        .query(
+            "SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq LIMIT $1",
+            &[&limit()],
+        )?
+        .iter()
+        .map(|row| {
+            Ok(EffectRecord {
+                flow_id: FlowId::new(row.get::<_, String>(0)).map_err(|e| corrupt(context, e))?,
+                seq: Seq::new(row.get(1)).map_err(|e| corrupt(context, e))?,
+                event_id: EventId::new(row.get::<_, String>(2)).map_err(|e| corrupt(context, e))?,
+            })
         })
-    })
-    .collect()
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    whole_read("effect", WHOLE_READ_ROWS_MAX, effects)
 }
 
 /// The flows and the outbox of a reservation producer store, read in one

@@ -1,6 +1,7 @@
 //! The reservation domain on SQLite: its tables, its handler and its
 //! `advance`, written against `ordo-sqlite`'s public API.
 
+use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};
 use ordo_core::{
     crash, ApplyContext, ApplyHandler, BlockCode, ConsumerStore, Drain, Envelope, EventId, FlowId,
     Seq, Step, StoreError, Verdict,
@@ -366,13 +367,13 @@ fn read_table<R, T>(
     if !exists {
         return Ok(Vec::new());
     }
-    let mut stmt = conn.prepare_cached(sql)?;
-    let rows = stmt.query_map([], read)?;
+    let mut stmt = conn.prepare_cached(&format!("{sql} LIMIT ?1"))?;
+    let rows = stmt.query_map([whole_read_limit(WHOLE_READ_ROWS_MAX)], read)?;
     let mut out = Vec::new();
     for row in rows {
         out.push(convert(row?)?);
     }
-    Ok(out)
+    whole_read(table, WHOLE_READ_ROWS_MAX, out)
 }
 
 /// The four columns `flow_id, state, quantity, n` of a flow or projection row.

@@ -5,7 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ordo_core::crash;
-use ordo_core::ops::{OutboxEntry, ProducerStatus, Pruned, RetryRefused};
+use ordo_core::ops::{
+    whole_read, whole_read_limit, OutboxEntry, ProducerStatus, Pruned, RetryRefused,
+    WHOLE_READ_ROWS_MAX,
+};
 use ordo_core::{
     AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, ProducerOps,
     ProducerStore, Receipt, SchemaVersion, StoreError, SystemClock,
@@ -398,14 +401,22 @@ fn not_next(event: &Envelope, last_seq: i64) -> AppendError {
 }
 
 /// Every outbox row in commit order, read through `conn` (for reads inside
-/// [`ProducerDb::read`] beside the application's own tables).
+/// [`ProducerDb::read`] beside the application's own tables); at most
+/// [`WHOLE_READ_ROWS_MAX`] rows.
 pub fn read_outbox(conn: &Connection) -> Result<Vec<OutboxRecord>, StoreError> {
-    let sql = "SELECT body, accepted FROM outbox ORDER BY position";
-    collect_rows(
+    read_outbox_at_most(conn, WHOLE_READ_ROWS_MAX)
+}
+
+pub(crate) fn read_outbox_at_most(
+    conn: &Connection,
+    rows_max: usize,
+) -> Result<Vec<OutboxRecord>, StoreError> {
+    let sql = "SELECT body, accepted FROM outbox ORDER BY position LIMIT ?1";
+    let rows = collect_rows(
         conn,
         "producer: cannot read the outbox",
         sql,
-        [],
+        [whole_read_limit(rows_max)],
         |row| Ok((row.get::<_, String>(0)?, row.get::<_, bool>(1)?)),
         |(body, accepted)| {
             Ok(OutboxRecord {
@@ -413,7 +424,8 @@ pub fn read_outbox(conn: &Connection) -> Result<Vec<OutboxRecord>, StoreError> {
                 accepted,
             })
         },
-    )
+    )?;
+    whole_read("the outbox", rows_max, rows)
 }
 
 /// Parses a stored body (see [`Envelope::stored_text`]) back into its
@@ -871,4 +883,60 @@ fn refresh_heads<S: AsRef<str>>(
             .map_err(err)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod whole_reads {
+    use std::sync::Arc;
+
+    use ordo_core::{FlowId, Receive, SchemaVersion, SystemClock};
+
+    use super::*;
+    use crate::{ConsumerDb, OpenOptions, Schema};
+
+    /// A whole-table read past its bound fails whole, on a real file; at
+    /// its bound it returns every row.
+    #[test]
+    fn whole_table_reads_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Schema::new("bounded").unwrap();
+        let options = OpenOptions::default();
+        let clock = Arc::new(SystemClock);
+        let path = dir.path().join("p.db");
+        let mut producer = ProducerDb::open_with(&path, &schema, clock.clone(), &options).unwrap();
+        let flow = FlowId::new("f").unwrap();
+        producer
+            .write(|tx| {
+                for _ in 0..3 {
+                    tx.append(
+                        &flow,
+                        "noted",
+                        SchemaVersion::new(1).unwrap(),
+                        &serde_json::json!({}),
+                    )?;
+                }
+                Ok::<_, AppendError>(())
+            })
+            .unwrap();
+        let outbox = read_outbox_at_most(producer.connection(), 3).unwrap();
+        assert_eq!(outbox.len(), 3);
+        let past = read_outbox_at_most(producer.connection(), 2).unwrap_err();
+        assert!(past.to_string().contains("more than 2 rows"), "{past}");
+
+        let path = dir.path().join("c.db");
+        let mut consumer = ConsumerDb::open_with(&path, &schema, clock, &options).unwrap();
+        let events: Vec<_> = outbox.into_iter().map(|r| r.envelope).collect();
+        consumer.receive_batch(&events).unwrap();
+        let conn = consumer.connection();
+        assert_eq!(
+            crate::consumer::schema::read_inbox_at_most(conn, 3)
+                .unwrap()
+                .len(),
+            3
+        );
+        assert!(crate::consumer::schema::read_inbox_at_most(conn, 2).is_err());
+        assert!(crate::consumer::ops::repairs_at_most(conn, 0)
+            .unwrap()
+            .is_empty());
+    }
 }

@@ -18,7 +18,8 @@ pub(crate) use ops::inbox_entry;
 use std::sync::Arc;
 
 use ordo_core::ops::{
-    ConsumerFlow, ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest,
+    whole_read, whole_read_limit, ConsumerFlow, ConsumerStatus, InboxEntry, Pruned, RepairRecord,
+    SkipRefused, SkipRequest, WHOLE_READ_ROWS_MAX,
 };
 use ordo_core::{
     ApplyHandler, BlockCode, Clock, ConsumerOps, ConsumerStore, Drain, Envelope, EventId, FlowId,
@@ -211,19 +212,28 @@ pub(crate) use ordo_core::apply::stored_status as inbox_status;
 /// Every inbox row, ordered by flow id then seq, read through `conn` (for
 /// reads inside [`PgConsumer::read`] beside the application's own tables).
 pub fn read_inbox(conn: &PgTx) -> Result<Vec<InboxRecord>, StoreError> {
+    read_inbox_at_most(conn, WHOLE_READ_ROWS_MAX)
+}
+
+pub(crate) fn read_inbox_at_most(
+    conn: &PgTx,
+    rows_max: usize,
+) -> Result<Vec<InboxRecord>, StoreError> {
     let rows = conn.rows(
         "consumer: cannot read the inbox",
-        "SELECT body, status, reason, detail FROM {s}.inbox ORDER BY flow_id, seq",
-        &[],
+        "SELECT body, status, reason, detail FROM {s}.inbox ORDER BY flow_id, seq LIMIT $1",
+        &[&whole_read_limit(rows_max)],
     )?;
-    rows.iter()
+    let records = rows
+        .iter()
         .map(|row| {
             Ok(InboxRecord {
                 envelope: stored_envelope("consumer: stored inbox body", row.get(0))?,
                 status: inbox_status(row.get(1), row.get(2), row.get(3))?,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    whole_read("the inbox", rows_max, records)
 }
 
 impl ordo_core::RunStore for PgConsumer {

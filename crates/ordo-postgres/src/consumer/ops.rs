@@ -2,7 +2,8 @@
 //! rows, the repair log, alerting signals, and pruning.
 
 use ordo_core::ops::{
-    decide_skip, ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest,
+    decide_skip, whole_read, whole_read_limit, ConsumerStatus, InboxEntry, Pruned, RepairRecord,
+    SkipRefused, SkipRequest, WHOLE_READ_ROWS_MAX,
 };
 use ordo_core::{EventId, FlowId, Seq, StoreError};
 use postgres::Row;
@@ -160,13 +161,25 @@ fn skip_in_tx(
 }
 
 pub(super) fn repairs(db: &mut PgConsumer) -> Result<Vec<RepairRecord>, StoreError> {
-    let rows = db.conn.rows(
+    repairs_at_most(&db.conn, WHOLE_READ_ROWS_MAX)
+}
+
+/// The repair log, oldest first, at most `rows_max` entries.
+pub(super) fn repairs_at_most(
+    conn: &PgTx,
+    rows_max: usize,
+) -> Result<Vec<RepairRecord>, StoreError> {
+    let rows = conn.rows(
         "consumer: cannot read the repair log",
         "SELECT id, action, flow_id, seq, event_id, reason, decided_by, at_ms
-         FROM {s}.repair_log ORDER BY id",
-        &[],
+         FROM {s}.repair_log ORDER BY id LIMIT $1",
+        &[&whole_read_limit(rows_max)],
     )?;
-    rows.iter().map(repair_record).collect()
+    let records = rows
+        .iter()
+        .map(repair_record)
+        .collect::<Result<Vec<_>, _>>()?;
+    whole_read("the repair log", rows_max, records)
 }
 
 fn repair_record(row: &Row) -> Result<RepairRecord, StoreError> {

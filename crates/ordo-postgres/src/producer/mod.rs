@@ -5,7 +5,10 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use ordo_core::ops::{OutboxEntry, ProducerFlow, ProducerStatus, Pruned, RetryRefused};
+use ordo_core::ops::{
+    whole_read, whole_read_limit, OutboxEntry, ProducerFlow, ProducerStatus, Pruned, RetryRefused,
+    WHOLE_READ_ROWS_MAX,
+};
 use ordo_core::{
     crash, AppendError, Backoff, Clock, Envelope, ErrorKind, EventId, FlowId, OutboxRecord,
     ProducerStore, Receipt, SchemaVersion, StoreError, SystemClock,
@@ -434,11 +437,19 @@ fn outbox_records(rows: Vec<Row>) -> Result<Vec<OutboxRecord>, StoreError> {
 /// Every outbox row in commit order, read through `conn` (for reads inside
 /// [`PgProducer::read`] beside the application's own tables).
 pub fn read_outbox(conn: &PgTx) -> Result<Vec<OutboxRecord>, StoreError> {
-    outbox_records(conn.rows(
+    read_outbox_at_most(conn, WHOLE_READ_ROWS_MAX)
+}
+
+pub(crate) fn read_outbox_at_most(
+    conn: &PgTx,
+    rows_max: usize,
+) -> Result<Vec<OutboxRecord>, StoreError> {
+    let rows = outbox_records(conn.rows(
         "producer: cannot read the outbox",
-        "SELECT body, accepted FROM {s}.outbox ORDER BY position",
-        &[],
-    )?)
+        "SELECT body, accepted FROM {s}.outbox ORDER BY position LIMIT $1",
+        &[&whole_read_limit(rows_max)],
+    )?)?;
+    whole_read("the outbox", rows_max, rows)
 }
 
 /// How a bookkeeping transaction checks the fences of its flows.

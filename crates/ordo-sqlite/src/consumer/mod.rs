@@ -12,9 +12,9 @@
 
 mod apply;
 mod browse;
-mod ops;
+pub(crate) mod ops;
 mod receive;
-mod schema;
+pub(crate) mod schema;
 
 use std::path::Path;
 use std::sync::Arc;

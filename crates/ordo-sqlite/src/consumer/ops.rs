@@ -2,7 +2,8 @@
 //! rows, the repair log, alerting signals, and pruning.
 
 use ordo_core::ops::{
-    decide_skip, ConsumerStatus, InboxEntry, Pruned, RepairRecord, SkipRefused, SkipRequest,
+    decide_skip, whole_read, whole_read_limit, ConsumerStatus, InboxEntry, Pruned, RepairRecord,
+    SkipRefused, SkipRequest, WHOLE_READ_ROWS_MAX,
 };
 use ordo_core::{EventId, FlowId, Seq, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -162,32 +163,41 @@ fn log_skip(
 }
 
 pub(super) fn repairs(db: &mut ConsumerDb) -> Result<Vec<RepairRecord>, StoreError> {
+    repairs_at_most(&db.conn, WHOLE_READ_ROWS_MAX)
+}
+
+/// The repair log, oldest first, at most `rows_max` entries.
+pub(crate) fn repairs_at_most(
+    conn: &Connection,
+    rows_max: usize,
+) -> Result<Vec<RepairRecord>, StoreError> {
     let context = "consumer: repair log";
-    collect_rows(
-            &db.conn,
-            "consumer: cannot read the repair log",
-            "SELECT id, action, flow_id, seq, event_id, reason, decided_by, at_ms FROM repair_log ORDER BY id",
-            [],
-            |row| {
-                Ok((
-                    (row.get::<_, i64>(0)?, row.get::<_, String>(1)?),
-                    (row.get::<_, String>(2)?, row.get::<_, i64>(3)?, row.get::<_, String>(4)?),
-                    (row.get::<_, String>(5)?, row.get::<_, String>(6)?, row.get::<_, i64>(7)?),
-                ))
-            },
-            |((id, action), (flow_id, seq, event_id), (reason, by, at_ms))| {
-                Ok(RepairRecord {
-                    id,
-                    action,
-                    flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
-                    seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
-                    event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,
-                    reason,
-                    by,
-                    at_ms,
-                })
-            },
-        )
+    let rows = collect_rows(
+        conn,
+        "consumer: cannot read the repair log",
+        "SELECT id, action, flow_id, seq, event_id, reason, decided_by, at_ms FROM repair_log ORDER BY id LIMIT ?1",
+        [whole_read_limit(rows_max)],
+        |row| {
+            Ok((
+                (row.get::<_, i64>(0)?, row.get::<_, String>(1)?),
+                (row.get::<_, String>(2)?, row.get::<_, i64>(3)?, row.get::<_, String>(4)?),
+                (row.get::<_, String>(5)?, row.get::<_, String>(6)?, row.get::<_, i64>(7)?),
+            ))
+        },
+        |((id, action), (flow_id, seq, event_id), (reason, by, at_ms))| {
+            Ok(RepairRecord {
+                id,
+                action,
+                flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
+                seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
+                event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,
+                reason,
+                by,
+                at_ms,
+            })
+        },
+    )?;
+    whole_read("the repair log", rows_max, rows)
 }
 
 pub(super) fn consumer_status(db: &mut ConsumerDb) -> Result<ConsumerStatus, StoreError> {

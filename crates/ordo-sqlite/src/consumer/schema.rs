@@ -1,5 +1,6 @@
 //! The consumer's own tables and how their rows are read back.
 
+use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};
 use ordo_core::{FlowId, InboxRecord, StoreError};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -112,11 +113,18 @@ pub(super) fn write_cursor(
 }
 
 pub(super) fn read_inbox(conn: &Connection) -> Result<Vec<InboxRecord>, StoreError> {
-    collect_rows(
+    read_inbox_at_most(conn, WHOLE_READ_ROWS_MAX)
+}
+
+pub(crate) fn read_inbox_at_most(
+    conn: &Connection,
+    rows_max: usize,
+) -> Result<Vec<InboxRecord>, StoreError> {
+    let rows = collect_rows(
         conn,
         "consumer: cannot read the inbox",
-        "SELECT body, status, reason, detail FROM inbox ORDER BY flow_id, seq",
-        [],
+        "SELECT body, status, reason, detail FROM inbox ORDER BY flow_id, seq LIMIT ?1",
+        [whole_read_limit(rows_max)],
         |row| {
             Ok((
                 row.get::<_, String>(0)?,
@@ -131,5 +139,6 @@ pub(super) fn read_inbox(conn: &Connection) -> Result<Vec<InboxRecord>, StoreErr
                 status: inbox_status(&status, reason.as_deref(), detail)?,
             })
         },
-    )
+    )?;
+    whole_read("the inbox", rows_max, rows)
 }
