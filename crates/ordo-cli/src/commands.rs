@@ -6,8 +6,8 @@ use std::io::Read;
 
 use ordo_core::envelope::{parse_stream, StreamError};
 use ordo_core::{
-    relay_each, relay_event, Envelope, EventId, ProducerOps, Receive, RelayError, RelayOptions,
-    RelayPolicy, RelayStop, StoreError, Transport,
+    relay_each, relay_event, Envelope, EventId, RelayError, RelayOptions, RelayPolicy, RelayStop,
+    StoreError, Transport,
 };
 use ordo_sqlite::OpenOptions;
 use serde_json::{json, Value};
@@ -212,7 +212,7 @@ fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
 
 /// Refuses an `--event` that is not in the outbox.
 fn check_event(producer: &mut AnyProducer, event_id: &EventId) -> Result<(), Failure> {
-    match producer.outbox_event(event_id)? {
+    match producer.handle().outbox_event(event_id)? {
         Some(_) => Ok(()),
         None => Err(relay_failure(RelayError::UnknownEvent(event_id.clone()))),
     }
@@ -230,7 +230,7 @@ fn relay_once<T: Transport>(
     let stop = match &args.event {
         Some(event_id) => {
             check_event(producer, event_id)?;
-            let report = relay_event(producer, &mut transport, event_id, clock.as_ref())
+            let report = relay_event(producer.handle(), &mut transport, event_id, clock.as_ref())
                 .map_err(relay_failure)?;
             report
                 .deliveries
@@ -244,7 +244,7 @@ fn relay_once<T: Transport>(
             report.stop
         }
         None => relay_each(
-            producer,
+            producer.handle(),
             &mut transport,
             &relay_options(args),
             clock.as_ref(),
@@ -338,7 +338,7 @@ fn receive(json_mode: bool, args: ReceiveArgs) -> Result<(), Failure> {
         )));
     }
     let mut consumer = open_consumer(&args.consumer)?;
-    let receipts = consumer.receive_batch(&envelopes)?;
+    let receipts = consumer.handle().receive_batch(&envelopes)?;
     let value = json!({
         "receipts": envelopes.iter().zip(&receipts).map(|(e, r)| json!({
             "event_id": e.event_id.as_str(),

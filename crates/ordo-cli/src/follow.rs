@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ordo_core::{ConsumerOps, ProducerOps, Transport};
+use ordo_core::Transport;
 use ordo_http::{Metrics, MetricsServer};
 use ordo_reservation::{ApplyOptions, ReservationHandler};
 use ordo_runtime::{ApplyRound, RelayRound, Runner, RunnerOptions};
@@ -85,7 +85,7 @@ fn relay_with<T: Transport + Send + 'static>(
             return Ok(());
         };
         let now_ms = clock().now_ms();
-        let status = gauges.producer_status(now_ms)?;
+        let status = gauges.handle().producer_status(now_ms)?;
         metrics.set_outbox(&status, now_ms);
         Ok(())
     });
@@ -117,7 +117,7 @@ pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::Internal(format!("cannot start the apply loop: {e}")))?;
     watch(&stop, &running, || {
         if let Some(metrics) = &metrics {
-            metrics.set_inbox(&gauges.consumer_status()?);
+            metrics.set_inbox(&gauges.handle().consumer_status()?);
         }
         Ok(())
     });

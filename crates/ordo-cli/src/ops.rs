@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use ordo_core::ops::{
     age_s, ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
 };
-use ordo_core::{ConsumerOps, FlowId, ProducerOps, APPLY_BATCH_LEN_DEFAULT};
+use ordo_core::{FlowId, APPLY_BATCH_LEN_DEFAULT};
 use serde_json::{json, Value};
 
 use crate::args::{InboxCommand, OutboxCommand, PruneArgs, StatusArgs};
@@ -71,7 +71,9 @@ pub fn outbox(json_mode: bool, command: OutboxCommand) -> Result<(), Failure> {
             limit,
         } => {
             let mut producer = open_producer(&producer)?;
-            let entries = producer.outbox_entries(quarantined, limit as usize)?;
+            let entries = producer
+                .handle()
+                .outbox_entries(quarantined, limit as usize)?;
             let value = json!({"outbox": entries.iter().map(outbox_entry).collect::<Vec<_>>()});
             emit(json_mode, &value, || {
                 let mut lines: Vec<String> = entries
@@ -110,6 +112,7 @@ pub fn outbox(json_mode: bool, command: OutboxCommand) -> Result<(), Failure> {
                 )));
             };
             store
+                .handle()
                 .retry_quarantined(&event_id)?
                 .map_err(|refused| Failure::Usage(refused.to_string()))?;
             emit(
@@ -178,7 +181,9 @@ fn inbox_list(
     limit: u64,
 ) -> Result<(), Failure> {
     let mut consumer = open_consumer(consumer)?;
-    let entries = consumer.inbox_entries(blocked, flow, limit as usize)?;
+    let entries = consumer
+        .handle()
+        .inbox_entries(blocked, flow, limit as usize)?;
     let value = json!({"inbox": entries.iter().map(inbox_entry).collect::<Vec<_>>()});
     emit(json_mode, &value, || {
         counted(entries.iter().map(inbox_line), entries.len(), "rows")
@@ -221,6 +226,7 @@ fn inbox_skip(json_mode: bool, consumer: &Location, request: &SkipRequest) -> Re
         )));
     };
     let record = store
+        .handle()
         .skip(request)?
         .map_err(|refused| Failure::Usage(refused.to_string()))?;
     emit(json_mode, &json!({ "repair": repair(&record) }), || {
@@ -249,7 +255,7 @@ fn repair_line(r: &RepairRecord) -> String {
 
 fn inbox_repairs(json_mode: bool, consumer: &Location) -> Result<(), Failure> {
     let mut consumer = open_consumer(consumer)?;
-    let records = consumer.repairs()?;
+    let records = consumer.handle().repairs()?;
     let value = json!({"repairs": records.iter().map(repair).collect::<Vec<_>>()});
     emit(json_mode, &value, || {
         counted(records.iter().map(repair_line), records.len(), "repairs")
@@ -360,7 +366,7 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
     let mut lines = Vec::new();
     let mut signals: Vec<Signal> = Vec::new();
     if let Some(location) = &args.sides.producer {
-        let p = open_producer(location)?.producer_status(now_ms)?;
+        let p = open_producer(location)?.handle().producer_status(now_ms)?;
         // Nothing pending: no age to claim ("-" in the text, null in JSON),
         // and no age threshold can be breached.
         let oldest_age_s = p.oldest_pending_age_s(now_ms);
@@ -373,7 +379,7 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
         ));
     }
     if let Some(location) = &args.sides.consumer {
-        let c = open_consumer(location)?.consumer_status()?;
+        let c = open_consumer(location)?.handle().consumer_status()?;
         let blocked_total: u64 = c.blocked.values().sum();
         signals.push((
             "blocked",
@@ -427,12 +433,12 @@ pub fn prune(json_mode: bool, args: PruneArgs) -> Result<(), Failure> {
     value.insert("cutoff_ms".into(), json!(cutoff_ms));
     let mut parts = Vec::new();
     if let Some(location) = &args.sides.producer {
-        let p = open_producer(location)?.prune_outbox(cutoff_ms)?;
+        let p = open_producer(location)?.handle().prune_outbox(cutoff_ms)?;
         value.insert("producer".into(), json!({"removed": p.rows}));
         parts.push(format!("{} accepted outbox rows", p.rows));
     }
     if let Some(location) = &args.sides.consumer {
-        let c = open_consumer(location)?.prune_inbox(cutoff_ms)?;
+        let c = open_consumer(location)?.handle().prune_inbox(cutoff_ms)?;
         value.insert(
             "consumer".into(),
             json!({"removed": c.rows, "fingerprints": c.fingerprints}),
@@ -460,7 +466,7 @@ pub fn reevaluate_blocked(
     flow: &ordo_core::FlowId,
     support_v2: bool,
 ) -> Result<(u64, ordo_core::Drain), Failure> {
-    let reopened = consumer.reopen_blocked(flow)?;
+    let reopened = consumer.handle().reopen_blocked(flow)?;
     let options = ApplyOptions { support_v2 };
     let drained = consumer.drain_reservation(
         flow,

@@ -41,8 +41,3 @@ pub use producer::{read_outbox, ProducerDb, ProducerTx, CONFLICT_REASON};
 /// The rusqlite version these stores are built on, for callers writing their
 /// own state in `ProducerDb::write` or an `ApplyHandler`.
 pub use rusqlite;
-
-/// The README's examples, compiled and run by `cargo test`.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeDoctests;

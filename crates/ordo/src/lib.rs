@@ -36,3 +36,8 @@ pub use ordo_core::{
     ApplyContext, ApplyHandler, ConsumerHandle, ConsumerOps, ConsumerStore, Envelope, ProducerOps,
     ProducerStore, Receive, StoreError, Verdict,
 };
+
+/// The README's examples, compiled and run by `cargo test`.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -5,22 +5,16 @@
 //! calls; what they check (the role, the domain, the versions, a foreign
 //! file) and refuse is theirs, and so is every error's kind.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ordo_core::domain::Schema;
-use ordo_core::ops::{
-    ConsumerFlow, ConsumerStatus, InboxEntry, OutboxEntry, ProducerFlow, ProducerStatus, Pruned,
-    RepairRecord, RetryRefused, SkipRefused, SkipRequest,
-};
 use ordo_core::{
-    AppendError, ApplyHandler, Backoff, Clock, ConsumerHandle, ConsumerOps, Envelope, ErrorKind,
-    EventId, FlowId, InboxRecord, OutboxRecord, ProducerOps, ProducerStore, Receipt, Receive,
-    RunStore, Seq, Signal, StoreError, SystemClock, Transport,
+    ApplyHandler, Clock, ConsumerHandle, Envelope, ErrorKind, ProducerOps, ProducerStore, Receipt,
+    StoreError, SystemClock, Transport,
 };
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgTx};
-use ordo_runtime::{ApplyRound, RelayRound, Reopen, Runner};
+use ordo_runtime::{ApplyRound, RelayRound, Runner};
 use ordo_sqlite::rusqlite::Connection;
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 
@@ -35,6 +29,41 @@ enum Want {
     Any,
     /// An existing store of any domain as it is, or a new one of this one.
     AnyOrNew(Schema),
+}
+
+/// Opens a store of one role at a location with a specification: the
+/// backend's own open call for what the specification wants, the same for
+/// both roles (whose store types differ).
+macro_rules! open_role {
+    ($spec:expr, $at:expr, $role:ident, $sqlite:ident, $pg:ident) => {{
+        let spec: &OpenSpec = $spec;
+        let clock = spec.clock.clone();
+        Ok(match $at {
+            Location::File(path) => {
+                let options = spec.sqlite_options();
+                $role::Sqlite(match &spec.want {
+                    Want::Domain(schema) => $sqlite::open_with(path, schema, clock, &options)?,
+                    Want::Any => $sqlite::open_existing(path, clock, &options)?,
+                    Want::AnyOrNew(schema) => {
+                        $sqlite::open_or_create(path, schema, clock, &options)?
+                    }
+                })
+            }
+            Location::Postgres(url) => {
+                $role::Postgres(spec.on_server(url, |options| match &spec.want {
+                    Want::Domain(schema) => $pg::open_with(url, schema, clock, options),
+                    Want::Any => $pg::open_existing(url, clock, options),
+                    Want::AnyOrNew(schema) => match $pg::open_existing(url, clock.clone(), options)
+                    {
+                        Err(e) if e.kind() == ErrorKind::NotFound => {
+                            $pg::open_with(url, schema, clock, options)
+                        }
+                        opened => opened,
+                    },
+                })?)
+            }
+        })
+    }};
 }
 
 /// How to open a store, whichever backend its [`Location`] names.
@@ -131,66 +160,12 @@ impl OpenSpec {
 
     /// Opens the producer store at `at`.
     pub fn producer(&self, at: &Location) -> Result<Producer, StoreError> {
-        Ok(match at {
-            Location::File(path) => {
-                let options = self.sqlite_options();
-                let clock = self.clock.clone();
-                Producer::Sqlite(match &self.want {
-                    Want::Domain(schema) => ProducerDb::open_with(path, schema, clock, &options)?,
-                    Want::Any => ProducerDb::open_existing(path, clock, &options)?,
-                    Want::AnyOrNew(schema) => {
-                        ProducerDb::open_or_create(path, schema, clock, &options)?
-                    }
-                })
-            }
-            Location::Postgres(url) => Producer::Postgres(self.on_server(url, |options| {
-                let clock = self.clock.clone();
-                match &self.want {
-                    Want::Domain(schema) => PgProducer::open_with(url, schema, clock, options),
-                    Want::Any => PgProducer::open_existing(url, clock, options),
-                    Want::AnyOrNew(schema) => {
-                        match PgProducer::open_existing(url, clock, options) {
-                            Err(e) if e.kind() == ErrorKind::NotFound => {
-                                PgProducer::open_with(url, schema, self.clock.clone(), options)
-                            }
-                            opened => opened,
-                        }
-                    }
-                }
-            })?),
-        })
+        open_role!(self, at, Producer, ProducerDb, PgProducer)
     }
 
     /// Opens the consumer store at `at`.
     pub fn consumer(&self, at: &Location) -> Result<Consumer, StoreError> {
-        Ok(match at {
-            Location::File(path) => {
-                let options = self.sqlite_options();
-                let clock = self.clock.clone();
-                Consumer::Sqlite(match &self.want {
-                    Want::Domain(schema) => ConsumerDb::open_with(path, schema, clock, &options)?,
-                    Want::Any => ConsumerDb::open_existing(path, clock, &options)?,
-                    Want::AnyOrNew(schema) => {
-                        ConsumerDb::open_or_create(path, schema, clock, &options)?
-                    }
-                })
-            }
-            Location::Postgres(url) => Consumer::Postgres(self.on_server(url, |options| {
-                let clock = self.clock.clone();
-                match &self.want {
-                    Want::Domain(schema) => PgConsumer::open_with(url, schema, clock, options),
-                    Want::Any => PgConsumer::open_existing(url, clock, options),
-                    Want::AnyOrNew(schema) => {
-                        match PgConsumer::open_existing(url, clock, options) {
-                            Err(e) if e.kind() == ErrorKind::NotFound => {
-                                PgConsumer::open_with(url, schema, self.clock.clone(), options)
-                            }
-                            opened => opened,
-                        }
-                    }
-                }
-            })?),
-        })
+        open_role!(self, at, Consumer, ConsumerDb, PgConsumer)
     }
 
     fn sqlite_options(&self) -> OpenOptions {
@@ -247,11 +222,17 @@ impl OpenSpec {
         T: Transport + Send + 'static,
         O: FnMut(&RelayRound) + Send + 'static,
     {
-        let reopen = matches!(producer, Producer::Postgres(_)).then(|| {
-            let (spec, at) = (self.clone(), at.clone());
-            Box::new(move || spec.producer(&at)) as Reopen<Producer>
-        });
-        runner.spawn_relay_reopening(producer, reopen, transport, observe)
+        match producer {
+            Producer::Sqlite(producer) => runner.spawn_relay_to(producer, transport, observe),
+            Producer::Postgres(producer) => {
+                let (spec, at) = (self.clone(), at.clone());
+                let reopen = Box::new(move || match spec.producer(&at)? {
+                    Producer::Postgres(producer) => Ok(producer),
+                    Producer::Sqlite(_) => unreachable!("a URL opens a PostgreSQL store"),
+                });
+                runner.spawn_relay_reopening(producer, Some(reopen), transport, observe)
+            }
+        }
     }
 
     /// Starts the apply loop of `consumer`, opened from `at` with this
@@ -309,7 +290,8 @@ impl OpenSpec {
     }
 }
 
-/// A producer store of either backend.
+/// A producer store of either backend: match on it for the backend's own
+/// store, or use [`Producer::handle`] for what any backend offers.
 // One per role and handle, never in a collection: the size is no matter.
 #[allow(clippy::large_enum_variant)]
 pub enum Producer {
@@ -322,7 +304,7 @@ pub enum Producer {
 /// A consumer store of either backend. The apply side runs on the
 /// backend's own store (the handler's transaction type differs by
 /// backend): match on it, or start its loop with [`OpenSpec::spawn_apply`];
-/// everything else is [`Consumer::handle`].
+/// receive and the operator's view are [`Consumer::handle`].
 // One per role and handle, never in a collection: the size is no matter.
 #[allow(clippy::large_enum_variant)]
 pub enum Consumer {
@@ -346,6 +328,12 @@ impl Producer {
     /// The domain that owns the store.
     pub fn domain(&self) -> &str {
         each!(self, s => s.domain())
+    }
+
+    /// The producer's writes, the relay's reads and the operator's view, on
+    /// whichever backend.
+    pub fn handle(&mut self) -> &mut (dyn ProducerStore + Send) {
+        each!(self, s => s)
     }
 
     /// The store behind the object-safe operator view of any backend.
@@ -375,221 +363,6 @@ impl Consumer {
 impl Transport for Consumer {
     fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, ordo_core::TransportError> {
         each!(self, s => s.deliver(events))
-    }
-}
-
-impl RunStore for Consumer {
-    fn clock(&self) -> Arc<dyn Clock> {
-        each!(self, s => s.clock())
-    }
-
-    fn signal(&self) -> Signal {
-        each!(self, s => RunStore::signal(s))
-    }
-
-    fn changed_elsewhere(&mut self) -> Result<bool, StoreError> {
-        each!(self, s => s.changed_elsewhere())
-    }
-}
-
-impl Receive for Consumer {
-    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
-        each!(self, s => s.receive_batch(envelopes))
-    }
-}
-
-impl ConsumerOps for Consumer {
-    fn domain(&self) -> &str {
-        Consumer::domain(self)
-    }
-
-    fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
-        each!(self, s => s.inbox())
-    }
-
-    fn inbox_entries(
-        &mut self,
-        blocked_only: bool,
-        flow_id: Option<&FlowId>,
-        limit: usize,
-    ) -> Result<Vec<InboxEntry>, StoreError> {
-        each!(self, s => s.inbox_entries(blocked_only, flow_id, limit))
-    }
-
-    fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError> {
-        each!(self, s => s.reopen_blocked(flow_id))
-    }
-
-    fn skip(
-        &mut self,
-        request: &SkipRequest,
-    ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
-        each!(self, s => s.skip(request))
-    }
-
-    fn repairs(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
-        each!(self, s => s.repairs())
-    }
-
-    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
-        each!(self, s => s.consumer_status())
-    }
-
-    fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
-        each!(self, s => s.prune_inbox(cutoff_ms))
-    }
-
-    fn consumer_flows_page(
-        &mut self,
-        prefix: &str,
-        after: Option<&FlowId>,
-        limit: usize,
-    ) -> Result<Vec<ConsumerFlow>, StoreError> {
-        each!(self, s => s.consumer_flows_page(prefix, after, limit))
-    }
-
-    fn inbox_entry_at(
-        &mut self,
-        flow_id: &FlowId,
-        seq: Seq,
-    ) -> Result<Option<InboxEntry>, StoreError> {
-        each!(self, s => s.inbox_entry_at(flow_id, seq))
-    }
-
-    fn inbox_entry_of_event(
-        &mut self,
-        event_id: &EventId,
-    ) -> Result<Option<InboxEntry>, StoreError> {
-        each!(self, s => s.inbox_entry_of_event(event_id))
-    }
-}
-
-impl RunStore for Producer {
-    fn clock(&self) -> Arc<dyn Clock> {
-        each!(self, s => s.clock())
-    }
-
-    fn signal(&self) -> Signal {
-        each!(self, s => RunStore::signal(s))
-    }
-
-    fn changed_elsewhere(&mut self) -> Result<bool, StoreError> {
-        each!(self, s => s.changed_elsewhere())
-    }
-}
-
-impl ProducerOps for Producer {
-    fn domain(&self) -> &str {
-        Producer::domain(self)
-    }
-
-    fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
-        each!(self, s => s.outbox())
-    }
-
-    fn outbox_event(&mut self, event_id: &EventId) -> Result<Option<OutboxRecord>, StoreError> {
-        each!(self, s => s.outbox_event(event_id))
-    }
-
-    fn outbox_entries(
-        &mut self,
-        quarantined_only: bool,
-        limit: usize,
-    ) -> Result<Vec<OutboxEntry>, StoreError> {
-        each!(self, s => s.outbox_entries(quarantined_only, limit))
-    }
-
-    fn retry_quarantined(
-        &mut self,
-        event_id: &EventId,
-    ) -> Result<Result<(), RetryRefused>, StoreError> {
-        each!(self, s => s.retry_quarantined(event_id))
-    }
-
-    fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
-        each!(self, s => s.producer_status(now_ms))
-    }
-
-    fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
-        each!(self, s => s.prune_outbox(cutoff_ms))
-    }
-
-    fn producer_flows_page(
-        &mut self,
-        prefix: &str,
-        after: Option<&FlowId>,
-        limit: usize,
-    ) -> Result<Vec<ProducerFlow>, StoreError> {
-        each!(self, s => s.producer_flows_page(prefix, after, limit))
-    }
-
-    fn flow_outbox_entries(
-        &mut self,
-        flow_id: &FlowId,
-        limit: usize,
-    ) -> Result<Vec<OutboxEntry>, StoreError> {
-        each!(self, s => s.flow_outbox_entries(flow_id, limit))
-    }
-}
-
-impl ProducerStore for Producer {
-    fn append_events(&mut self, events: &[Envelope]) -> Result<(), AppendError> {
-        each!(self, s => s.append_events(events))
-    }
-
-    fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError> {
-        each!(self, s => s.pending(limit))
-    }
-
-    fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError> {
-        each!(self, s => s.oldest_unaccepted(now_ms))
-    }
-
-    fn fair_round(
-        &mut self,
-        limit: usize,
-        skip: &BTreeSet<FlowId>,
-        now_ms: i64,
-    ) -> Result<Vec<Envelope>, StoreError> {
-        each!(self, s => s.fair_round(limit, skip, now_ms))
-    }
-
-    fn fair_round_deep(
-        &mut self,
-        limit: usize,
-        flow_events_max: usize,
-        skip: &BTreeSet<FlowId>,
-        now_ms: i64,
-    ) -> Result<Vec<Envelope>, StoreError> {
-        each!(self, s => s.fair_round_deep(limit, flow_events_max, skip, now_ms))
-    }
-
-    fn record_receipts(
-        &mut self,
-        receipts: &[(EventId, Receipt)],
-        now_ms: i64,
-    ) -> Result<(), StoreError> {
-        each!(self, s => s.record_receipts(receipts, now_ms))
-    }
-
-    fn record_failure(
-        &mut self,
-        event_ids: &[EventId],
-        error: &str,
-        now_ms: i64,
-        backoff: &Backoff,
-    ) -> Result<(), StoreError> {
-        each!(self, s => s.record_failure(event_ids, error, now_ms, backoff))
-    }
-
-    fn quarantine(
-        &mut self,
-        event_id: &EventId,
-        outcome: &str,
-        reason: &str,
-        now_ms: i64,
-    ) -> Result<(), StoreError> {
-        each!(self, s => s.quarantine(event_id, outcome, reason, now_ms))
     }
 }
 
