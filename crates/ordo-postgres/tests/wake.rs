@@ -5,9 +5,9 @@
 //! A handle opened on the same database through a URL spelled differently
 //! shares no in-process signal with the others, so it stands for another
 //! process here: its notifications are the only way the others learn of
-//! its commits. One test runs the real second process (this test binary
-//! again) under an apply loop whose poll would fire long after the test
-//! gives up.
+//! its commits. Two tests run the real second process (this test binary
+//! again) under an apply loop and a relay loop whose poll would fire long
+//! after the test gives up.
 
 mod support;
 
@@ -197,12 +197,14 @@ fn a_handle_passes_by_what_its_signal_already_raised() {
     assert!(!watcher.changed_elsewhere().unwrap(), "passed by");
 }
 
-/// The listening session of `store` (its `application_name` and
-/// `-listen`), if any.
+/// The newest listening session of `store` (its `application_name` and
+/// `-listen`) on the test's database, if any.
 fn listener_pid(c: &mut Client, store: &PgConsumer) -> Option<i32> {
     let name = format!("{}-listen", store.connection().application_name());
     c.query_opt(
-        "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+        "SELECT pid FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = $1
+         ORDER BY backend_start DESC LIMIT 1",
         &[&name],
     )
     .unwrap()
@@ -267,6 +269,60 @@ fn child_receives_one_event() {
     assert_eq!(receipts, vec![Receipt::Accepted]);
 }
 
+/// The child's part on the producer side: append one event to the
+/// producer of the database named by the environment, then exit.
+#[test]
+fn child_appends_one_event() {
+    let Ok(target) = std::env::var(CHILD_APPEND_ENV) else {
+        return;
+    };
+    append(&mut producer(&target, "child", LEASE_MS), &flow(7)).unwrap();
+}
+
+const CHILD_APPEND_ENV: &str = "ORDO_PG_WAKE_CHILD_APPEND";
+
+/// Runs this test binary again as `test`, with `env` naming `target`.
+fn child(test: &str, env: &str, target: &str) {
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--quiet"])
+        .env(env, target)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the child ran {test}");
+}
+
+fn long_polls() -> RunnerOptions {
+    RunnerOptions {
+        poll_ms_min: 30_000,
+        poll_ms_max: 30_000,
+        ..RunnerOptions::default()
+    }
+}
+
+#[test]
+fn an_idle_relay_loop_wakes_on_another_process_append_long_before_its_poll() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = url(&database_for(dir.path()));
+    let mut runner = Runner::new(long_polls());
+    let (relayed, seen) = mpsc::channel();
+    let observe = move |round: &ordo_runtime::RelayRound| {
+        relayed.send(round.totals.accepted).unwrap();
+    };
+    let relay = producer(&target, "relay", LEASE_MS);
+    runner
+        .spawn_relay_to(relay, consumer(&target, "inbox"), observe)
+        .unwrap();
+    // Let the loop find nothing and start its long wait.
+    std::thread::sleep(Duration::from_millis(300));
+    child("child_appends_one_event", CHILD_APPEND_ENV, &target);
+    let accepted = seen
+        .recv_timeout(BOUND)
+        .expect("relayed long before the poll");
+    assert_eq!(accepted, 1);
+    let report = runner.stop().unwrap();
+    assert_eq!(report.relay.accepted, 1);
+}
+
 #[test]
 fn an_idle_apply_loop_wakes_on_another_process_receive_long_before_its_poll() {
     let dir = tempfile::tempdir().unwrap();
@@ -276,22 +332,13 @@ fn an_idle_apply_loop_wakes_on_another_process_receive_long_before_its_poll() {
         applied.send(e.flow_id.to_string()).unwrap();
         Ok(Verdict::Apply)
     };
-    let mut runner = Runner::new(RunnerOptions {
-        poll_ms_min: 30_000,
-        poll_ms_max: 30_000,
-        ..RunnerOptions::default()
-    });
+    let mut runner = Runner::new(long_polls());
     runner
         .spawn_apply(consumer(&target, "applier"), handler)
         .unwrap();
     // Let the loop find nothing and start its long wait.
     std::thread::sleep(Duration::from_millis(300));
-    let status = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_receives_one_event", "--quiet"])
-        .env(CHILD_ENV, &target)
-        .status()
-        .unwrap();
-    assert!(status.success(), "the child received");
+    child("child_receives_one_event", CHILD_ENV, &target);
     let flow = seen
         .recv_timeout(BOUND)
         .expect("applied long before the poll");
