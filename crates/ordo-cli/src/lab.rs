@@ -215,8 +215,12 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
 }
 
 /// The HTTP bench's load, when `--transport http` (which measures nothing
-/// else, so the other modes are refused with it).
-fn http_load(args: &BenchArgs) -> Result<Option<bench_http::HttpLoad>, Failure> {
+/// else, so the other modes are refused with it), its wake part on the
+/// server `wake_server` when there is one.
+fn http_load(
+    args: &BenchArgs,
+    wake_server: Option<String>,
+) -> Result<Option<bench_http::HttpLoad>, Failure> {
     if args.transport == TransportArg::File {
         return Ok(None);
     }
@@ -229,15 +233,23 @@ fn http_load(args: &BenchArgs) -> Result<Option<bench_http::HttpLoad>, Failure> 
         exe: ordo_binary()?,
         clients: args.clients,
         seconds: args.load_seconds,
+        wake_server,
     }))
 }
 
 pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
-    if let experiment::Backend::Postgres { url } = lab_backend(args.backend, args.url.as_ref())? {
-        return bench_pg(json_mode, args, url);
-    }
+    let http = args.transport == TransportArg::Http;
+    // With --transport http, the server is the wake part's.
+    let wake_server = match lab_backend(args.backend, args.url.as_ref())? {
+        experiment::Backend::Postgres { url } if http => Some(url),
+        experiment::Backend::Postgres { url } => return bench_pg(json_mode, args, url),
+        experiment::Backend::Sqlite => None,
+    };
     if !args.workers.is_empty() {
-        return Err(Failure::Usage("--workers needs --backend postgres".into()));
+        return Err(Failure::Usage(match http {
+            true => "--workers measures relays and appliers: without --transport http".into(),
+            false => "--workers needs --backend postgres".into(),
+        }));
     }
     if !args.producers.is_empty() {
         if args.transport == TransportArg::Http {
@@ -247,7 +259,7 @@ pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         }
         return bench_producers(json_mode, args);
     }
-    let http = http_load(&args)?;
+    let http = http_load(&args, wake_server)?;
     if let Some(plot) = &args.plot {
         if !args.sweep {
             return Err(Failure::Usage("--plot needs --sweep".into()));
@@ -299,7 +311,6 @@ fn bench_pg(json_mode: bool, args: BenchArgs, url: String) -> Result<(), Failure
         (args.plot.is_some(), "--plot"),
         (args.dir.is_some(), "--dir"),
         (!args.producers.is_empty(), "--producers"),
-        (args.transport == TransportArg::Http, "--transport http"),
     ];
     if let Some((_, flag)) = other_modes.iter().find(|(given, _)| *given) {
         return Err(Failure::Usage(format!(

@@ -524,6 +524,7 @@ fn http_bench(report: &HttpBenchReport) -> Value {
             "server_peak_memory_bytes": load.server_peak_memory_bytes,
         },
         "wake": {
+            "backend": report.wake.backend,
             "events": report.wake.events,
             "lag_ms": request_latency(&report.wake.lag),
             "idle_cpu_ms_per_s": round3(report.wake.idle_cpu_ms_per_s),
@@ -561,8 +562,8 @@ fn http_bench_text(v: &Value) -> String {
         ),
         format!("server peak memory (VmHWM) {memory}"),
         format!(
-            "serve to an applier process: {} events, receive-to-apply lag p50 {} ms p99 {} ms max {} ms; idle applier {} ms CPU per s",
-            v["wake"]["events"], v["wake"]["lag_ms"]["p50"], v["wake"]["lag_ms"]["p99"],
+            "serve to an applier process on {}: {} events, receive-to-apply lag p50 {} ms p99 {} ms max {} ms; idle applier {} ms CPU per s",
+            v["wake"]["backend"].as_str().unwrap_or_default(), v["wake"]["events"], v["wake"]["lag_ms"]["p50"], v["wake"]["lag_ms"]["p99"],
             v["wake"]["lag_ms"]["max"], v["wake"]["idle_cpu_ms_per_s"]
         ),
     ];

@@ -173,6 +173,7 @@ fn bench_over_http_counts_every_request_and_every_event() {
     // Every event posted to `ordo serve` is applied by the applier process
     // and has its lag.
     let wake = &v["wake"];
+    assert_eq!(wake["backend"], "sqlite", "{wake:#}");
     assert_eq!(wake["events"], 200, "{wake:#}");
     assert_eq!(wake["lag_ms"]["samples"], 200, "{wake:#}");
     let (p50, p99, max) = (

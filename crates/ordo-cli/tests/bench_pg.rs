@@ -178,6 +178,48 @@ fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
     );
 }
 
+/// `--transport http` with a server: the HTTP bench, whose wake part
+/// receives into and applies from a PostgreSQL store (a database of its
+/// own, dropped after).
+#[test]
+fn the_http_bench_measures_its_wake_part_on_postgres_and_leaves_no_database() {
+    let _serial = serial();
+    let mut client = admin();
+    let before = bench_databases(&mut client);
+    let server = pgdb::server();
+    let v = run(&[
+        "--json",
+        "bench",
+        "--transport",
+        "http",
+        "--backend",
+        "postgres",
+        "--url",
+        &server,
+        "--flows",
+        "20",
+        "--batch",
+        "8",
+        "--clients",
+        "2",
+        "--load-seconds",
+        "1",
+    ])
+    .json();
+    let wake = &v["wake"];
+    assert_eq!(wake["backend"], "postgres", "{wake:#}");
+    assert_eq!(wake["events"], 200, "{wake:#}");
+    assert_eq!(wake["lag_ms"]["samples"], 200, "{wake:#}");
+    let (p50, p99) = (
+        number(&wake["lag_ms"], "p50"),
+        number(&wake["lag_ms"], "p99"),
+    );
+    assert!(0.0 <= p50 && p50 <= p99, "{wake:#}");
+    assert!(number(wake, "idle_cpu_ms_per_s") >= 0.0, "{wake:#}");
+    assert_eq!(v["problems"], serde_json::json!([]));
+    assert_eq!(bench_databases(&mut client), before);
+}
+
 #[test]
 fn bad_input_is_exit_2_and_creates_nothing() {
     let _serial = serial();
@@ -203,6 +245,8 @@ fn bad_input_is_exit_2_and_creates_nothing() {
                 &server,
                 "--transport",
                 "http",
+                "--workers",
+                "2",
             ],
             "without --transport http",
         ),

@@ -37,6 +37,10 @@ pub struct HttpLoad {
     pub clients: u64,
     /// How long the clients post, in seconds.
     pub seconds: u64,
+    /// The PostgreSQL server (`postgres://USER@HOST:PORT`) of the wake
+    /// part's consumer, in a fresh database of its own; `None`: an SQLite
+    /// file.
+    pub wake_server: Option<String>,
 }
 
 /// Latency of requests as the client sees them, in milliseconds.
@@ -454,7 +458,14 @@ pub fn run(
     let (in_process, http) = relay_runs(root, flows, batch, load, progress)?;
     let load_report = load_run(root, batch, load, progress)?;
     progress.start(
-        &format!("wake: {WAKE_EVENTS} events, serve and an applier process"),
+        &format!(
+            "wake: {WAKE_EVENTS} events, serve and an applier process on {}",
+            if load.wake_server.is_some() {
+                "postgres"
+            } else {
+                "sqlite"
+            }
+        ),
         0,
     );
     let wake = crate::bench_wake::run(root, load)?;

@@ -225,6 +225,11 @@ impl PgTx {
         self.target.application_name()
     }
 
+    /// What this connection connects to, with its settings.
+    pub(crate) fn target_url(&self) -> &PgUrl {
+        &self.target.url
+    }
+
     /// What became of transaction `txid` (a `txid_current()` value), asked
     /// on this connection (`pg_xact_status`): a transaction still in
     /// progress is waited for a bounded time, then [`TxOutcome::Unknown`].
@@ -407,7 +412,20 @@ impl PgTx {
     /// [`ErrorKind::ConnectionLost`] (nothing was written; retrying is
     /// safe), anything else [`ErrorKind::CommitOutcomeUnknown`].
     pub(crate) fn commit(&self, context: &str, txid: i64) -> Result<(), StoreError> {
-        let result = self.client.borrow_mut().batch_execute("COMMIT");
+        self.commit_with(context, txid, "COMMIT")
+    }
+
+    /// [`PgTx::commit`] by `sql`: `COMMIT`, or statements that end with it
+    /// (a `NOTIFY` before it, in the same round trip). A statement refused
+    /// before the COMMIT is a refusal: nothing was committed.
+    pub(crate) fn commit_with(
+        &self,
+        context: &str,
+        txid: i64,
+        sql: &str,
+    ) -> Result<(), StoreError> {
+        debug_assert!(sql.ends_with("COMMIT"));
+        let result = self.client.borrow_mut().batch_execute(sql);
         self.in_tx.set(false);
         let Err(error) = result else {
             return Ok(());

@@ -62,6 +62,14 @@
 //!   conditional: after `ConnectionLost` they are simply retried.
 //! * A connection whose transaction errored or broke is replaced by a new
 //!   one with the same settings before the store's next transaction.
+//! * A receive that stores at least one new event, and a write that
+//!   appends, send one `NOTIFY` with their COMMIT, on the channel
+//!   `ordo_inbox_<schema>` or `ordo_outbox_<schema>`
+//!   ([`PgConsumer::notify_channel`], [`PgProducer::notify_channel`]), so
+//!   that a loop of another process wakes at once: a handle's
+//!   [`RunStore::changed_elsewhere`](ordo_core::RunStore::changed_elsewhere)
+//!   listens on a connection of its own (`application_name` and
+//!   `-listen`), opened at its first call.
 
 #![warn(missing_docs)]
 
@@ -75,6 +83,7 @@ mod plans;
 mod producer;
 mod tls;
 mod url;
+mod wake;
 
 pub use conn::{
     Params, PgOptions, PgTx, TxOutcome, CONSUMER_SCHEMA_DEFAULT, LEASE_MS_DEFAULT,
@@ -95,9 +104,3 @@ pub fn tables_ddl() -> [String; 2] {
 /// The `postgres` client these stores are built on, for rows and types in
 /// an application's own SQL.
 pub use postgres;
-
-/// This process's wake-up signal for the store of `schema` at `url` (by
-/// the URL without its password).
-fn signal_for(url: &str, schema: &str) -> ordo_core::Signal {
-    ordo_core::Signal::for_key(format!("postgres:{}#{schema}", redact_url(url)))
-}

@@ -29,6 +29,7 @@ use ordo_core::{
 use crate::conn::{open, PgOptions, PgTx, Role, Tables, Want};
 use crate::domain::Schema;
 use crate::producer::{read_snapshot, stored_envelope};
+use crate::wake::Wake;
 
 /// ordo's consumer tables, version by version.
 pub(crate) const TABLES: Tables = Tables {
@@ -118,7 +119,7 @@ pub struct PgConsumer {
     domain: String,
     clock: Arc<dyn Clock>,
     commits: u64,
-    wake: ordo_core::Signal,
+    wake: Wake,
 }
 
 impl PgConsumer {
@@ -155,7 +156,7 @@ impl PgConsumer {
         options: &PgOptions,
     ) -> Result<PgConsumer, StoreError> {
         let opened = open(url, Role::Consumer, &TABLES, want, options)?;
-        let wake = crate::signal_for(url, opened.conn.ordo_schema());
+        let wake = Wake::new(url, Role::Consumer, &opened.conn);
         Ok(PgConsumer {
             conn: opened.conn,
             domain: opened.domain,
@@ -183,6 +184,13 @@ impl PgConsumer {
     /// How many write transactions this handle has committed.
     pub fn commits(&self) -> u64 {
         self.commits
+    }
+
+    /// The channel on which every receive that stores a new event
+    /// notifies, once per transaction: `ordo_inbox_<schema>` (see
+    /// [`RunStore::changed_elsewhere`](ordo_core::RunStore::changed_elsewhere)).
+    pub fn notify_channel(&self) -> &str {
+        self.wake.channel()
     }
 
     /// Runs `f` inside one read-only REPEATABLE READ transaction, so that
@@ -244,7 +252,17 @@ impl ordo_core::RunStore for PgConsumer {
     /// Raised by every commit of this process that stores a new event in
     /// this store (through any handle on the same URL and schema).
     fn signal(&self) -> ordo_core::Signal {
-        self.wake.clone()
+        self.wake.signal()
+    }
+
+    /// Whether a receive of another process (or of a handle of this one on
+    /// another URL) stored a new event since the last call, as heard on
+    /// [`PgConsumer::notify_channel`] by a connection of this handle's own,
+    /// opened by the first call (which says yes) and read by a thread of
+    /// its own: no I/O here. A failed listening connection is this call's
+    /// error once; a later call opens a new one.
+    fn changed_elsewhere(&mut self) -> Result<bool, StoreError> {
+        self.wake.changed_elsewhere()
     }
 }
 

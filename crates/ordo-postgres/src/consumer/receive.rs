@@ -43,10 +43,18 @@ pub(super) fn receive_batch(
             }
         };
         crash::point(crash::CONSUMER_RECEIVE_BEFORE_COMMIT);
-        tx.commit(CONTEXT, txid)?;
+        // One notification per batch that stored anything, sent with the
+        // COMMIT (delivered only if it commits).
+        let stored = receipts.contains(&Receipt::Accepted);
+        let end = if stored {
+            db.wake.notify_commit()
+        } else {
+            "COMMIT"
+        };
+        tx.commit_with(CONTEXT, txid, end)?;
         db.commits += 1;
         crash::point(crash::CONSUMER_RECEIVE_AFTER_COMMIT);
-        if receipts.contains(&Receipt::Accepted) {
+        if stored {
             db.wake.raise();
         }
         return Ok(receipts);

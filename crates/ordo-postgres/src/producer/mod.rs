@@ -18,6 +18,7 @@ use postgres::Row;
 use crate::conn::{open, PgOptions, PgTx, Role, Want};
 use crate::domain::Schema;
 use crate::error::corrupt;
+use crate::wake::Wake;
 
 mod append;
 mod sql;
@@ -89,7 +90,7 @@ pub struct PgProducer {
     /// The events per flow of this handle's last round (how many flows
     /// the next claims for its events).
     events_per_flow: usize,
-    wake: ordo_core::Signal,
+    wake: Wake,
 }
 
 /// A write transaction on the producer, in which the caller changes its own
@@ -138,7 +139,7 @@ impl PgProducer {
         options: &PgOptions,
     ) -> Result<PgProducer, StoreError> {
         let opened = open(url, Role::Producer, &TABLES, want, options)?;
-        let wake = crate::signal_for(url, opened.conn.ordo_schema());
+        let wake = Wake::new(url, Role::Producer, &opened.conn);
         Ok(PgProducer {
             wake,
             conn: opened.conn,
@@ -281,6 +282,13 @@ impl PgProducer {
         self.commits
     }
 
+    /// The channel on which every write transaction that appends
+    /// notifies, once per transaction: `ordo_outbox_<schema>` (see
+    /// [`RunStore::changed_elsewhere`](ordo_core::RunStore::changed_elsewhere)).
+    pub fn notify_channel(&self) -> &str {
+        self.wake.channel()
+    }
+
     /// The connection, for the caller's own reads outside a transaction.
     pub fn connection(&self) -> &PgTx {
         &self.conn
@@ -312,23 +320,35 @@ impl PgProducer {
     {
         let context = "producer: write transaction";
         let conn = &self.conn;
-        let clock = &self.clock;
         let begin = if synced { BEGIN_SYNCED } else { BEGIN_UNSYNCED };
-        let appended = conn.in_tx_begun(context, begin, |conn| {
-            let mut ptx = PgProducerTx {
-                conn,
-                now_ms: clock.now_ms(),
-                appended: 0,
-                locked: RefCell::default(),
-            };
-            let value = f(&mut ptx)?;
-            Ok::<_, E>((value, ptx.appended))
-        })?;
+        let txid = conn.begin_with(context, begin)?;
+        let mut ptx = PgProducerTx {
+            conn,
+            now_ms: self.clock.now_ms(),
+            appended: 0,
+            locked: RefCell::default(),
+        };
+        let value = match f(&mut ptx) {
+            Ok(value) => value,
+            Err(e) => {
+                conn.rollback();
+                return Err(e);
+            }
+        };
+        // One notification per transaction that appended, sent with the
+        // COMMIT (delivered only if it commits).
+        let appended = ptx.appended > 0;
+        let end = if appended {
+            self.wake.notify_commit()
+        } else {
+            "COMMIT"
+        };
+        conn.commit_with(context, txid, end)?;
         self.commits += 1;
-        if appended.1 > 0 {
+        if appended {
             self.wake.raise();
         }
-        Ok(appended.0)
+        Ok(value)
     }
 
     /// Delivery bookkeeping on the events `event_ids`, in one transaction
@@ -384,7 +404,17 @@ impl ordo_core::RunStore for PgProducer {
     /// Raised by every commit of this process that appends to this store
     /// (through any handle on the same URL and schema).
     fn signal(&self) -> ordo_core::Signal {
-        self.wake.clone()
+        self.wake.signal()
+    }
+
+    /// Whether an append of another process (or of a handle of this one on
+    /// another URL) committed since the last call, as heard on
+    /// [`PgProducer::notify_channel`] by a connection of this handle's own,
+    /// opened by the first call (which says yes) and read by a thread of
+    /// its own: no I/O here. A failed listening connection is this call's
+    /// error once; a later call opens a new one.
+    fn changed_elsewhere(&mut self) -> Result<bool, StoreError> {
+        self.wake.changed_elsewhere()
     }
 }
 
