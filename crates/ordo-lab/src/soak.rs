@@ -1,7 +1,8 @@
 //! The soak: producers, relays and appliers as child processes, killed with
 //! SIGKILL at random instants, then left to converge; the end state is
-//! checked against the protocol's invariants. Over HTTP the relays post to
-//! an `ordo serve` child, which is killed and started again too.
+//! checked against the protocol's invariants. Over a transport with a
+//! network hop (`http`) the relays post to its server role (an `ordo serve`
+//! child), which is killed and started again too.
 //!
 //! On PostgreSQL the run has one fresh database (both roles' schemas in it,
 //! as one application database would hold them), several relays and
@@ -26,6 +27,7 @@ use crate::experiment::child::{finish_within, WATCHDOG};
 use crate::experiment::Backend;
 use crate::pg::{Database, Server, SOAK_PREFIX};
 use crate::serve::{loopback_any, ServeSpec};
+use crate::transports::{Hop, LabTransport};
 use crate::{internal, LabError, Progress};
 
 /// The shortest and longest pause between two kills.
@@ -56,25 +58,6 @@ const CONVERGE_PER_EVENT_MS: (u64, u64) = (5, 25);
 /// session gone.
 const SESSIONS_GONE_BOUND: Duration = Duration::from_secs(10);
 
-/// How the relays reach the consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SoakTransport {
-    /// They open the consumer file.
-    File,
-    /// They post to an `ordo serve` child on the loopback interface.
-    Http,
-}
-
-impl SoakTransport {
-    /// The transport's name, as `--transport` takes it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SoakTransport::File => "file",
-            SoakTransport::Http => "http",
-        }
-    }
-}
-
 /// What the soak runs.
 #[derive(Debug, Clone)]
 pub struct SoakOptions {
@@ -93,8 +76,9 @@ pub struct SoakOptions {
     /// at a random sync): such a worker fails as a real disk would make it
     /// fail, and is started again.
     pub faults: bool,
-    /// How the relays reach the consumer.
-    pub transport: SoakTransport,
+    /// How the relays reach the consumer: one of
+    /// [`TRANSPORTS`](crate::transports::TRANSPORTS).
+    pub transport: &'static LabTransport,
     /// Threads in each producer process: 1 is one thread calling
     /// `advance`; more share one group-committing writer (SQLite only).
     /// Every event acknowledged to a producer on PostgreSQL, or to grouped
@@ -121,7 +105,7 @@ pub struct SoakReport {
     /// The seed of the kill schedule.
     pub seed: u64,
     /// How the relays reached the consumer.
-    pub transport: SoakTransport,
+    pub transport: &'static LabTransport,
     /// Times a killed server could not have its port again and took a new
     /// one (relays started later use it).
     pub server_moves: u64,
@@ -230,7 +214,7 @@ struct Worker {
     child: Option<Child>,
     /// Whether the running child has a fault armed.
     faulted: bool,
-    /// The server address a relay over HTTP was started with.
+    /// The server address a relay over a network hop was started with.
     server: Option<SocketAddr>,
 }
 
@@ -269,6 +253,9 @@ struct Soak {
     dir: PathBuf,
     /// Whether workers started while killing get faults.
     faults: bool,
+    /// The transport's network hop, whose server role is one of the
+    /// workers; `None` when the relays open the consumer store.
+    hop: Option<&'static Hop>,
     /// The address of the server, once one started.
     server: Cell<Option<SocketAddr>>,
     /// The servers' logs.
@@ -308,8 +295,11 @@ impl Soak {
     /// [`SERVER_BIND_ATTEMPTS`] on a new port, which relays started from
     /// then on use.
     fn spawn_server(&self, tally: &mut Tally) -> Result<Child, LabError> {
+        let hop = self
+            .hop
+            .ok_or_else(|| LabError::Internal("a server without a network hop".into()))?;
         let start = |listen: SocketAddr| {
-            crate::serve::start(&ServeSpec {
+            hop.start(&ServeSpec {
                 exe: &self.exe,
                 consumer: &self.consumer,
                 listen,
@@ -357,8 +347,8 @@ impl Soak {
             ]),
             Role::Relay => {
                 command.arg("--producer").arg(&self.producer);
-                match self.server.get() {
-                    Some(addr) => command.arg("--to").arg(format!("http://{addr}")),
+                match self.hop.zip(self.server.get()) {
+                    Some((hop, addr)) => command.args(hop.relay_flags(addr)),
                     None => command.arg("--consumer").arg(&self.consumer),
                 };
                 command.arg("--until").arg(&self.produced_marker)
@@ -455,8 +445,21 @@ fn soak_dir(dir: Option<&Path>, temp: &Path) -> Result<PathBuf, LabError> {
     Ok(dir.to_path_buf())
 }
 
+/// The workers' roles, in the order they start: the transport's server
+/// role first, if it has a network hop (the relays take its address), then
+/// the producers, the relays and the appliers.
+pub(crate) fn roles(options: &SoakOptions) -> Vec<Role> {
+    let server = options.transport.hop.map(|_| Role::Server);
+    server
+        .into_iter()
+        .chain(std::iter::repeat_n(Role::Produce, PRODUCERS))
+        .chain(std::iter::repeat_n(Role::Relay, options.relays))
+        .chain(std::iter::repeat_n(Role::Apply, options.appliers))
+        .collect()
+}
+
 /// Refuses options that do not go together; nothing is run.
-fn check_options(options: &SoakOptions) -> Result<(), LabError> {
+pub(crate) fn check_options(options: &SoakOptions) -> Result<(), LabError> {
     for (flag, n) in [
         ("--relays", options.relays),
         ("--appliers", options.appliers),
@@ -467,15 +470,22 @@ fn check_options(options: &SoakOptions) -> Result<(), LabError> {
             )));
         }
     }
+    let hop = options.transport.hop.map(|hop| {
+        let name = options.transport.name;
+        format!(
+            "--transport {name} posts to an `ordo {}` of an SQLite file",
+            hop.command
+        )
+    });
     let sqlite_only = [
-        (options.faults, "--faults injects faults into SQLite files"),
         (
-            options.transport == SoakTransport::Http,
-            "--transport http posts to an `ordo serve` of an SQLite file",
+            options.faults,
+            "--faults injects faults into SQLite files".into(),
         ),
+        (hop.is_some(), hop.unwrap_or_default()),
         (
             options.producer_threads > 1,
-            "--producer-threads shares one SQLite group writer",
+            "--producer-threads shares one SQLite group writer".into(),
         ),
     ];
     match options.backend {
@@ -530,6 +540,7 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         serve_log: dir.join("serve.log"),
         dir: dir.clone(),
         faults: options.faults,
+        hop: options.transport.hop.as_ref(),
         server: Cell::new(None),
         producer_threads: options.producer_threads,
         acks: dir.join("acks.log"),
@@ -551,17 +562,10 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         }
     }
 
-    // The server first: the relays take its address.
-    let server_role = (options.transport == SoakTransport::Http).then_some(Role::Server);
-    let roles = server_role
-        .into_iter()
-        .chain(std::iter::repeat_n(Role::Produce, PRODUCERS))
-        .chain(std::iter::repeat_n(Role::Relay, options.relays))
-        .chain(std::iter::repeat_n(Role::Apply, options.appliers));
     let mut tally = Tally::default();
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut workers = Vec::new();
-    for role in roles {
+    for role in roles(options) {
         let mut worker = Worker::new(role);
         soak.start(&mut worker, &mut tally, &mut rng)?;
         workers.push(worker);
