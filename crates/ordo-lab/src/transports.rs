@@ -85,6 +85,63 @@ pub fn networked() -> impl Iterator<Item = (&'static LabTransport, &'static Hop)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::experiment::{scenario_names, Backend};
+    use crate::soak::{check_options, roles, Role, SoakOptions};
+
+    /// The soak's defaults on SQLite, over `transport`.
+    fn soak_over(transport: &'static LabTransport) -> SoakOptions {
+        SoakOptions {
+            exe: "ordo".into(),
+            seconds: 1,
+            flows: 1,
+            seed: None,
+            dir: None,
+            faults: false,
+            transport,
+            producer_threads: 1,
+            backend: Backend::Sqlite,
+            relays: 1,
+            appliers: 1,
+            keep: false,
+        }
+    }
+
+    #[test]
+    fn every_transport_runs_in_the_soak_and_every_hop_in_the_experiment() {
+        let names = scenario_names();
+        let group: Vec<&str> = names
+            .iter()
+            .filter(|(group, _)| *group == "transport")
+            .map(|(_, name)| name.as_str())
+            .collect();
+        for transport in &TRANSPORTS {
+            let options = soak_over(by_name(transport.name).expect("listed"));
+            if let Err(e) = check_options(&options) {
+                panic!("the soak refuses --transport {}: {e}", transport.name);
+            }
+            let servers = roles(&options).into_iter().filter(|r| *r == Role::Server);
+            assert_eq!(
+                servers.count(),
+                usize::from(transport.hop.is_some()),
+                "{}: one server role for a hop, none without",
+                transport.name
+            );
+            let Some(hop) = transport.hop else { continue };
+            for name in [
+                format!("crash_{}", hop.after_commit.replace('.', "_")),
+                format!("crash_relay_after_receive_over_{}", transport.name),
+            ] {
+                assert!(group.contains(&name.as_str()), "{name} not in {group:?}");
+            }
+        }
+        // The names reports and documents have always used.
+        for name in [
+            "crash_serve_after_commit",
+            "crash_relay_after_receive_over_http",
+        ] {
+            assert!(group.contains(&name), "{name} not in {group:?}");
+        }
+    }
 
     #[test]
     fn every_transport_is_found_by_its_name_once() {
