@@ -18,15 +18,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ordo_core::{Clock, SystemClock};
-use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
-use ordo_reservation::postgres::{pg_consumer_snapshot, pg_producer_snapshot};
-use ordo_reservation::{consumer_schema, producer_schema};
-use ordo_testkit::check::{check_end_state, EndState, Finished, Rule, Snapshot, Violation};
+use ordo_testkit::check::{check_end_state, EndState, Finished, Snapshot, Violation};
 
 use crate::experiment::child::{finish_within, WATCHDOG};
 use crate::experiment::Backend;
 use crate::pg::{Database, Server, SOAK_PREFIX};
 use crate::serve::{loopback_any, ServeSpec};
+use crate::soak_pg::{database_state, pg_consumer, pg_producer, sessions_gone};
 use crate::transports::{Hop, LabTransport};
 use crate::{internal, LabError, Progress};
 
@@ -54,10 +52,6 @@ pub const WORKERS_MAX: usize = 8;
 /// flow again with one round trip to the server per step, on a server
 /// that other programs share).
 const CONVERGE_PER_EVENT_MS: (u64, u64) = (5, 25);
-/// How long the end check waits for the server to see every worker's
-/// session gone.
-const SESSIONS_GONE_BOUND: Duration = Duration::from_secs(10);
-
 /// What the soak runs.
 #[derive(Debug, Clone)]
 pub struct SoakOptions {
@@ -270,6 +264,40 @@ struct Soak {
 }
 
 impl Soak {
+    /// The soak of `options`: its files and markers in `dir`, its stores
+    /// there or in `database`.
+    fn new(options: &SoakOptions, dir: &Path, database: Option<&Database>) -> Soak {
+        let (producer, consumer) = match database {
+            Some(database) => (PathBuf::from(database.url()), PathBuf::from(database.url())),
+            None => (dir.join("producer.db"), dir.join("consumer.db")),
+        };
+        Soak {
+            exe: options.exe.clone(),
+            producer,
+            consumer,
+            produced_marker: dir.join("produced.done"),
+            relayed_marker: dir.join("relayed.done"),
+            flows: options.flows,
+            spread_ms: {
+                let now_ms = SystemClock.now_ms();
+                // Most of the kill window, so that kills meet producers at work.
+                (now_ms, now_ms + (options.seconds as i64 * 1000) * 4 / 5)
+            },
+            serve_log: dir.join("serve.log"),
+            dir: dir.to_path_buf(),
+            faults: options.faults,
+            hop: options.transport.hop.as_ref(),
+            server: Cell::new(None),
+            producer_threads: options.producer_threads,
+            acks: dir.join("acks.log"),
+            record_acks: database.is_some(),
+            per_event_ms: match database {
+                Some(_) => CONVERGE_PER_EVENT_MS.1,
+                None => CONVERGE_PER_EVENT_MS.0,
+            },
+        }
+    }
+
     /// Starts `worker` again, with a fault armed half of the time when the
     /// soak injects faults.
     fn start(
@@ -521,47 +549,8 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         .tempdir()
         .map_err(|e| LabError::Internal(format!("cannot create a temporary directory: {e}")))?;
     let dir = soak_dir(options.dir.as_deref(), temp.path())?;
-    let (producer, consumer) = match &database {
-        Some(database) => (PathBuf::from(database.url()), PathBuf::from(database.url())),
-        None => (dir.join("producer.db"), dir.join("consumer.db")),
-    };
-    let soak = Soak {
-        exe: options.exe.clone(),
-        producer,
-        consumer,
-        produced_marker: dir.join("produced.done"),
-        relayed_marker: dir.join("relayed.done"),
-        flows: options.flows,
-        spread_ms: {
-            let now_ms = SystemClock.now_ms();
-            // Most of the kill window, so that kills meet producers at work.
-            (now_ms, now_ms + (options.seconds as i64 * 1000) * 4 / 5)
-        },
-        serve_log: dir.join("serve.log"),
-        dir: dir.clone(),
-        faults: options.faults,
-        hop: options.transport.hop.as_ref(),
-        server: Cell::new(None),
-        producer_threads: options.producer_threads,
-        acks: dir.join("acks.log"),
-        record_acks: database.is_some(),
-        per_event_ms: match database {
-            Some(_) => CONVERGE_PER_EVENT_MS.1,
-            None => CONVERGE_PER_EVENT_MS.0,
-        },
-    };
-    // Create both stores before any worker starts.
-    match &database {
-        Some(database) => {
-            pg_producer(&database.url(), true)?;
-            pg_consumer(&database.url(), true)?;
-        }
-        None => {
-            ordo_reservation::open_producer(&soak.producer)?;
-            ordo_reservation::open_consumer(&soak.consumer)?;
-        }
-    }
-
+    let soak = Soak::new(options, &dir, database.as_ref());
+    create_stores(&soak, database.as_ref())?;
     let mut tally = Tally::default();
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut workers = Vec::new();
@@ -582,26 +571,13 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
     let converging = Instant::now();
     converge(&soak, &mut workers, &mut tally)?;
     let converge = converging.elapsed();
-    let (snapshot, end_state, postgres) = match (&database, &server) {
-        (Some(database), Some(server)) => {
-            let mut end_state = sessions_gone(database)?;
-            let (snapshot, leases) = database_state(&database.url())?;
-            end_state.extend(end_violations(&snapshot, options.flows)?);
-            end_state.extend(leases.violations);
-            let report = PgSoakReport {
-                server: server.shown().to_owned(),
-                kept: options.keep.then(|| database.shown()),
-                terminations_by_role: std::mem::take(&mut tally.terminations),
-                leases_left: leases.left,
-            };
-            (snapshot, end_state, Some(report))
-        }
-        _ => {
-            let snapshot = files_state(&soak.producer, &soak.consumer)?;
-            let end_state = end_violations(&snapshot, options.flows)?;
-            (snapshot, end_state, None)
-        }
-    };
+    let (snapshot, end_state, postgres) = end_check(
+        &soak,
+        options,
+        database.as_ref(),
+        server.as_ref(),
+        &mut tally,
+    )?;
     let acknowledged = check_acks(&snapshot, &soak.acks, &mut tally)?;
     Ok(SoakReport {
         seconds: options.seconds,
@@ -623,35 +599,51 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
     })
 }
 
-/// The options of the soak's own PostgreSQL stores: ordo's and the
-/// domain's tables created when `create`.
-fn pg_options(create: bool) -> PgOptions {
-    PgOptions {
-        create,
-        ..PgOptions::default()
+/// Creates both stores of `soak` before any worker starts.
+fn create_stores(soak: &Soak, database: Option<&Database>) -> Result<(), LabError> {
+    match database {
+        Some(database) => {
+            pg_producer(&database.url(), true)?;
+            pg_consumer(&database.url(), true)?;
+        }
+        None => {
+            ordo_reservation::open_producer(&soak.producer)?;
+            ordo_reservation::open_consumer(&soak.consumer)?;
+        }
     }
+    Ok(())
 }
 
-/// Opens the PostgreSQL producer of a soak's database.
-fn pg_producer(url: &str, create: bool) -> Result<PgProducer, LabError> {
-    let clock = std::sync::Arc::new(SystemClock);
-    Ok(PgProducer::open_with(
-        url,
-        &producer_schema(),
-        clock,
-        &pg_options(create),
-    )?)
-}
-
-/// As [`pg_producer`], for the consumer.
-fn pg_consumer(url: &str, create: bool) -> Result<PgConsumer, LabError> {
-    let clock = std::sync::Arc::new(SystemClock);
-    Ok(PgConsumer::open_with(
-        url,
-        &consumer_schema(),
-        clock,
-        &pg_options(create),
-    )?)
+/// What the soak found once its workers converged: both sides' state, the
+/// end state's violations and, on PostgreSQL, what only a run there
+/// reports.
+fn end_check(
+    soak: &Soak,
+    options: &SoakOptions,
+    database: Option<&Database>,
+    server: Option<&Server>,
+    tally: &mut Tally,
+) -> Result<(Snapshot, Vec<Violation>, Option<PgSoakReport>), LabError> {
+    Ok(match (database, server) {
+        (Some(database), Some(server)) => {
+            let mut end_state = sessions_gone(database)?;
+            let (snapshot, leases) = database_state(&database.url())?;
+            end_state.extend(end_violations(&snapshot, options.flows)?);
+            end_state.extend(leases.violations);
+            let report = PgSoakReport {
+                server: server.shown().to_owned(),
+                kept: options.keep.then(|| database.shown()),
+                terminations_by_role: std::mem::take(&mut tally.terminations),
+                leases_left: leases.left,
+            };
+            (snapshot, end_state, Some(report))
+        }
+        _ => {
+            let snapshot = files_state(&soak.producer, &soak.consumer)?;
+            let end_state = end_violations(&snapshot, options.flows)?;
+            (snapshot, end_state, None)
+        }
+    })
 }
 
 /// Checks that every event acknowledged to a producer is in the outbox;
@@ -866,7 +858,7 @@ fn converge(soak: &Soak, workers: &mut [Worker], tally: &mut Tally) -> Result<()
 
 /// The end state's violations in `snapshot`: every event delivered and
 /// applied once, every one of `flows` flows released.
-fn end_violations(snapshot: &Snapshot, flows: u64) -> Result<Vec<Violation>, LabError> {
+pub(crate) fn end_violations(snapshot: &Snapshot, flows: u64) -> Result<Vec<Violation>, LabError> {
     let expected = EndState {
         delivered: true,
         finished: Some(Finished::released(
@@ -884,6 +876,8 @@ fn files_state(producer: &Path, consumer: &Path) -> Result<Snapshot, LabError> {
     ))
 }
 
+pub use crate::soak_pg::check_database;
+
 /// Checks the end state of a soak's two files: every event delivered and
 /// applied once, every one of `flows` flows released. Returns the number of
 /// committed events and the violations.
@@ -894,125 +888,6 @@ pub fn check_files(
 ) -> Result<(usize, Vec<Violation>), LabError> {
     let snapshot = files_state(producer, consumer)?;
     Ok((snapshot.outbox.len(), end_violations(&snapshot, flows)?))
-}
-
-/// Checks the end state of a soak's PostgreSQL database (`url`) once its
-/// workers are gone: as [`check_files`], and every relay lease free (one
-/// lease row per flow, none held by a live session). Returns the number of
-/// committed events and the violations.
-pub fn check_database(url: &str, flows: u64) -> Result<(usize, Vec<Violation>), LabError> {
-    let (snapshot, leases) = database_state(url)?;
-    let mut violations = end_violations(&snapshot, flows)?;
-    violations.extend(leases.violations);
-    Ok((snapshot.outbox.len(), violations))
-}
-
-/// The relays' leases after convergence. Each flow has one lease row; a
-/// lease is free when it names no relay, has expired, or names a relay
-/// whose server session is gone (as a claim decides). With every worker
-/// gone, each must be free; those still naming a relay were left by a
-/// relay that could not release them (killed, or its connection ended).
-struct Leases {
-    /// Leases still naming a relay, all free.
-    left: u64,
-    /// A lease held by a live session, or flows without a lease row.
-    violations: Vec<Violation>,
-}
-
-/// Both sides of a soak's database, read, and its leases; the list of
-/// events not yet accepted must match the outbox.
-fn database_state(url: &str) -> Result<(Snapshot, Leases), LabError> {
-    let mut producer = pg_producer(url, false)?;
-    let snapshot = Snapshot::new(
-        pg_producer_snapshot(&mut producer)?,
-        pg_consumer_snapshot(&mut pg_consumer(url, false)?)?,
-    );
-    let (headless, misfiled, held) = producer.read(|tx| {
-        let s = tx.ordo_schema().to_owned();
-        let counts = tx.query_one(
-            &format!(
-                "SELECT (SELECT count(DISTINCT o.flow_id) FROM \"{s}\".outbox o
-                         WHERE NOT EXISTS (SELECT 1 FROM \"{s}\".outbox_head h
-                                           WHERE h.flow_id = o.flow_id)),
-                        (SELECT count(*) FROM (
-                            (SELECT position FROM \"{s}\".outbox_pending
-                             EXCEPT SELECT position FROM \"{s}\".outbox WHERE NOT accepted)
-                            UNION ALL
-                            (SELECT position FROM \"{s}\".outbox WHERE NOT accepted
-                             EXCEPT SELECT position FROM \"{s}\".outbox_pending)) AS d)"
-            ),
-            &[],
-        )?;
-        let held = tx.query(
-            &format!(
-                "SELECT h.flow_id, h.lease_owner,
-                        h.lease_expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-                        AND EXISTS (SELECT 1 FROM pg_stat_activity a
-                                    WHERE a.pid = h.lease_backend_pid
-                                      AND a.datname = current_database())
-                 FROM \"{s}\".outbox_head h WHERE h.lease_owner IS NOT NULL ORDER BY h.flow_id"
-            ),
-            &[],
-        )?;
-        let held: Vec<(String, String, bool)> = held
-            .iter()
-            .map(|row| (row.get(0), row.get(1), row.get(2)))
-            .collect();
-        Ok((
-            counts.get::<_, i64>(0),
-            counts.get::<_, i64>(1),
-            held,
-        ))
-    })?;
-    let mut violations = Vec::new();
-    if misfiled > 0 {
-        violations.push(Violation {
-            rule: Rule::Unfinished,
-            detail: format!(
-                "{misfiled} outbox events listed pending but accepted or gone, or not accepted and unlisted"
-            ),
-        });
-    }
-    if headless > 0 {
-        violations.push(Violation {
-            rule: Rule::Unfinished,
-            detail: format!("{headless} flows have outbox events but no head row"),
-        });
-    }
-    for (flow, owner, _) in held.iter().filter(|(_, _, live)| *live) {
-        violations.push(Violation {
-            rule: Rule::Unfinished,
-            detail: format!(
-                "flow {flow} is still leased to relay {owner}, whose session is alive after every worker finished"
-            ),
-        });
-    }
-    let left = held.iter().filter(|(_, _, live)| !live).count() as u64;
-    Ok((snapshot, Leases { left, violations }))
-}
-
-/// Waits until the server sees none of ordo's sessions in the run's
-/// database (every worker has exited); a session still there after
-/// [`SESSIONS_GONE_BOUND`] is a violation.
-fn sessions_gone(database: &Database) -> Result<Vec<Violation>, LabError> {
-    let started = Instant::now();
-    loop {
-        let sessions = database.ordo_sessions()?;
-        if sessions.is_empty() {
-            return Ok(Vec::new());
-        }
-        if started.elapsed() > SESSIONS_GONE_BOUND {
-            let names: Vec<&str> = sessions.iter().map(|(_, name)| name.as_str()).collect();
-            return Ok(vec![Violation {
-                rule: Rule::Unfinished,
-                detail: format!(
-                    "sessions still connected after every worker finished: {}",
-                    names.join(", ")
-                ),
-            }]);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[cfg(test)]
