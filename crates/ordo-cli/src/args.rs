@@ -4,8 +4,10 @@
 #[allow(unused_imports)]
 use ordo_reservation::{FlowState, Quantity};
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
 use clap::{Args, Parser, Subcommand};
+use ordo_lab::transports::{LabTransport, TRANSPORTS};
 
 use crate::stores::Location;
 use ordo_core::{EventId, FlowId, SchemaVersion, Seq};
@@ -275,7 +277,7 @@ pub struct SoakArgs {
     /// How the relays reach the consumer: `file` opens it, `http` posts to
     /// an `ordo serve` on the loopback interface, which is killed too.
     #[arg(long, value_enum, value_name = "T", default_value = "file")]
-    pub transport: TransportArg,
+    pub transport: SoakTransportArg,
     /// Threads in each producer process (1..=1024): more than one share a
     /// group-committing writer, and every event acknowledged to them is
     /// checked to be in the outbox at the end.
@@ -303,7 +305,25 @@ pub struct SoakArgs {
     pub keep: bool,
 }
 
-/// How a lab run's relays reach the consumer.
+/// How the soak's relays reach the consumer: one of the lab's transports
+/// ([`ordo_lab::transports::TRANSPORTS`]), by its name, with its summary as
+/// the value's help.
+#[derive(Debug, Clone, Copy)]
+pub struct SoakTransportArg(pub &'static LabTransport);
+
+impl clap::ValueEnum for SoakTransportArg {
+    fn value_variants<'a>() -> &'a [Self] {
+        static VARIANTS: LazyLock<Vec<SoakTransportArg>> =
+            LazyLock::new(|| TRANSPORTS.iter().map(SoakTransportArg).collect());
+        &VARIANTS
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.0.name).help(self.0.summary))
+    }
+}
+
+/// How the bench's relays reach the consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TransportArg {
     /// The consumer file, opened by the relay.
@@ -762,5 +782,32 @@ fn target(value: &str) -> Result<FlowState, String> {
     match FlowState::parse(value) {
         Some(state) if state != FlowState::New => Ok(state),
         _ => Err("must be one of reserved, confirmed, released".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `ordo soak --transport NAME`'s transport, or clap's error.
+    fn soak_transport(name: &str) -> Result<&'static LabTransport, clap::Error> {
+        match Cli::try_parse_from(["ordo", "soak", "--transport", name])?.command {
+            Command::Soak(args) => Ok(args.transport.0),
+            other => panic!("not the soak: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_soak_takes_every_lab_transport_by_its_name_and_no_other() {
+        for transport in &TRANSPORTS {
+            let parsed = soak_transport(transport.name).expect(transport.name);
+            assert!(std::ptr::eq(parsed, transport), "{}", transport.name);
+        }
+        let refused = soak_transport("carrier-pigeon").unwrap_err();
+        assert_eq!(refused.kind(), clap::error::ErrorKind::InvalidValue);
+        let Command::Soak(args) = Cli::try_parse_from(["ordo", "soak"]).unwrap().command else {
+            panic!("not the soak");
+        };
+        assert_eq!(args.transport.0.name, "file");
     }
 }

@@ -189,10 +189,7 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
         seed: args.seed,
         dir: args.dir,
         faults: args.faults,
-        transport: match args.transport {
-            TransportArg::File => soak::SoakTransport::File,
-            TransportArg::Http => soak::SoakTransport::Http,
-        },
+        transport: args.transport.0,
         producer_threads: args.producer_threads,
         backend,
         relays: args.relays.map_or(workers, |n| n as usize),

@@ -166,7 +166,7 @@ pub fn soak(report: &SoakReport) -> Value {
         "seconds": report.seconds,
         "flows": report.flows,
         "seed": report.seed,
-        "transport": report.transport.as_str(),
+        "transport": report.transport.name,
         "server_moves": report.server_moves,
         "kills": report.kills(),
         "kills_by_role": by_role(&report.kills_by_role),
@@ -202,7 +202,7 @@ pub fn soak(report: &SoakReport) -> Value {
 pub fn soak_text(report: &SoakReport) -> String {
     let mut lines = vec![
         format!("seed     {}", report.seed),
-        format!("transport {}", report.transport.as_str()),
+        format!("transport {}", report.transport.name),
         format!(
             "kills    {} (SIGKILL) over {} s: {}",
             report.kills(),

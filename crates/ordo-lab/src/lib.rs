@@ -20,6 +20,8 @@ pub mod pg;
 pub mod serve;
 pub mod skeleton_pg;
 pub mod soak;
+mod soak_pg;
+pub mod transports;
 pub mod worker;
 pub mod worker_group;
 

@@ -1,7 +1,8 @@
 //! The soak: producers, relays and appliers as child processes, killed with
 //! SIGKILL at random instants, then left to converge; the end state is
-//! checked against the protocol's invariants. Over HTTP the relays post to
-//! an `ordo serve` child, which is killed and started again too.
+//! checked against the protocol's invariants. Over a transport with a
+//! network hop (`http`) the relays post to its server role (an `ordo serve`
+//! child), which is killed and started again too.
 //!
 //! On PostgreSQL the run has one fresh database (both roles' schemas in it,
 //! as one application database would hold them), several relays and
@@ -17,15 +18,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ordo_core::{Clock, SystemClock};
-use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
-use ordo_reservation::postgres::{pg_consumer_snapshot, pg_producer_snapshot};
-use ordo_reservation::{consumer_schema, producer_schema};
-use ordo_testkit::check::{check_end_state, EndState, Finished, Rule, Snapshot, Violation};
+use ordo_testkit::check::{check_end_state, EndState, Finished, Snapshot, Violation};
 
 use crate::experiment::child::{finish_within, WATCHDOG};
 use crate::experiment::Backend;
 use crate::pg::{Database, Server, SOAK_PREFIX};
 use crate::serve::{loopback_any, ServeSpec};
+use crate::soak_pg::{database_state, pg_consumer, pg_producer, sessions_gone};
+use crate::transports::{Hop, LabTransport};
 use crate::{internal, LabError, Progress};
 
 /// The shortest and longest pause between two kills.
@@ -52,29 +52,6 @@ pub const WORKERS_MAX: usize = 8;
 /// flow again with one round trip to the server per step, on a server
 /// that other programs share).
 const CONVERGE_PER_EVENT_MS: (u64, u64) = (5, 25);
-/// How long the end check waits for the server to see every worker's
-/// session gone.
-const SESSIONS_GONE_BOUND: Duration = Duration::from_secs(10);
-
-/// How the relays reach the consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SoakTransport {
-    /// They open the consumer file.
-    File,
-    /// They post to an `ordo serve` child on the loopback interface.
-    Http,
-}
-
-impl SoakTransport {
-    /// The transport's name, as `--transport` takes it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SoakTransport::File => "file",
-            SoakTransport::Http => "http",
-        }
-    }
-}
-
 /// What the soak runs.
 #[derive(Debug, Clone)]
 pub struct SoakOptions {
@@ -93,8 +70,9 @@ pub struct SoakOptions {
     /// at a random sync): such a worker fails as a real disk would make it
     /// fail, and is started again.
     pub faults: bool,
-    /// How the relays reach the consumer.
-    pub transport: SoakTransport,
+    /// How the relays reach the consumer: one of
+    /// [`TRANSPORTS`](crate::transports::TRANSPORTS).
+    pub transport: &'static LabTransport,
     /// Threads in each producer process: 1 is one thread calling
     /// `advance`; more share one group-committing writer (SQLite only).
     /// Every event acknowledged to a producer on PostgreSQL, or to grouped
@@ -121,7 +99,7 @@ pub struct SoakReport {
     /// The seed of the kill schedule.
     pub seed: u64,
     /// How the relays reached the consumer.
-    pub transport: SoakTransport,
+    pub transport: &'static LabTransport,
     /// Times a killed server could not have its port again and took a new
     /// one (relays started later use it).
     pub server_moves: u64,
@@ -230,7 +208,7 @@ struct Worker {
     child: Option<Child>,
     /// Whether the running child has a fault armed.
     faulted: bool,
-    /// The server address a relay over HTTP was started with.
+    /// The server address a relay over a network hop was started with.
     server: Option<SocketAddr>,
 }
 
@@ -269,6 +247,9 @@ struct Soak {
     dir: PathBuf,
     /// Whether workers started while killing get faults.
     faults: bool,
+    /// The transport's network hop, whose server role is one of the
+    /// workers; `None` when the relays open the consumer store.
+    hop: Option<&'static Hop>,
     /// The address of the server, once one started.
     server: Cell<Option<SocketAddr>>,
     /// The servers' logs.
@@ -283,6 +264,40 @@ struct Soak {
 }
 
 impl Soak {
+    /// The soak of `options`: its files and markers in `dir`, its stores
+    /// there or in `database`.
+    fn new(options: &SoakOptions, dir: &Path, database: Option<&Database>) -> Soak {
+        let (producer, consumer) = match database {
+            Some(database) => (PathBuf::from(database.url()), PathBuf::from(database.url())),
+            None => (dir.join("producer.db"), dir.join("consumer.db")),
+        };
+        Soak {
+            exe: options.exe.clone(),
+            producer,
+            consumer,
+            produced_marker: dir.join("produced.done"),
+            relayed_marker: dir.join("relayed.done"),
+            flows: options.flows,
+            spread_ms: {
+                let now_ms = SystemClock.now_ms();
+                // Most of the kill window, so that kills meet producers at work.
+                (now_ms, now_ms + (options.seconds as i64 * 1000) * 4 / 5)
+            },
+            serve_log: dir.join("serve.log"),
+            dir: dir.to_path_buf(),
+            faults: options.faults,
+            hop: options.transport.hop.as_ref(),
+            server: Cell::new(None),
+            producer_threads: options.producer_threads,
+            acks: dir.join("acks.log"),
+            record_acks: database.is_some(),
+            per_event_ms: match database {
+                Some(_) => CONVERGE_PER_EVENT_MS.1,
+                None => CONVERGE_PER_EVENT_MS.0,
+            },
+        }
+    }
+
     /// Starts `worker` again, with a fault armed half of the time when the
     /// soak injects faults.
     fn start(
@@ -308,8 +323,11 @@ impl Soak {
     /// [`SERVER_BIND_ATTEMPTS`] on a new port, which relays started from
     /// then on use.
     fn spawn_server(&self, tally: &mut Tally) -> Result<Child, LabError> {
+        let hop = self
+            .hop
+            .ok_or_else(|| LabError::Internal("a server without a network hop".into()))?;
         let start = |listen: SocketAddr| {
-            crate::serve::start(&ServeSpec {
+            hop.start(&ServeSpec {
                 exe: &self.exe,
                 consumer: &self.consumer,
                 listen,
@@ -357,8 +375,8 @@ impl Soak {
             ]),
             Role::Relay => {
                 command.arg("--producer").arg(&self.producer);
-                match self.server.get() {
-                    Some(addr) => command.arg("--to").arg(format!("http://{addr}")),
+                match self.hop.zip(self.server.get()) {
+                    Some((hop, addr)) => command.args(hop.relay_flags(addr)),
                     None => command.arg("--consumer").arg(&self.consumer),
                 };
                 command.arg("--until").arg(&self.produced_marker)
@@ -455,8 +473,21 @@ fn soak_dir(dir: Option<&Path>, temp: &Path) -> Result<PathBuf, LabError> {
     Ok(dir.to_path_buf())
 }
 
+/// The workers' roles, in the order they start: the transport's server
+/// role first, if it has a network hop (the relays take its address), then
+/// the producers, the relays and the appliers.
+pub(crate) fn roles(options: &SoakOptions) -> Vec<Role> {
+    let server = options.transport.hop.map(|_| Role::Server);
+    server
+        .into_iter()
+        .chain(std::iter::repeat_n(Role::Produce, PRODUCERS))
+        .chain(std::iter::repeat_n(Role::Relay, options.relays))
+        .chain(std::iter::repeat_n(Role::Apply, options.appliers))
+        .collect()
+}
+
 /// Refuses options that do not go together; nothing is run.
-fn check_options(options: &SoakOptions) -> Result<(), LabError> {
+pub(crate) fn check_options(options: &SoakOptions) -> Result<(), LabError> {
     for (flag, n) in [
         ("--relays", options.relays),
         ("--appliers", options.appliers),
@@ -467,15 +498,22 @@ fn check_options(options: &SoakOptions) -> Result<(), LabError> {
             )));
         }
     }
+    let hop = options.transport.hop.map(|hop| {
+        let name = options.transport.name;
+        format!(
+            "--transport {name} posts to an `ordo {}` of an SQLite file",
+            hop.command
+        )
+    });
     let sqlite_only = [
-        (options.faults, "--faults injects faults into SQLite files"),
         (
-            options.transport == SoakTransport::Http,
-            "--transport http posts to an `ordo serve` of an SQLite file",
+            options.faults,
+            "--faults injects faults into SQLite files".into(),
         ),
+        (hop.is_some(), hop.unwrap_or_default()),
         (
             options.producer_threads > 1,
-            "--producer-threads shares one SQLite group writer",
+            "--producer-threads shares one SQLite group writer".into(),
         ),
     ];
     match options.backend {
@@ -511,57 +549,12 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         .tempdir()
         .map_err(|e| LabError::Internal(format!("cannot create a temporary directory: {e}")))?;
     let dir = soak_dir(options.dir.as_deref(), temp.path())?;
-    let (producer, consumer) = match &database {
-        Some(database) => (PathBuf::from(database.url()), PathBuf::from(database.url())),
-        None => (dir.join("producer.db"), dir.join("consumer.db")),
-    };
-    let soak = Soak {
-        exe: options.exe.clone(),
-        producer,
-        consumer,
-        produced_marker: dir.join("produced.done"),
-        relayed_marker: dir.join("relayed.done"),
-        flows: options.flows,
-        spread_ms: {
-            let now_ms = SystemClock.now_ms();
-            // Most of the kill window, so that kills meet producers at work.
-            (now_ms, now_ms + (options.seconds as i64 * 1000) * 4 / 5)
-        },
-        serve_log: dir.join("serve.log"),
-        dir: dir.clone(),
-        faults: options.faults,
-        server: Cell::new(None),
-        producer_threads: options.producer_threads,
-        acks: dir.join("acks.log"),
-        record_acks: database.is_some(),
-        per_event_ms: match database {
-            Some(_) => CONVERGE_PER_EVENT_MS.1,
-            None => CONVERGE_PER_EVENT_MS.0,
-        },
-    };
-    // Create both stores before any worker starts.
-    match &database {
-        Some(database) => {
-            pg_producer(&database.url(), true)?;
-            pg_consumer(&database.url(), true)?;
-        }
-        None => {
-            ordo_reservation::open_producer(&soak.producer)?;
-            ordo_reservation::open_consumer(&soak.consumer)?;
-        }
-    }
-
-    // The server first: the relays take its address.
-    let server_role = (options.transport == SoakTransport::Http).then_some(Role::Server);
-    let roles = server_role
-        .into_iter()
-        .chain(std::iter::repeat_n(Role::Produce, PRODUCERS))
-        .chain(std::iter::repeat_n(Role::Relay, options.relays))
-        .chain(std::iter::repeat_n(Role::Apply, options.appliers));
+    let soak = Soak::new(options, &dir, database.as_ref());
+    create_stores(&soak, database.as_ref())?;
     let mut tally = Tally::default();
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut workers = Vec::new();
-    for role in roles {
+    for role in roles(options) {
         let mut worker = Worker::new(role);
         soak.start(&mut worker, &mut tally, &mut rng)?;
         workers.push(worker);
@@ -578,26 +571,13 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
     let converging = Instant::now();
     converge(&soak, &mut workers, &mut tally)?;
     let converge = converging.elapsed();
-    let (snapshot, end_state, postgres) = match (&database, &server) {
-        (Some(database), Some(server)) => {
-            let mut end_state = sessions_gone(database)?;
-            let (snapshot, leases) = database_state(&database.url())?;
-            end_state.extend(end_violations(&snapshot, options.flows)?);
-            end_state.extend(leases.violations);
-            let report = PgSoakReport {
-                server: server.shown().to_owned(),
-                kept: options.keep.then(|| database.shown()),
-                terminations_by_role: std::mem::take(&mut tally.terminations),
-                leases_left: leases.left,
-            };
-            (snapshot, end_state, Some(report))
-        }
-        _ => {
-            let snapshot = files_state(&soak.producer, &soak.consumer)?;
-            let end_state = end_violations(&snapshot, options.flows)?;
-            (snapshot, end_state, None)
-        }
-    };
+    let (snapshot, end_state, postgres) = end_check(
+        &soak,
+        options,
+        database.as_ref(),
+        server.as_ref(),
+        &mut tally,
+    )?;
     let acknowledged = check_acks(&snapshot, &soak.acks, &mut tally)?;
     Ok(SoakReport {
         seconds: options.seconds,
@@ -619,35 +599,51 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
     })
 }
 
-/// The options of the soak's own PostgreSQL stores: ordo's and the
-/// domain's tables created when `create`.
-fn pg_options(create: bool) -> PgOptions {
-    PgOptions {
-        create,
-        ..PgOptions::default()
+/// Creates both stores of `soak` before any worker starts.
+fn create_stores(soak: &Soak, database: Option<&Database>) -> Result<(), LabError> {
+    match database {
+        Some(database) => {
+            pg_producer(&database.url(), true)?;
+            pg_consumer(&database.url(), true)?;
+        }
+        None => {
+            ordo_reservation::open_producer(&soak.producer)?;
+            ordo_reservation::open_consumer(&soak.consumer)?;
+        }
     }
+    Ok(())
 }
 
-/// Opens the PostgreSQL producer of a soak's database.
-fn pg_producer(url: &str, create: bool) -> Result<PgProducer, LabError> {
-    let clock = std::sync::Arc::new(SystemClock);
-    Ok(PgProducer::open_with(
-        url,
-        &producer_schema(),
-        clock,
-        &pg_options(create),
-    )?)
-}
-
-/// As [`pg_producer`], for the consumer.
-fn pg_consumer(url: &str, create: bool) -> Result<PgConsumer, LabError> {
-    let clock = std::sync::Arc::new(SystemClock);
-    Ok(PgConsumer::open_with(
-        url,
-        &consumer_schema(),
-        clock,
-        &pg_options(create),
-    )?)
+/// What the soak found once its workers converged: both sides' state, the
+/// end state's violations and, on PostgreSQL, what only a run there
+/// reports.
+fn end_check(
+    soak: &Soak,
+    options: &SoakOptions,
+    database: Option<&Database>,
+    server: Option<&Server>,
+    tally: &mut Tally,
+) -> Result<(Snapshot, Vec<Violation>, Option<PgSoakReport>), LabError> {
+    Ok(match (database, server) {
+        (Some(database), Some(server)) => {
+            let mut end_state = sessions_gone(database)?;
+            let (snapshot, leases) = database_state(&database.url())?;
+            end_state.extend(end_violations(&snapshot, options.flows)?);
+            end_state.extend(leases.violations);
+            let report = PgSoakReport {
+                server: server.shown().to_owned(),
+                kept: options.keep.then(|| database.shown()),
+                terminations_by_role: std::mem::take(&mut tally.terminations),
+                leases_left: leases.left,
+            };
+            (snapshot, end_state, Some(report))
+        }
+        _ => {
+            let snapshot = files_state(&soak.producer, &soak.consumer)?;
+            let end_state = end_violations(&snapshot, options.flows)?;
+            (snapshot, end_state, None)
+        }
+    })
 }
 
 /// Checks that every event acknowledged to a producer is in the outbox;
@@ -862,7 +858,7 @@ fn converge(soak: &Soak, workers: &mut [Worker], tally: &mut Tally) -> Result<()
 
 /// The end state's violations in `snapshot`: every event delivered and
 /// applied once, every one of `flows` flows released.
-fn end_violations(snapshot: &Snapshot, flows: u64) -> Result<Vec<Violation>, LabError> {
+pub(crate) fn end_violations(snapshot: &Snapshot, flows: u64) -> Result<Vec<Violation>, LabError> {
     let expected = EndState {
         delivered: true,
         finished: Some(Finished::released(
@@ -880,6 +876,8 @@ fn files_state(producer: &Path, consumer: &Path) -> Result<Snapshot, LabError> {
     ))
 }
 
+pub use crate::soak_pg::check_database;
+
 /// Checks the end state of a soak's two files: every event delivered and
 /// applied once, every one of `flows` flows released. Returns the number of
 /// committed events and the violations.
@@ -890,125 +888,6 @@ pub fn check_files(
 ) -> Result<(usize, Vec<Violation>), LabError> {
     let snapshot = files_state(producer, consumer)?;
     Ok((snapshot.outbox.len(), end_violations(&snapshot, flows)?))
-}
-
-/// Checks the end state of a soak's PostgreSQL database (`url`) once its
-/// workers are gone: as [`check_files`], and every relay lease free (one
-/// lease row per flow, none held by a live session). Returns the number of
-/// committed events and the violations.
-pub fn check_database(url: &str, flows: u64) -> Result<(usize, Vec<Violation>), LabError> {
-    let (snapshot, leases) = database_state(url)?;
-    let mut violations = end_violations(&snapshot, flows)?;
-    violations.extend(leases.violations);
-    Ok((snapshot.outbox.len(), violations))
-}
-
-/// The relays' leases after convergence. Each flow has one lease row; a
-/// lease is free when it names no relay, has expired, or names a relay
-/// whose server session is gone (as a claim decides). With every worker
-/// gone, each must be free; those still naming a relay were left by a
-/// relay that could not release them (killed, or its connection ended).
-struct Leases {
-    /// Leases still naming a relay, all free.
-    left: u64,
-    /// A lease held by a live session, or flows without a lease row.
-    violations: Vec<Violation>,
-}
-
-/// Both sides of a soak's database, read, and its leases; the list of
-/// events not yet accepted must match the outbox.
-fn database_state(url: &str) -> Result<(Snapshot, Leases), LabError> {
-    let mut producer = pg_producer(url, false)?;
-    let snapshot = Snapshot::new(
-        pg_producer_snapshot(&mut producer)?,
-        pg_consumer_snapshot(&mut pg_consumer(url, false)?)?,
-    );
-    let (headless, misfiled, held) = producer.read(|tx| {
-        let s = tx.ordo_schema().to_owned();
-        let counts = tx.query_one(
-            &format!(
-                "SELECT (SELECT count(DISTINCT o.flow_id) FROM \"{s}\".outbox o
-                         WHERE NOT EXISTS (SELECT 1 FROM \"{s}\".outbox_head h
-                                           WHERE h.flow_id = o.flow_id)),
-                        (SELECT count(*) FROM (
-                            (SELECT position FROM \"{s}\".outbox_pending
-                             EXCEPT SELECT position FROM \"{s}\".outbox WHERE NOT accepted)
-                            UNION ALL
-                            (SELECT position FROM \"{s}\".outbox WHERE NOT accepted
-                             EXCEPT SELECT position FROM \"{s}\".outbox_pending)) AS d)"
-            ),
-            &[],
-        )?;
-        let held = tx.query(
-            &format!(
-                "SELECT h.flow_id, h.lease_owner,
-                        h.lease_expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-                        AND EXISTS (SELECT 1 FROM pg_stat_activity a
-                                    WHERE a.pid = h.lease_backend_pid
-                                      AND a.datname = current_database())
-                 FROM \"{s}\".outbox_head h WHERE h.lease_owner IS NOT NULL ORDER BY h.flow_id"
-            ),
-            &[],
-        )?;
-        let held: Vec<(String, String, bool)> = held
-            .iter()
-            .map(|row| (row.get(0), row.get(1), row.get(2)))
-            .collect();
-        Ok((
-            counts.get::<_, i64>(0),
-            counts.get::<_, i64>(1),
-            held,
-        ))
-    })?;
-    let mut violations = Vec::new();
-    if misfiled > 0 {
-        violations.push(Violation {
-            rule: Rule::Unfinished,
-            detail: format!(
-                "{misfiled} outbox events listed pending but accepted or gone, or not accepted and unlisted"
-            ),
-        });
-    }
-    if headless > 0 {
-        violations.push(Violation {
-            rule: Rule::Unfinished,
-            detail: format!("{headless} flows have outbox events but no head row"),
-        });
-    }
-    for (flow, owner, _) in held.iter().filter(|(_, _, live)| *live) {
-        violations.push(Violation {
-            rule: Rule::Unfinished,
-            detail: format!(
-                "flow {flow} is still leased to relay {owner}, whose session is alive after every worker finished"
-            ),
-        });
-    }
-    let left = held.iter().filter(|(_, _, live)| !live).count() as u64;
-    Ok((snapshot, Leases { left, violations }))
-}
-
-/// Waits until the server sees none of ordo's sessions in the run's
-/// database (every worker has exited); a session still there after
-/// [`SESSIONS_GONE_BOUND`] is a violation.
-fn sessions_gone(database: &Database) -> Result<Vec<Violation>, LabError> {
-    let started = Instant::now();
-    loop {
-        let sessions = database.ordo_sessions()?;
-        if sessions.is_empty() {
-            return Ok(Vec::new());
-        }
-        if started.elapsed() > SESSIONS_GONE_BOUND {
-            let names: Vec<&str> = sessions.iter().map(|(_, name)| name.as_str()).collect();
-            return Ok(vec![Violation {
-                rule: Rule::Unfinished,
-                detail: format!(
-                    "sessions still connected after every worker finished: {}",
-                    names.join(", ")
-                ),
-            }]);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[cfg(test)]

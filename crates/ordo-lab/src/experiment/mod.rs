@@ -1,7 +1,7 @@
-//! The experiment: the seed's 22 scenarios, the features beyond it, and the
-//! HTTP transport's, on real processes and real stores (two SQLite files, or
-//! a PostgreSQL database, of each scenario's own), compared field by field
-//! with the protocol's expectations.
+//! The experiment: the seed's 22 scenarios, the features beyond it, and
+//! those of each transport with a network hop, on real processes and real
+//! stores (two SQLite files, or a PostgreSQL database, of each scenario's
+//! own), compared field by field with the protocol's expectations.
 
 mod beyond;
 pub(crate) mod child;
@@ -20,16 +20,44 @@ use crate::LabError as Failure;
 use beyond::BEYOND;
 use child::{scenario_dir, Ctx, Stores};
 use expect::differences;
-use scenarios::{ScenarioFn, SEED};
-use transport::TRANSPORT;
+use scenarios::{Outcome, ScenarioFn, SEED};
+
+/// How a scenario runs, on its own stores.
+type RunFn = Box<dyn Fn(&Ctx) -> Result<Outcome, String>>;
+
+/// One scenario: its name and how it runs.
+pub(crate) struct Scenario {
+    name: String,
+    run: RunFn,
+}
 
 /// The scenario groups, reported apart: the seed's 22, then the features
-/// beyond it, then the HTTP transport's.
-const GROUPS: [(&str, &[(&str, ScenarioFn)]); 3] = [
-    ("seed", &SEED),
-    ("beyond", &BEYOND),
-    ("transport", &TRANSPORT),
-];
+/// beyond it, then those of every transport with a network hop (built from
+/// the lab's list of transports).
+fn groups() -> [(&'static str, Vec<Scenario>); 3] {
+    let listed = |list: &[(&'static str, ScenarioFn)]| -> Vec<Scenario> {
+        list.iter()
+            .map(|&(name, run)| Scenario {
+                name: name.to_owned(),
+                run: Box::new(run),
+            })
+            .collect()
+    };
+    [
+        ("seed", listed(&SEED)),
+        ("beyond", listed(&BEYOND)),
+        ("transport", transport::scenarios()),
+    ]
+}
+
+/// Every scenario's group and name, in the order they run.
+#[cfg(test)]
+pub(crate) fn scenario_names() -> Vec<(&'static str, String)> {
+    groups()
+        .into_iter()
+        .flat_map(|(group, list)| list.into_iter().map(move |s| (group, s.name)))
+        .collect()
+}
 
 /// Where the scenarios' stores live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +123,7 @@ pub struct ScenarioResult {
     /// Its group (`seed`, `beyond` or `transport`).
     pub group: &'static str,
     /// Its name.
-    pub name: &'static str,
+    pub name: String,
     /// What it observed (`{"error": ..}` when it could not run).
     pub observed: Value,
     /// What the protocol expects.
@@ -117,7 +145,7 @@ pub struct NotApplicable {
     /// Its group.
     pub group: &'static str,
     /// Its name.
-    pub name: &'static str,
+    pub name: String,
     /// Why it cannot apply.
     pub reason: &'static str,
 }
@@ -160,14 +188,11 @@ impl ExperimentReport {
 
     /// The counts of every group, whether any of its scenarios ran or not.
     pub fn groups(&self) -> Vec<GroupCounts> {
-        GROUPS
-            .iter()
+        groups()
+            .into_iter()
             .map(|(group, _)| {
-                let mine: Vec<&ScenarioResult> = self
-                    .scenarios
-                    .iter()
-                    .filter(|r| r.group == *group)
-                    .collect();
+                let mine: Vec<&ScenarioResult> =
+                    self.scenarios.iter().filter(|r| r.group == group).collect();
                 let passed = mine.iter().filter(|r| r.passed()).count();
                 GroupCounts {
                     group,
@@ -209,10 +234,11 @@ pub fn run(
     options: &ExperimentOptions,
     on_result: &mut dyn FnMut(&ScenarioResult),
 ) -> Result<ExperimentReport, Failure> {
+    let groups = groups();
     for name in &options.only {
-        if !GROUPS
+        if !groups
             .iter()
-            .any(|(_, list)| list.iter().any(|(n, _)| n == name))
+            .any(|(_, list)| list.iter().any(|s| s.name == *name))
         {
             return Err(Failure::Usage(format!("--only {name}: no such scenario")));
         }
@@ -231,17 +257,18 @@ pub fn run(
         .map_err(|e| Failure::Internal(format!("cannot create a temporary directory: {e}")))?;
     let mut scenarios = Vec::new();
     let mut skipped = Vec::new();
-    for (group, name, scenario) in GROUPS
+    for (group, scenario) in groups
         .iter()
-        .flat_map(|(group, list)| list.iter().map(move |(name, f)| (*group, *name, *f)))
+        .flat_map(|(group, list)| list.iter().map(move |s| (*group, s)))
     {
+        let name = scenario.name.as_str();
         if !options.only.is_empty() && !options.only.iter().any(|n| n == name) {
             continue;
         }
         if let Some(reason) = not_applicable(&options.backend, name) {
             skipped.push(NotApplicable {
                 group,
-                name,
+                name: name.to_owned(),
                 reason,
             });
             continue;
@@ -260,7 +287,7 @@ pub fn run(
             },
         };
         let override_ = overrides.iter().find(|(n, _)| n == name).map(|(_, v)| v);
-        let result = run_one(group, name, scenario, &ctx, override_);
+        let result = run_one(group, scenario, &ctx, override_);
         drop(database);
         on_result(&result);
         scenarios.push(result);
@@ -275,12 +302,11 @@ pub fn run(
 
 fn run_one(
     group: &'static str,
-    name: &'static str,
-    scenario: ScenarioFn,
+    scenario: &Scenario,
     ctx: &Ctx,
     override_: Option<&Value>,
 ) -> ScenarioResult {
-    let (observed, mut expected) = match scenario(ctx) {
+    let (observed, mut expected) = match (scenario.run)(ctx) {
         Ok(outcome) => (outcome.observed, outcome.expected),
         Err(error) => (json!({ "error": error }), json!({})),
     };
@@ -293,7 +319,7 @@ fn run_one(
     }
     ScenarioResult {
         group,
-        name,
+        name: scenario.name.clone(),
         observed,
         expected,
         differences: found,
@@ -308,9 +334,9 @@ mod tests {
     fn every_scenario_not_applicable_on_postgresql_exists() {
         for (name, reason) in NOT_ON_POSTGRES {
             assert!(
-                GROUPS
+                groups()
                     .iter()
-                    .any(|(_, list)| list.iter().any(|(n, _)| *n == name)),
+                    .any(|(_, list)| list.iter().any(|s| s.name == name)),
                 "no scenario {name}"
             );
             assert!(!reason.is_empty());

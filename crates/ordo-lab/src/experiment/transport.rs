@@ -1,8 +1,11 @@
-//! Scenarios of the HTTP transport (HTTP.md), reported apart: an `ordo
-//! serve` child receives what `ordo relay --to` posts, and a crash on
-//! either side of the wire between the receive commit and the relay's mark
-//! is recovered by the relay's retry, answered `duplicate`. Relays run at a
-//! fixed clock (`ORDO_NOW_MS`), so the backoff after a failure is exact.
+//! Scenarios of the transports with a network hop (HTTP.md for `http`),
+//! reported apart: a server role (`ordo serve`) receives what `ordo relay`
+//! posts to it, and a crash on either side of the wire between the receive
+//! commit and the relay's mark is recovered by the relay's retry, answered
+//! `duplicate`. Each scenario runs once for every networked transport of
+//! [`TRANSPORTS`](crate::transports::TRANSPORTS), named after it. Relays
+//! run at a fixed clock (`ORDO_NOW_MS`), so the backoff after a failure is
+//! exact.
 
 use ordo_core::crash;
 use serde_json::{json, Value};
@@ -11,17 +14,51 @@ use std::time::Duration;
 
 use super::child::{deliver_stdin, finish, wait, Ctx, Run, NOW_ENV};
 use super::expect::{event, Expect};
-use super::scenarios::{relayed, Outcome, ScenarioFn};
+use super::scenarios::{relayed, Outcome};
+use super::Scenario;
 use crate::serve::{loopback_any, ServeSpec, Served};
+use crate::transports::{self, Hop, LabTransport};
 
-/// Every scenario of the transport.
-pub const TRANSPORT: [(&str, ScenarioFn); 2] = [
-    ("crash_serve_after_commit", crash_serve_after_commit),
+/// A scenario run over one transport's hop.
+type HopScenarioFn = fn(&Ctx, &Hop) -> Result<Outcome, String>;
+/// A scenario's name over one transport.
+type NameFn = fn(&LabTransport, &Hop) -> String;
+
+/// What every networked transport runs: each scenario's name, derived from
+/// the transport, and the scenario.
+const OVER_HOP: [(NameFn, HopScenarioFn); 2] = [
     (
-        "crash_relay_after_receive_over_http",
-        crash_relay_after_receive_over_http,
+        |_, hop| crash_name(hop.after_commit),
+        crash_server_after_commit,
+    ),
+    (
+        |transport, _| {
+            let point = crash_name(crash::RELAY_AFTER_RECEIVE);
+            format!("{point}_over_{}", transport.name)
+        },
+        crash_relay_after_receive_over,
     ),
 ];
+
+/// The name of the scenario crashing at `point`, as the seed names its
+/// crash scenarios: `crash_` and the point, its dots as underscores
+/// (`serve.after_commit`: `crash_serve_after_commit`).
+fn crash_name(point: &str) -> String {
+    format!("crash_{}", point.replace('.', "_"))
+}
+
+/// Every scenario of the group: those of [`OVER_HOP`] for each networked
+/// transport, in the list's order.
+pub fn scenarios() -> Vec<Scenario> {
+    transports::networked()
+        .flat_map(|(transport, hop)| {
+            OVER_HOP.iter().map(move |&(name, run)| Scenario {
+                name: name(transport, hop),
+                run: Box::new(move |ctx| run(ctx, hop)),
+            })
+        })
+        .collect()
+}
 
 /// The fixed time of the relays.
 const T0: i64 = 1_700_000_000_000;
@@ -74,22 +111,25 @@ fn run_with(
     finish(child, args[0])
 }
 
-/// `ordo relay --to` the server at `now_ms`, with `crash_point` armed.
+/// `ordo relay` to the server role at `now_ms`, with `crash_point` armed.
 fn relay_to(
     ctx: &Ctx,
+    hop: &Hop,
     served: &Served,
     now_ms: i64,
     crash_point: Option<&str>,
 ) -> Result<Run, String> {
-    let url = served.url();
-    let args = ["relay", "--producer", "{P}", "--to", url.as_str()];
+    let flags = hop.relay_flags(served.addr);
+    let mut args = vec!["relay", "--producer", "{P}"];
+    args.extend(flags.iter().map(String::as_str));
     run_with(ctx, &args, crash_point, &[(NOW_ENV, now_ms.to_string())])
 }
 
-fn serve(ctx: &Ctx, crash_point: Option<&str>) -> Result<Served, String> {
+/// Starts the hop's server role on the scenario's consumer store.
+fn serve(ctx: &Ctx, hop: &Hop, crash_point: Option<&str>) -> Result<Served, String> {
     let consumer = ctx.consumer();
-    let log = ctx.dir.join("serve.log");
-    crate::serve::start(&ServeSpec {
+    let log = ctx.dir.join(format!("{}.log", hop.command));
+    hop.start(&ServeSpec {
         exe: &ctx.exe,
         consumer: &consumer,
         listen: loopback_any(),
@@ -125,20 +165,21 @@ fn bookkeeping(ctx: &Ctx) -> Result<Value, String> {
     }))
 }
 
-/// The server exits at `serve.after_commit`: `a-1` is stored but the relay
-/// gets no response, a transient failure (exit 0, nothing marked). A server
-/// started again answers the retry `duplicate`, and `a-1` is accepted.
-fn crash_serve_after_commit(ctx: &Ctx) -> Result<Outcome, String> {
+/// The server role exits at its after-commit point (`serve.after_commit`):
+/// `a-1` is stored but the relay gets no response, a transient failure
+/// (exit 0, nothing marked). A server started again answers the retry
+/// `duplicate`, and `a-1` is accepted.
+fn crash_server_after_commit(ctx: &Ctx, hop: &Hop) -> Result<Outcome, String> {
     let e1 = prepare(ctx)?;
-    let mut crashing = serve(ctx, Some(crash::SERVE_AFTER_COMMIT))?;
-    let first = relay_to(ctx, &crashing, T0, None);
-    let serve_status = wait(&mut crashing.child, "serve", CRASH_EXIT_WAIT);
+    let mut crashing = serve(ctx, hop, Some(hop.after_commit))?;
+    let first = relay_to(ctx, hop, &crashing, T0, None);
+    let serve_status = wait(&mut crashing.child, hop.command, CRASH_EXIT_WAIT);
     crashing.stop();
     let (first, serve_status) = (first?, serve_status?);
     let after_crash = ctx.snapshot()?;
     let after_crash_bookkeeping = bookkeeping(ctx)?;
-    let served = serve(ctx, None)?;
-    let retry = relay_to(ctx, &served, T0 + LATER_MS, None);
+    let served = serve(ctx, hop, None)?;
+    let retry = relay_to(ctx, hop, &served, T0 + LATER_MS, None);
     served.stop();
     let retry = retry?;
     let stored = Expect::new().flow("a", "reserved", QUANTITY, 1);
@@ -166,15 +207,15 @@ fn crash_serve_after_commit(ctx: &Ctx) -> Result<Outcome, String> {
     })
 }
 
-/// The relay exits at `relay.after_receive` with the server's 200 in hand,
-/// before marking: `a-1` is stored and not accepted. The retry over HTTP is
-/// answered `duplicate`, and `a-1` is accepted.
-fn crash_relay_after_receive_over_http(ctx: &Ctx) -> Result<Outcome, String> {
+/// The relay exits at `relay.after_receive` with the server's answer in hand,
+/// before marking: `a-1` is stored and not accepted. The retry over the
+/// same hop is answered `duplicate`, and `a-1` is accepted.
+fn crash_relay_after_receive_over(ctx: &Ctx, hop: &Hop) -> Result<Outcome, String> {
     let e1 = prepare(ctx)?;
-    let served = serve(ctx, None)?;
-    let crashed = relay_to(ctx, &served, T0, Some(crash::RELAY_AFTER_RECEIVE));
+    let served = serve(ctx, hop, None)?;
+    let crashed = relay_to(ctx, hop, &served, T0, Some(crash::RELAY_AFTER_RECEIVE));
     let after_crash = ctx.snapshot();
-    let retry = relay_to(ctx, &served, T0 + LATER_MS, None);
+    let retry = relay_to(ctx, hop, &served, T0 + LATER_MS, None);
     served.stop();
     let (crashed, after_crash, retry) = (crashed?, after_crash?, retry?);
     let stored = Expect::new().flow("a", "reserved", QUANTITY, 1);
