@@ -63,7 +63,7 @@ pub fn run(root: &Path, load: &HttpLoad) -> Result<WakeRun, Failure> {
     let server = Server::connect(url, BENCH_PREFIX)?;
     let database = server.create()?;
     let url = database.url();
-    ordo_postgres::PgConsumer::open(&url, &ordo_reservation::postgres::pg_consumer_schema())?;
+    ordo_postgres::PgConsumer::open(&url, &ordo_reservation::consumer_schema())?;
     run_on(load, &dir, &Inbox::Postgres(url))
 }
 

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use ordo_core::envelope::EventType;
 use ordo_core::{
-    ConsumerStore, Envelope, EventId, FlowId, Receipt, RunStore, SchemaVersion, Seq, Verdict,
+    ApplyContext, Envelope, EventId, FlowId, Receipt, Receive, RunStore, SchemaVersion, Seq,
+    Verdict,
 };
 use ordo_postgres::postgres::fallible_iterator::FallibleIterator;
 use ordo_postgres::postgres::Client;
@@ -328,7 +329,7 @@ fn an_idle_apply_loop_wakes_on_another_process_receive_long_before_its_poll() {
     let dir = tempfile::tempdir().unwrap();
     let target = url(&database_for(dir.path()));
     let (applied, seen) = mpsc::channel();
-    let handler = move |_: &PgTx, e: &Envelope| {
+    let handler = move |_: &mut ApplyContext<PgTx>, e: &Envelope| {
         applied.send(e.flow_id.to_string()).unwrap();
         Ok(Verdict::Apply)
     };
