@@ -310,6 +310,42 @@ pub struct BatchRun {
     pub wrote: bool,
 }
 
+/// Runs a batch under each guard in turn, as every backend does: first
+/// without a savepoint per event ([`Guard::None`]), then, when `run`
+/// returns `None` (an event blocked, and the caller rolled its transaction
+/// back), again with one around each ([`Guard::Savepoint`]), which always
+/// runs to its end.
+pub fn under_guards<T>(
+    mut run: impl FnMut(Guard) -> Result<Option<T>, StoreError>,
+) -> Result<T, StoreError> {
+    for guard in [Guard::None, Guard::Savepoint] {
+        if let Some(done) = run(guard)? {
+            return Ok(done);
+        }
+    }
+    unreachable!("a guarded batch runs to its end")
+}
+
+/// What follows an apply transaction's commit, on every backend: when it
+/// applied an event (of the `applied` flows), the crash point
+/// `consumer.apply.after_commit`, and in debug builds `check` of each of
+/// those flows (the backend's cheap read that the flow is settled up to its
+/// cursor and nothing above it).
+pub fn after_commit<'a>(
+    applied: impl IntoIterator<Item = &'a FlowId>,
+    mut check: impl FnMut(&FlowId) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    let mut applied = applied.into_iter().peekable();
+    if applied.peek().is_none() {
+        return Ok(());
+    }
+    crate::crash::point(crate::crash::CONSUMER_APPLY_AFTER_COMMIT);
+    if cfg!(debug_assertions) {
+        applied.try_for_each(&mut check)?;
+    }
+    Ok(())
+}
+
 /// Drains `flows` in order, each up to its own limit, applying at most
 /// `events_max` events in all, inside the writer's one transaction, and
 /// writes the batch's end. `None` when an event blocked under

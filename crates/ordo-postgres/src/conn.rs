@@ -808,3 +808,37 @@ fn check_meta(tx: &PgTx, schema: &str, role: Role) -> Result<i64, StoreError> {
     }
     Ok(version)
 }
+
+/// The constructors of a store of one role (`open`, `open_with`,
+/// `open_existing`), each through the store's own `open_inner`: one text
+/// for both roles.
+macro_rules! open_constructors {
+    ($store:ident) => {
+        /// Opens or creates the store of `schema`'s domain at `url` with
+        /// the system clock and default options.
+        pub fn open(url: &str, schema: &Schema) -> Result<$store, StoreError> {
+            $store::open_with(url, schema, Arc::new(SystemClock), &PgOptions::default())
+        }
+
+        /// `open` with the given clock and options.
+        pub fn open_with(
+            url: &str,
+            schema: &Schema,
+            clock: Arc<dyn Clock>,
+            options: &PgOptions,
+        ) -> Result<$store, StoreError> {
+            $store::open_inner(url, crate::conn::Want::Domain(schema), clock, options)
+        }
+
+        /// Opens an existing store of this role of any domain, without
+        /// running its domain's migrations; nothing is created.
+        pub fn open_existing(
+            url: &str,
+            clock: Arc<dyn Clock>,
+            options: &PgOptions,
+        ) -> Result<$store, StoreError> {
+            $store::open_inner(url, crate::conn::Want::Any, clock, options)
+        }
+    };
+}
+pub(crate) use open_constructors;

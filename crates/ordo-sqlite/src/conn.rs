@@ -757,6 +757,82 @@ fn stored_version(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
     }
 }
 
+/// The constructors of a store of one role (`open`, `check_existing`,
+/// `existing_domain`, `open_with`, `open_existing`, `open_or_create`), each
+/// through the store's own `open_inner`: one text for both roles.
+macro_rules! open_constructors {
+    ($store:ident, $role:expr) => {
+        /// Opens or creates the store file of `schema`'s domain with the
+        /// system clock and default options: ordo's tables and the domain's
+        /// are created or migrated; existing state is never reset. A store
+        /// of another domain is refused.
+        pub fn open(path: impl AsRef<Path>, schema: &Schema) -> Result<$store, StoreError> {
+            $store::open_with(path, schema, Arc::new(SystemClock), &OpenOptions::default())
+        }
+
+        /// Refuses an existing file that is not an ordo store of this role
+        /// (a foreign SQLite file, the other role, a newer schema), reading
+        /// only; a missing file passes. Lets a caller check every file
+        /// before creating any.
+        pub fn check_existing(path: impl AsRef<Path>) -> Result<(), StoreError> {
+            crate::conn::check_existing(path.as_ref(), $role)
+        }
+
+        /// The domain of the store at `path`, reading only and creating
+        /// nothing: `None` when the file is missing or empty (no store
+        /// yet); an error for a file that is not an ordo store of this role.
+        pub fn existing_domain(path: impl AsRef<Path>) -> Result<Option<String>, StoreError> {
+            crate::conn::existing_domain(path.as_ref(), $role)
+        }
+
+        /// `open` with the given clock and options.
+        pub fn open_with(
+            path: impl AsRef<Path>,
+            schema: &Schema,
+            clock: Arc<dyn Clock>,
+            options: &OpenOptions,
+        ) -> Result<$store, StoreError> {
+            $store::open_inner(
+                path.as_ref(),
+                crate::conn::Want::Domain(schema),
+                clock,
+                options,
+            )
+        }
+
+        /// Opens an existing store of any domain, without running its
+        /// domain's migrations: for what never runs the domain's handler or
+        /// its rules (receive, relay, status, prune, listings, repairs). A
+        /// missing file is refused and nothing is created.
+        pub fn open_existing(
+            path: impl AsRef<Path>,
+            clock: Arc<dyn Clock>,
+            options: &OpenOptions,
+        ) -> Result<$store, StoreError> {
+            $store::open_inner(path.as_ref(), crate::conn::Want::Any, clock, options)
+        }
+
+        /// Opens an existing store of any domain as `open_existing` does,
+        /// or, if the file is missing or empty, creates a store of
+        /// `schema`'s domain: what a command line that serves every domain,
+        /// and creates stores of one, needs. Safe against racing processes.
+        pub fn open_or_create(
+            path: impl AsRef<Path>,
+            schema: &Schema,
+            clock: Arc<dyn Clock>,
+            options: &OpenOptions,
+        ) -> Result<$store, StoreError> {
+            $store::open_inner(
+                path.as_ref(),
+                crate::conn::Want::AnyOrNew(schema),
+                clock,
+                options,
+            )
+        }
+    };
+}
+pub(crate) use open_constructors;
+
 #[cfg(test)]
 mod tests {
     use super::*;

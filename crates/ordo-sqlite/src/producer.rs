@@ -88,62 +88,7 @@ pub struct ProducerTx<'c> {
 }
 
 impl ProducerDb {
-    /// Opens or creates the producer file of `schema`'s domain with the
-    /// system clock and default options: ordo's tables and the domain's are
-    /// created or migrated; existing state is never reset. A store of
-    /// another domain is refused.
-    pub fn open(path: impl AsRef<Path>, schema: &Schema) -> Result<ProducerDb, StoreError> {
-        ProducerDb::open_with(path, schema, Arc::new(SystemClock), &OpenOptions::default())
-    }
-
-    /// Refuses an existing file that is not an ordo producer file (a foreign
-    /// SQLite file, the other role, a newer schema), reading only; a missing
-    /// file passes. Lets a caller check every file before creating any.
-    pub fn check_existing(path: impl AsRef<Path>) -> Result<(), StoreError> {
-        crate::conn::check_existing(path.as_ref(), Role::Producer)
-    }
-
-    /// The domain of the store at `path`, reading only and creating
-    /// nothing: `None` when the file is missing or empty (no store yet); an
-    /// error for a file that is not an ordo store of this side.
-    pub fn existing_domain(path: impl AsRef<Path>) -> Result<Option<String>, StoreError> {
-        crate::conn::existing_domain(path.as_ref(), Role::Producer)
-    }
-
-    /// [`ProducerDb::open`] with the given clock and options.
-    pub fn open_with(
-        path: impl AsRef<Path>,
-        schema: &Schema,
-        clock: Arc<dyn Clock>,
-        options: &OpenOptions,
-    ) -> Result<ProducerDb, StoreError> {
-        ProducerDb::open_inner(path.as_ref(), Want::Domain(schema), clock, options)
-    }
-
-    /// Opens an existing producer store of any domain, without running its
-    /// domain's migrations: for operations (relay, status, prune, outbox
-    /// repairs) that never touch the application's tables. A missing file
-    /// is refused and nothing is created.
-    pub fn open_existing(
-        path: impl AsRef<Path>,
-        clock: Arc<dyn Clock>,
-        options: &OpenOptions,
-    ) -> Result<ProducerDb, StoreError> {
-        ProducerDb::open_inner(path.as_ref(), Want::Any, clock, options)
-    }
-
-    /// Opens an existing store of any domain as [`ProducerDb::open_existing`]
-    /// does, or, if the file is missing or empty, creates a store of
-    /// `schema`'s domain: what a command line that serves every domain, and
-    /// creates stores of one, needs. Safe against racing processes.
-    pub fn open_or_create(
-        path: impl AsRef<Path>,
-        schema: &Schema,
-        clock: Arc<dyn Clock>,
-        options: &OpenOptions,
-    ) -> Result<ProducerDb, StoreError> {
-        ProducerDb::open_inner(path.as_ref(), Want::AnyOrNew(schema), clock, options)
-    }
+    crate::conn::open_constructors!(ProducerDb, Role::Producer);
 
     fn open_inner(
         path: &Path,

@@ -3,10 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
-use ordo_core::apply::{self, ApplyWriter, Guard, NextEvent};
+use ordo_core::apply::{self, ApplyWriter, NextEvent};
 use ordo_core::{
-    crash, ApplyHandler, BlockCode, BlockReason, Drain, ErrorKind, EventId, FlowId, Seq, Step,
-    StoreError,
+    ApplyHandler, BlockCode, BlockReason, Drain, ErrorKind, EventId, FlowId, Seq, Step, StoreError,
 };
 
 use super::{inbox_status, PgConsumer};
@@ -63,12 +62,8 @@ where
         apply::apply_next(&mut writer, flow_id, applied_seq, handler).map(Some)
     })?
     .expect("a guarded step always ends");
-    if matches!(step, Step::Applied { .. }) {
-        crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
-        if cfg!(debug_assertions) {
-            check_settled(&db.conn, flow_id)?;
-        }
-    }
+    let applied = matches!(step, Step::Applied { .. }).then_some(flow_id);
+    apply::after_commit(applied, |f| check_settled(&db.conn, f))?;
     Ok(step)
 }
 
@@ -93,24 +88,18 @@ pub(super) fn apply_batch<H>(
 where
     H: ApplyHandler<PgTx> + ?Sized,
 {
-    for guard in [Guard::None, Guard::Savepoint] {
+    apply::under_guards(|guard| {
         let run = in_apply_tx(db, |tx, now_ms| {
             let mut writer = Writer::new(tx, now_ms, Some(Batch::default()));
             let run = apply::run_batch(&mut writer, flows, events_max, handler, guard)?;
-            Ok(run.map(|run| ((run.drains, run.applied), run.wrote)))
+            Ok(run.map(|run| (run.drains, run.wrote)))
         })?;
-        if let Some((drains, applied)) = run {
-            if applied > 0 {
-                crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
-                if cfg!(debug_assertions) {
-                    let mut touched = drains.iter().filter(|d| d.applied > 0);
-                    touched.try_for_each(|d| check_settled(&db.conn, &d.flow_id))?;
-                }
-            }
-            return Ok(drains);
+        if let Some(drains) = &run {
+            let applied = drains.iter().filter(|d| d.applied > 0);
+            apply::after_commit(applied.map(|d| &d.flow_id), |f| check_settled(&db.conn, f))?;
         }
-    }
-    unreachable!("a guarded batch runs to its end")
+        Ok(run)
+    })
 }
 
 /// Checks a flow after an apply committed (debug builds): every stored row

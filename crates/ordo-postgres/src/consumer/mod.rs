@@ -123,31 +123,7 @@ pub struct PgConsumer {
 }
 
 impl PgConsumer {
-    /// Opens or creates the consumer store of `schema`'s domain at `url`
-    /// with the system clock and default options.
-    pub fn open(url: &str, schema: &Schema) -> Result<PgConsumer, StoreError> {
-        PgConsumer::open_with(url, schema, Arc::new(SystemClock), &PgOptions::default())
-    }
-
-    /// [`PgConsumer::open`] with the given clock and options.
-    pub fn open_with(
-        url: &str,
-        schema: &Schema,
-        clock: Arc<dyn Clock>,
-        options: &PgOptions,
-    ) -> Result<PgConsumer, StoreError> {
-        PgConsumer::open_inner(url, Want::Domain(schema), clock, options)
-    }
-
-    /// Opens an existing consumer store of any domain, without running its
-    /// domain's migrations; nothing is created.
-    pub fn open_existing(
-        url: &str,
-        clock: Arc<dyn Clock>,
-        options: &PgOptions,
-    ) -> Result<PgConsumer, StoreError> {
-        PgConsumer::open_inner(url, Want::Any, clock, options)
-    }
+    crate::conn::open_constructors!(PgConsumer);
 
     fn open_inner(
         url: &str,

@@ -106,31 +106,7 @@ pub struct PgProducerTx<'c> {
 }
 
 impl PgProducer {
-    /// Opens or creates the producer store of `schema`'s domain at `url`
-    /// with the system clock and default options.
-    pub fn open(url: &str, schema: &Schema) -> Result<PgProducer, StoreError> {
-        PgProducer::open_with(url, schema, Arc::new(SystemClock), &PgOptions::default())
-    }
-
-    /// [`PgProducer::open`] with the given clock and options.
-    pub fn open_with(
-        url: &str,
-        schema: &Schema,
-        clock: Arc<dyn Clock>,
-        options: &PgOptions,
-    ) -> Result<PgProducer, StoreError> {
-        PgProducer::open_inner(url, Want::Domain(schema), clock, options)
-    }
-
-    /// Opens an existing producer store of any domain, without running its
-    /// domain's migrations; nothing is created.
-    pub fn open_existing(
-        url: &str,
-        clock: Arc<dyn Clock>,
-        options: &PgOptions,
-    ) -> Result<PgProducer, StoreError> {
-        PgProducer::open_inner(url, Want::Any, clock, options)
-    }
+    crate::conn::open_constructors!(PgProducer);
 
     fn open_inner(
         url: &str,

@@ -3,10 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use ordo_core::apply::{self, ApplyWriter, Guard, NextEvent};
+use ordo_core::apply::{self, ApplyWriter, NextEvent};
 use ordo_core::{
-    crash, ApplyHandler, BlockCode, BlockReason, Drain, ErrorKind, EventId, FlowId, Seq, Step,
-    StoreError,
+    ApplyHandler, BlockCode, BlockReason, Drain, ErrorKind, EventId, FlowId, Seq, Step, StoreError,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -34,12 +33,8 @@ where
         tx.commit()
             .map_err(|e| sql_error("consumer: apply commit failed", e))?;
         db.commits += 1;
-        if matches!(step, Step::Applied { .. }) {
-            crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
-            if cfg!(debug_assertions) {
-                check_settled(&db.conn, flow_id)?;
-            }
-        }
+        let applied = matches!(step, Step::Applied { .. }).then_some(flow_id);
+        apply::after_commit(applied, |f| check_settled(&db.conn, f))?;
     }
     Ok(step)
 }
@@ -64,29 +59,23 @@ pub(super) fn apply_batch<H>(
 where
     H: ApplyHandler<Connection> + ?Sized,
 {
-    for guard in [Guard::None, Guard::Savepoint] {
+    apply::under_guards(|guard| {
         let tx = begin_write(&mut db.conn)?;
         let mut writer = Writer::new(&tx, db.clock.now_ms());
         // None: an event blocked without a savepoint; the dropped
         // transaction rolls back.
         let Some(run) = apply::run_batch(&mut writer, flows, events_max, handler, guard)? else {
-            continue;
+            return Ok(None);
         };
         if run.wrote {
             tx.commit()
                 .map_err(|e| sql_error("consumer: apply commit failed", e))?;
             db.commits += 1;
-            if run.applied > 0 {
-                crash::point(crash::CONSUMER_APPLY_AFTER_COMMIT);
-            }
-            if cfg!(debug_assertions) {
-                let mut touched = run.drains.iter().filter(|d| d.applied > 0);
-                touched.try_for_each(|d| check_settled(&db.conn, &d.flow_id))?;
-            }
+            let applied = run.drains.iter().filter(|d| d.applied > 0);
+            apply::after_commit(applied.map(|d| &d.flow_id), |f| check_settled(&db.conn, f))?;
         }
-        return Ok(run.drains);
-    }
-    unreachable!("a guarded batch runs to its end")
+        Ok(Some(run.drains))
+    })
 }
 
 /// Checks a flow after an apply committed (debug builds): every stored row
