@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod console;
+pub mod process;
 
 #[allow(unused_imports)]
 use ordo_reservation::ReservationProducer;
@@ -379,6 +380,33 @@ impl Lab {
     }
 }
 
+/// A certificate for 127.0.0.1 signed by its own key, in a lab's directory.
+pub struct SelfSigned {
+    /// The certificate's PEM file.
+    pub cert: String,
+    /// The key's PEM file, readable by its owner alone.
+    pub key: String,
+    /// The certificate, DER-encoded.
+    pub der: Vec<u8>,
+}
+
+impl SelfSigned {
+    /// Writes `cert.pem` and `key.pem` into `lab`'s directory.
+    pub fn new(lab: &Lab) -> SelfSigned {
+        use std::os::unix::fs::PermissionsExt;
+        let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+        let (cert, key) = (lab.path("cert.pem"), lab.path("key.pem"));
+        std::fs::write(&cert, certified.cert.pem()).unwrap();
+        std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        SelfSigned {
+            cert,
+            key,
+            der: certified.cert.der().to_vec(),
+        }
+    }
+}
+
 /// `ordo advance --producer PRODUCER --flow FLOW --expected-seq EXPECTED
 /// --to TO`, to which a caller adds `--json`, `--quantity` and the like.
 pub fn advance_args<'a>(
@@ -398,6 +426,31 @@ pub fn advance_args<'a>(
         "--to",
         to,
     ]
+}
+
+/// `ordo advance --producer PRODUCER --flow FLOW --expected-seq 0 --to
+/// reserved --quantity 1` (a new flow, reserved), to which a caller adds
+/// `--json` and the like.
+pub fn first_advance<'a>(producer: &'a str, flow: &'a str) -> Vec<&'a str> {
+    let mut args = advance_args(producer, flow, "0", "reserved");
+    args.extend(["--quantity", "1"]);
+    args
+}
+
+/// The `(event_id, receipt)` of every delivery of a relay's JSON report.
+#[track_caller]
+pub fn receipts(report: &Value) -> Vec<(String, String)> {
+    report["deliveries"]
+        .as_array()
+        .expect("a list of deliveries")
+        .iter()
+        .map(|d| {
+            (
+                d["event_id"].as_str().unwrap().to_owned(),
+                d["receipt"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
 }
 
 /// The keys of a JSON object, sorted.
@@ -459,7 +512,7 @@ pub fn spawn_listening(
     String,
     std::sync::Arc<std::sync::Mutex<String>>,
 ) {
-    use std::io::{BufRead, BufReader, Read};
+    use std::io::Read;
     let mut child = command
         .env_remove("ORDO_CRASH_POINT")
         .stdin(Stdio::null())
@@ -475,15 +528,8 @@ pub fn spawn_listening(
         let _ = pipe.read_to_string(&mut text);
         sink.lock().unwrap().push_str(&text);
     });
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().expect("stdout is piped"))
-        .read_line(&mut line)
-        .expect("stdout is readable");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("first line {line:?}, stderr {:?}", stderr.lock().unwrap()))
-        .to_owned();
+    let addr = process::listening_addr(child.stdout.as_mut().expect("stdout is piped"))
+        .unwrap_or_else(|line| panic!("first line {line:?}, stderr {:?}", stderr.lock().unwrap()));
     (child, addr, stderr)
 }
 
@@ -498,6 +544,18 @@ pub fn http_get(addr: &str, path: &str) -> String {
     stream.read_to_string(&mut response).unwrap();
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     response
+}
+
+/// `ordo ARGS` as a process of its own, stdout piped here and stderr
+/// dropped (a crash point set in the test's environment is never passed on).
+pub fn spawn(args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args(args)
+        .env_remove("ORDO_CRASH_POINT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ordo starts")
 }
 
 /// The lines of `pipe` as they come, read on a thread of their own.
