@@ -17,12 +17,7 @@ use ordo_core::{
 use ordo_postgres::postgres::Client;
 use ordo_postgres::{PgTx, TxOutcome};
 use support::workers::{append, client, consumer, flow, producer, wait_until};
-use support::{database_for, server, url};
-
-fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use support::{database_for, serial, server, url};
 
 const BOUND: Duration = Duration::from_secs(60);
 
