@@ -466,6 +466,17 @@ pub fn keys(value: &Value) -> Vec<&str> {
     keys
 }
 
+/// The names of the scenarios of an experiment's JSON report, in its order.
+#[track_caller]
+pub fn scenario_names(report: &Value) -> Vec<&str> {
+    report["scenarios"]
+        .as_array()
+        .expect("a list of scenarios")
+        .iter()
+        .map(|s| s["name"].as_str().expect("a scenario's name"))
+        .collect()
+}
+
 /// `names`, sorted (to compare with [`keys`]).
 pub fn sorted<'a>(names: &[&'a str]) -> Vec<&'a str> {
     let mut names = names.to_vec();
@@ -570,6 +581,41 @@ pub fn line_reader(pipe: impl std::io::Read + Send + 'static) -> std::sync::mpsc
         }
     });
     receive
+}
+
+/// Runs `ordo COMMAND FLAGS` for each case of `(FLAGS, phrase)`: the
+/// invalid-input contract naming the phrase ([`Out::usage`]), and the
+/// password `sekret` never printed.
+#[track_caller]
+pub fn refuses_each(command: &[&str], cases: &[(Vec<String>, &str)]) {
+    for (flags, needle) in cases {
+        let mut args = command.to_vec();
+        args.extend(flags.iter().map(String::as_str));
+        let out = run(&args);
+        out.usage(needle);
+        assert!(!out.stderr.contains("sekret"), "{flags:?}: {out:#?}");
+    }
+}
+
+/// `ordo soak --seconds SECONDS --flows FLOWS --seed SEED EXTRA --json`:
+/// its report, whose verdict must be `ok`.
+#[track_caller]
+pub fn soak_ok(seconds: u32, flows: u32, seed: u32, extra: &[&str]) -> Value {
+    let (seconds, flows, seed) = (seconds.to_string(), flows.to_string(), seed.to_string());
+    let mut args = vec![
+        "soak",
+        "--seconds",
+        &seconds,
+        "--flows",
+        &flows,
+        "--seed",
+        &seed,
+    ];
+    args.extend_from_slice(extra);
+    args.push("--json");
+    let report = run(&args).json();
+    assert_eq!(report["verdict"], "ok", "{report}");
+    report
 }
 
 /// Advances `flow` on `producer` from `expected_seq` to `to`, and checks
