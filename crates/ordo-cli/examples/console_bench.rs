@@ -16,9 +16,8 @@
 //! page is fetched `R` times (default 50) after one warm-up; the median,
 //! 95th percentile and slowest times are printed, in milliseconds.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +25,11 @@ use ordo_core::{ConsumerStore, Envelope, ProducerStore, SystemClock};
 use ordo_postgres::postgres::{Client, NoTls};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
 use serde_json::json;
+
+#[path = "../tests/common/process.rs"]
+mod process;
+
+use process::{start_listening, Process};
 
 /// Events per write transaction while the stores are built.
 const BATCH_LEN: usize = 5_000;
@@ -177,38 +181,25 @@ fn fill(
 
 /// A running `ordo console`; stopped when dropped.
 struct Console {
-    child: Child,
+    _child: Process,
     addr: String,
 }
 
 impl Console {
     fn start(ordo: &Path, p: &str, c: &str) -> Console {
-        let mut child = Command::new(ordo)
-            .args(["console", "--producer", p, "--consumer", c])
-            .args(["--listen", "127.0.0.1:0"])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("ordo console starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().expect("stdout is piped"))
-            .read_line(&mut line)
-            .expect("stdout is readable");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("ordo console said {line:?}"))
-            .to_owned();
-        Console { child, addr }
-    }
-}
-
-impl Drop for Console {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let (child, addr) = start_listening(
+            Command::new(ordo)
+                .args(["console", "--producer", p, "--consumer", c])
+                .args(["--listen", "127.0.0.1:0"])
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .stderr(Stdio::inherit()),
+            "ordo console",
+        );
+        Console {
+            _child: child,
+            addr,
+        }
     }
 }
 

@@ -10,14 +10,8 @@ mod pgdb;
 
 use common::run;
 use ordo_lab::skeleton_pg;
-use ordo_postgres::postgres::Client;
-use pgdb::{admin_client as admin, serial};
+use pgdb::{serial, Watched};
 use serde_json::Value;
-
-/// The bench's databases on the server, sorted.
-fn bench_databases(client: &mut Client) -> Vec<String> {
-    pgdb::databases_named(client, "ordo_bench_")
-}
 
 fn number(value: &Value, key: &str) -> f64 {
     value[key]
@@ -37,9 +31,7 @@ fn pair(value: &Value, key: &str) -> (f64, f64) {
 
 #[test]
 fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
-    let _serial = serial();
-    let mut client = admin();
-    let before = bench_databases(&mut client);
+    let mut databases = Watched::start("ordo_bench_");
     let server = pgdb::server();
     let args = [
         "--json",
@@ -151,8 +143,8 @@ fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
         "the range is the calibrations': {v:#}"
     );
     assert_eq!(
-        bench_databases(&mut client),
-        before,
+        databases.now(),
+        databases.before,
         "a database was left behind"
     );
 
@@ -172,8 +164,8 @@ fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
         .collect();
     assert_eq!(rows.len(), 2, "{text}");
     assert_eq!(
-        bench_databases(&mut client),
-        before,
+        databases.now(),
+        databases.before,
         "a database was left behind"
     );
 }
@@ -222,12 +214,10 @@ fn the_http_bench_measures_its_wake_part_on_postgres_and_leaves_no_database() {
 
 #[test]
 fn bad_input_is_exit_2_and_creates_nothing() {
-    let _serial = serial();
-    let mut client = admin();
-    let before = bench_databases(&mut client);
+    let mut databases = Watched::start("ordo_bench_");
     let server = pgdb::server();
-    let mut cases = pgdb::backend_url_misuses(&server);
-    cases.extend(pgdb::owned_cases(&[
+    // The command's own misuses.
+    let own: [(&[&str], &str); 4] = [
         (&["--workers", "2"], "--workers needs --backend postgres"),
         (
             &["--backend", "postgres", "--url", "mysql://root@127.0.0.1"],
@@ -250,14 +240,9 @@ fn bad_input_is_exit_2_and_creates_nothing() {
             ],
             "without --transport http",
         ),
-    ]));
-    for (flags, message) in cases {
-        let mut args = vec!["bench"];
-        args.extend(flags.iter().map(String::as_str));
-        let out = run(&args);
-        out.usage(message);
-        assert!(!out.stderr.contains("sekret"), "{flags:?}: {out:#?}");
-    }
+    ];
+    let cases = pgdb::backend_url_misuses(&server, &own);
+    common::refuses_each(&["bench"], &cases);
     // Out of range: refused by the argument parser.
     for workers in ["0", "6", "1,x"] {
         let out = run(&[
@@ -272,7 +257,7 @@ fn bad_input_is_exit_2_and_creates_nothing() {
         assert_eq!(out.code, 2, "--workers {workers}: {out:#?}");
         assert_eq!(out.stdout, "", "--workers {workers}: {out:#?}");
     }
-    assert_eq!(bench_databases(&mut client), before);
+    assert_eq!(databases.now(), databases.before);
 }
 
 #[test]

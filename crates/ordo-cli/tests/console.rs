@@ -27,6 +27,11 @@ impl Console {
         page(agent().get(&self.url(path)).header("Cookie", cookie).call())
     }
 
+    /// POSTs `form` to `path` from the console's own origin.
+    fn post_own(&self, path: &str, form: &[(&str, &str)]) -> Page {
+        post(self, path, Some(&self.url("")), form)
+    }
+
     fn login(&self, token: &str) -> Page {
         page(
             agent()
@@ -44,6 +49,13 @@ struct Page {
 }
 
 impl Page {
+    /// Asserts the page's status and a phrase of its text.
+    #[track_caller]
+    fn assert_says(&self, status: u16, phrase: &str) {
+        assert_eq!(self.status, status, "{self:?}");
+        assert!(self.text.contains(phrase), "{}", self.text);
+    }
+
     fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
@@ -226,10 +238,7 @@ fn overview_is_status(lab: &Lab) {
 #[test]
 fn one_side_leaves_the_other_sides_numbers_empty() {
     let lab = troubled();
-    let status = lab
-        .at(NOW)
-        .run(&["status", "--json", "--consumer", &lab.c])
-        .json();
+    let status = consumer_status(&lab);
     let console = Console::start(&["--consumer", &lab.c]);
     let overview = console.get("/");
     for name in ["backlog", "oldest_pending_age_s", "quarantined"] {
@@ -480,10 +489,7 @@ fn an_unreachable_server_is_named_without_its_password() {
 fn on_postgres_one_side_leaves_the_other_sides_numbers_empty() {
     let db = Database::create();
     let lab = troubled_in(pg_lab(&db));
-    let status = lab
-        .at(NOW)
-        .run(&["status", "--json", "--consumer", &lab.c])
-        .json();
+    let status = consumer_status(&lab);
     let console = Console::start(&["--consumer", &lab.c]);
     let overview = console.get("/");
     assert_eq!(overview.metric("backlog"), "");
@@ -605,6 +611,13 @@ fn post(console: &Console, path: &str, origin: Option<&str>, form: &[(&str, &str
     page(request.send_form(form.iter().copied()))
 }
 
+/// `ordo status --json` of the lab's consumer alone, at the console's clock.
+fn consumer_status(lab: &Lab) -> Value {
+    lab.at(NOW)
+        .run(&["status", "--json", "--consumer", &lab.c])
+        .json()
+}
+
 fn quarantined_ids(lab: &Lab) -> Vec<String> {
     let out = lab
         .at(NOW)
@@ -634,20 +647,9 @@ fn retrying_a_quarantined_event_needs_the_form_token_and_the_same_origin() {
     assert!(quarantined.text.contains("action=\"/quarantined/retry\""));
     let csrf = hidden(&quarantined, "csrf").expect("the form carries its token");
     assert_eq!(hidden(&quarantined, "event_id").as_deref(), Some("A-1"));
-    let own = console.url("");
     let refused = [
-        post(
-            &console,
-            "/quarantined/retry",
-            Some(&own),
-            &[("event_id", "A-1")],
-        ),
-        post(
-            &console,
-            "/quarantined/retry",
-            Some(&own),
-            &[("event_id", "A-1"), ("csrf", "00")],
-        ),
+        console.post_own("/quarantined/retry", &[("event_id", "A-1")]),
+        console.post_own("/quarantined/retry", &[("event_id", "A-1"), ("csrf", "00")]),
         post(
             &console,
             "/quarantined/retry",
@@ -659,24 +661,18 @@ fn retrying_a_quarantined_event_needs_the_form_token_and_the_same_origin() {
         assert_eq!(page.status, 403, "{page:?}");
     }
     assert_eq!(quarantined_ids(&lab), ["A-1"], "nothing written");
-    let done = post(
-        &console,
+    let done = console.post_own(
         "/quarantined/retry",
-        Some(&own),
         &[("event_id", "A-1"), ("csrf", &csrf)],
     );
-    assert_eq!(done.status, 200, "{done:?}");
-    assert!(done.text.contains("id=\"done\""), "{}", done.text);
+    done.assert_says(200, "id=\"done\"");
     assert_eq!(quarantined_ids(&lab), Vec::<String>::new());
     // The store's own refusal, as `ordo outbox retry` gives it.
-    let again = post(
-        &console,
+    let again = console.post_own(
         "/quarantined/retry",
-        Some(&own),
         &[("event_id", "A-1"), ("csrf", &csrf)],
     );
-    assert_eq!(again.status, 409, "{again:?}");
-    assert!(again.text.contains("not quarantined"), "{}", again.text);
+    again.assert_says(409, "not quarantined");
     assert_eq!(console.get("/").metric("quarantined"), "0");
 }
 
@@ -696,10 +692,8 @@ fn read_only(lab: &Lab) {
         .get("/quarantined")
         .text
         .contains("data-event=\"A-1\""));
-    let refused = post(
-        &console,
+    let refused = console.post_own(
         "/quarantined/retry",
-        Some(&console.url("")),
         &[("event_id", "A-1"), ("csrf", "whatever")],
     );
     assert_eq!(refused.status, 403, "{refused:?}");
@@ -714,8 +708,7 @@ fn skip_previewed_and_confirmed(lab: &Lab) {
         .text
         .contains("href=\"/flow/skip?id=X\""));
     let preview = console.get("/flow/skip?id=X");
-    assert_eq!(preview.status, 200, "{preview:?}");
-    assert!(preview.text.contains("id=\"preview\""), "{}", preview.text);
+    preview.assert_says(200, "id=\"preview\"");
     assert!(preview.text.contains("X-1"), "{}", preview.text);
     assert!(
         preview.text.contains("moves from 0 to 1"),
@@ -724,7 +717,6 @@ fn skip_previewed_and_confirmed(lab: &Lab) {
     );
     let csrf = hidden(&preview, "csrf").unwrap();
     let confirm = hidden(&preview, "confirm").unwrap();
-    let own = console.url("");
     let form = |by: &'static str, reason: &'static str| {
         [
             ("flow_id", "X".to_owned()),
@@ -737,17 +729,15 @@ fn skip_previewed_and_confirmed(lab: &Lab) {
     };
     let send = |fields: &[(&str, String)]| {
         let pairs: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        post(&console, "/flow/skip", Some(&own), &pairs)
+        console.post_own("/flow/skip", &pairs)
     };
     let no_reason = send(&form("ops", "  "));
-    assert_eq!(no_reason.status, 400, "{no_reason:?}");
-    assert!(no_reason.text.contains("reason"), "{}", no_reason.text);
+    no_reason.assert_says(400, "reason");
     let no_name = send(&form("", "bad schema"));
     assert_eq!(no_name.status, 400, "{no_name:?}");
     assert_eq!(repairs(lab), before, "nothing written");
     let done = send(&form("ops", "schema 9 is retired"));
-    assert_eq!(done.status, 200, "{done:?}");
-    assert!(done.text.contains("skipped X seq 1"), "{}", done.text);
+    done.assert_says(200, "skipped X seq 1");
     let after = repairs(lab);
     let log = after["repairs"].as_array().expect("a repair list");
     assert_eq!(log.len(), 1, "{after}");
@@ -794,31 +784,19 @@ fn reevaluated_as_inbox_retry(lab: &Lab) {
         page.text
     );
     let csrf = hidden(&page, "csrf").unwrap();
-    let own = console.url("");
-    let still = post(
-        &console,
-        "/blocked/reevaluate",
-        Some(&own),
-        &[("flow_id", "V"), ("csrf", &csrf)],
-    );
-    assert_eq!(still.status, 200, "{still:?}");
-    assert!(still.text.contains("stop blocked"), "{}", still.text);
+    let still = console.post_own("/blocked/reevaluate", &[("flow_id", "V"), ("csrf", &csrf)]);
+    still.assert_says(200, "stop blocked");
     assert_eq!(blocked_flows(lab), ["V"]);
-    let refused = post(
-        &console,
+    let refused = console.post_own(
         "/blocked/reevaluate",
-        Some(&own),
         &[("flow_id", "V"), ("support_v2", "on")],
     );
     assert_eq!(refused.status, 403, "{refused:?}");
-    let applied = post(
-        &console,
+    let applied = console.post_own(
         "/blocked/reevaluate",
-        Some(&own),
         &[("flow_id", "V"), ("support_v2", "on"), ("csrf", &csrf)],
     );
-    assert_eq!(applied.status, 200, "{applied:?}");
-    assert!(applied.text.contains("applied 1"), "{}", applied.text);
+    applied.assert_says(200, "applied 1");
     assert_eq!(blocked_flows(lab), Vec::<String>::new());
     assert_eq!(console.get("/").metric("blocked"), "0");
 }

@@ -34,19 +34,7 @@ fn reservation_only_commands_refuse_other_domains_and_write_nothing() {
         format!("{store} belongs to domain \"orders\"; its handler runs in the application")
     };
     for json in [false, true] {
-        let mut advance = vec![
-            "advance",
-            "--producer",
-            &lab.p,
-            "--flow",
-            "f",
-            "--expected-seq",
-            "0",
-            "--to",
-            "reserved",
-            "--quantity",
-            "1",
-        ];
+        let mut advance = first_advance(&lab.p, "f");
         let mut apply = vec!["apply", "--consumer", &lab.c];
         let mut retry = vec!["inbox", "retry", "--consumer", &lab.c, "--flow", "f"];
         if json {

@@ -57,12 +57,7 @@ fn the_whole_experiment_passes_22_of_22_seed_and_every_beyond_and_transport_scen
     assert_eq!(report["failed"], 0);
     let written: Value = serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap();
     assert_eq!(written["scenarios"], report["scenarios"]);
-    let names: Vec<&str> = report["scenarios"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["name"].as_str().unwrap())
-        .collect();
+    let names = common::scenario_names(&report);
     assert_eq!(names.len(), 30);
     for name in [
         "fair_relay_isolates_conflict",
@@ -95,14 +90,18 @@ fn a_wrong_expectation_fails_check_with_the_field_named() {
         Value::Bool(true);
     let wrong = dir.path().join("wrong.json");
     std::fs::write(&wrong, report.to_string()).unwrap();
-    let (code, stdout, stderr) = ordo(&[
-        "experiment",
-        "--check",
-        "--only",
-        name,
-        "--expected",
-        wrong.to_str().unwrap(),
-    ]);
+    // `ordo experiment MODE --only NAME --expected WRONG`.
+    let against_wrong = |mode: &str| {
+        ordo(&[
+            "experiment",
+            mode,
+            "--only",
+            name,
+            "--expected",
+            wrong.to_str().unwrap(),
+        ])
+    };
+    let (code, stdout, stderr) = against_wrong("--check");
     assert_ne!(code, 0);
     let text = stdout.as_str().expect("text mode prints text, not JSON");
     assert!(text.contains("0 passed, 1 failed"), "{text}");
@@ -111,14 +110,7 @@ fn a_wrong_expectation_fails_check_with_the_field_named() {
         "{stderr}"
     );
     // Without --check the same mismatch is reported but does not fail.
-    let (code, report, _) = ordo(&[
-        "experiment",
-        "--json",
-        "--only",
-        name,
-        "--expected",
-        wrong.to_str().unwrap(),
-    ]);
+    let (code, report, _) = against_wrong("--json");
     assert_eq!(code, 0);
     assert_eq!(report["failed"], 1);
     assert_eq!(

@@ -5,12 +5,12 @@
 //! together; a bad URL creates nothing and an unreachable server is named
 //! without its password.
 
+mod common;
 mod pgdb;
 
 use std::process::{Command, Output};
 
-use ordo_postgres::postgres::Client;
-use pgdb::serial;
+use pgdb::{serial, Watched};
 use serde_json::{json, Value};
 
 /// The seed's scenarios, all 22.
@@ -53,11 +53,6 @@ const TRANSPORT: [&str; 2] = [
     "crash_relay_after_receive_over_http",
 ];
 
-/// The experiment's databases on the server, sorted.
-fn experiment_databases(client: &mut Client) -> Vec<String> {
-    pgdb::databases_named(client, "ordo_exp_")
-}
-
 /// Runs `ordo ARGS` and returns its exit status, stdout and stderr; the
 /// child's process id is handed to `pid`.
 fn ordo_with_pid(args: &[&str], pid: &mut u32) -> (i32, String, String) {
@@ -86,6 +81,20 @@ fn ordo(args: &[&str]) -> (i32, String, String) {
 
 /// The server's URL with a password in it, which a server trusting the
 /// role ignores (or the server's own, when it has one).
+/// `ordo --json experiment --check --backend postgres --url URL`, to which
+/// a caller adds the scenarios.
+fn check_on(url: &str) -> Vec<&str> {
+    vec![
+        "--json",
+        "experiment",
+        "--check",
+        "--backend",
+        "postgres",
+        "--url",
+        url,
+    ]
+}
+
 fn server_with_password() -> (String, String) {
     let server = pgdb::server();
     let (scheme, rest) = server.split_once("://").expect("a URL");
@@ -99,19 +108,9 @@ fn server_with_password() -> (String, String) {
 
 #[test]
 fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards() {
-    let _serial = serial();
-    let mut client = pgdb::admin_client();
-    let before = experiment_databases(&mut client);
+    let mut databases = Watched::start("ordo_exp_");
     let (url, password) = server_with_password();
-    let mut args = vec![
-        "--json",
-        "experiment",
-        "--check",
-        "--backend",
-        "postgres",
-        "--url",
-        &url,
-    ];
+    let mut args = check_on(&url);
     for name in SEED.iter().chain(&BEYOND).chain(&TRANSPORT) {
         args.extend(["--only", name]);
     }
@@ -145,12 +144,7 @@ fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards()
     );
     assert_eq!(report["passed"], 29);
     assert_eq!(report["failed"], 0);
-    let ran: Vec<&str> = report["scenarios"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["name"].as_str().unwrap())
-        .collect();
+    let ran = common::scenario_names(&report);
     let expected_ran: Vec<&str> = SEED
         .iter()
         .chain(&BEYOND)
@@ -175,19 +169,18 @@ fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards()
     );
     // Every database of the run was dropped: none of its process is left,
     // and the experiment's databases are those of before.
-    let after = experiment_databases(&mut client);
+    let after = databases.now();
     let own = format!("ordo_exp_{}_{pid}_", ordo_lab::experiment::pg::machine());
     assert!(
         after.iter().all(|name| !name.starts_with(&own)),
         "left behind: {after:?}"
     );
-    assert_eq!(after, before);
+    assert_eq!(after, databases.before);
 }
 
 #[test]
 fn a_leftover_of_a_dead_run_is_dropped_and_nothing_else() {
-    let _serial = serial();
-    let mut client = pgdb::admin_client();
+    let mut databases = Watched::start("ordo_exp_");
     // A process id that no longer runs: a child that has exited.
     let mut dead = Command::new("true").spawn().expect("start true");
     let dead_pid = dead.id();
@@ -199,27 +192,22 @@ fn a_leftover_of_a_dead_run_is_dropped_and_nothing_else() {
     // Another machine's run, whose process cannot be looked up here: kept.
     let elsewhere = format!("ordo_exp_{host}x_{dead_pid}_7");
     for name in [&leftover, &not_ours, &elsewhere] {
-        client
+        databases
+            .client
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
             .expect("drop a database");
-        client
+        databases
+            .client
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .expect("create a database");
     }
-    let (code, stdout, stderr) = ordo(&[
-        "--json",
-        "experiment",
-        "--check",
-        "--backend",
-        "postgres",
-        "--url",
-        &pgdb::server(),
-        "--only",
-        "happy_path",
-    ]);
-    let after = experiment_databases(&mut client);
+    let server = pgdb::server();
+    let (code, stdout, stderr) =
+        ordo(&[&check_on(&server)[..], &["--only", "happy_path"]].concat());
+    let after = databases.now();
     for name in [&not_ours, &elsewhere] {
-        client
+        databases
+            .client
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
             .expect("drop the test's database");
     }
@@ -231,11 +219,9 @@ fn a_leftover_of_a_dead_run_is_dropped_and_nothing_else() {
 
 #[test]
 fn flags_go_together_and_a_bad_url_creates_nothing() {
-    let _serial = serial();
-    let mut client = pgdb::admin_client();
-    let before = experiment_databases(&mut client);
+    let mut databases = Watched::start("ordo_exp_");
     let server = pgdb::server();
-    let cases = pgdb::backend_url_misuses(&server);
+    let cases = pgdb::backend_url_misuses(&server, &[]);
     for (flags, message) in cases {
         let mut args = vec!["experiment", "--only", "happy_path"];
         args.extend(flags.iter().map(String::as_str));
@@ -245,7 +231,7 @@ fn flags_go_together_and_a_bad_url_creates_nothing() {
         assert!(stderr.contains(message), "{flags:?}: {stderr}");
         assert!(!stderr.contains("sekret"), "{flags:?}: {stderr}");
     }
-    assert_eq!(experiment_databases(&mut client), before);
+    assert_eq!(databases.now(), databases.before);
 }
 
 #[test]
@@ -276,14 +262,10 @@ fn on_sqlite_the_report_keeps_its_shape() {
     let (code, stdout, stderr) = ordo(&["--json", "experiment", "--check", "--only", "happy_path"]);
     assert_eq!(code, 0, "{stderr}");
     let report: Value = serde_json::from_str(&stdout).expect("one JSON report");
-    let mut keys: Vec<&str> = report
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    keys.sort_unstable();
-    assert_eq!(keys, ["failed", "groups", "passed", "scenarios"]);
+    assert_eq!(
+        common::keys(&report),
+        ["failed", "groups", "passed", "scenarios"]
+    );
     let (code, _, stderr) = ordo(&["experiment", "--only", "happy_path", "--backend", "sqlite"]);
     assert_eq!(code, 0, "{stderr}");
 }

@@ -7,7 +7,7 @@ mod common;
 use std::io::Write;
 use std::process::{Child, Command, Stdio};
 
-use common::{bytes, reservation, run, run_bytes, Files, Lab, Out};
+use common::{bytes, first_advance, reservation, run, run_bytes, Files, Lab, Out};
 use ordo_sqlite::rusqlite::Connection;
 
 /// The files in the lab's directory, by name, sorted.
@@ -124,19 +124,7 @@ fn assert_refused_untouched(lab: &Lab, path: &str, needle: &str) {
         run(&["apply", "--consumer", path]),
         init(&lab.p, path),
         init(path, &lab.c),
-        run(&[
-            "advance",
-            "--producer",
-            path,
-            "--flow",
-            "A",
-            "--expected-seq",
-            "0",
-            "--to",
-            "reserved",
-            "--quantity",
-            "1",
-        ]),
+        run(&first_advance(path, "A")),
         run(&["snapshot", "--producer", path, "--consumer", &lab.c]),
     ];
     for out in outs {

@@ -6,9 +6,10 @@
 mod common;
 mod pgdb;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::process::Process;
 use common::{advance_new, http_get, line_reader, run};
 use pgdb::Database;
 use serde_json::Value;
@@ -17,7 +18,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 /// A follow mode with its metrics on any free port; killed when dropped.
 struct Follow {
-    child: Child,
+    _child: Process,
     addr: String,
 }
 
@@ -39,7 +40,10 @@ impl Follow {
                 break log["fields"]["addr"].as_str().expect("addr").to_owned();
             }
         };
-        Follow { child, addr }
+        Follow {
+            _child: Process(child),
+            addr,
+        }
     }
 
     /// Reads `/metrics` until every sample is in it (the gauges are read
@@ -62,13 +66,6 @@ impl Follow {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-    }
-}
-
-impl Drop for Follow {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -8,12 +8,16 @@
 mod common;
 mod pgdb;
 
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
+use std::io::Read;
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{advance_committed, advance_new, keys, row, run, Lab, Out};
+use common::process::{start_listening, Process};
+use common::{
+    advance_committed, advance_new, first_advance, keys, line_reader, receipts, row, run, spawn,
+    Lab, Out,
+};
 use pgdb::Database;
 use serde_json::{json, Value};
 
@@ -124,14 +128,22 @@ fn run_script(p: &str, c: &str, json_mode: bool) -> Vec<Out> {
         .collect()
 }
 
-#[test]
-fn the_same_script_gives_the_same_json_on_both_backends() {
+/// Runs the script on SQLite files and on a PostgreSQL database of its
+/// own (both roles in one database: legal on PostgreSQL); the database and
+/// the outputs on each.
+fn run_script_on_both(json_mode: bool) -> (Database, Vec<Out>, Vec<Out>) {
     let sqlite = Lab::new();
     let db = Database::create();
     let url = db.url();
-    let on_files = run_script(&sqlite.p, &sqlite.c, true);
-    // Both roles in one database: legal on PostgreSQL.
-    let on_pg = run_script(&url, &url, true);
+    let on_files = run_script(&sqlite.p, &sqlite.c, json_mode);
+    let on_pg = run_script(&url, &url, json_mode);
+    (db, on_files, on_pg)
+}
+
+#[test]
+fn the_same_script_gives_the_same_json_on_both_backends() {
+    let (db, on_files, on_pg) = run_script_on_both(true);
+    let url = db.url();
     for ((step, file), pg) in script().iter().zip(&on_files).zip(&on_pg) {
         let name = step.args.join(" ");
         assert_eq!(
@@ -197,11 +209,7 @@ fn the_same_script_gives_the_same_json_on_both_backends() {
 
 #[test]
 fn text_output_is_the_same_on_both_backends() {
-    let sqlite = Lab::new();
-    let db = Database::create();
-    let url = db.url();
-    let on_files = run_script(&sqlite.p, &sqlite.c, false);
-    let on_pg = run_script(&url, &url, false);
+    let (_db, on_files, on_pg) = run_script_on_both(false);
     for ((step, file), pg) in script().iter().zip(&on_files).zip(&on_pg) {
         let name = step.args.join(" ");
         assert_eq!(file.code, pg.code, "{name}");
@@ -218,20 +226,6 @@ fn produce_and_relay(p: &str, c: &str, flows: &[&str]) -> Value {
         advance_committed(p, flow, 0, "reserved", 3);
     }
     run(&["relay", "--json", "--producer", p, "--consumer", c]).json()
-}
-
-fn receipts(relay: &Value) -> Vec<(String, String)> {
-    relay["deliveries"]
-        .as_array()
-        .expect("deliveries")
-        .iter()
-        .map(|d| {
-            (
-                d["event_id"].as_str().unwrap().to_owned(),
-                d["receipt"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
 }
 
 #[test]
@@ -370,19 +364,7 @@ fn a_url_that_does_not_parse_is_invalid_input_and_nothing_is_created() {
     let cases: Vec<Vec<&str>> = vec![
         vec!["init", "--producer", &lab.p, "--consumer", bad],
         vec!["relay", "--producer", &lab.p, "--consumer", bad],
-        vec![
-            "advance",
-            "--producer",
-            bad,
-            "--flow",
-            "f",
-            "--expected-seq",
-            "0",
-            "--to",
-            "reserved",
-            "--quantity",
-            "1",
-        ],
+        first_advance(bad, "f"),
         vec!["status", "--consumer", bad],
         vec!["serve", "--consumer", bad, "--listen", "127.0.0.1:0"],
     ];
@@ -563,20 +545,8 @@ fn a_store_of_another_domain_or_a_newer_version_exits_2() {
         "orders",
     ]);
     init.json();
-    run(&[
-        "advance",
-        "--producer",
-        &url,
-        "--flow",
-        "f",
-        "--expected-seq",
-        "0",
-        "--to",
-        "reserved",
-        "--quantity",
-        "1",
-    ])
-    .usage("belongs to domain \"orders\"; its handler runs in the application");
+    run(&first_advance(&url, "f"))
+        .usage("belongs to domain \"orders\"; its handler runs in the application");
     run(&["apply", "--consumer", &url]).usage("belongs to domain \"orders\"");
     run(&["init", "--producer", &url, "--domain", "shipping"]).usage("not \"shipping\"");
     let snapshot = run(&["snapshot", "--json", "--producer", &url, "--consumer", &url]).json();
@@ -638,29 +608,31 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// A running `ordo` whose stdout lines arrive on a channel; killed when
 /// dropped.
 struct Running {
-    child: Child,
+    child: Process,
     lines: mpsc::Receiver<String>,
 }
 
 impl Running {
     fn start(args: &[&str]) -> Running {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
-            .args(args)
-            .env_remove("ORDO_CRASH_POINT")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("ordo starts");
-        let stdout = child.stdout.take().expect("piped");
-        let (send, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Running { child, lines }
+        let mut child = spawn(args);
+        let lines = line_reader(child.stdout.take().expect("piped"));
+        Running {
+            child: Process(child),
+            lines,
+        }
+    }
+
+    /// `ordo relay --follow --json` from `producer` into `consumer`.
+    fn relay_follow(producer: &str, consumer: &str) -> Running {
+        Running::start(&[
+            "relay",
+            "--follow",
+            "--json",
+            "--producer",
+            producer,
+            "--consumer",
+            consumer,
+        ])
     }
 
     /// Reads JSON round lines until `key` adds up to `total`.
@@ -691,13 +663,6 @@ impl Running {
     }
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn the_follow_modes_and_serve_apply_run_on_postgres() {
     let db = Database::create();
@@ -707,15 +672,7 @@ fn the_follow_modes_and_serve_apply_run_on_postgres() {
     for flow in ["w-1", "w-2", "w-3"] {
         advance_new(&url, flow);
     }
-    let relay = Running::start(&[
-        "relay",
-        "--follow",
-        "--json",
-        "--producer",
-        &url,
-        "--consumer",
-        &url,
-    ]);
+    let relay = Running::relay_follow(&url, &url);
     relay.until_total("delivered", 3);
     // Work committed while it runs is found too.
     advance_new(&url, "w-4");
@@ -733,15 +690,7 @@ fn the_follow_modes_and_serve_apply_run_on_postgres() {
 
     // A PostgreSQL producer following into an SQLite consumer.
     run(&["init", "--consumer", &lab.c]).text();
-    let relay = Running::start(&[
-        "relay",
-        "--follow",
-        "--json",
-        "--producer",
-        &url,
-        "--consumer",
-        &lab.c,
-    ]);
+    let relay = Running::relay_follow(&url, &lab.c);
     advance_new(&url, "w-5");
     relay.until_total("accepted", 1);
     assert_eq!(relay.stop(), Some(0));
@@ -789,28 +738,19 @@ fn the_follow_modes_and_serve_apply_run_on_postgres() {
 
 /// A running `ordo serve`; killed when dropped.
 struct Serve {
-    child: Child,
+    child: Process,
     addr: String,
 }
 
 impl Serve {
     fn start(consumer: &str) -> Serve {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
-            .args(["serve", "--consumer", consumer, "--listen", "127.0.0.1:0"])
-            .env_remove("ORDO_CRASH_POINT")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("ordo serve starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().expect("piped"))
-            .read_line(&mut line)
-            .expect("the listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("first line {line:?}"))
-            .to_owned();
+        let (child, addr) = start_listening(
+            Command::new(env!("CARGO_BIN_EXE_ordo"))
+                .args(["serve", "--consumer", consumer, "--listen", "127.0.0.1:0"])
+                .env_remove("ORDO_CRASH_POINT")
+                .stderr(Stdio::piped()),
+            "ordo serve",
+        );
         Serve { child, addr }
     }
 
@@ -827,13 +767,6 @@ impl Serve {
             pipe.read_to_string(&mut stderr).expect("stderr");
         }
         (status.code(), stderr)
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -900,22 +833,7 @@ fn a_password_in_the_url_is_never_printed() {
             run(&["init", "--producer", &url, "--domain", "orders"]),
             true,
         ),
-        (
-            run(&[
-                "advance",
-                "--producer",
-                &url,
-                "--flow",
-                "f",
-                "--expected-seq",
-                "0",
-                "--to",
-                "reserved",
-                "--quantity",
-                "1",
-            ]),
-            false,
-        ),
+        (run(&first_advance(&url, "f")), false),
         (
             run(&["relay", "--producer", &url, "--consumer", &lab.c]),
             false,

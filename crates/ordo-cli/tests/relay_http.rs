@@ -10,12 +10,13 @@ mod common;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{http_get, line_reader, row, run, Lab, Out};
+use common::process::{start_listening, Process};
+use common::{http_get, keys, line_reader, receipts, row, run, spawn, Lab, Out, SelfSigned};
 use ordo_sqlite::rusqlite;
 use serde_json::{json, Value};
 
@@ -25,45 +26,28 @@ const PATIENCE: Duration = Duration::from_secs(20);
 
 /// A running `ordo serve` on a consumer file; killed when dropped.
 struct Serve {
-    child: Child,
+    _child: Process,
     addr: String,
-    _stdout: BufReader<ChildStdout>,
 }
 
 impl Serve {
     fn start(consumer: &str, extra: &[&str]) -> Serve {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ordo"))
-            .args(["serve", "--consumer", consumer, "--listen", "127.0.0.1:0"])
-            .args(extra)
-            .env_remove("ORDO_CRASH_POINT")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("ordo serve starts");
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("the listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("first line {line:?}"))
-            .to_owned();
+        let (child, addr) = start_listening(
+            Command::new(env!("CARGO_BIN_EXE_ordo"))
+                .args(["serve", "--consumer", consumer, "--listen", "127.0.0.1:0"])
+                .args(extra)
+                .env_remove("ORDO_CRASH_POINT")
+                .stderr(Stdio::null()),
+            "ordo serve",
+        );
         Serve {
-            child,
+            _child: child,
             addr,
-            _stdout: stdout,
         }
     }
 
     fn url(&self) -> String {
         format!("http://{}", self.addr)
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -83,6 +67,12 @@ fn relay_to(lab: &Lab, url: &str, extra: &[&str]) -> Out {
     lab.run(&args)
 }
 
+/// `ordo relay --follow --json` from the lab's producer to `to` (`--to
+/// URL` or `--consumer C`).
+fn relay_follow(lab: &Lab, to: &[&str]) -> Child {
+    spawn(&[&["relay", "--follow", "--json", "--producer", &lab.p], to].concat())
+}
+
 fn outbox(lab: &Lab) -> Value {
     lab.run(&["outbox", "list", "--json", "--producer", &lab.p])
         .json()["outbox"]
@@ -99,20 +89,6 @@ fn inbox_ids(lab: &Lab) -> Vec<String> {
         .collect();
     ids.sort();
     ids
-}
-
-fn receipts(report: &Value) -> Vec<(String, String)> {
-    report["deliveries"]
-        .as_array()
-        .expect("a list")
-        .iter()
-        .map(|d| {
-            (
-                d["event_id"].as_str().unwrap().to_owned(),
-                d["receipt"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
 }
 
 #[test]
@@ -230,16 +206,7 @@ fn an_unreachable_server_is_transient_recorded_and_exit_0() {
     let lab = lab_with(&["A", "B"]);
     let port = free_port();
     let url = format!("http://127.0.0.1:{port}");
-    let out = lab.at(T0).run(&[
-        "relay",
-        "--json",
-        "--producer",
-        &lab.p,
-        "--to",
-        &url,
-        "--timeout-ms",
-        "2000",
-    ]);
+    let out = relay_to(lab.at(T0), &url, &["--timeout-ms", "2000"]);
     let report = out.json();
     assert_eq!(report["deliveries_total"], json!(0));
     assert!(
@@ -261,14 +228,7 @@ fn a_busy_store_behind_the_server_is_503_then_delivered_after_it_clears() {
     let serve = Serve::start(&lab.c, &["--busy-timeout-ms", "50"]);
     let lock = rusqlite::Connection::open(&lab.c).expect("open the consumer");
     lock.execute_batch("BEGIN IMMEDIATE").expect("lock it");
-    let busy = lab.at(T0).run(&[
-        "relay",
-        "--json",
-        "--producer",
-        &lab.p,
-        "--to",
-        &serve.url(),
-    ]);
+    let busy = relay_to(lab.at(T0), &serve.url(), &[]);
     let report = busy.json();
     assert_eq!(report["transient_errors"], json!(1), "{report}");
     let rows = outbox(&lab);
@@ -283,17 +243,7 @@ fn a_busy_store_behind_the_server_is_503_then_delivered_after_it_clears() {
         "{a1}"
     );
     lock.execute_batch("ROLLBACK").expect("unlock");
-    let later = lab
-        .at(T0 + 120_000)
-        .run(&[
-            "relay",
-            "--json",
-            "--producer",
-            &lab.p,
-            "--to",
-            &serve.url(),
-        ])
-        .json();
+    let later = relay_to(lab.at(T0 + 120_000), &serve.url(), &[]).json();
     assert_eq!(receipts(&later), [("A-1".into(), "accepted".into())]);
 }
 
@@ -302,10 +252,7 @@ fn a_retry_after_is_never_shortened_and_429_500_are_transient() {
     for (status, kind_in_error) in [(503, "503"), (429, "429"), (500, "500")] {
         let lab = lab_with(&["A"]);
         let url = canned(status, &[("Retry-After", "30")], r#"{"error":"later"}"#);
-        let report = lab
-            .at(T0)
-            .run(&["relay", "--json", "--producer", &lab.p, "--to", &url])
-            .json();
+        let report = relay_to(lab.at(T0), &url, &[]).json();
         assert_eq!(report["transient_errors"], json!(1), "{status}: {report}");
         let rows = outbox(&lab);
         let a1 = row(&rows, "event_id", "A-1");
@@ -366,15 +313,7 @@ fn an_item_the_consumer_cannot_read_is_quarantined_and_the_rest_sent_again() {
 fn follow_delivers_what_is_appended_later_and_stops_cleanly_on_sigterm() {
     let lab = lab_with(&["A"]);
     let serve = Serve::start(&lab.c, &[]);
-    let mut follow = spawn(&[
-        "relay",
-        "--follow",
-        "--json",
-        "--producer",
-        &lab.p,
-        "--to",
-        &serve.url(),
-    ]);
+    let mut follow = relay_follow(&lab, &["--to", &serve.url()]);
     let lines = line_reader(follow.stdout.take().unwrap());
     let first: Value = next_line(&lines);
     assert_eq!(first["round"], json!(1));
@@ -384,7 +323,7 @@ fn follow_delivers_what_is_appended_later_and_stops_cleanly_on_sigterm() {
     assert_eq!(second["round"], json!(2));
     assert_eq!(second["delivered"], json!(1), "{second}");
     assert_eq!(
-        keys_of(&second),
+        keys(&second),
         [
             "accepted",
             "conflict",
@@ -402,15 +341,7 @@ fn follow_delivers_what_is_appended_later_and_stops_cleanly_on_sigterm() {
 #[test]
 fn follow_to_a_consumer_file_delivers_and_stops_on_sigint() {
     let lab = lab_with(&["A", "B"]);
-    let mut follow = spawn(&[
-        "relay",
-        "--follow",
-        "--json",
-        "--producer",
-        &lab.p,
-        "--consumer",
-        &lab.c,
-    ]);
+    let mut follow = relay_follow(&lab, &["--consumer", &lab.c]);
     let lines = line_reader(follow.stdout.take().unwrap());
     let first: Value = next_line(&lines);
     assert_eq!(first["accepted"], json!(2), "{first}");
@@ -468,14 +399,8 @@ fn apply_follow_applies_what_arrives_and_serves_metrics() {
 
 #[test]
 fn relay_over_https_trusts_the_given_ca_and_refuses_an_unknown_one() {
-    use std::os::unix::fs::PermissionsExt;
     let lab = lab_with(&["A"]);
-    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
-    let cert = lab.path("cert.pem");
-    let key = lab.path("key.pem");
-    std::fs::write(&cert, certified.cert.pem()).unwrap();
-    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let SelfSigned { cert, key, .. } = SelfSigned::new(&lab);
     let serve = Serve::start(&lab.c, &["--tls-cert", &cert, "--tls-key", &key]);
     let url = format!("https://{}", serve.addr);
     let untrusted = relay_to(&lab, &url, &[]);
@@ -596,34 +521,12 @@ fn read_request(stream: &mut std::net::TcpStream) -> Value {
     serde_json::from_slice(&body).unwrap_or(Value::Null)
 }
 
-/// The body of `GET path` on `addr`, which must answer 200.
-fn spawn(args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_ordo"))
-        .args(args)
-        .env_remove("ORDO_CRASH_POINT")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("ordo starts")
-}
-
 #[track_caller]
 fn next_line(lines: &mpsc::Receiver<String>) -> Value {
     let line = lines
         .recv_timeout(PATIENCE)
         .expect("a round line within the patience");
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"))
-}
-
-fn keys_of(value: &Value) -> Vec<&str> {
-    let mut keys: Vec<&str> = value
-        .as_object()
-        .unwrap()
-        .keys()
-        .map(String::as_str)
-        .collect();
-    keys.sort();
-    keys
 }
 
 /// SIGTERM, then the exit status must be 0 within the patience.

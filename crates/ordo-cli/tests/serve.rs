@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{reservation, run, Lab};
+use common::{reservation, run, Lab, SelfSigned};
 use ordo_http::KeyRing;
 use serde_json::{json, Value};
 
@@ -684,11 +684,7 @@ fn a_thousand_connections_leave_the_server_answering() {
 fn https_serves_with_a_pem_certificate() {
     use std::os::unix::fs::PermissionsExt;
     let lab = lab();
-    let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
-    let cert = lab.path("cert.pem");
-    let key = lab.path("key.pem");
-    std::fs::write(&cert, certified.cert.pem()).unwrap();
-    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    let SelfSigned { cert, key, der } = SelfSigned::new(&lab);
     // A private key that others may read is refused.
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
     let listen = ["--listen", "127.0.0.1:0"];
@@ -708,7 +704,7 @@ fn https_serves_with_a_pem_certificate() {
     .usage("readable by group or others");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let served = Served::start(&lab.c, &["--tls-cert", &cert, "--tls-key", &key]);
-    let root = ureq::tls::Certificate::from_der(certified.cert.der()).to_owned();
+    let root = ureq::tls::Certificate::from_der(&der).to_owned();
     let tls = ureq::tls::TlsConfig::builder()
         .root_certs(ureq::tls::RootCerts::Specific(Arc::new(vec![root])))
         .build();

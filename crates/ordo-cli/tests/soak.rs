@@ -9,19 +9,7 @@ use common::*;
 
 #[test]
 fn soak_with_faults_keeps_every_invariant() {
-    let out = run(&[
-        "soak",
-        "--seconds",
-        "6",
-        "--flows",
-        "60",
-        "--seed",
-        "11",
-        "--faults",
-        "--json",
-    ]);
-    let report = out.json();
-    assert_eq!(report["verdict"], "ok", "{report}");
+    let report = soak_ok(6, 60, 11, &["--faults"]);
     assert!(report["faults_armed"].as_u64().unwrap() > 0, "{report}");
     assert!(report["kills"].as_u64().unwrap() > 0, "{report}");
     assert_eq!(report["events"], 180, "{report}");
@@ -29,20 +17,7 @@ fn soak_with_faults_keeps_every_invariant() {
 
 #[test]
 fn soak_over_http_kills_the_server_too_and_keeps_every_invariant() {
-    let out = run(&[
-        "soak",
-        "--transport",
-        "http",
-        "--seconds",
-        "5",
-        "--flows",
-        "30",
-        "--seed",
-        "5",
-        "--json",
-    ]);
-    let report = out.json();
-    assert_eq!(report["verdict"], "ok", "{report}");
+    let report = soak_ok(5, 30, 5, &["--transport", "http"]);
     assert_eq!(report["transport"], "http", "{report}");
     for role in ["produce", "relay", "apply", "server"] {
         assert!(
@@ -62,22 +37,9 @@ fn soak_refuses_an_unknown_transport() {
 
 #[test]
 fn soak_with_64_producer_threads_loses_no_acknowledged_event() {
-    let out = run(&[
-        "soak",
-        "--seconds",
-        "5",
-        "--flows",
-        "200",
-        "--seed",
-        "5",
-        "--producer-threads",
-        "64",
-        "--json",
-    ]);
-    let report = out.json();
     // The verdict includes: every acknowledged event in the outbox, every
     // flow released with each seq once, delivered and applied once.
-    assert_eq!(report["verdict"], "ok", "{report}");
+    let report = soak_ok(5, 200, 5, &["--producer-threads", "64"]);
     assert!(
         report["kills_by_role"]["produce"].as_u64().unwrap() > 0,
         "{report}"

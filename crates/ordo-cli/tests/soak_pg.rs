@@ -11,20 +11,14 @@ mod pgdb;
 
 use common::*;
 use ordo_postgres::postgres::{Client, NoTls};
+use pgdb::Watched;
 use serde_json::Value;
-
-/// The soak's databases on the server, sorted.
-fn soak_databases(client: &mut Client) -> Vec<String> {
-    pgdb::databases_named(client, "ordo_soak_")
-}
 
 #[test]
 fn a_soak_on_postgresql_keeps_every_invariant_and_leaves_no_database() {
     // One soak at a time: each compares the server's soak databases before
     // and after its run, and each run opens about twenty connections.
-    let _serial = pgdb::serial();
-    let mut client = pgdb::admin_client();
-    let before = soak_databases(&mut client);
+    let mut databases = Watched::start("ordo_soak_");
     // A session named like ordo's, in another database: never ended.
     let bystander_db = pgdb::Database::create();
     let mut bystander = Client::connect(
@@ -36,22 +30,7 @@ fn a_soak_on_postgresql_keeps_every_invariant_and_leaves_no_database() {
     )
     .expect("connect the bystander");
     let server = pgdb::server();
-    let out = run(&[
-        "soak",
-        "--backend",
-        "postgres",
-        "--url",
-        &server,
-        "--seconds",
-        "5",
-        "--flows",
-        "60",
-        "--seed",
-        "7",
-        "--json",
-    ]);
-    let report = out.json();
-    assert_eq!(report["verdict"], "ok", "{report}");
+    let report = soak_ok(5, 60, 7, &["--backend", "postgres", "--url", &server]);
     assert_eq!(report["backend"], "postgres", "{report}");
     assert_eq!(report["relays"], 4, "{report}");
     assert_eq!(report["appliers"], 4, "{report}");
@@ -77,17 +56,15 @@ fn a_soak_on_postgresql_keeps_every_invariant_and_leaves_no_database() {
     bystander
         .query_one("SELECT 1", &[])
         .expect("the bystander's connection was not ended");
-    assert_eq!(soak_databases(&mut client), before, "a database is left");
+    assert_eq!(databases.now(), databases.before, "a database is left");
 }
 
 #[test]
 fn flags_go_together_and_a_bad_url_creates_nothing() {
-    let _serial = pgdb::serial();
-    let mut client = pgdb::admin_client();
-    let before = soak_databases(&mut client);
+    let mut databases = Watched::start("ordo_soak_");
     let server = pgdb::server();
-    let mut cases = pgdb::backend_url_misuses(&server);
-    cases.extend(pgdb::owned_cases(&[
+    // The command's own misuses.
+    let own: [(&[&str], &str); 4] = [
         (&["--keep"], "--keep"),
         (
             &["--backend", "postgres", "--url", &server, "--faults"],
@@ -105,15 +82,10 @@ fn flags_go_together_and_a_bad_url_creates_nothing() {
             "--producer-threads",
         ),
         (&["--relays", "9"], "--relays"),
-    ]));
-    for (flags, needle) in cases {
-        let mut args = vec!["soak", "--seconds", "1"];
-        args.extend(flags.iter().map(String::as_str));
-        let out = run(&args);
-        out.usage(needle);
-        assert!(!out.stderr.contains("sekret"), "{flags:?}: {}", out.stderr);
-    }
-    assert_eq!(soak_databases(&mut client), before);
+    ];
+    let cases = pgdb::backend_url_misuses(&server, &own);
+    refuses_each(&["soak", "--seconds", "1"], &cases);
+    assert_eq!(databases.now(), databases.before);
 }
 
 #[test]
@@ -137,25 +109,14 @@ fn database_url(name: &str) -> String {
 
 #[test]
 fn the_end_check_of_a_kept_database_reports_what_was_broken_in_it() {
-    let _serial = pgdb::serial();
-    let mut client = pgdb::admin_client();
-    let out = run(&[
-        "soak",
-        "--backend",
-        "postgres",
-        "--url",
-        &pgdb::server(),
-        "--seconds",
-        "2",
-        "--flows",
-        "20",
-        "--seed",
-        "3",
-        "--keep",
-        "--json",
-    ]);
-    let report = out.json();
-    assert_eq!(report["verdict"], "ok", "{report}");
+    let mut databases = Watched::start("ordo_soak_");
+    let server = pgdb::server();
+    let report = soak_ok(
+        2,
+        20,
+        3,
+        &["--backend", "postgres", "--url", &server, "--keep"],
+    );
     let kept = report["database"]
         .as_str()
         .expect("the kept database")
@@ -165,7 +126,7 @@ fn the_end_check_of_a_kept_database_reports_what_was_broken_in_it() {
         name.starts_with("ordo_soak_") && name.ends_with("_kept"),
         "{kept}"
     );
-    assert!(soak_databases(&mut client).contains(&name));
+    assert!(databases.now().contains(&name));
 
     let (events, violations) =
         ordo_lab::soak::check_database(&database_url(&name), 20).expect("check");
@@ -214,7 +175,8 @@ fn the_end_check_of_a_kept_database_reports_what_was_broken_in_it() {
     ];
     for (i, (sql, expected)) in cases.into_iter().enumerate() {
         let copy = format!("{name}_case{i}");
-        client
+        databases
+            .client
             .batch_execute(&format!("CREATE DATABASE {copy} TEMPLATE {name}"))
             .expect("copy the kept database");
         // Stays connected while the check runs: the lease case's session.
@@ -222,7 +184,8 @@ fn the_end_check_of_a_kept_database_reports_what_was_broken_in_it() {
         corrupter.batch_execute(sql).expect(sql);
         let checked = ordo_lab::soak::check_database(&database_url(&copy), 20);
         drop(corrupter);
-        client
+        databases
+            .client
             .batch_execute(&format!("DROP DATABASE {copy} WITH (FORCE)"))
             .expect("drop the copy");
         let (_, violations) = checked.expect("check");
@@ -231,7 +194,8 @@ fn the_end_check_of_a_kept_database_reports_what_was_broken_in_it() {
             "{sql}: {violations:?} lacks {expected:?}"
         );
     }
-    client
+    databases
+        .client
         .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
         .expect("drop the kept database");
 }

@@ -78,6 +78,20 @@ impl Served {
             self.addr
         )
     }
+
+    /// Connects and writes the head of a POST to `path` (see [`Self::head`]).
+    fn post_head(&self, path: &str, framing: &str, extra: &str) -> TcpStream {
+        let mut stream = self.connect();
+        stream
+            .write_all(self.head(path, framing, extra).as_bytes())
+            .expect("the head is written");
+        stream
+    }
+}
+
+/// The framing of a body of `length` bytes.
+fn content_length(length: usize) -> String {
+    format!("content-length: {length}")
 }
 
 impl Drop for Served {
@@ -122,11 +136,26 @@ fn read_answer(stream: &mut TcpStream) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
-fn assert_early_answer(answer: &str, status: &str) {
+/// Posts to `path` a body of `length` bytes framed by its content-length,
+/// writes the first `written` bytes of it and reads the answer to its end.
+fn answer_to_body(path: &str, length: usize, written: usize) -> String {
+    let served = Served::start();
+    let mut stream = served.post_head(path, &content_length(length), "");
+    write_body(&mut stream, written, false).expect("the body's bytes are written");
+    read_answer(&mut stream)
+}
+
+#[track_caller]
+fn assert_status(answer: &str, status: &str) {
     assert!(
         answer.starts_with(&format!("HTTP/1.1 {status} ")),
         "the answer: {answer:?}"
     );
+}
+
+#[track_caller]
+fn assert_early_answer(answer: &str, status: &str) {
+    assert_status(answer, status);
     assert!(
         answer
             .to_ascii_lowercase()
@@ -137,64 +166,41 @@ fn assert_early_answer(answer: &str, status: &str) {
 
 #[test]
 fn a_too_large_content_length_is_answered_413_after_the_whole_body_is_written() {
-    let served = Served::start();
-    let mut stream = served.connect();
-    let length = 16 * MIB;
-    let head = served.head("/v1/events", &format!("content-length: {length}"), "");
-    stream
-        .write_all(head.as_bytes())
-        .expect("the head is written");
-    write_body(&mut stream, length, false).expect("the whole body is written");
-    assert_early_answer(&read_answer(&mut stream), "413");
+    assert_early_answer(&answer_to_body("/v1/events", 16 * MIB, 16 * MIB), "413");
+}
+
+#[test]
+fn a_refusal_that_reads_no_body_is_read_after_the_whole_body_is_written() {
+    assert_early_answer(&answer_to_body("/v1/nowhere", 16 * MIB, 16 * MIB), "404");
+}
+
+#[test]
+fn a_client_that_stops_writing_its_body_reads_the_answer_and_the_close() {
+    assert_early_answer(&answer_to_body("/v1/events", 16 * MIB, MIB), "413");
 }
 
 #[test]
 fn a_chunked_body_found_too_large_while_read_is_answered_413_after_it_is_written() {
     let served = Served::start();
-    let mut stream = served.connect();
-    let head = served.head("/v1/events", "transfer-encoding: chunked", "");
-    stream
-        .write_all(head.as_bytes())
-        .expect("the head is written");
+    let mut stream = served.post_head("/v1/events", "transfer-encoding: chunked", "");
     write_body(&mut stream, 16 * MIB, true).expect("the whole body is written");
     assert_early_answer(&read_answer(&mut stream), "413");
 }
 
 #[test]
-fn a_refusal_that_reads_no_body_is_read_after_the_whole_body_is_written() {
-    let served = Served::start();
-    let mut stream = served.connect();
-    let length = 16 * MIB;
-    let head = served.head("/v1/nowhere", &format!("content-length: {length}"), "");
-    stream
-        .write_all(head.as_bytes())
-        .expect("the head is written");
-    write_body(&mut stream, length, false).expect("the whole body is written");
-    assert_early_answer(&read_answer(&mut stream), "404");
-}
-
-#[test]
 fn a_client_that_expects_100_continue_reads_the_413_without_a_100() {
     let served = Served::start();
-    let mut stream = served.connect();
-    let framing = format!("content-length: {}", 16 * MIB);
-    let head = served.head("/v1/events", &framing, "expect: 100-continue\r\n");
-    stream
-        .write_all(head.as_bytes())
-        .expect("the head is written");
+    let framing = content_length(16 * MIB);
+    let mut stream = served.post_head("/v1/events", &framing, "expect: 100-continue\r\n");
     assert_early_answer(&read_answer(&mut stream), "413");
 }
 
 #[test]
 fn a_body_past_the_lingering_bound_is_not_read_forever() {
     let served = Served::start();
-    let mut stream = served.connect();
     let budget = 8 * LINGER_BYTES_MAX as usize;
     let length = 4 * budget;
-    let head = served.head("/v1/events", &format!("content-length: {length}"), "");
-    stream
-        .write_all(head.as_bytes())
-        .expect("the head is written");
+    let mut stream = served.post_head("/v1/events", &content_length(length), "");
     let written = write_body(&mut stream, budget, false);
     let error = written.expect_err("the server stops reading and closes the connection");
     assert!(
@@ -208,19 +214,6 @@ fn a_body_past_the_lingering_bound_is_not_read_forever() {
             "the connection ended: {error}"
         );
     }
-}
-
-#[test]
-fn a_client_that_stops_writing_its_body_reads_the_answer_and_the_close() {
-    let served = Served::start();
-    let mut stream = served.connect();
-    let length = 16 * MIB;
-    let head = served.head("/v1/events", &format!("content-length: {length}"), "");
-    stream
-        .write_all(head.as_bytes())
-        .expect("the head is written");
-    write_body(&mut stream, MIB, false).expect("a part of the body is written");
-    assert_early_answer(&read_answer(&mut stream), "413");
 }
 
 /// Reads one answer framed by its `content-length`, leaving the
@@ -252,7 +245,7 @@ fn an_answer_after_the_whole_body_was_read_keeps_the_connection() {
     let mut stream = served.connect();
     let body = "{}";
     let head = served
-        .head("/v1/events", &format!("content-length: {}", body.len()), "")
+        .head("/v1/events", &content_length(body.len()), "")
         .replace("application/json", "text/plain");
     stream
         .write_all(head.as_bytes())
@@ -261,10 +254,7 @@ fn an_answer_after_the_whole_body_was_read_keeps_the_connection() {
         .write_all(body.as_bytes())
         .expect("the body is written");
     let answer = read_one_answer(&mut stream);
-    assert!(
-        answer.starts_with("HTTP/1.1 415 "),
-        "the answer: {answer:?}"
-    );
+    assert_status(&answer, "415");
     assert!(
         !answer.to_ascii_lowercase().contains("connection: close"),
         "the answer: {answer:?}"
@@ -273,9 +263,5 @@ fn an_answer_after_the_whole_body_was_read_keeps_the_connection() {
     stream
         .write_all(health.as_bytes())
         .expect("a second request is written");
-    let answer = read_one_answer(&mut stream);
-    assert!(
-        answer.starts_with("HTTP/1.1 200 "),
-        "the answer: {answer:?}"
-    );
+    assert_status(&read_one_answer(&mut stream), "200");
 }

@@ -17,14 +17,51 @@ use ordo_core::{
 use ordo_postgres::postgres::Client;
 use ordo_postgres::{PgTx, TxOutcome};
 use support::workers::{append, client, consumer, flow, producer, wait_until};
-use support::{database_for, server, url};
-
-fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use support::{database_for, serial, server, url};
 
 const BOUND: Duration = Duration::from_secs(60);
+
+/// The test's own database (the tests of this file run one at a time).
+struct TestDatabase {
+    _serial: MutexGuard<'static, ()>,
+    _dir: tempfile::TempDir,
+    name: String,
+}
+
+impl TestDatabase {
+    fn new() -> TestDatabase {
+        let serial = serial();
+        let dir = tempfile::tempdir().unwrap();
+        let name = database_for(dir.path());
+        TestDatabase {
+            _serial: serial,
+            _dir: dir,
+            name,
+        }
+    }
+
+    fn url(&self) -> String {
+        url(&self.name)
+    }
+}
+
+/// The id of the server process behind `connection`.
+fn backend_pid(connection: &PgTx) -> i32 {
+    connection
+        .query_one("SELECT pg_backend_pid()", &[])
+        .unwrap()
+        .get(0)
+}
+
+/// A consumer (`apply`) on `target` that has received flow 1's first
+/// event, appended by a producer (`source`) there.
+fn received_one(target: &str) -> ordo_postgres::PgConsumer {
+    let mut source = producer(target, "source", 60_000);
+    let event = append(&mut source, &flow(1)).unwrap();
+    let mut inbox = consumer(target, "apply");
+    inbox.receive(&event).unwrap();
+    inbox
+}
 
 /// Begins a transaction on `c` that writes a row, and returns its id.
 fn writing_transaction(c: &mut Client, seq: i64) -> i64 {
@@ -39,9 +76,8 @@ fn writing_transaction(c: &mut Client, seq: i64) -> i64 {
 
 #[test]
 fn the_server_says_committed_aborted_or_unknown() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let db = TestDatabase::new();
+    let target = db.url();
     let store = consumer(&target, "asker");
     let ask = |txid| store.connection().transaction_outcome(txid).unwrap();
 
@@ -215,28 +251,23 @@ fn outbox_seqs(c: &mut Client) -> Vec<i64> {
 
 #[test]
 fn an_append_whose_commit_answer_is_lost_is_resolved() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let database = database_for(dir.path());
+    let db = TestDatabase::new();
     let proxy = Proxy::start();
-    let mut store = producer(&proxy.url(&database), "cut", 60_000);
-    let mut c = client(&url(&database));
+    let mut store = producer(&proxy.url(&db.name), "cut", 60_000);
+    let mut c = client(&db.url());
     let f = flow(1);
-    let pid = |store: &ordo_postgres::PgProducer| -> i32 {
-        store
-            .connection()
-            .query_one("SELECT pg_backend_pid()", &[])
-            .unwrap()
-            .get(0)
-    };
-    let first_pid = pid(&store);
+    let first_pid = backend_pid(store.connection());
 
     // Committed on the server, the answer lost: resolved as committed.
     proxy.arm(Cut::AfterCommit);
     let event = append(&mut store, &f).expect("resolved as committed");
     assert_eq!(event.seq.get(), 1);
     assert_eq!(outbox_seqs(&mut c), [1]);
-    assert_ne!(pid(&store), first_pid, "the lost connection was replaced");
+    assert_ne!(
+        backend_pid(store.connection()),
+        first_pid,
+        "the lost connection was replaced"
+    );
 
     // Cut before the COMMIT reached the server: nothing written, and the
     // error says so (retrying is safe).
@@ -261,15 +292,13 @@ fn an_append_whose_commit_answer_is_lost_is_resolved() {
 
 #[test]
 fn a_receive_whose_commit_answer_is_lost_is_resolved() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let database = database_for(dir.path());
+    let db = TestDatabase::new();
     let proxy = Proxy::start();
-    let mut source = producer(&url(&database), "source", 60_000);
+    let mut source = producer(&db.url(), "source", 60_000);
     let events: Vec<Envelope> = (0..3)
         .map(|_| append(&mut source, &flow(1)).unwrap())
         .collect();
-    let mut inbox = consumer(&proxy.url(&database), "cut");
+    let mut inbox = consumer(&proxy.url(&db.name), "cut");
     proxy.arm(Cut::AfterCommit);
     let receipts = inbox.receive_batch(&events).expect("resolved as committed");
     assert!(receipts.iter().all(|r| *r == ordo_core::Receipt::Accepted));
@@ -296,26 +325,14 @@ impl ApplyHandler<PgTx> for Failing {
 
 #[test]
 fn a_connection_whose_transaction_errored_is_replaced() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
-    let mut source = producer(&target, "source", 60_000);
-    let event = append(&mut source, &flow(1)).unwrap();
-    let mut inbox = consumer(&target, "apply");
-    inbox.receive(&event).unwrap();
-    let pid = |inbox: &ordo_postgres::PgConsumer| -> i32 {
-        inbox
-            .connection()
-            .query_one("SELECT pg_backend_pid()", &[])
-            .unwrap()
-            .get(0)
-    };
-    let before = pid(&inbox);
+    let db = TestDatabase::new();
+    let mut inbox = received_one(&db.url());
+    let before = backend_pid(inbox.connection());
     let error = inbox
         .apply_next_with(&flow(1), &mut Failing)
         .expect_err("the handler's SQL fails");
     assert!(error.to_string().contains("42P01"), "{error}");
-    assert_ne!(pid(&inbox), before, "a new connection");
+    assert_ne!(backend_pid(inbox.connection()), before, "a new connection");
     let step = inbox
         .apply_next_with(
             &flow(1),
@@ -348,13 +365,9 @@ impl ApplyHandler<PgTx> for Swallowing {
 
 #[test]
 fn a_swallowed_error_fails_the_apply_as_the_server_reports_it() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
-    let mut source = producer(&target, "source", 60_000);
-    let event = append(&mut source, &flow(1)).unwrap();
-    let mut inbox = consumer(&target, "apply");
-    inbox.receive(&event).unwrap();
+    let db = TestDatabase::new();
+    let target = db.url();
+    let mut inbox = received_one(&target);
     let error = inbox
         .apply_next_with(&flow(1), &mut Swallowing)
         .expect_err("the transaction is aborted");

@@ -7,12 +7,10 @@ mod support;
 use std::path::Path;
 use std::sync::Arc;
 
-use ordo_core::{
-    ApplyContext, ApplyHandler, BlockCode, Clock, Envelope, StoreError, SystemClock, Verdict,
-};
+use ordo_core::{BlockCode, Clock, SystemClock};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgTx};
 use ordo_reservation::{consumer_schema, producer_schema};
-use ordo_testkit::suite::generic;
+use ordo_testkit::suite::generic::TestDomain;
 use support::{database_for, test_options, test_schema, url};
 
 /// The PostgreSQL backend: both stores in the test's own database.
@@ -21,7 +19,7 @@ struct Postgres;
 impl ordo_testkit::Backend for Postgres {
     type Producer = PgProducer;
     type Consumer = PgConsumer;
-    type TestHandler = TestDomain;
+    type TestHandler = TestDomain<PgTx>;
 
     fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> (PgProducer, PgConsumer) {
         let target = url(&database_for(dir));
@@ -44,8 +42,14 @@ impl ordo_testkit::Backend for Postgres {
         .expect("open the test domain")
     }
 
-    fn test_handler(reevaluate: Vec<BlockCode>) -> TestDomain {
-        TestDomain { reevaluate }
+    fn test_handler(reevaluate: Vec<BlockCode>) -> TestDomain<PgTx> {
+        TestDomain::new(reevaluate, |tx, event| {
+            tx.execute(
+                "INSERT INTO handled (flow_id, seq) VALUES ($1, $2)",
+                &[&event.flow_id.as_str(), &event.seq.get()],
+            )?;
+            Ok(())
+        })
     }
 
     fn handled(consumer: &mut PgConsumer) -> Vec<(String, i64)> {
@@ -59,47 +63,6 @@ impl ordo_testkit::Backend for Postgres {
             .iter()
             .map(|row| (row.get(0), row.get(1)))
             .collect()
-    }
-}
-
-/// The generic suite's test domain on PostgreSQL: its table, and its
-/// handler as the suite's contract says.
-pub struct TestDomain {
-    reevaluate: Vec<BlockCode>,
-}
-
-impl ApplyHandler<PgTx> for TestDomain {
-    fn apply(
-        &mut self,
-        tx: &mut ApplyContext<'_, PgTx>,
-        event: &Envelope,
-    ) -> Result<Verdict, StoreError> {
-        let record = |tx: &PgTx| -> Result<(), StoreError> {
-            tx.execute(
-                "INSERT INTO handled (flow_id, seq) VALUES ($1, $2)",
-                &[&event.flow_id.as_str(), &event.seq.get()],
-            )?;
-            Ok(())
-        };
-        match event.event_type.as_str() {
-            "record" => record(tx).map(|()| Verdict::Apply),
-            "refuse" => {
-                record(tx)?;
-                Ok(Verdict::block_with(
-                    generic::REFUSED,
-                    generic::REFUSED_DETAIL,
-                ))
-            }
-            "later" if self.reevaluate.contains(&generic::NOT_YET) => {
-                record(tx).map(|()| Verdict::Apply)
-            }
-            "later" => Ok(Verdict::block(generic::NOT_YET)),
-            _ => Ok(Verdict::block(BlockCode::from_static("unknown_type"))),
-        }
-    }
-
-    fn reevaluate(&self) -> &[BlockCode] {
-        &self.reevaluate
     }
 }
 

@@ -7,7 +7,7 @@ mod support;
 use std::sync::Arc;
 
 use ordo_core::{ApplyContext, Envelope, StoreError, SystemClock, Verdict};
-use ordo_postgres::{PgConsumer, PgTx};
+use ordo_postgres::{Params, PgConsumer, PgTx};
 use ordo_testkit::guards::damage_under_apply_is_refused;
 use support::{admin_client, fresh_database, test_options, test_schema};
 
@@ -25,26 +25,31 @@ fn run(damage: impl FnMut(&mut ApplyContext<PgTx>, &Envelope) -> Result<Verdict,
     damage_under_apply_is_refused(&mut inbox, damage, cursor);
 }
 
+/// A handler's damage: runs `sql` (`{schema}` standing for the store's
+/// ordo schema) under the apply, then applies.
+fn under_apply(tx: &PgTx, sql: &str, params: Params<'_>) -> Result<Verdict, StoreError> {
+    tx.execute(&sql.replace("{schema}", tx.ordo_schema()), params)?;
+    Ok(Verdict::Apply)
+}
+
 #[test]
 fn a_row_settled_under_its_apply_is_not_marked_applied_over() {
     run(|tx, e| {
-        let sql = format!(
-            "UPDATE {}.inbox SET status = 'skipped', settled_at_ms = 0 WHERE flow_id = $1 AND seq = $2",
-            tx.ordo_schema()
-        );
-        tx.execute(&sql, &[&e.flow_id.as_str(), &e.seq.get()])?;
-        Ok(Verdict::Apply)
+        under_apply(
+            tx,
+            "UPDATE {schema}.inbox SET status = 'skipped', settled_at_ms = 0 WHERE flow_id = $1 AND seq = $2",
+            &[&e.flow_id.as_str(), &e.seq.get()],
+        )
     });
 }
 
 #[test]
 fn a_cursor_moved_past_under_an_apply_is_not_moved_back() {
     run(|tx, _| {
-        let sql = format!(
-            "UPDATE {}.inbox_cursor SET applied_seq = 5 WHERE flow_id = 'f'",
-            tx.ordo_schema()
-        );
-        tx.execute(&sql, &[])?;
-        Ok(Verdict::Apply)
+        under_apply(
+            tx,
+            "UPDATE {schema}.inbox_cursor SET applied_seq = 5 WHERE flow_id = 'f'",
+            &[],
+        )
     });
 }

@@ -5,10 +5,8 @@
 
 mod support;
 
-use std::collections::BTreeSet;
-
 use ordo_core::{Clock, ProducerOps, ProducerStore, Receive, SystemClock};
-use support::workers::{append, client, consumer, flow, producer};
+use support::workers::{append, client, consumer, fair_round_now, flow, producer};
 use support::{database_for, url};
 
 #[test]
@@ -91,9 +89,7 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
         .get(0);
     assert_eq!(listed, 3, "every event not accepted is listed pending");
     assert_eq!(relay_store.pending(10).unwrap().len(), 3);
-    let round = relay_store
-        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
-        .unwrap();
+    let round = fair_round_now(&mut relay_store, 10);
     assert_eq!(round.len(), 3, "every flow has its lease");
     assert_eq!(relay_store.outbox().unwrap().len(), 3, "the outbox is kept");
 }
@@ -110,9 +106,7 @@ fn a_version_4_stores_leases_move_into_the_heads() {
     let (held, free) = (flow(7), flow(8));
     let first = append(&mut holder, &held).unwrap();
     let second = append(&mut holder, &free).unwrap();
-    let round = holder
-        .fair_round(1, &BTreeSet::new(), SystemClock.now_ms())
-        .unwrap();
+    let round = fair_round_now(&mut holder, 1);
     assert_eq!(round, std::slice::from_ref(&first));
     let fence = holder.held_flows()[&held];
     let mut c = client(&target);
@@ -170,9 +164,7 @@ fn a_version_4_stores_leases_move_into_the_heads() {
         .get(0);
     assert_eq!(gone, None, "the lease table is dropped");
 
-    let round = other
-        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
-        .unwrap();
+    let round = fair_round_now(&mut other, 10);
     assert_eq!(
         round,
         std::slice::from_ref(&second),

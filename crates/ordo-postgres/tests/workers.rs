@@ -9,7 +9,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ordo_core::{
@@ -18,29 +18,53 @@ use ordo_core::{
     StoreError, SystemClock, Verdict,
 };
 use ordo_postgres::PgTx;
+use support::fresh_database_alone;
 use support::workers::{
-    all_settled, append, backlog, check_converged, client, consumer, flow, inbox_summary, producer,
-    relay_options, wait_until, Ordered, Violations,
+    all_settled, append, backlog, check_converged, client, consumer, fair_round_now, flow,
+    inbox_summary, producer, relay_options, wait_until, Ordered, Violations,
 };
-use support::{database_for, url};
 
-/// These tests open up to ten connections each: one at a time.
-fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
+// These tests open up to ten connections each: one at a time.
 const BOUND: Duration = Duration::from_secs(120);
 
 fn ids(events: &[Envelope]) -> Vec<&str> {
     events.iter().map(|e| e.event_id.as_str()).collect()
 }
 
+/// Asserts that `round` holds exactly `events`, by id and in order.
+#[track_caller]
+fn assert_round(round: &[Envelope], events: &[&Envelope], why: &str) {
+    let expected: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+    assert_eq!(ids(round), expected, "{why}");
+}
+
+/// A relay (`owner`, long leases) on `target` that has taken flow 1's
+/// first event in a round: the relay, the flow and the event.
+fn relay_holding_first(
+    target: &str,
+    owner: &str,
+) -> (ordo_postgres::PgProducer, ordo_core::FlowId, Envelope) {
+    let mut relay = producer(target, owner, 600_000);
+    let f = flow(1);
+    let first = append(&mut relay, &f).unwrap();
+    let round = fair_round_now(&mut relay, 10);
+    assert_round(&round, &[&first], "the flow's head");
+    (relay, f, first)
+}
+
+/// Records that `relay` delivered `event` and it was accepted, now.
+fn record_accepted(relay: &mut ordo_postgres::PgProducer, event: &Envelope) {
+    relay
+        .record_receipts(
+            &[(event.event_id.clone(), Receipt::Accepted)],
+            SystemClock.now_ms(),
+        )
+        .unwrap();
+}
+
 #[test]
 fn a_stale_fence_refuses_bookkeeping_and_writes_nothing() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_serial, _dir, target) = fresh_database_alone();
     // `slow`'s leases lapse as soon as they are taken.
     let mut slow = producer(&target, "slow", 0);
     let mut holder = producer(&target, "holder", 600_000);
@@ -51,10 +75,10 @@ fn a_stale_fence_refuses_bookkeeping_and_writes_nothing() {
     let none = BTreeSet::new();
 
     let round = slow.fair_round(10, &none, now).unwrap();
-    assert_eq!(ids(&round), [first.event_id.as_str()], "one head per flow");
+    assert_round(&round, &[&first], "one head per flow");
     let slow_fence = slow.held_flows()[&f];
     let round = holder.fair_round(10, &none, now).unwrap();
-    assert_eq!(ids(&round), [first.event_id.as_str()]);
+    assert_round(&round, &[&first], "");
     let holder_fence = holder.held_flows()[&f];
     assert!(holder_fence > slow_fence, "a new claim moves the fence on");
 
@@ -116,9 +140,7 @@ fn lease_row(
 
 #[test]
 fn a_relay_keeps_its_flows_across_rounds_caught_up_or_not() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_serial, _dir, target) = fresh_database_alone();
     let mut first = producer(&target, "first", 600_000);
     let mut second = producer(&target, "second", 600_000);
     let mut checker = client(&target);
@@ -173,9 +195,7 @@ fn a_relay_keeps_its_flows_across_rounds_caught_up_or_not() {
 
 #[test]
 fn a_deep_round_takes_several_events_of_each_flow_in_order() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_serial, _dir, target) = fresh_database_alone();
     let mut relay = producer(&target, "deep", 600_000);
     for i in 1..=3 {
         for _ in 0..3 {
@@ -218,9 +238,7 @@ fn a_deep_round_takes_several_events_of_each_flow_in_order() {
 
 #[test]
 fn a_dead_relays_flows_are_taken_over_once_its_session_is_gone() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_serial, _dir, target) = fresh_database_alone();
     // Leases far longer than the test: only the session's end frees them.
     let mut dead = producer(&target, "dead", 3_600_000);
     for i in 0..6 {
@@ -271,9 +289,7 @@ fn a_dead_relays_flows_are_taken_over_once_its_session_is_gone() {
 
 #[test]
 fn a_stalled_relays_flows_are_taken_over_when_its_leases_expire() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_serial, _dir, target) = fresh_database_alone();
     let mut stalled = producer(&target, "stalled", 300);
     for i in 0..4 {
         append(&mut stalled, &flow(i)).unwrap();
@@ -303,94 +319,114 @@ fn a_stalled_relays_flows_are_taken_over_when_its_leases_expire() {
     drop(stalled);
 }
 
-/// One relay's loop: runs until `stop`, collecting every delivery.
-fn relay_loop(
+/// Relays and appliers on a database of their own (the test running
+/// alone), each on a thread of its own, running until [`Crew::stop`].
+struct Crew {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    _dir: tempfile::TempDir,
     target: String,
-    owner: String,
-    stop: Arc<AtomicBool>,
-    batch_len_max: usize,
-    tolerate_errors: bool,
-) -> Vec<(EventId, Receipt)> {
-    let mut relay_store = producer(&target, &owner, 2_000);
-    let mut to = consumer(&target, &owner);
-    let mut deliveries = Vec::new();
-    while !stop.load(Ordering::SeqCst) {
-        match relay(
-            &mut relay_store,
-            &mut to,
-            &relay_options(batch_len_max),
-            &SystemClock,
-        ) {
-            Ok(report) => {
-                let idle = report.deliveries.is_empty();
-                deliveries.extend(
-                    report
-                        .deliveries
-                        .into_iter()
-                        .map(|d| (d.event_id, d.receipt)),
-                );
-                if idle {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-            Err(e) if tolerate_errors => {
-                tracing_note(&owner, &e.to_string());
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("relay {owner}: {e}"),
-        }
-    }
-    deliveries
-}
-
-fn tracing_note(worker: &str, error: &str) {
-    if std::env::var_os("ORDO_TEST_VERBOSE").is_some() {
-        eprintln!("{worker}: {error}");
-    }
-}
-
-/// One applier's loop: runs until `stop`.
-fn apply_loop(
-    target: String,
-    owner: String,
     stop: Arc<AtomicBool>,
     violations: Violations,
-    tolerate_errors: bool,
-) -> u64 {
-    let mut store = consumer(&target, &owner);
-    let mut handler = Ordered { violations };
-    let mut applied = 0;
-    while !stop.load(Ordering::SeqCst) {
-        match process_all(&mut store, None, &mut handler, 16) {
-            Ok(drains) => {
-                let now: u64 = drains.iter().map(|d| d.applied).sum();
-                applied += now;
-                if now == 0 {
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-            }
-            Err(e) if tolerate_errors => {
-                tracing_note(&owner, &e.to_string());
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => panic!("applier {owner}: {e}"),
+}
+
+impl Crew {
+    fn new() -> Crew {
+        let (serial, dir, target) = fresh_database_alone();
+        Crew {
+            _serial: serial,
+            _dir: dir,
+            target,
+            stop: Arc::default(),
+            violations: Arc::default(),
         }
     }
-    applied
+
+    /// `n` relays (`r0`, `r1`, ...) of rounds of `batch_len_max`, each
+    /// collecting every delivery it made.
+    fn relays(
+        &self,
+        n: usize,
+        batch_len_max: usize,
+    ) -> Vec<std::thread::JoinHandle<Vec<(EventId, Receipt)>>> {
+        (0..n)
+            .map(|i| {
+                let (target, stop) = (self.target.clone(), self.stop.clone());
+                std::thread::spawn(move || {
+                    let owner = format!("r{i}");
+                    let mut relay_store = producer(&target, &owner, 2_000);
+                    let mut to = consumer(&target, &owner);
+                    let mut deliveries = Vec::new();
+                    until_stopped(&stop, &format!("relay {owner}"), || {
+                        let options = relay_options(batch_len_max);
+                        let report = relay(&mut relay_store, &mut to, &options, &SystemClock)?;
+                        let busy = !report.deliveries.is_empty();
+                        deliveries.extend(
+                            report
+                                .deliveries
+                                .into_iter()
+                                .map(|d| (d.event_id, d.receipt)),
+                        );
+                        Ok::<_, ordo_core::RelayError>(busy)
+                    });
+                    deliveries
+                })
+            })
+            .collect()
+    }
+
+    /// `n` appliers (`a0`, `a1`, ...) with [`Ordered`] handlers, each
+    /// counting the events it applied.
+    fn appliers(&self, n: usize) -> Vec<std::thread::JoinHandle<u64>> {
+        (0..n)
+            .map(|i| {
+                let (target, stop) = (self.target.clone(), self.stop.clone());
+                let violations = self.violations.clone();
+                std::thread::spawn(move || {
+                    let owner = format!("a{i}");
+                    let mut store = consumer(&target, &owner);
+                    let mut handler = Ordered { violations };
+                    let mut applied = 0;
+                    until_stopped(&stop, &format!("applier {owner}"), || {
+                        let drains = process_all(&mut store, None, &mut handler, 16)?;
+                        let now: u64 = drains.iter().map(|d| d.applied).sum();
+                        applied += now;
+                        Ok::<_, StoreError>(now > 0)
+                    });
+                    applied
+                })
+            })
+            .collect()
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A worker's loop: runs `round` until `stop`, pausing a little after a
+/// round that found nothing to do (`Ok(false)`); an error fails the test.
+fn until_stopped<E: std::fmt::Display>(
+    stop: &AtomicBool,
+    worker: &str,
+    mut round: impl FnMut() -> Result<bool, E>,
+) {
+    while !stop.load(Ordering::SeqCst) {
+        match round() {
+            Ok(true) => {}
+            Ok(false) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("{worker}: {e}"),
+        }
+    }
 }
 
 #[test]
 fn several_relays_and_appliers_deliver_and_apply_every_event_once_in_order() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
     const FLOWS: usize = 24;
     const PER_FLOW: usize = 25;
-    let stop = Arc::new(AtomicBool::new(false));
-    let violations: Violations = Arc::default();
+    let crew = Crew::new();
 
     let producing = {
-        let target = target.clone();
+        let target = crew.target.clone();
         std::thread::spawn(move || {
             let mut store = producer(&target, "producer", 2_000);
             for _ in 0..PER_FLOW {
@@ -400,25 +436,15 @@ fn several_relays_and_appliers_deliver_and_apply_every_event_once_in_order() {
             }
         })
     };
-    let relays: Vec<_> = (0..3)
-        .map(|i| {
-            let (target, stop) = (target.clone(), stop.clone());
-            std::thread::spawn(move || relay_loop(target, format!("r{i}"), stop, 8, false))
-        })
-        .collect();
-    let appliers: Vec<_> = (0..2)
-        .map(|i| {
-            let (target, stop, violations) = (target.clone(), stop.clone(), violations.clone());
-            std::thread::spawn(move || apply_loop(target, format!("a{i}"), stop, violations, false))
-        })
-        .collect();
+    let relays = crew.relays(3, 8);
+    let appliers = crew.appliers(2);
 
     producing.join().expect("the producer");
-    let mut checker = client(&target);
+    let mut checker = client(&crew.target);
     wait_until("every event delivered and applied", BOUND, || {
         all_settled(&mut checker)
     });
-    stop.store(true, Ordering::SeqCst);
+    crew.stop();
     let mut accepted: BTreeMap<EventId, usize> = BTreeMap::new();
     let mut relays_used = 0;
     for relay in relays {
@@ -437,7 +463,7 @@ fn several_relays_and_appliers_deliver_and_apply_every_event_once_in_order() {
         .map(|a| a.join().expect("an applier"))
         .sum();
 
-    let per_flow = check_converged(&target);
+    let per_flow = check_converged(&crew.target);
     assert_eq!(per_flow.len(), FLOWS);
     assert!(per_flow.values().all(|n| *n == PER_FLOW as i64));
     assert_eq!(
@@ -451,42 +477,34 @@ fn several_relays_and_appliers_deliver_and_apply_every_event_once_in_order() {
         "custody moves once per event"
     );
     assert!(relays_used >= 2, "the relays shared the work");
+    let violations = &crew.violations;
     assert!(violations.lock().unwrap().is_empty(), "{violations:?}");
 }
 
 #[test]
 fn several_appliers_apply_each_event_once_in_order() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
     const FLOWS: usize = 30;
     const PER_FLOW: usize = 20;
-    let stop = Arc::new(AtomicBool::new(false));
-    let violations: Violations = Arc::default();
-    let appliers: Vec<_> = (0..4)
-        .map(|i| {
-            let (target, stop, violations) = (target.clone(), stop.clone(), violations.clone());
-            std::thread::spawn(move || apply_loop(target, format!("a{i}"), stop, violations, false))
-        })
-        .collect();
+    let crew = Crew::new();
+    let appliers = crew.appliers(4);
 
     // Events arrive while the appliers run, each flow's out of order
     // within a chunk (gaps that close), through the producer's envelopes.
-    let mut source = producer(&target, "source", 60_000);
+    let mut source = producer(&crew.target, "source", 60_000);
     let mut events = Vec::new();
     for _ in 0..PER_FLOW {
         for i in 0..FLOWS {
             events.push(append(&mut source, &flow(i)).unwrap());
         }
     }
-    let mut receiver = consumer(&target, "receiver");
+    let mut receiver = consumer(&crew.target, "receiver");
     for chunk in events.chunks(FLOWS * 3) {
         let mut chunk = chunk.to_vec();
         chunk.reverse();
         let receipts = receiver.receive_batch(&chunk).unwrap();
         assert!(receipts.iter().all(|r| *r == Receipt::Accepted));
     }
-    let mut checker = client(&target);
+    let mut checker = client(&crew.target);
     wait_until("every event applied", BOUND, || {
         checker
             .query_one(
@@ -497,7 +515,7 @@ fn several_appliers_apply_each_event_once_in_order() {
             .get::<_, i64>(0)
             == 0
     });
-    stop.store(true, Ordering::SeqCst);
+    crew.stop();
     let applied: Vec<u64> = appliers
         .into_iter()
         .map(|a| a.join().expect("an applier"))
@@ -508,6 +526,7 @@ fn several_appliers_apply_each_event_once_in_order() {
         .unwrap()
         .get(0);
     assert_eq!(handled, (FLOWS * PER_FLOW) as i64, "one effect per event");
+    let violations = &crew.violations;
     assert!(violations.lock().unwrap().is_empty(), "{violations:?}");
 }
 
@@ -585,9 +604,7 @@ fn gated_applier(
 
 #[test]
 fn appliers_on_different_flows_never_wait_for_each_other() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_serial, _dir, target) = fresh_database_alone();
     received(&target, [1, 2], 3);
     let violations: Violations = Arc::default();
 
@@ -632,9 +649,7 @@ fn appliers_on_different_flows_never_wait_for_each_other() {
 
 #[test]
 fn a_batch_holds_about_the_flows_its_events_need() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_serial, _dir, target) = fresh_database_alone();
     received(&target, 1..=8, 3);
     let violations: Violations = Arc::default();
 
@@ -737,16 +752,8 @@ impl OpenAppend {
 
 #[test]
 fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
-    let mut relay_store = producer(&target, "bookkeeper", 600_000);
-    let f = flow(1);
-    let first = append(&mut relay_store, &f).unwrap();
-    let round = relay_store
-        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
-        .unwrap();
-    assert_eq!(ids(&round), [first.event_id.as_str()]);
+    let (_serial, _dir, target) = fresh_database_alone();
+    let (mut relay_store, f, first) = relay_holding_first(&target, "bookkeeper");
 
     // A writer appends the flow's next event and holds its transaction
     // open, the flow's head locked.
@@ -754,12 +761,7 @@ fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
     // The relay records the first event's receipt meanwhile: it waits for
     // the writer's lock.
     let bookkeeping = std::thread::spawn(move || {
-        relay_store
-            .record_receipts(
-                &[(first.event_id.clone(), Receipt::Accepted)],
-                SystemClock.now_ms(),
-            )
-            .unwrap();
+        record_accepted(&mut relay_store, &first);
         relay_store
     });
     wait_for_one_lock_wait(
@@ -769,14 +771,8 @@ fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
     );
     let second = writer.commit();
     let mut relay_store = bookkeeping.join().unwrap();
-    let round = relay_store
-        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
-        .unwrap();
-    assert_eq!(
-        ids(&round),
-        [second.event_id.as_str()],
-        "the new event is the head"
-    );
+    let round = fair_round_now(&mut relay_store, 10);
+    assert_round(&round, &[&second], "the new event is the head");
 }
 
 /// A relay's bookkeeping takes the heads of its flows in key order, as
@@ -788,9 +784,7 @@ fn a_relay_head_is_not_moved_past_an_event_appended_during_bookkeeping() {
 /// first.
 #[test]
 fn a_relays_bookkeeping_and_a_writer_take_heads_in_one_order() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_serial, _dir, target) = fresh_database_alone();
     let storage_order = format!(
         "{target}?options=-c%20enable_indexscan%3Doff%20-c%20enable_bitmapscan%3Doff%20-c%20enable_indexonlyscan%3Doff"
     );
@@ -799,9 +793,7 @@ fn a_relays_bookkeeping_and_a_writer_take_heads_in_one_order() {
     // The second flow's head is stored first.
     let second = append(&mut relay_store, &second_key).unwrap();
     let first = append(&mut relay_store, &first_key).unwrap();
-    let round = relay_store
-        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
-        .unwrap();
+    let round = fair_round_now(&mut relay_store, 10);
     assert_eq!(round.len(), 2, "{:?}", ids(&round));
 
     // A writer appends to the first flow, then (when told) to the second,
@@ -850,9 +842,7 @@ fn a_relays_bookkeeping_and_a_writer_take_heads_in_one_order() {
     let (a, b) = writer.join().unwrap().expect("the writer commits");
     let (recorded, mut relay_store) = bookkeeping.join().unwrap();
     recorded.expect("the bookkeeping commits");
-    let round = relay_store
-        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
-        .unwrap();
+    let round = fair_round_now(&mut relay_store, 10);
     let mut relayed = ids(&round);
     relayed.sort_unstable();
     let mut written = [a.event_id.as_str(), b.event_id.as_str()];
@@ -865,9 +855,7 @@ fn a_relays_bookkeeping_and_a_writer_take_heads_in_one_order() {
 /// flow in a round after the writer commits.
 #[test]
 fn a_claim_passes_by_a_flow_a_writer_is_appending_to() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_serial, _dir, target) = fresh_database_alone();
     let mut relay = producer(&target, "claimer", 600_000);
     let (busy, free) = (flow(1), flow(2));
     let first = append(&mut relay, &busy).unwrap();
@@ -876,24 +864,14 @@ fn a_claim_passes_by_a_flow_a_writer_is_appending_to() {
     let writer = OpenAppend::start(&target, &busy);
     // The writer commits only once this round has returned: a claim that
     // waited for its lock would never return.
-    let round = relay
-        .fair_round(10, &BTreeSet::new(), SystemClock.now_ms())
-        .unwrap();
-    assert_eq!(
-        ids(&round),
-        [other.event_id.as_str()],
-        "the busy flow passed by"
-    );
+    let round = fair_round_now(&mut relay, 10);
+    assert_round(&round, &[&other], "the busy flow passed by");
     writer.commit();
 
     let round = relay
         .fair_round(10, &BTreeSet::from([free]), SystemClock.now_ms())
         .unwrap();
-    assert_eq!(
-        ids(&round),
-        [first.event_id.as_str()],
-        "taken once the writer committed"
-    );
+    assert_round(&round, &[&first], "taken once the writer committed");
 }
 
 /// A relay head left at an event that is already accepted (a head moved
@@ -902,21 +880,9 @@ fn a_claim_passes_by_a_flow_a_writer_is_appending_to() {
 /// finds nothing to relay for it.
 #[test]
 fn a_head_left_at_an_accepted_event_is_moved_by_the_next_round() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
-    let mut relay = producer(&target, "relay", 600_000);
-    let f = flow(1);
-    let none = BTreeSet::new();
-    let first = append(&mut relay, &f).unwrap();
-    let round = relay.fair_round(10, &none, SystemClock.now_ms()).unwrap();
-    assert_eq!(ids(&round), [first.event_id.as_str()]);
-    relay
-        .record_receipts(
-            &[(first.event_id.clone(), Receipt::Accepted)],
-            SystemClock.now_ms(),
-        )
-        .unwrap();
+    let (_serial, _dir, target) = fresh_database_alone();
+    let (mut relay, f, first) = relay_holding_first(&target, "relay");
+    record_accepted(&mut relay, &first);
     let mut checker = client(&target);
     let head = |checker: &mut postgres::Client| -> Option<i64> {
         checker
@@ -935,7 +901,7 @@ fn a_head_left_at_an_accepted_event_is_moved_by_the_next_round() {
         )
         .unwrap();
 
-    let round = relay.fair_round(10, &none, SystemClock.now_ms()).unwrap();
+    let round = fair_round_now(&mut relay, 10);
     assert!(round.is_empty(), "nothing to relay: {:?}", ids(&round));
     assert_eq!(
         head(&mut checker),
@@ -943,8 +909,8 @@ fn a_head_left_at_an_accepted_event_is_moved_by_the_next_round() {
         "the head is moved past the accepted event"
     );
     let second = append(&mut relay, &f).unwrap();
-    let round = relay.fair_round(10, &none, SystemClock.now_ms()).unwrap();
-    assert_eq!(ids(&round), [second.event_id.as_str()]);
+    let round = fair_round_now(&mut relay, 10);
+    assert_round(&round, &[&second], "");
 }
 
 /// Delivers to a consumer, letting another relay claim the round's flows
@@ -967,9 +933,7 @@ impl ordo_core::Transport for OvertakenOnTheWay<'_> {
 
 #[test]
 fn a_relay_overtaken_on_a_round_leaves_its_flows_to_the_new_holder() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_serial, _dir, target) = fresh_database_alone();
     let mut slow = producer(&target, "slow", 0);
     let mut other = producer(&target, "other", 600_000);
     for i in 0..3 {
@@ -1028,9 +992,7 @@ fn pending_positions(checker: &mut postgres::Client) -> (Vec<i64>, Vec<i64>) {
 
 #[test]
 fn the_pending_list_follows_custody_appends_refusals_marks_and_quarantines() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_serial, _dir, target) = fresh_database_alone();
     let mut relay = producer(&target, "custody", 600_000);
     let mut checker = client(&target);
     let a1 = append(&mut relay, &flow(1)).unwrap();
@@ -1094,9 +1056,7 @@ fn the_pending_list_follows_custody_appends_refusals_marks_and_quarantines() {
 /// others are accepted, and each is stored once.
 #[test]
 fn a_received_batch_that_loses_a_race_is_decided_again() {
-    let _serial = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_serial, _dir, target) = fresh_database_alone();
     let mut source = producer(&target, "source", 60_000);
     let events: Vec<Envelope> = (0..3)
         .map(|i| append(&mut source, &flow(i)).unwrap())

@@ -4,11 +4,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use ordo_core::BlockCode;
 use ordo_core::Clock;
-use ordo_core::{ApplyContext, ApplyHandler, BlockCode, Envelope, StoreError, Verdict};
 use ordo_sqlite::rusqlite::Connection;
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
-use ordo_testkit::suite::generic;
+use ordo_testkit::suite::generic::TestDomain;
 
 /// The embedded default backend: two SQLite files.
 struct Sqlite;
@@ -16,7 +16,7 @@ struct Sqlite;
 impl ordo_testkit::Backend for Sqlite {
     type Producer = ProducerDb;
     type Consumer = ConsumerDb;
-    type TestHandler = TestDomain;
+    type TestHandler = TestDomain<Connection>;
 
     fn open_test_domain(dir: &Path) -> ConsumerDb {
         let schema = Schema::new("testkit")
@@ -25,8 +25,14 @@ impl ordo_testkit::Backend for Sqlite {
         ConsumerDb::open(dir.join("test-domain.db"), &schema).expect("open test-domain.db")
     }
 
-    fn test_handler(reevaluate: Vec<BlockCode>) -> TestDomain {
-        TestDomain { reevaluate }
+    fn test_handler(reevaluate: Vec<BlockCode>) -> TestDomain<Connection> {
+        TestDomain::new(reevaluate, |tx, event| {
+            tx.execute(
+                "INSERT INTO handled (flow_id, seq) VALUES (?1, ?2)",
+                ordo_sqlite::rusqlite::params![event.flow_id.as_str(), event.seq.get()],
+            )?;
+            Ok(())
+        })
     }
 
     fn handled(consumer: &mut ConsumerDb) -> Vec<(String, i64)> {
@@ -57,47 +63,6 @@ impl ordo_testkit::Backend for Sqlite {
         )
         .expect("open consumer.db");
         (producer, consumer)
-    }
-}
-
-/// The generic suite's test domain on SQLite: its table, and its handler
-/// as the suite's contract says.
-pub struct TestDomain {
-    reevaluate: Vec<BlockCode>,
-}
-
-impl ApplyHandler<Connection> for TestDomain {
-    fn apply(
-        &mut self,
-        tx: &mut ApplyContext<'_, Connection>,
-        event: &Envelope,
-    ) -> Result<Verdict, StoreError> {
-        let record = |tx: &Connection| -> Result<(), StoreError> {
-            tx.execute(
-                "INSERT INTO handled (flow_id, seq) VALUES (?1, ?2)",
-                ordo_sqlite::rusqlite::params![event.flow_id.as_str(), event.seq.get()],
-            )?;
-            Ok(())
-        };
-        match event.event_type.as_str() {
-            "record" => record(tx).map(|()| Verdict::Apply),
-            "refuse" => {
-                record(tx)?;
-                Ok(Verdict::block_with(
-                    generic::REFUSED,
-                    generic::REFUSED_DETAIL,
-                ))
-            }
-            "later" if self.reevaluate.contains(&generic::NOT_YET) => {
-                record(tx).map(|()| Verdict::Apply)
-            }
-            "later" => Ok(Verdict::block(generic::NOT_YET)),
-            _ => Ok(Verdict::block(BlockCode::from_static("unknown_type"))),
-        }
-    }
-
-    fn reevaluate(&self) -> &[BlockCode] {
-        &self.reevaluate
     }
 }
 

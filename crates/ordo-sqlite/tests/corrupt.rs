@@ -1,21 +1,22 @@
 //! Rows changed outside ordo are reported as a damaged file, the same way
 //! by every reader, never counted as something they are not.
 
-use ordo_core::envelope::EventType;
-use ordo_core::{ConsumerOps, Envelope, ErrorKind, EventId, FlowId, Receive, SchemaVersion, Seq};
+use ordo_core::{ConsumerOps, Envelope, ErrorKind, Receive};
 use ordo_sqlite::rusqlite::Connection;
 use ordo_sqlite::{ConsumerDb, Schema};
+use ordo_testkit::support::envelope;
 use serde_json::json;
 
+/// Event `seq` of `flow`, of type `placed`.
 fn event(flow: &str, seq: i64) -> Envelope {
-    Envelope {
-        event_id: EventId::new(format!("{flow}-{seq}")).unwrap(),
-        flow_id: FlowId::new(flow).unwrap(),
-        seq: Seq::new(seq).unwrap(),
-        schema_version: SchemaVersion::V1,
-        event_type: EventType::new("placed").unwrap(),
-        payload: json!({ "total": 1 }).as_object().unwrap().clone(),
-    }
+    envelope(
+        &format!("{flow}-{seq}"),
+        flow,
+        seq,
+        1,
+        "placed",
+        json!({ "total": 1 }),
+    )
 }
 
 #[test]

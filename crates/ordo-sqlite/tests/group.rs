@@ -54,11 +54,30 @@ fn request(flow_id: &FlowId, step: usize) -> AdvanceRequest {
 /// A unit that holds the writer until released, so that the units queued
 /// meanwhile all wait (and then share one transaction).
 struct Gate {
-    started: mpsc::Receiver<()>,
     release: mpsc::Sender<()>,
+    pending: ordo_sqlite::Pending<(), StoreError>,
 }
 
-fn gate(writer: &GroupWriter) -> (Gate, ordo_sqlite::Pending<(), StoreError>) {
+impl Gate {
+    /// Lets the gate's unit finish.
+    fn release(&self) {
+        self.release.send(()).unwrap();
+    }
+
+    /// Waits for the gate's unit to commit.
+    fn wait(self) {
+        self.pending.wait().unwrap();
+    }
+
+    /// Lets the gate's unit finish and waits for it to commit.
+    fn open(self) {
+        self.release();
+        self.wait();
+    }
+}
+
+/// Holds `writer` with a gate, once the gate's unit is running.
+fn gate(writer: &GroupWriter) -> Gate {
     let (started_tx, started) = mpsc::channel();
     let (release, release_rx) = mpsc::channel::<()>();
     let pending = writer
@@ -68,9 +87,17 @@ fn gate(writer: &GroupWriter) -> (Gate, ordo_sqlite::Pending<(), StoreError>) {
             Ok(())
         })
         .unwrap();
-    let gate = Gate { started, release };
-    gate.started.recv().unwrap();
-    (gate, pending)
+    started.recv().unwrap();
+    Gate { release, pending }
+}
+
+/// A writer with `options` on a fresh store (kept as long as the
+/// directory), held by a gate.
+fn gated_writer(options: GroupOptions) -> (tempfile::TempDir, GroupWriter, Gate) {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(dir.path(), options);
+    let gate = gate(&writer);
+    (dir, writer, gate)
 }
 
 fn note(ptx: &mut ProducerTx<'_>, name: &str) -> Result<(), StoreError> {
@@ -83,6 +110,15 @@ fn note(ptx: &mut ProducerTx<'_>, name: &str) -> Result<(), StoreError> {
         .map_err(|e| StoreError::sqlite("note", e))
 }
 
+/// Options whose batches are never cut short by their time limit: a batch
+/// takes every unit queued behind its first.
+fn untimed_batches() -> GroupOptions {
+    GroupOptions {
+        batch_time_max: Duration::from_secs(600),
+        ..GroupOptions::default()
+    }
+}
+
 fn noted(db: &ProducerDb) -> Vec<String> {
     let mut stmt = db
         .connection()
@@ -90,6 +126,11 @@ fn noted(db: &ProducerDb) -> Vec<String> {
         .unwrap();
     let rows = stmt.query_map([], |row| row.get(0)).unwrap();
     rows.map(Result::unwrap).collect()
+}
+
+/// Closes `writer` and reads what its units noted.
+fn noted_at_close(writer: GroupWriter) -> Vec<String> {
+    noted(&writer.close())
 }
 
 #[test]
@@ -159,25 +200,36 @@ fn append(ptx: &mut ProducerTx<'_>, flow_id: &str) -> Result<i64, AppendError> {
     Ok(event.seq.get())
 }
 
+/// A write of the unit's own that fails: its table does not exist.
+fn failing_write(ptx: &mut ProducerTx<'_>) -> Result<i64, AppendError> {
+    ptx.sql()
+        .execute("INSERT INTO no_such_table VALUES (1)", [])
+        .map_err(|e| AppendError::Store(StoreError::sqlite("own write", e)))?;
+    Ok(0)
+}
+
+/// Asserts that a unit's outcome is its panic, a "boom".
+#[track_caller]
+fn assert_panicked<T: std::fmt::Debug>(outcome: Result<T, SubmitError<AppendError>>) {
+    match outcome {
+        Err(SubmitError::Panicked(message)) => assert!(message.contains("boom"), "{message}"),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// The outbox rows of flow `x`, seqs 1 to `last`.
+fn x_rows(last: i64) -> Vec<(String, i64)> {
+    (1..=last).map(|s| ("x".to_string(), s)).collect()
+}
+
 #[test]
 fn units_failing_inside_a_batch_fail_alone_and_the_others_commit_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let writer = writer(
-        dir.path(),
-        GroupOptions {
-            batch_time_max: Duration::from_secs(600),
-            ..GroupOptions::default()
-        },
-    );
-    let (gate, gated) = gate(&writer);
+    let (_dir, writer, gate) = gated_writer(untimed_batches());
     let ok1 = writer.enqueue(|ptx| append(ptx, "x")).unwrap();
     let sql = writer
         .enqueue(|ptx| {
             append(ptx, "x")?;
-            ptx.sql()
-                .execute("INSERT INTO no_such_table VALUES (1)", [])
-                .map_err(|e| AppendError::Store(StoreError::sqlite("own write", e)))?;
-            Ok(0)
+            failing_write(ptx)
         })
         .unwrap();
     let refused = writer
@@ -206,8 +258,7 @@ fn units_failing_inside_a_batch_fail_alone_and_the_others_commit_in_order() {
             append(ptx, "x")
         })
         .unwrap();
-    gate.release.send(()).unwrap();
-    gated.wait().unwrap();
+    gate.open();
     assert_eq!(ok1.wait().unwrap(), 1);
     assert!(matches!(
         sql.wait(),
@@ -217,36 +268,25 @@ fn units_failing_inside_a_batch_fail_alone_and_the_others_commit_in_order() {
         refused.wait(),
         Err(SubmitError::Unit(AppendError::NotNext { .. }))
     ));
-    match panicked.wait() {
-        Err(SubmitError::Panicked(message)) => assert!(message.contains("boom"), "{message}"),
-        other => panic!("unexpected {other:?}"),
-    }
+    assert_panicked(panicked.wait());
     assert_eq!(ok2.wait().unwrap(), 2, "no gap left by the failed units");
     assert!(matches!(stale.wait(), Ok(Advance::Stale { last_seq: 0 })));
     assert_eq!(ok3.wait().unwrap(), 3);
     // The writer goes on after a panic.
     assert_eq!(writer.submit(|ptx| append(ptx, "x")).unwrap(), 4);
     let db = writer.close();
-    assert_eq!(
-        outbox(&db),
-        (1..=4).map(|s| ("x".to_string(), s)).collect::<Vec<_>>()
-    );
-    assert_eq!(noted(&db), vec!["ok3-note".to_string()]);
+    assert_eq!(outbox(&db), x_rows(4));
+    assert_eq!(noted(&db), vec!["ok3-note"]);
     assert_eq!(db.commits(), 2, "the gate's batch, then the last unit");
 }
 
 #[test]
 fn a_full_queue_refuses_and_a_refused_unit_never_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let writer = writer(
-        dir.path(),
-        GroupOptions {
-            queue_len_max: 2,
-            when_full: WhenFull::Refuse,
-            ..GroupOptions::default()
-        },
-    );
-    let (gate, gated) = gate(&writer);
+    let (_dir, writer, gate) = gated_writer(GroupOptions {
+        queue_len_max: 2,
+        when_full: WhenFull::Refuse,
+        ..GroupOptions::default()
+    });
     let queued: Vec<_> = ["a", "b"]
         .into_iter()
         .map(|name| writer.enqueue(move |ptx| note(ptx, name)).unwrap())
@@ -254,57 +294,42 @@ fn a_full_queue_refuses_and_a_refused_unit_never_runs() {
     assert_eq!(writer.queued(), 2);
     let refused = writer.enqueue(|ptx| note(ptx, "refused"));
     assert!(matches!(refused, Err(SubmitError::QueueFull)));
-    gate.release.send(()).unwrap();
-    gated.wait().unwrap();
+    gate.open();
     for pending in queued {
         pending.wait().unwrap();
     }
-    let db = writer.close();
-    assert_eq!(noted(&db), vec!["a".to_string(), "b".to_string()]);
+    assert_eq!(noted_at_close(writer), vec!["a", "b"]);
 }
 
 #[test]
 fn a_full_queue_blocks_the_submit_until_its_timeout_and_the_unit_never_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let writer = writer(
-        dir.path(),
-        GroupOptions {
-            queue_len_max: 1,
-            when_full: WhenFull::Block,
-            wait_max: Duration::from_millis(50),
-            // The queued unit joins the gate's transaction, so it is taken
-            // before the gate's caller hears back, though past its own
-            // deadline.
-            batch_time_max: Duration::from_secs(600),
-            ..GroupOptions::default()
-        },
-    );
-    let (gate, gated) = gate(&writer);
+    let (_dir, writer, gate) = gated_writer(GroupOptions {
+        queue_len_max: 1,
+        when_full: WhenFull::Block,
+        wait_max: Duration::from_millis(50),
+        // The queued unit joins the gate's transaction, so it is taken
+        // before the gate's caller hears back, though past its own
+        // deadline.
+        ..untimed_batches()
+    });
     let queued = writer.enqueue(|ptx| note(ptx, "a")).unwrap();
     let blocked = writer.submit(|ptx| note(ptx, "blocked"));
     assert!(matches!(blocked, Err(SubmitError::TimedOut)), "{blocked:?}");
-    gate.release.send(()).unwrap();
-    gated.wait().unwrap();
+    gate.open();
     queued.wait().unwrap();
-    let db = writer.close();
-    assert_eq!(noted(&db), vec!["a".to_string()]);
+    assert_eq!(noted_at_close(writer), vec!["a"]);
 }
 
 #[test]
 fn a_submit_blocked_on_a_full_queue_is_woken_when_the_writer_makes_room() {
-    let dir = tempfile::tempdir().unwrap();
-    let writer = writer(
-        dir.path(),
-        GroupOptions {
-            queue_len_max: 1,
-            when_full: WhenFull::Block,
-            // Far longer than the test needs: a submit never woken for the
-            // room made fails with `TimedOut` instead of committing.
-            wait_max: Duration::from_secs(20),
-            ..GroupOptions::default()
-        },
-    );
-    let (gate, gated) = gate(&writer);
+    let (_dir, writer, gate) = gated_writer(GroupOptions {
+        queue_len_max: 1,
+        when_full: WhenFull::Block,
+        // Far longer than the test needs: a submit never woken for the
+        // room made fails with `TimedOut` instead of committing.
+        wait_max: Duration::from_secs(20),
+        ..GroupOptions::default()
+    });
     let queued = writer.enqueue(|ptx| note(ptx, "a")).unwrap();
     std::thread::scope(|scope| {
         let blocked = scope.spawn(|| {
@@ -319,41 +344,33 @@ fn a_submit_blocked_on_a_full_queue_is_woken_when_the_writer_makes_room() {
             1,
             "the second unit waits outside the queue"
         );
-        gate.release.send(()).unwrap();
+        gate.release();
         let (blocked, waited) = blocked.join().unwrap();
         assert!(blocked.is_ok(), "{blocked:?}");
         // Woken by the room made, not by its own deadline: a lost wake-up
         // would leave it waiting the whole 20 s before it looked again.
         assert!(waited < Duration::from_secs(10), "waited {waited:?}");
     });
-    gated.wait().unwrap();
+    gate.wait();
     queued.wait().unwrap();
-    let db = writer.close();
-    assert_eq!(noted(&db), vec!["a".to_string(), "b".to_string()]);
+    assert_eq!(noted_at_close(writer), vec!["a", "b"]);
 }
 
 #[test]
 fn a_caller_timing_out_in_the_queue_withdraws_its_unit_which_never_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let writer = writer(
-        dir.path(),
-        GroupOptions {
-            wait_max: Duration::from_millis(50),
-            ..GroupOptions::default()
-        },
-    );
-    let (gate, gated) = gate(&writer);
+    let (_dir, writer, gate) = gated_writer(GroupOptions {
+        wait_max: Duration::from_millis(50),
+        ..GroupOptions::default()
+    });
     let timed_out = writer.submit(|ptx| note(ptx, "late"));
     assert!(
         matches!(timed_out, Err(SubmitError::TimedOut)),
         "{timed_out:?}"
     );
     assert_eq!(writer.queued(), 0, "withdrawn from the queue");
-    gate.release.send(()).unwrap();
-    gated.wait().unwrap();
+    gate.open();
     writer.submit(|ptx| note(ptx, "after")).unwrap();
-    let db = writer.close();
-    assert_eq!(noted(&db), vec!["after".to_string()]);
+    assert_eq!(noted_at_close(writer), vec!["after"]);
 }
 
 #[test]
@@ -386,21 +403,19 @@ fn a_caller_whose_unit_was_taken_waits_past_its_timeout_for_the_commit() {
     release.send(()).unwrap();
     caller.join().unwrap().expect("committed, not timed out");
     let db = Arc::into_inner(writer).unwrap().close();
-    assert_eq!(noted(&db), vec!["slow".to_string()]);
+    assert_eq!(noted(&db), vec!["slow"]);
 }
 
 #[test]
 fn close_runs_the_units_already_queued_and_refuses_later_ones() {
-    let dir = tempfile::tempdir().unwrap();
-    let writer = writer(dir.path(), GroupOptions::default());
-    let (gate, gated) = gate(&writer);
+    let (_dir, writer, gate) = gated_writer(GroupOptions::default());
     let queued: Vec<_> = ["a", "b", "c"]
         .into_iter()
         .map(|name| writer.enqueue(move |ptx| note(ptx, name)).unwrap())
         .collect();
-    gate.release.send(()).unwrap();
+    gate.release();
     let db = writer.close();
-    gated.wait().unwrap();
+    gate.wait();
     for pending in queued {
         pending.wait().unwrap();
     }
@@ -441,13 +456,11 @@ fn async_callers_await_their_outcome() {
         .collect();
     assert_eq!(seqs, (1..=10).collect::<Vec<_>>());
     // A pending outcome dropped while still queued withdraws its unit.
-    let (gate, gated) = gate(&writer);
+    let gate = gate(&writer);
     drop(writer.enqueue(|ptx| note(ptx, "dropped")).unwrap());
     assert_eq!(writer.queued(), 0);
-    gate.release.send(()).unwrap();
-    gated.wait().unwrap();
-    let db = writer.close();
-    assert!(noted(&db).is_empty());
+    gate.open();
+    assert!(noted_at_close(writer).is_empty());
 }
 
 #[test]
@@ -474,22 +487,14 @@ fn a_blocking_submit_to_an_idle_writer_runs_on_the_calling_thread() {
         .unwrap();
     assert_ne!(pending.wait().unwrap(), caller);
     let db = writer.close();
-    assert_eq!(
-        outbox(&db),
-        vec![("x".to_string(), 1), ("x".to_string(), 2)]
-    );
+    assert_eq!(outbox(&db), x_rows(2));
     assert_eq!(db.commits(), 2);
 }
 
 #[test]
 fn a_blocking_submit_while_a_batch_runs_waits_for_it_and_keeps_arrival_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let options = GroupOptions {
-        batch_time_max: Duration::from_secs(600),
-        ..GroupOptions::default()
-    };
-    let writer = Arc::new(writer(dir.path(), options));
-    let (gate, gated) = gate(&writer);
+    let (_dir, writer, gate) = gated_writer(untimed_batches());
+    let writer = Arc::new(writer);
     let caller = std::thread::current().id();
     let submitters: Vec<_> = (1..=3)
         .map(|n| {
@@ -508,8 +513,7 @@ fn a_blocking_submit_while_a_batch_runs_waits_for_it_and_keeps_arrival_order() {
             handle
         })
         .collect();
-    gate.release.send(()).unwrap();
-    gated.wait().unwrap();
+    gate.open();
     for (n, handle) in submitters.into_iter().enumerate() {
         let (outcome, submitter) = handle.join().unwrap();
         let (seq, ran_on) = outcome.unwrap();
@@ -531,16 +535,10 @@ fn a_blocking_submit_while_a_batch_runs_waits_for_it_and_keeps_arrival_order() {
 
 #[test]
 fn a_failing_first_unit_rolls_back_alone_and_the_units_behind_it_commit_next() {
-    let dir = tempfile::tempdir().unwrap();
-    let writer = writer(
-        dir.path(),
-        GroupOptions {
-            batch_len_max: 2,
-            batch_time_max: Duration::from_secs(600),
-            ..GroupOptions::default()
-        },
-    );
-    let (gate, gated) = gate(&writer);
+    let (_dir, writer, gate) = gated_writer(GroupOptions {
+        batch_len_max: 2,
+        ..untimed_batches()
+    });
     let ok1 = writer.enqueue(|ptx| append(ptx, "x")).unwrap();
     // The first unit of the next batch: its own write is taken back by the
     // transaction's rollback, with its append.
@@ -548,10 +546,7 @@ fn a_failing_first_unit_rolls_back_alone_and_the_units_behind_it_commit_next() {
         .enqueue(|ptx| {
             note(ptx, "sql-note")?;
             append(ptx, "x")?;
-            ptx.sql()
-                .execute("INSERT INTO no_such_table VALUES (1)", [])
-                .map_err(|e| AppendError::Store(StoreError::sqlite("own write", e)))?;
-            Ok(0)
+            failing_write(ptx)
         })
         .unwrap();
     let panicked = writer
@@ -562,17 +557,13 @@ fn a_failing_first_unit_rolls_back_alone_and_the_units_behind_it_commit_next() {
         })
         .unwrap();
     let ok2 = writer.enqueue(|ptx| append(ptx, "x")).unwrap();
-    gate.release.send(()).unwrap();
-    gated.wait().unwrap();
+    gate.open();
     assert_eq!(ok1.wait().unwrap(), 1);
     assert!(matches!(
         sql.wait(),
         Err(SubmitError::Unit(AppendError::Store(_)))
     ));
-    match panicked.wait() {
-        Err(SubmitError::Panicked(message)) => assert!(message.contains("boom"), "{message}"),
-        other => panic!("unexpected {other:?}"),
-    }
+    assert_panicked(panicked.wait());
     assert_eq!(ok2.wait().unwrap(), 2, "no gap left by the failed units");
     // A lone failing unit submitted by a blocking caller fails alone too.
     let lone = writer.submit(|ptx| -> Result<i64, AppendError> {
@@ -585,10 +576,7 @@ fn a_failing_first_unit_rolls_back_alone_and_the_units_behind_it_commit_next() {
     assert!(matches!(lone, Err(SubmitError::Unit(_))));
     assert_eq!(writer.submit(|ptx| append(ptx, "x")).unwrap(), 3);
     let db = writer.close();
-    assert_eq!(
-        outbox(&db),
-        (1..=3).map(|s| ("x".to_string(), s)).collect::<Vec<_>>()
-    );
+    assert_eq!(outbox(&db), x_rows(3));
     assert!(noted(&db).is_empty(), "{:?}", noted(&db));
     assert_eq!(
         db.commits(),

@@ -4,25 +4,24 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ordo_core::envelope::EventType;
-use ordo_core::{
-    Envelope, ErrorKind, EventId, FlowId, Receive, SchemaVersion, Seq, StoreError, SystemClock,
-};
+use ordo_core::{Envelope, ErrorKind, Receive, StoreError, SystemClock};
 use ordo_sqlite::rusqlite::Connection;
 use ordo_sqlite::{
     same_file, ConsumerDb, OpenOptions, ProducerDb, Schema, APPLICATION_ID, SCHEMA_VERSION,
 };
+use ordo_testkit::support::envelope;
 use serde_json::json;
 
+/// Event `seq` of `flow`, of type `reserved`.
 fn event(flow: &str, seq: i64) -> Envelope {
-    Envelope {
-        event_id: EventId::new(format!("{flow}-{seq}")).unwrap(),
-        flow_id: FlowId::new(flow).unwrap(),
-        seq: Seq::new(seq).unwrap(),
-        schema_version: SchemaVersion::V1,
-        event_type: EventType::new("reserved").unwrap(),
-        payload: json!({ "amount": 1 }).as_object().unwrap().clone(),
-    }
+    envelope(
+        &format!("{flow}-{seq}"),
+        flow,
+        seq,
+        1,
+        "reserved",
+        json!({ "amount": 1 }),
+    )
 }
 
 fn consumer(path: &Path, options: &OpenOptions) -> Result<ConsumerDb, StoreError> {

@@ -6,14 +6,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use ordo_core::envelope::EventType;
 use ordo_core::ops::SkipRequest;
 use ordo_core::{
-    ApplyContext, Clock, ConsumerOps, ConsumerStore, Envelope, EventId, FlowId, ProducerOps,
-    ProducerStore, Receipt, Receive, SchemaVersion, Seq, StoreError, Verdict,
+    ApplyContext, Clock, ConsumerOps, ConsumerStore, Envelope, FlowId, ProducerOps, ProducerStore,
+    Receipt, Receive, SchemaVersion, Seq, StoreError, SystemClock, Verdict,
 };
 use ordo_sqlite::rusqlite::{Connection, ErrorCode};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
+use ordo_testkit::support::envelope;
 use serde_json::json;
 
 /// A clock that, each time it is read, tries to take the write lock of one
@@ -52,15 +52,27 @@ impl Clock for LockProbe {
     }
 }
 
+/// Event `seq` of `flow`, of type `placed`.
 fn event(flow: &str, seq: i64) -> Envelope {
-    Envelope {
-        event_id: EventId::new(format!("{flow}-{seq}")).unwrap(),
-        flow_id: FlowId::new(flow).unwrap(),
-        seq: Seq::new(seq).unwrap(),
-        schema_version: SchemaVersion::V1,
-        event_type: EventType::new("placed").unwrap(),
-        payload: json!({}).as_object().unwrap().clone(),
-    }
+    envelope(&format!("{flow}-{seq}"), flow, seq, 1, "placed", json!({}))
+}
+
+/// How a store of domain `app` is opened at a path with a clock.
+type Open<S> = fn(PathBuf, &Schema, Arc<dyn Clock>, &OpenOptions) -> Result<S, StoreError>;
+
+/// A store `name` of domain `app` in a fresh directory, made first, then
+/// opened again by `open` with a [`LockProbe`] on its file as its clock;
+/// the probe's reads while it opened are dropped.
+fn probed<S>(name: &str, open: Open<S>) -> (tempfile::TempDir, S, Arc<LockProbe>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    let schema = Schema::new("app").unwrap();
+    let options = OpenOptions::default();
+    drop(open(path.clone(), &schema, Arc::new(SystemClock), &options).unwrap());
+    let clock = LockProbe::new(&path);
+    let store = open(path, &schema, clock.clone(), &options).unwrap();
+    clock.take();
+    (dir, store, clock)
 }
 
 fn all_under_lock(reads: Vec<bool>, what: &str) {
@@ -70,14 +82,7 @@ fn all_under_lock(reads: Vec<bool>, what: &str) {
 
 #[test]
 fn settle_times_are_read_under_the_write_lock() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("consumer.db");
-    let schema = Schema::new("app").unwrap();
-    drop(ConsumerDb::open(&path, &schema).unwrap());
-    let clock = LockProbe::new(&path);
-    let mut consumer =
-        ConsumerDb::open_with(&path, &schema, clock.clone(), &OpenOptions::default()).unwrap();
-    clock.take();
+    let (_dir, mut consumer, clock) = probed("consumer.db", ConsumerDb::open_with);
 
     consumer
         .receive_batch(&[event("f", 1), event("f", 2), event("g", 1)])
@@ -109,14 +114,7 @@ fn settle_times_are_read_under_the_write_lock() {
 
 #[test]
 fn creation_times_are_read_under_the_write_lock() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("producer.db");
-    let schema = Schema::new("app").unwrap();
-    drop(ProducerDb::open(&path, &schema).unwrap());
-    let clock = LockProbe::new(&path);
-    let mut producer =
-        ProducerDb::open_with(&path, &schema, clock.clone(), &OpenOptions::default()).unwrap();
-    clock.take();
+    let (_dir, mut producer, clock) = probed("producer.db", ProducerDb::open_with);
     let flow = FlowId::new("f").unwrap();
     let event = producer
         .write(|tx| tx.append(&flow, "placed", SchemaVersion::V1, &json!({})))

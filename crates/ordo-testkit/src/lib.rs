@@ -13,10 +13,10 @@
 //! use std::path::Path;
 //! use std::sync::Arc;
 //!
-//! use ordo_core::{ApplyContext, ApplyHandler, BlockCode, Clock, Envelope, StoreError, Verdict};
+//! use ordo_core::{BlockCode, Clock};
 //! use ordo_sqlite::rusqlite::Connection;
 //! use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
-//! use ordo_testkit::suite::generic;
+//! use ordo_testkit::suite::generic::TestDomain;
 //!
 //! struct Sqlite;
 //!
@@ -38,7 +38,7 @@
 //!     }
 //!
 //!     // The generic suite's test domain (its contract: `suite::generic`).
-//!     type TestHandler = TestDomain;
+//!     type TestHandler = TestDomain<Connection>;
 //!
 //!     fn open_test_domain(dir: &Path) -> ConsumerDb {
 //!         let schema = Schema::new("testkit")
@@ -47,8 +47,15 @@
 //!         ConsumerDb::open(dir.join("test-domain.db"), &schema).expect("open test-domain.db")
 //!     }
 //!
-//!     fn test_handler(reevaluate: Vec<BlockCode>) -> TestDomain {
-//!         TestDomain { reevaluate }
+//!     fn test_handler(reevaluate: Vec<BlockCode>) -> TestDomain<Connection> {
+//!         // The contract's record, in this backend's query language.
+//!         TestDomain::new(reevaluate, |tx, event| {
+//!             tx.execute(
+//!                 "INSERT INTO handled VALUES (?1, ?2)",
+//!                 (event.flow_id.as_str(), event.seq.get()),
+//!             )?;
+//!             Ok(())
+//!         })
 //!     }
 //!
 //!     fn handled(consumer: &mut ConsumerDb) -> Vec<(String, i64)> {
@@ -60,38 +67,6 @@
 //!             .expect("read")
 //!             .collect::<Result<_, _>>()
 //!             .expect("read")
-//!     }
-//! }
-//!
-//! struct TestDomain {
-//!     reevaluate: Vec<BlockCode>,
-//! }
-//!
-//! impl ApplyHandler<Connection> for TestDomain {
-//!     fn apply(&mut self, tx: &mut ApplyContext<'_, Connection>, event: &Envelope) -> Result<Verdict, StoreError> {
-//!         let record = || -> Result<(), StoreError> {
-//!             tx.execute(
-//!                 "INSERT INTO handled VALUES (?1, ?2)",
-//!                 (event.flow_id.as_str(), event.seq.get()),
-//!             )?;
-//!             Ok(())
-//!         };
-//!         Ok(match event.event_type.as_str() {
-//!             "record" => record().map(|()| Verdict::Apply)?,
-//!             "refuse" => {
-//!                 record()?;
-//!                 Verdict::block_with(generic::REFUSED, generic::REFUSED_DETAIL)
-//!             }
-//!             "later" if self.reevaluate.contains(&generic::NOT_YET) => {
-//!                 record().map(|()| Verdict::Apply)?
-//!             }
-//!             "later" => Verdict::block(generic::NOT_YET),
-//!             _ => Verdict::block(BlockCode::from_static("unknown_type")),
-//!         })
-//!     }
-//!
-//!     fn reevaluate(&self) -> &[BlockCode] {
-//!         &self.reevaluate
 //!     }
 //! }
 //!

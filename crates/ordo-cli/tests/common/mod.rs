@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod console;
+pub mod process;
 
 #[allow(unused_imports)]
 use ordo_reservation::ReservationProducer;
@@ -379,6 +380,33 @@ impl Lab {
     }
 }
 
+/// A certificate for 127.0.0.1 signed by its own key, in a lab's directory.
+pub struct SelfSigned {
+    /// The certificate's PEM file.
+    pub cert: String,
+    /// The key's PEM file, readable by its owner alone.
+    pub key: String,
+    /// The certificate, DER-encoded.
+    pub der: Vec<u8>,
+}
+
+impl SelfSigned {
+    /// Writes `cert.pem` and `key.pem` into `lab`'s directory.
+    pub fn new(lab: &Lab) -> SelfSigned {
+        use std::os::unix::fs::PermissionsExt;
+        let certified = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).unwrap();
+        let (cert, key) = (lab.path("cert.pem"), lab.path("key.pem"));
+        std::fs::write(&cert, certified.cert.pem()).unwrap();
+        std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        SelfSigned {
+            cert,
+            key,
+            der: certified.cert.der().to_vec(),
+        }
+    }
+}
+
 /// `ordo advance --producer PRODUCER --flow FLOW --expected-seq EXPECTED
 /// --to TO`, to which a caller adds `--json`, `--quantity` and the like.
 pub fn advance_args<'a>(
@@ -400,6 +428,31 @@ pub fn advance_args<'a>(
     ]
 }
 
+/// `ordo advance --producer PRODUCER --flow FLOW --expected-seq 0 --to
+/// reserved --quantity 1` (a new flow, reserved), to which a caller adds
+/// `--json` and the like.
+pub fn first_advance<'a>(producer: &'a str, flow: &'a str) -> Vec<&'a str> {
+    let mut args = advance_args(producer, flow, "0", "reserved");
+    args.extend(["--quantity", "1"]);
+    args
+}
+
+/// The `(event_id, receipt)` of every delivery of a relay's JSON report.
+#[track_caller]
+pub fn receipts(report: &Value) -> Vec<(String, String)> {
+    report["deliveries"]
+        .as_array()
+        .expect("a list of deliveries")
+        .iter()
+        .map(|d| {
+            (
+                d["event_id"].as_str().unwrap().to_owned(),
+                d["receipt"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
 /// The keys of a JSON object, sorted.
 #[track_caller]
 pub fn keys(value: &Value) -> Vec<&str> {
@@ -411,6 +464,17 @@ pub fn keys(value: &Value) -> Vec<&str> {
         .collect();
     keys.sort_unstable();
     keys
+}
+
+/// The names of the scenarios of an experiment's JSON report, in its order.
+#[track_caller]
+pub fn scenario_names(report: &Value) -> Vec<&str> {
+    report["scenarios"]
+        .as_array()
+        .expect("a list of scenarios")
+        .iter()
+        .map(|s| s["name"].as_str().expect("a scenario's name"))
+        .collect()
 }
 
 /// `names`, sorted (to compare with [`keys`]).
@@ -459,7 +523,7 @@ pub fn spawn_listening(
     String,
     std::sync::Arc<std::sync::Mutex<String>>,
 ) {
-    use std::io::{BufRead, BufReader, Read};
+    use std::io::Read;
     let mut child = command
         .env_remove("ORDO_CRASH_POINT")
         .stdin(Stdio::null())
@@ -475,15 +539,8 @@ pub fn spawn_listening(
         let _ = pipe.read_to_string(&mut text);
         sink.lock().unwrap().push_str(&text);
     });
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().expect("stdout is piped"))
-        .read_line(&mut line)
-        .expect("stdout is readable");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("first line {line:?}, stderr {:?}", stderr.lock().unwrap()))
-        .to_owned();
+    let addr = process::listening_addr(child.stdout.as_mut().expect("stdout is piped"))
+        .unwrap_or_else(|line| panic!("first line {line:?}, stderr {:?}", stderr.lock().unwrap()));
     (child, addr, stderr)
 }
 
@@ -500,6 +557,18 @@ pub fn http_get(addr: &str, path: &str) -> String {
     response
 }
 
+/// `ordo ARGS` as a process of its own, stdout piped here and stderr
+/// dropped (a crash point set in the test's environment is never passed on).
+pub fn spawn(args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_ordo"))
+        .args(args)
+        .env_remove("ORDO_CRASH_POINT")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("ordo starts")
+}
+
 /// The lines of `pipe` as they come, read on a thread of their own.
 pub fn line_reader(pipe: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
     use std::io::BufRead;
@@ -512,6 +581,41 @@ pub fn line_reader(pipe: impl std::io::Read + Send + 'static) -> std::sync::mpsc
         }
     });
     receive
+}
+
+/// Runs `ordo COMMAND FLAGS` for each case of `(FLAGS, phrase)`: the
+/// invalid-input contract naming the phrase ([`Out::usage`]), and the
+/// password `sekret` never printed.
+#[track_caller]
+pub fn refuses_each(command: &[&str], cases: &[(Vec<String>, &str)]) {
+    for (flags, needle) in cases {
+        let mut args = command.to_vec();
+        args.extend(flags.iter().map(String::as_str));
+        let out = run(&args);
+        out.usage(needle);
+        assert!(!out.stderr.contains("sekret"), "{flags:?}: {out:#?}");
+    }
+}
+
+/// `ordo soak --seconds SECONDS --flows FLOWS --seed SEED EXTRA --json`:
+/// its report, whose verdict must be `ok`.
+#[track_caller]
+pub fn soak_ok(seconds: u32, flows: u32, seed: u32, extra: &[&str]) -> Value {
+    let (seconds, flows, seed) = (seconds.to_string(), flows.to_string(), seed.to_string());
+    let mut args = vec![
+        "soak",
+        "--seconds",
+        &seconds,
+        "--flows",
+        &flows,
+        "--seed",
+        &seed,
+    ];
+    args.extend_from_slice(extra);
+    args.push("--json");
+    let report = run(&args).json();
+    assert_eq!(report["verdict"], "ok", "{report}");
+    report
 }
 
 /// Advances `flow` on `producer` from `expected_seq` to `to`, and checks

@@ -152,11 +152,45 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The server's databases whose names start with a prefix, watched by a
+/// test that runs alone ([`serial`]): those there when it began, and now.
+pub struct Watched {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    /// A connection of the test's own to the server's `postgres` database.
+    pub client: Client,
+    prefix: &'static str,
+    /// The databases there when the watch began, sorted.
+    pub before: Vec<String>,
+}
+
+impl Watched {
+    pub fn start(prefix: &'static str) -> Watched {
+        let serial = serial();
+        let mut client = admin_client();
+        let before = databases_named(&mut client, prefix);
+        Watched {
+            _serial: serial,
+            client,
+            prefix,
+            before,
+        }
+    }
+
+    /// The databases there now, sorted.
+    pub fn now(&mut self) -> Vec<String> {
+        databases_named(&mut self.client, self.prefix)
+    }
+}
+
 /// The `--backend` / `--url` misuses that every lab command on PostgreSQL
 /// (`experiment`, `soak`, `bench`) refuses with exit 2, before it connects
-/// or creates anything, each with a phrase of its message. The password of
-/// the last URL must never be printed.
-pub fn backend_url_misuses(server: &str) -> Vec<(Vec<String>, &'static str)> {
+/// or creates anything, each with a phrase of its message, then the
+/// command's own misuses `more`. The password of the last URL must never be
+/// printed.
+pub fn backend_url_misuses(
+    server: &str,
+    more: &[(&[&str], &'static str)],
+) -> Vec<(Vec<String>, &'static str)> {
     let cases: [(&[&str], &str); 5] = [
         (&["--url", server], "--url needs --backend postgres"),
         (
@@ -178,13 +212,9 @@ pub fn backend_url_misuses(server: &str) -> Vec<(Vec<String>, &'static str)> {
             "not a PostgreSQL connection URL",
         ),
     ];
-    owned_cases(&cases)
-}
-
-/// Flag cases as owned strings, to extend [`backend_url_misuses`].
-pub fn owned_cases(cases: &[(&[&str], &'static str)]) -> Vec<(Vec<String>, &'static str)> {
     cases
         .iter()
+        .chain(more)
         .map(|(flags, needle)| (flags.iter().map(|f| f.to_string()).collect(), *needle))
         .collect()
 }

@@ -10,7 +10,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use ordo_core::{Clock, SystemClock};
 use ordo_postgres::postgres::{Client, NoTls};
@@ -46,6 +46,21 @@ pub fn fresh_database() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let target = url(&database_for(dir.path()));
     (dir, target)
+}
+
+/// Runs the tests of a binary that take it one at a time (those that open
+/// many connections, or cut them).
+pub fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// [`fresh_database`] for a test that runs alone ([`serial`]): the guard,
+/// the directory and the URL.
+pub fn fresh_database_alone() -> (MutexGuard<'static, ()>, tempfile::TempDir, String) {
+    let serial = serial();
+    let (dir, target) = fresh_database();
+    (serial, dir, target)
 }
 
 /// A plain client of the test's own on `target` (no TLS), for checks.

@@ -7,8 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ordo_core::{
-    ApplyContext, ApplyHandler, Backoff, ConsumerOps, Envelope, ErrorKind, FlowId, InboxStatus,
-    ProducerOps, RelayOptions, SchemaVersion, StoreError, SystemClock, Verdict,
+    ApplyContext, ApplyHandler, Backoff, Clock, ConsumerOps, Envelope, ErrorKind, FlowId,
+    InboxStatus, ProducerOps, ProducerStore, RelayOptions, SchemaVersion, StoreError, SystemClock,
+    Verdict,
 };
 use ordo_postgres::postgres::Client;
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgTx};
@@ -65,6 +66,18 @@ pub fn opened<T>(attempts: u32, mut open: impl FnMut() -> Result<T, StoreError>)
         std::thread::sleep(Duration::from_millis(10));
     }
     panic!("cannot open a store: {last:?}")
+}
+
+/// A fair round of at most `limit` events at the system's clock, the relay
+/// holding no flows yet.
+pub fn fair_round_now(relay: &mut PgProducer, limit: usize) -> Vec<Envelope> {
+    relay
+        .fair_round(
+            limit,
+            &std::collections::BTreeSet::new(),
+            SystemClock.now_ms(),
+        )
+        .unwrap()
 }
 
 /// A relay's options for tests: small rounds, short backoffs.

@@ -13,6 +13,8 @@
 //!   detail, unless the handler was made with [`NOT_YET`] among its codes
 //!   to evaluate again: then it is recorded and applied;
 //! - any other type blocks with code `unknown_type`.
+//!
+//! [`TestDomain`] is that handler, given the backend's own way to record.
 
 use std::path::Path;
 
@@ -31,6 +33,49 @@ pub const REFUSED: BlockCode = BlockCode::from_static("refused");
 pub const REFUSED_DETAIL: &str = "refused by the test domain";
 /// The code of an event of type `later` the handler does not take yet.
 pub const NOT_YET: BlockCode = BlockCode::from_static("not_yet");
+
+/// How a backend records an event in the test domain's own table: its
+/// `(flow_id, seq)`, written through the apply transaction `Tx`.
+pub type Record<Tx> = fn(&Tx, &Envelope) -> Result<(), StoreError>;
+
+/// The test domain's handler (the contract above) on a backend whose apply
+/// transaction is `Tx`.
+pub struct TestDomain<Tx: ?Sized> {
+    reevaluate: Vec<BlockCode>,
+    record: Record<Tx>,
+}
+
+impl<Tx: ?Sized> TestDomain<Tx> {
+    /// The handler that evaluates again the rows blocked with `reevaluate`
+    /// and records through `record`.
+    pub fn new(reevaluate: Vec<BlockCode>, record: Record<Tx>) -> TestDomain<Tx> {
+        TestDomain { reevaluate, record }
+    }
+}
+
+impl<Tx: ?Sized> ApplyHandler<Tx> for TestDomain<Tx> {
+    fn apply(
+        &mut self,
+        cx: &mut ApplyContext<'_, Tx>,
+        event: &Envelope,
+    ) -> Result<Verdict, StoreError> {
+        let record = || (self.record)(cx, event);
+        match event.event_type.as_str() {
+            "record" => record().map(|()| Verdict::Apply),
+            "refuse" => {
+                record()?;
+                Ok(Verdict::block_with(REFUSED, REFUSED_DETAIL))
+            }
+            "later" if self.reevaluate.contains(&NOT_YET) => record().map(|()| Verdict::Apply),
+            "later" => Ok(Verdict::block(NOT_YET)),
+            _ => Ok(Verdict::block(BlockCode::from_static("unknown_type"))),
+        }
+    }
+
+    fn reevaluate(&self) -> &[BlockCode] {
+        &self.reevaluate
+    }
+}
 
 fn event(flow: &str, seq: i64, event_type: &str) -> Envelope {
     Envelope {
