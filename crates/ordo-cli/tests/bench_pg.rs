@@ -175,9 +175,7 @@ fn a_tiny_run_counts_every_event_per_worker_count_and_leaves_no_database() {
 /// own, dropped after).
 #[test]
 fn the_http_bench_measures_its_wake_part_on_postgres_and_leaves_no_database() {
-    let _serial = serial();
-    let mut client = admin();
-    let before = bench_databases(&mut client);
+    let mut databases = Watched::start("ordo_bench_");
     let server = pgdb::server();
     let v = run(&[
         "--json",
@@ -209,7 +207,7 @@ fn the_http_bench_measures_its_wake_part_on_postgres_and_leaves_no_database() {
     assert!(0.0 <= p50 && p50 <= p99, "{wake:#}");
     assert!(number(wake, "idle_cpu_ms_per_s") >= 0.0, "{wake:#}");
     assert_eq!(v["problems"], serde_json::json!([]));
-    assert_eq!(bench_databases(&mut client), before);
+    assert_eq!(databases.now(), databases.before);
 }
 
 #[test]
