@@ -26,6 +26,16 @@ fn orders_lab() -> Lab {
     lab
 }
 
+/// [`orders_lab`] whose consumer has received `o-1`, the first event of flow
+/// `o`, of type `event_type` with an empty payload.
+fn orders_lab_holding(event_type: &str) -> Lab {
+    let lab = orders_lab();
+    lab.receive(&format!(
+        r#"{{"event_id":"o-1","flow_id":"o","seq":1,"schema_version":1,"type":"{event_type}","payload":{{}}}}"#
+    ));
+    lab
+}
+
 #[test]
 fn reservation_only_commands_refuse_other_domains_and_write_nothing() {
     let lab = orders_lab();
@@ -112,9 +122,7 @@ fn other_domains_work_with_the_generic_commands() {
 
 #[test]
 fn one_side_status_and_prune_report_only_that_side() {
-    let lab = orders_lab();
-    let envelope = r#"{"event_id":"o-1","flow_id":"o","seq":1,"schema_version":1,"type":"order_placed","payload":{}}"#;
-    lab.receive(envelope);
+    let lab = orders_lab_holding("order_placed");
     let status = lab.run(&["status", "--consumer", &lab.c, "--json"]).json();
     assert_eq!(keys(&status), ["breaches", "consumer", "ok"]);
     assert_eq!(status["consumer"]["pending"], 1);
@@ -203,9 +211,7 @@ fn inbox_list_shows_an_applications_own_block_code_and_detail() {
     use ordo_core::{ApplyContext, BlockCode, ConsumerStore, Envelope, StoreError, Verdict};
     use ordo_sqlite::rusqlite::Connection;
 
-    let lab = orders_lab();
-    let envelope = r#"{"event_id":"o-1","flow_id":"o","seq":1,"schema_version":1,"type":"order_refunded","payload":{}}"#;
-    lab.receive(envelope);
+    let lab = orders_lab_holding("order_refunded");
     let mut consumer =
         ordo_sqlite::ConsumerDb::open(&lab.c, &ordo_sqlite::Schema::new("orders").unwrap())
             .unwrap();

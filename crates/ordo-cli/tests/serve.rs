@@ -201,6 +201,13 @@ fn lab() -> Lab {
     lab
 }
 
+/// `ordo serve EXTRA` on a fresh consumer: the lab, then the server.
+fn serving(extra: &[&str]) -> (Lab, Served) {
+    let lab = lab();
+    let served = Served::start(&lab.c, extra);
+    (lab, served)
+}
+
 trait Ran {
     fn json_or_text(&self);
 }
@@ -256,8 +263,7 @@ fn raw(addr: &str, request: &[u8], wait: Duration) -> String {
 
 #[test]
 fn receipts_come_in_input_order_with_duplicates_and_conflicts() {
-    let lab = lab();
-    let served = Served::start(&lab.c, &[]);
+    let (lab, served) = serving(&[]);
     let url = served.url("/v1/events");
     let one = post(&url, &reservation("a", 1, "reserved", 3));
     assert_eq!(receipts(&one), [("a-1".into(), "accepted".into())]);
@@ -285,8 +291,7 @@ fn receipts_come_in_input_order_with_duplicates_and_conflicts() {
 
 #[test]
 fn malformed_bodies_answer_400_and_store_nothing() {
-    let lab = lab();
-    let served = Served::start(&lab.c, &[]);
+    let (lab, served) = serving(&[]);
     let url = served.url("/v1/events");
     let valid = reservation("a", 1, "reserved", 3);
     for body in ["nope", "5", "\"x\"", "[]", "{\"event_id\":\"a-1\"}", "[1,"] {
@@ -302,8 +307,7 @@ fn malformed_bodies_answer_400_and_store_nothing() {
 
 #[test]
 fn too_many_items_or_bytes_answer_413() {
-    let lab = lab();
-    let served = Served::start(&lab.c, &["--max-batch", "2"]);
+    let (lab, served) = serving(&["--max-batch", "2"]);
     let url = served.url("/v1/events");
     let three: Vec<String> = (1..=3)
         .map(|s| reservation("a", s, "reserved", 3))
@@ -331,8 +335,7 @@ fn too_many_items_or_bytes_answer_413() {
 
 #[test]
 fn a_wrong_or_missing_content_type_answers_415() {
-    let lab = lab();
-    let served = Served::start(&lab.c, &[]);
+    let (_lab, served) = serving(&[]);
     let url = served.url("/v1/events");
     let body = reservation("a", 1, "reserved", 3);
     answer(
@@ -409,8 +412,7 @@ fn key_files_readable_by_others_or_malformed_are_refused() {
 
 #[test]
 fn a_store_locked_past_its_timeout_answers_503_then_recovers() {
-    let lab = lab();
-    let served = Served::start(&lab.c, &["--busy-timeout-ms", "200"]);
+    let (lab, served) = serving(&["--busy-timeout-ms", "200"]);
     let url = served.url("/v1/events");
     let body = reservation("a", 1, "reserved", 3);
     let lock = ordo_sqlite::rusqlite::Connection::open(&lab.c).unwrap();
@@ -446,8 +448,7 @@ fn requests_past_the_bound_in_flight_answer_503() {
 
 #[test]
 fn unknown_routes_and_methods_answer_json_404_and_405() {
-    let lab = lab();
-    let served = Served::start(&lab.c, &[]);
+    let (_lab, served) = serving(&[]);
     get(&served.url("/nope")).refused(404, None);
     get(&served.url("/v1/events")).refused(405, None);
     answer(agent().delete(&served.url("/v1/health")).call()).refused(405, None);
@@ -465,8 +466,7 @@ fn unknown_routes_and_methods_answer_json_404_and_405() {
 
 #[test]
 fn metrics_expose_every_name_of_the_contract() {
-    let lab = lab();
-    let served = Served::start(&lab.c, &["--apply"]);
+    let (lab, served) = serving(&["--apply"]);
     let url = served.url("/v1/events");
     let batch = array(&[
         reservation("a", 1, "reserved", 3),
@@ -569,8 +569,7 @@ fn bad_flags_exit_2_with_one_error_line() {
 
 #[test]
 fn sigterm_and_sigint_let_requests_in_flight_finish_and_exit_0() {
-    let lab = lab();
-    let served = Served::start(&lab.c, &["--busy-timeout-ms", "5000"]);
+    let (lab, served) = serving(&["--busy-timeout-ms", "5000"]);
     let url = served.url("/v1/events");
     let lock = ordo_sqlite::rusqlite::Connection::open(&lab.c).unwrap();
     lock.execute_batch("BEGIN IMMEDIATE").unwrap();
@@ -625,24 +624,21 @@ fn json_mode_names_the_bound_address() {
 
 #[test]
 fn slow_clients_are_cut_off() {
-    let lab = lab();
-    let served = Served::start(&lab.c, &["--read-timeout-ms", "500"]);
-    let started = Instant::now();
+    let (_lab, served) = serving(&["--read-timeout-ms", "500"]);
+    // The reply to `request`, which must come well before the client's
+    // own patience runs out.
+    let cut_off = |request: &[u8]| {
+        let started = Instant::now();
+        let reply = raw(&served.addr, request, Duration::from_secs(10));
+        assert!(started.elapsed() < Duration::from_secs(5), "{reply}");
+        reply
+    };
     // A head that never ends.
-    let reply = raw(
-        &served.addr,
-        b"POST /v1/events HTTP/1.1\r\nHost: x\r\n",
-        Duration::from_secs(10),
-    );
-    assert!(started.elapsed() < Duration::from_secs(5), "{reply}");
+    cut_off(b"POST /v1/events HTTP/1.1\r\nHost: x\r\n");
     // A body that never comes.
-    let started = Instant::now();
-    let reply = raw(
-        &served.addr,
+    let reply = cut_off(
         b"POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[",
-        Duration::from_secs(10),
     );
-    assert!(started.elapsed() < Duration::from_secs(5), "{reply}");
     assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
     assert_eq!(get(&served.url("/v1/health")).status, 200);
 }
@@ -650,8 +646,7 @@ fn slow_clients_are_cut_off() {
 #[test]
 fn a_thousand_connections_leave_the_server_answering() {
     rlimit::increase_nofile_limit(4096).expect("the test may raise its own limit");
-    let lab = lab();
-    let served = Served::start(&lab.c, &[]);
+    let (lab, served) = serving(&[]);
     let open: Vec<TcpStream> = (0..1000)
         .map(|_| TcpStream::connect(&served.addr).expect("a connection"))
         .collect();

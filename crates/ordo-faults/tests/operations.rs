@@ -15,6 +15,15 @@ fn report(op: Operation, what: &str, points: u64) {
     assert!(points > 0, "{}: no {what} point was injected", op.name());
 }
 
+/// Injects `code` at every write of `op`, each expected to fail as `kind`:
+/// one point per write.
+fn at_every_write(op: Operation, code: std::ffi::c_int, kind: ErrorKind, what: &str) {
+    let template = Template::build(op);
+    let points = harness::write_faults(&template, code, kind);
+    assert_eq!(points, template.writes(), "one point per write");
+    report(op, what, points);
+}
+
 macro_rules! fault_tests {
     ($module:ident, $op:expr) => {
         mod $module {
@@ -22,23 +31,22 @@ macro_rules! fault_tests {
 
             #[test]
             fn survives_an_io_error_at_every_write() {
-                let template = Template::build($op);
-                let points = harness::write_faults(
-                    &template,
+                at_every_write(
+                    $op,
                     ffi::SQLITE_IOERR_WRITE,
                     ErrorKind::CommitOutcomeUnknown,
+                    "write error (IOERR)",
                 );
-                assert_eq!(points, template.writes(), "one point per write");
-                report($op, "write error (IOERR)", points);
             }
 
             #[test]
             fn reports_disk_full_at_every_write_and_recovers() {
-                let template = Template::build($op);
-                let points =
-                    harness::write_faults(&template, ffi::SQLITE_FULL, ErrorKind::DiskFull);
-                assert_eq!(points, template.writes(), "one point per write");
-                report($op, "disk full (FULL)", points);
+                at_every_write(
+                    $op,
+                    ffi::SQLITE_FULL,
+                    ErrorKind::DiskFull,
+                    "disk full (FULL)",
+                );
             }
 
             #[test]

@@ -38,30 +38,41 @@ fn integrity_ok(dir: &Path) {
     assert_eq!(check, "ok");
 }
 
+/// A fresh directory armed with a fault plan, and `t.db` in it open with
+/// `synchronous=FULL`.
+fn armed() -> (tempfile::TempDir, FaultPlan, Connection) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = FaultPlan::arm(dir.path());
+    let conn = open(dir.path(), "FULL");
+    (dir, plan, conn)
+}
+
+/// Asserts that `t.db` holds exactly the rows `expected` and is whole.
+#[track_caller]
+fn assert_intact(dir: &Path, expected: &[i64]) {
+    assert_eq!(rows(dir), expected);
+    integrity_ok(dir);
+}
+
 fn insert(conn: &Connection, x: i64) -> rusqlite::Result<usize> {
     conn.execute("INSERT INTO t (x, pad) VALUES (?1, zeroblob(3000))", [x])
 }
 
 #[test]
 fn a_synced_commit_survives_a_power_loss() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let plan = FaultPlan::arm(dir.path());
-    let conn = open(dir.path(), "FULL");
+    let (dir, plan, conn) = armed();
     insert(&conn, 1).expect("insert");
     drop(conn);
     assert!(plan.counts().syncs > 0, "a FULL commit syncs");
     let loss = plan.simulate_power_loss(Tear::Drop).expect("power loss");
     assert_eq!(loss.undone, 0, "nothing was left unsynced: {loss:?}");
-    assert_eq!(rows(dir.path()), vec![1]);
-    integrity_ok(dir.path());
+    assert_intact(dir.path(), &[1]);
 }
 
 #[test]
 fn an_unsynced_commit_is_dropped_by_a_power_loss_and_kept_by_a_crash() {
     for (tear, expected) in [(Tear::Drop, vec![1]), (Tear::Keep(usize::MAX), vec![1, 2])] {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let plan = FaultPlan::arm(dir.path());
-        let conn = open(dir.path(), "FULL");
+        let (dir, plan, conn) = armed();
         insert(&conn, 1).expect("insert");
         conn.execute_batch("PRAGMA synchronous=OFF").expect("OFF");
         insert(&conn, 2).expect("insert");
@@ -81,9 +92,7 @@ fn an_unsynced_commit_is_dropped_by_a_power_loss_and_kept_by_a_crash() {
 fn a_torn_unsynced_commit_leaves_the_last_synced_one_whole() {
     for kept in 0..8 {
         for sectors in [0, 1, 3, 7] {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let plan = FaultPlan::arm(dir.path());
-            let conn = open(dir.path(), "FULL");
+            let (dir, plan, conn) = armed();
             insert(&conn, 1).expect("insert");
             conn.execute_batch("PRAGMA synchronous=OFF").expect("OFF");
             conn.execute_batch("BEGIN; INSERT INTO t VALUES (2, zeroblob(9000)); INSERT INTO t VALUES (3, zeroblob(9000)); COMMIT;")
@@ -108,9 +117,7 @@ fn the_nth_write_fault_surfaces_with_its_code_and_changes_nothing() {
         (ffi::SQLITE_FULL, ErrorCode::DiskFull),
     ] {
         for nth in 1..=3 {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let plan = FaultPlan::arm(dir.path());
-            let conn = open(dir.path(), "FULL");
+            let (dir, plan, conn) = armed();
             insert(&conn, 1).expect("insert");
             plan.set(Fault::FailWrite { nth, code });
             let error = insert(&conn, 2).expect_err("the write fails");
@@ -118,17 +125,14 @@ fn the_nth_write_fault_surfaces_with_its_code_and_changes_nothing() {
             assert_eq!(plan.counts().injected, 1);
             assert_eq!(plan.counts().writes, nth, "the commit stops at the fault");
             drop(conn);
-            assert_eq!(rows(dir.path()), vec![1]);
-            integrity_ok(dir.path());
+            assert_intact(dir.path(), &[1]);
         }
     }
 }
 
 #[test]
 fn a_read_only_disk_refuses_every_write_as_read_only() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let plan = FaultPlan::arm(dir.path());
-    let conn = open(dir.path(), "FULL");
+    let (dir, plan, conn) = armed();
     insert(&conn, 1).expect("insert");
     plan.set(Fault::ReadOnly);
     for x in 2..=3 {
@@ -142,15 +146,12 @@ fn a_read_only_disk_refuses_every_write_as_read_only() {
     assert_eq!(plan.counts().injected, 2);
     drop(conn);
     plan.set(Fault::None);
-    assert_eq!(rows(dir.path()), vec![1]);
-    integrity_ok(dir.path());
+    assert_intact(dir.path(), &[1]);
 }
 
 #[test]
 fn a_failed_sync_fails_the_commit() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let plan = FaultPlan::arm(dir.path());
-    let conn = open(dir.path(), "FULL");
+    let (dir, plan, conn) = armed();
     plan.set(Fault::FailSync {
         nth: 1,
         code: ffi::SQLITE_IOERR_FSYNC,
@@ -168,15 +169,12 @@ fn a_failed_sync_fails_the_commit() {
     insert(&conn, 2).expect("the next commit syncs");
     drop(conn);
     plan.simulate_power_loss(Tear::Drop).expect("power loss");
-    assert_eq!(rows(dir.path()), vec![2]);
-    integrity_ok(dir.path());
+    assert_intact(dir.path(), &[2]);
 }
 
 #[test]
 fn a_power_cut_fails_every_later_write_until_the_power_loss() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let plan = FaultPlan::arm(dir.path());
-    let conn = open(dir.path(), "FULL");
+    let (dir, plan, conn) = armed();
     insert(&conn, 1).expect("insert");
     plan.set(Fault::PowerCut { nth: 1 });
     insert(&conn, 2).expect_err("the cut sync fails");
@@ -211,9 +209,7 @@ fn counts_belong_to_the_armed_directory_only() {
 #[test]
 #[should_panic(expected = "close every connection")]
 fn a_power_loss_with_a_connection_open_is_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let plan = FaultPlan::arm(dir.path());
-    let conn = open(dir.path(), "FULL");
+    let (_dir, plan, conn) = armed();
     insert(&conn, 1).expect("insert");
     let _ = plan.simulate_power_loss(Tear::Drop);
 }

@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use ordo_core::ops::{InboxEntry, OutboxEntry};
 use ordo_core::{
-    Clock, Delivery, Drain, DrainStop, Envelope, EventId, FixedClock, FlowId, InboxRecord,
-    InboxStatus, OutboxRecord, ProducerStore, Receipt, RelayError, RelayOptions, RelayPolicy,
-    RelayReport, RelayStop, SchemaVersion, Seq, APPLY_BATCH_LEN_DEFAULT,
+    BlockReason, Clock, Delivery, Drain, DrainStop, Envelope, EventId, FixedClock, FlowId,
+    InboxRecord, InboxStatus, OutboxRecord, ProducerStore, Receipt, RelayError, RelayOptions,
+    RelayPolicy, RelayReport, RelayStop, SchemaVersion, Seq, Step, APPLY_BATCH_LEN_DEFAULT,
 };
 use serde_json::Value;
 
@@ -40,6 +40,15 @@ pub fn event_id(id: &str) -> EventId {
 /// A seq; panics if out of range.
 pub fn seq(value: i64) -> Seq {
     Seq::new(value).expect("test seq")
+}
+
+/// The step of an apply that found event `seq_value` of its flow blocked
+/// with `reason`.
+pub fn blocked_at(seq_value: i64, reason: BlockReason) -> Step {
+    Step::Blocked {
+        seq: seq(seq_value),
+        reason,
+    }
 }
 
 /// A quantity; panics if out of range.
@@ -420,6 +429,16 @@ pub fn drain_flow<C: ReservationConsumer + ?Sized>(
     consumer
         .drain(&flow(flow_id), limit, options, APPLY_BATCH_LEN_DEFAULT)
         .expect("drain")
+}
+
+/// The drain of `flow_id` that applied `applied` events and stopped at
+/// `stop`.
+pub fn drained(flow_id: &str, applied: u64, stop: DrainStop) -> Drain {
+    Drain {
+        flow_id: flow(flow_id),
+        applied,
+        stop,
+    }
 }
 
 /// Each drain as `(flow, applied, stop)`, in order, to compare with a list.

@@ -7,8 +7,8 @@ use ordo_reservation::{
 use std::path::Path;
 
 use ordo_core::{
-    BlockReason, Drain, DrainStop, Envelope, InboxStatus, ProducerOps, ProducerStore, Receipt,
-    Receive, Step,
+    BlockReason, DrainStop, Envelope, InboxStatus, ProducerOps, ProducerStore, Receipt, Receive,
+    Step,
 };
 use serde_json::{json, Value};
 
@@ -141,10 +141,7 @@ pub fn apply_unknown_schema_blocked_body_unchanged<B: Backend>(dir: &Path) {
     for options in [V1, V2, V1] {
         assert_eq!(
             c.apply_next(&flow("s9"), options).unwrap(),
-            Step::Blocked {
-                seq: seq(1),
-                reason: UNSUPPORTED_SCHEMA
-            },
+            blocked_at(1, UNSUPPORTED_SCHEMA),
             "{options:?}"
         );
         let row = inbox_row(&mut c, &received.event_id).unwrap();
@@ -172,10 +169,7 @@ pub fn apply_schema_2_blocked_then_applied_as_stored_with_support_v2<B: Backend>
         .all(|d| d.receipt == Receipt::Accepted));
 
     assert_eq!(c.flows_with_reservation_work(V1).unwrap(), vec![flow("v2")]);
-    let blocked = Step::Blocked {
-        seq: seq(1),
-        reason: UNSUPPORTED_SCHEMA,
-    };
+    let blocked = blocked_at(1, UNSUPPORTED_SCHEMA);
     assert_eq!(c.apply_next(&flow("v2"), V1).unwrap(), blocked);
     assert_eq!(c.apply_next(&flow("v2"), V1).unwrap(), blocked);
     assert_eq!(
@@ -188,11 +182,7 @@ pub fn apply_schema_2_blocked_then_applied_as_stored_with_support_v2<B: Backend>
     let drains = process(&mut c, None, V1);
     assert_eq!(
         drains,
-        vec![Drain {
-            flow_id: flow("v2"),
-            applied: 0,
-            stop: DrainStop::Blocked(UNSUPPORTED_SCHEMA)
-        }]
+        vec![drained("v2", 0, DrainStop::Blocked(UNSUPPORTED_SCHEMA))]
     );
     assert!(c.effects().unwrap().is_empty());
     assert_eq!(c.flows_with_reservation_work(V2).unwrap(), vec![flow("v2")]);
@@ -214,14 +204,7 @@ pub fn apply_schema_2_blocked_then_applied_as_stored_with_support_v2<B: Backend>
     let e3 = commit(&mut p, &request("v2", 2, FlowState::Released, None, 1));
     relay_first_pending(&mut p, &mut c, None);
     let drains = process(&mut c, None, V2);
-    assert_eq!(
-        drains,
-        vec![Drain {
-            flow_id: flow("v2"),
-            applied: 2,
-            stop: DrainStop::Idle
-        }]
-    );
+    assert_eq!(drains, vec![drained("v2", 2, DrainStop::Idle)]);
     assert_eq!(projected(&mut c, "v2"), (FlowState::Released, Some(33), 3));
     assert_eq!(flow_effects(&mut c, "v2"), effects_for(&[e1, e2, e3]));
     assert!(c.flows_with_reservation_work(V2).unwrap().is_empty());
@@ -388,10 +371,7 @@ pub fn apply_blocked_row_stays_blocked<B: Backend>(dir: &Path) {
         (d.applied, d.stop),
         (1, DrainStop::Blocked(INVALID_PAYLOAD))
     );
-    let blocked = Step::Blocked {
-        seq: seq(2),
-        reason: INVALID_PAYLOAD,
-    };
+    let blocked = blocked_at(2, INVALID_PAYLOAD);
     let state = consumer_state(&mut c);
     for options in [V1, V2, V1] {
         assert_eq!(c.apply_next(&flow("f"), options).unwrap(), blocked);
@@ -407,11 +387,7 @@ pub fn apply_blocked_row_stays_blocked<B: Backend>(dir: &Path) {
     let drains = process(&mut c, None, V2);
     assert_eq!(
         drains,
-        vec![Drain {
-            flow_id: flow("f"),
-            applied: 0,
-            stop: DrainStop::Blocked(INVALID_PAYLOAD)
-        }]
+        vec![drained("f", 0, DrainStop::Blocked(INVALID_PAYLOAD))]
     );
     // a corrected event cannot replace the blocked one
     let fixed = reservation_event("f", 2, 5);
@@ -439,14 +415,7 @@ pub fn drain_stop_reasons<B: Backend>(dir: &Path) {
         c.receive(&e).unwrap();
     }
     let d = drain_flow(&mut c, "lim", Some(2), V1);
-    assert_eq!(
-        d,
-        Drain {
-            flow_id: flow("lim"),
-            applied: 2,
-            stop: DrainStop::Limit
-        }
-    );
+    assert_eq!(d, drained("lim", 2, DrainStop::Limit));
     assert_eq!(projected(&mut c, "lim"), (FlowState::Confirmed, Some(4), 2));
     let d = drain_flow(&mut c, "lim", Some(0), V1);
     assert_eq!((d.applied, d.stop), (0, DrainStop::Limit));
@@ -512,21 +481,9 @@ pub fn process_all_isolation<B: Backend>(dir: &Path) {
     assert_eq!(
         drains,
         vec![
-            Drain {
-                flow_id: flow("a-blocked"),
-                applied: 0,
-                stop: DrainStop::Blocked(UNSUPPORTED_SCHEMA)
-            },
-            Drain {
-                flow_id: flow("b-gapped"),
-                applied: 0,
-                stop: DrainStop::Gap
-            },
-            Drain {
-                flow_id: flow("c-healthy"),
-                applied: 3,
-                stop: DrainStop::Idle
-            },
+            drained("a-blocked", 0, DrainStop::Blocked(UNSUPPORTED_SCHEMA)),
+            drained("b-gapped", 0, DrainStop::Gap),
+            drained("c-healthy", 3, DrainStop::Idle),
         ]
     );
     assert_eq!(
@@ -544,14 +501,7 @@ pub fn process_all_isolation<B: Backend>(dir: &Path) {
     );
     assert_eq!(c.receive(&g1).unwrap(), Receipt::Accepted);
     let drains = process(&mut c, Some(100), V1);
-    assert_eq!(
-        drains,
-        vec![Drain {
-            flow_id: flow("b-gapped"),
-            applied: 3,
-            stop: DrainStop::Idle
-        }]
-    );
+    assert_eq!(drains, vec![drained("b-gapped", 3, DrainStop::Idle)]);
     assert_eq!(
         projected(&mut c, "b-gapped"),
         (FlowState::Released, Some(2), 3)
@@ -562,11 +512,11 @@ pub fn process_all_isolation<B: Backend>(dir: &Path) {
     let drains = process(&mut c, None, V2);
     assert_eq!(
         drains,
-        vec![Drain {
-            flow_id: flow("a-blocked"),
-            applied: 0,
-            stop: DrainStop::Blocked(UNSUPPORTED_SCHEMA)
-        }]
+        vec![drained(
+            "a-blocked",
+            0,
+            DrainStop::Blocked(UNSUPPORTED_SCHEMA)
+        )]
     );
     assert_eq!(c.effects().unwrap().len(), 6);
     check_consumer_invariants(&mut c);
@@ -640,16 +590,8 @@ pub fn apply_batches_keep_order_and_limits<B: Backend>(dir: &Path) {
     assert_eq!(
         drains,
         vec![
-            Drain {
-                flow_id: flow("k1"),
-                applied: 1,
-                stop: DrainStop::Limit
-            },
-            Drain {
-                flow_id: flow("k2"),
-                applied: 3,
-                stop: DrainStop::Limit
-            },
+            drained("k1", 1, DrainStop::Limit),
+            drained("k2", 3, DrainStop::Limit),
         ],
         "k2 stops with limit when the batch's room runs out; k3 is not visited"
     );

@@ -166,20 +166,14 @@ pub fn apply_exactly_once_across_reopen<B: Backend>(dir: &Path) {
         assert_eq!(c.receive(&v2).unwrap(), Receipt::Accepted);
         assert_eq!(
             c.apply_next(&flow("v"), V1).unwrap(),
-            Step::Blocked {
-                seq: seq(1),
-                reason: UNSUPPORTED_SCHEMA
-            }
+            blocked_at(1, UNSUPPORTED_SCHEMA)
         );
     }
     {
         let (_p, mut c) = B::open(dir);
         assert_eq!(
             c.apply_next(&flow("v"), V1).unwrap(),
-            Step::Blocked {
-                seq: seq(1),
-                reason: UNSUPPORTED_SCHEMA
-            }
+            blocked_at(1, UNSUPPORTED_SCHEMA)
         );
         assert_eq!(
             c.apply_next(&flow("v"), V2).unwrap(),

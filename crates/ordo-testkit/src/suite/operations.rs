@@ -127,10 +127,7 @@ pub fn skip_refusals_write_nothing<B: Backend>(dir: &Path) {
     );
     assert_eq!(
         c.apply_next(&flow("s"), V1).unwrap(),
-        Step::Blocked {
-            seq: seq(2),
-            reason: INVALID_PAYLOAD
-        }
+        blocked_at(2, INVALID_PAYLOAD)
     );
 
     // the request's own rules
@@ -396,10 +393,7 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
     // evaluated again without schema 2 support: blocked again
     assert_eq!(
         c.apply_next(&flow("v"), V1).unwrap(),
-        Step::Blocked {
-            seq: seq(1),
-            reason: UNSUPPORTED_SCHEMA
-        }
+        blocked_at(1, UNSUPPORTED_SCHEMA)
     );
     assert_eq!(
         inbox_status(&mut c, &v1.event_id),
@@ -441,10 +435,7 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
         assert_eq!(inbox_status(&mut c, &e.event_id), InboxStatus::Pending);
         assert_eq!(
             c.apply_next(&flow(f), V2).unwrap(),
-            Step::Blocked {
-                seq: seq(1),
-                reason: reason.clone()
-            },
+            blocked_at(1, reason.clone()),
             "{f}"
         );
         assert_eq!(

@@ -362,10 +362,7 @@ pub fn receive_seq_bounds<B: Backend>(dir: &Path) {
     assert_eq!(c.receive(&schema_max).unwrap(), Receipt::Accepted);
     assert_eq!(
         c.apply_next(&flow("sv"), V2).unwrap(),
-        Step::Blocked {
-            seq: seq(1),
-            reason: ordo_reservation::UNSUPPORTED_SCHEMA
-        }
+        blocked_at(1, ordo_reservation::UNSUPPORTED_SCHEMA)
     );
     assert_eq!(
         inbox_row(&mut c, &schema_max.event_id).unwrap().envelope,
