@@ -73,7 +73,7 @@ pub fn open_options() -> OpenOptions {
     OPEN_OPTIONS.get().cloned().unwrap_or_default()
 }
 
-/// The specification `want` with this process's clock and options.
+/// `spec` with this process's clock and busy timeout.
 fn with_process(spec: OpenSpec) -> OpenSpec {
     spec.clock(clock())
         .busy_timeout(open_options().busy_timeout)
@@ -194,16 +194,6 @@ pub fn existing_consumer(location: &Location) -> Result<AnyConsumer, StoreError>
     existing_spec().consumer(location)
 }
 
-/// The specification of an existing store of the reservation domain, whose
-/// migrations run; nothing is created.
-pub fn reservation_existing(producer: bool) -> OpenSpec {
-    let schema = match producer {
-        true => producer_schema(),
-        false => consumer_schema(),
-    };
-    with_process(OpenSpec::domain(schema)).create(false)
-}
-
 /// Opens an existing consumer store of the reservation domain; a missing
 /// one or one of another domain is invalid input, and nothing is written.
 pub fn open_existing_reservation_consumer(location: &Location) -> Result<AnyConsumer, Failure> {
@@ -211,7 +201,8 @@ pub fn open_existing_reservation_consumer(location: &Location) -> Result<AnyCons
     refuse_other_domain(location, consumer.domain())?;
     // Opened again for its domain, whose migrations then run.
     drop(consumer);
-    Ok(reservation_existing(false).consumer(location)?)
+    let spec = with_process(OpenSpec::domain(consumer_schema())).create(false);
+    Ok(spec.consumer(location)?)
 }
 
 /// The domain of the producer store, if it exists.

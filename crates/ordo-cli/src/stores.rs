@@ -14,22 +14,13 @@ pub use ordo::{Consumer as AnyConsumer, Location, Producer as AnyProducer};
 /// The inbox, projections and effects of a consumer snapshot.
 pub use ordo_reservation::ConsumerRows;
 
-/// Calls the same expression on whichever store `self` holds.
+/// Calls the same expression on whichever store `self` (a producer or a
+/// consumer of `ordo`) holds.
 macro_rules! each {
     ($self:expr, $store:ident => $call:expr) => {
         match $self {
-            ordo::Producer::Sqlite($store) => $call,
-            ordo::Producer::Postgres($store) => $call,
-        }
-    };
-}
-
-/// Calls the same expression on whichever consumer store `self` holds.
-macro_rules! each_consumer {
-    ($self:expr, $store:ident => $call:expr) => {
-        match $self {
-            ordo::Consumer::Sqlite($store) => $call,
-            ordo::Consumer::Postgres($store) => $call,
+            Self::Sqlite($store) => $call,
+            Self::Postgres($store) => $call,
         }
     };
 }
@@ -96,7 +87,7 @@ impl ReservationInbox for AnyConsumer {
         handler: &mut ReservationHandler,
         batch_len_max: u64,
     ) -> Result<Drain, StoreError> {
-        each_consumer!(self, s => ordo_core::drain(s, flow_id, limit, handler, batch_len_max))
+        each!(self, s => ordo_core::drain(s, flow_id, limit, handler, batch_len_max))
     }
 
     fn process_reservation_each(
@@ -106,10 +97,10 @@ impl ReservationInbox for AnyConsumer {
         batch_len_max: u64,
         each: impl FnMut(Drain),
     ) -> Result<(), StoreError> {
-        each_consumer!(self, s => ordo_core::process_all_each(s, limit, handler, batch_len_max, each))
+        each!(self, s => ordo_core::process_all_each(s, limit, handler, batch_len_max, each))
     }
 
     fn projection(&mut self, flow_id: &FlowId) -> Result<Projection, StoreError> {
-        each_consumer!(self, s => s.projection(flow_id))
+        each!(self, s => s.projection(flow_id))
     }
 }

@@ -5,9 +5,10 @@
 //! keeps a few handles open between requests, so that a page does not pay
 //! for opening a store (for PostgreSQL, a connection) each time.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ordo_core::{ConsumerHandle, ProducerOps, StoreError};
+pub use ordo_inbox::IdlePool;
 
 /// Opens one more handle on a store.
 pub type Opener<V> = Arc<dyn Fn() -> Result<Box<V>, StoreError> + Send + Sync>;
@@ -20,43 +21,6 @@ pub type Lender<V> = Arc<dyn Fn() -> Result<Kept<V>, StoreError> + Send + Sync>;
 
 /// Handles opened earlier and idle now, shared by one opener's handles.
 type Idle<V> = Arc<IdlePool<Box<V>>>;
-
-/// Store handles kept open between requests. Those still idle when the
-/// pool goes are closed on a thread of their own: not on an async
-/// runtime's thread, where PostgreSQL's blocking client (which runs a
-/// runtime of its own) cannot close.
-pub struct IdlePool<T: Send + 'static>(Mutex<Vec<T>>);
-
-impl<T: Send + 'static> Default for IdlePool<T> {
-    fn default() -> Self {
-        IdlePool(Mutex::new(Vec::new()))
-    }
-}
-
-impl<T: Send + 'static> IdlePool<T> {
-    /// An idle handle, if there is one.
-    pub fn take(&self) -> Option<T> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).pop()
-    }
-
-    /// Keeps `handle` for a later request, unless `max` are idle already
-    /// (then it is closed).
-    pub fn put(&self, handle: T, max: usize) {
-        let mut idle = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < max {
-            idle.push(handle);
-        }
-    }
-}
-
-impl<T: Send + 'static> Drop for IdlePool<T> {
-    fn drop(&mut self) {
-        let handles = std::mem::take(self.0.get_mut().unwrap_or_else(|e| e.into_inner()));
-        if !handles.is_empty() {
-            let _ = std::thread::spawn(move || drop(handles)).join();
-        }
-    }
-}
 
 /// A handle lent out by a keeping opener: back among the idle ones when
 /// dropped, unless one of its calls failed (then it is closed, and the

@@ -22,5 +22,5 @@ pub mod pool;
 mod receive;
 
 pub use batch::{parse_batch, BatchError};
-pub use pool::{Opener, Pool};
+pub use pool::{IdlePool, Opener, Pool};
 pub use receive::{Caller, Inbox, InboxLimits, Refusal};

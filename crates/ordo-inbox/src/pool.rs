@@ -19,7 +19,7 @@ pub type Opener = Arc<dyn Fn() -> Result<Box<dyn ConsumerHandle>, StoreError> + 
 /// transport's limits on deliveries in flight).
 pub struct Pool {
     open: Opener,
-    idle: Mutex<Vec<Box<dyn ConsumerHandle>>>,
+    idle: IdlePool<Box<dyn ConsumerHandle>>,
     idle_max: usize,
 }
 
@@ -28,7 +28,7 @@ impl Pool {
     pub fn new(open: Opener, idle_max: usize) -> Pool {
         Pool {
             open,
-            idle: Mutex::new(Vec::new()),
+            idle: IdlePool::default(),
             idle_max,
         }
     }
@@ -52,29 +52,50 @@ impl Pool {
     }
 
     fn take(&self) -> Result<Box<dyn ConsumerHandle>, StoreError> {
-        let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        match idle {
+        match self.idle.take() {
             Some(store) => Ok(store),
             None => (self.open)(),
         }
     }
 
     fn put(&self, store: Box<dyn ConsumerHandle>) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < self.idle_max {
-            idle.push(store);
+        self.idle.put(store, self.idle_max);
+    }
+}
+
+/// Store handles kept open between requests. Those still idle when the
+/// pool goes are closed on a thread of their own: not on an async
+/// runtime's thread, where PostgreSQL's blocking client (which runs a
+/// runtime of its own) cannot close.
+pub struct IdlePool<T: Send + 'static>(Mutex<Vec<T>>);
+
+impl<T: Send + 'static> Default for IdlePool<T> {
+    fn default() -> Self {
+        IdlePool(Mutex::new(Vec::new()))
+    }
+}
+
+impl<T: Send + 'static> IdlePool<T> {
+    /// An idle handle, if there is one.
+    pub fn take(&self) -> Option<T> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    }
+
+    /// Keeps `handle` for a later request, unless `max` are idle already
+    /// (then it is closed).
+    pub fn put(&self, handle: T, max: usize) {
+        let mut idle = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < max {
+            idle.push(handle);
         }
     }
 }
 
-/// The idle handles are closed on a thread of their own: not on an async
-/// runtime's thread (where a server drops its pool), on which PostgreSQL's
-/// blocking client, which runs a runtime of its own, cannot close.
-impl Drop for Pool {
+impl<T: Send + 'static> Drop for IdlePool<T> {
     fn drop(&mut self) {
-        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(|e| e.into_inner()));
-        if !idle.is_empty() {
-            let _ = std::thread::spawn(move || drop(idle)).join();
+        let handles = std::mem::take(self.0.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if !handles.is_empty() {
+            let _ = std::thread::spawn(move || drop(handles)).join();
         }
     }
 }
