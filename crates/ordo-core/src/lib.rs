@@ -24,6 +24,7 @@ pub mod crash;
 pub mod domain;
 pub mod envelope;
 pub mod error;
+mod forward;
 pub mod handler;
 pub mod ids;
 pub mod ops;
@@ -50,7 +51,7 @@ pub use relay::{
 pub use run::{RunConsumer, RunStore};
 pub use store::{
     drain, process_all, process_all_each, process_page, ConsumerHandle, ConsumerOps, ConsumerStore,
-    ProducerOps, ProducerStore, Receive, APPLY_BATCH_LEN_DEFAULT,
+    ProducerOps, ProducerStore, Receive, Role, APPLY_BATCH_LEN_DEFAULT,
 };
 pub use transport::{TransientKind, Transport, TransportError};
 pub use wake::Signal;

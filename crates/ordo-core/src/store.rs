@@ -18,6 +18,42 @@ use crate::outcome::{
     BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
 };
 
+/// Which side a store belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The producer store: the outbox beside the application's tables.
+    Producer,
+    /// The consumer store: the inbox beside the application's tables.
+    Consumer,
+}
+
+impl Role {
+    /// `producer` or `consumer`, as errors and the stores' metadata say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Producer => "producer",
+            Role::Consumer => "consumer",
+        }
+    }
+
+    /// Refuses a store whose recorded role (`stored`, if any) is not this
+    /// one, as [`ErrorKind::Incompatible`]: `refusal` words the error from
+    /// the role found (`unknown` when none is recorded).
+    pub fn check_stored(
+        self,
+        stored: Option<&str>,
+        refusal: impl FnOnce(&str) -> String,
+    ) -> Result<(), StoreError> {
+        if stored == Some(self.as_str()) {
+            return Ok(());
+        }
+        Err(StoreError::new(
+            ErrorKind::Incompatible,
+            refusal(stored.unwrap_or("unknown")),
+        ))
+    }
+}
+
 /// How many flows one page of [`ConsumerStore::flows_with_work`] lists.
 pub const FLOWS_PAGE_LEN: usize = 1_024;
 
@@ -64,10 +100,7 @@ pub trait ProducerOps {
         prefix: &str,
         after: Option<&FlowId>,
         limit: usize,
-    ) -> Result<Vec<ProducerFlow>, StoreError> {
-        let _ = (prefix, after, limit);
-        Err(not_supported("listing flows"))
-    }
+    ) -> Result<Vec<ProducerFlow>, StoreError>;
 
     /// The flow's outbox rows with their delivery bookkeeping, in seq
     /// order, at most `limit`.
@@ -75,10 +108,7 @@ pub trait ProducerOps {
         &mut self,
         flow_id: &FlowId,
         limit: usize,
-    ) -> Result<Vec<OutboxEntry>, StoreError> {
-        let _ = (flow_id, limit);
-        Err(not_supported("listing a flow's outbox rows"))
-    }
+    ) -> Result<Vec<OutboxEntry>, StoreError>;
 }
 
 /// The producer side: the outbox. The application's own state lives beside
@@ -678,18 +708,9 @@ mod tests {
 
     fn envelope(flow: &str, seq: i64, amount: i64) -> Envelope {
         let flow_id = FlowId::new(flow).unwrap();
-        let seq = Seq::new(seq).unwrap();
-        Envelope {
-            event_id: EventId::for_seq(&flow_id, seq),
-            flow_id,
-            seq,
-            schema_version: crate::ids::SchemaVersion::V1,
-            event_type: crate::envelope::EventType::new("noted").unwrap(),
-            payload: serde_json::json!({ "amount": amount })
-                .as_object()
-                .unwrap()
-                .clone(),
-        }
+        let payload = serde_json::json!({ "amount": amount });
+        let version = crate::ids::SchemaVersion::V1;
+        crate::append::next_event(&flow_id, seq - 1, "noted", version, &payload).unwrap()
     }
 
     /// Each envelope of a batch sees those accepted before it in the

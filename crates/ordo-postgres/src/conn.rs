@@ -84,34 +84,20 @@ impl PgOptions {
     }
 }
 
-/// Which side a store belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Role {
-    Producer,
-    Consumer,
+pub(crate) use ordo_core::store::Role;
+
+/// The worker a role's connections serve, in `application_name`.
+fn worker(role: Role) -> &'static str {
+    match role {
+        Role::Producer => "relay",
+        Role::Consumer => "apply",
+    }
 }
 
-impl Role {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Role::Producer => "producer",
-            Role::Consumer => "consumer",
-        }
-    }
-
-    /// The worker this role's connections serve, in `application_name`.
-    fn worker(self) -> &'static str {
-        match self {
-            Role::Producer => "relay",
-            Role::Consumer => "apply",
-        }
-    }
-
-    fn default_schema(self) -> &'static str {
-        match self {
-            Role::Producer => PRODUCER_SCHEMA_DEFAULT,
-            Role::Consumer => CONSUMER_SCHEMA_DEFAULT,
-        }
+fn default_schema(role: Role) -> &'static str {
+    match role {
+        Role::Producer => PRODUCER_SCHEMA_DEFAULT,
+        Role::Consumer => CONSUMER_SCHEMA_DEFAULT,
     }
 }
 
@@ -625,7 +611,7 @@ pub(crate) fn open(
     let schema = options
         .schema
         .clone()
-        .unwrap_or_else(|| role.default_schema().to_string());
+        .unwrap_or_else(|| default_schema(role).to_string());
     check_schema_name(&schema)?;
     let owner = options.owner_or_unique();
     let mut parsed = PgUrl::parse(url)?;
@@ -635,7 +621,7 @@ pub(crate) fn open(
             .get_application_name()
             .unwrap_or_default()
             .to_string(),
-        (None, _) => format!("ordo-{}-{owner}", role.worker()),
+        (None, _) => format!("ordo-{}-{owner}", worker(role)),
     };
     parsed.config_mut().application_name(&application_name);
     let target = Target { url: parsed };
@@ -783,16 +769,12 @@ fn check_meta(tx: &PgTx, schema: &str, role: Role) -> Result<i64, StoreError> {
             .map(|row| row.get(0)))
     };
     let stored_role = meta("role")?;
-    if stored_role.as_deref() != Some(role.as_str()) {
-        return Err(StoreError::new(
-            ErrorKind::Incompatible,
-            format!(
-                "schema {schema} holds an ordo {} store, not a {} store",
-                stored_role.as_deref().unwrap_or("unknown"),
-                role.as_str()
-            ),
-        ));
-    }
+    role.check_stored(stored_role.as_deref(), |found| {
+        format!(
+            "schema {schema} holds an ordo {found} store, not a {} store",
+            role.as_str()
+        )
+    })?;
     let version = meta("schema_version")?.unwrap_or_default();
     let version: i64 = version.parse().map_err(|_| {
         corrupt(

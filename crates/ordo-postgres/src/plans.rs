@@ -18,6 +18,8 @@ pub const FLOWS: i64 = 20_000;
 /// (the planner then guesses its rows from its size).
 pub struct Filled {
     pub client: Client,
+    /// The server's `postgres` database, where both schemas are.
+    pub url: String,
     /// The producer's schema.
     pub p: String,
     /// The consumer's schema.
@@ -52,6 +54,7 @@ impl Filled {
             .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {url} ({e}); set ORDO_TEST_PG"));
         let mut filled = Filled {
             client,
+            url: url.clone(),
             p: format!("{tag}_p"),
             c: format!("{tag}_c"),
         };

@@ -130,10 +130,15 @@ impl Wake {
         self.signal.clone()
     }
 
-    /// What ends a transaction that gave a loop work: the `NOTIFY` and the
-    /// `COMMIT`, in one round trip.
-    pub(crate) fn notify_commit(&self) -> &str {
-        &self.notify_commit
+    /// What ends a write transaction: for one that gave a loop work
+    /// (`gave_work`), the `NOTIFY` and the `COMMIT` in one round trip; else
+    /// the `COMMIT` alone.
+    pub(crate) fn commit_statement(&self, gave_work: bool) -> &str {
+        if gave_work {
+            &self.notify_commit
+        } else {
+            "COMMIT"
+        }
     }
 
     /// After such a transaction committed: wakes this process's loops.

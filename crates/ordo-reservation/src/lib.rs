@@ -14,6 +14,7 @@
 mod methods;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod rows;
 pub mod rules;
 mod schema;
 mod sqlite;

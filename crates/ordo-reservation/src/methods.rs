@@ -5,9 +5,14 @@
 
 /// `advance` and `advance_batch` over the store's `write`, with the crash
 /// points around the commit; `$one` advances one request in the
-/// transaction, `$all` a batch of them.
+/// transaction, `$all` a batch of them; `flows` reads the flow table with
+/// `$flows` on the store's connection.
 macro_rules! advance_methods {
-    ($one:path, $all:path) => {
+    ($one:path, $all:path, $flows:path) => {
+        fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError> {
+            $flows(self.connection())
+        }
+
         fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError> {
             let outcome = self.write(|ptx| -> Result<Advance, AdvanceError> {
                 let outcome = $one(ptx, request)??;
@@ -54,9 +59,23 @@ macro_rules! advance_methods {
 }
 
 /// The apply methods, each the store's own with a
-/// [`ReservationHandler`](crate::ReservationHandler) of the given options.
+/// [`ReservationHandler`](crate::ReservationHandler) of the given options,
+/// and the reads of the consumer's tables on the store's connection
+/// (`$projections`, `$projection` of one flow, `$effects`).
 macro_rules! apply_methods {
-    () => {
+    ($projections:path, $projection:path, $effects:path) => {
+        fn projections(&mut self) -> Result<Vec<Projection>, StoreError> {
+            $projections(self.connection())
+        }
+
+        fn projection(&mut self, flow_id: &FlowId) -> Result<Projection, StoreError> {
+            $projection(self.connection(), flow_id)
+        }
+
+        fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError> {
+            $effects(self.connection())
+        }
+
         fn apply_next(
             &mut self,
             flow_id: &FlowId,

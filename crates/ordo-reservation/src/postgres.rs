@@ -7,26 +7,20 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};
 use ordo_core::{
-    crash, ApplyContext, ApplyHandler, ConsumerStore, Drain, Envelope, EventId, FlowId, Seq, Step,
-    StoreError, Verdict,
+    crash, ApplyContext, ApplyHandler, ConsumerStore, Drain, Envelope, FlowId, Step, StoreError,
+    Verdict,
 };
 use ordo_postgres::{PgConsumer, PgProducer, PgProducerTx, PgTx};
 
+use crate::rows::{corrupt, effect_record, flow_record, projection};
 use crate::rules::{
-    decide_advance, decide_apply, parse_state, AdvanceDecision, AdvanceRefused, AdvanceRequest,
-    ApplyOptions, FlowRecord, Projection, Quantity,
+    decide_advance, decide_apply, AdvanceDecision, AdvanceRefused, AdvanceRequest, ApplyOptions,
+    FlowRecord, Projection,
 };
 use crate::sqlite::{
     Advance, AdvanceError, EffectRecord, ReservationConsumer, ReservationHandler,
     ReservationProducer,
 };
-
-fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
-    StoreError::new(
-        ordo_core::ErrorKind::Corrupt,
-        format!("{context}: {detail}"),
-    )
-}
 
 impl ApplyHandler<PgTx> for ReservationHandler {
     fn apply(
@@ -184,36 +178,6 @@ fn read_projection(tx: &PgTx, flow_id: &FlowId) -> Result<Projection, StoreError
     Ok(read_projections(tx, &[flow_id.as_str()])?
         .remove(flow_id.as_str())
         .unwrap_or_else(|| Projection::empty(flow_id.clone())))
-}
-
-fn projection(
-    flow_id: &str,
-    state: &str,
-    quantity: i64,
-    applied_seq: i64,
-) -> Result<Projection, StoreError> {
-    let context = "consumer: stored projection";
-    Ok(Projection {
-        flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
-        state: parse_state(state).map_err(|e| corrupt(context, e))?,
-        quantity: Some(Quantity::new(quantity).map_err(|e| corrupt(context, e))?),
-        applied_seq,
-    })
-}
-
-fn flow_record(
-    flow_id: &str,
-    state: &str,
-    quantity: i64,
-    last_seq: i64,
-) -> Result<FlowRecord, StoreError> {
-    let context = "producer: stored flow";
-    Ok(FlowRecord {
-        flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
-        state: parse_state(state).map_err(|e| corrupt(context, e))?,
-        quantity: Some(Quantity::new(quantity).map_err(|e| corrupt(context, e))?),
-        last_seq,
-    })
 }
 
 /// The flow with its head locked first: its last seq, then its row, read
@@ -406,20 +370,13 @@ pub fn pg_read_effects(tx: &PgTx) -> Result<Vec<EffectRecord>, StoreError> {
     if !table_exists(tx, "effect")? {
         return Ok(Vec::new());
     }
-    let context = "consumer: stored effect";
     let effects = tx
         .query(
             "SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq LIMIT $1",
             &[&limit()],
         )?
         .iter()
-        .map(|row| {
-            Ok(EffectRecord {
-                flow_id: FlowId::new(row.get::<_, String>(0)).map_err(|e| corrupt(context, e))?,
-                seq: Seq::new(row.get(1)).map_err(|e| corrupt(context, e))?,
-                event_id: EventId::new(row.get::<_, String>(2)).map_err(|e| corrupt(context, e))?,
-            })
-        })
+        .map(|row| effect_record(row.get(0), row.get(1), row.get(2)))
         .collect::<Result<Vec<_>, StoreError>>()?;
     whole_read("effect", WHOLE_READ_ROWS_MAX, effects)
 }
@@ -450,25 +407,9 @@ pub fn pg_consumer_snapshot(
 }
 
 impl ReservationProducer for PgProducer {
-    crate::methods::advance_methods!(advance_in_tx, advance_all_in_tx);
-
-    fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError> {
-        pg_read_flows(self.connection())
-    }
+    crate::methods::advance_methods!(advance_in_tx, advance_all_in_tx, pg_read_flows);
 }
 
 impl ReservationConsumer for PgConsumer {
-    crate::methods::apply_methods!();
-
-    fn projections(&mut self) -> Result<Vec<Projection>, StoreError> {
-        pg_read_projections(self.connection())
-    }
-
-    fn projection(&mut self, flow_id: &FlowId) -> Result<Projection, StoreError> {
-        read_projection(self.connection(), flow_id)
-    }
-
-    fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError> {
-        pg_read_effects(self.connection())
-    }
+    crate::methods::apply_methods!(pg_read_projections, read_projection, pg_read_effects);
 }

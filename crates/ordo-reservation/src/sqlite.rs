@@ -9,9 +9,10 @@ use ordo_core::{
 use ordo_sqlite::{ConsumerDb, ProducerDb, ProducerTx};
 use rusqlite::{params, Connection, OptionalExtension};
 
+use crate::rows::{effect_record, flow_record, projection};
 use crate::rules::{
-    decide_advance, decide_apply, parse_state, AdvanceDecision, AdvanceRefused, AdvanceRequest,
-    ApplyOptions, FlowRecord, FlowState, Projection, Quantity,
+    decide_advance, decide_apply, AdvanceDecision, AdvanceRefused, AdvanceRequest, ApplyOptions,
+    FlowRecord, FlowState, Projection,
 };
 use crate::schema::{consumer_schema, producer_schema};
 
@@ -224,13 +225,6 @@ impl ApplyHandler<Connection> for ReservationHandler {
     }
 }
 
-fn corrupt(context: &str, detail: impl std::fmt::Display) -> StoreError {
-    StoreError::new(
-        ordo_core::ErrorKind::Corrupt,
-        format!("{context}: {detail}"),
-    )
-}
-
 fn read_projection(conn: &Connection, flow_id: &FlowId) -> Result<Projection, StoreError> {
     let row: Option<(String, i64, i64)> = conn
         .prepare_cached("SELECT state, quantity, applied_seq FROM projection WHERE flow_id = ?1")?
@@ -244,21 +238,6 @@ fn read_projection(conn: &Connection, flow_id: &FlowId) -> Result<Projection, St
             projection(flow_id.as_str(), &state, quantity, applied_seq)
         }
     }
-}
-
-fn projection(
-    flow_id: &str,
-    state: &str,
-    quantity: i64,
-    applied_seq: i64,
-) -> Result<Projection, StoreError> {
-    let context = "consumer: stored projection";
-    Ok(Projection {
-        flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
-        state: parse_state(state).map_err(|e| corrupt(context, e))?,
-        quantity: Some(Quantity::new(quantity).map_err(|e| corrupt(context, e))?),
-        applied_seq,
-    })
 }
 
 /// Decides and writes one advance inside a producer transaction the caller
@@ -335,21 +314,6 @@ fn read_flow(ptx: &ProducerTx<'_>, flow_id: &FlowId) -> Result<FlowRecord, Store
     }
 }
 
-fn flow_record(
-    flow_id: &str,
-    state: &str,
-    quantity: i64,
-    last_seq: i64,
-) -> Result<FlowRecord, StoreError> {
-    let context = "producer: stored flow";
-    Ok(FlowRecord {
-        flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
-        state: parse_state(state).map_err(|e| corrupt(context, e))?,
-        quantity: Some(Quantity::new(quantity).map_err(|e| corrupt(context, e))?),
-        last_seq,
-    })
-}
-
 /// Every row `sql` reads from `table`, each through `convert`; none when
 /// the store has no such table (a store of another domain).
 fn read_table<R, T>(
@@ -408,7 +372,6 @@ pub(crate) fn read_projections(conn: &Connection) -> Result<Vec<Projection>, Sto
 
 /// Every effect, ordered by flow id then seq.
 pub(crate) fn read_effects(conn: &Connection) -> Result<Vec<EffectRecord>, StoreError> {
-    let context = "consumer: stored effect";
     read_table(
         conn,
         "effect",
@@ -420,38 +383,16 @@ pub(crate) fn read_effects(conn: &Connection) -> Result<Vec<EffectRecord>, Store
                 row.get::<_, String>(2)?,
             ))
         },
-        |(flow_id, seq, event_id)| {
-            Ok(EffectRecord {
-                flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
-                seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
-                event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,
-            })
-        },
+        |(flow_id, seq, event_id)| effect_record(flow_id, seq, event_id),
     )
 }
 
 impl ReservationProducer for ProducerDb {
-    crate::methods::advance_methods!(advance_in_tx, advance_all_in_tx);
-
-    fn flows(&mut self) -> Result<Vec<FlowRecord>, StoreError> {
-        read_flows(self.connection())
-    }
+    crate::methods::advance_methods!(advance_in_tx, advance_all_in_tx, read_flows);
 }
 
 impl ReservationConsumer for ConsumerDb {
-    crate::methods::apply_methods!();
-
-    fn projections(&mut self) -> Result<Vec<Projection>, StoreError> {
-        read_projections(self.connection())
-    }
-
-    fn projection(&mut self, flow_id: &FlowId) -> Result<Projection, StoreError> {
-        read_projection(self.connection(), flow_id)
-    }
-
-    fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError> {
-        read_effects(self.connection())
-    }
+    crate::methods::apply_methods!(read_projections, read_projection, read_effects);
 }
 
 /// Opens or creates a reservation producer store with the system clock and

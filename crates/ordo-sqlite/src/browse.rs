@@ -173,30 +173,39 @@ pub(crate) mod tests {
         assert_indexed(&conn, FLOW_OUTBOX_SQL, &["outbox_head", "outbox"]);
     }
 
-    /// Flows `f-000001` to `f-020000` in `table` (`flow_id`, and `column`
-    /// at 1).
-    pub(crate) fn fill_flows(path: &std::path::Path, table: &str, column: &str) {
-        Connection::open(path)
+    /// A new producer store (`producer`) or consumer store holding flows
+    /// `f-000001` to `f-020000` (as outbox heads or apply cursors at 1).
+    fn store_of_many_flows(producer: bool) -> (tempfile::TempDir, std::path::PathBuf) {
+        let (dir, path) = new_store(producer);
+        let (table, column) = if producer {
+            ("outbox_head", "last_seq")
+        } else {
+            ("inbox_cursor", "applied_seq")
+        };
+        Connection::open(&path)
             .unwrap()
             .execute_batch(&format!(
                 "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000)
                  INSERT INTO {table} (flow_id, {column}) SELECT printf('f-%06d', i), 1 FROM n"
             ))
             .unwrap();
+        (dir, path)
     }
 
-    /// Asserts that a page deep in the 20,000 flows of [`fill_flows`], with
-    /// or without a prefix, runs about as many steps of `sql` as the first
-    /// page: its range starts at `after`, not at the prefix. `read` reads a
-    /// page of 10 (`prefix`, `after`) through `sql` on a new connection.
+    /// Asserts that a page deep in 20,000 flows of a producer store
+    /// (`producer`) or a consumer store, with or without a prefix, runs
+    /// about as many steps of `sql` as the first page: its range starts at
+    /// `after`, not at the prefix. `read` reads a page of 10 (`prefix`,
+    /// `after`) through `sql` on a new connection.
     #[track_caller]
     pub(crate) fn assert_deep_pages_are_short(
-        path: &std::path::Path,
+        producer: bool,
         sql: &str,
         read: impl Fn(&Connection, &str, &FlowId) -> usize,
     ) {
+        let (_dir, path) = store_of_many_flows(producer);
         let steps = |prefix: &str, after: &str| {
-            let conn = Connection::open(path).unwrap();
+            let conn = Connection::open(&path).unwrap();
             let listed = read(&conn, prefix, &FlowId::new(after).unwrap());
             assert!(listed > 0, "{prefix:?} after {after}");
             let stmt = conn.prepare_cached(sql).expect("the statement is cached");
@@ -218,9 +227,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_deep_page_reads_only_its_own_rows() {
-        let (_dir, path) = new_store(true);
-        fill_flows(&path, "outbox_head", "last_seq");
-        assert_deep_pages_are_short(&path, FLOWS_PAGE_SQL, |conn, prefix, after| {
+        assert_deep_pages_are_short(true, FLOWS_PAGE_SQL, |conn, prefix, after| {
             producer_flows_page(conn, prefix, Some(after), 10)
                 .unwrap()
                 .len()

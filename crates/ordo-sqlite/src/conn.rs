@@ -102,22 +102,17 @@ impl Default for OpenOptions {
     }
 }
 
-/// Which side a database file belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    /// The producer store: the outbox beside the application's tables.
-    Producer,
-    /// The consumer store: the inbox beside the application's tables.
-    Consumer,
-}
+pub use ordo_core::store::Role;
 
-impl Role {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Role::Producer => "producer",
-            Role::Consumer => "consumer",
-        }
-    }
+/// Runs `f` inside one read transaction of `conn`, so that everything it
+/// reads is one consistent snapshot; `context` names a failed begin.
+pub(crate) fn read_snapshot<T>(
+    conn: &mut Connection,
+    context: &str,
+    f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let tx = conn.transaction().map_err(|e| sql_error(context, e))?;
+    f(&tx)
 }
 
 /// How many prepared statements each connection keeps.
@@ -611,17 +606,12 @@ fn check_role(conn: &Connection, path: &Path, role: Role) -> Result<(), StoreErr
         })
         .optional()
         .map_err(|e| sql_error(&format!("{display}: cannot read"), e))?;
-    if stored_role.as_deref() != Some(role.as_str()) {
-        return Err(StoreError::new(
-            ErrorKind::Incompatible,
-            format!(
-                "{display} is an ordo {} database, not a {} database",
-                stored_role.as_deref().unwrap_or("unknown"),
-                role.as_str()
-            ),
-        ));
-    }
-    Ok(())
+    role.check_stored(stored_role.as_deref(), |found| {
+        format!(
+            "{display} is an ordo {found} database, not a {} database",
+            role.as_str()
+        )
+    })
 }
 
 /// The schema version of a file ordo adopted (kept in `ordo_meta`, since the

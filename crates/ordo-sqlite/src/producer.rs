@@ -15,6 +15,7 @@ use ordo_core::{
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
+use crate::browse;
 use crate::conn::{
     collect_rows, corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Role, Tables,
     Want,
@@ -207,11 +208,11 @@ impl ProducerDb {
         &mut self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let tx = self
-            .conn
-            .transaction()
-            .map_err(|e| sql_error("producer: cannot begin a read transaction", e))?;
-        f(&tx)
+        crate::conn::read_snapshot(
+            &mut self.conn,
+            "producer: cannot begin a read transaction",
+            f,
+        )
     }
 }
 
@@ -379,23 +380,13 @@ pub(crate) fn stored_envelope(context: &str, body: &str) -> Result<Envelope, Sto
     Envelope::from_stored(body).map_err(|e| corrupt(context, e))
 }
 
-impl ordo_core::RunStore for ProducerDb {
-    fn clock(&self) -> Arc<dyn Clock> {
-        self.clock.clone()
-    }
-
-    /// Raised by every commit of this process that appends to this file
-    /// (whichever handle made it).
-    fn signal(&self) -> ordo_core::Signal {
-        self.wake.clone()
-    }
-
-    /// Another process's commit to this file (the application's appends),
-    /// seen by the file's `data_version`.
-    fn changed_elsewhere(&mut self) -> Result<bool, StoreError> {
-        self.data_version.changed(&self.conn)
-    }
-}
+// The signal is raised by every commit of this process that appends to
+// this file (whichever handle made it); another process's commit (the
+// application's appends) is seen by the file's `data_version`.
+ordo_core::run_store_impl!(ProducerDb, |db|
+    signal: db.wake.clone(),
+    changed_elsewhere: db.data_version.changed(&db.conn),
+);
 
 impl ProducerOps for ProducerDb {
     fn domain(&self) -> &str {
@@ -537,22 +528,7 @@ impl ProducerOps for ProducerDb {
         })
     }
 
-    fn producer_flows_page(
-        &mut self,
-        prefix: &str,
-        after: Option<&FlowId>,
-        limit: usize,
-    ) -> Result<Vec<ordo_core::ops::ProducerFlow>, StoreError> {
-        crate::browse::producer_flows_page(&self.conn, prefix, after, limit)
-    }
-
-    fn flow_outbox_entries(
-        &mut self,
-        flow_id: &FlowId,
-        limit: usize,
-    ) -> Result<Vec<OutboxEntry>, StoreError> {
-        crate::browse::flow_outbox_entries(&self.conn, flow_id, limit)
-    }
+    ordo_core::producer_browse_methods!(browse);
 }
 
 impl ProducerStore for ProducerDb {

@@ -719,14 +719,9 @@ fn mark_blocked(
             &reason.detail,
         ],
     )?;
-    if marked == 1 {
-        return Ok(());
-    }
-    check_still_open(tx, flow_id, seq)?;
-    Err(corrupt(
-        "consumer: inbox",
-        format!("flow {flow_id} seq {seq} is no longer pending or blocked while it is applied"),
-    ))
+    expect_marked(tx, marked, flow_id, seq, || {
+        format!("flow {flow_id} seq {seq} is no longer pending or blocked while it is applied")
+    })
 }
 
 /// Marks the event applied, by its primary key and only inside the apply
@@ -746,14 +741,26 @@ fn mark_applied(
            AND current_setting('ordo.apply_tx', true) = 'on'",
         &[&event_id.as_str(), &flow_id.as_str(), &next.get(), &now_ms],
     )?;
+    expect_marked(tx, marked, flow_id, next, || {
+        format!("the body stored at flow {flow_id} seq {next} names event {event_id}")
+    })
+}
+
+/// Passes when a mark's UPDATE changed its one row; otherwise fails, as a
+/// handler that ended the apply transaction or else as a damaged inbox
+/// (`damage` says how).
+fn expect_marked(
+    tx: &PgTx,
+    marked: u64,
+    flow_id: &FlowId,
+    seq: Seq,
+    damage: impl FnOnce() -> String,
+) -> Result<(), StoreError> {
     if marked == 1 {
         return Ok(());
     }
-    check_still_open(tx, flow_id, next)?;
-    Err(corrupt(
-        "consumer: inbox",
-        format!("the body stored at flow {flow_id} seq {next} names event {event_id}"),
-    ))
+    check_still_open(tx, flow_id, seq)?;
+    Err(corrupt("consumer: inbox", damage()))
 }
 
 /// Fails when the handler ended the apply transaction.

@@ -17,15 +17,10 @@ pub(crate) use ops::inbox_entry;
 
 use std::sync::Arc;
 
-use ordo_core::ops::{
-    whole_read, whole_read_limit, ConsumerFlow, ConsumerStatus, InboxEntry, Pruned, RepairRecord,
-    SkipRefused, SkipRequest, WHOLE_READ_ROWS_MAX,
-};
-use ordo_core::{
-    ApplyHandler, BlockCode, Clock, ConsumerOps, ConsumerStore, Drain, Envelope, EventId, FlowId,
-    InboxRecord, Receipt, Receive, Seq, Step, StoreError, SystemClock,
-};
+use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};
+use ordo_core::{Clock, Envelope, InboxRecord, StoreError, SystemClock};
 
+use crate::browse;
 use crate::conn::{open, PgOptions, PgTx, Role, Tables, Want};
 use crate::domain::Schema;
 use crate::producer::{read_snapshot, stored_envelope};
@@ -113,7 +108,7 @@ CREATE TRIGGER repair_log_no_truncate BEFORE TRUNCATE ON {s}.repair_log
 /// The consumer's store on PostgreSQL: the inbox (every received event,
 /// durably, with its status), the per-flow apply cursor, and the
 /// application's own tables (declared by its [`Schema`], written by its
-/// [`ApplyHandler`] through [`PgTx`]), over one connection.
+/// [`ApplyHandler`](ordo_core::ApplyHandler) through [`PgTx`]), over one connection.
 pub struct PgConsumer {
     conn: PgTx,
     domain: String,
@@ -220,27 +215,17 @@ pub(crate) fn read_inbox_at_most(
     whole_read("the inbox", rows_max, records)
 }
 
-impl ordo_core::RunStore for PgConsumer {
-    fn clock(&self) -> Arc<dyn Clock> {
-        self.clock.clone()
-    }
-
-    /// Raised by every commit of this process that stores a new event in
-    /// this store (through any handle on the same URL and schema).
-    fn signal(&self) -> ordo_core::Signal {
-        self.wake.signal()
-    }
-
-    /// Whether a receive of another process (or of a handle of this one on
-    /// another URL) stored a new event since the last call, as heard on
-    /// [`PgConsumer::notify_channel`] by a connection of this handle's own,
-    /// opened by the first call (which says yes) and read by a thread of
-    /// its own: no I/O here. A failed listening connection is this call's
-    /// error once; a later call opens a new one.
-    fn changed_elsewhere(&mut self) -> Result<bool, StoreError> {
-        self.wake.changed_elsewhere()
-    }
-}
+// The signal is raised by every commit of this process that stores a new
+// event in this store (through any handle on the same URL and schema).
+// Another process's receive (or one of this process on another URL) is
+// heard on [`PgConsumer::notify_channel`] by a listening connection of the
+// handle's own, opened by the first call (which says yes) and read by a
+// thread of its own: no I/O in the call. A failed listening connection is
+// that call's error once; a later call opens a new one.
+ordo_core::run_store_impl!(PgConsumer, |db|
+    signal: db.wake.signal(),
+    changed_elsewhere: db.wake.changed_elsewhere(),
+);
 
 impl ordo_core::RunConsumer for PgConsumer {
     fn received_at_ms(tx: &PgTx, event: &Envelope) -> Result<Option<i64>, StoreError> {
@@ -253,106 +238,46 @@ impl ordo_core::RunConsumer for PgConsumer {
     }
 }
 
-impl Receive for PgConsumer {
-    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
-        receive::receive_batch(self, envelopes)
-    }
+ordo_core::consumer_store_impls! {
+    store: PgConsumer, tx: PgTx, inbox: read_inbox,
+    receive: receive, ops: ops, browse: browse, apply: apply,
 }
 
-impl ConsumerOps for PgConsumer {
-    fn domain(&self) -> &str {
-        PgConsumer::domain(self)
-    }
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
 
-    fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
-        read_inbox(&self.conn)
-    }
+    use crate::plans::{Filled, FLOWS};
+    use crate::{PgConsumer, PgOptions, PgProducer};
 
-    fn inbox_entries(
-        &mut self,
-        blocked_only: bool,
-        flow_id: Option<&FlowId>,
-        limit: usize,
-    ) -> Result<Vec<InboxEntry>, StoreError> {
-        ops::inbox_entries(self, blocked_only, flow_id, limit)
-    }
+    /// The whole-table reads stop at their bound with an error instead of
+    /// reading on: the outbox and the inbox of [`FLOWS`] rows read whole at
+    /// that bound, and refused one row below it.
+    #[test]
+    fn whole_table_reads_are_bounded() {
+        let filled = Filled::new("bounded");
+        let options = |schema: &str| PgOptions {
+            schema: Some(schema.to_owned()),
+            ..PgOptions::default()
+        };
+        let clock = Arc::new(ordo_core::SystemClock);
+        let rows = usize::try_from(FLOWS).unwrap();
+        let producer =
+            PgProducer::open_existing(&filled.url, clock.clone(), &options(&filled.p)).unwrap();
+        let outbox = crate::producer::read_outbox_at_most(producer.connection(), rows).unwrap();
+        assert_eq!(outbox.len(), rows);
+        let past = crate::producer::read_outbox_at_most(producer.connection(), rows - 1);
+        let past = past.unwrap_err().to_string();
+        assert!(
+            past.contains(&format!("more than {} rows", rows - 1)),
+            "{past}"
+        );
 
-    fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError> {
-        ops::reopen_blocked(self, flow_id)
-    }
-
-    fn skip(
-        &mut self,
-        request: &SkipRequest,
-    ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
-        ops::skip(self, request)
-    }
-
-    fn repairs(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
-        ops::repairs(self)
-    }
-
-    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
-        ops::consumer_status(self)
-    }
-
-    fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
-        ops::prune_inbox(self, cutoff_ms)
-    }
-
-    fn consumer_flows_page(
-        &mut self,
-        prefix: &str,
-        after: Option<&FlowId>,
-        limit: usize,
-    ) -> Result<Vec<ConsumerFlow>, StoreError> {
-        crate::browse::consumer_flows_page(&self.conn, prefix, after, limit)
-    }
-
-    fn inbox_entry_at(
-        &mut self,
-        flow_id: &FlowId,
-        seq: Seq,
-    ) -> Result<Option<InboxEntry>, StoreError> {
-        crate::browse::inbox_entry_at(&self.conn, flow_id, seq)
-    }
-
-    fn inbox_entry_of_event(
-        &mut self,
-        event_id: &EventId,
-    ) -> Result<Option<InboxEntry>, StoreError> {
-        crate::browse::inbox_entry_of_event(&self.conn, event_id)
-    }
-}
-
-impl ConsumerStore for PgConsumer {
-    type Tx = PgTx;
-
-    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
-    where
-        H: ApplyHandler<PgTx> + ?Sized,
-    {
-        apply::apply_next(self, flow_id, handler)
-    }
-
-    fn apply_batch_with<H>(
-        &mut self,
-        flows: &[(FlowId, Option<u64>)],
-        events_max: u64,
-        handler: &mut H,
-    ) -> Result<Vec<Drain>, StoreError>
-    where
-        H: ApplyHandler<PgTx> + ?Sized,
-    {
-        apply::apply_batch(self, flows, events_max, handler)
-    }
-
-    fn flows_with_work_page(
-        &mut self,
-        after: Option<&FlowId>,
-        limit: usize,
-        reevaluate: &[BlockCode],
-    ) -> Result<Vec<FlowId>, StoreError> {
-        apply::flows_with_work_page(self, after, limit, reevaluate)
+        let consumer = PgConsumer::open_existing(&filled.url, clock, &options(&filled.c)).unwrap();
+        let conn = &consumer.conn;
+        assert_eq!(super::read_inbox_at_most(conn, rows).unwrap().len(), rows);
+        let past = super::read_inbox_at_most(conn, rows - 1).unwrap_err();
+        assert!(past.to_string().contains("more than"), "{past}");
+        assert!(super::ops::repairs_at_most(conn, 0).unwrap().is_empty());
     }
 }

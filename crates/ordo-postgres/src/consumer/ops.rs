@@ -198,55 +198,36 @@ fn repair_record(row: &Row) -> Result<RepairRecord, StoreError> {
 
 const STATUS: &str = "consumer: cannot read the status";
 
+/// The inbox's rows counted by status and reason.
+const COUNT_INBOX_SQL: &str =
+    "SELECT status, coalesce(reason, ''), count(*) FROM {s}.inbox GROUP BY status, reason";
+
+/// The pruned rows' fingerprints counted by status.
+const COUNT_FINGERPRINTS_SQL: &str =
+    "SELECT status, count(*) FROM {s}.inbox_fingerprint GROUP BY status";
+
+/// The flows whose next event is missing while a later one is pending.
+const GAPS_SQL: &str = "SELECT i.flow_id, coalesce(c.applied_seq, 0) + 1, min(i.received_at_ms)
+     FROM {s}.inbox i LEFT JOIN {s}.inbox_cursor c ON c.flow_id = i.flow_id
+     WHERE i.status = 'pending' AND i.seq > coalesce(c.applied_seq, 0) + 1
+       AND NOT EXISTS (SELECT 1 FROM {s}.inbox j
+                       WHERE j.flow_id = i.flow_id AND j.seq = coalesce(c.applied_seq, 0) + 1)
+     GROUP BY i.flow_id, c.applied_seq ORDER BY i.flow_id";
+
 pub(super) fn consumer_status(db: &mut PgConsumer) -> Result<ConsumerStatus, StoreError> {
     read_snapshot(&db.conn, STATUS, |tx| {
         let mut status = ConsumerStatus::default();
-        count_inbox(tx, &mut status)?;
-        count_fingerprints(tx, &mut status)?;
-        list_gaps(tx, &mut status)?;
+        for row in tx.rows(STATUS, COUNT_INBOX_SQL, &[])? {
+            status.count_rows(row.get(0), row.get(1), row.get(2))?;
+        }
+        for row in tx.rows(STATUS, COUNT_FINGERPRINTS_SQL, &[])? {
+            status.count_fingerprints(row.get(0), row.get(1));
+        }
+        for row in tx.rows(STATUS, GAPS_SQL, &[])? {
+            status.count_gap(row.get(0), row.get(1), row.get(2))?;
+        }
         Ok(status)
     })
-}
-
-fn count_inbox(tx: &PgTx, status: &mut ConsumerStatus) -> Result<(), StoreError> {
-    let rows = tx.rows(
-        STATUS,
-        "SELECT status, coalesce(reason, ''), count(*) FROM {s}.inbox GROUP BY status, reason",
-        &[],
-    )?;
-    for row in &rows {
-        status.count_rows(row.get(0), row.get(1), row.get(2))?;
-    }
-    Ok(())
-}
-
-fn count_fingerprints(tx: &PgTx, status: &mut ConsumerStatus) -> Result<(), StoreError> {
-    let rows = tx.rows(
-        STATUS,
-        "SELECT status, count(*) FROM {s}.inbox_fingerprint GROUP BY status",
-        &[],
-    )?;
-    for row in &rows {
-        status.count_fingerprints(row.get(0), row.get(1));
-    }
-    Ok(())
-}
-
-fn list_gaps(tx: &PgTx, status: &mut ConsumerStatus) -> Result<(), StoreError> {
-    let rows = tx.rows(
-        STATUS,
-        "SELECT i.flow_id, coalesce(c.applied_seq, 0) + 1, min(i.received_at_ms)
-         FROM {s}.inbox i LEFT JOIN {s}.inbox_cursor c ON c.flow_id = i.flow_id
-         WHERE i.status = 'pending' AND i.seq > coalesce(c.applied_seq, 0) + 1
-           AND NOT EXISTS (SELECT 1 FROM {s}.inbox j
-                           WHERE j.flow_id = i.flow_id AND j.seq = coalesce(c.applied_seq, 0) + 1)
-         GROUP BY i.flow_id, c.applied_seq ORDER BY i.flow_id",
-        &[],
-    )?;
-    for row in &rows {
-        status.count_gap(row.get(0), row.get(1), row.get(2))?;
-    }
-    Ok(())
 }
 
 const PRUNE: &str = "consumer: cannot prune the inbox";

@@ -46,12 +46,7 @@ pub(super) fn receive_batch(
         // One notification per batch that stored anything, sent with the
         // COMMIT (delivered only if it commits).
         let stored = receipts.contains(&Receipt::Accepted);
-        let end = if stored {
-            db.wake.notify_commit()
-        } else {
-            "COMMIT"
-        };
-        tx.commit_with(CONTEXT, txid, end)?;
+        tx.commit_with(CONTEXT, txid, db.wake.commit_statement(stored))?;
         db.commits += 1;
         crash::point(crash::CONSUMER_RECEIVE_AFTER_COMMIT);
         if stored {

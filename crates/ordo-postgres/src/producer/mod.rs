@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use ordo_core::ops::{
-    whole_read, whole_read_limit, OutboxEntry, ProducerFlow, ProducerStatus, Pruned, RetryRefused,
+    whole_read, whole_read_limit, OutboxEntry, ProducerStatus, Pruned, RetryRefused,
     WHOLE_READ_ROWS_MAX,
 };
 use ordo_core::{
@@ -314,12 +314,7 @@ impl PgProducer {
         // One notification per transaction that appended, sent with the
         // COMMIT (delivered only if it commits).
         let appended = ptx.appended > 0;
-        let end = if appended {
-            self.wake.notify_commit()
-        } else {
-            "COMMIT"
-        };
-        conn.commit_with(context, txid, end)?;
+        conn.commit_with(context, txid, self.wake.commit_statement(appended))?;
         self.commits += 1;
         if appended {
             self.wake.raise();
@@ -372,27 +367,14 @@ impl PgProducer {
     }
 }
 
-impl ordo_core::RunStore for PgProducer {
-    fn clock(&self) -> Arc<dyn Clock> {
-        self.clock.clone()
-    }
-
-    /// Raised by every commit of this process that appends to this store
-    /// (through any handle on the same URL and schema).
-    fn signal(&self) -> ordo_core::Signal {
-        self.wake.signal()
-    }
-
-    /// Whether an append of another process (or of a handle of this one on
-    /// another URL) committed since the last call, as heard on
-    /// [`PgProducer::notify_channel`] by a connection of this handle's own,
-    /// opened by the first call (which says yes) and read by a thread of
-    /// its own: no I/O here. A failed listening connection is this call's
-    /// error once; a later call opens a new one.
-    fn changed_elsewhere(&mut self) -> Result<bool, StoreError> {
-        self.wake.changed_elsewhere()
-    }
-}
+// The signal is raised by every commit of this process that appends to
+// this store (through any handle on the same URL and schema); another
+// process's append is heard as the consumer's receives are (see
+// `PgConsumer`'s `RunStore`).
+ordo_core::run_store_impl!(PgProducer, |db|
+    signal: db.wake.signal(),
+    changed_elsewhere: db.wake.changed_elsewhere(),
+);
 
 impl Drop for PgProducer {
     /// Releases the handle's leases, so that other relays take its flows at

@@ -2,6 +2,7 @@
 //! bookkeeping, repairs, status and pruning over the outbox.
 
 use super::*;
+use crate::browse;
 use ordo_core::ProducerOps;
 
 impl ProducerOps for PgProducer {
@@ -100,22 +101,7 @@ impl ProducerOps for PgProducer {
         })
     }
 
-    fn producer_flows_page(
-        &mut self,
-        prefix: &str,
-        after: Option<&FlowId>,
-        limit: usize,
-    ) -> Result<Vec<ProducerFlow>, StoreError> {
-        crate::browse::producer_flows_page(&self.conn, prefix, after, limit)
-    }
-
-    fn flow_outbox_entries(
-        &mut self,
-        flow_id: &FlowId,
-        limit: usize,
-    ) -> Result<Vec<OutboxEntry>, StoreError> {
-        crate::browse::flow_outbox_entries(&self.conn, flow_id, limit)
-    }
+    ordo_core::producer_browse_methods!(browse);
 }
 
 impl ProducerStore for PgProducer {

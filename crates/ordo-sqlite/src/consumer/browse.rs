@@ -6,10 +6,9 @@ use ordo_core::ops::{ConsumerFlow, InboxEntry};
 use ordo_core::{EventId, FlowId, Seq, StoreError};
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
 
-use super::schema::inbox_status;
+use super::schema::{self, entry_row};
 use crate::browse::flows_page;
 use crate::conn::sql_error;
-use crate::producer::stored_envelope;
 
 const FLOWS_PAGE_SQL: &str = "SELECT f.flow_id, coalesce(c.applied_seq, 0) FROM (
     SELECT flow_id FROM (SELECT DISTINCT flow_id FROM inbox
@@ -73,37 +72,15 @@ fn inbox_entry(
 ) -> Result<Option<InboxEntry>, StoreError> {
     let row = conn
         .prepare_cached(sql)
-        .and_then(|mut stmt| {
-            stmt.query_row(params, |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, String>(1)?,
-                    row.get::<_, Option<String>>(2)?,
-                    row.get::<_, i64>(3)?,
-                    row.get::<_, Option<i64>>(4)?,
-                    row.get::<_, Option<String>>(5)?,
-                ))
-            })
-            .optional()
-        })
+        .and_then(|mut stmt| stmt.query_row(params, entry_row).optional())
         .map_err(|e| sql_error("consumer: cannot read an inbox row", e))?;
-    let Some((body, status, reason, received_at_ms, settled_at_ms, detail)) = row else {
-        return Ok(None);
-    };
-    Ok(Some(InboxEntry {
-        envelope: stored_envelope("consumer: stored inbox body", &body)?,
-        status: inbox_status(&status, reason.as_deref(), detail)?,
-        received_at_ms,
-        settled_at_ms,
-    }))
+    row.map(schema::inbox_entry).transpose()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::browse::tests::{
-        assert_deep_pages_are_short, assert_indexed, fill_flows, new_store,
-    };
+    use crate::browse::tests::{assert_deep_pages_are_short, assert_indexed, new_store};
 
     #[test]
     fn flow_reads_are_indexed() {
@@ -118,9 +95,7 @@ mod tests {
 
     #[test]
     fn a_deep_page_reads_only_its_own_rows() {
-        let (_dir, path) = new_store(false);
-        fill_flows(&path, "inbox_cursor", "applied_seq");
-        assert_deep_pages_are_short(&path, FLOWS_PAGE_SQL, |conn, prefix, after| {
+        assert_deep_pages_are_short(false, FLOWS_PAGE_SQL, |conn, prefix, after| {
             consumer_flows_page(conn, prefix, Some(after), 10)
                 .unwrap()
                 .len()

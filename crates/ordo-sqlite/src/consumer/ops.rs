@@ -8,10 +8,9 @@ use ordo_core::ops::{
 use ordo_core::{EventId, FlowId, Seq, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::schema::{begin_write, inbox_status, read_cursor, write_cursor};
+use super::schema::{begin_write, entry_row, inbox_entry, read_cursor, write_cursor};
 use super::ConsumerDb;
 use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error};
-use crate::producer::stored_envelope;
 
 /// The inbox listing, `(blocked_only, NULL, limit)`.
 pub(super) const ENTRIES_SQL: &str =
@@ -42,24 +41,8 @@ pub(super) fn inbox_entries(
         "consumer: cannot list the inbox",
         sql,
         params![blocked_only, flow_id.map(FlowId::as_str), limit],
-        |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, Option<String>>(2)?,
-                row.get::<_, i64>(3)?,
-                row.get::<_, Option<i64>>(4)?,
-                row.get::<_, Option<String>>(5)?,
-            ))
-        },
-        |(body, status, reason, received_at_ms, settled_at_ms, detail)| {
-            Ok(InboxEntry {
-                envelope: stored_envelope("consumer: stored inbox body", &body)?,
-                status: inbox_status(&status, reason.as_deref(), detail)?,
-                received_at_ms,
-                settled_at_ms,
-            })
-        },
+        entry_row,
+        inbox_entry,
     )
 }
 

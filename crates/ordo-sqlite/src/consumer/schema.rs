@@ -1,6 +1,6 @@
 //! The consumer's own tables and how their rows are read back.
 
-use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};
+use ordo_core::ops::{whole_read, whole_read_limit, InboxEntry, WHOLE_READ_ROWS_MAX};
 use ordo_core::{FlowId, InboxRecord, StoreError};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -67,6 +67,40 @@ pub(super) const TABLES: Tables = Tables {
 };
 
 pub(super) use ordo_core::apply::stored_status as inbox_status;
+
+/// The columns an inbox listing reads, in this order: `body, status,
+/// reason, received_at_ms, settled_at_ms, detail`.
+pub(super) type EntryRow = (
+    String,
+    String,
+    Option<String>,
+    i64,
+    Option<i64>,
+    Option<String>,
+);
+
+/// Reads the columns of an [`EntryRow`] from `row`.
+pub(super) fn entry_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<EntryRow> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+    ))
+}
+
+/// The inbox entry of a row read by [`entry_row`].
+pub(super) fn inbox_entry(row: EntryRow) -> Result<InboxEntry, StoreError> {
+    let (body, status, reason, received_at_ms, settled_at_ms, detail) = row;
+    Ok(InboxEntry {
+        envelope: stored_envelope("consumer: stored inbox body", &body)?,
+        status: inbox_status(&status, reason.as_deref(), detail)?,
+        received_at_ms,
+        settled_at_ms,
+    })
+}
 
 pub(super) fn begin_write(conn: &mut Connection) -> Result<rusqlite::Transaction<'_>, StoreError> {
     conn.transaction_with_behavior(TransactionBehavior::Immediate)

@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 use ordo_core::StoreError;
 
 use crate::producer::{ProducerDb, ProducerTx};
-use ticket::{left, lock, Phase, Queue, Ticket};
+use ticket::{left, lock, wait_at_most, Phase, Queue, Ticket};
 use unit::{Outcome, Unit};
 
 /// Units per transaction, unless set otherwise.
@@ -325,12 +325,7 @@ impl GroupWriter {
                 return Err(SubmitError::TimedOut);
             };
             queue.room_waiters += 1;
-            queue = self
-                .shared
-                .room
-                .wait_timeout(queue, wait)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            queue = wait_at_most(&self.shared.room, queue, wait);
             queue.room_waiters -= 1;
         }
     }
@@ -416,12 +411,7 @@ impl<T, E> Pending<T, E> {
                 slot = lock(&self.ticket.slot);
                 continue;
             };
-            slot = self
-                .ticket
-                .ready
-                .wait_timeout(slot, wait)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            slot = wait_at_most(&self.ticket.ready, slot, wait);
         }
     }
 

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::Waker;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ordo_core::StoreError;
 
@@ -47,6 +47,19 @@ pub(crate) struct Ticket<R> {
 /// consistent, and a unit's panic is caught before it could poison anything.
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Waits on `condvar` for at most `wait`, through a poisoned lock as
+/// [`lock`] does; the caller checks again what it waits for.
+pub(crate) fn wait_at_most<'a, T>(
+    condvar: &Condvar,
+    guard: MutexGuard<'a, T>,
+    wait: Duration,
+) -> MutexGuard<'a, T> {
+    condvar
+        .wait_timeout(guard, wait)
+        .unwrap_or_else(|e| e.into_inner())
+        .0
 }
 
 impl<R> Ticket<R> {

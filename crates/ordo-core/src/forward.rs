@@ -1,0 +1,199 @@
+//! The store traits' implementations that only pass a call on to a
+//! backend's own function, written once for every backend.
+//!
+//! A backend keeps the protocol's SQL in functions of its own modules, one
+//! per trait method and named after it, each taking the store first (or,
+//! for the browse reads, the store's connection). These macros write the
+//! trait implementations that call them, so that a trait method added here
+//! is added to every backend in one place, and a backend that lacks the
+//! function does not compile.
+//!
+//! Invariant: nothing here knows SQL or a backend's types beyond the names
+//! passed in; the macros only forward.
+
+/// Implements [`Receive`](crate::Receive), [`ConsumerOps`](crate::ConsumerOps)
+/// and [`ConsumerStore`](crate::ConsumerStore) for a backend's consumer store
+/// `$store` (with a `conn` field and an inherent `domain()`), by calling:
+/// `$inbox(&conn)`; `$receive::receive_batch(store, ..)`;
+/// `$ops::{inbox_entries, reopen_blocked, skip, repairs, consumer_status,
+/// prune_inbox}(store, ..)`; `$browse::{consumer_flows_page, inbox_entry_at,
+/// inbox_entry_of_event}(&conn, ..)`; and `$apply::{apply_next, apply_batch,
+/// flows_with_work_page}(store, ..)`.
+#[macro_export]
+macro_rules! consumer_store_impls {
+    (
+        store: $store:ty, tx: $tx:ty, inbox: $inbox:path,
+        receive: $receive:ident, ops: $ops:ident, browse: $browse:ident, apply: $apply:ident $(,)?
+    ) => {
+        impl $crate::Receive for $store {
+            fn receive_batch(
+                &mut self,
+                envelopes: &[$crate::Envelope],
+            ) -> Result<Vec<$crate::Receipt>, $crate::StoreError> {
+                $receive::receive_batch(self, envelopes)
+            }
+        }
+
+        impl $crate::ConsumerOps for $store {
+            fn domain(&self) -> &str {
+                <$store>::domain(self)
+            }
+
+            fn inbox(&mut self) -> Result<Vec<$crate::InboxRecord>, $crate::StoreError> {
+                $inbox(&self.conn)
+            }
+
+            fn inbox_entries(
+                &mut self,
+                blocked_only: bool,
+                flow_id: Option<&$crate::FlowId>,
+                limit: usize,
+            ) -> Result<Vec<$crate::ops::InboxEntry>, $crate::StoreError> {
+                $ops::inbox_entries(self, blocked_only, flow_id, limit)
+            }
+
+            fn reopen_blocked(
+                &mut self,
+                flow_id: &$crate::FlowId,
+            ) -> Result<u64, $crate::StoreError> {
+                $ops::reopen_blocked(self, flow_id)
+            }
+
+            fn skip(
+                &mut self,
+                request: &$crate::ops::SkipRequest,
+            ) -> Result<
+                Result<$crate::ops::RepairRecord, $crate::ops::SkipRefused>,
+                $crate::StoreError,
+            > {
+                $ops::skip(self, request)
+            }
+
+            fn repairs(&mut self) -> Result<Vec<$crate::ops::RepairRecord>, $crate::StoreError> {
+                $ops::repairs(self)
+            }
+
+            fn consumer_status(
+                &mut self,
+            ) -> Result<$crate::ops::ConsumerStatus, $crate::StoreError> {
+                $ops::consumer_status(self)
+            }
+
+            fn prune_inbox(
+                &mut self,
+                cutoff_ms: i64,
+            ) -> Result<$crate::ops::Pruned, $crate::StoreError> {
+                $ops::prune_inbox(self, cutoff_ms)
+            }
+
+            fn consumer_flows_page(
+                &mut self,
+                prefix: &str,
+                after: Option<&$crate::FlowId>,
+                limit: usize,
+            ) -> Result<Vec<$crate::ops::ConsumerFlow>, $crate::StoreError> {
+                $browse::consumer_flows_page(&self.conn, prefix, after, limit)
+            }
+
+            fn inbox_entry_at(
+                &mut self,
+                flow_id: &$crate::FlowId,
+                seq: $crate::Seq,
+            ) -> Result<Option<$crate::ops::InboxEntry>, $crate::StoreError> {
+                $browse::inbox_entry_at(&self.conn, flow_id, seq)
+            }
+
+            fn inbox_entry_of_event(
+                &mut self,
+                event_id: &$crate::EventId,
+            ) -> Result<Option<$crate::ops::InboxEntry>, $crate::StoreError> {
+                $browse::inbox_entry_of_event(&self.conn, event_id)
+            }
+        }
+
+        impl $crate::ConsumerStore for $store {
+            type Tx = $tx;
+
+            fn apply_next_with<H>(
+                &mut self,
+                flow_id: &$crate::FlowId,
+                handler: &mut H,
+            ) -> Result<$crate::Step, $crate::StoreError>
+            where
+                H: $crate::ApplyHandler<$tx> + ?Sized,
+            {
+                $apply::apply_next(self, flow_id, handler)
+            }
+
+            fn apply_batch_with<H>(
+                &mut self,
+                flows: &[($crate::FlowId, Option<u64>)],
+                events_max: u64,
+                handler: &mut H,
+            ) -> Result<Vec<$crate::Drain>, $crate::StoreError>
+            where
+                H: $crate::ApplyHandler<$tx> + ?Sized,
+            {
+                $apply::apply_batch(self, flows, events_max, handler)
+            }
+
+            fn flows_with_work_page(
+                &mut self,
+                after: Option<&$crate::FlowId>,
+                limit: usize,
+                reevaluate: &[$crate::BlockCode],
+            ) -> Result<Vec<$crate::FlowId>, $crate::StoreError> {
+                $apply::flows_with_work_page(self, after, limit, reevaluate)
+            }
+        }
+    };
+}
+
+/// The two browse reads of [`ProducerOps`](crate::ProducerOps), written
+/// inside a backend's `impl ProducerOps` block: they call
+/// `$browse::{producer_flows_page, flow_outbox_entries}(&conn, ..)`.
+#[macro_export]
+macro_rules! producer_browse_methods {
+    ($browse:ident) => {
+        fn producer_flows_page(
+            &mut self,
+            prefix: &str,
+            after: Option<&$crate::FlowId>,
+            limit: usize,
+        ) -> Result<Vec<$crate::ops::ProducerFlow>, $crate::StoreError> {
+            $browse::producer_flows_page(&self.conn, prefix, after, limit)
+        }
+
+        fn flow_outbox_entries(
+            &mut self,
+            flow_id: &$crate::FlowId,
+            limit: usize,
+        ) -> Result<Vec<$crate::ops::OutboxEntry>, $crate::StoreError> {
+            $browse::flow_outbox_entries(&self.conn, flow_id, limit)
+        }
+    };
+}
+
+/// Implements [`RunStore`](crate::RunStore) for `$store` (with a `clock`
+/// field): its signal is `$signal` and its cross-process check
+/// `$changed`, each an expression over the store bound to `$s`.
+#[macro_export]
+macro_rules! run_store_impl {
+    ($store:ty, |$s:ident| signal: $signal:expr, changed_elsewhere: $changed:expr $(,)?) => {
+        impl $crate::RunStore for $store {
+            fn clock(&self) -> std::sync::Arc<dyn $crate::Clock> {
+                self.clock.clone()
+            }
+
+            fn signal(&self) -> $crate::Signal {
+                let $s = self;
+                $signal
+            }
+
+            fn changed_elsewhere(&mut self) -> Result<bool, $crate::StoreError> {
+                let $s = self;
+                $changed
+            }
+        }
+    };
+}
