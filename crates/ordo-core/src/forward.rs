@@ -13,7 +13,8 @@
 
 /// Implements [`Receive`](crate::Receive), [`ConsumerOps`](crate::ConsumerOps)
 /// and [`ConsumerStore`](crate::ConsumerStore) for a backend's consumer store
-/// `$store` (with a `conn` field and an inherent `domain()`), by calling:
+/// `$store` (with `conn` and `store_id` fields and an inherent `domain()`),
+/// by calling:
 /// `$inbox(&conn)`; `$receive::receive_batch(store, ..)`;
 /// `$ops::{inbox_entries, reopen_blocked, skip, repairs, consumer_status,
 /// prune_inbox}(store, ..)`; `$browse::{consumer_flows_page, inbox_entry_at,
@@ -37,6 +38,10 @@ macro_rules! consumer_store_impls {
         impl $crate::ConsumerOps for $store {
             fn domain(&self) -> &str {
                 <$store>::domain(self)
+            }
+
+            fn store_id(&self) -> &$crate::StoreId {
+                &self.store_id
             }
 
             fn inbox(&mut self) -> Result<Vec<$crate::InboxRecord>, $crate::StoreError> {
@@ -149,12 +154,22 @@ macro_rules! consumer_store_impls {
     };
 }
 
-/// The two browse reads of [`ProducerOps`](crate::ProducerOps), written
-/// inside a backend's `impl ProducerOps` block: they call
+/// The methods of [`ProducerOps`](crate::ProducerOps) that only forward,
+/// written inside a backend's `impl ProducerOps` block (for a store with
+/// `conn` and `store_id` fields and an inherent `domain()`): `domain`,
+/// `store_id`, and the two browse reads, which call
 /// `$browse::{producer_flows_page, flow_outbox_entries}(&conn, ..)`.
 #[macro_export]
-macro_rules! producer_browse_methods {
-    ($browse:ident) => {
+macro_rules! producer_ops_methods {
+    ($store:ty, $browse:ident) => {
+        fn domain(&self) -> &str {
+            <$store>::domain(self)
+        }
+
+        fn store_id(&self) -> &$crate::StoreId {
+            &self.store_id
+        }
+
         fn producer_flows_page(
             &mut self,
             prefix: &str,

@@ -26,6 +26,7 @@ pub mod envelope;
 pub mod error;
 mod forward;
 pub mod handler;
+pub mod identity;
 pub mod ids;
 pub mod ops;
 pub mod outcome;
@@ -40,6 +41,7 @@ pub use clock::{Clock, FixedClock, SystemClock};
 pub use envelope::{BodyHash, Envelope, EventType, MalformedEnvelope};
 pub use error::{AppendError, ErrorKind, RelayError, StoreError};
 pub use handler::{apply_in_order, ApplyContext, ApplyHandler, Verdict, DEFAULT_PRODUCER};
+pub use identity::StoreId;
 pub use ids::{BlockCode, DomainName, EventId, FlowId, RuleViolation, SchemaVersion, Seq};
 pub use outcome::{
     BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,

@@ -8,6 +8,7 @@ use crate::envelope::{BodyHash, Envelope};
 use crate::error::ErrorKind;
 use crate::error::{AppendError, StoreError};
 use crate::handler::ApplyHandler;
+use crate::identity::StoreId;
 use crate::ids::{BlockCode, EventId, FlowId, Seq};
 use crate::ops::{
     whole_read, ConsumerFlow, ConsumerStatus, InboxEntry, OutboxEntry, ProducerFlow,
@@ -64,6 +65,9 @@ pub const FLOWS_PAGE_LEN: usize = 1_024;
 pub trait ProducerOps {
     /// The domain that owns the store.
     fn domain(&self) -> &str;
+
+    /// The store's identity, fixed when it was created.
+    fn store_id(&self) -> &StoreId;
 
     /// Every outbox row, in commit order.
     fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError>;
@@ -242,6 +246,9 @@ pub trait Receive {
 pub trait ConsumerOps {
     /// The domain that owns the store.
     fn domain(&self) -> &str;
+
+    /// The store's identity, fixed when it was created.
+    fn store_id(&self) -> &StoreId;
 
     /// Every inbox row, ordered by flow id then seq.
     fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError>;

@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::time::Duration;
 
-use ordo_core::{ErrorKind, StoreError};
+use ordo_core::{ErrorKind, StoreError, StoreId};
 use postgres::types::ToSql;
 use postgres::{Client, Row, SimpleQueryMessage, Statement};
 
@@ -15,8 +15,15 @@ use crate::error::{commit_error, corrupt, kind_of, pg_error};
 use crate::tls::PgUrl;
 
 /// The version of ordo's own tables this build writes, per schema; a store
-/// with a newer one is refused.
-pub const SCHEMA_VERSION: i64 = 5;
+/// with a newer one is refused. Version 6 gave every store its identity.
+pub const SCHEMA_VERSION: i64 = 6;
+
+/// The migration to version 6, the same for both roles: the store's
+/// identity, given once (a store of an earlier release gets it at its first
+/// open by this one).
+pub(crate) const STORE_ID_MIGRATION: &str =
+    "INSERT INTO {s}.ordo_meta (key, value) VALUES ('store_id', replace(gen_random_uuid()::text, '-', ''))
+     ON CONFLICT (key) DO NOTHING;";
 
 /// The default schema of the producer's tables.
 pub const PRODUCER_SCHEMA_DEFAULT: &str = "ordo_producer";
@@ -575,6 +582,7 @@ pub(crate) fn check_schema_name(name: &str) -> Result<(), StoreError> {
 pub(crate) struct Opened {
     pub conn: PgTx,
     pub domain: String,
+    pub store_id: StoreId,
     pub owner: String,
 }
 
@@ -636,12 +644,22 @@ pub(crate) fn open(
         broken: Cell::new(false),
     };
     let context = format!("{schema}: cannot initialise");
-    let domain = conn.in_tx(&context, |tx| {
-        init(tx, &schema, role, tables, want, options)
+    let (domain, store_id) = conn.in_tx(&context, |tx| {
+        let domain = init(tx, &schema, role, tables, want, options)?;
+        let stored = tx
+            .row(
+                "cannot read the store's identity",
+                "SELECT value FROM {s}.ordo_meta WHERE key = 'store_id'",
+                &[],
+            )?
+            .map(|row| row.get(0));
+        let store_id = StoreId::stored(&format!("{schema}.ordo_meta"), stored)?;
+        Ok::<_, StoreError>((domain, store_id))
     })?;
     Ok(Opened {
         conn,
         domain,
+        store_id,
         owner,
     })
 }

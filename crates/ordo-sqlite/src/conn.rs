@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ordo_core::{ErrorKind, StoreError};
+use ordo_core::{ErrorKind, StoreError, StoreId};
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
@@ -17,8 +17,8 @@ pub const BUSY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// The version of ordo's own tables this build writes; a file with a newer
 /// one is refused. Version 1 files (the first release, which knew only the
 /// reservation domain) are upgraded once, and recorded as domain
-/// `reservation`.
-pub const SCHEMA_VERSION: i64 = 2;
+/// `reservation`; version 3 gave every store its identity.
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The domain of the first release's stores, which recorded none.
 pub const FIRST_RELEASE_DOMAIN: &str = "reservation";
@@ -483,6 +483,20 @@ pub(crate) fn existing_domain(path: &Path, role: Role) -> Result<Option<String>,
     )))
 }
 
+/// The identity a store records (every store opened by this build has one).
+pub(crate) fn read_store_id(conn: &Connection, path: &Path) -> Result<StoreId, StoreError> {
+    let display = path.display().to_string();
+    let stored = conn
+        .query_row(
+            "SELECT value FROM ordo_meta WHERE key = 'store_id'",
+            [],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(|e| sql_error(&format!("{display}: cannot read"), e))?;
+    StoreId::stored(&display, stored)
+}
+
 /// The domain a store records (every store opened by this build has one).
 pub(crate) fn read_domain(conn: &Connection, path: &Path) -> Result<String, StoreError> {
     crate::domain::stored_domain(conn)
@@ -717,6 +731,13 @@ fn init_schema(
         )
         .map_err(err)?;
     }
+    // Version 3: the store's identity, given once (a store of an earlier
+    // release gets it here, at its first open by this one).
+    tx.execute(
+        "INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('store_id', lower(hex(randomblob(16))))",
+        [],
+    )
+    .map_err(err)?;
     if state == FileState::Foreign || adopted_version(&tx, path)?.is_some() {
         tx.execute(
             "INSERT OR REPLACE INTO ordo_meta (key, value) VALUES ('schema_version', ?1)",

@@ -72,6 +72,7 @@ const TABLES: Tables = Tables {
 pub struct ProducerDb {
     conn: Connection,
     domain: String,
+    store_id: ordo_core::StoreId,
     wake: ordo_core::Signal,
     data_version: DataVersion,
     clock: Arc<dyn Clock>,
@@ -99,9 +100,11 @@ impl ProducerDb {
     ) -> Result<ProducerDb, StoreError> {
         let conn = open(path, Role::Producer, &TABLES, want, options)?;
         let domain = crate::conn::read_domain(&conn, path)?;
+        let store_id = crate::conn::read_store_id(&conn, path)?;
         Ok(ProducerDb {
             conn,
             domain,
+            store_id,
             wake: signal_for(path),
             data_version: DataVersion::default(),
             clock,
@@ -389,10 +392,6 @@ ordo_core::run_store_impl!(ProducerDb, |db|
 );
 
 impl ProducerOps for ProducerDb {
-    fn domain(&self) -> &str {
-        ProducerDb::domain(self)
-    }
-
     fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
         read_outbox(&self.conn)
     }
@@ -528,7 +527,7 @@ impl ProducerOps for ProducerDb {
         })
     }
 
-    ordo_core::producer_browse_methods!(browse);
+    ordo_core::producer_ops_methods!(ProducerDb, browse);
 }
 
 impl ProducerStore for ProducerDb {

@@ -48,6 +48,8 @@ pub(crate) const TABLES: Tables = Tables {
         // 5: nothing for the consumer (the producer's leases moved into
         // its heads).
         "SELECT 1;",
+        // 6: the store's identity.
+        crate::conn::STORE_ID_MIGRATION,
     ],
 };
 
@@ -112,6 +114,7 @@ CREATE TRIGGER repair_log_no_truncate BEFORE TRUNCATE ON {s}.repair_log
 pub struct PgConsumer {
     conn: PgTx,
     domain: String,
+    store_id: ordo_core::StoreId,
     clock: Arc<dyn Clock>,
     commits: u64,
     wake: Wake,
@@ -131,6 +134,7 @@ impl PgConsumer {
         Ok(PgConsumer {
             conn: opened.conn,
             domain: opened.domain,
+            store_id: opened.store_id,
             clock,
             commits: 0,
             wake,

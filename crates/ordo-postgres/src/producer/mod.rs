@@ -77,6 +77,7 @@ use sql::*;
 pub struct PgProducer {
     conn: PgTx,
     domain: String,
+    store_id: ordo_core::StoreId,
     clock: Arc<dyn Clock>,
     commits: u64,
     owner: String,
@@ -120,6 +121,7 @@ impl PgProducer {
             wake,
             conn: opened.conn,
             domain: opened.domain,
+            store_id: opened.store_id,
             clock,
             commits: 0,
             owner: opened.owner,

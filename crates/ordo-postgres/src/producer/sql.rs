@@ -49,6 +49,8 @@ pub(crate) const TABLES: Tables = Tables {
                 lease_expires_at_ms = l.expires_at_ms, lease_backend_pid = l.backend_pid
              FROM {s}.relay_lease l WHERE l.flow_id = h.flow_id;
          DROP TABLE {s}.relay_lease;",
+        // 6: the store's identity.
+        crate::conn::STORE_ID_MIGRATION,
     ],
 };
 

@@ -6,10 +6,6 @@ use crate::browse;
 use ordo_core::ProducerOps;
 
 impl ProducerOps for PgProducer {
-    fn domain(&self) -> &str {
-        PgProducer::domain(self)
-    }
-
     fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
         read_outbox(&self.conn)
     }
@@ -101,7 +97,7 @@ impl ProducerOps for PgProducer {
         })
     }
 
-    ordo_core::producer_browse_methods!(browse);
+    ordo_core::producer_ops_methods!(PgProducer, browse);
 }
 
 impl ProducerStore for PgProducer {

@@ -35,6 +35,7 @@ use crate::watch::{signal_for, DataVersion};
 pub struct ConsumerDb {
     conn: Connection,
     domain: String,
+    store_id: ordo_core::StoreId,
     wake: ordo_core::Signal,
     data_version: DataVersion,
     clock: Arc<dyn Clock>,
@@ -52,9 +53,11 @@ impl ConsumerDb {
     ) -> Result<ConsumerDb, StoreError> {
         let conn = open(path, Role::Consumer, &schema::TABLES, want, options)?;
         let domain = crate::conn::read_domain(&conn, path)?;
+        let store_id = crate::conn::read_store_id(&conn, path)?;
         Ok(ConsumerDb {
             conn,
             domain,
+            store_id,
             wake: signal_for(path),
             data_version: DataVersion::default(),
             clock,

@@ -729,6 +729,10 @@ impl<C: ReservationConsumer> ConsumerOps for Flaky<C> {
         self.inner.domain()
     }
 
+    fn store_id(&self) -> &ordo_core::StoreId {
+        self.inner.store_id()
+    }
+
     fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
         self.inner.inbox()
     }

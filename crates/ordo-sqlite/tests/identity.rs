@@ -1,0 +1,96 @@
+//! Every store has an identity (PROTOCOL.md section 12): 32 lowercase
+//! hexadecimal digits given when the store is created, its own, kept
+//! across opens; a store of the second release is given one at its first
+//! open by this release, and keeps it after.
+
+use std::path::Path;
+
+use ordo_core::{ConsumerOps, ProducerOps, StoreId};
+use ordo_sqlite::{ConsumerDb, ProducerDb, Schema, SCHEMA_VERSION};
+use rusqlite::Connection;
+
+fn schema() -> Schema {
+    Schema::new("identity").unwrap()
+}
+
+/// Opens (or creates) the producer store (`producer`) or the consumer
+/// store at `path`, and returns its identity.
+fn open(producer: bool, path: &Path) -> StoreId {
+    if producer {
+        ProducerDb::open(path, &schema())
+            .unwrap()
+            .store_id()
+            .clone()
+    } else {
+        ConsumerDb::open(path, &schema())
+            .unwrap()
+            .store_id()
+            .clone()
+    }
+}
+
+fn stored_id(path: &Path) -> Option<String> {
+    Connection::open(path)
+        .unwrap()
+        .query_row(
+            "SELECT value FROM ordo_meta WHERE key = 'store_id'",
+            [],
+            |row| row.get(0),
+        )
+        .ok()
+}
+
+#[test]
+fn every_store_has_an_identity_of_its_own_kept_across_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name);
+    let producer = open(true, &at("p.db"));
+    assert_eq!(open(true, &at("p.db")), producer, "reopened");
+    assert_eq!(stored_id(&at("p.db")).as_deref(), Some(producer.as_str()));
+    let consumer = open(false, &at("c.db"));
+    assert_eq!(open(false, &at("c.db")), consumer, "reopened");
+    let second_producer = open(true, &at("p2.db"));
+    assert_ne!(producer, consumer);
+    assert_ne!(producer, second_producer);
+}
+
+#[test]
+fn a_second_release_store_is_given_an_identity_at_its_first_open() {
+    let dir = tempfile::tempdir().unwrap();
+    for producer in [true, false] {
+        let path = dir.path().join(if producer { "p.db" } else { "c.db" });
+        let created = open(producer, &path);
+        // The second release's file: the same tables at version 2, no identity.
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("DELETE FROM ordo_meta WHERE key = 'store_id'; PRAGMA user_version = 2;")
+            .unwrap();
+        assert_eq!(stored_id(&path), None);
+        let given = open(producer, &path);
+        assert_ne!(given, created, "a new identity, not a remembered one");
+        assert_eq!(stored_id(&path).as_deref(), Some(given.as_str()));
+        assert_eq!(open(producer, &path), given, "kept after");
+        let version: i64 = Connection::open(&path)
+            .unwrap()
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+}
+
+#[test]
+fn a_damaged_identity_is_refused_as_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    open(true, &path);
+    Connection::open(&path)
+        .unwrap()
+        .execute(
+            "UPDATE ordo_meta SET value = 'not-an-id' WHERE key = 'store_id'",
+            [],
+        )
+        .unwrap();
+    let err = ProducerDb::open(&path, &schema()).err().expect("refused");
+    assert_eq!(err.kind(), ordo_core::ErrorKind::Corrupt, "{err}");
+    assert!(err.to_string().contains("\"not-an-id\""), "{err}");
+}
