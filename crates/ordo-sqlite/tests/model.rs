@@ -1997,6 +1997,31 @@ fn a_fixed_history_through_every_operation() {
         schema,
     };
     let advance = |flow, schema| Advance(spec(flow, SeqGuess::Exact, QtyGuess::Same, schema));
+    let deliver = |picks: &[usize]| Deliver {
+        picks: picks.to_vec(),
+        respell: false,
+    };
+    let respelled = |picks: &[usize]| Deliver {
+        picks: picks.to_vec(),
+        respell: true,
+    };
+    let apply = |flow| Apply {
+        flow,
+        support_v2: false,
+    };
+    let apply_v2 = |flow| Apply {
+        flow,
+        support_v2: true,
+    };
+    let fair = |batch_len_max| RelayFair {
+        max: None,
+        batch_len_max,
+    };
+    let process_all = |support_v2, batch_len_max| ProcessAll {
+        limit: None,
+        support_v2,
+        batch_len_max,
+    };
     let history: Vec<(Op, &str)> = vec![
         (advance(0, 1), "to=reserved quantity=Some(5) schema=1 -> Committed"),
         (
@@ -2030,18 +2055,11 @@ fn a_fixed_history_through_every_operation() {
         ),
         (CrashReopen, "crash"),
         (
-            Deliver {
-                picks: vec![8, 7, 17, 6],
-                respell: false,
-            },
+            deliver(&[8, 7, 17, 6]),
             r#"["f2-3", "f1-3", "f2-3", "f2-2"] -> [Accepted, Accepted, Duplicate, Accepted]"#,
         ),
         (
-            ProcessAll {
-                limit: None,
-                support_v2: false,
-                batch_len_max: 1,
-            },
+            process_all(false, 1),
             "[f0 3 Idle, f1 0 Blocked(unsupported_schema), f2 1 Blocked(invalid_transition)]",
         ),
         (Relay { max: Some(2) }, "[f2-1 conflict] drained"),
@@ -2054,37 +2072,12 @@ fn a_fixed_history_through_every_operation() {
             },
             "-> [f1 1 Limit]",
         ),
-        (
-            Apply {
-                flow: 1,
-                support_v2: true,
-            },
-            "-> Gap { missing: Seq(2) }",
-        ),
-        (
-            Deliver {
-                picks: vec![5, 0],
-                respell: true,
-            },
-            r#"respelled ["f1-2", "f0-1"] -> [Accepted, Duplicate]"#,
-        ),
+        (apply_v2(1), "-> Gap { missing: Seq(2) }"),
+        (respelled(&[5, 0]), r#"respelled ["f1-2", "f0-1"] -> [Accepted, Duplicate]"#),
         // f1 was served in round 4, f2 in round 6: f1 first; then both in
         // round 7, so by flow id. f2-1 is quarantined: f2's head is f2-2.
-        (
-            RelayFair {
-                max: None,
-                batch_len_max: 256,
-            },
-            "[f1-2 duplicate, f2-2 duplicate, f1-3 duplicate, f2-3 duplicate] drained",
-        ),
-        (
-            ProcessAll {
-                limit: None,
-                support_v2: true,
-                batch_len_max: 256,
-            },
-            "[f1 2 Idle, f2 0 Blocked(invalid_transition)]",
-        ),
+        (fair(256), "[f1-2 duplicate, f2-2 duplicate, f1-3 duplicate, f2-3 duplicate] drained"),
+        (process_all(true, 256), "[f1 2 Idle, f2 0 Blocked(invalid_transition)]"),
         (advance(0, 1), "-> InvalidTransition(Released, Reserved)"),
         (
             Advance(AdvanceSpec {
@@ -2098,13 +2091,7 @@ fn a_fixed_history_through_every_operation() {
         ),
         (CrashReopen, "crash"),
         (Relay { max: None }, "[f2-1 conflict] drained"),
-        (
-            RelayFair {
-                max: None,
-                batch_len_max: 1,
-            },
-            "[] drained",
-        ),
+        (fair(1), "[] drained"),
         (RelayEvent { pick: 0 }, "[f0-1 duplicate] drained"),
         (
             ApplyBatch {
@@ -2116,13 +2103,7 @@ fn a_fixed_history_through_every_operation() {
         ),
         // The operator's tools. f2: the forged f2-1 applied, f2-2 blocked.
         (Skip { flow: 2, at: SeqGuess::Exact }, "skip f2 seq=2 -> skipped f2-2"),
-        (
-            Apply {
-                flow: 2,
-                support_v2: false,
-            },
-            "Blocked { seq: 3, reason: invalid_transition }",
-        ),
+        (apply(2), "Blocked { seq: 3, reason: invalid_transition }"),
         (ReopenBlocked { flow: 2 }, "reopen blocked f2 -> 1"),
         (Skip { flow: 2, at: SeqGuess::Behind }, "AlreadySettled"),
         (
@@ -2132,13 +2113,7 @@ fn a_fixed_history_through_every_operation() {
             },
             "retry f2-1 -> Ok(())",
         ),
-        (
-            RelayFair {
-                max: None,
-                batch_len_max: 256,
-            },
-            "[f2-1 conflict] drained",
-        ),
+        (fair(256), "[f2-1 conflict] drained"),
         // Everything applied or skipped so far: f0 1-3, f1 1-3, f2 1-2.
         (
             Prune {
@@ -2147,13 +2122,7 @@ fn a_fixed_history_through_every_operation() {
             },
             "Pruned { rows: 8, fingerprints: 8 }",
         ),
-        (
-            Deliver {
-                picks: vec![0, 4],
-                respell: false,
-            },
-            r#"["f0-1", "f2-1"] -> [Duplicate, Conflict]"#,
-        ),
+        (deliver(&[0, 4]), r#"["f0-1", "f2-1"] -> [Duplicate, Conflict]"#),
         (
             Forge {
                 flow: 0,
@@ -2173,13 +2142,7 @@ fn a_fixed_history_through_every_operation() {
         ),
         (RelayEvent { pick: 0 }, "relay --event f0-1 -> unknown event"),
         (CrashReopen, "crash"),
-        (
-            Deliver {
-                picks: vec![1],
-                respell: true,
-            },
-            r#"respelled ["f0-2"] -> [Duplicate]"#,
-        ),
+        (respelled(&[1]), r#"respelled ["f0-2"] -> [Duplicate]"#),
     ];
     let ops: Vec<Op> = history.iter().map(|(op, _)| op.clone()).collect();
     let (log, state) = run_history(&ops);
