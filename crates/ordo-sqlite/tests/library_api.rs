@@ -63,6 +63,15 @@ fn statuses(consumer: &mut ConsumerDb) -> Vec<(String, InboxStatus)> {
         .collect()
 }
 
+#[track_caller]
+fn assert_statuses(consumer: &mut ConsumerDb, expected: &[(&str, InboxStatus)]) {
+    let expected: Vec<(String, InboxStatus)> = expected
+        .iter()
+        .map(|(id, status)| (id.to_string(), status.clone()))
+        .collect();
+    assert_eq!(statuses(consumer), expected);
+}
+
 fn orders_schema() -> Schema {
     Schema::new("orders")
         .unwrap()
@@ -83,6 +92,11 @@ fn ledger_consumer(dir: &Path) -> ConsumerDb {
 }
 
 const NEGATIVE_AMOUNT: BlockCode = BlockCode::from_static("negative_amount");
+
+/// The status of an event the ledger blocked for its negative amount.
+fn negative() -> InboxStatus {
+    InboxStatus::Blocked(BlockReason::code(NEGATIVE_AMOUNT))
+}
 
 /// Keeps a ledger in the consumer file; blocks negative amounts with its own
 /// code; fails with a busy storage error on an amount of 13.
@@ -250,16 +264,13 @@ fn a_handlers_writes_commit_with_the_inbox_mark_or_roll_back() {
         count(consumer.connection(), "SELECT count(*) FROM ledger"),
         1
     );
-    assert_eq!(
-        statuses(&mut consumer),
-        vec![
-            ("acct-1".to_owned(), InboxStatus::Applied),
-            ("acct-2".to_owned(), InboxStatus::Skipped),
-            (
-                "acct-3".to_owned(),
-                InboxStatus::Blocked(BlockReason::code(NEGATIVE_AMOUNT))
-            ),
-        ]
+    assert_statuses(
+        &mut consumer,
+        &[
+            ("acct-1", InboxStatus::Applied),
+            ("acct-2", InboxStatus::Skipped),
+            ("acct-3", negative()),
+        ],
     );
 }
 
@@ -300,16 +311,16 @@ fn a_block_in_a_batch_undoes_only_the_blocked_events_writes() {
         ),
         ["a-1", "a-2", "b-1", "c-1"]
     );
-    assert_eq!(
-        statuses(&mut consumer),
-        vec![
-            ("a-1".to_owned(), InboxStatus::Applied),
-            ("a-2".to_owned(), InboxStatus::Applied),
-            ("b-1".to_owned(), InboxStatus::Applied),
-            ("b-2".to_owned(), InboxStatus::Blocked(blocked)),
-            ("b-3".to_owned(), InboxStatus::Pending),
-            ("c-1".to_owned(), InboxStatus::Applied),
-        ]
+    assert_statuses(
+        &mut consumer,
+        &[
+            ("a-1", InboxStatus::Applied),
+            ("a-2", InboxStatus::Applied),
+            ("b-1", InboxStatus::Applied),
+            ("b-2", InboxStatus::Blocked(blocked)),
+            ("b-3", InboxStatus::Pending),
+            ("c-1", InboxStatus::Applied),
+        ],
     );
 }
 
@@ -492,13 +503,13 @@ fn a_custom_block_code_and_detail_are_stored_and_listed_with_the_body_unchanged(
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].envelope.stored_text(), over.stored_text());
     assert_eq!(one[0].settled_at_ms, None);
-    assert_eq!(
-        statuses(&mut consumer),
-        vec![
-            ("a-1".to_owned(), InboxStatus::Blocked(reason)),
-            ("b-1".to_owned(), InboxStatus::Blocked(cut)),
-            ("c-1".to_owned(), InboxStatus::Applied),
-        ]
+    assert_statuses(
+        &mut consumer,
+        &[
+            ("a-1", InboxStatus::Blocked(reason)),
+            ("b-1", InboxStatus::Blocked(cut)),
+            ("c-1", InboxStatus::Applied),
+        ],
     );
     let stored = strings(
         consumer.connection(),
@@ -610,18 +621,15 @@ fn rows_blocked_with_a_code_the_handler_reevaluates_are_offered_again_and_others
             ("d".to_owned(), 1, DrainStop::Idle)
         ]
     );
-    assert_eq!(
-        statuses(&mut consumer),
-        vec![
-            ("a-1".to_owned(), InboxStatus::Applied),
-            ("a-2".to_owned(), InboxStatus::Applied),
-            (
-                "b-1".to_owned(),
-                InboxStatus::Blocked(BlockReason::code(NEGATIVE_AMOUNT))
-            ),
-            ("c-1".to_owned(), InboxStatus::Applied),
-            ("d-1".to_owned(), InboxStatus::Applied),
-        ]
+    assert_statuses(
+        &mut consumer,
+        &[
+            ("a-1", InboxStatus::Applied),
+            ("a-2", InboxStatus::Applied),
+            ("b-1", negative()),
+            ("c-1", InboxStatus::Applied),
+            ("d-1", InboxStatus::Applied),
+        ],
     );
     assert_eq!(
         consumer.flows_with_work(new.reevaluate()).unwrap(),
