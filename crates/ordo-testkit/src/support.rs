@@ -42,6 +42,24 @@ pub fn seq(value: i64) -> Seq {
     Seq::new(value).expect("test seq")
 }
 
+/// The step one `apply_next` of `flow_id` reports; panics on a store error.
+pub fn apply_step<C: ReservationConsumer + ?Sized>(
+    consumer: &mut C,
+    flow_id: &str,
+    options: ApplyOptions,
+) -> Step {
+    consumer
+        .apply_next(&flow(flow_id), options)
+        .expect("apply_next")
+}
+
+/// The step of an apply that applied event `seq_value` of its flow.
+pub fn applied_at(seq_value: i64) -> Step {
+    Step::Applied {
+        seq: seq(seq_value),
+    }
+}
+
 /// The step of an apply that found event `seq_value` of its flow blocked
 /// with `reason`.
 pub fn blocked_at(seq_value: i64, reason: BlockReason) -> Step {
@@ -75,6 +93,19 @@ pub fn envelope(
         "payload": payload,
     });
     Envelope::from_value(value).expect("test envelope is well formed")
+}
+
+/// An [`envelope`] whose payload is `{"amount": amount}`.
+pub fn amount_event(
+    event_id: &str,
+    flow_id: &str,
+    seq: i64,
+    schema_version: i64,
+    event_type: &str,
+    amount: i64,
+) -> Envelope {
+    let payload = serde_json::json!({ "amount": amount });
+    envelope(event_id, flow_id, seq, schema_version, event_type, payload)
 }
 
 /// Parses envelope text through the strict codec; panics if malformed.

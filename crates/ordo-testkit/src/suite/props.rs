@@ -132,7 +132,7 @@ impl ConsumerModel {
     fn expected_step(&self, f: usize) -> Step {
         let next = self.applied[f] + 1;
         if self.received[f].contains(&next) {
-            Step::Applied { seq: seq(next) }
+            applied_at(next)
         } else if self.received[f].iter().any(|s| *s > next) {
             Step::Gap { missing: seq(next) }
         } else {
