@@ -127,15 +127,15 @@ pub fn state_of_step(seq: i64) -> FlowState {
 /// quantity `qty` in schema 1: the id the producer gives it, the step's type
 /// and `{"amount": qty}`.
 pub fn reservation_event(flow_id: &str, seq: i64, qty: i64) -> Envelope {
-    let id = ordo_core::EventId::for_seq(&flow(flow_id), self::seq(seq));
-    envelope(
-        id.as_str(),
-        flow_id,
-        seq,
-        1,
-        state_of_step(seq).as_str(),
-        serde_json::json!({ "amount": qty }),
-    )
+    let payload = serde_json::json!({ "amount": qty });
+    event_at(flow_id, seq, state_of_step(seq).as_str(), payload)
+}
+
+/// An event of `flow_id` at `seq` in schema 1, under the id a producer
+/// gives it ([`EventId::for_seq`]).
+pub fn event_at(flow_id: &str, seq: i64, event_type: &str, payload: Value) -> Envelope {
+    let id = EventId::for_seq(&flow(flow_id), self::seq(seq));
+    envelope(id.as_str(), flow_id, seq, 1, event_type, payload)
 }
 
 /// The three events of a reservation flow, in seq order.
