@@ -21,8 +21,8 @@ use ordo_postgres::postgres::Client;
 use ordo_postgres::{PgConsumer, PgTx};
 use ordo_runtime::{Runner, RunnerOptions};
 use ordo_testkit::support::event_at;
+use support::fresh_database;
 use support::workers::{append, client, consumer, flow, producer, wait_until};
-use support::{database_for, url};
 
 const BOUND: Duration = Duration::from_secs(10);
 /// How long a notification that should not come is waited for.
@@ -75,8 +75,7 @@ fn heard(store: &mut impl RunStore, what: &str) {
 
 #[test]
 fn a_receive_through_one_handle_is_heard_by_another_once_per_batch() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_dir, target) = fresh_database();
     let mut watcher = consumer(&target, "watcher");
     let mut receiver = consumer(&elsewhere(&target), "receiver");
     assert_eq!(watcher.notify_channel(), "ordo_inbox_ordo_testkit");
@@ -99,8 +98,7 @@ fn a_receive_through_one_handle_is_heard_by_another_once_per_batch() {
 
 #[test]
 fn a_batch_of_duplicates_and_conflicts_does_not_notify() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_dir, target) = fresh_database();
     let mut watcher = consumer(&target, "watcher");
     let mut receiver = consumer(&elsewhere(&target), "receiver");
     let mut raw = listening(&target, receiver.notify_channel());
@@ -124,8 +122,7 @@ fn a_batch_of_duplicates_and_conflicts_does_not_notify() {
 
 #[test]
 fn an_append_through_one_handle_is_heard_by_another_once_per_transaction() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_dir, target) = fresh_database();
     let mut watcher = producer(&target, "watcher", LEASE_MS);
     let mut appender = producer(&elsewhere(&target), "appender", LEASE_MS);
     assert_eq!(watcher.notify_channel(), "ordo_outbox_ordo_producer");
@@ -163,8 +160,7 @@ fn an_append_through_one_handle_is_heard_by_another_once_per_transaction() {
 
 #[test]
 fn a_handle_passes_by_what_its_signal_already_raised() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_dir, target) = fresh_database();
     let mut watcher = consumer(&target, "watcher");
     let mut sibling = consumer(&target, "sibling");
     let mut raw = listening(&target, watcher.notify_channel());
@@ -199,8 +195,7 @@ fn listener_pid(c: &mut Client, store: &PgConsumer) -> Option<i32> {
 
 #[test]
 fn a_lost_listener_is_reported_once_then_opened_again_and_a_dropped_one_ends() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_dir, target) = fresh_database();
     let mut watcher = consumer(&target, "watcher");
     let mut receiver = consumer(&elsewhere(&target), "receiver");
     let mut admin = client(&target);
@@ -305,8 +300,7 @@ fn woken_by_child<T>(
 
 #[test]
 fn an_idle_relay_loop_wakes_on_another_process_append_long_before_its_poll() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_dir, target) = fresh_database();
     let start = |runner: &mut Runner, relayed: mpsc::Sender<u64>| {
         let observe = move |round: &ordo_runtime::RelayRound| {
             relayed.send(round.totals.accepted).unwrap();
@@ -324,8 +318,7 @@ fn an_idle_relay_loop_wakes_on_another_process_append_long_before_its_poll() {
 
 #[test]
 fn an_idle_apply_loop_wakes_on_another_process_receive_long_before_its_poll() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_dir, target) = fresh_database();
     let start = |runner: &mut Runner, applied: mpsc::Sender<String>| {
         let handler = move |_: &mut ApplyContext<PgTx>, e: &Envelope| {
             applied.send(e.flow_id.to_string()).unwrap();
