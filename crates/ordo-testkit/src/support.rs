@@ -637,6 +637,21 @@ pub fn outbox_entry<P: ProducerStore + ReservationProducer + ?Sized>(
         .unwrap_or_else(|| panic!("{} is not in the outbox", event.event_id))
 }
 
+/// Asserts that an outbox row is quarantined, not accepted, and says why
+/// in a reason that is not blank.
+#[track_caller]
+pub fn assert_quarantined(entry: &OutboxEntry) {
+    assert!(
+        entry.quarantined && !entry.accepted,
+        "a quarantined row, never accepted: {entry:?}"
+    );
+    let reason = entry.quarantine_reason.as_deref();
+    assert!(
+        reason.is_some_and(|r| !r.trim().is_empty()),
+        "a quarantine has a reason: {entry:?}"
+    );
+}
+
 /// Every inbox row with its times, ordered by flow then seq.
 pub fn inbox_entries<C: ReservationConsumer + ?Sized>(consumer: &mut C) -> Vec<InboxEntry> {
     consumer

@@ -296,14 +296,7 @@ pub fn relay_fair_conflict_quarantines_only_that_event<B: Backend>(dir: &Path) {
         );
     }
     let a1_entry = outbox_entry(&mut p, &a1);
-    assert!(a1_entry.quarantined && !a1_entry.accepted, "{a1_entry:?}");
-    assert!(
-        a1_entry
-            .quarantine_reason
-            .as_deref()
-            .is_some_and(|r| !r.trim().is_empty()),
-        "a quarantine has a reason: {a1_entry:?}"
-    );
+    assert_quarantined(&a1_entry);
     assert_eq!(
         (a1_entry.attempts, a1_entry.last_outcome.as_deref()),
         (1, Some("conflict"))
@@ -446,17 +439,7 @@ pub fn record_receipts_moves_custody_or_quarantines<B: Backend>(dir: &Path) {
         assert_eq!(entry.created_at_ms, T0);
     }
     let conflicted = &entries[2];
-    assert!(
-        conflicted.quarantined && !conflicted.accepted,
-        "a conflict quarantines, never accepts: {conflicted:?}"
-    );
-    assert!(
-        conflicted
-            .quarantine_reason
-            .as_deref()
-            .is_some_and(|r| !r.trim().is_empty()),
-        "{conflicted:?}"
-    );
+    assert_quarantined(conflicted);
     assert_eq!(
         (
             conflicted.attempts,
