@@ -61,55 +61,33 @@ pub fn skip_refusals_write_nothing<B: Backend>(dir: &Path) {
     let entries = inbox_entries(&mut c);
     let status = c.consumer_status().unwrap();
 
+    // Each refused skip: its flow, seq and reason, and why it is refused.
+    enum Refused {
+        Settled { applied_seq: i64 },
+        NotNext { next: i64 },
+        NotStored,
+    }
+    use Refused::*;
     let refusals = [
-        (
-            skip_request("s", 1, "again", "ops"),
-            SkipRefused::AlreadySettled {
-                flow_id: flow("s"),
-                seq: seq(1),
-                applied_seq: 1,
-            },
-        ),
-        (
-            skip_request("s", 3, "not stored, not next", "ops"),
-            SkipRefused::NotNext {
-                flow_id: flow("s"),
-                seq: seq(3),
-                next: 2,
-            },
-        ),
-        (
-            skip_request("s", 4, "stored, not next", "ops"),
-            SkipRefused::NotNext {
-                flow_id: flow("s"),
-                seq: seq(4),
-                next: 2,
-            },
-        ),
-        (
-            skip_request("g", 1, "the gap itself", "ops"),
-            SkipRefused::NotStored {
-                flow_id: flow("g"),
-                seq: seq(1),
-            },
-        ),
-        (
-            skip_request("g", 2, "past the gap", "ops"),
-            SkipRefused::NotNext {
-                flow_id: flow("g"),
-                seq: seq(2),
-                next: 1,
-            },
-        ),
-        (
-            skip_request("none", 1, "nothing received", "ops"),
-            SkipRefused::NotStored {
-                flow_id: flow("none"),
-                seq: seq(1),
-            },
-        ),
+        ("s", 1, "again", Settled { applied_seq: 1 }),
+        ("s", 3, "not stored, not next", NotNext { next: 2 }),
+        ("s", 4, "stored, not next", NotNext { next: 2 }),
+        ("g", 1, "the gap itself", NotStored),
+        ("g", 2, "past the gap", NotNext { next: 1 }),
+        ("none", 1, "nothing received", NotStored),
     ];
-    for (request, refused) in refusals {
+    for (flow_id, seq_value, reason, refused) in refusals {
+        let request = skip_request(flow_id, seq_value, reason, "ops");
+        let (flow_id, seq) = (flow(flow_id), seq(seq_value));
+        let refused = match refused {
+            Settled { applied_seq } => SkipRefused::AlreadySettled {
+                flow_id,
+                seq,
+                applied_seq,
+            },
+            NotNext { next } => SkipRefused::NotNext { flow_id, seq, next },
+            NotStored => SkipRefused::NotStored { flow_id, seq },
+        };
         assert_eq!(
             skip_at(&mut c, &clock, &request, T0 + 100).unwrap(),
             Err(refused),
