@@ -10,7 +10,8 @@ mod common;
 use ordo_reservation::ReservationProducer;
 use std::time::{Duration, Instant};
 
-use common::{envelope, keys, reservation, sorted, Lab, Out, ENVELOPE_KEYS};
+use common::{envelope, keys, reservation, sorted, Lab, Out};
+use ordo_core::envelope::FIELDS as ENVELOPE_KEYS;
 use ordo_sqlite::rusqlite;
 use serde_json::{json, Value};
 
