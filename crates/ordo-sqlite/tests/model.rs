@@ -1600,6 +1600,20 @@ fn drains_text(drains: &[Drain]) -> String {
 
 const SIDES: &str = "(left: the stores, right: the model)";
 
+/// Asserts that the stores (`got`) and the model (`expect`) agree on an
+/// operation's outcome, and returns the operation's log line.
+#[track_caller]
+fn agreed<T: PartialEq + std::fmt::Debug>(got: T, expect: T, line: String) -> String {
+    assert_eq!(got, expect, "{line} {SIDES}");
+    line
+}
+
+/// One run of the relay over the stores, with `policy` and its limits.
+fn relay_stores(r: &mut Real, policy: RelayPolicy, max: Option<u64>, batch: usize) -> RelayReport {
+    let options = relay_options(policy, max, batch);
+    relay(&mut r.producer, &mut r.consumer, &options, &r.clock).expect("relay")
+}
+
 /// Runs one operation on both sides, compares the outcomes, and returns the
 /// resolved operation and its outcome for the log.
 fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
@@ -1621,8 +1635,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 "advance {name} expected_seq={expected_seq} to={} quantity={quantity:?} schema={} -> {expect:?}",
                 STATES[to], spec.schema
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::AdvanceBatch(specs) => {
             let mut requests = Vec::new();
@@ -1650,37 +1663,22 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 .into_iter()
                 .map(advance_outcome)
                 .collect();
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Relay { max } => {
             let expect = model.relay_first_pending(*max);
-            let got = relay(
-                &mut r.producer,
-                &mut r.consumer,
-                &relay_options(RelayPolicy::FirstPending, *max, 1),
-                &r.clock,
-            )
-            .expect("relay");
+            let got = relay_stores(r, RelayPolicy::FirstPending, *max, 1);
             let line = format!("relay max={max:?} -> {}", report_text(&expect));
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::RelayFair { max, batch_len_max } => {
             let expect = model.relay_fair(*max, *batch_len_max);
-            let got = relay(
-                &mut r.producer,
-                &mut r.consumer,
-                &relay_options(RelayPolicy::Fair, *max, *batch_len_max),
-                &r.clock,
-            )
-            .expect("relay");
+            let got = relay_stores(r, RelayPolicy::Fair, *max, *batch_len_max);
             let line = format!(
                 "relay fair max={max:?} batch_len_max={batch_len_max} -> {}",
                 report_text(&expect)
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::RelayEvent { pick } => {
             let event_id = model.pick(*pick);
@@ -1695,8 +1693,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 "relay --event {event_id} -> {}",
                 expect.as_ref().map_or("unknown event".into(), report_text)
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Deliver { picks, respell } => {
             let batch: Vec<Event> = if model.committed.is_empty() {
@@ -1722,8 +1719,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 if *respell { " respelled" } else { "" },
                 batch.iter().map(|e| &e.event_id).collect::<Vec<_>>()
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Forge {
             flow,
@@ -1742,8 +1738,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
             let envelope = event.envelope();
             let got = r.consumer.receive(&envelope).expect("receive");
             let line = format!("forge {} -> {expect}", envelope.stored_text());
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Apply { flow, support_v2 } => {
             let name = FLOWS[*flow];
@@ -1759,8 +1754,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 step => format!("{step:?}"),
             };
             let line = format!("apply {name} support_v2={support_v2} -> {outcome}");
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Drain {
             flow,
@@ -1783,8 +1777,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 "drain {name} limit={limit:?} support_v2={support_v2} batch_len_max={batch_len_max} -> {}",
                 drains_text(std::slice::from_ref(&expect))
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::ApplyBatch {
             flows,
@@ -1808,8 +1801,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 "apply_batch {flows:?} events_max={events_max} support_v2={support_v2} -> {}",
                 drains_text(&expect)
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::ProcessAll {
             limit,
@@ -1825,8 +1817,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 "process_all limit={limit:?} support_v2={support_v2} batch_len_max={batch_len_max} -> {}",
                 drains_text(&expect)
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::RetryQuarantined { pick, quarantined } => {
             let held: Vec<&OutRow> = model.outbox.iter().filter(|row| row.quarantined).collect();
@@ -1841,8 +1832,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 .retry_quarantined(&EventId::new(event_id.as_str()).unwrap())
                 .expect("retry_quarantined");
             let line = format!("retry {event_id} -> {expect:?}");
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::ReopenBlocked { flow } => {
             let name = FLOWS[*flow];
@@ -1852,8 +1842,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 .reopen_blocked(&FlowId::new(name).unwrap())
                 .expect("reopen_blocked");
             let line = format!("reopen blocked {name} -> {expect}");
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Skip { flow, at } => {
             let name = FLOWS[*flow];
@@ -1879,8 +1868,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                     Err(refused) => format!("{refused:?}"),
                 }
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Prune { consumer, age } => {
             let cutoff = model.now - age * TICK;
