@@ -1037,11 +1037,9 @@ fn a_store_of_another_domain_or_of_newer_tables_is_refused_untouched() {
     assert_eq!(existing.unwrap().domain(), "ledger");
 }
 
-/// The first release's consumer tables, as it created them.
+/// The first release's consumer tables, as it created them (after the
+/// header [`first_release_file`] writes).
 const FIRST_RELEASE_CONSUMER: &str = "
-CREATE TABLE ordo_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-INSERT INTO ordo_meta (key, value) VALUES ('role', 'consumer');
-PRAGMA user_version = 1;
 CREATE TABLE IF NOT EXISTS inbox (
     event_id       TEXT    PRIMARY KEY,
     flow_id        TEXT    NOT NULL,
@@ -1104,11 +1102,9 @@ CREATE TABLE IF NOT EXISTS effect (
 ) WITHOUT ROWID;
 ";
 
-/// The first release's producer tables, as it created them.
+/// The first release's producer tables, as it created them (after the
+/// header [`first_release_file`] writes).
 const FIRST_RELEASE_PRODUCER: &str = "
-CREATE TABLE ordo_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-INSERT INTO ordo_meta (key, value) VALUES ('role', 'producer');
-PRAGMA user_version = 1;
 CREATE TABLE IF NOT EXISTS outbox (
     position           INTEGER PRIMARY KEY,
     event_id           TEXT    NOT NULL UNIQUE,
@@ -1151,10 +1147,18 @@ fn reservation(flow_id: &str, at: i64, state: &str, amount: i64) -> Envelope {
     event(flow_id, at, state, amount)
 }
 
-fn first_release_file(path: &Path, tables: &str) -> Connection {
+/// A file as the first release created it for `role`: its meta table, its
+/// version, then its `tables`.
+fn first_release_file(path: &Path, role: &str, tables: &str) -> Connection {
     let conn = Connection::open(path).unwrap();
     conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
         .unwrap();
+    conn.execute_batch(&format!(
+        "CREATE TABLE ordo_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+         INSERT INTO ordo_meta (key, value) VALUES ('role', '{role}');
+         PRAGMA user_version = 1;"
+    ))
+    .unwrap();
     conn.execute_batch(tables).unwrap();
     conn
 }
@@ -1173,7 +1177,7 @@ fn a_first_release_consumer_store_opens_as_reservation_and_applying_continues() 
         ),
     ];
     {
-        let conn = first_release_file(&path, FIRST_RELEASE_CONSUMER);
+        let conn = first_release_file(&path, "consumer", FIRST_RELEASE_CONSUMER);
         for (e, status, reason) in &rows {
             conn.execute(
                 "INSERT INTO inbox (event_id, flow_id, seq, schema_version, type, body, body_hash,
@@ -1268,7 +1272,7 @@ fn a_first_release_producer_store_opens_as_reservation_and_appending_continues()
         reservation("r1", 2, "confirmed", 5),
     ];
     {
-        let conn = first_release_file(&path, FIRST_RELEASE_PRODUCER);
+        let conn = first_release_file(&path, "producer", FIRST_RELEASE_PRODUCER);
         for (accepted, e) in [(1, &events[0]), (0, &events[1])] {
             conn.execute(
                 "INSERT INTO outbox (event_id, flow_id, seq, schema_version, type, body,
