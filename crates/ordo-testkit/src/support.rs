@@ -6,6 +6,7 @@ use ordo_reservation::{
     Advance, AdvanceRequest, ApplyOptions, EffectRecord, FlowRecord, FlowState, Projection,
     Quantity, ReservationConsumer, ReservationProducer,
 };
+use std::borrow::Borrow;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -279,13 +280,16 @@ pub fn flow_effects<C: ReservationConsumer + ?Sized>(
 }
 
 /// The effect records one applies for these events, in order.
-pub fn effects_for(events: &[Envelope]) -> Vec<EffectRecord> {
+pub fn effects_for<E: Borrow<Envelope>>(events: impl IntoIterator<Item = E>) -> Vec<EffectRecord> {
     events
-        .iter()
-        .map(|e| EffectRecord {
-            flow_id: e.flow_id.clone(),
-            seq: e.seq,
-            event_id: e.event_id.clone(),
+        .into_iter()
+        .map(|e| {
+            let e = e.borrow();
+            EffectRecord {
+                flow_id: e.flow_id.clone(),
+                seq: e.seq,
+                event_id: e.event_id.clone(),
+            }
         })
         .collect()
 }

@@ -189,10 +189,7 @@ pub fn apply_schema_2_blocked_then_applied_as_stored_with_support_v2<B: Backend>
     assert_eq!(row.status, InboxStatus::Applied);
     assert_eq!(row.envelope, e1, "applied as stored");
     assert_eq!(row.envelope.body(), e1.body());
-    assert_eq!(
-        flow_effects(&mut c, "v2"),
-        effects_for(std::slice::from_ref(&e1))
-    );
+    assert_eq!(flow_effects(&mut c, "v2"), effects_for([&e1]));
     assert_eq!(projected(&mut c, "v2"), (FlowState::Reserved, Some(33), 1));
 
     let e3 = commit(&mut p, &request("v2", 2, FlowState::Released, None, 1));
@@ -594,7 +591,7 @@ pub fn apply_batches_keep_order_and_limits<B: Backend>(dir: &Path) {
         );
         assert_eq!(
             flow_effects(&mut c, f),
-            effects_for(&reservation_events(f, 6))
+            effects_for(reservation_events(f, 6))
         );
     }
     // a batch that applies nothing reports each flow's stop
@@ -664,7 +661,7 @@ pub fn apply_batch_across_flows_reports_each_stop<B: Backend>(dir: &Path) {
     assert_eq!(projected(&mut c, "f"), (FlowState::Reserved, Some(5), 1));
     assert_eq!(
         c.effects().unwrap(),
-        effects_for(&[&a[..], &d[..1], &f[..1]].concat())
+        effects_for([&a[..], &d[..1], &f[..1]].concat())
     );
     assert_eq!(
         inbox_status(&mut c, &c1.event_id),
@@ -695,7 +692,7 @@ pub fn apply_batch_across_flows_reports_each_stop<B: Backend>(dir: &Path) {
     );
     assert_eq!(
         c.effects().unwrap(),
-        effects_for(&[&a[..], &d[..], &f[..]].concat())
+        effects_for([&a[..], &d[..], &f[..]].concat())
     );
     check_consumer_invariants(&mut c);
 }

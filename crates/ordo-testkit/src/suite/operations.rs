@@ -203,10 +203,7 @@ pub fn skip_marks_skipped_moves_past_and_logs_the_repair<B: Backend>(dir: &Path)
     // apply moves past the skipped seq
     assert_eq!(apply_step(&mut c, "s", V1), applied_at(3));
     assert_eq!(projected(&mut c, "s"), (FlowState::Confirmed, Some(5), 3));
-    assert_eq!(
-        flow_effects(&mut c, "s"),
-        effects_for(&[s1.clone(), s3.clone()])
-    );
+    assert_eq!(flow_effects(&mut c, "s"), effects_for([&s1, &s3]));
     assert_eq!(
         skip_at(
             &mut c,
@@ -247,10 +244,7 @@ pub fn skip_marks_skipped_moves_past_and_logs_the_repair<B: Backend>(dir: &Path)
     );
     assert_eq!(c.repairs().unwrap(), vec![record.clone(), second.clone()]);
     assert_eq!(apply_step(&mut c, "s", V1), Step::Idle);
-    assert_eq!(
-        flow_effects(&mut c, "s"),
-        effects_for(&[s1.clone(), s3.clone()])
-    );
+    assert_eq!(flow_effects(&mut c, "s"), effects_for([&s1, &s3]));
     let statuses: Vec<InboxStatus> = c.inbox().unwrap().into_iter().map(|r| r.status).collect();
     assert_eq!(
         statuses,
@@ -376,10 +370,7 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
     assert_eq!(apply_step(&mut c, "v", V2), applied_at(1));
     assert_eq!(apply_step(&mut c, "v", V1), applied_at(2));
     assert_eq!(projected(&mut c, "v"), (FlowState::Confirmed, Some(7), 2));
-    assert_eq!(
-        flow_effects(&mut c, "v"),
-        effects_for(&[v1.clone(), v2.clone()])
-    );
+    assert_eq!(flow_effects(&mut c, "v"), effects_for([&v1, &v2]));
     assert_eq!(
         inbox_row(&mut c, &v1.event_id).map(|r| (r.envelope, r.status)),
         Some((v1.clone(), InboxStatus::Applied)),
@@ -701,8 +692,5 @@ pub fn prune_inbox_keeps_fingerprints_and_never_reapplies<B: Backend>(dir: &Path
     }
     assert_eq!(c.receive(&changed_body).unwrap(), Receipt::Conflict);
     assert_eq!(process(&mut c, None, V1).len(), 1, "only p has work");
-    assert_eq!(
-        c.effects().unwrap(),
-        [effects, effects_for(std::slice::from_ref(&p1))].concat()
-    );
+    assert_eq!(c.effects().unwrap(), [effects, effects_for([&p1])].concat());
 }

@@ -260,7 +260,7 @@ pub fn prop_any_arrival_order_with_duplicates<B: Backend>(dir: &Path) {
                 "flow {}",
                 f
             );
-            all_effects.extend(effects_for(&reservation_events(&name, q)));
+            all_effects.extend(effects_for(reservation_events(&name, q)));
         }
         prop_assert_eq!(c.effects().expect("effects"), all_effects);
         let inbox = c.inbox().expect("inbox");
