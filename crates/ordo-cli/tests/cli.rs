@@ -8,10 +8,8 @@ mod common;
 use ordo_reservation::ReservationProducer;
 use std::path::Path;
 
-use common::{
-    advance_args, bytes, envelope, keys, reservation, row, run, run_bytes, sorted, Lab,
-    ENVELOPE_KEYS,
-};
+use common::{advance_args, bytes, envelope, keys, reservation, row, run, run_bytes, sorted, Lab};
+use ordo_core::envelope::FIELDS as ENVELOPE_KEYS;
 use serde_json::{json, Value};
 
 const MAX_I64_PLUS_1: &str = "9223372036854775808";

@@ -10,7 +10,8 @@ mod common;
 use ordo_reservation::ReservationProducer;
 use std::time::{Duration, Instant};
 
-use common::{envelope, keys, reservation, sorted, Lab, Out, ENVELOPE_KEYS};
+use common::{envelope, keys, reservation, sorted, Lab, Out};
+use ordo_core::envelope::FIELDS as ENVELOPE_KEYS;
 use ordo_sqlite::rusqlite;
 use serde_json::{json, Value};
 
@@ -96,9 +97,15 @@ impl Ops {
         self.lab.snapshot()
     }
 
-    /// `ordo outbox list --json` with extra arguments (any exit status).
-    fn outbox_out(&self, extra: &[&str]) -> Out {
-        let mut args = vec!["outbox", "list", "--json", "--producer", self.p()];
+    /// `ordo outbox <command> --json` on the producer, or `ordo inbox
+    /// <command> --json` on the consumer, with extra arguments (any exit
+    /// status).
+    fn store_out(&self, store: &str, command: &str, extra: &[&str]) -> Out {
+        let (flag, path) = match store {
+            "outbox" => ("--producer", self.p()),
+            _ => ("--consumer", self.c()),
+        };
+        let mut args = vec![store, command, "--json", flag, path];
         args.extend_from_slice(extra);
         self.run(&args)
     }
@@ -106,34 +113,13 @@ impl Ops {
     /// The rows of `ordo outbox list`.
     #[track_caller]
     fn outbox(&self, extra: &[&str]) -> Value {
-        only_key(self.outbox_out(extra).json(), "outbox")
-    }
-
-    /// `ordo outbox retry --json` with extra arguments (any exit status).
-    fn outbox_retry_out(&self, extra: &[&str]) -> Out {
-        let mut args = vec!["outbox", "retry", "--json", "--producer", self.p()];
-        args.extend_from_slice(extra);
-        self.run(&args)
-    }
-
-    /// `ordo inbox list --json` with extra arguments (any exit status).
-    fn inbox_out(&self, extra: &[&str]) -> Out {
-        let mut args = vec!["inbox", "list", "--json", "--consumer", self.c()];
-        args.extend_from_slice(extra);
-        self.run(&args)
+        only_key(self.store_out("outbox", "list", extra).json(), "outbox")
     }
 
     /// The rows of `ordo inbox list`.
     #[track_caller]
     fn inbox(&self, extra: &[&str]) -> Value {
-        only_key(self.inbox_out(extra).json(), "inbox")
-    }
-
-    /// `ordo inbox retry --json` with extra arguments (any exit status).
-    fn inbox_retry_out(&self, extra: &[&str]) -> Out {
-        let mut args = vec!["inbox", "retry", "--json", "--consumer", self.c()];
-        args.extend_from_slice(extra);
-        self.run(&args)
+        only_key(self.store_out("inbox", "list", extra).json(), "inbox")
     }
 
     /// The entries of `ordo inbox repairs`.
@@ -163,11 +149,8 @@ impl Ops {
 
     /// `ordo inbox skip --json` with these flags (any exit status).
     fn skip_flags_out(&self, flags: &[(&str, &str)]) -> Out {
-        let mut args = vec!["inbox", "skip", "--json", "--consumer", self.c()];
-        for (flag, value) in flags {
-            args.extend([*flag, *value]);
-        }
-        self.run(&args)
+        let args: Vec<&str> = flags.iter().flat_map(|(f, v)| [*f, *v]).collect();
+        self.store_out("inbox", "skip", &args)
     }
 
     /// `ordo inbox skip --json` (any exit status).
@@ -411,7 +394,8 @@ fn outbox_list_shows_every_row_with_its_bookkeeping() {
 
     let before = ops.lab.files();
     for bad in ["0", "-1", "abc"] {
-        ops.outbox_out(&["--limit", bad]).usage("--limit");
+        ops.store_out("outbox", "list", &["--limit", bad])
+            .usage("--limit");
     }
     ops.lab
         .files()
@@ -433,7 +417,7 @@ fn outbox_retry_clears_a_quarantine_and_the_relay_tries_once_more() {
     );
     assert_eq!(row(&ops.outbox(&[]), "A-1")["attempts"], json!(1));
 
-    let retried = ops.outbox_retry_out(&["A-1"]).json();
+    let retried = ops.store_out("outbox", "retry", &["A-1"]).json();
     assert_eq!(retried, json!({"event_id": "A-1", "retried": true}));
     assert_eq!(ops.outbox(&["--quarantined"]), json!([]));
     let a1 = row(&ops.outbox(&[]), "A-1").clone();
@@ -474,7 +458,7 @@ fn outbox_retry_of_an_unknown_or_unquarantined_event_exits_2_and_changes_nothing
     // No producer file: refused without creating one.
     let fresh = Ops::new();
     fresh
-        .outbox_retry_out(&["A-1"])
+        .store_out("outbox", "retry", &["A-1"])
         .usage("A-1: no such event in the outbox");
     fresh.lab.assert_no_files();
 
@@ -488,12 +472,12 @@ fn outbox_retry_of_an_unknown_or_unquarantined_event_exits_2_and_changes_nothing
         ("A-2", "error: A-2 is not quarantined"),
         ("C-1", "error: C-1 is not quarantined"),
     ] {
-        let out = ops.outbox_retry_out(&[id]);
+        let out = ops.store_out("outbox", "retry", &[id]);
         out.usage(id);
         assert_eq!(out.stderr.trim_end(), message);
     }
-    ops.outbox_retry_out(&[""]).usage("EVENT_ID");
-    ops.outbox_retry_out(&[]).usage("EVENT_ID");
+    ops.store_out("outbox", "retry", &[""]).usage("EVENT_ID");
+    ops.store_out("outbox", "retry", &[]).usage("EVENT_ID");
     ops.lab.files().assert_unchanged(&before, "refused retry");
     assert_eq!(ops.snapshot(), snapshot);
     assert_eq!(ops.outbox(&[]), outbox);
@@ -588,9 +572,11 @@ fn inbox_list_filters_blocked_rows_flows_and_limits() {
 
     let before = ops.lab.files();
     for bad in ["0", "-1", "x"] {
-        ops.inbox_out(&["--limit", bad]).usage("--limit");
+        ops.store_out("inbox", "list", &["--limit", bad])
+            .usage("--limit");
     }
-    ops.inbox_out(&["--flow", ""]).usage("--flow");
+    ops.store_out("inbox", "list", &["--flow", ""])
+        .usage("--flow");
     ops.lab.files().assert_unchanged(&before, "inbox list");
 }
 
@@ -598,7 +584,7 @@ fn inbox_list_filters_blocked_rows_flows_and_limits() {
 fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     let ops = blocked_lab();
     let retry = |flow_and_extra: &[&str]| {
-        ops.inbox_retry_out(&[&["--flow"], flow_and_extra].concat())
+        ops.store_out("inbox", "retry", &[&["--flow"], flow_and_extra].concat())
             .json()
     };
 
@@ -673,8 +659,9 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     );
 
     let before = ops.lab.files();
-    ops.inbox_retry_out(&["--flow", ""]).usage("--flow");
-    ops.inbox_retry_out(&[]).usage("--flow");
+    ops.store_out("inbox", "retry", &["--flow", ""])
+        .usage("--flow");
+    ops.store_out("inbox", "retry", &[]).usage("--flow");
     ops.lab.files().assert_unchanged(&before, "inbox retry");
 }
 
@@ -1294,7 +1281,7 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
         json!({"flows": [{"flow_id": "z", "applied": 0, "stop": "gap", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     // The quarantined event still conflicts with the pruned row's fingerprint.
-    ops.outbox_retry_out(&["Q-1"]).json();
+    ops.store_out("outbox", "retry", &["Q-1"]).json();
     assert_eq!(
         ops.relay(&["--event", "Q-1"]),
         json!({"deliveries": [{"event_id": "Q-1", "flow_id": "Q", "seq": 1, "receipt": "conflict"}], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})

@@ -15,17 +15,14 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ordo_core::envelope::EventType;
-use ordo_core::{
-    ApplyContext, Envelope, EventId, FlowId, Receipt, Receive, RunStore, SchemaVersion, Seq,
-    Verdict,
-};
+use ordo_core::{ApplyContext, Envelope, Receipt, Receive, RunStore, SchemaVersion, Verdict};
 use ordo_postgres::postgres::fallible_iterator::FallibleIterator;
 use ordo_postgres::postgres::Client;
 use ordo_postgres::{PgConsumer, PgTx};
 use ordo_runtime::{Runner, RunnerOptions};
+use ordo_testkit::support::event_at;
+use support::fresh_database;
 use support::workers::{append, client, consumer, flow, producer, wait_until};
-use support::{database_for, url};
 
 const BOUND: Duration = Duration::from_secs(10);
 /// How long a notification that should not come is waited for.
@@ -40,19 +37,7 @@ fn elsewhere(target: &str) -> String {
 }
 
 fn event(flow: &str, seq: i64, body: i64) -> Envelope {
-    let flow_id = FlowId::new(flow).unwrap();
-    let seq = Seq::new(seq).unwrap();
-    Envelope {
-        event_id: EventId::for_seq(&flow_id, seq),
-        flow_id,
-        seq,
-        schema_version: SchemaVersion::V1,
-        event_type: EventType::new("noted").unwrap(),
-        payload: serde_json::json!({ "n": body })
-            .as_object()
-            .unwrap()
-            .clone(),
-    }
+    event_at(flow, seq, "noted", serde_json::json!({ "n": body }))
 }
 
 /// A plain connection listening on `channel`.
@@ -90,8 +75,7 @@ fn heard(store: &mut impl RunStore, what: &str) {
 
 #[test]
 fn a_receive_through_one_handle_is_heard_by_another_once_per_batch() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_dir, target) = fresh_database();
     let mut watcher = consumer(&target, "watcher");
     let mut receiver = consumer(&elsewhere(&target), "receiver");
     assert_eq!(watcher.notify_channel(), "ordo_inbox_ordo_testkit");
@@ -114,8 +98,7 @@ fn a_receive_through_one_handle_is_heard_by_another_once_per_batch() {
 
 #[test]
 fn a_batch_of_duplicates_and_conflicts_does_not_notify() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_dir, target) = fresh_database();
     let mut watcher = consumer(&target, "watcher");
     let mut receiver = consumer(&elsewhere(&target), "receiver");
     let mut raw = listening(&target, receiver.notify_channel());
@@ -139,8 +122,7 @@ fn a_batch_of_duplicates_and_conflicts_does_not_notify() {
 
 #[test]
 fn an_append_through_one_handle_is_heard_by_another_once_per_transaction() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_dir, target) = fresh_database();
     let mut watcher = producer(&target, "watcher", LEASE_MS);
     let mut appender = producer(&elsewhere(&target), "appender", LEASE_MS);
     assert_eq!(watcher.notify_channel(), "ordo_outbox_ordo_producer");
@@ -178,8 +160,7 @@ fn an_append_through_one_handle_is_heard_by_another_once_per_transaction() {
 
 #[test]
 fn a_handle_passes_by_what_its_signal_already_raised() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_dir, target) = fresh_database();
     let mut watcher = consumer(&target, "watcher");
     let mut sibling = consumer(&target, "sibling");
     let mut raw = listening(&target, watcher.notify_channel());
@@ -214,8 +195,7 @@ fn listener_pid(c: &mut Client, store: &PgConsumer) -> Option<i32> {
 
 #[test]
 fn a_lost_listener_is_reported_once_then_opened_again_and_a_dropped_one_ends() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
+    let (_dir, target) = fresh_database();
     let mut watcher = consumer(&target, "watcher");
     let mut receiver = consumer(&elsewhere(&target), "receiver");
     let mut admin = client(&target);
@@ -292,58 +272,63 @@ fn child(test: &str, env: &str, target: &str) {
     assert!(status.success(), "the child ran {test}");
 }
 
-fn long_polls() -> RunnerOptions {
-    RunnerOptions {
+/// Starts a loop on a runner whose polls are long (`start` hands it the
+/// sender for what the loop handles), lets it find nothing and settle into
+/// its long wait, runs `test` in a child, and returns the first thing the
+/// loop sends, which must come long before its poll, with the runner's
+/// report once stopped.
+fn woken_by_child<T>(
+    start: impl FnOnce(&mut Runner, mpsc::Sender<T>),
+    test: &str,
+    env: &str,
+    target: &str,
+) -> (T, ordo_runtime::RunReport) {
+    let mut runner = Runner::new(RunnerOptions {
         poll_ms_min: 30_000,
         poll_ms_max: 30_000,
         ..RunnerOptions::default()
-    }
+    });
+    let (sender, seen) = mpsc::channel();
+    start(&mut runner, sender);
+    std::thread::sleep(Duration::from_millis(300));
+    child(test, env, target);
+    let first = seen
+        .recv_timeout(BOUND)
+        .expect("woken long before the poll");
+    (first, runner.stop().unwrap())
 }
 
 #[test]
 fn an_idle_relay_loop_wakes_on_another_process_append_long_before_its_poll() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
-    let mut runner = Runner::new(long_polls());
-    let (relayed, seen) = mpsc::channel();
-    let observe = move |round: &ordo_runtime::RelayRound| {
-        relayed.send(round.totals.accepted).unwrap();
+    let (_dir, target) = fresh_database();
+    let start = |runner: &mut Runner, relayed: mpsc::Sender<u64>| {
+        let observe = move |round: &ordo_runtime::RelayRound| {
+            relayed.send(round.totals.accepted).unwrap();
+        };
+        let relay = producer(&target, "relay", LEASE_MS);
+        runner
+            .spawn_relay_to(relay, consumer(&target, "inbox"), observe)
+            .unwrap();
     };
-    let relay = producer(&target, "relay", LEASE_MS);
-    runner
-        .spawn_relay_to(relay, consumer(&target, "inbox"), observe)
-        .unwrap();
-    // Let the loop find nothing and start its long wait.
-    std::thread::sleep(Duration::from_millis(300));
-    child("child_appends_one_event", CHILD_APPEND_ENV, &target);
-    let accepted = seen
-        .recv_timeout(BOUND)
-        .expect("relayed long before the poll");
+    let (accepted, report) =
+        woken_by_child(start, "child_appends_one_event", CHILD_APPEND_ENV, &target);
     assert_eq!(accepted, 1);
-    let report = runner.stop().unwrap();
     assert_eq!(report.relay.accepted, 1);
 }
 
 #[test]
 fn an_idle_apply_loop_wakes_on_another_process_receive_long_before_its_poll() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = url(&database_for(dir.path()));
-    let (applied, seen) = mpsc::channel();
-    let handler = move |_: &mut ApplyContext<PgTx>, e: &Envelope| {
-        applied.send(e.flow_id.to_string()).unwrap();
-        Ok(Verdict::Apply)
+    let (_dir, target) = fresh_database();
+    let start = |runner: &mut Runner, applied: mpsc::Sender<String>| {
+        let handler = move |_: &mut ApplyContext<PgTx>, e: &Envelope| {
+            applied.send(e.flow_id.to_string()).unwrap();
+            Ok(Verdict::Apply)
+        };
+        runner
+            .spawn_apply(consumer(&target, "applier"), handler)
+            .unwrap();
     };
-    let mut runner = Runner::new(long_polls());
-    runner
-        .spawn_apply(consumer(&target, "applier"), handler)
-        .unwrap();
-    // Let the loop find nothing and start its long wait.
-    std::thread::sleep(Duration::from_millis(300));
-    child("child_receives_one_event", CHILD_ENV, &target);
-    let flow = seen
-        .recv_timeout(BOUND)
-        .expect("applied long before the poll");
+    let (flow, report) = woken_by_child(start, "child_receives_one_event", CHILD_ENV, &target);
     assert_eq!(flow, "from-child");
-    let report = runner.stop().unwrap();
     assert_eq!(report.apply.applied, 1);
 }

@@ -447,93 +447,62 @@ mod tests {
     #[test]
     fn advance_decisions() {
         use FlowState::*;
+        // each flow with the requests tried on it: (expected_seq, to,
+        // quantity, expected outcome name)
         let cases = [
-            // (current, request, expected outcome name)
-            (flow(New, None, 0), request(0, Reserved, Some(5)), "commit"),
-            (flow(New, None, 0), request(1, Reserved, Some(5)), "stale"),
             (
                 flow(New, None, 0),
-                request(0, Confirmed, Some(5)),
-                "invalid_transition",
-            ),
-            (
-                flow(New, None, 0),
-                request(0, Released, Some(5)),
-                "invalid_transition",
-            ),
-            (
-                flow(Reserved, Some(5), 1),
-                request(1, Confirmed, None),
-                "commit",
+                vec![
+                    (0, Reserved, Some(5), "commit"),
+                    (1, Reserved, Some(5), "stale"),
+                    (0, Confirmed, Some(5), "invalid_transition"),
+                    (0, Released, Some(5), "invalid_transition"),
+                ],
             ),
             (
                 flow(Reserved, Some(5), 1),
-                request(1, Confirmed, Some(5)),
-                "commit",
-            ),
-            (
-                flow(Reserved, Some(5), 1),
-                request(1, Confirmed, Some(6)),
-                "quantity",
-            ),
-            (
-                flow(Reserved, Some(5), 1),
-                request(1, Reserved, Some(5)),
-                "invalid_transition",
-            ),
-            (
-                flow(Reserved, Some(5), 1),
-                request(1, Released, None),
-                "invalid_transition",
-            ),
-            (
-                flow(Reserved, Some(5), 1),
-                request(0, Confirmed, None),
-                "stale",
+                vec![
+                    (1, Confirmed, None, "commit"),
+                    (1, Confirmed, Some(5), "commit"),
+                    (1, Confirmed, Some(6), "quantity"),
+                    (1, Reserved, Some(5), "invalid_transition"),
+                    (1, Released, None, "invalid_transition"),
+                    (0, Confirmed, None, "stale"),
+                    // an illegal step wins over a wrong quantity
+                    (1, Reserved, Some(9), "invalid_transition"),
+                ],
             ),
             (
                 flow(Confirmed, Some(5), 2),
-                request(2, Released, None),
-                "commit",
+                vec![(2, Released, None, "commit")],
             ),
             (
                 flow(Released, Some(5), 3),
-                request(3, Reserved, Some(5)),
-                "invalid_transition",
-            ),
-            (
-                flow(Released, Some(5), 3),
-                request(3, Released, None),
-                "invalid_transition",
-            ),
-            // stale wins over an illegal step and a wrong quantity
-            (
-                flow(Released, Some(5), 3),
-                request(2, Reserved, Some(9)),
-                "stale",
-            ),
-            // an illegal step wins over a wrong quantity
-            (
-                flow(Reserved, Some(5), 1),
-                request(1, Reserved, Some(9)),
-                "invalid_transition",
+                vec![
+                    (3, Reserved, Some(5), "invalid_transition"),
+                    (3, Released, None, "invalid_transition"),
+                    // stale wins over an illegal step and a wrong quantity
+                    (2, Reserved, Some(9), "stale"),
+                ],
             ),
             (
                 flow(Reserved, Some(5), i64::MAX),
-                request(i64::MAX, Confirmed, None),
-                "exhausted",
+                vec![(i64::MAX, Confirmed, None, "exhausted")],
             ),
         ];
-        for (current, req, expected) in cases {
-            let got = match decide_advance(&current, &req) {
-                Ok(AdvanceDecision::Commit { .. }) => "commit",
-                Ok(AdvanceDecision::Stale { .. }) => "stale",
-                Ok(AdvanceDecision::InvalidTransition { .. }) => "invalid_transition",
-                Err(AdvanceRefused::QuantityMismatch { .. }) => "quantity",
-                Err(AdvanceRefused::SeqExhausted { .. }) => "exhausted",
-                Err(AdvanceRefused::QuantityRequired { .. }) => "quantity_required",
-            };
-            assert_eq!(got, expected, "{current:?} {req:?}");
+        for (current, requests) in cases {
+            for (expected_seq, to, quantity, expected) in requests {
+                let req = request(expected_seq, to, quantity);
+                let got = match decide_advance(&current, &req) {
+                    Ok(AdvanceDecision::Commit { .. }) => "commit",
+                    Ok(AdvanceDecision::Stale { .. }) => "stale",
+                    Ok(AdvanceDecision::InvalidTransition { .. }) => "invalid_transition",
+                    Err(AdvanceRefused::QuantityMismatch { .. }) => "quantity",
+                    Err(AdvanceRefused::SeqExhausted { .. }) => "exhausted",
+                    Err(AdvanceRefused::QuantityRequired { .. }) => "quantity_required",
+                };
+                assert_eq!(got, expected, "{current:?} {req:?}");
+            }
         }
     }
 
@@ -628,159 +597,74 @@ mod tests {
     #[test]
     fn apply_decisions() {
         use serde_json::json;
+        use FlowState::*;
         let empty = Projection::empty(FlowId::new("f").unwrap());
         let reserved = Projection {
-            state: FlowState::Reserved,
+            state: Reserved,
             quantity: Some(Quantity::new(5).unwrap()),
             applied_seq: 1,
             ..empty.clone()
         };
         let v1 = ApplyOptions::default();
         let v2 = ApplyOptions { support_v2: true };
-        let cases: Vec<(
-            &Projection,
-            Envelope,
-            ApplyOptions,
-            Result<FlowState, BlockReason>,
-        )> = vec![
+        type Outcome = Result<FlowState, BlockReason>;
+        const PAYLOAD: Outcome = Err(INVALID_PAYLOAD);
+        const SCHEMA: Outcome = Err(UNSUPPORTED_SCHEMA);
+        const STEP: Outcome = Err(INVALID_TRANSITION);
+        // each projection and options with the next events tried on them:
+        // (schema, event type, payload, expected state or block)
+        type Event = (i64, &'static str, Value, Outcome);
+        let cases: [(&Projection, ApplyOptions, Vec<Event>); 3] = [
             (
                 &empty,
-                stored(1, 1, "reserved", json!({"amount": 5})),
                 v1,
-                Ok(FlowState::Reserved),
+                vec![
+                    (1, "reserved", json!({"amount": 5}), Ok(Reserved)),
+                    (1, "reserved", json!({"amount": 1}), Ok(Reserved)),
+                    (1, "reserved", json!({"amount": 1_000_000}), Ok(Reserved)),
+                    (1, "reserved", json!({"amount": 0}), PAYLOAD),
+                    (1, "reserved", json!({"amount": 1_000_001}), PAYLOAD),
+                    (1, "reserved", json!({"amount": 5.5}), PAYLOAD),
+                    (1, "reserved", json!({"amount": "5"}), PAYLOAD),
+                    (1, "reserved", json!({"units": 5}), PAYLOAD),
+                    (1, "reserved", json!({}), PAYLOAD),
+                    (1, "reserved", json!({"amount": 5, "x": 1}), PAYLOAD),
+                    (2, "reserved", json!({"units": 5}), SCHEMA),
+                    // unsupported schema wins over a bad payload and a bad step
+                    (9, "released", json!({}), SCHEMA),
+                    // a bad payload wins over a bad step
+                    (1, "released", json!({}), PAYLOAD),
+                    (1, "confirmed", json!({"amount": 5}), STEP),
+                    (1, "shipped", json!({"amount": 5}), STEP),
+                ],
             ),
             (
                 &empty,
-                stored(1, 1, "reserved", json!({"amount": 1})),
-                v1,
-                Ok(FlowState::Reserved),
-            ),
-            (
-                &empty,
-                stored(1, 1, "reserved", json!({"amount": 1_000_000})),
-                v1,
-                Ok(FlowState::Reserved),
-            ),
-            (
-                &empty,
-                stored(1, 1, "reserved", json!({"amount": 0})),
-                v1,
-                Err(INVALID_PAYLOAD),
-            ),
-            (
-                &empty,
-                stored(1, 1, "reserved", json!({"amount": 1_000_001})),
-                v1,
-                Err(INVALID_PAYLOAD),
-            ),
-            (
-                &empty,
-                stored(1, 1, "reserved", json!({"amount": 5.5})),
-                v1,
-                Err(INVALID_PAYLOAD),
-            ),
-            (
-                &empty,
-                stored(1, 1, "reserved", json!({"amount": "5"})),
-                v1,
-                Err(INVALID_PAYLOAD),
-            ),
-            (
-                &empty,
-                stored(1, 1, "reserved", json!({"units": 5})),
-                v1,
-                Err(INVALID_PAYLOAD),
-            ),
-            (
-                &empty,
-                stored(1, 1, "reserved", json!({})),
-                v1,
-                Err(INVALID_PAYLOAD),
-            ),
-            (
-                &empty,
-                stored(1, 1, "reserved", json!({"amount": 5, "x": 1})),
-                v1,
-                Err(INVALID_PAYLOAD),
-            ),
-            (
-                &empty,
-                stored(1, 2, "reserved", json!({"units": 5})),
-                v1,
-                Err(UNSUPPORTED_SCHEMA),
-            ),
-            (
-                &empty,
-                stored(1, 2, "reserved", json!({"units": 5})),
                 v2,
-                Ok(FlowState::Reserved),
-            ),
-            (
-                &empty,
-                stored(1, 2, "reserved", json!({"amount": 5})),
-                v2,
-                Err(INVALID_PAYLOAD),
-            ),
-            (
-                &empty,
-                stored(1, 9, "reserved", json!({"amount": 5})),
-                v2,
-                Err(UNSUPPORTED_SCHEMA),
-            ),
-            // unsupported schema wins over a bad payload and a bad step
-            (
-                &empty,
-                stored(1, 9, "released", json!({})),
-                v1,
-                Err(UNSUPPORTED_SCHEMA),
-            ),
-            // a bad payload wins over a bad step
-            (
-                &empty,
-                stored(1, 1, "released", json!({})),
-                v1,
-                Err(INVALID_PAYLOAD),
-            ),
-            (
-                &empty,
-                stored(1, 1, "confirmed", json!({"amount": 5})),
-                v1,
-                Err(INVALID_TRANSITION),
-            ),
-            (
-                &empty,
-                stored(1, 1, "shipped", json!({"amount": 5})),
-                v1,
-                Err(INVALID_TRANSITION),
+                vec![
+                    (2, "reserved", json!({"units": 5}), Ok(Reserved)),
+                    (2, "reserved", json!({"amount": 5}), PAYLOAD),
+                    (9, "reserved", json!({"amount": 5}), SCHEMA),
+                ],
             ),
             (
                 &reserved,
-                stored(2, 1, "confirmed", json!({"amount": 5})),
                 v1,
-                Ok(FlowState::Confirmed),
-            ),
-            (
-                &reserved,
-                stored(2, 1, "confirmed", json!({"amount": 6})),
-                v1,
-                Err(INVALID_TRANSITION),
-            ),
-            (
-                &reserved,
-                stored(2, 1, "released", json!({"amount": 5})),
-                v1,
-                Err(INVALID_TRANSITION),
-            ),
-            (
-                &reserved,
-                stored(2, 1, "reserved", json!({"amount": 5})),
-                v1,
-                Err(INVALID_TRANSITION),
+                vec![
+                    (1, "confirmed", json!({"amount": 5}), Ok(Confirmed)),
+                    (1, "confirmed", json!({"amount": 6}), STEP),
+                    (1, "released", json!({"amount": 5}), STEP),
+                    (1, "reserved", json!({"amount": 5}), STEP),
+                ],
             ),
         ];
-        for (projection, event, options, expected) in cases {
-            let got = decide_apply(projection, &event, options).map(|p| p.state);
-            assert_eq!(got, expected, "{event:?} with {options:?}");
+        for (projection, options, events) in cases {
+            for (schema, event_type, payload, expected) in events {
+                let seq = projection.applied_seq + 1;
+                let event = stored(seq, schema, event_type, payload);
+                let got = decide_apply(projection, &event, options).map(|p| p.state);
+                assert_eq!(got, expected, "{event:?} with {options:?}");
+            }
         }
     }
 }

@@ -8,8 +8,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ordo_core::envelope::EventType;
-use ordo_core::{ApplyContext, Envelope, EventId, FlowId, Receive, SchemaVersion, Seq, Verdict};
+use ordo_core::{ApplyContext, Envelope, Receive, Verdict};
 use ordo_runtime::{Runner, RunnerOptions};
 use ordo_sqlite::rusqlite::Connection;
 use ordo_sqlite::{ConsumerDb, Schema};
@@ -23,17 +22,13 @@ fn schema() -> Schema {
     Schema::new("wake").unwrap()
 }
 
-fn event(flow: &str) -> Envelope {
-    let flow_id = FlowId::new(flow).unwrap();
-    let seq = Seq::new(1).unwrap();
-    Envelope {
-        event_id: EventId::for_seq(&flow_id, seq),
-        flow_id,
-        seq,
-        schema_version: SchemaVersion::V1,
-        event_type: EventType::new("noted").unwrap(),
-        payload: serde_json::json!({}).as_object().unwrap().clone(),
-    }
+/// The one event the child receives.
+fn child_event() -> Envelope {
+    Envelope::parse_str(
+        r#"{"event_id": "from-child-1", "flow_id": "from-child", "seq": 1,
+            "schema_version": 1, "type": "noted", "payload": {}}"#,
+    )
+    .unwrap()
 }
 
 /// The child's part: receive one event into the file named by the
@@ -44,7 +39,7 @@ fn child_receives_one_event() {
         return;
     };
     let mut inbox = ConsumerDb::open(&path, &schema()).unwrap();
-    inbox.receive(&event("from-child")).unwrap();
+    inbox.receive(&child_event()).unwrap();
 }
 
 fn receive_in_child(path: &Path) {

@@ -63,6 +63,15 @@ fn statuses(consumer: &mut ConsumerDb) -> Vec<(String, InboxStatus)> {
         .collect()
 }
 
+#[track_caller]
+fn assert_statuses(consumer: &mut ConsumerDb, expected: &[(&str, InboxStatus)]) {
+    let expected: Vec<(String, InboxStatus)> = expected
+        .iter()
+        .map(|(id, status)| (id.to_string(), status.clone()))
+        .collect();
+    assert_eq!(statuses(consumer), expected);
+}
+
 fn orders_schema() -> Schema {
     Schema::new("orders")
         .unwrap()
@@ -83,6 +92,11 @@ fn ledger_consumer(dir: &Path) -> ConsumerDb {
 }
 
 const NEGATIVE_AMOUNT: BlockCode = BlockCode::from_static("negative_amount");
+
+/// The status of an event the ledger blocked for its negative amount.
+fn negative() -> InboxStatus {
+    InboxStatus::Blocked(BlockReason::code(NEGATIVE_AMOUNT))
+}
 
 /// Keeps a ledger in the consumer file; blocks negative amounts with its own
 /// code; fails with a busy storage error on an amount of 13.
@@ -250,16 +264,13 @@ fn a_handlers_writes_commit_with_the_inbox_mark_or_roll_back() {
         count(consumer.connection(), "SELECT count(*) FROM ledger"),
         1
     );
-    assert_eq!(
-        statuses(&mut consumer),
-        vec![
-            ("acct-1".to_owned(), InboxStatus::Applied),
-            ("acct-2".to_owned(), InboxStatus::Skipped),
-            (
-                "acct-3".to_owned(),
-                InboxStatus::Blocked(BlockReason::code(NEGATIVE_AMOUNT))
-            ),
-        ]
+    assert_statuses(
+        &mut consumer,
+        &[
+            ("acct-1", InboxStatus::Applied),
+            ("acct-2", InboxStatus::Skipped),
+            ("acct-3", negative()),
+        ],
     );
 }
 
@@ -300,16 +311,16 @@ fn a_block_in_a_batch_undoes_only_the_blocked_events_writes() {
         ),
         ["a-1", "a-2", "b-1", "c-1"]
     );
-    assert_eq!(
-        statuses(&mut consumer),
-        vec![
-            ("a-1".to_owned(), InboxStatus::Applied),
-            ("a-2".to_owned(), InboxStatus::Applied),
-            ("b-1".to_owned(), InboxStatus::Applied),
-            ("b-2".to_owned(), InboxStatus::Blocked(blocked)),
-            ("b-3".to_owned(), InboxStatus::Pending),
-            ("c-1".to_owned(), InboxStatus::Applied),
-        ]
+    assert_statuses(
+        &mut consumer,
+        &[
+            ("a-1", InboxStatus::Applied),
+            ("a-2", InboxStatus::Applied),
+            ("b-1", InboxStatus::Applied),
+            ("b-2", InboxStatus::Blocked(blocked)),
+            ("b-3", InboxStatus::Pending),
+            ("c-1", InboxStatus::Applied),
+        ],
     );
 }
 
@@ -492,13 +503,13 @@ fn a_custom_block_code_and_detail_are_stored_and_listed_with_the_body_unchanged(
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].envelope.stored_text(), over.stored_text());
     assert_eq!(one[0].settled_at_ms, None);
-    assert_eq!(
-        statuses(&mut consumer),
-        vec![
-            ("a-1".to_owned(), InboxStatus::Blocked(reason)),
-            ("b-1".to_owned(), InboxStatus::Blocked(cut)),
-            ("c-1".to_owned(), InboxStatus::Applied),
-        ]
+    assert_statuses(
+        &mut consumer,
+        &[
+            ("a-1", InboxStatus::Blocked(reason)),
+            ("b-1", InboxStatus::Blocked(cut)),
+            ("c-1", InboxStatus::Applied),
+        ],
     );
     let stored = strings(
         consumer.connection(),
@@ -610,18 +621,15 @@ fn rows_blocked_with_a_code_the_handler_reevaluates_are_offered_again_and_others
             ("d".to_owned(), 1, DrainStop::Idle)
         ]
     );
-    assert_eq!(
-        statuses(&mut consumer),
-        vec![
-            ("a-1".to_owned(), InboxStatus::Applied),
-            ("a-2".to_owned(), InboxStatus::Applied),
-            (
-                "b-1".to_owned(),
-                InboxStatus::Blocked(BlockReason::code(NEGATIVE_AMOUNT))
-            ),
-            ("c-1".to_owned(), InboxStatus::Applied),
-            ("d-1".to_owned(), InboxStatus::Applied),
-        ]
+    assert_statuses(
+        &mut consumer,
+        &[
+            ("a-1", InboxStatus::Applied),
+            ("a-2", InboxStatus::Applied),
+            ("b-1", negative()),
+            ("c-1", InboxStatus::Applied),
+            ("d-1", InboxStatus::Applied),
+        ],
     );
     assert_eq!(
         consumer.flows_with_work(new.reevaluate()).unwrap(),
@@ -1029,11 +1037,9 @@ fn a_store_of_another_domain_or_of_newer_tables_is_refused_untouched() {
     assert_eq!(existing.unwrap().domain(), "ledger");
 }
 
-/// The first release's consumer tables, as it created them.
+/// The first release's consumer tables, as it created them (after the
+/// header [`first_release_file`] writes).
 const FIRST_RELEASE_CONSUMER: &str = "
-CREATE TABLE ordo_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-INSERT INTO ordo_meta (key, value) VALUES ('role', 'consumer');
-PRAGMA user_version = 1;
 CREATE TABLE IF NOT EXISTS inbox (
     event_id       TEXT    PRIMARY KEY,
     flow_id        TEXT    NOT NULL,
@@ -1096,11 +1102,9 @@ CREATE TABLE IF NOT EXISTS effect (
 ) WITHOUT ROWID;
 ";
 
-/// The first release's producer tables, as it created them.
+/// The first release's producer tables, as it created them (after the
+/// header [`first_release_file`] writes).
 const FIRST_RELEASE_PRODUCER: &str = "
-CREATE TABLE ordo_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-INSERT INTO ordo_meta (key, value) VALUES ('role', 'producer');
-PRAGMA user_version = 1;
 CREATE TABLE IF NOT EXISTS outbox (
     position           INTEGER PRIMARY KEY,
     event_id           TEXT    NOT NULL UNIQUE,
@@ -1143,10 +1147,18 @@ fn reservation(flow_id: &str, at: i64, state: &str, amount: i64) -> Envelope {
     event(flow_id, at, state, amount)
 }
 
-fn first_release_file(path: &Path, tables: &str) -> Connection {
+/// A file as the first release created it for `role`: its meta table, its
+/// version, then its `tables`.
+fn first_release_file(path: &Path, role: &str, tables: &str) -> Connection {
     let conn = Connection::open(path).unwrap();
     conn.query_row("PRAGMA journal_mode=WAL", [], |_| Ok(()))
         .unwrap();
+    conn.execute_batch(&format!(
+        "CREATE TABLE ordo_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+         INSERT INTO ordo_meta (key, value) VALUES ('role', '{role}');
+         PRAGMA user_version = 1;"
+    ))
+    .unwrap();
     conn.execute_batch(tables).unwrap();
     conn
 }
@@ -1165,7 +1177,7 @@ fn a_first_release_consumer_store_opens_as_reservation_and_applying_continues() 
         ),
     ];
     {
-        let conn = first_release_file(&path, FIRST_RELEASE_CONSUMER);
+        let conn = first_release_file(&path, "consumer", FIRST_RELEASE_CONSUMER);
         for (e, status, reason) in &rows {
             conn.execute(
                 "INSERT INTO inbox (event_id, flow_id, seq, schema_version, type, body, body_hash,
@@ -1260,7 +1272,7 @@ fn a_first_release_producer_store_opens_as_reservation_and_appending_continues()
         reservation("r1", 2, "confirmed", 5),
     ];
     {
-        let conn = first_release_file(&path, FIRST_RELEASE_PRODUCER);
+        let conn = first_release_file(&path, "producer", FIRST_RELEASE_PRODUCER);
         for (accepted, e) in [(1, &events[0]), (0, &events[1])] {
             conn.execute(
                 "INSERT INTO outbox (event_id, flow_id, seq, schema_version, type, body,

@@ -1600,6 +1600,20 @@ fn drains_text(drains: &[Drain]) -> String {
 
 const SIDES: &str = "(left: the stores, right: the model)";
 
+/// Asserts that the stores (`got`) and the model (`expect`) agree on an
+/// operation's outcome, and returns the operation's log line.
+#[track_caller]
+fn agreed<T: PartialEq + std::fmt::Debug>(got: T, expect: T, line: String) -> String {
+    assert_eq!(got, expect, "{line} {SIDES}");
+    line
+}
+
+/// One run of the relay over the stores, with `policy` and its limits.
+fn relay_stores(r: &mut Real, policy: RelayPolicy, max: Option<u64>, batch: usize) -> RelayReport {
+    let options = relay_options(policy, max, batch);
+    relay(&mut r.producer, &mut r.consumer, &options, &r.clock).expect("relay")
+}
+
 /// Runs one operation on both sides, compares the outcomes, and returns the
 /// resolved operation and its outcome for the log.
 fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
@@ -1621,8 +1635,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 "advance {name} expected_seq={expected_seq} to={} quantity={quantity:?} schema={} -> {expect:?}",
                 STATES[to], spec.schema
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::AdvanceBatch(specs) => {
             let mut requests = Vec::new();
@@ -1650,37 +1663,22 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 .into_iter()
                 .map(advance_outcome)
                 .collect();
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Relay { max } => {
             let expect = model.relay_first_pending(*max);
-            let got = relay(
-                &mut r.producer,
-                &mut r.consumer,
-                &relay_options(RelayPolicy::FirstPending, *max, 1),
-                &r.clock,
-            )
-            .expect("relay");
+            let got = relay_stores(r, RelayPolicy::FirstPending, *max, 1);
             let line = format!("relay max={max:?} -> {}", report_text(&expect));
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::RelayFair { max, batch_len_max } => {
             let expect = model.relay_fair(*max, *batch_len_max);
-            let got = relay(
-                &mut r.producer,
-                &mut r.consumer,
-                &relay_options(RelayPolicy::Fair, *max, *batch_len_max),
-                &r.clock,
-            )
-            .expect("relay");
+            let got = relay_stores(r, RelayPolicy::Fair, *max, *batch_len_max);
             let line = format!(
                 "relay fair max={max:?} batch_len_max={batch_len_max} -> {}",
                 report_text(&expect)
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::RelayEvent { pick } => {
             let event_id = model.pick(*pick);
@@ -1695,8 +1693,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 "relay --event {event_id} -> {}",
                 expect.as_ref().map_or("unknown event".into(), report_text)
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Deliver { picks, respell } => {
             let batch: Vec<Event> = if model.committed.is_empty() {
@@ -1722,8 +1719,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 if *respell { " respelled" } else { "" },
                 batch.iter().map(|e| &e.event_id).collect::<Vec<_>>()
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Forge {
             flow,
@@ -1742,8 +1738,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
             let envelope = event.envelope();
             let got = r.consumer.receive(&envelope).expect("receive");
             let line = format!("forge {} -> {expect}", envelope.stored_text());
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Apply { flow, support_v2 } => {
             let name = FLOWS[*flow];
@@ -1759,8 +1754,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 step => format!("{step:?}"),
             };
             let line = format!("apply {name} support_v2={support_v2} -> {outcome}");
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Drain {
             flow,
@@ -1783,8 +1777,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 "drain {name} limit={limit:?} support_v2={support_v2} batch_len_max={batch_len_max} -> {}",
                 drains_text(std::slice::from_ref(&expect))
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::ApplyBatch {
             flows,
@@ -1808,8 +1801,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 "apply_batch {flows:?} events_max={events_max} support_v2={support_v2} -> {}",
                 drains_text(&expect)
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::ProcessAll {
             limit,
@@ -1825,8 +1817,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 "process_all limit={limit:?} support_v2={support_v2} batch_len_max={batch_len_max} -> {}",
                 drains_text(&expect)
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::RetryQuarantined { pick, quarantined } => {
             let held: Vec<&OutRow> = model.outbox.iter().filter(|row| row.quarantined).collect();
@@ -1841,8 +1832,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 .retry_quarantined(&EventId::new(event_id.as_str()).unwrap())
                 .expect("retry_quarantined");
             let line = format!("retry {event_id} -> {expect:?}");
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::ReopenBlocked { flow } => {
             let name = FLOWS[*flow];
@@ -1852,8 +1842,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 .reopen_blocked(&FlowId::new(name).unwrap())
                 .expect("reopen_blocked");
             let line = format!("reopen blocked {name} -> {expect}");
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Skip { flow, at } => {
             let name = FLOWS[*flow];
@@ -1879,8 +1868,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                     Err(refused) => format!("{refused:?}"),
                 }
             );
-            assert_eq!(got, expect, "{line} {SIDES}");
-            line
+            agreed(got, expect, line)
         }
         Op::Prune { consumer, age } => {
             let cutoff = model.now - age * TICK;
@@ -1997,6 +1985,31 @@ fn a_fixed_history_through_every_operation() {
         schema,
     };
     let advance = |flow, schema| Advance(spec(flow, SeqGuess::Exact, QtyGuess::Same, schema));
+    let deliver = |picks: &[usize]| Deliver {
+        picks: picks.to_vec(),
+        respell: false,
+    };
+    let respelled = |picks: &[usize]| Deliver {
+        picks: picks.to_vec(),
+        respell: true,
+    };
+    let apply = |flow| Apply {
+        flow,
+        support_v2: false,
+    };
+    let apply_v2 = |flow| Apply {
+        flow,
+        support_v2: true,
+    };
+    let fair = |batch_len_max| RelayFair {
+        max: None,
+        batch_len_max,
+    };
+    let process_all = |support_v2, batch_len_max| ProcessAll {
+        limit: None,
+        support_v2,
+        batch_len_max,
+    };
     let history: Vec<(Op, &str)> = vec![
         (advance(0, 1), "to=reserved quantity=Some(5) schema=1 -> Committed"),
         (
@@ -2030,18 +2043,11 @@ fn a_fixed_history_through_every_operation() {
         ),
         (CrashReopen, "crash"),
         (
-            Deliver {
-                picks: vec![8, 7, 17, 6],
-                respell: false,
-            },
+            deliver(&[8, 7, 17, 6]),
             r#"["f2-3", "f1-3", "f2-3", "f2-2"] -> [Accepted, Accepted, Duplicate, Accepted]"#,
         ),
         (
-            ProcessAll {
-                limit: None,
-                support_v2: false,
-                batch_len_max: 1,
-            },
+            process_all(false, 1),
             "[f0 3 Idle, f1 0 Blocked(unsupported_schema), f2 1 Blocked(invalid_transition)]",
         ),
         (Relay { max: Some(2) }, "[f2-1 conflict] drained"),
@@ -2054,37 +2060,12 @@ fn a_fixed_history_through_every_operation() {
             },
             "-> [f1 1 Limit]",
         ),
-        (
-            Apply {
-                flow: 1,
-                support_v2: true,
-            },
-            "-> Gap { missing: Seq(2) }",
-        ),
-        (
-            Deliver {
-                picks: vec![5, 0],
-                respell: true,
-            },
-            r#"respelled ["f1-2", "f0-1"] -> [Accepted, Duplicate]"#,
-        ),
+        (apply_v2(1), "-> Gap { missing: Seq(2) }"),
+        (respelled(&[5, 0]), r#"respelled ["f1-2", "f0-1"] -> [Accepted, Duplicate]"#),
         // f1 was served in round 4, f2 in round 6: f1 first; then both in
         // round 7, so by flow id. f2-1 is quarantined: f2's head is f2-2.
-        (
-            RelayFair {
-                max: None,
-                batch_len_max: 256,
-            },
-            "[f1-2 duplicate, f2-2 duplicate, f1-3 duplicate, f2-3 duplicate] drained",
-        ),
-        (
-            ProcessAll {
-                limit: None,
-                support_v2: true,
-                batch_len_max: 256,
-            },
-            "[f1 2 Idle, f2 0 Blocked(invalid_transition)]",
-        ),
+        (fair(256), "[f1-2 duplicate, f2-2 duplicate, f1-3 duplicate, f2-3 duplicate] drained"),
+        (process_all(true, 256), "[f1 2 Idle, f2 0 Blocked(invalid_transition)]"),
         (advance(0, 1), "-> InvalidTransition(Released, Reserved)"),
         (
             Advance(AdvanceSpec {
@@ -2098,13 +2079,7 @@ fn a_fixed_history_through_every_operation() {
         ),
         (CrashReopen, "crash"),
         (Relay { max: None }, "[f2-1 conflict] drained"),
-        (
-            RelayFair {
-                max: None,
-                batch_len_max: 1,
-            },
-            "[] drained",
-        ),
+        (fair(1), "[] drained"),
         (RelayEvent { pick: 0 }, "[f0-1 duplicate] drained"),
         (
             ApplyBatch {
@@ -2116,13 +2091,7 @@ fn a_fixed_history_through_every_operation() {
         ),
         // The operator's tools. f2: the forged f2-1 applied, f2-2 blocked.
         (Skip { flow: 2, at: SeqGuess::Exact }, "skip f2 seq=2 -> skipped f2-2"),
-        (
-            Apply {
-                flow: 2,
-                support_v2: false,
-            },
-            "Blocked { seq: 3, reason: invalid_transition }",
-        ),
+        (apply(2), "Blocked { seq: 3, reason: invalid_transition }"),
         (ReopenBlocked { flow: 2 }, "reopen blocked f2 -> 1"),
         (Skip { flow: 2, at: SeqGuess::Behind }, "AlreadySettled"),
         (
@@ -2132,13 +2101,7 @@ fn a_fixed_history_through_every_operation() {
             },
             "retry f2-1 -> Ok(())",
         ),
-        (
-            RelayFair {
-                max: None,
-                batch_len_max: 256,
-            },
-            "[f2-1 conflict] drained",
-        ),
+        (fair(256), "[f2-1 conflict] drained"),
         // Everything applied or skipped so far: f0 1-3, f1 1-3, f2 1-2.
         (
             Prune {
@@ -2147,13 +2110,7 @@ fn a_fixed_history_through_every_operation() {
             },
             "Pruned { rows: 8, fingerprints: 8 }",
         ),
-        (
-            Deliver {
-                picks: vec![0, 4],
-                respell: false,
-            },
-            r#"["f0-1", "f2-1"] -> [Duplicate, Conflict]"#,
-        ),
+        (deliver(&[0, 4]), r#"["f0-1", "f2-1"] -> [Duplicate, Conflict]"#),
         (
             Forge {
                 flow: 0,
@@ -2173,13 +2130,7 @@ fn a_fixed_history_through_every_operation() {
         ),
         (RelayEvent { pick: 0 }, "relay --event f0-1 -> unknown event"),
         (CrashReopen, "crash"),
-        (
-            Deliver {
-                picks: vec![1],
-                respell: true,
-            },
-            r#"respelled ["f0-2"] -> [Duplicate]"#,
-        ),
+        (respelled(&[1]), r#"respelled ["f0-2"] -> [Duplicate]"#),
     ];
     let ops: Vec<Op> = history.iter().map(|(op, _)| op.clone()).collect();
     let (log, state) = run_history(&ops);

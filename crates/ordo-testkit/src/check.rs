@@ -168,6 +168,14 @@ impl Found {
             });
         }
     }
+
+    /// A violation of `rule`, `what` then the items named, unless there
+    /// are none.
+    fn unless_none<T: fmt::Display>(&mut self, items: &[T], rule: Rule, what: &str) {
+        self.unless(items.is_empty(), rule, || {
+            format!("{what}: {}", named(items))
+        });
+    }
 }
 
 /// Names up to [`NAMED_ROWS_MAX`] items, then how many more.
@@ -312,21 +320,18 @@ fn effects(snapshot: &Snapshot, settled: &Settled, found: &mut Found) {
         .filter(|(key, id)| settled.applied.get(*key) != Some(*id))
         .map(|((flow, seq), id)| format!("{flow} {seq} ({id})"))
         .collect();
-    found.unless(wrong.is_empty(), Rule::Effects, || {
-        format!(
-            "effects that match no applied inbox event: {}",
-            named(&wrong)
-        )
-    });
+    found.unless_none(
+        &wrong,
+        Rule::Effects,
+        "effects that match no applied inbox event",
+    );
     let missing: Vec<String> = settled
         .applied
         .iter()
         .filter(|(key, _)| !by_key.contains_key(*key))
         .map(|((flow, seq), id)| format!("{flow} {seq} ({id})"))
         .collect();
-    found.unless(missing.is_empty(), Rule::Effects, || {
-        format!("applied events without an effect: {}", named(&missing))
-    });
+    found.unless_none(&missing, Rule::Effects, "applied events without an effect");
 }
 
 /// Per flow, the settled seqs (applied or skipped) are `1..=k`: nothing is
@@ -459,21 +464,18 @@ fn delivered(snapshot: &Snapshot, found: &mut Found) {
         .map(|r| r.envelope.event_id.as_str())
         .filter(|id| !committed.contains(id))
         .collect();
-    found.unless(extra.is_empty(), Rule::Extra, || {
-        format!(
-            "inbox holds events the producer never committed: {}",
-            named(&extra)
-        )
-    });
+    found.unless_none(
+        &extra,
+        Rule::Extra,
+        "inbox holds events the producer never committed",
+    );
     let not_applied: Vec<String> = snapshot
         .inbox
         .iter()
         .filter(|r| r.status != InboxStatus::Applied)
         .map(|r| format!("{} ({})", r.envelope.event_id, r.status.as_str()))
         .collect();
-    found.unless(not_applied.is_empty(), Rule::NotApplied, || {
-        format!("inbox rows not applied: {}", named(&not_applied))
-    });
+    found.unless_none(&not_applied, Rule::NotApplied, "inbox rows not applied");
 }
 
 /// Exactly `finished.flows` flows on both sides, each at its final state

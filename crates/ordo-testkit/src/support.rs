@@ -6,6 +6,7 @@ use ordo_reservation::{
     Advance, AdvanceRequest, ApplyOptions, EffectRecord, FlowRecord, FlowState, Projection,
     Quantity, ReservationConsumer, ReservationProducer,
 };
+use std::borrow::Borrow;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -40,6 +41,24 @@ pub fn event_id(id: &str) -> EventId {
 /// A seq; panics if out of range.
 pub fn seq(value: i64) -> Seq {
     Seq::new(value).expect("test seq")
+}
+
+/// The step one `apply_next` of `flow_id` reports; panics on a store error.
+pub fn apply_step<C: ReservationConsumer + ?Sized>(
+    consumer: &mut C,
+    flow_id: &str,
+    options: ApplyOptions,
+) -> Step {
+    consumer
+        .apply_next(&flow(flow_id), options)
+        .expect("apply_next")
+}
+
+/// The step of an apply that applied event `seq_value` of its flow.
+pub fn applied_at(seq_value: i64) -> Step {
+    Step::Applied {
+        seq: seq(seq_value),
+    }
 }
 
 /// The step of an apply that found event `seq_value` of its flow blocked
@@ -77,6 +96,19 @@ pub fn envelope(
     Envelope::from_value(value).expect("test envelope is well formed")
 }
 
+/// An [`envelope`] whose payload is `{"amount": amount}`.
+pub fn amount_event(
+    event_id: &str,
+    flow_id: &str,
+    seq: i64,
+    schema_version: i64,
+    event_type: &str,
+    amount: i64,
+) -> Envelope {
+    let payload = serde_json::json!({ "amount": amount });
+    envelope(event_id, flow_id, seq, schema_version, event_type, payload)
+}
+
 /// Parses envelope text through the strict codec; panics if malformed.
 pub fn parse(text: &str) -> Envelope {
     Envelope::parse_str(text).expect("test envelope text is well formed")
@@ -96,15 +128,15 @@ pub fn state_of_step(seq: i64) -> FlowState {
 /// quantity `qty` in schema 1: the id the producer gives it, the step's type
 /// and `{"amount": qty}`.
 pub fn reservation_event(flow_id: &str, seq: i64, qty: i64) -> Envelope {
-    let id = ordo_core::EventId::for_seq(&flow(flow_id), self::seq(seq));
-    envelope(
-        id.as_str(),
-        flow_id,
-        seq,
-        1,
-        state_of_step(seq).as_str(),
-        serde_json::json!({ "amount": qty }),
-    )
+    let payload = serde_json::json!({ "amount": qty });
+    event_at(flow_id, seq, state_of_step(seq).as_str(), payload)
+}
+
+/// An event of `flow_id` at `seq` in schema 1, under the id a producer
+/// gives it ([`EventId::for_seq`]).
+pub fn event_at(flow_id: &str, seq: i64, event_type: &str, payload: Value) -> Envelope {
+    let id = EventId::for_seq(&flow(flow_id), self::seq(seq));
+    envelope(id.as_str(), flow_id, seq, 1, event_type, payload)
 }
 
 /// The three events of a reservation flow, in seq order.
@@ -248,13 +280,16 @@ pub fn flow_effects<C: ReservationConsumer + ?Sized>(
 }
 
 /// The effect records one applies for these events, in order.
-pub fn effects_for(events: &[Envelope]) -> Vec<EffectRecord> {
+pub fn effects_for<E: Borrow<Envelope>>(events: impl IntoIterator<Item = E>) -> Vec<EffectRecord> {
     events
-        .iter()
-        .map(|e| EffectRecord {
-            flow_id: e.flow_id.clone(),
-            seq: e.seq,
-            event_id: e.event_id.clone(),
+        .into_iter()
+        .map(|e| {
+            let e = e.borrow();
+            EffectRecord {
+                flow_id: e.flow_id.clone(),
+                seq: e.seq,
+                event_id: e.event_id.clone(),
+            }
         })
         .collect()
 }
@@ -604,6 +639,21 @@ pub fn outbox_entry<P: ProducerStore + ReservationProducer + ?Sized>(
         .into_iter()
         .find(|e| e.envelope.event_id == event.event_id)
         .unwrap_or_else(|| panic!("{} is not in the outbox", event.event_id))
+}
+
+/// Asserts that an outbox row is quarantined, not accepted, and says why
+/// in a reason that is not blank.
+#[track_caller]
+pub fn assert_quarantined(entry: &OutboxEntry) {
+    assert!(
+        entry.quarantined && !entry.accepted,
+        "a quarantined row, never accepted: {entry:?}"
+    );
+    let reason = entry.quarantine_reason.as_deref();
+    assert!(
+        reason.is_some_and(|r| !r.trim().is_empty()),
+        "a quarantine has a reason: {entry:?}"
+    );
 }
 
 /// Every inbox row with its times, ordered by flow then seq.

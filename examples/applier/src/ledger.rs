@@ -25,8 +25,16 @@ pub fn schema() -> ordo_core::domain::Schema {
 /// Writes each event's row in the apply transaction.
 pub struct Ledger;
 
-fn amount(event: &Envelope) -> Option<i64> {
-    event.payload.get("amount")?.as_i64()
+/// The row an event writes: its id, flow, seq and amount; `None` for an
+/// event whose payload has no integer `amount`.
+fn row(event: &Envelope) -> Option<(&str, &str, i64, i64)> {
+    let amount = event.payload.get("amount")?.as_i64()?;
+    Some((
+        event.event_id.as_str(),
+        event.flow_id.as_str(),
+        event.seq.get(),
+        amount,
+    ))
 }
 
 impl ApplyHandler<Connection> for Ledger {
@@ -35,17 +43,12 @@ impl ApplyHandler<Connection> for Ledger {
         tx: &mut ApplyContext<'_, Connection>,
         event: &Envelope,
     ) -> Result<Verdict, StoreError> {
-        let Some(amount) = amount(event) else {
+        let Some((event_id, flow_id, seq, amount)) = row(event) else {
             return Ok(Verdict::block(NO_AMOUNT));
         };
         tx.execute(
             "INSERT INTO ledger (event_id, flow_id, seq, amount) VALUES (?1, ?2, ?3, ?4)",
-            params![
-                event.event_id.as_str(),
-                event.flow_id.as_str(),
-                event.seq.get(),
-                amount
-            ],
+            params![event_id, flow_id, seq, amount],
         )?;
         Ok(Verdict::Apply)
     }
@@ -57,17 +60,12 @@ impl ApplyHandler<PgTx> for Ledger {
         tx: &mut ApplyContext<'_, PgTx>,
         event: &Envelope,
     ) -> Result<Verdict, StoreError> {
-        let Some(amount) = amount(event) else {
+        let Some((event_id, flow_id, seq, amount)) = row(event) else {
             return Ok(Verdict::block(NO_AMOUNT));
         };
         tx.execute(
             "INSERT INTO ledger (event_id, flow_id, seq, amount) VALUES ($1, $2, $3, $4)",
-            &[
-                &event.event_id.as_str(),
-                &event.flow_id.as_str(),
-                &event.seq.get(),
-                &amount,
-            ],
+            &[&event_id, &flow_id, &seq, &amount],
         )?;
         Ok(Verdict::Apply)
     }

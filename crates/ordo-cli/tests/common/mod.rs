@@ -494,16 +494,6 @@ pub fn row<'v>(rows: &'v Value, key: &str, value: &str) -> &'v Value {
         .unwrap_or_else(|| panic!("no row with {key} = {value} in {rows}"))
 }
 
-/// The keys of an envelope, in wire order.
-pub const ENVELOPE_KEYS: [&str; 6] = [
-    "event_id",
-    "flow_id",
-    "seq",
-    "schema_version",
-    "type",
-    "payload",
-];
-
 fn path_str(path: &Path) -> String {
     path.to_str().expect("temporary paths are UTF-8").to_owned()
 }

@@ -21,7 +21,7 @@ use crate::Backend;
 /// `idle` and has no projection.
 pub fn apply_in_order_then_idle<B: Backend>(dir: &Path) {
     let (_p, mut c) = B::open(dir);
-    assert_eq!(c.apply_next(&flow("f"), V1).unwrap(), Step::Idle);
+    assert_eq!(apply_step(&mut c, "f", V1), Step::Idle);
     assert!(projection(&mut c, "f").is_none());
     let events = reservation_events("f", 12);
     for e in &events {
@@ -29,10 +29,7 @@ pub fn apply_in_order_then_idle<B: Backend>(dir: &Path) {
     }
     for (i, e) in events.iter().enumerate() {
         let s = i as i64 + 1;
-        assert_eq!(
-            c.apply_next(&flow("f"), V1).unwrap(),
-            Step::Applied { seq: seq(s) }
-        );
+        assert_eq!(apply_step(&mut c, "f", V1), applied_at(s));
         assert_eq!(projected(&mut c, "f"), (state_of_step(s), Some(12), s));
         assert_eq!(flow_effects(&mut c, "f"), effects_for(&events[..=i]));
         assert_eq!(inbox_status(&mut c, &e.event_id), InboxStatus::Applied);
@@ -42,8 +39,8 @@ pub fn apply_in_order_then_idle<B: Backend>(dir: &Path) {
         check_consumer_invariants(&mut c);
     }
     for _ in 0..2 {
-        assert_eq!(c.apply_next(&flow("f"), V1).unwrap(), Step::Idle);
-        assert_eq!(c.apply_next(&flow("f"), V2).unwrap(), Step::Idle);
+        assert_eq!(apply_step(&mut c, "f", V1), Step::Idle);
+        assert_eq!(apply_step(&mut c, "f", V2), Step::Idle);
     }
     assert_eq!(c.effects().unwrap().len(), 3);
     assert!(c.flows_with_reservation_work(V1).unwrap().is_empty());
@@ -92,7 +89,7 @@ pub fn apply_all_six_arrival_orders<B: Backend>(dir: &Path) {
             assert_eq!(d.stop, expected_stop, "{name}: after seq {s}");
             if later {
                 assert_eq!(
-                    c.apply_next(&flow(&name), V1).unwrap(),
+                    apply_step(&mut c, &name, V1),
                     Step::Gap {
                         missing: seq(prefix as i64 + 1)
                     },
@@ -119,7 +116,7 @@ pub fn apply_all_six_arrival_orders<B: Backend>(dir: &Path) {
             (FlowState::Released, Some(qty), 3)
         );
         assert_eq!(flow_effects(&mut c, &name), effects_for(&events));
-        assert_eq!(c.apply_next(&flow(&name), V1).unwrap(), Step::Idle);
+        assert_eq!(apply_step(&mut c, &name, V1), Step::Idle);
     }
     assert_eq!(c.effects().unwrap().len(), 18);
     check_consumer_invariants(&mut c);
@@ -140,7 +137,7 @@ pub fn apply_unknown_schema_blocked_body_unchanged<B: Backend>(dir: &Path) {
     );
     for options in [V1, V2, V1] {
         assert_eq!(
-            c.apply_next(&flow("s9"), options).unwrap(),
+            apply_step(&mut c, "s9", options),
             blocked_at(1, UNSUPPORTED_SCHEMA),
             "{options:?}"
         );
@@ -170,8 +167,8 @@ pub fn apply_schema_2_blocked_then_applied_as_stored_with_support_v2<B: Backend>
 
     assert_eq!(c.flows_with_reservation_work(V1).unwrap(), vec![flow("v2")]);
     let blocked = blocked_at(1, UNSUPPORTED_SCHEMA);
-    assert_eq!(c.apply_next(&flow("v2"), V1).unwrap(), blocked);
-    assert_eq!(c.apply_next(&flow("v2"), V1).unwrap(), blocked);
+    assert_eq!(apply_step(&mut c, "v2", V1), blocked);
+    assert_eq!(apply_step(&mut c, "v2", V1), blocked);
     assert_eq!(
         inbox_status(&mut c, &e1.event_id),
         InboxStatus::Blocked(UNSUPPORTED_SCHEMA)
@@ -187,18 +184,12 @@ pub fn apply_schema_2_blocked_then_applied_as_stored_with_support_v2<B: Backend>
     assert!(c.effects().unwrap().is_empty());
     assert_eq!(c.flows_with_reservation_work(V2).unwrap(), vec![flow("v2")]);
 
-    assert_eq!(
-        c.apply_next(&flow("v2"), V2).unwrap(),
-        Step::Applied { seq: seq(1) }
-    );
+    assert_eq!(apply_step(&mut c, "v2", V2), applied_at(1));
     let row = inbox_row(&mut c, &e1.event_id).unwrap();
     assert_eq!(row.status, InboxStatus::Applied);
     assert_eq!(row.envelope, e1, "applied as stored");
     assert_eq!(row.envelope.body(), e1.body());
-    assert_eq!(
-        flow_effects(&mut c, "v2"),
-        effects_for(std::slice::from_ref(&e1))
-    );
+    assert_eq!(flow_effects(&mut c, "v2"), effects_for([&e1]));
     assert_eq!(projected(&mut c, "v2"), (FlowState::Reserved, Some(33), 1));
 
     let e3 = commit(&mut p, &request("v2", 2, FlowState::Released, None, 1));
@@ -265,17 +256,14 @@ pub fn apply_invalid_payload_blocked<B: Backend>(dir: &Path) {
         let e = envelope(&format!("{f}-1"), &f, 1, 1, "reserved", payload);
         expect_blocked(&mut c, &e, INVALID_PAYLOAD, V2);
     }
-    let e = envelope("v2-1", "v2", 1, 2, "reserved", json!({"amount": 5}));
+    let e = amount_event("v2-1", "v2", 1, 2, "reserved", 5);
     expect_blocked(&mut c, &e, INVALID_PAYLOAD, V2);
 
     // on a later step too, with the projection left as it was
     let [e1, _, _] = reservation_events("late", 7);
     assert_eq!(c.receive(&e1).unwrap(), Receipt::Accepted);
-    assert_eq!(
-        c.apply_next(&flow("late"), V1).unwrap(),
-        Step::Applied { seq: seq(1) }
-    );
-    let bad = envelope("late-2", "late", 2, 1, "confirmed", json!({"amount": 0}));
+    assert_eq!(apply_step(&mut c, "late", V1), applied_at(1));
+    let bad = amount_event("late-2", "late", 2, 1, "confirmed", 0);
     expect_blocked(&mut c, &bad, INVALID_PAYLOAD, V1);
     assert_eq!(projected(&mut c, "late"), (FlowState::Reserved, Some(7), 1));
 
@@ -285,10 +273,7 @@ pub fn apply_invalid_payload_blocked<B: Backend>(dir: &Path) {
             c.receive(&reservation_event(f, 1, q)).unwrap(),
             Receipt::Accepted
         );
-        assert_eq!(
-            c.apply_next(&flow(f), V1).unwrap(),
-            Step::Applied { seq: seq(1) }
-        );
+        assert_eq!(apply_step(&mut c, f, V1), applied_at(1));
         assert_eq!(projected(&mut c, f), (FlowState::Reserved, Some(q), 1));
     }
     check_consumer_invariants(&mut c);
@@ -306,7 +291,7 @@ pub fn apply_invalid_transition_blocked<B: Backend>(dir: &Path) {
         .enumerate()
     {
         let f = format!("first{i}");
-        let e = envelope(&format!("{f}-1"), &f, 1, 1, ty, json!({"amount": 5}));
+        let e = amount_event(&format!("{f}-1"), &f, 1, 1, ty, 5);
         expect_blocked(&mut c, &e, INVALID_TRANSITION, V1);
     }
     // later steps after `reserved` with quantity 5
@@ -323,10 +308,7 @@ pub fn apply_invalid_transition_blocked<B: Backend>(dir: &Path) {
             c.receive(&reservation_event(&f, 1, 5)).unwrap(),
             Receipt::Accepted
         );
-        assert_eq!(
-            c.apply_next(&flow(&f), V1).unwrap(),
-            Step::Applied { seq: seq(1) }
-        );
+        assert_eq!(apply_step(&mut c, &f, V1), applied_at(1));
         let e = envelope(&format!("{f}-2"), &f, 2, 1, ty, payload);
         expect_blocked(&mut c, &e, INVALID_TRANSITION, V1);
         assert_eq!(projected(&mut c, &f), (FlowState::Reserved, Some(5), 1));
@@ -336,10 +318,7 @@ pub fn apply_invalid_transition_blocked<B: Backend>(dir: &Path) {
         c.receive(&reservation_event("units", 1, 5)).unwrap(),
         Receipt::Accepted
     );
-    assert_eq!(
-        c.apply_next(&flow("units"), V1).unwrap(),
-        Step::Applied { seq: seq(1) }
-    );
+    assert_eq!(apply_step(&mut c, "units", V1), applied_at(1));
     let e = envelope("units-2", "units", 2, 2, "confirmed", json!({"units": 50}));
     expect_blocked(&mut c, &e, INVALID_TRANSITION, V2);
     // reopening after `released`
@@ -348,7 +327,7 @@ pub fn apply_invalid_transition_blocked<B: Backend>(dir: &Path) {
     }
     let d = drain_flow(&mut c, "done", None, V1);
     assert_eq!((d.applied, d.stop), (3, DrainStop::Idle));
-    let reopen = envelope("done-4", "done", 4, 1, "reserved", json!({"amount": 2}));
+    let reopen = amount_event("done-4", "done", 4, 1, "reserved", 2);
     expect_blocked(&mut c, &reopen, INVALID_TRANSITION, V1);
     assert_eq!(projected(&mut c, "done"), (FlowState::Released, Some(2), 3));
     assert_eq!(c.effects().unwrap().len(), 3 + 5 + 1);
@@ -362,7 +341,7 @@ pub fn apply_invalid_transition_blocked<B: Backend>(dir: &Path) {
 pub fn apply_blocked_row_stays_blocked<B: Backend>(dir: &Path) {
     let (_p, mut c) = B::open(dir);
     let [e1, _, e3] = reservation_events("f", 5);
-    let bad = envelope("f-2", "f", 2, 1, "confirmed", json!({"amount": 0}));
+    let bad = amount_event("f-2", "f", 2, 1, "confirmed", 0);
     for e in [&e1, &bad, &e3] {
         assert_eq!(c.receive(e).unwrap(), Receipt::Accepted);
     }
@@ -374,7 +353,7 @@ pub fn apply_blocked_row_stays_blocked<B: Backend>(dir: &Path) {
     let blocked = blocked_at(2, INVALID_PAYLOAD);
     let state = consumer_state(&mut c);
     for options in [V1, V2, V1] {
-        assert_eq!(c.apply_next(&flow("f"), options).unwrap(), blocked);
+        assert_eq!(apply_step(&mut c, "f", options), blocked);
         let d = drain_flow(&mut c, "f", None, options);
         assert_eq!(
             (d.applied, d.stop),
@@ -393,14 +372,14 @@ pub fn apply_blocked_row_stays_blocked<B: Backend>(dir: &Path) {
     let fixed = reservation_event("f", 2, 5);
     assert_eq!(fixed.event_id, bad.event_id);
     assert_eq!(c.receive(&fixed).unwrap(), Receipt::Conflict);
-    let fixed_other_id = envelope("f-2-fixed", "f", 2, 1, "confirmed", json!({"amount": 5}));
+    let fixed_other_id = amount_event("f-2-fixed", "f", 2, 1, "confirmed", 5);
     assert_eq!(c.receive(&fixed_other_id).unwrap(), Receipt::Conflict);
     assert_eq!(c.receive(&bad).unwrap(), Receipt::Duplicate);
     assert_eq!(consumer_state(&mut c), state);
-    assert_eq!(c.apply_next(&flow("f"), V1).unwrap(), blocked);
+    assert_eq!(apply_step(&mut c, "f", V1), blocked);
 
     // a flow whose only row is blocked is not work
-    let only = envelope("g-1", "g", 1, 1, "confirmed", json!({"amount": 5}));
+    let only = amount_event("g-1", "g", 1, 1, "confirmed", 5);
     expect_blocked(&mut c, &only, INVALID_TRANSITION, V1);
     let work = c.flows_with_reservation_work(V2).unwrap();
     assert!(!work.contains(&flow("g")), "{work:?}");
@@ -434,15 +413,8 @@ pub fn drain_stop_reasons<B: Backend>(dir: &Path) {
 
     let [b1, _, _] = reservation_events("blk", 4);
     c.receive(&b1).unwrap();
-    c.receive(&envelope(
-        "blk-2",
-        "blk",
-        2,
-        9,
-        "confirmed",
-        json!({"amount": 4}),
-    ))
-    .unwrap();
+    c.receive(&amount_event("blk-2", "blk", 2, 9, "confirmed", 4))
+        .unwrap();
     let d = drain_flow(&mut c, "blk", None, V1);
     assert_eq!(
         (d.applied, d.stop.clone()),
@@ -460,14 +432,7 @@ pub fn drain_stop_reasons<B: Backend>(dir: &Path) {
 /// Once the gap fills, the gapped flow catches up; the blocked one holds.
 pub fn process_all_isolation<B: Backend>(dir: &Path) {
     let (_p, mut c) = B::open(dir);
-    let blocked = envelope(
-        "a-blocked-1",
-        "a-blocked",
-        1,
-        9,
-        "reserved",
-        json!({"amount": 1}),
-    );
+    let blocked = amount_event("a-blocked-1", "a-blocked", 1, 9, "reserved", 1);
     let [g1, g2, g3] = reservation_events("b-gapped", 2);
     let healthy = reservation_events("c-healthy", 3);
     for e in [&blocked, &g2, &g3].into_iter().chain(healthy.iter()) {
@@ -626,7 +591,7 @@ pub fn apply_batches_keep_order_and_limits<B: Backend>(dir: &Path) {
         );
         assert_eq!(
             flow_effects(&mut c, f),
-            effects_for(&reservation_events(f, 6))
+            effects_for(reservation_events(f, 6))
         );
     }
     // a batch that applies nothing reports each flow's stop
@@ -649,7 +614,7 @@ pub fn apply_batch_across_flows_reports_each_stop<B: Backend>(dir: &Path) {
     let (_p, mut c) = B::open(dir);
     let a = reservation_events("a", 2);
     let b2 = reservation_event("b", 2, 3);
-    let c1 = envelope("c-1", "c", 1, 1, "reserved", json!({"amount": 0}));
+    let c1 = amount_event("c-1", "c", 1, 1, "reserved", 0);
     let d = reservation_events("d", 4);
     let f = reservation_events("f", 5);
     for e in a.iter().chain([&b2, &c1]).chain(&d).chain(&f) {
@@ -696,7 +661,7 @@ pub fn apply_batch_across_flows_reports_each_stop<B: Backend>(dir: &Path) {
     assert_eq!(projected(&mut c, "f"), (FlowState::Reserved, Some(5), 1));
     assert_eq!(
         c.effects().unwrap(),
-        effects_for(&[&a[..], &d[..1], &f[..1]].concat())
+        effects_for([&a[..], &d[..1], &f[..1]].concat())
     );
     assert_eq!(
         inbox_status(&mut c, &c1.event_id),
@@ -727,7 +692,7 @@ pub fn apply_batch_across_flows_reports_each_stop<B: Backend>(dir: &Path) {
     );
     assert_eq!(
         c.effects().unwrap(),
-        effects_for(&[&a[..], &d[..], &f[..]].concat())
+        effects_for([&a[..], &d[..], &f[..]].concat())
     );
     check_consumer_invariants(&mut c);
 }

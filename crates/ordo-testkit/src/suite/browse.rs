@@ -9,7 +9,6 @@ use std::path::Path;
 
 use ordo_core::ops::{ConsumerFlow, ProducerFlow};
 use ordo_core::{ConsumerOps, FlowId, ProducerOps, Receipt, Receive, Step};
-use serde_json::json;
 
 use crate::support::*;
 use crate::Backend;
@@ -189,12 +188,9 @@ pub fn browse_consumer_flows_and_one_inbox_row<B: Backend>(dir: &Path) {
     }
     // Nothing stored: a refused event (another flow's event id) and an
     // apply that finds nothing make no flow.
-    let refused = envelope("b-1", "a-0", 1, 1, "reserved", json!({"amount": 3}));
+    let refused = amount_event("b-1", "a-0", 1, 1, "reserved", 3);
     assert_eq!(c.receive(&refused).unwrap(), Receipt::Conflict);
-    assert!(matches!(
-        c.apply_next(&flow("a-0"), V1).unwrap(),
-        Step::Idle
-    ));
+    assert!(matches!(apply_step(&mut c, "a-0", V1), Step::Idle));
     c.prune_inbox(T0 + 5_000).expect("prune");
     assert!(c
         .inbox_entries(false, Some(&flow("b")), 10)

@@ -14,16 +14,12 @@ use ordo_reservation::{
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 
-use ordo_core::ops::{
-    ConsumerStatus, InboxEntry, ProducerStatus, Pruned, RepairRecord, RetryRefused, SkipRefused,
-    SkipRequest,
-};
+use ordo_core::ops::{ProducerStatus, RetryRefused};
 use ordo_core::{
-    Backoff, ConsumerOps, ConsumerStore, Delivery, Drain, Envelope, ErrorKind, EventId, FixedClock,
-    FlowId, InboxRecord, ProducerOps, ProducerStore, Receipt, Receive, RelayOptions, RelayPolicy,
-    RelayStop, Step, StoreError,
+    Backoff, ConsumerOps, ConsumerStore, Delivery, Envelope, ErrorKind, EventId, FixedClock,
+    FlowId, ProducerOps, ProducerStore, Receipt, Receive, RelayOptions, RelayPolicy, RelayStop,
+    StoreError, Transport, TransportError,
 };
-use serde_json::json;
 
 use crate::support::*;
 use crate::Backend;
@@ -278,7 +274,7 @@ pub fn relay_fair_conflict_quarantines_only_that_event<B: Backend>(dir: &Path) {
     let a2 = commit(&mut p, &request("A", 1, Confirmed, None, 1));
     let a3 = commit(&mut p, &request("A", 2, Released, None, 1));
     // the consumer holds another event at (A, 1)
-    let other = envelope("not-A-1", "A", 1, 1, "reserved", json!({"amount": 10}));
+    let other = amount_event("not-A-1", "A", 1, 1, "reserved", 10);
     assert_eq!(c.receive(&other).unwrap(), Receipt::Accepted);
 
     let now = T0 + 5_000;
@@ -300,14 +296,7 @@ pub fn relay_fair_conflict_quarantines_only_that_event<B: Backend>(dir: &Path) {
         );
     }
     let a1_entry = outbox_entry(&mut p, &a1);
-    assert!(a1_entry.quarantined && !a1_entry.accepted, "{a1_entry:?}");
-    assert!(
-        a1_entry
-            .quarantine_reason
-            .as_deref()
-            .is_some_and(|r| !r.trim().is_empty()),
-        "a quarantine has a reason: {a1_entry:?}"
-    );
+    assert_quarantined(&a1_entry);
     assert_eq!(
         (a1_entry.attempts, a1_entry.last_outcome.as_deref()),
         (1, Some("conflict"))
@@ -450,17 +439,7 @@ pub fn record_receipts_moves_custody_or_quarantines<B: Backend>(dir: &Path) {
         assert_eq!(entry.created_at_ms, T0);
     }
     let conflicted = &entries[2];
-    assert!(
-        conflicted.quarantined && !conflicted.accepted,
-        "a conflict quarantines, never accepts: {conflicted:?}"
-    );
-    assert!(
-        conflicted
-            .quarantine_reason
-            .as_deref()
-            .is_some_and(|r| !r.trim().is_empty()),
-        "{conflicted:?}"
-    );
+    assert_quarantined(conflicted);
     assert_eq!(
         (
             conflicted.attempts,
@@ -707,7 +686,7 @@ pub fn record_failure_waits_stay_within_the_backoff_ceiling<B: Backend>(dir: &Pa
     );
 }
 
-/// A consumer whose `receive_batch` fails as a busy store while `down`.
+/// A consumer that fails every delivery as a busy store while `down`.
 struct Flaky<C> {
     inner: C,
     down: bool,
@@ -715,140 +694,12 @@ struct Flaky<C> {
 
 const BUSY: &str = "consumer busy (suite)";
 
-impl<C: ReservationConsumer> Receive for Flaky<C> {
-    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
+impl<C: ConsumerStore> Transport for Flaky<C> {
+    fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, TransportError> {
         if self.down {
-            return Err(StoreError::new(ErrorKind::Busy, BUSY));
+            return Err(StoreError::new(ErrorKind::Busy, BUSY).into());
         }
-        self.inner.receive_batch(envelopes)
-    }
-}
-
-impl<C: ReservationConsumer> ConsumerOps for Flaky<C> {
-    fn domain(&self) -> &str {
-        self.inner.domain()
-    }
-
-    fn store_id(&self) -> &ordo_core::StoreId {
-        self.inner.store_id()
-    }
-
-    fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError> {
-        self.inner.inbox()
-    }
-
-    fn inbox_entries(
-        &mut self,
-        blocked_only: bool,
-        flow_id: Option<&FlowId>,
-        limit: usize,
-    ) -> Result<Vec<InboxEntry>, StoreError> {
-        self.inner.inbox_entries(blocked_only, flow_id, limit)
-    }
-
-    fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError> {
-        self.inner.reopen_blocked(flow_id)
-    }
-
-    fn skip(
-        &mut self,
-        request: &SkipRequest,
-    ) -> Result<Result<RepairRecord, SkipRefused>, StoreError> {
-        self.inner.skip(request)
-    }
-
-    fn repairs(&mut self) -> Result<Vec<RepairRecord>, StoreError> {
-        self.inner.repairs()
-    }
-
-    fn consumer_status(&mut self) -> Result<ConsumerStatus, StoreError> {
-        self.inner.consumer_status()
-    }
-
-    fn prune_inbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
-        self.inner.prune_inbox(cutoff_ms)
-    }
-}
-
-impl<C: ReservationConsumer> ConsumerStore for Flaky<C> {
-    type Tx = C::Tx;
-
-    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
-    where
-        H: ordo_core::ApplyHandler<Self::Tx> + ?Sized,
-    {
-        self.inner.apply_next_with(flow_id, handler)
-    }
-
-    fn apply_batch_with<H>(
-        &mut self,
-        flows: &[(FlowId, Option<u64>)],
-        events_max: u64,
-        handler: &mut H,
-    ) -> Result<Vec<Drain>, StoreError>
-    where
-        H: ordo_core::ApplyHandler<Self::Tx> + ?Sized,
-    {
-        self.inner.apply_batch_with(flows, events_max, handler)
-    }
-
-    fn flows_with_work(
-        &mut self,
-        reevaluate: &[ordo_core::BlockCode],
-    ) -> Result<Vec<FlowId>, StoreError> {
-        self.inner.flows_with_work(reevaluate)
-    }
-
-    fn flows_with_work_page(
-        &mut self,
-        after: Option<&FlowId>,
-        limit: usize,
-        reevaluate: &[ordo_core::BlockCode],
-    ) -> Result<Vec<FlowId>, StoreError> {
-        self.inner.flows_with_work_page(after, limit, reevaluate)
-    }
-}
-
-impl<C: ReservationConsumer> ReservationConsumer for Flaky<C> {
-    fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError> {
-        self.inner.apply_next(flow_id, options)
-    }
-    fn apply_batch(
-        &mut self,
-        flows: &[(FlowId, Option<u64>)],
-        events_max: u64,
-        options: ApplyOptions,
-    ) -> Result<Vec<Drain>, StoreError> {
-        self.inner.apply_batch(flows, events_max, options)
-    }
-    fn drain(
-        &mut self,
-        flow_id: &FlowId,
-        limit: Option<u64>,
-        options: ApplyOptions,
-        batch_len_max: u64,
-    ) -> Result<Drain, StoreError> {
-        self.inner.drain(flow_id, limit, options, batch_len_max)
-    }
-    fn process_all(
-        &mut self,
-        limit: Option<u64>,
-        options: ApplyOptions,
-        batch_len_max: u64,
-    ) -> Result<Vec<Drain>, StoreError> {
-        self.inner.process_all(limit, options, batch_len_max)
-    }
-    fn flows_with_reservation_work(
-        &mut self,
-        options: ApplyOptions,
-    ) -> Result<Vec<FlowId>, StoreError> {
-        self.inner.flows_with_reservation_work(options)
-    }
-    fn projections(&mut self) -> Result<Vec<Projection>, StoreError> {
-        self.inner.projections()
-    }
-    fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError> {
-        self.inner.effects()
+        self.inner.deliver(events)
     }
 }
 
@@ -979,7 +830,7 @@ pub fn retry_quarantined_refusals_change_nothing_and_retry_requeues<B: Backend>(
     let (mut p, mut c) = open_at::<B>(dir, &clock);
     let a1 = commit(&mut p, &request("A", 0, Reserved, Some(10), 1));
     let b1 = commit(&mut p, &request("B", 0, Reserved, Some(20), 1));
-    let other = envelope("not-A-1", "A", 1, 1, "reserved", json!({"amount": 10}));
+    let other = amount_event("not-A-1", "A", 1, 1, "reserved", 10);
     assert_eq!(c.receive(&other).unwrap(), Receipt::Accepted);
     let now = T0 + 100;
     let report = relay_fair_at(&mut p, &mut c, None, 256, now);

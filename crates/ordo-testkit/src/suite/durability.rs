@@ -26,17 +26,10 @@ pub fn reopen_keeps_all_state<B: Backend>(dir: &Path) {
     let z2 = commit(&mut p, &request("z", 1, FlowState::Confirmed, None, 1));
     let report = relay_first_pending(&mut p, &mut c, Some(5));
     assert_eq!(report.deliveries.len(), 5);
-    let s9 = envelope("s9-1", "s9", 1, 9, "reserved", json!({"amount": 1}));
+    let s9 = amount_event("s9-1", "s9", 1, 9, "reserved", 1);
     c.receive(&s9).unwrap();
-    c.receive(&envelope(
-        "gap-2",
-        "gap",
-        2,
-        1,
-        "confirmed",
-        json!({"amount": 1}),
-    ))
-    .unwrap();
+    c.receive(&amount_event("gap-2", "gap", 2, 1, "confirmed", 1))
+        .unwrap();
     process(&mut c, None, V1);
     assert_eq!(projected(&mut c, "x"), (FlowState::Released, Some(1), 3));
     assert_eq!(projected(&mut c, "z"), (FlowState::Reserved, Some(3), 1));
@@ -116,10 +109,7 @@ pub fn reopen_keeps_all_state<B: Backend>(dir: &Path) {
         inbox_status(&mut c, &s9.event_id),
         InboxStatus::Blocked(UNSUPPORTED_SCHEMA)
     );
-    assert_eq!(
-        c.apply_next(&flow("gap"), V1).unwrap(),
-        Step::Gap { missing: seq(1) }
-    );
+    assert_eq!(apply_step(&mut c, "gap", V1), Step::Gap { missing: seq(1) });
     check_consumer_invariants(&mut c);
 }
 
@@ -134,18 +124,12 @@ pub fn apply_exactly_once_across_reopen<B: Backend>(dir: &Path) {
         for e in &events {
             assert_eq!(c.receive(e).unwrap(), Receipt::Accepted);
         }
-        assert_eq!(
-            c.apply_next(&flow("f"), V1).unwrap(),
-            Step::Applied { seq: seq(1) }
-        );
+        assert_eq!(apply_step(&mut c, "f", V1), applied_at(1));
     }
     {
         let (_p, mut c) = B::open(dir);
         assert_eq!(flow_effects(&mut c, "f"), effects_for(&events[..1]));
-        assert_eq!(
-            c.apply_next(&flow("f"), V1).unwrap(),
-            Step::Applied { seq: seq(2) }
-        );
+        assert_eq!(apply_step(&mut c, "f", V1), applied_at(2));
         assert_eq!(flow_effects(&mut c, "f"), effects_for(&events[..2]));
     }
     {
@@ -155,7 +139,7 @@ pub fn apply_exactly_once_across_reopen<B: Backend>(dir: &Path) {
     }
     {
         let (_p, mut c) = B::open(dir);
-        assert_eq!(c.apply_next(&flow("f"), V1).unwrap(), Step::Idle);
+        assert_eq!(apply_step(&mut c, "f", V1), Step::Idle);
         for e in &events {
             assert_eq!(c.receive(e).unwrap(), Receipt::Duplicate);
         }
@@ -165,23 +149,20 @@ pub fn apply_exactly_once_across_reopen<B: Backend>(dir: &Path) {
         let v2 = envelope("v-1", "v", 1, 2, "reserved", json!({"units": 4}));
         assert_eq!(c.receive(&v2).unwrap(), Receipt::Accepted);
         assert_eq!(
-            c.apply_next(&flow("v"), V1).unwrap(),
+            apply_step(&mut c, "v", V1),
             blocked_at(1, UNSUPPORTED_SCHEMA)
         );
     }
     {
         let (_p, mut c) = B::open(dir);
         assert_eq!(
-            c.apply_next(&flow("v"), V1).unwrap(),
+            apply_step(&mut c, "v", V1),
             blocked_at(1, UNSUPPORTED_SCHEMA)
         );
-        assert_eq!(
-            c.apply_next(&flow("v"), V2).unwrap(),
-            Step::Applied { seq: seq(1) }
-        );
+        assert_eq!(apply_step(&mut c, "v", V2), applied_at(1));
     }
     let (_p, mut c) = B::open(dir);
-    assert_eq!(c.apply_next(&flow("v"), V2).unwrap(), Step::Idle);
+    assert_eq!(apply_step(&mut c, "v", V2), Step::Idle);
     assert_eq!(projected(&mut c, "v"), (FlowState::Reserved, Some(4), 1));
     assert_eq!(c.effects().unwrap().len(), 4);
     check_consumer_invariants(&mut c);

@@ -45,8 +45,8 @@ pub fn skip_refusals_write_nothing<B: Backend>(dir: &Path) {
     let (_p, mut c) = open_at::<B>(dir, &clock);
     // s: seq 1 applied, seq 2 stored and blocked, seq 4 stored
     let s1 = reservation_event("s", 1, 5);
-    let s2 = envelope("s-2", "s", 2, 1, "confirmed", json!({"amount": 0}));
-    let s4 = envelope("s-4", "s", 4, 1, "released", json!({"amount": 5}));
+    let s2 = amount_event("s-2", "s", 2, 1, "confirmed", 0);
+    let s4 = amount_event("s-4", "s", 4, 1, "released", 5);
     // g: seq 1 missing, seq 2 stored
     let g2 = reservation_event("g", 2, 7);
     for e in [&s1, &s2, &s4, &g2] {
@@ -61,55 +61,33 @@ pub fn skip_refusals_write_nothing<B: Backend>(dir: &Path) {
     let entries = inbox_entries(&mut c);
     let status = c.consumer_status().unwrap();
 
+    // Each refused skip: its flow, seq and reason, and why it is refused.
+    enum Refused {
+        Settled { applied_seq: i64 },
+        NotNext { next: i64 },
+        NotStored,
+    }
+    use Refused::*;
     let refusals = [
-        (
-            skip_request("s", 1, "again", "ops"),
-            SkipRefused::AlreadySettled {
-                flow_id: flow("s"),
-                seq: seq(1),
-                applied_seq: 1,
-            },
-        ),
-        (
-            skip_request("s", 3, "not stored, not next", "ops"),
-            SkipRefused::NotNext {
-                flow_id: flow("s"),
-                seq: seq(3),
-                next: 2,
-            },
-        ),
-        (
-            skip_request("s", 4, "stored, not next", "ops"),
-            SkipRefused::NotNext {
-                flow_id: flow("s"),
-                seq: seq(4),
-                next: 2,
-            },
-        ),
-        (
-            skip_request("g", 1, "the gap itself", "ops"),
-            SkipRefused::NotStored {
-                flow_id: flow("g"),
-                seq: seq(1),
-            },
-        ),
-        (
-            skip_request("g", 2, "past the gap", "ops"),
-            SkipRefused::NotNext {
-                flow_id: flow("g"),
-                seq: seq(2),
-                next: 1,
-            },
-        ),
-        (
-            skip_request("none", 1, "nothing received", "ops"),
-            SkipRefused::NotStored {
-                flow_id: flow("none"),
-                seq: seq(1),
-            },
-        ),
+        ("s", 1, "again", Settled { applied_seq: 1 }),
+        ("s", 3, "not stored, not next", NotNext { next: 2 }),
+        ("s", 4, "stored, not next", NotNext { next: 2 }),
+        ("g", 1, "the gap itself", NotStored),
+        ("g", 2, "past the gap", NotNext { next: 1 }),
+        ("none", 1, "nothing received", NotStored),
     ];
-    for (request, refused) in refusals {
+    for (flow_id, seq_value, reason, refused) in refusals {
+        let request = skip_request(flow_id, seq_value, reason, "ops");
+        let (flow_id, seq) = (flow(flow_id), seq(seq_value));
+        let refused = match refused {
+            Settled { applied_seq } => SkipRefused::AlreadySettled {
+                flow_id,
+                seq,
+                applied_seq,
+            },
+            NotNext { next } => SkipRefused::NotNext { flow_id, seq, next },
+            NotStored => SkipRefused::NotStored { flow_id, seq },
+        };
         assert_eq!(
             skip_at(&mut c, &clock, &request, T0 + 100).unwrap(),
             Err(refused),
@@ -121,14 +99,11 @@ pub fn skip_refusals_write_nothing<B: Backend>(dir: &Path) {
         assert!(c.repairs().unwrap().is_empty(), "{request:?} logged");
     }
     assert_eq!(
-        c.apply_next(&flow("g"), V1).unwrap(),
+        apply_step(&mut c, "g", V1),
         Step::Gap { missing: seq(1) },
         "a refused skip does not pass a gap"
     );
-    assert_eq!(
-        c.apply_next(&flow("s"), V1).unwrap(),
-        blocked_at(2, INVALID_PAYLOAD)
-    );
+    assert_eq!(apply_step(&mut c, "s", V1), blocked_at(2, INVALID_PAYLOAD));
 
     // the request's own rules
     let new = |reason: &str, by: &str| {
@@ -165,9 +140,9 @@ pub fn skip_marks_skipped_moves_past_and_logs_the_repair<B: Backend>(dir: &Path)
     let clock = ManualClock::new(T0);
     let (_p, mut c) = open_at::<B>(dir, &clock);
     let s1 = reservation_event("s", 1, 5);
-    let s2 = envelope("s-2", "s", 2, 1, "confirmed", json!({"amount": 0}));
-    let s3 = envelope("s-3", "s", 3, 1, "confirmed", json!({"amount": 5}));
-    let s4 = envelope("s-4", "s", 4, 1, "released", json!({"amount": 5}));
+    let s2 = amount_event("s-2", "s", 2, 1, "confirmed", 0);
+    let s3 = amount_event("s-3", "s", 3, 1, "confirmed", 5);
+    let s4 = amount_event("s-4", "s", 4, 1, "released", 5);
     for e in [&s1, &s2, &s3] {
         assert_eq!(c.receive(e).unwrap(), Receipt::Accepted);
     }
@@ -226,15 +201,9 @@ pub fn skip_marks_skipped_moves_past_and_logs_the_repair<B: Backend>(dir: &Path)
     assert_eq!(projection(&mut c, "s"), projection_before);
 
     // apply moves past the skipped seq
-    assert_eq!(
-        c.apply_next(&flow("s"), V1).unwrap(),
-        Step::Applied { seq: seq(3) }
-    );
+    assert_eq!(apply_step(&mut c, "s", V1), applied_at(3));
     assert_eq!(projected(&mut c, "s"), (FlowState::Confirmed, Some(5), 3));
-    assert_eq!(
-        flow_effects(&mut c, "s"),
-        effects_for(&[s1.clone(), s3.clone()])
-    );
+    assert_eq!(flow_effects(&mut c, "s"), effects_for([&s1, &s3]));
     assert_eq!(
         skip_at(
             &mut c,
@@ -274,11 +243,8 @@ pub fn skip_marks_skipped_moves_past_and_logs_the_repair<B: Backend>(dir: &Path)
         (seq(4), &s4.event_id, "bob")
     );
     assert_eq!(c.repairs().unwrap(), vec![record.clone(), second.clone()]);
-    assert_eq!(c.apply_next(&flow("s"), V1).unwrap(), Step::Idle);
-    assert_eq!(
-        flow_effects(&mut c, "s"),
-        effects_for(&[s1.clone(), s3.clone()])
-    );
+    assert_eq!(apply_step(&mut c, "s", V1), Step::Idle);
+    assert_eq!(flow_effects(&mut c, "s"), effects_for([&s1, &s3]));
     let statuses: Vec<InboxStatus> = c.inbox().unwrap().into_iter().map(|r| r.status).collect();
     assert_eq!(
         statuses,
@@ -305,7 +271,7 @@ pub fn skip_marks_skipped_moves_past_and_logs_the_repair<B: Backend>(dir: &Path)
     let (_p, mut c) = open_at::<B>(dir, &clock);
     assert_eq!(c.repairs().unwrap(), vec![record, second]);
     assert_eq!(consumer_state(&mut c), state);
-    assert_eq!(c.apply_next(&flow("s"), V1).unwrap(), Step::Idle);
+    assert_eq!(apply_step(&mut c, "s", V1), Step::Idle);
 }
 
 /// `reopen_blocked` sets one flow's blocked rows back to pending (and
@@ -318,9 +284,9 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
     let (_p, mut c) = open_at::<B>(dir, &clock);
     let v1 = envelope("v-1", "v", 1, 2, "reserved", json!({"units": 7}));
     let v2 = reservation_event("v", 2, 7);
-    let w1 = envelope("w-1", "w", 1, 9, "reserved", json!({"amount": 7}));
-    let x1 = envelope("x-1", "x", 1, 1, "reserved", json!({"amount": 0}));
-    let y1 = envelope("y-1", "y", 1, 1, "confirmed", json!({"amount": 7}));
+    let w1 = amount_event("w-1", "w", 1, 9, "reserved", 7);
+    let x1 = amount_event("x-1", "x", 1, 1, "reserved", 0);
+    let y1 = amount_event("y-1", "y", 1, 1, "confirmed", 7);
     for e in [&v1, &v2, &w1, &x1, &y1] {
         assert_eq!(c.receive(e).unwrap(), Receipt::Accepted);
     }
@@ -392,7 +358,7 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
 
     // evaluated again without schema 2 support: blocked again
     assert_eq!(
-        c.apply_next(&flow("v"), V1).unwrap(),
+        apply_step(&mut c, "v", V1),
         blocked_at(1, UNSUPPORTED_SCHEMA)
     );
     assert_eq!(
@@ -401,19 +367,10 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
     );
     // reopened and evaluated with it: applied as stored
     assert_eq!(c.reopen_blocked(&flow("v")).unwrap(), 1);
-    assert_eq!(
-        c.apply_next(&flow("v"), V2).unwrap(),
-        Step::Applied { seq: seq(1) }
-    );
-    assert_eq!(
-        c.apply_next(&flow("v"), V1).unwrap(),
-        Step::Applied { seq: seq(2) }
-    );
+    assert_eq!(apply_step(&mut c, "v", V2), applied_at(1));
+    assert_eq!(apply_step(&mut c, "v", V1), applied_at(2));
     assert_eq!(projected(&mut c, "v"), (FlowState::Confirmed, Some(7), 2));
-    assert_eq!(
-        flow_effects(&mut c, "v"),
-        effects_for(&[v1.clone(), v2.clone()])
-    );
+    assert_eq!(flow_effects(&mut c, "v"), effects_for([&v1, &v2]));
     assert_eq!(
         inbox_row(&mut c, &v1.event_id).map(|r| (r.envelope, r.status)),
         Some((v1.clone(), InboxStatus::Applied)),
@@ -434,7 +391,7 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
         assert_eq!(c.reopen_blocked(&flow(f)).unwrap(), 1, "{f}");
         assert_eq!(inbox_status(&mut c, &e.event_id), InboxStatus::Pending);
         assert_eq!(
-            c.apply_next(&flow(f), V2).unwrap(),
+            apply_step(&mut c, f, V2),
             blocked_at(1, reason.clone()),
             "{f}"
         );
@@ -462,10 +419,10 @@ pub fn consumer_status_counts_pending_blocked_and_gaps<B: Backend>(dir: &Path) {
     let p = reservation_events("p", 2);
     let g = reservation_events("g", 3);
     let h = reservation_events("h", 4);
-    let x1 = envelope("x-1", "x", 1, 1, "reserved", json!({"amount": 0}));
+    let x1 = amount_event("x-1", "x", 1, 1, "reserved", 0);
     let x2 = reservation_event("x", 2, 1);
-    let y1 = envelope("y-1", "y", 1, 9, "reserved", json!({"amount": 1}));
-    let z1 = envelope("z-1", "z", 1, 1, "released", json!({"amount": 1}));
+    let y1 = amount_event("y-1", "y", 1, 9, "reserved", 1);
+    let z1 = amount_event("z-1", "z", 1, 1, "released", 1);
     let arrivals: [(i64, Vec<&ordo_core::Envelope>); 6] = [
         (0, vec![&p[0], &p[1]]),
         (200, vec![&g[2]]),
@@ -564,13 +521,13 @@ pub fn consumer_status_caps_the_listed_gaps<B: Backend>(dir: &Path) {
     let total = ordo_core::ops::GAPS_LISTED_MAX + 1;
     let waiting: Vec<ordo_core::Envelope> = (0..total)
         .map(|i| {
-            envelope(
+            amount_event(
                 &format!("g{i:05}-2"),
                 &format!("g{i:05}"),
                 2,
                 1,
                 "confirmed",
-                json!({"amount": 1}),
+                1,
             )
         })
         .collect();
@@ -601,8 +558,8 @@ pub fn prune_inbox_keeps_fingerprints_and_never_reapplies<B: Backend>(dir: &Path
     let a = reservation_events("a", 3);
     let b = reservation_events("b", 4);
     let m = reservation_events("m", 6);
-    let k1 = envelope("k-1", "k", 1, 1, "reserved", json!({"amount": 0}));
-    let x1 = envelope("x-1", "x", 1, 9, "reserved", json!({"amount": 1}));
+    let k1 = amount_event("k-1", "k", 1, 1, "reserved", 0);
+    let x1 = amount_event("x-1", "x", 1, 9, "reserved", 1);
     let p1 = reservation_event("p", 1, 8);
     for e in a.iter().chain(&b[..2]).chain([&m[0], &k1, &x1]) {
         assert_eq!(c.receive(e).unwrap(), Receipt::Accepted);
@@ -671,10 +628,10 @@ pub fn prune_inbox_keeps_fingerprints_and_never_reapplies<B: Backend>(dir: &Path
     for e in a.iter().chain([&b[0], &m[0], &k1, &b[1]]) {
         assert_eq!(c.receive(e).unwrap(), Receipt::Duplicate, "{e:?}");
     }
-    let changed_body = envelope("a-2", "a", 2, 1, "confirmed", json!({"amount": 4}));
-    let other_id = envelope("a-2-again", "a", 2, 1, "confirmed", json!({"amount": 3}));
-    let id_elsewhere = envelope("a-1", "a", 4, 1, "released", json!({"amount": 3}));
-    let skipped_other = envelope("k-1-again", "k", 1, 1, "reserved", json!({"amount": 2}));
+    let changed_body = amount_event("a-2", "a", 2, 1, "confirmed", 4);
+    let other_id = amount_event("a-2-again", "a", 2, 1, "confirmed", 3);
+    let id_elsewhere = amount_event("a-1", "a", 4, 1, "released", 3);
+    let skipped_other = amount_event("k-1-again", "k", 1, 1, "reserved", 2);
     for e in [&changed_body, &other_id, &id_elsewhere, &skipped_other] {
         assert_eq!(c.receive(e).unwrap(), Receipt::Conflict, "{e:?}");
     }
@@ -689,23 +646,17 @@ pub fn prune_inbox_keeps_fingerprints_and_never_reapplies<B: Backend>(dir: &Path
         "a redelivery stored something"
     );
     for f in ["a", "m", "k"] {
-        assert_eq!(c.apply_next(&flow(f), V1).unwrap(), Step::Idle, "{f}");
+        assert_eq!(apply_step(&mut c, f, V1), Step::Idle, "{f}");
     }
     assert_eq!(c.effects().unwrap(), before.effects, "applied twice");
 
     // the flows go on with their next seq
     assert_eq!(c.receive(&m[1]).unwrap(), Receipt::Accepted);
-    let k2 = envelope("k-2", "k", 2, 1, "reserved", json!({"amount": 2}));
+    let k2 = amount_event("k-2", "k", 2, 1, "reserved", 2);
     assert_eq!(c.receive(&k2).unwrap(), Receipt::Accepted);
     clock.set(at(9_000));
-    assert_eq!(
-        c.apply_next(&flow("m"), V1).unwrap(),
-        Step::Applied { seq: seq(2) }
-    );
-    assert_eq!(
-        c.apply_next(&flow("k"), V1).unwrap(),
-        Step::Applied { seq: seq(2) }
-    );
+    assert_eq!(apply_step(&mut c, "m", V1), applied_at(2));
+    assert_eq!(apply_step(&mut c, "k", V1), applied_at(2));
     assert_eq!(projected(&mut c, "m"), (FlowState::Confirmed, Some(6), 2));
     assert_eq!(flow_effects(&mut c, "m"), effects_for(&m[..2]));
 
@@ -741,8 +692,5 @@ pub fn prune_inbox_keeps_fingerprints_and_never_reapplies<B: Backend>(dir: &Path
     }
     assert_eq!(c.receive(&changed_body).unwrap(), Receipt::Conflict);
     assert_eq!(process(&mut c, None, V1).len(), 1, "only p has work");
-    assert_eq!(
-        c.effects().unwrap(),
-        [effects, effects_for(std::slice::from_ref(&p1))].concat()
-    );
+    assert_eq!(c.effects().unwrap(), [effects, effects_for([&p1])].concat());
 }

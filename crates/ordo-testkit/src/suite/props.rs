@@ -132,7 +132,7 @@ impl ConsumerModel {
     fn expected_step(&self, f: usize) -> Step {
         let next = self.applied[f] + 1;
         if self.received[f].contains(&next) {
-            Step::Applied { seq: seq(next) }
+            applied_at(next)
         } else if self.received[f].iter().any(|s| *s > next) {
             Step::Gap { missing: seq(next) }
         } else {
@@ -260,7 +260,7 @@ pub fn prop_any_arrival_order_with_duplicates<B: Backend>(dir: &Path) {
                 "flow {}",
                 f
             );
-            all_effects.extend(effects_for(&reservation_events(&name, q)));
+            all_effects.extend(effects_for(reservation_events(&name, q)));
         }
         prop_assert_eq!(c.effects().expect("effects"), all_effects);
         let inbox = c.inbox().expect("inbox");

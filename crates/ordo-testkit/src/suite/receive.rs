@@ -28,10 +28,7 @@ pub fn receive_accepted_then_duplicate<B: Backend>(dir: &Path) {
         assert_eq!(c.inbox().unwrap(), inbox, "a duplicate stored something");
     }
     // still a duplicate once applied
-    assert_eq!(
-        c.apply_next(&flow("f"), V1).unwrap(),
-        Step::Applied { seq: seq(1) }
-    );
+    assert_eq!(apply_step(&mut c, "f", V1), applied_at(1));
     let applied = consumer_state(&mut c);
     assert_eq!(c.receive(&e).unwrap(), Receipt::Duplicate);
     assert_eq!(consumer_state(&mut c), applied);
@@ -46,11 +43,11 @@ pub fn receive_conflict_same_event_id_changes_nothing<B: Backend>(dir: &Path) {
     assert_eq!(c.receive(&stored).unwrap(), Receipt::Accepted);
     let id = stored.event_id.as_str();
     let variants = [
-        envelope(id, "f", 1, 1, "reserved", json!({"amount": 6})),
-        envelope(id, "f", 1, 2, "reserved", json!({"amount": 5})),
-        envelope(id, "f", 1, 1, "confirmed", json!({"amount": 5})),
-        envelope(id, "f", 2, 1, "reserved", json!({"amount": 5})),
-        envelope(id, "g", 1, 1, "reserved", json!({"amount": 5})),
+        amount_event(id, "f", 1, 1, "reserved", 6),
+        amount_event(id, "f", 1, 2, "reserved", 5),
+        amount_event(id, "f", 1, 1, "confirmed", 5),
+        amount_event(id, "f", 2, 1, "reserved", 5),
+        amount_event(id, "g", 1, 1, "reserved", 5),
         envelope(id, "f", 1, 1, "reserved", json!({"amount": 5, "note": "x"})),
     ];
     for round in ["pending", "applied"] {
@@ -65,10 +62,7 @@ pub fn receive_conflict_same_event_id_changes_nothing<B: Backend>(dir: &Path) {
         }
         assert_eq!(c.receive(&stored).unwrap(), Receipt::Duplicate);
         if round == "pending" {
-            assert_eq!(
-                c.apply_next(&flow("f"), V1).unwrap(),
-                Step::Applied { seq: seq(1) }
-            );
+            assert_eq!(apply_step(&mut c, "f", V1), applied_at(1));
         }
     }
     assert_eq!(projected(&mut c, "f"), (FlowState::Reserved, Some(5), 1));
@@ -83,8 +77,8 @@ pub fn receive_conflict_same_flow_seq_changes_nothing<B: Backend>(dir: &Path) {
     assert_eq!(c.receive(&stored).unwrap(), Receipt::Accepted);
     let before = consumer_state(&mut c);
     let intruders = [
-        envelope("other", "f", 1, 1, "reserved", json!({"amount": 5})),
-        envelope("other-2", "f", 1, 1, "reserved", json!({"amount": 8})),
+        amount_event("other", "f", 1, 1, "reserved", 5),
+        amount_event("other-2", "f", 1, 1, "reserved", 8),
         envelope("other-3", "f", 1, 9, "whatever", json!({})),
     ];
     for e in &intruders {
@@ -93,7 +87,7 @@ pub fn receive_conflict_same_flow_seq_changes_nothing<B: Backend>(dir: &Path) {
         assert!(inbox_row(&mut c, &e.event_id).is_none());
     }
     // the intruder's id was not taken: a different (flow, seq) under it is new
-    let elsewhere = envelope("other", "f", 2, 1, "confirmed", json!({"amount": 5}));
+    let elsewhere = amount_event("other", "f", 2, 1, "confirmed", 5);
     assert_eq!(c.receive(&elsewhere).unwrap(), Receipt::Accepted);
     // and the stored event applies as stored
     let d = drain_flow(&mut c, "f", None, V1);
@@ -144,10 +138,7 @@ pub fn receive_duplicate_ignores_key_order_and_number_spelling<B: Backend>(dir: 
     );
     assert_eq!(c.receive(&reordered_array).unwrap(), Receipt::Conflict);
 
-    assert_eq!(
-        c.apply_next(&flow("f"), V1).unwrap(),
-        Step::Applied { seq: seq(1) }
-    );
+    assert_eq!(apply_step(&mut c, "f", V1), applied_at(1));
     assert_eq!(projected(&mut c, "f"), (FlowState::Reserved, Some(5), 1));
     let stored = inbox_row(&mut c, &event_id("f-1")).unwrap().envelope;
     assert_eq!(stored.body(), parse(texts[0]).body());
@@ -168,15 +159,8 @@ pub fn receive_batch_in_one_call<B: Backend>(dir: &Path) {
         v["payload"] = json!({"amount": 3.0});
         v.to_string()
     });
-    let squatter = envelope("squat", "b", 2, 1, "confirmed", json!({"amount": 3}));
-    let e1_changed = envelope(
-        e1.event_id.as_str(),
-        "b",
-        1,
-        1,
-        "reserved",
-        json!({"amount": 4}),
-    );
+    let squatter = amount_event("squat", "b", 2, 1, "confirmed", 3);
+    let e1_changed = amount_event(e1.event_id.as_str(), "b", 1, 1, "reserved", 4);
     let batch = vec![
         e3.clone(),
         e1.clone(),
@@ -225,10 +209,7 @@ pub fn receive_never_changes_projection_or_effects<B: Backend>(dir: &Path) {
     let (_p, mut c) = B::open(dir);
     let [e1, e2, e3] = reservation_events("f", 5);
     assert_eq!(c.receive(&e1).unwrap(), Receipt::Accepted);
-    assert_eq!(
-        c.apply_next(&flow("f"), V1).unwrap(),
-        Step::Applied { seq: seq(1) }
-    );
+    assert_eq!(apply_step(&mut c, "f", V1), applied_at(1));
     let projections = c.projections().unwrap();
     let effects = c.effects().unwrap();
     let inputs = [
@@ -237,22 +218,15 @@ pub fn receive_never_changes_projection_or_effects<B: Backend>(dir: &Path) {
         (e1.clone(), Receipt::Duplicate),
         (e3.clone(), Receipt::Accepted),
         (
-            envelope("x", "f", 2, 1, "confirmed", json!({"amount": 5})),
+            amount_event("x", "f", 2, 1, "confirmed", 5),
             Receipt::Conflict,
         ),
         (
-            envelope(
-                e1.event_id.as_str(),
-                "f",
-                1,
-                1,
-                "reserved",
-                json!({"amount": 9}),
-            ),
+            amount_event(e1.event_id.as_str(), "f", 1, 1, "reserved", 9),
             Receipt::Conflict,
         ),
         (
-            envelope("g-1", "g", 1, 9, "reserved", json!({"amount": 5})),
+            amount_event("g-1", "g", 1, 9, "reserved", 5),
             Receipt::Accepted,
         ),
         (reservation_event("h", 1, 1), Receipt::Accepted),
@@ -279,44 +253,16 @@ pub fn receive_never_changes_projection_or_effects<B: Backend>(dir: &Path) {
 /// blocked as unsupported.
 pub fn receive_seq_bounds<B: Backend>(dir: &Path) {
     let (_p, mut c) = B::open(dir);
-    let max = envelope(
-        "big-max",
-        "big",
-        i64::MAX,
-        1,
-        "released",
-        json!({"amount": 1}),
-    );
+    let max = amount_event("big-max", "big", i64::MAX, 1, "released", 1);
     assert_eq!(c.receive(&max).unwrap(), Receipt::Accepted);
     let inbox = c.inbox().unwrap();
     assert_eq!(inbox.len(), 1);
     assert_eq!(inbox[0].envelope.seq.get(), i64::MAX);
     assert_eq!(inbox[0].envelope.body(), max.body());
 
-    let below = envelope(
-        "big-below",
-        "big",
-        i64::MAX - 1,
-        1,
-        "confirmed",
-        json!({"amount": 1}),
-    );
-    let far = envelope(
-        "big-far",
-        "big",
-        1 << 53,
-        1,
-        "confirmed",
-        json!({"amount": 1}),
-    );
-    let far_next = envelope(
-        "big-far-next",
-        "big",
-        (1 << 53) + 1,
-        1,
-        "confirmed",
-        json!({"amount": 1}),
-    );
+    let below = amount_event("big-below", "big", i64::MAX - 1, 1, "confirmed", 1);
+    let far = amount_event("big-far", "big", 1 << 53, 1, "confirmed", 1);
+    let far_next = amount_event("big-far-next", "big", (1 << 53) + 1, 1, "confirmed", 1);
     for e in [&below, &far, &far_next] {
         assert_eq!(c.receive(e).unwrap(), Receipt::Accepted, "seq {}", e.seq);
     }
@@ -334,34 +280,21 @@ pub fn receive_seq_bounds<B: Backend>(dir: &Path) {
         assert_eq!(row.status, InboxStatus::Pending);
     }
     let before = consumer_state(&mut c);
-    let same_seq = envelope(
-        "big-other",
-        "big",
-        i64::MAX,
-        1,
-        "released",
-        json!({"amount": 1}),
-    );
+    let same_seq = amount_event("big-other", "big", i64::MAX, 1, "released", 1);
     assert_eq!(c.receive(&same_seq).unwrap(), Receipt::Conflict);
     assert_eq!(consumer_state(&mut c), before);
 
-    assert_eq!(
-        c.apply_next(&flow("big"), V1).unwrap(),
-        Step::Gap { missing: seq(1) }
-    );
-    let first = envelope("big-1", "big", 1, 1, "reserved", json!({"amount": 1}));
+    assert_eq!(apply_step(&mut c, "big", V1), Step::Gap { missing: seq(1) });
+    let first = amount_event("big-1", "big", 1, 1, "reserved", 1);
     assert_eq!(c.receive(&first).unwrap(), Receipt::Accepted);
     let d = drain_flow(&mut c, "big", None, V1);
     assert_eq!((d.applied, d.stop), (1, DrainStop::Gap));
-    assert_eq!(
-        c.apply_next(&flow("big"), V1).unwrap(),
-        Step::Gap { missing: seq(2) }
-    );
+    assert_eq!(apply_step(&mut c, "big", V1), Step::Gap { missing: seq(2) });
 
-    let schema_max = envelope("sv-1", "sv", 1, i64::MAX, "reserved", json!({"amount": 1}));
+    let schema_max = amount_event("sv-1", "sv", 1, i64::MAX, "reserved", 1);
     assert_eq!(c.receive(&schema_max).unwrap(), Receipt::Accepted);
     assert_eq!(
-        c.apply_next(&flow("sv"), V2).unwrap(),
+        apply_step(&mut c, "sv", V2),
         blocked_at(1, ordo_reservation::UNSUPPORTED_SCHEMA)
     );
     assert_eq!(

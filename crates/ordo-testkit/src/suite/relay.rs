@@ -9,7 +9,6 @@ use ordo_core::{
     ConsumerOps, Envelope, InboxStatus, ProducerOps, ProducerStore, Receipt, Receive, RelayError,
     RelayReport, RelayStop,
 };
-use serde_json::json;
 
 use crate::support::*;
 use crate::Backend;
@@ -67,14 +66,7 @@ pub fn relay_never_marks_conflict_accepted<B: Backend>(dir: &Path) {
     let (mut p, mut c) = B::open(dir);
     let a = commit(&mut p, &request("a", 0, FlowState::Reserved, Some(2), 1));
     let b = commit(&mut p, &request("b", 0, FlowState::Reserved, Some(2), 1));
-    let squatter = envelope(
-        a.event_id.as_str(),
-        "a",
-        1,
-        1,
-        "reserved",
-        json!({"amount": 3}),
-    );
+    let squatter = amount_event(a.event_id.as_str(), "a", 1, 1, "reserved", 3);
     assert_eq!(c.receive(&squatter).unwrap(), Receipt::Accepted);
     let consumer_before = consumer_state(&mut c);
 
@@ -109,7 +101,7 @@ pub fn relay_first_pending_conflict_starves_later_events<B: Backend>(dir: &Path)
     let b1 = commit(&mut p, &request("B", 0, FlowState::Reserved, Some(20), 1));
     let b2 = commit(&mut p, &request("B", 1, FlowState::Confirmed, None, 1));
     // same (flow, seq) as A under another event id, same payload
-    let other = envelope("not-A-1", "A", 1, 1, "reserved", json!({"amount": 10}));
+    let other = amount_event("not-A-1", "A", 1, 1, "reserved", 10);
     assert_eq!(c.receive(&other).unwrap(), Receipt::Accepted);
 
     for attempt in 1..=3 {
@@ -248,7 +240,7 @@ pub fn relay_fair_conflict_does_not_starve_other_flows<B: Backend>(dir: &Path) {
         let a = commit(&mut p, &request("A", 0, FlowState::Reserved, Some(10), 1));
         let b = commit_full_flow(&mut p, "B", 20);
         let d = commit_full_flow(&mut p, "D", 30);
-        let other = envelope("not-A-1", "A", 1, 1, "reserved", json!({"amount": 10}));
+        let other = amount_event("not-A-1", "A", 1, 1, "reserved", 10);
         assert_eq!(c.receive(&other).unwrap(), Receipt::Accepted);
 
         let report = relay_fair(&mut p, &mut c, None, batch_len);
