@@ -202,6 +202,29 @@ struct PlanState {
     journals: BTreeMap<PathBuf, Vec<Undo>>,
 }
 
+impl PlanState {
+    /// Journals `undo` for the file at `path` if the change it undoes
+    /// succeeded (`rc` is `SQLITE_OK`); returns `rc`.
+    fn journal(&mut self, path: &Path, rc: c_int, undo: Undo) -> c_int {
+        if rc == ffi::SQLITE_OK {
+            self.journals.entry(path.to_owned()).or_default().push(undo);
+        }
+        rc
+    }
+}
+
+/// The `len` bytes of `file` at `offset`, read before a change replaces them.
+fn read_span(file: &mut dyn RawFile, offset: u64, len: u64) -> Result<Vec<u8>, c_int> {
+    let mut span = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    if !span.is_empty() {
+        let rc = file.read_at(&mut span, offset);
+        if rc != ffi::SQLITE_OK {
+            return Err(rc);
+        }
+    }
+    Ok(span)
+}
+
 /// Every armed plan of the process.
 static PLANS: Mutex<Vec<Arc<Plan>>> = Mutex::new(Vec::new());
 
@@ -265,27 +288,21 @@ impl Plan {
         };
         let len = data.len() as u64;
         let overlap = size_before.min(offset + len).saturating_sub(offset);
-        let mut old = vec![0u8; usize::try_from(overlap).unwrap_or(0)];
-        if !old.is_empty() {
-            let rc = file.read_at(&mut old, offset);
-            if rc != ffi::SQLITE_OK {
-                return rc;
-            }
-        }
+        let old = match read_span(file, offset, overlap) {
+            Ok(old) => old,
+            Err(rc) => return rc,
+        };
         let rc = file.write_at(data, offset);
-        if rc == ffi::SQLITE_OK {
-            state
-                .journals
-                .entry(path.to_owned())
-                .or_default()
-                .push(Undo::Write {
-                    offset,
-                    len,
-                    old,
-                    size_before,
-                });
-        }
-        rc
+        state.journal(
+            path,
+            rc,
+            Undo::Write {
+                offset,
+                len,
+                old,
+                size_before,
+            },
+        )
     }
 
     /// Truncates to `size` unless the fault says otherwise, journaling the
@@ -306,26 +323,20 @@ impl Plan {
             Ok(size) => size,
             Err(code) => return code,
         };
-        let mut tail = vec![0u8; usize::try_from(size_before.saturating_sub(size)).unwrap_or(0)];
-        if !tail.is_empty() {
-            let rc = file.read_at(&mut tail, size);
-            if rc != ffi::SQLITE_OK {
-                return rc;
-            }
-        }
+        let tail = match read_span(file, size, size_before.saturating_sub(size)) {
+            Ok(tail) => tail,
+            Err(rc) => return rc,
+        };
         let rc = file.truncate(size);
-        if rc == ffi::SQLITE_OK {
-            state
-                .journals
-                .entry(path.to_owned())
-                .or_default()
-                .push(Undo::Truncate {
-                    size,
-                    size_before,
-                    tail,
-                });
-        }
-        rc
+        state.journal(
+            path,
+            rc,
+            Undo::Truncate {
+                size,
+                size_before,
+                tail,
+            },
+        )
     }
 
     /// Syncs unless the fault says otherwise; a successful sync makes every
