@@ -530,6 +530,16 @@ impl Drop for RaiseOnDrop {
     }
 }
 
+/// The producer and consumer files of `dir`, created before the threads
+/// that open them start.
+fn create_files(dir: &Path) -> Result<(PathBuf, PathBuf), Failure> {
+    let producer_path = dir.join("producer.db");
+    let consumer_path = dir.join("consumer.db");
+    ordo_reservation::open_producer(&producer_path)?;
+    ordo_reservation::open_consumer(&consumer_path)?;
+    Ok((producer_path, consumer_path))
+}
+
 /// Producer, relay and applier on three threads at once, each with its own
 /// connections. With `rate`, the producer offers that many events per second
 /// in 10 ms ticks; without, it produces as fast as it can.
@@ -541,10 +551,7 @@ fn concurrent(
     label: &str,
     progress: &dyn Progress,
 ) -> Result<PipelineRun, Failure> {
-    let producer_path = dir.join("producer.db");
-    let consumer_path = dir.join("consumer.db");
-    ordo_reservation::open_producer(&producer_path)?;
-    ordo_reservation::open_consumer(&consumer_path)?;
+    let (producer_path, consumer_path) = create_files(dir)?;
     let events = flows * STEPS.len() as u64;
     let produced_all = Arc::new(AtomicBool::new(false));
     let relayed_all = Arc::new(AtomicBool::new(false));
@@ -649,10 +656,7 @@ fn two_files(
     progress: &Arc<dyn Progress>,
 ) -> Result<PipelineRun, Failure> {
     use std::sync::mpsc;
-    let producer_path = dir.join("producer.db");
-    let consumer_path = dir.join("consumer.db");
-    ordo_reservation::open_producer(&producer_path)?;
-    ordo_reservation::open_consumer(&consumer_path)?;
+    let (producer_path, consumer_path) = create_files(dir)?;
     let events = flows * STEPS.len() as u64;
     let (round_tx, round_rx) = mpsc::channel::<Vec<Envelope>>();
     let (receipts_tx, receipts_rx) = mpsc::channel::<Result<Vec<Receipt>, StoreError>>();
