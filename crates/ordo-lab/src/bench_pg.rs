@@ -30,7 +30,7 @@ use crate::bench::{produce, CALIBRATION, EVENTS_PER_FLOW};
 use crate::figures::{per, Spread};
 use crate::pg::{connect, Server, WalPosition, BENCH_PREFIX};
 use crate::skeleton_pg::{self, SkeletonRun};
-use crate::{LabError as Failure, Progress, Silent};
+use crate::{join_all, LabError as Failure, Progress, Silent};
 
 /// The worker counts measured unless told otherwise.
 pub const WORKERS_DEFAULT: [usize; 3] = [1, 2, 4];
@@ -608,13 +608,7 @@ fn workers_run(
             produced = produced.max(Some(at));
             results.push(done);
         }
-        for handle in others {
-            results.push(
-                handle
-                    .join()
-                    .unwrap_or_else(|_| Err(Failure::Internal("a worker panicked".into()))),
-            );
-        }
+        results.extend(join_all(others, "a worker"));
         (results, produced, stalled, wal_start)
     });
     progress.finish();

@@ -14,7 +14,7 @@ use ordo_sqlite::{ConsumerDb, GroupOptions, GroupWriter, ProducerDb};
 use ordo_testkit::check::{check_end_state, EndState, Finished, Snapshot, Violation};
 
 use crate::figures::per_second;
-use crate::{LabError as Failure, Progress};
+use crate::{join_all, LabError as Failure, Progress};
 
 const FILES: [&str; 2] = ["producer.db", "consumer.db"];
 /// Producer threads sharing the demo's group-committing writer.
@@ -216,13 +216,7 @@ fn produce(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Failure::Internal("a producer thread panicked".into())))
-            })
-            .collect()
+        join_all(handles, "a producer thread")
     });
     let producer = writer.close();
     let produced = counts.into_iter().sum::<Result<u64, Failure>>()?;

@@ -25,7 +25,7 @@ use ordo_postgres::error::pg_error;
 use ordo_postgres::postgres::{Client, Statement};
 
 use crate::pg::{connect, WalPosition};
-use crate::{LabError as Failure, Progress};
+use crate::{join_all, LabError as Failure, Progress};
 
 /// The clients of a measurement, each a thread with its own connection
 /// and flows: enough to keep the two cores of the machine the bench was
@@ -225,13 +225,7 @@ pub fn measure(
         let wal_start = wal.read();
         start.wait();
         let began = Instant::now();
-        let results: Vec<_> = handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Failure::Internal("a skeleton client panicked".into())))
-            })
-            .collect();
+        let results = join_all(handles, "a skeleton client");
         (began, wal_start, results)
     });
     let seconds = began.elapsed().as_secs_f64();

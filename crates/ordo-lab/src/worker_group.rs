@@ -12,7 +12,7 @@ use ordo_reservation::{advance_in, Advance, AdvanceError, AdvanceRequest, FlowSt
 use ordo_sqlite::{GroupOptions, GroupWriter, SubmitError};
 
 use crate::worker::{WorkerEnv, WorkerReport};
-use crate::LabError as Failure;
+use crate::{join_all, LabError as Failure};
 
 /// The most producer threads of one worker process.
 pub const THREADS_MAX: usize = 1_024;
@@ -99,13 +99,7 @@ pub fn produce(env: &WorkerEnv, job: &GroupedProduce) -> Result<WorkerReport, Fa
                 scope.spawn(move || drive(writer, acks, job, t))
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Failure::Internal("a producer thread panicked".into())))
-            })
-            .collect()
+        join_all(handles, "a producer thread")
     });
     writer.close();
     let (mut committed, mut stale) = (0, 0);
