@@ -203,9 +203,42 @@ struct PlanState {
 }
 
 impl PlanState {
-    /// Journals `undo` for the file at `path` if the change it undoes
-    /// succeeded (`rc` is `SQLITE_OK`); returns `rc`.
-    fn journal(&mut self, path: &Path, rc: c_int, undo: Undo) -> c_int {
+    /// `code`, the fault a call meets if any, counted as injected.
+    fn inject(&mut self, code: Option<c_int>) -> Option<c_int> {
+        if code.is_some() {
+            self.counts.injected += 1;
+        }
+        code
+    }
+
+    /// Drops the journal of the file at `path` if the call that made its
+    /// changes durable (a sync, a deletion) succeeded; returns its `rc`.
+    fn durable(&mut self, path: &Path, rc: c_int) -> c_int {
+        if rc == ffi::SQLITE_OK {
+            self.journals.remove(path);
+        }
+        rc
+    }
+
+    /// Makes a change to the file at `path` (`change`: a write or a
+    /// truncation) unless the fault met (`code`) says otherwise, journaling
+    /// the undo that `undo` reads from the file and its size before.
+    fn journaled(
+        &mut self,
+        path: &Path,
+        file: &mut dyn RawFile,
+        code: Option<c_int>,
+        undo: impl FnOnce(&mut dyn RawFile, u64) -> Result<Undo, c_int>,
+        change: impl FnOnce(&mut dyn RawFile) -> c_int,
+    ) -> c_int {
+        if let Some(code) = self.inject(code) {
+            return code;
+        }
+        let undo = match file.size().and_then(|size_before| undo(file, size_before)) {
+            Ok(undo) => undo,
+            Err(rc) => return rc,
+        };
+        let rc = change(file);
         if rc == ffi::SQLITE_OK {
             self.journals.entry(path.to_owned()).or_default().push(undo);
         }
@@ -278,30 +311,21 @@ impl Plan {
             Fault::ReadOnly => Some(ffi::SQLITE_READONLY),
             _ => None,
         };
-        if let Some(code) = code {
-            state.counts.injected += 1;
-            return code;
-        }
-        let size_before = match file.size() {
-            Ok(size) => size,
-            Err(code) => return code,
-        };
         let len = data.len() as u64;
-        let overlap = size_before.min(offset + len).saturating_sub(offset);
-        let old = match read_span(file, offset, overlap) {
-            Ok(old) => old,
-            Err(rc) => return rc,
-        };
-        let rc = file.write_at(data, offset);
-        state.journal(
+        state.journaled(
             path,
-            rc,
-            Undo::Write {
-                offset,
-                len,
-                old,
-                size_before,
+            file,
+            code,
+            |file, size_before| {
+                let overlap = size_before.min(offset + len).saturating_sub(offset);
+                Ok(Undo::Write {
+                    offset,
+                    len,
+                    old: read_span(file, offset, overlap)?,
+                    size_before,
+                })
             },
+            |file| file.write_at(data, offset),
         )
     }
 
@@ -315,27 +339,18 @@ impl Plan {
             Fault::ReadOnly => Some(ffi::SQLITE_READONLY),
             _ => None,
         };
-        if let Some(code) = code {
-            state.counts.injected += 1;
-            return code;
-        }
-        let size_before = match file.size() {
-            Ok(size) => size,
-            Err(code) => return code,
-        };
-        let tail = match read_span(file, size, size_before.saturating_sub(size)) {
-            Ok(tail) => tail,
-            Err(rc) => return rc,
-        };
-        let rc = file.truncate(size);
-        state.journal(
+        state.journaled(
             path,
-            rc,
-            Undo::Truncate {
-                size,
-                size_before,
-                tail,
+            file,
+            code,
+            |file, size_before| {
+                Ok(Undo::Truncate {
+                    size,
+                    size_before,
+                    tail: read_span(file, size, size_before.saturating_sub(size))?,
+                })
             },
+            |file| file.truncate(size),
         )
     }
 
@@ -354,15 +369,11 @@ impl Plan {
             }
             _ => None,
         };
-        if let Some(code) = code {
-            state.counts.injected += 1;
+        if let Some(code) = state.inject(code) {
             return code;
         }
         let rc = file.sync(flags);
-        if rc == ffi::SQLITE_OK {
-            state.journals.remove(path);
-        }
-        rc
+        state.durable(path, rc)
     }
 
     /// Deletes a file through `delete` unless the power is cut. A deletion
@@ -370,15 +381,12 @@ impl Plan {
     pub(crate) fn delete(&self, path: &Path, delete: impl FnOnce() -> c_int) -> c_int {
         let mut state = self.state();
         state.counts.deletions += 1;
-        if state.dead {
-            state.counts.injected += 1;
-            return ffi::SQLITE_IOERR_DELETE;
+        let code = state.dead.then_some(ffi::SQLITE_IOERR_DELETE);
+        if let Some(code) = state.inject(code) {
+            return code;
         }
         let rc = delete();
-        if rc == ffi::SQLITE_OK {
-            state.journals.remove(path);
-        }
-        rc
+        state.durable(path, rc)
     }
 }
 
