@@ -4,7 +4,7 @@
 //! rate; peak memory.
 
 use ordo_reservation::{
-    AdvanceRequest, ApplyOptions, FlowState, Quantity, ReservationConsumer, ReservationHandler,
+    AdvanceRequest, ApplyOptions, Quantity, ReservationConsumer, ReservationHandler,
     ReservationProducer,
 };
 use std::collections::{BTreeSet, VecDeque};
@@ -23,13 +23,8 @@ use ordo_sqlite::{ConsumerDb, ProducerDb};
 
 use crate::bench_http::{HttpBenchReport, HttpLoad};
 use crate::figures::{per, per_second, Spread};
-use crate::{LabError as Failure, Progress, Silent};
+use crate::{LabError as Failure, Progress, Silent, STEPS};
 
-const STEPS: [FlowState; 3] = [
-    FlowState::Reserved,
-    FlowState::Confirmed,
-    FlowState::Released,
-];
 /// Events per flow: one per step.
 pub const EVENTS_PER_FLOW: u64 = STEPS.len() as u64;
 /// A run whose F moved by more than this many percent between the

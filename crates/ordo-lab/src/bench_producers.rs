@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 
 use ordo_core::{FlowId, SchemaVersion};
 use ordo_reservation::{
-    advance_in, Advance, AdvanceError, AdvanceRequest, FlowState, Quantity, ReservationProducer,
+    advance_in, Advance, AdvanceError, AdvanceRequest, Quantity, ReservationProducer,
 };
 use ordo_sqlite::{GroupOptions, GroupWriter, ProducerDb, SubmitError};
 
 use crate::figures::{per, Spread};
-use crate::{LabError, Progress};
+use crate::{LabError, Progress, STEPS};
 
 /// The most producers of one run.
 pub const PRODUCERS_MAX: usize = 1_024;
@@ -32,12 +32,6 @@ pub const PRODUCERS_MAX: usize = 1_024;
 pub const PRODUCERS_DEFAULT: [usize; 3] = [1, 16, 64];
 /// How long each run lasts unless told otherwise.
 pub const RUN_DEFAULT: Duration = Duration::from_secs(3);
-
-const STEPS: [FlowState; 3] = [
-    FlowState::Reserved,
-    FlowState::Confirmed,
-    FlowState::Released,
-];
 
 /// How a flow's number becomes its id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -26,6 +26,7 @@ pub mod worker;
 pub mod worker_group;
 
 use ordo_core::{Envelope, StoreError};
+use ordo_reservation::FlowState;
 
 /// Why a lab run could not report.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +46,13 @@ pub enum LabError {
     #[error("{0}")]
     Check(String),
 }
+
+/// The three steps of every flow the lab drives, in order.
+const STEPS: [FlowState; 3] = [
+    FlowState::Reserved,
+    FlowState::Confirmed,
+    FlowState::Released,
+];
 
 fn internal<E: std::fmt::Display>(error: E) -> LabError {
     LabError::Internal(error.to_string())
