@@ -88,7 +88,7 @@ pub struct RelayRun {
 impl RelayRun {
     /// Events delivered per second.
     pub fn events_per_s(&self) -> f64 {
-        self.events as f64 / self.seconds.max(1e-9)
+        per_second(self.events, self.seconds)
     }
 }
 

@@ -23,7 +23,7 @@ use ordo_reservation::{
 };
 use ordo_sqlite::{GroupOptions, GroupWriter, ProducerDb, SubmitError};
 
-use crate::figures::{per, Spread};
+use crate::figures::{per, per_second, Spread};
 use crate::{LabError, Progress, STEPS};
 
 /// The most producers of one run.
@@ -132,7 +132,7 @@ pub struct ProducersRun {
 impl ProducersRun {
     /// Events per second.
     pub fn events_per_s(&self) -> f64 {
-        self.events as f64 / self.seconds.max(1e-9)
+        per_second(self.events, self.seconds)
     }
 
     /// F of the run: the geometric mean of the calibrations around it.

@@ -24,6 +24,7 @@ use ordo_core::{Clock, SystemClock};
 use ordo_postgres::error::pg_error;
 use ordo_postgres::postgres::{Client, Statement};
 
+use crate::figures::{per, per_second};
 use crate::pg::{connect, WalPosition};
 use crate::{join_all, LabError as Failure, Progress};
 
@@ -180,12 +181,12 @@ pub struct SkeletonRun {
 impl SkeletonRun {
     /// S_pg: events per second through the four transactions.
     pub fn events_per_s(&self) -> f64 {
-        self.events as f64 / self.seconds.max(1e-9)
+        per_second(self.events, self.seconds)
     }
 
     /// Bytes of WAL per event.
     pub fn wal_bytes_per_event(&self) -> f64 {
-        self.wal_bytes as f64 / self.events.max(1) as f64
+        per(self.wal_bytes, self.events)
     }
 }
 
