@@ -555,32 +555,30 @@ mod tests {
         }
 
         fn read_at(&mut self, buf: &mut [u8], offset: u64) -> c_int {
-            match self.0.read_exact_at(buf, offset) {
-                Ok(()) => ffi::SQLITE_OK,
-                Err(_) => ffi::SQLITE_IOERR_READ,
-            }
+            rc(self.0.read_exact_at(buf, offset), ffi::SQLITE_IOERR_READ)
         }
 
         fn write_at(&mut self, data: &[u8], offset: u64) -> c_int {
-            match self.0.write_all_at(data, offset) {
-                Ok(()) => ffi::SQLITE_OK,
-                Err(_) => ffi::SQLITE_IOERR_WRITE,
-            }
+            rc(self.0.write_all_at(data, offset), ffi::SQLITE_IOERR_WRITE)
         }
 
         fn truncate(&mut self, size: u64) -> c_int {
-            match self.0.set_len(size) {
-                Ok(()) => ffi::SQLITE_OK,
-                Err(_) => ffi::SQLITE_IOERR_TRUNCATE,
-            }
+            rc(self.0.set_len(size), ffi::SQLITE_IOERR_TRUNCATE)
         }
 
         fn sync(&mut self, _flags: c_int) -> c_int {
-            match self.0.sync_data() {
-                Ok(()) => ffi::SQLITE_OK,
-                Err(_) => ffi::SQLITE_IOERR_FSYNC,
-            }
+            rc(self.0.sync_data(), ffi::SQLITE_IOERR_FSYNC)
         }
+    }
+
+    /// `SQLITE_OK` for a call that succeeded, else `error`.
+    fn rc(result: io::Result<()>, error: c_int) -> c_int {
+        result.map_or(error, |()| ffi::SQLITE_OK)
+    }
+
+    /// Writes `data` at `offset` through the plan; the write must succeed.
+    fn write_ok(plan: &FaultPlan, path: &Path, file: &mut StdFile, data: &[u8], offset: u64) {
+        assert_eq!(plan.plan.write(path, file, data, offset), ffi::SQLITE_OK);
     }
 
     /// A plan on a fresh directory and a file `f` in it holding `synced`,
@@ -597,7 +595,7 @@ mod tests {
             .open(&path)
             .expect("create f");
         let mut file = StdFile(file);
-        assert_eq!(plan.plan.write(&path, &mut file, synced, 0), ffi::SQLITE_OK);
+        write_ok(&plan, &path, &mut file, synced, 0);
         assert_eq!(plan.plan.sync(&path, &mut file, 0), ffi::SQLITE_OK);
         assert_eq!(plan.unsynced_writes(), 0);
         (dir, plan, path, file)
@@ -620,14 +618,8 @@ mod tests {
         ] {
             let (_dir, plan, path, mut file) = setup(&synced);
             assert_eq!(plan.plan.truncate(&path, &mut file, 700), ffi::SQLITE_OK);
-            assert_eq!(
-                plan.plan.write(&path, &mut file, &[9; 1500], 600),
-                ffi::SQLITE_OK
-            );
-            assert_eq!(
-                plan.plan.write(&path, &mut file, &[8; 10], 5000),
-                ffi::SQLITE_OK
-            );
+            write_ok(&plan, &path, &mut file, &[9; 1500], 600);
+            write_ok(&plan, &path, &mut file, &[8; 10], 5000);
             assert_eq!(contents(&path).len(), 5010);
             let loss = plan.simulate_power_loss(tear).expect("power loss");
             assert_eq!((loss.files, loss.undone, loss.kept), (1, 3, 0), "{tear:?}");
@@ -639,14 +631,8 @@ mod tests {
     fn a_torn_write_keeps_whole_sectors_from_its_start() {
         let synced = vec![1u8; 3000];
         let (_dir, plan, path, mut file) = setup(&synced);
-        assert_eq!(
-            plan.plan.write(&path, &mut file, &[2; 100], 0),
-            ffi::SQLITE_OK
-        );
-        assert_eq!(
-            plan.plan.write(&path, &mut file, &[3; 2000], 2000),
-            ffi::SQLITE_OK
-        );
+        write_ok(&plan, &path, &mut file, &[2; 100], 0);
+        write_ok(&plan, &path, &mut file, &[3; 2000], 2000);
         plan.simulate_power_loss(Tear::Torn {
             kept: 1,
             sectors: 1,
@@ -665,18 +651,12 @@ mod tests {
             nth: 1,
             code: ffi::SQLITE_IOERR_FSYNC,
         });
-        assert_eq!(
-            plan.plan.write(&path, &mut file, b"lost", 0),
-            ffi::SQLITE_OK
-        );
+        write_ok(&plan, &path, &mut file, b"lost", 0);
         assert_eq!(plan.plan.sync(&path, &mut file, 0), ffi::SQLITE_IOERR_FSYNC);
         assert_eq!(plan.unsynced_writes(), 1);
         plan.simulate_power_loss(Tear::Drop).expect("power loss");
         assert_eq!(contents(&path), b"synced");
-        assert_eq!(
-            plan.plan.write(&path, &mut file, b"kept", 0),
-            ffi::SQLITE_OK
-        );
+        write_ok(&plan, &path, &mut file, b"kept", 0);
         assert_eq!(plan.plan.sync(&path, &mut file, 0), ffi::SQLITE_OK);
         plan.simulate_power_loss(Tear::Drop).expect("power loss");
         assert_eq!(contents(&path), b"kepted");
@@ -685,13 +665,10 @@ mod tests {
     #[test]
     fn a_deletion_stands_and_is_refused_without_power() {
         let (_dir, plan, path, mut file) = setup(b"synced");
-        assert_eq!(plan.plan.write(&path, &mut file, b"x", 0), ffi::SQLITE_OK);
+        write_ok(&plan, &path, &mut file, b"x", 0);
         plan.set(Fault::PowerCut { nth: 1 });
         assert_eq!(plan.plan.sync(&path, &mut file, 0), ffi::SQLITE_IOERR_FSYNC);
-        let remove = || match std::fs::remove_file(&path) {
-            Ok(()) => ffi::SQLITE_OK,
-            Err(_) => ffi::SQLITE_IOERR_DELETE,
-        };
+        let remove = || rc(std::fs::remove_file(&path), ffi::SQLITE_IOERR_DELETE);
         assert_eq!(plan.plan.delete(&path, remove), ffi::SQLITE_IOERR_DELETE);
         assert!(path.exists(), "nothing is deleted without power");
         plan.simulate_power_loss(Tear::Drop).expect("power loss");
