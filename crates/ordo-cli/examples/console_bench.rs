@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use ordo_core::{ConsumerStore, Envelope, ProducerStore, SystemClock};
 use ordo_postgres::postgres::{Client, NoTls};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
-use serde_json::json;
 
 #[path = "../tests/common/process.rs"]
 mod process;
@@ -147,16 +146,7 @@ fn flow_id(i: usize) -> String {
 
 /// The reservation event of flow `i` (seq 1, reserved).
 fn event(i: usize) -> Envelope {
-    let flow = flow_id(i);
-    Envelope::from_value(json!({
-        "event_id": format!("{flow}-1"),
-        "flow_id": flow,
-        "seq": 1,
-        "schema_version": 1,
-        "type": "reserved",
-        "payload": {"amount": i % 97 + 1},
-    }))
-    .expect("a well-formed event")
+    ordo_lab::first_reservation(flow_id(i), (i % 97 + 1) as u64).expect("a well-formed event")
 }
 
 /// Commits `flows` events to the outbox and receives them at the

@@ -27,6 +27,17 @@ fn failure(error: LabError) -> Failure {
     }
 }
 
+/// Fails a `run` that found any `found` (each a `noun`), naming the first.
+fn check_found(run: &str, noun: &str, found: &[String]) -> Result<(), Failure> {
+    match found.first() {
+        None => Ok(()),
+        Some(first) => Err(Failure::Check(format!(
+            "{run} found {} {noun}(s); first: {first}",
+            found.len()
+        ))),
+    }
+}
+
 fn ordo_binary() -> Result<std::path::PathBuf, Failure> {
     std::env::current_exe()
         .map_err(|e| Failure::Internal(format!("cannot find the ordo binary: {e}")))
@@ -201,14 +212,7 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
     emit(json_mode, &render_lab::soak(&report), || {
         render_lab::soak_text(&report)
     });
-    let violations = report.violations();
-    match violations.first() {
-        None => Ok(()),
-        Some(first) => Err(Failure::Check(format!(
-            "soak found {} violation(s); first: {first}",
-            violations.len()
-        ))),
-    }
+    check_found("soak", "violation", &report.violations())
 }
 
 /// The HTTP bench's load, when `--transport http` (which measures nothing
@@ -290,13 +294,7 @@ pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         bench::BenchReport::Http(http) => http.problems(),
         _ => Vec::new(),
     };
-    match problems.first() {
-        None => Ok(()),
-        Some(first) => Err(Failure::Check(format!(
-            "bench found {} problem(s); first: {first}",
-            problems.len()
-        ))),
-    }
+    check_found("bench", "problem", &problems)
 }
 
 /// `ordo bench --backend postgres --url URL --workers N,...`: relays and

@@ -252,6 +252,24 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
+/// Runs `read` on the console's stores on a blocking thread, then answers
+/// with `answer` of what it read, or with the error page of its failure.
+async fn read_then<T, R>(
+    app: &App,
+    read: impl FnOnce(&Console) -> Result<T, StoreError> + Send + 'static,
+    answer: impl FnOnce(T) -> R,
+) -> Response
+where
+    T: Send + 'static,
+    R: IntoResponse,
+{
+    let read_app = Arc::clone(app);
+    match blocking(move || read(&read_app)).await {
+        Ok(value) => answer(value).into_response(),
+        Err(response) => response,
+    }
+}
+
 /// Both sides' status, read at one clock reading.
 pub struct Overview {
     /// The time the ages are computed at.
@@ -308,23 +326,20 @@ fn read_overview(app: &Console) -> Result<Overview, StoreError> {
 }
 
 async fn overview_page(State(app): State<App>) -> Response {
-    let read = Arc::clone(&app);
-    match blocking(move || read_overview(&read)).await {
-        Ok(overview) => pages::overview(&app, &overview).into_response(),
-        Err(response) => response,
-    }
+    read_then(&app, read_overview, |overview| {
+        pages::overview(&app, &overview)
+    })
+    .await
 }
 
 async fn overview_json(State(app): State<App>) -> Response {
-    let read = Arc::clone(&app);
-    match blocking(move || read_overview(&read)).await {
-        Ok(overview) => (
+    read_then(&app, read_overview, |overview| {
+        (
             [(header::CONTENT_TYPE, "application/json")],
             serde_json::to_string(&overview.metrics()).unwrap_or_default(),
         )
-            .into_response(),
-        Err(response) => response,
-    }
+    })
+    .await
 }
 
 #[derive(Deserialize, Default)]
@@ -395,12 +410,13 @@ async fn flows_page(State(app): State<App>, Query(query): Query<FlowsQuery>) -> 
             Err(e) => return pages::bad_request(&format!("after: {e}")).into_response(),
         },
     };
-    let read = Arc::clone(&app);
     let prefix = query.q.clone();
-    match blocking(move || read_flows(&read, &prefix, after.as_ref())).await {
-        Ok((rows, next)) => pages::flows(&query.q, &rows, next.as_ref()).into_response(),
-        Err(response) => response,
-    }
+    read_then(
+        &app,
+        move |read| read_flows(read, &prefix, after.as_ref()),
+        |(rows, next)| pages::flows(&query.q, &rows, next.as_ref()),
+    )
+    .await
 }
 
 #[derive(Deserialize)]
@@ -473,11 +489,12 @@ async fn flow_page(State(app): State<App>, Query(query): Query<FlowQuery>) -> Re
         Ok(flow) => flow,
         Err(e) => return pages::bad_request(&format!("id: {e}")).into_response(),
     };
-    let read = Arc::clone(&app);
-    match blocking(move || read_flow(&read, flow_id)).await {
-        Ok(detail) => pages::flow(&app, &detail).into_response(),
-        Err(response) => response,
-    }
+    read_then(
+        &app,
+        move |read| read_flow(read, flow_id),
+        |detail| pages::flow(&app, &detail),
+    )
+    .await
 }
 
 /// A quarantined outbox row and what the consumer stores at its flow and
@@ -527,11 +544,10 @@ fn read_quarantined(app: &Console) -> Result<Option<Vec<Quarantined>>, StoreErro
 }
 
 async fn quarantined_page(State(app): State<App>) -> Response {
-    let read = Arc::clone(&app);
-    match blocking(move || read_quarantined(&read)).await {
-        Ok(rows) => pages::quarantined(&app, rows.as_deref()).into_response(),
-        Err(response) => response,
-    }
+    read_then(&app, read_quarantined, |rows| {
+        pages::quarantined(&app, rows.as_deref())
+    })
+    .await
 }
 
 /// The blocked rows: the totals by reason code and up to [`ROWS_MAX`]
@@ -561,24 +577,22 @@ fn read_blocked(app: &Console) -> Result<Option<Blocked>, StoreError> {
 }
 
 async fn blocked_page(State(app): State<App>) -> Response {
-    let read = Arc::clone(&app);
-    match blocking(move || read_blocked(&read)).await {
-        Ok(blocked) => pages::blocked(&app, blocked.as_ref()).into_response(),
-        Err(response) => response,
-    }
+    read_then(&app, read_blocked, |blocked| {
+        pages::blocked(&app, blocked.as_ref())
+    })
+    .await
 }
 
 async fn repairs_page(State(app): State<App>) -> Response {
-    let read = Arc::clone(&app);
-    let result = blocking(move || match &read.consumer {
-        Some(open) => open()?.call(|s| s.repairs()).map(Some),
-        None => Ok(None),
-    })
-    .await;
-    match result {
-        Ok(log) => pages::repairs(log.as_deref()).into_response(),
-        Err(response) => response,
-    }
+    read_then(
+        &app,
+        |read| match &read.consumer {
+            Some(open) => open()?.call(|s| s.repairs()).map(Some),
+            None => Ok(None),
+        },
+        |log| pages::repairs(log.as_deref()),
+    )
+    .await
 }
 
 /// The refusal of an action's POST in read-only mode, from another site's
@@ -683,18 +697,21 @@ async fn skip_preview(State(app): State<App>, Query(query): Query<FlowQuery>) ->
         Ok(flow) => flow,
         Err(e) => return pages::bad_request(&format!("id: {e}")).into_response(),
     };
-    let read = Arc::clone(&app);
-    match blocking(move || read_skip_preview(&read, flow_id)).await {
-        Ok(None) => pages::bad_request("no consumer store given").into_response(),
-        Ok(Some(preview)) => {
-            let confirm = preview.next.as_ref().and_then(|next| {
-                app.confirmations
-                    .issue(preview.flow_id.clone(), next.envelope.seq)
-            });
-            pages::skip_preview(&app, &preview, confirm.as_deref()).into_response()
-        }
-        Err(response) => response,
-    }
+    read_then(
+        &app,
+        move |read| read_skip_preview(read, flow_id),
+        |preview| match preview {
+            None => pages::bad_request("no consumer store given").into_response(),
+            Some(preview) => {
+                let confirm = preview.next.as_ref().and_then(|next| {
+                    app.confirmations
+                        .issue(preview.flow_id.clone(), next.envelope.seq)
+                });
+                pages::skip_preview(&app, &preview, confirm.as_deref()).into_response()
+            }
+        },
+    )
+    .await
 }
 
 #[derive(Deserialize)]

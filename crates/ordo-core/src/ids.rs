@@ -85,6 +85,18 @@ identifier!(
     EventId
 );
 
+/// `value` if it is in `1..=i64::MAX`.
+fn positive(value: i64) -> Result<i64, RuleViolation> {
+    if value >= 1 {
+        Ok(value)
+    } else {
+        Err(RuleViolation::new(format!(
+            "must be an integer in 1..={} (got {value})",
+            i64::MAX
+        )))
+    }
+}
+
 /// A position in a flow's event sequence: `1..=i64::MAX`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Seq(i64);
@@ -95,14 +107,7 @@ impl Seq {
 
     /// Builds a seq, refusing anything outside `1..=i64::MAX`.
     pub fn new(value: i64) -> Result<Self, RuleViolation> {
-        if value >= 1 {
-            Ok(Seq(value))
-        } else {
-            Err(RuleViolation::new(format!(
-                "must be an integer in 1..={} (got {value})",
-                i64::MAX
-            )))
-        }
+        positive(value).map(Seq)
     }
 
     /// The position after `last`, where `last` is a flow's last committed seq
@@ -138,14 +143,7 @@ impl SchemaVersion {
 
     /// Builds a schema version, refusing anything outside `1..=i64::MAX`.
     pub fn new(value: i64) -> Result<Self, RuleViolation> {
-        if value >= 1 {
-            Ok(SchemaVersion(value))
-        } else {
-            Err(RuleViolation::new(format!(
-                "must be an integer in 1..={} (got {value})",
-                i64::MAX
-            )))
-        }
+        positive(value).map(SchemaVersion)
     }
 
     /// The version as an integer.

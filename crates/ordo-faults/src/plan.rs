@@ -202,6 +202,62 @@ struct PlanState {
     journals: BTreeMap<PathBuf, Vec<Undo>>,
 }
 
+impl PlanState {
+    /// `code`, the fault a call meets if any, counted as injected.
+    fn inject(&mut self, code: Option<c_int>) -> Option<c_int> {
+        if code.is_some() {
+            self.counts.injected += 1;
+        }
+        code
+    }
+
+    /// Drops the journal of the file at `path` if the call that made its
+    /// changes durable (a sync, a deletion) succeeded; returns its `rc`.
+    fn durable(&mut self, path: &Path, rc: c_int) -> c_int {
+        if rc == ffi::SQLITE_OK {
+            self.journals.remove(path);
+        }
+        rc
+    }
+
+    /// Makes a change to the file at `path` (`change`: a write or a
+    /// truncation) unless the fault met (`code`) says otherwise, journaling
+    /// the undo that `undo` reads from the file and its size before.
+    fn journaled(
+        &mut self,
+        path: &Path,
+        file: &mut dyn RawFile,
+        code: Option<c_int>,
+        undo: impl FnOnce(&mut dyn RawFile, u64) -> Result<Undo, c_int>,
+        change: impl FnOnce(&mut dyn RawFile) -> c_int,
+    ) -> c_int {
+        if let Some(code) = self.inject(code) {
+            return code;
+        }
+        let undo = match file.size().and_then(|size_before| undo(file, size_before)) {
+            Ok(undo) => undo,
+            Err(rc) => return rc,
+        };
+        let rc = change(file);
+        if rc == ffi::SQLITE_OK {
+            self.journals.entry(path.to_owned()).or_default().push(undo);
+        }
+        rc
+    }
+}
+
+/// The `len` bytes of `file` at `offset`, read before a change replaces them.
+fn read_span(file: &mut dyn RawFile, offset: u64, len: u64) -> Result<Vec<u8>, c_int> {
+    let mut span = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    if !span.is_empty() {
+        let rc = file.read_at(&mut span, offset);
+        if rc != ffi::SQLITE_OK {
+            return Err(rc);
+        }
+    }
+    Ok(span)
+}
+
 /// Every armed plan of the process.
 static PLANS: Mutex<Vec<Arc<Plan>>> = Mutex::new(Vec::new());
 
@@ -255,37 +311,22 @@ impl Plan {
             Fault::ReadOnly => Some(ffi::SQLITE_READONLY),
             _ => None,
         };
-        if let Some(code) = code {
-            state.counts.injected += 1;
-            return code;
-        }
-        let size_before = match file.size() {
-            Ok(size) => size,
-            Err(code) => return code,
-        };
         let len = data.len() as u64;
-        let overlap = size_before.min(offset + len).saturating_sub(offset);
-        let mut old = vec![0u8; usize::try_from(overlap).unwrap_or(0)];
-        if !old.is_empty() {
-            let rc = file.read_at(&mut old, offset);
-            if rc != ffi::SQLITE_OK {
-                return rc;
-            }
-        }
-        let rc = file.write_at(data, offset);
-        if rc == ffi::SQLITE_OK {
-            state
-                .journals
-                .entry(path.to_owned())
-                .or_default()
-                .push(Undo::Write {
+        state.journaled(
+            path,
+            file,
+            code,
+            |file, size_before| {
+                let overlap = size_before.min(offset + len).saturating_sub(offset);
+                Ok(Undo::Write {
                     offset,
                     len,
-                    old,
+                    old: read_span(file, offset, overlap)?,
                     size_before,
-                });
-        }
-        rc
+                })
+            },
+            |file| file.write_at(data, offset),
+        )
     }
 
     /// Truncates to `size` unless the fault says otherwise, journaling the
@@ -298,34 +339,19 @@ impl Plan {
             Fault::ReadOnly => Some(ffi::SQLITE_READONLY),
             _ => None,
         };
-        if let Some(code) = code {
-            state.counts.injected += 1;
-            return code;
-        }
-        let size_before = match file.size() {
-            Ok(size) => size,
-            Err(code) => return code,
-        };
-        let mut tail = vec![0u8; usize::try_from(size_before.saturating_sub(size)).unwrap_or(0)];
-        if !tail.is_empty() {
-            let rc = file.read_at(&mut tail, size);
-            if rc != ffi::SQLITE_OK {
-                return rc;
-            }
-        }
-        let rc = file.truncate(size);
-        if rc == ffi::SQLITE_OK {
-            state
-                .journals
-                .entry(path.to_owned())
-                .or_default()
-                .push(Undo::Truncate {
+        state.journaled(
+            path,
+            file,
+            code,
+            |file, size_before| {
+                Ok(Undo::Truncate {
                     size,
                     size_before,
-                    tail,
-                });
-        }
-        rc
+                    tail: read_span(file, size, size_before.saturating_sub(size))?,
+                })
+            },
+            |file| file.truncate(size),
+        )
     }
 
     /// Syncs unless the fault says otherwise; a successful sync makes every
@@ -343,15 +369,11 @@ impl Plan {
             }
             _ => None,
         };
-        if let Some(code) = code {
-            state.counts.injected += 1;
+        if let Some(code) = state.inject(code) {
             return code;
         }
         let rc = file.sync(flags);
-        if rc == ffi::SQLITE_OK {
-            state.journals.remove(path);
-        }
-        rc
+        state.durable(path, rc)
     }
 
     /// Deletes a file through `delete` unless the power is cut. A deletion
@@ -359,15 +381,12 @@ impl Plan {
     pub(crate) fn delete(&self, path: &Path, delete: impl FnOnce() -> c_int) -> c_int {
         let mut state = self.state();
         state.counts.deletions += 1;
-        if state.dead {
-            state.counts.injected += 1;
-            return ffi::SQLITE_IOERR_DELETE;
+        let code = state.dead.then_some(ffi::SQLITE_IOERR_DELETE);
+        if let Some(code) = state.inject(code) {
+            return code;
         }
         let rc = delete();
-        if rc == ffi::SQLITE_OK {
-            state.journals.remove(path);
-        }
-        rc
+        state.durable(path, rc)
     }
 }
 
@@ -536,32 +555,30 @@ mod tests {
         }
 
         fn read_at(&mut self, buf: &mut [u8], offset: u64) -> c_int {
-            match self.0.read_exact_at(buf, offset) {
-                Ok(()) => ffi::SQLITE_OK,
-                Err(_) => ffi::SQLITE_IOERR_READ,
-            }
+            rc(self.0.read_exact_at(buf, offset), ffi::SQLITE_IOERR_READ)
         }
 
         fn write_at(&mut self, data: &[u8], offset: u64) -> c_int {
-            match self.0.write_all_at(data, offset) {
-                Ok(()) => ffi::SQLITE_OK,
-                Err(_) => ffi::SQLITE_IOERR_WRITE,
-            }
+            rc(self.0.write_all_at(data, offset), ffi::SQLITE_IOERR_WRITE)
         }
 
         fn truncate(&mut self, size: u64) -> c_int {
-            match self.0.set_len(size) {
-                Ok(()) => ffi::SQLITE_OK,
-                Err(_) => ffi::SQLITE_IOERR_TRUNCATE,
-            }
+            rc(self.0.set_len(size), ffi::SQLITE_IOERR_TRUNCATE)
         }
 
         fn sync(&mut self, _flags: c_int) -> c_int {
-            match self.0.sync_data() {
-                Ok(()) => ffi::SQLITE_OK,
-                Err(_) => ffi::SQLITE_IOERR_FSYNC,
-            }
+            rc(self.0.sync_data(), ffi::SQLITE_IOERR_FSYNC)
         }
+    }
+
+    /// `SQLITE_OK` for a call that succeeded, else `error`.
+    fn rc(result: io::Result<()>, error: c_int) -> c_int {
+        result.map_or(error, |()| ffi::SQLITE_OK)
+    }
+
+    /// Writes `data` at `offset` through the plan; the write must succeed.
+    fn write_ok(plan: &FaultPlan, path: &Path, file: &mut StdFile, data: &[u8], offset: u64) {
+        assert_eq!(plan.plan.write(path, file, data, offset), ffi::SQLITE_OK);
     }
 
     /// A plan on a fresh directory and a file `f` in it holding `synced`,
@@ -578,7 +595,7 @@ mod tests {
             .open(&path)
             .expect("create f");
         let mut file = StdFile(file);
-        assert_eq!(plan.plan.write(&path, &mut file, synced, 0), ffi::SQLITE_OK);
+        write_ok(&plan, &path, &mut file, synced, 0);
         assert_eq!(plan.plan.sync(&path, &mut file, 0), ffi::SQLITE_OK);
         assert_eq!(plan.unsynced_writes(), 0);
         (dir, plan, path, file)
@@ -601,14 +618,8 @@ mod tests {
         ] {
             let (_dir, plan, path, mut file) = setup(&synced);
             assert_eq!(plan.plan.truncate(&path, &mut file, 700), ffi::SQLITE_OK);
-            assert_eq!(
-                plan.plan.write(&path, &mut file, &[9; 1500], 600),
-                ffi::SQLITE_OK
-            );
-            assert_eq!(
-                plan.plan.write(&path, &mut file, &[8; 10], 5000),
-                ffi::SQLITE_OK
-            );
+            write_ok(&plan, &path, &mut file, &[9; 1500], 600);
+            write_ok(&plan, &path, &mut file, &[8; 10], 5000);
             assert_eq!(contents(&path).len(), 5010);
             let loss = plan.simulate_power_loss(tear).expect("power loss");
             assert_eq!((loss.files, loss.undone, loss.kept), (1, 3, 0), "{tear:?}");
@@ -620,14 +631,8 @@ mod tests {
     fn a_torn_write_keeps_whole_sectors_from_its_start() {
         let synced = vec![1u8; 3000];
         let (_dir, plan, path, mut file) = setup(&synced);
-        assert_eq!(
-            plan.plan.write(&path, &mut file, &[2; 100], 0),
-            ffi::SQLITE_OK
-        );
-        assert_eq!(
-            plan.plan.write(&path, &mut file, &[3; 2000], 2000),
-            ffi::SQLITE_OK
-        );
+        write_ok(&plan, &path, &mut file, &[2; 100], 0);
+        write_ok(&plan, &path, &mut file, &[3; 2000], 2000);
         plan.simulate_power_loss(Tear::Torn {
             kept: 1,
             sectors: 1,
@@ -646,18 +651,12 @@ mod tests {
             nth: 1,
             code: ffi::SQLITE_IOERR_FSYNC,
         });
-        assert_eq!(
-            plan.plan.write(&path, &mut file, b"lost", 0),
-            ffi::SQLITE_OK
-        );
+        write_ok(&plan, &path, &mut file, b"lost", 0);
         assert_eq!(plan.plan.sync(&path, &mut file, 0), ffi::SQLITE_IOERR_FSYNC);
         assert_eq!(plan.unsynced_writes(), 1);
         plan.simulate_power_loss(Tear::Drop).expect("power loss");
         assert_eq!(contents(&path), b"synced");
-        assert_eq!(
-            plan.plan.write(&path, &mut file, b"kept", 0),
-            ffi::SQLITE_OK
-        );
+        write_ok(&plan, &path, &mut file, b"kept", 0);
         assert_eq!(plan.plan.sync(&path, &mut file, 0), ffi::SQLITE_OK);
         plan.simulate_power_loss(Tear::Drop).expect("power loss");
         assert_eq!(contents(&path), b"kepted");
@@ -666,13 +665,10 @@ mod tests {
     #[test]
     fn a_deletion_stands_and_is_refused_without_power() {
         let (_dir, plan, path, mut file) = setup(b"synced");
-        assert_eq!(plan.plan.write(&path, &mut file, b"x", 0), ffi::SQLITE_OK);
+        write_ok(&plan, &path, &mut file, b"x", 0);
         plan.set(Fault::PowerCut { nth: 1 });
         assert_eq!(plan.plan.sync(&path, &mut file, 0), ffi::SQLITE_IOERR_FSYNC);
-        let remove = || match std::fs::remove_file(&path) {
-            Ok(()) => ffi::SQLITE_OK,
-            Err(_) => ffi::SQLITE_IOERR_DELETE,
-        };
+        let remove = || rc(std::fs::remove_file(&path), ffi::SQLITE_IOERR_DELETE);
         assert_eq!(plan.plan.delete(&path, remove), ffi::SQLITE_IOERR_DELETE);
         assert!(path.exists(), "nothing is deleted without power");
         plan.simulate_power_loss(Tear::Drop).expect("power loss");

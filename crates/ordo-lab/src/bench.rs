@@ -4,7 +4,7 @@
 //! rate; peak memory.
 
 use ordo_reservation::{
-    AdvanceRequest, ApplyOptions, FlowState, Quantity, ReservationConsumer, ReservationHandler,
+    AdvanceRequest, ApplyOptions, Quantity, ReservationConsumer, ReservationHandler,
     ReservationProducer,
 };
 use std::collections::{BTreeSet, VecDeque};
@@ -23,13 +23,8 @@ use ordo_sqlite::{ConsumerDb, ProducerDb};
 
 use crate::bench_http::{HttpBenchReport, HttpLoad};
 use crate::figures::{per, per_second, Spread};
-use crate::{LabError as Failure, Progress, Silent};
+use crate::{LabError as Failure, Progress, Silent, STEPS};
 
-const STEPS: [FlowState; 3] = [
-    FlowState::Reserved,
-    FlowState::Confirmed,
-    FlowState::Released,
-];
 /// Events per flow: one per step.
 pub const EVENTS_PER_FLOW: u64 = STEPS.len() as u64;
 /// A run whose F moved by more than this many percent between the
@@ -530,6 +525,16 @@ impl Drop for RaiseOnDrop {
     }
 }
 
+/// The producer and consumer files of `dir`, created before the threads
+/// that open them start.
+fn create_files(dir: &Path) -> Result<(PathBuf, PathBuf), Failure> {
+    let producer_path = dir.join("producer.db");
+    let consumer_path = dir.join("consumer.db");
+    ordo_reservation::open_producer(&producer_path)?;
+    ordo_reservation::open_consumer(&consumer_path)?;
+    Ok((producer_path, consumer_path))
+}
+
 /// Producer, relay and applier on three threads at once, each with its own
 /// connections. With `rate`, the producer offers that many events per second
 /// in 10 ms ticks; without, it produces as fast as it can.
@@ -541,10 +546,7 @@ fn concurrent(
     label: &str,
     progress: &dyn Progress,
 ) -> Result<PipelineRun, Failure> {
-    let producer_path = dir.join("producer.db");
-    let consumer_path = dir.join("consumer.db");
-    ordo_reservation::open_producer(&producer_path)?;
-    ordo_reservation::open_consumer(&consumer_path)?;
+    let (producer_path, consumer_path) = create_files(dir)?;
     let events = flows * STEPS.len() as u64;
     let produced_all = Arc::new(AtomicBool::new(false));
     let relayed_all = Arc::new(AtomicBool::new(false));
@@ -649,10 +651,7 @@ fn two_files(
     progress: &Arc<dyn Progress>,
 ) -> Result<PipelineRun, Failure> {
     use std::sync::mpsc;
-    let producer_path = dir.join("producer.db");
-    let consumer_path = dir.join("consumer.db");
-    ordo_reservation::open_producer(&producer_path)?;
-    ordo_reservation::open_consumer(&consumer_path)?;
+    let (producer_path, consumer_path) = create_files(dir)?;
     let events = flows * STEPS.len() as u64;
     let (round_tx, round_rx) = mpsc::channel::<Vec<Envelope>>();
     let (receipts_tx, receipts_rx) = mpsc::channel::<Result<Vec<Receipt>, StoreError>>();

@@ -14,13 +14,12 @@ use ordo_core::{
 use ordo_http::{ClientOptions, HttpTransport};
 use ordo_sqlite::rusqlite::Connection;
 use ordo_sqlite::ProducerDb;
-use serde_json::json;
 
 use crate::bench::{fresh_dir, produce, EVENTS_PER_FLOW};
 use crate::bench_wake::{WakeRun, WAKE_EVENTS};
 use crate::figures::per_second;
 use crate::serve::{loopback_any, ServeSpec, Served};
-use crate::{internal, LabError as Failure, Progress, Silent};
+use crate::{first_reservation, internal, LabError as Failure, Progress, Silent};
 
 /// The ratio of the HTTP relay's rate to the in-process relay's that the
 /// transport aims at (reported, never asserted).
@@ -89,7 +88,7 @@ pub struct RelayRun {
 impl RelayRun {
     /// Events delivered per second.
     pub fn events_per_s(&self) -> f64 {
-        self.events as f64 / self.seconds.max(1e-9)
+        per_second(self.events, self.seconds)
     }
 }
 
@@ -338,18 +337,7 @@ impl ClientTally {
 /// of client `client`: no two clients share a flow.
 fn load_batch(client: u64, first: u64, batch: u64) -> Result<Vec<Envelope>, Failure> {
     (first..first + batch)
-        .map(|n| {
-            let flow = format!("c{client:04}-{n:09}");
-            Envelope::from_value(json!({
-                "event_id": format!("{flow}-1"),
-                "flow_id": flow,
-                "seq": 1,
-                "schema_version": 1,
-                "type": "reserved",
-                "payload": {"amount": 1},
-            }))
-            .map_err(internal)
-        })
+        .map(|n| first_reservation(format!("c{client:04}-{n:09}"), 1))
         .collect()
 }
 

@@ -27,10 +27,10 @@ use ordo_reservation::ReservationHandler;
 use ordo_reservation::{consumer_schema, producer_schema};
 
 use crate::bench::{produce, CALIBRATION, EVENTS_PER_FLOW};
-use crate::figures::{per, Spread};
+use crate::figures::{per, per_second, Spread};
 use crate::pg::{connect, Server, WalPosition, BENCH_PREFIX};
 use crate::skeleton_pg::{self, SkeletonRun};
-use crate::{LabError as Failure, Progress, Silent};
+use crate::{join_all, LabError as Failure, Progress, Silent};
 
 /// The worker counts measured unless told otherwise.
 pub const WORKERS_DEFAULT: [usize; 3] = [1, 2, 4];
@@ -98,23 +98,23 @@ impl WorkersRun {
 
     /// Events per second, end to end.
     pub fn events_per_s(&self) -> f64 {
-        self.events as f64 / self.seconds.max(1e-9)
+        per_second(self.events, self.seconds)
     }
 
     /// Events per second at which the producers committed.
     pub fn produce_per_s(&self) -> f64 {
-        self.events as f64 / self.produced_seconds.max(1e-9)
+        per_second(self.events, self.produced_seconds)
     }
 
     /// Events per second at which the relays got them accepted.
     pub fn relay_per_s(&self) -> f64 {
-        self.events as f64 / self.relayed_seconds.max(1e-9)
+        per_second(self.events, self.relayed_seconds)
     }
 
     /// Bytes of WAL per event: a measure of the work each event costs the
     /// server that a shared machine's speed does not move.
     pub fn wal_bytes_per_event(&self) -> f64 {
-        self.wal_bytes as f64 / self.events.max(1) as f64
+        per(self.wal_bytes, self.events)
     }
 
     /// Write transactions per event.
@@ -608,13 +608,7 @@ fn workers_run(
             produced = produced.max(Some(at));
             results.push(done);
         }
-        for handle in others {
-            results.push(
-                handle
-                    .join()
-                    .unwrap_or_else(|_| Err(Failure::Internal("a worker panicked".into()))),
-            );
-        }
+        results.extend(join_all(others, "a worker"));
         (results, produced, stalled, wal_start)
     });
     progress.finish();

@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 
 use ordo_core::{FlowId, SchemaVersion};
 use ordo_reservation::{
-    advance_in, Advance, AdvanceError, AdvanceRequest, FlowState, Quantity, ReservationProducer,
+    advance_in, Advance, AdvanceError, AdvanceRequest, Quantity, ReservationProducer,
 };
 use ordo_sqlite::{GroupOptions, GroupWriter, ProducerDb, SubmitError};
 
-use crate::figures::{per, Spread};
-use crate::{LabError, Progress};
+use crate::figures::{per, per_second, Spread};
+use crate::{LabError, Progress, STEPS};
 
 /// The most producers of one run.
 pub const PRODUCERS_MAX: usize = 1_024;
@@ -32,12 +32,6 @@ pub const PRODUCERS_MAX: usize = 1_024;
 pub const PRODUCERS_DEFAULT: [usize; 3] = [1, 16, 64];
 /// How long each run lasts unless told otherwise.
 pub const RUN_DEFAULT: Duration = Duration::from_secs(3);
-
-const STEPS: [FlowState; 3] = [
-    FlowState::Reserved,
-    FlowState::Confirmed,
-    FlowState::Released,
-];
 
 /// How a flow's number becomes its id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +132,7 @@ pub struct ProducersRun {
 impl ProducersRun {
     /// Events per second.
     pub fn events_per_s(&self) -> f64 {
-        self.events as f64 / self.seconds.max(1e-9)
+        per_second(self.events, self.seconds)
     }
 
     /// F of the run: the geometric mean of the calibrations around it.

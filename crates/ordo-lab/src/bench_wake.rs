@@ -16,13 +16,12 @@ use ordo_core::{Envelope, Transport};
 use ordo_http::{ClientOptions, HttpTransport};
 use ordo_postgres::postgres::Client;
 use ordo_sqlite::rusqlite::Connection;
-use serde_json::json;
 
 use crate::bench::fresh_dir;
 use crate::bench_http::{HttpLoad, RequestLatency};
 use crate::pg::{Server, BENCH_PREFIX};
 use crate::serve::{loopback_any, ServeSpec};
-use crate::{internal, LabError as Failure};
+use crate::{first_reservation, internal, LabError as Failure};
 
 /// Events posted, one per request.
 pub const WAKE_EVENTS: u64 = 200;
@@ -169,12 +168,7 @@ impl Lags {
 
 /// The first event of a new flow, numbered `n`.
 fn event(n: u64) -> Result<Envelope, Failure> {
-    let flow = format!("wake-{n:06}");
-    Envelope::from_value(json!({
-        "event_id": format!("{flow}-1"), "flow_id": flow, "seq": 1,
-        "schema_version": 1, "type": "reserved", "payload": {"amount": 1},
-    }))
-    .map_err(internal)
+    first_reservation(format!("wake-{n:06}"), 1)
 }
 
 /// Every event's lag once all are applied; an applier that ends or does

@@ -1,9 +1,7 @@
 //! The demo: N flows through all three steps on two fresh SQLite files,
 //! relayed and applied, with a check of the end state.
 
-use ordo_reservation::{
-    advance_in, Advance, AdvanceRequest, FlowState, Quantity, ReservationHandler,
-};
+use ordo_reservation::{advance_in, Advance, AdvanceRequest, Quantity, ReservationHandler};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -14,7 +12,7 @@ use ordo_sqlite::{ConsumerDb, GroupOptions, GroupWriter, ProducerDb};
 use ordo_testkit::check::{check_end_state, EndState, Finished, Snapshot, Violation};
 
 use crate::figures::per_second;
-use crate::{LabError as Failure, Progress};
+use crate::{join_all, LabError as Failure, Progress, STEPS};
 
 const FILES: [&str; 2] = ["producer.db", "consumer.db"];
 /// Producer threads sharing the demo's group-committing writer.
@@ -126,13 +124,6 @@ fn prepare_dir(dir: &Path, force: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The three steps of every flow.
-const STEPS: [FlowState; 3] = [
-    FlowState::Reserved,
-    FlowState::Confirmed,
-    FlowState::Released,
-];
-
 /// Runs the demo in `options.dir`, refusing existing files unless
 /// `options.force`; the end state is checked, not asserted: a wrong one is
 /// in the report.
@@ -145,31 +136,24 @@ pub fn run(options: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport,
         .collect();
     let events = options.flows * STEPS.len() as u64;
 
-    let started = Instant::now();
-    progress.start("produce", events);
-    let (mut producer, produced) = produce(producer, &flows, progress)?;
-    progress.finish();
-    let produce_time = started.elapsed();
-
-    let started = Instant::now();
-    progress.start("relay", events);
-    let delivered = relay_all(&mut producer, &mut consumer, progress)?;
-    progress.finish();
-    let relay_time = started.elapsed();
-
-    let started = Instant::now();
+    let ((mut producer, produced), produce_time) = timed(progress, "produce", events, || {
+        produce(producer, &flows, progress)
+    })?;
+    let (delivered, relay_time) = timed(progress, "relay", events, || {
+        relay_all(&mut producer, &mut consumer, progress)
+    })?;
     // The bar counts events, as the summary does.
-    progress.start("apply", events);
-    let (applied, blocked) = apply_all(&mut consumer, progress)?;
-    // Nothing may remain: a second pass must find no work.
-    let leftover = process_all(
-        &mut consumer,
-        None,
-        &mut ReservationHandler::default(),
-        ordo_core::APPLY_BATCH_LEN_DEFAULT,
-    )?;
-    progress.finish();
-    let apply_time = started.elapsed();
+    let ((applied, blocked, leftover), apply_time) = timed(progress, "apply", events, || {
+        let (applied, blocked) = apply_all(&mut consumer, progress)?;
+        // Nothing may remain: a second pass must find no work.
+        let leftover = process_all(
+            &mut consumer,
+            None,
+            &mut ReservationHandler::default(),
+            ordo_core::APPLY_BATCH_LEN_DEFAULT,
+        )?;
+        Ok((applied, blocked, leftover))
+    })?;
 
     let snapshot = Snapshot::new(
         ordo_reservation::producer_snapshot(&mut producer)?,
@@ -191,6 +175,21 @@ pub fn run(options: &DemoOptions, progress: &dyn Progress) -> Result<DemoReport,
         violations: check_end_state(&snapshot, &expected),
         leftover_flows: leftover.len(),
     })
+}
+
+/// Runs `phase` as the progress phase `label` of `len` steps; what it
+/// returned and how long it took.
+fn timed<T>(
+    progress: &dyn Progress,
+    label: &str,
+    len: u64,
+    phase: impl FnOnce() -> Result<T, Failure>,
+) -> Result<(T, Duration), Failure> {
+    let started = Instant::now();
+    progress.start(label, len);
+    let value = phase()?;
+    progress.finish();
+    Ok((value, started.elapsed()))
 }
 
 /// Advances every flow through its three steps, the flows shared out among
@@ -216,13 +215,7 @@ fn produce(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Failure::Internal("a producer thread panicked".into())))
-            })
-            .collect()
+        join_all(handles, "a producer thread")
     });
     let producer = writer.close();
     let produced = counts.into_iter().sum::<Result<u64, Failure>>()?;

@@ -25,7 +25,8 @@ pub mod transports;
 pub mod worker;
 pub mod worker_group;
 
-use ordo_core::StoreError;
+use ordo_core::{Envelope, StoreError};
+use ordo_reservation::FlowState;
 
 /// Why a lab run could not report.
 #[derive(Debug, thiserror::Error)]
@@ -46,8 +47,44 @@ pub enum LabError {
     Check(String),
 }
 
+/// The three steps of every flow the lab drives, in order.
+const STEPS: [FlowState; 3] = [
+    FlowState::Reserved,
+    FlowState::Confirmed,
+    FlowState::Released,
+];
+
 fn internal<E: std::fmt::Display>(error: E) -> LabError {
     LabError::Internal(error.to_string())
+}
+
+/// The first event of a new flow `flow_id` (seq 1), reserving `amount`:
+/// the load of the benches, one event a flow.
+pub fn first_reservation(flow_id: String, amount: u64) -> Result<Envelope, LabError> {
+    Envelope::from_value(serde_json::json!({
+        "event_id": format!("{flow_id}-1"),
+        "flow_id": flow_id,
+        "seq": 1,
+        "schema_version": 1,
+        "type": "reserved",
+        "payload": {"amount": amount},
+    }))
+    .map_err(internal)
+}
+
+/// What each of a scope's threads returned, in order; a thread that
+/// panicked failed with "`who` panicked".
+fn join_all<T>(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, Result<T, LabError>>>,
+    who: &str,
+) -> Vec<Result<T, LabError>> {
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(LabError::Internal(format!("{who} panicked"))))
+        })
+        .collect()
 }
 
 /// What a long run reports as it goes, for a caller to show. One phase runs

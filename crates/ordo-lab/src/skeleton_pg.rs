@@ -24,8 +24,9 @@ use ordo_core::{Clock, SystemClock};
 use ordo_postgres::error::pg_error;
 use ordo_postgres::postgres::{Client, Statement};
 
+use crate::figures::{per, per_second};
 use crate::pg::{connect, WalPosition};
-use crate::{LabError as Failure, Progress};
+use crate::{join_all, LabError as Failure, Progress};
 
 /// The clients of a measurement, each a thread with its own connection
 /// and flows: enough to keep the two cores of the machine the bench was
@@ -180,12 +181,12 @@ pub struct SkeletonRun {
 impl SkeletonRun {
     /// S_pg: events per second through the four transactions.
     pub fn events_per_s(&self) -> f64 {
-        self.events as f64 / self.seconds.max(1e-9)
+        per_second(self.events, self.seconds)
     }
 
     /// Bytes of WAL per event.
     pub fn wal_bytes_per_event(&self) -> f64 {
-        self.wal_bytes as f64 / self.events.max(1) as f64
+        per(self.wal_bytes, self.events)
     }
 }
 
@@ -225,13 +226,7 @@ pub fn measure(
         let wal_start = wal.read();
         start.wait();
         let began = Instant::now();
-        let results: Vec<_> = handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Failure::Internal("a skeleton client panicked".into())))
-            })
-            .collect();
+        let results = join_all(handles, "a skeleton client");
         (began, wal_start, results)
     });
     let seconds = began.elapsed().as_secs_f64();

@@ -8,20 +8,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ordo_core::{Clock, FlowId, SchemaVersion, SystemClock};
-use ordo_reservation::{advance_in, Advance, AdvanceError, AdvanceRequest, FlowState, Quantity};
+use ordo_reservation::{advance_in, Advance, AdvanceError, AdvanceRequest, Quantity};
 use ordo_sqlite::{GroupOptions, GroupWriter, SubmitError};
 
 use crate::worker::{WorkerEnv, WorkerReport};
-use crate::LabError as Failure;
+use crate::{join_all, LabError as Failure, STEPS};
 
 /// The most producer threads of one worker process.
 pub const THREADS_MAX: usize = 1_024;
-
-const STEPS: [FlowState; 3] = [
-    FlowState::Reserved,
-    FlowState::Confirmed,
-    FlowState::Released,
-];
 
 /// What the grouped producer does.
 #[derive(Debug, Clone)]
@@ -99,13 +93,7 @@ pub fn produce(env: &WorkerEnv, job: &GroupedProduce) -> Result<WorkerReport, Fa
                 scope.spawn(move || drive(writer, acks, job, t))
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Failure::Internal("a producer thread panicked".into())))
-            })
-            .collect()
+        join_all(handles, "a producer thread")
     });
     writer.close();
     let (mut committed, mut stale) = (0, 0);

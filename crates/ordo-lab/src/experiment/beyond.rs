@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use super::child::{advance_args, deliver_stdin, finish, Ctx, NOW_ENV};
+use super::child::{advance_args, deliver_stdin, finish, Ctx, NOW_ENV, RELAY};
 use super::expect::{envelope, event};
 use super::scenarios::{drained, relayed, Outcome, ScenarioFn};
 
@@ -26,16 +26,7 @@ pub const BEYOND: [(&str, ScenarioFn); 6] = [
 const T0: i64 = 1_700_000_000_000;
 
 fn at(ctx: &Ctx, now_ms: i64, args: &[&str]) -> Result<Value, String> {
-    let run = ctx.run_at(now_ms, args)?;
-    if run.code != 0 {
-        return Err(format!(
-            "`ordo {}` exited {}: {}",
-            args.join(" "),
-            run.code,
-            run.stderr.trim()
-        ));
-    }
-    Ok(run.json)
+    ctx.run_at(now_ms, args)?.json_if_ok(&args.join(" "))
 }
 
 fn produce(ctx: &Ctx, now_ms: i64, flow: &str, steps: usize) -> Result<(), String> {
@@ -84,11 +75,7 @@ fn fair_relay_isolates_conflict(ctx: &Ctx) -> Result<Outcome, String> {
     // The consumer already holds another body under a-1 (one it cannot apply).
     let forged = envelope("a-1", "a", 1, 9, "reserved", json!({"amount": 5}));
     ctx.receive(std::slice::from_ref(&forged))?;
-    let relay = at(
-        ctx,
-        T0,
-        &["relay", "--producer", "{P}", "--consumer", "{C}"],
-    )?;
+    let relay = at(ctx, T0, &RELAY)?;
     let apply = at(ctx, T0, &["apply", "--consumer", "{C}"])?;
     let quarantined = at(
         ctx,
@@ -151,16 +138,8 @@ fn transient_failure_backs_off(ctx: &Ctx) -> Result<Outcome, String> {
     let list = at(ctx, T0, &["outbox", "list", "--producer", "{P}"])?;
     let row = &list["outbox"][0];
     let next = row["next_attempt_at_ms"].as_i64().unwrap_or(0);
-    let not_yet = at(
-        ctx,
-        T0,
-        &["relay", "--producer", "{P}", "--consumer", "{C}"],
-    )?;
-    let later = at(
-        ctx,
-        T0 + 1_000,
-        &["relay", "--producer", "{P}", "--consumer", "{C}"],
-    )?;
+    let not_yet = at(ctx, T0, &RELAY)?;
+    let later = at(ctx, T0 + 1_000, &RELAY)?;
     Ok(Outcome {
         observed: json!({
             "busy_exit_code": busy.code,
@@ -193,22 +172,10 @@ fn quarantine_is_retried_only_by_an_operator(ctx: &Ctx) -> Result<Outcome, Strin
     produce(ctx, T0, "a", 1)?;
     let forged = envelope("a-1", "a", 1, 1, "reserved", json!({"amount": 6}));
     ctx.receive(std::slice::from_ref(&forged))?;
-    let first = at(
-        ctx,
-        T0,
-        &["relay", "--producer", "{P}", "--consumer", "{C}"],
-    )?;
-    let again = at(
-        ctx,
-        T0 + 3_600_000,
-        &["relay", "--producer", "{P}", "--consumer", "{C}"],
-    )?;
+    let first = at(ctx, T0, &RELAY)?;
+    let again = at(ctx, T0 + 3_600_000, &RELAY)?;
     let retry = at(ctx, T0, &["outbox", "retry", "--producer", "{P}", "a-1"])?;
-    let after_retry = at(
-        ctx,
-        T0,
-        &["relay", "--producer", "{P}", "--consumer", "{C}"],
-    )?;
+    let after_retry = at(ctx, T0, &RELAY)?;
     let retry_unquarantined = ctx.run_at(T0, &["outbox", "retry", "--producer", "{P}", "b-1"])?;
     let conflict = relayed(vec![delivery("a-1", "a", 1, "conflict")], "drained");
     Ok(Outcome {
@@ -293,11 +260,7 @@ fn skip_is_explicit_and_audited(ctx: &Ctx) -> Result<Outcome, String> {
 
 fn prune_keeps_identities(ctx: &Ctx) -> Result<Outcome, String> {
     produce(ctx, T0, "a", 3)?;
-    at(
-        ctx,
-        T0,
-        &["relay", "--producer", "{P}", "--consumer", "{C}"],
-    )?;
+    at(ctx, T0, &RELAY)?;
     at(ctx, T0, &["apply", "--consumer", "{C}"])?;
     let prune = at(
         ctx,

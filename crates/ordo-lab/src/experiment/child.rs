@@ -16,6 +16,25 @@ pub const NOW_ENV: &str = "ORDO_NOW_MS";
 /// How often a waiting parent looks at its child.
 const POLL: Duration = Duration::from_millis(2);
 
+/// `a-1`: flow `a` reserved with quantity 5.
+pub const ADVANCE_RESERVED: [&str; 11] = [
+    "advance",
+    "--producer",
+    "{P}",
+    "--flow",
+    "a",
+    "--expected-seq",
+    "0",
+    "--to",
+    "reserved",
+    "--quantity",
+    "5",
+];
+/// One relay round from the producer to the consumer.
+pub const RELAY: [&str; 5] = ["relay", "--producer", "{P}", "--consumer", "{C}"];
+/// One apply run at the consumer.
+pub const APPLY: [&str; 3] = ["apply", "--consumer", "{C}"];
+
 /// The stores of one scenario and the binary that runs on them.
 pub struct Ctx {
     pub exe: PathBuf,
@@ -41,6 +60,21 @@ pub struct Run {
     pub code: i32,
     pub json: Value,
     pub stderr: String,
+}
+
+impl Run {
+    /// Its JSON if it exited 0, else an error naming the command line
+    /// `shown`, the exit code and what it wrote to stderr.
+    pub fn json_if_ok(self, shown: &str) -> Result<Value, String> {
+        if self.code != 0 {
+            return Err(format!(
+                "`ordo {shown}` exited {}: {}",
+                self.code,
+                self.stderr.trim()
+            ));
+        }
+        Ok(self.json)
+    }
 }
 
 fn code_of(status: ExitStatus) -> i32 {
@@ -217,16 +251,7 @@ impl Ctx {
 
     /// Runs a command with input that must exit 0 and returns its JSON.
     pub fn ok_with(&self, args: &[&str], stdin: &[u8]) -> Result<Value, String> {
-        let run = self.run(args, stdin, None)?;
-        if run.code != 0 {
-            return Err(format!(
-                "`ordo {}` exited {}: {}",
-                self.shown(args),
-                run.code,
-                run.stderr.trim()
-            ));
-        }
-        Ok(run.json)
+        self.run(args, stdin, None)?.json_if_ok(&self.shown(args))
     }
 
     pub fn snapshot(&self) -> Result<Value, String> {
@@ -245,13 +270,13 @@ impl Ctx {
     }
 
     pub fn relay(&self, extra: &[&str]) -> Result<Value, String> {
-        let mut args = vec!["relay", "--producer", "{P}", "--consumer", "{C}"];
+        let mut args = RELAY.to_vec();
         args.extend_from_slice(extra);
         self.ok(&args)
     }
 
     pub fn apply(&self, extra: &[&str]) -> Result<Value, String> {
-        let mut args = vec!["apply", "--consumer", "{C}"];
+        let mut args = APPLY.to_vec();
         args.extend_from_slice(extra);
         self.ok(&args)
     }

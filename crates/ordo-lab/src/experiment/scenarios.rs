@@ -6,7 +6,7 @@
 use ordo_core::crash;
 use serde_json::{json, Value};
 
-use super::child::{deliver_stdin, finish, Ctx};
+use super::child::{deliver_stdin, finish, Ctx, ADVANCE_RESERVED, APPLY, RELAY};
 use super::expect::{envelope, event, Expect, STEPS};
 
 /// What a scenario saw, and what it should have seen.
@@ -497,22 +497,6 @@ fn crash_and_recover(
         }),
     })
 }
-
-const ADVANCE_RESERVED: [&str; 11] = [
-    "advance",
-    "--producer",
-    "{P}",
-    "--flow",
-    "a",
-    "--expected-seq",
-    "0",
-    "--to",
-    "reserved",
-    "--quantity",
-    "5",
-];
-const RELAY: [&str; 5] = ["relay", "--producer", "{P}", "--consumer", "{C}"];
-const APPLY: [&str; 3] = ["apply", "--consumer", "{C}"];
 
 fn reserved_flow() -> Expect {
     Expect::new().flow("a", "reserved", QUANTITY, 1)

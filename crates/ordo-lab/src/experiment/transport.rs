@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use std::time::Duration;
 
-use super::child::{deliver_stdin, finish, wait, Ctx, Run, NOW_ENV};
+use super::child::{deliver_stdin, finish, wait, Ctx, Run, ADVANCE_RESERVED, NOW_ENV};
 use super::expect::{event, Expect};
 use super::scenarios::{relayed, Outcome};
 use super::Scenario;
@@ -71,31 +71,8 @@ const CRASH_EXIT_WAIT: Duration = Duration::from_secs(10);
 /// Produces `a-1` at T0 and creates the consumer store (serve creates none).
 fn prepare(ctx: &Ctx) -> Result<Value, String> {
     let now = [(NOW_ENV, T0.to_string())];
-    for args in [
-        &["init", "--consumer", "{C}"][..],
-        &[
-            "advance",
-            "--producer",
-            "{P}",
-            "--flow",
-            "a",
-            "--expected-seq",
-            "0",
-            "--to",
-            "reserved",
-            "--quantity",
-            "5",
-        ][..],
-    ] {
-        let run = run_with(ctx, args, None, &now)?;
-        if run.code != 0 {
-            return Err(format!(
-                "`ordo {}` exited {}: {}",
-                args.join(" "),
-                run.code,
-                run.stderr.trim()
-            ));
-        }
+    for args in [&["init", "--consumer", "{C}"][..], &ADVANCE_RESERVED] {
+        run_with(ctx, args, None, &now)?.json_if_ok(&args.join(" "))?;
     }
     Ok(event("a", 1, "reserved", QUANTITY))
 }
