@@ -405,6 +405,7 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
 fn producer_snapshot_value(producer: &mut AnyProducer) -> Result<Value, StoreError> {
     let (flows, outbox) = producer.snapshot()?;
     Ok(json!({
+        "store_id": producer.handle().store_id().as_str(),
         "flows": flows.iter().map(render::flow).collect::<Vec<_>>(),
         "outbox": outbox.iter().map(render::outbox).collect::<Vec<_>>(),
     }))
@@ -415,6 +416,7 @@ fn producer_snapshot_value(producer: &mut AnyProducer) -> Result<Value, StoreErr
 fn consumer_snapshot_value(consumer: &mut AnyConsumer) -> Result<Value, StoreError> {
     let (inbox, projections, effects) = consumer.snapshot()?;
     Ok(json!({
+        "store_id": consumer.handle().store_id().as_str(),
         "inbox": inbox.iter().map(render::inbox).collect::<Vec<_>>(),
         "projection": projections.iter().map(render::projection).collect::<Vec<_>>(),
         "effects": effects.iter().map(render::effect).collect::<Vec<_>>(),

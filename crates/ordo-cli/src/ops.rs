@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use ordo_core::ops::{
     age_s, ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
 };
-use ordo_core::{FlowId, APPLY_BATCH_LEN_DEFAULT};
+use ordo_core::{FlowId, StoreId, APPLY_BATCH_LEN_DEFAULT};
 use serde_json::{json, Value};
 
 use crate::args::{InboxCommand, OutboxCommand, PruneArgs, StatusArgs};
@@ -288,8 +288,9 @@ fn compact_duration(duration: std::time::Duration) -> String {
     parts.join(" ")
 }
 
-fn producer_status_value(now_ms: i64, p: &ProducerStatus) -> Value {
+fn producer_status_value(now_ms: i64, p: &ProducerStatus, store_id: &StoreId) -> Value {
     json!({
+        "store_id": store_id.as_str(),
         "backlog": p.backlog,
         "oldest_pending_age_s": p.oldest_pending_age_s(now_ms),
         "quarantined": p.quarantined,
@@ -297,9 +298,10 @@ fn producer_status_value(now_ms: i64, p: &ProducerStatus) -> Value {
     })
 }
 
-fn consumer_status_value(now_ms: i64, c: &ConsumerStatus) -> Value {
+fn consumer_status_value(now_ms: i64, c: &ConsumerStatus, store_id: &StoreId) -> Value {
     let blocked_total: u64 = c.blocked.values().sum();
     json!({
+        "store_id": store_id.as_str(),
         "pending": c.pending,
         "blocked": {"total": blocked_total, "by_reason": c.blocked},
         "gaps": c.gaps.iter().map(|g| json!({
@@ -366,12 +368,17 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
     let mut lines = Vec::new();
     let mut signals: Vec<Signal> = Vec::new();
     if let Some(location) = &args.sides.producer {
-        let p = open_producer(location)?.handle().producer_status(now_ms)?;
+        let mut producer = open_producer(location)?;
+        let p = producer.handle().producer_status(now_ms)?;
+        let store_id = producer.handle().store_id().clone();
         // Nothing pending: no age to claim ("-" in the text, null in JSON),
         // and no age threshold can be breached.
         let oldest_age_s = p.oldest_pending_age_s(now_ms);
         signals.extend(producer_signals(&args, &p, oldest_age_s.unwrap_or(0.0)));
-        value.insert("producer".into(), producer_status_value(now_ms, &p));
+        value.insert(
+            "producer".into(),
+            producer_status_value(now_ms, &p, &store_id),
+        );
         let oldest = oldest_age_s.map_or("-".to_owned(), |age| format!("{age:.1} s"));
         lines.push(format!(
             "producer: backlog {} (oldest {oldest}), quarantined {}, backing off {}",
@@ -379,7 +386,9 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
         ));
     }
     if let Some(location) = &args.sides.consumer {
-        let c = open_consumer(location)?.handle().consumer_status()?;
+        let mut consumer = open_consumer(location)?;
+        let c = consumer.handle().consumer_status()?;
+        let store_id = consumer.handle().store_id().clone();
         let blocked_total: u64 = c.blocked.values().sum();
         signals.push((
             "blocked",
@@ -387,7 +396,10 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
             args.max_blocked,
             args.max_blocked.is_some_and(|t| blocked_total > t),
         ));
-        value.insert("consumer".into(), consumer_status_value(now_ms, &c));
+        value.insert(
+            "consumer".into(),
+            consumer_status_value(now_ms, &c, &store_id),
+        );
         let by_reason: BTreeMap<&String, &u64> = c.blocked.iter().collect();
         lines.push(format!(
             "consumer: pending {}, blocked {} {:?}, applied {}, skipped {}",

@@ -74,12 +74,16 @@ pub fn relay(run: &RelayRun, stop: RelayStop) -> Value {
         .listed
         .iter()
         .map(|d| {
-            json!({
+            let mut delivery = json!({
                 "event_id": d.event_id.as_str(),
                 "flow_id": d.flow_id.as_str(),
                 "seq": d.seq.get(),
                 "receipt": d.receipt.as_str(),
-            })
+            });
+            if let Some(cause) = d.receipt.cause() {
+                delivery["cause"] = json!(cause);
+            }
+            delivery
         })
         .collect();
     let refused: Vec<Value> = run

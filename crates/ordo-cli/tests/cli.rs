@@ -819,22 +819,27 @@ fn receive_conflicts_exit_0_and_change_nothing() {
         );
         assert_eq!(lab.snapshot(), snapshot, "a conflict changed the inbox");
     }
-    // Mixed with new envelopes: receipts in input order; only the new one stored.
+    // Mixed with new envelopes: receipts in input order; nothing of flow A
+    // after its conflict is stored, even its next event or a duplicate;
+    // flow B goes on.
     let mixed = format!(
-        "{same_seq_other_id}\n{}\n{}\n",
+        "{same_seq_other_id}\n{}\n{}\n{}\n",
         reservation("A", 2, "confirmed", 5),
+        reservation("B", 1, "reserved", 5),
         reservation("A", 1, "reserved", 5)
     );
     assert_eq!(
         lab.receive(&mixed),
         json!({"receipts": [
             {"event_id": "other", "receipt": "conflict"},
-            {"event_id": "A-2", "receipt": "accepted"},
-            {"event_id": "A-1", "receipt": "duplicate"},
+            {"event_id": "A-2", "receipt": "conflict"},
+            {"event_id": "B-1", "receipt": "accepted"},
+            {"event_id": "A-1", "receipt": "conflict"},
         ]})
     );
     let inbox = lab.snapshot()["consumer"]["inbox"].clone();
     assert_eq!(inbox.as_array().unwrap().len(), 2);
+    assert!(row(&inbox, "event_id", "B-1").is_object());
     assert_eq!(
         row(&inbox, "event_id", "A-1")["payload"],
         json!({"amount": 5})
@@ -960,7 +965,7 @@ fn first_pending_conflict_starves_later_flows_until_explicit_delivery() {
         assert_eq!(
             lab.relay(&["--policy", "first-pending"]),
             json!({"deliveries": [
-                {"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict"},
+                {"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict", "cause": "conflict"},
             ], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
         );
     }
@@ -993,7 +998,7 @@ fn first_pending_conflict_starves_later_flows_until_explicit_delivery() {
     // Still starved: the next run again stops on A-1's conflict.
     assert_eq!(
         lab.relay(&["--policy", "first-pending"])["deliveries"],
-        json!([{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict"}])
+        json!([{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict", "cause": "conflict"}])
     );
 }
 
@@ -1213,11 +1218,17 @@ fn apply_invalid_arguments_exit_2_and_create_nothing() {
 fn snapshot_has_every_row_with_the_contract_keys() {
     let lab = Lab::new();
     let empty = lab.snapshot();
+    let store_id = |side: &str| {
+        empty[side]["store_id"]
+            .as_str()
+            .expect("a store id")
+            .to_owned()
+    };
     assert_eq!(
         empty,
         json!({
-            "producer": {"flows": [], "outbox": []},
-            "consumer": {"inbox": [], "projection": [], "effects": []},
+            "producer": {"store_id": store_id("producer"), "flows": [], "outbox": []},
+            "consumer": {"store_id": store_id("consumer"), "inbox": [], "projection": [], "effects": []},
         })
     );
 
@@ -1238,10 +1249,10 @@ fn snapshot_has_every_row_with_the_contract_keys() {
 
     let snapshot = lab.snapshot();
     assert_eq!(keys(&snapshot), ["consumer", "producer"]);
-    assert_eq!(keys(&snapshot["producer"]), ["flows", "outbox"]);
+    assert_eq!(keys(&snapshot["producer"]), ["flows", "outbox", "store_id"]);
     assert_eq!(
         keys(&snapshot["consumer"]),
-        ["effects", "inbox", "projection"]
+        ["effects", "inbox", "projection", "store_id"]
     );
 
     let mut outbox_keys = ENVELOPE_KEYS.to_vec();

@@ -10,7 +10,7 @@ mod common;
 use ordo_reservation::ReservationProducer;
 use std::time::{Duration, Instant};
 
-use common::{envelope, keys, reservation, sorted, Lab, Out};
+use common::{envelope, keys, reservation, sorted, without_store_ids, Lab, Out};
 use ordo_core::envelope::FIELDS as ENVELOPE_KEYS;
 use ordo_sqlite::rusqlite;
 use serde_json::{json, Value};
@@ -136,10 +136,11 @@ impl Ops {
         self.lab.run_both("status", extra)
     }
 
-    /// `ordo status --json`, expected to exit 0.
+    /// `ordo status --json`, expected to exit 0, without the stores'
+    /// identities ([`without_store_ids`]).
     #[track_caller]
     fn status(&self) -> Value {
-        self.status_out(&[]).json()
+        without_store_ids(self.status_out(&[]).json())
     }
 
     /// `ordo prune --older-than D --json` (any exit status).
@@ -433,7 +434,7 @@ fn outbox_retry_clears_a_quarantine_and_the_relay_tries_once_more() {
     // other body, so it is quarantined again.
     assert_eq!(
         ops.at(T0 + DAY + 1).relay(&[]),
-        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict"}], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
+        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict", "cause": "conflict"}], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
     );
     let a1 = row(&ops.outbox(&["--quarantined"]), "A-1").clone();
     assert_eq!(a1["attempts"], json!(2));
@@ -928,7 +929,7 @@ fn status_lab() -> Ops {
     ]);
     assert_eq!(
         ops.relay(&["--event", "A-1"]),
-        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict"}], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
+        json!({"deliveries": [{"event_id": "A-1", "flow_id": "A", "seq": 1, "receipt": "conflict", "cause": "conflict"}], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
     );
     ops.apply(&[]);
     ops.at(T0 + 30 * SECOND).receive(&[confirmed("z", 3, 3)]);
@@ -967,7 +968,8 @@ fn status_reports_every_signal_with_exact_ages() {
             "backing_off",
             "backlog",
             "oldest_pending_age_s",
-            "quarantined"
+            "quarantined",
+            "store_id"
         ]
     );
     assert_eq!(
@@ -978,10 +980,11 @@ fn status_reports_every_signal_with_exact_ages() {
             "gaps",
             "gaps_total",
             "pending",
-            "skipped"
+            "skipped",
+            "store_id"
         ]
     );
-    assert_same_numbers(&status, &status_doc(json!([])));
+    assert_same_numbers(&without_store_ids(status), &status_doc(json!([])));
 
     // Ages follow the clock.
     let later = ops.at(T0 + 90 * SECOND + 500).status();
@@ -1067,7 +1070,7 @@ fn status_thresholds_exit_3_only_when_exceeded() {
         "--max-quarantined",
         "1",
     ]);
-    assert_same_numbers(&out.json(), &status_doc(json!([])));
+    assert_same_numbers(&without_store_ids(out.json()), &status_doc(json!([])));
 
     for (flag, threshold, signal, value) in [
         ("--max-backlog", 1, "backlog", 2),
@@ -1079,7 +1082,8 @@ fn status_thresholds_exit_3_only_when_exceeded() {
         let out = ops.status_out(&[flag, &threshold_text]);
         assert_eq!(out.code, 3, "{flag} {threshold}: {out:#?}");
         assert_eq!(out.stderr, "", "{flag}");
-        let status: Value = serde_json::from_str(&out.stdout).expect("one JSON document");
+        let status =
+            without_store_ids(serde_json::from_str(&out.stdout).expect("one JSON document"));
         assert_same_numbers(
             &status,
             &status_doc(json!([{"signal": signal, "value": value, "threshold": threshold}])),
@@ -1100,7 +1104,7 @@ fn status_thresholds_exit_3_only_when_exceeded() {
     ];
     let out = ops.status_out(&all);
     assert_eq!(out.code, 3, "{out:#?}");
-    let status: Value = serde_json::from_str(&out.stdout).unwrap();
+    let status = without_store_ids(serde_json::from_str(&out.stdout).unwrap());
     assert_same_numbers(
         &status,
         &status_doc(json!([
@@ -1259,21 +1263,25 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
     // body or another id at its seq conflict; nothing stored, nothing applied.
     let changed = envelope("A-2", "A", 2, 1, "confirmed", json!({"amount": 5}));
     let other_id = envelope("A-2b", "A", 2, 1, "confirmed", json!({"amount": 4}));
+    // (Each conflict in a delivery of its own: after one, nothing more of
+    // its flow is decided in that delivery.)
     assert_eq!(
         ops.receive(&[
-            confirmed("A", 2, 4),
-            changed,
-            other_id,
-            reserved("Q", 1, 9),
             reserved("A", 1, 4),
+            confirmed("A", 2, 4),
+            reserved("Q", 1, 9),
+            changed,
         ]),
         json!({"receipts": [
-            {"event_id": "A-2", "receipt": "duplicate"},
-            {"event_id": "A-2", "receipt": "conflict"},
-            {"event_id": "A-2b", "receipt": "conflict"},
-            {"event_id": "Q-1", "receipt": "duplicate"},
             {"event_id": "A-1", "receipt": "duplicate"},
+            {"event_id": "A-2", "receipt": "duplicate"},
+            {"event_id": "Q-1", "receipt": "duplicate"},
+            {"event_id": "A-2", "receipt": "conflict"},
         ]})
+    );
+    assert_eq!(
+        ops.receive(&[other_id]),
+        json!({"receipts": [{"event_id": "A-2b", "receipt": "conflict"}]})
     );
     assert_eq!(ids(&ops.inbox(&[])), ["B-1", "x-1", "z-2"]);
     assert_eq!(
@@ -1284,7 +1292,7 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
     ops.store_out("outbox", "retry", &["Q-1"]).json();
     assert_eq!(
         ops.relay(&["--event", "Q-1"]),
-        json!({"deliveries": [{"event_id": "Q-1", "flow_id": "Q", "seq": 1, "receipt": "conflict"}], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
+        json!({"deliveries": [{"event_id": "Q-1", "flow_id": "Q", "seq": 1, "receipt": "conflict", "cause": "conflict"}], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
     );
     assert_eq!(ops.snapshot()["consumer"], after["consumer"]);
 

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{reservation, run, Lab, SelfSigned};
+use common::{envelope, reservation, run, Lab, SelfSigned};
 use ordo_http::KeyRing;
 use serde_json::{json, Value};
 
@@ -99,6 +99,7 @@ impl Drop for Served {
 struct Answer {
     status: u16,
     retry_after: Option<String>,
+    store_id: Option<String>,
     content_type: String,
     text: String,
 }
@@ -139,10 +140,12 @@ fn answer(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> An
             .map(|v| v.to_str().unwrap().to_owned())
     };
     let retry_after = header("retry-after");
+    let store_id = header("ordo-store-id");
     let content_type = header("content-type").unwrap_or_default();
     Answer {
         status: response.status().as_u16(),
         retry_after,
+        store_id,
         content_type,
         text: response.body_mut().read_to_string().expect("a text body"),
     }
@@ -165,6 +168,9 @@ fn post(url: &str, body: &str) -> Answer {
     post_with(url, &[], body.as_bytes())
 }
 
+/// The receipts of a 200, as `(event_id, receipt)`, each checked to carry
+/// exactly the keys of HTTP.md (a conflict's with its cause and held
+/// event), producer `default`.
 fn receipts(answer: &Answer) -> Vec<(String, String)> {
     assert_eq!(answer.status, 200, "{answer:?}");
     answer.json()["receipts"]
@@ -172,10 +178,16 @@ fn receipts(answer: &Answer) -> Vec<(String, String)> {
         .expect("receipts")
         .iter()
         .map(|r| {
+            let mut keys = vec!["event_id", "flow_id", "producer", "receipt", "seq"];
+            if r["receipt"] == "conflict" {
+                keys.extend(["cause", "held_event_id"]);
+            }
             assert_eq!(
                 common::sorted(&common::keys(r)),
-                ["event_id", "flow_id", "receipt", "seq"]
+                common::sorted(&keys),
+                "{r}"
             );
+            assert_eq!(r["producer"], "default", "{r}");
             (
                 r["event_id"].as_str().unwrap().to_owned(),
                 r["receipt"].as_str().unwrap().to_owned(),
@@ -287,6 +299,45 @@ fn receipts_come_in_input_order_with_duplicates_and_conflicts() {
         expected.map(|(e, r)| (e.to_owned(), r.to_owned()))
     );
     assert_eq!(inbox_ids(&lab.c), ["a-1", "b-1", "b-2"]);
+}
+
+/// A conflict names its cause and the held event; nothing of its flow
+/// after it in the same request is stored (`after_conflict`, no held
+/// event); other flows go on. Every 200 names the consumer store in
+/// `ordo-store-id`, as `status` reports it.
+#[test]
+fn a_conflict_names_the_held_event_and_stops_its_flow_for_the_request() {
+    let (lab, served) = serving(&[]);
+    let url = served.url("/v1/events");
+    let held = envelope("held", "a", 1, 1, "reserved", json!({"amount": 3}));
+    let first = post(&url, &held);
+    assert_eq!(receipts(&first), [("held".into(), "accepted".into())]);
+    let batch = array(&[
+        reservation("a", 1, "reserved", 3),
+        reservation("b", 1, "reserved", 3),
+        reservation("a", 2, "confirmed", 3),
+    ]);
+    let answer = post(&url, &batch);
+    let listed = answer.json()["receipts"].clone();
+    let cause_and_held = |i: usize| {
+        (
+            listed[i]["cause"].clone(),
+            listed[i]["held_event_id"].clone(),
+        )
+    };
+    assert_eq!(receipts(&answer)[1], ("b-1".into(), "accepted".into()));
+    assert_eq!(cause_and_held(0), ("conflict".into(), "held".into()));
+    assert_eq!(cause_and_held(2), ("after_conflict".into(), Value::Null));
+    assert_eq!(inbox_ids(&lab.c), ["held", "b-1"]);
+    let status = run(&["status", "--json", "--consumer", &lab.c]).json();
+    let store_id = status["consumer"]["store_id"]
+        .as_str()
+        .expect("a store id")
+        .to_owned();
+    assert_eq!(store_id.len(), 32, "{status}");
+    for answered in [&first, &answer] {
+        assert_eq!(answered.store_id.as_deref(), Some(store_id.as_str()));
+    }
 }
 
 #[test]

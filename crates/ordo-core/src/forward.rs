@@ -15,7 +15,7 @@
 /// and [`ConsumerStore`](crate::ConsumerStore) for a backend's consumer store
 /// `$store` (with `conn` and `store_id` fields and an inherent `domain()`),
 /// by calling:
-/// `$inbox(&conn)`; `$receive::receive_batch(store, ..)`;
+/// `$inbox(&conn)`; `$receive::receive_answers(store, ..)`;
 /// `$ops::{inbox_entries, reopen_blocked, skip, repairs, consumer_status,
 /// prune_inbox}(store, ..)`; `$browse::{consumer_flows_page, inbox_entry_at,
 /// inbox_entry_of_event}(&conn, ..)`; and `$apply::{apply_next, apply_batch,
@@ -27,11 +27,11 @@ macro_rules! consumer_store_impls {
         receive: $receive:ident, ops: $ops:ident, browse: $browse:ident, apply: $apply:ident $(,)?
     ) => {
         impl $crate::Receive for $store {
-            fn receive_batch(
+            fn receive_answers(
                 &mut self,
                 envelopes: &[$crate::Envelope],
-            ) -> Result<Vec<$crate::Receipt>, $crate::StoreError> {
-                $receive::receive_batch(self, envelopes)
+            ) -> Result<Vec<$crate::Answer>, $crate::StoreError> {
+                $receive::receive_answers(self, envelopes)
             }
         }
 

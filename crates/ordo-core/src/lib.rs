@@ -44,7 +44,7 @@ pub use handler::{apply_in_order, ApplyContext, ApplyHandler, Verdict, DEFAULT_P
 pub use identity::StoreId;
 pub use ids::{BlockCode, DomainName, EventId, FlowId, RuleViolation, SchemaVersion, Seq};
 pub use outcome::{
-    BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
+    Answer, BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
 };
 pub use relay::{
     relay, relay_each, relay_event, Delivery, Handover, Refusal, RefusalReason, RelayOptions,

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::envelope::Envelope;
-use crate::ids::{BlockCode, FlowId, Seq};
+use crate::ids::{BlockCode, EventId, FlowId, Seq};
 
 /// The consumer's answer to one received envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -13,31 +13,90 @@ pub enum Receipt {
     /// The same `event_id` with the same body is already stored. Nothing changed.
     Duplicate,
     /// The same `event_id` with a different body, or the same `(flow_id, seq)`
-    /// under a different `event_id`. Nothing changed.
+    /// under a different `event_id`. Nothing changed. Cause `conflict`.
     Conflict,
+    /// A later envelope of a flow whose earlier envelope in the same
+    /// delivery was a conflict: not stored, whatever the inbox holds, so that
+    /// a consumer never applies the held event followed by events built on
+    /// the refused one. On the wire a `conflict` of cause `after_conflict`;
+    /// the relay leaves it unmarked (PROTOCOL.md section 12).
+    AfterConflict,
 }
 
+/// Every receipt, in the order of [`Receipt::as_str`]'s names.
+const RECEIPTS: [Receipt; 4] = [
+    Receipt::Accepted,
+    Receipt::Duplicate,
+    Receipt::Conflict,
+    Receipt::AfterConflict,
+];
+
 impl Receipt {
-    /// The receipt's wire name.
+    /// The receipt's wire name: `accepted`, `duplicate` or `conflict`.
     pub fn as_str(self) -> &'static str {
         match self {
             Receipt::Accepted => "accepted",
             Receipt::Duplicate => "duplicate",
-            Receipt::Conflict => "conflict",
+            Receipt::Conflict | Receipt::AfterConflict => "conflict",
         }
     }
 
-    /// The receipt of a wire name, if it is one.
-    pub fn parse(name: &str) -> Option<Receipt> {
-        [Receipt::Accepted, Receipt::Duplicate, Receipt::Conflict]
+    /// A conflict's cause on the wire (`conflict` or `after_conflict`);
+    /// `None` for the receipts that are not conflicts.
+    pub fn cause(self) -> Option<&'static str> {
+        match self {
+            Receipt::Accepted | Receipt::Duplicate => None,
+            Receipt::Conflict => Some("conflict"),
+            Receipt::AfterConflict => Some("after_conflict"),
+        }
+    }
+
+    /// The receipt of a wire name and, for a conflict, its cause (a
+    /// conflict without one, as an earlier release answers, is cause
+    /// `conflict`); `None` for anything else.
+    pub fn parse(name: &str, cause: Option<&str>) -> Option<Receipt> {
+        let cause = match (name, cause) {
+            ("conflict", None) => Some("conflict"),
+            (_, cause) => cause,
+        };
+        RECEIPTS
             .into_iter()
-            .find(|r| r.as_str() == name)
+            .find(|r| r.as_str() == name && r.cause() == cause)
     }
 
     /// Whether custody has moved to the consumer (`accepted` or `duplicate`):
     /// only then may the producer mark its outbox row accepted.
     pub fn moves_custody(self) -> bool {
         matches!(self, Receipt::Accepted | Receipt::Duplicate)
+    }
+
+    /// Whether the relay records this receipt: every one but
+    /// [`Receipt::AfterConflict`], whose event it leaves unmarked.
+    pub fn is_recorded(self) -> bool {
+        self != Receipt::AfterConflict
+    }
+}
+
+/// A receipt and, for a conflict, the event the consumer holds in the
+/// envelope's place (`held_event_id`): the row at its `(flow_id, seq)` if
+/// any, else the row under its event id; `None` when only a prune
+/// watermark remains, and for every receipt that is not a conflict
+/// (PROTOCOL.md section 12).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The receipt.
+    pub receipt: Receipt,
+    /// The held event a conflict names.
+    pub held_event_id: Option<EventId>,
+}
+
+impl Answer {
+    /// An answer naming no held event.
+    pub fn of(receipt: Receipt) -> Answer {
+        Answer {
+            receipt,
+            held_event_id: None,
+        }
     }
 }
 
@@ -230,4 +289,34 @@ pub struct InboxRecord {
     pub envelope: Envelope,
     /// Its status.
     pub status: InboxStatus,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every receipt reads back from its wire name and cause; a conflict
+    /// without a cause (an earlier release's) is cause `conflict`; anything
+    /// else is no receipt.
+    #[test]
+    fn receipts_read_back_from_their_name_and_cause() {
+        for receipt in RECEIPTS {
+            assert_eq!(
+                Receipt::parse(receipt.as_str(), receipt.cause()),
+                Some(receipt)
+            );
+        }
+        assert_eq!(Receipt::parse("conflict", None), Some(Receipt::Conflict));
+        for (name, cause) in [
+            ("conflict", Some("producer_rewound_later")),
+            ("accepted", Some("conflict")),
+            ("duplicate", Some("after_conflict")),
+            ("refused", None),
+        ] {
+            assert_eq!(Receipt::parse(name, cause), None, "{name} {cause:?}");
+        }
+        assert!(!Receipt::AfterConflict.moves_custody());
+        assert!(!Receipt::AfterConflict.is_recorded());
+        assert!(Receipt::Conflict.is_recorded());
+    }
 }

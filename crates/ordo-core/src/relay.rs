@@ -245,7 +245,8 @@ impl RoundLog {
 enum Bookkeeping {
     /// A receipt for every event: one mark per event, in round order, with
     /// its receipt ([`ProducerStore::record_receipts`]: `accepted` and
-    /// `duplicate` mark the event accepted, `conflict` quarantines it).
+    /// `duplicate` mark the event accepted, `conflict` quarantines it, and
+    /// an `after_conflict` one is not recorded).
     Marks(Vec<(EventId, Receipt)>),
     /// The round is too large: its first `first_len` events go over as a
     /// round of their own, then the rest. Nothing is written yet.
@@ -351,6 +352,16 @@ fn marks(events: &[Envelope], receipts: Vec<Receipt>) -> Vec<(EventId, Receipt)>
     ids.zip(receipts).collect()
 }
 
+/// The marks the producer records: every one but an `after_conflict`
+/// event's, which is left unmarked and goes over again.
+fn recorded(marks: &[(EventId, Receipt)]) -> Vec<(EventId, Receipt)> {
+    marks
+        .iter()
+        .filter(|(_, r)| r.is_recorded())
+        .cloned()
+        .collect()
+}
+
 /// Whether `marks` name the events of `events`, one each, in order.
 fn marks_follow(events: &[Envelope], marks: &[(EventId, Receipt)]) -> bool {
     let ids = marks.iter().map(|(id, _)| id);
@@ -425,7 +436,7 @@ where
         "one mark per event of the round, in round order"
     );
     crash::point(crash::RELAY_AFTER_RECEIVE);
-    producer.record_receipts(marks, clock.now_ms())?;
+    producer.record_receipts(&recorded(marks), clock.now_ms())?;
     let logged_len = log.deliveries.len();
     log.deliveries.extend(
         events
@@ -699,7 +710,7 @@ fn round_end(policy: RelayPolicy, events: &[Envelope], log: &RoundLog) -> RoundE
     let conflicts = log
         .deliveries
         .iter()
-        .filter(|d| d.receipt == Receipt::Conflict);
+        .filter(|d| matches!(d.receipt, Receipt::Conflict | Receipt::AfterConflict));
     let conflict = conflicts.clone().next().is_some();
     skip_flows.extend(conflicts.map(|d| d.flow_id.clone()));
     if !log.failures.is_empty() {
@@ -766,7 +777,7 @@ mod tests {
     use super::*;
     use crate::envelope::EventType;
     use crate::ids::SchemaVersion;
-    use Receipt::{Accepted, Conflict, Duplicate};
+    use Receipt::{Accepted, AfterConflict, Conflict, Duplicate};
 
     fn envelope(flow: &str, seq: i64) -> Envelope {
         let flow_id = FlowId::new(flow).unwrap();
@@ -814,7 +825,7 @@ mod tests {
         let mut writes = Writes::default();
         match bookkeeping {
             Bookkeeping::Marks(marks) => {
-                for (id, receipt) in marks {
+                for (id, receipt) in recorded(&marks) {
                     match receipt {
                         Conflict => writes.quarantines.push((position(&id), "conflict")),
                         _ => writes.marks.push((position(&id), receipt)),
@@ -880,6 +891,16 @@ mod tests {
                 Writes {
                     marks: vec![(0, Duplicate), (2, Accepted)],
                     quarantines: vec![(1, "conflict")],
+                    ..Writes::default()
+                },
+            ),
+            (
+                "a conflict, then its flow's later events",
+                4,
+                Ok(vec![Conflict, AfterConflict, AfterConflict, Accepted]),
+                Writes {
+                    marks: vec![(3, Accepted)],
+                    quarantines: vec![(0, "conflict")],
                     ..Writes::default()
                 },
             ),

@@ -1,7 +1,7 @@
 //! The store traits every backend implements, and the pure decisions the
 //! backends run inside their transactions.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::backoff::Backoff;
 use crate::envelope::{BodyHash, Envelope};
@@ -16,7 +16,7 @@ use crate::ops::{
     WHOLE_READ_ROWS_MAX,
 };
 use crate::outcome::{
-    BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
+    Answer, BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
 };
 
 /// Which side a store belongs to.
@@ -215,21 +215,21 @@ pub trait ProducerStore: ProducerOps {
     ) -> Result<(), StoreError>;
 }
 
-/// The error of a read a store does not offer yet.
-fn not_supported(what: &str) -> StoreError {
-    StoreError::new(
-        ErrorKind::Other,
-        format!("{what} is not supported by this store"),
-    )
-}
-
 /// The consumer's durable receive: what a transport calls (in process, or
 /// the inbox behind HTTP). Object-safe.
 pub trait Receive {
-    /// Stores envelopes durably in one transaction and returns one receipt per
-    /// envelope, in input order. Never changes the application's tables.
-    /// Within a batch, a later envelope sees the earlier ones.
-    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError>;
+    /// Stores envelopes durably in one transaction and returns one answer
+    /// per envelope, in input order (a conflict's names the held event).
+    /// Never changes the application's tables. Within a batch, a later
+    /// envelope sees the earlier ones, and nothing of a flow is stored after
+    /// one of its envelopes conflicted ([`Delivery`]).
+    fn receive_answers(&mut self, envelopes: &[Envelope]) -> Result<Vec<Answer>, StoreError>;
+
+    /// [`Receive::receive_answers`]' receipts alone.
+    fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
+        let answers = self.receive_answers(envelopes)?;
+        Ok(answers.into_iter().map(|a| a.receipt).collect())
+    }
 
     /// [`Receive::receive_batch`] for one envelope.
     fn receive(&mut self, envelope: &Envelope) -> Result<Receipt, StoreError> {
@@ -295,30 +295,21 @@ pub trait ConsumerOps {
         prefix: &str,
         after: Option<&FlowId>,
         limit: usize,
-    ) -> Result<Vec<ConsumerFlow>, StoreError> {
-        let _ = (prefix, after, limit);
-        Err(not_supported("listing flows"))
-    }
+    ) -> Result<Vec<ConsumerFlow>, StoreError>;
 
     /// The inbox row stored at `(flow_id, seq)`, if any.
     fn inbox_entry_at(
         &mut self,
         flow_id: &FlowId,
         seq: Seq,
-    ) -> Result<Option<InboxEntry>, StoreError> {
-        let _ = (flow_id, seq);
-        Err(not_supported("reading one inbox row"))
-    }
+    ) -> Result<Option<InboxEntry>, StoreError>;
 
     /// The inbox row stored under `event_id`, wherever its flow and seq,
     /// if any. A pruned row keeps only its fingerprint: `None`.
     fn inbox_entry_of_event(
         &mut self,
         event_id: &EventId,
-    ) -> Result<Option<InboxEntry>, StoreError> {
-        let _ = event_id;
-        Err(not_supported("reading one inbox row"))
-    }
+    ) -> Result<Option<InboxEntry>, StoreError>;
 }
 
 /// The consumer side: the inbox, the per-flow apply cursor, and the
@@ -572,12 +563,21 @@ pub fn decide_receive(
     event_id: &EventId,
     incoming: &BodyHash,
     stored: &StoredIdentities,
-) -> Receipt {
-    match (&stored.by_event_id, &stored.by_flow_seq) {
+) -> Answer {
+    let receipt = match (&stored.by_event_id, &stored.by_flow_seq) {
         (Some(hash), Some(id)) if hash == incoming && id == event_id => Receipt::Duplicate,
         (Some(_), _) | (None, Some(_)) => Receipt::Conflict,
         (None, None) if stored.below_watermark => Receipt::Conflict,
         (None, None) => Receipt::Accepted,
+    };
+    if receipt != Receipt::Conflict {
+        return Answer::of(receipt);
+    }
+    let held = (stored.by_flow_seq.clone())
+        .or_else(|| stored.by_event_id.is_some().then(|| event_id.clone()));
+    Answer {
+        receipt,
+        held_event_id: held,
     }
 }
 
@@ -609,40 +609,85 @@ impl StoredIdentities {
     }
 }
 
-/// The receipts of a batch received in order, from what was stored before
-/// it (`stored[i]` for `envelopes[i]`): each envelope is decided as if the
-/// ones accepted before it in the batch were stored already, as one
-/// delivery after the other would find them. Also returns the indices of
-/// the accepted envelopes, which the backend stores, with their body hashes
-/// (computed once here).
+/// The decisions of one delivery, envelope after envelope: each is
+/// decided as if the ones accepted before it in the delivery were stored
+/// already, as one delivery after the other would find them, and once an
+/// envelope of a flow is a conflict, every later envelope of that flow is
+/// [`Receipt::AfterConflict`], stored or not (PROTOCOL.md section 12).
+///
+/// [`Delivery::decide`] reads nothing of the decider's own making:
+/// [`Delivery::record`] adds an answer once the backend has acted on it
+/// (stored an accepted envelope), so that a backend may decide an envelope
+/// again after a lost insert race.
+#[derive(Debug, Default)]
+pub struct Delivery<'a> {
+    by_id: HashMap<&'a str, BodyHash>,
+    by_position: HashMap<(&'a str, i64), &'a EventId>,
+    conflicted: HashSet<&'a str>,
+}
+
+impl<'a> Delivery<'a> {
+    /// The answer for `envelope` (whose body hashes to `hash`), given what
+    /// the store held under its identities before the delivery.
+    pub fn decide(
+        &self,
+        envelope: &'a Envelope,
+        hash: &BodyHash,
+        mut stored: StoredIdentities,
+    ) -> Answer {
+        if self.conflicted.contains(envelope.flow_id.as_str()) {
+            return Answer::of(Receipt::AfterConflict);
+        }
+        let position = (envelope.flow_id.as_str(), envelope.seq.get());
+        if stored.by_event_id.is_none() {
+            stored.by_event_id = self.by_id.get(envelope.event_id.as_str()).cloned();
+        }
+        if stored.by_flow_seq.is_none() {
+            stored.by_flow_seq = self.by_position.get(&position).map(|id| (*id).clone());
+        }
+        decide_receive(&envelope.event_id, hash, &stored)
+    }
+
+    /// Adds `envelope`'s answer to the delivery: an accepted one is stored
+    /// for the envelopes after it, a conflict stops its flow.
+    pub fn record(&mut self, envelope: &'a Envelope, hash: &BodyHash, answer: &Answer) {
+        match answer.receipt {
+            Receipt::Accepted => {
+                let position = (envelope.flow_id.as_str(), envelope.seq.get());
+                self.by_id.insert(envelope.event_id.as_str(), hash.clone());
+                self.by_position.insert(position, &envelope.event_id);
+            }
+            Receipt::Conflict | Receipt::AfterConflict => {
+                self.conflicted.insert(envelope.flow_id.as_str());
+            }
+            Receipt::Duplicate => {}
+        }
+    }
+}
+
+/// Decides a batch's answers from what the store held before it
+/// (`stored[i]` for `envelopes[i]`), as one [`Delivery`]. Also returns the
+/// indices of the accepted envelopes, which the backend stores, with their
+/// body hashes (computed once here).
 pub fn decide_batch(
     envelopes: &[Envelope],
     stored: Vec<StoredIdentities>,
-) -> (Vec<Receipt>, Vec<(usize, BodyHash)>) {
+) -> (Vec<Answer>, Vec<(usize, BodyHash)>) {
     assert_eq!(envelopes.len(), stored.len(), "one read per envelope");
-    let mut by_id: HashMap<&str, BodyHash> = HashMap::new();
-    let mut by_position: HashMap<(&str, i64), &EventId> = HashMap::new();
-    let mut receipts = Vec::with_capacity(envelopes.len());
+    let mut delivery = Delivery::default();
+    let mut answers = Vec::with_capacity(envelopes.len());
     let mut accepted = Vec::new();
-    for (index, (envelope, mut stored)) in envelopes.iter().zip(stored).enumerate() {
-        let position = (envelope.flow_id.as_str(), envelope.seq.get());
-        if stored.by_event_id.is_none() {
-            stored.by_event_id = by_id.get(envelope.event_id.as_str()).cloned();
-        }
-        if stored.by_flow_seq.is_none() {
-            stored.by_flow_seq = by_position.get(&position).map(|id| (*id).clone());
-        }
+    for (index, (envelope, stored)) in envelopes.iter().zip(stored).enumerate() {
         let hash = envelope.body_hash();
-        let receipt = decide_receive(&envelope.event_id, &hash, &stored);
-        if receipt == Receipt::Accepted {
-            by_id.insert(envelope.event_id.as_str(), hash.clone());
-            by_position.insert(position, &envelope.event_id);
+        let answer = delivery.decide(envelope, &hash, stored);
+        delivery.record(envelope, &hash, &answer);
+        if answer.receipt == Receipt::Accepted {
             accepted.push((index, hash));
         }
-        receipts.push(receipt);
+        answers.push(answer);
     }
-    assert_eq!(receipts.len(), envelopes.len(), "one receipt per envelope");
-    (receipts, accepted)
+    assert_eq!(answers.len(), envelopes.len(), "one answer per envelope");
+    (answers, accepted)
 }
 
 /// What is stored at a flow's next seq.
@@ -724,51 +769,77 @@ mod tests {
     /// batch as stored; nothing stored before: the receipts in order.
     #[test]
     fn a_batch_is_decided_in_order() {
-        use Receipt::{Accepted, Conflict, Duplicate};
+        use Receipt::{Accepted, AfterConflict, Conflict, Duplicate};
         let a1 = envelope("a", 1, 1);
         let a1_other = envelope("a", 1, 2);
         let a2 = envelope("a", 2, 1);
-        let cases: Vec<(Vec<Envelope>, Vec<Receipt>, Vec<usize>)> = vec![
+        let b1 = envelope("b", 1, 1);
+        let held = |id: &Envelope| Some(id.event_id.clone());
+        let answer = |receipt| Answer::of(receipt);
+        let conflict = |held_event_id| Answer {
+            receipt: Conflict,
+            held_event_id,
+        };
+        let cases: Vec<(Vec<Envelope>, Vec<Answer>, Vec<usize>)> = vec![
             (vec![], vec![], vec![]),
             (
                 vec![a1.clone(), a2.clone()],
-                vec![Accepted, Accepted],
+                vec![answer(Accepted), answer(Accepted)],
                 vec![0, 1],
             ),
             (
                 vec![a1.clone(), a1.clone()],
-                vec![Accepted, Duplicate],
+                vec![answer(Accepted), answer(Duplicate)],
                 vec![0],
             ),
             (
                 vec![a1.clone(), a1_other.clone()],
-                vec![Accepted, Conflict],
+                vec![answer(Accepted), conflict(held(&a1))],
                 vec![0],
             ),
+            // Nothing of a flow after its conflict, stored or not; other
+            // flows go on.
             (
-                vec![a1_other, a1, a2],
-                vec![Accepted, Conflict, Accepted],
-                vec![0, 2],
+                vec![
+                    a1_other.clone(),
+                    a1.clone(),
+                    a2.clone(),
+                    b1.clone(),
+                    a1.clone(),
+                ],
+                vec![
+                    answer(Accepted),
+                    conflict(held(&a1_other)),
+                    answer(AfterConflict),
+                    answer(Accepted),
+                    answer(AfterConflict),
+                ],
+                vec![0, 3],
             ),
         ];
-        for (batch, receipts, accepted) in cases {
+        for (batch, answers, accepted) in cases {
             let stored = vec![StoredIdentities::default(); batch.len()];
             let (got, hashes) = decide_batch(&batch, stored);
             let indices: Vec<usize> = hashes.iter().map(|(i, _)| *i).collect();
-            assert_eq!((got, indices), (receipts, accepted), "{batch:?}");
+            assert_eq!((got, indices), (answers, accepted), "{batch:?}");
             for (i, hash) in hashes {
                 assert_eq!(hash, batch[i].body_hash(), "the hash of what is stored");
             }
         }
         let stored = StoredIdentities::from_columns(None, Some("a-1".into()), false).unwrap();
-        let (receipts, accepted) = decide_batch(&[envelope("a", 1, 3)], vec![stored]);
-        assert_eq!((receipts, accepted.len()), (vec![Conflict], 0));
+        let (answers, accepted) = decide_batch(
+            &[envelope("a", 1, 3), a2],
+            vec![stored, StoredIdentities::default()],
+        );
+        assert_eq!(answers, vec![conflict(held(&a1)), answer(AfterConflict)]);
+        assert!(accepted.is_empty());
         let bad = StoredIdentities::from_columns(Some("zz".into()), None, false).unwrap_err();
         assert_eq!(bad.kind(), ErrorKind::Corrupt);
     }
 
     #[test]
     fn receive_decisions() {
+        use Receipt::{Accepted, Conflict, Duplicate};
         let a = BodyHash::of("a");
         let b = BodyHash::of("b");
         let me = EventId::new("me").unwrap();
@@ -779,18 +850,28 @@ mod tests {
                 by_flow_seq: at_seq.cloned(),
                 below_watermark: below,
             };
+        // The held event: the one at the position, else the one under the
+        // incoming id; none when only the watermark remains.
         let cases = [
-            (stored(None, None, false), Receipt::Accepted),
-            (stored(Some(&a), Some(&me), false), Receipt::Duplicate),
-            (stored(Some(&a), Some(&me), true), Receipt::Duplicate),
-            (stored(Some(&b), Some(&me), false), Receipt::Conflict),
-            (stored(None, Some(&other), false), Receipt::Conflict),
+            (stored(None, None, false), Accepted, None),
+            (stored(Some(&a), Some(&me), false), Duplicate, None),
+            (stored(Some(&a), Some(&me), true), Duplicate, None),
+            (stored(Some(&b), Some(&me), false), Conflict, Some(&me)),
+            (stored(None, Some(&other), false), Conflict, Some(&other)),
             // same body under the id, but another seq: the hash cannot tell
-            (stored(Some(&a), None, false), Receipt::Conflict),
-            (stored(Some(&a), Some(&other), false), Receipt::Conflict),
-            (stored(None, None, true), Receipt::Conflict),
+            (stored(Some(&a), None, false), Conflict, Some(&me)),
+            (
+                stored(Some(&a), Some(&other), false),
+                Conflict,
+                Some(&other),
+            ),
+            (stored(None, None, true), Conflict, None),
         ];
-        for (stored, expected) in cases {
+        for (stored, receipt, held) in cases {
+            let expected = Answer {
+                receipt,
+                held_event_id: held.cloned(),
+            };
             assert_eq!(decide_receive(&me, &a, &stored), expected, "{stored:?}");
         }
     }

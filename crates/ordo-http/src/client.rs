@@ -340,10 +340,12 @@ fn receipts(response: Response, events: &[Envelope]) -> Result<Vec<Receipt>, Tra
                     event.event_id
                 )));
             }
-            item.get("receipt")
-                .and_then(Value::as_str)
-                .and_then(Receipt::parse)
-                .ok_or_else(|| refused("a receipt is not accepted, duplicate or conflict"))
+            let name = item.get("receipt").and_then(Value::as_str);
+            let cause = item.get("cause").and_then(Value::as_str);
+            name.and_then(|name| Receipt::parse(name, cause))
+                .ok_or_else(|| {
+                    refused("a receipt is not accepted, duplicate or conflict of a known cause")
+                })
         })
         .collect()
 }

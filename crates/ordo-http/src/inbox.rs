@@ -20,15 +20,15 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use ordo_core::{Envelope, Receipt};
-use serde_json::json;
+use ordo_core::{Answer, Envelope, EventId, DEFAULT_PRODUCER};
+use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
-use ordo_inbox::{Caller, Refusal};
+use ordo_inbox::{Caller, Refusal, Stored};
 
 use crate::reply;
 use crate::server::{blocking, App};
@@ -223,16 +223,16 @@ async fn store(
     record_ids(&envelopes);
     let inbox = Arc::clone(&app.inbox);
     let stored = blocking(move || {
-        let receipts: Result<Vec<Receipt>, Refusal> = inbox.store(&caller, &envelopes);
-        if receipts.is_ok() {
+        let stored: Result<Stored, Refusal> = inbox.store(&caller, &envelopes);
+        if stored.is_ok() {
             ordo_core::crash::point(ordo_core::crash::SERVE_AFTER_COMMIT);
         }
         drop(permit);
-        Ok((envelopes, receipts))
+        Ok((envelopes, stored))
     })
     .await;
     match stored {
-        Ok((envelopes, Ok(receipts))) => receipts_reply(&app, &envelopes, &receipts),
+        Ok((envelopes, Ok(stored))) => receipts_reply(&app, &envelopes, &stored),
         Ok((_, Err(refusal))) => refuse(&refusal),
         Err(error) => refuse(&Refusal::Storage(error)),
     }
@@ -247,20 +247,41 @@ fn record_ids(envelopes: &[Envelope]) {
     }
 }
 
-fn receipts_reply(app: &App, envelopes: &[Envelope], receipts: &[Receipt]) -> Response {
+/// The 200 of a stored delivery: one receipt per envelope (a conflict's
+/// with its cause and held event), and the consumer store's identity in
+/// the `ordo-store-id` header.
+fn receipts_reply(app: &App, envelopes: &[Envelope], stored: &Stored) -> Response {
     let listed: Vec<_> = envelopes
         .iter()
-        .zip(receipts)
-        .map(|(envelope, receipt)| {
-            app.metrics.count_received(*receipt);
-            json!({
-                "event_id": envelope.event_id.as_str(),
-                "flow_id": envelope.flow_id.as_str(),
-                "seq": envelope.seq.get(),
-                "receipt": receipt.as_str(),
-            })
+        .zip(&stored.answers)
+        .map(|(envelope, answer)| {
+            app.metrics.count_received(answer.receipt);
+            receipt_value(envelope, answer)
         })
         .collect();
     tracing::debug!(items = listed.len(), "stored");
-    reply::body(StatusCode::OK, json!({ "receipts": listed }))
+    let mut response = reply::body(StatusCode::OK, json!({ "receipts": listed }));
+    let store_id = HeaderValue::from_str(stored.store_id.as_str())
+        .expect("a store identity is hexadecimal digits");
+    response
+        .headers_mut()
+        .insert(crate::HEADER_STORE_ID, store_id);
+    response
+}
+
+/// One receipt object (HTTP.md): `event_id`, `flow_id`, `seq`,
+/// `producer`, `receipt`, and for a conflict `cause` and `held_event_id`.
+fn receipt_value(envelope: &Envelope, answer: &Answer) -> Value {
+    let mut value = json!({
+        "event_id": envelope.event_id.as_str(),
+        "flow_id": envelope.flow_id.as_str(),
+        "seq": envelope.seq.get(),
+        "producer": DEFAULT_PRODUCER,
+        "receipt": answer.receipt.as_str(),
+    });
+    if let Some(cause) = answer.receipt.cause() {
+        value["cause"] = json!(cause);
+        value["held_event_id"] = json!(answer.held_event_id.as_ref().map(EventId::as_str));
+    }
+    value
 }

@@ -29,6 +29,10 @@ mod reply;
 pub mod server;
 pub mod tls;
 
+/// The header carrying a store's identity: the consumer store's on every
+/// 200 of `POST /v1/events` (HTTP.md, third release).
+pub const HEADER_STORE_ID: &str = "ordo-store-id";
+
 pub use auth::{sign, signature_headers, AuthError, KeyFileError, KeyRing, Secret};
 pub use client::{ClientError, ClientOptions, HttpTransport, Signer};
 pub use exposition::{metrics_router, serve_metrics, MetricsServer};

@@ -23,4 +23,4 @@ mod receive;
 
 pub use batch::{parse_batch, BatchError};
 pub use pool::{IdlePool, Opener, Pool};
-pub use receive::{Caller, Inbox, InboxLimits, Refusal};
+pub use receive::{Caller, Inbox, InboxLimits, Refusal, Stored};

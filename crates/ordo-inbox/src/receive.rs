@@ -1,7 +1,7 @@
 //! One delivery into the inbox: the size, the batch, then one transaction.
 
 use ordo_core::ops::ConsumerStatus;
-use ordo_core::{Envelope, ErrorKind, Receipt, StoreError};
+use ordo_core::{Answer, Envelope, ErrorKind, StoreError, StoreId};
 
 use crate::batch::{parse_batch, BatchError};
 use crate::pool::Pool;
@@ -83,6 +83,15 @@ impl From<StoreError> for Refusal {
     }
 }
 
+/// A delivery stored in one transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// One answer per envelope, in order.
+    pub answers: Vec<Answer>,
+    /// The identity of the consumer store that holds them.
+    pub store_id: StoreId,
+}
+
 /// The inbox of one consumer store.
 pub struct Inbox {
     pool: Pool,
@@ -113,31 +122,39 @@ impl Inbox {
         Ok(envelopes)
     }
 
-    /// Stores parsed envelopes in one transaction; blocks. One receipt per
-    /// envelope, in order.
-    pub fn store(&self, caller: &Caller, envelopes: &[Envelope]) -> Result<Vec<Receipt>, Refusal> {
-        let receipts = self
-            .pool
-            .with_store(|store| store.receive_batch(envelopes))?;
-        assert_eq!(receipts.len(), envelopes.len(), "one receipt per envelope");
+    /// Stores parsed envelopes in one transaction; blocks. One answer per
+    /// envelope, in order, with the consumer store's identity.
+    pub fn store(&self, caller: &Caller, envelopes: &[Envelope]) -> Result<Stored, Refusal> {
+        let stored = self.pool.with_store(|store| {
+            let answers = store.receive_answers(envelopes)?;
+            Ok(Stored {
+                answers,
+                store_id: store.store_id().clone(),
+            })
+        })?;
+        assert_eq!(
+            stored.answers.len(),
+            envelopes.len(),
+            "one answer per envelope"
+        );
         tracing::debug!(
             key_id = caller.key_id.as_deref().unwrap_or("-"),
-            items = receipts.len(),
+            items = stored.answers.len(),
             "stored"
         );
-        Ok(receipts)
+        Ok(stored)
     }
 
-    /// [`Inbox::parse`] then [`Inbox::store`]: a delivery's receipts, with
+    /// [`Inbox::parse`] then [`Inbox::store`]: a delivery's answers, with
     /// its envelopes.
     pub fn receive(
         &self,
         caller: &Caller,
         body: &[u8],
-    ) -> Result<(Vec<Envelope>, Vec<Receipt>), Refusal> {
+    ) -> Result<(Vec<Envelope>, Stored), Refusal> {
         let envelopes = self.parse(body)?;
-        let receipts = self.store(caller, &envelopes)?;
-        Ok((envelopes, receipts))
+        let stored = self.store(caller, &envelopes)?;
+        Ok((envelopes, stored))
     }
 
     /// The inbox's counts (pending, blocked, gaps); blocks.
@@ -178,10 +195,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let inbox = inbox(dir.path(), 10, 1 << 20);
         let caller = Caller::default();
-        let (envelopes, receipts) = inbox.receive(&caller, ONE.as_bytes()).unwrap();
-        assert_eq!((envelopes.len(), receipts), (1, vec![Receipt::Accepted]));
+        let (envelopes, stored) = inbox.receive(&caller, ONE.as_bytes()).unwrap();
+        assert_eq!(envelopes.len(), 1);
+        assert_eq!(stored.answers, [Answer::of(Receipt::Accepted)]);
         let (_, again) = inbox.receive(&caller, ONE.as_bytes()).unwrap();
-        assert_eq!(again, [Receipt::Duplicate]);
+        assert_eq!(again.answers, [Answer::of(Receipt::Duplicate)]);
+        assert_eq!(again.store_id, stored.store_id, "one store answers");
         assert_eq!(inbox.status().unwrap().pending, 1);
     }
 

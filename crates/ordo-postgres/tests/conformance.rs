@@ -67,3 +67,13 @@ impl ordo_testkit::Backend for Postgres {
 }
 
 ordo_testkit::conformance_suite!(Postgres);
+
+/// One round of several events of a flow, the first a conflict (the
+/// PostgreSQL producer's rounds, `--flow-events`).
+#[test]
+fn relay_leaves_what_follows_a_conflict_in_its_round_unmarked() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    ordo_testkit::deep::relay_leaves_what_follows_a_conflict_in_its_round_unmarked::<Postgres>(
+        dir.path(),
+    );
+}

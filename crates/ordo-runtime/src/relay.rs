@@ -119,7 +119,7 @@ impl RelayRound {
                 match delivery.receipt {
                     Receipt::Accepted => totals.accepted += 1,
                     Receipt::Duplicate => totals.duplicate += 1,
-                    Receipt::Conflict => totals.conflict += 1,
+                    Receipt::Conflict | Receipt::AfterConflict => totals.conflict += 1,
                 }
             }
             Handover::Refused(_) => totals.refused += 1,

@@ -653,22 +653,50 @@ impl Model {
         Receipt::Accepted
     }
 
+    /// One delivery (PROTOCOL section 12): each event received in turn,
+    /// and nothing of a flow after its conflict (`after_conflict`).
+    fn receive_delivery<'e>(
+        &mut self,
+        events: impl IntoIterator<Item = &'e Event>,
+    ) -> Vec<Receipt> {
+        let mut conflicted = BTreeSet::new();
+        let mut receipts = Vec::new();
+        for event in events {
+            if conflicted.contains(&event.flow) {
+                receipts.push(Receipt::AfterConflict);
+                continue;
+            }
+            let receipt = self.receive(event);
+            if receipt == Receipt::Conflict {
+                conflicted.insert(event.flow.clone());
+            }
+            receipts.push(receipt);
+        }
+        receipts
+    }
+
     /// Hands the outbox rows at `positions` to the consumer in one batch and
     /// records the receipts as one relay round: `accepted` and `duplicate`
     /// move custody, `conflict` quarantines (section 5), and every flow in
     /// the round was served in it.
     fn relay_round(&mut self, positions: &[usize]) -> Vec<Delivery> {
-        let deliveries: Vec<Delivery> = positions
+        let events: Vec<Event> = positions
             .iter()
-            .map(|&position| {
-                let event = self.outbox[position].event.clone();
-                let receipt = self.receive(&event);
-                event.delivery(receipt)
-            })
+            .map(|&position| self.outbox[position].event.clone())
+            .collect();
+        let receipts = self.receive_delivery(&events);
+        let deliveries: Vec<Delivery> = events
+            .iter()
+            .zip(receipts)
+            .map(|(event, receipt)| event.delivery(receipt))
             .collect();
         self.rounds += 1;
         for (&position, delivery) in positions.iter().zip(&deliveries) {
             let row = &mut self.outbox[position];
+            self.served.insert(row.event.flow.clone(), self.rounds);
+            if delivery.receipt == Receipt::AfterConflict {
+                continue; // left unmarked
+            }
             if delivery.receipt == Receipt::Conflict {
                 row.quarantined = !row.accepted;
             } else {
@@ -678,7 +706,6 @@ impl Model {
             }
             row.attempts += 1;
             row.last_outcome = Some(delivery.receipt);
-            self.served.insert(row.event.flow.clone(), self.rounds);
         }
         deliveries
     }
@@ -1711,7 +1738,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                     })
                     .collect()
             };
-            let expect: Vec<Receipt> = batch.iter().map(|e| model.receive(e)).collect();
+            let expect = model.receive_delivery(&batch);
             let envelopes: Vec<Envelope> = batch.iter().map(Event::envelope).collect();
             let got = r.consumer.receive_batch(&envelopes).expect("receive_batch");
             let line = format!(

@@ -87,6 +87,7 @@ use ordo_core::{ApplyHandler, BlockCode, Clock, ConsumerStore, ProducerStore, Sy
 use ordo_reservation::{ReservationConsumer, ReservationProducer};
 
 pub mod check;
+pub mod deep;
 pub mod fuzz;
 pub mod guards;
 pub mod suite;
@@ -235,6 +236,7 @@ macro_rules! conformance_suite {
             receive_conflict_same_flow_seq_changes_nothing
             receive_duplicate_ignores_key_order_and_number_spelling
             receive_batch_in_one_call
+            receive_nothing_after_a_conflict_in_one_delivery
             receive_never_changes_projection_or_effects
             receive_seq_bounds
             // apply

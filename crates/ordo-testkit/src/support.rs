@@ -518,6 +518,26 @@ where
 }
 
 /// The options of a `fair` relay run.
+/// A `fair` relay run at `now_ms` whose rounds take up to
+/// `flow_events_max` events of each flow (so that one delivery carries
+/// several events of a flow).
+pub fn relay_deep_at<P, C>(
+    producer: &mut P,
+    consumer: &mut C,
+    flow_events_max: usize,
+    now_ms: i64,
+) -> RelayReport
+where
+    P: ProducerStore + ReservationProducer + ?Sized,
+    C: ReservationConsumer + ?Sized,
+{
+    let options = RelayOptions {
+        flow_events_max,
+        ..fair(None, 256)
+    };
+    run_relay(producer, consumer, options, &FixedClock(now_ms))
+}
+
 fn fair(max: Option<u64>, batch_len_max: usize) -> RelayOptions {
     RelayOptions {
         policy: RelayPolicy::Fair,

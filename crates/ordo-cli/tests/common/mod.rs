@@ -484,6 +484,25 @@ pub fn sorted<'a>(names: &[&'a str]) -> Vec<&'a str> {
     names
 }
 
+/// `value` (the JSON of `status` or `snapshot`) without each side's
+/// `store_id`, after checking that each side given has one (32 lowercase
+/// hex digits): identities are random, and no part of what a test that
+/// compares the rest looks at.
+#[track_caller]
+pub fn without_store_ids(mut value: Value) -> Value {
+    for side in ["producer", "consumer"] {
+        if let Some(side) = value.get_mut(side).and_then(Value::as_object_mut) {
+            let id = side.remove("store_id").expect("a store id");
+            let id = id.as_str().expect("a store id is text");
+            assert!(
+                id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+                "{id}"
+            );
+        }
+    }
+    value
+}
+
 /// The row of `rows` whose `key` is `value`.
 #[track_caller]
 pub fn row<'v>(rows: &'v Value, key: &str, value: &str) -> &'v Value {

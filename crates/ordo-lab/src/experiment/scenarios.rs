@@ -80,7 +80,19 @@ fn committed(event: &Value) -> Value {
 }
 
 fn delivery(flow: &str, seq: i64, receipt: &str) -> Value {
-    json!({"event_id": format!("{flow}-{seq}"), "flow_id": flow, "seq": seq, "receipt": receipt})
+    delivery_of(&format!("{flow}-{seq}"), flow, seq, receipt)
+}
+
+/// One delivery of a relay's report, as `relay --json` lists it: a
+/// `conflict` with its cause `conflict` (the scenarios deliver one event
+/// of a flow a round).
+pub(crate) fn delivery_of(event_id: &str, flow: &str, seq: i64, receipt: &str) -> Value {
+    let mut delivery =
+        json!({"event_id": event_id, "flow_id": flow, "seq": seq, "receipt": receipt});
+    if receipt == "conflict" {
+        delivery["cause"] = json!("conflict");
+    }
+    delivery
 }
 
 pub(crate) fn relayed(deliveries: Vec<Value>, stop: &str) -> Value {

@@ -9,8 +9,8 @@
 //! receiver of the same identities, the batch is rolled back and decided
 //! again one envelope at a time, against what that one committed.
 
-use ordo_core::store::{decide_batch, decide_receive, StoredIdentities};
-use ordo_core::{crash, BodyHash, Envelope, Receipt, StoreError};
+use ordo_core::store::{decide_batch, Delivery, StoredIdentities};
+use ordo_core::{crash, Answer, BodyHash, Envelope, Receipt, StoreError};
 use postgres::Row;
 
 use super::PgConsumer;
@@ -20,10 +20,10 @@ use crate::error::{corrupt, is_unique_violation};
 const CONTEXT: &str = "consumer: receive failed";
 const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
-pub(super) fn receive_batch(
+pub(super) fn receive_answers(
     db: &mut PgConsumer,
     envelopes: &[Envelope],
-) -> Result<Vec<Receipt>, StoreError> {
+) -> Result<Vec<Answer>, StoreError> {
     let mut flows: Vec<&str> = envelopes.iter().map(|e| e.flow_id.as_str()).collect();
     flows.sort_unstable();
     flows.dedup();
@@ -31,8 +31,8 @@ pub(super) fn receive_batch(
         let tx = &db.conn;
         let txid = tx.begin_with(CONTEXT, BEGIN)?;
         let now_ms = db.clock.now_ms();
-        let receipts = match receive_in_tx(tx, &flows, envelopes, now_ms, one_by_one) {
-            Ok(Some(receipts)) => receipts,
+        let answers = match receive_in_tx(tx, &flows, envelopes, now_ms, one_by_one) {
+            Ok(Some(answers)) => answers,
             Ok(None) => {
                 tx.rollback();
                 continue;
@@ -45,19 +45,19 @@ pub(super) fn receive_batch(
         crash::point(crash::CONSUMER_RECEIVE_BEFORE_COMMIT);
         // One notification per batch that stored anything, sent with the
         // COMMIT (delivered only if it commits).
-        let stored = receipts.contains(&Receipt::Accepted);
+        let stored = answers.iter().any(|a| a.receipt == Receipt::Accepted);
         tx.commit_with(CONTEXT, txid, db.wake.commit_statement(stored))?;
         db.commits += 1;
         crash::point(crash::CONSUMER_RECEIVE_AFTER_COMMIT);
         if stored {
             db.wake.raise();
         }
-        return Ok(receipts);
+        return Ok(answers);
     }
     unreachable!("a batch received one envelope at a time always ends")
 }
 
-/// The receipts of `envelopes`, stored in the open transaction; `None` when
+/// The answers of `envelopes`, stored in the open transaction; `None` when
 /// the batch lost a race (only when not `one_by_one`).
 fn receive_in_tx(
     tx: &PgTx,
@@ -65,7 +65,7 @@ fn receive_in_tx(
     envelopes: &[Envelope],
     now_ms: i64,
     one_by_one: bool,
-) -> Result<Option<Vec<Receipt>>, StoreError> {
+) -> Result<Option<Vec<Answer>>, StoreError> {
     // Each flow's apply cursor row exists before its first event is
     // stored, so that appliers lock it (and skip it when another holds
     // it) and never wait to create it.
@@ -77,11 +77,15 @@ fn receive_in_tx(
         &[&flows],
     )?;
     if one_by_one {
-        return envelopes
-            .iter()
-            .map(|envelope| receive_one(tx, envelope, now_ms))
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some);
+        let mut delivery = Delivery::default();
+        let mut answers = Vec::with_capacity(envelopes.len());
+        for envelope in envelopes {
+            let hash = envelope.body_hash();
+            let answer = receive_one(tx, &delivery, envelope, &hash, now_ms)?;
+            delivery.record(envelope, &hash, &answer);
+            answers.push(answer);
+        }
+        return Ok(Some(answers));
     }
     receive_all(tx, envelopes, now_ms)
 }
@@ -92,7 +96,7 @@ fn receive_all(
     tx: &PgTx,
     envelopes: &[Envelope],
     now_ms: i64,
-) -> Result<Option<Vec<Receipt>>, StoreError> {
+) -> Result<Option<Vec<Answer>>, StoreError> {
     let ids: Vec<&str> = envelopes.iter().map(|e| e.event_id.as_str()).collect();
     let flows: Vec<&str> = envelopes.iter().map(|e| e.flow_id.as_str()).collect();
     let seqs: Vec<i64> = envelopes.iter().map(|e| e.seq.get()).collect();
@@ -123,16 +127,16 @@ fn receive_all(
         .iter()
         .map(stored_identities)
         .collect::<Result<Vec<_>, _>>()?;
-    let (receipts, accepted) = decide_batch(envelopes, stored);
+    let (answers, accepted) = decide_batch(envelopes, stored);
     if accepted.is_empty() {
-        return Ok(Some(receipts));
+        return Ok(Some(answers));
     }
     let accepted: Vec<(&Envelope, BodyHash)> = accepted
         .into_iter()
         .map(|(i, hash)| (&envelopes[i], hash))
         .collect();
     match insert_all(tx, &accepted, now_ms)? {
-        true => Ok(Some(receipts)),
+        true => Ok(Some(answers)),
         false => Ok(None),
     }
 }
@@ -188,13 +192,18 @@ fn insert_all(
 /// Decides and, when accepted, stores one envelope. An insert that loses a
 /// race with another receiver of the same identities inserts nothing and
 /// decides again against what that one committed.
-fn receive_one(tx: &PgTx, envelope: &Envelope, now_ms: i64) -> Result<Receipt, StoreError> {
-    let hash = envelope.body_hash();
+fn receive_one<'a>(
+    tx: &PgTx,
+    delivery: &Delivery<'a>,
+    envelope: &'a Envelope,
+    hash: &BodyHash,
+    now_ms: i64,
+) -> Result<Answer, StoreError> {
     for _ in 0..2 {
         let stored = identities(tx, envelope)?;
-        let receipt = decide_receive(&envelope.event_id, &hash, &stored);
-        if receipt != Receipt::Accepted {
-            return Ok(receipt);
+        let answer = delivery.decide(envelope, hash, stored);
+        if answer.receipt != Receipt::Accepted {
+            return Ok(answer);
         }
         let inserted = tx.run(
             CONTEXT,
@@ -212,7 +221,7 @@ fn receive_one(tx: &PgTx, envelope: &Envelope, now_ms: i64) -> Result<Receipt, S
             ],
         )?;
         if inserted == 1 {
-            return Ok(Receipt::Accepted);
+            return Ok(answer);
         }
     }
     Err(corrupt(

@@ -3,20 +3,20 @@
 
 use ordo_core::crash;
 use ordo_core::store::{decide_batch, StoredIdentities};
-use ordo_core::{BodyHash, Envelope, Receipt, StoreError};
+use ordo_core::{Answer, BodyHash, Envelope, StoreError};
 use rusqlite::{params, Connection};
 
 use super::schema::begin_write;
 use super::ConsumerDb;
 use crate::conn::{exec_cached, row_cached, sql_error};
 
-/// Stores `envelopes` in one transaction, deciding each receipt
+/// Stores `envelopes` in one transaction, deciding each answer
 /// ([`decide_batch`]) from what the inbox and its fingerprints held before
 /// the batch; wakes this process's appliers when one was accepted.
-pub(super) fn receive_batch(
+pub(super) fn receive_answers(
     db: &mut ConsumerDb,
     envelopes: &[Envelope],
-) -> Result<Vec<Receipt>, StoreError> {
+) -> Result<Vec<Answer>, StoreError> {
     let tx = begin_write(&mut db.conn)?;
     // Read under the write lock: reception times follow commit order.
     let now_ms = db.clock.now_ms();
@@ -24,7 +24,8 @@ pub(super) fn receive_batch(
         .iter()
         .map(|envelope| identities(&tx, envelope))
         .collect::<Result<Vec<_>, _>>()?;
-    let (receipts, accepted) = decide_batch(envelopes, stored);
+    let (answers, accepted) = decide_batch(envelopes, stored);
+    let stored_any = !accepted.is_empty();
     for (index, hash) in accepted {
         insert(&tx, &envelopes[index], &hash, now_ms)?;
     }
@@ -33,10 +34,10 @@ pub(super) fn receive_batch(
         .map_err(|e| sql_error("consumer: receive commit failed", e))?;
     db.commits += 1;
     crash::point(crash::CONSUMER_RECEIVE_AFTER_COMMIT);
-    if receipts.contains(&Receipt::Accepted) {
+    if stored_any {
         db.wake.raise();
     }
-    Ok(receipts)
+    Ok(answers)
 }
 
 /// Both identities of `envelope`, in the inbox or remembered after

@@ -5,7 +5,7 @@
 use ordo_reservation::{FlowState, ReservationConsumer, UNSUPPORTED_SCHEMA};
 use std::path::Path;
 
-use ordo_core::{ConsumerOps, DrainStop, InboxStatus, Receipt, Receive, Step};
+use ordo_core::{Answer, ConsumerOps, DrainStop, InboxStatus, Receipt, Receive, Step};
 use serde_json::json;
 
 use crate::support::*;
@@ -172,6 +172,7 @@ pub fn receive_batch_in_one_call<B: Backend>(dir: &Path) {
         pre.clone(),
     ];
     let receipts = c.receive_batch(&batch).unwrap();
+    // Nothing of flow b after its conflict; flow z goes on.
     assert_eq!(
         receipts,
         vec![
@@ -180,8 +181,8 @@ pub fn receive_batch_in_one_call<B: Backend>(dir: &Path) {
             Receipt::Duplicate,
             Receipt::Accepted,
             Receipt::Conflict,
-            Receipt::Conflict,
-            Receipt::Conflict,
+            Receipt::AfterConflict,
+            Receipt::AfterConflict,
             Receipt::Duplicate,
         ]
     );
@@ -197,9 +198,62 @@ pub fn receive_batch_in_one_call<B: Backend>(dir: &Path) {
     let receipts = c.receive_batch(&[e3, e2, e1]).unwrap();
     assert_eq!(
         receipts,
-        vec![Receipt::Duplicate, Receipt::Conflict, Receipt::Duplicate]
+        vec![
+            Receipt::Duplicate,
+            Receipt::Conflict,
+            Receipt::AfterConflict
+        ]
     );
     assert_eq!(consumer_state(&mut c), before);
+}
+
+/// A conflict names the event the consumer holds in its place
+/// (`held_event_id`), and nothing of its flow after it in the same delivery
+/// is stored, whatever it is: each later envelope of the flow is answered
+/// `after_conflict`, naming no held event (PROTOCOL.md section 12). Other
+/// flows of the delivery go on, and the same later envelopes delivered on
+/// their own are decided as usual.
+pub fn receive_nothing_after_a_conflict_in_one_delivery<B: Backend>(dir: &Path) {
+    let (_p, mut c) = B::open(dir);
+    let [f1, f2, f3] = reservation_events("f", 3);
+    let held = amount_event("held", "f", 1, 1, "reserved", 3);
+    let g1 = reservation_event("g", 1, 4);
+    assert_eq!(c.receive(&held).unwrap(), Receipt::Accepted);
+    let before = consumer_state(&mut c);
+    let answers =
+        c.receive_answers(&[f1.clone(), g1.clone(), f2.clone(), f3.clone(), held.clone()]);
+    let conflict = Answer {
+        receipt: Receipt::Conflict,
+        held_event_id: Some(held.event_id.clone()),
+    };
+    let after = Answer::of(Receipt::AfterConflict);
+    assert_eq!(
+        answers.unwrap(),
+        vec![
+            conflict.clone(),
+            Answer::of(Receipt::Accepted),
+            after.clone(),
+            after.clone(),
+            after
+        ],
+        "even the held event itself, a duplicate, is after the conflict"
+    );
+    assert_eq!(
+        inbox_envelopes(&mut c),
+        vec![held.clone(), g1],
+        "only g stored"
+    );
+    // The same event id with another body: the held event is the one
+    // stored under the id.
+    let changed = amount_event(held.event_id.as_str(), "f", 1, 1, "reserved", 9);
+    assert_eq!(
+        c.receive_answers(std::slice::from_ref(&changed)).unwrap(),
+        [conflict]
+    );
+    // Delivered alone, each later event is decided against the inbox.
+    assert_eq!(c.receive_batch(&[f2, f3]).unwrap(), [Receipt::Accepted; 2]);
+    assert_ne!(consumer_state(&mut c), before);
+    check_consumer_invariants(&mut c);
 }
 
 /// `receive` never changes the projection or the effects, whatever its
