@@ -360,6 +360,63 @@ fn producer_signals(args: &StatusArgs, p: &ProducerStatus, oldest_age_s: f64) ->
     ]
 }
 
+/// The producer's part of `status`: its JSON and its text line; its
+/// signals are added to `signals`.
+fn producer_side(
+    location: &Location,
+    args: &StatusArgs,
+    now_ms: i64,
+    signals: &mut Vec<Signal>,
+) -> Result<(Value, String), Failure> {
+    let mut producer = open_producer(location)?;
+    let p = producer.handle().producer_status(now_ms)?;
+    let store_id = producer.handle().store_id().clone();
+    // Nothing pending: no age to claim ("-" in the text, null in JSON),
+    // and no age threshold can be breached.
+    let oldest_age_s = p.oldest_pending_age_s(now_ms);
+    signals.extend(producer_signals(args, &p, oldest_age_s.unwrap_or(0.0)));
+    let oldest = oldest_age_s.map_or("-".to_owned(), |age| format!("{age:.1} s"));
+    let line = format!(
+        "producer: backlog {} (oldest {oldest}), quarantined {}, backing off {}",
+        p.backlog, p.quarantined, p.backing_off
+    );
+    Ok((producer_status_value(now_ms, &p, &store_id), line))
+}
+
+/// The consumer's part of `status`: its JSON and its text lines; its
+/// signal is added to `signals`.
+fn consumer_side(
+    location: &Location,
+    args: &StatusArgs,
+    now_ms: i64,
+    signals: &mut Vec<Signal>,
+) -> Result<(Value, Vec<String>), Failure> {
+    let mut consumer = open_consumer(location)?;
+    let c = consumer.handle().consumer_status()?;
+    let store_id = consumer.handle().store_id().clone();
+    let blocked_total: u64 = c.blocked.values().sum();
+    signals.push((
+        "blocked",
+        json!(blocked_total),
+        args.max_blocked,
+        args.max_blocked.is_some_and(|t| blocked_total > t),
+    ));
+    let by_reason: BTreeMap<&String, &u64> = c.blocked.iter().collect();
+    let mut lines = vec![format!(
+        "consumer: pending {}, blocked {} {:?}, applied {}, skipped {}",
+        c.pending, blocked_total, by_reason, c.applied, c.skipped
+    )];
+    for g in &c.gaps {
+        lines.push(format!(
+            "  gap: {} waits for seq {} since {:.1} s",
+            g.flow_id,
+            g.missing,
+            age_s(now_ms, g.since_ms)
+        ));
+    }
+    Ok((consumer_status_value(now_ms, &c, &store_id), lines))
+}
+
 pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> {
     check_thresholds(&args)?;
     check_sides(&args.sides)?;
@@ -368,51 +425,14 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
     let mut lines = Vec::new();
     let mut signals: Vec<Signal> = Vec::new();
     if let Some(location) = &args.sides.producer {
-        let mut producer = open_producer(location)?;
-        let p = producer.handle().producer_status(now_ms)?;
-        let store_id = producer.handle().store_id().clone();
-        // Nothing pending: no age to claim ("-" in the text, null in JSON),
-        // and no age threshold can be breached.
-        let oldest_age_s = p.oldest_pending_age_s(now_ms);
-        signals.extend(producer_signals(&args, &p, oldest_age_s.unwrap_or(0.0)));
-        value.insert(
-            "producer".into(),
-            producer_status_value(now_ms, &p, &store_id),
-        );
-        let oldest = oldest_age_s.map_or("-".to_owned(), |age| format!("{age:.1} s"));
-        lines.push(format!(
-            "producer: backlog {} (oldest {oldest}), quarantined {}, backing off {}",
-            p.backlog, p.quarantined, p.backing_off
-        ));
+        let (side, line) = producer_side(location, &args, now_ms, &mut signals)?;
+        value.insert("producer".into(), side);
+        lines.push(line);
     }
     if let Some(location) = &args.sides.consumer {
-        let mut consumer = open_consumer(location)?;
-        let c = consumer.handle().consumer_status()?;
-        let store_id = consumer.handle().store_id().clone();
-        let blocked_total: u64 = c.blocked.values().sum();
-        signals.push((
-            "blocked",
-            json!(blocked_total),
-            args.max_blocked,
-            args.max_blocked.is_some_and(|t| blocked_total > t),
-        ));
-        value.insert(
-            "consumer".into(),
-            consumer_status_value(now_ms, &c, &store_id),
-        );
-        let by_reason: BTreeMap<&String, &u64> = c.blocked.iter().collect();
-        lines.push(format!(
-            "consumer: pending {}, blocked {} {:?}, applied {}, skipped {}",
-            c.pending, blocked_total, by_reason, c.applied, c.skipped
-        ));
-        for g in &c.gaps {
-            lines.push(format!(
-                "  gap: {} waits for seq {} since {:.1} s",
-                g.flow_id,
-                g.missing,
-                age_s(now_ms, g.since_ms)
-            ));
-        }
+        let (side, side_lines) = consumer_side(location, &args, now_ms, &mut signals)?;
+        value.insert("consumer".into(), side);
+        lines.extend(side_lines);
     }
     // In the contract's order; counts are compared and printed as
     // integers, the age in seconds.
