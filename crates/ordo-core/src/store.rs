@@ -627,6 +627,14 @@ pub struct Delivery<'a> {
 }
 
 impl<'a> Delivery<'a> {
+    /// [`Receipt::AfterConflict`] when an earlier envelope of `envelope`'s
+    /// flow in this delivery was a conflict: its answer, whatever the store
+    /// holds (a backend need not read its identities).
+    pub fn after_conflict(&self, envelope: &Envelope) -> Option<Answer> {
+        let stopped = self.conflicted.contains(envelope.flow_id.as_str());
+        stopped.then(|| Answer::of(Receipt::AfterConflict))
+    }
+
     /// The answer for `envelope` (whose body hashes to `hash`), given what
     /// the store held under its identities before the delivery.
     pub fn decide(
@@ -635,8 +643,8 @@ impl<'a> Delivery<'a> {
         hash: &BodyHash,
         mut stored: StoredIdentities,
     ) -> Answer {
-        if self.conflicted.contains(envelope.flow_id.as_str()) {
-            return Answer::of(Receipt::AfterConflict);
+        if let Some(answer) = self.after_conflict(envelope) {
+            return answer;
         }
         let position = (envelope.flow_id.as_str(), envelope.seq.get());
         if stored.by_event_id.is_none() {

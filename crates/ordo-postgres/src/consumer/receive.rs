@@ -199,6 +199,9 @@ fn receive_one<'a>(
     hash: &BodyHash,
     now_ms: i64,
 ) -> Result<Answer, StoreError> {
+    if let Some(answer) = delivery.after_conflict(envelope) {
+        return Ok(answer);
+    }
     for _ in 0..2 {
         let stored = identities(tx, envelope)?;
         let answer = delivery.decide(envelope, hash, stored);
