@@ -95,6 +95,10 @@ pub trait ApplyWriter {
         want: u64,
     ) -> Result<NextEvent, StoreError>;
 
+    /// Takes `flow_id` for this transaction's one step, waiting for
+    /// another applier that holds it, and returns its applied seq.
+    fn take_flow(&mut self, flow_id: &FlowId) -> Result<i64, StoreError>;
+
     /// Sets the savepoint that guards one handler call.
     fn savepoint(&mut self) -> Result<(), StoreError>;
 
@@ -141,6 +145,90 @@ pub trait ApplyWriter {
     /// Writes what was kept for the end, after every handler call of the
     /// transaction.
     fn finish(&mut self) -> Result<(), StoreError>;
+}
+
+/// A backend's consumer store as the drivers [`next_in`] and [`batch_in`]
+/// run its apply transactions: it begins one, commits it, and checks a
+/// flow after a commit. A writer dropped uncommitted rolls its
+/// transaction back.
+pub trait ApplyStore {
+    /// The transaction type the handler writes through.
+    type Tx: ?Sized;
+
+    /// One open apply transaction.
+    type Writer<'a>: ApplyWriter<Tx = Self::Tx>
+    where
+        Self: 'a;
+
+    /// Begins an apply transaction: for one flow's step, or (`batch`) for
+    /// a batch across flows.
+    fn begin_apply(&mut self, batch: bool) -> Result<Self::Writer<'_>, StoreError>;
+
+    /// Commits the transaction of `writer`.
+    fn commit_apply(writer: Self::Writer<'_>) -> Result<(), StoreError>;
+
+    /// In debug builds, after a commit that applied an event of `flow_id`:
+    /// fails (or panics) unless every stored row of the flow at or below
+    /// its cursor is settled and none above it is.
+    fn check_settled(&self, flow_id: &FlowId) -> Result<(), StoreError>;
+}
+
+/// [`ConsumerStore::apply_next_with`](crate::ConsumerStore::apply_next_with)
+/// on every backend: one transaction, committed when the step wrote
+/// anything.
+pub fn next_in<S, H>(store: &mut S, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
+where
+    S: ApplyStore + ?Sized,
+    H: ApplyHandler<S::Tx> + ?Sized,
+{
+    let step = {
+        let mut writer = store.begin_apply(false)?;
+        let applied_seq = writer.take_flow(flow_id)?;
+        let (step, wrote) = apply_next(&mut writer, flow_id, applied_seq, handler)?;
+        if wrote {
+            S::commit_apply(writer)?;
+        }
+        step
+    };
+    let applied = matches!(step, Step::Applied { .. }).then_some(flow_id);
+    after_commit(applied, |f| store.check_settled(f))?;
+    Ok(step)
+}
+
+/// [`ConsumerStore::apply_batch_with`](crate::ConsumerStore::apply_batch_with)
+/// on every backend: the batch in ONE transaction, first without a
+/// savepoint per event, handing the events it is about to apply to the
+/// handler in one call ([`ApplyHandler::apply_all`]). When one blocks,
+/// what the handler wrote for it cannot be told apart from the rest, so
+/// the transaction is rolled back and the batch runs again, event by
+/// event, with a savepoint around each ([`under_guards`]); blocks are
+/// rare, and a handler must already expect a call whose writes never
+/// commit.
+pub fn batch_in<S, H>(
+    store: &mut S,
+    flows: &[(FlowId, Option<u64>)],
+    events_max: u64,
+    handler: &mut H,
+) -> Result<Vec<Drain>, StoreError>
+where
+    S: ApplyStore + ?Sized,
+    H: ApplyHandler<S::Tx> + ?Sized,
+{
+    under_guards(|guard| {
+        let drains = {
+            let mut writer = store.begin_apply(true)?;
+            let Some(run) = run_batch(&mut writer, flows, events_max, handler, guard)? else {
+                return Ok(None);
+            };
+            if run.wrote {
+                S::commit_apply(writer)?;
+            }
+            run.drains
+        };
+        let applied = drains.iter().filter(|d| d.applied > 0);
+        after_commit(applied.map(|d| &d.flow_id), |f| store.check_settled(f))?;
+        Ok(Some(drains))
+    })
 }
 
 /// A step and whether it wrote anything (an application or a new block).

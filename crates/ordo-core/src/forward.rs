@@ -18,8 +18,11 @@
 /// `$inbox(&conn)`; `$receive::receive_answers(store, ..)`;
 /// `$ops::{inbox_entries, reopen_blocked, skip, repairs, consumer_status,
 /// prune_inbox}(store, ..)`; `$browse::{consumer_flows_page, inbox_entry_at,
-/// inbox_entry_of_event}(&conn, ..)`; and `$apply::{apply_next, apply_batch,
-/// flows_with_work_page}(store, ..)`.
+/// inbox_entry_of_event}(&conn, ..)`; `$apply::flows_with_work_page(store,
+/// ..)`; and for the apply steps, the store's
+/// [`ApplyStore`](crate::apply::ApplyStore) through
+/// [`apply::next_in`](crate::apply::next_in) and
+/// [`apply::batch_in`](crate::apply::batch_in).
 #[macro_export]
 macro_rules! consumer_store_impls {
     (
@@ -127,7 +130,7 @@ macro_rules! consumer_store_impls {
             where
                 H: $crate::ApplyHandler<$tx> + ?Sized,
             {
-                $apply::apply_next(self, flow_id, handler)
+                $crate::apply::next_in(self, flow_id, handler)
             }
 
             fn apply_batch_with<H>(
@@ -139,7 +142,7 @@ macro_rules! consumer_store_impls {
             where
                 H: $crate::ApplyHandler<$tx> + ?Sized,
             {
-                $apply::apply_batch(self, flows, events_max, handler)
+                $crate::apply::batch_in(self, flows, events_max, handler)
             }
 
             fn flows_with_work_page(

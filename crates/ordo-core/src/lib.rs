@@ -28,6 +28,7 @@ mod forward;
 pub mod handler;
 pub mod identity;
 pub mod ids;
+pub mod open;
 pub mod ops;
 pub mod outcome;
 pub mod relay;

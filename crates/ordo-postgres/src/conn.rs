@@ -6,11 +6,12 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::time::Duration;
 
+pub(crate) use ordo_core::open::Want;
 use ordo_core::{ErrorKind, StoreError, StoreId};
 use postgres::types::ToSql;
 use postgres::{Client, Row, SimpleQueryMessage, Statement};
 
-use crate::domain::{self, Schema};
+use crate::domain;
 use crate::error::{commit_error, corrupt, kind_of, pg_error};
 use crate::tls::PgUrl;
 
@@ -106,16 +107,6 @@ fn default_schema(role: Role) -> &'static str {
         Role::Producer => PRODUCER_SCHEMA_DEFAULT,
         Role::Consumer => CONSUMER_SCHEMA_DEFAULT,
     }
-}
-
-/// Which domain a store is opened for.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Want<'a> {
-    /// This domain's store: created if missing, migrated; another domain's
-    /// store is refused.
-    Domain(&'a Schema),
-    /// An existing store of any domain, without domain migrations.
-    Any,
 }
 
 /// The transaction a handler (or an application's write in the producer)
@@ -591,6 +582,8 @@ pub(crate) struct Opened {
 /// version `i + 1` to `i + 2`; a new store runs the DDL then every
 /// migration, so the migrations run on every fresh store.
 pub(crate) struct Tables {
+    /// The role these tables are of.
+    pub role: Role,
     pub ddl: &'static str,
     pub migrations: &'static [&'static str],
 }
@@ -610,11 +603,11 @@ impl Tables {
 /// first opens create them once.
 pub(crate) fn open(
     url: &str,
-    role: Role,
     tables: &Tables,
     want: Want<'_>,
     options: &PgOptions,
 ) -> Result<Opened, StoreError> {
+    let role = tables.role;
     debug_assert_eq!(tables.migrations.len() as i64 + 1, SCHEMA_VERSION);
     let schema = options
         .schema
@@ -645,7 +638,7 @@ pub(crate) fn open(
     };
     let context = format!("{schema}: cannot initialise");
     let (domain, store_id) = conn.in_tx(&context, |tx| {
-        let domain = init(tx, &schema, role, tables, want, options)?;
+        let domain = init(tx, &schema, tables, want, options)?;
         let stored = tx
             .row(
                 "cannot read the store's identity",
@@ -693,19 +686,19 @@ fn with_context(error: StoreError, context: &str) -> StoreError {
 fn init(
     tx: &PgTx,
     schema: &str,
-    role: Role,
     tables: &Tables,
     want: Want<'_>,
     options: &PgOptions,
 ) -> Result<String, StoreError> {
+    let role = tables.role;
     tx.query_one(
         "SELECT pg_advisory_xact_lock($1, hashtext($2))",
         &[&ADVISORY_LOCK_KEY, &schema],
     )?;
     let found = inspect(tx, schema)?;
     if !found.has_meta {
-        let schema_of = match want {
-            Want::Domain(s) if options.create => s,
+        let schema_of = match want.creates_with() {
+            Some(s) if options.create => s,
             _ => {
                 return Err(StoreError::new(
                     ErrorKind::NotFound,
@@ -743,7 +736,7 @@ fn init(
             &[&SCHEMA_VERSION.to_string()],
         )?;
     }
-    if let Want::Domain(s) = want {
+    if let Some(s) = want.migrates_with() {
         domain::install(tx, schema, s)?;
     }
     domain::stored(tx)?
@@ -808,37 +801,3 @@ fn check_meta(tx: &PgTx, schema: &str, role: Role) -> Result<i64, StoreError> {
     }
     Ok(version)
 }
-
-/// The constructors of a store of one role (`open`, `open_with`,
-/// `open_existing`), each through the store's own `open_inner`: one text
-/// for both roles.
-macro_rules! open_constructors {
-    ($store:ident) => {
-        /// Opens or creates the store of `schema`'s domain at `url` with
-        /// the system clock and default options.
-        pub fn open(url: &str, schema: &Schema) -> Result<$store, StoreError> {
-            $store::open_with(url, schema, Arc::new(SystemClock), &PgOptions::default())
-        }
-
-        /// `open` with the given clock and options.
-        pub fn open_with(
-            url: &str,
-            schema: &Schema,
-            clock: Arc<dyn Clock>,
-            options: &PgOptions,
-        ) -> Result<$store, StoreError> {
-            $store::open_inner(url, crate::conn::Want::Domain(schema), clock, options)
-        }
-
-        /// Opens an existing store of this role of any domain, without
-        /// running its domain's migrations; nothing is created.
-        pub fn open_existing(
-            url: &str,
-            clock: Arc<dyn Clock>,
-            options: &PgOptions,
-        ) -> Result<$store, StoreError> {
-            $store::open_inner(url, crate::conn::Want::Any, clock, options)
-        }
-    };
-}
-pub(crate) use open_constructors;

@@ -89,7 +89,7 @@ pub use conn::{
     Params, PgOptions, PgTx, TxOutcome, CONSUMER_SCHEMA_DEFAULT, LEASE_MS_DEFAULT,
     PRODUCER_SCHEMA_DEFAULT, SCHEMA_VERSION,
 };
-pub use consumer::{read_inbox, PgConsumer};
+pub use consumer::{read_inbox, ApplyTx, PgConsumer};
 pub use domain::{Schema, MIGRATIONS_MAX};
 pub use producer::{read_outbox, PgProducer, PgProducerTx, CONFLICT_REASON};
 pub use tls::{PgUrl, TlsMode};

@@ -309,3 +309,22 @@ fn schema_names_outside_the_safe_set_are_refused() {
         assert_eq!(error.kind(), ErrorKind::InvalidInput, "{name}: {error}");
     }
 }
+
+#[test]
+fn open_or_create_creates_a_missing_store_and_opens_another_domains_as_it_is() {
+    let (_dir, target) = fresh_database();
+    let clock = Arc::new(SystemClock);
+    // Domains without migrations: a domain's own tables live outside the
+    // store's schema, in the database's search path.
+    let ledger = ordo_core::domain::Schema::new("ledger").expect("a domain name");
+    let created = PgConsumer::open_or_create(&target, &ledger, clock.clone(), &options("either"))
+        .expect("a missing store is created");
+    assert_eq!(created.domain(), "ledger");
+    drop(created);
+    // An existing store is opened as it is: another domain's schema
+    // neither refuses it nor migrates it.
+    let other = ordo_core::domain::Schema::new("billing").expect("a domain name");
+    let opened = PgConsumer::open_or_create(&target, &other, clock, &options("either"))
+        .expect("an existing store of another domain");
+    assert_eq!(opened.domain(), "ledger");
+}

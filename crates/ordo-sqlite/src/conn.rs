@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+pub(crate) use ordo_core::open::Want;
 use ordo_core::{ErrorKind, StoreError, StoreId};
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -23,37 +24,10 @@ pub const SCHEMA_VERSION: i64 = 3;
 /// The domain of the first release's stores, which recorded none.
 pub const FIRST_RELEASE_DOMAIN: &str = "reservation";
 
-/// Which domain a store is opened for.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Want<'a> {
-    /// This domain's store: created for it if missing or empty, migrated to
-    /// its schema; a store of another domain is refused.
-    Domain(&'a Schema),
-    /// An existing store of any domain, left as it is (no domain migration).
-    Any,
-    /// An existing store of any domain as with `Any`, or, if the file is
-    /// missing or empty, a new store of this domain.
-    AnyOrNew(&'a Schema),
-}
-
-impl<'a> Want<'a> {
-    /// The schema a store is created or migrated with, given what the file
-    /// holds.
-    fn schema(self, state: FileState) -> Option<&'a Schema> {
-        match (self, state) {
-            (Want::Domain(schema), _) => Some(schema),
-            (Want::AnyOrNew(schema), FileState::Empty) => Some(schema),
-            _ => None,
-        }
-    }
-
-    fn may_create(self) -> bool {
-        !matches!(self, Want::Any)
-    }
-}
-
 /// ordo's own tables of one role.
 pub(crate) struct Tables {
+    /// The role these tables are of.
+    pub role: Role,
     /// Creates every missing table and index (`IF NOT EXISTS`).
     pub create: &'static str,
     /// Upgrades a version 1 file before `create` runs.
@@ -342,13 +316,35 @@ fn open_pause_us(attempt: u32) -> u64 {
 /// finds the file busy is started again, within the busy timeout.
 pub(crate) fn open(
     path: &Path,
-    role: Role,
+    tables: &Tables,
+    want: Want<'_>,
+    options: &OpenOptions,
+) -> Result<Opened, StoreError> {
+    let conn = open_conn(path, tables, want, options)?;
+    Ok(Opened {
+        domain: read_domain(&conn, path)?,
+        store_id: read_store_id(&conn, path)?,
+        wake: crate::watch::signal_for(path),
+        conn,
+    })
+}
+
+/// An opened store's connection and what it records about itself.
+pub(crate) struct Opened {
+    pub conn: Connection,
+    pub domain: String,
+    pub store_id: StoreId,
+    pub wake: ordo_core::Signal,
+}
+
+fn open_conn(
+    path: &Path,
     tables: &Tables,
     want: Want<'_>,
     options: &OpenOptions,
 ) -> Result<Connection, StoreError> {
     let resolved = resolve(path)?;
-    if (!options.create || !want.may_create()) && !resolved.exists() {
+    if (!options.create || want.creates_with().is_none()) && !resolved.exists() {
         return Err(StoreError::new(
             ErrorKind::NotFound,
             format!("{} does not exist (it is not created here)", path.display()),
@@ -358,7 +354,7 @@ pub(crate) fn open(
     let deadline = Instant::now().checked_add(options.busy_timeout);
     let mut attempt = 0;
     loop {
-        match open_attempt(&resolved, path, role, tables, want, options) {
+        match open_attempt(&resolved, path, tables, want, options) {
             Err(e)
                 if e.kind() == ErrorKind::Busy
                     && attempt < OPEN_ATTEMPTS_MAX
@@ -375,12 +371,16 @@ pub(crate) fn open(
 fn open_attempt(
     resolved: &Path,
     path: &Path,
-    role: Role,
     tables: &Tables,
     want: Want<'_>,
     options: &OpenOptions,
 ) -> Result<Connection, StoreError> {
-    let conn = open_file(resolved, path, options.create && want.may_create())?;
+    let role = tables.role;
+    let conn = open_file(
+        resolved,
+        path,
+        options.create && want.creates_with().is_some(),
+    )?;
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE_CAPACITY);
     // Without the query planner stability guarantee SQLite plans some
     // statements for the values bound to them (a `LIMIT ?` among them) and
@@ -394,7 +394,7 @@ fn open_attempt(
     // Refuse a foreign or wrong-role file before any pragma changes it.
     let adopt = options.adopt && matches!(want, Want::Domain(_));
     let state = read_state(&conn, path, role, adopt)?;
-    let domain = want.schema(state);
+    let domain = want.schema_for(state == FileState::Empty);
     if state == FileState::Foreign {
         check_names_free(&conn, path, tables.create)?;
     }
@@ -417,7 +417,7 @@ fn open_attempt(
     if stale {
         // Nothing to create otherwise: opening then takes no write lock, so a
         // busy peer does not stop a process from starting.
-        init_schema(&conn, path, role, tables, domain, adopt)?;
+        init_schema(&conn, path, tables, domain, adopt)?;
     }
     Ok(conn)
 }
@@ -484,7 +484,7 @@ pub(crate) fn existing_domain(path: &Path, role: Role) -> Result<Option<String>,
 }
 
 /// The identity a store records (every store opened by this build has one).
-pub(crate) fn read_store_id(conn: &Connection, path: &Path) -> Result<StoreId, StoreError> {
+fn read_store_id(conn: &Connection, path: &Path) -> Result<StoreId, StoreError> {
     let display = path.display().to_string();
     let stored = conn
         .query_row(
@@ -498,7 +498,7 @@ pub(crate) fn read_store_id(conn: &Connection, path: &Path) -> Result<StoreId, S
 }
 
 /// The domain a store records (every store opened by this build has one).
-pub(crate) fn read_domain(conn: &Connection, path: &Path) -> Result<String, StoreError> {
+fn read_domain(conn: &Connection, path: &Path) -> Result<String, StoreError> {
     crate::domain::stored_domain(conn)
         .map_err(|e| sql_error(&format!("{}: cannot read", path.display()), e))?
         .map(|domain| domain.name)
@@ -700,11 +700,11 @@ fn check_names_free(conn: &Connection, path: &Path, schema: &str) -> Result<(), 
 fn init_schema(
     conn: &Connection,
     path: &Path,
-    role: Role,
     tables: &Tables,
     domain: Option<&Schema>,
     adopt: bool,
 ) -> Result<(), StoreError> {
+    let role = tables.role;
     let display = path.display().to_string();
     let err = |e| sql_error(&format!("{display}: cannot initialise"), e);
     let tx =
@@ -768,18 +768,12 @@ fn stored_version(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
     }
 }
 
-/// The constructors of a store of one role (`open`, `check_existing`,
-/// `existing_domain`, `open_with`, `open_existing`, `open_or_create`), each
-/// through the store's own `open_inner`: one text for both roles.
+/// The constructors of a store of one role: `ordo_core`'s (`open`,
+/// `open_with`, `open_existing`, `open_or_create`) and the two reads of a
+/// file before any open (`check_existing`, `existing_domain`).
 macro_rules! open_constructors {
     ($store:ident, $role:expr) => {
-        /// Opens or creates the store file of `schema`'s domain with the
-        /// system clock and default options: ordo's tables and the domain's
-        /// are created or migrated; existing state is never reset. A store
-        /// of another domain is refused.
-        pub fn open(path: impl AsRef<Path>, schema: &Schema) -> Result<$store, StoreError> {
-            $store::open_with(path, schema, Arc::new(SystemClock), &OpenOptions::default())
-        }
+        ordo_core::open_constructors!($store, path: impl AsRef<Path>, OpenOptions);
 
         /// Refuses an existing file that is not an ordo store of this role
         /// (a foreign SQLite file, the other role, a newer schema), reading
@@ -794,51 +788,6 @@ macro_rules! open_constructors {
         /// yet); an error for a file that is not an ordo store of this role.
         pub fn existing_domain(path: impl AsRef<Path>) -> Result<Option<String>, StoreError> {
             crate::conn::existing_domain(path.as_ref(), $role)
-        }
-
-        /// `open` with the given clock and options.
-        pub fn open_with(
-            path: impl AsRef<Path>,
-            schema: &Schema,
-            clock: Arc<dyn Clock>,
-            options: &OpenOptions,
-        ) -> Result<$store, StoreError> {
-            $store::open_inner(
-                path.as_ref(),
-                crate::conn::Want::Domain(schema),
-                clock,
-                options,
-            )
-        }
-
-        /// Opens an existing store of any domain, without running its
-        /// domain's migrations: for what never runs the domain's handler or
-        /// its rules (receive, relay, status, prune, listings, repairs). A
-        /// missing file is refused and nothing is created.
-        pub fn open_existing(
-            path: impl AsRef<Path>,
-            clock: Arc<dyn Clock>,
-            options: &OpenOptions,
-        ) -> Result<$store, StoreError> {
-            $store::open_inner(path.as_ref(), crate::conn::Want::Any, clock, options)
-        }
-
-        /// Opens an existing store of any domain as `open_existing` does,
-        /// or, if the file is missing or empty, creates a store of
-        /// `schema`'s domain: what a command line that serves every domain,
-        /// and creates stores of one, needs. Safe against racing processes.
-        pub fn open_or_create(
-            path: impl AsRef<Path>,
-            schema: &Schema,
-            clock: Arc<dyn Clock>,
-            options: &OpenOptions,
-        ) -> Result<$store, StoreError> {
-            $store::open_inner(
-                path.as_ref(),
-                crate::conn::Want::AnyOrNew(schema),
-                clock,
-                options,
-            )
         }
     };
 }

@@ -31,7 +31,7 @@ pub use conn::{
     same_file, OpenOptions, APPLICATION_ID, BUSY_TIMEOUT_DEFAULT, FIRST_RELEASE_DOMAIN,
     SCHEMA_VERSION,
 };
-pub use consumer::{read_inbox, ConsumerDb};
+pub use consumer::{read_inbox, ApplyTx, ConsumerDb};
 pub use domain::{Schema, MIGRATIONS_MAX};
 pub use group::{
     GroupOptions, GroupWriter, Pending, SubmitError, WhenFull, BATCH_LEN_MAX_DEFAULT,

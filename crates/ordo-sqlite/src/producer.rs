@@ -11,7 +11,7 @@ use ordo_core::ops::{
 };
 use ordo_core::{
     AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, ProducerOps,
-    ProducerStore, Receipt, SchemaVersion, StoreError, SystemClock,
+    ProducerStore, Receipt, SchemaVersion, StoreError,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -20,8 +20,7 @@ use crate::conn::{
     collect_rows, corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Role, Tables,
     Want,
 };
-use crate::domain::Schema;
-use crate::watch::{signal_for, DataVersion};
+use crate::watch::DataVersion;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS outbox (
@@ -57,6 +56,7 @@ INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);
 ";
 
 const TABLES: Tables = Tables {
+    role: Role::Producer,
     create: SCHEMA,
     upgrade_from_1: "",
 };
@@ -92,20 +92,20 @@ pub struct ProducerTx<'c> {
 impl ProducerDb {
     crate::conn::open_constructors!(ProducerDb, Role::Producer);
 
-    fn open_inner(
-        path: &Path,
+    /// Opens the store at `path` as `want` asks (what every constructor
+    /// above calls).
+    pub fn open_as(
+        path: impl AsRef<Path>,
         want: Want<'_>,
         clock: Arc<dyn Clock>,
         options: &OpenOptions,
     ) -> Result<ProducerDb, StoreError> {
-        let conn = open(path, Role::Producer, &TABLES, want, options)?;
-        let domain = crate::conn::read_domain(&conn, path)?;
-        let store_id = crate::conn::read_store_id(&conn, path)?;
+        let opened = open(path.as_ref(), &TABLES, want, options)?;
         Ok(ProducerDb {
-            conn,
-            domain,
-            store_id,
-            wake: signal_for(path),
+            conn: opened.conn,
+            domain: opened.domain,
+            store_id: opened.store_id,
+            wake: opened.wake,
             data_version: DataVersion::default(),
             clock,
             commits: 0,

@@ -3,10 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
-use ordo_core::apply::{self, ApplyWriter, NextEvent};
-use ordo_core::{
-    ApplyHandler, BlockCode, BlockReason, Drain, ErrorKind, EventId, FlowId, Seq, Step, StoreError,
-};
+use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent};
+use ordo_core::{BlockCode, BlockReason, ErrorKind, EventId, FlowId, Seq, StoreError};
 
 use super::{inbox_status, PgConsumer};
 use crate::conn::PgTx;
@@ -19,87 +17,37 @@ const CONTEXT: &str = "consumer: apply failed";
 /// and the mark then fails.
 const BEGIN_APPLY: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL ordo.apply_tx = 'on'";
 
-/// Runs `f` in an apply transaction, committed if it wrote anything.
-fn in_apply_tx<T>(
-    db: &mut PgConsumer,
-    f: impl FnOnce(&PgTx, i64) -> Result<Option<(T, bool)>, StoreError>,
-) -> Result<Option<T>, StoreError> {
-    let tx = &db.conn;
-    let txid = tx.begin_with(CONTEXT, BEGIN_APPLY)?;
-    let outcome = f(tx, db.clock.now_ms());
-    match outcome {
-        Ok(Some((value, true))) => {
-            tx.commit("consumer: apply commit failed", txid)?;
-            db.commits += 1;
-            Ok(Some(value))
-        }
-        Ok(Some((value, false))) => {
-            tx.rollback();
-            Ok(Some(value))
-        }
-        Ok(None) => {
-            tx.rollback();
-            Ok(None)
-        }
-        Err(e) => {
-            tx.rollback();
-            Err(e)
-        }
+impl ApplyStore for PgConsumer {
+    type Tx = PgTx;
+    type Writer<'a> = ApplyTx<'a>;
+
+    /// One READ COMMITTED transaction: a step locks its flow's cursor, a
+    /// batch locks each flow when its turn comes and reads ahead
+    /// ([`ReadAhead`]), writing its marks and cursors at its end.
+    fn begin_apply(&mut self, batch: bool) -> Result<ApplyTx<'_>, StoreError> {
+        let txid = self.conn.begin_with(CONTEXT, BEGIN_APPLY)?;
+        Ok(ApplyTx {
+            tx: &self.conn,
+            txid,
+            now_ms: self.clock.now_ms(),
+            batch: batch.then(Batch::default),
+            commits: &mut self.commits,
+            open: true,
+        })
     }
-}
 
-pub(super) fn apply_next<H>(
-    db: &mut PgConsumer,
-    flow_id: &FlowId,
-    handler: &mut H,
-) -> Result<Step, StoreError>
-where
-    H: ApplyHandler<PgTx> + ?Sized,
-{
-    let step = in_apply_tx(db, |tx, now_ms| {
-        let applied_seq = lock_cursor(tx, flow_id)?;
-        let mut writer = Writer::new(tx, now_ms, None);
-        apply::apply_next(&mut writer, flow_id, applied_seq, handler).map(Some)
-    })?
-    .expect("a guarded step always ends");
-    let applied = matches!(step, Step::Applied { .. }).then_some(flow_id);
-    apply::after_commit(applied, |f| check_settled(&db.conn, f))?;
-    Ok(step)
-}
+    fn commit_apply(mut writer: ApplyTx<'_>) -> Result<(), StoreError> {
+        writer.open = false;
+        writer
+            .tx
+            .commit("consumer: apply commit failed", writer.txid)?;
+        *writer.commits += 1;
+        Ok(())
+    }
 
-/// Drains the given flows in ONE transaction (see
-/// [`ConsumerStore::apply_batch_with`](ordo_core::ConsumerStore::apply_batch_with)
-/// and [`apply::run_batch`]). The batch first runs without a savepoint per
-/// event, handing the events it is about to apply to the handler in one
-/// call ([`ApplyHandler::apply_all`]); when one blocks, the transaction is
-/// rolled back and the batch runs again, event by event, with a savepoint
-/// around each.
-///
-/// Each flow, when its turn comes, is locked and its next rows read in one
-/// statement (passing it by when another applier holds it), many flows
-/// ahead of their turn at once ([`ReadAhead`]). The marks and cursors of
-/// the whole batch are written at its end.
-pub(super) fn apply_batch<H>(
-    db: &mut PgConsumer,
-    flows: &[(FlowId, Option<u64>)],
-    events_max: u64,
-    handler: &mut H,
-) -> Result<Vec<Drain>, StoreError>
-where
-    H: ApplyHandler<PgTx> + ?Sized,
-{
-    apply::under_guards(|guard| {
-        let run = in_apply_tx(db, |tx, now_ms| {
-            let mut writer = Writer::new(tx, now_ms, Some(Batch::default()));
-            let run = apply::run_batch(&mut writer, flows, events_max, handler, guard)?;
-            Ok(run.map(|run| (run.drains, run.wrote)))
-        })?;
-        if let Some(drains) = &run {
-            let applied = drains.iter().filter(|d| d.applied > 0);
-            apply::after_commit(applied.map(|d| &d.flow_id), |f| check_settled(&db.conn, f))?;
-        }
-        Ok(run)
-    })
+    fn check_settled(&self, flow_id: &FlowId) -> Result<(), StoreError> {
+        check_settled(&self.conn, flow_id)
+    }
 }
 
 /// Checks a flow after an apply committed (debug builds): every stored row
@@ -130,25 +78,36 @@ fn check_settled(conn: &PgTx, flow_id: &FlowId) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// One open apply transaction, as the engine writes through it: alone, or
-/// with a batch's read-ahead and the marks it writes at its end.
-struct Writer<'a> {
+/// One open apply transaction of a [`PgConsumer`], as ordo's apply engine
+/// writes through it ([`ApplyStore`]): alone, or with a batch's read-ahead
+/// and the marks it writes at its end. Rolled back when dropped
+/// uncommitted.
+pub struct ApplyTx<'a> {
     tx: &'a PgTx,
+    txid: i64,
     now_ms: i64,
     batch: Option<Batch>,
+    commits: &'a mut u64,
+    open: bool,
 }
 
-impl<'a> Writer<'a> {
-    fn new(tx: &'a PgTx, now_ms: i64, batch: Option<Batch>) -> Writer<'a> {
-        Writer { tx, now_ms, batch }
+impl Drop for ApplyTx<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.tx.rollback();
+        }
     }
 }
 
-impl ApplyWriter for Writer<'_> {
+impl ApplyWriter for ApplyTx<'_> {
     type Tx = PgTx;
 
     fn handler_tx(&self) -> &PgTx {
         self.tx
+    }
+
+    fn take_flow(&mut self, flow_id: &FlowId) -> Result<i64, StoreError> {
+        lock_cursor(self.tx, flow_id)
     }
 
     fn open_flow(

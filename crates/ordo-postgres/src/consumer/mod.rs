@@ -10,6 +10,7 @@
 //! only the handler does, through the [`PgTx`] it is handed.
 
 mod apply;
+pub use apply::ApplyTx;
 mod ops;
 mod receive;
 
@@ -18,16 +19,16 @@ pub(crate) use ops::inbox_entry;
 use std::sync::Arc;
 
 use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};
-use ordo_core::{Clock, Envelope, InboxRecord, StoreError, SystemClock};
+use ordo_core::{Clock, Envelope, InboxRecord, StoreError};
 
 use crate::browse;
 use crate::conn::{open, PgOptions, PgTx, Role, Tables, Want};
-use crate::domain::Schema;
 use crate::producer::{read_snapshot, stored_envelope};
 use crate::wake::Wake;
 
 /// ordo's consumer tables, version by version.
 pub(crate) const TABLES: Tables = Tables {
+    role: Role::Consumer,
     ddl: DDL,
     migrations: &[
         // 2: an apply cursor row for every flow with a stored event, even
@@ -121,15 +122,17 @@ pub struct PgConsumer {
 }
 
 impl PgConsumer {
-    crate::conn::open_constructors!(PgConsumer);
+    ordo_core::open_constructors!(PgConsumer, url: &str, PgOptions);
 
-    fn open_inner(
+    /// Opens the store at `url` as `want` asks (what every constructor
+    /// above calls).
+    pub fn open_as(
         url: &str,
         want: Want<'_>,
         clock: Arc<dyn Clock>,
         options: &PgOptions,
     ) -> Result<PgConsumer, StoreError> {
-        let opened = open(url, Role::Consumer, &TABLES, want, options)?;
+        let opened = open(url, &TABLES, want, options)?;
         let wake = Wake::new(url, Role::Consumer, &opened.conn);
         Ok(PgConsumer {
             conn: opened.conn,

@@ -11,12 +11,11 @@ use ordo_core::ops::{
 };
 use ordo_core::{
     crash, AppendError, Backoff, Clock, Envelope, ErrorKind, EventId, FlowId, OutboxRecord,
-    ProducerStore, Receipt, SchemaVersion, StoreError, SystemClock,
+    ProducerStore, Receipt, SchemaVersion, StoreError,
 };
 use postgres::Row;
 
 use crate::conn::{open, PgOptions, PgTx, Role, Want};
-use crate::domain::Schema;
 use crate::error::corrupt;
 use crate::wake::Wake;
 
@@ -107,15 +106,17 @@ pub struct PgProducerTx<'c> {
 }
 
 impl PgProducer {
-    crate::conn::open_constructors!(PgProducer);
+    ordo_core::open_constructors!(PgProducer, url: &str, PgOptions);
 
-    fn open_inner(
+    /// Opens the store at `url` as `want` asks (what every constructor
+    /// above calls).
+    pub fn open_as(
         url: &str,
         want: Want<'_>,
         clock: Arc<dyn Clock>,
         options: &PgOptions,
     ) -> Result<PgProducer, StoreError> {
-        let opened = open(url, Role::Producer, &TABLES, want, options)?;
+        let opened = open(url, &TABLES, want, options)?;
         let wake = Wake::new(url, Role::Producer, &opened.conn);
         Ok(PgProducer {
             wake,

@@ -4,6 +4,7 @@ use crate::conn::Tables;
 
 /// ordo's producer tables, version by version.
 pub(crate) const TABLES: Tables = Tables {
+    role: ordo_core::Role::Producer,
     ddl: DDL,
     migrations: &[
         // 2: relay leases. One row per flow, created with its head: the

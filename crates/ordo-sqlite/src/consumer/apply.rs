@@ -3,79 +3,45 @@
 
 use std::collections::BTreeMap;
 
-use ordo_core::apply::{self, ApplyWriter, NextEvent};
-use ordo_core::{
-    ApplyHandler, BlockCode, BlockReason, Drain, ErrorKind, EventId, FlowId, Seq, Step, StoreError,
-};
+use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent};
+use ordo_core::{BlockCode, BlockReason, ErrorKind, EventId, FlowId, Seq, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::schema::{begin_write, inbox_status, read_cursor, write_cursor};
 use super::ConsumerDb;
 use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error};
 
-/// Applies the flow's next event through `handler`. Looks only at
-/// `(flow_id, applied_seq + 1)`: never skips a gap, never passes a blocked
-/// event.
-pub(super) fn apply_next<H>(
-    db: &mut ConsumerDb,
-    flow_id: &FlowId,
-    handler: &mut H,
-) -> Result<Step, StoreError>
-where
-    H: ApplyHandler<Connection> + ?Sized,
-{
-    let tx = begin_write(&mut db.conn)?;
-    let now_ms = db.clock.now_ms();
-    let applied_seq = read_cursor(&tx, flow_id)?;
-    let (step, wrote) =
-        apply::apply_next(&mut Writer::new(&tx, now_ms), flow_id, applied_seq, handler)?;
-    if wrote {
-        tx.commit()
-            .map_err(|e| sql_error("consumer: apply commit failed", e))?;
-        db.commits += 1;
-        let applied = matches!(step, Step::Applied { .. }).then_some(flow_id);
-        apply::after_commit(applied, |f| check_settled(&db.conn, f))?;
-    }
-    Ok(step)
-}
+impl ApplyStore for ConsumerDb {
+    type Tx = Connection;
+    type Writer<'a> = ApplyTx<'a>;
 
-/// Drains the given flows, in order, each up to its own limit, in ONE
-/// transaction applying at most `events_max` events in all (see
-/// [`apply::run_batch`]).
-///
-/// The batch first runs without a savepoint around each event, handing the
-/// events it is about to apply to the handler in one call
-/// ([`ApplyHandler::apply_all`]). When one blocks, what the handler wrote
-/// for it cannot be told apart from the rest of the batch, so the whole
-/// transaction is rolled back and the batch runs again, event by event,
-/// with a savepoint around each; blocks are rare, and a handler must
-/// already expect a call whose writes never commit.
-pub(super) fn apply_batch<H>(
-    db: &mut ConsumerDb,
-    flows: &[(FlowId, Option<u64>)],
-    events_max: u64,
-    handler: &mut H,
-) -> Result<Vec<Drain>, StoreError>
-where
-    H: ApplyHandler<Connection> + ?Sized,
-{
-    apply::under_guards(|guard| {
-        let tx = begin_write(&mut db.conn)?;
-        let mut writer = Writer::new(&tx, db.clock.now_ms());
-        // None: an event blocked without a savepoint; the dropped
-        // transaction rolls back.
-        let Some(run) = apply::run_batch(&mut writer, flows, events_max, handler, guard)? else {
-            return Ok(None);
-        };
-        if run.wrote {
-            tx.commit()
-                .map_err(|e| sql_error("consumer: apply commit failed", e))?;
-            db.commits += 1;
-            let applied = run.drains.iter().filter(|d| d.applied > 0);
-            apply::after_commit(applied.map(|d| &d.flow_id), |f| check_settled(&db.conn, f))?;
-        }
-        Ok(Some(run.drains))
-    })
+    /// One `BEGIN IMMEDIATE` transaction: it holds the whole file, so no
+    /// other applier holds any flow, and one step reads its cursor as a
+    /// batch does.
+    fn begin_apply(&mut self, _batch: bool) -> Result<ApplyTx<'_>, StoreError> {
+        let tx = begin_write(&mut self.conn)?;
+        // Read under the write lock, so settle times follow commit order.
+        let now_ms = self.clock.now_ms();
+        Ok(ApplyTx {
+            tx,
+            now_ms,
+            cursors: BTreeMap::new(),
+            commits: &mut self.commits,
+        })
+    }
+
+    fn commit_apply(writer: ApplyTx<'_>) -> Result<(), StoreError> {
+        writer
+            .tx
+            .commit()
+            .map_err(|e| sql_error("consumer: apply commit failed", e))?;
+        *writer.commits += 1;
+        Ok(())
+    }
+
+    fn check_settled(&self, flow_id: &FlowId) -> Result<(), StoreError> {
+        check_settled(&self.conn, flow_id)
+    }
 }
 
 /// Checks a flow after an apply committed (debug builds): every stored row
@@ -103,35 +69,33 @@ fn check_settled(conn: &Connection, flow_id: &FlowId) -> Result<(), StoreError> 
     Ok(())
 }
 
-/// One open apply transaction, as the engine writes through it. The
-/// cursors move at its end, after every handler call.
-struct Writer<'a> {
-    tx: &'a Connection,
+/// One open apply transaction of a [`ConsumerDb`], as ordo's apply engine
+/// writes through it ([`ApplyStore`]); rolled back when dropped
+/// uncommitted. The cursors move at its end, after every handler call.
+pub struct ApplyTx<'a> {
+    tx: rusqlite::Transaction<'a>,
     now_ms: i64,
     cursors: BTreeMap<FlowId, i64>,
+    commits: &'a mut u64,
 }
 
-impl<'a> Writer<'a> {
-    fn new(tx: &'a Connection, now_ms: i64) -> Writer<'a> {
-        Writer {
-            tx,
-            now_ms,
-            cursors: BTreeMap::new(),
-        }
-    }
-
+impl ApplyTx<'_> {
     fn exec(&self, sql: &str) -> Result<(), StoreError> {
-        exec_cached(self.tx, sql, [])
+        exec_cached(&self.tx, sql, [])
             .map(drop)
             .map_err(|e| sql_error("consumer: apply failed", e))
     }
 }
 
-impl ApplyWriter for Writer<'_> {
+impl ApplyWriter for ApplyTx<'_> {
     type Tx = Connection;
 
     fn handler_tx(&self) -> &Connection {
-        self.tx
+        &self.tx
+    }
+
+    fn take_flow(&mut self, flow_id: &FlowId) -> Result<i64, StoreError> {
+        read_cursor(&self.tx, flow_id)
     }
 
     fn open_flow(
@@ -145,7 +109,7 @@ impl ApplyWriter for Writer<'_> {
         let flow_id = &flows[0].0;
         match self.cursors.get(flow_id) {
             Some(&moved) => Ok(Some(moved)),
-            None => read_cursor(self.tx, flow_id).map(Some),
+            None => read_cursor(&self.tx, flow_id).map(Some),
         }
     }
 
@@ -160,7 +124,7 @@ impl ApplyWriter for Writer<'_> {
         // itself, or one past a gap, or none.
         #[allow(clippy::type_complexity)]
         let row: Option<(i64, String, String, Option<String>, Option<String>)> = row_cached(
-            self.tx,
+            &self.tx,
             "SELECT seq, body, status, reason, detail FROM inbox WHERE flow_id = ?1 AND seq >= ?2
              ORDER BY seq LIMIT 1",
             params![flow_id.as_str(), next.get()],
@@ -215,7 +179,7 @@ impl ApplyWriter for Writer<'_> {
         seq: Seq,
         event_id: &EventId,
     ) -> Result<(), StoreError> {
-        mark_applied(self.tx, flow_id, seq, event_id, self.now_ms)
+        mark_applied(&self.tx, flow_id, seq, event_id, self.now_ms)
     }
 
     fn mark_blocked(
@@ -225,7 +189,7 @@ impl ApplyWriter for Writer<'_> {
         reason: &BlockReason,
     ) -> Result<(), StoreError> {
         let marked = exec_cached(
-            self.tx,
+            &self.tx,
             "UPDATE inbox SET status = 'blocked', reason = ?3, detail = ?4
              WHERE flow_id = ?1 AND seq = ?2 AND (status = 'pending' OR status = 'blocked')",
             params![
@@ -253,7 +217,7 @@ impl ApplyWriter for Writer<'_> {
 
     fn finish(&mut self) -> Result<(), StoreError> {
         for (flow_id, applied_seq) in std::mem::take(&mut self.cursors) {
-            write_cursor(self.tx, &flow_id, applied_seq)?;
+            write_cursor(&self.tx, &flow_id, applied_seq)?;
         }
         Ok(())
     }

@@ -11,6 +11,7 @@
 //! only the handler does, through the transaction it is handed.
 
 mod apply;
+pub use apply::ApplyTx;
 mod browse;
 pub(crate) mod ops;
 mod receive;
@@ -19,12 +20,11 @@ pub(crate) mod schema;
 use std::path::Path;
 use std::sync::Arc;
 
-use ordo_core::{Clock, Envelope, InboxRecord, StoreError, SystemClock};
+use ordo_core::{Clock, Envelope, InboxRecord, StoreError};
 use rusqlite::Connection;
 
 use crate::conn::{open, sql_error, OpenOptions, Role, Want};
-use crate::domain::Schema;
-use crate::watch::{signal_for, DataVersion};
+use crate::watch::DataVersion;
 
 /// The consumer's SQLite file: the inbox (every received event, durably,
 /// with its status), the per-flow apply cursor, and the application's own
@@ -45,20 +45,20 @@ pub struct ConsumerDb {
 impl ConsumerDb {
     crate::conn::open_constructors!(ConsumerDb, Role::Consumer);
 
-    fn open_inner(
-        path: &Path,
+    /// Opens the store at `path` as `want` asks (what every constructor
+    /// above calls).
+    pub fn open_as(
+        path: impl AsRef<Path>,
         want: Want<'_>,
         clock: Arc<dyn Clock>,
         options: &OpenOptions,
     ) -> Result<ConsumerDb, StoreError> {
-        let conn = open(path, Role::Consumer, &schema::TABLES, want, options)?;
-        let domain = crate::conn::read_domain(&conn, path)?;
-        let store_id = crate::conn::read_store_id(&conn, path)?;
+        let opened = open(path.as_ref(), &schema::TABLES, want, options)?;
         Ok(ConsumerDb {
-            conn,
-            domain,
-            store_id,
-            wake: signal_for(path),
+            conn: opened.conn,
+            domain: opened.domain,
+            store_id: opened.store_id,
+            wake: opened.wake,
             data_version: DataVersion::default(),
             clock,
             commits: 0,

@@ -62,6 +62,7 @@ BEGIN SELECT RAISE(ABORT, 'repair_log is append-only'); END;
 ";
 
 pub(super) const TABLES: Tables = Tables {
+    role: ordo_core::Role::Consumer,
     create: SCHEMA,
     upgrade_from_1: "ALTER TABLE inbox ADD COLUMN detail TEXT;",
 };

@@ -1,0 +1,110 @@
+//! What an open of a store asks for, the same on every backend.
+//!
+//! Invariant: nothing here knows where a store lives (a file, a server's
+//! schema); a backend maps [`Want`] onto its own creation and migration.
+
+use crate::domain::Schema;
+
+/// What an open wants of the store it finds, or of the one it creates.
+#[derive(Debug, Clone, Copy)]
+pub enum Want<'a> {
+    /// This domain's store: created for it if there is none, migrated to
+    /// its schema; a store of another domain is refused.
+    Domain(&'a Schema),
+    /// An existing store of any domain, left as it is (no domain
+    /// migration); nothing is created.
+    Any,
+    /// An existing store of any domain as with [`Want::Any`], or, when
+    /// there is none, a new store of this domain.
+    AnyOrNew(&'a Schema),
+}
+
+impl<'a> Want<'a> {
+    /// The schema a missing (or empty) store is created with; `None`: it
+    /// is not created.
+    pub fn creates_with(self) -> Option<&'a Schema> {
+        match self {
+            Want::Domain(schema) | Want::AnyOrNew(schema) => Some(schema),
+            Want::Any => None,
+        }
+    }
+
+    /// The schema an existing store is migrated to and checked against;
+    /// `None`: it is taken as it is, of whatever domain.
+    pub fn migrates_with(self) -> Option<&'a Schema> {
+        match self {
+            Want::Domain(schema) => Some(schema),
+            Want::Any | Want::AnyOrNew(_) => None,
+        }
+    }
+
+    /// The schema that applies to a store found `empty` (none yet) or not.
+    pub fn schema_for(self, empty: bool) -> Option<&'a Schema> {
+        match empty {
+            true => self.creates_with(),
+            false => self.migrates_with(),
+        }
+    }
+}
+
+/// The constructors of a backend's store of one role, each through the
+/// store's own `open_as(location, want, clock, options)`: `open`,
+/// `open_with`, `open_existing` and `open_or_create`. `$at: $location` is
+/// the constructors' location parameter (a path, a URL), `$options` the
+/// backend's open options.
+#[macro_export]
+macro_rules! open_constructors {
+    ($store:ident, $at:ident: $location:ty, $options:ty) => {
+        /// Opens or creates the store of `schema`'s domain with the system
+        /// clock and default options: ordo's tables and the domain's are
+        /// created or migrated; existing state is never reset. A store of
+        /// another domain is refused.
+        pub fn open(
+            $at: $location,
+            schema: &$crate::domain::Schema,
+        ) -> Result<$store, $crate::StoreError> {
+            $store::open_with(
+                $at,
+                schema,
+                std::sync::Arc::new($crate::SystemClock),
+                &<$options>::default(),
+            )
+        }
+
+        /// `open` with the given clock and options.
+        pub fn open_with(
+            $at: $location,
+            schema: &$crate::domain::Schema,
+            clock: std::sync::Arc<dyn $crate::Clock>,
+            options: &$options,
+        ) -> Result<$store, $crate::StoreError> {
+            $store::open_as($at, $crate::open::Want::Domain(schema), clock, options)
+        }
+
+        /// Opens an existing store of this role of any domain, without
+        /// running its domain's migrations: for what never runs the
+        /// domain's handler or its rules (receive, relay, status, prune,
+        /// listings, repairs). A missing store is refused and nothing is
+        /// created.
+        pub fn open_existing(
+            $at: $location,
+            clock: std::sync::Arc<dyn $crate::Clock>,
+            options: &$options,
+        ) -> Result<$store, $crate::StoreError> {
+            $store::open_as($at, $crate::open::Want::Any, clock, options)
+        }
+
+        /// Opens an existing store of any domain as `open_existing` does,
+        /// or, if there is none, creates a store of `schema`'s domain: what
+        /// a command line that serves every domain, and creates stores of
+        /// one, needs. Safe against racing processes.
+        pub fn open_or_create(
+            $at: $location,
+            schema: &$crate::domain::Schema,
+            clock: std::sync::Arc<dyn $crate::Clock>,
+            options: &$options,
+        ) -> Result<$store, $crate::StoreError> {
+            $store::open_as($at, $crate::open::Want::AnyOrNew(schema), clock, options)
+        }
+    };
+}
