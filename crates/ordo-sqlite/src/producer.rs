@@ -62,7 +62,7 @@ const TABLES: Tables = Tables {
 };
 
 /// The producer's SQLite file: the outbox, the per-flow head of the outbox
-/// sequence, and the application's own tables (declared by its [`Schema`]).
+/// sequence, and the application's own tables (declared by its [`Schema`](crate::Schema)).
 ///
 /// Every write runs in a `BEGIN IMMEDIATE` transaction on a file in WAL mode
 /// with `synchronous=FULL`, so a returned commit is durable. The one

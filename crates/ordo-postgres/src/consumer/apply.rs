@@ -22,8 +22,8 @@ impl ApplyStore for PgConsumer {
     type Writer<'a> = ApplyTx<'a>;
 
     /// One READ COMMITTED transaction: a step locks its flow's cursor, a
-    /// batch locks each flow when its turn comes and reads ahead
-    /// ([`ReadAhead`]), writing its marks and cursors at its end.
+    /// batch locks each flow when its turn comes, reading many flows ahead
+    /// of their turn, and writes its marks and cursors at its end.
     fn begin_apply(&mut self, batch: bool) -> Result<ApplyTx<'_>, StoreError> {
         let txid = self.conn.begin_with(CONTEXT, BEGIN_APPLY)?;
         Ok(ApplyTx {

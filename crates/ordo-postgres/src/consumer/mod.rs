@@ -110,7 +110,7 @@ CREATE TRIGGER repair_log_no_truncate BEFORE TRUNCATE ON {s}.repair_log
 
 /// The consumer's store on PostgreSQL: the inbox (every received event,
 /// durably, with its status), the per-flow apply cursor, and the
-/// application's own tables (declared by its [`Schema`], written by its
+/// application's own tables (declared by its [`Schema`](crate::Schema), written by its
 /// [`ApplyHandler`](ordo_core::ApplyHandler) through [`PgTx`]), over one connection.
 pub struct PgConsumer {
     conn: PgTx,

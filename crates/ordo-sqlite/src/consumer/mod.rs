@@ -28,7 +28,7 @@ use crate::watch::DataVersion;
 
 /// The consumer's SQLite file: the inbox (every received event, durably,
 /// with its status), the per-flow apply cursor, and the application's own
-/// tables (declared by its [`Schema`], written by its [`ApplyHandler`](ordo_core::ApplyHandler)).
+/// tables (declared by its [`Schema`](crate::Schema), written by its [`ApplyHandler`](ordo_core::ApplyHandler)).
 ///
 /// Every write runs in a `BEGIN IMMEDIATE` transaction on a file in WAL mode
 /// with `synchronous=FULL`.
