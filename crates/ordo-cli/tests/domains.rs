@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use ordo_core::OutboxTx;
 
 /// A producer and a consumer store of the domain `orders`, made by `init`.
 fn orders_lab() -> Lab {

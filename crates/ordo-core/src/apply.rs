@@ -167,10 +167,36 @@ pub trait ApplyStore {
     /// Commits the transaction of `writer`.
     fn commit_apply(writer: Self::Writer<'_>) -> Result<(), StoreError>;
 
-    /// In debug builds, after a commit that applied an event of `flow_id`:
-    /// fails (or panics) unless every stored row of the flow at or below
-    /// its cursor is settled and none above it is.
-    fn check_settled(&self, flow_id: &FlowId) -> Result<(), StoreError>;
+    /// The flow's cursor and how many of its stored rows break the rule
+    /// that every row at or below it is settled (applied or skipped) and
+    /// none above it is: read after a commit that applied an event of the
+    /// flow, in debug builds.
+    fn settled_state(&self, flow_id: &FlowId) -> Result<SettledState, StoreError>;
+}
+
+/// A flow's rows measured against its cursor (see
+/// [`ApplyStore::settled_state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SettledState {
+    /// The flow's apply cursor.
+    pub cursor: i64,
+    /// Rows at or below the cursor neither applied nor skipped.
+    pub unsettled_below: i64,
+    /// Rows above the cursor applied or skipped.
+    pub settled_above: i64,
+}
+
+/// Panics unless `flow_id` is settled up to its cursor and nothing above
+/// it is: the store broke the protocol.
+fn check_settled<S: ApplyStore + ?Sized>(store: &S, flow_id: &FlowId) -> Result<(), StoreError> {
+    let state = store.settled_state(flow_id)?;
+    assert_eq!(
+        (state.unsettled_below, state.settled_above),
+        (0, 0),
+        "flow {flow_id} at cursor {}: rows unsettled at or below it, settled above it",
+        state.cursor
+    );
+    Ok(())
 }
 
 /// [`ConsumerStore::apply_next_with`](crate::ConsumerStore::apply_next_with)
@@ -191,7 +217,7 @@ where
         step
     };
     let applied = matches!(step, Step::Applied { .. }).then_some(flow_id);
-    after_commit(applied, |f| store.check_settled(f))?;
+    after_commit(applied, |f| check_settled(store, f))?;
     Ok(step)
 }
 
@@ -226,7 +252,7 @@ where
             run.drains
         };
         let applied = drains.iter().filter(|d| d.applied > 0);
-        after_commit(applied.map(|d| &d.flow_id), |f| store.check_settled(f))?;
+        after_commit(applied.map(|d| &d.flow_id), |f| check_settled(store, f))?;
         Ok(Some(drains))
     })
 }

@@ -54,7 +54,7 @@ pub use relay::{
 pub use run::{RunConsumer, RunStore};
 pub use store::{
     drain, process_all, process_all_each, process_page, ConsumerHandle, ConsumerOps, ConsumerStore,
-    ProducerOps, ProducerStore, Receive, Role, APPLY_BATCH_LEN_DEFAULT,
+    OutboxTx, ProducerOps, ProducerStore, Receive, Role, APPLY_BATCH_LEN_DEFAULT,
 };
 pub use transport::{TransientKind, Transport, TransportError};
 pub use wake::Signal;

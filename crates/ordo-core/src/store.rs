@@ -9,7 +9,7 @@ use crate::error::ErrorKind;
 use crate::error::{AppendError, StoreError};
 use crate::handler::ApplyHandler;
 use crate::identity::StoreId;
-use crate::ids::{BlockCode, EventId, FlowId, Seq};
+use crate::ids::{BlockCode, EventId, FlowId, SchemaVersion, Seq};
 use crate::ops::{
     whole_read, ConsumerFlow, ConsumerStatus, InboxEntry, OutboxEntry, ProducerFlow,
     ProducerStatus, Pruned, RepairRecord, RetryRefused, SkipRefused, SkipRequest,
@@ -213,6 +213,58 @@ pub trait ProducerStore: ProducerOps {
         reason: &str,
         now_ms: i64,
     ) -> Result<(), StoreError>;
+}
+
+/// A producer's write transaction, as an application appends to the outbox
+/// through it (each backend's own: `ordo_sqlite::ProducerTx`,
+/// `ordo_postgres::PgProducerTx`). The backend reads a flow's last seq and
+/// writes an envelope; the protocol's append is written here once.
+pub trait OutboxTx {
+    /// The seq of the flow's last committed event, 0 if it has none.
+    fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError>;
+
+    /// The time this transaction records on what it writes, in
+    /// milliseconds since the Unix epoch.
+    fn now_ms(&self) -> i64;
+
+    /// Appends an envelope the caller built, with its own event id, to the
+    /// outbox in this transaction. Its seq must be exactly the flow's
+    /// [`OutboxTx::last_seq`] plus one, so a flow's seqs stay contiguous,
+    /// and its event id unused; anything else is refused without writing,
+    /// and the transaction can go on.
+    fn append_envelope(&mut self, event: &Envelope) -> Result<(), AppendError>;
+
+    /// Appends the flow's next event to the outbox in this transaction, and
+    /// returns it: its seq is the flow's last committed seq plus one, its id
+    /// [`EventId::for_seq`] (`FLOW-SEQ`, or `h` and a hash when that would
+    /// pass 100 characters), its payload `payload` serialized to a JSON
+    /// object. The application's own writes in the same transaction commit
+    /// with it or not at all.
+    ///
+    /// A payload that does not serialize to a JSON object, or an event type
+    /// breaking the envelope's rules, is refused ([`AppendError::Invalid`])
+    /// and nothing is written.
+    fn append<T: serde::Serialize + ?Sized>(
+        &mut self,
+        flow_id: &FlowId,
+        event_type: &str,
+        schema_version: SchemaVersion,
+        payload: &T,
+    ) -> Result<Envelope, AppendError>
+    where
+        Self: Sized,
+    {
+        let last_seq = self.last_seq(flow_id)?;
+        let event =
+            crate::append::next_event(flow_id, last_seq, event_type, schema_version, payload)?;
+        self.append_envelope(&event)?;
+        assert_eq!(
+            event.seq.get(),
+            last_seq + 1,
+            "an append takes the next seq"
+        );
+        Ok(event)
+    }
 }
 
 /// The consumer's durable receive: what a transport calls (in process, or

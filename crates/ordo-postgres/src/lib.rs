@@ -91,6 +91,7 @@ pub use conn::{
 };
 pub use consumer::{read_inbox, ApplyTx, PgConsumer};
 pub use domain::{Schema, MIGRATIONS_MAX};
+pub use ordo_core::OutboxTx;
 pub use producer::{read_outbox, PgProducer, PgProducerTx, CONFLICT_REASON};
 pub use tls::{PgUrl, TlsMode};
 pub use url::{is_postgres_url, redact_url, url_host_start};

@@ -3,6 +3,7 @@
 
 mod support;
 
+use ordo_core::OutboxTx;
 use std::sync::Arc;
 
 use ordo_core::{ConsumerOps, ErrorKind, FlowId, SchemaVersion, StoreError, SystemClock};

@@ -11,6 +11,7 @@
 
 mod support;
 
+use ordo_core::OutboxTx;
 use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;

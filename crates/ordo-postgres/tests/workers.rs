@@ -6,6 +6,7 @@
 
 mod support;
 
+use ordo_core::OutboxTx;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;

@@ -3,6 +3,7 @@
 //! handler and its `advance`, written against `ordo-postgres`'s public API.
 //! The rules are the same as on SQLite (`rules.rs`); only the SQL differs.
 
+use ordo_core::OutboxTx;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};

@@ -2,6 +2,7 @@
 //! `advance`, written against `ordo-sqlite`'s public API.
 
 use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};
+use ordo_core::OutboxTx;
 use ordo_core::{
     crash, ApplyContext, ApplyHandler, BlockCode, ConsumerStore, Drain, Envelope, EventId, FlowId,
     Seq, Step, StoreError, Verdict,

@@ -9,7 +9,7 @@
 //! * A [`Schema`] names the application's domain and declares its own
 //!   tables; ordo creates and migrates them in the same file.
 //! * [`ProducerDb::write`] lets the application change its own state and
-//!   [`ProducerTx::append`] its events in one transaction.
+//!   [`OutboxTx::append`] its events in one transaction.
 //! * [`ConsumerDb`] applies each flow's events in order through the
 //!   application's [`ApplyHandler`](ordo_core::ApplyHandler), which writes
 //!   its own tables in the transaction that marks the event applied.
@@ -37,6 +37,7 @@ pub use group::{
     GroupOptions, GroupWriter, Pending, SubmitError, WhenFull, BATCH_LEN_MAX_DEFAULT,
     BATCH_TIME_MAX_DEFAULT, QUEUE_LEN_MAX_DEFAULT, WAIT_MAX_DEFAULT, WAL_CHECKPOINT_PAGES_DEFAULT,
 };
+pub use ordo_core::OutboxTx;
 pub use producer::{read_outbox, ProducerDb, ProducerTx, CONFLICT_REASON};
 /// The rusqlite version these stores are built on, for callers writing their
 /// own state in `ProducerDb::write` or an `ApplyHandler`.

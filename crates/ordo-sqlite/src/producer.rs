@@ -10,8 +10,8 @@ use ordo_core::ops::{
     WHOLE_READ_ROWS_MAX,
 };
 use ordo_core::{
-    AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, ProducerOps,
-    ProducerStore, Receipt, SchemaVersion, StoreError,
+    AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, OutboxTx, ProducerOps,
+    ProducerStore, Receipt, StoreError,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -224,9 +224,10 @@ impl ProducerTx<'_> {
     pub fn sql(&self) -> &rusqlite::Transaction<'_> {
         &self.tx
     }
+}
 
-    /// The seq of the flow's last committed event, 0 if it has none.
-    pub fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
+impl OutboxTx for ProducerTx<'_> {
+    fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
         row_cached(
             &self.tx,
             "SELECT last_seq FROM outbox_head WHERE flow_id = ?1",
@@ -238,41 +239,12 @@ impl ProducerTx<'_> {
         .map_err(|e| sql_error("producer: cannot read the outbox head", e))
     }
 
-    /// The time this transaction records on what it writes (read once,
-    /// under the write lock), in milliseconds since the Unix epoch.
-    pub fn now_ms(&self) -> i64 {
+    /// Read once, under the write lock.
+    fn now_ms(&self) -> i64 {
         self.now_ms
     }
 
-    /// Appends the flow's next event to the outbox in this transaction, and
-    /// returns it: its seq is the flow's last committed seq plus one, its id
-    /// [`EventId::for_seq`] (`FLOW-SEQ`, or `h` and a hash when that would
-    /// pass 100 characters), its payload `payload` serialized to a JSON
-    /// object. The application's own writes in the same transaction commit
-    /// with it or not at all.
-    ///
-    /// A payload that does not serialize to a JSON object, or an event type
-    /// breaking the envelope's rules, is refused ([`AppendError::Invalid`])
-    /// and nothing is written.
-    pub fn append<T: serde::Serialize + ?Sized>(
-        &mut self,
-        flow_id: &FlowId,
-        event_type: &str,
-        schema_version: SchemaVersion,
-        payload: &T,
-    ) -> Result<Envelope, AppendError> {
-        let last_seq = self.last_seq(flow_id)?;
-        let event =
-            ordo_core::append::next_event(flow_id, last_seq, event_type, schema_version, payload)?;
-        self.append_envelope(&event)?;
-        Ok(event)
-    }
-
-    /// Appends an envelope the caller built, with its own event id, to the
-    /// outbox in this transaction. Its seq must be exactly the flow's
-    /// [`ProducerTx::last_seq`] plus one, so a flow's seqs stay contiguous,
-    /// and its event id unused; anything else is refused without writing.
-    pub fn append_envelope(&mut self, event: &Envelope) -> Result<(), AppendError> {
+    fn append_envelope(&mut self, event: &Envelope) -> Result<(), AppendError> {
         let err = |e| sql_error("producer: cannot append to the outbox", e);
         let seq = event.seq.get();
         // The row first: a used event id or (flow, seq) fails here, before

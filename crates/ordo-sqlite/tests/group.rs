@@ -2,6 +2,7 @@
 //! same flows, units failing inside one batch without touching the others,
 //! the bounded queue, the caller's timeout, and async callers.
 
+use ordo_core::OutboxTx;
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;

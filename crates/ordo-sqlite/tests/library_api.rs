@@ -4,6 +4,7 @@
 //! all; its tables are migrated once, forward, in its own domain; the runner
 //! applies everything exactly once across restarts.
 
+use ordo_core::OutboxTx;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;

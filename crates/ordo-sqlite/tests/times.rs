@@ -3,6 +3,7 @@
 //! times follow commit order across processes: a writer that waited for
 //! the lock never stamps an earlier time than the writer it waited for.
 
+use ordo_core::OutboxTx;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 

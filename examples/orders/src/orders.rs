@@ -1,6 +1,7 @@
 //! The orders service: its `orders` table and the events it publishes, each
 //! change and its event committed in one transaction.
 
+use ordo_core::OutboxTx;
 use std::path::Path;
 
 use ordo_core::{FlowId, SchemaVersion};

@@ -1,5 +1,6 @@
 //! Runs the real program on real files and reads what it left behind.
 
+use ordo_core::OutboxTx;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Arc;

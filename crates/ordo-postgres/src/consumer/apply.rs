@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
-use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent};
+use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent, SettledState};
 use ordo_core::{BlockCode, BlockReason, ErrorKind, EventId, FlowId, Seq, StoreError};
 
 use super::{inbox_status, PgConsumer};
@@ -45,37 +45,28 @@ impl ApplyStore for PgConsumer {
         Ok(())
     }
 
-    fn check_settled(&self, flow_id: &FlowId) -> Result<(), StoreError> {
-        check_settled(&self.conn, flow_id)
+    fn settled_state(&self, flow_id: &FlowId) -> Result<SettledState, StoreError> {
+        let row = self
+            .conn
+            .row(
+                "consumer: cannot check an applied flow",
+                "WITH c AS (SELECT coalesce((SELECT applied_seq FROM {s}.inbox_cursor
+                                             WHERE flow_id = $1), 0) AS at)
+                 SELECT c.at,
+                        (SELECT count(*) FROM {s}.inbox WHERE flow_id = $1 AND seq <= c.at
+                           AND status NOT IN ('applied', 'skipped')),
+                        (SELECT count(*) FROM {s}.inbox WHERE flow_id = $1 AND seq > c.at
+                           AND status IN ('applied', 'skipped'))
+                 FROM c",
+                &[&flow_id.as_str()],
+            )?
+            .expect("a SELECT of one row");
+        Ok(SettledState {
+            cursor: row.get(0),
+            unsettled_below: row.get(1),
+            settled_above: row.get(2),
+        })
     }
-}
-
-/// Checks a flow after an apply committed (debug builds): every stored row
-/// at or below its cursor is settled (applied or skipped), and none above
-/// it is. Panics otherwise: the store broke the protocol.
-fn check_settled(conn: &PgTx, flow_id: &FlowId) -> Result<(), StoreError> {
-    let row = conn
-        .row(
-            "consumer: cannot check an applied flow",
-            "WITH c AS (SELECT coalesce((SELECT applied_seq FROM {s}.inbox_cursor
-                                         WHERE flow_id = $1), 0) AS at)
-             SELECT c.at,
-                    (SELECT count(*) FROM {s}.inbox WHERE flow_id = $1 AND seq <= c.at
-                       AND status NOT IN ('applied', 'skipped')),
-                    (SELECT count(*) FROM {s}.inbox WHERE flow_id = $1 AND seq > c.at
-                       AND status IN ('applied', 'skipped'))
-             FROM c",
-            &[&flow_id.as_str()],
-        )?
-        .expect("a SELECT of one row");
-    let (cursor, unsettled_below, settled_above): (i64, i64, i64) =
-        (row.get(0), row.get(1), row.get(2));
-    assert_eq!(
-        (unsettled_below, settled_above),
-        (0, 0),
-        "flow {flow_id} at cursor {cursor}: rows unsettled at or below it, settled above it"
-    );
-    Ok(())
 }
 
 /// One open apply transaction of a [`PgConsumer`], as ordo's apply engine

@@ -9,15 +9,7 @@ impl PgProducerTx<'_> {
         self.conn
     }
 
-    /// The seq of the flow's last committed event, 0 if it has none, with
-    /// the flow's head row locked until the transaction ends: a concurrent
-    /// writer of the same flow waits here, then reads the seq this one
-    /// committed (READ COMMITTED), so that it finds itself stale.
-    pub fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
-        Ok(self.last_seqs([flow_id])?[flow_id.as_str()])
-    }
-
-    /// [`PgProducerTx::last_seq`] of several flows at once (each flow
+    /// [`OutboxTx::last_seq`] of several flows at once (each flow
     /// once), their head rows locked in flow id order, in two statements
     /// whatever their number (none for the heads this transaction locked
     /// already): keyed by flow id.
@@ -66,41 +58,8 @@ impl PgProducerTx<'_> {
         }
     }
 
-    /// The time this transaction records on what it writes, in
-    /// milliseconds since the Unix epoch.
-    pub fn now_ms(&self) -> i64 {
-        self.now_ms
-    }
-
-    /// Appends the flow's next event to the outbox in this transaction, and
-    /// returns it: its seq is the flow's last committed seq plus one, its id
-    /// [`EventId::for_seq`], its payload `payload` serialized to a JSON
-    /// object. A refusal writes nothing.
-    pub fn append<T: serde::Serialize + ?Sized>(
-        &mut self,
-        flow_id: &FlowId,
-        event_type: &str,
-        schema_version: SchemaVersion,
-        payload: &T,
-    ) -> Result<Envelope, AppendError> {
-        let last_seq = self.last_seq(flow_id)?;
-        let event =
-            ordo_core::append::next_event(flow_id, last_seq, event_type, schema_version, payload)?;
-        self.append_envelope(&event)?;
-        Ok(event)
-    }
-
-    /// Appends an envelope the caller built to the outbox in this
-    /// transaction. Its seq must be exactly the flow's
-    /// [`PgProducerTx::last_seq`] plus one, and its event id unused;
-    /// anything else is refused without writing, and the transaction can go
-    /// on.
-    pub fn append_envelope(&mut self, event: &Envelope) -> Result<(), AppendError> {
-        self.append_envelopes(std::slice::from_ref(event))
-    }
-
     /// Appends envelopes the caller built, in order, as
-    /// [`PgProducerTx::append_envelope`] one after the other would, in a
+    /// [`OutboxTx::append_envelope`] one after the other would, in a
     /// few statements whatever their number (arrays as parameters): the
     /// events before the first refusal are appended, and that refusal is
     /// returned (a caller that wants all or nothing rolls back, as
@@ -235,5 +194,22 @@ impl PgProducerTx<'_> {
             )?;
         }
         Ok(Some((used, events[used].event_id.clone())))
+    }
+}
+
+impl OutboxTx for PgProducerTx<'_> {
+    /// With the flow's head row locked until the transaction ends: a
+    /// concurrent writer of the same flow waits here, then reads the seq
+    /// this one committed (READ COMMITTED), so that it finds itself stale.
+    fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
+        Ok(self.last_seqs([flow_id])?[flow_id.as_str()])
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.now_ms
+    }
+
+    fn append_envelope(&mut self, event: &Envelope) -> Result<(), AppendError> {
+        self.append_envelopes(std::slice::from_ref(event))
     }
 }

@@ -11,7 +11,7 @@ use ordo_core::ops::{
 };
 use ordo_core::{
     crash, AppendError, Backoff, Clock, Envelope, ErrorKind, EventId, FlowId, OutboxRecord,
-    ProducerStore, Receipt, SchemaVersion, StoreError,
+    OutboxTx, ProducerStore, Receipt, StoreError,
 };
 use postgres::Row;
 

@@ -2,6 +2,7 @@
 //! handler that checks order and exactly-once as it applies, and the end
 //! state every run must converge to.
 
+use ordo_core::OutboxTx;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

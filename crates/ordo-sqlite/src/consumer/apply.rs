@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent};
+use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent, SettledState};
 use ordo_core::{BlockCode, BlockReason, ErrorKind, EventId, FlowId, Seq, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -39,34 +39,27 @@ impl ApplyStore for ConsumerDb {
         Ok(())
     }
 
-    fn check_settled(&self, flow_id: &FlowId) -> Result<(), StoreError> {
-        check_settled(&self.conn, flow_id)
+    fn settled_state(&self, flow_id: &FlowId) -> Result<SettledState, StoreError> {
+        row_cached(
+            &self.conn,
+            "WITH c AS (SELECT coalesce((SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1), 0) AS at)
+             SELECT c.at,
+                    (SELECT count(*) FROM inbox WHERE flow_id = ?1 AND seq <= c.at
+                       AND status <> 'applied' AND status <> 'skipped'),
+                    (SELECT count(*) FROM inbox WHERE flow_id = ?1 AND seq > c.at
+                       AND (status = 'applied' OR status = 'skipped'))
+             FROM c",
+            params![flow_id.as_str()],
+            |row| {
+                Ok(SettledState {
+                    cursor: row.get(0)?,
+                    unsettled_below: row.get(1)?,
+                    settled_above: row.get(2)?,
+                })
+            },
+        )
+        .map_err(|e| sql_error("consumer: cannot check an applied flow", e))
     }
-}
-
-/// Checks a flow after an apply committed (debug builds): every stored row
-/// at or below its cursor is settled (applied or skipped), and none above
-/// it is. Panics otherwise: the store broke the protocol.
-fn check_settled(conn: &Connection, flow_id: &FlowId) -> Result<(), StoreError> {
-    let (cursor, unsettled_below, settled_above): (i64, i64, i64) = row_cached(
-        conn,
-        "WITH c AS (SELECT coalesce((SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1), 0) AS at)
-         SELECT c.at,
-                (SELECT count(*) FROM inbox WHERE flow_id = ?1 AND seq <= c.at
-                   AND status <> 'applied' AND status <> 'skipped'),
-                (SELECT count(*) FROM inbox WHERE flow_id = ?1 AND seq > c.at
-                   AND (status = 'applied' OR status = 'skipped'))
-         FROM c",
-        params![flow_id.as_str()],
-        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-    )
-    .map_err(|e| sql_error("consumer: cannot check an applied flow", e))?;
-    assert_eq!(
-        (unsettled_below, settled_above),
-        (0, 0),
-        "flow {flow_id} at cursor {cursor}: rows unsettled at or below it, settled above it"
-    );
-    Ok(())
 }
 
 /// One open apply transaction of a [`ConsumerDb`], as ordo's apply engine
@@ -332,4 +325,50 @@ pub(super) fn flows_with_work_page(
         flows.truncate(limit);
     }
     Ok(flows)
+}
+
+#[cfg(test)]
+mod tests {
+    use ordo_core::{
+        ApplyContext, ApplyHandler, ConsumerStore, Envelope, Receive, SchemaVersion, Verdict,
+    };
+
+    use super::*;
+    use crate::Schema;
+
+    /// Marks the flow's seq 2 applied while it applies seq 1: the writes a
+    /// handler must never make.
+    struct WritesOrdoTables;
+
+    impl ApplyHandler<Connection> for WritesOrdoTables {
+        fn apply(
+            &mut self,
+            cx: &mut ApplyContext<'_, Connection>,
+            _event: &Envelope,
+        ) -> Result<Verdict, StoreError> {
+            cx.tx()
+                .execute("UPDATE inbox SET status = 'applied' WHERE seq = 2", [])
+                .unwrap();
+            Ok(Verdict::Apply)
+        }
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "rows unsettled at or below it, settled above it")]
+    fn a_row_settled_above_the_cursor_fails_the_check_after_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Schema::new("app").unwrap();
+        let mut db = ConsumerDb::open(dir.path().join("consumer.db"), &schema).unwrap();
+        let flow = FlowId::new("f".to_string()).unwrap();
+        let v1 = SchemaVersion::new(1).unwrap();
+        let events: Vec<Envelope> = (0..2)
+            .map(|last| {
+                ordo_core::append::next_event(&flow, last, "placed", v1, &serde_json::json!({}))
+            })
+            .collect::<Result<_, _>>()
+            .unwrap();
+        db.receive_batch(&events).unwrap();
+        let _ = db.apply_next_with(&flow, &mut WritesOrdoTables);
+    }
 }
