@@ -100,7 +100,12 @@ macro_rules! consumer_store_impls {
                 after: Option<&$crate::FlowId>,
                 limit: usize,
             ) -> Result<Vec<$crate::ops::ConsumerFlow>, $crate::StoreError> {
-                $browse::consumer_flows_page(&self.conn, prefix, after, limit)
+                let page = $crate::store::FlowsPage {
+                    prefix,
+                    after,
+                    limit,
+                };
+                page.consumer_flows($browse::consumer_flows_page(&self.conn, page)?)
             }
 
             fn inbox_entry_at(
@@ -179,7 +184,12 @@ macro_rules! producer_ops_methods {
             after: Option<&$crate::FlowId>,
             limit: usize,
         ) -> Result<Vec<$crate::ops::ProducerFlow>, $crate::StoreError> {
-            $browse::producer_flows_page(&self.conn, prefix, after, limit)
+            let page = $crate::store::FlowsPage {
+                prefix,
+                after,
+                limit,
+            };
+            page.producer_flows($browse::producer_flows_page(&self.conn, page)?)
         }
 
         fn flow_outbox_entries(

@@ -58,6 +58,81 @@ impl Role {
 /// How many flows one page of [`ConsumerStore::flows_with_work`] lists.
 pub const FLOWS_PAGE_LEN: usize = 1_024;
 
+/// One page of a flow listing (the console's flow list): up to `limit`
+/// flows whose id starts with `prefix`, after `after`, in flow id order.
+/// A backend reads it as one indexed range and hands back the rows; the
+/// page itself is decided here.
+#[derive(Debug, Clone, Copy)]
+pub struct FlowsPage<'a> {
+    /// What every flow id on the page starts with.
+    pub prefix: &'a str,
+    /// The last flow of the page before, if any.
+    pub after: Option<&'a FlowId>,
+    /// How many flows at the most.
+    pub limit: usize,
+}
+
+impl<'a> FlowsPage<'a> {
+    /// The range read's parameters `(start, after, limit)`: the range
+    /// starts at `start`, the later of `prefix` and `after` (so that a deep
+    /// page starts there, not at the prefix), takes ids above `after` (""
+    /// for the first page), and at most `limit` rows.
+    pub fn bounds(&self) -> (&'a str, &'a str, i64) {
+        let after = self.after.map_or("", FlowId::as_str);
+        let limit = i64::try_from(self.limit).unwrap_or(i64::MAX);
+        (self.prefix.max(after), after, limit)
+    }
+
+    /// The page from the rows its range read returned in flow order (each
+    /// a stored flow id and the number beside it): the first row past the
+    /// prefix ends it; a stored id that is no flow id is a corrupt store.
+    pub fn of_rows(
+        &self,
+        context: &str,
+        rows: Vec<(String, i64)>,
+    ) -> Result<Vec<(FlowId, i64)>, StoreError> {
+        assert!(rows.len() <= self.limit, "a page holds at most its limit");
+        rows.into_iter()
+            .take_while(|(flow_id, _)| flow_id.starts_with(self.prefix))
+            .map(|(flow_id, n)| {
+                let flow_id = FlowId::new(flow_id)
+                    .map_err(|e| StoreError::corrupt(&format!("{context}: stored flow"), e))?;
+                Ok((flow_id, n))
+            })
+            .collect()
+    }
+
+    /// The producer's page from its rows `(flow id, last seq)`.
+    pub fn producer_flows(
+        &self,
+        rows: Vec<(String, i64)>,
+    ) -> Result<Vec<ProducerFlow>, StoreError> {
+        self.of_rows("producer", rows)?
+            .into_iter()
+            .map(|(flow_id, last_seq)| {
+                let last_seq = Seq::new(last_seq)
+                    .map_err(|e| StoreError::corrupt("producer: stored flow", e))?;
+                Ok(ProducerFlow { flow_id, last_seq })
+            })
+            .collect()
+    }
+
+    /// The consumer's page from its rows `(flow id, applied seq)`.
+    pub fn consumer_flows(
+        &self,
+        rows: Vec<(String, i64)>,
+    ) -> Result<Vec<ConsumerFlow>, StoreError> {
+        Ok(self
+            .of_rows("consumer", rows)?
+            .into_iter()
+            .map(|(flow_id, applied_seq)| ConsumerFlow {
+                flow_id,
+                applied_seq: u64::try_from(applied_seq).unwrap_or(0),
+            })
+            .collect())
+    }
+}
+
 /// The operator's view of a producer store: the outbox's reads and
 /// repairs, which need no transaction of the application's. Object-safe:
 /// `Box<dyn ProducerStore + Send>` (which includes it) is a producer store
@@ -817,6 +892,27 @@ impl StepKind {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flows_page_starts_at_the_later_bound_and_ends_past_its_prefix() {
+        let after = FlowId::new("o-2").unwrap();
+        let page = |prefix, after| FlowsPage {
+            prefix,
+            after,
+            limit: 3,
+        };
+        assert_eq!(page("o-", None).bounds(), ("o-", "", 3));
+        assert_eq!(page("o-", Some(&after)).bounds(), ("o-2", "o-2", 3));
+        assert_eq!(page("o-3", Some(&after)).bounds(), ("o-3", "o-2", 3));
+        let rows = vec![("o-3".into(), 1), ("o-4".into(), 2), ("p-1".into(), 5)];
+        let flows = page("o-", Some(&after)).producer_flows(rows).unwrap();
+        let ids: Vec<&str> = flows.iter().map(|f| f.flow_id.as_str()).collect();
+        assert_eq!(ids, ["o-3", "o-4"]);
+        let bad = page("", None).consumer_flows(vec![("".into(), 1)]);
+        assert_eq!(bad.unwrap_err().kind(), ErrorKind::Corrupt);
+        let zero_seq = page("", None).producer_flows(vec![("o-1".into(), 0)]);
+        assert_eq!(zero_seq.unwrap_err().kind(), ErrorKind::Corrupt);
+    }
 
     fn envelope(flow: &str, seq: i64, amount: i64) -> Envelope {
         let flow_id = FlowId::new(flow).unwrap();

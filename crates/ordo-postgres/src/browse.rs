@@ -5,12 +5,12 @@
 //! the bytes', as on SQLite), bounded by its limit however many flows and
 //! rows there are: keyset paging, never an offset.
 
-use ordo_core::ops::{ConsumerFlow, InboxEntry, OutboxEntry, ProducerFlow};
+use ordo_core::ops::{InboxEntry, OutboxEntry};
+use ordo_core::store::FlowsPage;
 use ordo_core::{EventId, FlowId, Seq, StoreError};
 
 use crate::conn::PgTx;
 use crate::consumer::inbox_entry;
-use crate::error::corrupt;
 use crate::producer::outbox_entry;
 
 /// Each flow's last seq, on the key of `outbox_head`. A head at 0 (locked
@@ -47,74 +47,38 @@ pub(crate) const INBOX_OF_EVENT_SQL: &str =
     "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM {s}.inbox
      WHERE event_id = $1";
 
-/// Up to `limit` `(flow, number)` rows that `sql` reads with the parameters
-/// `(start, after, limit)`, in flow order, as long as the flow starts with
-/// `prefix`: `sql` starts its range at `start`, the later of `prefix` and
-/// `after` (so that a deep page starts there, not at the prefix), and the
-/// first row past the prefix ends the list.
+/// The rows `(flow id, number)` of one page that `sql` reads with the
+/// page's bounds `(start, after, limit)` (see [`FlowsPage::bounds`]).
 fn flows_page(
     conn: &PgTx,
     context: &str,
     sql: &'static str,
-    prefix: &str,
-    after: Option<&FlowId>,
-    limit: usize,
-) -> Result<Vec<(FlowId, i64)>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let after = after.map_or("", FlowId::as_str);
-    let start = prefix.max(after);
+    page: FlowsPage<'_>,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    let (start, after, limit) = page.bounds();
     let rows = conn.rows(
         &format!("{context}: cannot list flows"),
         sql,
         &[&start, &after, &limit],
     )?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let flow_id: &str = row.get(0);
-        if !flow_id.starts_with(prefix) {
-            break;
-        }
-        let flow_id =
-            FlowId::new(flow_id).map_err(|e| corrupt(&format!("{context}: stored flow"), e))?;
-        out.push((flow_id, row.get(1)));
-    }
-    Ok(out)
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
 }
 
-/// Up to `limit` flows of `outbox_head` whose id starts with `prefix`,
-/// after `after`.
+/// The rows `(flow id, last seq)` of one page of `outbox_head`.
 pub(crate) fn producer_flows_page(
     conn: &PgTx,
-    prefix: &str,
-    after: Option<&FlowId>,
-    limit: usize,
-) -> Result<Vec<ProducerFlow>, StoreError> {
-    flows_page(conn, "producer", PRODUCER_FLOWS_SQL, prefix, after, limit)?
-        .into_iter()
-        .map(|(flow_id, last_seq)| {
-            let last_seq = Seq::new(last_seq).map_err(|e| corrupt("producer: stored flow", e))?;
-            Ok(ProducerFlow { flow_id, last_seq })
-        })
-        .collect()
+    page: FlowsPage<'_>,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    flows_page(conn, "producer", PRODUCER_FLOWS_SQL, page)
 }
 
-/// Up to `limit` flows the inbox knows whose id starts with `prefix`,
-/// after `after`, with their applied seq.
+/// The rows `(flow id, applied seq)` of one page of the flows the inbox
+/// knows.
 pub(crate) fn consumer_flows_page(
     conn: &PgTx,
-    prefix: &str,
-    after: Option<&FlowId>,
-    limit: usize,
-) -> Result<Vec<ConsumerFlow>, StoreError> {
-    Ok(
-        flows_page(conn, "consumer", CONSUMER_FLOWS_SQL, prefix, after, limit)?
-            .into_iter()
-            .map(|(flow_id, applied_seq)| ConsumerFlow {
-                flow_id,
-                applied_seq: u64::try_from(applied_seq).unwrap_or(0),
-            })
-            .collect(),
-    )
+    page: FlowsPage<'_>,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    flows_page(conn, "consumer", CONSUMER_FLOWS_SQL, page)
 }
 
 /// The flow's outbox rows in seq order, at most `limit`.

@@ -2,11 +2,12 @@
 //! prefix, one flow's outbox rows. Each is an indexed range read, bounded
 //! by its limit, however large the outbox.
 
-use ordo_core::ops::{OutboxEntry, ProducerFlow};
-use ordo_core::{FlowId, Seq, StoreError};
+use ordo_core::ops::OutboxEntry;
+use ordo_core::store::FlowsPage;
+use ordo_core::{FlowId, StoreError};
 use rusqlite::{params, Connection};
 
-use crate::conn::{collect_rows, corrupt};
+use crate::conn::collect_rows;
 use crate::producer::stored_envelope;
 
 const FLOWS_PAGE_SQL: &str = "SELECT flow_id, last_seq FROM outbox_head
@@ -17,53 +18,31 @@ const FLOW_OUTBOX_SQL: &str =
        next_attempt_at_ms, created_at_ms, accepted_at_ms
     FROM outbox WHERE flow_id = ?1 ORDER BY seq LIMIT ?2";
 
-/// Up to `limit` `(flow, number)` rows that `sql` reads with the
-/// parameters `(start, after, limit)`, in flow order, as long as the flow
-/// starts with `prefix`: `sql` starts its range at `start`, the later of
-/// `prefix` and `after` (so that a deep page starts there, not at the
-/// prefix), and the first row past the prefix ends the list.
+/// The rows `(flow id, number)` of one page that `sql` reads with the
+/// page's bounds `(start, after, limit)` (see [`FlowsPage::bounds`]).
 pub(crate) fn flows_page(
     conn: &Connection,
     context: &str,
     sql: &str,
-    prefix: &str,
-    after: Option<&FlowId>,
-    limit: usize,
-) -> Result<Vec<(FlowId, i64)>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let stored = |e: String| corrupt(&format!("{context}: stored flow"), e);
-    let after = after.map_or("", FlowId::as_str);
-    let start = prefix.max(after);
-    let rows = collect_rows(
+    page: FlowsPage<'_>,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    let (start, after, limit) = page.bounds();
+    collect_rows(
         conn,
         &format!("{context}: cannot list flows"),
         sql,
         params![start, after, limit],
-        |row| Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?)),
-        |(flow_id, n)| Ok((FlowId::new(&flow_id).map_err(|e| stored(e.to_string()))?, n)),
-    )?;
-    Ok(rows
-        .into_iter()
-        .take_while(|(flow_id, _)| flow_id.as_str().starts_with(prefix))
-        .collect())
+        |row| row.try_into(),
+        Ok,
+    )
 }
 
-/// Up to `limit` flows of `outbox_head` whose id starts with `prefix`,
-/// after `after`.
+/// The rows `(flow id, last seq)` of one page of `outbox_head`.
 pub(crate) fn producer_flows_page(
     conn: &Connection,
-    prefix: &str,
-    after: Option<&FlowId>,
-    limit: usize,
-) -> Result<Vec<ProducerFlow>, StoreError> {
-    flows_page(conn, "producer", FLOWS_PAGE_SQL, prefix, after, limit)?
-        .into_iter()
-        .map(|(flow_id, last_seq)| {
-            let last_seq =
-                Seq::new(last_seq).map_err(|e| corrupt("producer: stored flow", e.to_string()))?;
-            Ok(ProducerFlow { flow_id, last_seq })
-        })
-        .collect()
+    page: FlowsPage<'_>,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    flows_page(conn, "producer", FLOWS_PAGE_SQL, page)
 }
 
 /// The flow's outbox rows in seq order, at most `limit`.
@@ -228,9 +207,12 @@ pub(crate) mod tests {
     #[test]
     fn a_deep_page_reads_only_its_own_rows() {
         assert_deep_pages_are_short(true, FLOWS_PAGE_SQL, |conn, prefix, after| {
-            producer_flows_page(conn, prefix, Some(after), 10)
-                .unwrap()
-                .len()
+            let page = FlowsPage {
+                prefix,
+                after: Some(after),
+                limit: 10,
+            };
+            producer_flows_page(conn, page).unwrap().len()
         });
     }
 }

@@ -121,15 +121,7 @@ impl ApplyWriter for ApplyTx<'_> {
             "SELECT seq, body, status, reason, detail FROM inbox WHERE flow_id = ?1 AND seq >= ?2
              ORDER BY seq LIMIT 1",
             params![flow_id.as_str(), next.get()],
-            |row| {
-                Ok((
-                    row.get(0)?,
-                    row.get(1)?,
-                    row.get(2)?,
-                    row.get(3)?,
-                    row.get(4)?,
-                ))
-            },
+            |row| row.try_into(),
         )
         .optional()
         .map_err(|e| sql_error("consumer: apply failed", e))?;

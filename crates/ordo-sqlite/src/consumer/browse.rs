@@ -2,7 +2,8 @@
 //! prefix, one inbox row (by flow and seq, or by event id). Each is an
 //! indexed range read, bounded by its limit, however large the inbox.
 
-use ordo_core::ops::{ConsumerFlow, InboxEntry};
+use ordo_core::ops::InboxEntry;
+use ordo_core::store::FlowsPage;
 use ordo_core::{EventId, FlowId, Seq, StoreError};
 use rusqlite::{params, Connection, OptionalExtension, ToSql};
 
@@ -33,18 +34,9 @@ const ENTRY_OF_EVENT_SQL: &str =
 /// and cursor keys, merged. Rows past the prefix end the list.
 pub(super) fn consumer_flows_page(
     conn: &Connection,
-    prefix: &str,
-    after: Option<&FlowId>,
-    limit: usize,
-) -> Result<Vec<ConsumerFlow>, StoreError> {
-    let rows = flows_page(conn, "consumer", FLOWS_PAGE_SQL, prefix, after, limit)?;
-    Ok(rows
-        .into_iter()
-        .map(|(flow_id, applied_seq)| ConsumerFlow {
-            flow_id,
-            applied_seq: u64::try_from(applied_seq).unwrap_or(0),
-        })
-        .collect())
+    page: FlowsPage<'_>,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    flows_page(conn, "consumer", FLOWS_PAGE_SQL, page)
 }
 
 /// The inbox row at `(flow_id, seq)`, if stored.
@@ -96,9 +88,12 @@ mod tests {
     #[test]
     fn a_deep_page_reads_only_its_own_rows() {
         assert_deep_pages_are_short(false, FLOWS_PAGE_SQL, |conn, prefix, after| {
-            consumer_flows_page(conn, prefix, Some(after), 10)
-                .unwrap()
-                .len()
+            let page = FlowsPage {
+                prefix,
+                after: Some(after),
+                limit: 10,
+            };
+            consumer_flows_page(conn, page).unwrap().len()
         });
     }
 }

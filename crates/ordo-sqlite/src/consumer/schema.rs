@@ -82,14 +82,7 @@ pub(super) type EntryRow = (
 
 /// Reads the columns of an [`EntryRow`] from `row`.
 pub(super) fn entry_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<EntryRow> {
-    Ok((
-        row.get(0)?,
-        row.get(1)?,
-        row.get(2)?,
-        row.get(3)?,
-        row.get(4)?,
-        row.get(5)?,
-    ))
+    row.try_into()
 }
 
 /// The inbox entry of a row read by [`entry_row`].
