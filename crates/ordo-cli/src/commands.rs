@@ -441,56 +441,56 @@ fn snapshot(json_mode: bool, sides: Sides) -> Result<(), Failure> {
 
 fn snapshot_text(value: &Value) -> String {
     let rows = |side: &str, table: &str| value[side][table].as_array().cloned().unwrap_or_default();
-    let mut out = Vec::new();
-    if value.get("producer").is_some() {
-        out.push("producer flows:".to_string());
-        for f in rows("producer", "flows") {
-            out.push(format!(
-                "  {} {} quantity {} last_seq {}",
-                f["flow_id"].as_str().unwrap_or(""),
-                f["state"].as_str().unwrap_or(""),
-                f["quantity"],
-                f["last_seq"]
-            ));
-        }
-        out.push("producer outbox:".to_string());
-        for e in rows("producer", "outbox") {
-            out.push(format!(
-                "  {} {} seq {} {} accepted={}",
-                e["event_id"].as_str().unwrap_or(""),
-                e["flow_id"].as_str().unwrap_or(""),
-                e["seq"],
-                e["type"].as_str().unwrap_or(""),
-                e["accepted"]
-            ));
-        }
+    fn text(v: &Value) -> &str {
+        v.as_str().unwrap_or("")
     }
-    if value.get("consumer").is_some() {
-        out.push("consumer inbox:".to_string());
-        for e in rows("consumer", "inbox") {
+    /// A table's row as its line shows it.
+    type Line = fn(&Value) -> String;
+    // Each table of a side given: its name, then a line a row.
+    let tables: [(&str, &str, Line); 4] = [
+        ("producer", "flows", |f| {
+            let (flow, state) = (text(&f["flow_id"]), text(&f["state"]));
+            format!(
+                "{flow} {state} quantity {} last_seq {}",
+                f["quantity"], f["last_seq"]
+            )
+        }),
+        ("producer", "outbox", |e| {
+            let (event, flow, kind) = (text(&e["event_id"]), text(&e["flow_id"]), text(&e["type"]));
+            format!(
+                "{event} {flow} seq {} {kind} accepted={}",
+                e["seq"], e["accepted"]
+            )
+        }),
+        ("consumer", "inbox", |e| {
+            let (event, flow, kind) = (text(&e["event_id"]), text(&e["flow_id"]), text(&e["type"]));
+            let status = text(&e["status"]);
             let reason = e["reason"]
                 .as_str()
                 .map(|r| format!(" ({r})"))
                 .unwrap_or_default();
-            out.push(format!(
-                "  {} {} seq {} {} {}{reason}",
-                e["event_id"].as_str().unwrap_or(""),
-                e["flow_id"].as_str().unwrap_or(""),
-                e["seq"],
-                e["type"].as_str().unwrap_or(""),
-                e["status"].as_str().unwrap_or(""),
-            ));
+            format!("{event} {flow} seq {} {kind} {status}{reason}", e["seq"])
+        }),
+        ("consumer", "projection", |p| {
+            let (flow, state) = (text(&p["flow_id"]), text(&p["state"]));
+            format!(
+                "{flow} {state} quantity {} applied_seq {}",
+                p["quantity"], p["applied_seq"]
+            )
+        }),
+    ];
+    let mut out = Vec::new();
+    for (side, table, line) in tables {
+        if value.get(side).is_some() {
+            out.push(format!("{side} {table}:"));
+            out.extend(
+                rows(side, table)
+                    .iter()
+                    .map(|row| format!("  {}", line(row))),
+            );
         }
-        out.push("consumer projection:".to_string());
-        for p in rows("consumer", "projection") {
-            out.push(format!(
-                "  {} {} quantity {} applied_seq {}",
-                p["flow_id"].as_str().unwrap_or(""),
-                p["state"].as_str().unwrap_or(""),
-                p["quantity"],
-                p["applied_seq"]
-            ));
-        }
+    }
+    if value.get("consumer").is_some() {
         out.push(format!(
             "consumer effects: {}",
             rows("consumer", "effects").len()

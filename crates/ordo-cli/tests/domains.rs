@@ -101,8 +101,7 @@ fn other_domains_work_with_the_generic_commands() {
     assert_eq!(receipts["receipts"][0]["receipt"], "accepted");
     let snapshot = lab.snapshot();
     assert_eq!(snapshot["producer"]["flows"], serde_json::json!([]));
-    assert_eq!(snapshot["consumer"]["projection"], serde_json::json!([]));
-    assert_eq!(snapshot["consumer"]["effects"], serde_json::json!([]));
+    assert_applied(&snapshot, serde_json::json!([]), &[]);
     assert_eq!(snapshot["consumer"]["inbox"][0]["status"], "pending");
     let inbox = lab
         .run(&["inbox", "list", "--consumer", &lab.c, "--json"])

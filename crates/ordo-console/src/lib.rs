@@ -270,6 +270,35 @@ where
     }
 }
 
+/// `call` on a handle of the store `side` lends; `None` when that store is
+/// not given.
+fn on_side<V: ?Sized + Send + 'static, T>(
+    side: &Option<Lender<V>>,
+    call: impl FnOnce(&mut V) -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
+    match side {
+        Some(open) => open()?.call(call).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// A request's field as parsed, or the bad-request page naming it.
+fn field<T, E: std::fmt::Display>(name: &str, parsed: Result<T, E>) -> Result<T, pages::Page> {
+    parsed.map_err(|e| pages::bad_request(&format!("{name}: {e}")))
+}
+
+/// The consumer's applied seq of `flow_id` (0 before the first).
+fn applied_seq(
+    consumer: &mut Kept<dyn ConsumerHandle>,
+    flow_id: &FlowId,
+) -> Result<u64, StoreError> {
+    Ok(consumer
+        .call(|s| s.consumer_flows_page(flow_id.as_str(), None, 1))?
+        .into_iter()
+        .find(|f| &f.flow_id == flow_id)
+        .map_or(0, |f| f.applied_seq))
+}
+
 /// Both sides' status, read at one clock reading.
 pub struct Overview {
     /// The time the ages are computed at.
@@ -310,18 +339,10 @@ impl Overview {
 
 fn read_overview(app: &Console) -> Result<Overview, StoreError> {
     let now_ms = app.clock.now_ms();
-    let producer = match &app.producer {
-        Some(open) => Some(open()?.call(|s| s.producer_status(now_ms))?),
-        None => None,
-    };
-    let consumer = match &app.consumer {
-        Some(open) => Some(open()?.call(|s| s.consumer_status())?),
-        None => None,
-    };
     Ok(Overview {
         now_ms,
-        producer,
-        consumer,
+        producer: on_side(&app.producer, |s| s.producer_status(now_ms))?,
+        consumer: on_side(&app.consumer, |s| s.consumer_status())?,
     })
 }
 
@@ -359,6 +380,15 @@ pub struct FlowRow {
     pub applied_seq: Option<u64>,
 }
 
+/// The row of `flow_id`, added empty if neither side listed it yet.
+fn flow_row(rows: &mut BTreeMap<FlowId, FlowRow>, flow_id: FlowId) -> &mut FlowRow {
+    rows.entry(flow_id.clone()).or_insert(FlowRow {
+        flow_id,
+        last_seq: None,
+        applied_seq: None,
+    })
+}
+
 /// A page of flows from both sides, merged by flow id; the flow to start
 /// the next page after, if there is one.
 fn read_flows(
@@ -368,27 +398,17 @@ fn read_flows(
 ) -> Result<(Vec<FlowRow>, Option<FlowId>), StoreError> {
     let mut rows: BTreeMap<FlowId, FlowRow> = BTreeMap::new();
     let fetch = FLOWS_PER_PAGE + 1;
-    if let Some(open) = &app.producer {
-        for flow in open()?.call(|s| s.producer_flows_page(prefix, after, fetch))? {
-            rows.entry(flow.flow_id.clone())
-                .or_insert_with(|| FlowRow {
-                    flow_id: flow.flow_id,
-                    last_seq: None,
-                    applied_seq: None,
-                })
-                .last_seq = Some(flow.last_seq.get());
-        }
+    let produced = on_side(&app.producer, |s| {
+        s.producer_flows_page(prefix, after, fetch)
+    })?;
+    for flow in produced.into_iter().flatten() {
+        flow_row(&mut rows, flow.flow_id).last_seq = Some(flow.last_seq.get());
     }
-    if let Some(open) = &app.consumer {
-        for flow in open()?.call(|s| s.consumer_flows_page(prefix, after, fetch))? {
-            rows.entry(flow.flow_id.clone())
-                .or_insert_with(|| FlowRow {
-                    flow_id: flow.flow_id,
-                    last_seq: None,
-                    applied_seq: None,
-                })
-                .applied_seq = Some(flow.applied_seq);
-        }
+    let consumed = on_side(&app.consumer, |s| {
+        s.consumer_flows_page(prefix, after, fetch)
+    })?;
+    for flow in consumed.into_iter().flatten() {
+        flow_row(&mut rows, flow.flow_id).applied_seq = Some(flow.applied_seq);
     }
     // Each side's first `fetch` flows are complete up to its own last; the
     // merged first FLOWS_PER_PAGE are then complete too.
@@ -402,21 +422,21 @@ fn read_flows(
     Ok((rows, next))
 }
 
-async fn flows_page(State(app): State<App>, Query(query): Query<FlowsQuery>) -> Response {
+async fn flows_page(
+    State(app): State<App>,
+    Query(query): Query<FlowsQuery>,
+) -> Result<Response, pages::Page> {
     let after = match query.after.as_deref().filter(|a| !a.is_empty()) {
         None => None,
-        Some(after) => match FlowId::new(after) {
-            Ok(flow) => Some(flow),
-            Err(e) => return pages::bad_request(&format!("after: {e}")).into_response(),
-        },
+        Some(after) => Some(field("after", FlowId::new(after))?),
     };
     let prefix = query.q.clone();
-    read_then(
+    Ok(read_then(
         &app,
         move |read| read_flows(read, &prefix, after.as_ref()),
         |(rows, next)| pages::flows(&query.q, &rows, next.as_ref()),
     )
-    .await
+    .await)
 }
 
 #[derive(Deserialize)]
@@ -454,18 +474,11 @@ impl FlowDetail {
 }
 
 fn read_flow(app: &Console, flow_id: FlowId) -> Result<FlowDetail, StoreError> {
-    let outbox = match &app.producer {
-        Some(open) => Some(open()?.call(|s| s.flow_outbox_entries(&flow_id, ROWS_MAX))?),
-        None => None,
-    };
+    let outbox = on_side(&app.producer, |s| s.flow_outbox_entries(&flow_id, ROWS_MAX))?;
     let (inbox, applied_seq) = match &app.consumer {
         Some(open) => {
             let mut consumer = open()?;
-            let applied = consumer
-                .call(|s| s.consumer_flows_page(flow_id.as_str(), None, 1))?
-                .into_iter()
-                .find(|f| f.flow_id == flow_id)
-                .map_or(0, |f| f.applied_seq);
+            let applied = applied_seq(&mut consumer, &flow_id)?;
             let rows = consumer.call(|s| s.inbox_entries(false, Some(&flow_id), ROWS_MAX))?;
             (Some(rows), Some(applied))
         }
@@ -484,17 +497,17 @@ fn read_flow(app: &Console, flow_id: FlowId) -> Result<FlowDetail, StoreError> {
     })
 }
 
-async fn flow_page(State(app): State<App>, Query(query): Query<FlowQuery>) -> Response {
-    let flow_id = match FlowId::new(&query.id) {
-        Ok(flow) => flow,
-        Err(e) => return pages::bad_request(&format!("id: {e}")).into_response(),
-    };
-    read_then(
+async fn flow_page(
+    State(app): State<App>,
+    Query(query): Query<FlowQuery>,
+) -> Result<Response, pages::Page> {
+    let flow_id = field("id", FlowId::new(&query.id))?;
+    Ok(read_then(
         &app,
         move |read| read_flow(read, flow_id),
         |detail| pages::flow(&app, &detail),
     )
-    .await
+    .await)
 }
 
 /// A quarantined outbox row and what the consumer stores at its flow and
@@ -586,10 +599,7 @@ async fn blocked_page(State(app): State<App>) -> Response {
 async fn repairs_page(State(app): State<App>) -> Response {
     read_then(
         &app,
-        |read| match &read.consumer {
-            Some(open) => open()?.call(|s| s.repairs()).map(Some),
-            None => Ok(None),
-        },
+        |read| on_side(&read.consumer, |s| s.repairs()),
         |log| pages::repairs(log.as_deref()),
     )
     .await
@@ -610,6 +620,30 @@ fn refuse_action(app: &Console, headers: &axum::http::HeaderMap, csrf: &str) -> 
     Some(pages::forbidden(refused).into_response())
 }
 
+/// Runs an action's `call` on a handle of the store `side` lends (the
+/// store `name`d), on a blocking thread: what it did, or the page to answer
+/// instead (a conflict for its refusal, a bad request without that store,
+/// the error page of a failure).
+async fn act<V, T, E>(
+    app: &App,
+    side: fn(&Console) -> &Option<Lender<V>>,
+    name: &str,
+    call: impl FnOnce(&mut V) -> Result<Result<T, E>, StoreError> + Send + 'static,
+) -> Result<T, Response>
+where
+    V: ?Sized + Send + 'static,
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    let read = Arc::clone(app);
+    match blocking(move || on_side(side(&read), call)).await {
+        Ok(Some(Ok(value))) => Ok(value),
+        Ok(Some(Err(refused))) => Err(pages::conflict(&refused.to_string()).into_response()),
+        Ok(None) => Err(pages::bad_request(&format!("no {name} store given")).into_response()),
+        Err(response) => Err(response),
+    }
+}
+
 #[derive(Deserialize)]
 struct RetryForm {
     event_id: String,
@@ -627,30 +661,21 @@ async fn retry_quarantined(
     if let Some(refused) = refuse_action(&app, &headers, &form.csrf) {
         return refused;
     }
-    let event_id = match EventId::new(&form.event_id) {
+    let event_id = match field("event_id", EventId::new(&form.event_id)) {
         Ok(id) => id,
-        Err(e) => return pages::bad_request(&format!("event_id: {e}")).into_response(),
+        Err(page) => return page.into_response(),
     };
-    let read = Arc::clone(&app);
     let id = event_id.clone();
-    let result = blocking(move || match &read.producer {
-        Some(open) => open()?.call(|s| s.retry_quarantined(&id)).map(Some),
-        None => Ok(None),
-    })
-    .await;
-    match result {
-        Ok(Some(Ok(()))) => {
-            tracing::info!(event_id = event_id.as_str(), "console: quarantine cleared");
-            pages::done(&format!(
-                "{}: quarantine cleared; the relay tries it once more.",
-                event_id.as_str()
-            ))
-            .into_response()
-        }
-        Ok(Some(Err(refused))) => pages::conflict(&refused.to_string()).into_response(),
-        Ok(None) => pages::bad_request("no producer store given").into_response(),
-        Err(response) => response,
+    let call = move |s: &mut (dyn ProducerOps + Send + 'static)| s.retry_quarantined(&id);
+    if let Err(response) = act(&app, |c| &c.producer, "producer", call).await {
+        return response;
     }
+    tracing::info!(event_id = event_id.as_str(), "console: quarantine cleared");
+    pages::done(&format!(
+        "{}: quarantine cleared; the relay tries it once more.",
+        event_id.as_str()
+    ))
+    .into_response()
 }
 
 /// What a skip of a flow's next event would change.
@@ -668,11 +693,7 @@ fn read_skip_preview(app: &Console, flow_id: FlowId) -> Result<Option<SkipPrevie
         return Ok(None);
     };
     let mut consumer = open()?;
-    let applied_seq = consumer
-        .call(|s| s.consumer_flows_page(flow_id.as_str(), None, 1))?
-        .into_iter()
-        .find(|f| f.flow_id == flow_id)
-        .map_or(0, |f| f.applied_seq);
+    let applied_seq = applied_seq(&mut consumer, &flow_id)?;
     let next = match i64::try_from(applied_seq + 1)
         .ok()
         .and_then(|s| ordo_core::Seq::new(s).ok())
@@ -693,9 +714,9 @@ async fn skip_preview(State(app): State<App>, Query(query): Query<FlowQuery>) ->
     if app.read_only {
         return pages::forbidden("the console is read-only").into_response();
     }
-    let flow_id = match FlowId::new(&query.id) {
+    let flow_id = match field("id", FlowId::new(&query.id)) {
         Ok(flow) => flow,
-        Err(e) => return pages::bad_request(&format!("id: {e}")).into_response(),
+        Err(page) => return page.into_response(),
     };
     read_then(
         &app,
@@ -764,35 +785,27 @@ async fn skip(
         )
         .into_response();
     }
-    let read = Arc::clone(&app);
-    let result = blocking(move || match &read.consumer {
-        Some(open) => open()?.call(|s| s.skip(&request)).map(Some),
-        None => Ok(None),
-    })
-    .await;
-    match result {
-        Ok(Some(Ok(record))) => {
-            tracing::info!(
-                flow_id = record.flow_id.as_str(),
-                seq = record.seq.get(),
-                by = record.by.as_str(),
-                "console: skipped"
-            );
-            pages::done(&format!(
-                "skipped {} seq {} ({}) by {}: {} [repair {}]",
-                record.flow_id.as_str(),
-                record.seq.get(),
-                record.event_id.as_str(),
-                record.by,
-                record.reason,
-                record.id
-            ))
-            .into_response()
-        }
-        Ok(Some(Err(refused))) => pages::conflict(&refused.to_string()).into_response(),
-        Ok(None) => pages::bad_request("no consumer store given").into_response(),
-        Err(response) => response,
-    }
+    let call = move |s: &mut (dyn ConsumerHandle + 'static)| s.skip(&request);
+    let record = match act(&app, |c| &c.consumer, "consumer", call).await {
+        Ok(record) => record,
+        Err(response) => return response,
+    };
+    tracing::info!(
+        flow_id = record.flow_id.as_str(),
+        seq = record.seq.get(),
+        by = record.by.as_str(),
+        "console: skipped"
+    );
+    pages::done(&format!(
+        "skipped {} seq {} ({}) by {}: {} [repair {}]",
+        record.flow_id.as_str(),
+        record.seq.get(),
+        record.event_id.as_str(),
+        record.by,
+        record.reason,
+        record.id
+    ))
+    .into_response()
 }
 
 #[derive(Deserialize)]
@@ -819,9 +832,9 @@ async fn reevaluate(
         )
         .into_response();
     };
-    let flow_id = match FlowId::new(&form.flow_id) {
+    let flow_id = match field("flow_id", FlowId::new(&form.flow_id)) {
         Ok(flow) => flow,
-        Err(e) => return pages::bad_request(&format!("flow_id: {e}")).into_response(),
+        Err(page) => return page.into_response(),
     };
     let support_v2 = form.support_v2.is_some();
     match tokio::task::spawn_blocking(move || run(&flow_id, support_v2)).await {

@@ -51,28 +51,24 @@ fn ok(title: &str, body: Markup) -> Page {
     (StatusCode::OK, layout(title, body))
 }
 
+/// A page of `status` telling what went wrong.
+fn error(status: StatusCode, title: &str, message: &str) -> Page {
+    (status, layout(title, html! { p.error { (message) } }))
+}
+
 /// A store failure.
 pub fn failure(message: &str) -> Page {
-    (
-        StatusCode::INTERNAL_SERVER_ERROR,
-        layout("Error", html! { p.error { (message) } }),
-    )
+    error(StatusCode::INTERNAL_SERVER_ERROR, "Error", message)
 }
 
 /// An action refused before anything is written.
 pub fn forbidden(message: &str) -> Page {
-    (
-        StatusCode::FORBIDDEN,
-        layout("Refused", html! { p.error { (message) } }),
-    )
+    error(StatusCode::FORBIDDEN, "Refused", message)
 }
 
 /// An action the store refused; nothing was written.
 pub fn conflict(message: &str) -> Page {
-    (
-        StatusCode::CONFLICT,
-        layout("Refused", html! { p.error { (message) } }),
-    )
+    error(StatusCode::CONFLICT, "Refused", message)
 }
 
 /// An action done.
@@ -85,10 +81,7 @@ pub fn done(message: &str) -> Page {
 
 /// A request the console cannot serve.
 pub fn bad_request(message: &str) -> Page {
-    (
-        StatusCode::BAD_REQUEST,
-        layout("Bad request", html! { p.error { (message) } }),
-    )
+    error(StatusCode::BAD_REQUEST, "Bad request", message)
 }
 
 /// The login form; `error` tells why the last attempt failed.

@@ -517,6 +517,21 @@ fn path_str(path: &Path) -> String {
     path.to_str().expect("temporary paths are UTF-8").to_owned()
 }
 
+/// Asserts the consumer side of `snapshot`: its projection rows, and an
+/// effect for each `(flow, seq)` of `effects`, in order, each of event id
+/// `FLOW-SEQ`.
+#[track_caller]
+pub fn assert_applied(snapshot: &Value, projection: Value, effects: &[(&str, i64)]) {
+    let effects: Vec<Value> = effects
+        .iter()
+        .map(
+            |(flow, seq)| json!({"flow_id": flow, "seq": seq, "event_id": format!("{flow}-{seq}")}),
+        )
+        .collect();
+    assert_eq!(snapshot["consumer"]["projection"], projection);
+    assert_eq!(snapshot["consumer"]["effects"], Value::Array(effects));
+}
+
 /// The path of `name` inside `dir`, as text.
 pub fn join(dir: &Path, name: &str) -> String {
     path_str(&PathBuf::from(dir).join(name))

@@ -57,14 +57,7 @@ fn admin() -> &'static Mutex<Client> {
                 server()
             )
         });
-        let rows = client
-            .query(
-                "SELECT datname FROM pg_database WHERE datname LIKE 'ordo\\_cli\\_%'",
-                &[],
-            )
-            .expect("list test databases");
-        for row in rows {
-            let name: String = row.get(0);
+        for name in databases_named(&mut client, PREFIX) {
             let pid = name[PREFIX.len()..].split('_').next().unwrap_or("");
             if !Path::new("/proc").join(pid).exists() {
                 let _ = client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
