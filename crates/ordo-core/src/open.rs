@@ -47,6 +47,27 @@ impl<'a> Want<'a> {
     }
 }
 
+/// What one open of a store is given: the role's tables (`T`, the
+/// backend's description of ordo's own tables), what it wants of the store
+/// it finds, and the backend's open options (`O`).
+#[derive(Debug)]
+pub struct Opening<'a, T, O> {
+    /// The tables of the store's role.
+    pub tables: &'a T,
+    /// What the open wants of the store.
+    pub want: Want<'a>,
+    /// The backend's options.
+    pub options: &'a O,
+}
+
+impl<T, O> Clone for Opening<'_, T, O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T, O> Copy for Opening<'_, T, O> {}
+
 /// The constructors of a backend's store of one role, each through the
 /// store's own `open_as(location, want, clock, options)`: `open`,
 /// `open_with`, `open_existing` and `open_or_create`. `$at: $location` is

@@ -577,6 +577,9 @@ pub(crate) struct Opened {
     pub owner: String,
 }
 
+/// What one open of a store is given, in this backend's terms.
+pub(crate) type Opening<'a> = ordo_core::open::Opening<'a, Tables, PgOptions>;
+
 /// ordo's own tables of one role: the first version's DDL and the
 /// migrations after it (`{s}` stands for the schema). Migration `i` moves
 /// version `i + 1` to `i + 2`; a new store runs the DDL then every
@@ -601,12 +604,10 @@ impl Tables {
 /// Connects, then creates or migrates the role's tables and the domain's
 /// in one transaction under an advisory lock on the schema, so racing
 /// first opens create them once.
-pub(crate) fn open(
-    url: &str,
-    tables: &Tables,
-    want: Want<'_>,
-    options: &PgOptions,
-) -> Result<Opened, StoreError> {
+pub(crate) fn open(url: &str, opening: Opening<'_>) -> Result<Opened, StoreError> {
+    let Opening {
+        tables, options, ..
+    } = opening;
     let role = tables.role;
     debug_assert_eq!(tables.migrations.len() as i64 + 1, SCHEMA_VERSION);
     let schema = options
@@ -638,7 +639,7 @@ pub(crate) fn open(
     };
     let context = format!("{schema}: cannot initialise");
     let (domain, store_id) = conn.in_tx(&context, |tx| {
-        let domain = init(tx, &schema, tables, want, options)?;
+        let domain = init(tx, &schema, opening)?;
         let stored = tx
             .row(
                 "cannot read the store's identity",
@@ -683,14 +684,8 @@ fn with_context(error: StoreError, context: &str) -> StoreError {
 }
 
 /// Inside the creating transaction: checks and creates; returns the domain.
-fn init(
-    tx: &PgTx,
-    schema: &str,
-    tables: &Tables,
-    want: Want<'_>,
-    options: &PgOptions,
-) -> Result<String, StoreError> {
-    let role = tables.role;
+fn init(tx: &PgTx, schema: &str, opening: Opening<'_>) -> Result<String, StoreError> {
+    let (tables, want, role) = (opening.tables, opening.want, opening.tables.role);
     tx.query_one(
         "SELECT pg_advisory_xact_lock($1, hashtext($2))",
         &[&ADVISORY_LOCK_KEY, &schema],
@@ -698,7 +693,7 @@ fn init(
     let found = inspect(tx, schema)?;
     if !found.has_meta {
         let schema_of = match want.creates_with() {
-            Some(s) if options.create => s,
+            Some(s) if opening.options.create => s,
             _ => {
                 return Err(StoreError::new(
                     ErrorKind::NotFound,

@@ -24,6 +24,9 @@ pub const SCHEMA_VERSION: i64 = 3;
 /// The domain of the first release's stores, which recorded none.
 pub const FIRST_RELEASE_DOMAIN: &str = "reservation";
 
+/// What one open of a store is given, in this backend's terms.
+pub(crate) type Opening<'a> = ordo_core::open::Opening<'a, Tables, OpenOptions>;
+
 /// ordo's own tables of one role.
 pub(crate) struct Tables {
     /// The role these tables are of.
@@ -314,13 +317,8 @@ fn open_pause_us(attempt: u32) -> u64 {
 /// runs. Existing state is never reset. Racing processes
 /// opening a new file each create it or wait and open it: an attempt that
 /// finds the file busy is started again, within the busy timeout.
-pub(crate) fn open(
-    path: &Path,
-    tables: &Tables,
-    want: Want<'_>,
-    options: &OpenOptions,
-) -> Result<Opened, StoreError> {
-    let conn = open_conn(path, tables, want, options)?;
+pub(crate) fn open(path: &Path, opening: Opening<'_>) -> Result<Opened, StoreError> {
+    let conn = open_conn(path, opening)?;
     Ok(Opened {
         domain: read_domain(&conn, path)?,
         store_id: read_store_id(&conn, path)?,
@@ -337,12 +335,8 @@ pub(crate) struct Opened {
     pub wake: ordo_core::Signal,
 }
 
-fn open_conn(
-    path: &Path,
-    tables: &Tables,
-    want: Want<'_>,
-    options: &OpenOptions,
-) -> Result<Connection, StoreError> {
+fn open_conn(path: &Path, opening: Opening<'_>) -> Result<Connection, StoreError> {
+    let Opening { want, options, .. } = opening;
     let resolved = resolve(path)?;
     if (!options.create || want.creates_with().is_none()) && !resolved.exists() {
         return Err(StoreError::new(
@@ -354,7 +348,7 @@ fn open_conn(
     let deadline = Instant::now().checked_add(options.busy_timeout);
     let mut attempt = 0;
     loop {
-        match open_attempt(&resolved, path, tables, want, options) {
+        match open_attempt(&resolved, path, opening) {
             Err(e)
                 if e.kind() == ErrorKind::Busy
                     && attempt < OPEN_ATTEMPTS_MAX
@@ -371,10 +365,13 @@ fn open_conn(
 fn open_attempt(
     resolved: &Path,
     path: &Path,
-    tables: &Tables,
-    want: Want<'_>,
-    options: &OpenOptions,
+    opening: Opening<'_>,
 ) -> Result<Connection, StoreError> {
+    let Opening {
+        tables,
+        want,
+        options,
+    } = opening;
     let role = tables.role;
     let conn = open_file(
         resolved,

@@ -17,8 +17,8 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::browse;
 use crate::conn::{
-    collect_rows, corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Role, Tables,
-    Want,
+    collect_rows, corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Opening, Role,
+    Tables, Want,
 };
 use crate::watch::DataVersion;
 
@@ -100,7 +100,12 @@ impl ProducerDb {
         clock: Arc<dyn Clock>,
         options: &OpenOptions,
     ) -> Result<ProducerDb, StoreError> {
-        let opened = open(path.as_ref(), &TABLES, want, options)?;
+        let opening = Opening {
+            tables: &TABLES,
+            want,
+            options,
+        };
+        let opened = open(path.as_ref(), opening)?;
         Ok(ProducerDb {
             conn: opened.conn,
             domain: opened.domain,

@@ -22,7 +22,7 @@ use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};
 use ordo_core::{Clock, Envelope, InboxRecord, StoreError};
 
 use crate::browse;
-use crate::conn::{open, PgOptions, PgTx, Role, Tables, Want};
+use crate::conn::{open, Opening, PgOptions, PgTx, Role, Tables, Want};
 use crate::producer::{read_snapshot, stored_envelope};
 use crate::wake::Wake;
 
@@ -132,7 +132,12 @@ impl PgConsumer {
         clock: Arc<dyn Clock>,
         options: &PgOptions,
     ) -> Result<PgConsumer, StoreError> {
-        let opened = open(url, &TABLES, want, options)?;
+        let opening = Opening {
+            tables: &TABLES,
+            want,
+            options,
+        };
+        let opened = open(url, opening)?;
         let wake = Wake::new(url, Role::Consumer, &opened.conn);
         Ok(PgConsumer {
             conn: opened.conn,

@@ -15,7 +15,7 @@ use ordo_core::{
 };
 use postgres::Row;
 
-use crate::conn::{open, PgOptions, PgTx, Role, Want};
+use crate::conn::{open, Opening, PgOptions, PgTx, Role, Want};
 use crate::error::corrupt;
 use crate::wake::Wake;
 
@@ -116,7 +116,12 @@ impl PgProducer {
         clock: Arc<dyn Clock>,
         options: &PgOptions,
     ) -> Result<PgProducer, StoreError> {
-        let opened = open(url, &TABLES, want, options)?;
+        let opening = Opening {
+            tables: &TABLES,
+            want,
+            options,
+        };
+        let opened = open(url, opening)?;
         let wake = Wake::new(url, Role::Producer, &opened.conn);
         Ok(PgProducer {
             wake,

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use ordo_core::{Clock, Envelope, InboxRecord, StoreError};
 use rusqlite::Connection;
 
-use crate::conn::{open, sql_error, OpenOptions, Role, Want};
+use crate::conn::{open, sql_error, OpenOptions, Opening, Role, Want};
 use crate::watch::DataVersion;
 
 /// The consumer's SQLite file: the inbox (every received event, durably,
@@ -53,7 +53,12 @@ impl ConsumerDb {
         clock: Arc<dyn Clock>,
         options: &OpenOptions,
     ) -> Result<ConsumerDb, StoreError> {
-        let opened = open(path.as_ref(), &schema::TABLES, want, options)?;
+        let opening = Opening {
+            tables: &schema::TABLES,
+            want,
+            options,
+        };
+        let opened = open(path.as_ref(), opening)?;
         Ok(ConsumerDb {
             conn: opened.conn,
             domain: opened.domain,
