@@ -52,35 +52,25 @@ pub struct Envelope {
     pub payload: Map<String, Value>,
 }
 
-/// An event type: a non-empty string of at most [`EVENT_TYPE_LEN_MAX`] bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct EventType(String);
-
-impl EventType {
+crate::ids::checked_string! {
+    /// An event type: a non-empty string of at most [`EVENT_TYPE_LEN_MAX`] bytes.
+    #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+    pub struct EventType;
     /// Builds an event type, refusing an empty string or one longer than 100 bytes.
-    pub fn new(value: impl Into<String>) -> Result<Self, RuleViolation> {
-        let value = value.into();
-        if value.is_empty() || value.len() > EVENT_TYPE_LEN_MAX {
-            return Err(RuleViolation {
-                rule: format!(
-                    "must be a non-empty string of at most {EVENT_TYPE_LEN_MAX} bytes (got {} bytes)",
-                    value.len()
-                ),
-            });
-        }
-        Ok(EventType(value))
-    }
-
-    /// The type as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+    new: event_type => RuleViolation;
 }
 
-impl fmt::Display for EventType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+/// `value` if it is a non-empty string of at most [`EVENT_TYPE_LEN_MAX`] bytes.
+fn event_type(value: String) -> Result<String, RuleViolation> {
+    if value.is_empty() || value.len() > EVENT_TYPE_LEN_MAX {
+        return Err(RuleViolation {
+            rule: format!(
+                "must be a non-empty string of at most {EVENT_TYPE_LEN_MAX} bytes (got {} bytes)",
+                value.len()
+            ),
+        });
     }
+    Ok(value)
 }
 
 /// A transport-shell error: the input is not an envelope. Nothing is stored

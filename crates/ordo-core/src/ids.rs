@@ -23,7 +23,8 @@ impl RuleViolation {
     }
 }
 
-fn check_identifier(value: &str) -> Result<(), RuleViolation> {
+/// `value` if it is 1 to 100 characters of `[A-Za-z0-9_-]`.
+fn identifier(value: String) -> Result<String, RuleViolation> {
     const RULE: &str = "must be 1 to 100 characters of [A-Za-z0-9_-]";
     if value.is_empty() || value.len() > IDENTIFIER_LEN_MAX {
         return Err(RuleViolation::new(format!(
@@ -37,38 +38,43 @@ fn check_identifier(value: &str) -> Result<(), RuleViolation> {
     {
         return Err(RuleViolation::new(format!("{RULE} (got {bad:?})")));
     }
-    Ok(())
+    Ok(value)
 }
 
-macro_rules! identifier {
-    ($(#[$doc:meta])* $name:ident) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// A newtype over `String` that holds only text `$check` accepts
+/// (`fn(String) -> Result<String, $err>`): its `new`, documented by the
+/// caller, refuses the rest with `$check`'s error; `as_str`, `Display` and
+/// `FromStr` go through the text.
+macro_rules! checked_string {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident;
+        $(#[$new_doc:meta])*
+        new: $check:path => $err:ty;
+    ) => {
+        $(#[$meta])*
         pub struct $name(String);
 
         impl $name {
-            /// Builds the identifier, refusing anything but 1 to 100 characters of
-            /// `[A-Za-z0-9_-]`.
-            pub fn new(value: impl Into<String>) -> Result<Self, RuleViolation> {
-                let value = value.into();
-                check_identifier(&value)?;
-                Ok($name(value))
+            $(#[$new_doc])*
+            pub fn new(value: impl Into<String>) -> Result<Self, $err> {
+                $check(value.into()).map($name)
             }
 
-            /// The identifier as text.
+            #[doc = concat!("The `", stringify!($name), "` as text.")]
             pub fn as_str(&self) -> &str {
                 &self.0
             }
         }
 
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(&self.0)
             }
         }
 
         impl std::str::FromStr for $name {
-            type Err = RuleViolation;
+            type Err = $err;
             fn from_str(s: &str) -> Result<Self, Self::Err> {
                 $name::new(s)
             }
@@ -76,14 +82,25 @@ macro_rules! identifier {
     };
 }
 
-identifier!(
+pub(crate) use checked_string;
+
+checked_string! {
     /// Identifies a flow (an aggregate whose events are ordered by [`Seq`]).
-    FlowId
-);
-identifier!(
+    #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub struct FlowId;
+    /// Builds the identifier, refusing anything but 1 to 100 characters of
+    /// `[A-Za-z0-9_-]`.
+    new: identifier => RuleViolation;
+}
+
+checked_string! {
     /// Identifies one event, globally within a producer namespace.
-    EventId
-);
+    #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub struct EventId;
+    /// Builds the identifier, refusing anything but 1 to 100 characters of
+    /// `[A-Za-z0-9_-]`.
+    new: identifier => RuleViolation;
+}
 
 /// `value` if it is in `1..=i64::MAX`.
 fn positive(value: i64) -> Result<i64, RuleViolation> {
@@ -258,45 +275,28 @@ impl std::str::FromStr for BlockCode {
 /// The longest domain name, in characters.
 pub const DOMAIN_NAME_LEN_MAX: usize = 64;
 
-/// The name of the domain (the application's flow type and handler) that
-/// owns a store: `[a-z][a-z0-9_-]{0,63}`. Every store records it, so that a
-/// handler never runs on another application's events.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DomainName(String);
-
-impl DomainName {
+checked_string! {
+    /// The name of the domain (the application's flow type and handler) that
+    /// owns a store: `[a-z][a-z0-9_-]{0,63}`. Every store records it, so that a
+    /// handler never runs on another application's events.
+    #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub struct DomainName;
     /// Builds a domain name, refusing anything but `[a-z][a-z0-9_-]{0,63}`.
-    pub fn new(value: impl Into<String>) -> Result<DomainName, RuleViolation> {
-        let value = value.into();
-        let mut chars = value.chars();
-        let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
-        let rest_ok =
-            chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
-        if first_ok && rest_ok && value.len() <= DOMAIN_NAME_LEN_MAX {
-            Ok(DomainName(value))
-        } else {
-            Err(RuleViolation::new(format!(
-                "a domain name must match [a-z][a-z0-9_-]{{0,63}} (got {value:?})"
-            )))
-        }
-    }
-
-    /// The name as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+    new: domain_name => RuleViolation;
 }
 
-impl fmt::Display for DomainName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::str::FromStr for DomainName {
-    type Err = RuleViolation;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        DomainName::new(s)
+/// `value` if it matches `[a-z][a-z0-9_-]{0,63}`.
+fn domain_name(value: String) -> Result<String, RuleViolation> {
+    let mut chars = value.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
+    let rest_ok =
+        chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if first_ok && rest_ok && value.len() <= DOMAIN_NAME_LEN_MAX {
+        Ok(value)
+    } else {
+        Err(RuleViolation::new(format!(
+            "a domain name must match [a-z][a-z0-9_-]{{0,63}} (got {value:?})"
+        )))
     }
 }
 
