@@ -38,6 +38,32 @@ pub enum Advance {
     },
 }
 
+impl Advance {
+    /// The outcome of `request` on the flow `current`, as [`decide_advance`]
+    /// decides it: a committed step is written by `commit` first (the flow's
+    /// new record and the event); a refusal writes nothing.
+    pub(crate) fn decide<E>(
+        current: &FlowRecord,
+        request: &AdvanceRequest,
+        commit: impl FnOnce(&FlowRecord, &Envelope) -> Result<(), E>,
+    ) -> Result<Result<Advance, AdvanceRefused>, E> {
+        let decision = match decide_advance(current, request) {
+            Ok(decision) => decision,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        Ok(Ok(match decision {
+            AdvanceDecision::Stale { last_seq } => Advance::Stale { last_seq },
+            AdvanceDecision::InvalidTransition { from, to } => {
+                Advance::InvalidTransition { from, to }
+            }
+            AdvanceDecision::Commit { flow, event } => {
+                commit(&flow, &event)?;
+                Advance::Committed(event)
+            }
+        }))
+    }
+}
+
 /// Why an advance failed (as opposed to a protocol outcome).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -269,33 +295,25 @@ fn advance_in_tx(
     request: &AdvanceRequest,
 ) -> Result<Result<Advance, AdvanceRefused>, AdvanceError> {
     let current = read_flow(ptx, &request.flow_id)?;
-    let decision = match decide_advance(&current, request) {
-        Ok(decision) => decision,
-        Err(refused) => return Ok(Err(refused)),
-    };
-    Ok(Ok(match decision {
-        AdvanceDecision::Stale { last_seq } => Advance::Stale { last_seq },
-        AdvanceDecision::InvalidTransition { from, to } => Advance::InvalidTransition { from, to },
-        AdvanceDecision::Commit { flow, event } => {
-            let quantity = flow.quantity.expect("a committed flow has a quantity");
-            ptx.sql()
-                .prepare_cached(
-                    "INSERT INTO flow (flow_id, state, quantity) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
-                         quantity = excluded.quantity",
-                )
-                .and_then(|mut insert| {
-                    insert.execute(params![
-                        flow.flow_id.as_str(),
-                        flow.state.as_str(),
-                        quantity.get()
-                    ])
-                })
-                .map_err(|e| StoreError::sqlite("producer: cannot write the flow", e))?;
-            ptx.append_envelope(&event)?;
-            Advance::Committed(event)
-        }
-    }))
+    Advance::decide(&current, request, |flow, event| {
+        let quantity = flow.quantity.expect("a committed flow has a quantity");
+        ptx.sql()
+            .prepare_cached(
+                "INSERT INTO flow (flow_id, state, quantity) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
+                     quantity = excluded.quantity",
+            )
+            .and_then(|mut insert| {
+                insert.execute(params![
+                    flow.flow_id.as_str(),
+                    flow.state.as_str(),
+                    quantity.get()
+                ])
+            })
+            .map_err(|e| StoreError::sqlite("producer: cannot write the flow", e))?;
+        ptx.append_envelope(event)?;
+        Ok(())
+    })
 }
 
 fn read_flow(ptx: &ProducerTx<'_>, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
