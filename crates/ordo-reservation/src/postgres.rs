@@ -19,8 +19,8 @@ use crate::rules::{
     FlowRecord, Projection,
 };
 use crate::sqlite::{
-    Advance, AdvanceError, EffectRecord, ReservationConsumer, ReservationHandler,
-    ReservationProducer,
+    advance_in_tx, Advance, AdvanceError, EffectRecord, FlowTx, ReservationConsumer,
+    ReservationHandler, ReservationProducer,
 };
 
 impl ApplyHandler<PgTx> for ReservationHandler {
@@ -181,32 +181,28 @@ fn read_projection(tx: &PgTx, flow_id: &FlowId) -> Result<Projection, StoreError
         .unwrap_or_else(|| Projection::empty(flow_id.clone())))
 }
 
-/// The flow with its head locked first: its last seq, then its row, read
-/// after the lock so that a writer that waited sees what the other
-/// committed (READ COMMITTED).
-fn read_flow(ptx: &PgProducerTx<'_>, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
-    let last_seq = ptx.last_seq(flow_id)?;
-    let row = ptx.sql().query_opt(
-        "SELECT state, quantity FROM flow WHERE flow_id = $1",
-        &[&flow_id.as_str()],
-    )?;
-    match row {
-        None => Ok(FlowRecord {
-            last_seq,
-            ..FlowRecord::new_flow(flow_id.clone())
-        }),
-        Some(row) => flow_record(flow_id.as_str(), row.get(0), row.get(1), last_seq),
+impl FlowTx for PgProducerTx<'_> {
+    /// The flow with its head locked first: its last seq, then its row,
+    /// read after the lock so that a writer that waited sees what the other
+    /// committed (READ COMMITTED).
+    fn flow(&mut self, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
+        let last_seq = self.last_seq(flow_id)?;
+        let row = self.sql().query_opt(
+            "SELECT state, quantity FROM flow WHERE flow_id = $1",
+            &[&flow_id.as_str()],
+        )?;
+        match row {
+            None => Ok(FlowRecord {
+                last_seq,
+                ..FlowRecord::new_flow(flow_id.clone())
+            }),
+            Some(row) => flow_record(flow_id.as_str(), row.get(0), row.get(1), last_seq),
+        }
     }
-}
 
-fn advance_in_tx(
-    ptx: &mut PgProducerTx<'_>,
-    request: &AdvanceRequest,
-) -> Result<Result<Advance, AdvanceRefused>, AdvanceError> {
-    let current = read_flow(ptx, &request.flow_id)?;
-    Advance::decide(&current, request, |flow, event| {
+    fn write_step(&mut self, flow: &FlowRecord, event: &Envelope) -> Result<(), AdvanceError> {
         let quantity = flow.quantity.expect("a committed flow has a quantity");
-        ptx.sql().execute(
+        self.sql().execute(
             "INSERT INTO flow (flow_id, state, quantity) VALUES ($1, $2, $3)
              ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
                  quantity = excluded.quantity",
@@ -216,9 +212,9 @@ fn advance_in_tx(
                 &quantity.get(),
             ],
         )?;
-        ptx.append_envelope(event)?;
+        self.append_envelope(event)?;
         Ok(())
-    })
+    }
 }
 
 /// Every request decided in order, each seeing the ones before it, as
