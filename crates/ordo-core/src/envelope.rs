@@ -52,35 +52,25 @@ pub struct Envelope {
     pub payload: Map<String, Value>,
 }
 
-/// An event type: a non-empty string of at most [`EVENT_TYPE_LEN_MAX`] bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct EventType(String);
-
-impl EventType {
+crate::ids::checked_string! {
+    /// An event type: a non-empty string of at most [`EVENT_TYPE_LEN_MAX`] bytes.
+    #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+    pub struct EventType;
     /// Builds an event type, refusing an empty string or one longer than 100 bytes.
-    pub fn new(value: impl Into<String>) -> Result<Self, RuleViolation> {
-        let value = value.into();
-        if value.is_empty() || value.len() > EVENT_TYPE_LEN_MAX {
-            return Err(RuleViolation {
-                rule: format!(
-                    "must be a non-empty string of at most {EVENT_TYPE_LEN_MAX} bytes (got {} bytes)",
-                    value.len()
-                ),
-            });
-        }
-        Ok(EventType(value))
-    }
-
-    /// The type as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+    new: event_type => RuleViolation;
 }
 
-impl fmt::Display for EventType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+/// `value` if it is a non-empty string of at most [`EVENT_TYPE_LEN_MAX`] bytes.
+fn event_type(value: String) -> Result<String, RuleViolation> {
+    if value.is_empty() || value.len() > EVENT_TYPE_LEN_MAX {
+        return Err(RuleViolation {
+            rule: format!(
+                "must be a non-empty string of at most {EVENT_TYPE_LEN_MAX} bytes (got {} bytes)",
+                value.len()
+            ),
+        });
     }
+    Ok(value)
 }
 
 /// A transport-shell error: the input is not an envelope. Nothing is stored
@@ -616,7 +606,7 @@ mod tests {
     fn malformed_envelopes_are_refused_with_the_field_named() {
         let long_id = format!("\"{}\"", "a".repeat(101));
         let long_type = format!("\"{}\"", "t".repeat(101));
-        let cases: Vec<(String, &str)> = vec![
+        let mut cases: Vec<(String, &str)> = vec![
             ("not json".into(), "not valid JSON"),
             ("[1,2]".into(), "must be a JSON object"),
             (
@@ -649,51 +639,53 @@ mod tests {
                 GOOD.replace("\"seq\":1", "\"seq\":1,\"extra\":true"),
                 "`extra` is not an envelope field",
             ),
-            (replace("seq", "0"), "`seq` must be an integer"),
-            (replace("seq", "-3"), "`seq` must be an integer"),
-            (replace("seq", "1.0"), "`seq` must be an integer"),
-            (replace("seq", "1.5"), "`seq` must be an integer"),
-            (replace("seq", "\"1\""), "`seq` must be an integer"),
+        ];
+        // Each field given each of these values, and the words of its refusal.
+        let bad_fields: [(&str, &[&str], &str); 8] = [
             (
-                replace("seq", "9223372036854775808"),
+                "seq",
+                &[
+                    "0",
+                    "-3",
+                    "1.0",
+                    "1.5",
+                    "\"1\"",
+                    "9223372036854775808",
+                    "null",
+                ],
                 "`seq` must be an integer",
             ),
-            (replace("seq", "null"), "`seq` must be an integer"),
             (
-                replace("schema_version", "0"),
+                "schema_version",
+                &["0", "\"1\""],
                 "`schema_version` must be an integer",
             ),
             (
-                replace("schema_version", "\"1\""),
-                "`schema_version` must be an integer",
-            ),
-            (replace("event_id", "\"\""), "`event_id` must be 1 to 100"),
-            (replace("event_id", &long_id), "`event_id` must be 1 to 100"),
-            (
-                replace("event_id", "\"a b\""),
+                "event_id",
+                &["\"\"", &long_id, "\"a b\""],
                 "`event_id` must be 1 to 100",
             ),
-            (replace("event_id", "7"), "`event_id` must be a string"),
+            ("event_id", &["7"], "`event_id` must be a string"),
             (
-                replace("flow_id", "\"flow.1\""),
+                "flow_id",
+                &["\"flow.1\"", "\"fl\\u00f6w\""],
                 "`flow_id` must be 1 to 100",
             ),
             (
-                replace("flow_id", "\"fl\\u00f6w\""),
-                "`flow_id` must be 1 to 100",
-            ),
-            (replace("type", "\"\""), "`type` must be a non-empty string"),
-            (
-                replace("type", &long_type),
+                "type",
+                &["\"\"", &long_type],
                 "`type` must be a non-empty string",
             ),
-            (replace("type", "[]"), "`type` must be a string"),
-            (replace("payload", "[]"), "`payload` must be a JSON object"),
+            ("type", &["[]"], "`type` must be a string"),
             (
-                replace("payload", "null"),
+                "payload",
+                &["[]", "null"],
                 "`payload` must be a JSON object",
             ),
         ];
+        for (field, values, expected) in bad_fields {
+            cases.extend(values.iter().map(|value| (replace(field, value), expected)));
+        }
         for (input, expected) in &cases {
             let err = Envelope::parse(input.as_bytes()).expect_err(input);
             let message = err.to_string();

@@ -9,29 +9,31 @@
 //! Invariant: an identity is 32 lowercase hexadecimal digits; the backends
 //! generate it in SQL and this type only checks what they read back.
 
-use std::fmt;
-
 use crate::error::{ErrorKind, StoreError};
 
 /// How many hexadecimal digits a store identity has (128 random bits).
 pub const STORE_ID_LEN: usize = 32;
 
-/// A store's identity: [`STORE_ID_LEN`] lowercase hexadecimal digits.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StoreId(String);
+crate::ids::checked_string! {
+    /// A store's identity: [`STORE_ID_LEN`] lowercase hexadecimal digits.
+    #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub struct StoreId;
+    /// Checks `text` as a store identity.
+    new: store_id => InvalidStoreId;
+}
+
+/// `text` if it is [`STORE_ID_LEN`] lowercase hexadecimal digits.
+fn store_id(text: String) -> Result<String, InvalidStoreId> {
+    let well_formed =
+        text.len() == STORE_ID_LEN && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if well_formed {
+        Ok(text)
+    } else {
+        Err(InvalidStoreId(text))
+    }
+}
 
 impl StoreId {
-    /// Checks `text` as a store identity.
-    pub fn new(text: impl Into<String>) -> Result<StoreId, InvalidStoreId> {
-        let text = text.into();
-        let well_formed = text.len() == STORE_ID_LEN
-            && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-        if !well_formed {
-            return Err(InvalidStoreId(text));
-        }
-        Ok(StoreId(text))
-    }
-
     /// The identity a store read from its own metadata (`place` names the
     /// store): a missing or ill-formed one is a damaged store.
     pub fn stored(place: &str, text: Option<String>) -> Result<StoreId, StoreError> {
@@ -42,17 +44,6 @@ impl StoreId {
             )
         })?;
         StoreId::new(text).map_err(|e| StoreError::new(ErrorKind::Corrupt, format!("{place}: {e}")))
-    }
-
-    /// The identity's digits.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for StoreId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
     }
 }
 

@@ -23,7 +23,8 @@ impl RuleViolation {
     }
 }
 
-fn check_identifier(value: &str) -> Result<(), RuleViolation> {
+/// `value` if it is 1 to 100 characters of `[A-Za-z0-9_-]`.
+fn identifier(value: String) -> Result<String, RuleViolation> {
     const RULE: &str = "must be 1 to 100 characters of [A-Za-z0-9_-]";
     if value.is_empty() || value.len() > IDENTIFIER_LEN_MAX {
         return Err(RuleViolation::new(format!(
@@ -37,38 +38,43 @@ fn check_identifier(value: &str) -> Result<(), RuleViolation> {
     {
         return Err(RuleViolation::new(format!("{RULE} (got {bad:?})")));
     }
-    Ok(())
+    Ok(value)
 }
 
-macro_rules! identifier {
-    ($(#[$doc:meta])* $name:ident) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// A newtype over `String` that holds only text `$check` accepts
+/// (`fn(String) -> Result<String, $err>`): its `new`, documented by the
+/// caller, refuses the rest with `$check`'s error; `as_str`, `Display` and
+/// `FromStr` go through the text.
+macro_rules! checked_string {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident;
+        $(#[$new_doc:meta])*
+        new: $check:path => $err:ty;
+    ) => {
+        $(#[$meta])*
         pub struct $name(String);
 
         impl $name {
-            /// Builds the identifier, refusing anything but 1 to 100 characters of
-            /// `[A-Za-z0-9_-]`.
-            pub fn new(value: impl Into<String>) -> Result<Self, RuleViolation> {
-                let value = value.into();
-                check_identifier(&value)?;
-                Ok($name(value))
+            $(#[$new_doc])*
+            pub fn new(value: impl Into<String>) -> Result<Self, $err> {
+                $check(value.into()).map($name)
             }
 
-            /// The identifier as text.
+            #[doc = concat!("The `", stringify!($name), "` as text.")]
             pub fn as_str(&self) -> &str {
                 &self.0
             }
         }
 
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(&self.0)
             }
         }
 
         impl std::str::FromStr for $name {
-            type Err = RuleViolation;
+            type Err = $err;
             fn from_str(s: &str) -> Result<Self, Self::Err> {
                 $name::new(s)
             }
@@ -76,14 +82,25 @@ macro_rules! identifier {
     };
 }
 
-identifier!(
+pub(crate) use checked_string;
+
+checked_string! {
     /// Identifies a flow (an aggregate whose events are ordered by [`Seq`]).
-    FlowId
-);
-identifier!(
+    #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub struct FlowId;
+    /// Builds the identifier, refusing anything but 1 to 100 characters of
+    /// `[A-Za-z0-9_-]`.
+    new: identifier => RuleViolation;
+}
+
+checked_string! {
     /// Identifies one event, globally within a producer namespace.
-    EventId
-);
+    #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub struct EventId;
+    /// Builds the identifier, refusing anything but 1 to 100 characters of
+    /// `[A-Za-z0-9_-]`.
+    new: identifier => RuleViolation;
+}
 
 /// `value` if it is in `1..=i64::MAX`.
 fn positive(value: i64) -> Result<i64, RuleViolation> {
@@ -258,45 +275,28 @@ impl std::str::FromStr for BlockCode {
 /// The longest domain name, in characters.
 pub const DOMAIN_NAME_LEN_MAX: usize = 64;
 
-/// The name of the domain (the application's flow type and handler) that
-/// owns a store: `[a-z][a-z0-9_-]{0,63}`. Every store records it, so that a
-/// handler never runs on another application's events.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DomainName(String);
-
-impl DomainName {
+checked_string! {
+    /// The name of the domain (the application's flow type and handler) that
+    /// owns a store: `[a-z][a-z0-9_-]{0,63}`. Every store records it, so that a
+    /// handler never runs on another application's events.
+    #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub struct DomainName;
     /// Builds a domain name, refusing anything but `[a-z][a-z0-9_-]{0,63}`.
-    pub fn new(value: impl Into<String>) -> Result<DomainName, RuleViolation> {
-        let value = value.into();
-        let mut chars = value.chars();
-        let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
-        let rest_ok =
-            chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
-        if first_ok && rest_ok && value.len() <= DOMAIN_NAME_LEN_MAX {
-            Ok(DomainName(value))
-        } else {
-            Err(RuleViolation::new(format!(
-                "a domain name must match [a-z][a-z0-9_-]{{0,63}} (got {value:?})"
-            )))
-        }
-    }
-
-    /// The name as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+    new: domain_name => RuleViolation;
 }
 
-impl fmt::Display for DomainName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::str::FromStr for DomainName {
-    type Err = RuleViolation;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        DomainName::new(s)
+/// `value` if it matches `[a-z][a-z0-9_-]{0,63}`.
+fn domain_name(value: String) -> Result<String, RuleViolation> {
+    let mut chars = value.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
+    let rest_ok =
+        chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if first_ok && rest_ok && value.len() <= DOMAIN_NAME_LEN_MAX {
+        Ok(value)
+    } else {
+        Err(RuleViolation::new(format!(
+            "a domain name must match [a-z][a-z0-9_-]{{0,63}} (got {value:?})"
+        )))
     }
 }
 
@@ -304,25 +304,30 @@ impl std::str::FromStr for DomainName {
 mod tests {
     use super::*;
 
+    /// Asserts that `new` builds a value of each of `good`, which shows as
+    /// that text, and refuses each of `bad`.
+    fn assert_rule<T: fmt::Display, E>(
+        what: &str,
+        new: impl Fn(&str) -> Result<T, E>,
+        good: &[&str],
+        bad: &[&str],
+    ) {
+        for value in good {
+            let built = new(value).unwrap_or_else(|_| panic!("{what} {value:?} is refused"));
+            assert_eq!(built.to_string(), *value, "{what} {value:?}");
+        }
+        for value in bad {
+            assert!(new(value).is_err(), "{what} {value:?} is accepted");
+        }
+    }
+
     #[test]
     fn identifier_bounds() {
-        let cases: &[(&str, bool)] = &[
-            ("a", true),
-            ("A-z_09", true),
-            (&"x".repeat(100), true),
-            (&"x".repeat(101), false),
-            ("", false),
-            ("a b", false),
-            ("a.b", false),
-            ("a/b", false),
-            ("é", false),
-            ("flow\n", false),
-            ("üüüüü", false),
-        ];
-        for (value, ok) in cases {
-            assert_eq!(FlowId::new(*value).is_ok(), *ok, "flow id {value:?}");
-            assert_eq!(EventId::new(*value).is_ok(), *ok, "event id {value:?}");
-        }
+        let (longest, too_long) = ("x".repeat(100), "x".repeat(101));
+        let good = ["a", "A-z_09", &longest];
+        let bad = [&too_long, "", "a b", "a.b", "a/b", "é", "flow\n", "üüüüü"];
+        assert_rule("flow id", |v| FlowId::new(v), &good, &bad);
+        assert_rule("event id", |v| EventId::new(v), &good, &bad);
     }
 
     #[test]
@@ -338,46 +343,21 @@ mod tests {
 
     #[test]
     fn block_code_bounds() {
-        let cases: &[(&str, bool)] = &[
-            ("a", true),
-            ("invalid_payload", true),
-            ("x9_", true),
-            (&"x".repeat(64), true),
-            (&"x".repeat(65), false),
-            ("", false),
-            ("Upper", false),
-            ("has-dash", false),
-            ("sp ace", false),
-            ("é", false),
-        ];
-        for (value, ok) in cases {
-            let code = BlockCode::new(value);
-            assert_eq!(code.is_ok(), *ok, "block code {value:?}");
-            if let Ok(code) = code {
-                assert_eq!(code.as_str(), *value);
-            }
-        }
+        let (longest, too_long) = ("x".repeat(64), "x".repeat(65));
+        let good = ["a", "invalid_payload", "x9_", &longest];
+        let bad = [&too_long, "", "Upper", "has-dash", "sp ace", "é"];
+        assert_rule("block code", BlockCode::new, &good, &bad);
         const C: BlockCode = BlockCode::from_static("unknown_type");
         assert_eq!(C, BlockCode::new("unknown_type").unwrap());
     }
 
     #[test]
     fn domain_name_bounds() {
-        let cases: &[(&str, bool)] = &[
-            ("reservation", true),
-            ("orders-v2_x", true),
-            ("a", true),
-            (&format!("a{}", "b".repeat(63)), true),
-            (&format!("a{}", "b".repeat(64)), false),
-            ("", false),
-            ("1abc", false),
-            ("-a", false),
-            ("Orders", false),
-            ("a.b", false),
-        ];
-        for (value, ok) in cases {
-            assert_eq!(DomainName::new(*value).is_ok(), *ok, "domain {value:?}");
-        }
+        let longest = format!("a{}", "b".repeat(63));
+        let too_long = format!("a{}", "b".repeat(64));
+        let good = ["reservation", "orders-v2_x", "a", &longest];
+        let bad = [&too_long, "", "1abc", "-a", "Orders", "a.b"];
+        assert_rule("domain", |v| DomainName::new(v), &good, &bad);
     }
 
     #[test]

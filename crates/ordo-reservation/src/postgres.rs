@@ -11,6 +11,7 @@ use ordo_core::{
     crash, ApplyContext, ApplyHandler, ConsumerStore, Drain, Envelope, FlowId, Step, StoreError,
     Verdict,
 };
+use ordo_postgres::postgres::Row;
 use ordo_postgres::{PgConsumer, PgProducer, PgProducerTx, PgTx};
 
 use crate::rows::{corrupt, effect_record, flow_record, projection};
@@ -19,8 +20,8 @@ use crate::rules::{
     FlowRecord, Projection,
 };
 use crate::sqlite::{
-    Advance, AdvanceError, EffectRecord, ReservationConsumer, ReservationHandler,
-    ReservationProducer,
+    advance_in_tx, Advance, AdvanceError, EffectRecord, FlowTx, ReservationConsumer,
+    ReservationHandler, ReservationProducer,
 };
 
 impl ApplyHandler<PgTx> for ReservationHandler {
@@ -181,52 +182,40 @@ fn read_projection(tx: &PgTx, flow_id: &FlowId) -> Result<Projection, StoreError
         .unwrap_or_else(|| Projection::empty(flow_id.clone())))
 }
 
-/// The flow with its head locked first: its last seq, then its row, read
-/// after the lock so that a writer that waited sees what the other
-/// committed (READ COMMITTED).
-fn read_flow(ptx: &PgProducerTx<'_>, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
-    let last_seq = ptx.last_seq(flow_id)?;
-    let row = ptx.sql().query_opt(
-        "SELECT state, quantity FROM flow WHERE flow_id = $1",
-        &[&flow_id.as_str()],
-    )?;
-    match row {
-        None => Ok(FlowRecord {
-            last_seq,
-            ..FlowRecord::new_flow(flow_id.clone())
-        }),
-        Some(row) => flow_record(flow_id.as_str(), row.get(0), row.get(1), last_seq),
-    }
-}
-
-fn advance_in_tx(
-    ptx: &mut PgProducerTx<'_>,
-    request: &AdvanceRequest,
-) -> Result<Result<Advance, AdvanceRefused>, AdvanceError> {
-    let current = read_flow(ptx, &request.flow_id)?;
-    let decision = match decide_advance(&current, request) {
-        Ok(decision) => decision,
-        Err(refused) => return Ok(Err(refused)),
-    };
-    Ok(Ok(match decision {
-        AdvanceDecision::Stale { last_seq } => Advance::Stale { last_seq },
-        AdvanceDecision::InvalidTransition { from, to } => Advance::InvalidTransition { from, to },
-        AdvanceDecision::Commit { flow, event } => {
-            let quantity = flow.quantity.expect("a committed flow has a quantity");
-            ptx.sql().execute(
-                "INSERT INTO flow (flow_id, state, quantity) VALUES ($1, $2, $3)
-                 ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
-                     quantity = excluded.quantity",
-                &[
-                    &flow.flow_id.as_str(),
-                    &flow.state.as_str(),
-                    &quantity.get(),
-                ],
-            )?;
-            ptx.append_envelope(&event)?;
-            Advance::Committed(event)
+impl FlowTx for PgProducerTx<'_> {
+    /// The flow with its head locked first: its last seq, then its row,
+    /// read after the lock so that a writer that waited sees what the other
+    /// committed (READ COMMITTED).
+    fn flow(&mut self, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
+        let last_seq = self.last_seq(flow_id)?;
+        let row = self.sql().query_opt(
+            "SELECT state, quantity FROM flow WHERE flow_id = $1",
+            &[&flow_id.as_str()],
+        )?;
+        match row {
+            None => Ok(FlowRecord {
+                last_seq,
+                ..FlowRecord::new_flow(flow_id.clone())
+            }),
+            Some(row) => flow_record(flow_id.as_str(), row.get(0), row.get(1), last_seq),
         }
-    }))
+    }
+
+    fn write_step(&mut self, flow: &FlowRecord, event: &Envelope) -> Result<(), AdvanceError> {
+        let quantity = flow.quantity.expect("a committed flow has a quantity");
+        self.sql().execute(
+            "INSERT INTO flow (flow_id, state, quantity) VALUES ($1, $2, $3)
+             ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
+                 quantity = excluded.quantity",
+            &[
+                &flow.flow_id.as_str(),
+                &flow.state.as_str(),
+                &quantity.get(),
+            ],
+        )?;
+        self.append_envelope(event)?;
+        Ok(())
+    }
 }
 
 /// Every request decided in order, each seeing the ones before it, as
@@ -327,59 +316,56 @@ fn table_exists(tx: &PgTx, table: &str) -> Result<bool, StoreError> {
         .get(0))
 }
 
-/// The row count a snapshot's read of a domain table asks for.
-fn limit() -> i64 {
-    whole_read_limit(WHOLE_READ_ROWS_MAX)
+/// Every row `sql` reads from the domain table `table` (`$1` is the row
+/// count asked for), each through `convert`; none when the store has no
+/// such table (a store of another domain).
+fn read_table<T>(
+    tx: &PgTx,
+    table: &str,
+    sql: &str,
+    convert: impl FnMut(&Row) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    if !table_exists(tx, table)? {
+        return Ok(Vec::new());
+    }
+    let rows = tx
+        .query(sql, &[&whole_read_limit(WHOLE_READ_ROWS_MAX)])?
+        .iter()
+        .map(convert)
+        .collect::<Result<Vec<_>, _>>()?;
+    whole_read(table, WHOLE_READ_ROWS_MAX, rows)
 }
 
 /// Every flow of a reservation producer store, ordered by flow id.
 pub fn pg_read_flows(tx: &PgTx) -> Result<Vec<FlowRecord>, StoreError> {
-    if !table_exists(tx, "flow")? {
-        return Ok(Vec::new());
-    }
     let sql = format!(
         "SELECT f.flow_id, f.state, f.quantity, coalesce(h.last_seq, 0)
          FROM flow f LEFT JOIN \"{}\".outbox_head h ON h.flow_id = f.flow_id ORDER BY f.flow_id LIMIT $1",
         tx.ordo_schema()
     );
-    let flows = tx
-        .query(&sql, &[&limit()])?
-        .iter()
-        .map(|row| flow_record(row.get(0), row.get(1), row.get(2), row.get(3)))
-        .collect::<Result<Vec<_>, _>>()?;
-    whole_read("flow", WHOLE_READ_ROWS_MAX, flows)
+    read_table(tx, "flow", &sql, |row| {
+        flow_record(row.get(0), row.get(1), row.get(2), row.get(3))
+    })
 }
 
 /// Every projection, ordered by flow id.
 pub fn pg_read_projections(tx: &PgTx) -> Result<Vec<Projection>, StoreError> {
-    if !table_exists(tx, "projection")? {
-        return Ok(Vec::new());
-    }
-    let projections = tx
-        .query(
-            "SELECT flow_id, state, quantity, applied_seq FROM projection ORDER BY flow_id LIMIT $1",
-            &[&limit()],
-        )?
-        .iter()
-        .map(|row| projection(row.get(0), row.get(1), row.get(2), row.get(3)))
-        .collect::<Result<Vec<_>, _>>()?;
-    whole_read("projection", WHOLE_READ_ROWS_MAX, projections)
+    read_table(
+        tx,
+        "projection",
+        "SELECT flow_id, state, quantity, applied_seq FROM projection ORDER BY flow_id LIMIT $1",
+        |row| projection(row.get(0), row.get(1), row.get(2), row.get(3)),
+    )
 }
 
 /// Every effect, ordered by flow id then seq.
 pub fn pg_read_effects(tx: &PgTx) -> Result<Vec<EffectRecord>, StoreError> {
-    if !table_exists(tx, "effect")? {
-        return Ok(Vec::new());
-    }
-    let effects = tx
-        .query(
-            "SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq LIMIT $1",
-            &[&limit()],
-        )?
-        .iter()
-        .map(|row| effect_record(row.get(0), row.get(1), row.get(2)))
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    whole_read("effect", WHOLE_READ_ROWS_MAX, effects)
+    read_table(
+        tx,
+        "effect",
+        "SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq LIMIT $1",
+        |row| effect_record(row.get(0), row.get(1), row.get(2)),
+    )
 }
 
 /// The flows and the outbox of a reservation producer store, read in one

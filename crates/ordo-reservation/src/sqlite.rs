@@ -265,11 +265,23 @@ fn advance_all_in_tx(
         .collect()
 }
 
-fn advance_in_tx(
-    ptx: &mut ProducerTx<'_>,
+/// A backend's producer transaction, as an advance reads and writes the
+/// flow table in it.
+pub(crate) trait FlowTx {
+    /// The flow's record with its last seq (a new flow's when it has none).
+    fn flow(&mut self, flow_id: &FlowId) -> Result<FlowRecord, StoreError>;
+
+    /// Writes `flow`, the flow's new record, and appends `event`, its step.
+    fn write_step(&mut self, flow: &FlowRecord, event: &Envelope) -> Result<(), AdvanceError>;
+}
+
+/// Reads the flow, decides with [`decide_advance`], and writes a committed
+/// step, all inside `ptx`; a refusal writes nothing.
+pub(crate) fn advance_in_tx(
+    ptx: &mut impl FlowTx,
     request: &AdvanceRequest,
 ) -> Result<Result<Advance, AdvanceRefused>, AdvanceError> {
-    let current = read_flow(ptx, &request.flow_id)?;
+    let current = ptx.flow(&request.flow_id)?;
     let decision = match decide_advance(&current, request) {
         Ok(decision) => decision,
         Err(refused) => return Ok(Err(refused)),
@@ -278,40 +290,47 @@ fn advance_in_tx(
         AdvanceDecision::Stale { last_seq } => Advance::Stale { last_seq },
         AdvanceDecision::InvalidTransition { from, to } => Advance::InvalidTransition { from, to },
         AdvanceDecision::Commit { flow, event } => {
-            let quantity = flow.quantity.expect("a committed flow has a quantity");
-            ptx.sql()
-                .prepare_cached(
-                    "INSERT INTO flow (flow_id, state, quantity) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
-                         quantity = excluded.quantity",
-                )
-                .and_then(|mut insert| {
-                    insert.execute(params![
-                        flow.flow_id.as_str(),
-                        flow.state.as_str(),
-                        quantity.get()
-                    ])
-                })
-                .map_err(|e| StoreError::sqlite("producer: cannot write the flow", e))?;
-            ptx.append_envelope(&event)?;
+            ptx.write_step(&flow, &event)?;
             Advance::Committed(event)
         }
     }))
 }
 
-fn read_flow(ptx: &ProducerTx<'_>, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
-    let row: Option<(String, i64)> = ptx
-        .sql()
-        .prepare_cached("SELECT state, quantity FROM flow WHERE flow_id = ?1")?
-        .query_row([flow_id.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))
-        .optional()?;
-    let last_seq = ptx.last_seq(flow_id)?;
-    match row {
-        None => Ok(FlowRecord {
-            last_seq,
-            ..FlowRecord::new_flow(flow_id.clone())
-        }),
-        Some((state, quantity)) => flow_record(flow_id.as_str(), &state, quantity, last_seq),
+impl FlowTx for ProducerTx<'_> {
+    fn flow(&mut self, flow_id: &FlowId) -> Result<FlowRecord, StoreError> {
+        let row: Option<(String, i64)> = self
+            .sql()
+            .prepare_cached("SELECT state, quantity FROM flow WHERE flow_id = ?1")?
+            .query_row([flow_id.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))
+            .optional()?;
+        let last_seq = self.last_seq(flow_id)?;
+        match row {
+            None => Ok(FlowRecord {
+                last_seq,
+                ..FlowRecord::new_flow(flow_id.clone())
+            }),
+            Some((state, quantity)) => flow_record(flow_id.as_str(), &state, quantity, last_seq),
+        }
+    }
+
+    fn write_step(&mut self, flow: &FlowRecord, event: &Envelope) -> Result<(), AdvanceError> {
+        let quantity = flow.quantity.expect("a committed flow has a quantity");
+        self.sql()
+            .prepare_cached(
+                "INSERT INTO flow (flow_id, state, quantity) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
+                     quantity = excluded.quantity",
+            )
+            .and_then(|mut insert| {
+                insert.execute(params![
+                    flow.flow_id.as_str(),
+                    flow.state.as_str(),
+                    quantity.get()
+                ])
+            })
+            .map_err(|e| StoreError::sqlite("producer: cannot write the flow", e))?;
+        self.append_envelope(event)?;
+        Ok(())
     }
 }
 

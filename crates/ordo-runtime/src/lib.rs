@@ -70,56 +70,60 @@ impl Default for RunnerOptions {
     }
 }
 
-/// What the relay loop did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RelayTotals {
-    /// Rounds that handed over at least one event.
-    pub rounds: u64,
-    /// Events handed over.
-    pub delivered: u64,
-    /// Receipts `accepted`.
-    pub accepted: u64,
-    /// Receipts `duplicate`.
-    pub duplicate: u64,
-    /// Receipts `conflict` (quarantined).
-    pub conflict: u64,
-    /// Events the consumer refused to store (quarantined).
-    pub refused: u64,
-    /// Transient failures retried.
-    pub transient_errors: u64,
+/// A struct of `u64` counters, each documented, whose `add` adds another's
+/// counters to its own one by one.
+macro_rules! totals {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $($(#[$field_doc:meta])* pub $field:ident,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct $name {
+            $($(#[$field_doc])* pub $field: u64,)*
+        }
+
+        impl $name {
+            fn add(&mut self, other: &$name) {
+                $(self.$field += other.$field;)*
+            }
+        }
+    };
 }
 
-impl RelayTotals {
-    fn add(&mut self, round: &RelayTotals) {
-        self.rounds += round.rounds;
-        self.delivered += round.delivered;
-        self.accepted += round.accepted;
-        self.duplicate += round.duplicate;
-        self.conflict += round.conflict;
-        self.refused += round.refused;
-        self.transient_errors += round.transient_errors;
+totals! {
+    /// What the relay loop did.
+    pub struct RelayTotals {
+        /// Rounds that handed over at least one event.
+        pub rounds,
+        /// Events handed over.
+        pub delivered,
+        /// Receipts `accepted`.
+        pub accepted,
+        /// Receipts `duplicate`.
+        pub duplicate,
+        /// Receipts `conflict` (quarantined).
+        pub conflict,
+        /// Events the consumer refused to store (quarantined).
+        pub refused,
+        /// Transient failures retried.
+        pub transient_errors,
     }
 }
 
-/// What the apply loop did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ApplyTotals {
-    /// Pages of flows visited that applied at least one event.
-    pub rounds: u64,
-    /// Events applied.
-    pub applied: u64,
-    /// Flows found blocked (counted at every visit).
-    pub blocked: u64,
-    /// Transient failures retried.
-    pub transient_errors: u64,
-}
-
-impl ApplyTotals {
-    fn add(&mut self, page: &ApplyTotals) {
-        self.rounds += page.rounds;
-        self.applied += page.applied;
-        self.blocked += page.blocked;
-        self.transient_errors += page.transient_errors;
+totals! {
+    /// What the apply loop did.
+    pub struct ApplyTotals {
+        /// Pages of flows visited that applied at least one event.
+        pub rounds,
+        /// Events applied.
+        pub applied,
+        /// Flows found blocked (counted at every visit).
+        pub blocked,
+        /// Transient failures retried.
+        pub transient_errors,
     }
 }
 

@@ -481,28 +481,11 @@ fn delivered(snapshot: &Snapshot, found: &mut Found) {
 /// Exactly `finished.flows` flows on both sides, each at its final state
 /// and seq, with one event and one effect per step.
 fn finished_flows(snapshot: &Snapshot, finished: Finished, found: &mut Found) {
-    let Finished {
-        flows,
-        state,
-        last_seq,
-    } = finished;
-    let events = flows * last_seq.max(0) as usize;
-    let done = |s: FlowState, seq: i64| s == state && seq == last_seq;
-    let producer_done = snapshot
-        .flows
-        .iter()
-        .filter(|f| done(f.state, f.last_seq))
-        .count();
-    found.unless(
-        snapshot.flows.len() == flows && producer_done == flows,
-        Rule::Unfinished,
-        || {
-            format!(
-                "producer: {} flows, {producer_done} {state} at seq {last_seq} (expected {flows})",
-                snapshot.flows.len()
-            )
-        },
-    );
+    let events = finished.flows * finished.last_seq.max(0) as usize;
+    let flows = &snapshot.flows;
+    side_finished(found, finished, "producer", "at", flows, |f| {
+        (f.state, f.last_seq)
+    });
     found.unless(snapshot.outbox.len() == events, Rule::Unfinished, || {
         format!(
             "outbox holds {} events, expected {events}",
@@ -515,18 +498,38 @@ fn finished_flows(snapshot: &Snapshot, finished: Finished, found: &mut Found) {
             snapshot.effects.len()
         )
     });
-    let projected_done = snapshot
-        .projections
+    let (projections, in_order) = (&snapshot.projections, "in order at");
+    side_finished(found, finished, "projection", in_order, projections, |p| {
+        (p.state, p.applied_seq)
+    });
+}
+
+/// Exactly `finished.flows` of one side's `rows` (`what`), each at the
+/// final state and seq (`at_seq` says how), as `reached` reads a row's.
+fn side_finished<T>(
+    found: &mut Found,
+    finished: Finished,
+    what: &str,
+    at_seq: &str,
+    rows: &[T],
+    reached: impl Fn(&T) -> (FlowState, i64),
+) {
+    let Finished {
+        flows,
+        state,
+        last_seq,
+    } = finished;
+    let done = rows
         .iter()
-        .filter(|p| done(p.state, p.applied_seq))
+        .filter(|row| reached(row) == (state, last_seq))
         .count();
     found.unless(
-        snapshot.projections.len() == flows && projected_done == flows,
+        rows.len() == flows && done == flows,
         Rule::Unfinished,
         || {
             format!(
-                "projection: {} flows, {projected_done} {state} in order at seq {last_seq} (expected {flows})",
-                snapshot.projections.len()
+                "{what}: {} flows, {done} {state} {at_seq} seq {last_seq} (expected {flows})",
+                rows.len()
             )
         },
     );

@@ -192,12 +192,7 @@ pub fn flow_record<P: ProducerStore + ReservationProducer + ?Sized>(
     producer: &mut P,
     flow_id: &str,
 ) -> Option<FlowRecord> {
-    let id = flow(flow_id);
-    producer
-        .flows()
-        .expect("flows")
-        .into_iter()
-        .find(|f| f.flow_id == id)
+    of_flow(producer.flows().expect("flows"), flow_id, |f| &f.flow_id).next()
 }
 
 /// The `(state, quantity, last_seq)` of a flow's record; panics if the
@@ -247,12 +242,8 @@ pub fn projection<C: ReservationConsumer + ?Sized>(
     consumer: &mut C,
     flow_id: &str,
 ) -> Option<Projection> {
-    let id = flow(flow_id);
-    consumer
-        .projections()
-        .expect("projections")
-        .into_iter()
-        .find(|p| p.flow_id == id)
+    let projections = consumer.projections().expect("projections");
+    of_flow(projections, flow_id, |p| &p.flow_id).next()
 }
 
 /// The `(state, quantity, applied_seq)` of a flow's projection; an absent
@@ -270,13 +261,15 @@ pub fn flow_effects<C: ReservationConsumer + ?Sized>(
     consumer: &mut C,
     flow_id: &str,
 ) -> Vec<EffectRecord> {
-    let id = flow(flow_id);
-    consumer
-        .effects()
-        .expect("effects")
-        .into_iter()
-        .filter(|e| e.flow_id == id)
-        .collect()
+    let effects = consumer.effects().expect("effects");
+    of_flow(effects, flow_id, |e| &e.flow_id).collect()
+}
+
+/// The rows of the flow `flow_id`, in their order, as `id` reads a row's
+/// flow.
+fn of_flow<T>(rows: Vec<T>, flow_id: &str, id: impl Fn(&T) -> &FlowId) -> impl Iterator<Item = T> {
+    let flow_id = flow(flow_id);
+    rows.into_iter().filter(move |row| *id(row) == flow_id)
 }
 
 /// The effect records one applies for these events, in order.

@@ -1,6 +1,7 @@
 //! The application's domain: `ledger`, one row per applied event with the
 //! amount its payload carries. One schema for both backends (its SQL reads
-//! the same in both dialects), one handler per backend's transaction.
+//! the same in both dialects), one handler for both backends' transactions,
+//! each of which inserts the rows with its own placeholders.
 
 use ordo_core::{ApplyContext, ApplyHandler, BlockCode, Envelope, StoreError, Verdict};
 use ordo_postgres::PgTx;
@@ -25,9 +26,12 @@ pub fn schema() -> ordo_core::domain::Schema {
 /// Writes each event's row in the apply transaction.
 pub struct Ledger;
 
-/// The row an event writes: its id, flow, seq and amount; `None` for an
-/// event whose payload has no integer `amount`.
-fn row(event: &Envelope) -> Option<(&str, &str, i64, i64)> {
+/// A ledger row: an event's id, flow, seq and amount.
+type Row<'e> = (&'e str, &'e str, i64, i64);
+
+/// The row an event writes; `None` for an event whose payload has no
+/// integer `amount`.
+fn row(event: &Envelope) -> Option<Row<'_>> {
     let amount = event.payload.get("amount")?.as_i64()?;
     Some((
         event.event_id.as_str(),
@@ -37,36 +41,38 @@ fn row(event: &Envelope) -> Option<(&str, &str, i64, i64)> {
     ))
 }
 
-impl ApplyHandler<Connection> for Ledger {
-    fn apply(
-        &mut self,
-        tx: &mut ApplyContext<'_, Connection>,
-        event: &Envelope,
-    ) -> Result<Verdict, StoreError> {
-        let Some((event_id, flow_id, seq, amount)) = row(event) else {
-            return Ok(Verdict::block(NO_AMOUNT));
-        };
-        tx.execute(
-            "INSERT INTO ledger (event_id, flow_id, seq, amount) VALUES (?1, ?2, ?3, ?4)",
-            params![event_id, flow_id, seq, amount],
-        )?;
-        Ok(Verdict::Apply)
+/// A backend's transaction, as the ledger writes its rows in it.
+trait LedgerTx {
+    /// Inserts `row`.
+    fn insert(&self, row: Row<'_>) -> Result<(), StoreError>;
+}
+
+impl LedgerTx for Connection {
+    fn insert(&self, (id, flow, seq, amount): Row<'_>) -> Result<(), StoreError> {
+        let sql = "INSERT INTO ledger (event_id, flow_id, seq, amount) VALUES (?1, ?2, ?3, ?4)";
+        self.execute(sql, params![id, flow, seq, amount])?;
+        Ok(())
     }
 }
 
-impl ApplyHandler<PgTx> for Ledger {
+impl LedgerTx for PgTx {
+    fn insert(&self, (id, flow, seq, amount): Row<'_>) -> Result<(), StoreError> {
+        let sql = "INSERT INTO ledger (event_id, flow_id, seq, amount) VALUES ($1, $2, $3, $4)";
+        self.execute(sql, &[&id, &flow, &seq, &amount])?;
+        Ok(())
+    }
+}
+
+impl<Tx: LedgerTx> ApplyHandler<Tx> for Ledger {
     fn apply(
         &mut self,
-        tx: &mut ApplyContext<'_, PgTx>,
+        tx: &mut ApplyContext<'_, Tx>,
         event: &Envelope,
     ) -> Result<Verdict, StoreError> {
-        let Some((event_id, flow_id, seq, amount)) = row(event) else {
+        let Some(row) = row(event) else {
             return Ok(Verdict::block(NO_AMOUNT));
         };
-        tx.execute(
-            "INSERT INTO ledger (event_id, flow_id, seq, amount) VALUES ($1, $2, $3, $4)",
-            &[&event_id, &flow_id, &seq, &amount],
-        )?;
+        tx.insert(row)?;
         Ok(Verdict::Apply)
     }
 }

@@ -137,6 +137,18 @@ impl Items {
         false
     }
 
+    /// Walks into `node` with `walk` unless `attrs` make it a test item.
+    fn walk_unless_test<'ast, N: Spanned>(
+        &mut self,
+        attrs: &[syn::Attribute],
+        node: &'ast N,
+        walk: fn(&mut Self, &'ast N),
+    ) {
+        if !self.skip_test(attrs, node.span()) {
+            walk(self, node);
+        }
+    }
+
     fn function(&mut self, name: &syn::Ident, span: proc_macro2::Span) {
         self.functions
             .push((name.to_string(), span.start().line..=span.end().line));
@@ -157,11 +169,7 @@ fn is_cfg_test(attr: &syn::Attribute) -> bool {
 
 impl<'ast> Visit<'ast> for Items {
     fn visit_item(&mut self, item: &'ast syn::Item) {
-        let attrs = item_attrs(item);
-        if self.skip_test(attrs, item.span()) {
-            return;
-        }
-        syn::visit::visit_item(self, item);
+        self.walk_unless_test(item_attrs(item), item, syn::visit::visit_item);
     }
 
     fn visit_item_fn(&mut self, item: &'ast syn::ItemFn) {
@@ -170,16 +178,8 @@ impl<'ast> Visit<'ast> for Items {
     }
 
     fn visit_impl_item(&mut self, item: &'ast syn::ImplItem) {
-        let attrs: &[syn::Attribute] = match item {
-            syn::ImplItem::Fn(f) => &f.attrs,
-            syn::ImplItem::Const(c) => &c.attrs,
-            syn::ImplItem::Type(t) => &t.attrs,
-            _ => &[],
-        };
-        if self.skip_test(attrs, item.span()) {
-            return;
-        }
-        syn::visit::visit_impl_item(self, item);
+        let attrs = impl_item_attrs(item);
+        self.walk_unless_test(attrs, item, syn::visit::visit_impl_item);
     }
 
     fn visit_impl_item_fn(&mut self, item: &'ast syn::ImplItemFn) {
@@ -212,6 +212,15 @@ fn item_attrs(item: &syn::Item) -> &[syn::Attribute] {
         syn::Item::Type(i) => &i.attrs,
         syn::Item::Union(i) => &i.attrs,
         syn::Item::Use(i) => &i.attrs,
+        _ => &[],
+    }
+}
+
+fn impl_item_attrs(item: &syn::ImplItem) -> &[syn::Attribute] {
+    match item {
+        syn::ImplItem::Fn(f) => &f.attrs,
+        syn::ImplItem::Const(c) => &c.attrs,
+        syn::ImplItem::Type(t) => &t.attrs,
         _ => &[],
     }
 }

@@ -29,6 +29,17 @@ fn ids_sorted() -> Vec<&'static str> {
     ids
 }
 
+/// Whether `id` stands at an even index of [`IDS`] (the flows the suites
+/// take a step further than the others).
+fn at_even_index(id: &str) -> bool {
+    IDS.iter().position(|i| *i == id).expect("one of IDS") % 2 == 0
+}
+
+/// The ids of a page of flows, each read by `id`.
+fn flow_ids<T>(page: Vec<T>, id: impl Fn(&T) -> &FlowId) -> Vec<String> {
+    page.iter().map(|f| id(f).as_str().to_owned()).collect()
+}
+
 /// The flows a page reader lists for `(prefix, after, limit)`, by id.
 type Pager<'a> = dyn FnMut(&str, Option<&FlowId>, usize) -> Vec<String> + 'a;
 
@@ -92,26 +103,16 @@ pub fn browse_producer_flows_by_prefix_and_page<B: Backend>(dir: &Path) {
     let flows = p.producer_flows_page("", None, 100).unwrap();
     let expected: Vec<ProducerFlow> = sorted
         .iter()
-        .map(|id| {
-            let last = if IDS.iter().position(|i| i == id).unwrap() % 2 == 0 {
-                2
-            } else {
-                1
-            };
-            ProducerFlow {
-                flow_id: flow(id),
-                last_seq: seq(last),
-            }
+        .map(|id| ProducerFlow {
+            flow_id: flow(id),
+            last_seq: seq(if at_even_index(id) { 2 } else { 1 }),
         })
         .collect();
     assert_eq!(flows, expected);
     check_pages(
         &mut |prefix, after, limit| {
-            p.producer_flows_page(prefix, after, limit)
-                .expect("producer_flows_page")
-                .into_iter()
-                .map(|f| f.flow_id.as_str().to_owned())
-                .collect()
+            let page = p.producer_flows_page(prefix, after, limit);
+            flow_ids(page.expect("producer_flows_page"), |f| &f.flow_id)
         },
         &sorted,
     );
@@ -201,21 +202,14 @@ pub fn browse_consumer_flows_and_one_inbox_row<B: Backend>(dir: &Path) {
         .iter()
         .map(|id| ConsumerFlow {
             flow_id: flow(id),
-            applied_seq: if IDS.iter().position(|i| i == id).unwrap() % 2 == 0 {
-                2
-            } else {
-                0
-            },
+            applied_seq: if at_even_index(id) { 2 } else { 0 },
         })
         .collect();
     assert_eq!(c.consumer_flows_page("", None, 100).unwrap(), expected);
     check_pages(
         &mut |prefix, after, limit| {
-            c.consumer_flows_page(prefix, after, limit)
-                .expect("consumer_flows_page")
-                .into_iter()
-                .map(|f| f.flow_id.as_str().to_owned())
-                .collect()
+            let page = c.consumer_flows_page(prefix, after, limit);
+            flow_ids(page.expect("consumer_flows_page"), |f| &f.flow_id)
         },
         &sorted,
     );
