@@ -96,6 +96,11 @@ pub struct InitArgs {
     /// application's (beside its own tables) instead of refusing it.
     #[arg(long)]
     pub adopt: bool,
+    /// The name a new producer store is created with (default: default):
+    /// its namespace in every inbox it delivers to. An existing producer
+    /// store of another name is refused; a name never changes.
+    #[arg(long, value_name = "NAME")]
+    pub producer_name: Option<ordo_core::ProducerName>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -60,6 +60,11 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
 }
 
 fn init(json_mode: bool, args: InitArgs) -> Result<(), Failure> {
+    if args.producer_name.is_some() && args.sides.producer.is_none() {
+        return Err(Failure::Usage(
+            "--producer-name names a producer store: give --producer".into(),
+        ));
+    }
     let domain = args
         .domain
         .as_ref()
@@ -94,8 +99,8 @@ fn init(json_mode: bool, args: InitArgs) -> Result<(), Failure> {
     let mut lines = Vec::new();
     if let Some(location) = &args.sides.producer {
         let store = match args.adopt {
-            true => adopt_producer(location, domain)?,
-            false => open_producer_of(location, domain)?,
+            true => adopt_producer(location, domain, args.producer_name.as_ref())?,
+            false => open_producer_of(location, domain, args.producer_name.as_ref())?,
         };
         value.insert("producer".into(), location.to_string().into());
         lines.push(format!("producer {location} (domain {})", store.domain()));
@@ -406,6 +411,7 @@ fn producer_snapshot_value(producer: &mut AnyProducer) -> Result<Value, StoreErr
     let (flows, outbox) = producer.snapshot()?;
     Ok(json!({
         "store_id": producer.handle().store_id().as_str(),
+        "producer_name": producer.handle().producer_name().as_str(),
         "flows": flows.iter().map(render::flow).collect::<Vec<_>>(),
         "outbox": outbox.iter().map(render::outbox).collect::<Vec<_>>(),
     }))

@@ -5,7 +5,7 @@
 use std::sync::{Arc, OnceLock};
 
 use ordo::{OpenSpec, Schema};
-use ordo_core::{Clock, ErrorKind, FixedClock, StoreError, SystemClock};
+use ordo_core::{Clock, ErrorKind, FixedClock, ProducerName, StoreError, SystemClock};
 use ordo_reservation::{consumer_schema, producer_schema};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 use serde_json::Value;
@@ -103,13 +103,21 @@ fn schema(domain: &str, producer: bool) -> Result<Schema, Failure> {
 /// Opens the producer store with [`clock`]: an existing store of any
 /// domain, or a new one of the reservation domain.
 pub fn open_producer(location: &Location) -> Result<AnyProducer, Failure> {
-    open_producer_of(location, ordo_reservation::DOMAIN)
+    open_producer_of(location, ordo_reservation::DOMAIN, None)
 }
 
 /// Opens the producer store with [`clock`]: an existing store of any
-/// domain (left as it is), or a new one of `domain`.
-pub fn open_producer_of(location: &Location, domain: &str) -> Result<AnyProducer, Failure> {
-    let spec = with_process(OpenSpec::existing_or_new(schema(domain, true)?));
+/// domain (left as it is), or a new one of `domain`; with `name`, created
+/// with that name, and an existing one of another name refused.
+pub fn open_producer_of(
+    location: &Location,
+    domain: &str,
+    name: Option<&ProducerName>,
+) -> Result<AnyProducer, Failure> {
+    let spec = named(
+        with_process(OpenSpec::existing_or_new(schema(domain, true)?)),
+        name,
+    );
     Ok(spec.producer(location)?)
 }
 
@@ -147,8 +155,20 @@ fn adopting(location: &Location, domain: &str, producer: bool) -> Result<OpenSpe
 /// Opens the SQLite files of `init --adopt` (beside an application's own
 /// tables) for `domain`; a URL is refused: a PostgreSQL store has its own
 /// schemas, beside the application's, without adopting anything.
-pub fn adopt_producer(location: &Location, domain: &str) -> Result<AnyProducer, Failure> {
-    Ok(adopting(location, domain, true)?.producer(location)?)
+pub fn adopt_producer(
+    location: &Location,
+    domain: &str,
+    name: Option<&ProducerName>,
+) -> Result<AnyProducer, Failure> {
+    Ok(named(adopting(location, domain, true)?, name).producer(location)?)
+}
+
+/// `spec` naming the producer store it opens, when a name is given.
+fn named(spec: OpenSpec, name: Option<&ProducerName>) -> OpenSpec {
+    match name {
+        Some(name) => spec.producer_name(name.clone()),
+        None => spec,
+    }
 }
 
 /// [`adopt_producer`] for the consumer.

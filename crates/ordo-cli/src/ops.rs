@@ -370,7 +370,8 @@ fn producer_side(
 ) -> Result<(Value, String), Failure> {
     let mut producer = open_producer(location)?;
     let p = producer.handle().producer_status(now_ms)?;
-    let store_id = producer.handle().store_id().clone();
+    let mut value = producer_status_value(now_ms, &p, producer.handle().store_id());
+    value["producer_name"] = producer.producer_name().as_str().into();
     // Nothing pending: no age to claim ("-" in the text, null in JSON),
     // and no age threshold can be breached.
     let oldest_age_s = p.oldest_pending_age_s(now_ms);
@@ -380,7 +381,7 @@ fn producer_side(
         "producer: backlog {} (oldest {oldest}), quarantined {}, backing off {}",
         p.backlog, p.quarantined, p.backing_off
     );
-    Ok((producer_status_value(now_ms, &p, &store_id), line))
+    Ok((value, line))
 }
 
 /// The consumer's part of `status`: its JSON and its text lines; its

@@ -1219,7 +1219,7 @@ fn snapshot_has_every_row_with_the_contract_keys() {
     assert_eq!(
         empty,
         json!({
-            "producer": {"store_id": store_id("producer"), "flows": [], "outbox": []},
+            "producer": {"store_id": store_id("producer"), "producer_name": "default", "flows": [], "outbox": []},
             "consumer": {"store_id": store_id("consumer"), "inbox": [], "projection": [], "effects": []},
         })
     );
@@ -1241,7 +1241,10 @@ fn snapshot_has_every_row_with_the_contract_keys() {
 
     let snapshot = lab.snapshot();
     assert_eq!(keys(&snapshot), ["consumer", "producer"]);
-    assert_eq!(keys(&snapshot["producer"]), ["flows", "outbox", "store_id"]);
+    assert_eq!(
+        keys(&snapshot["producer"]),
+        ["flows", "outbox", "producer_name", "store_id"]
+    );
     assert_eq!(
         keys(&snapshot["consumer"]),
         ["effects", "inbox", "projection", "store_id"]

@@ -955,6 +955,7 @@ fn status_reports_every_signal_with_exact_ages() {
             "backing_off",
             "backlog",
             "oldest_pending_age_s",
+            "producer_name",
             "quarantined",
             "store_id"
         ]

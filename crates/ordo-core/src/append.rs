@@ -42,6 +42,7 @@ pub fn next_event<T: serde::Serialize + ?Sized>(
         schema_version,
         event_type,
         payload,
+        producer: crate::ids::ProducerName::default(),
     };
     debug_assert_eq!(
         event.seq.get(),

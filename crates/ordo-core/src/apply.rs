@@ -14,7 +14,7 @@
 
 use crate::envelope::Envelope;
 use crate::error::StoreError;
-use crate::handler::{apply_in_order, ApplyContext, ApplyHandler, Verdict, DEFAULT_PRODUCER};
+use crate::handler::{apply_in_order, ApplyContext, ApplyHandler, Verdict};
 use crate::ids::{BlockCode, EventId, FlowId, Seq};
 use crate::outcome::{BlockReason, Drain, DrainStop, InboxStatus, Step};
 use crate::store::{plan_apply, ApplyPlan, NextRow};
@@ -354,7 +354,7 @@ where
     if guarded {
         w.savepoint()?;
     }
-    let mut cx = ApplyContext::new(w.handler_tx(), DEFAULT_PRODUCER);
+    let mut cx = ApplyContext::new(w.handler_tx(), event.producer.as_str());
     let verdict = handler.apply(&mut cx, &event)?;
     w.after_handler(flow_id, next)?;
     match verdict {
@@ -383,7 +383,8 @@ where
     }
 }
 
-/// Hands the `deferred` events to the handler in one call and marks them
+/// Hands the `deferred` events to the handler, one call per run of events
+/// of one producer (a call's events all come from one), and marks them
 /// applied; false when one of them blocked (the caller rolls the
 /// transaction back).
 pub fn flush<W, H>(w: &mut W, handler: &mut H, deferred: &mut Deferred) -> Result<bool, StoreError>
@@ -392,25 +393,21 @@ where
     H: ApplyHandler<W::Tx> + ?Sized,
 {
     let events = std::mem::take(deferred);
-    let Some(first) = events.first() else {
-        return Ok(true);
-    };
-    let mut cx = ApplyContext::new(w.handler_tx(), DEFAULT_PRODUCER);
-    let verdict = apply_in_order(handler, &mut cx, &events, |event| {
-        w.after_handler(&event.flow_id, event.seq)
-    })?;
-    match verdict {
-        Verdict::Apply => {
-            for event in &events {
-                w.mark_applied(&event.flow_id, event.seq, &event.event_id)?;
-            }
-            Ok(true)
-        }
-        Verdict::Block(_) => {
+    for run in events.chunk_by(|a, b| a.producer == b.producer) {
+        let first = &run[0];
+        let mut cx = ApplyContext::new(w.handler_tx(), first.producer.as_str());
+        let verdict = apply_in_order(handler, &mut cx, run, |event| {
+            w.after_handler(&event.flow_id, event.seq)
+        })?;
+        if let Verdict::Block(_) = verdict {
             w.check_open(&first.flow_id, first.seq)?;
-            Ok(false)
+            return Ok(false);
         }
     }
+    for event in &events {
+        w.mark_applied(&event.flow_id, event.seq, &event.event_id)?;
+    }
+    Ok(true)
 }
 
 /// What one run of a batch did.

@@ -13,7 +13,7 @@ use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, Seq
 use serde_json::{Map, Number, Value};
 use sha2::{Digest, Sha256};
 
-use crate::ids::{EventId, FlowId, RuleViolation, SchemaVersion, Seq};
+use crate::ids::{EventId, FlowId, ProducerName, RuleViolation, SchemaVersion, Seq};
 
 mod stream;
 
@@ -31,6 +31,11 @@ pub const FIELDS: [&str; 6] = [
     "type",
     "payload",
 ];
+
+/// The optional top-level fields of an envelope (PROTOCOL.md section 12):
+/// `producer`, the name of the producer store that appended it, left out
+/// for [`ProducerName::DEFAULT`].
+pub const OPTIONAL_FIELDS: [&str; 1] = ["producer"];
 
 /// One event as it travels from producer to consumer.
 ///
@@ -50,6 +55,11 @@ pub struct Envelope {
     pub event_type: EventType,
     /// The payload object, uninterpreted.
     pub payload: Map<String, Value>,
+    /// The name of the producer store that appended it: its namespace in
+    /// every inbox. The default name is never written out (an envelope
+    /// without `producer` is the default producer's, and one that names
+    /// `"default"` is malformed, so that one event has one body).
+    pub producer: ProducerName,
 }
 
 crate::ids::checked_string! {
@@ -306,6 +316,9 @@ impl Envelope {
             seq: i64,
             #[serde(rename = "type")]
             event_type: String,
+            // Present (null included) or left out: a null is no name.
+            #[serde(default, deserialize_with = "present")]
+            producer: Option<Value>,
         }
         // serde's reader of a struct also takes an array of its fields in
         // order; an envelope is only ever an object.
@@ -341,6 +354,7 @@ impl Envelope {
             event_type: EventType::new(stored.event_type)
                 .map_err(|e| MalformedEnvelope::invalid("type", e.rule))?,
             payload,
+            producer: producer_field(stored.producer.as_ref())?,
         })
     }
 
@@ -355,7 +369,8 @@ impl Envelope {
                 })
             }
         };
-        if let Some(extra) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        let known = |k: &str| FIELDS.contains(&k) || OPTIONAL_FIELDS.contains(&k);
+        if let Some(extra) = object.keys().find(|k| !known(k.as_str())) {
             return Err(MalformedEnvelope::UnknownField {
                 field: extra.clone(),
             });
@@ -386,6 +401,7 @@ impl Envelope {
             }
             None => return Err(MalformedEnvelope::MissingField { field: "payload" }),
         };
+        let producer = producer_field(object.get("producer"))?;
         Ok(Envelope {
             event_id,
             flow_id,
@@ -393,10 +409,12 @@ impl Envelope {
             schema_version,
             event_type,
             payload,
+            producer,
         })
     }
 
-    /// The envelope as a JSON object with exactly the six protocol fields.
+    /// The envelope as a JSON object: the six protocol fields, and
+    /// `producer` unless it is the default.
     pub fn to_value(&self) -> Value {
         let mut object = Map::new();
         object.insert("event_id".into(), self.event_id.as_str().into());
@@ -405,6 +423,9 @@ impl Envelope {
         object.insert("schema_version".into(), self.schema_version.get().into());
         object.insert("type".into(), self.event_type.as_str().into());
         object.insert("payload".into(), Value::Object(self.payload.clone()));
+        if let Some(producer) = self.written_producer() {
+            object.insert("producer".into(), producer.into());
+        }
         Value::Object(object)
     }
 
@@ -420,6 +441,8 @@ impl Envelope {
             event_id: &'e str,
             flow_id: &'e str,
             payload: &'e Map<String, Value>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            producer: Option<&'e str>,
             schema_version: i64,
             seq: i64,
             #[serde(rename = "type")]
@@ -429,11 +452,17 @@ impl Envelope {
             event_id: self.event_id.as_str(),
             flow_id: self.flow_id.as_str(),
             payload: &self.payload,
+            producer: self.written_producer(),
             schema_version: self.schema_version.get(),
             seq: self.seq.get(),
             event_type: self.event_type.as_str(),
         })
         .expect("an envelope always serializes")
+    }
+
+    /// The producer's name as the body writes it: `None` for the default.
+    fn written_producer(&self) -> Option<&str> {
+        (!self.producer.is_default()).then(|| self.producer.as_str())
     }
 
     /// The canonical body: the RFC 8785 serialization of [`Envelope::to_value`].
@@ -458,6 +487,30 @@ impl Envelope {
             self.schema_version
         ))
     }
+}
+
+/// A field that is present, whatever its value (serde reads a null
+/// `Option` as absent).
+fn present<'de, D: serde::Deserializer<'de>>(reader: D) -> Result<Option<Value>, D::Error> {
+    <Value as serde::Deserialize>::deserialize(reader).map(Some)
+}
+
+/// The optional `producer` field: absent, the default producer; present, a
+/// producer name other than the default (naming the default is malformed:
+/// one event has one body).
+fn producer_field(value: Option<&Value>) -> Result<ProducerName, MalformedEnvelope> {
+    let Some(value) = value else {
+        return Ok(ProducerName::default());
+    };
+    let name = ProducerName::new(string_field("producer", value)?)
+        .map_err(|e| MalformedEnvelope::invalid("producer", e.rule))?;
+    if name.is_default() {
+        return Err(MalformedEnvelope::invalid(
+            "producer",
+            "must be left out for the default producer (\"default\" is never written)",
+        ));
+    }
+    Ok(name)
 }
 
 /// The RFC 8785 canonical serialization of a JSON value.
@@ -585,6 +638,38 @@ mod tests {
     use super::*;
 
     const GOOD: &str = r#"{"event_id":"e-1","flow_id":"f","seq":1,"schema_version":1,"type":"placed","payload":{"total":5}}"#;
+
+    /// GOOD with `producer` set to `value` (a JSON text).
+    fn with_producer(value: &str) -> String {
+        GOOD.replacen('{', &format!(r#"{{"producer":{value},"#), 1)
+    }
+
+    #[test]
+    fn the_producer_is_optional_and_never_written_as_the_default() {
+        let default = Envelope::parse_str(GOOD).unwrap();
+        assert!(default.producer.is_default());
+        assert!(!default.stored_text().contains("producer"));
+        let named = Envelope::parse_str(&with_producer(r#""orders""#)).unwrap();
+        assert_eq!(named.producer.as_str(), "orders");
+        let stored = named.stored_text();
+        assert!(stored.contains(r#""producer":"orders""#), "{stored}");
+        assert_eq!(Envelope::from_stored(&stored).unwrap(), named);
+        assert_eq!(Envelope::parse_str(&stored).unwrap(), named);
+        assert_eq!(named.to_value().to_string(), stored);
+        assert_ne!(named.body_hash(), default.body_hash());
+        for (value, words) in [
+            (r#""default""#, "must be left out for the default producer"),
+            (r#""Orders""#, "a producer name must match"),
+            ("7", "must be a string"),
+            ("null", "must be a string"),
+        ] {
+            let text = with_producer(value);
+            let refused = Envelope::parse_str(&text).unwrap_err().to_string();
+            assert!(refused.contains(words), "{value}: {refused}");
+            let stored = Envelope::from_stored(&text);
+            assert!(stored.is_err(), "{value} read from a stored body");
+        }
+    }
 
     fn replace(field: &str, raw: &str) -> String {
         let mut value: Value = serde_json::from_str(GOOD).unwrap();

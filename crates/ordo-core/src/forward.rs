@@ -164,8 +164,9 @@ macro_rules! consumer_store_impls {
 
 /// The methods of [`ProducerOps`](crate::ProducerOps) that only forward,
 /// written inside a backend's `impl ProducerOps` block (for a store with
-/// `conn` and `store_id` fields and an inherent `domain()`): `domain`,
-/// `store_id`, and the two browse reads, which call
+/// `conn`, `store_id` and `producer_name` fields and an inherent
+/// `domain()`): `domain`, `store_id`, `producer_name`, and the two browse
+/// reads, which call
 /// `$browse::{producer_flows_page, flow_outbox_entries}(&conn, ..)`.
 #[macro_export]
 macro_rules! producer_ops_methods {
@@ -176,6 +177,10 @@ macro_rules! producer_ops_methods {
 
         fn store_id(&self) -> &$crate::StoreId {
             &self.store_id
+        }
+
+        fn producer_name(&self) -> &$crate::ProducerName {
+            &self.producer_name
         }
 
         fn producer_flows_page(

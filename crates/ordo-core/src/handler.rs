@@ -16,7 +16,7 @@ use crate::outcome::BlockReason;
 
 /// The producer name of every event until producers are named: the one
 /// namespace of a store that serves one producer.
-pub const DEFAULT_PRODUCER: &str = "default";
+pub const DEFAULT_PRODUCER: &str = crate::ids::ProducerName::DEFAULT;
 
 /// What the store hands a handler with each call: the backend's
 /// transaction, and what ordo knows of the events being applied beyond

@@ -285,8 +285,54 @@ checked_string! {
     new: domain_name => RuleViolation;
 }
 
-/// `value` if it matches `[a-z][a-z0-9_-]{0,63}`.
+checked_string! {
+    /// The name of a producer store (PROTOCOL.md section 12):
+    /// `[a-z][a-z0-9_-]{0,63}`, set when the store is created and never
+    /// changed; [`ProducerName::DEFAULT`] when none is given and for every
+    /// store of an earlier release. It names the producer's namespace in
+    /// every inbox it delivers to.
+    #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub struct ProducerName;
+    /// Builds a producer name, refusing anything but `[a-z][a-z0-9_-]{0,63}`.
+    new: producer_name => RuleViolation;
+}
+
+impl ProducerName {
+    /// The name of a producer store created without one, and of every store
+    /// of an earlier release.
+    pub const DEFAULT: &'static str = "default";
+
+    /// [`ProducerName::DEFAULT`] as a name.
+    pub fn default_name() -> ProducerName {
+        ProducerName(ProducerName::DEFAULT.to_string())
+    }
+
+    /// Whether this is [`ProducerName::DEFAULT`] (left out of the envelopes
+    /// its store appends).
+    pub fn is_default(&self) -> bool {
+        self.0 == ProducerName::DEFAULT
+    }
+}
+
+impl Default for ProducerName {
+    fn default() -> ProducerName {
+        ProducerName::default_name()
+    }
+}
+
+/// `value` if it is a domain name: `[a-z][a-z0-9_-]{0,63}`.
 fn domain_name(value: String) -> Result<String, RuleViolation> {
+    lower_name("domain name", value)
+}
+
+/// `value` if it is a producer name: `[a-z][a-z0-9_-]{0,63}`.
+fn producer_name(value: String) -> Result<String, RuleViolation> {
+    lower_name("producer name", value)
+}
+
+/// `value` if it matches `[a-z][a-z0-9_-]{0,63}`; `what` names it in the
+/// refusal.
+fn lower_name(what: &str, value: String) -> Result<String, RuleViolation> {
     let mut chars = value.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
     let rest_ok =
@@ -295,7 +341,7 @@ fn domain_name(value: String) -> Result<String, RuleViolation> {
         Ok(value)
     } else {
         Err(RuleViolation::new(format!(
-            "a domain name must match [a-z][a-z0-9_-]{{0,63}} (got {value:?})"
+            "a {what} must match [a-z][a-z0-9_-]{{0,63}} (got {value:?})"
         )))
     }
 }
@@ -358,6 +404,11 @@ mod tests {
         let good = ["reservation", "orders-v2_x", "a", &longest];
         let bad = [&too_long, "", "1abc", "-a", "Orders", "a.b"];
         assert_rule("domain", |v| DomainName::new(v), &good, &bad);
+        assert_rule("producer", |v| ProducerName::new(v), &good, &bad);
+        let refused = ProducerName::new("Orders").unwrap_err().to_string();
+        assert!(refused.contains("a producer name must match"), "{refused}");
+        assert!(ProducerName::default().is_default());
+        assert!(!ProducerName::new("orders").unwrap().is_default());
     }
 
     #[test]

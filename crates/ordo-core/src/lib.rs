@@ -43,7 +43,9 @@ pub use envelope::{BodyHash, Envelope, EventType, MalformedEnvelope};
 pub use error::{AppendError, ErrorKind, RelayError, StoreError};
 pub use handler::{apply_in_order, ApplyContext, ApplyHandler, Verdict, DEFAULT_PRODUCER};
 pub use identity::StoreId;
-pub use ids::{BlockCode, DomainName, EventId, FlowId, RuleViolation, SchemaVersion, Seq};
+pub use ids::{
+    BlockCode, DomainName, EventId, FlowId, ProducerName, RuleViolation, SchemaVersion, Seq,
+};
 pub use outcome::{
     Answer, BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
 };

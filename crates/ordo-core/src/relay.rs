@@ -789,6 +789,7 @@ mod tests {
             schema_version: SchemaVersion::V1,
             event_type: EventType::new("noted").unwrap(),
             payload: serde_json::Map::new(),
+            producer: crate::ProducerName::default(),
         }
     }
 

@@ -9,7 +9,7 @@ use crate::error::ErrorKind;
 use crate::error::{AppendError, StoreError};
 use crate::handler::ApplyHandler;
 use crate::identity::StoreId;
-use crate::ids::{BlockCode, EventId, FlowId, SchemaVersion, Seq};
+use crate::ids::{BlockCode, EventId, FlowId, ProducerName, SchemaVersion, Seq};
 use crate::ops::{
     whole_read, ConsumerFlow, ConsumerStatus, InboxEntry, OutboxEntry, ProducerFlow,
     ProducerStatus, Pruned, RepairRecord, RetryRefused, SkipRefused, SkipRequest,
@@ -143,6 +143,10 @@ pub trait ProducerOps {
 
     /// The store's identity, fixed when it was created.
     fn store_id(&self) -> &StoreId;
+
+    /// The producer's name, set when the store was created
+    /// ([`ProducerName::DEFAULT`] for a store of an earlier release).
+    fn producer_name(&self) -> &ProducerName;
 
     /// Every outbox row, in commit order.
     fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError>;
@@ -290,6 +294,52 @@ pub trait ProducerStore: ProducerOps {
     ) -> Result<(), StoreError>;
 }
 
+/// The producer name a store records at `place`, checked:
+/// [`ProducerName::DEFAULT`] when it records none (a store of an earlier
+/// release); a recorded value that is no producer name is a corrupt store.
+pub fn stored_producer_name(
+    place: &str,
+    stored: Option<String>,
+) -> Result<ProducerName, StoreError> {
+    match stored {
+        None => Ok(ProducerName::default()),
+        Some(name) => ProducerName::new(name)
+            .map_err(|e| StoreError::corrupt(&format!("{place}: producer name"), e)),
+    }
+}
+
+/// Refuses to open the producer store at `place`, named `stored`, under
+/// another name than `wanted` (when one is asked for): a producer's name
+/// is set when its store is created and never changes.
+pub fn check_producer_name(
+    place: &str,
+    stored: &ProducerName,
+    wanted: Option<&ProducerName>,
+) -> Result<(), StoreError> {
+    match wanted {
+        Some(wanted) if wanted != stored => Err(StoreError::new(
+            ErrorKind::Incompatible,
+            format!(
+                "{place} is the producer store named \"{stored}\", not \"{wanted}\": a producer's name is set when its store is created and never changes"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses to append an envelope that names another producer than the
+/// store's `name` (an envelope a caller built for another store): every
+/// body a producer store holds names that store.
+pub fn check_envelope_producer(event: &Envelope, name: &ProducerName) -> Result<(), AppendError> {
+    if &event.producer == name {
+        return Ok(());
+    }
+    Err(AppendError::Invalid(format!(
+        "event {} names producer \"{}\", but this is the producer store named \"{name}\"",
+        event.event_id, event.producer
+    )))
+}
+
 /// A producer's write transaction, as an application appends to the outbox
 /// through it (each backend's own: `ordo_sqlite::ProducerTx`,
 /// `ordo_postgres::PgProducerTx`). The backend reads a flow's last seq and
@@ -302,6 +352,10 @@ pub trait OutboxTx {
     /// milliseconds since the Unix epoch.
     fn now_ms(&self) -> i64;
 
+    /// The name of the store's producer, written into every envelope
+    /// [`OutboxTx::append`] builds (left out of the body for the default).
+    fn producer_name(&self) -> &ProducerName;
+
     /// Appends an envelope the caller built, with its own event id, to the
     /// outbox in this transaction. Its seq must be exactly the flow's
     /// [`OutboxTx::last_seq`] plus one, so a flow's seqs stay contiguous,
@@ -313,8 +367,8 @@ pub trait OutboxTx {
     /// returns it: its seq is the flow's last committed seq plus one, its id
     /// [`EventId::for_seq`] (`FLOW-SEQ`, or `h` and a hash when that would
     /// pass 100 characters), its payload `payload` serialized to a JSON
-    /// object. The application's own writes in the same transaction commit
-    /// with it or not at all.
+    /// object, its `producer` the store's name. The application's own
+    /// writes in the same transaction commit with it or not at all.
     ///
     /// A payload that does not serialize to a JSON object, or an event type
     /// breaking the envelope's rules, is refused ([`AppendError::Invalid`])
@@ -330,8 +384,9 @@ pub trait OutboxTx {
         Self: Sized,
     {
         let last_seq = self.last_seq(flow_id)?;
-        let event =
+        let mut event =
             crate::append::next_event(flow_id, last_seq, event_type, schema_version, payload)?;
+        event.producer = self.producer_name().clone();
         self.append_envelope(&event)?;
         assert_eq!(
             event.seq.get(),

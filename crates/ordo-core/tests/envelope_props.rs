@@ -22,7 +22,7 @@
 
 use std::fmt::Write as _;
 
-use ordo_core::envelope::{canonical_json, parse_strict_json, BodyHash, FIELDS};
+use ordo_core::envelope::{canonical_json, parse_strict_json, BodyHash, FIELDS, OPTIONAL_FIELDS};
 use ordo_core::{Envelope, EventId, EventType, FlowId, MalformedEnvelope, SchemaVersion, Seq};
 use proptest::prelude::*;
 use serde_json::{Map, Number, Value};
@@ -175,6 +175,7 @@ fn envelope() -> impl Strategy<Value = Envelope> {
                 schema_version: SchemaVersion::new(schema_version).unwrap(),
                 event_type: EventType::new(event_type).unwrap(),
                 payload,
+                producer: ordo_core::ProducerName::default(),
             },
         )
 }
@@ -825,7 +826,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         (0usize..6, 0usize..16).prop_map(|(field, raw)| Mutation::WrongValue { field, raw }),
         (json_string(), json_leaf())
             .prop_filter("not an envelope field", |(key, _)| {
-                !FIELDS.contains(&key.as_str())
+                !FIELDS.contains(&key.as_str()) && !OPTIONAL_FIELDS.contains(&key.as_str())
             })
             .prop_map(|(key, value)| Mutation::Unknown(key, value)),
         garbage.prop_map(Mutation::Append),

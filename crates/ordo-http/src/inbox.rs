@@ -23,7 +23,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use ordo_core::{Answer, Envelope, EventId, DEFAULT_PRODUCER};
+use ordo_core::{Answer, Envelope, EventId};
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
@@ -276,7 +276,7 @@ fn receipt_value(envelope: &Envelope, answer: &Answer) -> Value {
         "event_id": envelope.event_id.as_str(),
         "flow_id": envelope.flow_id.as_str(),
         "seq": envelope.seq.get(),
-        "producer": DEFAULT_PRODUCER,
+        "producer": envelope.producer.as_str(),
         "receipt": answer.receipt.as_str(),
     });
     if let Some(cause) = answer.receipt.cause() {

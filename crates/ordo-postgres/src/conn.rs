@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 pub(crate) use ordo_core::open::Want;
-use ordo_core::{ErrorKind, StoreError, StoreId};
+use ordo_core::store::{check_producer_name, stored_producer_name};
+use ordo_core::{ErrorKind, ProducerName, StoreError, StoreId};
 use postgres::types::ToSql;
 use postgres::{Client, Row, SimpleQueryMessage, Statement};
 
@@ -66,6 +67,11 @@ pub struct PgOptions {
     /// round, caught up or not; a relay that stops making rounds holds its
     /// flows at most this long.
     pub lease_ms: u64,
+    /// The name a producer store is created with (`None`:
+    /// [`ProducerName::DEFAULT`]). An existing producer store named
+    /// otherwise is refused and nothing is changed: a producer's name is set
+    /// when it is created and never changes. Not read for consumer stores.
+    pub producer_name: Option<ProducerName>,
 }
 
 /// The default duration of a relay's lease on a flow.
@@ -79,6 +85,7 @@ impl Default for PgOptions {
             owner: None,
             application_name: None,
             lease_ms: LEASE_MS_DEFAULT,
+            producer_name: None,
         }
     }
 }
@@ -574,6 +581,8 @@ pub(crate) struct Opened {
     pub conn: PgTx,
     pub domain: String,
     pub store_id: StoreId,
+    /// The producer's name (a consumer store records none: the default).
+    pub producer_name: ProducerName,
     pub owner: String,
 }
 
@@ -638,24 +647,30 @@ pub(crate) fn open(url: &str, opening: Opening<'_>) -> Result<Opened, StoreError
         broken: Cell::new(false),
     };
     let context = format!("{schema}: cannot initialise");
-    let (domain, store_id) = conn.in_tx(&context, |tx| {
+    let (domain, store_id, producer_name) = conn.in_tx(&context, |tx| {
         let domain = init(tx, &schema, opening)?;
-        let stored = tx
-            .row(
-                "cannot read the store's identity",
-                "SELECT value FROM {s}.ordo_meta WHERE key = 'store_id'",
-                &[],
-            )?
-            .map(|row| row.get(0));
-        let store_id = StoreId::stored(&format!("{schema}.ordo_meta"), stored)?;
-        Ok::<_, StoreError>((domain, store_id))
+        let place = format!("{schema}.ordo_meta");
+        let store_id = StoreId::stored(&place, read_meta(tx, "store_id")?)?;
+        let producer_name = stored_producer_name(&place, read_meta(tx, "producer_name")?)?;
+        Ok::<_, StoreError>((domain, store_id, producer_name))
     })?;
     Ok(Opened {
         conn,
         domain,
         store_id,
+        producer_name,
         owner,
     })
+}
+
+/// The value `ordo_meta` records under `key`, if any.
+fn read_meta(tx: &PgTx, key: &str) -> Result<Option<String>, StoreError> {
+    let row = tx.row(
+        "cannot read ordo_meta",
+        "SELECT value FROM {s}.ordo_meta WHERE key = $1",
+        &[&key],
+    )?;
+    Ok(row.map(|row| row.get(0)))
 }
 
 /// What a schema holds.
@@ -719,10 +734,23 @@ fn init(tx: &PgTx, schema: &str, opening: Opening<'_>) -> Result<String, StoreEr
             "INSERT INTO {s}.ordo_meta (key, value) VALUES ('role', $1), ('schema_version', $2)",
             &[&role.as_str(), &SCHEMA_VERSION.to_string()],
         )?;
+        if role == Role::Producer {
+            let name = opening.options.producer_name.clone().unwrap_or_default();
+            tx.run(
+                "cannot record the producer's name",
+                "INSERT INTO {s}.ordo_meta (key, value) VALUES ('producer_name', $1)",
+                &[&name.as_str()],
+            )?;
+        }
         domain::install(tx, schema, schema_of)?;
         return Ok(schema_of.domain().as_str().to_string());
     }
     let version = check_meta(tx, schema, role)?;
+    if role == Role::Producer {
+        let place = format!("schema {schema}");
+        let stored = stored_producer_name(&place, read_meta(tx, "producer_name")?)?;
+        check_producer_name(&place, &stored, opening.options.producer_name.as_ref())?;
+    }
     if version < SCHEMA_VERSION {
         migrate(tx, schema, tables, version)?;
         tx.run(

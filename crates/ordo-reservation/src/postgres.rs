@@ -248,6 +248,7 @@ fn advance_all_in_tx(
     }
     let mut outcomes = Vec::with_capacity(requests.len());
     let mut events = Vec::new();
+    let producer = ptx.producer_name().clone();
     let mut changed: Vec<String> = Vec::new();
     for request in requests {
         let flow = request.flow_id.as_str();
@@ -262,6 +263,10 @@ fn advance_all_in_tx(
                 Ok(Advance::InvalidTransition { from, to })
             }
             Ok(AdvanceDecision::Commit { flow: next, event }) => {
+                let event = Envelope {
+                    producer: producer.clone(),
+                    ..event
+                };
                 *current = next;
                 if !changed.iter().any(|c| c == flow) {
                     changed.push(flow.to_owned());

@@ -332,6 +332,7 @@ pub fn decide_advance(
         schema_version: request.schema_version,
         event_type: EventType::new(request.to.as_str()).expect("state names are event types"),
         payload: payload_for(request.schema_version, quantity),
+        producer: ordo_core::ProducerName::default(),
     };
     Ok(AdvanceDecision::Commit {
         flow: FlowRecord {
@@ -591,6 +592,7 @@ mod tests {
             schema_version: SchemaVersion::new(schema).unwrap(),
             event_type: EventType::new(event_type).unwrap(),
             payload: payload.as_object().unwrap().clone(),
+            producer: ordo_core::ProducerName::default(),
         }
     }
 

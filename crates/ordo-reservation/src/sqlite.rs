@@ -267,7 +267,7 @@ fn advance_all_in_tx(
 
 /// A backend's producer transaction, as an advance reads and writes the
 /// flow table in it.
-pub(crate) trait FlowTx {
+pub(crate) trait FlowTx: OutboxTx {
     /// The flow's record with its last seq (a new flow's when it has none).
     fn flow(&mut self, flow_id: &FlowId) -> Result<FlowRecord, StoreError>;
 
@@ -290,6 +290,8 @@ pub(crate) fn advance_in_tx(
         AdvanceDecision::Stale { last_seq } => Advance::Stale { last_seq },
         AdvanceDecision::InvalidTransition { from, to } => Advance::InvalidTransition { from, to },
         AdvanceDecision::Commit { flow, event } => {
+            let producer = ptx.producer_name().clone();
+            let event = Envelope { producer, ..event };
             ptx.write_step(&flow, &event)?;
             Advance::Committed(event)
         }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub(crate) use ordo_core::open::Want;
-use ordo_core::{ErrorKind, StoreError, StoreId};
+use ordo_core::{ErrorKind, ProducerName, StoreError, StoreId};
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
@@ -67,6 +67,11 @@ pub struct OpenOptions {
     /// refuses a file that already has a table of the name ordo would
     /// create.
     pub adopt: bool,
+    /// The name a producer store is created with (`None`:
+    /// [`ProducerName::DEFAULT`]). An existing producer store named
+    /// otherwise is refused and nothing is changed: a producer's name is set
+    /// when it is created and never changes. Not read for consumer stores.
+    pub producer_name: Option<ProducerName>,
 }
 
 impl Default for OpenOptions {
@@ -75,6 +80,7 @@ impl Default for OpenOptions {
             busy_timeout: BUSY_TIMEOUT_DEFAULT,
             create: true,
             adopt: false,
+            producer_name: None,
         }
     }
 }
@@ -322,6 +328,7 @@ pub(crate) fn open(path: &Path, opening: Opening<'_>) -> Result<Opened, StoreErr
     Ok(Opened {
         domain: read_domain(&conn, path)?,
         store_id: read_store_id(&conn, path)?,
+        producer_name: read_producer_name(&conn, path)?,
         wake: crate::watch::signal_for(path),
         conn,
     })
@@ -332,6 +339,8 @@ pub(crate) struct Opened {
     pub conn: Connection,
     pub domain: String,
     pub store_id: StoreId,
+    /// The producer's name (a consumer store records none: the default).
+    pub producer_name: ProducerName,
     pub wake: ordo_core::Signal,
 }
 
@@ -392,6 +401,14 @@ fn open_attempt(
     let adopt = options.adopt && matches!(want, Want::Domain(_));
     let state = read_state(&conn, path, role, adopt)?;
     let domain = want.schema_for(state == FileState::Empty);
+    if role == Role::Producer && matches!(state, FileState::Older | FileState::Current) {
+        let stored = read_producer_name(&conn, path)?;
+        ordo_core::store::check_producer_name(
+            &path.display().to_string(),
+            &stored,
+            options.producer_name.as_ref(),
+        )?;
+    }
     if state == FileState::Foreign {
         check_names_free(&conn, path, tables.create)?;
     }
@@ -414,7 +431,7 @@ fn open_attempt(
     if stale {
         // Nothing to create otherwise: opening then takes no write lock, so a
         // busy peer does not stop a process from starting.
-        init_schema(&conn, path, tables, domain, adopt)?;
+        init_schema(&conn, path, opening, domain, adopt)?;
     }
     Ok(conn)
 }
@@ -481,6 +498,20 @@ pub(crate) fn existing_domain(path: &Path, role: Role) -> Result<Option<String>,
 }
 
 /// The identity a store records (every store opened by this build has one).
+/// The producer name a store records: [`ProducerName::DEFAULT`] for a
+/// store of an earlier release, which recorded none.
+fn read_producer_name(conn: &Connection, path: &Path) -> Result<ProducerName, StoreError> {
+    let stored: Option<String> = conn
+        .query_row(
+            "SELECT value FROM ordo_meta WHERE key = 'producer_name'",
+            [],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(|e| sql_error(&format!("{}: cannot read", path.display()), e))?;
+    ordo_core::store::stored_producer_name(&path.display().to_string(), stored)
+}
+
 fn read_store_id(conn: &Connection, path: &Path) -> Result<StoreId, StoreError> {
     let display = path.display().to_string();
     let stored = conn
@@ -697,11 +728,11 @@ fn check_names_free(conn: &Connection, path: &Path, schema: &str) -> Result<(), 
 fn init_schema(
     conn: &Connection,
     path: &Path,
-    tables: &Tables,
+    opening: Opening<'_>,
     domain: Option<&Schema>,
     adopt: bool,
 ) -> Result<(), StoreError> {
-    let role = tables.role;
+    let (tables, role) = (opening.tables, opening.tables.role);
     let display = path.display().to_string();
     let err = |e| sql_error(&format!("{display}: cannot initialise"), e);
     let tx =
@@ -727,6 +758,14 @@ fn init_schema(
             [role.as_str()],
         )
         .map_err(err)?;
+        if role == Role::Producer {
+            let name = opening.options.producer_name.clone().unwrap_or_default();
+            tx.execute(
+                "INSERT INTO ordo_meta (key, value) VALUES ('producer_name', ?1)",
+                [name.as_str()],
+            )
+            .map_err(err)?;
+        }
     }
     // Version 3: the store's identity, given once (a store of an earlier
     // release gets it here, at its first open by this one).

@@ -10,8 +10,8 @@ use ordo_core::ops::{
     WHOLE_READ_ROWS_MAX,
 };
 use ordo_core::{
-    AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, OutboxTx, ProducerOps,
-    ProducerStore, Receipt, StoreError,
+    AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, OutboxTx, ProducerName,
+    ProducerOps, ProducerStore, Receipt, StoreError,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -73,6 +73,7 @@ pub struct ProducerDb {
     conn: Connection,
     domain: String,
     store_id: ordo_core::StoreId,
+    producer_name: ProducerName,
     wake: ordo_core::Signal,
     data_version: DataVersion,
     clock: Arc<dyn Clock>,
@@ -85,6 +86,7 @@ pub struct ProducerDb {
 /// own state and appends events: both commit together or not at all.
 pub struct ProducerTx<'c> {
     tx: rusqlite::Transaction<'c>,
+    producer_name: &'c ProducerName,
     now_ms: i64,
     appended: u64,
 }
@@ -110,6 +112,7 @@ impl ProducerDb {
             conn: opened.conn,
             domain: opened.domain,
             store_id: opened.store_id,
+            producer_name: opened.producer_name,
             wake: opened.wake,
             data_version: DataVersion::default(),
             clock,
@@ -181,6 +184,7 @@ impl ProducerDb {
         let now_ms = self.clock.now_ms();
         let mut ptx = ProducerTx {
             tx,
+            producer_name: &self.producer_name,
             now_ms,
             appended: 0,
         };
@@ -232,6 +236,10 @@ impl ProducerTx<'_> {
 }
 
 impl OutboxTx for ProducerTx<'_> {
+    fn producer_name(&self) -> &ProducerName {
+        self.producer_name
+    }
+
     fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
         row_cached(
             &self.tx,
@@ -250,6 +258,7 @@ impl OutboxTx for ProducerTx<'_> {
     }
 
     fn append_envelope(&mut self, event: &Envelope) -> Result<(), AppendError> {
+        ordo_core::store::check_envelope_producer(event, self.producer_name)?;
         let err = |e| sql_error("producer: cannot append to the outbox", e);
         let seq = event.seq.get();
         // The row first: a used event id or (flow, seq) fails here, before

@@ -94,3 +94,56 @@ fn a_damaged_identity_is_refused_as_corrupt() {
     assert_eq!(err.kind(), ordo_core::ErrorKind::Corrupt, "{err}");
     assert!(err.to_string().contains("\"not-an-id\""), "{err}");
 }
+
+#[test]
+fn a_producer_is_named_once_and_its_appends_carry_the_name() {
+    use ordo_core::{ErrorKind, FlowId, OutboxTx, ProducerName, SchemaVersion, SystemClock};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.db");
+    let named = |name: Option<&str>| ordo_sqlite::OpenOptions {
+        producer_name: name.map(|n| ProducerName::new(n).unwrap()),
+        ..ordo_sqlite::OpenOptions::default()
+    };
+    let clock = std::sync::Arc::new(SystemClock);
+    let open = |name| ProducerDb::open_with(&path, &schema(), clock.clone(), &named(name));
+    let mut store = open(Some("orders")).unwrap();
+    assert_eq!(store.producer_name().as_str(), "orders");
+    let flow = FlowId::new("f").unwrap();
+    let event = store
+        .write(|tx| tx.append(&flow, "noted", SchemaVersion::V1, &serde_json::json!({})))
+        .unwrap();
+    assert_eq!(event.producer.as_str(), "orders");
+    assert_eq!(store.outbox().unwrap()[0].envelope, event);
+    // An envelope of another producer (here the default) is refused.
+    let mut other =
+        ordo_core::append::next_event(&flow, 1, "noted", SchemaVersion::V1, &serde_json::json!({}))
+            .unwrap();
+    let refused = store.write(|tx| tx.append_envelope(&other)).unwrap_err();
+    assert!(
+        refused.to_string().contains("names producer \"default\""),
+        "{refused}"
+    );
+    other.producer = ProducerName::new("orders").unwrap();
+    store.write(|tx| tx.append_envelope(&other)).unwrap();
+    drop(store);
+
+    let before = std::fs::read(&path).unwrap();
+    let renamed = open(Some("billing")).map(drop).unwrap_err();
+    assert_eq!(renamed.kind(), ErrorKind::Incompatible, "{renamed}");
+    assert!(
+        renamed
+            .to_string()
+            .contains("named \"orders\", not \"billing\""),
+        "{renamed}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "a refused rename writes nothing"
+    );
+    assert_eq!(open(None).unwrap().producer_name().as_str(), "orders");
+    // A store created without a name is the default producer's.
+    let unnamed = dir.path().join("q.db");
+    let store = ProducerDb::open(&unnamed, &schema()).unwrap();
+    assert!(store.producer_name().is_default());
+}

@@ -39,6 +39,7 @@ fn event(flow_id: &str, at: i64, kind: &str, amount: i64) -> Envelope {
         schema_version: SchemaVersion::V1,
         event_type: EventType::new(kind).unwrap(),
         payload: json!({ "amount": amount }).as_object().unwrap().clone(),
+        producer: ordo_core::ProducerName::default(),
     }
 }
 

@@ -416,6 +416,7 @@ impl Event {
             schema_version: SchemaVersion::new(self.schema).unwrap(),
             event_type: EventType::new(self.ty.as_str()).unwrap(),
             payload: self.payload.clone(),
+            producer: ordo_core::ProducerName::default(),
         }
     }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use ordo_core::domain::Schema;
 use ordo_core::{
-    ApplyHandler, Clock, ConsumerHandle, Envelope, ErrorKind, ProducerOps, ProducerStore, Receipt,
-    StoreError, SystemClock, Transport,
+    ApplyHandler, Clock, ConsumerHandle, Envelope, ErrorKind, ProducerName, ProducerOps,
+    ProducerStore, Receipt, StoreError, SystemClock, Transport,
 };
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgTx};
 use ordo_runtime::{ApplyRound, RelayRound, Runner};
@@ -31,37 +31,31 @@ enum Want {
     AnyOrNew(Schema),
 }
 
+impl Want {
+    /// The backends' view of it.
+    fn borrowed(&self) -> ordo_core::open::Want<'_> {
+        match self {
+            Want::Domain(schema) => ordo_core::open::Want::Domain(schema),
+            Want::Any => ordo_core::open::Want::Any,
+            Want::AnyOrNew(schema) => ordo_core::open::Want::AnyOrNew(schema),
+        }
+    }
+}
+
 /// Opens a store of one role at a location with a specification: the
-/// backend's own open call for what the specification wants, the same for
-/// both roles (whose store types differ).
+/// backend's own open call, the same for both roles (whose store types
+/// differ).
 macro_rules! open_role {
     ($spec:expr, $at:expr, $role:ident, $sqlite:ident, $pg:ident) => {{
         let spec: &OpenSpec = $spec;
-        let clock = spec.clock.clone();
+        let (want, clock) = (spec.want.borrowed(), spec.clock.clone());
         Ok(match $at {
             Location::File(path) => {
-                let options = spec.sqlite_options();
-                $role::Sqlite(match &spec.want {
-                    Want::Domain(schema) => $sqlite::open_with(path, schema, clock, &options)?,
-                    Want::Any => $sqlite::open_existing(path, clock, &options)?,
-                    Want::AnyOrNew(schema) => {
-                        $sqlite::open_or_create(path, schema, clock, &options)?
-                    }
-                })
+                $role::Sqlite($sqlite::open_as(path, want, clock, &spec.sqlite_options())?)
             }
-            Location::Postgres(url) => {
-                $role::Postgres(spec.on_server(url, |options| match &spec.want {
-                    Want::Domain(schema) => $pg::open_with(url, schema, clock, options),
-                    Want::Any => $pg::open_existing(url, clock, options),
-                    Want::AnyOrNew(schema) => match $pg::open_existing(url, clock.clone(), options)
-                    {
-                        Err(e) if e.kind() == ErrorKind::NotFound => {
-                            $pg::open_with(url, schema, clock, options)
-                        }
-                        opened => opened,
-                    },
-                })?)
-            }
+            Location::Postgres(url) => $role::Postgres(
+                spec.on_server(url, |options| $pg::open_as(url, want, clock, options))?,
+            ),
         })
     }};
 }
@@ -85,6 +79,7 @@ pub struct OpenSpec {
     adopt: bool,
     clock: Arc<dyn Clock>,
     busy_timeout: Option<Duration>,
+    producer_name: Option<ProducerName>,
     postgres: PgOptions,
 }
 
@@ -116,6 +111,7 @@ impl OpenSpec {
             adopt: false,
             clock: Arc::new(SystemClock),
             busy_timeout: None,
+            producer_name: None,
             postgres: PgOptions::default(),
         }
     }
@@ -151,8 +147,17 @@ impl OpenSpec {
         self
     }
 
+    /// The name a producer store is created with (PROTOCOL.md section 12;
+    /// [`ProducerName::DEFAULT`] otherwise). An existing producer store of
+    /// another name is then refused, and nothing is changed: a producer's
+    /// name never changes. Consumer stores have none.
+    pub fn producer_name(mut self, name: ProducerName) -> OpenSpec {
+        self.producer_name = Some(name);
+        self
+    }
+
     /// PostgreSQL's own options (schema names, lease, application name);
-    /// `create` is the specification's.
+    /// `create` and the producer's name are the specification's.
     pub fn postgres_options(mut self, options: PgOptions) -> OpenSpec {
         self.postgres = options;
         self
@@ -174,6 +179,7 @@ impl OpenSpec {
             busy_timeout: self.busy_timeout.unwrap_or(defaults.busy_timeout),
             create: self.create,
             adopt: self.adopt,
+            producer_name: self.producer_name.clone(),
         }
     }
 
@@ -195,6 +201,7 @@ impl OpenSpec {
         }
         let options = PgOptions {
             create: self.create,
+            producer_name: self.producer_name.clone(),
             ..self.postgres.clone()
         };
         open(&options).map_err(|e| {
@@ -328,6 +335,11 @@ impl Producer {
     /// The domain that owns the store.
     pub fn domain(&self) -> &str {
         each!(self, s => s.domain())
+    }
+
+    /// The producer's name, set when the store was created.
+    pub fn producer_name(&self) -> &ProducerName {
+        each!(self, s => ProducerOps::producer_name(s))
     }
 
     /// The producer's writes, the relay's reads and the operator's view, on

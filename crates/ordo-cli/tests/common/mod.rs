@@ -487,7 +487,9 @@ pub fn sorted<'a>(names: &[&'a str]) -> Vec<&'a str> {
 /// `value` (the JSON of `status` or `snapshot`) without each side's
 /// `store_id`, after checking that each side given has one (32 lowercase
 /// hex digits): identities are random, and no part of what a test that
-/// compares the rest looks at.
+/// compares the rest looks at; and without the producer's
+/// `producer_name`, after checking that it is `default` (every store of
+/// these tests is created without a name).
 #[track_caller]
 pub fn without_store_ids(mut value: Value) -> Value {
     for side in ["producer", "consumer"] {
@@ -499,6 +501,12 @@ pub fn without_store_ids(mut value: Value) -> Value {
                 "{id}"
             );
         }
+    }
+    if let Some(producer) = value.get_mut("producer").and_then(Value::as_object_mut) {
+        assert_eq!(
+            producer.remove("producer_name"),
+            Some(Value::from("default"))
+        );
     }
     value
 }

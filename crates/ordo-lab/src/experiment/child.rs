@@ -334,12 +334,15 @@ pub fn scenario_dir(root: &Path, name: &str) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// The JSON of `snapshot` or `status` without each side's `store_id`: the
-/// stores' identities are random, and no part of what a scenario checks.
+/// The JSON of `snapshot` or `status` without each side's `store_id` and
+/// the producer's `producer_name`: the stores' identities are random, and
+/// neither is part of what a scenario checks (every scenario's producer is
+/// `default`).
 pub fn without_store_ids(mut value: Value) -> Value {
     for side in ["producer", "consumer"] {
         if let Some(side) = value.get_mut(side).and_then(Value::as_object_mut) {
             side.remove("store_id");
+            side.remove("producer_name");
         }
     }
     value

@@ -69,6 +69,9 @@ impl PgProducerTx<'_> {
         if events.is_empty() {
             return Ok(());
         }
+        for event in events {
+            ordo_core::store::check_envelope_producer(event, self.producer_name)?;
+        }
         let mut last = self.last_seqs(events.iter().map(|e| &e.flow_id))?;
         let mut refused = None;
         let mut valid = events.len();
@@ -198,6 +201,10 @@ impl PgProducerTx<'_> {
 }
 
 impl OutboxTx for PgProducerTx<'_> {
+    fn producer_name(&self) -> &ProducerName {
+        self.producer_name
+    }
+
     /// With the flow's head row locked until the transaction ends: a
     /// concurrent writer of the same flow waits here, then reads the seq
     /// this one committed (READ COMMITTED), so that it finds itself stale.

@@ -11,7 +11,7 @@ use ordo_core::ops::{
 };
 use ordo_core::{
     crash, AppendError, Backoff, Clock, Envelope, ErrorKind, EventId, FlowId, OutboxRecord,
-    OutboxTx, ProducerStore, Receipt, StoreError,
+    OutboxTx, ProducerName, ProducerStore, Receipt, StoreError,
 };
 use postgres::Row;
 
@@ -77,6 +77,7 @@ pub struct PgProducer {
     conn: PgTx,
     domain: String,
     store_id: ordo_core::StoreId,
+    producer_name: ProducerName,
     clock: Arc<dyn Clock>,
     commits: u64,
     owner: String,
@@ -98,6 +99,7 @@ pub struct PgProducer {
 /// together or not at all.
 pub struct PgProducerTx<'c> {
     conn: &'c PgTx,
+    producer_name: &'c ProducerName,
     now_ms: i64,
     appended: u64,
     /// The heads this transaction has locked, at the last seq it read or
@@ -128,6 +130,7 @@ impl PgProducer {
             conn: opened.conn,
             domain: opened.domain,
             store_id: opened.store_id,
+            producer_name: opened.producer_name,
             clock,
             commits: 0,
             owner: opened.owner,
@@ -308,6 +311,7 @@ impl PgProducer {
         let txid = conn.begin_with(context, begin)?;
         let mut ptx = PgProducerTx {
             conn,
+            producer_name: &self.producer_name,
             now_ms: self.clock.now_ms(),
             appended: 0,
             locked: RefCell::default(),

@@ -423,6 +423,7 @@ fn commit_model(
         schema_version: req.schema_version,
         event_type: EventType::new(req.to.as_str()).expect("event type"),
         payload: payload_for(req.schema_version, quantity(q)),
+        producer: ordo_core::ProducerName::default(),
     };
     let key = if req.schema_version == SchemaVersion::V2 {
         "units"
