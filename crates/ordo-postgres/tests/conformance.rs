@@ -31,6 +31,20 @@ impl ordo_testkit::Backend for Postgres {
         (producer, consumer)
     }
 
+    fn open_named_producer(
+        dir: &Path,
+        name: Option<ordo_core::ProducerName>,
+    ) -> Result<PgProducer, ordo_core::StoreError> {
+        let options = PgOptions {
+            schema: Some("named_producer".to_owned()),
+            producer_name: name,
+            ..PgOptions::default()
+        };
+        let schema = ordo_postgres::Schema::new("named").expect("a domain name");
+        let target = url(&database_for(dir));
+        PgProducer::open_with(&target, &schema, Arc::new(SystemClock), &options)
+    }
+
     fn open_test_domain(dir: &Path) -> PgConsumer {
         let target = url(&database_for(dir));
         PgConsumer::open_with(

@@ -46,6 +46,23 @@ impl ordo_testkit::Backend for Sqlite {
             .expect("read handled")
     }
 
+    fn open_named_producer(
+        dir: &Path,
+        name: Option<ordo_core::ProducerName>,
+    ) -> Result<ProducerDb, ordo_core::StoreError> {
+        let options = OpenOptions {
+            producer_name: name,
+            ..OpenOptions::default()
+        };
+        let schema = Schema::new("named").expect("a domain name");
+        ProducerDb::open_with(
+            dir.join("named.db"),
+            &schema,
+            Arc::new(ordo_core::SystemClock),
+            &options,
+        )
+    }
+
     fn open_with_clock(dir: &Path, clock: Arc<dyn Clock>) -> (ProducerDb, ConsumerDb) {
         let options = OpenOptions::default();
         let producer = ProducerDb::open_with(

@@ -127,6 +127,15 @@ pub trait Backend {
     /// the test handler's own table.
     fn open_test_domain(dir: &Path) -> Self::Consumer;
 
+    /// Opens (creating it the first time) a producer store of its own in
+    /// `dir`, beside the others, of a domain without tables of its own,
+    /// created with the producer name `name` (the backend's open options),
+    /// or the error of the open.
+    fn open_named_producer(
+        dir: &Path,
+        name: Option<ordo_core::ProducerName>,
+    ) -> Result<Self::Producer, ordo_core::StoreError>;
+
     /// The test handler for these codes to evaluate again.
     fn test_handler(reevaluate: Vec<BlockCode>) -> Self::TestHandler;
 
@@ -201,6 +210,7 @@ macro_rules! conformance_suite {
             generic_a_reevaluated_row_keeps_its_place_in_the_batch
             generic_a_batch_drains_a_long_flow_among_short_ones
             // producer
+            a_producer_is_named_once_and_its_events_carry_the_name
             advance_happy_path
             advance_schema_2_payload
             advance_stale_writes_nothing

@@ -397,3 +397,51 @@ pub fn advance_batch_refused_request_writes_nothing_for_itself<B: Backend>(dir: 
     let c3 = commit(&mut p, &request("c", 2, Released, None, 1));
     assert_eq!(c3.seq, seq(3));
 }
+
+/// PROTOCOL.md section 12: a producer store is named when it is created
+/// and never renamed (another name is refused, and the store opens again
+/// as it was); every envelope it holds names it, and one of another
+/// producer is refused with nothing written; a store created without a
+/// name is `default`'s.
+pub fn a_producer_is_named_once_and_its_events_carry_the_name<B: Backend>(dir: &Path) {
+    let name = |n: &str| ordo_core::ProducerName::new(n).unwrap();
+    let mut p = B::open_named_producer(dir, Some(name("orders"))).unwrap();
+    assert_eq!(p.producer_name(), &name("orders"));
+    let mut event = envelope("o-1", "o", 1, 1, "placed", json!({}));
+    let refused = p.append_events(std::slice::from_ref(&event)).unwrap_err();
+    assert!(
+        refused.to_string().contains("names producer \"default\""),
+        "{refused}"
+    );
+    assert!(
+        p.outbox().unwrap().is_empty(),
+        "a refused append writes nothing"
+    );
+    event.producer = name("orders");
+    p.append_events(std::slice::from_ref(&event)).unwrap();
+    assert_eq!(p.outbox().unwrap()[0].envelope, event);
+    drop(p);
+
+    let renamed = B::open_named_producer(dir, Some(name("billing"))).map(drop);
+    let renamed = renamed.expect_err("a producer is never renamed");
+    assert_eq!(
+        renamed.kind(),
+        ordo_core::ErrorKind::Incompatible,
+        "{renamed}"
+    );
+    assert!(
+        renamed
+            .to_string()
+            .contains("named \"orders\", not \"billing\""),
+        "{renamed}"
+    );
+    let mut again = B::open_named_producer(dir, None).unwrap();
+    assert_eq!(again.producer_name(), &name("orders"));
+    assert_eq!(
+        again.outbox().unwrap().len(),
+        1,
+        "the refused open changed nothing"
+    );
+    let (unnamed, _c) = B::open(dir);
+    assert!(unnamed.producer_name().is_default());
+}
