@@ -43,6 +43,7 @@ pub fn next_event<T: serde::Serialize + ?Sized>(
         event_type,
         payload,
         producer: crate::ids::ProducerName::default(),
+        headers: Default::default(),
     };
     debug_assert_eq!(
         event.seq.get(),

@@ -34,8 +34,22 @@ pub const FIELDS: [&str; 6] = [
 
 /// The optional top-level fields of an envelope (PROTOCOL.md section 12):
 /// `producer`, the name of the producer store that appended it, left out
-/// for [`ProducerName::DEFAULT`].
-pub const OPTIONAL_FIELDS: [&str; 1] = ["producer"];
+/// for [`ProducerName::DEFAULT`]; `headers`, left out when there are none.
+pub const OPTIONAL_FIELDS: [&str; 2] = ["producer", "headers"];
+
+/// The most headers an envelope carries.
+pub const HEADERS_MAX: usize = 32;
+
+/// The longest header name, in bytes (`[a-z0-9-]`).
+pub const HEADER_NAME_LEN_MAX: usize = 64;
+
+/// The longest header value, in bytes.
+pub const HEADER_VALUE_LEN_MAX: usize = 1_024;
+
+/// An envelope's headers (PROTOCOL.md section 12): at most
+/// [`HEADERS_MAX`] string values by name, for correlation ids and W3C
+/// trace context; part of the body.
+pub type Headers = std::collections::BTreeMap<String, String>;
 
 /// One event as it travels from producer to consumer.
 ///
@@ -60,6 +74,9 @@ pub struct Envelope {
     /// without `producer` is the default producer's, and one that names
     /// `"default"` is malformed, so that one event has one body).
     pub producer: ProducerName,
+    /// The event's headers, set at append ([`Headers`]); none is never
+    /// written out (`"headers":{}` is malformed, as for `producer`).
+    pub headers: Headers,
 }
 
 crate::ids::checked_string! {
@@ -319,6 +336,8 @@ impl Envelope {
             // Present (null included) or left out: a null is no name.
             #[serde(default, deserialize_with = "present")]
             producer: Option<Value>,
+            #[serde(default, deserialize_with = "present")]
+            headers: Option<Value>,
         }
         // serde's reader of a struct also takes an array of its fields in
         // order; an envelope is only ever an object.
@@ -355,6 +374,7 @@ impl Envelope {
                 .map_err(|e| MalformedEnvelope::invalid("type", e.rule))?,
             payload,
             producer: producer_field(stored.producer.as_ref())?,
+            headers: headers_field(stored.headers.as_ref())?,
         })
     }
 
@@ -402,6 +422,7 @@ impl Envelope {
             None => return Err(MalformedEnvelope::MissingField { field: "payload" }),
         };
         let producer = producer_field(object.get("producer"))?;
+        let headers = headers_field(object.get("headers"))?;
         Ok(Envelope {
             event_id,
             flow_id,
@@ -410,6 +431,7 @@ impl Envelope {
             event_type,
             payload,
             producer,
+            headers,
         })
     }
 
@@ -426,6 +448,13 @@ impl Envelope {
         if let Some(producer) = self.written_producer() {
             object.insert("producer".into(), producer.into());
         }
+        if !self.headers.is_empty() {
+            let headers = self
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.as_str().into()));
+            object.insert("headers".into(), Value::Object(headers.collect()));
+        }
         Value::Object(object)
     }
 
@@ -440,6 +469,8 @@ impl Envelope {
         struct Stored<'e> {
             event_id: &'e str,
             flow_id: &'e str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            headers: Option<&'e Headers>,
             payload: &'e Map<String, Value>,
             #[serde(skip_serializing_if = "Option::is_none")]
             producer: Option<&'e str>,
@@ -451,6 +482,7 @@ impl Envelope {
         serde_json::to_string(&Stored {
             event_id: self.event_id.as_str(),
             flow_id: self.flow_id.as_str(),
+            headers: (!self.headers.is_empty()).then_some(&self.headers),
             payload: &self.payload,
             producer: self.written_producer(),
             schema_version: self.schema_version.get(),
@@ -487,6 +519,70 @@ impl Envelope {
             self.schema_version
         ))
     }
+}
+
+/// The optional `headers` field: absent, none; present, an object of at
+/// most [`HEADERS_MAX`] string values ([`check_headers`]), not empty.
+fn headers_field(value: Option<&Value>) -> Result<Headers, MalformedEnvelope> {
+    let Some(value) = value else {
+        return Ok(Headers::new());
+    };
+    let Value::Object(object) = value else {
+        let found = kind_of(value);
+        return Err(MalformedEnvelope::invalid(
+            "headers",
+            format!("must be a JSON object (got {found})"),
+        ));
+    };
+    let mut headers = Headers::new();
+    for (name, value) in object {
+        let Value::String(text) = value else {
+            let found = kind_of(value);
+            return Err(MalformedEnvelope::invalid(
+                "headers",
+                format!("header {name:?} must be a string (got {found})"),
+            ));
+        };
+        headers.insert(name.clone(), text.clone());
+    }
+    if headers.is_empty() {
+        return Err(MalformedEnvelope::invalid(
+            "headers",
+            "must be left out when there are none (`{}` is never written)",
+        ));
+    }
+    check_headers(&headers).map_err(|rule| MalformedEnvelope::invalid("headers", rule))?;
+    Ok(headers)
+}
+
+/// The rules of an envelope's headers, the same at append and on the
+/// wire: at most [`HEADERS_MAX`], names `[a-z0-9-]{1,64}`, values at most
+/// [`HEADER_VALUE_LEN_MAX`] bytes. The rule broken, otherwise.
+pub fn check_headers(headers: &Headers) -> Result<(), String> {
+    if headers.len() > HEADERS_MAX {
+        return Err(format!(
+            "at most {HEADERS_MAX} headers (got {})",
+            headers.len()
+        ));
+    }
+    for (name, value) in headers {
+        let name_ok = (1..=HEADER_NAME_LEN_MAX).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !name_ok {
+            return Err(format!(
+                "a header name must match [a-z0-9-]{{1,64}} (got {name:?})"
+            ));
+        }
+        if value.len() > HEADER_VALUE_LEN_MAX {
+            return Err(format!(
+                "header {name:?} is {} bytes, at most {HEADER_VALUE_LEN_MAX}",
+                value.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A field that is present, whatever its value (serde reads a null
@@ -642,6 +738,51 @@ mod tests {
     /// GOOD with `producer` set to `value` (a JSON text).
     fn with_producer(value: &str) -> String {
         GOOD.replacen('{', &format!(r#"{{"producer":{value},"#), 1)
+    }
+
+    /// GOOD with `headers` set to `value` (a JSON text).
+    fn with_headers(value: &str) -> String {
+        GOOD.replacen('{', &format!(r#"{{"headers":{value},"#), 1)
+    }
+
+    #[test]
+    fn headers_are_optional_strings_within_their_limits() {
+        let plain = Envelope::parse_str(GOOD).unwrap();
+        assert!(plain.headers.is_empty());
+        assert!(!plain.stored_text().contains("headers"));
+        let traced =
+            Envelope::parse_str(&with_headers(r#"{"traceparent":"00-ab-cd-01","x-id":"7"}"#))
+                .unwrap();
+        assert_eq!(traced.headers["traceparent"], "00-ab-cd-01");
+        let stored = traced.stored_text();
+        assert_eq!(Envelope::from_stored(&stored).unwrap(), traced);
+        assert_eq!(traced.to_value().to_string(), stored);
+        assert_ne!(traced.body_hash(), plain.body_hash());
+        let many: Vec<String> = (0..=HEADERS_MAX)
+            .map(|i| format!(r#""h{i}":"v""#))
+            .collect();
+        let long = format!(r#"{{"a":"{}"}}"#, "x".repeat(HEADER_VALUE_LEN_MAX + 1));
+        let longest = format!(r#"{{"a":"{}"}}"#, "x".repeat(HEADER_VALUE_LEN_MAX));
+        assert!(Envelope::parse_str(&with_headers(&longest)).is_ok());
+        for (value, words) in [
+            ("{}".to_string(), "must be left out when there are none"),
+            (r#"{"a":1}"#.into(), "must be a string"),
+            (r#"{"a":null}"#.into(), "must be a string"),
+            ("[]".into(), "must be a JSON object"),
+            ("null".into(), "must be a JSON object"),
+            (r#"{"A":"v"}"#.into(), "a header name must match"),
+            (r#"{"":"v"}"#.into(), "a header name must match"),
+            (format!("{{{}}}", many.join(",")), "at most 32 headers"),
+            (long, "at most 1024"),
+        ] {
+            let text = with_headers(&value);
+            let refused = Envelope::parse_str(&text).unwrap_err().to_string();
+            assert!(refused.contains(words), "{value}: {refused}");
+            assert!(
+                Envelope::from_stored(&text).is_err(),
+                "{value} read from a stored body"
+            );
+        }
     }
 
     #[test]

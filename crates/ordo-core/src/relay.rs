@@ -790,6 +790,7 @@ mod tests {
             event_type: EventType::new("noted").unwrap(),
             payload: serde_json::Map::new(),
             producer: crate::ProducerName::default(),
+            headers: Default::default(),
         }
     }
 

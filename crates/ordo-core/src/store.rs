@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::backoff::Backoff;
-use crate::envelope::{BodyHash, Envelope};
+use crate::envelope::{BodyHash, Envelope, Headers};
 use crate::error::ErrorKind;
 use crate::error::{AppendError, StoreError};
 use crate::handler::ApplyHandler;
@@ -328,9 +328,13 @@ pub fn check_producer_name(
 }
 
 /// Refuses to append an envelope that names another producer than the
-/// store's `name` (an envelope a caller built for another store): every
-/// body a producer store holds names that store.
-pub fn check_envelope_producer(event: &Envelope, name: &ProducerName) -> Result<(), AppendError> {
+/// store's `name` (an envelope a caller built for another store), or whose
+/// headers break their rules: every body a producer store holds names
+/// that store and parses again.
+pub fn check_appended(event: &Envelope, name: &ProducerName) -> Result<(), AppendError> {
+    crate::envelope::check_headers(&event.headers).map_err(|rule| {
+        AppendError::Invalid(format!("event {}: headers: {rule}", event.event_id))
+    })?;
     if &event.producer == name {
         return Ok(());
     }
@@ -383,10 +387,32 @@ pub trait OutboxTx {
     where
         Self: Sized,
     {
+        let no_headers = Headers::new();
+        self.append_with_headers(flow_id, event_type, schema_version, payload, &no_headers)
+    }
+
+    /// [`OutboxTx::append`] with the event's `headers` (correlation ids, a
+    /// W3C `traceparent`): part of its body. Headers breaking their rules
+    /// ([`check_headers`](crate::envelope::check_headers)) are refused
+    /// ([`AppendError::Invalid`]) and nothing is written.
+    fn append_with_headers<T: serde::Serialize + ?Sized>(
+        &mut self,
+        flow_id: &FlowId,
+        event_type: &str,
+        schema_version: SchemaVersion,
+        payload: &T,
+        headers: &Headers,
+    ) -> Result<Envelope, AppendError>
+    where
+        Self: Sized,
+    {
+        crate::envelope::check_headers(headers)
+            .map_err(|rule| AppendError::Invalid(format!("headers: {rule}")))?;
         let last_seq = self.last_seq(flow_id)?;
         let mut event =
             crate::append::next_event(flow_id, last_seq, event_type, schema_version, payload)?;
         event.producer = self.producer_name().clone();
+        event.headers = headers.clone();
         self.append_envelope(&event)?;
         assert_eq!(
             event.seq.get(),

@@ -176,6 +176,7 @@ fn envelope() -> impl Strategy<Value = Envelope> {
                 event_type: EventType::new(event_type).unwrap(),
                 payload,
                 producer: ordo_core::ProducerName::default(),
+                headers: Default::default(),
             },
         )
 }

@@ -258,7 +258,7 @@ impl OutboxTx for ProducerTx<'_> {
     }
 
     fn append_envelope(&mut self, event: &Envelope) -> Result<(), AppendError> {
-        ordo_core::store::check_envelope_producer(event, self.producer_name)?;
+        ordo_core::store::check_appended(event, self.producer_name)?;
         let err = |e| sql_error("producer: cannot append to the outbox", e);
         let seq = event.seq.get();
         // The row first: a used event id or (flow, seq) fails here, before

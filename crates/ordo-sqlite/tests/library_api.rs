@@ -40,6 +40,7 @@ fn event(flow_id: &str, at: i64, kind: &str, amount: i64) -> Envelope {
         event_type: EventType::new(kind).unwrap(),
         payload: json!({ "amount": amount }).as_object().unwrap().clone(),
         producer: ordo_core::ProducerName::default(),
+        headers: Default::default(),
     }
 }
 
@@ -1545,4 +1546,35 @@ fn a_runner_stopped_during_appends_and_started_again_loses_and_doubles_nothing()
     for seqs in by_flow.values() {
         assert_eq!(*seqs, (1..=PER_FLOW).collect::<Vec<_>>());
     }
+}
+
+#[test]
+fn append_with_headers_writes_them_into_the_body_and_refuses_bad_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = Schema::new("app").unwrap();
+    let mut producer = ProducerDb::open(dir.path().join("p.db"), &schema).unwrap();
+    let mut headers = ordo_core::envelope::Headers::new();
+    headers.insert("x-request-id".into(), "r-7".into());
+    let event = producer
+        .write(|tx| {
+            tx.append_with_headers(&flow("f"), "noted", SchemaVersion::V1, &json!({}), &headers)
+        })
+        .unwrap();
+    assert_eq!(event.headers, headers);
+    let stored: String = producer
+        .connection()
+        .query_row("SELECT body FROM outbox", [], |row| row.get(0))
+        .unwrap();
+    assert!(
+        stored.contains(r#""headers":{"x-request-id":"r-7"}"#),
+        "{stored}"
+    );
+    headers.insert("x-long".into(), "v".repeat(1_025));
+    let refused = producer
+        .write(|tx| {
+            tx.append_with_headers(&flow("f"), "noted", SchemaVersion::V1, &json!({}), &headers)
+        })
+        .unwrap_err();
+    assert!(refused.to_string().contains("at most 1024"), "{refused}");
+    assert_eq!(producer.outbox().unwrap().len(), 1, "nothing written");
 }

@@ -417,6 +417,7 @@ impl Event {
             event_type: EventType::new(self.ty.as_str()).unwrap(),
             payload: self.payload.clone(),
             producer: ordo_core::ProducerName::default(),
+            headers: Default::default(),
         }
     }
 

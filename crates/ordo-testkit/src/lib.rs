@@ -37,6 +37,15 @@
 //!         (producer, consumer)
 //!     }
 //!
+//!     fn open_named_producer(
+//!         dir: &Path,
+//!         name: Option<ordo_core::ProducerName>,
+//!     ) -> Result<ProducerDb, ordo_core::StoreError> {
+//!         let options = OpenOptions { producer_name: name, ..OpenOptions::default() };
+//!         let schema = Schema::new("named").expect("a domain name");
+//!         ProducerDb::open_with(dir.join("named.db"), &schema, Arc::new(ordo_core::SystemClock), &options)
+//!     }
+//!
 //!     // The generic suite's test domain (its contract: `suite::generic`).
 //!     type TestHandler = TestDomain<Connection>;
 //!
@@ -183,6 +192,14 @@ pub mod __private {
 /// #     fn handled(_: &mut Self::Consumer) -> Vec<(String, i64)> {
 /// #         Vec::new()
 /// #     }
+/// #     fn open_named_producer(
+/// #         dir: &Path,
+/// #         name: Option<ordo_core::ProducerName>,
+/// #     ) -> Result<Self::Producer, ordo_core::StoreError> {
+/// #         let options = ordo_sqlite::OpenOptions { producer_name: name, ..Default::default() };
+/// #         let schema = ordo_sqlite::Schema::new("named").expect("a domain");
+/// #         ordo_sqlite::ProducerDb::open_with(dir.join("n.db"), &schema, Arc::new(ordo_core::SystemClock), &options)
+/// #     }
 /// # }
 /// ordo_testkit::conformance_suite!(MyBackend);
 /// # fn main() {}
@@ -211,6 +228,7 @@ macro_rules! conformance_suite {
             generic_a_batch_drains_a_long_flow_among_short_ones
             // producer
             a_producer_is_named_once_and_its_events_carry_the_name
+            headers_are_kept_with_the_event_and_bad_ones_refused
             advance_happy_path
             advance_schema_2_payload
             advance_stale_writes_nothing

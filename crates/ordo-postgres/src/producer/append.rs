@@ -70,7 +70,7 @@ impl PgProducerTx<'_> {
             return Ok(());
         }
         for event in events {
-            ordo_core::store::check_envelope_producer(event, self.producer_name)?;
+            ordo_core::store::check_appended(event, self.producer_name)?;
         }
         let mut last = self.last_seqs(events.iter().map(|e| &e.flow_id))?;
         let mut refused = None;

@@ -86,6 +86,7 @@ fn event(flow: &str, seq: i64, event_type: &str) -> Envelope {
         event_type: EventType::new(event_type).unwrap(),
         payload: serde_json::Map::new(),
         producer: ordo_core::ProducerName::default(),
+        headers: Default::default(),
     }
 }
 

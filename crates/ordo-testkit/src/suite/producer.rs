@@ -445,3 +445,29 @@ pub fn a_producer_is_named_once_and_its_events_carry_the_name<B: Backend>(dir: &
     let (unnamed, _c) = B::open(dir);
     assert!(unnamed.producer_name().is_default());
 }
+
+/// PROTOCOL.md section 12: an event's headers are part of its stored body;
+/// an envelope whose headers break their rules is refused with nothing
+/// written.
+pub fn headers_are_kept_with_the_event_and_bad_ones_refused<B: Backend>(dir: &Path) {
+    let (mut p, _c) = B::open(dir);
+    let mut bad = envelope("h-1", "h", 1, 1, "placed", json!({}));
+    bad.headers.insert("Trace".into(), "x".into());
+    let refused = p.append_events(std::slice::from_ref(&bad)).unwrap_err();
+    assert!(
+        refused.to_string().contains("a header name must match"),
+        "{refused}"
+    );
+    assert!(
+        p.outbox().unwrap().is_empty(),
+        "a refused append writes nothing"
+    );
+    let mut event = envelope("h-1", "h", 1, 1, "placed", json!({}));
+    event.headers.insert(
+        "traceparent".into(),
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into(),
+    );
+    p.append_events(std::slice::from_ref(&event)).unwrap();
+    assert_eq!(p.outbox().unwrap()[0].envelope, event);
+    assert_eq!(p.pending(10).unwrap(), vec![event]);
+}

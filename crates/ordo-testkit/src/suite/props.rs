@@ -424,6 +424,7 @@ fn commit_model(
         event_type: EventType::new(req.to.as_str()).expect("event type"),
         payload: payload_for(req.schema_version, quantity(q)),
         producer: ordo_core::ProducerName::default(),
+        headers: Default::default(),
     };
     let key = if req.schema_version == SchemaVersion::V2 {
         "units"
