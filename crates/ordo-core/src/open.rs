@@ -129,3 +129,26 @@ macro_rules! open_constructors {
         }
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_want_creates_and_migrates_with_its_own_schema() {
+        let schema = Schema::new("ledger").unwrap();
+        let name = |s: Option<&Schema>| s.map(|s| s.domain().as_str().to_owned());
+        let cases = [
+            (Want::Domain(&schema), Some("ledger"), Some("ledger")),
+            (Want::Any, None, None),
+            (Want::AnyOrNew(&schema), Some("ledger"), None),
+        ];
+        for (want, creates, migrates) in cases {
+            let (creates, migrates) = (creates.map(str::to_owned), migrates.map(str::to_owned));
+            assert_eq!(name(want.creates_with()), creates, "{want:?}");
+            assert_eq!(name(want.migrates_with()), migrates, "{want:?}");
+            assert_eq!(name(want.schema_for(true)), creates, "{want:?}");
+            assert_eq!(name(want.schema_for(false)), migrates, "{want:?}");
+        }
+    }
+}
