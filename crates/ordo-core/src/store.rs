@@ -309,22 +309,22 @@ pub fn stored_producer_name(
 }
 
 /// Refuses to open the producer store at `place`, named `stored`, under
-/// another name than `wanted` (when one is asked for): a producer's name
-/// is set when its store is created and never changes.
+/// another name than `wanted`: a producer's name is set when its store is
+/// created and never changes.
 pub fn check_producer_name(
     place: &str,
     stored: &ProducerName,
-    wanted: Option<&ProducerName>,
+    wanted: &ProducerName,
 ) -> Result<(), StoreError> {
-    match wanted {
-        Some(wanted) if wanted != stored => Err(StoreError::new(
-            ErrorKind::Incompatible,
-            format!(
-                "{place} is the producer store named \"{stored}\", not \"{wanted}\": a producer's name is set when its store is created and never changes"
-            ),
-        )),
-        _ => Ok(()),
+    if wanted == stored {
+        return Ok(());
     }
+    Err(StoreError::new(
+        ErrorKind::Incompatible,
+        format!(
+            "{place} is the producer store named \"{stored}\", not \"{wanted}\": a producer's name is set when its store is created and never changes"
+        ),
+    ))
 }
 
 /// Refuses to append an envelope that names another producer than the

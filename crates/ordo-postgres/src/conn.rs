@@ -746,10 +746,10 @@ fn init(tx: &PgTx, schema: &str, opening: Opening<'_>) -> Result<String, StoreEr
         return Ok(schema_of.domain().as_str().to_string());
     }
     let version = check_meta(tx, schema, role)?;
-    if role == Role::Producer {
+    if let (Role::Producer, Some(wanted)) = (role, &opening.options.producer_name) {
         let place = format!("schema {schema}");
         let stored = stored_producer_name(&place, read_meta(tx, "producer_name")?)?;
-        check_producer_name(&place, &stored, opening.options.producer_name.as_ref())?;
+        check_producer_name(&place, &stored, wanted)?;
     }
     if version < SCHEMA_VERSION {
         migrate(tx, schema, tables, version)?;

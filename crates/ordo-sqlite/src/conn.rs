@@ -401,13 +401,10 @@ fn open_attempt(
     let adopt = options.adopt && matches!(want, Want::Domain(_));
     let state = read_state(&conn, path, role, adopt)?;
     let domain = want.schema_for(state == FileState::Empty);
-    if role == Role::Producer && matches!(state, FileState::Older | FileState::Current) {
+    let existing = matches!(state, FileState::Older | FileState::Current);
+    if let (Role::Producer, true, Some(wanted)) = (role, existing, &options.producer_name) {
         let stored = read_producer_name(&conn, path)?;
-        ordo_core::store::check_producer_name(
-            &path.display().to_string(),
-            &stored,
-            options.producer_name.as_ref(),
-        )?;
+        ordo_core::store::check_producer_name(&path.display().to_string(), &stored, wanted)?;
     }
     if state == FileState::Foreign {
         check_names_free(&conn, path, tables.create)?;
