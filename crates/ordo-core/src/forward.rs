@@ -17,8 +17,8 @@
 /// by calling:
 /// `$inbox(&conn)`; `$receive::receive_answers(store, ..)`;
 /// `$ops::{inbox_entries, reopen_blocked, skip, repairs, consumer_status,
-/// prune_inbox}(store, ..)`; `$browse::{consumer_flows_page, inbox_entry_at,
-/// inbox_entry_of_event}(&conn, ..)`; `$apply::flows_with_work_page(store,
+/// prune_inbox}(store, ..)`; `$browse::{flows_page (with `CONSUMER_FLOWS_SQL`),
+/// inbox_entry_at, inbox_entry_of_event}(&conn, ..)`; `$apply::flows_with_work_page(store,
 /// ..)`; and for the apply steps, the store's
 /// [`ApplyStore`](crate::apply::ApplyStore) through
 /// [`apply::next_in`](crate::apply::next_in) and
@@ -105,7 +105,12 @@ macro_rules! consumer_store_impls {
                     after,
                     limit,
                 };
-                page.consumer_flows($browse::consumer_flows_page(&self.conn, page)?)
+                page.consumer_flows($browse::flows_page(
+                    &self.conn,
+                    $crate::Role::Consumer,
+                    $browse::CONSUMER_FLOWS_SQL,
+                    page,
+                )?)
             }
 
             fn inbox_entry_at(
@@ -167,7 +172,8 @@ macro_rules! consumer_store_impls {
 /// `conn`, `store_id` and `producer_name` fields and an inherent
 /// `domain()`): `domain`, `store_id`, `producer_name`, and the two browse
 /// reads, which call
-/// `$browse::{producer_flows_page, flow_outbox_entries}(&conn, ..)`.
+/// `$browse::{flows_page (with `PRODUCER_FLOWS_SQL`),
+/// flow_outbox_entries}(&conn, ..)`.
 #[macro_export]
 macro_rules! producer_ops_methods {
     ($store:ty, $browse:ident) => {
@@ -194,7 +200,12 @@ macro_rules! producer_ops_methods {
                 after,
                 limit,
             };
-            page.producer_flows($browse::producer_flows_page(&self.conn, page)?)
+            page.producer_flows($browse::flows_page(
+                &self.conn,
+                $crate::Role::Producer,
+                $browse::PRODUCER_FLOWS_SQL,
+                page,
+            )?)
         }
 
         fn flow_outbox_entries(

@@ -68,14 +68,48 @@ impl<T, O> Clone for Opening<'_, T, O> {
 
 impl<T, O> Copy for Opening<'_, T, O> {}
 
-/// The constructors of a backend's store of one role, each through the
-/// store's own `open_as(location, want, clock, options)`: `open`,
-/// `open_with`, `open_existing` and `open_or_create`. `$at: $location` is
+/// The constructors of a backend's store of one role: `open_as(location,
+/// want, clock, options)`, which hands `$tables` and the want to the
+/// backend's `$open(location, opening)` and builds the store with its own
+/// `from_opened(opened, clock, options)`, and through it `open`,
+/// `open_with`, `open_existing` and `open_or_create`; and the accessors of
+/// the store's `domain`, `clock` and `commits` fields. `$at: $location` is
 /// the constructors' location parameter (a path, a URL), `$options` the
 /// backend's open options.
 #[macro_export]
 macro_rules! open_constructors {
-    ($store:ident, $at:ident: $location:ty, $options:ty) => {
+    ($store:ident, $at:ident: $location:ty, $options:ty, $tables:expr, $open:path) => {
+        /// Opens the store at the location as `want` asks (what every
+        /// constructor below calls).
+        pub fn open_as(
+            $at: $location,
+            want: $crate::open::Want<'_>,
+            clock: std::sync::Arc<dyn $crate::Clock>,
+            options: &$options,
+        ) -> Result<$store, $crate::StoreError> {
+            let opening = $crate::open::Opening {
+                tables: &$tables,
+                want,
+                options,
+            };
+            Ok($store::from_opened($open($at, opening)?, clock, options))
+        }
+
+        /// The domain that owns this store.
+        pub fn domain(&self) -> &str {
+            &self.domain
+        }
+
+        /// The clock this store stamps its writes with.
+        pub fn clock(&self) -> std::sync::Arc<dyn $crate::Clock> {
+            self.clock.clone()
+        }
+
+        /// How many write transactions this handle has committed.
+        pub fn commits(&self) -> u64 {
+            self.commits
+        }
+
         /// Opens or creates the store of `schema`'s domain with the system
         /// clock and default options: ordo's tables and the domain's are
         /// created or migrated; existing state is never reset. A store of

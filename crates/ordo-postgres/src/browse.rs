@@ -7,7 +7,7 @@
 
 use ordo_core::ops::{InboxEntry, OutboxEntry};
 use ordo_core::store::FlowsPage;
-use ordo_core::{EventId, FlowId, Seq, StoreError};
+use ordo_core::{EventId, FlowId, Role, Seq, StoreError};
 
 use crate::conn::PgTx;
 use crate::consumer::inbox_entry;
@@ -49,36 +49,19 @@ pub(crate) const INBOX_OF_EVENT_SQL: &str =
 
 /// The rows `(flow id, number)` of one page that `sql` reads with the
 /// page's bounds `(start, after, limit)` (see [`FlowsPage::bounds`]).
-fn flows_page(
+pub(crate) fn flows_page(
     conn: &PgTx,
-    context: &str,
+    role: Role,
     sql: &'static str,
     page: FlowsPage<'_>,
 ) -> Result<Vec<(String, i64)>, StoreError> {
     let (start, after, limit) = page.bounds();
     let rows = conn.rows(
-        &format!("{context}: cannot list flows"),
+        &format!("{}: cannot list flows", role.as_str()),
         sql,
         &[&start, &after, &limit],
     )?;
     Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
-}
-
-/// The rows `(flow id, last seq)` of one page of `outbox_head`.
-pub(crate) fn producer_flows_page(
-    conn: &PgTx,
-    page: FlowsPage<'_>,
-) -> Result<Vec<(String, i64)>, StoreError> {
-    flows_page(conn, "producer", PRODUCER_FLOWS_SQL, page)
-}
-
-/// The rows `(flow id, applied seq)` of one page of the flows the inbox
-/// knows.
-pub(crate) fn consumer_flows_page(
-    conn: &PgTx,
-    page: FlowsPage<'_>,
-) -> Result<Vec<(String, i64)>, StoreError> {
-    flows_page(conn, "consumer", CONSUMER_FLOWS_SQL, page)
 }
 
 /// The flow's outbox rows in seq order, at most `limit`.

@@ -6,7 +6,6 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::time::Duration;
 
-pub(crate) use ordo_core::open::Want;
 use ordo_core::store::{check_producer_name, stored_producer_name};
 use ordo_core::{ErrorKind, ProducerName, StoreError, StoreId};
 use postgres::types::ToSql;
@@ -584,6 +583,8 @@ pub(crate) struct Opened {
     /// The producer's name (a consumer store records none: the default).
     pub producer_name: ProducerName,
     pub owner: String,
+    /// The store's wake-ups (its `LISTEN` channel).
+    pub wake: crate::wake::Wake,
 }
 
 /// What one open of a store is given, in this backend's terms.
@@ -654,12 +655,14 @@ pub(crate) fn open(url: &str, opening: Opening<'_>) -> Result<Opened, StoreError
         let producer_name = stored_producer_name(&place, read_meta(tx, "producer_name")?)?;
         Ok::<_, StoreError>((domain, store_id, producer_name))
     })?;
+    let wake = crate::wake::Wake::new(url, role, &conn);
     Ok(Opened {
         conn,
         domain,
         store_id,
         producer_name,
         owner,
+        wake,
     })
 }
 
@@ -824,3 +827,34 @@ fn check_meta(tx: &PgTx, schema: &str, role: Role) -> Result<i64, StoreError> {
     }
     Ok(version)
 }
+
+/// The accessors both roles' stores share: `connection`, `notify_channel`
+/// and `read`.
+macro_rules! store_accessors {
+    ($role:expr) => {
+        /// The connection, for the caller's own reads outside a
+        /// transaction.
+        pub fn connection(&self) -> &PgTx {
+            &self.conn
+        }
+
+        /// The channel on which every write transaction that stores a new
+        /// event notifies, once per transaction: `ordo_outbox_<schema>` or
+        /// `ordo_inbox_<schema>` (see
+        /// [`RunStore::changed_elsewhere`](ordo_core::RunStore::changed_elsewhere)).
+        pub fn notify_channel(&self) -> &str {
+            self.wake.channel()
+        }
+
+        /// Runs `f` inside one read-only REPEATABLE READ transaction, so
+        /// that everything it reads is one consistent snapshot.
+        pub fn read<T>(
+            &mut self,
+            f: impl FnOnce(&PgTx) -> Result<T, StoreError>,
+        ) -> Result<T, StoreError> {
+            let context = format!("{}: read transaction", $role.as_str());
+            crate::producer::read_snapshot(&self.conn, &context, f)
+        }
+    };
+}
+pub(crate) use store_accessors;

@@ -4,13 +4,14 @@
 
 use ordo_core::ops::OutboxEntry;
 use ordo_core::store::FlowsPage;
-use ordo_core::{FlowId, StoreError};
+use ordo_core::{FlowId, Role, StoreError};
 use rusqlite::{params, Connection};
 
 use crate::conn::collect_rows;
 use crate::producer::stored_envelope;
 
-const FLOWS_PAGE_SQL: &str = "SELECT flow_id, last_seq FROM outbox_head
+/// One page of `outbox_head`: the rows `(flow id, last seq)`.
+pub(crate) const PRODUCER_FLOWS_SQL: &str = "SELECT flow_id, last_seq FROM outbox_head
     WHERE flow_id >= ?1 AND flow_id > ?2 ORDER BY flow_id LIMIT ?3";
 
 const FLOW_OUTBOX_SQL: &str =
@@ -22,27 +23,19 @@ const FLOW_OUTBOX_SQL: &str =
 /// page's bounds `(start, after, limit)` (see [`FlowsPage::bounds`]).
 pub(crate) fn flows_page(
     conn: &Connection,
-    context: &str,
+    role: Role,
     sql: &str,
     page: FlowsPage<'_>,
 ) -> Result<Vec<(String, i64)>, StoreError> {
     let (start, after, limit) = page.bounds();
     collect_rows(
         conn,
-        &format!("{context}: cannot list flows"),
+        &format!("{}: cannot list flows", role.as_str()),
         sql,
         params![start, after, limit],
         |row| row.try_into(),
         Ok,
     )
-}
-
-/// The rows `(flow id, last seq)` of one page of `outbox_head`.
-pub(crate) fn producer_flows_page(
-    conn: &Connection,
-    page: FlowsPage<'_>,
-) -> Result<Vec<(String, i64)>, StoreError> {
-    flows_page(conn, "producer", FLOWS_PAGE_SQL, page)
 }
 
 /// The flow's outbox rows in seq order, at most `limit`.
@@ -148,7 +141,7 @@ pub(crate) mod tests {
     fn flow_reads_are_indexed() {
         let (_dir, path) = new_store(true);
         let conn = Connection::open(&path).unwrap();
-        assert_indexed(&conn, FLOWS_PAGE_SQL, &["outbox_head", "outbox"]);
+        assert_indexed(&conn, PRODUCER_FLOWS_SQL, &["outbox_head", "outbox"]);
         assert_indexed(&conn, FLOW_OUTBOX_SQL, &["outbox_head", "outbox"]);
     }
 
@@ -177,15 +170,17 @@ pub(crate) mod tests {
     /// `after`, not at the prefix. `read` reads a page of 10 (`prefix`,
     /// `after`) through `sql` on a new connection.
     #[track_caller]
-    pub(crate) fn assert_deep_pages_are_short(
-        producer: bool,
-        sql: &str,
-        read: impl Fn(&Connection, &str, &FlowId) -> usize,
-    ) {
-        let (_dir, path) = store_of_many_flows(producer);
+    pub(crate) fn assert_deep_pages_are_short(role: Role, sql: &str) {
+        let (_dir, path) = store_of_many_flows(role == Role::Producer);
         let steps = |prefix: &str, after: &str| {
             let conn = Connection::open(&path).unwrap();
-            let listed = read(&conn, prefix, &FlowId::new(after).unwrap());
+            let after = FlowId::new(after).unwrap();
+            let page = FlowsPage {
+                prefix,
+                after: Some(&after),
+                limit: 10,
+            };
+            let listed = flows_page(&conn, role, sql, page).unwrap().len();
             assert!(listed > 0, "{prefix:?} after {after}");
             let stmt = conn.prepare_cached(sql).expect("the statement is cached");
             stmt.get_status(rusqlite::StatementStatus::VmStep)
@@ -206,13 +201,6 @@ pub(crate) mod tests {
 
     #[test]
     fn a_deep_page_reads_only_its_own_rows() {
-        assert_deep_pages_are_short(true, FLOWS_PAGE_SQL, |conn, prefix, after| {
-            let page = FlowsPage {
-                prefix,
-                after: Some(after),
-                limit: 10,
-            };
-            producer_flows_page(conn, page).unwrap().len()
-        });
+        assert_deep_pages_are_short(Role::Producer, PRODUCER_FLOWS_SQL);
     }
 }

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-pub(crate) use ordo_core::open::Want;
+use ordo_core::open::Want;
 use ordo_core::{ErrorKind, ProducerName, StoreError, StoreId};
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -91,10 +91,13 @@ pub use ordo_core::store::Role;
 /// reads is one consistent snapshot; `context` names a failed begin.
 pub(crate) fn read_snapshot<T>(
     conn: &mut Connection,
-    context: &str,
+    role: Role,
     f: impl FnOnce(&Connection) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    let tx = conn.transaction().map_err(|e| sql_error(context, e))?;
+    let tx = conn.transaction().map_err(|e| {
+        let context = format!("{}: cannot begin a read transaction", role.as_str());
+        sql_error(&context, e)
+    })?;
     f(&tx)
 }
 
@@ -323,7 +326,8 @@ fn open_pause_us(attempt: u32) -> u64 {
 /// runs. Existing state is never reset. Racing processes
 /// opening a new file each create it or wait and open it: an attempt that
 /// finds the file busy is started again, within the busy timeout.
-pub(crate) fn open(path: &Path, opening: Opening<'_>) -> Result<Opened, StoreError> {
+pub(crate) fn open(path: impl AsRef<Path>, opening: Opening<'_>) -> Result<Opened, StoreError> {
+    let path = path.as_ref();
     let conn = open_conn(path, opening)?;
     Ok(Opened {
         domain: read_domain(&conn, path)?,
@@ -801,12 +805,19 @@ fn stored_version(conn: &Connection, path: &Path) -> Result<i64, StoreError> {
     }
 }
 
-/// The constructors of a store of one role: `ordo_core`'s (`open`,
-/// `open_with`, `open_existing`, `open_or_create`) and the two reads of a
-/// file before any open (`check_existing`, `existing_domain`).
+/// The constructors of a store of one role: `ordo_core`'s (`open_as`,
+/// `open`, `open_with`, `open_existing`, `open_or_create`) and the two reads of a
+/// file before any open (`check_existing`, `existing_domain`), and the
+/// accessors both roles share (`connection`, `read`).
 macro_rules! open_constructors {
-    ($store:ident, $role:expr) => {
-        ordo_core::open_constructors!($store, path: impl AsRef<Path>, OpenOptions);
+    ($store:ident, $role:expr, $tables:expr) => {
+        ordo_core::open_constructors!(
+            $store,
+            path: impl AsRef<Path>,
+            OpenOptions,
+            $tables,
+            crate::conn::open
+        );
 
         /// Refuses an existing file that is not an ordo store of this role
         /// (a foreign SQLite file, the other role, a newer schema), reading
@@ -821,6 +832,22 @@ macro_rules! open_constructors {
         /// yet); an error for a file that is not an ordo store of this role.
         pub fn existing_domain(path: impl AsRef<Path>) -> Result<Option<String>, StoreError> {
             crate::conn::existing_domain(path.as_ref(), $role)
+        }
+
+        /// The underlying connection, for reading pragmas and for the
+        /// caller's own reads.
+        pub fn connection(&self) -> &Connection {
+            &self.conn
+        }
+
+        /// Runs `f` inside one read transaction, so that everything it
+        /// reads (ordo's tables, the application's) is one consistent
+        /// snapshot.
+        pub fn read<T>(
+            &mut self,
+            f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+        ) -> Result<T, StoreError> {
+            crate::conn::read_snapshot(&mut self.conn, $role, f)
         }
     };
 }

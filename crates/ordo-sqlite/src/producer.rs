@@ -17,8 +17,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::browse;
 use crate::conn::{
-    collect_rows, corrupt, exec_cached, open, row_cached, sql_error, OpenOptions, Opening, Role,
-    Tables, Want,
+    collect_rows, corrupt, exec_cached, row_cached, sql_error, OpenOptions, Opened, Role, Tables,
 };
 use crate::watch::DataVersion;
 
@@ -92,23 +91,10 @@ pub struct ProducerTx<'c> {
 }
 
 impl ProducerDb {
-    crate::conn::open_constructors!(ProducerDb, Role::Producer);
+    crate::conn::open_constructors!(ProducerDb, Role::Producer, TABLES);
 
-    /// Opens the store at `path` as `want` asks (what every constructor
-    /// above calls).
-    pub fn open_as(
-        path: impl AsRef<Path>,
-        want: Want<'_>,
-        clock: Arc<dyn Clock>,
-        options: &OpenOptions,
-    ) -> Result<ProducerDb, StoreError> {
-        let opening = Opening {
-            tables: &TABLES,
-            want,
-            options,
-        };
-        let opened = open(path.as_ref(), opening)?;
-        Ok(ProducerDb {
+    fn from_opened(opened: Opened, clock: Arc<dyn Clock>, _: &OpenOptions) -> ProducerDb {
+        ProducerDb {
             conn: opened.conn,
             domain: opened.domain,
             store_id: opened.store_id,
@@ -119,23 +105,7 @@ impl ProducerDb {
             commits: 0,
             synced_commits: 0,
             synced: true,
-        })
-    }
-
-    /// The clock this store stamps its writes with.
-    pub fn clock(&self) -> Arc<dyn Clock> {
-        self.clock.clone()
-    }
-
-    /// The domain that owns this store.
-    pub fn domain(&self) -> &str {
-        &self.domain
-    }
-
-    /// The underlying connection, for reading pragmas and for the caller's
-    /// own reads.
-    pub fn connection(&self) -> &Connection {
-        &self.conn
+        }
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction and commits if it
@@ -203,28 +173,10 @@ impl ProducerDb {
         Ok(value)
     }
 
-    /// How many write transactions this handle has committed.
-    pub fn commits(&self) -> u64 {
-        self.commits
-    }
-
     /// How many of those commits waited for the disk (`synchronous=FULL`);
     /// the others are delivery bookkeeping.
     pub fn synced_commits(&self) -> u64 {
         self.synced_commits
-    }
-
-    /// Runs `f` inside one read transaction, so that everything it reads
-    /// (the outbox, the application's tables) is one consistent snapshot.
-    pub fn read<T>(
-        &mut self,
-        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        crate::conn::read_snapshot(
-            &mut self.conn,
-            "producer: cannot begin a read transaction",
-            f,
-        )
     }
 }
 

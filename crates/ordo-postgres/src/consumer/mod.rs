@@ -22,8 +22,8 @@ use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};
 use ordo_core::{Clock, Envelope, InboxRecord, StoreError};
 
 use crate::browse;
-use crate::conn::{open, Opening, PgOptions, PgTx, Role, Tables, Want};
-use crate::producer::{read_snapshot, stored_envelope};
+use crate::conn::{open, Opened, PgOptions, PgTx, Role, Tables};
+use crate::producer::stored_envelope;
 use crate::wake::Wake;
 
 /// ordo's consumer tables, version by version.
@@ -122,67 +122,18 @@ pub struct PgConsumer {
 }
 
 impl PgConsumer {
-    ordo_core::open_constructors!(PgConsumer, url: &str, PgOptions);
+    ordo_core::open_constructors!(PgConsumer, url: &str, PgOptions, TABLES, open);
+    crate::conn::store_accessors!(Role::Consumer);
 
-    /// Opens the store at `url` as `want` asks (what every constructor
-    /// above calls).
-    pub fn open_as(
-        url: &str,
-        want: Want<'_>,
-        clock: Arc<dyn Clock>,
-        options: &PgOptions,
-    ) -> Result<PgConsumer, StoreError> {
-        let opening = Opening {
-            tables: &TABLES,
-            want,
-            options,
-        };
-        let opened = open(url, opening)?;
-        let wake = Wake::new(url, Role::Consumer, &opened.conn);
-        Ok(PgConsumer {
+    fn from_opened(opened: Opened, clock: Arc<dyn Clock>, _: &PgOptions) -> PgConsumer {
+        PgConsumer {
             conn: opened.conn,
             domain: opened.domain,
             store_id: opened.store_id,
             clock,
             commits: 0,
-            wake,
-        })
-    }
-
-    /// The domain that owns this store.
-    pub fn domain(&self) -> &str {
-        &self.domain
-    }
-
-    /// The clock this store stamps its writes with.
-    pub fn clock(&self) -> Arc<dyn Clock> {
-        self.clock.clone()
-    }
-
-    /// The connection, for the caller's own reads outside a transaction.
-    pub fn connection(&self) -> &PgTx {
-        &self.conn
-    }
-
-    /// How many write transactions this handle has committed.
-    pub fn commits(&self) -> u64 {
-        self.commits
-    }
-
-    /// The channel on which every receive that stores a new event
-    /// notifies, once per transaction: `ordo_inbox_<schema>` (see
-    /// [`RunStore::changed_elsewhere`](ordo_core::RunStore::changed_elsewhere)).
-    pub fn notify_channel(&self) -> &str {
-        self.wake.channel()
-    }
-
-    /// Runs `f` inside one read-only REPEATABLE READ transaction, so that
-    /// everything it reads is one consistent snapshot.
-    pub fn read<T>(
-        &mut self,
-        f: impl FnOnce(&PgTx) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        read_snapshot(&self.conn, "consumer: read transaction", f)
+            wake: opened.wake,
+        }
     }
 
     /// Runs `f` in one write transaction; commits on `Ok`.

@@ -15,7 +15,7 @@ use ordo_core::{
 };
 use postgres::Row;
 
-use crate::conn::{open, Opening, PgOptions, PgTx, Role, Want};
+use crate::conn::{open, Opened, PgOptions, PgTx};
 use crate::error::corrupt;
 use crate::wake::Wake;
 
@@ -108,25 +108,12 @@ pub struct PgProducerTx<'c> {
 }
 
 impl PgProducer {
-    ordo_core::open_constructors!(PgProducer, url: &str, PgOptions);
+    ordo_core::open_constructors!(PgProducer, url: &str, PgOptions, TABLES, open);
+    crate::conn::store_accessors!(crate::conn::Role::Producer);
 
-    /// Opens the store at `url` as `want` asks (what every constructor
-    /// above calls).
-    pub fn open_as(
-        url: &str,
-        want: Want<'_>,
-        clock: Arc<dyn Clock>,
-        options: &PgOptions,
-    ) -> Result<PgProducer, StoreError> {
-        let opening = Opening {
-            tables: &TABLES,
-            want,
-            options,
-        };
-        let opened = open(url, opening)?;
-        let wake = Wake::new(url, Role::Producer, &opened.conn);
-        Ok(PgProducer {
-            wake,
+    fn from_opened(opened: Opened, clock: Arc<dyn Clock>, options: &PgOptions) -> PgProducer {
+        PgProducer {
+            wake: opened.wake,
             conn: opened.conn,
             domain: opened.domain,
             store_id: opened.store_id,
@@ -138,7 +125,7 @@ impl PgProducer {
             held: HashMap::new(),
             claimed: Some(HashSet::new()),
             events_per_flow: 1,
-        })
+        }
     }
 
     /// The name this handle claims flows under.
@@ -254,33 +241,6 @@ impl PgProducer {
         Ok(())
     }
 
-    /// The domain that owns this store.
-    pub fn domain(&self) -> &str {
-        &self.domain
-    }
-
-    /// The clock this store stamps its writes with.
-    pub fn clock(&self) -> Arc<dyn Clock> {
-        self.clock.clone()
-    }
-
-    /// How many write transactions this handle has committed.
-    pub fn commits(&self) -> u64 {
-        self.commits
-    }
-
-    /// The channel on which every write transaction that appends
-    /// notifies, once per transaction: `ordo_outbox_<schema>` (see
-    /// [`RunStore::changed_elsewhere`](ordo_core::RunStore::changed_elsewhere)).
-    pub fn notify_channel(&self) -> &str {
-        self.wake.channel()
-    }
-
-    /// The connection, for the caller's own reads outside a transaction.
-    pub fn connection(&self) -> &PgTx {
-        &self.conn
-    }
-
     /// Runs `f` in one READ COMMITTED transaction and commits if it returns
     /// `Ok`; on `Err` nothing it wrote is kept.
     pub fn write<T, E>(
@@ -367,15 +327,6 @@ impl PgProducer {
         })?;
         self.commits += 1;
         Ok(())
-    }
-
-    /// Runs `f` inside one read-only REPEATABLE READ transaction, so that
-    /// everything it reads is one consistent snapshot.
-    pub fn read<T>(
-        &mut self,
-        f: impl FnOnce(&PgTx) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        read_snapshot(&self.conn, "producer: read transaction", f)
     }
 }
 

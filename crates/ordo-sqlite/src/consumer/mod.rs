@@ -23,7 +23,7 @@ use std::sync::Arc;
 use ordo_core::{Clock, Envelope, InboxRecord, StoreError};
 use rusqlite::Connection;
 
-use crate::conn::{open, sql_error, OpenOptions, Opening, Role, Want};
+use crate::conn::{sql_error, OpenOptions, Opened, Role};
 use crate::watch::DataVersion;
 
 /// The consumer's SQLite file: the inbox (every received event, durably,
@@ -43,23 +43,10 @@ pub struct ConsumerDb {
 }
 
 impl ConsumerDb {
-    crate::conn::open_constructors!(ConsumerDb, Role::Consumer);
+    crate::conn::open_constructors!(ConsumerDb, Role::Consumer, schema::TABLES);
 
-    /// Opens the store at `path` as `want` asks (what every constructor
-    /// above calls).
-    pub fn open_as(
-        path: impl AsRef<Path>,
-        want: Want<'_>,
-        clock: Arc<dyn Clock>,
-        options: &OpenOptions,
-    ) -> Result<ConsumerDb, StoreError> {
-        let opening = Opening {
-            tables: &schema::TABLES,
-            want,
-            options,
-        };
-        let opened = open(path.as_ref(), opening)?;
-        Ok(ConsumerDb {
+    fn from_opened(opened: Opened, clock: Arc<dyn Clock>, _: &OpenOptions) -> ConsumerDb {
+        ConsumerDb {
             conn: opened.conn,
             domain: opened.domain,
             store_id: opened.store_id,
@@ -67,41 +54,7 @@ impl ConsumerDb {
             data_version: DataVersion::default(),
             clock,
             commits: 0,
-        })
-    }
-
-    /// The domain that owns this store.
-    pub fn domain(&self) -> &str {
-        &self.domain
-    }
-
-    /// The clock this store stamps its writes with.
-    pub fn clock(&self) -> Arc<dyn Clock> {
-        self.clock.clone()
-    }
-
-    /// The underlying connection, for reading pragmas and for the caller's
-    /// own reads.
-    pub fn connection(&self) -> &Connection {
-        &self.conn
-    }
-
-    /// How many write transactions this handle has committed.
-    pub fn commits(&self) -> u64 {
-        self.commits
-    }
-
-    /// Runs `f` inside one read transaction, so that everything it reads
-    /// (the inbox, the application's tables) is one consistent snapshot.
-    pub fn read<T>(
-        &mut self,
-        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        crate::conn::read_snapshot(
-            &mut self.conn,
-            "consumer: cannot begin a read transaction",
-            f,
-        )
+        }
     }
 }
 
