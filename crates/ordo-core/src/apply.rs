@@ -15,7 +15,7 @@
 use crate::envelope::Envelope;
 use crate::error::StoreError;
 use crate::handler::{apply_in_order, ApplyContext, ApplyHandler, Verdict};
-use crate::ids::{BlockCode, EventId, FlowId, Seq};
+use crate::ids::{BlockCode, FlowId, Seq};
 use crate::outcome::{BlockReason, Drain, DrainStop, InboxStatus, Step};
 use crate::store::{plan_apply, ApplyPlan, NextRow};
 
@@ -63,6 +63,16 @@ pub enum Guard {
     Savepoint,
 }
 
+/// The rows of one flow the engine asks a backend for: the one at `from`
+/// first, and up to `most` rows from there for a backend that reads ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NextRows {
+    /// The seq after the flow's applied seq.
+    pub from: Seq,
+    /// How many rows from `from` the batch may still use (at least 1).
+    pub most: u64,
+}
+
 /// One open apply transaction of a backend, as the engine uses it.
 ///
 /// A backend reads and writes only through its own transaction; every
@@ -86,14 +96,10 @@ pub trait ApplyWriter {
         left: u64,
     ) -> Result<Option<i64>, StoreError>;
 
-    /// What is stored at `flow_id`'s seq after `applied_seq`; `want` is how
-    /// many of its rows from there the batch may still use.
-    fn next_event(
-        &mut self,
-        flow_id: &FlowId,
-        applied_seq: i64,
-        want: u64,
-    ) -> Result<NextEvent, StoreError>;
+    /// What is stored at `flow_id`'s seq `rows.from` (the one after its
+    /// applied seq); `rows.most` is how many of its rows from there the
+    /// batch may still use.
+    fn next_event(&mut self, flow_id: &FlowId, rows: NextRows) -> Result<NextEvent, StoreError>;
 
     /// Takes `flow_id` for this transaction's one step, waiting for
     /// another applier that holds it, and returns its applied seq.
@@ -117,24 +123,14 @@ pub trait ApplyWriter {
     /// batch is given up on.
     fn check_open(&self, flow_id: &FlowId, seq: Seq) -> Result<(), StoreError>;
 
-    /// Marks the event at `flow_id`, `seq` applied, now or in
-    /// [`ApplyWriter::finish`]; called only after the handler has applied
-    /// it, and only a row still pending or blocked may be marked.
-    fn mark_applied(
-        &mut self,
-        flow_id: &FlowId,
-        seq: Seq,
-        event_id: &EventId,
-    ) -> Result<(), StoreError>;
+    /// Marks the stored `event` (its row at its flow and seq) applied, now
+    /// or in [`ApplyWriter::finish`]; called only after the handler has
+    /// applied it, and only a row still pending or blocked may be marked.
+    fn mark_applied(&mut self, event: &Envelope) -> Result<(), StoreError>;
 
-    /// Marks the event at `flow_id`, `seq` blocked with `reason`; only a row
-    /// still pending or blocked may be marked.
-    fn mark_blocked(
-        &mut self,
-        flow_id: &FlowId,
-        seq: Seq,
-        reason: &BlockReason,
-    ) -> Result<(), StoreError>;
+    /// Marks the stored `event` blocked with `reason`; only a row still
+    /// pending or blocked may be marked.
+    fn mark_blocked(&mut self, event: &Envelope, reason: &BlockReason) -> Result<(), StoreError>;
 
     /// Moves the flow's cursor forward to `applied_seq`, now or in
     /// [`ApplyWriter::finish`] (called only when the flow applied an event
@@ -333,6 +329,15 @@ fn evaluated(
     let body = found.body.as_deref().expect("an evaluated row is stored");
     let event = Envelope::from_stored(body)
         .map_err(|e| StoreError::corrupt("consumer: stored inbox body", e))?;
+    if event.flow_id != *flow_id || event.seq != next {
+        return Err(StoreError::corrupt(
+            "consumer: stored inbox body",
+            format!(
+                "the row at flow {flow_id} seq {next} holds {} seq {}",
+                event.flow_id, event.seq
+            ),
+        ));
+    }
     Ok(Ok(event))
 }
 
@@ -362,7 +367,7 @@ where
             if guarded {
                 w.release_savepoint()?;
             }
-            w.mark_applied(flow_id, next, &event.event_id)?;
+            w.mark_applied(&event)?;
             Ok(Some((Step::Applied { seq: next }, true)))
         }
         Verdict::Block(_) if !guarded => {
@@ -377,7 +382,7 @@ where
                 // to write.
                 return Ok(Some((Step::Blocked { seq: next, reason }, false)));
             }
-            w.mark_blocked(flow_id, next, &reason)?;
+            w.mark_blocked(&event, &reason)?;
             Ok(Some((Step::Blocked { seq: next, reason }, true)))
         }
     }
@@ -405,7 +410,7 @@ where
         }
     }
     for event in &events {
-        w.mark_applied(&event.flow_id, event.seq, &event.event_id)?;
+        w.mark_applied(event)?;
     }
     Ok(true)
 }
@@ -544,7 +549,11 @@ where
             break DrainStop::Idle;
         };
         // Every row before this one was applied, in seq order.
-        let found = w.next_event(flow_id, applied_seq, most - applied + 1)?;
+        let rows = NextRows {
+            from: next,
+            most: most - applied + 1,
+        };
+        let found = w.next_event(flow_id, rows)?;
         let defer = (guard == Guard::None).then_some(&mut *deferred);
         let Some((step, stepped_wrote)) = step(w, flow_id, next, found, handler, guard, defer)?
         else {
@@ -594,7 +603,13 @@ where
     let Some(next) = Seq::after(applied_seq) else {
         return Ok((Step::Idle, false));
     };
-    let found = w.next_event(flow_id, applied_seq, 1)?;
+    let found = w.next_event(
+        flow_id,
+        NextRows {
+            from: next,
+            most: 1,
+        },
+    )?;
     let stepped = step(w, flow_id, next, found, handler, Guard::Savepoint, None)?
         .expect("a guarded step always ends");
     if let Step::Applied { seq } = stepped.0 {
@@ -602,6 +617,31 @@ where
     }
     w.finish()?;
     Ok(stepped)
+}
+
+/// Refuses a write of `expected` apply cursors that moved only `moved` of
+/// them: a cursor only moves forward (never stays nor moves back), so a
+/// write that left one where it was is a corrupt store, reported at the
+/// first cursor of the write (`flow_id`, `applied_seq`) and rolled back.
+pub fn check_cursors_moved(
+    moved: u64,
+    expected: usize,
+    flow_id: &str,
+    applied_seq: i64,
+) -> Result<(), StoreError> {
+    assert!(
+        expected > 0 && applied_seq > 0,
+        "a cursor moves to a stored seq"
+    );
+    if moved == expected as u64 {
+        return Ok(());
+    }
+    Err(StoreError::corrupt(
+        "consumer: inbox_cursor",
+        format!(
+            "a cursor (of flow {flow_id} or another of its write) is already at or past {applied_seq}"
+        ),
+    ))
 }
 
 /// A row's status as stored (`status`, `reason`, `detail` columns), or a

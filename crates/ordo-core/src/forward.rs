@@ -18,8 +18,8 @@
 /// `$inbox(&conn)`; `$receive::receive_answers(store, ..)`;
 /// `$ops::{inbox_entries, reopen_blocked, skip, repairs, consumer_status,
 /// prune_inbox}(store, ..)`; `$browse::{flows_page (with `CONSUMER_FLOWS_SQL`),
-/// inbox_entry_at, inbox_entry_of_event}(&conn, ..)`; `$apply::flows_with_work_page(store,
-/// ..)`; and for the apply steps, the store's
+/// inbox_entry_at, inbox_entry_of_event}(&conn, ..)`; `$apply::{pending_flows, reevaluated_flows}(store,
+/// ..)` (merged by [`WorkPage`](crate::store::WorkPage)); and for the apply steps, the store's
 /// [`ApplyStore`](crate::apply::ApplyStore) through
 /// [`apply::next_in`](crate::apply::next_in) and
 /// [`apply::batch_in`](crate::apply::batch_in).
@@ -161,7 +161,13 @@ macro_rules! consumer_store_impls {
                 limit: usize,
                 reevaluate: &[$crate::BlockCode],
             ) -> Result<Vec<$crate::FlowId>, $crate::StoreError> {
-                $apply::flows_with_work_page(self, after, limit, reevaluate)
+                let page = $crate::store::WorkPage::new(after, limit);
+                let pending = $apply::pending_flows(self, page)?;
+                let blocked = match reevaluate {
+                    [] => Vec::new(),
+                    codes => $apply::reevaluated_flows(self, page, codes)?,
+                };
+                Ok(page.merged(pending, blocked))
             }
         }
     };

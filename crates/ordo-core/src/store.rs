@@ -58,6 +58,57 @@ impl Role {
 /// How many flows one page of [`ConsumerStore::flows_with_work`] lists.
 pub const FLOWS_PAGE_LEN: usize = 1_024;
 
+/// A row count as an SQL `LIMIT` (a count past `i64::MAX` saturates).
+pub fn sql_limit(rows: usize) -> i64 {
+    i64::try_from(rows).unwrap_or(i64::MAX)
+}
+
+/// One page of [`ConsumerStore::flows_with_work`]: up to `limit` flows
+/// after `after` (`""` for the first page). A backend reads the flows with
+/// a pending row and those with a row blocked with a re-evaluated code,
+/// each as a range read from `after` stopping at `limit`; the page merges
+/// them.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkPage<'a> {
+    /// The last flow of the page before, or `""`.
+    pub after: &'a str,
+    /// How many flows at the most.
+    pub limit: usize,
+}
+
+impl<'a> WorkPage<'a> {
+    /// The page after `after` (the first page for `None`).
+    pub fn new(after: Option<&'a FlowId>, limit: usize) -> WorkPage<'a> {
+        WorkPage {
+            after: after.map_or("", FlowId::as_str),
+            limit,
+        }
+    }
+
+    /// The limit as an SQL parameter.
+    pub fn limit_sql(&self) -> i64 {
+        sql_limit(self.limit)
+    }
+
+    /// The page: the `pending` flows and the re-evaluated `blocked` ones
+    /// (each list in flow order, at most `limit`), merged in flow order,
+    /// each once, at most `limit`.
+    pub fn merged(&self, mut pending: Vec<FlowId>, blocked: Vec<FlowId>) -> Vec<FlowId> {
+        assert!(pending.len() <= self.limit && blocked.len() <= self.limit);
+        if !blocked.is_empty() {
+            pending.extend(blocked);
+            pending.sort_unstable();
+            pending.dedup();
+            pending.truncate(self.limit);
+        }
+        debug_assert!(
+            pending.windows(2).all(|w| w[0] < w[1]),
+            "a page is in flow order"
+        );
+        pending
+    }
+}
+
 /// One page of a flow listing (the console's flow list): up to `limit`
 /// flows whose id starts with `prefix`, after `after`, in flow id order.
 /// A backend reads it as one indexed range and hands back the rows; the
@@ -79,7 +130,7 @@ impl<'a> FlowsPage<'a> {
     /// for the first page), and at most `limit` rows.
     pub fn bounds(&self) -> (&'a str, &'a str, i64) {
         let after = self.after.map_or("", FlowId::as_str);
-        let limit = i64::try_from(self.limit).unwrap_or(i64::MAX);
+        let limit = sql_limit(self.limit);
         (self.prefix.max(after), after, limit)
     }
 

@@ -6,6 +6,7 @@
 //! rows there are: keyset paging, never an offset.
 
 use ordo_core::ops::{InboxEntry, OutboxEntry};
+use ordo_core::store::sql_limit;
 use ordo_core::store::FlowsPage;
 use ordo_core::{EventId, FlowId, Role, Seq, StoreError};
 
@@ -70,11 +71,10 @@ pub(crate) fn flow_outbox_entries(
     flow_id: &FlowId,
     limit: usize,
 ) -> Result<Vec<OutboxEntry>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let rows = conn.rows(
         "producer: cannot list a flow's outbox rows",
         FLOW_OUTBOX_SQL,
-        &[&flow_id.as_str(), &limit],
+        &[&flow_id.as_str(), &sql_limit(limit)],
     )?;
     rows.iter().map(outbox_entry).collect()
 }

@@ -3,6 +3,7 @@
 //! by its limit, however large the outbox.
 
 use ordo_core::ops::OutboxEntry;
+use ordo_core::store::sql_limit;
 use ordo_core::store::FlowsPage;
 use ordo_core::{FlowId, Role, StoreError};
 use rusqlite::{params, Connection};
@@ -44,12 +45,11 @@ pub(crate) fn flow_outbox_entries(
     flow_id: &FlowId,
     limit: usize,
 ) -> Result<Vec<OutboxEntry>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     collect_rows(
         conn,
         "producer: cannot list a flow's outbox rows",
         FLOW_OUTBOX_SQL,
-        params![flow_id.as_str(), limit],
+        params![flow_id.as_str(), sql_limit(limit)],
         |row| {
             Ok((
                 row.get::<_, String>(0)?,

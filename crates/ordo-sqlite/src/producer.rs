@@ -9,6 +9,7 @@ use ordo_core::ops::{
     whole_read, whole_read_limit, OutboxEntry, ProducerStatus, Pruned, RetryRefused,
     WHOLE_READ_ROWS_MAX,
 };
+use ordo_core::store::sql_limit;
 use ordo_core::{
     AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, OutboxTx, ProducerName,
     ProducerOps, ProducerStore, Receipt, StoreError,
@@ -357,14 +358,13 @@ impl ProducerOps for ProducerDb {
         quarantined_only: bool,
         limit: usize,
     ) -> Result<Vec<OutboxEntry>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         collect_rows(
             &self.conn,
             "producer: cannot list the outbox",
             "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
                     next_attempt_at_ms, created_at_ms, accepted_at_ms
              FROM outbox WHERE (NOT ?1 OR quarantined = 1) ORDER BY position LIMIT ?2",
-            params![quarantined_only, limit],
+            params![quarantined_only, sql_limit(limit)],
             |row| {
                 Ok((
                     row.get::<_, String>(0)?,
@@ -478,12 +478,11 @@ impl ProducerStore for ProducerDb {
     }
 
     fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         collect_rows(
             &self.conn,
             "producer: cannot read pending events",
             "SELECT body FROM outbox WHERE accepted = 0 ORDER BY position LIMIT ?1",
-            [limit],
+            [sql_limit(limit)],
             |row| row.get::<_, String>(0),
             |body| stored_envelope("producer: stored outbox body", &body),
         )
@@ -512,7 +511,7 @@ impl ProducerStore for ProducerDb {
         skip: &BTreeSet<FlowId>,
         now_ms: i64,
     ) -> Result<Vec<Envelope>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let limit = sql_limit(limit);
         let body = |row: &rusqlite::Row<'_>| row.get::<_, String>(0);
         let envelope = |body: String| stored_envelope("producer: stored outbox body", &body);
         if skip.is_empty() {

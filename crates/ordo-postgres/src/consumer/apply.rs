@@ -3,8 +3,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
-use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent, SettledState};
-use ordo_core::{BlockCode, BlockReason, ErrorKind, EventId, FlowId, Seq, StoreError};
+use ordo_core::apply::{
+    check_cursors_moved, ApplyStore, ApplyWriter, NextEvent, NextRows, SettledState,
+};
+use ordo_core::store::WorkPage;
+use ordo_core::{BlockCode, BlockReason, Envelope, ErrorKind, FlowId, Seq, StoreError};
 
 use super::{inbox_status, PgConsumer};
 use crate::conn::PgTx;
@@ -110,13 +113,8 @@ impl ApplyWriter for ApplyTx<'_> {
         batch.open(self.tx, flows, left)
     }
 
-    fn next_event(
-        &mut self,
-        flow_id: &FlowId,
-        applied_seq: i64,
-        want: u64,
-    ) -> Result<NextEvent, StoreError> {
-        let next = Seq::after(applied_seq).expect("the engine asks only below the last seq");
+    fn next_event(&mut self, flow_id: &FlowId, rows: NextRows) -> Result<NextEvent, StoreError> {
+        let next = rows.from;
         let Some(batch) = self.batch.as_mut() else {
             return next_row(self.tx, flow_id, next);
         };
@@ -124,7 +122,7 @@ impl ApplyWriter for ApplyTx<'_> {
             .current
             .as_mut()
             .expect("a batch reads the flow it opened");
-        match read.next(self.tx, flow_id, applied_seq, want)? {
+        match read.next(self.tx, flow_id, next.get() - 1, rows.most)? {
             Some(row) => row.found(next),
             None => Ok(NextEvent::missing(false)),
         }
@@ -155,12 +153,8 @@ impl ApplyWriter for ApplyTx<'_> {
         check_still_open(self.tx, flow_id, seq)
     }
 
-    fn mark_applied(
-        &mut self,
-        flow_id: &FlowId,
-        seq: Seq,
-        event_id: &EventId,
-    ) -> Result<(), StoreError> {
+    fn mark_applied(&mut self, event: &Envelope) -> Result<(), StoreError> {
+        let (flow_id, seq, event_id) = (&event.flow_id, event.seq, &event.event_id);
         match self.batch.as_mut() {
             Some(batch) => {
                 batch.marks.applied(flow_id, seq, event_id);
@@ -170,13 +164,8 @@ impl ApplyWriter for ApplyTx<'_> {
         }
     }
 
-    fn mark_blocked(
-        &mut self,
-        flow_id: &FlowId,
-        seq: Seq,
-        reason: &BlockReason,
-    ) -> Result<(), StoreError> {
-        mark_blocked(self.tx, flow_id, seq, reason)
+    fn mark_blocked(&mut self, event: &Envelope, reason: &BlockReason) -> Result<(), StoreError> {
+        mark_blocked(self.tx, &event.flow_id, event.seq, reason)
     }
 
     fn close_flow(&mut self, flow_id: &FlowId, applied_seq: i64) -> Result<(), StoreError> {
@@ -297,9 +286,7 @@ impl Marks {
                  WHERE excluded.applied_seq > c.applied_seq",
                 &[&flows, &seqs],
             )?;
-            if moved != flows.len() as u64 {
-                return Err(cursor_not_forward(flows[0], seqs[0]));
-            }
+            check_cursors_moved(moved, flows.len(), flows[0], seqs[0])?;
         }
         Ok(())
     }
@@ -573,16 +560,6 @@ fn lock_and_read(
     Ok(Some((locked_at, ahead)))
 }
 
-/// A cursor that would stay or move back: refused as a damaged inbox.
-pub(super) fn cursor_not_forward(flow: &str, applied_seq: i64) -> StoreError {
-    corrupt(
-        "consumer: inbox_cursor",
-        format!(
-            "a cursor (of flow {flow} or another of its batch) is already at or past {applied_seq}"
-        ),
-    )
-}
-
 /// The flow's apply cursor (the last applied or skipped seq, 0 if none),
 /// its row locked until the transaction ends (waiting for another applier
 /// that holds it), so that one applier at a time applies the flow; a flow
@@ -609,23 +586,16 @@ pub(super) fn lock_cursor(tx: &PgTx, flow_id: &FlowId) -> Result<i64, StoreError
     }
 }
 
-pub(super) fn write_cursor(
-    tx: &PgTx,
-    flow_id: &FlowId,
-    applied_seq: i64,
-) -> Result<(), StoreError> {
-    assert!(applied_seq > 0, "a cursor moves to a stored seq");
+pub(super) fn write_cursor(tx: &PgTx, flow_id: &FlowId, seq: i64) -> Result<(), StoreError> {
+    let (flow, applied_seq) = (flow_id.as_str(), seq);
     let moved = tx.run(
         "consumer: cannot move the apply cursor",
         "INSERT INTO {s}.inbox_cursor AS c (flow_id, applied_seq) VALUES ($1, $2)
          ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq
          WHERE excluded.applied_seq > c.applied_seq",
-        &[&flow_id.as_str(), &applied_seq],
+        &[&flow, &applied_seq],
     )?;
-    if moved != 1 {
-        return Err(cursor_not_forward(flow_id.as_str(), applied_seq));
-    }
-    Ok(())
+    check_cursors_moved(moved, 1, flow, applied_seq)
 }
 
 /// What is stored at the flow's next seq, with its body.
@@ -747,35 +717,28 @@ fn flow_page(
         .collect()
 }
 
-/// Up to `limit` flows with work after `after`.
-pub(super) fn flows_with_work_page(
+/// The flows on `page` with a pending row, in flow order.
+pub(super) fn pending_flows(
     db: &mut PgConsumer,
-    after: Option<&FlowId>,
-    limit: usize,
-    reevaluate: &[BlockCode],
+    page: WorkPage<'_>,
 ) -> Result<Vec<FlowId>, StoreError> {
-    let after = after.map(FlowId::as_str).unwrap_or("");
-    let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
-    let mut flows = flow_page(
-        &db.conn,
-        "SELECT DISTINCT flow_id FROM {s}.inbox WHERE status = 'pending' AND flow_id > $1
-         ORDER BY flow_id LIMIT $2",
-        &[&after, &limit_sql],
-    )?;
-    if !reevaluate.is_empty() {
-        let codes: Vec<&str> = reevaluate.iter().map(BlockCode::as_str).collect();
-        flows.extend(flow_page(
-            &db.conn,
-            "SELECT DISTINCT flow_id FROM {s}.inbox
-             WHERE status = 'blocked' AND reason = ANY ($3) AND flow_id > $1
-             ORDER BY flow_id LIMIT $2",
-            &[&after, &limit_sql, &codes],
-        )?);
-        flows.sort_unstable();
-        flows.dedup();
-        flows.truncate(limit);
-    }
-    Ok(flows)
+    let sql = "SELECT DISTINCT flow_id FROM {s}.inbox WHERE status = 'pending' AND flow_id > $1
+        ORDER BY flow_id LIMIT $2";
+    flow_page(&db.conn, sql, &[&page.after, &page.limit_sql()])
+}
+
+/// The flows on `page` with a row blocked with one of `codes`, in flow
+/// order: one read for all the codes.
+pub(super) fn reevaluated_flows(
+    db: &mut PgConsumer,
+    page: WorkPage<'_>,
+    codes: &[BlockCode],
+) -> Result<Vec<FlowId>, StoreError> {
+    let sql = "SELECT DISTINCT flow_id FROM {s}.inbox
+        WHERE status = 'blocked' AND reason = ANY ($3) AND flow_id > $1
+        ORDER BY flow_id LIMIT $2";
+    let codes: Vec<&str> = codes.iter().map(BlockCode::as_str).collect();
+    flow_page(&db.conn, sql, &[&page.after, &page.limit_sql(), &codes])
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use ordo_core::ops::{
     decide_skip, whole_read, whole_read_limit, ConsumerStatus, InboxEntry, Pruned, RepairRecord,
     SkipRefused, SkipRequest, WHOLE_READ_ROWS_MAX,
 };
+use ordo_core::store::sql_limit;
 use ordo_core::{EventId, FlowId, Seq, StoreError};
 use postgres::Row;
 
@@ -19,7 +20,6 @@ pub(super) fn inbox_entries(
     flow_id: Option<&FlowId>,
     limit: usize,
 ) -> Result<Vec<InboxEntry>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     // One statement per shape, so that a plan reused on a long-lived
     // connection still reads one flow by its key.
     let sql = match flow_id {
@@ -37,7 +37,11 @@ pub(super) fn inbox_entries(
     let rows = db.conn.rows(
         "consumer: cannot list the inbox",
         sql,
-        &[&blocked_only, &flow_id.map(FlowId::as_str), &limit],
+        &[
+            &blocked_only,
+            &flow_id.map(FlowId::as_str),
+            &sql_limit(limit),
+        ],
     )?;
     rows.iter().map(inbox_entry).collect()
 }

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::browse;
+use ordo_core::store::sql_limit;
 use ordo_core::ProducerOps;
 
 impl ProducerOps for PgProducer {
@@ -24,13 +25,12 @@ impl ProducerOps for PgProducer {
         quarantined_only: bool,
         limit: usize,
     ) -> Result<Vec<OutboxEntry>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = self.conn.rows(
             "producer: cannot list the outbox",
             "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
                     next_attempt_at_ms, created_at_ms, accepted_at_ms
              FROM {s}.outbox WHERE (NOT $1 OR quarantined) ORDER BY position LIMIT $2",
-            &[&quarantined_only, &limit],
+            &[&quarantined_only, &sql_limit(limit)],
         )?;
         rows.iter().map(outbox_entry).collect()
     }
@@ -106,11 +106,10 @@ impl ProducerStore for PgProducer {
     }
 
     fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         envelopes(self.conn.rows(
             "producer: cannot read pending events",
             PENDING_SQL,
-            &[&limit],
+            &[&sql_limit(limit)],
         )?)
     }
 

@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent, SettledState};
-use ordo_core::{BlockCode, BlockReason, ErrorKind, EventId, FlowId, Seq, StoreError};
+use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent, NextRows, SettledState};
+use ordo_core::store::WorkPage;
+use ordo_core::{BlockCode, BlockReason, Envelope, ErrorKind, FlowId, Seq, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::schema::{begin_write, inbox_status, read_cursor, write_cursor};
@@ -106,13 +107,8 @@ impl ApplyWriter for ApplyTx<'_> {
         }
     }
 
-    fn next_event(
-        &mut self,
-        flow_id: &FlowId,
-        applied_seq: i64,
-        _want: u64,
-    ) -> Result<NextEvent, StoreError> {
-        let next = Seq::after(applied_seq).expect("the engine asks only below the last seq");
+    fn next_event(&mut self, flow_id: &FlowId, rows: NextRows) -> Result<NextEvent, StoreError> {
+        let next = rows.from;
         // The flow's first stored row at or after `next`: the next event
         // itself, or one past a gap, or none.
         #[allow(clippy::type_complexity)]
@@ -158,21 +154,12 @@ impl ApplyWriter for ApplyTx<'_> {
         Ok(())
     }
 
-    fn mark_applied(
-        &mut self,
-        flow_id: &FlowId,
-        seq: Seq,
-        event_id: &EventId,
-    ) -> Result<(), StoreError> {
-        mark_applied(&self.tx, flow_id, seq, event_id, self.now_ms)
+    fn mark_applied(&mut self, event: &Envelope) -> Result<(), StoreError> {
+        mark_applied(&self.tx, event, self.now_ms)
     }
 
-    fn mark_blocked(
-        &mut self,
-        flow_id: &FlowId,
-        seq: Seq,
-        reason: &BlockReason,
-    ) -> Result<(), StoreError> {
+    fn mark_blocked(&mut self, event: &Envelope, reason: &BlockReason) -> Result<(), StoreError> {
+        let (flow_id, seq) = (&event.flow_id, event.seq);
         let marked = exec_cached(
             &self.tx,
             "UPDATE inbox SET status = 'blocked', reason = ?3, detail = ?4
@@ -233,13 +220,8 @@ fn settled_under_apply(flow_id: &FlowId, seq: Seq) -> StoreError {
 /// only while it is pending or blocked: the row's event id is its body's
 /// `event_id`, and a row settled already is never marked again (anything
 /// else is a corrupt file or a handler that wrote ordo's tables).
-fn mark_applied(
-    tx: &Connection,
-    flow_id: &FlowId,
-    seq: Seq,
-    event_id: &EventId,
-    now_ms: i64,
-) -> Result<(), StoreError> {
+fn mark_applied(tx: &Connection, event: &Envelope, now_ms: i64) -> Result<(), StoreError> {
+    let (flow_id, seq, event_id) = (&event.flow_id, event.seq, &event.event_id);
     let marked = exec_cached(
         tx,
         "UPDATE inbox SET status = 'applied', reason = NULL, detail = NULL, settled_at_ms = ?4
@@ -284,38 +266,36 @@ fn flow_page<P: rusqlite::Params>(
     )
 }
 
-/// Up to `limit` flows with work after `after` (see
-/// [`ConsumerStore::flows_with_work`](ordo_core::ConsumerStore::flows_with_work)).
-pub(super) fn flows_with_work_page(
+/// The flows on `page` with a pending row: a walk of the pending partial
+/// index from `after` that stops at the page's limit, so a page costs
+/// O(limit) however many flows have work.
+pub(super) fn pending_flows(
     db: &mut ConsumerDb,
-    after: Option<&FlowId>,
-    limit: usize,
-    reevaluate: &[BlockCode],
+    page: WorkPage<'_>,
 ) -> Result<Vec<FlowId>, StoreError> {
-    let after = after.map(FlowId::as_str).unwrap_or("");
-    // Each list walks its own partial index from `after` and stops at
-    // `limit`, so a page costs O(limit) however many flows have work.
-    let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
-    let mut flows = flow_page(
-        &db.conn,
-        "SELECT DISTINCT flow_id FROM inbox WHERE status = 'pending' AND flow_id > ?1
-             ORDER BY flow_id LIMIT ?2",
-        params![after, limit_sql],
-    )?;
-    for code in reevaluate {
-        flows.extend(flow_page(
-            &db.conn,
-            "SELECT DISTINCT flow_id FROM inbox
-             WHERE status = 'blocked' AND reason = ?3 AND flow_id > ?1
-             ORDER BY flow_id LIMIT ?2",
-            params![after, limit_sql, code.as_str()],
-        )?);
+    let sql = "SELECT DISTINCT flow_id FROM inbox WHERE status = 'pending' AND flow_id > ?1
+        ORDER BY flow_id LIMIT ?2";
+    flow_page(&db.conn, sql, params![page.after, page.limit_sql()])
+}
+
+/// The flows on `page` with a row blocked with one of `codes`: one walk of
+/// the blocked rows' index per code.
+pub(super) fn reevaluated_flows(
+    db: &mut ConsumerDb,
+    page: WorkPage<'_>,
+    codes: &[BlockCode],
+) -> Result<Vec<FlowId>, StoreError> {
+    let sql = "SELECT DISTINCT flow_id FROM inbox
+        WHERE status = 'blocked' AND reason = ?3 AND flow_id > ?1
+        ORDER BY flow_id LIMIT ?2";
+    let mut flows = Vec::new();
+    for code in codes {
+        let params = params![page.after, page.limit_sql(), code.as_str()];
+        flows.extend(flow_page(&db.conn, sql, params)?);
     }
-    if !reevaluate.is_empty() {
-        flows.sort_unstable();
-        flows.dedup();
-        flows.truncate(limit);
-    }
+    flows.sort_unstable();
+    flows.dedup();
+    flows.truncate(page.limit);
     Ok(flows)
 }
 

@@ -5,6 +5,7 @@ use ordo_core::ops::{
     decide_skip, whole_read, whole_read_limit, ConsumerStatus, InboxEntry, Pruned, RepairRecord,
     SkipRefused, SkipRequest, WHOLE_READ_ROWS_MAX,
 };
+use ordo_core::store::sql_limit;
 use ordo_core::{EventId, FlowId, Seq, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -31,7 +32,6 @@ pub(super) fn inbox_entries(
     flow_id: Option<&FlowId>,
     limit: usize,
 ) -> Result<Vec<InboxEntry>, StoreError> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let sql = match flow_id {
         Some(_) => FLOW_ENTRIES_SQL,
         None => ENTRIES_SQL,
@@ -40,7 +40,7 @@ pub(super) fn inbox_entries(
         &db.conn,
         "consumer: cannot list the inbox",
         sql,
-        params![blocked_only, flow_id.map(FlowId::as_str), limit],
+        params![blocked_only, flow_id.map(FlowId::as_str), sql_limit(limit)],
         entry_row,
         inbox_entry,
     )

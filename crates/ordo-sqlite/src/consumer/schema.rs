@@ -4,7 +4,7 @@ use ordo_core::ops::{whole_read, whole_read_limit, InboxEntry, WHOLE_READ_ROWS_M
 use ordo_core::{FlowId, InboxRecord, StoreError};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error, Tables};
+use crate::conn::{collect_rows, exec_cached, row_cached, sql_error, Tables};
 use crate::producer::stored_envelope;
 
 const SCHEMA: &str = "
@@ -117,27 +117,17 @@ pub(super) fn read_cursor(tx: &Connection, flow_id: &FlowId) -> Result<i64, Stor
 /// Moves the flow's apply cursor forward to `applied_seq`: a cursor never
 /// moves back nor stays, so a move that would is refused as a corrupt store
 /// and nothing is written.
-pub(super) fn write_cursor(
-    tx: &Connection,
-    flow_id: &FlowId,
-    applied_seq: i64,
-) -> Result<(), StoreError> {
-    assert!(applied_seq > 0, "a cursor moves to a stored seq");
+pub(super) fn write_cursor(tx: &Connection, flow_id: &FlowId, seq: i64) -> Result<(), StoreError> {
+    let (flow, applied_seq) = (flow_id.as_str(), seq);
     let moved = exec_cached(
         tx,
         "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
          ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq
          WHERE excluded.applied_seq > inbox_cursor.applied_seq",
-        params![flow_id.as_str(), applied_seq],
+        params![flow, applied_seq],
     )
     .map_err(|e| sql_error("consumer: cannot move the apply cursor", e))?;
-    if moved != 1 {
-        return Err(corrupt(
-            "consumer: inbox_cursor",
-            format!("the cursor of flow {flow_id} is already at or past {applied_seq}"),
-        ));
-    }
-    Ok(())
+    ordo_core::apply::check_cursors_moved(moved as u64, 1, flow, applied_seq)
 }
 
 pub(super) fn read_inbox(conn: &Connection) -> Result<Vec<InboxRecord>, StoreError> {
