@@ -173,6 +173,25 @@ pub enum TxOutcome {
 const IN_PROGRESS_WAITS: u32 = 100;
 const IN_PROGRESS_WAIT: Duration = Duration::from_millis(50);
 
+/// The calls of ordo's own statements: each prepares `template` through
+/// the statement cache and makes one client call with `params`.
+macro_rules! statement_calls {
+    ($($(#[$doc:meta])* $name:ident -> $answer:ty = $call:ident;)*) => {
+        $(
+            $(#[$doc])*
+            pub(crate) fn $name(
+                &self,
+                context: &str,
+                template: &'static str,
+                params: Params<'_>,
+            ) -> Result<$answer, StoreError> {
+                let statement = self.statement(context, template)?;
+                self.call(context, |c| c.$call(&statement, params))
+            }
+        )*
+    };
+}
+
 impl PgTx {
     /// Runs one statement and returns how many rows it changed. Each
     /// distinct `sql` is prepared once per connection (as are those of the
@@ -332,37 +351,13 @@ impl PgTx {
         Ok(statement)
     }
 
-    /// Runs ordo's own statement `template` (see [`PgTx::statement`]).
-    pub(crate) fn run(
-        &self,
-        context: &str,
-        template: &'static str,
-        params: Params<'_>,
-    ) -> Result<u64, StoreError> {
-        let statement = self.statement(context, template)?;
-        self.call(context, |c| c.execute(&statement, params))
-    }
-
-    /// The rows of ordo's own query `template`.
-    pub(crate) fn rows(
-        &self,
-        context: &str,
-        template: &'static str,
-        params: Params<'_>,
-    ) -> Result<Vec<Row>, StoreError> {
-        let statement = self.statement(context, template)?;
-        self.call(context, |c| c.query(&statement, params))
-    }
-
-    /// The row, if any, of ordo's own query `template`.
-    pub(crate) fn row(
-        &self,
-        context: &str,
-        template: &'static str,
-        params: Params<'_>,
-    ) -> Result<Option<Row>, StoreError> {
-        let statement = self.statement(context, template)?;
-        self.call(context, |c| c.query_opt(&statement, params))
+    statement_calls! {
+        /// Runs ordo's own statement `template` (see [`PgTx::statement`]).
+        run -> u64 = execute;
+        /// The rows of ordo's own query `template`.
+        rows -> Vec<Row> = query;
+        /// The row, if any, of ordo's own query `template`.
+        row -> Option<Row> = query_opt;
     }
 
     /// Runs transaction control or DDL (`{s}` names ordo's schema).
