@@ -74,6 +74,7 @@
 #![warn(missing_docs)]
 
 mod browse;
+mod columns;
 mod conn;
 mod consumer;
 mod domain;

@@ -14,6 +14,7 @@ use ordo_core::{crash, Answer, BodyHash, Envelope, Receipt, StoreError};
 use postgres::Row;
 
 use super::PgConsumer;
+use crate::columns::{create_flow_rows, EnvelopeColumns, FlowRow};
 use crate::conn::PgTx;
 use crate::error::{corrupt, is_unique_violation};
 
@@ -66,16 +67,7 @@ fn receive_in_tx(
     now_ms: i64,
     one_by_one: bool,
 ) -> Result<Option<Vec<Answer>>, StoreError> {
-    // Each flow's apply cursor row exists before its first event is
-    // stored, so that appliers lock it (and skip it when another holds
-    // it) and never wait to create it.
-    tx.run(
-        CONTEXT,
-        "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq)
-         SELECT flow_id, 0 FROM unnest($1::text[]) AS flow_id
-         ON CONFLICT (flow_id) DO NOTHING",
-        &[&flows],
-    )?;
+    create_flow_rows(tx, CONTEXT, FlowRow::Cursor, flows)?;
     if one_by_one {
         let mut delivery = Delivery::default();
         let mut answers = Vec::with_capacity(envelopes.len());
@@ -148,14 +140,8 @@ fn insert_all(
     accepted: &[(&Envelope, BodyHash)],
     now_ms: i64,
 ) -> Result<bool, StoreError> {
-    let column = |f: fn(&Envelope) -> &str| accepted.iter().map(|(e, _)| f(e)).collect::<Vec<_>>();
-    let bodies: Vec<String> = accepted.iter().map(|(e, _)| e.stored_text()).collect();
+    let columns = EnvelopeColumns::of(accepted.iter().map(|(e, _)| *e));
     let hashes: Vec<&str> = accepted.iter().map(|(_, h)| h.as_str()).collect();
-    let seqs: Vec<i64> = accepted.iter().map(|(e, _)| e.seq.get()).collect();
-    let versions: Vec<i64> = accepted
-        .iter()
-        .map(|(e, _)| e.schema_version.get())
-        .collect();
     // A plain insert: a row another receiver stored since the read above
     // fails it (SQLSTATE 23505) instead of being passed over, which spares
     // every row the extra probe of each unique index that `ON CONFLICT`
@@ -167,16 +153,7 @@ fn insert_all(
          FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[])
               WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, body_hash, i)
          ORDER BY e.i",
-        &[
-            &column(|e| e.event_id.as_str()),
-            &column(|e| e.flow_id.as_str()),
-            &seqs,
-            &versions,
-            &column(|e| e.event_type.as_str()),
-            &bodies,
-            &hashes,
-            &now_ms,
-        ],
+        &columns.params(&[&hashes, &now_ms]),
     );
     match inserted {
         Ok(rows) if rows == accepted.len() as u64 => Ok(true),

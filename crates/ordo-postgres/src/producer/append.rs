@@ -2,6 +2,7 @@
 //! transaction.
 
 use super::*;
+use crate::columns::{create_flow_rows, EnvelopeColumns, FlowRow};
 
 impl PgProducerTx<'_> {
     /// The transaction, for the caller's own reads and writes of its state.
@@ -39,13 +40,7 @@ impl PgProducerTx<'_> {
     /// and locks them all; returns their last seqs.
     fn lock_heads(&self, names: &[&str]) -> Result<HashMap<String, i64>, StoreError> {
         let context = "producer: cannot lock the outbox head";
-        self.conn.run(
-            context,
-            "INSERT INTO {s}.outbox_head (flow_id, last_seq)
-             SELECT flow_id, 0 FROM unnest($1::text[]) AS flow_id
-             ON CONFLICT (flow_id) DO NOTHING",
-            &[&names],
-        )?;
+        create_flow_rows(self.conn, context, FlowRow::Head, names)?;
         let heads: HashMap<String, i64> = self
             .conn
             .rows(context, LOCK_HEADS_SQL, &[&names])?
@@ -141,10 +136,7 @@ impl PgProducerTx<'_> {
         if events.is_empty() {
             return Ok(None);
         }
-        let text = |f: fn(&Envelope) -> &str| events.iter().map(f).collect::<Vec<&str>>();
-        let bodies: Vec<String> = events.iter().map(Envelope::stored_text).collect();
-        let seqs: Vec<i64> = events.iter().map(|e| e.seq.get()).collect();
-        let versions: Vec<i64> = events.iter().map(|e| e.schema_version.get()).collect();
+        let columns = EnvelopeColumns::of(events.iter());
         // Only the event id arbitrates: the heads are locked and each seq
         // is past its head, so no (flow, seq) is taken, and the position is
         // new. `ON CONFLICT` probes each arbiter index before inserting.
@@ -162,15 +154,7 @@ impl PgProducerTx<'_> {
                  listed AS (
                      INSERT INTO {s}.outbox_pending (position) SELECT position FROM appended)
                  SELECT flow_id, seq FROM appended",
-                &[
-                    &text(|e| e.event_id.as_str()),
-                    &text(|e| e.flow_id.as_str()),
-                    &seqs,
-                    &versions,
-                    &text(|e| e.event_type.as_str()),
-                    &bodies,
-                    &self.now_ms,
-                ],
+                &columns.params(&[&self.now_ms]),
             )?
             .iter()
             .map(|row| (row.get(0), row.get(1)))
