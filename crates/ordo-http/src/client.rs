@@ -232,13 +232,15 @@ impl HttpTransport {
             let (message, _) = error_body(response);
             return Err(answer(status, message, None, retry_after_ms));
         }
+        let mut shown = self.base_url.clone();
+        let _ = (shown.set_username(""), shown.set_password(None));
         Err(TransportError::Skew {
             message: format!(
                 "the consumer at {} is of an earlier release (its answers carry no {HEADER_STORE_ID} \
                  header) and cannot read envelopes that name a producer or carry headers; \
                  upgrade consumers before naming a producer or using headers (nothing of this \
                  round was sent or marked)",
-                self.base_url
+                shown
             ),
         })
     }
