@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ordo_core::StoreId;
 use ordo_http::server::ServerConfig;
 use ordo_http::tls::TlsAcceptor;
 use ordo_http::{KeyRing, Metrics, Opener, Server};
@@ -40,8 +41,11 @@ pub fn serve(json_mode: bool, args: ServeArgs) -> Result<(), Failure> {
     let config = server_config(&args, keys);
     check_store(&args.consumer, args.apply)?;
     // A first handle now, outside the runtime: a store that cannot be
-    // opened stops the start.
-    drop(existing_consumer(&args.consumer)?);
+    // opened stops the start, and its identity names every answer.
+    let store_id = existing_consumer(&args.consumer)?
+        .handle()
+        .store_id()
+        .clone();
     // The applier's store too (a PostgreSQL client cannot connect from
     // the runtime's threads).
     let applier_store = match args.apply {
@@ -55,7 +59,7 @@ pub fn serve(json_mode: bool, args: ServeArgs) -> Result<(), Failure> {
         .thread_name("ordo-serve")
         .build()
         .map_err(|e| Failure::Internal(format!("cannot start the runtime: {e}")))?;
-    runtime.block_on(run(json_mode, args, config, tls, applier_store))
+    runtime.block_on(run(json_mode, args, config, tls, store_id, applier_store))
 }
 
 /// Refuses unsigned requests off loopback unless told, and reads the keys.
@@ -130,6 +134,7 @@ async fn run(
     args: ServeArgs,
     config: ServerConfig,
     tls: Option<TlsAcceptor>,
+    store_id: StoreId,
     applier_store: Option<AnyConsumer>,
 ) -> Result<(), Failure> {
     let metrics = Arc::new(Metrics::new());
@@ -139,7 +144,7 @@ async fn run(
     };
     let (listener, bound) = bind(args.listen)?;
     let opener = opener(args.consumer.clone());
-    let server = Server::new(config, opener, Arc::clone(&metrics), clock());
+    let server = Server::new(config, opener, &store_id, Arc::clone(&metrics), clock());
     let signals = Signals::install()?;
     announce(json_mode, bound, tls.is_some());
     let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -436,6 +436,123 @@ fn follow_modes_never_create_a_missing_store() {
     assert!(!Path::new(&missing).exists());
 }
 
+/// A producer store named `orders` (every envelope it appends names it)
+/// with one reserved flow per name of `flows`.
+fn named_lab(flows: &[&str]) -> Lab {
+    let lab = Lab::new();
+    let init = lab.run(&["init", "--producer", &lab.p, "--producer-name", "orders"]);
+    assert_eq!(init.code, 0, "{init:#?}");
+    for flow in flows {
+        lab.advance(flow, 0, "reserved", Some(3));
+    }
+    lab
+}
+
+/// The producer's `status --json`.
+fn producer_status(lab: &Lab) -> Value {
+    lab.run(&["status", "--json", "--producer", &lab.p]).json()["producer"].clone()
+}
+
+#[track_caller]
+fn assert_version_skew(out: &Out) {
+    out.storage_error();
+    for said in [
+        "version skew",
+        "earlier release",
+        "upgrade consumers before naming a producer or using headers",
+    ] {
+        assert!(out.stderr.contains(said), "{said:?} in {out:#?}");
+    }
+}
+
+/// Envelopes that name a producer never go to a consumer of an earlier
+/// release (PROTOCOL.md section 12): the relay asks its health, finds no
+/// `ordo-store-id`, and stops with exit 1 as a version skew, sending
+/// nothing, marking, recording and quarantining nothing; `--follow` too.
+#[test]
+fn a_named_producer_stops_at_a_consumer_of_an_earlier_release() {
+    let lab = named_lab(&["A", "B"]);
+    let (url, seen) = earlier_release();
+    let before = outbox(&lab);
+    assert_version_skew(&relay_to(&lab, &url, &[]));
+    assert_version_skew(&relay_to(&lab, &url, &["--event", "A-1"]));
+    let mut follow = relay_follow(&lab, &["--to", &url]);
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = follow.try_wait().unwrap() {
+            break status;
+        }
+        assert!(started.elapsed() < PATIENCE, "relay --follow went on");
+        thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(1), "relay --follow");
+    let lines: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.line.clone())
+        .collect();
+    assert_eq!(lines, ["GET /v1/health"; 3], "no POST arrived");
+    assert_eq!(outbox(&lab), before, "nothing marked or recorded");
+    let status = producer_status(&lab);
+    assert_eq!(
+        (&status["backlog"], &status["quarantined"]),
+        (&json!(2), &json!(0)),
+        "{status}"
+    );
+}
+
+/// Rounds without a producer's name or headers still go to a consumer of
+/// an earlier release, unprobed; each POST names the producer store in
+/// `ordo-store-id`, as `status` reports it.
+#[test]
+fn a_default_producer_still_delivers_to_a_consumer_of_an_earlier_release() {
+    let lab = lab_with(&["A", "B"]);
+    let (url, seen) = earlier_release();
+    let report = relay_to(&lab, &url, &[]).json();
+    let mut got = receipts(&report);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("A-1".into(), "accepted".into()),
+            ("B-1".into(), "accepted".into())
+        ]
+    );
+    let store_id = producer_status(&lab)["store_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let seen = seen.lock().unwrap();
+    assert!(!seen.is_empty());
+    for request in seen.iter() {
+        assert_eq!(request.line, "POST /v1/events", "{request:?}");
+        assert_eq!(request.header("ordo-store-id"), Some(store_id.as_str()));
+    }
+    let rows = outbox(&lab);
+    assert!(rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["accepted"] == json!(true)));
+}
+
+/// A named producer delivers to `ordo serve` of this release, whose
+/// answers name its store.
+#[test]
+fn a_named_producer_delivers_to_a_consumer_of_this_release() {
+    let lab = named_lab(&["A"]);
+    let init = lab.run(&["init", "--consumer", &lab.c]);
+    assert_eq!(init.code, 0, "{init:#?}");
+    let serve = Serve::start(&lab.c, &[]);
+    let report = relay_to(&lab, &serve.url(), &[]).json();
+    assert_eq!(receipts(&report), [("A-1".into(), "accepted".into())]);
+    let inbox = lab
+        .run(&["inbox", "list", "--json", "--consumer", &lab.c])
+        .json();
+    assert_eq!(inbox["inbox"][0]["producer"], json!("orders"), "{inbox}");
+}
+
 // ---------------------------------------------------------------- helpers
 
 fn write_key_file(dir: &Path, name: &str, key_id: &str, secret_hex: &str) -> String {
@@ -465,16 +582,10 @@ fn canned(status: u16, headers: &[(&str, &str)], body: &str) -> String {
 /// last one repeated; a 200 with an empty body answers `accepted` for every
 /// envelope of the request.
 fn canned_sequence(answers: Vec<(u16, String)>) -> String {
-    serve_answers(move |(n, request): (usize, Value)| {
+    serve_answers(move |(n, request): (usize, Request)| {
         let (status, body) = answers[n.min(answers.len() - 1)].clone();
         let body = if status == 200 && body.is_empty() {
-            let receipts: Vec<Value> = request
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|e| json!({"event_id": e["event_id"], "flow_id": e["flow_id"], "seq": e["seq"], "receipt": "accepted"}))
-                .collect();
-            json!({ "receipts": receipts }).to_string()
+            accept_all(&request.body)
         } else {
             body
         };
@@ -482,8 +593,62 @@ fn canned_sequence(answers: Vec<(u16, String)>) -> String {
     })
 }
 
+/// A 200's body answering `accepted` for every envelope of `request`, as
+/// a consumer of any release does.
+fn accept_all(request: &Value) -> String {
+    let receipts: Vec<Value> = request
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| json!({"event_id": e["event_id"], "flow_id": e["flow_id"], "seq": e["seq"], "receipt": "accepted"}))
+        .collect();
+    json!({ "receipts": receipts }).to_string()
+}
+
+/// One request a test's server read.
+#[derive(Debug, Clone)]
+struct Request {
+    /// `METHOD PATH`.
+    line: String,
+    /// The head's header lines, names lowercased.
+    headers: Vec<(String, String)>,
+    /// The body as JSON (`Null` when there is none).
+    body: Value,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A consumer of an earlier release, as far as the relay can see: `GET
+/// /v1/health` answers 200, every POST takes each envelope (`accepted`),
+/// and no answer names the store in `ordo-store-id`. Every request it
+/// read is in the list, in order.
+fn earlier_release() -> (String, Arc<Mutex<Vec<Request>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    let url = serve_answers(move |(_, request): (usize, Request)| {
+        log.lock().unwrap().push(request.clone());
+        match request.line.as_str() {
+            "GET /v1/health" => (200, json!({"status": "ok"}).to_string(), String::new()),
+            "POST /v1/events" => (200, accept_all(&request.body), String::new()),
+            _ => (
+                404,
+                json!({"error": "no such route"}).to_string(),
+                String::new(),
+            ),
+        }
+    });
+    (url, seen)
+}
+
 fn serve_answers(
-    mut answer: impl FnMut((usize, Value)) -> (u16, String, String) + Send + 'static,
+    mut answer: impl FnMut((usize, Request)) -> (u16, String, String) + Send + 'static,
 ) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
@@ -502,23 +667,33 @@ fn serve_answers(
     url
 }
 
-fn read_request(stream: &mut std::net::TcpStream) -> Value {
+fn read_request(stream: &mut std::net::TcpStream) -> Request {
     let mut reader = BufReader::new(stream);
-    let mut length = 0usize;
+    let mut first = String::new();
+    let _ = reader.read_line(&mut first);
+    let line: Vec<&str> = first.split_whitespace().take(2).collect();
+    let mut headers = Vec::new();
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
             break;
         }
         if let Some((name, value)) = line.split_once(':') {
-            if name.eq_ignore_ascii_case("content-length") {
-                length = value.trim().parse().unwrap_or(0);
-            }
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
         }
     }
+    let length = headers
+        .iter()
+        .find(|(name, _)| name == "content-length")
+        .and_then(|(_, value)| value.parse().ok())
+        .unwrap_or(0usize);
     let mut body = vec![0; length];
     let _ = reader.read_exact(&mut body);
-    serde_json::from_slice(&body).unwrap_or(Value::Null)
+    Request {
+        line: line.join(" "),
+        headers,
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+    }
 }
 
 #[track_caller]

@@ -340,6 +340,147 @@ fn a_conflict_names_the_held_event_and_stops_its_flow_for_the_request() {
     }
 }
 
+/// The consumer store's identity, as `status --json` reports it.
+fn consumer_store_id(consumer: &str) -> String {
+    let status = run(&["status", "--json", "--consumer", consumer]).json();
+    let store_id = status["consumer"]["store_id"]
+        .as_str()
+        .expect("a store id")
+        .to_owned();
+    assert_eq!(store_id.len(), 32, "{status}");
+    store_id
+}
+
+/// Every answer, of every route and status, early or not, names the
+/// consumer store in `ordo-store-id`, as `status` reports it.
+#[test]
+fn every_answer_names_the_consumer_store() {
+    let lab = lab();
+    let keys = key_file(lab.dir.path(), "keys", &format!("k1 {SECRET_OLD}\n"), 0o600);
+    let flags = [
+        "--keys",
+        &keys,
+        "--max-batch",
+        "1",
+        "--busy-timeout-ms",
+        "200",
+    ];
+    let served = Served::start(&lab.c, &flags);
+    let store_id = consumer_store_id(&lab.c);
+    let url = served.url("/v1/events");
+    let ring = KeyRing::parse(&format!("k1 {SECRET_OLD}"), Path::new("test")).unwrap();
+    let signed_post = |body: &str| {
+        let bytes = body.as_bytes();
+        post_with(&url, &signed(&ring, "k1", now_s(), bytes), bytes)
+    };
+    let body = reservation("a", 1, "reserved", 3);
+    let two = array(&[body.clone(), reservation("b", 1, "reserved", 3)]);
+    let text_plain = agent().post(&url).header("content-type", "text/plain");
+    let answers = [
+        (200, signed_post(&body)),
+        (400, signed_post("nope")),
+        (401, post(&url, &body)),
+        (404, get(&served.url("/nope"))),
+        (405, get(&url)),
+        (413, signed_post(&two)),
+        (415, answer(text_plain.send(&body))),
+        (200, get(&served.url("/v1/health"))),
+        (200, get(&served.url("/v1/ready"))),
+        (200, get(&served.url("/metrics"))),
+    ];
+    for (status, answered) in &answers {
+        assert_eq!(answered.status, *status, "{answered:?}");
+        assert_eq!(
+            answered.store_id.as_deref(),
+            Some(store_id.as_str()),
+            "{answered:?}"
+        );
+    }
+    let lock = ordo_sqlite::rusqlite::Connection::open(&lab.c).unwrap();
+    lock.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let busy = signed_post(&reservation("c", 1, "reserved", 3));
+    busy.refused(503, None);
+    assert_eq!(busy.store_id.as_deref(), Some(store_id.as_str()));
+    lock.execute_batch("ROLLBACK").unwrap();
+    // 8 MiB + 1 by Content-Length: answered before any body byte is read.
+    let head = format!(
+        "POST /v1/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        8 * 1024 * 1024 + 1
+    );
+    let reply = raw(&served.addr, head.as_bytes(), Duration::from_secs(5));
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+    assert!(
+        reply
+            .to_ascii_lowercase()
+            .contains(&format!("\r\nordo-store-id: {store_id}\r\n")),
+        "{reply}"
+    );
+    assert_eq!(inbox_ids(&lab.c), ["a-1"]);
+}
+
+/// The request's `ordo-store-id` is the sender's identity: checked with
+/// the parsing (after the content type and the signature, before the
+/// body), a malformed one a 400 storing nothing, and not signed.
+#[test]
+fn a_malformed_sender_store_id_answers_400_and_stores_nothing() {
+    let lab = lab();
+    let keys = key_file(lab.dir.path(), "keys", &format!("k1 {SECRET_OLD}\n"), 0o600);
+    let served = Served::start(&lab.c, &["--keys", &keys]);
+    let url = served.url("/v1/events");
+    let ring = KeyRing::parse(&format!("k1 {SECRET_OLD}"), Path::new("test")).unwrap();
+    let sent = |store_ids: &[&str], body: &str| {
+        let bytes = body.as_bytes();
+        let mut headers = signed(&ring, "k1", now_s(), bytes);
+        headers.extend(
+            store_ids
+                .iter()
+                .map(|id| ("ordo-store-id", (*id).to_owned())),
+        );
+        post_with(&url, &headers, bytes)
+    };
+    let body = reservation("a", 1, "reserved", 3);
+    let good = "0123456789abcdef0123456789abcdef";
+    let bad_item = array(&[body.clone(), "7".to_owned()]);
+    for bad in [
+        "",
+        "xyz",
+        "0123456789ABCDEF0123456789ABCDEF",
+        &good[1..],
+        &format!("{good}0"),
+        "0123456789abcdef0123456789abcdeg",
+    ] {
+        let refused = sent(&[bad], &body);
+        refused.refused(400, None);
+        assert!(
+            refused.json()["error"]
+                .as_str()
+                .unwrap()
+                .contains("ordo-store-id"),
+            "{refused:?}"
+        );
+        // Before the body: a malformed item is not what is answered.
+        sent(&[bad], &bad_item).refused(400, None);
+    }
+    sent(&[good, good], &body).refused(400, None);
+    // The content type and the signature are checked first.
+    let unsigned = [("ordo-store-id", "xyz".to_owned())];
+    post_with(&url, &unsigned, body.as_bytes()).refused(401, None);
+    let mut text_plain = signed(&ring, "k1", now_s(), body.as_bytes());
+    text_plain.push(("ordo-store-id", "xyz".to_owned()));
+    let mut request = agent().post(&url).header("content-type", "text/plain");
+    for (name, value) in &text_plain {
+        request = request.header(*name, value);
+    }
+    answer(request.send(&body)).refused(415, None);
+    assert!(inbox_ids(&lab.c).is_empty(), "nothing stored");
+    // Well formed, or missing (unknown): stored; the signature does not
+    // cover it.
+    assert_eq!(receipts(&sent(&[good], &body))[0].1, "accepted");
+    let other = reservation("b", 1, "reserved", 3);
+    assert_eq!(receipts(&sent(&[], &other))[0].1, "accepted");
+    assert_eq!(inbox_ids(&lab.c), ["a-1", "b-1"]);
+}
+
 #[test]
 fn malformed_bodies_answer_400_and_store_nothing() {
     let (lab, served) = serving(&[]);
@@ -492,6 +633,10 @@ fn requests_past_the_bound_in_flight_answer_503() {
     let second = post(&url, &reservation("b", 1, "reserved", 3));
     second.refused(503, None);
     assert!(second.retry_after.is_some());
+    // A malformed sender's identity is a parsing error: 400 before 503.
+    let malformed = [("ordo-store-id", "xyz".to_owned())];
+    let body = reservation("b", 1, "reserved", 3);
+    post_with(&url, &malformed, body.as_bytes()).refused(400, None);
     lock.execute_batch("ROLLBACK").unwrap();
     assert_eq!(receipts(&first.join().unwrap())[0].1, "accepted");
     assert_eq!(inbox_ids(&lab.c), ["a-1"]);

@@ -149,6 +149,12 @@ pub enum RelayError {
     /// key or address, a request it cannot read). Nothing was marked.
     #[error("the consumer refused the delivery: {0}")]
     Refused(String),
+    /// The consumer is of an earlier release than the round's envelopes
+    /// need (they name a producer or carry headers): a version skew, to
+    /// be ended by upgrading the consumer. The round was not sent, and
+    /// nothing of it was marked or quarantined.
+    #[error("version skew: {0}")]
+    Skew(String),
     /// The consumer failed transiently, and recording that failure on the
     /// producer failed too: both errors, neither swallowed.
     #[error("{delivery}; recording the failure also failed: {recording}")]
@@ -164,7 +170,7 @@ impl RelayError {
     /// The kind of the storage failure behind this error, if any.
     pub fn kind(&self) -> Option<ErrorKind> {
         match self {
-            RelayError::UnknownEvent(_) | RelayError::Refused(_) => None,
+            RelayError::UnknownEvent(_) | RelayError::Refused(_) | RelayError::Skew(_) => None,
             RelayError::Store(e) => Some(e.kind()),
             RelayError::FailureUnrecorded { delivery, .. } => delivery.kind(),
         }

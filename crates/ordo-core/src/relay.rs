@@ -332,6 +332,7 @@ fn bookkeeping(
         }),
         TransportError::Refused { message } => Bookkeeping::End(RelayError::Refused(message)),
         TransportError::Store(error) => Bookkeeping::End(RelayError::Store(error)),
+        TransportError::Skew { message } => Bookkeeping::End(RelayError::Skew(message)),
     }
 }
 
@@ -561,8 +562,9 @@ where
 /// round whose bookkeeping the store refuses because another relay claimed
 /// its flows meanwhile ([`ErrorKind::LeaseLost`]) leaves those flows to
 /// that relay for the rest of the run; a configuration error
-/// ([`RelayError::Refused`]) or another store error ends the run, the
-/// rounds before it recorded.
+/// ([`RelayError::Refused`]), a consumer of an earlier release than the
+/// round needs ([`RelayError::Skew`]) or another store error ends the run,
+/// the rounds before it recorded.
 pub fn relay_each<P, T>(
     producer: &mut P,
     transport: &mut T,
@@ -981,6 +983,17 @@ mod tests {
                 }),
                 Writes {
                     end: Some("the consumer refused the delivery: wrong key".into()),
+                    ..Writes::default()
+                },
+            ),
+            (
+                "a consumer of an earlier release",
+                2,
+                Err(TransportError::Skew {
+                    message: "upgrade it".into(),
+                }),
+                Writes {
+                    end: Some("version skew: upgrade it".into()),
                     ..Writes::default()
                 },
             ),

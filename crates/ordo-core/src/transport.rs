@@ -5,7 +5,9 @@
 //! [`ConsumerStore`] is one); an HTTP client is another, in its own crate.
 //! The relay's logic (fair order, backoff, quarantine, custody only on
 //! `accepted` or `duplicate`) sees only [`Transport::deliver`] and its
-//! [`TransportError`].
+//! [`TransportError`]. A consumer store in the same process is always of
+//! this release; a network transport tells a consumer of an earlier one
+//! ([`TransportError::Skew`]).
 //!
 //! Invariant: a transport never decides custody. It returns the consumer's
 //! receipts, or says why there are none; the relay records what they mean.
@@ -99,6 +101,14 @@ pub enum TransportError {
     },
     /// A store error that is not transient.
     Store(StoreError),
+    /// The consumer is of an earlier release and cannot read this round's
+    /// envelopes (they name a producer or carry headers, PROTOCOL.md
+    /// section 12): a version skew. The round was not sent; the run stops,
+    /// nothing is marked or quarantined.
+    Skew {
+        /// What was found, and what to do.
+        message: String,
+    },
 }
 
 impl From<StoreError> for TransportError {
@@ -145,6 +155,7 @@ impl fmt::Display for TransportError {
             }
             TransportError::Refused { message } => f.write_str(message),
             TransportError::Store(error) => error.fmt(f),
+            TransportError::Skew { message } => write!(f, "version skew: {message}"),
         }
     }
 }

@@ -2,23 +2,38 @@
 //! an `ordo serve` inbox and reads the receipts back, answering every
 //! status as "The relay as a client" says.
 //!
+//! Every POST names the producer store it delivers from in
+//! `ordo-store-id` (when the transport was told it), and every answer read
+//! tells whether the consumer is of the third release (its answers name
+//! its store in `ordo-store-id`) or of an earlier one. An earlier one
+//! cannot read an envelope that names a producer or carries headers
+//! (PROTOCOL.md section 12), so before a round holding one, when the last
+//! answer read did not name the consumer store, the client asks `GET
+//! /v1/health`: an answer that names none is a version skew
+//! ([`TransportError::Skew`]), and the round is not sent. Rounds without
+//! such envelopes go to any release as before.
+//!
 //! Invariant: the client decides no custody. It turns a response into
 //! receipts or into a [`TransportError`] (transient, too large, one event
-//! rejected, refused); the relay records what they mean.
+//! rejected, refused, a version skew); the relay records what they mean.
 
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ordo_core::{Envelope, Receipt, TransientKind, Transport, TransportError};
+use ordo_core::{Envelope, Receipt, StoreId, TransientKind, Transport, TransportError};
 use reqwest::blocking::{Client, Response};
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 use serde_json::Value;
 
 use crate::auth::{signature_headers, KeyRing};
+use crate::HEADER_STORE_ID;
 
 /// The inbox route, relative to the base URL.
 pub const EVENTS_PATH: &str = "v1/events";
+/// The health route, relative to the base URL: what the client asks when
+/// it must know the consumer's release.
+pub const HEALTH_PATH: &str = "v1/health";
 /// The longest error body read from a refusing server, in bytes.
 const ERROR_BODY_BYTES_MAX: usize = 4096;
 /// The longest wait a `Retry-After` may ask for, in seconds.
@@ -86,8 +101,15 @@ impl Signer {
 /// A [`Transport`] to an HTTP inbox, reusing its connections.
 pub struct HttpTransport {
     client: Client,
+    base_url: Url,
     events_url: Url,
+    health_url: Url,
     signer: Option<Signer>,
+    /// The producer store delivering, named on every POST.
+    store_id: Option<StoreId>,
+    /// The consumer store as the last answer read named it: `None` before
+    /// the first answer, and after one that named none.
+    consumer_store_id: Option<StoreId>,
 }
 
 impl HttpTransport {
@@ -97,7 +119,14 @@ impl HttpTransport {
         signer: Option<Signer>,
         options: &ClientOptions,
     ) -> Result<HttpTransport, ClientError> {
-        let events_url = events_url(base)?;
+        let base_url = base_url(base)?;
+        let route = |path: &str| {
+            base_url.join(path).map_err(|e| ClientError::Url {
+                url: base.to_owned(),
+                rule: e.to_string(),
+            })
+        };
+        let (events_url, health_url) = (route(EVENTS_PATH)?, route(HEALTH_PATH)?);
         let mut builder = Client::builder()
             .timeout(options.timeout)
             .connect_timeout(options.connect_timeout)
@@ -114,9 +143,29 @@ impl HttpTransport {
             .map_err(|e| ClientError::Tls(e.to_string()))?;
         Ok(HttpTransport {
             client,
+            base_url,
             events_url,
+            health_url,
             signer,
+            store_id: None,
+            consumer_store_id: None,
         })
+    }
+
+    /// Names `store_id`, the producer store this transport delivers from,
+    /// on every POST (`ordo-store-id`; not signed). Without it the
+    /// consumer records the sender as unknown.
+    pub fn with_store_id(mut self, store_id: StoreId) -> HttpTransport {
+        self.store_id = Some(store_id);
+        self
+    }
+
+    /// The consumer store's identity as the last answer read named it;
+    /// `None` before the first answer, or when the last one named none
+    /// (a consumer of an earlier release, or an answer that did not come
+    /// from `ordo serve`).
+    pub fn consumer_store_id(&self) -> Option<&StoreId> {
+        self.consumer_store_id.as_ref()
     }
 
     /// Reads a certificate authority file for [`ClientOptions::ca_pem`].
@@ -134,6 +183,9 @@ impl HttpTransport {
             .client
             .post(self.events_url.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(store_id) = &self.store_id {
+            request = request.header(HEADER_STORE_ID, store_id.as_str());
+        }
         if let Some(signer) = &self.signer {
             let headers = signature_headers(
                 &signer.ring,
@@ -150,14 +202,67 @@ impl HttpTransport {
         }
         request.body(body).send()
     }
+
+    /// Notes which consumer store `response` names, if any.
+    fn note_consumer(&mut self, response: &Response) {
+        self.consumer_store_id = response
+            .headers()
+            .get(HEADER_STORE_ID)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| StoreId::new(v).ok());
+    }
+
+    /// Asks `GET /v1/health` whether the consumer is of this release: an
+    /// answer naming its store is; a 200 naming none is an earlier
+    /// release's, a version skew; another status means what it means to a
+    /// POST (a 503 is transient, a 404 a wrong `--to`).
+    fn probe(&mut self) -> Result<(), TransportError> {
+        let response = self
+            .client
+            .get(self.health_url.clone())
+            .send()
+            .map_err(|e| request_failure("GET /v1/health", e))?;
+        self.note_consumer(&response);
+        if self.consumer_store_id.is_some() {
+            return Ok(());
+        }
+        let status = response.status();
+        if status != StatusCode::OK {
+            let retry_after_ms = retry_after_ms(&response);
+            let (message, _) = error_body(response);
+            return Err(answer(status, message, None, retry_after_ms));
+        }
+        let mut shown = self.base_url.clone();
+        let _ = (shown.set_username(""), shown.set_password(None));
+        Err(TransportError::Skew {
+            message: format!(
+                "the consumer at {} is of an earlier release (its answers carry no {HEADER_STORE_ID} \
+                 header) and cannot read envelopes that name a producer or carry headers; \
+                 upgrade consumers before naming a producer or using headers (nothing of this \
+                 round was sent or marked)",
+                shown
+            ),
+        })
+    }
+}
+
+/// Whether an earlier release's consumer cannot read `envelope`: it names
+/// a producer (other than `default`) or carries headers, fields of the
+/// third release that an earlier codec refuses as unknown.
+fn needs_this_release(envelope: &Envelope) -> bool {
+    !envelope.producer.is_default() || !envelope.headers.is_empty()
 }
 
 impl Transport for HttpTransport {
     fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, TransportError> {
         assert!(!events.is_empty(), "a round holds at least one event");
+        if self.consumer_store_id.is_none() && events.iter().any(needs_this_release) {
+            self.probe()?;
+        }
         let body: Vec<Value> = events.iter().map(Envelope::to_value).collect();
         let body = serde_json::to_vec(&body).expect("envelopes serialize");
-        let response = self.post(body).map_err(request_failure)?;
+        let response = self.post(body).map_err(|e| request_failure("POST", e))?;
+        self.note_consumer(&response);
         let status = response.status();
         if status == StatusCode::OK {
             return receipts(response, events);
@@ -168,8 +273,8 @@ impl Transport for HttpTransport {
     }
 }
 
-/// The events URL under `base`, refusing what is not http(s).
-fn events_url(base: &str) -> Result<Url, ClientError> {
+/// `base` as the URL the routes join under, refusing what is not http(s).
+fn base_url(base: &str) -> Result<Url, ClientError> {
     let invalid = |rule: &str| ClientError::Url {
         url: base.to_owned(),
         rule: rule.to_owned(),
@@ -188,7 +293,7 @@ fn events_url(base: &str) -> Result<Url, ClientError> {
         let path = format!("{}/", url.path());
         url.set_path(&path);
     }
-    url.join(EVENTS_PATH).map_err(|e| invalid(&e.to_string()))
+    Ok(url)
 }
 
 fn unix_now_s() -> i64 {
@@ -197,9 +302,10 @@ fn unix_now_s() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
-/// A request that got no response: transient, except a server certificate
-/// that does not verify (a configuration error: retrying cannot help).
-fn request_failure(error: reqwest::Error) -> TransportError {
+/// A request (`what`) that got no response: transient, except a server
+/// certificate that does not verify (a configuration error: retrying
+/// cannot help).
+fn request_failure(what: &str, error: reqwest::Error) -> TransportError {
     let chain = error_chain(&error);
     if chain.contains("invalid peer certificate") {
         return TransportError::Refused {
@@ -217,7 +323,7 @@ fn request_failure(error: reqwest::Error) -> TransportError {
     };
     TransportError::Transient {
         kind,
-        message: format!("POST failed: {chain}"),
+        message: format!("{what} failed: {chain}"),
         retry_after_ms: None,
     }
 }
@@ -356,10 +462,22 @@ mod tests {
 
     #[test]
     fn events_url_joins_the_route_under_the_base() {
-        let url = |base: &str| events_url(base).map(|u| u.to_string());
+        let url = |base: &str| {
+            HttpTransport::new(base, None, &ClientOptions::default())
+                .map(|t| t.events_url().to_string())
+        };
         assert_eq!(
             url("http://127.0.0.1:8080").unwrap(),
             "http://127.0.0.1:8080/v1/events"
+        );
+        let ordo = HttpTransport::new(
+            "https://inbox.example/ordo",
+            None,
+            &ClientOptions::default(),
+        );
+        assert_eq!(
+            ordo.unwrap().health_url.as_str(),
+            "https://inbox.example/ordo/v1/health"
         );
         assert_eq!(
             url("https://inbox.example/ordo").unwrap(),
@@ -372,6 +490,20 @@ mod tests {
         for bad in ["ftp://x/", "127.0.0.1:8080", "http://x/?a=1", "not a url"] {
             assert!(url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn only_a_named_producer_or_headers_need_this_release() {
+        let mut envelope = Envelope::parse(
+            br#"{"event_id":"f-1","flow_id":"f","seq":1,"schema_version":1,"type":"t","payload":{}}"#,
+        )
+        .unwrap();
+        assert!(!needs_this_release(&envelope));
+        envelope.producer = ordo_core::ProducerName::new("orders").unwrap();
+        assert!(needs_this_release(&envelope));
+        envelope.producer = ordo_core::ProducerName::default();
+        envelope.headers.insert("traceparent".into(), "x".into());
+        assert!(needs_this_release(&envelope));
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! `receive_batch` (one transaction, durable before the answer).
 //!
 //! Order: size (413, from `Content-Length`, then while reading), content
-//! type (415), authentication (401), parsing (400; 413 past `max_batch`
-//! items), capacity (503). A request that finds every slot in flight taken
-//! is answered after the checks that need no body (`Content-Length`,
-//! content type, the signing headers): a server at capacity reads no body,
+//! type (415), authentication (401), parsing (400: the sender's
+//! `ordo-store-id` header, then the body; 413 past `max_batch` items),
+//! capacity (503). A request that finds every slot in flight taken is
+//! answered after the checks that need no body (`Content-Length`, content
+//! type, the signing headers, `ordo-store-id`): a server at capacity reads no body,
 //! so such a request gets 503 where its body would have failed a later
 //! check, and its retry gets the body's answer. An answer given before the
 //! body was read to its end is followed by a lingering close
@@ -23,7 +24,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use ordo_core::{Answer, Envelope, EventId};
+use ordo_core::{Answer, Envelope, EventId, StoreId};
 use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
@@ -59,8 +60,12 @@ async fn receive(app: Arc<App>, parts: Parts, body: Body) -> Response {
     if let Some(refused) = check_content_type(&parts.headers) {
         return refused;
     }
-    let caller = match authenticate(&app, &parts, Some(&body)) {
+    let mut caller = match authenticate(&app, &parts, Some(&body)) {
         Ok(caller) => caller,
+        Err(refused) => return *refused,
+    };
+    caller.sender_store_id = match sender_store_id(&parts.headers) {
+        Ok(sender) => sender,
         Err(refused) => return *refused,
     };
     let envelopes = match app.inbox.parse(&body) {
@@ -98,6 +103,9 @@ fn at_capacity(app: &App, parts: &Parts) -> Response {
         return refused;
     }
     if let Err(refused) = authenticate(app, parts, None) {
+        return *refused;
+    }
+    if let Err(refused) = sender_store_id(&parts.headers) {
         return *refused;
     }
     tracing::warn!(
@@ -169,6 +177,7 @@ fn authenticate(app: &App, parts: &Parts, body: Option<&[u8]>) -> Result<Caller,
     match checked {
         Ok(()) => Ok(Caller {
             key_id: key_id(&parts.headers),
+            ..Caller::default()
         }),
         Err(error) => {
             tracing::warn!("refused a request: {error}");
@@ -178,6 +187,33 @@ fn authenticate(app: &App, parts: &Parts, body: Option<&[u8]>) -> Result<Caller,
             )))
         }
     }
+}
+
+/// The delivering producer store's identity, from the request's
+/// `ordo-store-id` (not signed): `None` when the header is missing, a 400
+/// when it is given more than once or is not [`StoreId`]'s 32 lowercase
+/// hex digits.
+fn sender_store_id(headers: &HeaderMap) -> Result<Option<StoreId>, Box<Response>> {
+    let mut given = headers.get_all(crate::HEADER_STORE_ID).iter();
+    let Some(value) = given.next() else {
+        return Ok(None);
+    };
+    let refused = |rule: String| {
+        tracing::info!("refused a request: {rule}");
+        Box::new(reply::error(
+            StatusCode::BAD_REQUEST,
+            format!("the {} header: {rule}", crate::HEADER_STORE_ID),
+        ))
+    };
+    if given.next().is_some() {
+        return Err(refused("given more than once".to_owned()));
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| refused("not visible ASCII".to_owned()))?;
+    StoreId::new(text)
+        .map(Some)
+        .map_err(|e| refused(e.to_string()))
 }
 
 /// The key id a request names in its signing headers.

@@ -29,8 +29,9 @@ mod reply;
 pub mod server;
 pub mod tls;
 
-/// The header carrying a store's identity: the consumer store's on every
-/// 200 of `POST /v1/events` (HTTP.md, third release).
+/// The header carrying a store's identity (HTTP.md, third release): the
+/// consumer store's on every answer of the inbox server, the delivering
+/// producer store's on a relay's `POST /v1/events` (not signed).
 pub const HEADER_STORE_ID: &str = "ordo-store-id";
 
 pub use auth::{sign, signature_headers, AuthError, KeyFileError, KeyRing, Secret};

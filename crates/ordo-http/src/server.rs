@@ -3,7 +3,9 @@
 //!
 //! Routes: `POST /v1/events` (the `inbox` module), `GET /v1/health`, `GET
 //! /v1/ready`, `GET /metrics`; anything else 404, a wrong method 405, both
-//! with a JSON body.
+//! with a JSON body. Every answer, of every route and status (a 503 while
+//! draining too), names the consumer store in `ordo-store-id`, so that a
+//! relay can tell a consumer of this release from an earlier one.
 //!
 //! Invariant: the server never opens a store by itself; handles come from
 //! the caller's [`Opener`], which decides the file, the clock and the busy
@@ -15,12 +17,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use ordo_core::{Clock, ErrorKind, StoreError};
+use ordo_core::{Clock, ErrorKind, StoreError, StoreId};
 use ordo_inbox::{Inbox, InboxLimits, Opener, Pool};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -90,6 +92,8 @@ pub(crate) struct App {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) in_flight: Arc<Semaphore>,
+    /// The consumer store's identity, as every answer's `ordo-store-id`.
+    store_id: HeaderValue,
     status_reads: Semaphore,
     draining: AtomicBool,
 }
@@ -110,15 +114,19 @@ pub struct Server {
 }
 
 impl Server {
-    /// A server storing through `open`'s handles, counting in `metrics`,
-    /// checking signatures' times against `clock`.
+    /// A server storing through `open`'s handles into the consumer store
+    /// whose identity is `store_id` (named on every answer), counting in
+    /// `metrics`, checking signatures' times against `clock`.
     pub fn new(
         config: ServerConfig,
         open: Opener,
+        store_id: &StoreId,
         metrics: Arc<Metrics>,
         clock: Arc<dyn Clock>,
     ) -> Server {
         let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
+        let store_id = HeaderValue::from_str(store_id.as_str())
+            .expect("a store identity is hexadecimal digits");
         Server {
             app: Arc::new(App {
                 inbox: Arc::new(Inbox::new(
@@ -132,6 +140,7 @@ impl Server {
                 metrics,
                 clock,
                 in_flight,
+                store_id,
                 status_reads: Semaphore::new(STATUS_READS_MAX),
                 draining: AtomicBool::new(false),
             }),
@@ -149,6 +158,10 @@ impl Server {
             .fallback(reply::not_found)
             .method_not_allowed_fallback(reply::method_not_allowed)
             .layer(middleware::from_fn_with_state(Arc::clone(&app), observe))
+            .layer(middleware::map_response_with_state(
+                Arc::clone(&app),
+                name_store,
+            ))
             .with_state(app)
     }
 
@@ -197,6 +210,17 @@ async fn observe(State(app): State<Arc<App>>, request: Request, next: Next) -> R
     app.metrics
         .http_request_seconds
         .observe(started.elapsed().as_secs_f64());
+    response
+}
+
+/// Names the consumer store in `ordo-store-id` on every answer, the
+/// outermost layer (a 503 while draining too). A stored delivery's 200
+/// already names the store that holds it, which it keeps.
+async fn name_store(State(app): State<Arc<App>>, mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .entry(crate::HEADER_STORE_ID)
+        .or_insert_with(|| app.store_id.clone());
     response
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use ordo_core::{StoreError, SystemClock};
+use ordo_core::{StoreError, StoreId, SystemClock};
 use ordo_http::linger::LINGER_BYTES_MAX;
 use ordo_http::{Metrics, Opener, Server, ServerConfig};
 
@@ -18,6 +18,8 @@ const MIB: usize = 1024 * 1024;
 const CHUNK_BYTES: usize = 64 * 1024;
 /// The longest wait for one write or read of a test.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// The identity the server names on every answer.
+const STORE_ID: &str = "00112233445566778899aabbccddeeff";
 
 /// A server on 127.0.0.1 (port 0) with the default bounds (an 8 MiB body)
 /// and no store; stopped when dropped.
@@ -42,9 +44,11 @@ impl Served {
                         "this server has no store",
                     ))
                 });
+                let store_id = StoreId::new(STORE_ID).unwrap();
                 let server = Server::new(
                     ServerConfig::default(),
                     opener,
+                    &store_id,
                     Arc::new(Metrics::new()),
                     Arc::new(SystemClock),
                 );
@@ -161,6 +165,12 @@ fn assert_early_answer(answer: &str, status: &str) {
             .to_ascii_lowercase()
             .contains("\r\nconnection: close\r\n"),
         "the connection closes after an early answer: {answer:?}"
+    );
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains(&format!("\r\nordo-store-id: {STORE_ID}\r\n")),
+        "an early answer names the consumer store: {answer:?}"
     );
 }
 

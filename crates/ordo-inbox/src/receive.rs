@@ -21,6 +21,11 @@ pub struct Caller {
     /// The key the delivery was signed with; `None` when the transport
     /// authenticates no one.
     pub key_id: Option<String>,
+    /// The identity of the producer store that delivered it, as the
+    /// transport was told (over HTTP the request's `ordo-store-id`);
+    /// `None` when unknown. It decides nothing yet: a conflict's cause
+    /// will be read from it (PROTOCOL.md section 12, rewound producers).
+    pub sender_store_id: Option<StoreId>,
 }
 
 /// Why a delivery was not stored. Nothing of it was.
@@ -139,6 +144,7 @@ impl Inbox {
         );
         tracing::debug!(
             key_id = caller.key_id.as_deref().unwrap_or("-"),
+            sender_store_id = caller.sender_store_id.as_ref().map_or("-", StoreId::as_str),
             items = stored.answers.len(),
             "stored"
         );

@@ -299,9 +299,11 @@ fn relay_runs(
     let dir = fresh_dir(root, "http")?;
     let mut producer = produced(&dir, flows, batch)?;
     let served = serve(load, &dir.join("consumer.db"), batch)?;
+    let store_id = producer.store_id().clone();
     let http = HttpTransport::new(&served.url(), None, &ClientOptions::default())
         .map_err(internal)
         .and_then(|client| {
+            let client = client.with_store_id(store_id);
             let label = format!("relay over HTTP B={batch}");
             relay_all(&mut producer, client, batch, &label, progress)
         });
