@@ -48,8 +48,7 @@ pub fn relay(json_mode: bool, args: &RelayArgs) -> Result<(), Failure> {
         }
         None => {
             let transport = remote::transport(args)?;
-            let mut producer = open_existing_producer(&args.producer)?;
-            let transport = remote::from_store(transport, &mut producer);
+            let producer = open_existing_producer(&args.producer)?;
             relay_with(json_mode, args, producer, transport)
         }
     }
@@ -217,14 +216,14 @@ impl Printer {
         let line = if self.json_mode {
             json!({
                 "round": self.round, "delivered": t.delivered, "accepted": t.accepted,
-                "duplicate": t.duplicate, "conflict": t.conflict, "refused": t.refused,
-                "transient_errors": t.transient_errors,
+                "duplicate": t.duplicate, "conflict": t.conflict, "rewound": t.rewound,
+                "refused": t.refused, "transient_errors": t.transient_errors,
             })
             .to_string()
         } else {
             format!(
-                "round {}: delivered {} (accepted {}, duplicate {}, conflict {}), refused {}, transient errors {}",
-                self.round, t.delivered, t.accepted, t.duplicate, t.conflict, t.refused, t.transient_errors
+                "round {}: delivered {} (accepted {}, duplicate {}, conflict {}, rewound {}), refused {}, transient errors {}",
+                self.round, t.delivered, t.accepted, t.duplicate, t.conflict, t.rewound, t.refused, t.transient_errors
             )
         };
         print_line(&line);

@@ -5,13 +5,7 @@ use std::time::Duration;
 use ordo_http::{ClientOptions, HttpTransport, KeyRing, Signer};
 
 use crate::args::RelayArgs;
-use crate::stores::AnyProducer;
 use crate::Failure;
-
-/// `transport`, naming `producer`'s identity on every POST.
-pub fn from_store(transport: HttpTransport, producer: &mut AnyProducer) -> HttpTransport {
-    transport.with_store_id(producer.handle().store_id().clone())
-}
 
 /// The transport to `--to`, signing with `--key-id`/`--key-file` when
 /// given. Every flag is checked before a store is opened.

@@ -330,6 +330,7 @@ fn follow_delivers_what_is_appended_later_and_stops_cleanly_on_sigterm() {
             "delivered",
             "duplicate",
             "refused",
+            "rewound",
             "round",
             "transient_errors"
         ]

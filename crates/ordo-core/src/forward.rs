@@ -15,7 +15,7 @@
 /// and [`ConsumerStore`](crate::ConsumerStore) for a backend's consumer store
 /// `$store` (with `conn` and `store_id` fields and an inherent `domain()`),
 /// by calling:
-/// `$inbox(&conn)`; `$receive::receive_answers(store, ..)`;
+/// `$inbox(&conn)`; `$receive::receive_answers(store, sender, ..)`;
 /// `$ops::{inbox_entries, reopen_blocked, skip, repairs, consumer_status,
 /// prune_inbox}(store, ..)`; `$browse::{flows_page (with `CONSUMER_FLOWS_SQL`),
 /// inbox_entry_at, inbox_entry_of_event}(&conn, ..)`; `$apply::{pending_flows, reevaluated_flows}(store,
@@ -30,11 +30,12 @@ macro_rules! consumer_store_impls {
         receive: $receive:ident, ops: $ops:ident, browse: $browse:ident, apply: $apply:ident $(,)?
     ) => {
         impl $crate::Receive for $store {
-            fn receive_answers(
+            fn receive_from(
                 &mut self,
+                sender: Option<&$crate::StoreId>,
                 envelopes: &[$crate::Envelope],
             ) -> Result<Vec<$crate::Answer>, $crate::StoreError> {
-                $receive::receive_answers(self, envelopes)
+                $receive::receive_answers(self, sender, envelopes)
             }
         }
 

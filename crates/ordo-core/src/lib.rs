@@ -48,6 +48,7 @@ pub use ids::{
 };
 pub use outcome::{
     Answer, BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
+    CONFLICT_REASON, PRODUCER_REWOUND_REASON,
 };
 pub use relay::{
     relay, relay_each, relay_event, Delivery, Handover, Refusal, RefusalReason, RelayOptions,

@@ -21,15 +21,32 @@ pub enum Receipt {
     /// the refused one. On the wire a `conflict` of cause `after_conflict`;
     /// the relay leaves it unmarked (PROTOCOL.md section 12).
     AfterConflict,
+    /// A conflict whose held row (or its fingerprint) was stored from the
+    /// same producer store identity as the delivery's: the producer was
+    /// restored from an older backup and forgot what it committed. Nothing
+    /// changed. On the wire a `conflict` of cause `producer_rewound`; the
+    /// relay quarantines the event with that reason (PROTOCOL.md section
+    /// 12).
+    ProducerRewound,
 }
 
 /// Every receipt, in the order of [`Receipt::as_str`]'s names.
-const RECEIPTS: [Receipt; 4] = [
+const RECEIPTS: [Receipt; 5] = [
     Receipt::Accepted,
     Receipt::Duplicate,
     Receipt::Conflict,
     Receipt::AfterConflict,
+    Receipt::ProducerRewound,
 ];
+
+/// The reason recorded on an event quarantined by a `conflict` receipt.
+pub const CONFLICT_REASON: &str =
+    "conflict: the consumer holds a different body under this event id, or another event id at this (flow_id, seq)";
+
+/// The reason recorded on an event quarantined by a `conflict` receipt of
+/// cause `producer_rewound`.
+pub const PRODUCER_REWOUND_REASON: &str =
+    "producer_rewound: the consumer holds another body at this event's identity, stored from this same producer store: the store was restored from an older backup and commits again what it had forgotten";
 
 impl Receipt {
     /// The receipt's wire name: `accepted`, `duplicate` or `conflict`.
@@ -37,18 +54,36 @@ impl Receipt {
         match self {
             Receipt::Accepted => "accepted",
             Receipt::Duplicate => "duplicate",
-            Receipt::Conflict | Receipt::AfterConflict => "conflict",
+            Receipt::Conflict | Receipt::AfterConflict | Receipt::ProducerRewound => "conflict",
         }
     }
 
-    /// A conflict's cause on the wire (`conflict` or `after_conflict`);
+    /// A conflict's cause on the wire (`conflict`, `after_conflict` or
+    /// `producer_rewound`);
     /// `None` for the receipts that are not conflicts.
     pub fn cause(self) -> Option<&'static str> {
         match self {
             Receipt::Accepted | Receipt::Duplicate => None,
             Receipt::Conflict => Some("conflict"),
             Receipt::AfterConflict => Some("after_conflict"),
+            Receipt::ProducerRewound => Some("producer_rewound"),
         }
+    }
+
+    /// For a receipt that quarantines its event (`conflict` of cause
+    /// `conflict` or `producer_rewound`), the recorded outcome (its cause)
+    /// and the reason; `None` for every other receipt.
+    pub fn quarantine(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Receipt::Conflict => Some(("conflict", CONFLICT_REASON)),
+            Receipt::ProducerRewound => Some(("producer_rewound", PRODUCER_REWOUND_REASON)),
+            Receipt::Accepted | Receipt::Duplicate | Receipt::AfterConflict => None,
+        }
+    }
+
+    /// Whether the receipt is a `conflict`, of any cause.
+    pub fn is_conflict(self) -> bool {
+        self.as_str() == "conflict"
     }
 
     /// The receipt of a wire name and, for a conflict, its cause (a

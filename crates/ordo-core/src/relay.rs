@@ -393,9 +393,10 @@ where
     T: Transport + ?Sized,
 {
     let mut rest: Vec<Envelope> = events.to_vec();
+    let sender = producer.store_id().clone();
     while !rest.is_empty() {
         crash::point(crash::RELAY_BEFORE_RECEIVE);
-        let answer = transport.deliver(&rest);
+        let answer = transport.deliver(Some(&sender), &rest);
         match bookkeeping(&rest, answer, backoff) {
             Bookkeeping::Marks(marks) => return record(producer, &rest, &marks, clock, log),
             Bookkeeping::Split { first_len } => {

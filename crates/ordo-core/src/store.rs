@@ -477,12 +477,24 @@ pub trait OutboxTx {
 /// The consumer's durable receive: what a transport calls (in process, or
 /// the inbox behind HTTP). Object-safe.
 pub trait Receive {
-    /// Stores envelopes durably in one transaction and returns one answer
-    /// per envelope, in input order (a conflict's names the held event).
-    /// Never changes the application's tables. Within a batch, a later
-    /// envelope sees the earlier ones, and nothing of a flow is stored after
-    /// one of its envelopes conflicted ([`Delivery`]).
-    fn receive_answers(&mut self, envelopes: &[Envelope]) -> Result<Vec<Answer>, StoreError>;
+    /// Stores envelopes delivered by the producer store `sender` (`None`:
+    /// unknown) durably in one transaction and returns one answer per
+    /// envelope, in input order (a conflict's names the held event). Never
+    /// changes the application's tables. Within a batch, a later envelope
+    /// sees the earlier ones, and nothing of a flow is stored after one of
+    /// its envelopes conflicted ([`Delivery`]). Each stored row keeps
+    /// `sender`, so that a conflict with a row of the same sender is told
+    /// apart as [`Receipt::ProducerRewound`].
+    fn receive_from(
+        &mut self,
+        sender: Option<&StoreId>,
+        envelopes: &[Envelope],
+    ) -> Result<Vec<Answer>, StoreError>;
+
+    /// [`Receive::receive_from`] an unknown sender.
+    fn receive_answers(&mut self, envelopes: &[Envelope]) -> Result<Vec<Answer>, StoreError> {
+        self.receive_from(None, envelopes)
+    }
 
     /// [`Receive::receive_answers`]' receipts alone.
     fn receive_batch(&mut self, envelopes: &[Envelope]) -> Result<Vec<Receipt>, StoreError> {
@@ -809,6 +821,12 @@ pub struct StoredIdentities {
     pub by_flow_seq: Option<EventId>,
     /// The incoming seq is at or below the flow's prune watermark.
     pub below_watermark: bool,
+    /// The producer store that delivered the row (or fingerprint) at the
+    /// incoming `(flow_id, seq)`, if known.
+    pub from_at_flow_seq: Option<StoreId>,
+    /// The producer store that delivered the row (or fingerprint) under the
+    /// incoming `event_id`, if known.
+    pub from_by_event_id: Option<StoreId>,
 }
 
 /// Decides the receipt of an envelope with event id `event_id` whose body
@@ -817,11 +835,14 @@ pub struct StoredIdentities {
 /// `(flow_id, seq)` (the canonical body writes numbers as doubles, so the
 /// hash alone cannot tell seqs above 2^53 apart). A seq at or below the
 /// prune watermark with nothing remembered is a conflict: an old seq is never
-/// stored again.
+/// stored again. A conflict whose held row was delivered by `sender`, the
+/// same producer store as this delivery, is [`Receipt::ProducerRewound`];
+/// an unknown identity (`None`, on either side) never matches.
 pub fn decide_receive(
     event_id: &EventId,
     incoming: &BodyHash,
     stored: &StoredIdentities,
+    sender: Option<&StoreId>,
 ) -> Answer {
     let receipt = match (&stored.by_event_id, &stored.by_flow_seq) {
         (Some(hash), Some(id)) if hash == incoming && id == event_id => Receipt::Duplicate,
@@ -832,25 +853,41 @@ pub fn decide_receive(
     if receipt != Receipt::Conflict {
         return Answer::of(receipt);
     }
-    let held = (stored.by_flow_seq.clone())
-        .or_else(|| stored.by_event_id.is_some().then(|| event_id.clone()));
+    let (held, held_from) = match (&stored.by_flow_seq, &stored.by_event_id) {
+        (Some(id), _) => (Some(id.clone()), stored.from_at_flow_seq.as_ref()),
+        (None, Some(_)) => (Some(event_id.clone()), stored.from_by_event_id.as_ref()),
+        (None, None) => (None, None),
+    };
+    let rewound = matches!((held_from, sender), (Some(a), Some(b)) if a == b);
     Answer {
-        receipt,
+        receipt: if rewound {
+            Receipt::ProducerRewound
+        } else {
+            receipt
+        },
         held_event_id: held,
     }
 }
 
 impl StoredIdentities {
     /// The identities as a backend reads them: the body hash stored under
-    /// the event id (hex), the event id stored at the position, and whether
-    /// the position is at or below the prune watermark; a value that does
-    /// not decode is a corrupt store.
+    /// the event id (hex), the event id stored at the position, whether
+    /// the position is at or below the prune watermark, and the delivering
+    /// stores of the row under the event id and of the row at the position;
+    /// a value that does not decode is a corrupt store.
     pub fn from_columns(
         hash_hex: Option<String>,
         id_at_seq: Option<String>,
         below_watermark: bool,
+        (from_by_id, from_at_seq): (Option<String>, Option<String>),
     ) -> Result<StoredIdentities, StoreError> {
+        let store = |id: Option<String>| {
+            id.map(|id| StoreId::stored("consumer: the delivering store of an inbox row", Some(id)))
+                .transpose()
+        };
         Ok(StoredIdentities {
+            from_at_flow_seq: store(from_at_seq)?,
+            from_by_event_id: store(from_by_id)?,
             by_event_id: hash_hex
                 .map(|hex| {
                     BodyHash::from_hex(&hex)
@@ -880,12 +917,26 @@ impl StoredIdentities {
 /// again after a lost insert race.
 #[derive(Debug, Default)]
 pub struct Delivery<'a> {
+    sender: Option<&'a StoreId>,
     by_id: HashMap<&'a str, BodyHash>,
     by_position: HashMap<(&'a str, i64), &'a EventId>,
     conflicted: HashSet<&'a str>,
 }
 
 impl<'a> Delivery<'a> {
+    /// A delivery from the producer store `sender` (`None`: unknown).
+    pub fn from(sender: Option<&'a StoreId>) -> Delivery<'a> {
+        Delivery {
+            sender,
+            ..Delivery::default()
+        }
+    }
+
+    /// The producer store this delivery came from, if known.
+    pub fn sender(&self) -> Option<&'a StoreId> {
+        self.sender
+    }
+
     /// [`Receipt::AfterConflict`] when an earlier envelope of `envelope`'s
     /// flow in this delivery was a conflict: its answer, whatever the store
     /// holds (a backend need not read its identities).
@@ -906,13 +957,16 @@ impl<'a> Delivery<'a> {
             return answer;
         }
         let position = (envelope.flow_id.as_str(), envelope.seq.get());
+        // What this delivery accepted before is held from its own sender.
         if stored.by_event_id.is_none() {
             stored.by_event_id = self.by_id.get(envelope.event_id.as_str()).cloned();
+            stored.from_by_event_id = self.sender.cloned();
         }
         if stored.by_flow_seq.is_none() {
             stored.by_flow_seq = self.by_position.get(&position).map(|id| (*id).clone());
+            stored.from_at_flow_seq = self.sender.cloned();
         }
-        decide_receive(&envelope.event_id, hash, &stored)
+        decide_receive(&envelope.event_id, hash, &stored, self.sender)
     }
 
     /// Adds `envelope`'s answer to the delivery: an accepted one is stored
@@ -924,7 +978,7 @@ impl<'a> Delivery<'a> {
                 self.by_id.insert(envelope.event_id.as_str(), hash.clone());
                 self.by_position.insert(position, &envelope.event_id);
             }
-            Receipt::Conflict | Receipt::AfterConflict => {
+            Receipt::Conflict | Receipt::AfterConflict | Receipt::ProducerRewound => {
                 self.conflicted.insert(envelope.flow_id.as_str());
             }
             Receipt::Duplicate => {}
@@ -936,12 +990,13 @@ impl<'a> Delivery<'a> {
 /// (`stored[i]` for `envelopes[i]`), as one [`Delivery`]. Also returns the
 /// indices of the accepted envelopes, which the backend stores, with their
 /// body hashes (computed once here).
-pub fn decide_batch(
-    envelopes: &[Envelope],
+pub fn decide_batch<'a>(
+    envelopes: &'a [Envelope],
     stored: Vec<StoredIdentities>,
+    sender: Option<&'a StoreId>,
 ) -> (Vec<Answer>, Vec<(usize, BodyHash)>) {
     assert_eq!(envelopes.len(), stored.len(), "one read per envelope");
-    let mut delivery = Delivery::default();
+    let mut delivery = Delivery::from(sender);
     let mut answers = Vec::with_capacity(envelopes.len());
     let mut accepted = Vec::new();
     for (index, (envelope, stored)) in envelopes.iter().zip(stored).enumerate() {
@@ -1107,21 +1162,27 @@ mod tests {
         ];
         for (batch, answers, accepted) in cases {
             let stored = vec![StoredIdentities::default(); batch.len()];
-            let (got, hashes) = decide_batch(&batch, stored);
+            let (got, hashes) = decide_batch(&batch, stored, None);
             let indices: Vec<usize> = hashes.iter().map(|(i, _)| *i).collect();
             assert_eq!((got, indices), (answers, accepted), "{batch:?}");
             for (i, hash) in hashes {
                 assert_eq!(hash, batch[i].body_hash(), "the hash of what is stored");
             }
         }
-        let stored = StoredIdentities::from_columns(None, Some("a-1".into()), false).unwrap();
+        let stored =
+            StoredIdentities::from_columns(None, Some("a-1".into()), false, (None, None)).unwrap();
         let (answers, accepted) = decide_batch(
             &[envelope("a", 1, 3), a2],
             vec![stored, StoredIdentities::default()],
+            None,
         );
         assert_eq!(answers, vec![conflict(held(&a1)), answer(AfterConflict)]);
         assert!(accepted.is_empty());
-        let bad = StoredIdentities::from_columns(Some("zz".into()), None, false).unwrap_err();
+        let bad = StoredIdentities::from_columns(Some("zz".into()), None, false, (None, None))
+            .unwrap_err();
+        assert_eq!(bad.kind(), ErrorKind::Corrupt);
+        let not_a_store = (None, Some("x".into()));
+        let bad = StoredIdentities::from_columns(None, None, false, not_a_store).unwrap_err();
         assert_eq!(bad.kind(), ErrorKind::Corrupt);
     }
 
@@ -1137,6 +1198,7 @@ mod tests {
                 by_event_id: hash.cloned(),
                 by_flow_seq: at_seq.cloned(),
                 below_watermark: below,
+                ..StoredIdentities::default()
             };
         // The held event: the one at the position, else the one under the
         // incoming id; none when only the watermark remains.
@@ -1160,8 +1222,78 @@ mod tests {
                 receipt,
                 held_event_id: held.cloned(),
             };
-            assert_eq!(decide_receive(&me, &a, &stored), expected, "{stored:?}");
+            assert_eq!(
+                decide_receive(&me, &a, &stored, None),
+                expected,
+                "{stored:?}"
+            );
         }
+    }
+
+    #[test]
+    fn a_conflict_with_a_row_of_the_same_sender_is_a_rewound_producer() {
+        use Receipt::{Conflict, Duplicate, ProducerRewound};
+        let (a, b) = (BodyHash::of("a"), BodyHash::of("b"));
+        let me = EventId::new("me").unwrap();
+        let other = EventId::new("other").unwrap();
+        let store = |digit: &str| StoreId::new(digit.repeat(32)).unwrap();
+        let (s1, s2) = (store("1"), store("2"));
+        let held =
+            |at_seq: Option<&EventId>, from_at: Option<&StoreId>, from_id: Option<&StoreId>| {
+                StoredIdentities {
+                    by_event_id: from_id.map(|_| b.clone()),
+                    by_flow_seq: at_seq.cloned(),
+                    from_at_flow_seq: from_at.cloned(),
+                    from_by_event_id: from_id.cloned(),
+                    below_watermark: false,
+                }
+            };
+        let cases = [
+            // another event at the position, delivered by this sender
+            (
+                held(Some(&other), Some(&s1), None),
+                Some(&s1),
+                ProducerRewound,
+            ),
+            (held(Some(&other), Some(&s1), None), Some(&s2), Conflict),
+            // unknown on either side never matches
+            (held(Some(&other), None, None), Some(&s1), Conflict),
+            (held(Some(&other), Some(&s1), None), None, Conflict),
+            // no row at the position: the row under the event id decides
+            (held(None, None, Some(&s1)), Some(&s1), ProducerRewound),
+            (held(None, None, Some(&s2)), Some(&s1), Conflict),
+            // the row at the position decides over the one under the id
+            (
+                held(Some(&other), Some(&s2), Some(&s1)),
+                Some(&s1),
+                Conflict,
+            ),
+        ];
+        for (stored, sender, receipt) in cases {
+            let answer = decide_receive(&me, &a, &stored, sender);
+            assert_eq!(answer.receipt, receipt, "{stored:?} from {sender:?}");
+            assert!(
+                answer.held_event_id.is_some(),
+                "a conflict names the held event"
+            );
+        }
+        let same = StoredIdentities {
+            by_event_id: Some(a.clone()),
+            by_flow_seq: Some(me.clone()),
+            from_at_flow_seq: Some(s1.clone()),
+            from_by_event_id: Some(s1.clone()),
+            below_watermark: false,
+        };
+        assert_eq!(decide_receive(&me, &a, &same, Some(&s1)).receipt, Duplicate);
+        // Within one delivery, what it accepted before is held from its sender.
+        let first = envelope("f", 1, 1);
+        let again = envelope("f", 1, 2);
+        let (answers, _) = decide_batch(
+            &[first, again],
+            vec![StoredIdentities::default(); 2],
+            Some(&s1),
+        );
+        assert_eq!(answers[1].receipt, ProducerRewound);
     }
 
     #[test]

@@ -16,23 +16,34 @@ use std::fmt;
 
 use crate::envelope::Envelope;
 use crate::error::{ErrorKind, StoreError};
+use crate::identity::StoreId;
 use crate::outcome::Receipt;
 use crate::store::ConsumerStore;
 
 /// Hands rounds of envelopes to a consumer.
 pub trait Transport {
-    /// Hands `events` over as one unit and returns the consumer's receipt
-    /// for each, in input order, issued after its durable commit. An error
-    /// means nothing is known to have been stored (a retry is safe: the
-    /// consumer answers `duplicate` for what did commit).
-    fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, TransportError>;
+    /// Hands `events` of the producer store `sender` (`None`: unknown)
+    /// over as one unit and returns the consumer's receipt for each, in
+    /// input order, issued after its durable commit. An error means nothing
+    /// is known to have been stored (a retry is safe: the consumer answers
+    /// `duplicate` for what did commit).
+    fn deliver(
+        &mut self,
+        sender: Option<&StoreId>,
+        events: &[Envelope],
+    ) -> Result<Vec<Receipt>, TransportError>;
 }
 
 /// A consumer store in the same process is a transport: one receive
 /// transaction per round.
 impl<C: ConsumerStore + ?Sized> Transport for C {
-    fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, TransportError> {
-        self.receive_batch(events).map_err(TransportError::from)
+    fn deliver(
+        &mut self,
+        sender: Option<&StoreId>,
+        events: &[Envelope],
+    ) -> Result<Vec<Receipt>, TransportError> {
+        let answers = self.receive_from(sender, events)?;
+        Ok(answers.into_iter().map(|a| a.receipt).collect())
     }
 }
 

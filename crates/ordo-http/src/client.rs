@@ -105,8 +105,6 @@ pub struct HttpTransport {
     events_url: Url,
     health_url: Url,
     signer: Option<Signer>,
-    /// The producer store delivering, named on every POST.
-    store_id: Option<StoreId>,
     /// The consumer store as the last answer read named it: `None` before
     /// the first answer, and after one that named none.
     consumer_store_id: Option<StoreId>,
@@ -147,17 +145,8 @@ impl HttpTransport {
             events_url,
             health_url,
             signer,
-            store_id: None,
             consumer_store_id: None,
         })
-    }
-
-    /// Names `store_id`, the producer store this transport delivers from,
-    /// on every POST (`ordo-store-id`; not signed). Without it the
-    /// consumer records the sender as unknown.
-    pub fn with_store_id(mut self, store_id: StoreId) -> HttpTransport {
-        self.store_id = Some(store_id);
-        self
     }
 
     /// The consumer store's identity as the last answer read named it;
@@ -178,12 +167,15 @@ impl HttpTransport {
         &self.events_url
     }
 
-    fn post(&self, body: Vec<u8>) -> Result<Response, reqwest::Error> {
+    /// Posts `body`, naming `sender`, the producer store the round is
+    /// from, as `ordo-store-id` (not signed; without it the consumer
+    /// records the sender as unknown).
+    fn post(&self, sender: Option<&StoreId>, body: Vec<u8>) -> Result<Response, reqwest::Error> {
         let mut request = self
             .client
             .post(self.events_url.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Some(store_id) = &self.store_id {
+        if let Some(store_id) = sender {
             request = request.header(HEADER_STORE_ID, store_id.as_str());
         }
         if let Some(signer) = &self.signer {
@@ -254,14 +246,18 @@ fn needs_this_release(envelope: &Envelope) -> bool {
 }
 
 impl Transport for HttpTransport {
-    fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, TransportError> {
+    fn deliver(
+        &mut self,
+        sender: Option<&StoreId>,
+        events: &[Envelope],
+    ) -> Result<Vec<Receipt>, TransportError> {
         assert!(!events.is_empty(), "a round holds at least one event");
         if self.consumer_store_id.is_none() && events.iter().any(needs_this_release) {
             self.probe()?;
         }
         let body: Vec<Value> = events.iter().map(Envelope::to_value).collect();
         let body = serde_json::to_vec(&body).expect("envelopes serialize");
-        let response = self.post(body).map_err(|e| request_failure("POST", e))?;
+        let response = (self.post(sender, body)).map_err(|e| request_failure("POST", e))?;
         self.note_consumer(&response);
         let status = response.status();
         if status == StatusCode::OK {

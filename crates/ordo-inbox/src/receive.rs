@@ -23,8 +23,9 @@ pub struct Caller {
     pub key_id: Option<String>,
     /// The identity of the producer store that delivered it, as the
     /// transport was told (over HTTP the request's `ordo-store-id`);
-    /// `None` when unknown. It decides nothing yet: a conflict's cause
-    /// will be read from it (PROTOCOL.md section 12, rewound producers).
+    /// `None` when unknown. Stored with each row it delivers; a conflict
+    /// with a row of the same sender is cause `producer_rewound`
+    /// (PROTOCOL.md section 12).
     pub sender_store_id: Option<StoreId>,
 }
 
@@ -131,7 +132,7 @@ impl Inbox {
     /// envelope, in order, with the consumer store's identity.
     pub fn store(&self, caller: &Caller, envelopes: &[Envelope]) -> Result<Stored, Refusal> {
         let stored = self.pool.with_store(|store| {
-            let answers = store.receive_answers(envelopes)?;
+            let answers = store.receive_from(caller.sender_store_id.as_ref(), envelopes)?;
             Ok(Stored {
                 answers,
                 store_id: store.store_id().clone(),

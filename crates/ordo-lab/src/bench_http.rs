@@ -189,9 +189,13 @@ struct Timed<T> {
 }
 
 impl<T: Transport> Transport for Timed<T> {
-    fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, ordo_core::TransportError> {
+    fn deliver(
+        &mut self,
+        sender: Option<&ordo_core::StoreId>,
+        events: &[Envelope],
+    ) -> Result<Vec<Receipt>, ordo_core::TransportError> {
         let started = Instant::now();
-        let answer = self.inner.deliver(events);
+        let answer = self.inner.deliver(sender, events);
         self.samples.push(started.elapsed());
         answer
     }
@@ -299,11 +303,9 @@ fn relay_runs(
     let dir = fresh_dir(root, "http")?;
     let mut producer = produced(&dir, flows, batch)?;
     let served = serve(load, &dir.join("consumer.db"), batch)?;
-    let store_id = producer.store_id().clone();
     let http = HttpTransport::new(&served.url(), None, &ClientOptions::default())
         .map_err(internal)
         .and_then(|client| {
-            let client = client.with_store_id(store_id);
             let label = format!("relay over HTTP B={batch}");
             relay_all(&mut producer, client, batch, &label, progress)
         });
@@ -360,7 +362,7 @@ fn client_loop(
     while started.elapsed() < window {
         let events = load_batch(client, tally.requests * batch, batch)?;
         let sent = Instant::now();
-        let answer = transport.deliver(&events);
+        let answer = transport.deliver(None, &events);
         tally.samples.push(sent.elapsed());
         tally.requests += 1;
         match answer {

@@ -91,7 +91,7 @@ fn measure(url: &str, inbox: &Inbox, applier: &mut Applier) -> Result<WakeRun, F
     let idle_cpu_ms_per_s = applier.cpu_ms_per_s(IDLE_WINDOW)?;
     let mut client = HttpTransport::new(url, None, &ClientOptions::default()).map_err(internal)?;
     for n in 0..WAKE_EVENTS {
-        client.deliver(&[event(n)?]).map_err(internal)?;
+        client.deliver(None, &[event(n)?]).map_err(internal)?;
         std::thread::sleep(WAKE_SPACING);
     }
     let lags_ms = applied_lags(inbox, applier)?;

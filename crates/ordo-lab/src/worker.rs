@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ordo_core::StoreError;
 use ordo_core::{
     process_all, relay, ApplyHandler, Backoff, Clock, ConsumerStore, ErrorKind, FlowId,
     ProducerStore, RelayError, RelayOptions, SchemaVersion, SystemClock, Transport,
 };
-use ordo_core::{StoreError, StoreId};
 use ordo_http::{ClientOptions, HttpTransport};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
@@ -399,15 +399,13 @@ impl Retries {
     }
 }
 
-/// The transport to `target` from the producer store `store_id` and the
-/// relay options that go with it: over
+/// The transport to `target` and the relay options that go with it: over
 /// HTTP and to PostgreSQL a short backoff, since a restarted server or a
 /// new connection is back within milliseconds and the soak's convergence
 /// waits for every event.
 fn open_target(
     env: &WorkerEnv,
     target: &RelayTarget,
-    store_id: &StoreId,
 ) -> Result<(Box<dyn Transport>, RelayOptions), Failure> {
     // Deep rounds, so that SIGKILLs and ended connections also meet rounds
     // holding several events of a flow (a PostgreSQL producer takes them;
@@ -437,8 +435,7 @@ fn open_target(
                 ca_pem: None,
             };
             let transport = HttpTransport::new(url, None, &client)
-                .map_err(|e| Failure::Usage(e.to_string()))?
-                .with_store_id(store_id.clone());
+                .map_err(|e| Failure::Usage(e.to_string()))?;
             Ok((
                 Box::new(transport),
                 RelayOptions {
@@ -459,7 +456,7 @@ fn relay_until(
     until: &Path,
     mut retries: Retries,
 ) -> Result<WorkerReport, Failure> {
-    let (mut transport, options) = open_target(env, target, producer.store_id())?;
+    let (mut transport, options) = open_target(env, target)?;
     let clock = env.clock.clone();
     let mut delivered = 0u64;
     loop {

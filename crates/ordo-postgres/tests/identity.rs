@@ -64,11 +64,20 @@ fn a_second_release_store_is_given_an_identity_at_its_first_open() {
     let (_dir, target) = fresh_database();
     for (producer, schema) in [(true, "ident_p"), (false, "ident_c")] {
         let created = open(&target, producer, schema);
-        // The second release's store: the same tables at version 5, no identity.
+        // The second release's store: its tables at version 5 (a consumer's
+        // rows without their delivering store), no identity.
+        let rows_without_sender = match producer {
+            true => String::new(),
+            false => format!(
+                "ALTER TABLE {schema}.inbox DROP COLUMN store_id;
+                 ALTER TABLE {schema}.inbox_fingerprint DROP COLUMN store_id;"
+            ),
+        };
         admin_client(&target)
             .batch_execute(&format!(
                 "DELETE FROM {schema}.ordo_meta WHERE key = 'store_id';
-                 UPDATE {schema}.ordo_meta SET value = '5' WHERE key = 'schema_version';"
+                 UPDATE {schema}.ordo_meta SET value = '5' WHERE key = 'schema_version';
+                 {rows_without_sender}"
             ))
             .unwrap();
         assert_eq!(stored_id(&target, schema), None);

@@ -37,6 +37,8 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
          DROP TABLE ordo_producer.outbox_pending;
          CREATE INDEX outbox_unaccepted ON ordo_producer.outbox (position) WHERE NOT accepted;
          ALTER TABLE ordo_testkit.inbox_cursor RESET (fillfactor);
+         ALTER TABLE ordo_testkit.inbox DROP COLUMN store_id;
+         ALTER TABLE ordo_testkit.inbox_fingerprint DROP COLUMN store_id;
          UPDATE ordo_testkit.ordo_meta SET value = '1' WHERE key = 'schema_version';",
     )
     .unwrap();

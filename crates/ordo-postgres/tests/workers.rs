@@ -922,7 +922,11 @@ struct OvertakenOnTheWay<'a> {
 }
 
 impl ordo_core::Transport for OvertakenOnTheWay<'_> {
-    fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, ordo_core::TransportError> {
+    fn deliver(
+        &mut self,
+        _: Option<&ordo_core::StoreId>,
+        events: &[Envelope],
+    ) -> Result<Vec<Receipt>, ordo_core::TransportError> {
         let claimed = self
             .overtaker
             .fair_round(100, &BTreeSet::new(), SystemClock.now_ms())

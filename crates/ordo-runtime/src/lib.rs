@@ -104,8 +104,11 @@ totals! {
         pub accepted,
         /// Receipts `duplicate`.
         pub duplicate,
-        /// Receipts `conflict` (quarantined).
+        /// Receipts `conflict` (quarantined, or left unmarked for cause
+        /// `after_conflict`).
         pub conflict,
+        /// Of those, conflicts of cause `producer_rewound`.
+        pub rewound,
         /// Events the consumer refused to store (quarantined).
         pub refused,
         /// Transient failures retried.

@@ -120,6 +120,10 @@ impl RelayRound {
                     Receipt::Accepted => totals.accepted += 1,
                     Receipt::Duplicate => totals.duplicate += 1,
                     Receipt::Conflict | Receipt::AfterConflict => totals.conflict += 1,
+                    Receipt::ProducerRewound => {
+                        totals.conflict += 1;
+                        totals.rewound += 1;
+                    }
                 }
             }
             Handover::Refused(_) => totals.refused += 1,

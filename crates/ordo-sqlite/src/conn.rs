@@ -19,7 +19,7 @@ pub const BUSY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// one is refused. Version 1 files (the first release, which knew only the
 /// reservation domain) are upgraded once, and recorded as domain
 /// `reservation`; version 3 gave every store its identity.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The domain of the first release's stores, which recorded none.
 pub const FIRST_RELEASE_DOMAIN: &str = "reservation";
@@ -35,6 +35,9 @@ pub(crate) struct Tables {
     pub create: &'static str,
     /// Upgrades a version 1 file before `create` runs.
     pub upgrade_from_1: &'static str,
+    /// Brings the tables of a version 1, 2 or 3 file to version 4 (run
+    /// after `upgrade_from_1`).
+    pub upgrade_from_3: &'static str,
 }
 
 /// The `application_id` ordo writes in the header of every file it creates
@@ -751,6 +754,10 @@ fn init_schema(
             [FIRST_RELEASE_DOMAIN],
         )
         .map_err(err)?;
+    }
+    if state == FileState::Older && stored_version(&tx, path)? < 4 {
+        // Version 4: the consumer's rows keep the store that delivered them.
+        tx.execute_batch(tables.upgrade_from_3).map_err(err)?;
     }
     if matches!(state, FileState::Empty | FileState::Foreign) {
         tx.execute_batch(META_TABLE).map_err(err)?;

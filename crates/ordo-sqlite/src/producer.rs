@@ -59,6 +59,7 @@ const TABLES: Tables = Tables {
     role: Role::Producer,
     create: SCHEMA,
     upgrade_from_1: "",
+    upgrade_from_3: "",
 };
 
 /// The producer's SQLite file: the outbox, the per-flow head of the outbox
@@ -595,14 +596,14 @@ impl ProducerStore for ProducerDb {
                 let Some((position, flow)) = row else {
                     continue;
                 };
-                if *receipt == Receipt::Conflict {
+                if let Some((outcome, reason)) = receipt.quarantine() {
                     exec_cached(
                         tx,
                         "UPDATE outbox SET quarantined = 1 - accepted,
                              quarantine_reason = CASE WHEN accepted = 1 THEN NULL ELSE ?2 END,
-                             attempts = attempts + 1, last_outcome = 'conflict'
+                             attempts = attempts + 1, last_outcome = ?3
                          WHERE position = ?1",
-                        params![position, CONFLICT_REASON],
+                        params![position, reason, outcome],
                     )
                 } else {
                     exec_cached(
@@ -701,9 +702,7 @@ struct OutboxEntryRow {
     accepted_at_ms: Option<i64>,
 }
 
-/// The reason recorded on an event quarantined by a conflict receipt.
-pub const CONFLICT_REASON: &str =
-    "conflict: the consumer holds a different body under this event id, or another event id at this (flow_id, seq)";
+pub use ordo_core::CONFLICT_REASON;
 
 /// Moves each flow's relay head to its lowest seq neither accepted nor
 /// quarantined, with that event's next attempt time, in one statement; records

@@ -60,10 +60,21 @@ fn a_second_release_store_is_given_an_identity_at_its_first_open() {
     for producer in [true, false] {
         let path = dir.path().join(if producer { "p.db" } else { "c.db" });
         let created = open(producer, &path);
-        // The second release's file: the same tables at version 2, no identity.
+        // The second release's file: its tables at version 2 (a consumer's
+        // rows without their delivering store), no identity.
+        let rows_without_sender = match producer {
+            true => "",
+            false => {
+                "ALTER TABLE inbox DROP COLUMN store_id;
+                 ALTER TABLE inbox_fingerprint DROP COLUMN store_id;"
+            }
+        };
         Connection::open(&path)
             .unwrap()
-            .execute_batch("DELETE FROM ordo_meta WHERE key = 'store_id'; PRAGMA user_version = 2;")
+            .execute_batch(&format!(
+                "DELETE FROM ordo_meta WHERE key = 'store_id'; PRAGMA user_version = 2;
+                 {rows_without_sender}"
+            ))
             .unwrap();
         assert_eq!(stored_id(&path), None);
         let given = open(producer, &path);

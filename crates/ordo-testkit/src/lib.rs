@@ -265,6 +265,7 @@ macro_rules! conformance_suite {
             receive_duplicate_ignores_key_order_and_number_spelling
             receive_batch_in_one_call
             receive_nothing_after_a_conflict_in_one_delivery
+            receive_tells_a_rewound_producer_from_a_conflict
             receive_never_changes_projection_or_effects
             receive_seq_bounds
             // apply

@@ -373,8 +373,12 @@ impl Consumer {
 
 /// A consumer store in this process is a transport, of either backend.
 impl Transport for Consumer {
-    fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, ordo_core::TransportError> {
-        each!(self, s => s.deliver(events))
+    fn deliver(
+        &mut self,
+        sender: Option<&ordo_core::StoreId>,
+        events: &[Envelope],
+    ) -> Result<Vec<Receipt>, ordo_core::TransportError> {
+        each!(self, s => s.deliver(sender, events))
     }
 }
 

@@ -51,6 +51,10 @@ pub(crate) const TABLES: Tables = Tables {
         "SELECT 1;",
         // 6: the store's identity.
         crate::conn::STORE_ID_MIGRATION,
+        // 7: each row, and its fingerprint after pruning, keeps the
+        // producer store that delivered it.
+        "ALTER TABLE {s}.inbox ADD COLUMN store_id text;
+         ALTER TABLE {s}.inbox_fingerprint ADD COLUMN store_id text;",
     ],
 };
 

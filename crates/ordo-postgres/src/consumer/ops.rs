@@ -240,8 +240,8 @@ pub(super) fn prune_inbox(db: &mut PgConsumer, cutoff_ms: i64) -> Result<Pruned,
     db.write(PRUNE, |tx, _| {
         let fingerprints = tx.run(
             PRUNE,
-            "INSERT INTO {s}.inbox_fingerprint (flow_id, seq, event_id, body_hash, status)
-             SELECT flow_id, seq, event_id, decode(body_hash, 'hex'), status FROM {s}.inbox
+            "INSERT INTO {s}.inbox_fingerprint (flow_id, seq, event_id, body_hash, status, store_id)
+             SELECT flow_id, seq, event_id, decode(body_hash, 'hex'), status, store_id FROM {s}.inbox
              WHERE status IN ('applied', 'skipped') AND settled_at_ms < $1",
             &[&cutoff_ms],
         )?;

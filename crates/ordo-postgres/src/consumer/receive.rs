@@ -10,7 +10,7 @@
 //! again one envelope at a time, against what that one committed.
 
 use ordo_core::store::{decide_batch, Delivery, StoredIdentities};
-use ordo_core::{crash, Answer, BodyHash, Envelope, Receipt, StoreError};
+use ordo_core::{crash, Answer, BodyHash, Envelope, Receipt, StoreError, StoreId};
 use postgres::Row;
 
 use super::PgConsumer;
@@ -23,6 +23,7 @@ const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 pub(super) fn receive_answers(
     db: &mut PgConsumer,
+    sender: Option<&StoreId>,
     envelopes: &[Envelope],
 ) -> Result<Vec<Answer>, StoreError> {
     let mut flows: Vec<&str> = envelopes.iter().map(|e| e.flow_id.as_str()).collect();
@@ -32,7 +33,8 @@ pub(super) fn receive_answers(
         let tx = &db.conn;
         let txid = tx.begin_with(CONTEXT, BEGIN)?;
         let now_ms = db.clock.now_ms();
-        let answers = match receive_in_tx(tx, &flows, envelopes, now_ms, one_by_one) {
+        let delivery = Delivery::from(sender);
+        let answers = match receive_in_tx(tx, &flows, envelopes, delivery, now_ms, one_by_one) {
             Ok(Some(answers)) => answers,
             Ok(None) => {
                 tx.rollback();
@@ -60,16 +62,16 @@ pub(super) fn receive_answers(
 
 /// The answers of `envelopes`, stored in the open transaction; `None` when
 /// the batch lost a race (only when not `one_by_one`).
-fn receive_in_tx(
+fn receive_in_tx<'a>(
     tx: &PgTx,
     flows: &[&str],
-    envelopes: &[Envelope],
+    envelopes: &'a [Envelope],
+    mut delivery: Delivery<'a>,
     now_ms: i64,
     one_by_one: bool,
 ) -> Result<Option<Vec<Answer>>, StoreError> {
     create_flow_rows(tx, CONTEXT, FlowRow::Cursor, flows)?;
     if one_by_one {
-        let mut delivery = Delivery::default();
         let mut answers = Vec::with_capacity(envelopes.len());
         for envelope in envelopes {
             let hash = envelope.body_hash();
@@ -79,7 +81,7 @@ fn receive_in_tx(
         }
         return Ok(Some(answers));
     }
-    receive_all(tx, envelopes, now_ms)
+    receive_all(tx, envelopes, delivery.sender(), now_ms)
 }
 
 /// Decides the whole batch from one read, then inserts what it accepted in
@@ -87,6 +89,7 @@ fn receive_in_tx(
 fn receive_all(
     tx: &PgTx,
     envelopes: &[Envelope],
+    sender: Option<&StoreId>,
     now_ms: i64,
 ) -> Result<Option<Vec<Answer>>, StoreError> {
     let ids: Vec<&str> = envelopes.iter().map(|e| e.event_id.as_str()).collect();
@@ -100,7 +103,12 @@ fn receive_all(
                 coalesce((SELECT event_id FROM {s}.inbox WHERE flow_id = r.flow_id AND seq = r.seq),
                          (SELECT event_id FROM {s}.inbox_fingerprint
                           WHERE flow_id = r.flow_id AND seq = r.seq)),
-                EXISTS (SELECT 1 FROM {s}.inbox_watermark WHERE flow_id = r.flow_id AND pruned_seq >= r.seq)
+                EXISTS (SELECT 1 FROM {s}.inbox_watermark WHERE flow_id = r.flow_id AND pruned_seq >= r.seq),
+                coalesce((SELECT store_id FROM {s}.inbox WHERE event_id = r.event_id),
+                         (SELECT store_id FROM {s}.inbox_fingerprint WHERE event_id = r.event_id)),
+                coalesce((SELECT store_id FROM {s}.inbox WHERE flow_id = r.flow_id AND seq = r.seq),
+                         (SELECT store_id FROM {s}.inbox_fingerprint
+                          WHERE flow_id = r.flow_id AND seq = r.seq))
          FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS r(event_id, flow_id, seq, i)
          ORDER BY r.i",
         &[&ids, &flows, &seqs],
@@ -119,7 +127,7 @@ fn receive_all(
         .iter()
         .map(stored_identities)
         .collect::<Result<Vec<_>, _>>()?;
-    let (answers, accepted) = decide_batch(envelopes, stored);
+    let (answers, accepted) = decide_batch(envelopes, stored, sender);
     if accepted.is_empty() {
         return Ok(Some(answers));
     }
@@ -127,7 +135,7 @@ fn receive_all(
         .into_iter()
         .map(|(i, hash)| (&envelopes[i], hash))
         .collect();
-    match insert_all(tx, &accepted, now_ms)? {
+    match insert_all(tx, &accepted, sender, now_ms)? {
         true => Ok(Some(answers)),
         false => Ok(None),
     }
@@ -138,8 +146,10 @@ fn receive_all(
 fn insert_all(
     tx: &PgTx,
     accepted: &[(&Envelope, BodyHash)],
+    sender: Option<&StoreId>,
     now_ms: i64,
 ) -> Result<bool, StoreError> {
+    let sender = sender.map(StoreId::as_str);
     let columns = EnvelopeColumns::of(accepted.iter().map(|(e, _)| *e));
     let hashes: Vec<&str> = accepted.iter().map(|(_, h)| h.as_str()).collect();
     // A plain insert: a row another receiver stored since the read above
@@ -148,12 +158,12 @@ fn insert_all(
     // makes before inserting.
     let inserted = tx.run(
         CONTEXT,
-        "INSERT INTO {s}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms)
-         SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, e.body_hash, 'pending', $8
+        "INSERT INTO {s}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms, store_id)
+         SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, e.body_hash, 'pending', $8, $9
          FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[])
               WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, body_hash, i)
          ORDER BY e.i",
-        &columns.params(&[&hashes, &now_ms]),
+        &columns.params(&[&hashes, &now_ms, &sender]),
     );
     match inserted {
         Ok(rows) if rows == accepted.len() as u64 => Ok(true),
@@ -187,8 +197,8 @@ fn receive_one<'a>(
         }
         let inserted = tx.run(
             CONTEXT,
-            "INSERT INTO {s}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8) ON CONFLICT DO NOTHING",
+            "INSERT INTO {s}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms, store_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9) ON CONFLICT DO NOTHING",
             &[
                 &envelope.event_id.as_str(),
                 &envelope.flow_id.as_str(),
@@ -198,6 +208,7 @@ fn receive_one<'a>(
                 &envelope.stored_text(),
                 &hash.as_str(),
                 &now_ms,
+                &delivery.sender().map(StoreId::as_str),
             ],
         )?;
         if inserted == 1 {
@@ -220,7 +231,11 @@ fn identities(tx: &PgTx, envelope: &Envelope) -> Result<StoredIdentities, StoreE
                              (SELECT encode(body_hash, 'hex') FROM {s}.inbox_fingerprint WHERE event_id = $1)),
                     coalesce((SELECT event_id FROM {s}.inbox WHERE flow_id = $2 AND seq = $3),
                              (SELECT event_id FROM {s}.inbox_fingerprint WHERE flow_id = $2 AND seq = $3)),
-                    EXISTS (SELECT 1 FROM {s}.inbox_watermark WHERE flow_id = $2 AND pruned_seq >= $3)",
+                    EXISTS (SELECT 1 FROM {s}.inbox_watermark WHERE flow_id = $2 AND pruned_seq >= $3),
+                    coalesce((SELECT store_id FROM {s}.inbox WHERE event_id = $1),
+                             (SELECT store_id FROM {s}.inbox_fingerprint WHERE event_id = $1)),
+                    coalesce((SELECT store_id FROM {s}.inbox WHERE flow_id = $2 AND seq = $3),
+                             (SELECT store_id FROM {s}.inbox_fingerprint WHERE flow_id = $2 AND seq = $3))",
             &[
                 &envelope.event_id.as_str(),
                 &envelope.flow_id.as_str(),
@@ -232,7 +247,7 @@ fn identities(tx: &PgTx, envelope: &Envelope) -> Result<StoredIdentities, StoreE
 }
 
 /// The identities of a row of (hash by event id, event id by position,
-/// below the watermark).
+/// below the watermark, the delivering store by event id, by position).
 fn stored_identities(row: &Row) -> Result<StoredIdentities, StoreError> {
-    StoredIdentities::from_columns(row.get(0), row.get(1), row.get(2))
+    StoredIdentities::from_columns(row.get(0), row.get(1), row.get(2), (row.get(3), row.get(4)))
 }

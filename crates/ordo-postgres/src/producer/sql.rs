@@ -52,6 +52,9 @@ pub(crate) const TABLES: Tables = Tables {
          DROP TABLE {s}.relay_lease;",
         // 6: the store's identity.
         crate::conn::STORE_ID_MIGRATION,
+        // 7: nothing for the producer (the consumer's rows keep their
+        // delivering store).
+        "SELECT 1;",
     ],
 };
 
@@ -118,9 +121,7 @@ CREATE INDEX outbox_head_relay ON {s}.outbox_head (relay_turn, flow_id) WHERE re
 CREATE SEQUENCE {s}.relay_turn;
 ";
 
-/// The reason recorded on an event quarantined by a conflict receipt.
-pub const CONFLICT_REASON: &str =
-    "conflict: the consumer holds a different body under this event id, or another event id at this (flow_id, seq)";
+pub use ordo_core::CONFLICT_REASON;
 
 // The batch statements below name their rows by key through
 // `= ANY (ARRAY(SELECT unnest($1)))`: the planner cannot count that array,

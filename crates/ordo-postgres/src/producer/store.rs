@@ -186,7 +186,7 @@ impl ProducerStore for PgProducer {
         now_ms: i64,
     ) -> Result<(), StoreError> {
         let ids: Vec<&str> = receipts.iter().map(|(id, _)| id.as_str()).collect();
-        let fences = if receipts.iter().any(|(_, r)| *r == Receipt::Conflict) {
+        let fences = if receipts.iter().any(|(_, r)| r.quarantine().is_some()) {
             Fences::Locked
         } else {
             Fences::Seen
@@ -272,20 +272,27 @@ fn record_receipts_in(
     }
     let (conflicts, stored): (Vec<_>, Vec<_>) = latest
         .into_iter()
-        .partition(|(_, receipt)| *receipt == Receipt::Conflict);
+        .partition(|(_, receipt)| receipt.quarantine().is_some());
     let mut flows = BTreeSet::new();
     // An event no longer in the outbox was settled and pruned meanwhile:
     // there is nothing left to mark.
-    if !conflicts.is_empty() {
-        let ids: Vec<&str> = conflicts.iter().map(|(id, _)| *id).collect();
+    // One statement per cause (at most two), each naming its rows by key.
+    for cause in [Receipt::Conflict, Receipt::ProducerRewound] {
+        let ids: Vec<&str> = (conflicts.iter())
+            .filter(|(_, receipt)| *receipt == cause)
+            .map(|(id, _)| *id)
+            .collect();
+        let Some((outcome, reason)) = cause.quarantine().filter(|_| !ids.is_empty()) else {
+            continue;
+        };
         flows.extend(
             conn.rows(
                 context,
                 "UPDATE {s}.outbox SET quarantined = NOT accepted,
                      quarantine_reason = CASE WHEN accepted THEN NULL ELSE $2 END,
-                     attempts = attempts + 1, last_outcome = 'conflict'
+                     attempts = attempts + 1, last_outcome = $3
                  WHERE event_id = ANY ($1) RETURNING flow_id",
-                &[&ids, &CONFLICT_REASON],
+                &[&ids, &reason, &outcome],
             )?
             .iter()
             .map(|row| row.get::<_, String>(0)),

@@ -231,8 +231,8 @@ pub(super) fn prune_inbox(db: &mut ConsumerDb, cutoff_ms: i64) -> Result<Pruned,
     let err = |e| sql_error("consumer: cannot prune the inbox", e);
     let fingerprints = exec_cached(
         &tx,
-        "INSERT INTO inbox_fingerprint (flow_id, seq, event_id, body_hash, status)
-                 SELECT flow_id, seq, event_id, unhex(body_hash), status FROM inbox
+        "INSERT INTO inbox_fingerprint (flow_id, seq, event_id, body_hash, status, store_id)
+                 SELECT flow_id, seq, event_id, unhex(body_hash), status, store_id FROM inbox
                  WHERE status IN ('applied', 'skipped') AND settled_at_ms < ?1",
         [cutoff_ms],
     )

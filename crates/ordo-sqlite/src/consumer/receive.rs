@@ -3,7 +3,7 @@
 
 use ordo_core::crash;
 use ordo_core::store::{decide_batch, StoredIdentities};
-use ordo_core::{Answer, BodyHash, Envelope, StoreError};
+use ordo_core::{Answer, BodyHash, Envelope, StoreError, StoreId};
 use rusqlite::{params, Connection};
 
 use super::schema::begin_write;
@@ -15,6 +15,7 @@ use crate::conn::{exec_cached, row_cached, sql_error};
 /// the batch; wakes this process's appliers when one was accepted.
 pub(super) fn receive_answers(
     db: &mut ConsumerDb,
+    sender: Option<&StoreId>,
     envelopes: &[Envelope],
 ) -> Result<Vec<Answer>, StoreError> {
     let tx = begin_write(&mut db.conn)?;
@@ -24,10 +25,11 @@ pub(super) fn receive_answers(
         .iter()
         .map(|envelope| identities(&tx, envelope))
         .collect::<Result<Vec<_>, _>>()?;
-    let (answers, accepted) = decide_batch(envelopes, stored);
+    let (answers, accepted) = decide_batch(envelopes, stored, sender);
     let stored_any = !accepted.is_empty();
+    let sender = sender.map(StoreId::as_str);
     for (index, hash) in accepted {
-        insert(&tx, &envelopes[index], &hash, now_ms)?;
+        insert(&tx, &envelopes[index], &hash, sender, now_ms)?;
     }
     crash::point(crash::CONSUMER_RECEIVE_BEFORE_COMMIT);
     tx.commit()
@@ -41,24 +43,34 @@ pub(super) fn receive_answers(
 }
 
 /// Both identities of `envelope`, in the inbox or remembered after
-/// pruning, and the prune watermark, in one statement.
+/// pruning, with the stores that delivered them, and the prune watermark,
+/// in one statement.
 fn identities(tx: &Connection, envelope: &Envelope) -> Result<StoredIdentities, StoreError> {
-    let (hash_hex, id_at_seq, below_watermark) = row_cached(
+    let (by_id, at_seq, below_watermark): ((_, _), (_, _), _) = row_cached(
         tx,
-        "SELECT coalesce((SELECT body_hash FROM inbox WHERE event_id = ?1),
-                         (SELECT lower(hex(body_hash)) FROM inbox_fingerprint WHERE event_id = ?1)),
-                coalesce((SELECT event_id FROM inbox WHERE flow_id = ?2 AND seq = ?3),
-                         (SELECT event_id FROM inbox_fingerprint WHERE flow_id = ?2 AND seq = ?3)),
+        "WITH by_id AS (SELECT body_hash, store_id FROM inbox WHERE event_id = ?1
+                        UNION ALL
+                        SELECT lower(hex(body_hash)), store_id FROM inbox_fingerprint
+                        WHERE event_id = ?1 LIMIT 1),
+              at_seq AS (SELECT event_id, store_id FROM inbox WHERE flow_id = ?2 AND seq = ?3
+                         UNION ALL
+                         SELECT event_id, store_id FROM inbox_fingerprint
+                         WHERE flow_id = ?2 AND seq = ?3 LIMIT 1)
+         SELECT (SELECT body_hash FROM by_id), (SELECT store_id FROM by_id),
+                (SELECT event_id FROM at_seq), (SELECT store_id FROM at_seq),
                 EXISTS (SELECT 1 FROM inbox_watermark WHERE flow_id = ?2 AND pruned_seq >= ?3)",
         params![
             envelope.event_id.as_str(),
             envelope.flow_id.as_str(),
             envelope.seq.get()
         ],
-        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        |row| {
+            let by_id = (row.get(0)?, row.get(1)?);
+            Ok((by_id, (row.get(2)?, row.get(3)?), row.get(4)?))
+        },
     )
     .map_err(|e| sql_error(CONTEXT, e))?;
-    StoredIdentities::from_columns(hash_hex, id_at_seq, below_watermark)
+    StoredIdentities::from_columns(by_id.0, at_seq.0, below_watermark, (by_id.1, at_seq.1))
 }
 
 /// Stores an accepted envelope as pending.
@@ -66,12 +78,13 @@ fn insert(
     tx: &Connection,
     envelope: &Envelope,
     hash: &BodyHash,
+    sender: Option<&str>,
     now_ms: i64,
 ) -> Result<(), StoreError> {
     let inserted = exec_cached(
         tx,
-        "INSERT INTO inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8)",
+        "INSERT INTO inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms, store_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8, ?9)",
         params![
             envelope.event_id.as_str(),
             envelope.flow_id.as_str(),
@@ -81,6 +94,7 @@ fn insert(
             envelope.stored_text(),
             hash.as_str(),
             now_ms,
+            sender,
         ],
     )
     .map_err(|e| sql_error(CONTEXT, e))?;

@@ -24,6 +24,8 @@ CREATE TABLE IF NOT EXISTS inbox (
     detail         TEXT,
     received_at_ms INTEGER NOT NULL,
     settled_at_ms  INTEGER,
+    -- The producer store that delivered the row (its store_id), if known.
+    store_id       TEXT,
     UNIQUE (flow_id, seq),
     CHECK ((status = 'blocked') = (reason IS NOT NULL))
 ) WITHOUT ROWID;
@@ -39,6 +41,7 @@ CREATE TABLE IF NOT EXISTS inbox_fingerprint (
     event_id  TEXT    NOT NULL UNIQUE,
     body_hash BLOB    NOT NULL CHECK (length(body_hash) = 32),
     status    TEXT    NOT NULL CHECK (status IN ('applied', 'skipped')),
+    store_id  TEXT,
     PRIMARY KEY (flow_id, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS inbox_watermark (
@@ -65,6 +68,8 @@ pub(super) const TABLES: Tables = Tables {
     role: ordo_core::Role::Consumer,
     create: SCHEMA,
     upgrade_from_1: "ALTER TABLE inbox ADD COLUMN detail TEXT;",
+    upgrade_from_3: "ALTER TABLE inbox ADD COLUMN store_id TEXT;
+        ALTER TABLE inbox_fingerprint ADD COLUMN store_id TEXT;",
 };
 
 pub(super) use ordo_core::apply::stored_status as inbox_status;

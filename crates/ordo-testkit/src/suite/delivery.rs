@@ -695,11 +695,15 @@ struct Flaky<C> {
 const BUSY: &str = "consumer busy (suite)";
 
 impl<C: ConsumerStore> Transport for Flaky<C> {
-    fn deliver(&mut self, events: &[Envelope]) -> Result<Vec<Receipt>, TransportError> {
+    fn deliver(
+        &mut self,
+        sender: Option<&ordo_core::StoreId>,
+        events: &[Envelope],
+    ) -> Result<Vec<Receipt>, TransportError> {
         if self.down {
             return Err(StoreError::new(ErrorKind::Busy, BUSY).into());
         }
-        self.inner.deliver(events)
+        self.inner.deliver(sender, events)
     }
 }
 

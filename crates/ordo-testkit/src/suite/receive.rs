@@ -5,7 +5,9 @@
 use ordo_reservation::{FlowState, ReservationConsumer, UNSUPPORTED_SCHEMA};
 use std::path::Path;
 
-use ordo_core::{Answer, ConsumerOps, DrainStop, InboxStatus, Receipt, Receive, Step};
+use ordo_core::{
+    Answer, ConsumerOps, DrainStop, Envelope, InboxStatus, Receipt, Receive, Step, StoreId,
+};
 use serde_json::json;
 
 use crate::support::*;
@@ -254,6 +256,79 @@ pub fn receive_nothing_after_a_conflict_in_one_delivery<B: Backend>(dir: &Path) 
     assert_eq!(c.receive_batch(&[f2, f3]).unwrap(), [Receipt::Accepted; 2]);
     assert_ne!(consumer_state(&mut c), before);
     check_consumer_invariants(&mut c);
+}
+
+/// A conflict whose held row, or its fingerprint after pruning, was
+/// delivered by the same producer store as the delivery is cause
+/// `producer_rewound` (PROTOCOL.md section 12, rewound producers); from
+/// another store, or from an unknown one on either side, it is an ordinary
+/// `conflict`. Nothing is stored either way; a redelivery of the held event
+/// itself stays `duplicate`.
+pub fn receive_tells_a_rewound_producer_from_a_conflict<B: Backend>(dir: &Path) {
+    let clock = ManualClock::new(T0);
+    let (_p, mut c) = open_at::<B>(dir, &clock);
+    let store = |digit: &str| StoreId::new(digit.repeat(32)).unwrap();
+    let (s1, s2) = (store("1"), store("2"));
+    let [f1, f2, _] = reservation_events("f", 3);
+    let g1 = reservation_event("g", 1, 4);
+    let from = |c: &mut B::Consumer, sender: Option<&StoreId>, e: &Envelope| {
+        let answers = c.receive_from(sender, std::slice::from_ref(e)).unwrap();
+        assert_eq!(answers.len(), 1);
+        answers[0].clone()
+    };
+    assert_eq!(from(&mut c, Some(&s1), &f1).receipt, Receipt::Accepted);
+    assert_eq!(from(&mut c, None, &g1).receipt, Receipt::Accepted);
+    let before = consumer_state(&mut c);
+    // Another body at f's seq 1 (another event id), and another body under
+    // f-1's own id.
+    let other_at_seq = amount_event("f-1-again", "f", 1, 1, "reserved", 9);
+    let other_body = amount_event(f1.event_id.as_str(), "f", 1, 1, "reserved", 9);
+    let unknown_held = amount_event("g-1-again", "g", 1, 1, "reserved", 9);
+    let rewound = |held: &Envelope| Answer {
+        receipt: Receipt::ProducerRewound,
+        held_event_id: Some(held.event_id.clone()),
+    };
+    let conflict = |held: &Envelope| Answer {
+        receipt: Receipt::Conflict,
+        held_event_id: Some(held.event_id.clone()),
+    };
+    for round in ["stored", "pruned"] {
+        for changed in [&other_at_seq, &other_body] {
+            assert_eq!(from(&mut c, Some(&s1), changed), rewound(&f1), "{round}");
+            assert_eq!(from(&mut c, Some(&s2), changed), conflict(&f1), "{round}");
+            assert_eq!(from(&mut c, None, changed), conflict(&f1), "{round}");
+        }
+        assert_eq!(
+            from(&mut c, Some(&s1), &unknown_held),
+            conflict(&g1),
+            "{round}"
+        );
+        assert_eq!(from(&mut c, Some(&s1), &f1).receipt, Receipt::Duplicate);
+        if round == "stored" {
+            assert_eq!(
+                consumer_state(&mut c),
+                before,
+                "a conflict changed something"
+            );
+            drain_flow(&mut c, "f", None, V1);
+            drain_flow(&mut c, "g", None, V1);
+            clock.set(T0 + 10_000);
+            let pruned = c.prune_inbox(T0 + 20_000).unwrap();
+            assert_eq!(pruned.rows, 2, "{pruned:?}");
+        }
+    }
+    // The flow goes on from its sender, and one delivery's own rows are
+    // held from it.
+    let answers = c
+        .receive_from(Some(&s1), &[f2.clone(), f2.clone()])
+        .unwrap();
+    assert_eq!(answers[0].receipt, Receipt::Accepted);
+    assert_eq!(answers[1].receipt, Receipt::Duplicate);
+    assert_eq!(
+        inbox_envelopes(&mut c),
+        vec![f2],
+        "only f's seq 2 is stored"
+    );
 }
 
 /// `receive` never changes the projection or the effects, whatever its
