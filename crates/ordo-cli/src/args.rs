@@ -447,6 +447,10 @@ pub struct StatusArgs {
     /// Alert when more than N outbox events are quarantined.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64), allow_hyphen_values = true)]
     pub max_quarantined: Option<u64>,
+    /// Alert when more than N outbox events are quarantined because their
+    /// producer store was rewound (restored from an older backup).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64), allow_hyphen_values = true)]
+    pub max_rewound: Option<u64>,
 }
 
 #[derive(Debug, Args)]

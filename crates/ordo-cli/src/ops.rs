@@ -294,6 +294,7 @@ fn producer_status_value(now_ms: i64, p: &ProducerStatus, store_id: &StoreId) ->
         "backlog": p.backlog,
         "oldest_pending_age_s": p.oldest_pending_age_s(now_ms),
         "quarantined": p.quarantined,
+        "rewound": p.rewound,
         "backing_off": p.backing_off,
     })
 }
@@ -322,6 +323,7 @@ fn check_thresholds(args: &StatusArgs) -> Result<(), Failure> {
         ("--max-backlog", args.max_backlog),
         ("--max-age", args.max_age),
         ("--max-quarantined", args.max_quarantined),
+        ("--max-rewound", args.max_rewound),
     ];
     for (flag, value) in producer_only {
         if value.is_some() && args.sides.producer.is_none() {
@@ -337,7 +339,7 @@ fn check_thresholds(args: &StatusArgs) -> Result<(), Failure> {
 /// One signal: its name, value, threshold, and whether it is breached.
 type Signal = (&'static str, Value, Option<u64>, bool);
 
-fn producer_signals(args: &StatusArgs, p: &ProducerStatus, oldest_age_s: f64) -> [Signal; 3] {
+fn producer_signals(args: &StatusArgs, p: &ProducerStatus, oldest_age_s: f64) -> [Signal; 4] {
     [
         (
             "backlog",
@@ -356,6 +358,12 @@ fn producer_signals(args: &StatusArgs, p: &ProducerStatus, oldest_age_s: f64) ->
             json!(p.quarantined),
             args.max_quarantined,
             args.max_quarantined.is_some_and(|t| p.quarantined > t),
+        ),
+        (
+            "rewound",
+            json!(p.rewound),
+            args.max_rewound,
+            args.max_rewound.is_some_and(|t| p.rewound > t),
         ),
     ]
 }
@@ -377,8 +385,12 @@ fn producer_side(
     let oldest_age_s = p.oldest_pending_age_s(now_ms);
     signals.extend(producer_signals(args, &p, oldest_age_s.unwrap_or(0.0)));
     let oldest = oldest_age_s.map_or("-".to_owned(), |age| format!("{age:.1} s"));
+    let rewound = match p.rewound {
+        0 => String::new(),
+        n => format!(" (rewound {n})"),
+    };
     let line = format!(
-        "producer: backlog {} (oldest {oldest}), quarantined {}, backing off {}",
+        "producer: backlog {} (oldest {oldest}), quarantined {}{rewound}, backing off {}",
         p.backlog, p.quarantined, p.backing_off
     );
     Ok((value, line))
@@ -437,7 +449,13 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
     }
     // In the contract's order; counts are compared and printed as
     // integers, the age in seconds.
-    const ORDER: [&str; 4] = ["backlog", "oldest_pending_age_s", "blocked", "quarantined"];
+    const ORDER: [&str; 5] = [
+        "backlog",
+        "oldest_pending_age_s",
+        "blocked",
+        "quarantined",
+        "rewound",
+    ];
     signals.sort_by_key(|(name, ..)| ORDER.iter().position(|n| n == name));
     let breaches: Vec<Value> = signals
         .into_iter()

@@ -928,7 +928,7 @@ fn status_lab() -> Ops {
 fn status_doc(breaches: Value) -> Value {
     let ok = breaches.as_array().unwrap().is_empty();
     json!({
-        "producer": {"backlog": 2, "oldest_pending_age_s": 60, "quarantined": 1, "backing_off": 0},
+        "producer": {"backlog": 2, "oldest_pending_age_s": 60, "quarantined": 1, "rewound": 0, "backing_off": 0},
         "consumer": {
             "pending": 2,
             "blocked": {"total": 2, "by_reason": {"invalid_transition": 1, "unsupported_schema": 1}},
@@ -957,6 +957,7 @@ fn status_reports_every_signal_with_exact_ages() {
             "oldest_pending_age_s",
             "producer_name",
             "quarantined",
+            "rewound",
             "store_id"
         ]
     );
@@ -990,7 +991,7 @@ fn status_reports_every_signal_with_exact_ages() {
     assert_same_numbers(
         &empty.status(),
         &json!({
-            "producer": {"backlog": 0, "oldest_pending_age_s": null, "quarantined": 0, "backing_off": 0},
+            "producer": {"backlog": 0, "oldest_pending_age_s": null, "quarantined": 0, "rewound": 0, "backing_off": 0},
             "consumer": {"pending": 0, "blocked": {"total": 0, "by_reason": {}}, "gaps": [],
                          "gaps_total": 0, "applied": 0, "skipped": 0},
             "breaches": [],
@@ -1126,6 +1127,55 @@ fn status_thresholds_exit_3_only_when_exceeded() {
     assert_eq!(out.json()["ok"], json!(true));
 }
 
+/// A producer file restored from an older backup commits again what the
+/// consumer already holds from it: the relay's receipt is `conflict` of
+/// cause `producer_rewound`, `status` counts it in `quarantined` and in
+/// `rewound`, and `--max-rewound` alerts (exit 3) past its threshold.
+#[test]
+fn status_counts_a_rewound_producer_and_alerts_past_max_rewound() {
+    let ops = Ops::new();
+    ops.lab.init();
+    ops.lab.advance("A", 0, "reserved", Some(2));
+    ops.relay(&[]);
+    let backup = ops.lab.path("backup.db");
+    rusqlite::Connection::open(ops.p())
+        .and_then(|conn| conn.execute("VACUUM INTO ?1", [&backup]))
+        .expect("back the producer up");
+    ops.lab.advance("B", 0, "reserved", Some(1));
+    ops.relay(&[]);
+    for side in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{side}", ops.p()));
+    }
+    std::fs::copy(&backup, ops.p()).expect("restore the producer");
+    // What the restored store forgot, committed again with another body.
+    let again = ops.lab.advance("B", 0, "reserved", Some(5));
+    assert_eq!(again["outcome"], "committed", "{again}");
+    let relayed = ops.relay(&[]);
+    let delivery = &relayed["deliveries"][0];
+    assert_eq!(
+        (delivery["receipt"].as_str(), delivery["cause"].as_str()),
+        (Some("conflict"), Some("producer_rewound")),
+        "{relayed}"
+    );
+    let status = ops.status();
+    assert_eq!(status["producer"]["quarantined"], json!(1), "{status}");
+    assert_eq!(status["producer"]["rewound"], json!(1), "{status}");
+    assert_eq!(ops.status_out(&["--max-rewound", "1"]).code, 0);
+    let out = ops.status_out(&["--max-rewound", "0"]);
+    assert_eq!(out.code, 3, "{out:#?}");
+    let alert: Value = serde_json::from_str(&out.stdout).expect("one JSON document");
+    assert_eq!(
+        alert["breaches"],
+        json!([{"signal": "rewound", "value": 1, "threshold": 0}])
+    );
+    let text = ops.lab.run(&["status", "--producer", ops.p()]);
+    assert!(
+        text.text().contains("quarantined 1 (rewound 1)"),
+        "{}",
+        text.text()
+    );
+}
+
 #[test]
 fn status_invalid_thresholds_exit_2_and_create_nothing() {
     let ops = Ops::new();
@@ -1134,6 +1184,7 @@ fn status_invalid_thresholds_exit_2_and_create_nothing() {
         "--max-age",
         "--max-blocked",
         "--max-quarantined",
+        "--max-rewound",
     ] {
         for bad in ["-1", "abc", "1.5", ""] {
             ops.status_out(&[flag, bad]).usage(flag);

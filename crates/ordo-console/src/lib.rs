@@ -317,7 +317,7 @@ impl Overview {
         let number = |v: serde_json::Value| v.to_string();
         let p = self.producer.as_ref();
         let c = self.consumer.as_ref();
-        let values: [(&'static str, Option<String>); 7] = [
+        let values: [(&'static str, Option<String>); 8] = [
             ("backlog", p.map(|p| number(p.backlog.into()))),
             (
                 "oldest_pending_age_s",
@@ -325,6 +325,7 @@ impl Overview {
                     .map(|age| number(age.into())),
             ),
             ("quarantined", p.map(|p| number(p.quarantined.into()))),
+            ("rewound", p.map(|p| number(p.rewound.into()))),
             ("blocked", c.map(|c| number(c.blocked_total().into()))),
             ("gaps_total", c.map(|c| number(c.gaps_total.into()))),
             ("applied", c.map(|c| number(c.applied.into()))),

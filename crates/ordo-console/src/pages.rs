@@ -125,10 +125,11 @@ fn urlencode(value: &str) -> String {
     out
 }
 
-const METRIC_LABELS: [(&str, &str); 7] = [
+const METRIC_LABELS: [(&str, &str); 8] = [
     ("backlog", "Backlog (events not yet accepted)"),
     ("oldest_pending_age_s", "Oldest pending age (s)"),
     ("quarantined", "Quarantined"),
+    ("rewound", "Of those, rewound producer"),
     ("blocked", "Blocked rows"),
     ("gaps_total", "Flows waiting on a gap"),
     ("applied", "Applied"),

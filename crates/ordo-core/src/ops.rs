@@ -206,6 +206,9 @@ pub struct ProducerStatus {
     pub oldest_pending_created_at_ms: Option<i64>,
     /// Quarantined events.
     pub quarantined: u64,
+    /// Of those, events quarantined by a receipt of cause
+    /// `producer_rewound` (a store restored from an older backup).
+    pub rewound: u64,
     /// Events waiting for a backoff to expire.
     pub backing_off: u64,
 }

@@ -60,6 +60,9 @@ pub struct Metrics {
     pub outbox_oldest_pending_age_seconds: Gauge,
     /// `ordo_outbox_quarantined`: quarantined events.
     pub outbox_quarantined: IntGauge,
+    /// `ordo_outbox_rewound`: of those, quarantined by a receipt of cause
+    /// `producer_rewound`.
+    pub outbox_rewound: IntGauge,
     /// `ordo_relay_deliveries_total{receipt}`: receipts the relay recorded.
     pub relay_deliveries_total: IntCounterVec,
     /// `ordo_relay_errors_total{kind}`: transient delivery failures by kind
@@ -93,6 +96,7 @@ impl Metrics {
             outbox_backlog: relay.outbox_backlog,
             outbox_oldest_pending_age_seconds: relay.outbox_oldest_pending_age_seconds,
             outbox_quarantined: relay.outbox_quarantined,
+            outbox_rewound: relay.outbox_rewound,
             relay_deliveries_total: relay.deliveries_total,
             relay_errors_total: relay.errors_total,
             registry,
@@ -154,6 +158,7 @@ impl Metrics {
         self.outbox_backlog.set(saturating_i64(status.backlog));
         self.outbox_quarantined
             .set(saturating_i64(status.quarantined));
+        self.outbox_rewound.set(saturating_i64(status.rewound));
         let age_ms = status
             .oldest_pending_created_at_ms
             .map_or(0, |created_ms| now_ms.saturating_sub(created_ms).max(0));
@@ -256,6 +261,7 @@ struct RelayMetrics {
     outbox_backlog: IntGauge,
     outbox_oldest_pending_age_seconds: Gauge,
     outbox_quarantined: IntGauge,
+    outbox_rewound: IntGauge,
     deliveries_total: IntCounterVec,
     errors_total: IntCounterVec,
 }
@@ -278,6 +284,11 @@ impl RelayMetrics {
                 registry,
                 "ordo_outbox_quarantined",
                 "Quarantined outbox events.",
+            ),
+            outbox_rewound: int_gauge(
+                registry,
+                "ordo_outbox_rewound",
+                "Outbox events quarantined because their producer store was rewound (restored from an older backup).",
             ),
             deliveries_total: counter_vec(
                 registry,
@@ -333,7 +344,7 @@ mod tests {
     use super::*;
 
     /// Every sample name of HTTP.md's Metrics table.
-    const NAMES: [&str; 16] = [
+    const NAMES: [&str; 17] = [
         "ordo_inbox_received_total",
         "ordo_http_requests_total",
         "ordo_http_request_seconds_bucket",
@@ -347,6 +358,7 @@ mod tests {
         "ordo_outbox_backlog",
         "ordo_outbox_oldest_pending_age_seconds",
         "ordo_outbox_quarantined",
+        "ordo_outbox_rewound",
         "ordo_relay_deliveries_total",
         "ordo_relay_errors_total",
         "ordo_apply_lag_seconds_sum",
@@ -379,6 +391,7 @@ mod tests {
                 backlog: 3,
                 oldest_pending_created_at_ms: Some(1_000),
                 quarantined: 1,
+                rewound: 1,
                 backing_off: 0,
             },
             3_500,
@@ -391,6 +404,7 @@ mod tests {
             "ordo_outbox_backlog 3",
             "ordo_outbox_oldest_pending_age_seconds 2.5",
             "ordo_outbox_quarantined 1",
+            "ordo_outbox_rewound 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }

@@ -64,10 +64,11 @@ fn a_second_release_store_is_given_an_identity_at_its_first_open() {
     let (_dir, target) = fresh_database();
     for (producer, schema) in [(true, "ident_p"), (false, "ident_c")] {
         let created = open(&target, producer, schema);
-        // The second release's store: its tables at version 5 (a consumer's
-        // rows without their delivering store), no identity.
+        // The second release's store: its tables at version 5 (no relay
+        // stops, a consumer's rows without their delivering store), no
+        // identity.
         let rows_without_sender = match producer {
-            true => String::new(),
+            true => format!("ALTER TABLE {schema}.outbox_head DROP COLUMN relay_stop_seq;"),
             false => format!(
                 "ALTER TABLE {schema}.inbox DROP COLUMN store_id;
                  ALTER TABLE {schema}.inbox_fingerprint DROP COLUMN store_id;"

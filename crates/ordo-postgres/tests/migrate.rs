@@ -37,6 +37,7 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
          DROP TABLE ordo_producer.outbox_pending;
          CREATE INDEX outbox_unaccepted ON ordo_producer.outbox (position) WHERE NOT accepted;
          ALTER TABLE ordo_testkit.inbox_cursor RESET (fillfactor);
+         ALTER TABLE ordo_producer.outbox_head DROP COLUMN relay_stop_seq;
          ALTER TABLE ordo_testkit.inbox DROP COLUMN store_id;
          ALTER TABLE ordo_testkit.inbox_fingerprint DROP COLUMN store_id;
          UPDATE ordo_testkit.ordo_meta SET value = '1' WHERE key = 'schema_version';",
@@ -128,6 +129,7 @@ fn a_version_4_stores_leases_move_into_the_heads() {
          ALTER TABLE ordo_producer.outbox_head DROP COLUMN lease_owner,
              DROP COLUMN lease_fence, DROP COLUMN lease_expires_at_ms,
              DROP COLUMN lease_backend_pid;
+         ALTER TABLE ordo_producer.outbox_head DROP COLUMN relay_stop_seq;
          UPDATE ordo_producer.ordo_meta SET value = '4' WHERE key = 'schema_version';",
     )
     .unwrap();

@@ -49,7 +49,10 @@ CREATE TABLE IF NOT EXISTS outbox_head (
     last_seq     INTEGER NOT NULL CHECK (last_seq >= 1),
     relay_seq    INTEGER,
     relay_due_ms INTEGER NOT NULL DEFAULT 0,
-    relay_turn   INTEGER NOT NULL DEFAULT 0
+    relay_turn   INTEGER NOT NULL DEFAULT 0,
+    -- A flow rewound at this seq (a receipt of cause producer_rewound):
+    -- nothing of it from there on is relayed.
+    relay_stop_seq INTEGER
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS outbox_head_relay ON outbox_head (relay_turn, flow_id) WHERE relay_seq IS NOT NULL;
 INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);
@@ -59,7 +62,7 @@ const TABLES: Tables = Tables {
     role: Role::Producer,
     create: SCHEMA,
     upgrade_from_1: "",
-    upgrade_from_3: "",
+    upgrade_from_3: "ALTER TABLE outbox_head ADD COLUMN relay_stop_seq INTEGER;",
 };
 
 /// The producer's SQLite file: the outbox, the per-flow head of the outbox
@@ -249,7 +252,7 @@ impl OutboxTx for ProducerTx<'_> {
         let mut moved = exec_cached(
             &self.tx,
             "UPDATE outbox_head SET last_seq = ?2,
-                 relay_seq = coalesce(relay_seq, ?2),
+                 relay_seq = CASE WHEN relay_stop_seq IS NULL THEN coalesce(relay_seq, ?2) ELSE relay_seq END,
                  relay_due_ms = CASE WHEN relay_seq IS NULL THEN 0 ELSE relay_due_ms END
              WHERE flow_id = ?1 AND last_seq = ?2 - 1",
             params![event.flow_id.as_str(), seq],
@@ -427,6 +430,13 @@ impl ProducerOps for ProducerDb {
                 [event_id.as_str()],
             )
             .map_err(err)?;
+            // A retried rewound event lifts its flow's stop.
+            exec_cached(
+                tx,
+                "UPDATE outbox_head SET relay_stop_seq = NULL WHERE flow_id = ?1 AND relay_stop_seq = ?2",
+                params![flow, seq],
+            )
+            .map_err(err)?;
             refresh_heads(tx, &[flow], None, Some(seq))?;
             Ok(Ok(()))
         })
@@ -436,7 +446,8 @@ impl ProducerOps for ProducerDb {
         row_cached(
             &self.conn,
             "SELECT count(*), min(created_at_ms), coalesce(sum(quarantined), 0),
-                        coalesce(sum(quarantined = 0 AND next_attempt_at_ms > ?1), 0)
+                        coalesce(sum(quarantined = 0 AND next_attempt_at_ms > ?1), 0),
+                        coalesce(sum(quarantined = 1 AND last_outcome = 'producer_rewound'), 0)
                  FROM outbox WHERE accepted = 0",
             [now_ms],
             |row| {
@@ -444,6 +455,7 @@ impl ProducerOps for ProducerDb {
                     backlog: row.get::<_, i64>(0)?.max(0) as u64,
                     oldest_pending_created_at_ms: row.get(1)?,
                     quarantined: row.get::<_, i64>(2)?.max(0) as u64,
+                    rewound: row.get::<_, i64>(4)?.max(0) as u64,
                     backing_off: row.get::<_, i64>(3)?.max(0) as u64,
                 })
             },
@@ -582,20 +594,30 @@ impl ProducerStore for ProducerDb {
             }
             let mut flows = BTreeSet::new();
             for (event_id, receipt) in &latest {
-                let row: Option<(i64, String)> = row_cached(
+                let row: Option<(i64, String, i64)> = row_cached(
                     tx,
-                    "SELECT position, flow_id FROM outbox WHERE event_id = ?1",
+                    "SELECT position, flow_id, seq FROM outbox WHERE event_id = ?1",
                     [event_id],
-                    |row| Ok((row.get(0)?, row.get(1)?)),
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
                 )
                 .optional()
                 .map_err(err)?;
                 // An event no longer in the outbox was settled and pruned
                 // meanwhile (another relay recorded its receipt first):
                 // there is nothing left to mark.
-                let Some((position, flow)) = row else {
+                let Some((position, flow, seq)) = row else {
                     continue;
                 };
+                if *receipt == Receipt::ProducerRewound {
+                    // Nothing of a rewound flow from there on is relayed.
+                    exec_cached(
+                        tx,
+                        "UPDATE outbox_head SET relay_stop_seq = min(coalesce(relay_stop_seq, ?2), ?2)
+                         WHERE flow_id = ?1",
+                        params![flow, seq],
+                    )
+                    .map_err(err)?;
+                }
                 if let Some((outcome, reason)) = receipt.quarantine() {
                     exec_cached(
                         tx,
@@ -728,6 +750,7 @@ fn refresh_heads<S: AsRef<str>>(
                      SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM outbox o
                      WHERE o.flow_id = ?1 AND o.accepted = 0 AND o.quarantined = 0
                        AND o.seq >= coalesce(min(outbox_head.relay_seq, ?3), outbox_head.relay_seq, ?3)
+                       AND o.seq < coalesce(outbox_head.relay_stop_seq, 9223372036854775807)
                      ORDER BY o.seq LIMIT 1)),
                  relay_turn = coalesce(?2, relay_turn)
              WHERE flow_id = ?1",

@@ -60,10 +60,11 @@ fn a_second_release_store_is_given_an_identity_at_its_first_open() {
     for producer in [true, false] {
         let path = dir.path().join(if producer { "p.db" } else { "c.db" });
         let created = open(producer, &path);
-        // The second release's file: its tables at version 2 (a consumer's
-        // rows without their delivering store), no identity.
+        // The second release's file: its tables at version 2 (no relay
+        // stops, a consumer's rows without their delivering store), no
+        // identity.
         let rows_without_sender = match producer {
-            true => "",
+            true => "ALTER TABLE outbox_head DROP COLUMN relay_stop_seq;",
             false => {
                 "ALTER TABLE inbox DROP COLUMN store_id;
                  ALTER TABLE inbox_fingerprint DROP COLUMN store_id;"

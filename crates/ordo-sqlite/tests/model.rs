@@ -1056,6 +1056,8 @@ impl Model {
             backlog: waiting.len() as u64,
             oldest_pending_created_at_ms: waiting.iter().map(|row| row.created_at).min(),
             quarantined: waiting.iter().filter(|row| row.quarantined).count() as u64,
+            // The model's consumer knows no store identities: never rewound.
+            rewound: 0,
             backing_off: 0,
         }
     }

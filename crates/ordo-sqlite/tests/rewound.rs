@@ -116,8 +116,22 @@ fn a_restored_producer_is_told_apart_and_only_its_colliding_flows_stop() {
     for record in &inbox_before {
         assert!(inbox_after.contains(record), "{record:?} changed");
     }
-    // Other flows go on.
+    // Nothing more of a rewound flow is delivered, even what is appended
+    // later; other flows go on.
+    append(&mut producer, "f", 21);
     append(&mut producer, "h", 5);
     let delivered = relay_all(&mut producer, &mut consumer);
     assert_eq!(delivered, vec![("h-2".to_owned(), Receipt::Accepted)]);
+    assert_eq!(relay_all(&mut producer, &mut consumer), vec![]);
+    // An operator's retry of the rewound event lifts the stop: it is handed
+    // over again (and refused again, since the consumer still holds the
+    // other body), and the flow stops there once more.
+    let f2 = ordo_core::EventId::new("f-2").unwrap();
+    producer.retry_quarantined(&f2).unwrap().unwrap();
+    assert_eq!(
+        relay_all(&mut producer, &mut consumer),
+        vec![("f-2".to_owned(), Receipt::ProducerRewound)]
+    );
+    assert_eq!(relay_all(&mut producer, &mut consumer), vec![]);
+    assert_eq!(consumer.inbox().unwrap().len(), inbox_before.len() + 2);
 }

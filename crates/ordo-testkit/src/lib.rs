@@ -250,6 +250,7 @@ macro_rules! conformance_suite {
             fair_round_takes_each_flow_head_least_recently_served_first
             relay_fair_serves_flows_round_robin_one_head_each
             relay_fair_conflict_quarantines_only_that_event
+            relay_rewound_flow_stops_there_and_others_go_on
             record_receipts_moves_custody_or_quarantines
             receipts_for_events_pruned_meanwhile_are_not_an_error
             record_failure_backs_off_only_that_flow

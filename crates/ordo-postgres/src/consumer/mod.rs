@@ -53,8 +53,8 @@ pub(crate) const TABLES: Tables = Tables {
         crate::conn::STORE_ID_MIGRATION,
         // 7: each row, and its fingerprint after pruning, keeps the
         // producer store that delivered it.
-        "ALTER TABLE {s}.inbox ADD COLUMN store_id text;
-         ALTER TABLE {s}.inbox_fingerprint ADD COLUMN store_id text;",
+        "ALTER TABLE {s}.inbox ADD COLUMN IF NOT EXISTS store_id text;
+         ALTER TABLE {s}.inbox_fingerprint ADD COLUMN IF NOT EXISTS store_id text;",
     ],
 };
 

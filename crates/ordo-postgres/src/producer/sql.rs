@@ -52,9 +52,9 @@ pub(crate) const TABLES: Tables = Tables {
          DROP TABLE {s}.relay_lease;",
         // 6: the store's identity.
         crate::conn::STORE_ID_MIGRATION,
-        // 7: nothing for the producer (the consumer's rows keep their
-        // delivering store).
-        "SELECT 1;",
+        // 7: a flow rewound at a seq (a receipt of cause
+        // producer_rewound) relays nothing from there on.
+        "ALTER TABLE {s}.outbox_head ADD COLUMN IF NOT EXISTS relay_stop_seq bigint;",
     ],
 };
 
@@ -139,7 +139,8 @@ pub(super) const LOCK_HEADS_SQL: &str = "SELECT flow_id, last_seq FROM {s}.outbo
 /// Moves the heads of the flows `$1` past the events appended, each only
 /// from the seq before its first (`$2`) to its last (`$3`).
 pub(super) const MOVE_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET last_seq = m.last_seq,
-         relay_seq = coalesce(h.relay_seq, m.first_seq),
+         relay_seq = CASE WHEN h.relay_stop_seq IS NULL THEN coalesce(h.relay_seq, m.first_seq)
+                          ELSE h.relay_seq END,
          relay_due_ms = CASE WHEN h.relay_seq IS NULL THEN 0 ELSE h.relay_due_ms END
      FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS m(flow_id, first_seq, last_seq)
      WHERE h.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
@@ -169,23 +170,26 @@ pub(super) const REFRESH_HEADS_SQL: &str = "WITH locked AS (
          (relay_seq, relay_due_ms) = (SELECT
                  coalesce(max(seq), (SELECT seen.last_seq + 1 FROM {s}.outbox_head seen
                                      WHERE seen.flow_id = h.flow_id
-                                       AND seen.last_seq < h.last_seq)),
+                                       AND seen.last_seq < h.last_seq
+                                       AND h.relay_stop_seq IS NULL)),
                  coalesce(max(due), 0)
              FROM (SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM {s}.outbox o
                    WHERE o.flow_id = h.flow_id AND NOT o.accepted AND NOT o.quarantined
                      AND o.seq >= least(h.relay_seq, $3::bigint)
+                     AND o.seq < coalesce(h.relay_stop_seq, 9223372036854775807)
                    ORDER BY o.seq LIMIT 1) AS next),
          relay_turn = CASE WHEN $2 THEN (SELECT nextval('{s}.relay_turn')) ELSE h.relay_turn END
      WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM locked))";
 
 /// Up to `$4` events of each of the flows `$3` whose relay head is due at
 /// `$1`: the head and the events after it neither accepted nor
-/// quarantined, in seq order; flows in the relay's order, at most `$2`
+/// quarantined, below the flow's stop, in seq order; flows in the relay's order, at most `$2`
 /// events in all.
 pub(super) const ROUND_SQL: &str = "SELECT e.body FROM {s}.outbox_head h
      CROSS JOIN LATERAL (
          SELECT o.body, o.seq FROM {s}.outbox o
          WHERE o.flow_id = h.flow_id AND o.seq >= h.relay_seq
+           AND o.seq < coalesce(h.relay_stop_seq, 9223372036854775807)
            AND NOT o.accepted AND NOT o.quarantined
          ORDER BY o.seq LIMIT $4) AS e
      WHERE h.flow_id = ANY (ARRAY(SELECT unnest($3::text[])))

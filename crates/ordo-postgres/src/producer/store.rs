@@ -60,6 +60,13 @@ impl ProducerOps for PgProducer {
                  WHERE event_id = $1",
                 &[&event_id.as_str()],
             )?;
+            // A retried rewound event lifts its flow's stop.
+            ptx.conn.run(
+                context,
+                "UPDATE {s}.outbox_head SET relay_stop_seq = NULL
+                 WHERE flow_id = $1 AND relay_stop_seq = $2",
+                &[&flow, &seq],
+            )?;
             refresh_heads(ptx.conn, &BTreeSet::from([flow]), Turn::Keep, Some(seq))?;
             Ok(Ok(()))
         })
@@ -69,7 +76,8 @@ impl ProducerOps for PgProducer {
         let row = self.conn.row(
             "producer: cannot read the status",
             "SELECT count(*), min(o.created_at_ms), count(*) FILTER (WHERE o.quarantined),
-                    count(*) FILTER (WHERE NOT o.quarantined AND o.next_attempt_at_ms > $1)
+                    count(*) FILTER (WHERE NOT o.quarantined AND o.next_attempt_at_ms > $1),
+                    count(*) FILTER (WHERE o.quarantined AND o.last_outcome = 'producer_rewound')
              FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position",
             &[&now_ms],
         )?;
@@ -79,6 +87,7 @@ impl ProducerOps for PgProducer {
             backlog: count(0),
             oldest_pending_created_at_ms: row.get(1),
             quarantined: count(2),
+            rewound: count(4),
             backing_off: count(3),
         })
     }
@@ -276,6 +285,7 @@ fn record_receipts_in(
     let mut flows = BTreeSet::new();
     // An event no longer in the outbox was settled and pruned meanwhile:
     // there is nothing left to mark.
+    stop_rewound_flows(conn, &conflicts)?;
     // One statement per cause (at most two), each naming its rows by key.
     for cause in [Receipt::Conflict, Receipt::ProducerRewound] {
         let ids: Vec<&str> = (conflicts.iter())
@@ -309,5 +319,26 @@ fn record_receipts_in(
     }
     refresh_heads(conn, &flows, Turn::Next, None)?;
     crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
+    Ok(())
+}
+
+/// Stops each flow of a `producer_rewound` receipt at its lowest such seq:
+/// nothing of it from there on is relayed (a retry of that event lifts it).
+fn stop_rewound_flows(conn: &PgTx, conflicts: &[(&str, Receipt)]) -> Result<(), StoreError> {
+    let ids: Vec<&str> = (conflicts.iter())
+        .filter(|(_, receipt)| *receipt == Receipt::ProducerRewound)
+        .map(|(id, _)| *id)
+        .collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    conn.run(
+        "producer: cannot stop a rewound flow",
+        "UPDATE {s}.outbox_head h SET relay_stop_seq = least(h.relay_stop_seq, s.seq)
+         FROM (SELECT flow_id, min(seq) AS seq FROM {s}.outbox
+               WHERE event_id = ANY (ARRAY(SELECT unnest($1::text[]))) GROUP BY flow_id) AS s
+         WHERE h.flow_id = s.flow_id",
+        &[&ids],
+    )?;
     Ok(())
 }

@@ -17,8 +17,8 @@ use std::path::Path;
 use ordo_core::ops::{ProducerStatus, RetryRefused};
 use ordo_core::{
     Backoff, ConsumerOps, ConsumerStore, Delivery, Envelope, ErrorKind, EventId, FixedClock,
-    FlowId, ProducerOps, ProducerStore, Receipt, Receive, RelayOptions, RelayPolicy, RelayStop,
-    StoreError, Transport, TransportError,
+    FlowId, ProducerOps, ProducerStore, Receipt, Receive, RelayOptions, RelayPolicy, RelayReport,
+    RelayStop, StoreError, Transport, TransportError, PRODUCER_REWOUND_REASON,
 };
 
 use crate::support::*;
@@ -331,6 +331,7 @@ pub fn relay_fair_conflict_quarantines_only_that_event<B: Backend>(dir: &Path) {
             backlog: 1,
             oldest_pending_created_at_ms: Some(T0),
             quarantined: 1,
+            rewound: 0,
             backing_off: 0,
         }
     );
@@ -343,6 +344,81 @@ pub fn relay_fair_conflict_quarantines_only_that_event<B: Backend>(dir: &Path) {
         "the consumer's row is not overwritten"
     );
     assert!(inbox_row(&mut c, &a1.event_id).is_none());
+}
+
+/// A conflict of cause `producer_rewound` (the consumer holds another body
+/// at the event's identity, delivered by this same producer store)
+/// quarantines the event with that reason and stops its flow there: nothing
+/// of the flow from that seq on is handed over again, even what is appended
+/// later, deep rounds included, while other flows go on. An operator's
+/// retry of the event lifts the stop (PROTOCOL.md section 12).
+pub fn relay_rewound_flow_stops_there_and_others_go_on<B: Backend>(dir: &Path) {
+    let clock = ManualClock::new(T0);
+    let (mut p, mut c) = open_at::<B>(dir, &clock);
+    let a1 = commit(&mut p, &request("A", 0, Reserved, Some(10), 1));
+    let a2 = commit(&mut p, &request("A", 1, Confirmed, None, 1));
+    // The consumer holds another A2, from this very producer store.
+    let held = amount_event("not-A-2", "A", 2, 1, "confirmed", 10);
+    let sender = p.store_id().clone();
+    let answers = c.receive_from(Some(&sender), &[held]).unwrap();
+    assert_eq!(answers[0].receipt, Receipt::Accepted);
+    let a3 = commit(&mut p, &request("A", 2, Released, None, 1));
+    let b = commit_full_flow(&mut p, "B", 20);
+
+    let now = T0 + 5_000;
+    let report = relay_deep_at(&mut p, &mut c, 4, now);
+    let of = |report: &RelayReport, e: &Envelope| -> Vec<Receipt> {
+        (report.deliveries.iter())
+            .filter(|d| d.event_id == e.event_id)
+            .map(|d| d.receipt)
+            .collect()
+    };
+    assert_eq!(of(&report, &a1), vec![Receipt::Accepted], "{report:?}");
+    assert_eq!(
+        of(&report, &a2),
+        vec![Receipt::ProducerRewound],
+        "{report:?}"
+    );
+    for e in &b {
+        assert_eq!(of(&report, e), vec![Receipt::Accepted], "{report:?}");
+    }
+    let a2_entry = outbox_entry(&mut p, &a2);
+    assert_quarantined(&a2_entry);
+    assert_eq!(
+        (
+            a2_entry.quarantine_reason.as_deref(),
+            a2_entry.last_outcome.as_deref()
+        ),
+        (Some(PRODUCER_REWOUND_REASON), Some("producer_rewound"))
+    );
+    for at in [now + 1, now + 2] {
+        let report = relay_deep_at(&mut p, &mut c, 4, at);
+        assert!(report.deliveries.is_empty(), "{report:?}");
+    }
+    let a3_entry = outbox_entry(&mut p, &a3);
+    assert!(!a3_entry.accepted && !a3_entry.quarantined, "{a3_entry:?}");
+    assert!(
+        inbox_row(&mut c, &a3.event_id).is_none(),
+        "A3 never reached it"
+    );
+
+    p.retry_quarantined(&a2.event_id).unwrap().unwrap();
+    // Handed over again, refused again; in a deep round (a PostgreSQL
+    // producer) A3 travels with it and is `after_conflict`, not stored.
+    let report = relay_deep_at(&mut p, &mut c, 4, now + 3);
+    assert_eq!(
+        of(&report, &a2),
+        vec![Receipt::ProducerRewound],
+        "{report:?}"
+    );
+    assert!(
+        (report.deliveries.iter())
+            .all(|d| d.event_id == a2.event_id || d.receipt == Receipt::AfterConflict),
+        "{report:?}"
+    );
+    let report = relay_deep_at(&mut p, &mut c, 4, now + 4);
+    assert!(report.deliveries.is_empty(), "{report:?}");
+    assert!(inbox_row(&mut c, &a3.event_id).is_none(), "A3 never stored");
 }
 
 /// A receipt for an event that is no longer in the outbox (another relay
@@ -474,6 +550,7 @@ pub fn record_receipts_moves_custody_or_quarantines<B: Backend>(dir: &Path) {
             backlog: 2,
             oldest_pending_created_at_ms: Some(T0),
             quarantined: 1,
+            rewound: 0,
             backing_off: 0,
         }
     );
@@ -511,6 +588,7 @@ pub fn record_receipts_moves_custody_or_quarantines<B: Backend>(dir: &Path) {
             backlog: 1,
             oldest_pending_created_at_ms: Some(T0),
             quarantined: 0,
+            rewound: 0,
             backing_off: 0,
         }
     );
@@ -570,6 +648,7 @@ pub fn record_failure_backs_off_only_that_flow<B: Backend>(dir: &Path) {
             backlog: 3,
             oldest_pending_created_at_ms: Some(T0),
             quarantined: 0,
+            rewound: 0,
             backing_off: 1,
         }
     );
@@ -622,6 +701,7 @@ pub fn record_failure_backs_off_only_that_flow<B: Backend>(dir: &Path) {
             backlog: 0,
             oldest_pending_created_at_ms: None,
             quarantined: 0,
+            rewound: 0,
             backing_off: 0,
         }
     );
@@ -795,6 +875,7 @@ pub fn relay_transient_failure_backs_off_the_whole_round<B: Backend>(dir: &Path)
             backlog: 4,
             oldest_pending_created_at_ms: Some(T0),
             quarantined: 0,
+            rewound: 0,
             backing_off: 2,
         }
     );
@@ -879,6 +960,7 @@ pub fn retry_quarantined_refusals_change_nothing_and_retry_requeues<B: Backend>(
             backlog: 2,
             oldest_pending_created_at_ms: Some(T0),
             quarantined: 0,
+            rewound: 0,
             backing_off: 0,
         }
     );
