@@ -608,36 +608,7 @@ impl ProducerStore for ProducerDb {
                 let Some((position, flow, seq)) = row else {
                     continue;
                 };
-                if *receipt == Receipt::ProducerRewound {
-                    // Nothing of a rewound flow from there on is relayed.
-                    exec_cached(
-                        tx,
-                        "UPDATE outbox_head SET relay_stop_seq = min(coalesce(relay_stop_seq, ?2), ?2)
-                         WHERE flow_id = ?1",
-                        params![flow, seq],
-                    )
-                    .map_err(err)?;
-                }
-                if let Some((outcome, reason)) = receipt.quarantine() {
-                    exec_cached(
-                        tx,
-                        "UPDATE outbox SET quarantined = 1 - accepted,
-                             quarantine_reason = CASE WHEN accepted = 1 THEN NULL ELSE ?2 END,
-                             attempts = attempts + 1, last_outcome = ?3
-                         WHERE position = ?1",
-                        params![position, reason, outcome],
-                    )
-                } else {
-                    exec_cached(
-                        tx,
-                        "UPDATE outbox SET accepted = 1, quarantined = 0, quarantine_reason = NULL,
-                             accepted_at_ms = coalesce(accepted_at_ms, ?2),
-                             attempts = attempts + 1, last_outcome = ?3, last_error = NULL
-                         WHERE position = ?1",
-                        params![position, ptx.now_ms.max(now_ms), receipt.as_str()],
-                    )
-                }
-                .map_err(err)?;
+                mark_receipt(tx, (position, &flow, seq), *receipt, ptx.now_ms.max(now_ms))?;
                 flows.insert(flow);
             }
             let flows: Vec<String> = flows.into_iter().collect();
@@ -725,6 +696,49 @@ struct OutboxEntryRow {
 }
 
 pub use ordo_core::CONFLICT_REASON;
+
+/// Records one receipt on the outbox row at `position` (of `flow`, `seq`):
+/// custody for `accepted` and `duplicate`, a quarantine for a conflict, and
+/// for `producer_rewound` a stop of the flow there: nothing of it from that
+/// seq on is relayed.
+fn mark_receipt(
+    tx: &Connection,
+    (position, flow, seq): (i64, &str, i64),
+    receipt: Receipt,
+    now_ms: i64,
+) -> Result<(), StoreError> {
+    let err = |e| sql_error("producer: cannot record receipts", e);
+    if receipt == Receipt::ProducerRewound {
+        exec_cached(
+            tx,
+            "UPDATE outbox_head SET relay_stop_seq = min(coalesce(relay_stop_seq, ?2), ?2)
+             WHERE flow_id = ?1",
+            params![flow, seq],
+        )
+        .map_err(err)?;
+    }
+    let marked = match receipt.quarantine() {
+        Some((outcome, reason)) => exec_cached(
+            tx,
+            "UPDATE outbox SET quarantined = 1 - accepted,
+                 quarantine_reason = CASE WHEN accepted = 1 THEN NULL ELSE ?2 END,
+                 attempts = attempts + 1, last_outcome = ?3
+             WHERE position = ?1",
+            params![position, reason, outcome],
+        ),
+        None => exec_cached(
+            tx,
+            "UPDATE outbox SET accepted = 1, quarantined = 0, quarantine_reason = NULL,
+                 accepted_at_ms = coalesce(accepted_at_ms, ?2),
+                 attempts = attempts + 1, last_outcome = ?3, last_error = NULL
+             WHERE position = ?1",
+            params![position, now_ms, receipt.as_str()],
+        ),
+    }
+    .map_err(err)?;
+    assert_eq!(marked, 1, "a receipt marks its one outbox row");
+    Ok(())
+}
 
 /// Moves each flow's relay head to its lowest seq neither accepted nor
 /// quarantined, with that event's next attempt time, in one statement; records
