@@ -169,10 +169,15 @@ pub struct ServeArgs {
     /// first stdout line names the bound address).
     #[arg(long, value_name = "ADDR")]
     pub listen: std::net::SocketAddr,
-    /// The key file (lines `KEY_ID SECRET_HEX`, readable by its owner only);
-    /// every POST must then be signed.
+    /// The key file (lines `KEY_ID SECRET_HEX [producer=NAME]`, readable by
+    /// its owner only); every POST must then be signed, and a key bound to a
+    /// producer may deliver only that producer's envelopes.
     #[arg(long, value_name = "FILE")]
     pub keys: Option<PathBuf>,
+    /// Refuse to start unless --keys is given and binds every key to a
+    /// producer (`producer=NAME`).
+    #[arg(long)]
+    pub require_producer_keys: bool,
     /// Also run the reservation domain's applier in this process.
     #[arg(long)]
     pub apply: bool,
