@@ -648,7 +648,9 @@ pub struct RelayArgs {
     /// Sign each request with the secrets of this key id (with --key-file).
     #[arg(long, value_name = "K", requires = "to", requires = "key_file")]
     pub key_id: Option<String>,
-    /// The key file (lines `KEY_ID SECRET_HEX`, not readable by group or others).
+    /// The key file (lines `KEY_ID SECRET_HEX [producer=NAME]`, not readable
+    /// by group or others); a key bound to a producer signs only for a
+    /// producer store of that name.
     #[arg(long, value_name = "F", requires = "key_id")]
     pub key_file: Option<PathBuf>,
     /// Also trust the certificate authority in this PEM file for https://.

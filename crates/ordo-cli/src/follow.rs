@@ -49,7 +49,7 @@ pub fn relay(json_mode: bool, args: &RelayArgs) -> Result<(), Failure> {
         None => {
             let transport = remote::transport(args)?;
             let mut producer = open_existing_producer(&args.producer)?;
-            let transport = remote::from_store(transport, &mut producer);
+            let transport = remote::from_store(transport, &mut producer, args)?;
             relay_with(json_mode, args, producer, transport)
         }
     }

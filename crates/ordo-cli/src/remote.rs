@@ -8,9 +8,32 @@ use crate::args::RelayArgs;
 use crate::stores::AnyProducer;
 use crate::Failure;
 
-/// `transport`, naming `producer`'s identity on every POST.
-pub fn from_store(transport: HttpTransport, producer: &mut AnyProducer) -> HttpTransport {
-    transport.with_store_id(producer.handle().store_id().clone())
+/// `transport`, naming `producer`'s identity on every POST; refused when
+/// its key is bound to another producer than `producer`'s name (nothing is
+/// sent then).
+pub fn from_store(
+    transport: HttpTransport,
+    producer: &mut AnyProducer,
+    args: &RelayArgs,
+) -> Result<HttpTransport, Failure> {
+    let store = producer.handle();
+    let name = store.producer_name();
+    let bound = transport
+        .signer()
+        .and_then(|s| s.producer().map(|bound| (s, bound)));
+    if let Some((signer, bound)) = bound.filter(|(_, bound)| *bound != name) {
+        let file = args
+            .key_file
+            .as_deref()
+            .expect("a signer is read from --key-file");
+        return Err(Failure::Usage(format!(
+            "--key-id {} is bound to producer {bound} in {}, but the producer store {} is named {name}; nothing was sent",
+            signer.key_id(),
+            file.display(),
+            args.producer,
+        )));
+    }
+    Ok(transport.with_store_id(store.store_id().clone()))
 }
 
 /// The transport to `--to`, signing with `--key-id`/`--key-file` when

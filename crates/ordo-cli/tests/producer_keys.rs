@@ -1,7 +1,8 @@
 //! Keys bound to producers (HTTP.md, PROTOCOL.md section 12), as real
 //! processes: key files with `producer=NAME` read by `ordo serve` and
 //! `ordo relay`, the 403 of a bound key posting another producer's
-//! envelope and `serve --require-producer-keys`, on real SQLite files.
+//! envelope, `serve --require-producer-keys`, and the relay's checks of its
+//! key against its producer store's name, on real SQLite files.
 
 mod common;
 
@@ -58,6 +59,18 @@ fn consumer_lab() -> Lab {
     let lab = Lab::new();
     let init = lab.run(&["init", "--consumer", &lab.c]);
     assert_eq!(init.code, 0, "{init:#?}");
+    lab
+}
+
+/// A lab with an empty consumer store and a producer store named `name`
+/// with one reserved flow per name of `flows`.
+fn named_lab(name: &str, flows: &[&str]) -> Lab {
+    let lab = consumer_lab();
+    let init = lab.run(&["init", "--producer", &lab.p, "--producer-name", name]);
+    assert_eq!(init.code, 0, "{init:#?}");
+    for flow in flows {
+        lab.advance(flow, 0, "reserved", Some(3));
+    }
     lab
 }
 
@@ -143,6 +156,16 @@ fn inbox(lab: &Lab) -> Vec<(String, String)> {
         .collect();
     rows.sort();
     rows
+}
+
+fn outbox(lab: &Lab) -> Value {
+    lab.run(&["outbox", "list", "--json", "--producer", &lab.p])
+        .json()["outbox"]
+        .clone()
+}
+
+fn producer_status(lab: &Lab) -> Value {
+    lab.run(&["status", "--json", "--producer", &lab.p]).json()["producer"].clone()
 }
 
 fn relay_to(lab: &Lab, url: &str, extra: &[&str]) -> Out {
@@ -284,4 +307,81 @@ fn a_bound_key_posting_another_producers_envelope_is_403_and_stores_nothing() {
             stored("orders", "a-2"),
         ]
     );
+}
+
+/// A relay whose key is bound to another producer than its store's name
+/// exits 2 before sending anything: the server would take the round from
+/// this key (unbound there), yet nothing arrives and nothing is marked.
+#[test]
+fn a_relay_whose_key_is_bound_to_another_producer_exits_2_sending_nothing() {
+    let lab = named_lab("orders", &["A", "B"]);
+    let server_keys = key_file(&lab, "server.keys", &format!("k1 {SECRET}\n"));
+    let serve = Serve::start(&lab.c, &["--keys", &server_keys]);
+    let relay_keys = key_file(
+        &lab,
+        "relay.keys",
+        &format!("k1 {SECRET} producer=billing\n"),
+    );
+    let key = ["--key-id", "k1", "--key-file", &relay_keys];
+    let before = outbox(&lab);
+    for follow in [false, true] {
+        let extra = [&key[..], if follow { &["--follow"][..] } else { &[] }].concat();
+        let out = relay_to(&lab, &serve.url(), &extra);
+        out.usage("bound to producer billing");
+        assert!(out.stderr.contains("named orders"), "{out:#?}");
+    }
+    assert!(inbox(&lab).is_empty(), "nothing sent");
+    assert_eq!(outbox(&lab), before, "nothing marked or recorded");
+}
+
+/// A key bound to the store's name delivers; the server checks the same
+/// binding in its own key file.
+#[test]
+fn a_relay_whose_key_is_bound_to_its_stores_name_delivers() {
+    let lab = named_lab("orders", &["A", "B"]);
+    let keys = key_file(&lab, "keys", &format!("k1 {SECRET} producer=orders\n"));
+    let serve = Serve::start(&lab.c, &["--keys", &keys, "--require-producer-keys"]);
+    let report = relay_to(&lab, &serve.url(), &["--key-id", "k1", "--key-file", &keys]).json();
+    assert_eq!(report["deliveries_total"], json!(2), "{report}");
+    let stored = |id: &str| ("orders".to_owned(), id.to_owned());
+    assert_eq!(inbox(&lab), [stored("A-1"), stored("B-1")]);
+    let status = producer_status(&lab);
+    assert_eq!(
+        (&status["backlog"], &status["quarantined"]),
+        (&json!(0), &json!(0)),
+        "{status}"
+    );
+}
+
+/// The server's key file binds the relay's key to another producer: its
+/// 403 stops the run with exit 1, a message naming the key's producer
+/// problem, the backlog unchanged and nothing quarantined; `--follow` too.
+#[test]
+fn a_403_stops_the_relay_with_exit_1_marking_and_quarantining_nothing() {
+    let lab = named_lab("orders", &["A", "B"]);
+    let server_keys = key_file(
+        &lab,
+        "server.keys",
+        &format!("k1 {SECRET} producer=billing\n"),
+    );
+    let serve = Serve::start(&lab.c, &["--keys", &server_keys]);
+    let relay_keys = key_file(&lab, "relay.keys", &format!("k1 {SECRET}\n"));
+    let key = ["--key-id", "k1", "--key-file", &relay_keys];
+    let before = outbox(&lab);
+    for follow in [false, true] {
+        let extra = [&key[..], if follow { &["--follow"][..] } else { &[] }].concat();
+        let out = relay_to(&lab, &serve.url(), &extra);
+        out.storage_error();
+        for said in ["403", "bound to producer billing", "producer="] {
+            assert!(out.stderr.contains(said), "{said:?} in {out:#?}");
+        }
+    }
+    assert_eq!(outbox(&lab), before, "nothing marked or recorded");
+    let status = producer_status(&lab);
+    assert_eq!(
+        (&status["backlog"], &status["quarantined"]),
+        (&json!(2), &json!(0)),
+        "{status}"
+    );
+    assert!(inbox(&lab).is_empty(), "nothing stored");
 }
