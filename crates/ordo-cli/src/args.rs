@@ -169,10 +169,15 @@ pub struct ServeArgs {
     /// first stdout line names the bound address).
     #[arg(long, value_name = "ADDR")]
     pub listen: std::net::SocketAddr,
-    /// The key file (lines `KEY_ID SECRET_HEX`, readable by its owner only);
-    /// every POST must then be signed.
+    /// The key file (lines `KEY_ID SECRET_HEX [producer=NAME]`, readable by
+    /// its owner only); every POST must then be signed, and a key bound to a
+    /// producer may deliver only that producer's envelopes.
     #[arg(long, value_name = "FILE")]
     pub keys: Option<PathBuf>,
+    /// Refuse to start unless --keys is given and binds every key to a
+    /// producer (`producer=NAME`).
+    #[arg(long)]
+    pub require_producer_keys: bool,
     /// Also run the reservation domain's applier in this process.
     #[arg(long)]
     pub apply: bool,
@@ -647,7 +652,9 @@ pub struct RelayArgs {
     /// Sign each request with the secrets of this key id (with --key-file).
     #[arg(long, value_name = "K", requires = "to", requires = "key_file")]
     pub key_id: Option<String>,
-    /// The key file (lines `KEY_ID SECRET_HEX`, not readable by group or others).
+    /// The key file (lines `KEY_ID SECRET_HEX [producer=NAME]`, not readable
+    /// by group or others); a key bound to a producer signs only for a
+    /// producer store of that name.
     #[arg(long, value_name = "F", requires = "key_id")]
     pub key_file: Option<PathBuf>,
     /// Also trust the certificate authority in this PEM file for https://.

@@ -195,6 +195,7 @@ fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
     let Some(consumer) = &args.consumer else {
         let transport = remote::transport(&args)?;
         let mut producer = open_existing_producer(&args.producer)?;
+        remote::check_key_producer(&transport, &mut producer, &args)?;
         return relay_once(json_mode, &args, &mut producer, transport);
     };
     let files = Files {

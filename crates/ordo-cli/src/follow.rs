@@ -48,7 +48,8 @@ pub fn relay(json_mode: bool, args: &RelayArgs) -> Result<(), Failure> {
         }
         None => {
             let transport = remote::transport(args)?;
-            let producer = open_existing_producer(&args.producer)?;
+            let mut producer = open_existing_producer(&args.producer)?;
+            remote::check_key_producer(&transport, &mut producer, args)?;
             relay_with(json_mode, args, producer, transport)
         }
     }

@@ -62,9 +62,16 @@ pub fn serve(json_mode: bool, args: ServeArgs) -> Result<(), Failure> {
     runtime.block_on(run(json_mode, args, config, tls, store_id, applier_store))
 }
 
-/// Refuses unsigned requests off loopback unless told, and reads the keys.
+/// Refuses unsigned requests off loopback unless told, and reads the keys
+/// (with `--require-producer-keys`, each bound to a producer).
 fn load_keys(args: &ServeArgs) -> Result<Option<KeyRing>, Failure> {
     let Some(path) = &args.keys else {
+        if args.require_producer_keys {
+            return Err(Failure::Usage(
+                "--require-producer-keys needs --keys FILE (lines `KEY_ID SECRET_HEX producer=NAME`)"
+                    .to_owned(),
+            ));
+        }
         if !args.listen.ip().is_loopback() && !args.insecure_no_auth {
             return Err(Failure::Usage(format!(
                 "--listen {} is not a loopback address: give --keys FILE, or --insecure-no-auth to accept unsigned requests",
@@ -73,9 +80,14 @@ fn load_keys(args: &ServeArgs) -> Result<Option<KeyRing>, Failure> {
         }
         return Ok(None);
     };
-    KeyRing::load(path)
-        .map(Some)
-        .map_err(|e| Failure::Usage(e.to_string()))
+    let keys = KeyRing::load(path).map_err(|e| Failure::Usage(e.to_string()))?;
+    if let Some(key_id) = keys.unbound().next().filter(|_| args.require_producer_keys) {
+        return Err(Failure::Usage(format!(
+            "--require-producer-keys: key id {key_id} of {} is bound to no producer (end each of its lines with producer=NAME)",
+            path.display()
+        )));
+    }
+    Ok(Some(keys))
 }
 
 fn load_tls(args: &ServeArgs) -> Result<Option<TlsAcceptor>, Failure> {

@@ -6,11 +6,15 @@
 //! id's secrets over `KEY_ID "\n" TIMESTAMP "\n" METHOD "\n" PATH "\n"
 //! hex(sha256(BODY))`.
 //!
+//! A key file's line is `KEY_ID SECRET_HEX [producer=NAME]`: a key id may
+//! be bound to one producer, which every line of it names (or none does).
+//! The server and the relay read key files with the same [`KeyRing::load`].
+//!
 //! Invariant: this module knows no transport. It takes the headers, the
 //! method, the path and the body as given and answers yes or no (with the
 //! reason, for the log); it never sees a store and never decides a status.
 
-use std::collections::BTreeMap;
+use std::collections::btree_map::{BTreeMap, Entry};
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -19,6 +23,7 @@ use axum::http::HeaderMap;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
+use ordo_core::ProducerName;
 use sha2::{Digest, Sha256};
 
 /// The header naming the key.
@@ -95,7 +100,8 @@ pub enum KeyFileError {
         /// The file.
         path: PathBuf,
     },
-    /// A line is not `KEY_ID SECRET_HEX`.
+    /// A line is not `KEY_ID SECRET_HEX [producer=NAME]`, or binds its key
+    /// id otherwise than an earlier line of it.
     #[error("key file {path} line {line}: {rule}")]
     Line {
         /// The file.
@@ -143,10 +149,32 @@ pub enum AuthError {
     NoMatch,
 }
 
-/// The keys of a key file: every secret of every key id, in file order.
+/// The keys of a key file: every key id with its secrets, in file order,
+/// and the producer it is bound to, if any.
 #[derive(Debug, Clone, Default)]
 pub struct KeyRing {
-    keys: BTreeMap<String, Vec<Secret>>,
+    keys: BTreeMap<String, Key>,
+}
+
+/// One key id of a key file.
+#[derive(Debug, Clone)]
+struct Key {
+    /// Every secret of it, in file order (several: rotation).
+    secrets: Vec<Secret>,
+    /// The producer every line of it names; `None` when none does.
+    producer: Option<ProducerName>,
+    /// The first line naming it, from 1.
+    line: usize,
+}
+
+/// The key a request was signed with, as [`KeyRing::verify`] found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// Its key id.
+    pub key_id: String,
+    /// The producer it is bound to; `None` for a key that may deliver for
+    /// every producer.
+    pub producer: Option<ProducerName>,
 }
 
 impl KeyRing {
@@ -178,12 +206,13 @@ impl KeyRing {
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let (key_id, secret) = parse_line(line).map_err(|rule| KeyFileError::Line {
-                path: path.to_owned(),
-                line: index + 1,
-                rule,
-            })?;
-            ring.keys.entry(key_id).or_default().push(secret);
+            parse_line(line)
+                .and_then(|parsed| ring.add(parsed, index + 1))
+                .map_err(|rule| KeyFileError::Line {
+                    path: path.to_owned(),
+                    line: index + 1,
+                    rule,
+                })?;
         }
         if ring.keys.is_empty() {
             return Err(KeyFileError::Empty {
@@ -193,15 +222,57 @@ impl KeyRing {
         Ok(ring)
     }
 
+    /// Adds line `number`, refusing one that binds its key id otherwise
+    /// than the key id's earlier lines.
+    fn add(&mut self, parsed: Line, number: usize) -> Result<(), String> {
+        match self.keys.entry(parsed.key_id) {
+            Entry::Vacant(vacant) => {
+                vacant.insert(Key {
+                    secrets: vec![parsed.secret],
+                    producer: parsed.producer,
+                    line: number,
+                });
+            }
+            Entry::Occupied(mut occupied) => {
+                let key = occupied.get();
+                if key.producer != parsed.producer {
+                    return Err(format!(
+                        "key id {} is bound to {} here but to {} on line {}; every line of one key id names the same producer (producer=NAME) or none",
+                        occupied.key(),
+                        bound_to(parsed.producer.as_ref()),
+                        bound_to(key.producer.as_ref()),
+                        key.line
+                    ));
+                }
+                occupied.get_mut().secrets.push(parsed.secret);
+            }
+        }
+        Ok(())
+    }
+
     /// Every secret of `key_id`, in file order (several: rotation).
     pub fn secrets(&self, key_id: &str) -> Option<&[Secret]> {
-        self.keys.get(key_id).map(Vec::as_slice)
+        self.keys.get(key_id).map(|key| key.secrets.as_slice())
+    }
+
+    /// The producer `key_id` is bound to; `None` for a key id bound to
+    /// none, or not in the ring.
+    pub fn producer(&self, key_id: &str) -> Option<&ProducerName> {
+        self.keys.get(key_id)?.producer.as_ref()
+    }
+
+    /// The key ids bound to no producer, in order.
+    pub fn unbound(&self) -> impl Iterator<Item = &str> {
+        self.keys
+            .iter()
+            .filter(|(_, key)| key.producer.is_none())
+            .map(|(key_id, _)| key_id.as_str())
     }
 
     /// Checks a request's signing headers against this ring at `now_s`
     /// (Unix seconds): a known key id, a timestamp within [`WINDOW_S`], and
     /// one `v1=` value that matches one of the key id's secrets, compared in
-    /// constant time.
+    /// constant time. Answers the key that signed it.
     pub fn verify(
         &self,
         headers: &HeaderMap,
@@ -209,18 +280,21 @@ impl KeyRing {
         path: &str,
         body: &[u8],
         now_s: i64,
-    ) -> Result<(), AuthError> {
+    ) -> Result<Verified, AuthError> {
         let signed = self.signed(headers, now_s)?;
         let message = message(signed.key_id, signed.timestamp, method, path, body);
         let matches = |signature: &[u8]| {
-            signed.secrets.iter().any(|secret| {
+            signed.key.secrets.iter().any(|secret| {
                 mac(secret.as_bytes(), &message)
                     .verify_slice(signature)
                     .is_ok()
             })
         };
         if signed.signatures.iter().any(|s| matches(s)) {
-            Ok(())
+            Ok(Verified {
+                key_id: signed.key_id.to_owned(),
+                producer: signed.key.producer.clone(),
+            })
         } else {
             Err(AuthError::NoMatch)
         }
@@ -238,16 +312,24 @@ impl KeyRing {
         let timestamp = header(headers, HEADER_TIMESTAMP)?;
         let values = header(headers, HEADER_SIGNATURE)?;
         let timestamp_s = parse_timestamp(timestamp)?;
-        let secrets = self.secrets(key_id).ok_or(AuthError::UnknownKeyId)?;
+        let key = self.keys.get(key_id).ok_or(AuthError::UnknownKeyId)?;
         if timestamp_s.abs_diff(now_s) > WINDOW_S.unsigned_abs() {
             return Err(AuthError::OutsideWindow { timestamp_s, now_s });
         }
         Ok(Signed {
             key_id,
             timestamp,
-            secrets,
+            key,
             signatures: parse_signatures(values)?,
         })
+    }
+}
+
+/// `producer NAME` or `no producer`, for a refusal.
+fn bound_to(producer: Option<&ProducerName>) -> String {
+    match producer {
+        Some(name) => format!("producer {name}"),
+        None => "no producer".to_owned(),
     }
 }
 
@@ -255,20 +337,50 @@ impl KeyRing {
 struct Signed<'a> {
     key_id: &'a str,
     timestamp: &'a str,
-    secrets: &'a [Secret],
+    key: &'a Key,
     signatures: Vec<Vec<u8>>,
 }
 
-/// `KEY_ID SECRET_HEX`, separated by whitespace.
-fn parse_line(line: &str) -> Result<(String, Secret), String> {
+/// The form of a key file's line, for its refusals.
+const LINE_FORM: &str = "expected `KEY_ID SECRET_HEX [producer=NAME]`";
+
+/// One line of a key file.
+struct Line {
+    key_id: String,
+    secret: Secret,
+    producer: Option<ProducerName>,
+}
+
+/// `KEY_ID SECRET_HEX [producer=NAME]`, separated by whitespace. A refusal
+/// never repeats a field after the key id, which may be a secret.
+fn parse_line(line: &str) -> Result<Line, String> {
     let mut fields = line.split_whitespace();
-    let (Some(key_id), Some(hex_secret), None) = (fields.next(), fields.next(), fields.next())
-    else {
-        return Err("expected `KEY_ID SECRET_HEX` (two fields)".into());
+    let (Some(key_id), Some(hex_secret)) = (fields.next(), fields.next()) else {
+        return Err(format!("{LINE_FORM} (two or three fields)"));
     };
     check_key_id(key_id)?;
     let bytes = hex::decode(hex_secret).map_err(|e| format!("the secret is not hex ({e})"))?;
-    Ok((key_id.to_owned(), Secret::new(bytes)?))
+    let secret = Secret::new(bytes)?;
+    let producer = match (fields.next(), fields.next()) {
+        (None, _) => None,
+        (Some(field), None) => Some(parse_producer(field)?),
+        (Some(_), Some(_)) => return Err(format!("{LINE_FORM} (more than three fields)")),
+    };
+    Ok(Line {
+        key_id: key_id.to_owned(),
+        secret,
+        producer,
+    })
+}
+
+/// The third field: `producer=NAME`, NAME a producer name.
+fn parse_producer(field: &str) -> Result<ProducerName, String> {
+    let Some(name) = field.strip_prefix("producer=") else {
+        return Err(format!(
+            "{LINE_FORM}: the field after the secret is not producer=NAME"
+        ));
+    };
+    ProducerName::new(name).map_err(|e| format!("producer=NAME: {e}"))
 }
 
 /// A key id: 1 to [`KEY_ID_LEN_MAX`] visible ASCII characters.

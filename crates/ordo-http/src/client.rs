@@ -20,7 +20,9 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ordo_core::{Envelope, Receipt, StoreId, TransientKind, Transport, TransportError};
+use ordo_core::{
+    Envelope, ProducerName, Receipt, StoreId, TransientKind, Transport, TransportError,
+};
 use reqwest::blocking::{Client, Response};
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
@@ -96,6 +98,17 @@ impl Signer {
             ring,
         })
     }
+
+    /// The key id signed with.
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+
+    /// The producer the key is bound to in its key file (`producer=NAME`);
+    /// `None` when it is bound to none.
+    pub fn producer(&self) -> Option<&ProducerName> {
+        self.ring.producer(&self.key_id)
+    }
 }
 
 /// A [`Transport`] to an HTTP inbox, reusing its connections.
@@ -160,6 +173,11 @@ impl HttpTransport {
     /// Reads a certificate authority file for [`ClientOptions::ca_pem`].
     pub fn read_ca(path: &Path) -> Result<Vec<u8>, ClientError> {
         std::fs::read(path).map_err(|e| ClientError::Tls(format!("{}: {e}", path.display())))
+    }
+
+    /// The key rounds are signed with; `None` when they are not signed.
+    pub fn signer(&self) -> Option<&Signer> {
+        self.signer.as_ref()
     }
 
     /// The URL rounds are posted to.
@@ -354,8 +372,15 @@ fn answer(
             },
             None => TransportError::Refused { message: said },
         },
-        401 | 403 => TransportError::Refused {
+        401 => TransportError::Refused {
             message: format!("{said} (check --key-id and --key-file against the server's --keys)"),
+        },
+        403 => TransportError::Refused {
+            message: format!(
+                "{said} (a key bound to a producer delivers only that producer's events: \
+                 check the producer= of --key-id's lines in the server's --keys against \
+                 this producer store's name)"
+            ),
         },
         404 | 405 => TransportError::Refused {
             message: format!("{said} (is --to the base URL of `ordo serve`?)"),
@@ -524,6 +549,8 @@ mod tests {
         for status in [401, 403, 404, 405, 415, 302] {
             assert_eq!(kind(status, None), "refused", "{status}");
         }
+        // A 403 naming an item stops the run: it quarantines nothing.
+        assert_eq!(kind(403, Some(1)), "refused");
         assert_eq!(kind(503, None), "transient busy Some(2000)");
         for status in [408, 429, 500, 502, 504] {
             assert_eq!(kind(status, None), "transient http Some(2000)", "{status}");

@@ -3,12 +3,13 @@
 //!
 //! Order: size (413, from `Content-Length`, then while reading), content
 //! type (415), authentication (401), parsing (400: the sender's
-//! `ordo-store-id` header, then the body; 413 past `max_batch` items),
-//! capacity (503). A request that finds every slot in flight taken is
-//! answered after the checks that need no body (`Content-Length`, content
-//! type, the signing headers, `ordo-store-id`): a server at capacity reads no body,
-//! so such a request gets 503 where its body would have failed a later
-//! check, and its retry gets the body's answer. An answer given before the
+//! `ordo-store-id` header, then the body; 413 past `max_batch` items), the
+//! producers a bound key may deliver for (403), capacity (503). A request
+//! that finds every slot in flight taken is answered after the checks that
+//! need no body (`Content-Length`, content type, the signing headers,
+//! `ordo-store-id`): a server at capacity reads no body, so such a request
+//! gets 503 where its body would have failed a later check, and its retry
+//! gets the body's answer. An answer given before the
 //! body was read to its end is followed by a lingering close
 //! ([`crate::linger`]).
 //!
@@ -68,7 +69,7 @@ async fn receive(app: Arc<App>, parts: Parts, body: Body) -> Response {
         Ok(sender) => sender,
         Err(refused) => return *refused,
     };
-    let envelopes = match app.inbox.parse(&body) {
+    let envelopes = match app.inbox.parse(&caller, &body) {
         Ok(envelopes) => envelopes,
         Err(refusal) => return refuse(&refusal),
     };
@@ -157,28 +158,31 @@ fn check_content_type(headers: &HeaderMap) -> Option<Response> {
 }
 
 /// Checks the signing headers (with `body`, the signature too): who
-/// delivered (no one in particular when the server has no keys), or the
-/// 401.
+/// delivered, with the producer its key is bound to (no one in particular
+/// when the server has no keys), or the 401.
 fn authenticate(app: &App, parts: &Parts, body: Option<&[u8]>) -> Result<Caller, Box<Response>> {
     let Some(keys) = app.config.keys.as_ref() else {
         return Ok(Caller::default());
     };
     let now_s = app.clock.now_ms().div_euclid(1000);
     let checked = match body {
-        Some(body) => keys.verify(
-            &parts.headers,
-            parts.method.as_str(),
-            parts.uri.path(),
-            body,
-            now_s,
-        ),
-        None => keys.check_headers(&parts.headers, now_s),
+        Some(body) => keys
+            .verify(
+                &parts.headers,
+                parts.method.as_str(),
+                parts.uri.path(),
+                body,
+                now_s,
+            )
+            .map(Some),
+        None => keys.check_headers(&parts.headers, now_s).map(|()| None),
     };
     match checked {
-        Ok(()) => Ok(Caller {
-            key_id: key_id(&parts.headers),
+        Ok(verified) => Ok(verified.map_or_else(Caller::default, |key| Caller {
+            key_id: Some(key.key_id),
+            producer: key.producer,
             ..Caller::default()
-        }),
+        })),
         Err(error) => {
             tracing::warn!("refused a request: {error}");
             Err(Box::new(reply::error(
@@ -216,14 +220,6 @@ fn sender_store_id(headers: &HeaderMap) -> Result<Option<StoreId>, Box<Response>
         .map_err(|e| refused(e.to_string()))
 }
 
-/// The key id a request names in its signing headers.
-fn key_id(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get(crate::auth::HEADER_KEY_ID)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-}
-
 /// The answer to a delivery the inbox refused.
 fn refuse(refusal: &Refusal) -> Response {
     tracing::info!("refused a delivery: {refusal}");
@@ -235,9 +231,18 @@ fn refuse(refusal: &Refusal) -> Response {
             index: Some(index),
             message,
             ..
-        } => reply::item_error(*index, message.clone()),
+        } => reply::item_error(StatusCode::BAD_REQUEST, *index, message.clone()),
         Refusal::Malformed { message, .. } => {
             reply::error(StatusCode::BAD_REQUEST, message.clone())
+        }
+        Refusal::NotAllowed { index, .. } => {
+            tracing::warn!("{refusal}");
+            match index {
+                Some(index) => {
+                    reply::item_error(StatusCode::FORBIDDEN, *index, refusal.to_string())
+                }
+                None => reply::error(StatusCode::FORBIDDEN, refusal.to_string()),
+            }
         }
         Refusal::Busy(_) => {
             tracing::warn!("{refusal}");

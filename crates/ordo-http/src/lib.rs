@@ -34,7 +34,7 @@ pub mod tls;
 /// producer store's on a relay's `POST /v1/events` (not signed).
 pub const HEADER_STORE_ID: &str = "ordo-store-id";
 
-pub use auth::{sign, signature_headers, AuthError, KeyFileError, KeyRing, Secret};
+pub use auth::{sign, signature_headers, AuthError, KeyFileError, KeyRing, Secret, Verified};
 pub use client::{ClientError, ClientOptions, HttpTransport, Signer};
 pub use exposition::{metrics_router, serve_metrics, MetricsServer};
 pub use listen::bind;

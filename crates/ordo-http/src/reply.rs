@@ -16,12 +16,10 @@ pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
     body(status, json!({ "error": message.into() }))
 }
 
-/// `{"error": message, "index": index}`: a 400 for one item of an array.
-pub fn item_error(index: usize, message: impl Into<String>) -> Response {
-    body(
-        StatusCode::BAD_REQUEST,
-        json!({ "error": message.into(), "index": index }),
-    )
+/// `{"error": message, "index": index}` with `status`: a 400 or a 403 for
+/// one item of an array.
+pub fn item_error(status: StatusCode, index: usize, message: impl Into<String>) -> Response {
+    body(status, json!({ "error": message.into(), "index": index }))
 }
 
 /// A 503 with `Retry-After`: busy, at capacity, or shutting down.

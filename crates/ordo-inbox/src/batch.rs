@@ -43,11 +43,7 @@ pub fn parse_batch(body: &[u8], max_batch: usize) -> Result<Vec<Envelope>, Batch
             e.valid_up_to()
         ))
     })?;
-    match text
-        .trim_start_matches([' ', '\t', '\n', '\r'])
-        .as_bytes()
-        .first()
-    {
+    match first_byte(text.as_bytes()) {
         Some(b'{') => Envelope::parse_str(text)
             .map(|envelope| vec![envelope])
             .map_err(|error| BatchError::Item { index: None, error }),
@@ -57,6 +53,19 @@ pub fn parse_batch(body: &[u8], max_batch: usize) -> Result<Vec<Envelope>, Batch
             Err(e) => format!("the body is {e}"),
         })),
     }
+}
+
+/// The first byte of a body that is not JSON whitespace.
+fn first_byte(body: &[u8]) -> Option<u8> {
+    body.iter()
+        .copied()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+}
+
+/// Whether a body is an array (a batch) rather than one object or
+/// anything else, as [`parse_batch`] reads it.
+pub fn is_array(body: &[u8]) -> bool {
+    first_byte(body) == Some(b'[')
 }
 
 fn parse_array(text: &str, max_batch: usize) -> Result<Vec<Envelope>, BatchError> {

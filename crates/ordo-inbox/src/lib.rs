@@ -8,12 +8,13 @@
 //! * [`batch`]: the body, one envelope or an array of them, each read by
 //!   ordo-core's strict codec.
 //! * [`pool`]: the store handles deliveries are stored through.
-//! * [`Inbox`]: the checks in order (size, parsing, storing) and their
-//!   [`Refusal`]s.
+//! * [`Inbox`]: the checks in order (size, parsing, the producers the
+//!   caller's key may deliver for, storing) and their [`Refusal`]s.
 //!
 //! Invariant: the inbox knows no transport and no backend: no status codes,
-//! headers or sockets, no SQL. Nothing is stored unless every item parsed,
-//! and a store error is never turned into a receipt.
+//! headers or sockets, no SQL. Nothing is stored unless every item parsed
+//! and the caller may deliver every one, and a store error is never turned
+//! into a receipt.
 
 #![warn(missing_docs)]
 

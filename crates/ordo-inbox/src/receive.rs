@@ -1,9 +1,10 @@
-//! One delivery into the inbox: the size, the batch, then one transaction.
+//! One delivery into the inbox: the size, the batch, the producers the
+//! caller may deliver for, then one transaction.
 
 use ordo_core::ops::ConsumerStatus;
-use ordo_core::{Answer, Envelope, ErrorKind, StoreError, StoreId};
+use ordo_core::{Answer, Envelope, ErrorKind, ProducerName, StoreError, StoreId};
 
-use crate::batch::{parse_batch, BatchError};
+use crate::batch::{is_array, parse_batch, BatchError};
 use crate::pool::Pool;
 
 /// What one delivery may hold.
@@ -21,6 +22,10 @@ pub struct Caller {
     /// The key the delivery was signed with; `None` when the transport
     /// authenticates no one.
     pub key_id: Option<String>,
+    /// The producer that key is bound to: an envelope of any other producer
+    /// is refused ([`Refusal::NotAllowed`]). `None` when the key may
+    /// deliver for every producer, or no one is authenticated.
+    pub producer: Option<ProducerName>,
     /// The identity of the producer store that delivered it, as the
     /// transport was told (over HTTP the request's `ordo-store-id`);
     /// `None` when unknown. Stored with each row it delivers; a conflict
@@ -49,6 +54,23 @@ pub enum Refusal {
         message: String,
         /// The batch holds more than [`InboxLimits::max_batch`] items.
         too_many: bool,
+    },
+    /// The caller's key is bound to a producer and an envelope is of
+    /// another one (an envelope without `producer` is producer `default`).
+    #[error(
+        "key {} is bound to producer {bound} and may not deliver an envelope of producer {producer}",
+        .key_id.as_deref().unwrap_or("-")
+    )]
+    NotAllowed {
+        /// The position of the first such envelope in an array, `None` for
+        /// a single envelope.
+        index: Option<usize>,
+        /// The caller's key.
+        key_id: Option<String>,
+        /// The producer the key is bound to.
+        bound: ProducerName,
+        /// The envelope's producer.
+        producer: ProducerName,
     },
     /// The store is busy (another writer holds it): retry later.
     #[error("the store is busy: {0}")]
@@ -116,8 +138,9 @@ impl Inbox {
         self.limits
     }
 
-    /// Checks and parses a delivery's body; blocks on nothing.
-    pub fn parse(&self, body: &[u8]) -> Result<Vec<Envelope>, Refusal> {
+    /// Checks and parses a delivery's body, then checks that `caller` may
+    /// deliver every envelope of it; blocks on nothing.
+    pub fn parse(&self, caller: &Caller, body: &[u8]) -> Result<Vec<Envelope>, Refusal> {
         if body.len() as u64 > self.limits.max_body_bytes {
             return Err(Refusal::TooLarge {
                 max_body_bytes: self.limits.max_body_bytes,
@@ -125,12 +148,16 @@ impl Inbox {
         }
         let envelopes = parse_batch(body, self.limits.max_batch)?;
         assert!(!envelopes.is_empty() && envelopes.len() <= self.limits.max_batch);
+        check_producers(caller, &envelopes, is_array(body))?;
         Ok(envelopes)
     }
 
     /// Stores parsed envelopes in one transaction; blocks. One answer per
-    /// envelope, in order, with the consumer store's identity.
+    /// envelope, in order, with the consumer store's identity. Envelopes
+    /// `caller` may not deliver are refused here too (the index then names
+    /// a position in `envelopes`), so that no transport stores them.
     pub fn store(&self, caller: &Caller, envelopes: &[Envelope]) -> Result<Stored, Refusal> {
+        check_producers(caller, envelopes, true)?;
         let stored = self.pool.with_store(|store| {
             let answers = store.receive_from(caller.sender_store_id.as_ref(), envelopes)?;
             Ok(Stored {
@@ -159,7 +186,7 @@ impl Inbox {
         caller: &Caller,
         body: &[u8],
     ) -> Result<(Vec<Envelope>, Stored), Refusal> {
-        let envelopes = self.parse(body)?;
+        let envelopes = self.parse(caller, body)?;
         let stored = self.store(caller, &envelopes)?;
         Ok((envelopes, stored))
     }
@@ -168,6 +195,24 @@ impl Inbox {
     pub fn status(&self) -> Result<ConsumerStatus, StoreError> {
         self.pool.with_store(|store| store.consumer_status())
     }
+}
+
+/// Refuses the first envelope of a producer other than the one `caller`'s
+/// key is bound to; `indexed`: the envelopes are an array's, whose
+/// positions the refusal names.
+fn check_producers(caller: &Caller, envelopes: &[Envelope], indexed: bool) -> Result<(), Refusal> {
+    let Some(bound) = &caller.producer else {
+        return Ok(());
+    };
+    let Some(index) = envelopes.iter().position(|e| &e.producer != bound) else {
+        return Ok(());
+    };
+    Err(Refusal::NotAllowed {
+        index: indexed.then_some(index),
+        key_id: caller.key_id.clone(),
+        bound: bound.clone(),
+        producer: envelopes[index].producer.clone(),
+    })
 }
 
 #[cfg(test)]
@@ -256,6 +301,79 @@ mod tests {
             );
         }
         assert_eq!(inbox.status().unwrap().pending, 0, "nothing stored");
+    }
+
+    fn bound(key_id: &str, producer: &str) -> Caller {
+        Caller {
+            key_id: Some(key_id.to_owned()),
+            producer: Some(ProducerName::new(producer).unwrap()),
+            ..Caller::default()
+        }
+    }
+
+    /// An envelope of flow `flow` naming `producer`.
+    fn of(producer: &str, flow: &str) -> String {
+        format!(
+            r#"{{"event_id":"{flow}-1","flow_id":"{flow}","seq":1,"schema_version":1,"type":"noted","payload":{{}},"producer":"{producer}"}}"#
+        )
+    }
+
+    #[test]
+    fn a_bound_key_delivers_only_its_producers_envelopes() {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = inbox(dir.path(), 10, 1 << 20);
+        let orders = bound("k1", "orders");
+        let foreign = [
+            (
+                format!("[{},{}]", of("orders", "a"), of("billing", "b")),
+                Some(1),
+            ),
+            (format!("[{ONE}]"), Some(0)),
+            (of("billing", "b"), None),
+            (ONE.to_owned(), None),
+        ];
+        for (body, index) in foreign {
+            let refusal = inbox.receive(&orders, body.as_bytes()).unwrap_err();
+            let Refusal::NotAllowed {
+                index: refused,
+                key_id,
+                bound,
+                producer,
+            } = &refusal
+            else {
+                panic!("{refusal:?} for {body}");
+            };
+            assert_eq!(*refused, index, "{body}");
+            assert_eq!(key_id.as_deref(), Some("k1"));
+            assert_eq!(bound.as_str(), "orders");
+            assert_ne!(producer.as_str(), "orders");
+            let said = refusal.to_string();
+            assert!(said.contains("k1") && said.contains("orders"), "{said}");
+        }
+        assert_eq!(inbox.status().unwrap().pending, 0, "nothing stored");
+        let envelopes = inbox.parse(&Caller::default(), ONE.as_bytes()).unwrap();
+        let refusal = inbox.store(&orders, &envelopes).unwrap_err();
+        assert!(
+            matches!(refusal, Refusal::NotAllowed { index: Some(0), .. }),
+            "{refusal:?}"
+        );
+        assert_eq!(inbox.status().unwrap().pending, 0, "nothing stored");
+        let own = format!("[{},{}]", of("orders", "a"), of("orders", "b"));
+        let (_, stored) = inbox.receive(&orders, own.as_bytes()).unwrap();
+        assert_eq!(stored.answers.len(), 2);
+        let (_, stored) = inbox
+            .receive(&bound("k2", "default"), ONE.as_bytes())
+            .unwrap();
+        assert_eq!(stored.answers, [Answer::of(Receipt::Accepted)]);
+        let unbound = Caller {
+            key_id: Some("k3".to_owned()),
+            ..Caller::default()
+        };
+        let (_, stored) = inbox
+            .receive(&unbound, of("billing", "c").as_bytes())
+            .unwrap();
+        assert_eq!(stored.answers, [Answer::of(Receipt::Accepted)]);
+        assert_eq!(inbox.status().unwrap().pending, 4);
     }
 
     #[test]

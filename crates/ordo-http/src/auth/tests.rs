@@ -44,7 +44,10 @@ fn a_signed_request_verifies() {
     let map = headers(&ring, "k1", NOW_S, BODY);
     assert_eq!(
         ring.verify(&map, "POST", "/v1/events", BODY, NOW_S + 300),
-        Ok(())
+        Ok(Verified {
+            key_id: "k1".to_owned(),
+            producer: None
+        })
     );
 }
 
@@ -99,13 +102,13 @@ fn rotation_accepts_either_secret_and_several_values() {
     let both = ring(&format!("k1 {KEY}\nk1 {OTHER}\n"));
     for signer in [&old, &new, &both] {
         let map = headers(signer, "k1", NOW_S, BODY);
-        assert_eq!(both.verify(&map, "POST", "/v1/events", BODY, NOW_S), Ok(()));
+        assert!(both.verify(&map, "POST", "/v1/events", BODY, NOW_S).is_ok());
     }
     let map = headers(&both, "k1", NOW_S, BODY);
     let value = map[HEADER_SIGNATURE].to_str().unwrap();
     assert_eq!(value.split(' ').count(), 2);
-    assert_eq!(old.verify(&map, "POST", "/v1/events", BODY, NOW_S), Ok(()));
-    assert_eq!(new.verify(&map, "POST", "/v1/events", BODY, NOW_S), Ok(()));
+    assert!(old.verify(&map, "POST", "/v1/events", BODY, NOW_S).is_ok());
+    assert!(new.verify(&map, "POST", "/v1/events", BODY, NOW_S).is_ok());
 }
 
 #[test]
@@ -130,10 +133,40 @@ fn malformed_signatures_and_timestamps_are_refused() {
 #[test]
 fn key_file_errors_name_the_line() {
     let cases = [
-        (format!("k1 {KEY}\nk2\n"), "line 2", "two fields"),
+        (format!("k1 {KEY}\nk2\n"), "line 2", "two or three fields"),
         (format!("\n# c\nk1 {}\n", &KEY[..62]), "line 3", "32 to"),
         ("k1 zz\n".to_string(), "line 1", "not hex"),
-        (format!("k1 {KEY} extra\n"), "line 1", "two fields"),
+        (format!("k1 {KEY} extra\n"), "line 1", "not producer=NAME"),
+        (
+            format!("k1 {KEY} producer=a b\n"),
+            "line 1",
+            "more than three fields",
+        ),
+        (
+            format!("k1 {KEY} producer=\n"),
+            "line 1",
+            "a producer name must match",
+        ),
+        (
+            format!("k1 {KEY} producer=Orders\n"),
+            "line 1",
+            "a producer name must match",
+        ),
+        (
+            format!("k1 {KEY} producer=a\n\nk1 {OTHER} producer=b\n"),
+            "line 3",
+            "key id k1 is bound to producer b here but to producer a on line 1",
+        ),
+        (
+            format!("k1 {KEY} producer=a\nk1 {OTHER}\n"),
+            "line 2",
+            "key id k1 is bound to no producer here but to producer a on line 1",
+        ),
+        (
+            format!("k1 {KEY}\nk1 {OTHER} producer=a\n"),
+            "line 2",
+            "key id k1 is bound to producer a here but to no producer on line 1",
+        ),
     ];
     for (text, line, rule) in cases {
         let error = KeyRing::parse(&text, Path::new("keys.txt"))
@@ -146,6 +179,45 @@ fn key_file_errors_name_the_line() {
     }
     let error = KeyRing::parse("# only a comment\n", Path::new("k")).expect_err("refused");
     assert!(matches!(error, KeyFileError::Empty { .. }), "{error}");
+}
+
+#[test]
+fn a_refused_line_never_shows_its_secret_or_a_field_after_it() {
+    for text in [
+        format!("k1 {KEY} {OTHER}\n"),
+        format!("k1 {KEY} producer=a {OTHER}\n"),
+    ] {
+        let error = KeyRing::parse(&text, Path::new("keys"))
+            .expect_err("refused")
+            .to_string();
+        assert!(!error.contains(KEY) && !error.contains(OTHER), "{error}");
+    }
+}
+
+#[test]
+fn keys_bound_to_a_producer_name_it_in_every_line_and_verify_as_bound() {
+    let ring = ring(&format!(
+        "k1 {KEY} producer=orders\nk1 {OTHER}   producer=orders\nk2 {KEY}\n"
+    ));
+    assert_eq!(ring.secrets("k1").map(<[Secret]>::len), Some(2));
+    assert_eq!(
+        ring.producer("k1").map(ProducerName::as_str),
+        Some("orders")
+    );
+    assert_eq!(ring.producer("k2"), None);
+    assert_eq!(ring.producer("k9"), None);
+    assert_eq!(ring.unbound().collect::<Vec<_>>(), ["k2"]);
+    for (key_id, producer) in [("k1", Some("orders")), ("k2", None)] {
+        let map = headers(&ring, key_id, NOW_S, BODY);
+        let verified = ring.verify(&map, "POST", "/v1/events", BODY, NOW_S);
+        assert_eq!(
+            verified,
+            Ok(Verified {
+                key_id: key_id.to_owned(),
+                producer: producer.map(|p| ProducerName::new(p).unwrap()),
+            })
+        );
+    }
 }
 
 #[cfg(unix)]
