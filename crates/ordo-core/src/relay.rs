@@ -713,7 +713,7 @@ fn round_end(policy: RelayPolicy, events: &[Envelope], log: &RoundLog) -> RoundE
     let conflicts = log
         .deliveries
         .iter()
-        .filter(|d| matches!(d.receipt, Receipt::Conflict | Receipt::AfterConflict));
+        .filter(|d| d.receipt.is_conflict());
     let conflict = conflicts.clone().next().is_some();
     skip_flows.extend(conflicts.map(|d| d.flow_id.clone()));
     if !log.failures.is_empty() {
