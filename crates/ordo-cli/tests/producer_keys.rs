@@ -7,43 +7,14 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::process::{start_listening, Process};
-use common::{reservation, Lab, Out};
+use common::{relay_to, reservation, Lab, Out, Serve};
 use ordo_http::KeyRing;
 use serde_json::{json, Value};
 
 const SECRET: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 const OTHER: &str = "f0f1f2f3f4f5f6f7f8f9fafbfcfdfeff000102030405060708090a0b0c0d0e0f";
-
-/// A running `ordo serve`; killed when dropped.
-struct Serve {
-    _child: Process,
-    addr: String,
-}
-
-impl Serve {
-    fn start(consumer: &str, extra: &[&str]) -> Serve {
-        let (child, addr) = start_listening(
-            Command::new(env!("CARGO_BIN_EXE_ordo"))
-                .args(["serve", "--consumer", consumer, "--listen", "127.0.0.1:0"])
-                .args(extra)
-                .env_remove("ORDO_CRASH_POINT")
-                .stderr(Stdio::null()),
-            "ordo serve",
-        );
-        Serve {
-            _child: child,
-            addr,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
 
 /// A key file of `text` in the lab's directory, readable by its owner only.
 fn key_file(lab: &Lab, name: &str, text: &str) -> String {
@@ -166,11 +137,6 @@ fn outbox(lab: &Lab) -> Value {
 
 fn producer_status(lab: &Lab) -> Value {
     lab.run(&["status", "--json", "--producer", &lab.p]).json()["producer"].clone()
-}
-
-fn relay_to(lab: &Lab, url: &str, extra: &[&str]) -> Out {
-    let base = ["relay", "--json", "--producer", &lab.p, "--to", url];
-    lab.run(&[&base[..], extra].concat())
 }
 
 #[test]

@@ -15,41 +15,15 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::process::{start_listening, Process};
-use common::{http_get, keys, line_reader, receipts, row, run, spawn, Lab, Out, SelfSigned};
+use common::{
+    http_get, keys, line_reader, receipts, relay_to, row, run, spawn, Lab, Out, SelfSigned, Serve,
+};
 use ordo_sqlite::rusqlite;
 use serde_json::{json, Value};
 
 const T0: i64 = 1_700_000_000_000;
 /// The longest a test waits for something a process should do at once.
 const PATIENCE: Duration = Duration::from_secs(20);
-
-/// A running `ordo serve` on a consumer file; killed when dropped.
-struct Serve {
-    _child: Process,
-    addr: String,
-}
-
-impl Serve {
-    fn start(consumer: &str, extra: &[&str]) -> Serve {
-        let (child, addr) = start_listening(
-            Command::new(env!("CARGO_BIN_EXE_ordo"))
-                .args(["serve", "--consumer", consumer, "--listen", "127.0.0.1:0"])
-                .args(extra)
-                .env_remove("ORDO_CRASH_POINT")
-                .stderr(Stdio::null()),
-            "ordo serve",
-        );
-        Serve {
-            _child: child,
-            addr,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
 
 /// A producer with `flows` reserved flows, a consumer file created empty.
 fn lab_with(flows: &[&str]) -> Lab {
@@ -59,12 +33,6 @@ fn lab_with(flows: &[&str]) -> Lab {
         lab.advance(flow, 0, "reserved", Some(3));
     }
     lab
-}
-
-fn relay_to(lab: &Lab, url: &str, extra: &[&str]) -> Out {
-    let mut args = vec!["relay", "--json", "--producer", &lab.p, "--to", url];
-    args.extend_from_slice(extra);
-    lab.run(&args)
 }
 
 /// `ordo relay --follow --json` from the lab's producer to `to` (`--to

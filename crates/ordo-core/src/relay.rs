@@ -710,10 +710,7 @@ fn round_end(policy: RelayPolicy, events: &[Envelope], log: &RoundLog) -> RoundE
     if log.lease_lost {
         skip_flows.extend(events.iter().map(|e| e.flow_id.clone()));
     }
-    let conflicts = log
-        .deliveries
-        .iter()
-        .filter(|d| d.receipt.is_conflict());
+    let conflicts = log.deliveries.iter().filter(|d| d.receipt.is_conflict());
     let conflict = conflicts.clone().next().is_some();
     skip_flows.extend(conflicts.map(|d| d.flow_id.clone()));
     if !log.failures.is_empty() {

@@ -219,7 +219,11 @@ fn a_second_release_file_pair_opens_unchanged_and_goes_on_relaying_and_applying(
     assert_eq!(delivered, [("f-2", Receipt::Accepted)], "{report:?}");
     let mut handler = Counting(Vec::new());
     process_all(&mut consumer, None, &mut handler, 64).unwrap();
-    assert_eq!(handler.0, ["f-2", "g-1"], "the new f-2 and the held g-1, in flow order");
+    assert_eq!(
+        handler.0,
+        ["f-2", "g-1"],
+        "the new f-2 and the held g-1, in flow order"
+    );
     let statuses: Vec<(String, InboxStatus)> = (consumer.inbox().unwrap().into_iter())
         .map(|r| (r.envelope.event_id.as_str().to_owned(), r.status))
         .collect();

@@ -675,3 +675,40 @@ pub fn advance_committed(producer: &str, flow: &str, expected_seq: i64, to: &str
 pub fn advance_new(producer: &str, flow: &str) {
     advance_committed(producer, flow, 0, "reserved", 2);
 }
+
+/// A running `ordo serve` on a consumer file; killed when dropped.
+pub struct Serve {
+    _child: process::Process,
+    /// The address it listens on.
+    pub addr: String,
+}
+
+impl Serve {
+    /// Starts `ordo serve --consumer consumer` on a free loopback port,
+    /// with `extra` flags.
+    pub fn start(consumer: &str, extra: &[&str]) -> Serve {
+        let (child, addr) = process::start_listening(
+            Command::new(env!("CARGO_BIN_EXE_ordo"))
+                .args(["serve", "--consumer", consumer, "--listen", "127.0.0.1:0"])
+                .args(extra)
+                .env_remove("ORDO_CRASH_POINT")
+                .stderr(Stdio::null()),
+            "ordo serve",
+        );
+        Serve {
+            _child: child,
+            addr,
+        }
+    }
+
+    /// Its base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// `ordo relay --json` from the lab's producer to `url`, with `extra` flags.
+pub fn relay_to(lab: &Lab, url: &str, extra: &[&str]) -> Out {
+    let base = ["relay", "--json", "--producer", &lab.p, "--to", url];
+    lab.run(&[&base[..], extra].concat())
+}
