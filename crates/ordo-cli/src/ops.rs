@@ -46,6 +46,8 @@ fn inbox_entry(e: &InboxEntry) -> Value {
             "detail": e.status.reason().and_then(|r| r.detail.as_deref()),
             "received_at_ms": e.received_at_ms,
             "settled_at_ms": e.settled_at_ms,
+            "producer": e.envelope.producer.as_str(),
+            "store_id": e.store_id.as_ref().map(StoreId::as_str),
         }),
     )
 }

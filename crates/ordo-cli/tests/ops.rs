@@ -522,6 +522,8 @@ fn inbox_list_filters_blocked_rows_flows_and_limits() {
         "detail",
         "received_at_ms",
         "settled_at_ms",
+        "producer",
+        "store_id",
     ]);
     for r in all.as_array().unwrap() {
         assert_eq!(keys(r), sorted(&expected_keys), "{r}");
@@ -531,16 +533,16 @@ fn inbox_list_filters_blocked_rows_flows_and_limits() {
         json!([
             {"event_id": "x-1", "flow_id": "x", "seq": 1, "schema_version": 2, "type": "reserved",
              "payload": {"units": 3}, "status": "blocked", "reason": "unsupported_schema", "detail": null,
-             "received_at_ms": T0, "settled_at_ms": null},
+             "received_at_ms": T0, "settled_at_ms": null, "producer": "default", "store_id": null},
             {"event_id": "x-2", "flow_id": "x", "seq": 2, "schema_version": 1, "type": "confirmed",
              "payload": {"amount": 3}, "status": "pending", "reason": null, "detail": null,
-             "received_at_ms": T0, "settled_at_ms": null},
+             "received_at_ms": T0, "settled_at_ms": null, "producer": "default", "store_id": null},
             {"event_id": "y-1", "flow_id": "y", "seq": 1, "schema_version": 1, "type": "confirmed",
              "payload": {"amount": 3}, "status": "blocked", "reason": "invalid_transition", "detail": null,
-             "received_at_ms": T0, "settled_at_ms": null},
+             "received_at_ms": T0, "settled_at_ms": null, "producer": "default", "store_id": null},
             {"event_id": "z-2", "flow_id": "z", "seq": 2, "schema_version": 1, "type": "confirmed",
              "payload": {"amount": 3}, "status": "pending", "reason": null, "detail": null,
-             "received_at_ms": T0, "settled_at_ms": null},
+             "received_at_ms": T0, "settled_at_ms": null, "producer": "default", "store_id": null},
         ])
     );
 
@@ -617,10 +619,10 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
         json!([
             {"event_id": "x-1", "flow_id": "x", "seq": 1, "schema_version": 2, "type": "reserved",
              "payload": {"units": 3}, "status": "applied", "reason": null, "detail": null,
-             "received_at_ms": T0, "settled_at_ms": T0 + 3 * SECOND},
+             "received_at_ms": T0, "settled_at_ms": T0 + 3 * SECOND, "producer": "default", "store_id": null},
             {"event_id": "x-2", "flow_id": "x", "seq": 2, "schema_version": 1, "type": "confirmed",
              "payload": {"amount": 3}, "status": "applied", "reason": null, "detail": null,
-             "received_at_ms": T0, "settled_at_ms": T0 + 3 * SECOND},
+             "received_at_ms": T0, "settled_at_ms": T0 + 3 * SECOND, "producer": "default", "store_id": null},
         ])
     );
     let snapshot = ops.snapshot();
@@ -792,7 +794,7 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
         row(&ops.inbox(&["--flow", "w"]), "w-2"),
         &json!({"event_id": "w-2", "flow_id": "w", "seq": 2, "schema_version": 1, "type": "reserved",
                 "payload": {"amount": 3}, "status": "skipped", "reason": null, "detail": null,
-                "received_at_ms": T0, "settled_at_ms": T0 + 5 * SECOND})
+                "received_at_ms": T0, "settled_at_ms": T0 + 5 * SECOND, "producer": "default", "store_id": null})
     );
     // Settled now: a second skip of the same seq is refused.
     ops.skip_out("w", "2", reason, "alice")

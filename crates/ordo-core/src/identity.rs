@@ -45,6 +45,13 @@ impl StoreId {
         })?;
         StoreId::new(text).map_err(|e| StoreError::new(ErrorKind::Corrupt, format!("{place}: {e}")))
     }
+
+    /// The producer store a consumer's row records as its sender (`None`:
+    /// unknown); a value that is no identity is a corrupt store.
+    pub fn stored_sender(text: Option<String>) -> Result<Option<StoreId>, StoreError> {
+        text.map(|id| StoreId::stored("consumer: the delivering store of an inbox row", Some(id)))
+            .transpose()
+    }
 }
 
 /// Text that is not a store identity.

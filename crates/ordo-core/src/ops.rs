@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::envelope::Envelope;
 use crate::error::{ErrorKind, StoreError};
+use crate::identity::StoreId;
 use crate::ids::{EventId, FlowId, Seq};
 use crate::outcome::InboxStatus;
 
@@ -51,6 +52,9 @@ pub struct InboxEntry {
     pub received_at_ms: i64,
     /// When it was applied or skipped.
     pub settled_at_ms: Option<i64>,
+    /// The producer store that delivered it, if known (unknown for a row
+    /// stored before the third release, or delivered without one).
+    pub store_id: Option<StoreId>,
 }
 
 /// An explicit, audited business decision to skip one event.

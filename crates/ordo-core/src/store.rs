@@ -881,13 +881,9 @@ impl StoredIdentities {
         below_watermark: bool,
         (from_by_id, from_at_seq): (Option<String>, Option<String>),
     ) -> Result<StoredIdentities, StoreError> {
-        let store = |id: Option<String>| {
-            id.map(|id| StoreId::stored("consumer: the delivering store of an inbox row", Some(id)))
-                .transpose()
-        };
         Ok(StoredIdentities {
-            from_at_flow_seq: store(from_at_seq)?,
-            from_by_event_id: store(from_by_id)?,
+            from_at_flow_seq: StoreId::stored_sender(from_at_seq)?,
+            from_by_event_id: StoreId::stored_sender(from_by_id)?,
             by_event_id: hash_hex
                 .map(|hex| {
                     BodyHash::from_hex(&hex)

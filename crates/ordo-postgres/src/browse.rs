@@ -40,12 +40,12 @@ pub(crate) const FLOW_OUTBOX_SQL: &str =
 
 /// One inbox row, on the `(flow_id, seq)` key.
 pub(crate) const INBOX_AT_SQL: &str =
-    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM {s}.inbox
+    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM {s}.inbox
      WHERE flow_id = $1 AND seq = $2";
 
 /// One inbox row, on the `event_id` key.
 pub(crate) const INBOX_OF_EVENT_SQL: &str =
-    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM {s}.inbox
+    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM {s}.inbox
      WHERE event_id = $1";
 
 /// The rows `(flow id, number)` of one page that `sql` reads with the

@@ -6,7 +6,7 @@ use ordo_core::ops::{
     SkipRefused, SkipRequest, WHOLE_READ_ROWS_MAX,
 };
 use ordo_core::store::sql_limit;
-use ordo_core::{EventId, FlowId, Seq, StoreError};
+use ordo_core::{EventId, FlowId, Seq, StoreError, StoreId};
 use postgres::Row;
 
 use super::{inbox_status, PgConsumer};
@@ -24,12 +24,12 @@ pub(super) fn inbox_entries(
     // connection still reads one flow by its key.
     let sql = match flow_id {
         Some(_) => {
-            "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM {s}.inbox
+            "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM {s}.inbox
              WHERE flow_id = $2::text AND (NOT $1 OR status = 'blocked')
              ORDER BY seq LIMIT $3"
         }
         None => {
-            "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM {s}.inbox
+            "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM {s}.inbox
              WHERE (NOT $1 OR status = 'blocked') AND $2::text IS NULL
              ORDER BY flow_id, seq LIMIT $3"
         }
@@ -47,13 +47,14 @@ pub(super) fn inbox_entries(
 }
 
 /// An inbox row read as `body, status, reason, received_at_ms,
-/// settled_at_ms, detail`.
+/// settled_at_ms, detail, store_id`.
 pub(crate) fn inbox_entry(row: &Row) -> Result<InboxEntry, StoreError> {
     Ok(InboxEntry {
         envelope: stored_envelope("consumer: stored inbox body", row.get(0))?,
         status: inbox_status(row.get(1), row.get(2), row.get(5))?,
         received_at_ms: row.get(3),
         settled_at_ms: row.get(4),
+        store_id: StoreId::stored_sender(row.get(6))?,
     })
 }
 

@@ -23,12 +23,12 @@ pub(super) const CONSUMER_FLOWS_SQL: &str = "SELECT f.flow_id, coalesce(c.applie
     ORDER BY f.flow_id LIMIT ?3";
 
 const ENTRY_AT_SQL: &str =
-    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM inbox
+    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM inbox
         WHERE flow_id = ?1 AND seq = ?2";
 
 /// One inbox row on the unique `event_id` key.
 const ENTRY_OF_EVENT_SQL: &str =
-    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM inbox
+    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM inbox
         WHERE event_id = ?1";
 
 /// The inbox row at `(flow_id, seq)`, if stored.

@@ -15,14 +15,14 @@ use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error};
 
 /// The inbox listing, `(blocked_only, NULL, limit)`.
 pub(super) const ENTRIES_SQL: &str =
-    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM inbox
+    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM inbox
      WHERE (NOT ?1 OR status = 'blocked') AND ?2 IS NULL
      ORDER BY flow_id, seq LIMIT ?3";
 
 /// One flow's inbox listing, `(blocked_only, flow, limit)`: a range of the
 /// `(flow_id, seq)` key, however large the inbox.
 pub(super) const FLOW_ENTRIES_SQL: &str =
-    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail FROM inbox
+    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM inbox
      WHERE flow_id = ?2 AND (NOT ?1 OR status = 'blocked')
      ORDER BY seq LIMIT ?3";
 

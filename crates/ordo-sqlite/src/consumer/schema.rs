@@ -1,7 +1,7 @@
 //! The consumer's own tables and how their rows are read back.
 
 use ordo_core::ops::{whole_read, whole_read_limit, InboxEntry, WHOLE_READ_ROWS_MAX};
-use ordo_core::{FlowId, InboxRecord, StoreError};
+use ordo_core::{FlowId, InboxRecord, StoreError, StoreId};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::conn::{collect_rows, exec_cached, row_cached, sql_error, Tables};
@@ -75,13 +75,14 @@ pub(super) const TABLES: Tables = Tables {
 pub(super) use ordo_core::apply::stored_status as inbox_status;
 
 /// The columns an inbox listing reads, in this order: `body, status,
-/// reason, received_at_ms, settled_at_ms, detail`.
+/// reason, received_at_ms, settled_at_ms, detail, store_id`.
 pub(super) type EntryRow = (
     String,
     String,
     Option<String>,
     i64,
     Option<i64>,
+    Option<String>,
     Option<String>,
 );
 
@@ -92,12 +93,13 @@ pub(super) fn entry_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<EntryRow> {
 
 /// The inbox entry of a row read by [`entry_row`].
 pub(super) fn inbox_entry(row: EntryRow) -> Result<InboxEntry, StoreError> {
-    let (body, status, reason, received_at_ms, settled_at_ms, detail) = row;
+    let (body, status, reason, received_at_ms, settled_at_ms, detail, store_id) = row;
     Ok(InboxEntry {
         envelope: stored_envelope("consumer: stored inbox body", &body)?,
         status: inbox_status(&status, reason.as_deref(), detail)?,
         received_at_ms,
         settled_at_ms,
+        store_id: StoreId::stored_sender(store_id)?,
     })
 }
 

@@ -278,6 +278,18 @@ pub fn receive_tells_a_rewound_producer_from_a_conflict<B: Backend>(dir: &Path) 
     };
     assert_eq!(from(&mut c, Some(&s1), &f1).receipt, Receipt::Accepted);
     assert_eq!(from(&mut c, None, &g1).receipt, Receipt::Accepted);
+    let senders: Vec<(String, Option<StoreId>)> = (c.inbox_entries(false, None, 10).unwrap())
+        .into_iter()
+        .map(|e| (e.envelope.event_id.as_str().to_owned(), e.store_id))
+        .collect();
+    assert_eq!(
+        senders,
+        [
+            ("f-1".to_owned(), Some(s1.clone())),
+            ("g-1".to_owned(), None)
+        ],
+        "each row keeps the store that delivered it"
+    );
     let before = consumer_state(&mut c);
     // Another body at f's seq 1 (another event id), and another body under
     // f-1's own id.
