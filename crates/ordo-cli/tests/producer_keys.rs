@@ -9,7 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{relay_to, reservation, Lab, Out, Serve};
+use common::{assert_backlog, relay_to, reservation, Lab, Out, Serve};
 use ordo_http::KeyRing;
 use serde_json::{json, Value};
 
@@ -133,10 +133,6 @@ fn outbox(lab: &Lab) -> Value {
     lab.run(&["outbox", "list", "--json", "--producer", &lab.p])
         .json()["outbox"]
         .clone()
-}
-
-fn producer_status(lab: &Lab) -> Value {
-    lab.run(&["status", "--json", "--producer", &lab.p]).json()["producer"].clone()
 }
 
 #[test]
@@ -311,12 +307,7 @@ fn a_relay_whose_key_is_bound_to_its_stores_name_delivers() {
     assert_eq!(report["deliveries_total"], json!(2), "{report}");
     let stored = |id: &str| ("orders".to_owned(), id.to_owned());
     assert_eq!(inbox(&lab), [stored("A-1"), stored("B-1")]);
-    let status = producer_status(&lab);
-    assert_eq!(
-        (&status["backlog"], &status["quarantined"]),
-        (&json!(0), &json!(0)),
-        "{status}"
-    );
+    assert_backlog(&lab, 0, 0);
 }
 
 /// The server's key file binds the relay's key to another producer: its
@@ -343,11 +334,6 @@ fn a_403_stops_the_relay_with_exit_1_marking_and_quarantining_nothing() {
         }
     }
     assert_eq!(outbox(&lab), before, "nothing marked or recorded");
-    let status = producer_status(&lab);
-    assert_eq!(
-        (&status["backlog"], &status["quarantined"]),
-        (&json!(2), &json!(0)),
-        "{status}"
-    );
+    assert_backlog(&lab, 2, 0);
     assert!(inbox(&lab).is_empty(), "nothing stored");
 }

@@ -16,7 +16,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::{
-    http_get, keys, line_reader, receipts, relay_to, row, run, spawn, Lab, Out, SelfSigned, Serve,
+    assert_backlog, http_get, keys, line_reader, producer_status, receipts, relay_to, row, run,
+    spawn, Lab, Out, SelfSigned, Serve,
 };
 use ordo_sqlite::rusqlite;
 use serde_json::{json, Value};
@@ -417,11 +418,6 @@ fn named_lab(flows: &[&str]) -> Lab {
     lab
 }
 
-/// The producer's `status --json`.
-fn producer_status(lab: &Lab) -> Value {
-    lab.run(&["status", "--json", "--producer", &lab.p]).json()["producer"].clone()
-}
-
 #[track_caller]
 fn assert_version_skew(out: &Out) {
     out.storage_error();
@@ -463,12 +459,7 @@ fn a_named_producer_stops_at_a_consumer_of_an_earlier_release() {
         .collect();
     assert_eq!(lines, ["GET /v1/health"; 3], "no POST arrived");
     assert_eq!(outbox(&lab), before, "nothing marked or recorded");
-    let status = producer_status(&lab);
-    assert_eq!(
-        (&status["backlog"], &status["quarantined"]),
-        (&json!(2), &json!(0)),
-        "{status}"
-    );
+    assert_backlog(&lab, 2, 0);
 }
 
 /// Rounds without a producer's name or headers still go to a consumer of

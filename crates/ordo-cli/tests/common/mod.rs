@@ -712,3 +712,19 @@ pub fn relay_to(lab: &Lab, url: &str, extra: &[&str]) -> Out {
     let base = ["relay", "--json", "--producer", &lab.p, "--to", url];
     lab.run(&[&base[..], extra].concat())
 }
+
+/// The producer's `status --json`.
+pub fn producer_status(lab: &Lab) -> Value {
+    lab.run(&["status", "--json", "--producer", &lab.p]).json()["producer"].clone()
+}
+
+/// Asserts the producer's backlog and quarantined counts in `status`.
+#[track_caller]
+pub fn assert_backlog(lab: &Lab, backlog: u64, quarantined: u64) {
+    let status = producer_status(lab);
+    assert_eq!(
+        (&status["backlog"], &status["quarantined"]),
+        (&json!(backlog), &json!(quarantined)),
+        "{status}"
+    );
+}
