@@ -35,7 +35,7 @@ fn rows<'a>(state: &'a Value, side: &str, table: &str) -> &'a Vec<Value> {
 }
 
 #[test]
-fn the_whole_experiment_passes_22_of_22_seed_and_every_beyond_and_transport_scenario() {
+fn the_whole_experiment_passes_22_of_22_seed_and_every_beyond_transport_and_topology_scenario() {
     let dir = tempfile::tempdir().unwrap();
     let output = dir.path().join("report.json");
     let output_s = output.to_str().unwrap();
@@ -53,12 +53,16 @@ fn the_whole_experiment_passes_22_of_22_seed_and_every_beyond_and_transport_scen
         report["groups"]["transport"],
         serde_json::json!({"passed": 2, "failed": 0})
     );
-    assert_eq!(report["passed"], 30);
+    assert_eq!(
+        report["groups"]["topology"],
+        serde_json::json!({"passed": 3, "failed": 0})
+    );
+    assert_eq!(report["passed"], 33);
     assert_eq!(report["failed"], 0);
     let written: Value = serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap();
     assert_eq!(written["scenarios"], report["scenarios"]);
     let names = common::scenario_names(&report);
-    assert_eq!(names.len(), 30);
+    assert_eq!(names.len(), 33);
     for name in [
         "fair_relay_isolates_conflict",
         "transient_failure_backs_off",
@@ -71,6 +75,9 @@ fn the_whole_experiment_passes_22_of_22_seed_and_every_beyond_and_transport_scen
         "default_relay_conflict_can_starve",
         "crash_serve_after_commit",
         "crash_relay_after_receive_over_http",
+        "conflict_stops_its_flow_in_one_delivery",
+        "bound_key_posts_for_another_producer",
+        "restore_from_backup_is_detected",
     ] {
         assert!(names.contains(&name), "{name} missing");
     }

@@ -52,6 +52,16 @@ const TRANSPORT: [&str; 2] = [
     "crash_serve_after_commit",
     "crash_relay_after_receive_over_http",
 ];
+const TOPOLOGY: [&str; 3] = [
+    "conflict_stops_its_flow_in_one_delivery",
+    "bound_key_posts_for_another_producer",
+    "restore_from_backup_is_detected",
+];
+/// What only an SQLite store can show, with its group.
+const NOT_ON_POSTGRES: [(&str, &str, &str); 2] = [
+    ("transient_failure_backs_off", "beyond", "SQLite"),
+    ("restore_from_backup_is_detected", "topology", "file"),
+];
 
 /// Runs `ordo ARGS` and returns its exit status, stdout and stderr; the
 /// child's process id is handed to `pid`.
@@ -111,7 +121,12 @@ fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards()
     let mut databases = Watched::start("ordo_exp_");
     let (url, password) = server_with_password();
     let mut args = check_on(&url);
-    for name in SEED.iter().chain(&BEYOND).chain(&TRANSPORT) {
+    for name in SEED
+        .iter()
+        .chain(&BEYOND)
+        .chain(&TRANSPORT)
+        .chain(&TOPOLOGY)
+    {
         args.extend(["--only", name]);
     }
     let mut pid = 0;
@@ -142,27 +157,38 @@ fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards()
         report["groups"]["transport"],
         json!({"passed": 2, "failed": 0})
     );
-    assert_eq!(report["passed"], 29);
+    assert_eq!(
+        report["groups"]["topology"],
+        json!({"passed": 2, "failed": 0})
+    );
+    assert_eq!(report["passed"], 31);
     assert_eq!(report["failed"], 0);
     let ran = common::scenario_names(&report);
     let expected_ran: Vec<&str> = SEED
         .iter()
         .chain(&BEYOND)
         .chain(&TRANSPORT)
+        .chain(&TOPOLOGY)
         .copied()
-        .filter(|n| *n != "transient_failure_backs_off")
+        .filter(|n| NOT_ON_POSTGRES.iter().all(|(name, _, _)| name != n))
         .collect();
     assert_eq!(ran, expected_ran);
     let not_applicable = report["not_applicable"].as_array().expect("a list");
-    assert_eq!(not_applicable.len(), 1, "{not_applicable:?}");
-    assert_eq!(not_applicable[0]["name"], "transient_failure_backs_off");
-    assert_eq!(not_applicable[0]["group"], "beyond");
-    assert!(
-        not_applicable[0]["reason"]
-            .as_str()
-            .is_some_and(|r| r.contains("SQLite")),
+    assert_eq!(
+        not_applicable.len(),
+        NOT_ON_POSTGRES.len(),
         "{not_applicable:?}"
     );
+    for (seen, (name, group, why)) in not_applicable.iter().zip(NOT_ON_POSTGRES) {
+        assert_eq!(
+            (seen["name"].as_str(), seen["group"].as_str()),
+            (Some(name), Some(group))
+        );
+        assert!(
+            seen["reason"].as_str().is_some_and(|r| r.contains(why)),
+            "{not_applicable:?}"
+        );
+    }
     assert!(
         !stdout.contains(&password) && !stderr.contains(&password),
         "the password is shown"

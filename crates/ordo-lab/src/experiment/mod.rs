@@ -7,6 +7,7 @@ mod beyond;
 pub(crate) mod child;
 mod expect;
 mod scenarios;
+mod topology;
 mod transport;
 
 use std::path::{Path, PathBuf};
@@ -33,8 +34,9 @@ pub(crate) struct Scenario {
 
 /// The scenario groups, reported apart: the seed's 22, then the features
 /// beyond it, then those of every transport with a network hop (built from
-/// the lab's list of transports).
-fn groups() -> [(&'static str, Vec<Scenario>); 3] {
+/// the lab's list of transports), then those of many producers and
+/// consumers.
+fn groups() -> [(&'static str, Vec<Scenario>); 4] {
     let listed = |list: &[(&'static str, ScenarioFn)]| -> Vec<Scenario> {
         list.iter()
             .map(|&(name, run)| Scenario {
@@ -47,6 +49,7 @@ fn groups() -> [(&'static str, Vec<Scenario>); 3] {
         ("seed", listed(&SEED)),
         ("beyond", listed(&BEYOND)),
         ("transport", transport::scenarios()),
+        ("topology", listed(&topology::TOPOLOGY)),
     ]
 }
 
@@ -85,12 +88,15 @@ impl Backend {
 
 /// Scenarios that cannot run on PostgreSQL, with the reason: they are about
 /// what only an SQLite file has.
-const NOT_ON_POSTGRES: [(&str, &str); 1] = [(
-    "transient_failure_backs_off",
-    "makes the consumer transiently busy by holding its SQLite file's write lock \
-     (--busy-timeout-ms); a PostgreSQL store has no file lock, and a lock held on \
-     its tables makes a receive wait, not fail",
-)];
+const NOT_ON_POSTGRES: [(&str, &str); 2] = [
+    (
+        "transient_failure_backs_off",
+        "makes the consumer transiently busy by holding its SQLite file's write lock \
+         (--busy-timeout-ms); a PostgreSQL store has no file lock, and a lock held on \
+         its tables makes a receive wait, not fail",
+    ),
+    topology::SQLITE_ONLY,
+];
 
 /// Why `name` cannot run on `backend`, if it cannot.
 fn not_applicable(backend: &Backend, name: &str) -> Option<&'static str> {
@@ -120,7 +126,7 @@ pub struct ExperimentOptions {
 /// One scenario's outcome.
 #[derive(Debug, Clone)]
 pub struct ScenarioResult {
-    /// Its group (`seed`, `beyond` or `transport`).
+    /// Its group (`seed`, `beyond`, `transport` or `topology`).
     pub group: &'static str,
     /// Its name.
     pub name: String,
