@@ -205,6 +205,11 @@ impl Role {
 
 struct Worker {
     role: Role,
+    /// The producer store it works on (an index of [`Soak::producers`]).
+    producer: usize,
+    /// The consumer store it works on, or relays to (an index of
+    /// [`Soak::consumers`]).
+    consumer: usize,
     child: Option<Child>,
     /// Whether the running child has a fault armed.
     faulted: bool,
@@ -213,9 +218,11 @@ struct Worker {
 }
 
 impl Worker {
-    fn new(role: Role) -> Worker {
+    fn new(&(role, producer, consumer): &WorkerSpec) -> Worker {
         Worker {
             role,
+            producer,
+            consumer,
             child: None,
             faulted: false,
             server: None,
@@ -234,10 +241,20 @@ struct Tally {
     server_moves: u64,
 }
 
+/// One consumer store of a soak, with its server role (when the transport
+/// has a network hop).
+struct ConsumerSide {
+    store: PathBuf,
+    /// The address of its server, once one started.
+    server: Cell<Option<SocketAddr>>,
+    /// Its servers' logs.
+    serve_log: PathBuf,
+}
+
 struct Soak {
     exe: PathBuf,
-    producer: PathBuf,
-    consumer: PathBuf,
+    producers: Vec<PathBuf>,
+    consumers: Vec<ConsumerSide>,
     produced_marker: PathBuf,
     relayed_marker: PathBuf,
     flows: u64,
@@ -250,10 +267,6 @@ struct Soak {
     /// The transport's network hop, whose server role is one of the
     /// workers; `None` when the relays open the consumer store.
     hop: Option<&'static Hop>,
-    /// The address of the server, once one started.
-    server: Cell<Option<SocketAddr>>,
-    /// The servers' logs.
-    serve_log: PathBuf,
     /// Threads per producer process, and the file of their acks.
     producer_threads: u64,
     acks: PathBuf,
@@ -273,8 +286,12 @@ impl Soak {
         };
         Soak {
             exe: options.exe.clone(),
-            producer,
-            consumer,
+            producers: vec![producer],
+            consumers: vec![ConsumerSide {
+                store: consumer,
+                server: Cell::new(None),
+                serve_log: dir.join("serve.log"),
+            }],
             produced_marker: dir.join("produced.done"),
             relayed_marker: dir.join("relayed.done"),
             flows: options.flows,
@@ -283,11 +300,9 @@ impl Soak {
                 // Most of the kill window, so that kills meet producers at work.
                 (now_ms, now_ms + (options.seconds as i64 * 1000) * 4 / 5)
             },
-            serve_log: dir.join("serve.log"),
             dir: dir.to_path_buf(),
             faults: options.faults,
             hop: options.transport.hop.as_ref(),
-            server: Cell::new(None),
             producer_threads: options.producer_threads,
             acks: dir.join("acks.log"),
             record_acks: database.is_some(),
@@ -306,15 +321,16 @@ impl Soak {
         tally: &mut Tally,
         rng: &mut fastrand::Rng,
     ) -> Result<(), LabError> {
+        let side = &self.consumers[worker.consumer];
         if worker.role == Role::Server {
-            worker.child = Some(self.spawn_server(tally)?);
+            worker.child = Some(self.spawn_server(side, tally)?);
             return Ok(());
         }
         let fault = (self.faults && rng.bool()).then(|| crate::faults::draw(rng, &self.dir));
         worker.faulted = fault.is_some();
         tally.faults_armed += u64::from(worker.faulted);
-        worker.server = self.server.get();
-        worker.child = Some(self.spawn(worker.role, fault.as_deref())?);
+        worker.server = side.server.get();
+        worker.child = Some(self.spawn(worker, fault.as_deref())?);
         Ok(())
     }
 
@@ -322,22 +338,22 @@ impl Soak {
     /// time), retrying while the port is not free yet; past
     /// [`SERVER_BIND_ATTEMPTS`] on a new port, which relays started from
     /// then on use.
-    fn spawn_server(&self, tally: &mut Tally) -> Result<Child, LabError> {
+    fn spawn_server(&self, side: &ConsumerSide, tally: &mut Tally) -> Result<Child, LabError> {
         let hop = self
             .hop
             .ok_or_else(|| LabError::Internal("a server without a network hop".into()))?;
         let start = |listen: SocketAddr| {
             hop.start(&ServeSpec {
                 exe: &self.exe,
-                consumer: &self.consumer,
+                consumer: &side.store,
                 listen,
                 crash_point: None,
-                log: Some(&self.serve_log),
+                log: Some(&side.serve_log),
                 flags: &[],
             })
         };
         let mut last_error = String::new();
-        if let Some(listen) = self.server.get() {
+        if let Some(listen) = side.server.get() {
             for _ in 0..SERVER_BIND_ATTEMPTS {
                 match start(listen) {
                     Ok(served) => return Ok(served.child),
@@ -349,13 +365,18 @@ impl Soak {
         }
         let served = start(loopback_any())
             .map_err(|e| LabError::Internal(format!("{e} (before: {last_error})")))?;
-        self.server.set(Some(served.addr));
+        side.server.set(Some(served.addr));
         Ok(served.child)
     }
 
-    /// Starts a worker, with `fault` (a [`crate::faults::FAULT_ENV`] value)
-    /// armed in its process if given.
-    fn spawn(&self, role: Role, fault: Option<&str>) -> Result<Child, LabError> {
+    /// Starts `worker`'s process, with `fault` (a
+    /// [`crate::faults::FAULT_ENV`] value) armed in it if given.
+    fn spawn(&self, worker: &Worker, fault: Option<&str>) -> Result<Child, LabError> {
+        let role = worker.role;
+        let (producer, side) = (
+            &self.producers[worker.producer],
+            &self.consumers[worker.consumer],
+        );
         let mut command = Command::new(&self.exe);
         match fault {
             Some(fault) => command.env(crate::faults::FAULT_ENV, fault),
@@ -363,7 +384,7 @@ impl Soak {
         };
         command.args(["--json", "worker", role.as_str()]);
         match role {
-            Role::Produce => command.arg("--producer").arg(&self.producer).args([
+            Role::Produce => command.arg("--producer").arg(producer).args([
                 "--count",
                 &self.flows.to_string(),
                 "--quantity",
@@ -374,16 +395,16 @@ impl Soak {
                 &self.spread_ms.1.to_string(),
             ]),
             Role::Relay => {
-                command.arg("--producer").arg(&self.producer);
-                match self.hop.zip(self.server.get()) {
+                command.arg("--producer").arg(producer);
+                match self.hop.zip(side.server.get()) {
                     Some((hop, addr)) => command.args(hop.relay_flags(addr)),
-                    None => command.arg("--consumer").arg(&self.consumer),
+                    None => command.arg("--consumer").arg(&side.store),
                 };
                 command.arg("--until").arg(&self.produced_marker)
             }
             Role::Apply => command
                 .arg("--consumer")
-                .arg(&self.consumer)
+                .arg(&side.store)
                 .arg("--until")
                 .arg(&self.relayed_marker),
             Role::Server => unreachable!("the server is started by spawn_server"),
@@ -473,16 +494,22 @@ fn soak_dir(dir: Option<&Path>, temp: &Path) -> Result<PathBuf, LabError> {
     Ok(dir.to_path_buf())
 }
 
-/// The workers' roles, in the order they start: the transport's server
-/// role first, if it has a network hop (the relays take its address), then
-/// the producers, the relays and the appliers.
-pub(crate) fn roles(options: &SoakOptions) -> Vec<Role> {
+/// A worker's role, its producer store and its consumer store (indices of
+/// [`Soak::producers`] and [`Soak::consumers`]).
+type WorkerSpec = (Role, usize, usize);
+
+/// The workers, in the order they start, all on the one producer and the
+/// one consumer: the transport's server role first, if it has a network
+/// hop (the relays take its address), then the producers, the relays and
+/// the appliers.
+pub(crate) fn roles(options: &SoakOptions) -> Vec<WorkerSpec> {
     let server = options.transport.hop.map(|_| Role::Server);
     server
         .into_iter()
         .chain(std::iter::repeat_n(Role::Produce, PRODUCERS))
         .chain(std::iter::repeat_n(Role::Relay, options.relays))
         .chain(std::iter::repeat_n(Role::Apply, options.appliers))
+        .map(|role| (role, 0, 0))
         .collect()
 }
 
@@ -554,8 +581,8 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
     let mut tally = Tally::default();
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut workers = Vec::new();
-    for role in roles(options) {
-        let mut worker = Worker::new(role);
+    for spec in roles(options) {
+        let mut worker = Worker::new(&spec);
         soak.start(&mut worker, &mut tally, &mut rng)?;
         workers.push(worker);
     }
@@ -607,8 +634,12 @@ fn create_stores(soak: &Soak, database: Option<&Database>) -> Result<(), LabErro
             pg_consumer(&database.url(), true)?;
         }
         None => {
-            ordo_reservation::open_producer(&soak.producer)?;
-            ordo_reservation::open_consumer(&soak.consumer)?;
+            for producer in &soak.producers {
+                ordo_reservation::open_producer(producer)?;
+            }
+            for side in &soak.consumers {
+                ordo_reservation::open_consumer(&side.store)?;
+            }
         }
     }
     Ok(())
@@ -639,7 +670,7 @@ fn end_check(
             (snapshot, end_state, Some(report))
         }
         _ => {
-            let snapshot = files_state(&soak.producer, &soak.consumer)?;
+            let snapshot = files_state(&soak.producers[0], &soak.consumers[0].store)?;
             let end_state = end_violations(&snapshot, options.flows)?;
             (snapshot, end_state, None)
         }
@@ -820,14 +851,15 @@ fn converge_watchdog(flows: u64, per_event_ms: u64) -> Duration {
 /// producers finish, then relays, then appliers, each told by a marker
 /// file that the stage before is done; then the server is stopped.
 fn converge(soak: &Soak, workers: &mut [Worker], tally: &mut Tally) -> Result<(), LabError> {
-    let stale = |w: &Worker| w.role == Role::Relay && w.server != soak.server.get();
+    let server = |w: &Worker| soak.consumers[w.consumer].server.get();
+    let stale = |w: &Worker| w.role == Role::Relay && w.server != server(w);
     for worker in workers.iter_mut().filter(|w| w.faulted || stale(w)) {
         if let Some(mut child) = worker.child.take() {
             let _ = child.kill();
             let _ = child.wait();
             worker.faulted = false;
-            worker.server = soak.server.get();
-            worker.child = Some(soak.spawn(worker.role, None)?);
+            worker.server = server(worker);
+            worker.child = Some(soak.spawn(worker, None)?);
         }
     }
     let watchdog = converge_watchdog(soak.flows, soak.per_event_ms);

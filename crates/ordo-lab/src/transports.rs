@@ -119,7 +119,7 @@ mod tests {
             if let Err(e) = check_options(&options) {
                 panic!("the soak refuses --transport {}: {e}", transport.name);
             }
-            let servers = roles(&options).into_iter().filter(|r| *r == Role::Server);
+            let servers = roles(&options).into_iter().filter(|r| r.0 == Role::Server);
             assert_eq!(
                 servers.count(),
                 usize::from(transport.hop.is_some()),
