@@ -356,6 +356,8 @@ where
     W: ApplyWriter + ?Sized,
     H: ApplyHandler<W::Tx> + ?Sized,
 {
+    let span = crate::handler::event_span(&event);
+    let _event = span.enter();
     if guarded {
         w.savepoint()?;
     }

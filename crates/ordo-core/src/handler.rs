@@ -172,18 +172,41 @@ where
     let Some(first) = events.first() else {
         return Ok(Verdict::Apply);
     };
-    if let Some(verdict) = handler.apply_all(cx, events)? {
+    let batch = tracing::debug_span!(
+        "apply_batch",
+        events = events.len(),
+        traceparent = tracing::field::Empty,
+    );
+    crate::trace::follow(&batch, crate::trace::first_traceparent(events).as_ref());
+    if let Some(verdict) = batch.in_scope(|| handler.apply_all(cx, events))? {
+        if verdict == Verdict::Apply {
+            // One span per event of the batch, once it applied.
+            batch.in_scope(|| events.iter().for_each(|e| drop(event_span(e).entered())));
+        }
         after(first)?;
         return Ok(verdict);
     }
     for event in events {
-        let verdict = handler.apply(cx, event)?;
+        let verdict = event_span(event).in_scope(|| handler.apply(cx, event))?;
         after(event)?;
         if let Verdict::Block(_) = verdict {
             return Ok(verdict);
         }
     }
     Ok(Verdict::Apply)
+}
+
+/// The span of one event's apply, with the event's trace context.
+pub(crate) fn event_span(event: &Envelope) -> tracing::Span {
+    let span = tracing::debug_span!(
+        "apply_event",
+        event_id = %event.event_id,
+        flow_id = %event.flow_id,
+        seq = event.seq.get(),
+        traceparent = tracing::field::Empty,
+    );
+    crate::trace::follow_event(&span, event);
+    span
 }
 
 impl<Tx: ?Sized, F> ApplyHandler<Tx> for F

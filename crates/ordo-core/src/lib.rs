@@ -34,6 +34,7 @@ pub mod outcome;
 pub mod relay;
 pub mod run;
 pub mod store;
+pub mod trace;
 pub mod transport;
 pub mod wake;
 
@@ -59,5 +60,6 @@ pub use store::{
     drain, process_all, process_all_each, process_page, ConsumerHandle, ConsumerOps, ConsumerStore,
     OutboxTx, ProducerOps, ProducerStore, Receive, Role, APPLY_BATCH_LEN_DEFAULT,
 };
+pub use trace::TraceParent;
 pub use transport::{TransientKind, Transport, TransportError};
 pub use wake::Signal;

@@ -9,7 +9,7 @@
 //! unreachable) is recorded on every event of the round with an exponential,
 //! fully jittered backoff, and returned as the error it is.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::backoff::Backoff;
 use crate::clock::Clock;
@@ -475,10 +475,12 @@ where
         log.settled_ids().all(|id| *id != event.event_id),
         "an event is quarantined at most once a round, and never once delivered"
     );
-    tracing::warn!(
-        event_id = %event.event_id, flow_id = %event.flow_id, seq = event.seq.get(),
-        reason = reason.as_str(), "the consumer refused the event; quarantining it: {message}"
-    );
+    event_span(&event).in_scope(|| {
+        tracing::warn!(
+            event_id = %event.event_id, flow_id = %event.flow_id, seq = event.seq.get(),
+            reason = reason.as_str(), "the consumer refused the event; quarantining it: {message}"
+        )
+    });
     let text = format!("{}: {message}", reason.as_str());
     producer.quarantine(&event.event_id, reason.as_str(), &text, clock.now_ms())?;
     log.refusals.push(Refusal {
@@ -587,10 +589,12 @@ where
         if events.is_empty() {
             return Ok(RelayStop::Drained);
         }
+        let span = round_span(&events);
+        let _round = span.enter();
         let log = run_round(producer, transport, &events, clock, &options.backoff)?;
         let end = round_end(options.policy, &events, &log);
         if end.hand_over {
-            hand_over(&log, &mut each);
+            hand_over(&log, &events, &mut each);
         }
         skipped.extend(end.skip_flows);
         if end.drained {
@@ -664,10 +668,40 @@ where
     Ok(log)
 }
 
-/// Hands the outcomes of a round to `each`: deliveries, then refusals,
-/// then failures, each in the order they were recorded.
-fn hand_over(log: &RoundLog, each: &mut impl FnMut(Handover<'_>)) {
+/// The span of a round of `events`: their number, and the round's trace
+/// context (the first well-formed `traceparent` of its events, the one a
+/// transport sends with it).
+fn round_span(events: &[Envelope]) -> tracing::Span {
+    let span = tracing::debug_span!(
+        "relay_batch",
+        events = events.len(),
+        traceparent = tracing::field::Empty,
+    );
+    crate::trace::follow(&span, crate::trace::first_traceparent(events).as_ref());
+    span
+}
+
+/// The span of one event of a round, with the event's own trace context.
+fn event_span(event: &Envelope) -> tracing::Span {
+    let span = tracing::debug_span!(
+        "relay_event",
+        event_id = %event.event_id,
+        flow_id = %event.flow_id,
+        seq = event.seq.get(),
+        traceparent = tracing::field::Empty,
+    );
+    crate::trace::follow_event(&span, event);
+    span
+}
+
+/// Hands the outcomes of a round of `events` to `each`: deliveries, each
+/// in its event's span, then refusals, then failures, each in the order
+/// they were recorded.
+fn hand_over(log: &RoundLog, events: &[Envelope], each: &mut impl FnMut(Handover<'_>)) {
+    let by_id: HashMap<&EventId, &Envelope> = events.iter().map(|e| (&e.event_id, e)).collect();
     for delivery in &log.deliveries {
+        let span = event_span(by_id[&delivery.event_id]);
+        let _event = span.enter();
         tracing::debug!(
             event_id = %delivery.event_id, flow_id = %delivery.flow_id,
             seq = delivery.seq.get(), receipt = delivery.receipt.as_str(), "delivered"
@@ -755,6 +789,7 @@ where
         .ok_or_else(|| RelayError::UnknownEvent(event_id.clone()))?;
     let mut log = RoundLog::default();
     let events = [record.envelope];
+    let _round = round_span(&events).entered();
     deliver_round(
         producer,
         transport,

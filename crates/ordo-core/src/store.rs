@@ -18,6 +18,7 @@ use crate::ops::{
 use crate::outcome::{
     Answer, BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,
 };
+use crate::trace::TraceParent;
 
 /// Which side a store belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -442,10 +443,31 @@ pub trait OutboxTx {
         self.append_with_headers(flow_id, event_type, schema_version, payload, &no_headers)
     }
 
+    /// [`OutboxTx::append`] with the event's W3C trace context: the header
+    /// `traceparent`, part of its body (PROTOCOL.md section 12). `None`
+    /// appends without one (with the `otel` feature: with the current
+    /// OpenTelemetry context's, when there is one).
+    fn append_traced<T: serde::Serialize + ?Sized>(
+        &mut self,
+        flow_id: &FlowId,
+        event_type: &str,
+        schema_version: SchemaVersion,
+        payload: &T,
+        traceparent: Option<&TraceParent>,
+    ) -> Result<Envelope, AppendError>
+    where
+        Self: Sized,
+    {
+        let headers = crate::trace::appended_headers(&Headers::new(), traceparent);
+        self.append_with_headers(flow_id, event_type, schema_version, payload, &headers)
+    }
+
     /// [`OutboxTx::append`] with the event's `headers` (correlation ids, a
     /// W3C `traceparent`): part of its body. Headers breaking their rules
     /// ([`check_headers`](crate::envelope::check_headers)) are refused
-    /// ([`AppendError::Invalid`]) and nothing is written.
+    /// ([`AppendError::Invalid`]) and nothing is written. With the `otel`
+    /// feature, headers without a `traceparent` get the current
+    /// OpenTelemetry context's, when there is one.
     fn append_with_headers<T: serde::Serialize + ?Sized>(
         &mut self,
         flow_id: &FlowId,
@@ -457,6 +479,7 @@ pub trait OutboxTx {
     where
         Self: Sized,
     {
+        let headers = &crate::trace::appended_headers(headers, None);
         crate::envelope::check_headers(headers)
             .map_err(|rule| AppendError::Invalid(format!("headers: {rule}")))?;
         let last_seq = self.last_seq(flow_id)?;
@@ -982,6 +1005,21 @@ impl<'a> Delivery<'a> {
     }
 }
 
+/// The span of one envelope's receive, with the event's trace context;
+/// its `receipt` is recorded once decided.
+fn receive_span(envelope: &Envelope) -> tracing::Span {
+    let span = tracing::debug_span!(
+        "receive_event",
+        event_id = %envelope.event_id,
+        flow_id = %envelope.flow_id,
+        seq = envelope.seq.get(),
+        traceparent = tracing::field::Empty,
+        receipt = tracing::field::Empty,
+    );
+    crate::trace::follow_event(&span, envelope);
+    span
+}
+
 /// Decides a batch's answers from what the store held before it
 /// (`stored[i]` for `envelopes[i]`), as one [`Delivery`]. Also returns the
 /// indices of the accepted envelopes, which the backend stores, with their
@@ -996,8 +1034,11 @@ pub fn decide_batch<'a>(
     let mut answers = Vec::with_capacity(envelopes.len());
     let mut accepted = Vec::new();
     for (index, (envelope, stored)) in envelopes.iter().zip(stored).enumerate() {
+        let span = receive_span(envelope);
+        let _event = span.enter();
         let hash = envelope.body_hash();
         let answer = delivery.decide(envelope, &hash, stored);
+        span.record("receipt", answer.receipt.as_str());
         delivery.record(envelope, &hash, &answer);
         if answer.receipt == Receipt::Accepted {
             accepted.push((index, hash));

@@ -21,7 +21,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ordo_core::{
-    Envelope, ProducerName, Receipt, StoreId, TransientKind, Transport, TransportError,
+    Envelope, ProducerName, Receipt, StoreId, TraceParent, TransientKind, Transport, TransportError,
 };
 use reqwest::blocking::{Client, Response};
 use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -187,14 +187,23 @@ impl HttpTransport {
 
     /// Posts `body`, naming `sender`, the producer store the round is
     /// from, as `ordo-store-id` (not signed; without it the consumer
-    /// records the sender as unknown).
-    fn post(&self, sender: Option<&StoreId>, body: Vec<u8>) -> Result<Response, reqwest::Error> {
+    /// records the sender as unknown), and the round's trace context as
+    /// `traceparent` when it has one (not signed either).
+    fn post(
+        &self,
+        sender: Option<&StoreId>,
+        traceparent: Option<&TraceParent>,
+        body: Vec<u8>,
+    ) -> Result<Response, reqwest::Error> {
         let mut request = self
             .client
             .post(self.events_url.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(store_id) = sender {
             request = request.header(HEADER_STORE_ID, store_id.as_str());
+        }
+        if let Some(traceparent) = traceparent {
+            request = request.header(ordo_core::trace::TRACEPARENT, traceparent.as_str());
         }
         if let Some(signer) = &self.signer {
             let headers = signature_headers(
@@ -275,7 +284,9 @@ impl Transport for HttpTransport {
         }
         let body: Vec<Value> = events.iter().map(Envelope::to_value).collect();
         let body = serde_json::to_vec(&body).expect("envelopes serialize");
-        let response = (self.post(sender, body)).map_err(|e| request_failure("POST", e))?;
+        let traceparent = ordo_core::trace::first_traceparent(events);
+        let response = (self.post(sender, traceparent.as_ref(), body))
+            .map_err(|e| request_failure("POST", e))?;
         self.note_consumer(&response);
         let status = response.status();
         if status == StatusCode::OK {

@@ -42,6 +42,7 @@ pub async fn post_events(State(app): State<Arc<App>>, request: Request) -> Respo
         items = tracing::field::Empty,
         flow_id = tracing::field::Empty,
         event_id = tracing::field::Empty,
+        traceparent = tracing::field::Empty,
     );
     let (parts, body) = request.into_parts();
     receive(app, parts, body).instrument(span).await
@@ -263,7 +264,10 @@ async fn store(
 ) -> Response {
     record_ids(&envelopes);
     let inbox = Arc::clone(&app.inbox);
+    // Each envelope's receive span is a child of this request's.
+    let span = tracing::Span::current();
     let stored = blocking(move || {
+        let _request = span.enter();
         let stored: Result<Stored, Refusal> = inbox.store(&caller, &envelopes);
         if stored.is_ok() {
             ordo_core::crash::point(ordo_core::crash::SERVE_AFTER_COMMIT);
@@ -285,6 +289,9 @@ fn record_ids(envelopes: &[Envelope]) {
     if let [only] = envelopes {
         span.record("flow_id", only.flow_id.as_str());
         span.record("event_id", only.event_id.as_str());
+        if let Some(traceparent) = only.traceparent() {
+            span.record("traceparent", traceparent.as_str());
+        }
     }
 }
 

@@ -22,7 +22,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use ordo_core::{Clock, ErrorKind, StoreError, StoreId};
+use ordo_core::{Clock, ErrorKind, StoreError, StoreId, TraceParent};
 use ordo_inbox::{Inbox, InboxLimits, Opener, Pool};
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -188,6 +188,12 @@ impl Server {
     }
 }
 
+/// The request's well-formed `traceparent` header, if any.
+fn request_traceparent(headers: &axum::http::HeaderMap) -> Option<TraceParent> {
+    let value = headers.get(ordo_core::trace::TRACEPARENT)?.to_str().ok()?;
+    TraceParent::parse(value).ok()
+}
+
 /// Counts every answer by status and time; answers 503 once draining.
 async fn observe(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
@@ -195,7 +201,9 @@ async fn observe(State(app): State<Arc<App>>, request: Request, next: Next) -> R
         "request",
         method = %request.method(),
         path = %request.uri().path(),
+        traceparent = tracing::field::Empty,
     );
+    ordo_core::trace::follow(&span, request_traceparent(request.headers()).as_ref());
     let response = if app.draining.load(Ordering::Acquire) {
         reply::unavailable("the server is shutting down")
     } else {

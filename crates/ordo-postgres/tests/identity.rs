@@ -117,9 +117,9 @@ fn a_damaged_identity_is_refused_as_corrupt() {
 
 /// The rest of the producer's name is the conformance suite's
 /// (`a_producer_is_named_once_and_its_events_carry_the_name`); here, the
-/// body that append writes names it.
+/// body that append writes names it and carries the traceparent given.
 #[test]
-fn append_writes_the_producers_name_into_the_stored_body() {
+fn append_writes_the_producers_name_and_a_traceparent_into_the_stored_body() {
     use ordo_core::{FlowId, OutboxTx, ProducerName, SchemaVersion};
     let (_dir, target) = fresh_database();
     let options = PgOptions {
@@ -139,4 +139,28 @@ fn append_writes_the_producers_name_into_the_stored_body() {
         .unwrap()
         .get(0);
     assert!(body.contains(r#""producer":"orders""#), "{body}");
+    let text = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let traceparent = ordo_core::TraceParent::parse(text).unwrap();
+    let traced = store
+        .write(|tx| {
+            let payload = serde_json::json!({});
+            tx.append_traced(
+                &flow,
+                "noted",
+                SchemaVersion::V1,
+                &payload,
+                Some(&traceparent),
+            )
+        })
+        .unwrap();
+    assert_eq!(traced.traceparent(), Some(traceparent));
+    let body: String = admin_client(&target)
+        .query_one("SELECT body FROM named_p.outbox WHERE seq = 2", &[])
+        .unwrap()
+        .get(0);
+    let header = format!(r#""headers":{{"traceparent":"{text}"}}"#);
+    assert!(body.contains(&header), "{body}");
+    let mut untraced = traced.clone();
+    untraced.headers.clear();
+    assert_ne!(traced.body_hash(), untraced.body_hash());
 }

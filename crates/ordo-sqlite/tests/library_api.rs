@@ -1578,3 +1578,51 @@ fn append_with_headers_writes_them_into_the_body_and_refuses_bad_ones() {
     assert!(refused.to_string().contains("at most 1024"), "{refused}");
     assert_eq!(producer.outbox().unwrap().len(), 1, "nothing written");
 }
+
+#[test]
+fn append_traced_writes_the_traceparent_into_the_body_and_its_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let schema = Schema::new("app").unwrap();
+    let mut producer = ProducerDb::open(dir.path().join("p.db"), &schema).unwrap();
+    let text = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let traceparent = ordo_core::TraceParent::parse(text).unwrap();
+    let (traced, plain) = producer
+        .write(|tx| {
+            let traced = tx.append_traced(
+                &flow("f"),
+                "noted",
+                SchemaVersion::V1,
+                &json!({}),
+                Some(&traceparent),
+            )?;
+            let plain =
+                tx.append_traced(&flow("g"), "noted", SchemaVersion::V1, &json!({}), None)?;
+            Ok::<_, AppendError>((traced, plain))
+        })
+        .unwrap();
+    assert_eq!(traced.traceparent(), Some(traceparent));
+    assert!(plain.headers.is_empty(), "{plain:?}");
+    let stored: String = producer
+        .connection()
+        .query_row("SELECT body FROM outbox WHERE flow_id = 'f'", [], |row| {
+            row.get(0)
+        })
+        .unwrap();
+    assert!(
+        stored.contains(&format!(r#""headers":{{"traceparent":"{text}"}}"#)),
+        "{stored}"
+    );
+    assert_eq!(producer.outbox().unwrap()[0].envelope, traced);
+    let mut untraced = traced.clone();
+    untraced.headers.clear();
+    let mut consumer = ConsumerDb::open(dir.path().join("c.db"), &schema).unwrap();
+    assert_eq!(
+        consumer.receive(&untraced).unwrap(),
+        ordo_core::Receipt::Accepted
+    );
+    assert_eq!(
+        consumer.receive(&traced).unwrap(),
+        ordo_core::Receipt::Conflict,
+        "the traceparent is part of the body and its hash"
+    );
+}

@@ -99,6 +99,7 @@ pub mod check;
 pub mod deep;
 pub mod fuzz;
 pub mod guards;
+pub mod spans;
 pub mod suite;
 pub mod support;
 
@@ -246,6 +247,7 @@ macro_rules! conformance_suite {
             relay_event_unknown_id_errors
             relay_respects_max
             relay_fair_conflict_does_not_starve_other_flows
+            traceparents_are_recorded_on_each_events_spans
             // delivery bookkeeping (section 8)
             fair_round_takes_each_flow_head_least_recently_served_first
             relay_fair_serves_flows_round_robin_one_head_each

@@ -293,3 +293,47 @@ pub fn relay_fair_conflict_does_not_starve_other_flows<B: Backend>(dir: &Path) {
         );
     }
 }
+
+/// PROTOCOL.md section 12: an event's well-formed `traceparent` is recorded
+/// on the relay's, the inbox's and the applier's span of that event, and
+/// on its round's; an ill-formed one stays in the body and is recorded on
+/// no span.
+pub fn traceparents_are_recorded_on_each_events_spans<B: Backend>(dir: &Path) {
+    const TRACED: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    const ILL_FORMED: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331";
+    let (mut p, mut c) = B::open(dir);
+    let mut events = reservation_events("t", 2);
+    events[0]
+        .headers
+        .insert("traceparent".into(), ILL_FORMED.into());
+    events[1]
+        .headers
+        .insert("traceparent".into(), TRACED.into());
+    p.append_events(&events).unwrap();
+    let spans = crate::spans::SpanCapture::new();
+    spans.during(|| {
+        relay_fair(&mut p, &mut c, None, 16);
+        process(&mut c, None, V1);
+    });
+    let ids: Vec<String> = events.iter().map(|e| e.event_id.to_string()).collect();
+    let expected = vec![
+        (ids[0].clone(), None),
+        (ids[1].clone(), Some(TRACED.to_owned())),
+        (ids[2].clone(), None),
+    ];
+    for name in ["relay_event", "receive_event", "apply_event"] {
+        assert_eq!(spans.traceparents(name), expected, "{name} spans");
+    }
+    let rounds: Vec<Option<String>> = spans
+        .named("relay_batch")
+        .iter()
+        .map(|s| s.field("traceparent").map(str::to_owned))
+        .collect();
+    assert_eq!(rounds, [None, Some(TRACED.to_owned()), None]);
+    let stored = inbox_envelopes(&mut c);
+    assert_eq!(
+        stored, events,
+        "the headers are kept, the ill-formed one too"
+    );
+    assert_eq!(projected(&mut c, "t"), (FlowState::Released, Some(2), 3));
+}
