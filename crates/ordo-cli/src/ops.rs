@@ -5,6 +5,7 @@
 use ordo_reservation::ApplyOptions;
 use std::collections::BTreeMap;
 
+use ordo_core::destination::Custody;
 use ordo_core::ops::{
     age_s, ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
 };
@@ -21,12 +22,19 @@ use crate::stores::ReservationInbox;
 use crate::{render, Failure};
 
 fn outbox_entry(e: &OutboxEntry) -> Value {
+    let destinations: serde_json::Map<String, Value> = e
+        .destinations
+        .iter()
+        .map(|c| (c.destination.to_string(), custody(c)))
+        .collect();
     render::envelope_with(
         &e.envelope,
         json!({
             "accepted": e.accepted,
             "quarantined": e.quarantined,
             "quarantine_reason": e.quarantine_reason,
+            "quarantine_detail": e.quarantine_detail,
+            "destinations": destinations,
             "attempts": e.attempts,
             "last_outcome": e.last_outcome,
             "last_error": e.last_error,
@@ -35,6 +43,22 @@ fn outbox_entry(e: &OutboxEntry) -> Value {
             "accepted_at_ms": e.accepted_at_ms,
         }),
     )
+}
+
+/// One destination's bookkeeping of a row, under the keys of a row's own.
+fn custody(c: &Custody) -> Value {
+    json!({
+        "accepted": c.accepted,
+        "accepted_at_ms": c.accepted_at_ms,
+        "attempts": c.attempts,
+        "last_outcome": c.last_outcome,
+        "last_error": c.last_error,
+        "next_attempt_at_ms": c.next_attempt_at_ms,
+        "quarantined": c.quarantined,
+        "quarantine_reason": c.quarantine_reason,
+        "quarantine_detail": c.quarantine_detail,
+        "abandoned": c.abandoned,
+    })
 }
 
 fn inbox_entry(e: &InboxEntry) -> Value {
@@ -86,7 +110,7 @@ pub fn outbox(json_mode: bool, command: OutboxCommand) -> Result<(), Failure> {
                         } else if e.quarantined {
                             format!(
                                 "QUARANTINED ({})",
-                                e.quarantine_reason.as_deref().unwrap_or("")
+                                e.quarantine_detail.as_deref().unwrap_or("")
                             )
                         } else {
                             "pending".to_string()
