@@ -955,7 +955,10 @@ fn status_lab() -> Ops {
 fn status_doc(breaches: Value) -> Value {
     let ok = breaches.as_array().unwrap().is_empty();
     json!({
-        "producer": {"backlog": 2, "oldest_pending_age_s": 60, "quarantined": 1, "rewound": 0, "backing_off": 0},
+        "producer": {
+            "backlog": 2, "oldest_pending_age_s": 60, "quarantined": 1, "rewound": 0, "backing_off": 0,
+            "destinations": {"default": {"backlog": 2, "oldest_pending_age_s": 60, "quarantined": 1, "rewound": 0, "backing_off": 0}},
+        },
         "consumer": {
             "pending": 2,
             "blocked": {"total": 2, "by_reason": {"invalid_transition": 1, "unsupported_schema": 1}},
@@ -981,6 +984,7 @@ fn status_reports_every_signal_with_exact_ages() {
         [
             "backing_off",
             "backlog",
+            "destinations",
             "oldest_pending_age_s",
             "producer_name",
             "quarantined",
@@ -1018,7 +1022,10 @@ fn status_reports_every_signal_with_exact_ages() {
     assert_same_numbers(
         &empty.status(),
         &json!({
-            "producer": {"backlog": 0, "oldest_pending_age_s": null, "quarantined": 0, "rewound": 0, "backing_off": 0},
+            "producer": {
+                "backlog": 0, "oldest_pending_age_s": null, "quarantined": 0, "rewound": 0, "backing_off": 0,
+                "destinations": {"default": {"backlog": 0, "oldest_pending_age_s": null, "quarantined": 0, "rewound": 0, "backing_off": 0}},
+            },
             "consumer": {"pending": 0, "blocked": {"total": 0, "by_reason": {}}, "gaps": [],
                          "gaps_total": 0, "applied": 0, "skipped": 0},
             "breaches": [],

@@ -105,6 +105,24 @@ pub enum DestinationRefused {
     },
 }
 
+/// Who decided an audited action on a destination and why, checked as a
+/// skip's are: neither blank, neither too long.
+pub fn check_who_why(by: &str, reason: &str) -> Result<(), String> {
+    if reason.trim().is_empty() || reason.len() > crate::ops::REPAIR_REASON_LEN_MAX {
+        return Err(format!(
+            "--reason must be 1 to {} bytes, not blank",
+            crate::ops::REPAIR_REASON_LEN_MAX
+        ));
+    }
+    if by.trim().is_empty() || by.len() > crate::ops::REPAIR_BY_LEN_MAX {
+        return Err(format!(
+            "--by must be 1 to {} bytes, not blank",
+            crate::ops::REPAIR_BY_LEN_MAX
+        ));
+    }
+    Ok(())
+}
+
 /// The aggregate of the destinations' signals: backlogs and quarantines
 /// summed, the oldest pending event the oldest of any.
 pub fn sum_statuses<'a>(statuses: impl IntoIterator<Item = &'a ProducerStatus>) -> ProducerStatus {
