@@ -390,6 +390,12 @@ pub enum OutboxCommand {
         #[arg(long, value_name = "NAME", value_parser = crate::destinations::name)]
         destination: Option<ordo_core::DestinationName>,
     },
+    /// The producer's append-only audit log.
+    Repairs {
+        /// The producer store: an SQLite file or a postgres:// URL.
+        #[arg(long, value_name = "P")]
+        producer: Location,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -149,3 +149,29 @@ fn row(d: &Destination, now_ms: i64) -> Value {
         "created_at_ms": d.created_at_ms,
     })
 }
+
+/// `outbox repairs`: the producer's audit log.
+pub fn repairs(json_mode: bool, producer: &Location) -> Result<(), Failure> {
+    let mut store = open_existing_producer(producer)?;
+    let repairs = store.handle().producer_repairs()?;
+    let rows: Vec<Value> = (repairs.iter())
+        .map(|r| {
+            json!({
+                "id": r.id, "action": r.action, "destination": r.destination,
+                "flow_id": r.flow_id, "seq": r.seq, "event_id": r.event_id,
+                "reason": r.reason, "by": r.by, "at_ms": r.at_ms,
+            })
+        })
+        .collect();
+    emit(json_mode, &json!({"repairs": rows}), || {
+        let mut lines: Vec<String> = (repairs.iter())
+            .map(|r| {
+                let at = r.destination.as_deref().unwrap_or("-");
+                format!("#{} {} {at} by {}: {}", r.id, r.action, r.by, r.reason)
+            })
+            .collect();
+        lines.push(format!("{} repairs", repairs.len()));
+        lines.join("\n")
+    });
+    Ok(())
+}

@@ -174,6 +174,7 @@ pub fn outbox(json_mode: bool, command: OutboxCommand) -> Result<(), Failure> {
             });
             Ok(())
         }
+        OutboxCommand::Repairs { producer } => crate::destinations::repairs(json_mode, &producer),
         OutboxCommand::Retry {
             producer,
             event_id,

@@ -130,6 +130,14 @@ fn a_new_store_has_default_and_destinations_are_added_and_removed() {
     fan.destination(&[&["remove", "billing"][..], &why].concat())
         .usage("last one");
     assert_eq!(names(&fan.list()), ["billing"]);
+    let repairs = ["outbox", "repairs", "--json", "--producer", fan.p()];
+    assert_eq!(
+        fan.lab.run(&repairs).json(),
+        json!({"repairs": [{"id": 1, "action": "destination_remove", "destination": "default",
+            "flow_id": null, "seq": null, "event_id": null, "reason": "moved", "by": "ops",
+            "at_ms": T0 + 1}]}),
+        "audited, the refusals not"
+    );
 }
 
 #[test]

@@ -77,6 +77,30 @@ pub struct Custody {
     pub abandoned: bool,
 }
 
+/// One row of the producer's audit log (`outbox repairs`): an operator's
+/// action on the store's destinations, with who decided it and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerRepair {
+    /// Its place in the log.
+    pub id: i64,
+    /// What was done (`destination_remove`).
+    pub action: String,
+    /// The destination acted on.
+    pub destination: Option<String>,
+    /// The flow acted on, when the action names one.
+    pub flow_id: Option<String>,
+    /// The seq acted on, when the action names one.
+    pub seq: Option<i64>,
+    /// The event acted on, when the action names one.
+    pub event_id: Option<String>,
+    /// Why.
+    pub reason: String,
+    /// Who decided.
+    pub by: String,
+    /// When.
+    pub at_ms: i64,
+}
+
 /// Why a destination command is refused. Nothing is written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DestinationRefused {

@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::backoff::Backoff;
-use crate::destination::{Destination, DestinationRefused, DestinationStart};
+use crate::destination::{Destination, DestinationRefused, DestinationStart, ProducerRepair};
 use crate::envelope::{BodyHash, Envelope, Headers};
 use crate::error::ErrorKind;
 use crate::error::{AppendError, StoreError};
@@ -265,6 +265,9 @@ pub trait ProducerOps {
         by: &str,
         reason: &str,
     ) -> Result<Result<(), DestinationRefused>, StoreError>;
+
+    /// The producer's audit log, oldest first.
+    fn producer_repairs(&mut self) -> Result<Vec<ProducerRepair>, StoreError>;
 
     /// Chooses the destination that the relay's reads and bookkeeping and
     /// [`retry_quarantined`](ProducerOps::retry_quarantined) act on from now

@@ -2,7 +2,9 @@
 //! one's marks on the outbox rows and relay heads, and the producer's audit
 //! log of the operator's actions on them.
 
-use ordo_core::destination::{Custody, Destination, DestinationRefused, DestinationStart};
+use ordo_core::destination::{
+    Custody, Destination, DestinationRefused, DestinationStart, ProducerRepair,
+};
 use ordo_core::ops::ProducerStatus;
 use ordo_core::{DestinationName, ErrorKind, Receipt, StoreError, StoreId};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -490,4 +492,29 @@ pub(crate) fn audit(
     )
     .map_err(|e| sql_error("producer: cannot write the audit log", e))?;
     Ok(())
+}
+
+/// The producer's audit log, oldest first.
+pub(crate) fn repairs(conn: &Connection) -> Result<Vec<ProducerRepair>, StoreError> {
+    collect_rows(
+        conn,
+        "producer: cannot read the audit log",
+        "SELECT id, action, destination, flow_id, seq, event_id, reason, by, at_ms
+         FROM producer_repair ORDER BY id LIMIT 100000",
+        [],
+        |row| {
+            Ok(ProducerRepair {
+                id: row.get(0)?,
+                action: row.get(1)?,
+                destination: row.get(2)?,
+                flow_id: row.get(3)?,
+                seq: row.get(4)?,
+                event_id: row.get(5)?,
+                reason: row.get(6)?,
+                by: row.get(7)?,
+                at_ms: row.get(8)?,
+            })
+        },
+        Ok,
+    )
 }

@@ -534,6 +534,12 @@ impl ProducerOps for ProducerDb {
         }))
     }
 
+    fn producer_repairs(
+        &mut self,
+    ) -> Result<Vec<ordo_core::destination::ProducerRepair>, StoreError> {
+        custody::repairs(&self.conn)
+    }
+
     fn use_destination(
         &mut self,
         name: Option<&DestinationName>,

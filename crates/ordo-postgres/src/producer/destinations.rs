@@ -2,7 +2,7 @@
 //! the outbox itself, for one destination: `default`, the one every store
 //! has; adding another is refused as not supported here yet.
 
-use ordo_core::destination::{Destination, DestinationRefused, DestinationStart};
+use ordo_core::destination::{Destination, DestinationRefused, DestinationStart, ProducerRepair};
 use ordo_core::{DestinationName, ErrorKind, ProducerOps, StoreError, StoreId};
 
 use super::PgProducer;
@@ -84,4 +84,28 @@ pub(super) fn choose(
         Some(name) if !exists(store, name)? => Ok(Err(DestinationRefused::Unknown(name.clone()))),
         _ => Ok(Ok(())),
     }
+}
+
+/// The producer's audit log, oldest first.
+pub(super) fn repairs(store: &mut PgProducer) -> Result<Vec<ProducerRepair>, StoreError> {
+    let rows = store.conn.rows(
+        "producer: cannot read the audit log",
+        "SELECT id, action, destination, flow_id, seq, event_id, reason, by, at_ms
+         FROM {s}.producer_repair ORDER BY id LIMIT 100000",
+        &[],
+    )?;
+    Ok(rows
+        .iter()
+        .map(|row| ProducerRepair {
+            id: row.get(0),
+            action: row.get(1),
+            destination: row.get(2),
+            flow_id: row.get(3),
+            seq: row.get(4),
+            event_id: row.get(5),
+            reason: row.get(6),
+            by: row.get(7),
+            at_ms: row.get(8),
+        })
+        .collect())
 }

@@ -130,6 +130,12 @@ impl ProducerOps for PgProducer {
         super::destinations::remove(self, name)
     }
 
+    fn producer_repairs(
+        &mut self,
+    ) -> Result<Vec<ordo_core::destination::ProducerRepair>, StoreError> {
+        super::destinations::repairs(self)
+    }
+
     fn use_destination(
         &mut self,
         name: Option<&ordo_core::DestinationName>,
