@@ -125,6 +125,11 @@ pub enum Command {
     Soak(SoakArgs),
     /// Measure throughput per phase and end to end against the disk's fsync rate.
     Bench(BenchArgs),
+    /// Add, list and remove the producer store's destinations.
+    Destination {
+        #[command(subcommand)]
+        command: crate::destinations::DestinationCommand,
+    },
     /// Inspect the outbox and retry quarantined events.
     Outbox {
         #[command(subcommand)]
@@ -366,6 +371,9 @@ pub enum OutboxCommand {
         /// Only quarantined rows.
         #[arg(long)]
         quarantined: bool,
+        /// Print this destination's bookkeeping of each row.
+        #[arg(long, value_name = "NAME", value_parser = crate::destinations::name)]
+        destination: Option<ordo_core::DestinationName>,
         /// At most N rows, N >= 1.
         #[arg(long, value_name = "N", default_value = LIST_LIMIT_DEFAULT, value_parser = at_least_one, allow_hyphen_values = true)]
         limit: u64,
@@ -378,6 +386,15 @@ pub enum OutboxCommand {
         /// The quarantined event.
         #[arg(value_name = "EVENT_ID", value_parser = event_id)]
         event_id: EventId,
+        /// The destination whose quarantine to clear (required when the store has several).
+        #[arg(long, value_name = "NAME", value_parser = crate::destinations::name)]
+        destination: Option<ordo_core::DestinationName>,
+    },
+    /// The producer's append-only audit log.
+    Repairs {
+        /// The producer store: an SQLite file or a postgres:// URL.
+        #[arg(long, value_name = "P")]
+        producer: Location,
     },
 }
 
@@ -638,6 +655,9 @@ pub struct RelayArgs {
     /// The producer store: an SQLite file or a postgres:// URL.
     #[arg(long, value_name = "P")]
     pub producer: Location,
+    /// The destination to relay for (required when the store has several).
+    #[arg(long, value_name = "NAME", value_parser = crate::destinations::name)]
+    pub destination: Option<ordo_core::DestinationName>,
     /// The consumer store (an SQLite file or a postgres:// URL), opened by this process.
     #[arg(
         long,

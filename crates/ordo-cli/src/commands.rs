@@ -23,7 +23,8 @@ use crate::context::{
 };
 use crate::stores::{AnyConsumer, AnyProducer, Location};
 use crate::stores::{ReservationInbox, ReservationSide};
-use crate::{follow, lab, ops, remote, render, Failure};
+use crate::{destinations, follow, lab, ops, remote, render, Failure};
+use ordo_core::DestinationName;
 
 /// Runs a command; returns the exit status of a completed command (0, or 3
 /// for a breached `status` threshold).
@@ -49,6 +50,7 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Soak(args) => lab::soak(json_mode, args),
         Command::Bench(args) => lab::bench(json_mode, args),
         Command::Worker { role } => lab::worker(json_mode, role),
+        Command::Destination { command } => crate::destinations::run(json_mode, command),
         Command::Outbox { command } => ops::outbox(json_mode, command),
         Command::Inbox { command } => ops::inbox(json_mode, command),
         Command::Prune(args) => ops::prune(json_mode, args),
@@ -195,6 +197,7 @@ fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
     let Some(consumer) = &args.consumer else {
         let transport = remote::transport(&args)?;
         let mut producer = open_existing_producer(&args.producer)?;
+        destinations::choose(producer.handle(), args.destination.as_ref())?;
         remote::check_key_producer(&transport, &mut producer, &args)?;
         return relay_once(json_mode, &args, &mut producer, transport);
     };
@@ -205,23 +208,66 @@ fn relay_cmd(json_mode: bool, args: RelayArgs) -> Result<(), Failure> {
     check_distinct(&files)?;
     // An unknown --event is invalid input: refuse it before the consumer
     // store is opened (and so created), and without creating the producer.
-    if let Some(event_id) = &args.event {
-        check_producer(&args.producer)?;
-        match &mut producer_if_exists(&args.producer)? {
-            Some(producer) => check_event(producer, event_id)?,
-            None => return Err(relay_failure(RelayError::UnknownEvent(event_id.clone()))),
+    check_producer(&args.producer)?;
+    match &mut producer_if_exists(&args.producer)? {
+        Some(producer) => {
+            destinations::choose(producer.handle(), args.destination.as_ref())?;
+            if let Some(event_id) = &args.event {
+                check_event(producer, event_id, args.destination.as_ref())?;
+            }
+        }
+        None => {
+            if let Some(event_id) = &args.event {
+                return Err(relay_failure(RelayError::UnknownEvent(event_id.clone())));
+            }
+            if let Some(name) = args
+                .destination
+                .as_ref()
+                .filter(|n| n.as_str() != "default")
+            {
+                return Err(Failure::Usage(format!("no destination named {name}")));
+            }
         }
     }
     let (mut producer, consumer) = open_both(&files)?;
+    destinations::choose(producer.handle(), args.destination.as_ref())?;
     relay_once(json_mode, &args, &mut producer, consumer)
 }
 
-/// Refuses an `--event` that is not in the outbox.
-fn check_event(producer: &mut AnyProducer, event_id: &EventId) -> Result<(), Failure> {
-    match producer.handle().outbox_event(event_id)? {
-        Some(_) => Ok(()),
-        None => Err(relay_failure(RelayError::UnknownEvent(event_id.clone()))),
+/// Refuses an `--event` that is not in the outbox, or whose flow is not
+/// delivered to the destination `name` (or the store's only one).
+fn check_event(
+    producer: &mut AnyProducer,
+    event_id: &EventId,
+    name: Option<&DestinationName>,
+) -> Result<(), Failure> {
+    let handle = producer.handle();
+    let Some(record) = handle.outbox_event(event_id)? else {
+        return Err(relay_failure(RelayError::UnknownEvent(event_id.clone())));
+    };
+    let event = &record.envelope;
+    let destination = match name {
+        Some(name) => name.clone(),
+        None => match handle.destinations(0)?.pop() {
+            Some(only) => only.name,
+            None => return Ok(()),
+        },
+    };
+    let rows = handle.flow_outbox_entries(&event.flow_id, event.seq.get() as usize)?;
+    let entry = rows.iter().find(|e| &e.envelope.event_id == event_id);
+    let delivered = entry.is_some_and(|e| {
+        (e.destinations.iter()).any(|c| c.destination == destination && !c.abandoned)
+    });
+    if delivered {
+        return Ok(());
     }
+    Err(Failure::Usage(
+        ordo_core::destination::DestinationRefused::NotDelivered {
+            flow: event.flow_id.clone(),
+            destination,
+        }
+        .to_string(),
+    ))
 }
 
 /// One relay run through `transport`, printed.
@@ -235,7 +281,7 @@ fn relay_once<T: Transport>(
     let clock = clock();
     let stop = match &args.event {
         Some(event_id) => {
-            check_event(producer, event_id)?;
+            check_event(producer, event_id, args.destination.as_ref())?;
             let report = relay_event(producer.handle(), &mut transport, event_id, clock.as_ref())
                 .map_err(relay_failure)?;
             report

@@ -42,13 +42,15 @@ pub fn relay(json_mode: bool, args: &RelayArgs) -> Result<(), Failure> {
                 consumer: consumer.clone(),
             };
             check_distinct(&files)?;
-            let producer = open_existing_producer(&files.producer)?;
+            let mut producer = open_existing_producer(&files.producer)?;
+            crate::destinations::choose(producer.handle(), args.destination.as_ref())?;
             let consumer = open_existing_consumer(&files.consumer)?;
             relay_with(json_mode, args, producer, consumer)
         }
         None => {
             let transport = remote::transport(args)?;
             let mut producer = open_existing_producer(&args.producer)?;
+            crate::destinations::choose(producer.handle(), args.destination.as_ref())?;
             remote::check_key_producer(&transport, &mut producer, args)?;
             relay_with(json_mode, args, producer, transport)
         }

@@ -6,6 +6,7 @@ mod args;
 mod commands;
 mod console;
 mod context;
+mod destinations;
 mod follow;
 mod lab;
 mod logging;

@@ -5,6 +5,7 @@
 use ordo_reservation::ApplyOptions;
 use std::collections::BTreeMap;
 
+use ordo_core::destination::Custody;
 use ordo_core::ops::{
     age_s, ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
 };
@@ -21,12 +22,19 @@ use crate::stores::ReservationInbox;
 use crate::{render, Failure};
 
 fn outbox_entry(e: &OutboxEntry) -> Value {
+    let destinations: serde_json::Map<String, Value> = e
+        .destinations
+        .iter()
+        .map(|c| (c.destination.to_string(), custody(c)))
+        .collect();
     render::envelope_with(
         &e.envelope,
         json!({
             "accepted": e.accepted,
             "quarantined": e.quarantined,
             "quarantine_reason": e.quarantine_reason,
+            "quarantine_detail": e.quarantine_detail,
+            "destinations": destinations,
             "attempts": e.attempts,
             "last_outcome": e.last_outcome,
             "last_error": e.last_error,
@@ -35,6 +43,45 @@ fn outbox_entry(e: &OutboxEntry) -> Value {
             "accepted_at_ms": e.accepted_at_ms,
         }),
     )
+}
+
+/// The row `e` as the destination `name` keeps it, under a row's own keys;
+/// `None` for a row of a flow not delivered there.
+fn of_destination(e: OutboxEntry, name: &ordo_core::DestinationName) -> Option<OutboxEntry> {
+    let c = e
+        .destinations
+        .iter()
+        .find(|c| &c.destination == name)?
+        .clone();
+    Some(OutboxEntry {
+        accepted: c.accepted,
+        accepted_at_ms: c.accepted_at_ms,
+        attempts: c.attempts,
+        last_outcome: c.last_outcome.clone(),
+        last_error: c.last_error.clone(),
+        next_attempt_at_ms: c.next_attempt_at_ms,
+        quarantined: c.quarantined,
+        quarantine_reason: c.quarantine_reason.clone(),
+        quarantine_detail: c.quarantine_detail.clone(),
+        destinations: vec![c],
+        ..e
+    })
+}
+
+/// One destination's bookkeeping of a row, under the keys of a row's own.
+fn custody(c: &Custody) -> Value {
+    json!({
+        "accepted": c.accepted,
+        "accepted_at_ms": c.accepted_at_ms,
+        "attempts": c.attempts,
+        "last_outcome": c.last_outcome,
+        "last_error": c.last_error,
+        "next_attempt_at_ms": c.next_attempt_at_ms,
+        "quarantined": c.quarantined,
+        "quarantine_reason": c.quarantine_reason,
+        "quarantine_detail": c.quarantine_detail,
+        "abandoned": c.abandoned,
+    })
 }
 
 fn inbox_entry(e: &InboxEntry) -> Value {
@@ -65,17 +112,37 @@ fn repair(r: &RepairRecord) -> Value {
     })
 }
 
+/// The rows `outbox list` prints: with `destination`, that destination's
+/// bookkeeping of the rows of its flows.
+fn listed(
+    producer: &Location,
+    quarantined: bool,
+    destination: Option<&ordo_core::DestinationName>,
+    limit: u64,
+) -> Result<Vec<OutboxEntry>, Failure> {
+    let mut producer = open_producer(producer)?;
+    let handle = producer.handle();
+    if let Some(name) = destination {
+        crate::destinations::choose(handle, Some(name))?;
+    }
+    let entries = handle.outbox_entries(quarantined, limit as usize)?;
+    Ok(match destination {
+        Some(name) => (entries.into_iter())
+            .filter_map(|e| of_destination(e, name))
+            .collect(),
+        None => entries,
+    })
+}
+
 pub fn outbox(json_mode: bool, command: OutboxCommand) -> Result<(), Failure> {
     match command {
         OutboxCommand::List {
             producer,
             quarantined,
+            destination,
             limit,
         } => {
-            let mut producer = open_producer(&producer)?;
-            let entries = producer
-                .handle()
-                .outbox_entries(quarantined, limit as usize)?;
+            let entries = listed(&producer, quarantined, destination.as_ref(), limit)?;
             let value = json!({"outbox": entries.iter().map(outbox_entry).collect::<Vec<_>>()});
             emit(json_mode, &value, || {
                 let mut lines: Vec<String> = entries
@@ -86,7 +153,7 @@ pub fn outbox(json_mode: bool, command: OutboxCommand) -> Result<(), Failure> {
                         } else if e.quarantined {
                             format!(
                                 "QUARANTINED ({})",
-                                e.quarantine_reason.as_deref().unwrap_or("")
+                                e.quarantine_detail.as_deref().unwrap_or("")
                             )
                         } else {
                             "pending".to_string()
@@ -107,12 +174,18 @@ pub fn outbox(json_mode: bool, command: OutboxCommand) -> Result<(), Failure> {
             });
             Ok(())
         }
-        OutboxCommand::Retry { producer, event_id } => {
+        OutboxCommand::Repairs { producer } => crate::destinations::repairs(json_mode, &producer),
+        OutboxCommand::Retry {
+            producer,
+            event_id,
+            destination,
+        } => {
             let Some(mut store) = producer_if_exists(&producer)? else {
                 return Err(Failure::Usage(format!(
                     "{event_id}: no such event in the outbox"
                 )));
             };
+            crate::destinations::choose(store.handle(), destination.as_ref())?;
             store
                 .handle()
                 .retry_quarantined(&event_id)?
@@ -338,11 +411,17 @@ fn check_thresholds(args: &StatusArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// One signal: its name, value, threshold, and whether it is breached.
-type Signal = (&'static str, Value, Option<u64>, bool);
+/// One signal: its name, value, threshold, whether it is breached, and the
+/// destination it is of (named when the store has several).
+type Signal = (&'static str, Value, Option<u64>, bool, Option<String>);
 
-fn producer_signals(args: &StatusArgs, p: &ProducerStatus, oldest_age_s: f64) -> [Signal; 4] {
-    [
+fn producer_signals(
+    args: &StatusArgs,
+    p: &ProducerStatus,
+    oldest_age_s: f64,
+    destination: Option<&str>,
+) -> Vec<Signal> {
+    let signals = [
         (
             "backlog",
             json!(p.backlog),
@@ -367,7 +446,44 @@ fn producer_signals(args: &StatusArgs, p: &ProducerStatus, oldest_age_s: f64) ->
             args.max_rewound,
             args.max_rewound.is_some_and(|t| p.rewound > t),
         ),
-    ]
+    ];
+    let destination = destination.map(str::to_owned);
+    (signals.into_iter())
+        .map(|(name, value, threshold, breached)| {
+            (name, value, threshold, breached, destination.clone())
+        })
+        .collect()
+}
+
+/// Each destination's signals under `destinations` in `value`, and into
+/// `signals`: each destination's own when the store has several (a breach
+/// names it), the store's otherwise.
+fn destination_signals(
+    destinations: &[ordo_core::destination::Destination],
+    args: &StatusArgs,
+    now_ms: i64,
+    value: &mut Value,
+    signals: &mut Vec<Signal>,
+) {
+    let mut map = serde_json::Map::new();
+    for d in destinations {
+        let age = d.status.oldest_pending_age_s(now_ms);
+        map.insert(
+            d.name.to_string(),
+            json!({
+                "backlog": d.status.backlog,
+                "oldest_pending_age_s": age,
+                "quarantined": d.status.quarantined,
+                "rewound": d.status.rewound,
+                "backing_off": d.status.backing_off,
+            }),
+        );
+        if destinations.len() > 1 {
+            let name = Some(d.name.as_str());
+            signals.extend(producer_signals(args, &d.status, age.unwrap_or(0.0), name));
+        }
+    }
+    value["destinations"] = Value::Object(map);
 }
 
 /// The producer's part of `status`: its JSON and its text line; its
@@ -379,13 +495,22 @@ fn producer_side(
     signals: &mut Vec<Signal>,
 ) -> Result<(Value, String), Failure> {
     let mut producer = open_producer(location)?;
-    let p = producer.handle().producer_status(now_ms)?;
+    let destinations = producer.handle().destinations(now_ms)?;
+    let p = ordo_core::destination::sum_statuses(destinations.iter().map(|d| &d.status));
     let mut value = producer_status_value(now_ms, &p, producer.handle().store_id());
     value["producer_name"] = producer.producer_name().as_str().into();
     // Nothing pending: no age to claim ("-" in the text, null in JSON),
     // and no age threshold can be breached.
     let oldest_age_s = p.oldest_pending_age_s(now_ms);
-    signals.extend(producer_signals(args, &p, oldest_age_s.unwrap_or(0.0)));
+    if destinations.len() <= 1 {
+        signals.extend(producer_signals(
+            args,
+            &p,
+            oldest_age_s.unwrap_or(0.0),
+            None,
+        ));
+    }
+    destination_signals(&destinations, args, now_ms, &mut value, signals);
     let oldest = oldest_age_s.map_or("-".to_owned(), |age| format!("{age:.1} s"));
     let rewound = match p.rewound {
         0 => String::new(),
@@ -415,6 +540,7 @@ fn consumer_side(
         json!(blocked_total),
         args.max_blocked,
         args.max_blocked.is_some_and(|t| blocked_total > t),
+        None,
     ));
     let by_reason: BTreeMap<&String, &u64> = c.blocked.iter().collect();
     let mut lines = vec![format!(
@@ -461,12 +587,21 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
     signals.sort_by_key(|(name, ..)| ORDER.iter().position(|n| n == name));
     let breaches: Vec<Value> = signals
         .into_iter()
-        .filter(|(_, _, _, breached)| *breached)
-        .map(|(signal, value, threshold, _)| json!({"signal": signal, "value": value, "threshold": threshold}))
+        .filter(|(_, _, _, breached, _)| *breached)
+        .map(|(signal, value, threshold, _, destination)| {
+            let mut breach = json!({"signal": signal, "value": value, "threshold": threshold});
+            if let Some(destination) = destination {
+                breach["destination"] = destination.into();
+            }
+            breach
+        })
         .collect();
     for b in &breaches {
+        let at = b["destination"]
+            .as_str()
+            .map_or(String::new(), |d| format!(" (destination {d})"));
         lines.push(format!(
-            "ALERT {} = {} > {}",
+            "ALERT {} = {} > {}{at}",
             b["signal"].as_str().unwrap_or(""),
             b["value"],
             b["threshold"]

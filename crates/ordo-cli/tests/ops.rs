@@ -321,6 +321,8 @@ fn outbox_list_shows_every_row_with_its_bookkeeping() {
         "accepted",
         "quarantined",
         "quarantine_reason",
+        "quarantine_detail",
+        "destinations",
         "attempts",
         "last_outcome",
         "last_error",
@@ -332,11 +334,32 @@ fn outbox_list_shows_every_row_with_its_bookkeeping() {
         assert_eq!(keys(r), sorted(&expected_keys), "{r}");
     }
     assert_eq!(
+        row(&all, "A-1")["destinations"],
+        json!({"default": {
+            "accepted": false, "accepted_at_ms": null, "attempts": 1,
+            "last_outcome": "conflict", "last_error": null, "next_attempt_at_ms": 0,
+            "quarantined": true, "quarantine_reason": "conflict",
+            "quarantine_detail": CONFLICT_REASON, "abandoned": false,
+        }}),
+        "one destination, default"
+    );
+    let all = json!(all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.as_object_mut().unwrap().remove("destinations");
+            r
+        })
+        .collect::<Vec<_>>());
+    assert_eq!(
         row(&all, "A-1"),
         &json!({
             "event_id": "A-1", "flow_id": "A", "seq": 1, "schema_version": 1,
             "type": "reserved", "payload": {"amount": 5},
-            "accepted": false, "quarantined": true, "quarantine_reason": CONFLICT_REASON,
+            "accepted": false, "quarantined": true, "quarantine_reason": "conflict",
+            "quarantine_detail": CONFLICT_REASON,
             "attempts": 1, "last_outcome": "conflict", "last_error": null,
             "next_attempt_at_ms": 0, "created_at_ms": T0, "accepted_at_ms": null,
         })
@@ -347,7 +370,7 @@ fn outbox_list_shows_every_row_with_its_bookkeeping() {
             "event_id": "B-1", "flow_id": "B", "seq": 1, "schema_version": 1,
             "type": "reserved", "payload": {"amount": 2},
             "accepted": true, "quarantined": false, "quarantine_reason": null,
-            "attempts": 1, "last_outcome": "accepted", "last_error": null,
+            "quarantine_detail": null, "attempts": 1, "last_outcome": "accepted", "last_error": null,
             "next_attempt_at_ms": 0, "created_at_ms": T0 + 100, "accepted_at_ms": T0 + 400,
         })
     );
@@ -360,13 +383,14 @@ fn outbox_list_shows_every_row_with_its_bookkeeping() {
             "event_id": "C-1", "flow_id": "C", "seq": 1, "schema_version": 1,
             "type": "reserved", "payload": {"amount": 1},
             "accepted": false, "quarantined": false, "quarantine_reason": null,
-            "attempts": 0, "last_outcome": null, "last_error": null,
+            "quarantine_detail": null, "attempts": 0, "last_outcome": null, "last_error": null,
             "next_attempt_at_ms": 0, "created_at_ms": T0 + 500, "accepted_at_ms": null,
         })
     );
 
     let quarantined = ops.outbox(&["--quarantined"]);
-    assert_eq!(quarantined, json!([row(&all, "A-1")]));
+    assert_eq!(ids(&quarantined), ["A-1"]);
+    assert_eq!(quarantined[0]["quarantine_detail"], CONFLICT_REASON);
     assert_eq!(ids(&ops.outbox(&["--limit", "2"])), ["A-1", "B-1"]);
     assert_eq!(ids(&ops.outbox(&["--limit", "1"])), ["A-1"]);
     assert_eq!(
@@ -439,7 +463,8 @@ fn outbox_retry_clears_a_quarantine_and_the_relay_tries_once_more() {
     let a1 = row(&ops.outbox(&["--quarantined"]), "A-1").clone();
     assert_eq!(a1["attempts"], json!(2));
     assert_eq!(a1["last_outcome"], "conflict");
-    assert_eq!(a1["quarantine_reason"], CONFLICT_REASON);
+    assert_eq!(a1["quarantine_reason"], "conflict");
+    assert_eq!(a1["quarantine_detail"], CONFLICT_REASON);
     assert_eq!(
         ops.relay(&[]),
         json!({"deliveries": [], "stop": "drained", "deliveries_total": 0, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
@@ -930,7 +955,10 @@ fn status_lab() -> Ops {
 fn status_doc(breaches: Value) -> Value {
     let ok = breaches.as_array().unwrap().is_empty();
     json!({
-        "producer": {"backlog": 2, "oldest_pending_age_s": 60, "quarantined": 1, "rewound": 0, "backing_off": 0},
+        "producer": {
+            "backlog": 2, "oldest_pending_age_s": 60, "quarantined": 1, "rewound": 0, "backing_off": 0,
+            "destinations": {"default": {"backlog": 2, "oldest_pending_age_s": 60, "quarantined": 1, "rewound": 0, "backing_off": 0}},
+        },
         "consumer": {
             "pending": 2,
             "blocked": {"total": 2, "by_reason": {"invalid_transition": 1, "unsupported_schema": 1}},
@@ -956,6 +984,7 @@ fn status_reports_every_signal_with_exact_ages() {
         [
             "backing_off",
             "backlog",
+            "destinations",
             "oldest_pending_age_s",
             "producer_name",
             "quarantined",
@@ -993,7 +1022,10 @@ fn status_reports_every_signal_with_exact_ages() {
     assert_same_numbers(
         &empty.status(),
         &json!({
-            "producer": {"backlog": 0, "oldest_pending_age_s": null, "quarantined": 0, "rewound": 0, "backing_off": 0},
+            "producer": {
+                "backlog": 0, "oldest_pending_age_s": null, "quarantined": 0, "rewound": 0, "backing_off": 0,
+                "destinations": {"default": {"backlog": 0, "oldest_pending_age_s": null, "quarantined": 0, "rewound": 0, "backing_off": 0}},
+            },
             "consumer": {"pending": 0, "blocked": {"total": 0, "by_reason": {}}, "gaps": [],
                          "gaps_total": 0, "applied": 0, "skipped": 0},
             "breaches": [],

@@ -320,6 +320,33 @@ impl Default for ProducerName {
     }
 }
 
+checked_string! {
+    /// The name of one of a producer store's destinations (PROTOCOL.md
+    /// section 12): `[a-z][a-z0-9_-]{0,63}`, as producer names;
+    /// [`DestinationName::DEFAULT`] is the one every new store starts with
+    /// and the one every store of an earlier release has.
+    #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub struct DestinationName;
+    /// Builds a destination name, refusing anything but `[a-z][a-z0-9_-]{0,63}`.
+    new: destination_name => RuleViolation;
+}
+
+impl DestinationName {
+    /// The destination of a new store, and the one of every store of an
+    /// earlier release.
+    pub const DEFAULT: &'static str = "default";
+
+    /// [`DestinationName::DEFAULT`] as a name.
+    pub fn default_name() -> DestinationName {
+        DestinationName(DestinationName::DEFAULT.to_string())
+    }
+}
+
+/// `value` if it is a destination name: `[a-z][a-z0-9_-]{0,63}`.
+fn destination_name(value: String) -> Result<String, RuleViolation> {
+    lower_name("destination name", value)
+}
+
 /// `value` if it is a domain name: `[a-z][a-z0-9_-]{0,63}`.
 fn domain_name(value: String) -> Result<String, RuleViolation> {
     lower_name("domain name", value)

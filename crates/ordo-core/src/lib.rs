@@ -21,6 +21,7 @@ pub mod apply;
 pub mod backoff;
 pub mod clock;
 pub mod crash;
+pub mod destination;
 pub mod domain;
 pub mod envelope;
 pub mod error;
@@ -45,7 +46,8 @@ pub use error::{AppendError, ErrorKind, RelayError, StoreError};
 pub use handler::{apply_in_order, ApplyContext, ApplyHandler, Verdict, DEFAULT_PRODUCER};
 pub use identity::StoreId;
 pub use ids::{
-    BlockCode, DomainName, EventId, FlowId, ProducerName, RuleViolation, SchemaVersion, Seq,
+    BlockCode, DestinationName, DomainName, EventId, FlowId, ProducerName, RuleViolation,
+    SchemaVersion, Seq,
 };
 pub use outcome::{
     Answer, BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,

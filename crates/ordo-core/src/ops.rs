@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::destination::Custody;
 use crate::envelope::Envelope;
 use crate::error::{ErrorKind, StoreError};
 use crate::identity::StoreId;
@@ -25,8 +26,11 @@ pub struct OutboxEntry {
     pub accepted: bool,
     /// A conflict receipt quarantined it; it is never retried automatically.
     pub quarantined: bool,
-    /// Why it is quarantined.
+    /// Why it is quarantined: `conflict`, `producer_rewound`, `too_large`
+    /// or `rejected_by_consumer`.
     pub quarantine_reason: Option<String>,
+    /// The quarantine's text.
+    pub quarantine_detail: Option<String>,
     /// Deliveries attempted.
     pub attempts: u64,
     /// The last receipt (`accepted`, `duplicate`, `conflict`) or `error`.
@@ -39,6 +43,46 @@ pub struct OutboxEntry {
     pub created_at_ms: i64,
     /// When custody moved.
     pub accepted_at_ms: Option<i64>,
+    /// Each destination's custody of it, by name: the destinations its flow
+    /// is delivered to. The keys above add them up: `accepted` when every
+    /// one holds it, the rest those of the first one that does not.
+    pub destinations: Vec<Custody>,
+}
+
+impl OutboxEntry {
+    /// The row of `envelope`, committed at `created_at_ms`, with its
+    /// destinations' custody (sorted here by name). A row of a flow
+    /// delivered nowhere is `accepted` as `settled` says.
+    pub fn of_custody(
+        envelope: Envelope,
+        created_at_ms: i64,
+        settled: bool,
+        mut custody: Vec<Custody>,
+    ) -> OutboxEntry {
+        custody.sort_by(|a, b| a.destination.cmp(&b.destination));
+        let accepted = custody.iter().all(|c| c.accepted) && (settled || !custody.is_empty());
+        let accepted_at_ms = if accepted {
+            custody.iter().filter_map(|c| c.accepted_at_ms).max()
+        } else {
+            None
+        };
+        let shown = crate::destination::shown_custody(&custody).cloned();
+        let shown = shown.as_ref();
+        OutboxEntry {
+            envelope,
+            accepted,
+            quarantined: custody.iter().any(|c| c.quarantined),
+            quarantine_reason: shown.and_then(|c| c.quarantine_reason.clone()),
+            quarantine_detail: shown.and_then(|c| c.quarantine_detail.clone()),
+            attempts: shown.map_or(0, |c| c.attempts),
+            last_outcome: shown.and_then(|c| c.last_outcome.clone()),
+            last_error: shown.and_then(|c| c.last_error.clone()),
+            next_attempt_at_ms: shown.map_or(0, |c| c.next_attempt_at_ms),
+            created_at_ms,
+            accepted_at_ms,
+            destinations: custody,
+        }
+    }
 }
 
 /// One inbox row with its times.

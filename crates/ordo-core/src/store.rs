@@ -4,12 +4,13 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::backoff::Backoff;
+use crate::destination::{Destination, DestinationRefused, DestinationStart, ProducerRepair};
 use crate::envelope::{BodyHash, Envelope, Headers};
 use crate::error::ErrorKind;
 use crate::error::{AppendError, StoreError};
 use crate::handler::ApplyHandler;
 use crate::identity::StoreId;
-use crate::ids::{BlockCode, EventId, FlowId, ProducerName, SchemaVersion, Seq};
+use crate::ids::{BlockCode, DestinationName, EventId, FlowId, ProducerName, SchemaVersion, Seq};
 use crate::ops::{
     whole_read, ConsumerFlow, ConsumerStatus, InboxEntry, OutboxEntry, ProducerFlow,
     ProducerStatus, Pruned, RepairRecord, RetryRefused, SkipRefused, SkipRequest,
@@ -244,6 +245,39 @@ pub trait ProducerOps {
         flow_id: &FlowId,
         limit: usize,
     ) -> Result<Vec<OutboxEntry>, StoreError>;
+
+    /// Every destination, by name, with its own signals at `now_ms`.
+    fn destinations(&mut self, now_ms: i64) -> Result<Vec<Destination>, StoreError>;
+
+    /// Adds a destination (PROTOCOL.md section 12): it receives every flow
+    /// from seq 1 (`Start`, refused while an early event of one was pruned)
+    /// or the flows whose seq 1 commits after it (`Now`).
+    fn add_destination(
+        &mut self,
+        name: &DestinationName,
+        from: DestinationStart,
+    ) -> Result<Result<(), DestinationRefused>, StoreError>;
+
+    /// Removes a destination and its custody (never the last one), audited
+    /// in the producer's repair log in the same transaction.
+    fn remove_destination(
+        &mut self,
+        name: &DestinationName,
+        by: &str,
+        reason: &str,
+    ) -> Result<Result<(), DestinationRefused>, StoreError>;
+
+    /// The producer's audit log, oldest first.
+    fn producer_repairs(&mut self) -> Result<Vec<ProducerRepair>, StoreError>;
+
+    /// Chooses the destination that the relay's reads and bookkeeping and
+    /// [`retry_quarantined`](ProducerOps::retry_quarantined) act on from now
+    /// on; `None` chooses the store's only one (refused when it has
+    /// several). Until a choice, a store acts on its only destination.
+    fn use_destination(
+        &mut self,
+        name: Option<&DestinationName>,
+    ) -> Result<Result<(), DestinationRefused>, StoreError>;
 }
 
 /// The producer side: the outbox. The application's own state lives beside

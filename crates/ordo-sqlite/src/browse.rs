@@ -15,9 +15,7 @@ use crate::producer::stored_envelope;
 pub(crate) const PRODUCER_FLOWS_SQL: &str = "SELECT flow_id, last_seq FROM outbox_head
     WHERE flow_id >= ?1 AND flow_id > ?2 ORDER BY flow_id LIMIT ?3";
 
-const FLOW_OUTBOX_SQL: &str =
-    "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
-       next_attempt_at_ms, created_at_ms, accepted_at_ms
+const FLOW_OUTBOX_SQL: &str = "SELECT position, flow_id, seq, body, created_at_ms, accepted
     FROM outbox WHERE flow_id = ?1 ORDER BY seq LIMIT ?2";
 
 /// The rows `(flow id, number)` of one page that `sql` reads with the
@@ -45,44 +43,41 @@ pub(crate) fn flow_outbox_entries(
     flow_id: &FlowId,
     limit: usize,
 ) -> Result<Vec<OutboxEntry>, StoreError> {
-    collect_rows(
+    outbox_entries(
         conn,
-        "producer: cannot list a flow's outbox rows",
         FLOW_OUTBOX_SQL,
         params![flow_id.as_str(), sql_limit(limit)],
-        |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, bool>(1)?,
-                row.get::<_, bool>(2)?,
-                row.get::<_, Option<String>>(3)?,
-                row.get::<_, i64>(4)?,
-                (
-                    row.get::<_, Option<String>>(5)?,
-                    row.get::<_, Option<String>>(6)?,
-                    row.get::<_, i64>(7)?,
-                    row.get::<_, i64>(8)?,
-                    row.get::<_, Option<i64>>(9)?,
-                ),
-            ))
-        },
-        |(body, accepted, quarantined, quarantine_reason, attempts, rest)| {
-            let (last_outcome, last_error, next_attempt_at_ms, created_at_ms, accepted_at_ms) =
-                rest;
-            Ok(OutboxEntry {
-                envelope: stored_envelope("producer: stored outbox body", &body)?,
-                accepted,
-                quarantined,
-                quarantine_reason,
-                attempts: u64::try_from(attempts).unwrap_or(0),
-                last_outcome,
-                last_error,
-                next_attempt_at_ms,
-                created_at_ms,
-                accepted_at_ms,
-            })
-        },
     )
+}
+
+/// The outbox rows `sql` reads as `(position, flow_id, seq, body,
+/// created_at_ms, accepted)`, each with its destinations' custody.
+pub(crate) fn outbox_entries<P: rusqlite::Params>(
+    conn: &Connection,
+    sql: &str,
+    params: P,
+) -> Result<Vec<OutboxEntry>, StoreError> {
+    type Row = (i64, String, i64, String, i64, bool);
+    let rows: Vec<Row> = collect_rows(
+        conn,
+        "producer: cannot list the outbox",
+        sql,
+        params,
+        |row| row.try_into(),
+        Ok,
+    )?;
+    rows.into_iter()
+        .map(|(position, flow, seq, body, created_at_ms, settled)| {
+            let custody = crate::custody::custody_of(conn, position, &flow, seq)?;
+            let envelope = stored_envelope("producer: stored outbox body", &body)?;
+            Ok(OutboxEntry::of_custody(
+                envelope,
+                created_at_ms,
+                settled,
+                custody,
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]

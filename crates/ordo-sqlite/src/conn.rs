@@ -18,8 +18,9 @@ pub const BUSY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// The version of ordo's own tables this build writes; a file with a newer
 /// one is refused. Version 1 files (the first release, which knew only the
 /// reservation domain) are upgraded once, and recorded as domain
-/// `reservation`; version 3 gave every store its identity.
-pub const SCHEMA_VERSION: i64 = 4;
+/// `reservation`; version 3 gave every store its identity; version 5 gave
+/// producer stores their destinations.
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The domain of the first release's stores, which recorded none.
 pub const FIRST_RELEASE_DOMAIN: &str = "reservation";
@@ -38,6 +39,9 @@ pub(crate) struct Tables {
     /// Brings the tables of a version 1, 2 or 3 file to version 4 (run
     /// after `upgrade_from_1`).
     pub upgrade_from_3: &'static str,
+    /// Brings the tables of a version 1 to 4 file to version 5 (run after
+    /// `upgrade_from_3`).
+    pub upgrade_from_4: &'static str,
 }
 
 /// The `application_id` ordo writes in the header of every file it creates
@@ -758,6 +762,10 @@ fn init_schema(
     if state == FileState::Older && stored_version(&tx, path)? < 4 {
         // Version 4: the consumer's rows keep the store that delivered them.
         tx.execute_batch(tables.upgrade_from_3).map_err(err)?;
+    }
+    if state == FileState::Older && stored_version(&tx, path)? < 5 {
+        // Version 5: custody per destination, the existing marks `default`'s.
+        tx.execute_batch(tables.upgrade_from_4).map_err(err)?;
     }
     if matches!(state, FileState::Empty | FileState::Foreign) {
         tx.execute_batch(META_TABLE).map_err(err)?;

@@ -22,6 +22,7 @@
 mod browse;
 mod conn;
 mod consumer;
+mod custody;
 mod domain;
 pub mod group;
 mod producer;

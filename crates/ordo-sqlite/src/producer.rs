@@ -5,14 +5,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ordo_core::crash;
+use ordo_core::destination::{Destination, DestinationRefused, DestinationStart};
 use ordo_core::ops::{
     whole_read, whole_read_limit, OutboxEntry, ProducerStatus, Pruned, RetryRefused,
     WHOLE_READ_ROWS_MAX,
 };
 use ordo_core::store::sql_limit;
 use ordo_core::{
-    AppendError, Backoff, Clock, Envelope, EventId, FlowId, OutboxRecord, OutboxTx, ProducerName,
-    ProducerOps, ProducerStore, Receipt, StoreError,
+    AppendError, Backoff, Clock, DestinationName, Envelope, EventId, FlowId, OutboxRecord,
+    OutboxTx, ProducerName, ProducerOps, ProducerStore, Receipt, StoreError,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -20,9 +21,11 @@ use crate::browse;
 use crate::conn::{
     collect_rows, corrupt, exec_cached, row_cached, sql_error, OpenOptions, Opened, Role, Tables,
 };
+use crate::custody;
 use crate::watch::DataVersion;
 
-const SCHEMA: &str = "
+const SCHEMA: &str = concat!(
+    "
 CREATE TABLE IF NOT EXISTS outbox (
     position           INTEGER PRIMARY KEY,
     event_id           TEXT    NOT NULL UNIQUE,
@@ -32,37 +35,31 @@ CREATE TABLE IF NOT EXISTS outbox (
     type               TEXT    NOT NULL,
     body               TEXT    NOT NULL,
     created_at_ms      INTEGER NOT NULL,
+    -- Settled: every destination of its flow holds it or abandoned it.
     accepted           INTEGER NOT NULL DEFAULT 0 CHECK (accepted IN (0, 1)),
     accepted_at_ms     INTEGER,
-    quarantined        INTEGER NOT NULL DEFAULT 0 CHECK (quarantined IN (0, 1)),
-    quarantine_reason  TEXT,
-    attempts           INTEGER NOT NULL DEFAULT 0,
-    last_outcome       TEXT,
-    last_error         TEXT,
-    next_attempt_at_ms INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (flow_id, seq),
-    CHECK (NOT (accepted = 1 AND quarantined = 1))
+    UNIQUE (flow_id, seq)
 );
-CREATE INDEX IF NOT EXISTS outbox_unaccepted ON outbox (position) WHERE accepted = 0;
 CREATE TABLE IF NOT EXISTS outbox_head (
     flow_id      TEXT    PRIMARY KEY,
-    last_seq     INTEGER NOT NULL CHECK (last_seq >= 1),
-    relay_seq    INTEGER,
-    relay_due_ms INTEGER NOT NULL DEFAULT 0,
-    relay_turn   INTEGER NOT NULL DEFAULT 0,
-    -- A flow rewound at this seq (a receipt of cause producer_rewound):
-    -- nothing of it from there on is relayed.
-    relay_stop_seq INTEGER
+    last_seq     INTEGER NOT NULL CHECK (last_seq >= 1)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS outbox_head_relay ON outbox_head (relay_turn, flow_id) WHERE relay_seq IS NOT NULL;
 INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);
-";
+",
+    custody::custody_ddl!(),
+    "
+INSERT INTO destination (name, start, consumer_store_id, created_at_ms)
+    SELECT 'default', 'start', NULL, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)
+    WHERE NOT EXISTS (SELECT 1 FROM destination);
+"
+);
 
 const TABLES: Tables = Tables {
     role: Role::Producer,
     create: SCHEMA,
     upgrade_from_1: "",
     upgrade_from_3: "ALTER TABLE outbox_head ADD COLUMN relay_stop_seq INTEGER;",
+    upgrade_from_4: custody::UPGRADE_FROM_4,
 };
 
 /// The producer's SQLite file: the outbox, the per-flow head of the outbox
@@ -84,6 +81,8 @@ pub struct ProducerDb {
     commits: u64,
     synced_commits: u64,
     synced: bool,
+    /// The destination the relay's calls act on, once chosen.
+    destination: Option<i64>,
 }
 
 /// A write transaction on the producer file, in which the caller changes its
@@ -110,7 +109,19 @@ impl ProducerDb {
             commits: 0,
             synced_commits: 0,
             synced: true,
+            destination: None,
         }
+    }
+
+    /// The destination the relay's calls act on: the one chosen, or the
+    /// store's only one.
+    fn destination_id(&mut self) -> Result<i64, StoreError> {
+        if let Some(id) = self.destination {
+            return Ok(id);
+        }
+        let id = custody::only(&self.conn)?;
+        self.destination = Some(id);
+        Ok(id)
     }
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction and commits if it
@@ -247,22 +258,20 @@ impl OutboxTx for ProducerTx<'_> {
             }
             return Err(err(e).into());
         }
+        let position = self.tx.last_insert_rowid();
         // Then the head, which moves only from exactly seq - 1 (or is
         // created at seq 1): that is the contiguity check, without a read.
         let mut moved = exec_cached(
             &self.tx,
-            "UPDATE outbox_head SET last_seq = ?2,
-                 relay_seq = CASE WHEN relay_stop_seq IS NULL THEN coalesce(relay_seq, ?2) ELSE relay_seq END,
-                 relay_due_ms = CASE WHEN relay_seq IS NULL THEN 0 ELSE relay_due_ms END
-             WHERE flow_id = ?1 AND last_seq = ?2 - 1",
+            "UPDATE outbox_head SET last_seq = ?2 WHERE flow_id = ?1 AND last_seq = ?2 - 1",
             params![event.flow_id.as_str(), seq],
         )
         .map_err(err)?;
         if moved == 0 && seq == 1 {
             moved = exec_cached(
                 &self.tx,
-                "INSERT INTO outbox_head (flow_id, last_seq, relay_seq, relay_due_ms)
-                 VALUES (?1, 1, 1, 0) ON CONFLICT (flow_id) DO NOTHING",
+                "INSERT INTO outbox_head (flow_id, last_seq) VALUES (?1, 1)
+                 ON CONFLICT (flow_id) DO NOTHING",
                 [event.flow_id.as_str()],
             )
             .map_err(err)?;
@@ -277,8 +286,50 @@ impl OutboxTx for ProducerTx<'_> {
             .map_err(err)?;
             return Err(not_next(event, self.last_seq(&event.flow_id)?));
         }
+        self.hand_to_destinations(event, position).map_err(err)?;
         debug_assert_eq!(self.last_seq(&event.flow_id).ok(), Some(seq));
         self.appended += 1;
+        Ok(())
+    }
+}
+
+impl ProducerTx<'_> {
+    /// Gives the row at `position` to the destinations of its flow: at seq 1
+    /// the flow becomes every destination's (decided under the write lock,
+    /// which adding a destination takes too), later its relay heads move.
+    /// A row no destination waits for is settled at once.
+    fn hand_to_destinations(&self, event: &Envelope, position: i64) -> rusqlite::Result<()> {
+        let flow = event.flow_id.as_str();
+        if event.seq.get() == 1 {
+            exec_cached(
+                &self.tx,
+                "INSERT INTO relay_head (flow_id, destination, relay_seq, relay_due_ms)
+                 SELECT ?1, id, 1, 0 FROM destination",
+                [flow],
+            )?;
+        } else {
+            exec_cached(
+                &self.tx,
+                "UPDATE relay_head SET
+                     relay_seq = CASE WHEN relay_stop_seq IS NULL THEN coalesce(relay_seq, ?2) ELSE relay_seq END,
+                     relay_due_ms = CASE WHEN relay_seq IS NULL THEN 0 ELSE relay_due_ms END
+                 WHERE flow_id = ?1 AND abandoned_seq IS NULL",
+                params![flow, event.seq.get()],
+            )?;
+        }
+        let waiting = exec_cached(
+            &self.tx,
+            "INSERT INTO custody (position, destination)
+             SELECT ?1, destination FROM relay_head WHERE flow_id = ?2 AND abandoned_seq IS NULL",
+            params![position, flow],
+        )?;
+        if waiting == 0 {
+            exec_cached(
+                &self.tx,
+                "UPDATE outbox SET accepted = 1, accepted_at_ms = ?2 WHERE position = ?1",
+                params![position, self.now_ms],
+            )?;
+        }
         Ok(())
     }
 }
@@ -303,7 +354,11 @@ pub(crate) fn read_outbox_at_most(
     conn: &Connection,
     rows_max: usize,
 ) -> Result<Vec<OutboxRecord>, StoreError> {
-    let sql = "SELECT body, accepted FROM outbox ORDER BY position LIMIT ?1";
+    let sql = concat!(
+        "SELECT body, ",
+        custody::held_everywhere_sql!(),
+        " FROM outbox o ORDER BY position LIMIT ?1"
+    );
     let rows = collect_rows(
         conn,
         "producer: cannot read the outbox",
@@ -342,7 +397,11 @@ impl ProducerOps for ProducerDb {
     fn outbox_event(&mut self, event_id: &EventId) -> Result<Option<OutboxRecord>, StoreError> {
         let row: Option<(String, bool)> = row_cached(
             &self.conn,
-            "SELECT body, accepted FROM outbox WHERE event_id = ?1",
+            concat!(
+                "SELECT body, ",
+                custody::held_everywhere_sql!(),
+                " FROM outbox o WHERE event_id = ?1"
+            ),
             [event_id.as_str()],
             |row| Ok((row.get(0)?, row.get(1)?)),
         )
@@ -362,43 +421,13 @@ impl ProducerOps for ProducerDb {
         quarantined_only: bool,
         limit: usize,
     ) -> Result<Vec<OutboxEntry>, StoreError> {
-        collect_rows(
+        browse::outbox_entries(
             &self.conn,
-            "producer: cannot list the outbox",
-            "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
-                    next_attempt_at_ms, created_at_ms, accepted_at_ms
-             FROM outbox WHERE (NOT ?1 OR quarantined = 1) ORDER BY position LIMIT ?2",
+            "SELECT position, flow_id, seq, body, created_at_ms, accepted FROM outbox o
+             WHERE (NOT ?1 OR EXISTS (SELECT 1 FROM custody c
+                 WHERE c.position = o.position AND c.quarantined = 1))
+             ORDER BY position LIMIT ?2",
             params![quarantined_only, sql_limit(limit)],
-            |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    OutboxEntryRow {
-                        accepted: row.get(1)?,
-                        quarantined: row.get(2)?,
-                        quarantine_reason: row.get(3)?,
-                        attempts: row.get(4)?,
-                        last_outcome: row.get(5)?,
-                        last_error: row.get(6)?,
-                        next_attempt_at_ms: row.get(7)?,
-                        created_at_ms: row.get(8)?,
-                        accepted_at_ms: row.get(9)?,
-                    },
-                ))
-            },
-            |(body, r)| {
-                Ok(OutboxEntry {
-                    envelope: stored_envelope("producer: stored outbox body", &body)?,
-                    accepted: r.accepted,
-                    quarantined: r.quarantined,
-                    quarantine_reason: r.quarantine_reason,
-                    attempts: u64::try_from(r.attempts).unwrap_or(0),
-                    last_outcome: r.last_outcome,
-                    last_error: r.last_error,
-                    next_attempt_at_ms: r.next_attempt_at_ms,
-                    created_at_ms: r.created_at_ms,
-                    accepted_at_ms: r.accepted_at_ms,
-                })
-            },
         )
     }
 
@@ -406,76 +435,116 @@ impl ProducerOps for ProducerDb {
         &mut self,
         event_id: &EventId,
     ) -> Result<Result<(), RetryRefused>, StoreError> {
+        let destination = self.destination_id()?;
         self.write(|ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot retry a quarantined event", e);
-            let row: Option<(String, i64, bool)> = row_cached(
+            let row: Option<(String, i64, Option<bool>)> = row_cached(
                 tx,
-                "SELECT flow_id, seq, quarantined FROM outbox WHERE event_id = ?1",
-                [event_id.as_str()],
+                "SELECT o.flow_id, o.seq, c.quarantined FROM outbox o
+                 LEFT JOIN custody c ON c.position = o.position AND c.destination = ?2
+                 WHERE o.event_id = ?1",
+                params![event_id.as_str(), destination],
                 |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
             )
             .optional()
             .map_err(err)?;
             let (flow, seq) = match row {
                 None => return Ok(Err(RetryRefused::Unknown(event_id.clone()))),
-                Some((_, _, false)) => {
-                    return Ok(Err(RetryRefused::NotQuarantined(event_id.clone())))
-                }
-                Some((flow, seq, true)) => (flow, seq),
+                Some((flow, seq, Some(true))) => (flow, seq),
+                Some(_) => return Ok(Err(RetryRefused::NotQuarantined(event_id.clone()))),
             };
-            exec_cached(tx,
-                "UPDATE outbox SET quarantined = 0, quarantine_reason = NULL, next_attempt_at_ms = 0
-                 WHERE event_id = ?1",
-                [event_id.as_str()],
+            exec_cached(
+                tx,
+                "UPDATE custody SET quarantined = 0, quarantine_reason = NULL,
+                     quarantine_detail = NULL, next_attempt_at_ms = 0
+                 WHERE destination = ?2 AND position = (SELECT position FROM outbox WHERE event_id = ?1)",
+                params![event_id.as_str(), destination],
             )
             .map_err(err)?;
             // A retried rewound event lifts its flow's stop.
             exec_cached(
                 tx,
-                "UPDATE outbox_head SET relay_stop_seq = NULL WHERE flow_id = ?1 AND relay_stop_seq = ?2",
-                params![flow, seq],
+                "UPDATE relay_head SET relay_stop_seq = NULL
+                 WHERE flow_id = ?1 AND destination = ?3 AND relay_stop_seq = ?2",
+                params![flow, seq, destination],
             )
             .map_err(err)?;
-            refresh_heads(tx, &[flow], None, Some(seq))?;
+            custody::refresh_heads(tx, destination, &[flow], None, Some(seq))?;
             Ok(Ok(()))
         })
     }
 
     fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
-        row_cached(
-            &self.conn,
-            "SELECT count(*), min(created_at_ms), coalesce(sum(quarantined), 0),
-                        coalesce(sum(quarantined = 0 AND next_attempt_at_ms > ?1), 0),
-                        coalesce(sum(quarantined = 1 AND last_outcome = 'producer_rewound'), 0)
-                 FROM outbox WHERE accepted = 0",
-            [now_ms],
-            |row| {
-                Ok(ProducerStatus {
-                    backlog: row.get::<_, i64>(0)?.max(0) as u64,
-                    oldest_pending_created_at_ms: row.get(1)?,
-                    quarantined: row.get::<_, i64>(2)?.max(0) as u64,
-                    rewound: row.get::<_, i64>(4)?.max(0) as u64,
-                    backing_off: row.get::<_, i64>(3)?.max(0) as u64,
-                })
-            },
-        )
-        .map_err(|e| sql_error("producer: cannot read the status", e))
+        let destinations = custody::destinations(&self.conn, now_ms)?;
+        Ok(ordo_core::destination::sum_statuses(
+            destinations.iter().map(|d| &d.status),
+        ))
     }
 
     fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
         self.write(|ptx| {
+            let err = |e| sql_error("producer: cannot prune the outbox", e);
+            exec_cached(
+                &ptx.tx,
+                "DELETE FROM custody WHERE position IN (
+                     SELECT position FROM outbox WHERE accepted = 1 AND accepted_at_ms < ?1)",
+                [cutoff_ms],
+            )
+            .map_err(err)?;
             let rows = exec_cached(
                 &ptx.tx,
                 "DELETE FROM outbox WHERE accepted = 1 AND accepted_at_ms < ?1",
                 [cutoff_ms],
             )
-            .map_err(|e| sql_error("producer: cannot prune the outbox", e))?;
+            .map_err(err)?;
             Ok(Pruned {
                 rows: rows as u64,
                 fingerprints: 0,
             })
         })
+    }
+
+    fn destinations(&mut self, now_ms: i64) -> Result<Vec<Destination>, StoreError> {
+        custody::destinations(&self.conn, now_ms)
+    }
+
+    fn add_destination(
+        &mut self,
+        name: &DestinationName,
+        from: DestinationStart,
+    ) -> Result<Result<(), DestinationRefused>, StoreError> {
+        self.write(|ptx| {
+            let refused = custody::add(&ptx.tx, name, from, ptx.now_ms)?;
+            Ok::<_, StoreError>(refused)
+        })
+    }
+
+    fn remove_destination(
+        &mut self,
+        name: &DestinationName,
+        by: &str,
+        reason: &str,
+    ) -> Result<Result<(), DestinationRefused>, StoreError> {
+        let removed = self.write(|ptx| custody::remove(&ptx.tx, name, (by, reason), ptx.now_ms))?;
+        Ok(removed.map(|id| {
+            if self.destination == Some(id) {
+                self.destination = None;
+            }
+        }))
+    }
+
+    fn producer_repairs(
+        &mut self,
+    ) -> Result<Vec<ordo_core::destination::ProducerRepair>, StoreError> {
+        custody::repairs(&self.conn)
+    }
+
+    fn use_destination(
+        &mut self,
+        name: Option<&DestinationName>,
+    ) -> Result<Result<(), DestinationRefused>, StoreError> {
+        Ok(custody::choose(&self.conn, name)?.map(|id| self.destination = Some(id)))
     }
 
     ordo_core::producer_ops_methods!(ProducerDb, browse);
@@ -491,24 +560,31 @@ impl ProducerStore for ProducerDb {
     }
 
     fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError> {
+        let destination = self.destination_id()?;
         collect_rows(
             &self.conn,
             "producer: cannot read pending events",
-            "SELECT body FROM outbox WHERE accepted = 0 ORDER BY position LIMIT ?1",
-            [sql_limit(limit)],
+            "SELECT o.body FROM custody c JOIN outbox o ON o.position = c.position
+             WHERE c.destination = ?1 AND c.accepted = 0 AND c.abandoned = 0
+             ORDER BY c.position LIMIT ?2",
+            params![destination, sql_limit(limit)],
             |row| row.get::<_, String>(0),
             |body| stored_envelope("producer: stored outbox body", &body),
         )
     }
 
     fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError> {
-        let row: Option<(String, i64)> = row_cached(&self.conn,
-                "SELECT body, next_attempt_at_ms FROM outbox WHERE accepted = 0 ORDER BY position LIMIT 1",
-                [],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-            )
-            .optional()
-            .map_err(|e| sql_error("producer: cannot read the oldest unaccepted event", e))?;
+        let destination = self.destination_id()?;
+        let row: Option<(String, i64)> = row_cached(
+            &self.conn,
+            "SELECT o.body, c.next_attempt_at_ms FROM custody c JOIN outbox o ON o.position = c.position
+             WHERE c.destination = ?1 AND c.accepted = 0 AND c.abandoned = 0
+             ORDER BY c.position LIMIT 1",
+            [destination],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .optional()
+        .map_err(|e| sql_error("producer: cannot read the oldest unaccepted event", e))?;
         match row {
             Some((body, due_ms)) if due_ms <= now_ms => Ok(Some(stored_envelope(
                 "producer: stored outbox body",
@@ -524,6 +600,7 @@ impl ProducerStore for ProducerDb {
         skip: &BTreeSet<FlowId>,
         now_ms: i64,
     ) -> Result<Vec<Envelope>, StoreError> {
+        let destination = self.destination_id()?;
         let limit = sql_limit(limit);
         let body = |row: &rusqlite::Row<'_>| row.get::<_, String>(0);
         let envelope = |body: String| stored_envelope("producer: stored outbox body", &body);
@@ -533,12 +610,12 @@ impl ProducerStore for ProducerDb {
             return collect_rows(
                 &self.conn,
                 "producer: cannot pick a fair round",
-                "SELECT o.body FROM outbox_head h
+                "SELECT o.body FROM relay_head h
                  JOIN outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
-                 WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
+                 WHERE h.destination = ?3 AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
                  ORDER BY h.relay_turn, h.flow_id
                  LIMIT ?2",
-                params![now_ms, limit],
+                params![now_ms, limit, destination],
                 body,
                 envelope,
             );
@@ -548,13 +625,13 @@ impl ProducerStore for ProducerDb {
         collect_rows(
             &self.conn,
             "producer: cannot pick a fair round",
-            "SELECT o.body FROM outbox_head h
+            "SELECT o.body FROM relay_head h
              JOIN outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
-             WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
+             WHERE h.destination = ?4 AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
                AND h.flow_id NOT IN (SELECT value FROM json_each(?2))
              ORDER BY h.relay_turn, h.flow_id
              LIMIT ?3",
-            params![now_ms, skip_json, limit],
+            params![now_ms, skip_json, limit, destination],
             body,
             envelope,
         )
@@ -568,6 +645,7 @@ impl ProducerStore for ProducerDb {
         receipts: &[(EventId, Receipt)],
         now_ms: i64,
     ) -> Result<(), StoreError> {
+        let destination = self.destination_id()?;
         self.write_synced(false, |ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot record receipts", e);
@@ -608,11 +686,12 @@ impl ProducerStore for ProducerDb {
                 let Some((position, flow, seq)) = row else {
                     continue;
                 };
-                mark_receipt(tx, (position, &flow, seq), *receipt, ptx.now_ms.max(now_ms))?;
+                let at = ptx.now_ms.max(now_ms);
+                custody::mark_receipt(tx, destination, (position, &flow, seq), *receipt, at)?;
                 flows.insert(flow);
             }
             let flows: Vec<String> = flows.into_iter().collect();
-            refresh_heads(tx, &flows, Some(turn), None)?;
+            custody::refresh_heads(tx, destination, &flows, Some(turn), None)?;
             crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
             Ok(())
         })
@@ -625,6 +704,7 @@ impl ProducerStore for ProducerDb {
         now_ms: i64,
         backoff: &Backoff,
     ) -> Result<(), StoreError> {
+        let destination = self.destination_id()?;
         // Bookkeeping like the receipts: a lost attempt count only retries
         // sooner.
         self.write_synced(false, |ptx| {
@@ -632,26 +712,39 @@ impl ProducerStore for ProducerDb {
             let err = |e| sql_error("producer: cannot record a delivery failure", e);
             let mut flows = BTreeSet::new();
             for event_id in event_ids {
-                let row: Option<(String, i64)> = row_cached(tx,
-                        "UPDATE outbox SET attempts = attempts + 1, last_outcome = 'error', last_error = ?2
-                         WHERE event_id = ?1 AND accepted = 0 RETURNING flow_id, attempts",
-                        params![event_id.as_str(), error],
-                        |row| Ok((row.get(0)?, row.get(1)?)),
-                    )
-                    .optional()
-                    .map_err(err)?;
-                let Some((flow, attempts)) = row else { continue };
-                let delay_ms = backoff.delay_ms(u32::try_from(attempts).unwrap_or(u32::MAX), fastrand::f64());
-                exec_cached(tx,
-                    "UPDATE outbox SET next_attempt_at_ms = ?2 WHERE event_id = ?1",
-                    // Strictly later than the failure, whatever the jitter drew.
-                    params![event_id.as_str(), now_ms.saturating_add(1).saturating_add(delay_ms as i64)],
+                let row: Option<(i64, String)> = row_cached(
+                    tx,
+                    "SELECT position, flow_id FROM outbox WHERE event_id = ?1",
+                    [event_id.as_str()],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+                .optional()
+                .map_err(err)?;
+                let Some((position, flow)) = row else { continue };
+                let attempts: Option<i64> = row_cached(
+                    tx,
+                    "UPDATE custody SET attempts = attempts + 1, last_outcome = 'error', last_error = ?3
+                     WHERE position = ?1 AND destination = ?2 AND accepted = 0 RETURNING attempts",
+                    params![position, destination, error],
+                    |row| row.get(0),
+                )
+                .optional()
+                .map_err(err)?;
+                let Some(attempts) = attempts else { continue };
+                let delay_ms =
+                    backoff.delay_ms(u32::try_from(attempts).unwrap_or(u32::MAX), fastrand::f64());
+                // Strictly later than the failure, whatever the jitter drew.
+                let due = now_ms.saturating_add(1).saturating_add(delay_ms as i64);
+                exec_cached(
+                    tx,
+                    "UPDATE custody SET next_attempt_at_ms = ?3 WHERE position = ?1 AND destination = ?2",
+                    params![position, destination, due],
                 )
                 .map_err(err)?;
                 flows.insert(flow);
             }
             let flows: Vec<String> = flows.into_iter().collect();
-            refresh_heads(tx, &flows, None, None)
+            custody::refresh_heads(tx, destination, &flows, None, None)
         })
     }
 
@@ -664,119 +757,34 @@ impl ProducerStore for ProducerDb {
         reason: &str,
         _now_ms: i64,
     ) -> Result<(), StoreError> {
+        let destination = self.destination_id()?;
         self.write_synced(false, |ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot quarantine an event", e);
             let flow: Option<String> = row_cached(
                 tx,
-                "UPDATE outbox SET quarantined = 1, quarantine_reason = ?2,
-                     attempts = attempts + 1, last_outcome = ?3, last_error = ?2
-                 WHERE event_id = ?1 AND accepted = 0 RETURNING flow_id",
-                params![event_id.as_str(), reason, outcome],
+                "UPDATE custody SET quarantined = 1, quarantine_reason = ?3, quarantine_detail = ?4,
+                     attempts = attempts + 1, last_outcome = ?3, last_error = ?4
+                 WHERE destination = ?2 AND accepted = 0
+                   AND position = (SELECT position FROM outbox WHERE event_id = ?1)
+                 RETURNING (SELECT flow_id FROM outbox WHERE event_id = ?1)",
+                params![event_id.as_str(), destination, outcome, reason],
                 |row| row.get(0),
             )
             .optional()
             .map_err(err)?;
-            refresh_heads(tx, &flow.into_iter().collect::<Vec<_>>(), None, None)
+            custody::refresh_heads(
+                tx,
+                destination,
+                &flow.into_iter().collect::<Vec<_>>(),
+                None,
+                None,
+            )
         })
     }
 }
 
-/// Bookkeeping columns of one outbox row.
-struct OutboxEntryRow {
-    accepted: bool,
-    quarantined: bool,
-    quarantine_reason: Option<String>,
-    attempts: i64,
-    last_outcome: Option<String>,
-    last_error: Option<String>,
-    next_attempt_at_ms: i64,
-    created_at_ms: i64,
-    accepted_at_ms: Option<i64>,
-}
-
 pub use ordo_core::CONFLICT_REASON;
-
-/// Records one receipt on the outbox row at `position` (of `flow`, `seq`):
-/// custody for `accepted` and `duplicate`, a quarantine for a conflict, and
-/// for `producer_rewound` a stop of the flow there: nothing of it from that
-/// seq on is relayed.
-fn mark_receipt(
-    tx: &Connection,
-    (position, flow, seq): (i64, &str, i64),
-    receipt: Receipt,
-    now_ms: i64,
-) -> Result<(), StoreError> {
-    let err = |e| sql_error("producer: cannot record receipts", e);
-    if receipt == Receipt::ProducerRewound {
-        exec_cached(
-            tx,
-            "UPDATE outbox_head SET relay_stop_seq = min(coalesce(relay_stop_seq, ?2), ?2)
-             WHERE flow_id = ?1",
-            params![flow, seq],
-        )
-        .map_err(err)?;
-    }
-    let marked = match receipt.quarantine() {
-        Some((outcome, reason)) => exec_cached(
-            tx,
-            "UPDATE outbox SET quarantined = 1 - accepted,
-                 quarantine_reason = CASE WHEN accepted = 1 THEN NULL ELSE ?2 END,
-                 attempts = attempts + 1, last_outcome = ?3
-             WHERE position = ?1",
-            params![position, reason, outcome],
-        ),
-        None => exec_cached(
-            tx,
-            "UPDATE outbox SET accepted = 1, quarantined = 0, quarantine_reason = NULL,
-                 accepted_at_ms = coalesce(accepted_at_ms, ?2),
-                 attempts = attempts + 1, last_outcome = ?3, last_error = NULL
-             WHERE position = ?1",
-            params![position, now_ms, receipt.as_str()],
-        ),
-    }
-    .map_err(err)?;
-    assert_eq!(marked, 1, "a receipt marks its one outbox row");
-    Ok(())
-}
-
-/// Moves each flow's relay head to its lowest seq neither accepted nor
-/// quarantined, with that event's next attempt time, in one statement; records
-/// the round in which the flows were served when `turn` is given. Accepting,
-/// quarantining or failing events never makes an earlier seq eligible, so the
-/// search walks the `(flow_id, seq)` index from the current head, or from
-/// `reopened` (a seq whose quarantine was cleared) when that is earlier. A
-/// flow with nothing eligible keeps a NULL head.
-fn refresh_heads<S: AsRef<str>>(
-    conn: &Connection,
-    flows: &[S],
-    turn: Option<i64>,
-    reopened: Option<i64>,
-) -> Result<(), StoreError> {
-    let err = |e| sql_error("producer: cannot move the relay heads", e);
-    // One lookup per head: the aggregate over at most one row gives the next
-    // seq or NULL, and its due time or 0. One execution per flow of a cached
-    // statement, without a temporary table for the list.
-    let mut statement = conn
-        .prepare_cached(
-            "UPDATE outbox_head SET
-                 (relay_seq, relay_due_ms) = (SELECT max(seq), coalesce(max(due), 0) FROM (
-                     SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM outbox o
-                     WHERE o.flow_id = ?1 AND o.accepted = 0 AND o.quarantined = 0
-                       AND o.seq >= coalesce(min(outbox_head.relay_seq, ?3), outbox_head.relay_seq, ?3)
-                       AND o.seq < coalesce(outbox_head.relay_stop_seq, 9223372036854775807)
-                     ORDER BY o.seq LIMIT 1)),
-                 relay_turn = coalesce(?2, relay_turn)
-             WHERE flow_id = ?1",
-        )
-        .map_err(err)?;
-    for flow in flows {
-        statement
-            .execute(params![flow.as_ref(), turn, reopened])
-            .map_err(err)?;
-    }
-    Ok(())
-}
 
 #[cfg(test)]
 mod whole_reads {

@@ -54,17 +54,37 @@ fn every_store_has_an_identity_of_its_own_kept_across_opens() {
     assert_ne!(producer, second_producer);
 }
 
+/// A producer file's tables brought back to the second release's: custody
+/// in the outbox and its heads, no destinations.
+const SECOND_RELEASE_OUTBOX: &str = "
+DROP TABLE custody; DROP TABLE relay_head; DROP TABLE destination;
+DROP TRIGGER producer_repair_append_only_update; DROP TRIGGER producer_repair_append_only_delete;
+DROP TABLE producer_repair;
+DROP TABLE outbox;
+CREATE TABLE outbox (
+    position INTEGER PRIMARY KEY, event_id TEXT NOT NULL UNIQUE, flow_id TEXT NOT NULL,
+    seq INTEGER NOT NULL, schema_version INTEGER NOT NULL, type TEXT NOT NULL, body TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL, accepted INTEGER NOT NULL DEFAULT 0, accepted_at_ms INTEGER,
+    quarantined INTEGER NOT NULL DEFAULT 0, quarantine_reason TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0, last_outcome TEXT, last_error TEXT,
+    next_attempt_at_ms INTEGER NOT NULL DEFAULT 0, UNIQUE (flow_id, seq));
+DROP TABLE outbox_head;
+CREATE TABLE outbox_head (
+    flow_id TEXT PRIMARY KEY, last_seq INTEGER NOT NULL, relay_seq INTEGER,
+    relay_due_ms INTEGER NOT NULL DEFAULT 0, relay_turn INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+";
+
 #[test]
 fn a_second_release_store_is_given_an_identity_at_its_first_open() {
     let dir = tempfile::tempdir().unwrap();
     for producer in [true, false] {
         let path = dir.path().join(if producer { "p.db" } else { "c.db" });
         let created = open(producer, &path);
-        // The second release's file: its tables at version 2 (no relay
-        // stops, a consumer's rows without their delivering store), no
-        // identity.
+        // The second release's file: its tables at version 2 (custody in
+        // the outbox, no relay stops, a consumer's rows without their
+        // delivering store), no identity.
         let rows_without_sender = match producer {
-            true => "ALTER TABLE outbox_head DROP COLUMN relay_stop_seq;",
+            true => SECOND_RELEASE_OUTBOX,
             false => {
                 "ALTER TABLE inbox DROP COLUMN store_id;
                  ALTER TABLE inbox_fingerprint DROP COLUMN store_id;"

@@ -104,8 +104,9 @@ fn a_restored_producer_is_told_apart_and_only_its_colliding_flows_stop() {
     let quarantined = producer.outbox_entries(true, 10).unwrap();
     assert_eq!(quarantined.len(), 2, "{quarantined:?}");
     for entry in &quarantined {
+        assert_eq!(entry.quarantine_reason.as_deref(), Some("producer_rewound"));
         assert_eq!(
-            entry.quarantine_reason.as_deref(),
+            entry.quarantine_detail.as_deref(),
             Some(PRODUCER_REWOUND_REASON)
         );
         assert_eq!(entry.last_outcome.as_deref(), Some("producer_rewound"));

@@ -205,6 +205,23 @@ fn a_second_release_file_pair_opens_unchanged_and_goes_on_relaying_and_applying(
             ("f-2", false, false)
         ]
     );
+    // One destination, default, holding those marks.
+    let destinations = producer.destinations(0).unwrap();
+    let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["default"]);
+    assert_eq!(destinations[0].status.backlog, 2);
+    assert_eq!(destinations[0].status.quarantined, 1);
+    for entry in &outbox {
+        let custody: Vec<(&str, bool, bool)> = (entry.destinations.iter())
+            .map(|c| (c.destination.as_str(), c.accepted, c.quarantined))
+            .collect();
+        assert_eq!(custody, [("default", entry.accepted, entry.quarantined)]);
+    }
+    assert_eq!(outbox[1].quarantine_reason.as_deref(), Some("conflict"));
+    assert_eq!(
+        outbox[1].quarantine_detail.as_deref(),
+        Some(CONFLICT_REASON)
+    );
 
     let report = relay(
         &mut producer,

@@ -654,8 +654,8 @@ pub fn outbox_entry<P: ProducerStore + ReservationProducer + ?Sized>(
         .unwrap_or_else(|| panic!("{} is not in the outbox", event.event_id))
 }
 
-/// Asserts that an outbox row is quarantined, not accepted, and says why
-/// in a reason that is not blank.
+/// Asserts that an outbox row is quarantined, not accepted, and says why:
+/// a reason code and a text that is not blank.
 #[track_caller]
 pub fn assert_quarantined(entry: &OutboxEntry) {
     assert!(
@@ -664,8 +664,16 @@ pub fn assert_quarantined(entry: &OutboxEntry) {
     );
     let reason = entry.quarantine_reason.as_deref();
     assert!(
-        reason.is_some_and(|r| !r.trim().is_empty()),
-        "a quarantine has a reason: {entry:?}"
+        matches!(
+            reason,
+            Some("conflict" | "producer_rewound" | "too_large" | "rejected_by_consumer")
+        ),
+        "a quarantine has a reason code: {entry:?}"
+    );
+    let detail = entry.quarantine_detail.as_deref();
+    assert!(
+        detail.is_some_and(|r| !r.trim().is_empty()),
+        "a quarantine has a text: {entry:?}"
     );
 }
 

@@ -56,7 +56,7 @@ fn bookkeeping(ctx: &Ctx, now_ms: i64, event_id: &str) -> Result<Value, String> 
     Ok(json!({
         "accepted": row["accepted"],
         "quarantined": row["quarantined"],
-        "quarantine_reason": row["quarantine_reason"],
+        "quarantine_detail": row["quarantine_detail"],
         "attempts": row["attempts"],
         "last_outcome": row["last_outcome"],
     }))
@@ -102,7 +102,7 @@ fn fair_relay_isolates_conflict(ctx: &Ctx) -> Result<Outcome, String> {
             ], "drained"),
             "apply": drained(vec![("a", 0, "blocked", Some("unsupported_schema")), ("b", 3, "idle", None)]),
             "quarantined": ["a-1"],
-            "a_1": {"accepted": false, "quarantined": true, "quarantine_reason": CONFLICT_REASON, "attempts": 1, "last_outcome": "conflict"},
+            "a_1": {"accepted": false, "quarantined": true, "quarantine_detail": CONFLICT_REASON, "attempts": 1, "last_outcome": "conflict"},
             "status_quarantined": 1,
             "projection": [{"flow_id": "b", "state": "released", "quantity": 5, "applied_seq": 3}],
         }),
@@ -159,7 +159,7 @@ fn transient_failure_backs_off(ctx: &Ctx) -> Result<Outcome, String> {
             "next_attempt_within_first_backoff": true,
             "relay_before_next_attempt": relayed(vec![], "drained"),
             "relay_after_next_attempt": relayed(vec![delivery_of("a-1", "a", 1, "accepted")], "drained"),
-            "a_1": {"accepted": true, "quarantined": false, "quarantine_reason": null, "attempts": 2, "last_outcome": "accepted"},
+            "a_1": {"accepted": true, "quarantined": false, "quarantine_detail": null, "attempts": 2, "last_outcome": "accepted"},
         }),
     })
 }
@@ -188,7 +188,7 @@ fn quarantine_is_retried_only_by_an_operator(ctx: &Ctx) -> Result<Outcome, Strin
             "an_hour_later": relayed(vec![], "drained"),
             "retry": {"event_id": "a-1", "retried": true},
             "after_retry": conflict,
-            "a_1": {"accepted": false, "quarantined": true, "quarantine_reason": CONFLICT_REASON, "attempts": 2, "last_outcome": "conflict"},
+            "a_1": {"accepted": false, "quarantined": true, "quarantine_detail": CONFLICT_REASON, "attempts": 2, "last_outcome": "conflict"},
             "retry_unknown_exit_code": 2,
         }),
     })

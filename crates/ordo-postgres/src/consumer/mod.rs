@@ -55,6 +55,8 @@ pub(crate) const TABLES: Tables = Tables {
         // producer store that delivered it.
         "ALTER TABLE {s}.inbox ADD COLUMN IF NOT EXISTS store_id text;
          ALTER TABLE {s}.inbox_fingerprint ADD COLUMN IF NOT EXISTS store_id text;",
+        // 8: nothing of the consumer's (the producer's destinations).
+        "SELECT 1;",
     ],
 };
 

@@ -20,6 +20,7 @@ use crate::error::corrupt;
 use crate::wake::Wake;
 
 mod append;
+mod destinations;
 mod sql;
 mod store;
 
@@ -449,19 +450,32 @@ fn refresh_heads(
     Ok(())
 }
 
+/// One outbox row read as `body, accepted, quarantined, quarantine_reason,
+/// attempts, last_outcome, last_error, next_attempt_at_ms, created_at_ms,
+/// accepted_at_ms`: its custody is the one destination's, `default` (the
+/// stored reason is the quarantine's text, its code the last outcome).
 pub(crate) fn outbox_entry(row: &Row) -> Result<OutboxEntry, StoreError> {
-    Ok(OutboxEntry {
-        envelope: stored_envelope(BODY, row.get(0))?,
+    let quarantined: bool = row.get(2);
+    let last_outcome: Option<String> = row.get(5);
+    let custody = ordo_core::destination::Custody {
+        destination: ordo_core::DestinationName::default_name(),
         accepted: row.get(1),
-        quarantined: row.get(2),
-        quarantine_reason: row.get(3),
+        accepted_at_ms: row.get(9),
         attempts: u64::try_from(row.get::<_, i64>(4)).unwrap_or(0),
-        last_outcome: row.get(5),
+        quarantine_reason: quarantined.then(|| last_outcome.clone()).flatten(),
+        quarantine_detail: row.get(3),
+        last_outcome,
         last_error: row.get(6),
         next_attempt_at_ms: row.get(7),
-        created_at_ms: row.get(8),
-        accepted_at_ms: row.get(9),
-    })
+        quarantined,
+        abandoned: false,
+    };
+    Ok(OutboxEntry::of_custody(
+        stored_envelope(BODY, row.get(0))?,
+        row.get(8),
+        custody.accepted,
+        vec![custody],
+    ))
 }
 
 #[cfg(test)]

@@ -55,6 +55,29 @@ pub(crate) const TABLES: Tables = Tables {
         // 7: a flow rewound at a seq (a receipt of cause
         // producer_rewound) relays nothing from there on.
         "ALTER TABLE {s}.outbox_head ADD COLUMN IF NOT EXISTS relay_stop_seq bigint;",
+        // 8: the destinations, `default` holding the outbox's marks, and
+        // the producer's audit log.
+        "CREATE TABLE IF NOT EXISTS {s}.destination (
+             id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+             name              text   COLLATE \"C\" NOT NULL UNIQUE,
+             start             text   NOT NULL CHECK (start IN ('start', 'now')),
+             consumer_store_id text,
+             created_at_ms     bigint NOT NULL
+         );
+         INSERT INTO {s}.destination (name, start, created_at_ms)
+             SELECT 'default', 'start', (extract(epoch FROM clock_timestamp()) * 1000)::bigint
+             WHERE NOT EXISTS (SELECT 1 FROM {s}.destination);
+         CREATE TABLE IF NOT EXISTS {s}.producer_repair (
+             id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+             action      text   NOT NULL,
+             destination text,
+             flow_id     text,
+             seq         bigint,
+             event_id    text,
+             reason      text   NOT NULL,
+             by          text   NOT NULL,
+             at_ms       bigint NOT NULL
+         );",
     ],
 };
 

@@ -106,6 +106,43 @@ impl ProducerOps for PgProducer {
         })
     }
 
+    fn destinations(
+        &mut self,
+        now_ms: i64,
+    ) -> Result<Vec<ordo_core::destination::Destination>, StoreError> {
+        super::destinations::destinations(self, now_ms)
+    }
+
+    fn add_destination(
+        &mut self,
+        name: &ordo_core::DestinationName,
+        _from: ordo_core::destination::DestinationStart,
+    ) -> Result<Result<(), ordo_core::destination::DestinationRefused>, StoreError> {
+        super::destinations::add(self, name)
+    }
+
+    fn remove_destination(
+        &mut self,
+        name: &ordo_core::DestinationName,
+        _by: &str,
+        _reason: &str,
+    ) -> Result<Result<(), ordo_core::destination::DestinationRefused>, StoreError> {
+        super::destinations::remove(self, name)
+    }
+
+    fn producer_repairs(
+        &mut self,
+    ) -> Result<Vec<ordo_core::destination::ProducerRepair>, StoreError> {
+        super::destinations::repairs(self)
+    }
+
+    fn use_destination(
+        &mut self,
+        name: Option<&ordo_core::DestinationName>,
+    ) -> Result<Result<(), ordo_core::destination::DestinationRefused>, StoreError> {
+        super::destinations::choose(self, name)
+    }
+
     ordo_core::producer_ops_methods!(PgProducer, browse);
 }
 

@@ -70,6 +70,7 @@ pub(super) const TABLES: Tables = Tables {
     upgrade_from_1: "ALTER TABLE inbox ADD COLUMN detail TEXT;",
     upgrade_from_3: "ALTER TABLE inbox ADD COLUMN store_id TEXT;
         ALTER TABLE inbox_fingerprint ADD COLUMN store_id TEXT;",
+    upgrade_from_4: "",
 };
 
 pub(super) use ordo_core::apply::stored_status as inbox_status;

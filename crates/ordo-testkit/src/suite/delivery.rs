@@ -387,9 +387,14 @@ pub fn relay_rewound_flow_stops_there_and_others_go_on<B: Backend>(dir: &Path) {
     assert_eq!(
         (
             a2_entry.quarantine_reason.as_deref(),
+            a2_entry.quarantine_detail.as_deref(),
             a2_entry.last_outcome.as_deref()
         ),
-        (Some(PRODUCER_REWOUND_REASON), Some("producer_rewound"))
+        (
+            Some("producer_rewound"),
+            Some(PRODUCER_REWOUND_REASON),
+            Some("producer_rewound")
+        )
     );
     for at in [now + 1, now + 2] {
         let report = relay_deep_at(&mut p, &mut c, 4, at);

@@ -1,0 +1,231 @@
+//! A producer store's destinations on the command line (CLI.md, third
+//! release): `destination add|list|remove`, `--destination` on `relay` and
+//! `outbox retry|list`, aggregates in `status`, and pruning that waits for
+//! every destination a flow is delivered to.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+const T0: i64 = 1_700_000_000_000;
+const MINUTE: i64 = 60_000;
+
+/// A lab with a second consumer file, `c2.db`.
+struct Fan {
+    lab: Lab,
+    c2: String,
+}
+
+impl Fan {
+    fn new() -> Fan {
+        let lab = Lab::new();
+        lab.at(T0).init();
+        let c2 = lab.path("c2.db");
+        Fan { lab, c2 }
+    }
+
+    fn p(&self) -> &str {
+        &self.lab.p
+    }
+
+    fn destination(&self, args: &[&str]) -> Out {
+        let mut all = vec!["destination", args[0], "--json", "--producer", self.p()];
+        all.extend_from_slice(&args[1..]);
+        self.lab.run(&all)
+    }
+
+    fn list(&self) -> Value {
+        self.destination(&["list"]).json()["destinations"].clone()
+    }
+
+    /// `relay --json` to `consumer` with extra arguments.
+    fn relay_out(&self, consumer: &str, extra: &[&str]) -> Out {
+        let mut all = vec![
+            "relay",
+            "--json",
+            "--producer",
+            self.p(),
+            "--consumer",
+            consumer,
+        ];
+        all.extend_from_slice(extra);
+        self.lab.run(&all)
+    }
+
+    fn delivered(&self, consumer: &str, destination: &str) -> Vec<String> {
+        let report = self
+            .relay_out(consumer, &["--destination", destination])
+            .json();
+        receipts(&report).into_iter().map(|(id, _)| id).collect()
+    }
+
+    fn status(&self) -> Value {
+        let args = ["status", "--json", "--producer", self.p()];
+        self.lab.run(&args).json()["producer"].clone()
+    }
+
+    fn outbox(&self, extra: &[&str]) -> Value {
+        let mut all = vec!["outbox", "list", "--json", "--producer", self.p()];
+        all.extend_from_slice(extra);
+        self.lab.run(&all).json()["outbox"].clone()
+    }
+
+    fn prune(&self) -> u64 {
+        let args = [
+            "prune",
+            "--json",
+            "--producer",
+            self.p(),
+            "--older-than",
+            "1m",
+        ];
+        let out = self.lab.run(&args).json();
+        out["producer"]["removed"].as_u64().expect("a count")
+    }
+}
+
+fn names(destinations: &Value) -> Vec<&str> {
+    (destinations.as_array().unwrap().iter())
+        .map(|d| d["name"].as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_new_store_has_default_and_destinations_are_added_and_removed() {
+    let fan = Fan::new();
+    let list = fan.destination(&["list"]).json();
+    assert_eq!(list["producer_name"], "default");
+    assert_eq!(list["store_id"].as_str().map(str::len), Some(32));
+    assert_eq!(
+        list["destinations"],
+        json!([{"name": "default", "from": "start", "consumer_store_id": null, "backlog": 0,
+                "oldest_pending_age_s": null, "quarantined": 0, "rewound": 0,
+                "created_at_ms": list["destinations"][0]["created_at_ms"]}])
+    );
+    fan.lab.at(T0 + 1);
+    let added = fan.destination(&["add", "billing", "--from", "now"]);
+    assert_eq!(
+        added.json(),
+        json!({"destination": "billing", "from": "now", "added": true})
+    );
+    assert_eq!(names(&fan.list()), ["billing", "default"]);
+    assert_eq!(fan.list()[0]["created_at_ms"], json!(T0 + 1));
+
+    fan.destination(&["add", "billing"]).usage("already exists");
+    fan.destination(&["add", "Billing"])
+        .usage("destination name");
+    fan.destination(&["add", "x", "--from", "later"])
+        .usage("start or now");
+    let why = ["--by", "ops", "--reason", "moved"];
+    fan.destination(&[&["remove", "nowhere"][..], &why].concat())
+        .usage("no destination named nowhere");
+    fan.destination(&["remove", "billing", "--by", " ", "--reason", "r"])
+        .usage("--by");
+    let removed = fan.destination(&[&["remove", "default"][..], &why].concat());
+    assert_eq!(
+        removed.json(),
+        json!({"destination": "default", "removed": true})
+    );
+    fan.destination(&[&["remove", "billing"][..], &why].concat())
+        .usage("last one");
+    assert_eq!(names(&fan.list()), ["billing"]);
+    let repairs = ["outbox", "repairs", "--json", "--producer", fan.p()];
+    assert_eq!(
+        fan.lab.run(&repairs).json(),
+        json!({"repairs": [{"id": 1, "action": "destination_remove", "destination": "default",
+            "flow_id": null, "seq": null, "event_id": null, "reason": "moved", "by": "ops",
+            "at_ms": T0 + 1}]}),
+        "audited, the refusals not"
+    );
+}
+
+#[test]
+fn with_two_destinations_relay_and_retry_must_name_one_writing_nothing() {
+    let fan = Fan::new();
+    fan.lab.advance("A", 0, "reserved", Some(1));
+    fan.destination(&["add", "billing"]).json();
+    let before = Files::of(&[fan.p(), &fan.lab.c]);
+    fan.relay_out(&fan.lab.c, &[])
+        .usage("name one with --destination");
+    fan.relay_out(&fan.lab.c, &["--event", "A-1"])
+        .usage("name one with --destination");
+    fan.relay_out(&fan.lab.c, &["--destination", "nowhere"])
+        .usage("no destination named nowhere");
+    let retry = ["outbox", "retry", "--json", "--producer", fan.p(), "A-1"];
+    fan.lab.run(&retry).usage("name one with --destination");
+    Files::of(&[fan.p(), &fan.lab.c]).assert_unchanged(&before, "refused");
+    assert_eq!(fan.delivered(&fan.lab.c, "default"), ["A-1"]);
+}
+
+#[test]
+fn a_destination_added_from_now_gets_only_the_flows_begun_after_it() {
+    let fan = Fan::new();
+    fan.lab.advance("A", 0, "reserved", Some(1));
+    fan.destination(&["add", "late", "--from", "now"]).json();
+    fan.destination(&["add", "early"]).json();
+    fan.lab.advance("A", 1, "confirmed", None);
+    fan.lab.advance("B", 0, "reserved", Some(2));
+    // From start: every flow from seq 1; from now: only B.
+    assert_eq!(fan.delivered(&fan.lab.c, "early"), ["A-1", "B-1", "A-2"]);
+    assert_eq!(fan.delivered(&fan.c2, "late"), ["B-1"]);
+    fan.relay_out(&fan.c2, &["--destination", "late", "--event", "A-2"])
+        .usage("flow A is not delivered to destination late");
+    let rows = fan.outbox(&[]);
+    let a2 = row(&rows, "event_id", "A-2");
+    assert_eq!(a2["accepted"], json!(false), "default does not hold it yet");
+    let destinations: Vec<&String> = a2["destinations"].as_object().unwrap().keys().collect();
+    assert_eq!(destinations, ["default", "early"]);
+    let late = fan.outbox(&["--destination", "late"]);
+    let ids: Vec<&str> = (late.as_array().unwrap().iter())
+        .map(|r| r["event_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["B-1"], "its own rows, under a row's keys");
+    assert_eq!(late[0]["accepted"], json!(true));
+}
+
+#[test]
+fn one_destination_down_the_other_goes_on_prune_waits_and_it_catches_up() {
+    let fan = Fan::new();
+    fan.destination(&["add", "billing"]).json();
+    fan.lab.at(T0).advance("A", 0, "reserved", Some(1));
+    fan.lab.advance("B", 0, "reserved", Some(2));
+    // billing's consumer is down: default goes on alone.
+    assert_eq!(fan.delivered(&fan.lab.c, "default"), ["A-1", "B-1"]);
+    let status = fan.status_of_lab(T0 + 10 * MINUTE);
+    assert_eq!(status["backlog"], json!(2), "{status}");
+    assert_eq!(status["destinations"]["default"]["backlog"], json!(0));
+    assert_eq!(status["destinations"]["billing"]["backlog"], json!(2));
+    assert_eq!(status["oldest_pending_age_s"], json!(600.0));
+    let rows = fan.outbox(&[]);
+    assert_eq!(row(&rows, "event_id", "A-1")["accepted"], json!(false));
+    assert_eq!(fan.prune(), 0, "billing does not hold them");
+    let breach = fan.lab.run(&[
+        "status",
+        "--json",
+        "--producer",
+        fan.p(),
+        "--max-backlog",
+        "1",
+    ]);
+    assert_eq!(breach.code, 3, "{breach:?}");
+    let breaches: Value = serde_json::from_str(&breach.stdout).unwrap();
+    assert_eq!(
+        breaches["breaches"],
+        json!([{"signal": "backlog", "value": 2, "threshold": 1, "destination": "billing"}])
+    );
+
+    // billing's consumer is back: it catches up, and pruning goes on.
+    assert_eq!(fan.delivered(&fan.c2, "billing"), ["A-1", "B-1"]);
+    assert_eq!(fan.status_of_lab(T0 + 20 * MINUTE)["backlog"], json!(0));
+    let rows = fan.outbox(&[]);
+    assert_eq!(row(&rows, "event_id", "A-1")["accepted"], json!(true));
+    assert_eq!(fan.prune(), 2);
+}
+
+impl Fan {
+    fn status_of_lab(&self, now_ms: i64) -> Value {
+        self.lab.at(now_ms);
+        self.status()
+    }
+}
