@@ -350,7 +350,8 @@ fn status_alerts_on_thresholds(ctx: &Ctx) -> Result<Outcome, String> {
         expected: json!({
             "calm_exit_code": 0,
             "calm": {
-                "producer": {"backlog": 1, "oldest_pending_age_s": 120.0, "quarantined": 0, "rewound": 0, "backing_off": 0},
+                "producer": {"backlog": 1, "oldest_pending_age_s": 120.0, "quarantined": 0, "rewound": 0, "backing_off": 0,
+                    "destinations": {"default": {"backlog": 1, "oldest_pending_age_s": 120.0, "quarantined": 0, "rewound": 0, "backing_off": 0}}},
                 "consumer": {
                     "pending": 1,
                     "blocked": {"total": 1, "by_reason": {"unsupported_schema": 1}},
