@@ -198,15 +198,7 @@ where
 
 /// The span of one event's apply, with the event's trace context.
 pub(crate) fn event_span(event: &Envelope) -> tracing::Span {
-    let span = tracing::debug_span!(
-        "apply_event",
-        event_id = %event.event_id,
-        flow_id = %event.flow_id,
-        seq = event.seq.get(),
-        traceparent = tracing::field::Empty,
-    );
-    crate::trace::follow_event(&span, event);
-    span
+    crate::trace::event_span!("apply_event", event)
 }
 
 impl<Tx: ?Sized, F> ApplyHandler<Tx> for F

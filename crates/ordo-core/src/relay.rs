@@ -683,15 +683,7 @@ fn round_span(events: &[Envelope]) -> tracing::Span {
 
 /// The span of one event of a round, with the event's own trace context.
 fn event_span(event: &Envelope) -> tracing::Span {
-    let span = tracing::debug_span!(
-        "relay_event",
-        event_id = %event.event_id,
-        flow_id = %event.flow_id,
-        seq = event.seq.get(),
-        traceparent = tracing::field::Empty,
-    );
-    crate::trace::follow_event(&span, event);
-    span
+    crate::trace::event_span!("relay_event", event)
 }
 
 /// Hands the outcomes of a round of `events` to `each`: deliveries, each

@@ -1042,16 +1042,7 @@ impl<'a> Delivery<'a> {
 /// The span of one envelope's receive, with the event's trace context;
 /// its `receipt` is recorded once decided.
 fn receive_span(envelope: &Envelope) -> tracing::Span {
-    let span = tracing::debug_span!(
-        "receive_event",
-        event_id = %envelope.event_id,
-        flow_id = %envelope.flow_id,
-        seq = envelope.seq.get(),
-        traceparent = tracing::field::Empty,
-        receipt = tracing::field::Empty,
-    );
-    crate::trace::follow_event(&span, envelope);
-    span
+    crate::trace::event_span!("receive_event", envelope, receipt)
 }
 
 /// Decides a batch's answers from what the store held before it

@@ -168,6 +168,26 @@ pub fn follow(span: &tracing::Span, traceparent: Option<&TraceParent>) {
     otel::set_parent(span, traceparent);
 }
 
+/// The span named `$name` of one event (its `event_id`, `flow_id` and
+/// `seq`, and any further `Empty` fields named after the event), following
+/// the event's own trace context ([`follow_event`]).
+macro_rules! event_span {
+    ($name:literal, $event:expr $(, $field:ident)*) => {{
+        let event: &$crate::Envelope = $event;
+        let span = tracing::debug_span!(
+            $name,
+            event_id = %event.event_id,
+            flow_id = %event.flow_id,
+            seq = event.seq.get(),
+            traceparent = tracing::field::Empty,
+            $($field = tracing::field::Empty,)*
+        );
+        $crate::trace::follow_event(&span, event);
+        span
+    }};
+}
+pub(crate) use event_span;
+
 /// [`follow`] with `event`'s own trace context.
 pub fn follow_event(span: &tracing::Span, event: &Envelope) {
     follow(span, event.traceparent().as_ref());

@@ -1003,9 +1003,10 @@ mod tests {
         let (p, c) = converged(dir.path());
         ordo_sqlite::rusqlite::Connection::open(&p)
             .unwrap()
-            .execute(
-                "UPDATE outbox SET accepted = 0 WHERE event_id = 'flow-0000002-1'",
-                [],
+            .execute_batch(
+                "UPDATE custody SET accepted = 0, accepted_at_ms = NULL WHERE position =
+                     (SELECT position FROM outbox WHERE event_id = 'flow-0000002-1');
+                 UPDATE outbox SET accepted = 0 WHERE event_id = 'flow-0000002-1';",
             )
             .unwrap();
         let (_, violations) = check_files(&p, &c, 2).unwrap();
