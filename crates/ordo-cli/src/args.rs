@@ -411,6 +411,11 @@ pub enum InboxCommand {
         /// Only this flow.
         #[arg(long, value_name = "F", value_parser = flow_id)]
         flow: Option<FlowId>,
+        /// Only this producer's rows; with --flow, the producer whose
+        /// namespace the flow is in (default: default). Without either,
+        /// every producer's.
+        #[arg(long, value_name = "NAME")]
+        producer_name: Option<ordo_core::ProducerName>,
         /// At most N rows, N >= 1.
         #[arg(long, value_name = "N", default_value = LIST_LIMIT_DEFAULT, value_parser = at_least_one, allow_hyphen_values = true)]
         limit: u64,
@@ -423,6 +428,9 @@ pub enum InboxCommand {
         /// The flow.
         #[arg(long, value_name = "F", value_parser = flow_id)]
         flow: FlowId,
+        /// The producer whose namespace the flow is in (default: default).
+        #[arg(long, value_name = "NAME", default_value = ordo_core::ProducerName::DEFAULT)]
+        producer_name: ordo_core::ProducerName,
         /// Decode schema 2 payloads.
         #[arg(long)]
         support_v2: bool,
@@ -435,6 +443,9 @@ pub enum InboxCommand {
         /// The flow.
         #[arg(long, value_name = "F", value_parser = flow_id)]
         flow: FlowId,
+        /// The producer whose namespace the flow is in (default: default).
+        #[arg(long, value_name = "NAME", default_value = ordo_core::ProducerName::DEFAULT)]
+        producer_name: ordo_core::ProducerName,
         /// The seq to skip: the flow's next one.
         #[arg(long, value_name = "N", value_parser = seq, allow_hyphen_values = true)]
         seq: Seq,
@@ -724,6 +735,10 @@ pub struct ApplyArgs {
     /// Apply only this flow (default: every flow with work).
     #[arg(long, value_name = "F", value_parser = flow_id)]
     pub flow: Option<FlowId>,
+    /// With --flow, the producer whose namespace the flow is in (default:
+    /// default).
+    #[arg(long, value_name = "NAME", requires = "flow")]
+    pub producer_name: Option<ordo_core::ProducerName>,
     /// Apply at most N events per flow, N >= 1.
     #[arg(long, value_name = "N", value_parser = at_least_one, allow_hyphen_values = true)]
     pub limit: Option<u64>,

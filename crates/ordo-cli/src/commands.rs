@@ -421,7 +421,10 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
     let mut drains = render::Bounded::default();
     match &args.flow {
         Some(flow_id) => drains.push(consumer.drain_reservation(
-            flow_id,
+            &ordo_core::InboxFlow::new(
+                args.producer_name.clone().unwrap_or_default(),
+                flow_id.clone(),
+            ),
             args.limit,
             &mut handler,
             args.batch,
@@ -437,7 +440,7 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
                 let reason = render::reason_suffix(d.stop.reason());
                 format!(
                     "{}: applied {}, stop {}{reason}",
-                    d.flow_id,
+                    d.flow,
                     d.applied,
                     d.stop.as_str()
                 )

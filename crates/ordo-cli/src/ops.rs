@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 
 use ordo_core::destination::Custody;
 use ordo_core::ops::{
-    age_s, ConsumerStatus, InboxEntry, OutboxEntry, ProducerStatus, RepairRecord, SkipRequest,
+    age_s, ConsumerStatus, InboxEntry, InboxScope, OutboxEntry, ProducerStatus, RepairRecord,
+    SkipRequest,
 };
-use ordo_core::{FlowId, StoreId, APPLY_BATCH_LEN_DEFAULT};
+use ordo_core::{InboxFlow, StoreId, APPLY_BATCH_LEN_DEFAULT};
 use serde_json::{json, Value};
 
 use crate::args::{InboxCommand, OutboxCommand, PruneArgs, StatusArgs};
@@ -103,7 +104,9 @@ fn repair(r: &RepairRecord) -> Value {
     json!({
         "id": r.id,
         "action": r.action,
+        "producer": r.producer.as_str(),
         "flow_id": r.flow_id.as_str(),
+        "store_id": r.store_id.as_ref().map(StoreId::as_str),
         "seq": r.seq.get(),
         "event_id": r.event_id.as_str(),
         "reason": r.reason,
@@ -206,20 +209,35 @@ pub fn inbox(json_mode: bool, command: InboxCommand) -> Result<(), Failure> {
             consumer,
             blocked,
             flow,
+            producer_name,
             limit,
-        } => inbox_list(json_mode, &consumer, blocked, flow.as_ref(), limit),
+        } => {
+            let flow = flow.map(|f| InboxFlow::new(producer_name.clone().unwrap_or_default(), f));
+            let scope = match (&flow, &producer_name) {
+                (Some(flow), _) => InboxScope::Flow(flow),
+                (None, Some(producer)) => InboxScope::Producer(producer),
+                (None, None) => InboxScope::All,
+            };
+            inbox_list(json_mode, &consumer, blocked, scope, limit)
+        }
         InboxCommand::Retry {
             consumer,
             flow,
+            producer_name,
             support_v2,
-        } => inbox_retry(json_mode, &consumer, &flow, support_v2),
+        } => {
+            let flow = InboxFlow::new(producer_name, flow);
+            inbox_retry(json_mode, &consumer, &flow, support_v2)
+        }
         InboxCommand::Skip {
             consumer,
             flow,
+            producer_name,
             seq,
             reason,
             by,
         } => {
+            let flow = InboxFlow::new(producer_name, flow);
             let request = SkipRequest::new(flow, seq, reason, by)
                 .map_err(|e| Failure::Usage(e.to_string()))?;
             inbox_skip(json_mode, &consumer, &request)
@@ -241,7 +259,7 @@ fn inbox_line(e: &InboxEntry) -> String {
     format!(
         "{} {} seq {} {}: {}{reason}",
         e.envelope.event_id,
-        e.envelope.flow_id,
+        e.envelope.inbox_flow(),
         e.envelope.seq,
         e.envelope.event_type,
         e.status.as_str()
@@ -252,13 +270,13 @@ fn inbox_list(
     json_mode: bool,
     consumer: &Location,
     blocked: bool,
-    flow: Option<&FlowId>,
+    scope: InboxScope<'_>,
     limit: u64,
 ) -> Result<(), Failure> {
     let mut consumer = open_consumer(consumer)?;
     let entries = consumer
         .handle()
-        .inbox_entries(blocked, flow, limit as usize)?;
+        .inbox_entries(blocked, scope, limit as usize)?;
     let value = json!({"inbox": entries.iter().map(inbox_entry).collect::<Vec<_>>()});
     emit(json_mode, &value, || {
         counted(entries.iter().map(inbox_line), entries.len(), "rows")
@@ -269,13 +287,14 @@ fn inbox_list(
 fn inbox_retry(
     json_mode: bool,
     consumer: &Location,
-    flow: &FlowId,
+    flow: &InboxFlow,
     support_v2: bool,
 ) -> Result<(), Failure> {
     let mut consumer = open_reservation_consumer(consumer)?;
     let (reopened, d) = reevaluate_blocked(&mut consumer, flow, support_v2)?;
     let value = json!({
-        "flow_id": flow.as_str(),
+        "flow_id": flow.flow_id.as_str(),
+        "producer": flow.producer.as_str(),
         "reopened": reopened,
         "applied": d.applied,
         "stop": d.stop.as_str(),
@@ -297,7 +316,7 @@ fn inbox_skip(json_mode: bool, consumer: &Location, request: &SkipRequest) -> Re
     let Some(mut store) = consumer_if_exists(consumer)? else {
         return Err(Failure::Usage(format!(
             "flow {} seq {} is not stored in the inbox; a missing event cannot be skipped",
-            request.flow_id, request.seq
+            request.flow, request.seq
         )));
     };
     let record = store
@@ -382,6 +401,7 @@ fn consumer_status_value(now_ms: i64, c: &ConsumerStatus, store_id: &StoreId) ->
         "blocked": {"total": blocked_total, "by_reason": c.blocked},
         "gaps": c.gaps.iter().map(|g| json!({
             "flow_id": g.flow_id.as_str(),
+            "producer": g.producer.as_str(),
             "missing_seq": g.missing.get(),
             "since_ms": g.since_ms,
             "waiting_s": age_s(now_ms, g.since_ms),
@@ -651,7 +671,7 @@ pub fn prune(json_mode: bool, args: PruneArgs) -> Result<(), Failure> {
 /// and the drain. The console's re-evaluation makes the same calls.
 pub fn reevaluate_blocked(
     consumer: &mut crate::stores::AnyConsumer,
-    flow: &ordo_core::FlowId,
+    flow: &InboxFlow,
     support_v2: bool,
 ) -> Result<(u64, ordo_core::Drain), Failure> {
     let reopened = consumer.handle().reopen_blocked(flow)?;

@@ -117,7 +117,8 @@ pub fn drains(drains: &Bounded<Drain>) -> Value {
         .iter()
         .map(|d| {
             json!({
-                "flow_id": d.flow_id.as_str(),
+                "flow_id": d.flow.flow_id.as_str(),
+                "producer": d.flow.producer.as_str(),
                 "applied": d.applied,
                 "stop": d.stop.as_str(),
                 "reason": d.stop.reason().map(|r| r.as_str()),

@@ -55,7 +55,7 @@ pub trait ReservationInbox {
     /// [`ordo_core::drain`] with the reservation handler.
     fn drain_reservation(
         &mut self,
-        flow_id: &FlowId,
+        flow: &ordo_core::InboxFlow,
         limit: Option<u64>,
         handler: &mut ReservationHandler,
         batch_len_max: u64,
@@ -82,12 +82,12 @@ impl ReservationInbox for AnyConsumer {
 
     fn drain_reservation(
         &mut self,
-        flow_id: &FlowId,
+        flow: &ordo_core::InboxFlow,
         limit: Option<u64>,
         handler: &mut ReservationHandler,
         batch_len_max: u64,
     ) -> Result<Drain, StoreError> {
-        each!(self, s => ordo_core::drain(s, flow_id, limit, handler, batch_len_max))
+        each!(self, s => ordo_core::drain(s, flow, limit, handler, batch_len_max))
     }
 
     fn process_reservation_each(

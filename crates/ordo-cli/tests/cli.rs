@@ -776,7 +776,7 @@ fn received_bounds_round_trip_through_the_inbox() {
     );
     assert_eq!(
         lab.apply(&["--flow", "M"]),
-        json!({"flows": [{"flow_id": "M", "applied": 0, "stop": "gap", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
+        json!({"flows": [{"flow_id": "M", "producer": "default", "applied": 0, "stop": "gap", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
 }
 
@@ -1014,15 +1014,15 @@ fn apply_stops_limit_gap_blocked_idle() {
 
     assert_eq!(
         lab.apply(&["--flow", "A", "--limit", "2"]),
-        json!({"flows": [{"flow_id": "A", "applied": 2, "stop": "limit", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
+        json!({"flows": [{"flow_id": "A", "producer": "default", "applied": 2, "stop": "limit", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     assert_eq!(
         lab.apply(&["--flow", "A"]),
-        json!({"flows": [{"flow_id": "A", "applied": 1, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
+        json!({"flows": [{"flow_id": "A", "producer": "default", "applied": 1, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     assert_eq!(
         lab.apply(&["--flow", "A"]),
-        json!({"flows": [{"flow_id": "A", "applied": 0, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
+        json!({"flows": [{"flow_id": "A", "producer": "default", "applied": 0, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     assert_eq!(
         lab.apply(&[]),
@@ -1033,12 +1033,12 @@ fn apply_stops_limit_gap_blocked_idle() {
     lab.receive(&reservation("G", 2, "confirmed", 4));
     assert_eq!(
         lab.apply(&["--flow", "G"]),
-        json!({"flows": [{"flow_id": "G", "applied": 0, "stop": "gap", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
+        json!({"flows": [{"flow_id": "G", "producer": "default", "applied": 0, "stop": "gap", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     lab.receive(&reservation("G", 1, "reserved", 4));
     assert_eq!(
         lab.apply(&["--flow", "G"]),
-        json!({"flows": [{"flow_id": "G", "applied": 2, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
+        json!({"flows": [{"flow_id": "G", "producer": "default", "applied": 2, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
 
     // blocked, with each reason.
@@ -1061,7 +1061,7 @@ fn apply_stops_limit_gap_blocked_idle() {
     ];
     for (flow, input, reason) in &blocked {
         lab.receive(input);
-        let expected = json!({"flows": [{"flow_id": flow, "applied": 0, "stop": "blocked", "reason": reason, "detail": null}], "flows_total": 1, "truncated": false});
+        let expected = json!({"flows": [{"flow_id": flow, "producer": "default", "applied": 0, "stop": "blocked", "reason": reason, "detail": null}], "flows_total": 1, "truncated": false});
         assert_eq!(lab.apply(&["--flow", flow]), expected);
         // Stays blocked.
         assert_eq!(lab.apply(&["--flow", flow]), expected);
@@ -1100,14 +1100,14 @@ fn apply_limit_applies_per_flow_without_flow() {
     for flow in ["A", "B"] {
         assert_eq!(
             row(flows, "flow_id", flow),
-            &json!({"flow_id": flow, "applied": 1, "stop": "limit", "reason": null, "detail": null})
+            &json!({"flow_id": flow, "producer": "default", "applied": 1, "stop": "limit", "reason": null, "detail": null})
         );
     }
     let out = lab.apply(&[]);
     for flow in ["A", "B"] {
         assert_eq!(
             row(&out["flows"], "flow_id", flow),
-            &json!({"flow_id": flow, "applied": 2, "stop": "idle", "reason": null, "detail": null})
+            &json!({"flow_id": flow, "producer": "default", "applied": 2, "stop": "idle", "reason": null, "detail": null})
         );
     }
 }
@@ -1122,7 +1122,7 @@ fn apply_support_v2_applies_the_stored_schema_2_row() {
     lab.relay(&[]);
     assert_eq!(
         lab.apply(&[]),
-        json!({"flows": [{"flow_id": "V", "applied": 0, "stop": "blocked", "reason": "unsupported_schema", "detail": null}], "flows_total": 1, "truncated": false})
+        json!({"flows": [{"flow_id": "V", "producer": "default", "applied": 0, "stop": "blocked", "reason": "unsupported_schema", "detail": null}], "flows_total": 1, "truncated": false})
     );
     let stored = row(&lab.snapshot()["consumer"]["inbox"], "event_id", "V-1").clone();
     assert_eq!(stored["status"], "blocked");
@@ -1135,7 +1135,7 @@ fn apply_support_v2_applies_the_stored_schema_2_row() {
     );
     assert_eq!(
         lab.apply(&["--support-v2"]),
-        json!({"flows": [{"flow_id": "V", "applied": 1, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
+        json!({"flows": [{"flow_id": "V", "producer": "default", "applied": 1, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     let snapshot = lab.snapshot();
     let mut expected = committed["event"].clone();
@@ -1169,15 +1169,15 @@ fn apply_process_all_isolates_blocked_and_gapped_flows() {
     assert_eq!(flows.as_array().unwrap().len(), 3, "{out}");
     assert_eq!(
         row(flows, "flow_id", "X"),
-        &json!({"flow_id": "X", "applied": 0, "stop": "blocked", "reason": "unsupported_schema", "detail": null})
+        &json!({"flow_id": "X", "producer": "default", "applied": 0, "stop": "blocked", "reason": "unsupported_schema", "detail": null})
     );
     assert_eq!(
         row(flows, "flow_id", "Y"),
-        &json!({"flow_id": "Y", "applied": 0, "stop": "gap", "reason": null, "detail": null})
+        &json!({"flow_id": "Y", "producer": "default", "applied": 0, "stop": "gap", "reason": null, "detail": null})
     );
     assert_eq!(
         row(flows, "flow_id", "Z"),
-        &json!({"flow_id": "Z", "applied": 3, "stop": "idle", "reason": null, "detail": null})
+        &json!({"flow_id": "Z", "producer": "default", "applied": 3, "stop": "idle", "reason": null, "detail": null})
     );
     let snapshot = lab.snapshot();
     assert_applied(

@@ -224,7 +224,10 @@ fn inbox_list_shows_an_applications_own_block_code_and_detail() {
             ))
         };
     consumer
-        .apply_next_with(&ordo_core::FlowId::new("o").unwrap(), &mut handler)
+        .apply_next_with(
+            &ordo_core::InboxFlow::of_default(ordo_core::FlowId::new("o").unwrap()),
+            &mut handler,
+        )
         .unwrap();
     drop(consumer);
 

@@ -527,9 +527,9 @@ fn blocked_lab() -> Ops {
     assert_eq!(
         applied,
         json!({"flows": [
-            {"flow_id": "x", "applied": 0, "stop": "blocked", "reason": "unsupported_schema", "detail": null},
-            {"flow_id": "y", "applied": 0, "stop": "blocked", "reason": "invalid_transition", "detail": null},
-            {"flow_id": "z", "applied": 0, "stop": "gap", "reason": null, "detail": null},
+            {"flow_id": "x", "producer": "default", "applied": 0, "stop": "blocked", "reason": "unsupported_schema", "detail": null},
+            {"flow_id": "y", "producer": "default", "applied": 0, "stop": "blocked", "reason": "invalid_transition", "detail": null},
+            {"flow_id": "z", "producer": "default", "applied": 0, "stop": "gap", "reason": null, "detail": null},
         ], "flows_total": 3, "truncated": false})
     );
     ops
@@ -626,7 +626,7 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     );
     assert_eq!(
         retry(&["x"]),
-        json!({"flow_id": "x", "reopened": 1, "applied": 0, "stop": "blocked", "reason": "unsupported_schema", "detail": null})
+        json!({"flow_id": "x", "producer": "default", "reopened": 1, "applied": 0, "stop": "blocked", "reason": "unsupported_schema", "detail": null})
     );
     let x = ops.inbox(&["--flow", "x"]);
     assert_eq!(column(&x, "status"), [&json!("blocked"), &json!("pending")]);
@@ -637,7 +637,7 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     ops.at(T0 + 3 * SECOND);
     assert_eq!(
         retry(&["x", "--support-v2"]),
-        json!({"flow_id": "x", "reopened": 1, "applied": 2, "stop": "idle", "reason": null, "detail": null})
+        json!({"flow_id": "x", "producer": "default", "reopened": 1, "applied": 2, "stop": "idle", "reason": null, "detail": null})
     );
     assert_eq!(
         ops.inbox(&["--flow", "x"]),
@@ -659,13 +659,13 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     // Nothing blocked left on x: nothing reopened, nothing applied twice.
     assert_eq!(
         retry(&["x", "--support-v2"]),
-        json!({"flow_id": "x", "reopened": 0, "applied": 0, "stop": "idle", "reason": null, "detail": null})
+        json!({"flow_id": "x", "producer": "default", "reopened": 0, "applied": 0, "stop": "idle", "reason": null, "detail": null})
     );
 
     // A row that stays invalid is blocked again with its reason.
     assert_eq!(
         retry(&["y", "--support-v2"]),
-        json!({"flow_id": "y", "reopened": 1, "applied": 0, "stop": "blocked", "reason": "invalid_transition", "detail": null})
+        json!({"flow_id": "y", "producer": "default", "reopened": 1, "applied": 0, "stop": "blocked", "reason": "invalid_transition", "detail": null})
     );
     let y = ops.inbox(&["--flow", "y"]);
     assert_eq!(column(&y, "status"), [&json!("blocked")]);
@@ -673,7 +673,7 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     // A gap stays a gap.
     assert_eq!(
         retry(&["z"]),
-        json!({"flow_id": "z", "reopened": 0, "applied": 0, "stop": "gap", "reason": null, "detail": null})
+        json!({"flow_id": "z", "producer": "default", "reopened": 0, "applied": 0, "stop": "gap", "reason": null, "detail": null})
     );
     assert_eq!(
         ops.snapshot()["consumer"]["effects"],
@@ -701,8 +701,8 @@ fn skip_lab() -> Ops {
     assert_eq!(
         ops.at(T0 + SECOND).apply(&[]),
         json!({"flows": [
-            {"flow_id": "g", "applied": 0, "stop": "gap", "reason": null, "detail": null},
-            {"flow_id": "w", "applied": 1, "stop": "blocked", "reason": "invalid_transition", "detail": null},
+            {"flow_id": "g", "producer": "default", "applied": 0, "stop": "gap", "reason": null, "detail": null},
+            {"flow_id": "w", "producer": "default", "applied": 1, "stop": "blocked", "reason": "invalid_transition", "detail": null},
         ], "flows_total": 2, "truncated": false})
     );
     ops
@@ -811,7 +811,7 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
     let first = first.json();
     assert_eq!(keys(&first), ["repair"]);
     let repair1 = json!({
-        "id": 1, "action": "skip", "flow_id": "w", "seq": 2, "event_id": "w-2",
+        "id": 1, "action": "skip", "producer": "default", "flow_id": "w", "store_id": null, "seq": 2, "event_id": "w-2",
         "reason": reason, "by": "alice", "at_ms": T0 + 5 * SECOND,
     });
     assert_eq!(first, json!({ "repair": repair1 }));
@@ -829,8 +829,8 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
     assert_eq!(
         ops.at(T0 + 6 * SECOND).apply(&[]),
         json!({"flows": [
-            {"flow_id": "g", "applied": 0, "stop": "gap", "reason": null, "detail": null},
-            {"flow_id": "w", "applied": 2, "stop": "idle", "reason": null, "detail": null},
+            {"flow_id": "g", "producer": "default", "applied": 0, "stop": "gap", "reason": null, "detail": null},
+            {"flow_id": "w", "producer": "default", "applied": 2, "stop": "idle", "reason": null, "detail": null},
         ], "flows_total": 2, "truncated": false})
     );
     let snapshot = ops.snapshot();
@@ -870,7 +870,7 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
         "skipped v seq 1 (v-1) by bob: order cancelled by phone [repair 2]\n"
     );
     let repair2 = json!({
-        "id": 2, "action": "skip", "flow_id": "v", "seq": 1, "event_id": "v-1",
+        "id": 2, "action": "skip", "producer": "default", "flow_id": "v", "store_id": null, "seq": 1, "event_id": "v-1",
         "reason": "order cancelled by phone", "by": "bob", "at_ms": T0 + 8 * SECOND,
     });
     assert_eq!(ops.repairs(), json!([repair1, repair2]));
@@ -962,7 +962,7 @@ fn status_doc(breaches: Value) -> Value {
         "consumer": {
             "pending": 2,
             "blocked": {"total": 2, "by_reason": {"invalid_transition": 1, "unsupported_schema": 1}},
-            "gaps": [{"flow_id": "z", "missing_seq": 1, "since_ms": T0 + 30 * SECOND, "waiting_s": 30}],
+            "gaps": [{"flow_id": "z", "producer": "default", "missing_seq": 1, "since_ms": T0 + 30 * SECOND, "waiting_s": 30}],
             "gaps_total": 1,
             "applied": 1,
             "skipped": 0,
@@ -1359,7 +1359,7 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
     assert_eq!(ids(&ops.inbox(&[])), ["B-1", "x-1", "z-2"]);
     assert_eq!(
         ops.apply(&[]),
-        json!({"flows": [{"flow_id": "z", "applied": 0, "stop": "gap", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
+        json!({"flows": [{"flow_id": "z", "producer": "default", "applied": 0, "stop": "gap", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     // The quarantined event still conflicts with the pruned row's fingerprint.
     ops.store_out("outbox", "retry", &["Q-1"]).json();
@@ -1393,7 +1393,7 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
     );
     assert_eq!(
         ops.apply(&["--flow", "B"]),
-        json!({"flows": [{"flow_id": "B", "applied": 1, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
+        json!({"flows": [{"flow_id": "B", "producer": "default", "applied": 1, "stop": "idle", "reason": null, "detail": null}], "flows_total": 1, "truncated": false})
     );
     let effects = ops.snapshot()["consumer"]["effects"].clone();
     let b: Vec<&Value> = effects

@@ -29,8 +29,10 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
-use ordo_core::ops::{ConsumerStatus, ProducerStatus};
-use ordo_core::{Clock, ConsumerHandle, EventId, FlowId, ProducerOps, StoreError};
+use ordo_core::ops::{ConsumerStatus, InboxScope, ProducerStatus};
+use ordo_core::{
+    Clock, ConsumerHandle, EventId, FlowId, InboxFlow, ProducerName, ProducerOps, StoreError,
+};
 use serde::Deserialize;
 
 pub use auth::{Csrf, Token, TokenError, SESSION_MAX_AGE_S};
@@ -96,27 +98,27 @@ pub type Reevaluator = Arc<dyn Fn(&FlowId, bool) -> Result<String, String> + Sen
 /// One-time confirmation tokens, each for the skip of one flow's one seq:
 /// issued with a preview, used up by the first POST that returns it.
 #[derive(Default)]
-pub struct Confirmations(std::sync::Mutex<BTreeMap<String, (FlowId, ordo_core::Seq)>>);
+pub struct Confirmations(std::sync::Mutex<BTreeMap<String, (InboxFlow, ordo_core::Seq)>>);
 
 /// The most confirmations kept; older ones are dropped beyond it.
 const CONFIRMATIONS_MAX: usize = 1000;
 
 impl Confirmations {
-    fn issue(&self, flow_id: FlowId, seq: ordo_core::Seq) -> Option<String> {
+    fn issue(&self, flow: InboxFlow, seq: ordo_core::Seq) -> Option<String> {
         let token = Csrf::generate().ok()?.as_str().to_owned();
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= CONFIRMATIONS_MAX {
             map.clear();
         }
-        map.insert(token.clone(), (flow_id, seq));
+        map.insert(token.clone(), (flow, seq));
         Some(token)
     }
 
     /// Uses up `token`; whether it was issued for this flow and seq.
-    fn redeem(&self, token: &str, flow_id: &FlowId, seq: ordo_core::Seq) -> bool {
+    fn redeem(&self, token: &str, flow: &InboxFlow, seq: ordo_core::Seq) -> bool {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         match map.remove(token) {
-            Some((f, s)) => &f == flow_id && s == seq,
+            Some((f, s)) => &f == flow && s == seq,
             None => false,
         }
     }
@@ -287,15 +289,17 @@ fn field<T, E: std::fmt::Display>(name: &str, parsed: Result<T, E>) -> Result<T,
     parsed.map_err(|e| pages::bad_request(&format!("{name}: {e}")))
 }
 
-/// The consumer's applied seq of `flow_id` (0 before the first).
+/// The consumer's applied seq of `flow` (0 before the first).
 fn applied_seq(
     consumer: &mut Kept<dyn ConsumerHandle>,
-    flow_id: &FlowId,
+    flow: &InboxFlow,
 ) -> Result<u64, StoreError> {
-    Ok(consumer
-        .call(|s| s.consumer_flows_page(flow_id.as_str(), None, 1))?
+    // The page starts at the flow id itself (its prefix), its producers
+    // first in `(flow_id, producer)` order.
+    let page = consumer.call(|s| s.consumer_flows_page(flow.flow_id.as_str(), None, 64))?;
+    Ok(page
         .into_iter()
-        .find(|f| &f.flow_id == flow_id)
+        .find(|f| f.flow_id == flow.flow_id && f.producer == flow.producer)
         .map_or(0, |f| f.applied_seq))
 }
 
@@ -406,7 +410,8 @@ fn read_flows(
         flow_row(&mut rows, flow.flow_id).last_seq = Some(flow.last_seq.get());
     }
     let consumed = on_side(&app.consumer, |s| {
-        s.consumer_flows_page(prefix, after, fetch)
+        let after = after.cloned().map(InboxFlow::of_default);
+        s.consumer_flows_page(prefix, after.as_ref(), fetch)
     })?;
     for flow in consumed.into_iter().flatten() {
         flow_row(&mut rows, flow.flow_id).applied_seq = Some(flow.applied_seq);
@@ -443,12 +448,28 @@ async fn flows_page(
 #[derive(Deserialize)]
 struct FlowQuery {
     id: String,
+    /// The producer whose flow `id` is, at the consumer (`default` if
+    /// left out).
+    #[serde(default)]
+    producer: Option<String>,
+}
+
+impl FlowQuery {
+    /// The inbox flow asked for, or the page that says why it is not one.
+    fn flow(&self) -> Result<InboxFlow, pages::Page> {
+        let flow_id = field("id", FlowId::new(&self.id))?;
+        let producer = match self.producer.as_deref() {
+            None | Some("") => ProducerName::default(),
+            Some(name) => field("producer", ProducerName::new(name))?,
+        };
+        Ok(InboxFlow::new(producer, flow_id))
+    }
 }
 
 /// Everything the console shows of one flow.
 pub struct FlowDetail {
-    /// The flow.
-    pub flow_id: FlowId,
+    /// The flow: its id, and at the consumer its producer.
+    pub flow: InboxFlow,
     /// Its outbox rows, if a producer is given.
     pub outbox: Option<Vec<ordo_core::ops::OutboxEntry>>,
     /// Its inbox rows, if a consumer is given.
@@ -474,23 +495,25 @@ impl FlowDetail {
     }
 }
 
-fn read_flow(app: &Console, flow_id: FlowId) -> Result<FlowDetail, StoreError> {
-    let outbox = on_side(&app.producer, |s| s.flow_outbox_entries(&flow_id, ROWS_MAX))?;
+fn read_flow(app: &Console, flow: InboxFlow) -> Result<FlowDetail, StoreError> {
+    let flow_id = &flow.flow_id;
+    let outbox = on_side(&app.producer, |s| s.flow_outbox_entries(flow_id, ROWS_MAX))?;
     let (inbox, applied_seq) = match &app.consumer {
         Some(open) => {
             let mut consumer = open()?;
-            let applied = applied_seq(&mut consumer, &flow_id)?;
-            let rows = consumer.call(|s| s.inbox_entries(false, Some(&flow_id), ROWS_MAX))?;
+            let applied = applied_seq(&mut consumer, &flow)?;
+            let scope = InboxScope::Flow(&flow);
+            let rows = consumer.call(|s| s.inbox_entries(false, scope, ROWS_MAX))?;
             (Some(rows), Some(applied))
         }
         None => (None, None),
     };
     let summary = match &app.summary {
-        Some(read) => Some(read(&flow_id)?),
+        Some(read) => Some(read(flow_id)?),
         None => None,
     };
     Ok(FlowDetail {
-        flow_id,
+        flow,
         outbox,
         inbox,
         applied_seq,
@@ -502,10 +525,10 @@ async fn flow_page(
     State(app): State<App>,
     Query(query): Query<FlowQuery>,
 ) -> Result<Response, pages::Page> {
-    let flow_id = field("id", FlowId::new(&query.id))?;
+    let flow = query.flow()?;
     Ok(read_then(
         &app,
-        move |read| read_flow(read, flow_id),
+        move |read| read_flow(read, flow),
         |detail| pages::flow(&app, &detail),
     )
     .await)
@@ -539,10 +562,12 @@ fn read_quarantined(app: &Console) -> Result<Option<Vec<Quarantined>>, StoreErro
     for outbox in rows {
         let env = &outbox.envelope;
         let (stored, by_event_id) = match consumer.as_mut() {
-            Some(consumer) => match consumer.call(|s| s.inbox_entry_at(&env.flow_id, env.seq))? {
+            Some(consumer) => match consumer
+                .call(|s| s.inbox_entry_at(&env.inbox_flow(), env.seq))?
+            {
                 Some(at) => (Some(Some(at)), false),
                 None => (
-                    Some(consumer.call(|s| s.inbox_entry_of_event(&env.event_id))?),
+                    Some(consumer.call(|s| s.inbox_entry_of_event(&env.producer, &env.event_id))?),
                     true,
                 ),
             },
@@ -580,7 +605,7 @@ fn read_blocked(app: &Console) -> Result<Option<Blocked>, StoreError> {
     let mut consumer = open()?;
     let totals = consumer.call(|s| s.consumer_status())?.blocked;
     let mut rows: BTreeMap<String, Vec<_>> = BTreeMap::new();
-    for entry in consumer.call(|s| s.inbox_entries(true, None, ROWS_MAX))? {
+    for entry in consumer.call(|s| s.inbox_entries(true, InboxScope::All, ROWS_MAX))? {
         let code = entry
             .status
             .reason()
@@ -682,28 +707,28 @@ async fn retry_quarantined(
 /// What a skip of a flow's next event would change.
 pub struct SkipPreview {
     /// The flow.
-    pub flow_id: FlowId,
+    pub flow: InboxFlow,
     /// Its applied seq (0 before the first).
     pub applied_seq: u64,
     /// The row stored at the next seq, if any: the one a skip settles.
     pub next: Option<ordo_core::ops::InboxEntry>,
 }
 
-fn read_skip_preview(app: &Console, flow_id: FlowId) -> Result<Option<SkipPreview>, StoreError> {
+fn read_skip_preview(app: &Console, flow: InboxFlow) -> Result<Option<SkipPreview>, StoreError> {
     let Some(open) = &app.consumer else {
         return Ok(None);
     };
     let mut consumer = open()?;
-    let applied_seq = applied_seq(&mut consumer, &flow_id)?;
+    let applied_seq = applied_seq(&mut consumer, &flow)?;
     let next = match i64::try_from(applied_seq + 1)
         .ok()
         .and_then(|s| ordo_core::Seq::new(s).ok())
     {
-        Some(seq) => consumer.call(|s| s.inbox_entry_at(&flow_id, seq))?,
+        Some(seq) => consumer.call(|s| s.inbox_entry_at(&flow, seq))?,
         None => None,
     };
     Ok(Some(SkipPreview {
-        flow_id,
+        flow,
         applied_seq,
         next,
     }))
@@ -715,19 +740,19 @@ async fn skip_preview(State(app): State<App>, Query(query): Query<FlowQuery>) ->
     if app.read_only {
         return pages::forbidden("the console is read-only").into_response();
     }
-    let flow_id = match field("id", FlowId::new(&query.id)) {
+    let flow = match query.flow() {
         Ok(flow) => flow,
         Err(page) => return page.into_response(),
     };
     read_then(
         &app,
-        move |read| read_skip_preview(read, flow_id),
+        move |read| read_skip_preview(read, flow),
         |preview| match preview {
             None => pages::bad_request("no consumer store given").into_response(),
             Some(preview) => {
                 let confirm = preview.next.as_ref().and_then(|next| {
                     app.confirmations
-                        .issue(preview.flow_id.clone(), next.envelope.seq)
+                        .issue(preview.flow.clone(), next.envelope.seq)
                 });
                 pages::skip_preview(&app, &preview, confirm.as_deref()).into_response()
             }
@@ -739,6 +764,8 @@ async fn skip_preview(State(app): State<App>, Query(query): Query<FlowQuery>) ->
 #[derive(Deserialize)]
 struct SkipForm {
     flow_id: String,
+    #[serde(default)]
+    producer: String,
     seq: i64,
     #[serde(default)]
     by: String,
@@ -761,12 +788,16 @@ async fn skip(
     if let Some(refused) = refuse_action(&app, &headers, &form.csrf) {
         return refused;
     }
-    let (flow_id, seq) = match (FlowId::new(&form.flow_id), ordo_core::Seq::new(form.seq)) {
+    let query = FlowQuery {
+        id: form.flow_id.clone(),
+        producer: Some(form.producer.clone()),
+    };
+    let (flow, seq) = match (query.flow(), ordo_core::Seq::new(form.seq)) {
         (Ok(flow), Ok(seq)) => (flow, seq),
-        _ => return pages::bad_request("flow_id or seq is not valid").into_response(),
+        _ => return pages::bad_request("flow_id, producer or seq is not valid").into_response(),
     };
     let request = match ordo_core::ops::SkipRequest::new(
-        flow_id.clone(),
+        flow.clone(),
         seq,
         form.reason.trim().to_owned(),
         form.by.trim().to_owned(),
@@ -780,7 +811,7 @@ async fn skip(
             return pages::bad_request(&message).into_response();
         }
     };
-    if !app.confirmations.redeem(&form.confirm, &flow_id, seq) {
+    if !app.confirmations.redeem(&form.confirm, &flow, seq) {
         return pages::conflict(
             "this confirmation was already used or is unknown; preview the skip again",
         )
@@ -793,6 +824,7 @@ async fn skip(
     };
     tracing::info!(
         flow_id = record.flow_id.as_str(),
+        producer = record.producer.as_str(),
         seq = record.seq.get(),
         by = record.by.as_str(),
         "console: skipped"

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::Html;
 use maud::{html, Markup, DOCTYPE};
 use ordo_core::ops::{InboxEntry, OutboxEntry, RepairRecord};
-use ordo_core::{Envelope, FlowId};
+use ordo_core::{Envelope, FlowId, InboxFlow};
 use serde_json::Value;
 
 use crate::{Blocked, Console, FlowDetail, FlowRow, Overview, Quarantined, SkipPreview, ROWS_MAX};
@@ -111,6 +111,22 @@ fn flow_link(flow_id: &FlowId) -> Markup {
     html! { a href={ "/flow?id=" (urlencode(flow_id.as_str())) } { (flow_id.as_str()) } }
 }
 
+/// The query of an inbox flow's pages: its id, and its producer unless
+/// the default.
+fn flow_query(flow: &InboxFlow) -> String {
+    let id = urlencode(flow.flow_id.as_str());
+    match flow.producer.is_default() {
+        true => format!("id={id}"),
+        false => format!("id={id}&producer={}", urlencode(flow.producer.as_str())),
+    }
+}
+
+/// A link to an inbox flow's page, named as it is shown (`o-1 of
+/// producer orders` for another producer's).
+fn inbox_flow_link(flow: &InboxFlow) -> Markup {
+    html! { a href={ "/flow?" (flow_query(flow)) } { (flow.to_string()) } }
+}
+
 /// Percent-encodes a query parameter's value.
 fn urlencode(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
@@ -162,7 +178,7 @@ pub fn overview(console: &Console, overview: &Overview) -> Page {
                         tr { th { "Flow" } th { "Missing seq" } th { "Waiting since (ms)" } th { "Waiting (s)" } }
                         @for gap in &consumer.gaps {
                             tr {
-                                td { (flow_link(&gap.flow_id)) }
+                                td { (inbox_flow_link(&InboxFlow::new(gap.producer.clone(), gap.flow_id.clone()))) }
                                 td { (gap.missing.get()) }
                                 td { (gap.since_ms) }
                                 td { (Value::from(ordo_core::ops::age_s(overview.now_ms, gap.since_ms))) }
@@ -249,7 +265,7 @@ fn inbox_table(rows: &[InboxEntry]) -> Markup {
             }
             @for row in rows {
                 tr {
-                    td { (flow_link(&row.envelope.flow_id)) }
+                    td { (inbox_flow_link(&row.envelope.inbox_flow())) }
                     td { (row.envelope.seq.get()) }
                     td { (row.envelope.event_id.as_str()) }
                     td { (row.envelope.event_type.as_str()) }
@@ -271,12 +287,12 @@ fn truncated(len: usize) -> Markup {
 
 pub fn flow(console: &Console, detail: &FlowDetail) -> Page {
     ok(
-        &format!("Flow {}", detail.flow_id.as_str()),
+        &format!("Flow {}", detail.flow),
         html! {
             @if let Some(applied) = detail.applied_seq {
                 p { "Consumer's applied seq: " span id="applied-seq" { (applied) } }
                 @if !console.read_only {
-                    p { a href={ "/flow/skip?id=" (urlencode(detail.flow_id.as_str())) } { "Skip the flow's next event…" } }
+                    p { a href={ "/flow/skip?" (flow_query(&detail.flow)) } { "Skip the flow's next event…" } }
                 }
             }
             @if let Some(missing) = detail.gap() {
@@ -469,16 +485,17 @@ pub fn repairs(log: Option<&[RepairRecord]>) -> Page {
 }
 
 pub fn skip_preview(console: &Console, preview: &SkipPreview, confirm: Option<&str>) -> Page {
-    let flow = preview.flow_id.as_str();
+    let flow = preview.flow.flow_id.as_str();
+    let shown = preview.flow.to_string();
     let next_seq = preview.applied_seq + 1;
     ok(
-        &format!("Skip the next event of flow {flow}"),
+        &format!("Skip the next event of flow {shown}"),
         html! {
             @match (&preview.next, confirm) {
                 (Some(next), Some(confirm)) => {
                     p { "Skipping changes exactly this, in one transaction:" }
                     ul id="preview" {
-                        li { "the inbox row of flow " (flow_link(&preview.flow_id)) " seq " (next_seq)
+                        li { "the inbox row of flow " (inbox_flow_link(&preview.flow)) " seq " (next_seq)
                              " (event " (next.envelope.event_id.as_str()) ", type " (next.envelope.event_type.as_str())
                              ", now " (next.status.as_str()) ") becomes " code { "skipped" } ": its effect is never applied;" }
                         li { "the flow's applied seq moves from " (preview.applied_seq) " to " (next_seq) ", so apply goes on with seq " (next_seq + 1) ";" }
@@ -488,6 +505,7 @@ pub fn skip_preview(console: &Console, preview: &SkipPreview, confirm: Option<&s
                     pre { (Value::Object(next.envelope.payload.clone())) }
                     form.action method="post" action="/flow/skip" {
                         input type="hidden" name="flow_id" value=(flow);
+                        input type="hidden" name="producer" value=(preview.flow.producer.as_str());
                         input type="hidden" name="seq" value=(next_seq);
                         input type="hidden" name="csrf" value=(console.csrf.as_str());
                         input type="hidden" name="confirm" value=(confirm);

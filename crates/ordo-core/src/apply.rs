@@ -15,7 +15,7 @@
 use crate::envelope::Envelope;
 use crate::error::StoreError;
 use crate::handler::{apply_in_order, ApplyContext, ApplyHandler, Verdict};
-use crate::ids::{BlockCode, FlowId, Seq};
+use crate::ids::{BlockCode, FlowId, InboxFlow, Seq};
 use crate::outcome::{BlockReason, Drain, DrainStop, InboxStatus, Step};
 use crate::store::{plan_apply, ApplyPlan, NextRow};
 
@@ -92,18 +92,18 @@ pub trait ApplyWriter {
     /// reads ahead.
     fn open_flow(
         &mut self,
-        flows: &[(FlowId, Option<u64>)],
+        flows: &[(InboxFlow, Option<u64>)],
         left: u64,
     ) -> Result<Option<i64>, StoreError>;
 
-    /// What is stored at `flow_id`'s seq `rows.from` (the one after its
+    /// What is stored at `flow`'s seq `rows.from` (the one after its
     /// applied seq); `rows.most` is how many of its rows from there the
     /// batch may still use.
-    fn next_event(&mut self, flow_id: &FlowId, rows: NextRows) -> Result<NextEvent, StoreError>;
+    fn next_event(&mut self, flow: &InboxFlow, rows: NextRows) -> Result<NextEvent, StoreError>;
 
-    /// Takes `flow_id` for this transaction's one step, waiting for
+    /// Takes `flow` for this transaction's one step, waiting for
     /// another applier that holds it, and returns its applied seq.
-    fn take_flow(&mut self, flow_id: &FlowId) -> Result<i64, StoreError>;
+    fn take_flow(&mut self, flow: &InboxFlow) -> Result<i64, StoreError>;
 
     /// Sets the savepoint that guards one handler call.
     fn savepoint(&mut self) -> Result<(), StoreError>;
@@ -136,7 +136,7 @@ pub trait ApplyWriter {
     /// [`ApplyWriter::finish`] (called only when the flow applied an event
     /// in this transaction; the handler may not have run for all of them
     /// yet). A cursor never stays or moves back.
-    fn close_flow(&mut self, flow_id: &FlowId, applied_seq: i64) -> Result<(), StoreError>;
+    fn close_flow(&mut self, flow: &InboxFlow, applied_seq: i64) -> Result<(), StoreError>;
 
     /// Writes what was kept for the end, after every handler call of the
     /// transaction.
@@ -167,7 +167,7 @@ pub trait ApplyStore {
     /// that every row at or below it is settled (applied or skipped) and
     /// none above it is: read after a commit that applied an event of the
     /// flow, in debug builds.
-    fn settled_state(&self, flow_id: &FlowId) -> Result<SettledState, StoreError>;
+    fn settled_state(&self, flow: &InboxFlow) -> Result<SettledState, StoreError>;
 }
 
 /// A flow's rows measured against its cursor (see
@@ -182,14 +182,14 @@ pub struct SettledState {
     pub settled_above: i64,
 }
 
-/// Panics unless `flow_id` is settled up to its cursor and nothing above
+/// Panics unless `flow` is settled up to its cursor and nothing above
 /// it is: the store broke the protocol.
-fn check_settled<S: ApplyStore + ?Sized>(store: &S, flow_id: &FlowId) -> Result<(), StoreError> {
-    let state = store.settled_state(flow_id)?;
+fn check_settled<S: ApplyStore + ?Sized>(store: &S, flow: &InboxFlow) -> Result<(), StoreError> {
+    let state = store.settled_state(flow)?;
     assert_eq!(
         (state.unsettled_below, state.settled_above),
         (0, 0),
-        "flow {flow_id} at cursor {}: rows unsettled at or below it, settled above it",
+        "flow {flow} at cursor {}: rows unsettled at or below it, settled above it",
         state.cursor
     );
     Ok(())
@@ -198,21 +198,21 @@ fn check_settled<S: ApplyStore + ?Sized>(store: &S, flow_id: &FlowId) -> Result<
 /// [`ConsumerStore::apply_next_with`](crate::ConsumerStore::apply_next_with)
 /// on every backend: one transaction, committed when the step wrote
 /// anything.
-pub fn next_in<S, H>(store: &mut S, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
+pub fn next_in<S, H>(store: &mut S, flow: &InboxFlow, handler: &mut H) -> Result<Step, StoreError>
 where
     S: ApplyStore + ?Sized,
     H: ApplyHandler<S::Tx> + ?Sized,
 {
     let step = {
         let mut writer = store.begin_apply(false)?;
-        let applied_seq = writer.take_flow(flow_id)?;
-        let (step, wrote) = apply_next(&mut writer, flow_id, applied_seq, handler)?;
+        let applied_seq = writer.take_flow(flow)?;
+        let (step, wrote) = apply_next(&mut writer, flow, applied_seq, handler)?;
         if wrote {
             S::commit_apply(writer)?;
         }
         step
     };
-    let applied = matches!(step, Step::Applied { .. }).then_some(flow_id);
+    let applied = matches!(step, Step::Applied { .. }).then_some(flow);
     after_commit(applied, |f| check_settled(store, f))?;
     Ok(step)
 }
@@ -228,7 +228,7 @@ where
 /// commit.
 pub fn batch_in<S, H>(
     store: &mut S,
-    flows: &[(FlowId, Option<u64>)],
+    flows: &[(InboxFlow, Option<u64>)],
     events_max: u64,
     handler: &mut H,
 ) -> Result<Vec<Drain>, StoreError>
@@ -248,7 +248,7 @@ where
             run.drains
         };
         let applied = drains.iter().filter(|d| d.applied > 0);
-        after_commit(applied.map(|d| &d.flow_id), |f| check_settled(store, f))?;
+        after_commit(applied.map(|d| &d.flow), |f| check_settled(store, f))?;
         Ok(Some(drains))
     })
 }
@@ -260,7 +260,7 @@ pub type Stepped = (Step, bool);
 /// batch's order (under [`Guard::None`]).
 pub type Deferred = Vec<Envelope>;
 
-/// One apply step of `flow_id` at `next`, where `found` is what is stored
+/// One apply step of `flow` at `next`, where `found` is what is stored
 /// there. Returns `None` when the event blocked under [`Guard::None`]: the
 /// handler may have written, so the caller must roll the transaction back.
 /// With `deferred`, an event that needs no savepoint is kept there instead
@@ -268,7 +268,7 @@ pub type Deferred = Vec<Envelope>;
 /// marked) before any other.
 pub fn step<W, H>(
     w: &mut W,
-    flow_id: &FlowId,
+    flow: &InboxFlow,
     next: Seq,
     found: NextEvent,
     handler: &mut H,
@@ -279,7 +279,7 @@ where
     W: ApplyWriter + ?Sized,
     H: ApplyHandler<W::Tx> + ?Sized,
 {
-    let event = match evaluated(flow_id, next, &found, handler.reevaluate())? {
+    let event = match evaluated(flow, next, &found, handler.reevaluate())? {
         Ok(event) => event,
         Err(report) => return Ok(Some((report, false))),
     };
@@ -300,13 +300,13 @@ where
             return Ok(None);
         }
     }
-    offer(w, flow_id, next, &found.row, event, handler, guarded)
+    offer(w, flow, next, &found.row, event, handler, guarded)
 }
 
 /// The stored event to hand to the handler at `next`, or the step to
 /// report without writing; a row already settled there is a corrupt store.
 fn evaluated(
-    flow_id: &FlowId,
+    flow: &InboxFlow,
     next: Seq,
     found: &NextEvent,
     reevaluate: &[BlockCode],
@@ -318,7 +318,7 @@ fn evaluated(
         return Err(StoreError::corrupt(
             "consumer: inbox",
             format!(
-                "flow {flow_id} seq {next} is settled but the cursor is at {}",
+                "flow {flow} seq {next} is settled but the cursor is at {}",
                 next.get() - 1
             ),
         ));
@@ -329,12 +329,13 @@ fn evaluated(
     let body = found.body.as_deref().expect("an evaluated row is stored");
     let event = Envelope::from_stored(body)
         .map_err(|e| StoreError::corrupt("consumer: stored inbox body", e))?;
-    if event.flow_id != *flow_id || event.seq != next {
+    if !event.is_of(flow) || event.seq != next {
         return Err(StoreError::corrupt(
             "consumer: stored inbox body",
             format!(
-                "the row at flow {flow_id} seq {next} holds {} seq {}",
-                event.flow_id, event.seq
+                "the row at flow {flow} seq {next} holds {} seq {}",
+                event.inbox_flow(),
+                event.seq
             ),
         ));
     }
@@ -345,7 +346,7 @@ fn evaluated(
 /// marks what it decided.
 fn offer<W, H>(
     w: &mut W,
-    flow_id: &FlowId,
+    flow: &InboxFlow,
     next: Seq,
     row: &NextRow,
     event: Envelope,
@@ -363,7 +364,7 @@ where
     }
     let mut cx = ApplyContext::new(w.handler_tx(), event.producer.as_str());
     let verdict = handler.apply(&mut cx, &event)?;
-    w.after_handler(flow_id, next)?;
+    w.after_handler(&flow.flow_id, next)?;
     match verdict {
         Verdict::Apply => {
             if guarded {
@@ -373,7 +374,7 @@ where
             Ok(Some((Step::Applied { seq: next }, true)))
         }
         Verdict::Block(_) if !guarded => {
-            w.check_open(flow_id, next)?;
+            w.check_open(&flow.flow_id, next)?;
             Ok(None)
         }
         Verdict::Block(reason) => {
@@ -450,8 +451,8 @@ pub fn under_guards<T>(
 /// those flows (the backend's cheap read that the flow is settled up to its
 /// cursor and nothing above it).
 pub fn after_commit<'a>(
-    applied: impl IntoIterator<Item = &'a FlowId>,
-    mut check: impl FnMut(&FlowId) -> Result<(), StoreError>,
+    applied: impl IntoIterator<Item = &'a InboxFlow>,
+    mut check: impl FnMut(&InboxFlow) -> Result<(), StoreError>,
 ) -> Result<(), StoreError> {
     let mut applied = applied.into_iter().peekable();
     if applied.peek().is_none() {
@@ -472,7 +473,7 @@ pub fn after_commit<'a>(
 /// stops with `limit` and the flows after it are not visited.
 pub fn run_batch<W, H>(
     w: &mut W,
-    flows: &[(FlowId, Option<u64>)],
+    flows: &[(InboxFlow, Option<u64>)],
     events_max: u64,
     handler: &mut H,
     guard: Guard,
@@ -518,7 +519,7 @@ struct FlowDrain {
 /// when an event blocked under [`Guard::None`].
 fn drain_one<W, H>(
     w: &mut W,
-    flows: &[(FlowId, Option<u64>)],
+    flows: &[(InboxFlow, Option<u64>)],
     left: u64,
     handler: &mut H,
     guard: Guard,
@@ -528,12 +529,12 @@ where
     W: ApplyWriter + ?Sized,
     H: ApplyHandler<W::Tx> + ?Sized,
 {
-    let (flow_id, limit) = &flows[0];
+    let (flow, limit) = &flows[0];
     let most = limit.map_or(left, |limit| limit.min(left));
     let Some(start_seq) = w.open_flow(flows, left)? else {
         // Another applier holds the flow and drains it.
         let drain = Drain {
-            flow_id: flow_id.clone(),
+            flow: flow.clone(),
             applied: 0,
             stop: DrainStop::Idle,
         };
@@ -555,10 +556,9 @@ where
             from: next,
             most: most - applied + 1,
         };
-        let found = w.next_event(flow_id, rows)?;
+        let found = w.next_event(flow, rows)?;
         let defer = (guard == Guard::None).then_some(&mut *deferred);
-        let Some((step, stepped_wrote)) = step(w, flow_id, next, found, handler, guard, defer)?
-        else {
+        let Some((step, stepped_wrote)) = step(w, flow, next, found, handler, guard, defer)? else {
             return Ok(None);
         };
         wrote |= stepped_wrote;
@@ -579,22 +579,22 @@ where
             start_seq + applied as i64,
             "applied seqs are contiguous"
         );
-        w.close_flow(flow_id, applied_seq)?;
+        w.close_flow(flow, applied_seq)?;
     }
     let drain = Drain {
-        flow_id: flow_id.clone(),
+        flow: flow.clone(),
         applied,
         stop,
     };
     Ok(Some(FlowDrain { drain, wrote }))
 }
 
-/// Applies the next event of `flow_id`, whose cursor the writer has taken
+/// Applies the next event of `flow`, whose cursor the writer has taken
 /// at `applied_seq`, with a savepoint around the handler; moves the cursor
 /// when it applied. The step and whether it wrote anything.
 pub fn apply_next<W, H>(
     w: &mut W,
-    flow_id: &FlowId,
+    flow: &InboxFlow,
     applied_seq: i64,
     handler: &mut H,
 ) -> Result<Stepped, StoreError>
@@ -606,16 +606,16 @@ where
         return Ok((Step::Idle, false));
     };
     let found = w.next_event(
-        flow_id,
+        flow,
         NextRows {
             from: next,
             most: 1,
         },
     )?;
-    let stepped = step(w, flow_id, next, found, handler, Guard::Savepoint, None)?
+    let stepped = step(w, flow, next, found, handler, Guard::Savepoint, None)?
         .expect("a guarded step always ends");
     if let Step::Applied { seq } = stepped.0 {
-        w.close_flow(flow_id, seq.get())?;
+        w.close_flow(flow, seq.get())?;
     }
     w.finish()?;
     Ok(stepped)

@@ -13,7 +13,7 @@ use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, MapAccess, Seq
 use serde_json::{Map, Number, Value};
 use sha2::{Digest, Sha256};
 
-use crate::ids::{EventId, FlowId, ProducerName, RuleViolation, SchemaVersion, Seq};
+use crate::ids::{EventId, FlowId, InboxFlow, ProducerName, RuleViolation, SchemaVersion, Seq};
 
 mod stream;
 
@@ -296,6 +296,16 @@ fn string_field<'v>(field: &'static str, value: &'v Value) -> Result<&'v str, Ma
 }
 
 impl Envelope {
+    /// The inbox flow it belongs to: its flow id in its producer's namespace.
+    pub fn inbox_flow(&self) -> InboxFlow {
+        InboxFlow::new(self.producer.clone(), self.flow_id.clone())
+    }
+
+    /// Whether it belongs to the inbox flow `flow`.
+    pub fn is_of(&self, flow: &InboxFlow) -> bool {
+        self.flow_id == flow.flow_id && self.producer == flow.producer
+    }
+
     /// The payload decoded into the application's type, without copying it
     /// (`T` may borrow strings from it). A handler maps the error to a block
     /// reason of its own: the payload is checked at apply, not at receive.

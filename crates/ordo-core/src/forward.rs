@@ -17,7 +17,7 @@
 /// by calling:
 /// `$inbox(&conn)`; `$receive::receive_answers(store, sender, ..)`;
 /// `$ops::{inbox_entries, reopen_blocked, skip, repairs, consumer_status,
-/// prune_inbox}(store, ..)`; `$browse::{flows_page (with `CONSUMER_FLOWS_SQL`),
+/// prune_inbox}(store, ..)`; `$browse::{consumer_flows_page,
 /// inbox_entry_at, inbox_entry_of_event}(&conn, ..)`; `$apply::{pending_flows, reevaluated_flows}(store,
 /// ..)` (merged by [`WorkPage`](crate::store::WorkPage)); and for the apply steps, the store's
 /// [`ApplyStore`](crate::apply::ApplyStore) through
@@ -55,17 +55,17 @@ macro_rules! consumer_store_impls {
             fn inbox_entries(
                 &mut self,
                 blocked_only: bool,
-                flow_id: Option<&$crate::FlowId>,
+                scope: $crate::ops::InboxScope<'_>,
                 limit: usize,
             ) -> Result<Vec<$crate::ops::InboxEntry>, $crate::StoreError> {
-                $ops::inbox_entries(self, blocked_only, flow_id, limit)
+                $ops::inbox_entries(self, blocked_only, scope, limit)
             }
 
             fn reopen_blocked(
                 &mut self,
-                flow_id: &$crate::FlowId,
+                flow: &$crate::InboxFlow,
             ) -> Result<u64, $crate::StoreError> {
-                $ops::reopen_blocked(self, flow_id)
+                $ops::reopen_blocked(self, flow)
             }
 
             fn skip(
@@ -98,35 +98,32 @@ macro_rules! consumer_store_impls {
             fn consumer_flows_page(
                 &mut self,
                 prefix: &str,
-                after: Option<&$crate::FlowId>,
+                after: Option<&$crate::InboxFlow>,
                 limit: usize,
             ) -> Result<Vec<$crate::ops::ConsumerFlow>, $crate::StoreError> {
                 let page = $crate::store::FlowsPage {
                     prefix,
-                    after,
+                    after: after.map(|f| &f.flow_id),
+                    after_producer: after.map_or("", |f| f.producer.as_str()),
                     limit,
                 };
-                page.consumer_flows($browse::flows_page(
-                    &self.conn,
-                    $crate::Role::Consumer,
-                    $browse::CONSUMER_FLOWS_SQL,
-                    page,
-                )?)
+                page.consumer_flows($browse::consumer_flows_page(&self.conn, page)?)
             }
 
             fn inbox_entry_at(
                 &mut self,
-                flow_id: &$crate::FlowId,
+                flow: &$crate::InboxFlow,
                 seq: $crate::Seq,
             ) -> Result<Option<$crate::ops::InboxEntry>, $crate::StoreError> {
-                $browse::inbox_entry_at(&self.conn, flow_id, seq)
+                $browse::inbox_entry_at(&self.conn, flow, seq)
             }
 
             fn inbox_entry_of_event(
                 &mut self,
+                producer: &$crate::ProducerName,
                 event_id: &$crate::EventId,
             ) -> Result<Option<$crate::ops::InboxEntry>, $crate::StoreError> {
-                $browse::inbox_entry_of_event(&self.conn, event_id)
+                $browse::inbox_entry_of_event(&self.conn, producer, event_id)
             }
         }
 
@@ -135,18 +132,18 @@ macro_rules! consumer_store_impls {
 
             fn apply_next_with<H>(
                 &mut self,
-                flow_id: &$crate::FlowId,
+                flow: &$crate::InboxFlow,
                 handler: &mut H,
             ) -> Result<$crate::Step, $crate::StoreError>
             where
                 H: $crate::ApplyHandler<$tx> + ?Sized,
             {
-                $crate::apply::next_in(self, flow_id, handler)
+                $crate::apply::next_in(self, flow, handler)
             }
 
             fn apply_batch_with<H>(
                 &mut self,
-                flows: &[($crate::FlowId, Option<u64>)],
+                flows: &[($crate::InboxFlow, Option<u64>)],
                 events_max: u64,
                 handler: &mut H,
             ) -> Result<Vec<$crate::Drain>, $crate::StoreError>
@@ -158,10 +155,10 @@ macro_rules! consumer_store_impls {
 
             fn flows_with_work_page(
                 &mut self,
-                after: Option<&$crate::FlowId>,
+                after: Option<&$crate::InboxFlow>,
                 limit: usize,
                 reevaluate: &[$crate::BlockCode],
-            ) -> Result<Vec<$crate::FlowId>, $crate::StoreError> {
+            ) -> Result<Vec<$crate::InboxFlow>, $crate::StoreError> {
                 let page = $crate::store::WorkPage::new(after, limit);
                 let pending = $apply::pending_flows(self, page)?;
                 let blocked = match reevaluate {
@@ -205,6 +202,7 @@ macro_rules! producer_ops_methods {
             let page = $crate::store::FlowsPage {
                 prefix,
                 after,
+                after_producer: "",
                 limit,
             };
             page.producer_flows($browse::flows_page(

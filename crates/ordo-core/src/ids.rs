@@ -320,6 +320,43 @@ impl Default for ProducerName {
     }
 }
 
+/// A flow of the inbox (PROTOCOL.md section 12): a flow id in the namespace
+/// of the producer that appended it. Each `(producer, flow_id)` is its own
+/// flow for ordering, gaps, blocking, skip and prune. Ordered by flow id,
+/// then producer, so that a store fed by one producer lists its flows as
+/// before.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct InboxFlow {
+    /// The flow id, as the producer gave it.
+    pub flow_id: FlowId,
+    /// The producer whose namespace it is in.
+    pub producer: ProducerName,
+}
+
+impl InboxFlow {
+    /// The flow `flow_id` of `producer`.
+    pub fn new(producer: ProducerName, flow_id: FlowId) -> InboxFlow {
+        InboxFlow { flow_id, producer }
+    }
+
+    /// The flow `flow_id` of the default producer.
+    pub fn of_default(flow_id: FlowId) -> InboxFlow {
+        InboxFlow::new(ProducerName::default_name(), flow_id)
+    }
+}
+
+/// `o-1` for the default producer's flow, `o-1 of producer orders` for
+/// another's.
+impl fmt::Display for InboxFlow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.producer.is_default() {
+            write!(f, "{}", self.flow_id)
+        } else {
+            write!(f, "{} of producer {}", self.flow_id, self.producer)
+        }
+    }
+}
+
 checked_string! {
     /// The name of one of a producer store's destinations (PROTOCOL.md
     /// section 12): `[a-z][a-z0-9_-]{0,63}`, as producer names;

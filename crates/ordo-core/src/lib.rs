@@ -46,8 +46,8 @@ pub use error::{AppendError, ErrorKind, RelayError, StoreError};
 pub use handler::{apply_in_order, ApplyContext, ApplyHandler, Verdict, DEFAULT_PRODUCER};
 pub use identity::StoreId;
 pub use ids::{
-    BlockCode, DestinationName, DomainName, EventId, FlowId, ProducerName, RuleViolation,
-    SchemaVersion, Seq,
+    BlockCode, DestinationName, DomainName, EventId, FlowId, InboxFlow, ProducerName,
+    RuleViolation, SchemaVersion, Seq,
 };
 pub use outcome::{
     Answer, BlockReason, Drain, DrainStop, InboxRecord, InboxStatus, OutboxRecord, Receipt, Step,

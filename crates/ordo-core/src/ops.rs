@@ -7,7 +7,7 @@ use crate::destination::Custody;
 use crate::envelope::Envelope;
 use crate::error::{ErrorKind, StoreError};
 use crate::identity::StoreId;
-use crate::ids::{EventId, FlowId, Seq};
+use crate::ids::{EventId, FlowId, InboxFlow, ProducerName, Seq};
 use crate::outcome::InboxStatus;
 
 /// The most gap-waiting flows a status lists (all are counted).
@@ -101,11 +101,34 @@ pub struct InboxEntry {
     pub store_id: Option<StoreId>,
 }
 
+/// Which inbox rows a listing reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InboxScope<'a> {
+    /// Every producer's.
+    All,
+    /// One producer's.
+    Producer(&'a ProducerName),
+    /// One flow's.
+    Flow(&'a InboxFlow),
+}
+
+impl<'a> InboxScope<'a> {
+    /// The producer and flow id to match, as SQL parameters: `None` matches
+    /// any.
+    pub fn bounds(self) -> (Option<&'a str>, Option<&'a str>) {
+        match self {
+            InboxScope::All => (None, None),
+            InboxScope::Producer(p) => (Some(p.as_str()), None),
+            InboxScope::Flow(f) => (Some(f.producer.as_str()), Some(f.flow_id.as_str())),
+        }
+    }
+}
+
 /// An explicit, audited business decision to skip one event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SkipRequest {
     /// The flow.
-    pub flow_id: FlowId,
+    pub flow: InboxFlow,
     /// The seq to skip: must be the flow's next one, stored, not applied.
     pub seq: Seq,
     /// Why (non-empty, at most 1000 bytes).
@@ -128,7 +151,7 @@ pub enum InvalidSkip {
 impl SkipRequest {
     /// Checks the request's own rules.
     pub fn new(
-        flow_id: FlowId,
+        flow: InboxFlow,
         seq: Seq,
         reason: String,
         by: String,
@@ -140,7 +163,7 @@ impl SkipRequest {
             return Err(InvalidSkip::By(by.len()));
         }
         Ok(SkipRequest {
-            flow_id,
+            flow,
             seq,
             reason,
             by,
@@ -152,32 +175,32 @@ impl SkipRequest {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SkipRefused {
     /// The seq is at or before the flow's applied seq.
-    #[error("flow {flow_id} seq {seq} is already applied or skipped (applied through seq {applied_seq})")]
+    #[error(
+        "flow {flow} seq {seq} is already applied or skipped (applied through seq {applied_seq})"
+    )]
     AlreadySettled {
         /// The flow.
-        flow_id: FlowId,
+        flow: InboxFlow,
         /// The requested seq.
         seq: Seq,
         /// The flow's applied seq.
         applied_seq: i64,
     },
     /// The seq is after the flow's next one.
-    #[error("flow {flow_id} seq {seq} is not the flow's next seq ({next}); only the next one can be skipped")]
+    #[error("flow {flow} seq {seq} is not the flow's next seq ({next}); only the next one can be skipped")]
     NotNext {
         /// The flow.
-        flow_id: FlowId,
+        flow: InboxFlow,
         /// The requested seq.
         seq: Seq,
         /// The flow's next seq.
         next: i64,
     },
     /// Nothing is stored at the seq: the event may still arrive.
-    #[error(
-        "flow {flow_id} seq {seq} is not stored in the inbox; a missing event cannot be skipped"
-    )]
+    #[error("flow {flow} seq {seq} is not stored in the inbox; a missing event cannot be skipped")]
     NotStored {
         /// The flow.
-        flow_id: FlowId,
+        flow: InboxFlow,
         /// The requested seq.
         seq: Seq,
     },
@@ -192,21 +215,21 @@ pub fn decide_skip(
     let seq = request.seq.get();
     if seq <= applied_seq {
         return Err(SkipRefused::AlreadySettled {
-            flow_id: request.flow_id.clone(),
+            flow: request.flow.clone(),
             seq: request.seq,
             applied_seq,
         });
     }
     if Some(seq) != applied_seq.checked_add(1) {
         return Err(SkipRefused::NotNext {
-            flow_id: request.flow_id.clone(),
+            flow: request.flow.clone(),
             seq: request.seq,
             next: applied_seq + 1,
         });
     }
     if !stored {
         return Err(SkipRefused::NotStored {
-            flow_id: request.flow_id.clone(),
+            flow: request.flow.clone(),
             seq: request.seq,
         });
     }
@@ -220,8 +243,12 @@ pub struct RepairRecord {
     pub id: i64,
     /// The action (`skip`).
     pub action: String,
+    /// The flow's producer.
+    pub producer: ProducerName,
     /// The flow.
     pub flow_id: FlowId,
+    /// The producer store that delivered the event acted on, if known.
+    pub store_id: Option<StoreId>,
     /// The seq acted on.
     pub seq: Seq,
     /// The event acted on.
@@ -264,6 +291,8 @@ pub struct ProducerStatus {
 /// A flow waiting on a missing seq.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GapWait {
+    /// The flow's producer.
+    pub producer: ProducerName,
     /// The flow.
     pub flow_id: FlowId,
     /// The missing seq.
@@ -323,7 +352,7 @@ impl ConsumerStatus {
     /// while fewer than [`GAPS_LISTED_MAX`] are.
     pub fn count_gap(
         &mut self,
-        flow_id: String,
+        (producer, flow_id): (String, String),
         missing: i64,
         since_ms: i64,
     ) -> Result<(), StoreError> {
@@ -332,6 +361,8 @@ impl ConsumerStatus {
             return Ok(());
         }
         self.gaps.push(GapWait {
+            producer: ProducerName::new(producer)
+                .map_err(|e| StoreError::corrupt("consumer: stored producer", e))?,
             flow_id: FlowId::new(flow_id)
                 .map_err(|e| StoreError::corrupt("consumer: stored flow id", e))?,
             missing: Seq::new(missing)
@@ -414,6 +445,8 @@ pub struct ProducerFlow {
 /// A flow as the consumer knows it: how far it is applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumerFlow {
+    /// The flow's producer.
+    pub producer: ProducerName,
     /// The flow.
     pub flow_id: FlowId,
     /// Its last applied (or skipped) seq; 0 before the first.
@@ -461,17 +494,23 @@ mod tests {
         let error = status.count_rows("gone", String::new(), 1).unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Corrupt);
         for i in 0..GAPS_LISTED_MAX + 2 {
-            status.count_gap(format!("f{i}"), 2, 0).unwrap();
+            status
+                .count_gap(("default".into(), format!("f{i}")), 2, 0)
+                .unwrap();
         }
         assert_eq!(status.gaps.len(), GAPS_LISTED_MAX);
         assert_eq!(status.gaps_total, GAPS_LISTED_MAX as u64 + 2);
         assert!(
-            status.count_gap("bad id!".into(), 2, 0).is_ok(),
+            status
+                .count_gap(("default".into(), "bad id!".into()), 2, 0)
+                .is_ok(),
             "past the list, only counted"
         );
         let mut fresh = ConsumerStatus::default();
         assert!(
-            fresh.count_gap("f".into(), 0, 0).is_err(),
+            fresh
+                .count_gap(("default".into(), "f".into()), 0, 0)
+                .is_err(),
             "seq 0 is not a seq"
         );
     }

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::envelope::Envelope;
-use crate::ids::{BlockCode, EventId, FlowId, Seq};
+use crate::ids::{BlockCode, EventId, InboxFlow, Seq};
 
 /// The consumer's answer to one received envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -268,7 +268,7 @@ impl DrainStop {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Drain {
     /// The flow.
-    pub flow_id: FlowId,
+    pub flow: InboxFlow,
     /// How many events were applied.
     pub applied: u64,
     /// Why it stopped.

@@ -10,9 +10,11 @@ use crate::error::ErrorKind;
 use crate::error::{AppendError, StoreError};
 use crate::handler::ApplyHandler;
 use crate::identity::StoreId;
-use crate::ids::{BlockCode, DestinationName, EventId, FlowId, ProducerName, SchemaVersion, Seq};
+use crate::ids::{
+    BlockCode, DestinationName, EventId, FlowId, InboxFlow, ProducerName, SchemaVersion, Seq,
+};
 use crate::ops::{
-    whole_read, ConsumerFlow, ConsumerStatus, InboxEntry, OutboxEntry, ProducerFlow,
+    whole_read, ConsumerFlow, ConsumerStatus, InboxEntry, InboxScope, OutboxEntry, ProducerFlow,
     ProducerStatus, Pruned, RepairRecord, RetryRefused, SkipRefused, SkipRequest,
     WHOLE_READ_ROWS_MAX,
 };
@@ -72,17 +74,19 @@ pub fn sql_limit(rows: usize) -> i64 {
 /// them.
 #[derive(Debug, Clone, Copy)]
 pub struct WorkPage<'a> {
-    /// The last flow of the page before, or `""`.
-    pub after: &'a str,
+    /// The last flow of the page before, `(flow id, producer)`, or
+    /// `("", "")`: a page reads the flows past it in `(flow_id, producer)`
+    /// order.
+    pub after: (&'a str, &'a str),
     /// How many flows at the most.
     pub limit: usize,
 }
 
 impl<'a> WorkPage<'a> {
     /// The page after `after` (the first page for `None`).
-    pub fn new(after: Option<&'a FlowId>, limit: usize) -> WorkPage<'a> {
+    pub fn new(after: Option<&'a InboxFlow>, limit: usize) -> WorkPage<'a> {
         WorkPage {
-            after: after.map_or("", FlowId::as_str),
+            after: after.map_or(("", ""), |f| (f.flow_id.as_str(), f.producer.as_str())),
             limit,
         }
     }
@@ -95,7 +99,7 @@ impl<'a> WorkPage<'a> {
     /// The page: the `pending` flows and the re-evaluated `blocked` ones
     /// (each list in flow order, at most `limit`), merged in flow order,
     /// each once, at most `limit`.
-    pub fn merged(&self, mut pending: Vec<FlowId>, blocked: Vec<FlowId>) -> Vec<FlowId> {
+    pub fn merged(&self, mut pending: Vec<InboxFlow>, blocked: Vec<InboxFlow>) -> Vec<InboxFlow> {
         assert!(pending.len() <= self.limit && blocked.len() <= self.limit);
         if !blocked.is_empty() {
             pending.extend(blocked);
@@ -121,6 +125,10 @@ pub struct FlowsPage<'a> {
     pub prefix: &'a str,
     /// The last flow of the page before, if any.
     pub after: Option<&'a FlowId>,
+    /// On a consumer's page, the producer of the last flow of the page
+    /// before (`""` for none): its range takes `(flow_id, producer)` pairs
+    /// above `(after, after_producer)`.
+    pub after_producer: &'a str,
     /// How many flows at the most.
     pub limit: usize,
 }
@@ -170,19 +178,28 @@ impl<'a> FlowsPage<'a> {
             .collect()
     }
 
-    /// The consumer's page from its rows `(flow id, applied seq)`.
+    /// The consumer's page from its rows `(flow id, producer, applied
+    /// seq)`.
     pub fn consumer_flows(
         &self,
-        rows: Vec<(String, i64)>,
+        rows: Vec<(String, String, i64)>,
     ) -> Result<Vec<ConsumerFlow>, StoreError> {
-        Ok(self
-            .of_rows("consumer", rows)?
+        let (producers, rows): (Vec<String>, Vec<(String, i64)>) = rows
             .into_iter()
-            .map(|(flow_id, applied_seq)| ConsumerFlow {
-                flow_id,
-                applied_seq: u64::try_from(applied_seq).unwrap_or(0),
+            .map(|(flow_id, producer, seq)| (producer, (flow_id, seq)))
+            .unzip();
+        let flows = self.of_rows("consumer", rows)?;
+        flows
+            .into_iter()
+            .zip(producers)
+            .map(|((flow_id, applied_seq), producer)| {
+                Ok(ConsumerFlow {
+                    producer: stored_producer(&producer)?,
+                    flow_id,
+                    applied_seq: u64::try_from(applied_seq).unwrap_or(0),
+                })
             })
-            .collect())
+            .collect()
     }
 }
 
@@ -394,6 +411,12 @@ pub fn stored_producer_name(
     }
 }
 
+/// The producer of a stored inbox row, fingerprint, cursor or repair: a
+/// value that is no producer name is a corrupt store.
+pub fn stored_producer(name: &str) -> Result<ProducerName, StoreError> {
+    ProducerName::new(name).map_err(|e| StoreError::corrupt("consumer: stored producer", e))
+}
+
 /// Refuses to open the producer store at `place`, named `stored`, under
 /// another name than `wanted`: a producer's name is set when its store is
 /// created and never changes.
@@ -582,17 +605,17 @@ pub trait ConsumerOps {
     fn inbox(&mut self) -> Result<Vec<InboxRecord>, StoreError>;
 
     /// Inbox rows with their times, ordered by flow then seq, only blocked
-    /// ones and only one flow if asked, at most `limit`.
+    /// ones and only one producer's or one flow's if asked, at most `limit`.
     fn inbox_entries(
         &mut self,
         blocked_only: bool,
-        flow_id: Option<&FlowId>,
+        scope: InboxScope<'_>,
         limit: usize,
     ) -> Result<Vec<InboxEntry>, StoreError>;
 
     /// Sets the flow's blocked rows back to pending so that apply evaluates
     /// them again; returns how many.
-    fn reopen_blocked(&mut self, flow_id: &FlowId) -> Result<u64, StoreError>;
+    fn reopen_blocked(&mut self, flow: &InboxFlow) -> Result<u64, StoreError>;
 
     /// Marks the flow's next stored event `skipped` (no effect), moves the
     /// flow past it and appends the decision to the repair log, in one
@@ -617,25 +640,28 @@ pub trait ConsumerOps {
 
     /// Up to `limit` flows the inbox knows (stored rows or an apply
     /// cursor) whose id starts with `prefix`, after `after`, ordered by
-    /// flow id: an indexed range read, however many flows there are.
+    /// flow id then producer: an indexed range read, however many flows
+    /// there are.
     fn consumer_flows_page(
         &mut self,
         prefix: &str,
-        after: Option<&FlowId>,
+        after: Option<&InboxFlow>,
         limit: usize,
     ) -> Result<Vec<ConsumerFlow>, StoreError>;
 
-    /// The inbox row stored at `(flow_id, seq)`, if any.
+    /// The inbox row stored at the flow's `seq`, if any.
     fn inbox_entry_at(
         &mut self,
-        flow_id: &FlowId,
+        flow: &InboxFlow,
         seq: Seq,
     ) -> Result<Option<InboxEntry>, StoreError>;
 
-    /// The inbox row stored under `event_id`, wherever its flow and seq,
-    /// if any. A pruned row keeps only its fingerprint: `None`.
+    /// The inbox row stored under `producer`'s `event_id`, wherever its
+    /// flow and seq, if any. A pruned row keeps only its fingerprint:
+    /// `None`.
     fn inbox_entry_of_event(
         &mut self,
+        producer: &ProducerName,
         event_id: &EventId,
     ) -> Result<Option<InboxEntry>, StoreError>;
 }
@@ -654,7 +680,7 @@ pub trait ConsumerStore: Receive + ConsumerOps {
     /// Looks only at `(flow_id, applied_seq + 1)` and applies it through
     /// `handler`, blocks it, or reports `gap` or `idle`. An application
     /// commits the handler's writes and the inbox mark in one transaction.
-    fn apply_next_with<H>(&mut self, flow_id: &FlowId, handler: &mut H) -> Result<Step, StoreError>
+    fn apply_next_with<H>(&mut self, flow: &InboxFlow, handler: &mut H) -> Result<Step, StoreError>
     where
         H: ApplyHandler<Self::Tx> + ?Sized;
 
@@ -665,7 +691,7 @@ pub trait ConsumerStore: Receive + ConsumerOps {
     /// stops with `limit` and later flows are not visited.
     fn apply_batch_with<H>(
         &mut self,
-        flows: &[(FlowId, Option<u64>)],
+        flows: &[(InboxFlow, Option<u64>)],
         events_max: u64,
         handler: &mut H,
     ) -> Result<Vec<Drain>, StoreError>
@@ -679,9 +705,9 @@ pub trait ConsumerStore: Receive + ConsumerOps {
     /// page of [`FLOWS_PAGE_LEN`] flows at a time, at most
     /// [`WHOLE_READ_ROWS_MAX`] flows in all ([`process_all`] reads a page at
     /// a time instead, however many there are).
-    fn flows_with_work(&mut self, reevaluate: &[BlockCode]) -> Result<Vec<FlowId>, StoreError> {
+    fn flows_with_work(&mut self, reevaluate: &[BlockCode]) -> Result<Vec<InboxFlow>, StoreError> {
         let mut all = Vec::new();
-        let mut after: Option<FlowId> = None;
+        let mut after: Option<InboxFlow> = None;
         loop {
             let page = self.flows_with_work_page(after.as_ref(), FLOWS_PAGE_LEN, reevaluate)?;
             let Some(last) = page.last().cloned() else {
@@ -702,10 +728,10 @@ pub trait ConsumerStore: Receive + ConsumerOps {
     /// Up to `limit` of [`ConsumerStore::flows_with_work`] after `after`.
     fn flows_with_work_page(
         &mut self,
-        after: Option<&FlowId>,
+        after: Option<&InboxFlow>,
         limit: usize,
         reevaluate: &[BlockCode],
-    ) -> Result<Vec<FlowId>, StoreError>;
+    ) -> Result<Vec<InboxFlow>, StoreError>;
 }
 
 /// A consumer store of any backend, behind one object-safe type: receive
@@ -724,7 +750,7 @@ pub const FLOW_PAGE_LEN: usize = 256;
 /// transaction. Only [`DrainStop::Idle`] means the flow is caught up.
 pub fn drain<C, H>(
     consumer: &mut C,
-    flow_id: &FlowId,
+    flow: &InboxFlow,
     limit: Option<u64>,
     handler: &mut H,
     batch_len_max: u64,
@@ -735,7 +761,7 @@ where
 {
     let mut drains = drain_flows(
         consumer,
-        vec![(flow_id.clone(), limit)],
+        vec![(flow.clone(), limit)],
         handler,
         batch_len_max,
     )?;
@@ -776,7 +802,7 @@ where
     C: ConsumerStore + ?Sized,
     H: ApplyHandler<C::Tx> + ?Sized,
 {
-    let mut after: Option<FlowId> = None;
+    let mut after: Option<InboxFlow> = None;
     loop {
         after = process_page(
             consumer,
@@ -798,12 +824,12 @@ where
 /// long-running loop stop between pages.
 pub fn process_page<C, H>(
     consumer: &mut C,
-    after: Option<&FlowId>,
+    after: Option<&InboxFlow>,
     limit: Option<u64>,
     handler: &mut H,
     batch_len_max: u64,
     mut each: impl FnMut(Drain),
-) -> Result<Option<FlowId>, StoreError>
+) -> Result<Option<InboxFlow>, StoreError>
 where
     C: ConsumerStore + ?Sized,
     H: ApplyHandler<C::Tx> + ?Sized,
@@ -813,7 +839,7 @@ where
     let Some(last) = page.last().cloned() else {
         return Ok(None);
     };
-    let work = page.into_iter().map(|flow_id| (flow_id, limit)).collect();
+    let work = page.into_iter().map(|flow| (flow, limit)).collect();
     drain_flows(consumer, work, handler, batch_len_max)?
         .into_iter()
         .for_each(&mut each);
@@ -824,7 +850,7 @@ where
 /// what is left of its own limit.
 fn drain_flows<C, H>(
     consumer: &mut C,
-    mut work: Vec<(FlowId, Option<u64>)>,
+    mut work: Vec<(InboxFlow, Option<u64>)>,
     handler: &mut H,
     batch_len_max: u64,
 ) -> Result<Vec<Drain>, StoreError>
@@ -846,7 +872,7 @@ where
             debug_assert!(limit.is_none_or(|limit| drain.applied <= limit));
             let own_limit_reached = limit.is_some_and(|limit| drain.applied >= limit);
             let merged = match done.last_mut() {
-                Some(previous) if previous.flow_id == drain.flow_id => {
+                Some(previous) if previous.flow == drain.flow => {
                     previous.applied += drain.applied;
                     previous.stop = drain.stop.clone();
                     previous.clone()
@@ -857,7 +883,7 @@ where
                 }
             };
             if drain.stop == DrainStop::Limit && !own_limit_reached {
-                resume = Some((merged.flow_id, limit.map(|limit| limit - drain.applied)));
+                resume = Some((merged.flow, limit.map(|limit| limit - drain.applied)));
             }
         }
         work.drain(..visited);
@@ -971,9 +997,25 @@ impl StoredIdentities {
 #[derive(Debug, Default)]
 pub struct Delivery<'a> {
     sender: Option<&'a StoreId>,
-    by_id: HashMap<&'a str, BodyHash>,
-    by_position: HashMap<(&'a str, i64), &'a EventId>,
-    conflicted: HashSet<&'a str>,
+    by_id: HashMap<(&'a str, &'a str), BodyHash>,
+    by_position: HashMap<(&'a str, &'a str, i64), &'a EventId>,
+    conflicted: HashSet<(&'a str, &'a str)>,
+}
+
+/// An envelope's `(producer, event_id)`: its identity in the inbox.
+fn event_key(envelope: &Envelope) -> (&str, &str) {
+    (envelope.producer.as_str(), envelope.event_id.as_str())
+}
+
+/// An envelope's `(producer, flow_id)`: its flow in the inbox.
+fn flow_key(envelope: &Envelope) -> (&str, &str) {
+    (envelope.producer.as_str(), envelope.flow_id.as_str())
+}
+
+/// An envelope's `(producer, flow_id, seq)`: its position in the inbox.
+fn position_key(envelope: &Envelope) -> (&str, &str, i64) {
+    let (producer, flow_id) = flow_key(envelope);
+    (producer, flow_id, envelope.seq.get())
 }
 
 impl<'a> Delivery<'a> {
@@ -994,7 +1036,7 @@ impl<'a> Delivery<'a> {
     /// flow in this delivery was a conflict: its answer, whatever the store
     /// holds (a backend need not read its identities).
     pub fn after_conflict(&self, envelope: &Envelope) -> Option<Answer> {
-        let stopped = self.conflicted.contains(envelope.flow_id.as_str());
+        let stopped = self.conflicted.contains(&flow_key(envelope));
         stopped.then(|| Answer::of(Receipt::AfterConflict))
     }
 
@@ -1009,10 +1051,10 @@ impl<'a> Delivery<'a> {
         if let Some(answer) = self.after_conflict(envelope) {
             return answer;
         }
-        let position = (envelope.flow_id.as_str(), envelope.seq.get());
+        let position = position_key(envelope);
         // What this delivery accepted before is held from its own sender.
         if stored.by_event_id.is_none() {
-            stored.by_event_id = self.by_id.get(envelope.event_id.as_str()).cloned();
+            stored.by_event_id = self.by_id.get(&event_key(envelope)).cloned();
             stored.from_by_event_id = self.sender.cloned();
         }
         if stored.by_flow_seq.is_none() {
@@ -1027,12 +1069,12 @@ impl<'a> Delivery<'a> {
     pub fn record(&mut self, envelope: &'a Envelope, hash: &BodyHash, answer: &Answer) {
         match answer.receipt {
             Receipt::Accepted => {
-                let position = (envelope.flow_id.as_str(), envelope.seq.get());
-                self.by_id.insert(envelope.event_id.as_str(), hash.clone());
-                self.by_position.insert(position, &envelope.event_id);
+                self.by_id.insert(event_key(envelope), hash.clone());
+                self.by_position
+                    .insert(position_key(envelope), &envelope.event_id);
             }
             Receipt::Conflict | Receipt::AfterConflict | Receipt::ProducerRewound => {
-                self.conflicted.insert(envelope.flow_id.as_str());
+                self.conflicted.insert(flow_key(envelope));
             }
             Receipt::Duplicate => {}
         }
@@ -1148,6 +1190,7 @@ mod tests {
         let page = |prefix, after| FlowsPage {
             prefix,
             after,
+            after_producer: "",
             limit: 3,
         };
         assert_eq!(page("o-", None).bounds(), ("o-", "", 3));
@@ -1157,7 +1200,7 @@ mod tests {
         let flows = page("o-", Some(&after)).producer_flows(rows).unwrap();
         let ids: Vec<&str> = flows.iter().map(|f| f.flow_id.as_str()).collect();
         assert_eq!(ids, ["o-3", "o-4"]);
-        let bad = page("", None).consumer_flows(vec![("".into(), 1)]);
+        let bad = page("", None).consumer_flows(vec![("".into(), "default".into(), 1)]);
         assert_eq!(bad.unwrap_err().kind(), ErrorKind::Corrupt);
         let zero_seq = page("", None).producer_flows(vec![("o-1".into(), 0)]);
         assert_eq!(zero_seq.unwrap_err().kind(), ErrorKind::Corrupt);
@@ -1168,6 +1211,44 @@ mod tests {
         let payload = serde_json::json!({ "amount": amount });
         let version = crate::ids::SchemaVersion::V1;
         crate::append::next_event(&flow_id, seq - 1, "noted", version, &payload).unwrap()
+    }
+
+    /// Two producers' flows of one id are two flows: the same ids and seqs
+    /// of another producer are new, and one's conflict stops only its own.
+    #[test]
+    fn a_batch_keeps_each_producers_namespace() {
+        use Receipt::{Accepted, AfterConflict, Conflict};
+        let of = |producer: &str, envelope: Envelope| Envelope {
+            producer: ProducerName::new(producer).unwrap(),
+            ..envelope
+        };
+        let (a1, a1_other, a2) = (
+            envelope("a", 1, 1),
+            envelope("a", 1, 2),
+            envelope("a", 2, 1),
+        );
+        let batch = vec![
+            a1.clone(),
+            of("orders", a1_other.clone()),
+            a1_other.clone(),
+            of("orders", a2.clone()),
+            a2.clone(),
+        ];
+        let stored = vec![StoredIdentities::default(); batch.len()];
+        let (answers, accepted) = decide_batch(&batch, stored, None);
+        let receipts: Vec<Receipt> = answers.iter().map(|a| a.receipt).collect();
+        assert_eq!(
+            receipts,
+            vec![Accepted, Accepted, Conflict, Accepted, AfterConflict]
+        );
+        assert_eq!(answers[2].held_event_id, Some(a1.event_id.clone()));
+        let indices: Vec<usize> = accepted.iter().map(|(i, _)| *i).collect();
+        assert_eq!(indices, vec![0, 1, 3]);
+        assert_ne!(batch[0].inbox_flow(), batch[1].inbox_flow());
+        assert!(batch[1].is_of(&InboxFlow::new(
+            ProducerName::new("orders").unwrap(),
+            a1.flow_id.clone()
+        )));
     }
 
     /// Each envelope of a batch sees those accepted before it in the

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use ordo_core::ops::{ConsumerStatus, RepairRecord, SkipRequest};
 use ordo_core::{
-    ConsumerOps, Envelope, FixedClock, FlowId, ProducerOps, Receive, RelayError, RelayOptions,
+    ConsumerOps, Envelope, FixedClock, InboxFlow, ProducerOps, Receive, RelayError, RelayOptions,
     RelayPolicy, RelayStop, StoreError,
 };
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
@@ -306,13 +306,16 @@ fn receive_all(consumer: &mut ConsumerDb) -> Result<(), StoreError> {
 }
 
 fn apply(consumer: &mut ConsumerDb, flows: &[String]) -> Result<(), StoreError> {
-    let flows: Vec<(FlowId, Option<u64>)> = flows.iter().map(|id| (flow(id), None)).collect();
+    let flows: Vec<(InboxFlow, Option<u64>)> = flows
+        .iter()
+        .map(|id| (InboxFlow::of_default(flow(id)), None))
+        .collect();
     consumer.apply_batch(&flows, APPLY_EVENTS_MAX, V1).map(drop)
 }
 
 fn skip(consumer: &mut ConsumerDb, flow_id: &str) -> Result<(), StoreError> {
     let request = SkipRequest::new(
-        flow(flow_id),
+        InboxFlow::of_default(flow(flow_id)),
         seq(1),
         "a fault test skips it".to_owned(),
         "ordo-faults".to_owned(),

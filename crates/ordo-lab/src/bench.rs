@@ -680,7 +680,7 @@ fn two_files(
                     Err(mpsc::TryRecvError::Disconnected) => producer_done = true,
                     Err(mpsc::TryRecvError::Empty) => {}
                 }
-                let flows: Vec<(FlowId, Option<u64>)> = consumer
+                let flows: Vec<(ordo_core::InboxFlow, Option<u64>)> = consumer
                     .flows_with_work_page(None, batch as usize, &[])?
                     .into_iter()
                     .map(|flow| (flow, None))

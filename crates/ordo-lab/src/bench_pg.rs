@@ -17,8 +17,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use ordo_core::{
-    process_page, relay_each, Clock, DrainStop, FlowId, Handover, Receipt, RelayError,
-    RelayOptions, SystemClock,
+    process_page, relay_each, Clock, DrainStop, Handover, Receipt, RelayError, RelayOptions,
+    SystemClock,
 };
 use ordo_postgres::error::pg_error;
 use ordo_postgres::postgres::{Client, Statement};
@@ -480,7 +480,7 @@ fn apply_thread(
         return Ok((0, 0));
     }
     let mut handler = ReservationHandler::default();
-    let mut after: Option<FlowId> = None;
+    let mut after: Option<ordo_core::InboxFlow> = None;
     let mut pass_applied = 0u64;
     let mut idle = Idle::new();
     while shared.applied.load(Ordering::SeqCst) < shared.events && !shared.aborted() {
@@ -495,7 +495,7 @@ fn apply_thread(
             |drain| {
                 applied += drain.applied;
                 if let DrainStop::Blocked(reason) = drain.stop {
-                    blocked = Some((drain.flow_id, reason));
+                    blocked = Some((drain.flow, reason));
                 }
             },
         )?;

@@ -8,7 +8,7 @@
 use ordo_core::ops::{InboxEntry, OutboxEntry};
 use ordo_core::store::sql_limit;
 use ordo_core::store::FlowsPage;
-use ordo_core::{EventId, FlowId, Role, Seq, StoreError};
+use ordo_core::{EventId, FlowId, InboxFlow, ProducerName, Role, Seq, StoreError};
 
 use crate::conn::PgTx;
 use crate::consumer::inbox_entry;
@@ -24,13 +24,13 @@ pub(crate) const PRODUCER_FLOWS_SQL: &str = "SELECT flow_id, last_seq FROM {s}.o
 /// 0 without a stored row (an apply that found nothing) is no flow. The
 /// stored row is looked up per cursor row on the `(flow_id, seq)` key (a
 /// lateral read, which the planner cannot turn into a hash of the whole
-/// inbox).
-pub(crate) const CONSUMER_FLOWS_SQL: &str = "SELECT c.flow_id, c.applied_seq
+/// inbox). Flows are `(flow_id, producer)` pairs, after `($2, $4)`.
+pub(crate) const CONSUMER_FLOWS_SQL: &str = "SELECT c.flow_id, c.producer, c.applied_seq
      FROM {s}.inbox_cursor AS c
      LEFT JOIN LATERAL (SELECT true AS stored FROM {s}.inbox AS i
-                        WHERE i.flow_id = c.flow_id LIMIT 1) AS r ON true
-     WHERE c.flow_id >= $1 AND c.flow_id > $2 AND (c.applied_seq >= 1 OR r.stored)
-     ORDER BY c.flow_id LIMIT $3";
+                        WHERE i.flow_id = c.flow_id AND i.producer = c.producer LIMIT 1) AS r ON true
+     WHERE c.flow_id >= $1 AND (c.flow_id, c.producer) > ($2, $4) AND (c.applied_seq >= 1 OR r.stored)
+     ORDER BY c.flow_id, c.producer LIMIT $3";
 
 /// One flow's outbox rows, on the `(flow_id, seq)` key.
 pub(crate) const FLOW_OUTBOX_SQL: &str =
@@ -38,15 +38,15 @@ pub(crate) const FLOW_OUTBOX_SQL: &str =
             next_attempt_at_ms, created_at_ms, accepted_at_ms
      FROM {s}.outbox WHERE flow_id = $1 ORDER BY seq LIMIT $2";
 
-/// One inbox row, on the `(flow_id, seq)` key.
+/// One inbox row, on the `(flow_id, producer, seq)` key.
 pub(crate) const INBOX_AT_SQL: &str =
     "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM {s}.inbox
-     WHERE flow_id = $1 AND seq = $2";
+     WHERE flow_id = $1 AND seq = $2 AND producer = $3";
 
-/// One inbox row, on the `event_id` key.
+/// One inbox row, on the `(event_id, producer)` key.
 pub(crate) const INBOX_OF_EVENT_SQL: &str =
     "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM {s}.inbox
-     WHERE event_id = $1";
+     WHERE event_id = $1 AND producer = $2";
 
 /// The rows `(flow id, number)` of one page that `sql` reads with the
 /// page's bounds `(start, after, limit)` (see [`FlowsPage::bounds`]).
@@ -65,6 +65,24 @@ pub(crate) fn flows_page(
     Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
 }
 
+/// The rows `(flow id, producer, applied seq)` of one page of the
+/// consumer's flows.
+pub(crate) fn consumer_flows_page(
+    conn: &PgTx,
+    page: FlowsPage<'_>,
+) -> Result<Vec<(String, String, i64)>, StoreError> {
+    let (start, after, limit) = page.bounds();
+    let rows = conn.rows(
+        "consumer: cannot list flows",
+        CONSUMER_FLOWS_SQL,
+        &[&start, &after, &limit, &page.after_producer],
+    )?;
+    Ok(rows
+        .iter()
+        .map(|row| (row.get(0), row.get(1), row.get(2)))
+        .collect())
+}
+
 /// The flow's outbox rows in seq order, at most `limit`.
 pub(crate) fn flow_outbox_entries(
     conn: &PgTx,
@@ -79,29 +97,31 @@ pub(crate) fn flow_outbox_entries(
     rows.iter().map(outbox_entry).collect()
 }
 
-/// The inbox row at `(flow_id, seq)`, if stored.
+/// The inbox row at the flow's `seq`, if stored.
 pub(crate) fn inbox_entry_at(
     conn: &PgTx,
-    flow_id: &FlowId,
+    flow: &InboxFlow,
     seq: Seq,
 ) -> Result<Option<InboxEntry>, StoreError> {
     let row = conn.row(
         "consumer: cannot read an inbox row",
         INBOX_AT_SQL,
-        &[&flow_id.as_str(), &seq.get()],
+        &[&flow.flow_id.as_str(), &seq.get(), &flow.producer.as_str()],
     )?;
     row.as_ref().map(inbox_entry).transpose()
 }
 
-/// The inbox row stored under `event_id`, if any (a pruned row is gone).
+/// The inbox row stored under `producer`'s `event_id`, if any (a pruned
+/// row is gone).
 pub(crate) fn inbox_entry_of_event(
     conn: &PgTx,
+    producer: &ProducerName,
     event_id: &EventId,
 ) -> Result<Option<InboxEntry>, StoreError> {
     let row = conn.row(
         "consumer: cannot read an inbox row",
         INBOX_OF_EVENT_SQL,
-        &[&event_id.as_str()],
+        &[&event_id.as_str(), &producer.as_str()],
     )?;
     row.as_ref().map(inbox_entry).transpose()
 }
@@ -114,14 +134,14 @@ mod tests {
     use super::*;
     use crate::plans::{assert_indexed, Filled};
 
-    /// The parameter types of `sql`: a flow id, then a seq or a limit.
+    /// The parameter types of `sql`.
     fn types(sql: &str) -> &'static str {
-        if sql.contains("$3") {
-            "text, text, bigint"
-        } else if sql.contains("$2") {
-            "text, bigint"
-        } else {
-            "text"
+        match sql {
+            CONSUMER_FLOWS_SQL => "text, text, bigint, text",
+            INBOX_AT_SQL => "text, bigint, text",
+            INBOX_OF_EVENT_SQL => "text, text",
+            _ if sql.contains("$3") => "text, text, bigint",
+            _ => "text, bigint",
         }
     }
 
@@ -133,18 +153,21 @@ mod tests {
             |schema: &str, sql: &str, params: &str| filled.plan(schema, sql, types(sql), params);
         // The first page, a prefix, a deep keyset page, a prefix past its
         // end, on either side.
-        for (sql, schema) in [(PRODUCER_FLOWS_SQL, &p), (CONSUMER_FLOWS_SQL, &c)] {
+        for (sql, schema, more) in [
+            (PRODUCER_FLOWS_SQL, &p, ""),
+            (CONSUMER_FLOWS_SQL, &c, ", ''"),
+        ] {
             for params in [
                 "'', '', 51",
                 "'f-0123', '', 51",
                 "'f-019950', 'f-019950', 51",
                 "'f-019990', 'f-019990', 51",
             ] {
-                assert_indexed(&plan(schema, sql, params));
+                assert_indexed(&plan(schema, sql, &format!("{params}{more}")));
             }
         }
         assert_indexed(&plan(&p, FLOW_OUTBOX_SQL, "'f-012345', 1000"));
-        assert_indexed(&plan(&c, INBOX_AT_SQL, "'f-012345', 1"));
-        assert_indexed(&plan(&c, INBOX_OF_EVENT_SQL, "'f-012345-1'"));
+        assert_indexed(&plan(&c, INBOX_AT_SQL, "'f-012345', 1, 'default'"));
+        assert_indexed(&plan(&c, INBOX_OF_EVENT_SQL, "'f-012345-1', 'default'"));
     }
 }

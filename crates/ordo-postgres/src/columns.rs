@@ -1,7 +1,8 @@
 //! What both roles insert by batch: a batch of envelopes as the column
 //! arrays of one `unnest` insert (the outbox's rows and the inbox's), and
-//! a flow's row created at 0 before its first event (the outbox head, the
-//! apply cursor).
+//! the producer's flow rows created at 0 before their first event (the
+//! outbox heads; the consumer creates its apply cursors, keyed by
+//! producer, in its receive).
 //!
 //! Invariant: this module writes no protocol state of its own; it only
 //! shapes parameters and the two creations.
@@ -12,34 +13,16 @@ use ordo_core::{Envelope, StoreError};
 
 use crate::conn::PgTx;
 
-/// A flow's row that exists, at 0, before its first event is stored, so
-/// that writers lock it (and skip it when another holds it) and never wait
-/// to create it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum FlowRow {
-    /// The producer's `outbox_head` (last seq 0).
-    Head,
-    /// The consumer's `inbox_cursor` (applied seq 0).
-    Cursor,
-}
-
-/// Creates the `row` of each of `flows` (sorted, each once) that lacks it.
+/// Creates the `outbox_head` (last seq 0) of each of `flows` (sorted, each
+/// once) that lacks it, so that writers lock it (and skip it when another
+/// holds it) and never wait to create it.
 pub(crate) fn create_flow_rows(
     tx: &PgTx,
     context: &str,
-    row: FlowRow,
     flows: &[&str],
 ) -> Result<u64, StoreError> {
-    let sql = match row {
-        FlowRow::Head => {
-            "INSERT INTO {s}.outbox_head (flow_id, last_seq)
-            SELECT flow_id, 0 FROM unnest($1::text[]) AS flow_id ON CONFLICT (flow_id) DO NOTHING"
-        }
-        FlowRow::Cursor => {
-            "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq)
-            SELECT flow_id, 0 FROM unnest($1::text[]) AS flow_id ON CONFLICT (flow_id) DO NOTHING"
-        }
-    };
+    let sql = "INSERT INTO {s}.outbox_head (flow_id, last_seq)
+        SELECT flow_id, 0 FROM unnest($1::text[]) AS flow_id ON CONFLICT (flow_id) DO NOTHING";
     tx.run(context, sql, &[&flows])
 }
 

@@ -78,10 +78,10 @@ impl Filled {
                  INSERT INTO {p}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
                      SELECT {FLOW} || '-1', {FLOW}, 1, 1, 't', {body}, 0
                      FROM generate_series(1, {FLOWS}) i;
-                 INSERT INTO {c}.inbox_cursor (flow_id, applied_seq)
-                     SELECT {FLOW}, i % 2 FROM generate_series(1, {FLOWS}) i;
-                 INSERT INTO {c}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms)
-                     SELECT {FLOW} || '-1', {FLOW}, 1, 1, 't', {body}, '', 'pending', 0
+                 INSERT INTO {c}.inbox_cursor (flow_id, producer, applied_seq)
+                     SELECT {FLOW}, 'default', i % 2 FROM generate_series(1, {FLOWS}) i;
+                 INSERT INTO {c}.inbox (event_id, producer, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms)
+                     SELECT {FLOW} || '-1', 'default', {FLOW}, 1, 1, 't', {body}, '', 'pending', 0
                      FROM generate_series(1, {FLOWS}) i;
                  INSERT INTO {p}.outbox_pending (position) SELECT position FROM {p}.outbox;
                  ANALYZE {p}.outbox_head; ANALYZE {p}.outbox;

@@ -329,13 +329,13 @@ fn a_connection_whose_transaction_errored_is_replaced() {
     let mut inbox = received_one(&db.url());
     let before = backend_pid(inbox.connection());
     let error = inbox
-        .apply_next_with(&flow(1), &mut Failing)
+        .apply_next_with(&ordo_core::InboxFlow::of_default(flow(1)), &mut Failing)
         .expect_err("the handler's SQL fails");
     assert!(error.to_string().contains("42P01"), "{error}");
     assert_ne!(backend_pid(inbox.connection()), before, "a new connection");
     let step = inbox
         .apply_next_with(
-            &flow(1),
+            &ordo_core::InboxFlow::of_default(flow(1)),
             &mut support::workers::Ordered {
                 violations: Arc::default(),
             },
@@ -369,7 +369,7 @@ fn a_swallowed_error_fails_the_apply_as_the_server_reports_it() {
     let target = db.url();
     let mut inbox = received_one(&target);
     let error = inbox
-        .apply_next_with(&flow(1), &mut Swallowing)
+        .apply_next_with(&ordo_core::InboxFlow::of_default(flow(1)), &mut Swallowing)
         .expect_err("the transaction is aborted");
     assert!(error.to_string().contains("25P02"), "{error}");
     let applied: i64 = client(&target)

@@ -70,8 +70,10 @@ fn a_second_release_store_is_given_an_identity_at_its_first_open() {
         let rows_without_sender = match producer {
             true => format!("ALTER TABLE {schema}.outbox_head DROP COLUMN relay_stop_seq;"),
             false => format!(
-                "ALTER TABLE {schema}.inbox DROP COLUMN store_id;
-                 ALTER TABLE {schema}.inbox_fingerprint DROP COLUMN store_id;"
+                "{}
+                 ALTER TABLE {schema}.inbox DROP COLUMN store_id;
+                 ALTER TABLE {schema}.inbox_fingerprint DROP COLUMN store_id;",
+                support::undo_producer_namespaces(schema)
             ),
         };
         admin_client(&target)

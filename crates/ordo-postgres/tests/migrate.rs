@@ -43,6 +43,8 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
          UPDATE ordo_testkit.ordo_meta SET value = '1' WHERE key = 'schema_version';",
     )
     .unwrap();
+    c.batch_execute(&support::undo_producer_namespaces("ordo_testkit"))
+        .unwrap();
 
     let mut relay_store = producer(&target, "after", 60_000);
     let _inbox = consumer(&target, "after");

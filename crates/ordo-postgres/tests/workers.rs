@@ -612,7 +612,14 @@ fn appliers_on_different_flows_never_wait_for_each_other() {
     // Flow 1 alone: a batch locks each of its flows before its handler
     // call, so flow 2 would be held too.
     let (slow, go_on) = gated_applier(&target, &violations, |store, gate| {
-        vec![ordo_core::drain(store, &flow(1), None, gate, 16).unwrap()]
+        vec![ordo_core::drain(
+            store,
+            &ordo_core::InboxFlow::of_default(flow(1)),
+            None,
+            gate,
+            16,
+        )
+        .unwrap()]
     });
 
     // While flow 1 is held, another applier drains flow 2 and passes flow 1
@@ -632,7 +639,7 @@ fn appliers_on_different_flows_never_wait_for_each_other() {
     let drains = quick.join().unwrap();
     let by_flow: BTreeMap<String, (u64, DrainStop)> = drains
         .into_iter()
-        .map(|d| (d.flow_id.as_str().to_string(), (d.applied, d.stop)))
+        .map(|d| (d.flow.flow_id.as_str().to_string(), (d.applied, d.stop)))
         .collect();
     assert_eq!(by_flow[flow(1).as_str()], (0, DrainStop::Idle), "passed by");
     assert_eq!(by_flow[flow(2).as_str()], (3, DrainStop::Idle));
@@ -658,7 +665,9 @@ fn a_batch_holds_about_the_flows_its_events_need() {
     // held open on its first event. It may lock a flow or so more than it
     // needs (it guesses their events before it reads them), never all.
     let (slow, go_on) = gated_applier(&target, &violations, |store, gate| {
-        let work: Vec<_> = (1..=8).map(|i| (flow(i), None)).collect();
+        let work: Vec<_> = (1..=8)
+            .map(|i| (ordo_core::InboxFlow::of_default(flow(i)), None))
+            .collect();
         store.apply_batch_with(&work, 8, gate).unwrap()
     });
 
@@ -678,7 +687,7 @@ fn a_batch_holds_about_the_flows_its_events_need() {
     let applied = |drains: &[ordo_core::Drain], i: usize| -> u64 {
         drains
             .iter()
-            .filter(|d| d.flow_id == flow(i))
+            .filter(|d| d.flow.flow_id == flow(i))
             .map(|d| d.applied)
             .sum()
     };
@@ -1074,8 +1083,8 @@ fn a_received_batch_that_loses_a_race_is_decided_again() {
     let raced = &events[1];
     open.execute(
         "INSERT INTO ordo_testkit.inbox (event_id, flow_id, seq, schema_version, type, body,
-             body_hash, status, received_at_ms)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', 0)",
+             body_hash, status, received_at_ms, producer)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', 0, 'default')",
         &[
             &raced.event_id.as_str(),
             &raced.flow_id.as_str(),

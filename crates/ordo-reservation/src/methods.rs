@@ -78,15 +78,15 @@ macro_rules! apply_methods {
 
         fn apply_next(
             &mut self,
-            flow_id: &FlowId,
+            flow: &ordo_core::InboxFlow,
             options: ApplyOptions,
         ) -> Result<Step, StoreError> {
-            self.apply_next_with(flow_id, &mut ReservationHandler::new(options))
+            self.apply_next_with(flow, &mut ReservationHandler::new(options))
         }
 
         fn apply_batch(
             &mut self,
-            flows: &[(FlowId, Option<u64>)],
+            flows: &[(ordo_core::InboxFlow, Option<u64>)],
             events_max: u64,
             options: ApplyOptions,
         ) -> Result<Vec<Drain>, StoreError> {
@@ -95,13 +95,13 @@ macro_rules! apply_methods {
 
         fn drain(
             &mut self,
-            flow_id: &FlowId,
+            flow: &ordo_core::InboxFlow,
             limit: Option<u64>,
             options: ApplyOptions,
             batch_len_max: u64,
         ) -> Result<Drain, StoreError> {
             let mut handler = ReservationHandler::new(options);
-            ordo_core::drain(self, flow_id, limit, &mut handler, batch_len_max)
+            ordo_core::drain(self, flow, limit, &mut handler, batch_len_max)
         }
 
         fn process_all(
@@ -117,7 +117,7 @@ macro_rules! apply_methods {
         fn flows_with_reservation_work(
             &mut self,
             options: ApplyOptions,
-        ) -> Result<Vec<FlowId>, StoreError> {
+        ) -> Result<Vec<ordo_core::InboxFlow>, StoreError> {
             let handler = ReservationHandler::new(options);
             self.flows_with_work(handler.reevaluate())
         }

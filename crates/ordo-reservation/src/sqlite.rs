@@ -5,7 +5,7 @@ use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};
 use ordo_core::OutboxTx;
 use ordo_core::{
     crash, ApplyContext, ApplyHandler, BlockCode, ConsumerStore, Drain, Envelope, EventId, FlowId,
-    Seq, Step, StoreError, Verdict,
+    InboxFlow, Seq, Step, StoreError, Verdict,
 };
 use ordo_sqlite::{ConsumerDb, ProducerDb, ProducerTx};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -102,12 +102,12 @@ pub trait ReservationProducer {
 /// tables.
 pub trait ReservationConsumer: ConsumerStore {
     /// [`ConsumerStore::apply_next_with`] with [`ReservationHandler`].
-    fn apply_next(&mut self, flow_id: &FlowId, options: ApplyOptions) -> Result<Step, StoreError>;
+    fn apply_next(&mut self, flow: &InboxFlow, options: ApplyOptions) -> Result<Step, StoreError>;
 
     /// [`ConsumerStore::apply_batch_with`] with [`ReservationHandler`].
     fn apply_batch(
         &mut self,
-        flows: &[(FlowId, Option<u64>)],
+        flows: &[(InboxFlow, Option<u64>)],
         events_max: u64,
         options: ApplyOptions,
     ) -> Result<Vec<Drain>, StoreError>;
@@ -115,7 +115,7 @@ pub trait ReservationConsumer: ConsumerStore {
     /// [`ordo_core::drain`] with [`ReservationHandler`].
     fn drain(
         &mut self,
-        flow_id: &FlowId,
+        flow: &InboxFlow,
         limit: Option<u64>,
         options: ApplyOptions,
         batch_len_max: u64,
@@ -133,7 +133,7 @@ pub trait ReservationConsumer: ConsumerStore {
     fn flows_with_reservation_work(
         &mut self,
         options: ApplyOptions,
-    ) -> Result<Vec<FlowId>, StoreError>;
+    ) -> Result<Vec<InboxFlow>, StoreError>;
 
     /// Every projection, ordered by flow id.
     fn projections(&mut self) -> Result<Vec<Projection>, StoreError>;

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use ordo_core::{
-    process_page, ApplyContext, ApplyHandler, BlockCode, Clock, DrainStop, Envelope, FlowId,
+    process_page, ApplyContext, ApplyHandler, BlockCode, Clock, DrainStop, Envelope, InboxFlow,
     RunConsumer, Signal, StoreError, Verdict,
 };
 
@@ -42,7 +42,7 @@ where
 {
     pub(super) fn run(mut self) -> Result<(), StoreError> {
         let mut idle = Idle::new(&self.options);
-        let mut after: Option<FlowId> = None;
+        let mut after: Option<InboxFlow> = None;
         let mut pass_applied = 0u64;
         let mut page_no = 0u64;
         while !self.control.stopping() {
@@ -85,8 +85,8 @@ where
     /// and where the pass goes on (`None`: the pass is done).
     fn page(
         &mut self,
-        after: Option<&FlowId>,
-    ) -> Result<(ApplyTotals, Option<FlowId>), StoreError> {
+        after: Option<&InboxFlow>,
+    ) -> Result<(ApplyTotals, Option<InboxFlow>), StoreError> {
         let mut page = ApplyTotals::default();
         self.handler.seen = ApplyRound::default();
         let next = process_page(
@@ -176,7 +176,7 @@ impl<Tx: ?Sized, H: ApplyHandler<Tx>> ApplyHandler<Tx> for Observed<Tx, H> {
             Verdict::Apply => self.lag(tx, event)?,
             Verdict::Block(reason) => {
                 tracing::info!(
-                    event_id = %event.event_id, flow_id = %event.flow_id,
+                    event_id = %event.event_id, flow_id = %event.flow_id, producer = %event.producer,
                     seq = event.seq.get(), reason = %reason, "blocked"
                 );
                 self.seen.blocked.push(reason.code);

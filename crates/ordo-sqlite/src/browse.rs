@@ -144,16 +144,16 @@ pub(crate) mod tests {
     /// `f-000001` to `f-020000` (as outbox heads or apply cursors at 1).
     fn store_of_many_flows(producer: bool) -> (tempfile::TempDir, std::path::PathBuf) {
         let (dir, path) = new_store(producer);
-        let (table, column) = if producer {
-            ("outbox_head", "last_seq")
+        let (table, column, value) = if producer {
+            ("outbox_head", "last_seq", "1")
         } else {
-            ("inbox_cursor", "applied_seq")
+            ("inbox_cursor", "producer, applied_seq", "'default', 1")
         };
         Connection::open(&path)
             .unwrap()
             .execute_batch(&format!(
                 "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000)
-                 INSERT INTO {table} (flow_id, {column}) SELECT printf('f-%06d', i), 1 FROM n"
+                 INSERT INTO {table} (flow_id, {column}) SELECT printf('f-%06d', i), {value} FROM n"
             ))
             .unwrap();
         (dir, path)
@@ -165,7 +165,11 @@ pub(crate) mod tests {
     /// `after`, not at the prefix. `read` reads a page of 10 (`prefix`,
     /// `after`) through `sql` on a new connection.
     #[track_caller]
-    pub(crate) fn assert_deep_pages_are_short(role: Role, sql: &str) {
+    pub(crate) fn assert_deep_pages_are_short(
+        role: Role,
+        sql: &str,
+        read: impl Fn(&Connection, FlowsPage<'_>) -> usize,
+    ) {
         let (_dir, path) = store_of_many_flows(role == Role::Producer);
         let steps = |prefix: &str, after: &str| {
             let conn = Connection::open(&path).unwrap();
@@ -173,9 +177,10 @@ pub(crate) mod tests {
             let page = FlowsPage {
                 prefix,
                 after: Some(&after),
+                after_producer: "",
                 limit: 10,
             };
-            let listed = flows_page(&conn, role, sql, page).unwrap().len();
+            let listed = read(&conn, page);
             assert!(listed > 0, "{prefix:?} after {after}");
             let stmt = conn.prepare_cached(sql).expect("the statement is cached");
             stmt.get_status(rusqlite::StatementStatus::VmStep)
@@ -196,6 +201,10 @@ pub(crate) mod tests {
 
     #[test]
     fn a_deep_page_reads_only_its_own_rows() {
-        assert_deep_pages_are_short(Role::Producer, PRODUCER_FLOWS_SQL);
+        let read = |conn: &Connection, page: FlowsPage<'_>| {
+            let rows = flows_page(conn, Role::Producer, PRODUCER_FLOWS_SQL, page);
+            rows.unwrap().len()
+        };
+        assert_deep_pages_are_short(Role::Producer, PRODUCER_FLOWS_SQL, read);
     }
 }

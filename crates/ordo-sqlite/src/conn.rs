@@ -20,7 +20,7 @@ pub const BUSY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// reservation domain) are upgraded once, and recorded as domain
 /// `reservation`; version 3 gave every store its identity; version 5 gave
 /// producer stores their destinations.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The domain of the first release's stores, which recorded none.
 pub const FIRST_RELEASE_DOMAIN: &str = "reservation";
@@ -42,6 +42,9 @@ pub(crate) struct Tables {
     /// Brings the tables of a version 1 to 4 file to version 5 (run after
     /// `upgrade_from_3`).
     pub upgrade_from_4: &'static str,
+    /// Brings the tables of a version 1 to 5 file to version 6 (run after
+    /// `upgrade_from_4`).
+    pub upgrade_from_5: &'static str,
 }
 
 /// The `application_id` ordo writes in the header of every file it creates
@@ -759,13 +762,8 @@ fn init_schema(
         )
         .map_err(err)?;
     }
-    if state == FileState::Older && stored_version(&tx, path)? < 4 {
-        // Version 4: the consumer's rows keep the store that delivered them.
-        tx.execute_batch(tables.upgrade_from_3).map_err(err)?;
-    }
-    if state == FileState::Older && stored_version(&tx, path)? < 5 {
-        // Version 5: custody per destination, the existing marks `default`'s.
-        tx.execute_batch(tables.upgrade_from_4).map_err(err)?;
+    if state == FileState::Older {
+        upgrade_from_3(&tx, path, tables)?;
     }
     if matches!(state, FileState::Empty | FileState::Foreign) {
         tx.execute_batch(META_TABLE).map_err(err)?;
@@ -807,6 +805,26 @@ fn init_schema(
         domain::install(&tx, &display, schema)?;
     }
     tx.commit().map_err(err)
+}
+
+/// Brings the tables of an earlier file, at version 3 at least (after
+/// `upgrade_from_1`), to [`SCHEMA_VERSION`], one version at a time.
+fn upgrade_from_3(tx: &Connection, path: &Path, tables: &Tables) -> Result<(), StoreError> {
+    let err = |e| sql_error(&format!("{}: cannot initialise", path.display()), e);
+    let steps = [
+        // Version 4: the consumer's rows keep the store that delivered them.
+        (4, tables.upgrade_from_3),
+        // Version 5: custody per destination, the existing marks `default`'s.
+        (5, tables.upgrade_from_4),
+        // Version 6: the consumer's identities in producer namespaces.
+        (6, tables.upgrade_from_5),
+    ];
+    for (version, sql) in steps {
+        if stored_version(tx, path)? < version {
+            tx.execute_batch(sql).map_err(err)?;
+        }
+    }
+    Ok(())
 }
 
 /// The version of ordo's tables a file records: in `ordo_meta` for an

@@ -36,8 +36,8 @@ fn a_row_settled_under_its_apply_is_not_marked_applied_over() {
 fn a_cursor_moved_past_under_an_apply_is_not_moved_back() {
     run(|tx, _| {
         tx.execute(
-            "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES ('f', 5)
-             ON CONFLICT (flow_id) DO UPDATE SET applied_seq = 5",
+            "INSERT INTO inbox_cursor (flow_id, producer, applied_seq) VALUES ('f', 'default', 5)
+             ON CONFLICT (flow_id, producer) DO UPDATE SET applied_seq = 5",
             [],
         )?;
         Ok(Verdict::Apply)

@@ -74,6 +74,27 @@ CREATE TABLE outbox_head (
     relay_due_ms INTEGER NOT NULL DEFAULT 0, relay_turn INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
 ";
 
+/// A consumer file's tables brought back to the second release's: one
+/// namespace, rows without their delivering store.
+const SECOND_RELEASE_INBOX: &str = "
+DROP TABLE inbox; DROP TABLE inbox_cursor; DROP TABLE inbox_fingerprint; DROP TABLE inbox_watermark;
+DROP TRIGGER repair_log_append_only_update; DROP TRIGGER repair_log_append_only_delete;
+DROP TABLE repair_log;
+CREATE TABLE inbox (
+    event_id TEXT PRIMARY KEY, flow_id TEXT NOT NULL, seq INTEGER NOT NULL,
+    schema_version INTEGER NOT NULL, type TEXT NOT NULL, body TEXT NOT NULL,
+    body_hash TEXT NOT NULL, status TEXT NOT NULL, reason TEXT, detail TEXT,
+    received_at_ms INTEGER NOT NULL, settled_at_ms INTEGER, UNIQUE (flow_id, seq)) WITHOUT ROWID;
+CREATE TABLE inbox_cursor (flow_id TEXT PRIMARY KEY, applied_seq INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE inbox_fingerprint (
+    flow_id TEXT NOT NULL, seq INTEGER NOT NULL, event_id TEXT NOT NULL UNIQUE,
+    body_hash BLOB NOT NULL, status TEXT NOT NULL, PRIMARY KEY (flow_id, seq)) WITHOUT ROWID;
+CREATE TABLE inbox_watermark (flow_id TEXT PRIMARY KEY, pruned_seq INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE repair_log (
+    id INTEGER PRIMARY KEY, action TEXT NOT NULL, flow_id TEXT NOT NULL, seq INTEGER NOT NULL,
+    event_id TEXT NOT NULL, reason TEXT NOT NULL, decided_by TEXT NOT NULL, at_ms INTEGER NOT NULL);
+";
+
 #[test]
 fn a_second_release_store_is_given_an_identity_at_its_first_open() {
     let dir = tempfile::tempdir().unwrap();
@@ -85,10 +106,7 @@ fn a_second_release_store_is_given_an_identity_at_its_first_open() {
         // delivering store), no identity.
         let rows_without_sender = match producer {
             true => SECOND_RELEASE_OUTBOX,
-            false => {
-                "ALTER TABLE inbox DROP COLUMN store_id;
-                 ALTER TABLE inbox_fingerprint DROP COLUMN store_id;"
-            }
+            false => SECOND_RELEASE_INBOX,
         };
         Connection::open(&path)
             .unwrap()

@@ -11,17 +11,22 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ordo_core::envelope::EventType;
-use ordo_core::ops::SkipRequest;
+use ordo_core::ops::{InboxScope, SkipRequest};
 use ordo_core::{
     process_all, AppendError, ApplyContext, ApplyHandler, BlockCode, BlockReason, ConsumerOps,
-    ConsumerStore, DrainStop, Envelope, ErrorKind, EventId, FlowId, InboxStatus, ProducerOps,
-    ProducerStore, Receive, SchemaVersion, Seq, Step, StoreError, SystemClock, Verdict,
+    ConsumerStore, DrainStop, Envelope, ErrorKind, EventId, FlowId, InboxFlow, InboxStatus,
+    ProducerOps, ProducerStore, Receive, SchemaVersion, Seq, Step, StoreError, SystemClock,
+    Verdict,
 };
 use ordo_reservation::{ReservationConsumer, ReservationProducer};
 use ordo_runtime::{Runner, RunnerOptions};
 use ordo_sqlite::rusqlite::{params, Connection};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb, Schema};
 use serde_json::json;
+
+fn inbox_flow(id: &str) -> InboxFlow {
+    InboxFlow::of_default(flow(id))
+}
 
 fn flow(id: &str) -> FlowId {
     FlowId::new(id).unwrap()
@@ -219,7 +224,7 @@ fn own_state_and_event_commit_together_or_not_at_all() {
 fn a_handlers_writes_commit_with_the_inbox_mark_or_roll_back() {
     let dir = tempfile::tempdir().unwrap();
     let mut consumer = ledger_consumer(dir.path());
-    let acct = flow("acct");
+    let acct = inbox_flow("acct");
     consumer
         .receive_batch(&[
             event("acct", 1, "credit", 5),
@@ -294,8 +299,10 @@ fn a_block_in_a_batch_undoes_only_the_blocked_events_writes() {
             event("c", 1, "credit", 9),
         ])
         .unwrap();
-    let flows: Vec<(FlowId, Option<u64>)> =
-        ["a", "b", "c"].iter().map(|f| (flow(f), None)).collect();
+    let flows: Vec<(InboxFlow, Option<u64>)> = ["a", "b", "c"]
+        .iter()
+        .map(|f| (inbox_flow(f), None))
+        .collect();
     let drains = consumer.apply_batch_with(&flows, 100, &mut Ledger).unwrap();
     let stops: Vec<(u64, DrainStop)> = drains.into_iter().map(|d| (d.applied, d.stop)).collect();
     let blocked = BlockReason::code(NEGATIVE_AMOUNT);
@@ -356,7 +363,7 @@ fn a_transaction_ended_under_the_handler_applies_nothing() {
             event("a", 3, "credit", 3),
         ])
         .unwrap();
-    let a = flow("a");
+    let a = inbox_flow("a");
     let only_statuses = |consumer: &mut ConsumerDb| -> Vec<InboxStatus> {
         statuses(consumer).into_iter().map(|(_, s)| s).collect()
     };
@@ -479,7 +486,7 @@ fn a_custom_block_code_and_detail_are_stored_and_listed_with_the_body_unchanged(
     let reason = BlockReason::with_detail(OVER_LIMIT, "amount 500 exceeds 100");
     assert_eq!(
         consumer
-            .apply_next_with(&flow("a"), &mut limit_handler)
+            .apply_next_with(&inbox_flow("a"), &mut limit_handler)
             .unwrap(),
         Step::Blocked {
             seq: seq(1),
@@ -490,7 +497,7 @@ fn a_custom_block_code_and_detail_are_stored_and_listed_with_the_body_unchanged(
 
     // Detail past 1,000 bytes is cut at a character boundary.
     let cut = BlockReason::with_detail(OVER_LIMIT, "é".repeat(500));
-    let blocked = consumer.inbox_entries(true, None, 10).unwrap();
+    let blocked = consumer.inbox_entries(true, InboxScope::All, 10).unwrap();
     let listed: Vec<(Envelope, InboxStatus)> = blocked
         .into_iter()
         .map(|e| (e.envelope, e.status))
@@ -502,7 +509,9 @@ fn a_custom_block_code_and_detail_are_stored_and_listed_with_the_body_unchanged(
             (long.clone(), InboxStatus::Blocked(cut.clone())),
         ]
     );
-    let one = consumer.inbox_entries(false, Some(&flow("a")), 10).unwrap();
+    let one = consumer
+        .inbox_entries(false, InboxScope::Flow(&inbox_flow("a")), 10)
+        .unwrap();
     assert_eq!(one.len(), 1);
     assert_eq!(one[0].envelope.stored_text(), over.stored_text());
     assert_eq!(one[0].settled_at_ms, None);
@@ -590,14 +599,14 @@ fn rows_blocked_with_a_code_the_handler_reevaluates_are_offered_again_and_others
     let calls = old.offered.len();
     // `a` has a pending event behind its block; `b` and `d` are listed only
     // for the codes asked for.
-    assert_eq!(consumer.flows_with_work(&[]).unwrap(), [flow("a")]);
+    assert_eq!(consumer.flows_with_work(&[]).unwrap(), [inbox_flow("a")]);
     assert_eq!(
         consumer.flows_with_work(&[UNKNOWN_VERSION]).unwrap(),
-        [flow("a"), flow("d")]
+        [inbox_flow("a"), inbox_flow("d")]
     );
     assert_eq!(
         consumer.flows_with_work(&[NEGATIVE_AMOUNT]).unwrap(),
-        [flow("a"), flow("b")]
+        [inbox_flow("a"), inbox_flow("b")]
     );
     // Without the code among the handler's, nothing is offered again.
     process_all(&mut consumer, None, &mut old, 100).unwrap();
@@ -615,7 +624,7 @@ fn rows_blocked_with_a_code_the_handler_reevaluates_are_offered_again_and_others
     );
     let drains: Vec<(String, u64, DrainStop)> = drains
         .into_iter()
-        .map(|d| (d.flow_id.as_str().to_owned(), d.applied, d.stop))
+        .map(|d| (d.flow.flow_id.as_str().to_owned(), d.applied, d.stop))
         .collect();
     assert_eq!(
         drains,
@@ -636,11 +645,11 @@ fn rows_blocked_with_a_code_the_handler_reevaluates_are_offered_again_and_others
     );
     assert_eq!(
         consumer.flows_with_work(new.reevaluate()).unwrap(),
-        Vec::<FlowId>::new()
+        Vec::<InboxFlow>::new()
     );
     assert_eq!(
         consumer.flows_with_work(&[NEGATIVE_AMOUNT]).unwrap(),
-        [flow("b")]
+        [inbox_flow("b")]
     );
     assert_eq!(
         strings(
@@ -698,7 +707,7 @@ fn question_mark_works_on_sqlite_errors_and_a_locked_database_is_busy() {
     let mut consumer = ledger_consumer(dir.path());
     consumer.receive(&event("a", 1, "credit", 1)).unwrap();
     let error = consumer
-        .apply_next_with(&flow("a"), &mut missing_table)
+        .apply_next_with(&inbox_flow("a"), &mut missing_table)
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Other);
     assert!(error.to_string().contains("no_such_table"), "{error}");

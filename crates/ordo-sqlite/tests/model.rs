@@ -36,14 +36,14 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use ordo_core::ops::{
-    ConsumerStatus, GapWait, InboxEntry, OutboxEntry, ProducerStatus, Pruned, RepairRecord,
-    RetryRefused, SkipRefused, SkipRequest,
+    ConsumerStatus, GapWait, InboxEntry, InboxScope, OutboxEntry, ProducerStatus, Pruned,
+    RepairRecord, RetryRefused, SkipRefused, SkipRequest,
 };
 use ordo_core::{
     relay, relay_event, Backoff, BlockReason, Clock, ConsumerOps, Delivery, Drain, DrainStop,
-    Envelope, EventId, EventType, FlowId, InboxRecord, InboxStatus, OutboxRecord, ProducerOps,
-    ProducerStore, Receipt, Receive, RelayError, RelayOptions, RelayPolicy, RelayReport, RelayStop,
-    SchemaVersion, Seq, Step,
+    Envelope, EventId, EventType, FlowId, InboxFlow, InboxRecord, InboxStatus, OutboxRecord,
+    ProducerName, ProducerOps, ProducerStore, Receipt, Receive, RelayError, RelayOptions,
+    RelayPolicy, RelayReport, RelayStop, SchemaVersion, Seq, Step,
 };
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 use ordo_testkit::check::{check_end_state, EndState, Snapshot};
@@ -913,7 +913,7 @@ impl Model {
             }
         };
         Drain {
-            flow_id: FlowId::new(flow).unwrap(),
+            flow: InboxFlow::of_default(FlowId::new(flow).unwrap()),
             applied,
             stop,
         }
@@ -988,23 +988,27 @@ impl Model {
     fn skip(&mut self, flow: &str, seq: i64) -> Result<RepairRecord, SkipRefused> {
         let applied_seq = self.cursor.get(flow).copied().unwrap_or(0);
         let flow_id = FlowId::new(flow).unwrap();
+        let inbox_flow = InboxFlow::of_default(flow_id.clone());
         let seq_ = Seq::new(seq).unwrap();
         if seq <= applied_seq {
             return Err(SkipRefused::AlreadySettled {
-                flow_id,
+                flow: inbox_flow,
                 seq: seq_,
                 applied_seq,
             });
         }
         if seq != applied_seq + 1 {
             return Err(SkipRefused::NotNext {
-                flow_id,
+                flow: inbox_flow,
                 seq: seq_,
                 next: applied_seq + 1,
             });
         }
         let Some(row) = self.inbox.get_mut(&(flow.to_owned(), seq)) else {
-            return Err(SkipRefused::NotStored { flow_id, seq: seq_ });
+            return Err(SkipRefused::NotStored {
+                flow: inbox_flow,
+                seq: seq_,
+            });
         };
         row.status = MStatus::Skipped;
         row.settled_at = Some(self.now);
@@ -1012,7 +1016,9 @@ impl Model {
         let record = RepairRecord {
             id: self.repairs.len() as i64 + 1,
             action: "skip".to_owned(),
+            producer: ProducerName::default(),
             flow_id,
+            store_id: None,
             seq: seq_,
             event_id: EventId::new(row.event.event_id.as_str()).unwrap(),
             reason: SKIP_REASON.to_owned(),
@@ -1092,6 +1098,7 @@ impl Model {
             if let Some(since_ms) = since {
                 status.gaps_total += 1;
                 status.gaps.push(GapWait {
+                    producer: ProducerName::default(),
                     flow_id: FlowId::new(flow).unwrap(),
                     missing: Seq::new(next).unwrap(),
                     since_ms,
@@ -1201,7 +1208,7 @@ impl Model {
             work: [false, true].map(|v2| {
                 self.flows_with_work(v2)
                     .into_iter()
-                    .map(|f| FlowId::new(f).unwrap())
+                    .map(|f| inbox_flow(&f))
                     .collect()
             }),
             repairs: self.repairs.clone(),
@@ -1253,7 +1260,7 @@ struct State {
     projections: Vec<Projection>,
     effects: Vec<EffectRecord>,
     /// `flows_with_work` without and with schema 2 support.
-    work: [Vec<FlowId>; 2],
+    work: [Vec<InboxFlow>; 2],
     repairs: Vec<RepairRecord>,
     producer_status: ProducerStatus,
     consumer_status: ConsumerStatus,
@@ -1424,7 +1431,7 @@ impl Real {
             inbox: self.consumer.inbox().expect("inbox"),
             inbox_times: self
                 .consumer
-                .inbox_entries(false, None, usize::MAX)
+                .inbox_entries(false, InboxScope::All, usize::MAX)
                 .expect("inbox_entries")
                 .into_iter()
                 .map(|e: InboxEntry| {
@@ -1442,7 +1449,10 @@ impl Real {
                     .flows_with_reservation_work(ApplyOptions { support_v2 })
                     .expect("flows_with_work")
             }),
-            repairs: self.consumer.repairs().expect("repairs"),
+            repairs: (self.consumer.repairs().expect("repairs"))
+                .into_iter()
+                .map(without_sender)
+                .collect(),
             producer_status: self
                 .producer
                 .producer_status(self.clock.now_ms())
@@ -1622,8 +1632,8 @@ fn drains_text(drains: &[Drain]) -> String {
     let drains: Vec<String> = drains
         .iter()
         .map(|d| match &d.stop {
-            DrainStop::Blocked(reason) => format!("{} {} Blocked({reason})", d.flow_id, d.applied),
-            stop => format!("{} {} {stop:?}", d.flow_id, d.applied),
+            DrainStop::Blocked(reason) => format!("{} {} Blocked({reason})", d.flow, d.applied),
+            stop => format!("{} {} {stop:?}", d.flow, d.applied),
         })
         .collect();
     format!("[{}]", drains.join(", "))
@@ -1776,7 +1786,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
             let expect = model.apply_next(name, *support_v2);
             let got = r
                 .consumer
-                .apply_next(&FlowId::new(name).unwrap(), options(*support_v2))
+                .apply_next(&inbox_flow(name), options(*support_v2))
                 .expect("apply_next");
             let outcome = match &expect {
                 Step::Blocked { seq, reason } => {
@@ -1798,7 +1808,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
             let got = r
                 .consumer
                 .drain(
-                    &FlowId::new(name).unwrap(),
+                    &inbox_flow(name),
                     *limit,
                     options(*support_v2),
                     *batch_len_max,
@@ -1820,9 +1830,9 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
                 .map(|(flow, limit)| (FLOWS[*flow].to_owned(), *limit))
                 .collect();
             let expect = model.apply_batch(&flows, *events_max, *support_v2);
-            let ids: Vec<(FlowId, Option<u64>)> = flows
+            let ids: Vec<(InboxFlow, Option<u64>)> = flows
                 .iter()
-                .map(|(flow, limit)| (FlowId::new(flow.as_str()).unwrap(), *limit))
+                .map(|(flow, limit)| (inbox_flow(flow), *limit))
                 .collect();
             let got = r
                 .consumer
@@ -1870,7 +1880,7 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
             let expect = model.reopen_blocked(name);
             let got = r
                 .consumer
-                .reopen_blocked(&FlowId::new(name).unwrap())
+                .reopen_blocked(&inbox_flow(name))
                 .expect("reopen_blocked");
             let line = format!("reopen blocked {name} -> {expect}");
             agreed(got, expect, line)
@@ -1885,13 +1895,13 @@ fn step(op: &Op, model: &mut Model, real: &mut Option<Real>) -> String {
             };
             let expect = model.skip(name, seq);
             let request = SkipRequest::new(
-                FlowId::new(name).unwrap(),
+                inbox_flow(name),
                 Seq::new(seq).unwrap(),
                 SKIP_REASON.to_owned(),
                 SKIP_BY.to_owned(),
             )
             .unwrap();
-            let got = r.consumer.skip(&request).expect("skip");
+            let got = r.consumer.skip(&request).expect("skip").map(without_sender);
             let line = format!(
                 "skip {name} seq={seq} -> {}",
                 match &expect {
@@ -2195,4 +2205,19 @@ fn a_fixed_history_through_every_operation() {
         (FlowState::Reserved, Some(999), 1),
         "the forged f2-1 was applied, the real one conflicts"
     );
+}
+
+/// The default producer's inbox flow `name`.
+fn inbox_flow(name: &str) -> InboxFlow {
+    InboxFlow::of_default(FlowId::new(name).unwrap())
+}
+
+/// A repair as the model keeps it: the model does not follow which store
+/// delivered each row (the conformance suite checks that the repair log
+/// keeps it).
+fn without_sender(record: RepairRecord) -> RepairRecord {
+    RepairRecord {
+        store_id: None,
+        ..record
+    }
 }

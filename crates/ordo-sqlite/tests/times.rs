@@ -94,16 +94,26 @@ fn settle_times_are_read_under_the_write_lock() {
                      _: &Envelope|
      -> Result<Verdict, StoreError> { Ok(Verdict::Apply) };
     consumer
-        .apply_next_with(&FlowId::new("f").unwrap(), &mut apply)
+        .apply_next_with(
+            &ordo_core::InboxFlow::of_default(FlowId::new("f").unwrap()),
+            &mut apply,
+        )
         .unwrap();
     all_under_lock(clock.take(), "apply");
     consumer
-        .apply_batch_with(&[(FlowId::new("f").unwrap(), None)], 10, &mut apply)
+        .apply_batch_with(
+            &[(
+                ordo_core::InboxFlow::of_default(FlowId::new("f").unwrap()),
+                None,
+            )],
+            10,
+            &mut apply,
+        )
         .unwrap();
     all_under_lock(clock.take(), "apply batch");
 
     let skip = SkipRequest::new(
-        FlowId::new("g").unwrap(),
+        ordo_core::InboxFlow::of_default(FlowId::new("g").unwrap()),
         Seq::FIRST,
         "not needed".into(),
         "ops".into(),

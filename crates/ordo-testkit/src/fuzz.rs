@@ -13,6 +13,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 use ordo_core::envelope::{canonical_json, parse_stream, parse_strict_json, StreamError};
+use ordo_core::ops::InboxScope;
 use ordo_core::{ConsumerStore, Envelope, MalformedEnvelope, Receipt};
 
 /// The most envelopes of one input that [`check_receive_stream`] receives;
@@ -178,7 +179,11 @@ pub fn check_receive_stream(store: &mut impl ConsumerStore, data: &[u8]) {
             i + 1
         );
         let rows = store
-            .inbox_entries(false, Some(&envelope.flow_id), READ_BACK_ROWS_MAX)
+            .inbox_entries(
+                false,
+                InboxScope::Flow(&envelope.inbox_flow()),
+                READ_BACK_ROWS_MAX,
+            )
             .expect("the inbox reads back");
         match rows
             .iter()

@@ -6,7 +6,7 @@
 
 use ordo_core::{ConsumerStore, Envelope, ErrorKind, InboxStatus, StoreError};
 
-use crate::support::{envelope, flow};
+use crate::support::{envelope, inbox_flow};
 
 /// The one event the guards' tests receive, at flow `f` seq 1.
 pub fn guarded_event() -> Envelope {
@@ -21,10 +21,10 @@ where
 {
     if batch {
         inbox
-            .apply_batch_with(&[(flow("f"), None)], 10, handler)
+            .apply_batch_with(&[(inbox_flow("f"), None)], 10, handler)
             .map(drop)
     } else {
-        inbox.apply_next_with(&flow("f"), handler).map(drop)
+        inbox.apply_next_with(&inbox_flow("f"), handler).map(drop)
     }
 }
 

@@ -12,11 +12,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use ordo_core::ops::{InboxEntry, OutboxEntry};
+use ordo_core::ops::{InboxEntry, InboxScope, OutboxEntry};
 use ordo_core::{
     BlockReason, Clock, Delivery, Drain, DrainStop, Envelope, EventId, FixedClock, FlowId,
-    InboxRecord, InboxStatus, OutboxRecord, ProducerStore, Receipt, RelayError, RelayOptions,
-    RelayPolicy, RelayReport, RelayStop, SchemaVersion, Seq, Step, APPLY_BATCH_LEN_DEFAULT,
+    InboxFlow, InboxRecord, InboxStatus, OutboxRecord, ProducerName, ProducerStore, Receipt,
+    RelayError, RelayOptions, RelayPolicy, RelayReport, RelayStop, SchemaVersion, Seq, Step,
+    APPLY_BATCH_LEN_DEFAULT,
 };
 use serde_json::Value;
 
@@ -31,6 +32,17 @@ pub const V2: ApplyOptions = ApplyOptions { support_v2: true };
 /// A flow id; panics if invalid.
 pub fn flow(id: &str) -> FlowId {
     FlowId::new(id).expect("test flow id")
+}
+
+/// The default producer's inbox flow `id`.
+pub fn inbox_flow(id: &str) -> InboxFlow {
+    InboxFlow::of_default(flow(id))
+}
+
+/// The inbox flow `id` of the producer named `producer`.
+pub fn flow_of(producer: &str, id: &str) -> InboxFlow {
+    let name = ProducerName::new(producer).expect("test producer name");
+    InboxFlow::new(name, flow(id))
 }
 
 /// An event id; panics if invalid.
@@ -50,7 +62,7 @@ pub fn apply_step<C: ReservationConsumer + ?Sized>(
     options: ApplyOptions,
 ) -> Step {
     consumer
-        .apply_next(&flow(flow_id), options)
+        .apply_next(&inbox_flow(flow_id), options)
         .expect("apply_next")
 }
 
@@ -455,7 +467,12 @@ pub fn drain_flow<C: ReservationConsumer + ?Sized>(
     options: ApplyOptions,
 ) -> Drain {
     consumer
-        .drain(&flow(flow_id), limit, options, APPLY_BATCH_LEN_DEFAULT)
+        .drain(
+            &inbox_flow(flow_id),
+            limit,
+            options,
+            APPLY_BATCH_LEN_DEFAULT,
+        )
         .expect("drain")
 }
 
@@ -463,7 +480,7 @@ pub fn drain_flow<C: ReservationConsumer + ?Sized>(
 /// `stop`.
 pub fn drained(flow_id: &str, applied: u64, stop: DrainStop) -> Drain {
     Drain {
-        flow_id: flow(flow_id),
+        flow: inbox_flow(flow_id),
         applied,
         stop,
     }
@@ -473,7 +490,7 @@ pub fn drained(flow_id: &str, applied: u64, stop: DrainStop) -> Drain {
 pub fn drain_stops(drains: &[Drain]) -> Vec<(&str, u64, DrainStop)> {
     drains
         .iter()
-        .map(|d| (d.flow_id.as_str(), d.applied, d.stop.clone()))
+        .map(|d| (d.flow.flow_id.as_str(), d.applied, d.stop.clone()))
         .collect()
 }
 
@@ -680,7 +697,7 @@ pub fn assert_quarantined(entry: &OutboxEntry) {
 /// Every inbox row with its times, ordered by flow then seq.
 pub fn inbox_entries<C: ReservationConsumer + ?Sized>(consumer: &mut C) -> Vec<InboxEntry> {
     consumer
-        .inbox_entries(false, None, usize::MAX)
+        .inbox_entries(false, InboxScope::All, usize::MAX)
         .expect("inbox_entries")
 }
 

@@ -225,7 +225,8 @@ fn skip_is_explicit_and_audited(ctx: &Ctx) -> Result<Outcome, String> {
     let then = at(ctx, T0, &["apply", "--consumer", "{C}"])?;
     let repairs = at(ctx, T0, &["inbox", "repairs", "--consumer", "{C}"])?;
     let state = ctx.snapshot()?;
-    let repair = json!({"id": 1, "action": "skip", "flow_id": "x", "seq": 2, "event_id": "x-2",
+    let repair = json!({"id": 1, "action": "skip", "producer": "default", "flow_id": "x",
+        "store_id": null, "seq": 2, "event_id": "x-2",
         "reason": "amount 0 was a typo; x-3 corrects it", "by": "alice", "at_ms": T0});
     Ok(Outcome {
         observed: json!({
@@ -355,7 +356,7 @@ fn status_alerts_on_thresholds(ctx: &Ctx) -> Result<Outcome, String> {
                 "consumer": {
                     "pending": 1,
                     "blocked": {"total": 1, "by_reason": {"unsupported_schema": 1}},
-                    "gaps": [{"flow_id": "g", "missing_seq": 1, "since_ms": T0, "waiting_s": 120.0}],
+                    "gaps": [{"flow_id": "g", "producer": "default", "missing_seq": 1, "since_ms": T0, "waiting_s": 120.0}],
                     "gaps_total": 1,
                     "applied": 0,
                     "skipped": 0,

@@ -104,7 +104,8 @@ pub(crate) fn relayed(deliveries: Vec<Value>, stop: &str) -> Value {
 pub(crate) fn drained(flows: Vec<(&str, u64, &str, Option<&str>)>) -> Value {
     let total = flows.len();
     json!({"flows": flows.into_iter().map(|(flow, applied, stop, reason)| json!({
-        "flow_id": flow, "applied": applied, "stop": stop, "reason": reason, "detail": null,
+        "flow_id": flow, "producer": "default", "applied": applied, "stop": stop, "reason": reason,
+        "detail": null,
     })).collect::<Vec<_>>(), "flows_total": total, "truncated": false})
 }
 

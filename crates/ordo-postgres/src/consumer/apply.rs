@@ -6,8 +6,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use ordo_core::apply::{
     check_cursors_moved, ApplyStore, ApplyWriter, NextEvent, NextRows, SettledState,
 };
-use ordo_core::store::WorkPage;
-use ordo_core::{BlockCode, BlockReason, Envelope, ErrorKind, FlowId, Seq, StoreError};
+use ordo_core::store::{stored_producer, WorkPage};
+use ordo_core::{
+    BlockCode, BlockReason, Envelope, ErrorKind, EventId, FlowId, InboxFlow, Seq, StoreError,
+};
 
 use super::{inbox_status, PgConsumer};
 use crate::conn::PgTx;
@@ -48,20 +50,22 @@ impl ApplyStore for PgConsumer {
         Ok(())
     }
 
-    fn settled_state(&self, flow_id: &FlowId) -> Result<SettledState, StoreError> {
+    fn settled_state(&self, flow: &InboxFlow) -> Result<SettledState, StoreError> {
         let row = self
             .conn
             .row(
                 "consumer: cannot check an applied flow",
                 "WITH c AS (SELECT coalesce((SELECT applied_seq FROM {s}.inbox_cursor
-                                             WHERE flow_id = $1), 0) AS at)
+                                             WHERE flow_id = $1 AND producer = $2), 0) AS at)
                  SELECT c.at,
-                        (SELECT count(*) FROM {s}.inbox WHERE flow_id = $1 AND seq <= c.at
+                        (SELECT count(*) FROM {s}.inbox
+                         WHERE flow_id = $1 AND producer = $2 AND seq <= c.at
                            AND status NOT IN ('applied', 'skipped')),
-                        (SELECT count(*) FROM {s}.inbox WHERE flow_id = $1 AND seq > c.at
+                        (SELECT count(*) FROM {s}.inbox
+                         WHERE flow_id = $1 AND producer = $2 AND seq > c.at
                            AND status IN ('applied', 'skipped'))
                  FROM c",
-                &[&flow_id.as_str()],
+                &[&flow.flow_id.as_str(), &flow.producer.as_str()],
             )?
             .expect("a SELECT of one row");
         Ok(SettledState {
@@ -100,29 +104,29 @@ impl ApplyWriter for ApplyTx<'_> {
         self.tx
     }
 
-    fn take_flow(&mut self, flow_id: &FlowId) -> Result<i64, StoreError> {
-        lock_cursor(self.tx, flow_id)
+    fn take_flow(&mut self, flow: &InboxFlow) -> Result<i64, StoreError> {
+        lock_cursor(self.tx, flow)
     }
 
     fn open_flow(
         &mut self,
-        flows: &[(FlowId, Option<u64>)],
+        flows: &[(InboxFlow, Option<u64>)],
         left: u64,
     ) -> Result<Option<i64>, StoreError> {
         let batch = self.batch.as_mut().expect("only a batch opens flows");
         batch.open(self.tx, flows, left)
     }
 
-    fn next_event(&mut self, flow_id: &FlowId, rows: NextRows) -> Result<NextEvent, StoreError> {
+    fn next_event(&mut self, flow: &InboxFlow, rows: NextRows) -> Result<NextEvent, StoreError> {
         let next = rows.from;
         let Some(batch) = self.batch.as_mut() else {
-            return next_row(self.tx, flow_id, next);
+            return next_row(self.tx, flow, next);
         };
         let read = batch
             .current
             .as_mut()
             .expect("a batch reads the flow it opened");
-        match read.next(self.tx, flow_id, next.get() - 1, rows.most)? {
+        match read.next(self.tx, flow, next.get() - 1, rows.most)? {
             Some(row) => row.found(next),
             None => Ok(NextEvent::missing(false)),
         }
@@ -154,34 +158,30 @@ impl ApplyWriter for ApplyTx<'_> {
     }
 
     fn mark_applied(&mut self, event: &Envelope) -> Result<(), StoreError> {
-        let (flow_id, seq, event_id) = (&event.flow_id, event.seq, &event.event_id);
         match self.batch.as_mut() {
             Some(batch) => {
-                batch.marks.applied(flow_id, seq, event_id);
+                batch.marks.applied(event);
                 Ok(())
             }
-            None => mark_applied(self.tx, flow_id, seq, event_id, self.now_ms),
+            None => mark_applied(self.tx, event, self.now_ms),
         }
     }
 
     fn mark_blocked(&mut self, event: &Envelope, reason: &BlockReason) -> Result<(), StoreError> {
-        mark_blocked(self.tx, &event.flow_id, event.seq, reason)
+        mark_blocked(self.tx, event, reason)
     }
 
-    fn close_flow(&mut self, flow_id: &FlowId, applied_seq: i64) -> Result<(), StoreError> {
+    fn close_flow(&mut self, flow: &InboxFlow, applied_seq: i64) -> Result<(), StoreError> {
         match self.batch.as_mut() {
             Some(batch) => {
-                let before = batch
-                    .marks
-                    .cursors
-                    .insert(flow_id.as_str().to_owned(), applied_seq);
+                let before = batch.marks.cursors.insert(flow.clone(), applied_seq);
                 assert!(
                     before.is_none_or(|seq| seq < applied_seq),
                     "a cursor moves forward"
                 );
                 Ok(())
             }
-            None => write_cursor(self.tx, flow_id, applied_seq),
+            None => write_cursor(self.tx, flow, applied_seq),
         }
     }
 
@@ -209,15 +209,15 @@ impl Batch {
     fn open(
         &mut self,
         tx: &PgTx,
-        flows: &[(FlowId, Option<u64>)],
+        flows: &[(InboxFlow, Option<u64>)],
         left: u64,
     ) -> Result<Option<i64>, StoreError> {
-        let (flow_id, limit) = &flows[0];
+        let (flow, limit) = &flows[0];
         let most = limit.map_or(left, |limit| limit.min(left));
         // A flow met before in this batch goes on from where it stopped.
-        let moved = self.marks.cursors.get(flow_id.as_str()).copied();
+        let moved = self.marks.cursors.get(flow).copied();
         let read = match moved {
-            Some(_) => lock_and_read(tx, flow_id, moved, most.saturating_add(1))?.map(Read::all),
+            Some(_) => lock_and_read(tx, flow, moved, most.saturating_add(1))?.map(Read::all),
             None => self.ahead.read(tx, flows, &self.marks, left)?,
         };
         let Some(read) = read else {
@@ -235,33 +235,40 @@ impl Batch {
 struct Marks {
     event_ids: Vec<String>,
     flows: Vec<String>,
+    producers: Vec<String>,
     seqs: Vec<i64>,
-    cursors: BTreeMap<String, i64>,
+    cursors: BTreeMap<InboxFlow, i64>,
 }
 
 impl Marks {
-    fn applied(&mut self, flow_id: &FlowId, seq: Seq, event_id: &ordo_core::EventId) {
-        self.event_ids.push(event_id.as_str().to_owned());
-        self.flows.push(flow_id.as_str().to_owned());
-        self.seqs.push(seq.get());
+    fn applied(&mut self, event: &Envelope) {
+        self.event_ids.push(event.event_id.as_str().to_owned());
+        self.flows.push(event.flow_id.as_str().to_owned());
+        self.producers.push(event.producer.as_str().to_owned());
+        self.seqs.push(event.seq.get());
     }
 
     /// Marks every applied event, only inside the apply transaction (see
     /// [`mark_applied`]), and moves the cursors.
     fn write(&self, tx: &PgTx, now_ms: i64) -> Result<(), StoreError> {
         if !self.event_ids.is_empty() {
-            let marked: BTreeSet<String> = tx
+            let marked: BTreeSet<(String, String)> = tx
                 .rows(
                     CONTEXT,
                     MARK_APPLIED_MANY_SQL,
-                    &[&self.event_ids, &self.flows, &self.seqs, &now_ms],
+                    &[
+                        &self.event_ids,
+                        &self.flows,
+                        &self.seqs,
+                        &now_ms,
+                        &self.producers,
+                    ],
                 )?
                 .iter()
-                .map(|row| row.get(0))
+                .map(|row| (row.get(0), row.get(1)))
                 .collect();
-            if let Some(i) =
-                (0..self.event_ids.len()).find(|i| !marked.contains(&self.event_ids[*i]))
-            {
+            let key = |i: usize| (self.event_ids[i].clone(), self.producers[i].clone());
+            if let Some(i) = (0..self.event_ids.len()).find(|i| !marked.contains(&key(*i))) {
                 let flow_id = FlowId::new(self.flows[i].clone())
                     .map_err(|e| corrupt("consumer: stored flow id", e))?;
                 let seq = Seq::new(self.seqs[i]).map_err(|e| corrupt("consumer: stored seq", e))?;
@@ -276,15 +283,16 @@ impl Marks {
             }
         }
         if !self.cursors.is_empty() {
-            let (flows, seqs): (Vec<&str>, Vec<i64>) =
-                self.cursors.iter().map(|(f, s)| (f.as_str(), *s)).unzip();
+            let flows: Vec<&str> = self.cursors.keys().map(|f| f.flow_id.as_str()).collect();
+            let producers: Vec<&str> = self.cursors.keys().map(|f| f.producer.as_str()).collect();
+            let seqs: Vec<i64> = self.cursors.values().copied().collect();
             let moved = tx.run(
                 "consumer: cannot move the apply cursor",
-                "INSERT INTO {s}.inbox_cursor AS c (flow_id, applied_seq)
-                 SELECT * FROM unnest($1::text[], $2::bigint[])
-                 ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq
+                "INSERT INTO {s}.inbox_cursor AS c (flow_id, producer, applied_seq)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+                 ON CONFLICT (flow_id, producer) DO UPDATE SET applied_seq = excluded.applied_seq
                  WHERE excluded.applied_seq > c.applied_seq",
-                &[&flows, &seqs],
+                &[&flows, &producers, &seqs],
             )?;
             check_cursors_moved(moved, flows.len(), flows[0], seqs[0])?;
         }
@@ -325,13 +333,13 @@ impl Read {
     fn next(
         &mut self,
         tx: &PgTx,
-        flow_id: &FlowId,
+        flow: &InboxFlow,
         applied_seq: i64,
         want: u64,
     ) -> Result<Option<Ahead>, StoreError> {
         if self.rows.is_empty() && self.more {
             // This transaction holds the flow: SKIP LOCKED does not skip it.
-            let (_, rows) = lock_and_read(tx, flow_id, Some(applied_seq), want)?
+            let (_, rows) = lock_and_read(tx, flow, Some(applied_seq), want)?
                 .ok_or_else(|| corrupt("consumer: apply", "a flow the batch holds was skipped"))?;
             *self = Read::all((applied_seq, rows));
         }
@@ -344,11 +352,11 @@ impl Read {
 #[derive(Default)]
 struct ReadAhead {
     /// Every flow a read ahead asked for.
-    asked: HashSet<String>,
+    asked: HashSet<InboxFlow>,
     /// Those it locked, not yet taken.
-    read: HashMap<String, Read>,
+    read: HashMap<InboxFlow, Read>,
     /// Those another applier held.
-    held: HashSet<String>,
+    held: HashSet<InboxFlow>,
     /// How many flows the read-aheads locked, and the rows they read.
     flows_locked: u64,
     rows_read: u64,
@@ -363,21 +371,20 @@ impl ReadAhead {
     fn read(
         &mut self,
         tx: &PgTx,
-        flows: &[(FlowId, Option<u64>)],
+        flows: &[(InboxFlow, Option<u64>)],
         marks: &Marks,
         left: u64,
     ) -> Result<Option<Read>, StoreError> {
-        let flow = flows[0].0.as_str();
+        let flow = &flows[0].0;
         if !self.asked.contains(flow) {
             let most = self.chunk_len(left);
-            let mut chunk: Vec<&str> = Vec::new();
-            for (flow_id, _) in flows {
-                let id = flow_id.as_str();
+            let mut chunk: Vec<&InboxFlow> = Vec::new();
+            for (each, _) in flows {
                 if chunk.len() >= most {
                     break;
                 }
-                if !marks.cursors.contains_key(id) && self.asked.insert(id.to_owned()) {
-                    chunk.push(id);
+                if !marks.cursors.contains_key(each) && self.asked.insert(each.clone()) {
+                    chunk.push(each);
                 }
             }
             // Enough rows for every event left, two at least: a flow with
@@ -419,71 +426,81 @@ impl ReadAhead {
     }
 }
 
-/// Marks the events `$1` (of flows `$2` at seqs `$3`) applied at `$4`, each
-/// only while still open and inside an apply transaction; returns the ones
-/// marked. By key whatever the inbox's size (see `LOCK_AND_READ_MANY_SQL`).
+/// Marks the events `$1` (of flows `$2` at seqs `$3`, of producers `$5`)
+/// applied at `$4`, each only while still open and inside an apply
+/// transaction; returns the ones marked. By key whatever the inbox's size
+/// (see `LOCK_AND_READ_MANY_SQL`).
 const MARK_APPLIED_MANY_SQL: &str = "UPDATE {s}.inbox i SET status = 'applied', reason = NULL,
          detail = NULL, settled_at_ms = $4
-     FROM unnest($1::text[], $2::text[], $3::bigint[]) AS m(event_id, flow_id, seq)
+     FROM unnest($1::text[], $2::text[], $3::bigint[], $5::text[]) AS m(event_id, flow_id, seq, producer)
      WHERE i.event_id = ANY (ARRAY(SELECT unnest($1::text[])))
-       AND i.event_id = m.event_id AND i.flow_id = m.flow_id AND i.seq = m.seq
+       AND i.event_id = m.event_id AND i.producer = m.producer
+       AND i.flow_id = m.flow_id AND i.seq = m.seq
        AND i.status IN ('pending', 'blocked')
        AND current_setting('ordo.apply_tx', true) = 'on'
-     RETURNING i.event_id";
+     RETURNING i.event_id, i.producer";
 
 /// [`lock_and_read_many`]'s statement. The cursors go by their primary key
 /// whatever the planner guesses of the table (`ARRAY(...)` hides the
 /// array's length from it). A cursor row seen but not locked is locked by
 /// another transaction: `held`.
-const LOCK_AND_READ_MANY_SQL: &str = "WITH locked AS (
-             SELECT flow_id, applied_seq FROM {s}.inbox_cursor
-             WHERE flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
-             ORDER BY flow_id FOR UPDATE SKIP LOCKED),
-         held AS (
-             SELECT c.flow_id FROM {s}.inbox_cursor c
+const LOCK_AND_READ_MANY_SQL: &str = "WITH wanted AS (
+             SELECT * FROM unnest($1::text[], $3::text[]) AS w(flow_id, producer)),
+         locked AS (
+             SELECT c.flow_id, c.producer, c.applied_seq FROM {s}.inbox_cursor c
              WHERE c.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
-               AND NOT EXISTS (SELECT 1 FROM locked l WHERE l.flow_id = c.flow_id))
-         SELECT l.flow_id, l.applied_seq, n.seq, n.body, n.status, n.reason, n.detail
+               AND (c.flow_id, c.producer) IN (SELECT flow_id, producer FROM wanted)
+             ORDER BY c.flow_id, c.producer FOR UPDATE SKIP LOCKED),
+         held AS (
+             SELECT c.flow_id, c.producer FROM {s}.inbox_cursor c
+             WHERE c.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
+               AND (c.flow_id, c.producer) IN (SELECT flow_id, producer FROM wanted)
+               AND NOT EXISTS (SELECT 1 FROM locked l
+                               WHERE l.flow_id = c.flow_id AND l.producer = c.producer))
+         SELECT l.flow_id, l.producer, l.applied_seq, n.seq, n.body, n.status, n.reason, n.detail
          FROM locked l LEFT JOIN LATERAL (
              SELECT i.seq, i.body, i.status, i.reason, i.detail FROM {s}.inbox i
-             WHERE i.flow_id = l.flow_id AND i.seq > l.applied_seq
+             WHERE i.flow_id = l.flow_id AND i.producer = l.producer AND i.seq > l.applied_seq
              ORDER BY i.seq LIMIT $2) AS n ON true
          UNION ALL
-         SELECT h.flow_id, NULL, NULL, NULL, NULL, NULL, NULL FROM held h
-         ORDER BY 1, 3";
+         SELECT h.flow_id, h.producer, NULL, NULL, NULL, NULL, NULL, NULL FROM held h
+         ORDER BY 1, 2, 4";
 
 /// What one statement found of many flows: those it locked, with their
 /// rows, and those another applier holds.
 #[derive(Default)]
 struct ManyRead {
-    locked: HashMap<String, Read>,
-    held: HashSet<String>,
+    locked: HashMap<InboxFlow, Read>,
+    held: HashSet<InboxFlow>,
 }
 
 /// Locks the apply cursors of `flows` that no other applier holds, and
 /// reads up to `each` rows after each, in one statement; also names the
 /// flows whose cursor another applier holds. Flows without a cursor are in
 /// neither.
-fn lock_and_read_many(tx: &PgTx, flows: &[&str], each: u64) -> Result<ManyRead, StoreError> {
+fn lock_and_read_many(tx: &PgTx, flows: &[&InboxFlow], each: u64) -> Result<ManyRead, StoreError> {
     let each_sql = i64::try_from(each).unwrap_or(i64::MAX);
+    let flow_ids: Vec<&str> = flows.iter().map(|f| f.flow_id.as_str()).collect();
+    let producers: Vec<&str> = flows.iter().map(|f| f.producer.as_str()).collect();
     let rows = tx.rows(
         "consumer: cannot lock the apply cursors",
         LOCK_AND_READ_MANY_SQL,
-        &[&flows, &each_sql],
+        &[&flow_ids, &each_sql, &producers],
     )?;
     let mut many = ManyRead::default();
     let read = &mut many.locked;
     for row in &rows {
-        let Some(locked_at) = row.get::<_, Option<i64>>(1) else {
-            many.held.insert(row.get(0));
+        let flow = stored_flow(row.get(0), row.get(1))?;
+        let Some(locked_at) = row.get::<_, Option<i64>>(2) else {
+            many.held.insert(flow);
             continue;
         };
-        let entry = read.entry(row.get(0)).or_insert_with(|| Read {
+        let entry = read.entry(flow).or_insert_with(|| Read {
             locked_at,
             rows: VecDeque::new(),
             more: false,
         });
-        if let Some(ahead) = Ahead::of(row, 2) {
+        if let Some(ahead) = Ahead::of(row, 3) {
             entry.rows.push_back(ahead);
         }
     }
@@ -491,6 +508,12 @@ fn lock_and_read_many(tx: &PgTx, flows: &[&str], each: u64) -> Result<ManyRead, 
         entry.more = entry.rows.len() as u64 >= each;
     }
     Ok(many)
+}
+
+/// The flow of a stored `(flow_id, producer)`.
+fn stored_flow(flow_id: String, producer: &str) -> Result<InboxFlow, StoreError> {
+    let flow_id = FlowId::new(flow_id).map_err(|e| corrupt("consumer: stored flow id", e))?;
+    Ok(InboxFlow::new(stored_producer(producer)?, flow_id))
 }
 
 /// A stored row after a flow's cursor.
@@ -529,7 +552,7 @@ impl Ahead {
 /// order, in one statement: the stored cursor and the rows.
 fn lock_and_read(
     tx: &PgTx,
-    flow_id: &FlowId,
+    flow: &InboxFlow,
     moved: Option<i64>,
     take: u64,
 ) -> Result<Option<(i64, Vec<Ahead>)>, StoreError> {
@@ -537,20 +560,27 @@ fn lock_and_read(
     let rows = tx.rows(
         "consumer: cannot lock the apply cursor",
         "WITH locked AS (
-             SELECT flow_id, applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1
+             SELECT flow_id, producer, applied_seq FROM {s}.inbox_cursor
+             WHERE flow_id = $1 AND producer = $4
              FOR UPDATE SKIP LOCKED),
          created AS (
-             INSERT INTO {s}.inbox_cursor (flow_id, applied_seq)
-             SELECT $1, 0 WHERE NOT EXISTS (SELECT 1 FROM locked)
-             ON CONFLICT (flow_id) DO NOTHING RETURNING flow_id, applied_seq),
+             INSERT INTO {s}.inbox_cursor (flow_id, producer, applied_seq)
+             SELECT $1, $4, 0 WHERE NOT EXISTS (SELECT 1 FROM locked)
+             ON CONFLICT (flow_id, producer) DO NOTHING RETURNING flow_id, producer, applied_seq),
          cursor AS (SELECT * FROM locked UNION ALL SELECT * FROM created)
          SELECT c.applied_seq, n.seq, n.body, n.status, n.reason, n.detail
          FROM cursor c LEFT JOIN LATERAL (
              SELECT i.seq, i.body, i.status, i.reason, i.detail FROM {s}.inbox i
-             WHERE i.flow_id = c.flow_id AND i.seq > greatest(c.applied_seq, $2::bigint)
+             WHERE i.flow_id = c.flow_id AND i.producer = c.producer
+               AND i.seq > greatest(c.applied_seq, $2::bigint)
              ORDER BY i.seq LIMIT $3) AS n ON true
          ORDER BY n.seq",
-        &[&flow_id.as_str(), &moved, &take],
+        &[
+            &flow.flow_id.as_str(),
+            &moved,
+            &take,
+            &flow.producer.as_str(),
+        ],
     )?;
     let Some(first) = rows.first() else {
         return Ok(None);
@@ -564,11 +594,13 @@ fn lock_and_read(
 /// its row locked until the transaction ends (waiting for another applier
 /// that holds it), so that one applier at a time applies the flow; a flow
 /// never applied gets its row (at 0) first.
-pub(super) fn lock_cursor(tx: &PgTx, flow_id: &FlowId) -> Result<i64, StoreError> {
+pub(super) fn lock_cursor(tx: &PgTx, flow: &InboxFlow) -> Result<i64, StoreError> {
     let context = "consumer: cannot lock the apply cursor";
-    let flow = flow_id.as_str();
-    let lock = "SELECT applied_seq FROM {s}.inbox_cursor WHERE flow_id = $1 FOR UPDATE";
-    if let Some(row) = tx.row(context, lock, &[&flow])? {
+    let key: [&(dyn postgres::types::ToSql + Sync); 2] =
+        [&flow.flow_id.as_str(), &flow.producer.as_str()];
+    let lock = "SELECT applied_seq FROM {s}.inbox_cursor
+        WHERE flow_id = $1 AND producer = $2 FOR UPDATE";
+    if let Some(row) = tx.row(context, lock, &key)? {
         return Ok(row.get(0));
     }
     // None: receive creates the row with the flow's first event, so none
@@ -576,37 +608,42 @@ pub(super) fn lock_cursor(tx: &PgTx, flow_id: &FlowId) -> Result<i64, StoreError
     // now, which the insert waits for).
     let created = tx.row(
         context,
-        "INSERT INTO {s}.inbox_cursor (flow_id, applied_seq) VALUES ($1, 0)
-         ON CONFLICT (flow_id) DO NOTHING RETURNING applied_seq",
-        &[&flow],
+        "INSERT INTO {s}.inbox_cursor (flow_id, producer, applied_seq) VALUES ($1, $2, 0)
+         ON CONFLICT (flow_id, producer) DO NOTHING RETURNING applied_seq",
+        &key,
     )?;
     match created {
         Some(row) => Ok(row.get(0)),
-        None => Ok(tx.row(context, lock, &[&flow])?.map_or(0, |row| row.get(0))),
+        None => Ok(tx.row(context, lock, &key)?.map_or(0, |row| row.get(0))),
     }
 }
 
-pub(super) fn write_cursor(tx: &PgTx, flow_id: &FlowId, seq: i64) -> Result<(), StoreError> {
-    let (flow, applied_seq) = (flow_id.as_str(), seq);
+pub(super) fn write_cursor(tx: &PgTx, flow: &InboxFlow, seq: i64) -> Result<(), StoreError> {
+    let applied_seq = seq;
     let moved = tx.run(
         "consumer: cannot move the apply cursor",
-        "INSERT INTO {s}.inbox_cursor AS c (flow_id, applied_seq) VALUES ($1, $2)
-         ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq
+        "INSERT INTO {s}.inbox_cursor AS c (flow_id, producer, applied_seq) VALUES ($1, $2, $3)
+         ON CONFLICT (flow_id, producer) DO UPDATE SET applied_seq = excluded.applied_seq
          WHERE excluded.applied_seq > c.applied_seq",
-        &[&flow, &applied_seq],
+        &[
+            &flow.flow_id.as_str(),
+            &flow.producer.as_str(),
+            &applied_seq,
+        ],
     )?;
-    check_cursors_moved(moved, 1, flow, applied_seq)
+    check_cursors_moved(moved, 1, &flow.to_string(), applied_seq)
 }
 
 /// What is stored at the flow's next seq, with its body.
-fn next_row(tx: &PgTx, flow_id: &FlowId, next: Seq) -> Result<NextEvent, StoreError> {
+fn next_row(tx: &PgTx, flow: &InboxFlow, next: Seq) -> Result<NextEvent, StoreError> {
     // The flow's first stored row at or after `next`: the next event
     // itself, or one past a gap, or none.
     let row = tx.row(
         CONTEXT,
-        "SELECT seq, body, status, reason, detail FROM {s}.inbox WHERE flow_id = $1 AND seq >= $2
+        "SELECT seq, body, status, reason, detail FROM {s}.inbox
+         WHERE flow_id = $1 AND producer = $3 AND seq >= $2
          ORDER BY seq LIMIT 1",
-        &[&flow_id.as_str(), &next.get()],
+        &[&flow.flow_id.as_str(), &next.get(), &flow.producer.as_str()],
     )?;
     let first = match row {
         Some(row) => Some((
@@ -621,22 +658,19 @@ fn next_row(tx: &PgTx, flow_id: &FlowId, next: Seq) -> Result<NextEvent, StoreEr
 
 /// Marks the event blocked with `reason`, only while it is pending or
 /// blocked and inside the apply transaction.
-fn mark_blocked(
-    tx: &PgTx,
-    flow_id: &FlowId,
-    seq: Seq,
-    reason: &BlockReason,
-) -> Result<(), StoreError> {
+fn mark_blocked(tx: &PgTx, event: &Envelope, reason: &BlockReason) -> Result<(), StoreError> {
+    let (flow_id, seq) = (&event.flow_id, event.seq);
     let marked = tx.run(
         CONTEXT,
         "UPDATE {s}.inbox SET status = 'blocked', reason = $3, detail = $4
-         WHERE flow_id = $1 AND seq = $2 AND status IN ('pending', 'blocked')
+         WHERE flow_id = $1 AND producer = $5 AND seq = $2 AND status IN ('pending', 'blocked')
            AND current_setting('ordo.apply_tx', true) = 'on'",
         &[
             &flow_id.as_str(),
             &seq.get(),
             &reason.code.as_str(),
             &reason.detail,
+            &event.producer.as_str(),
         ],
     )?;
     expect_marked(tx, marked, flow_id, seq, || {
@@ -647,19 +681,22 @@ fn mark_blocked(
 /// Marks the event applied, by its primary key and only inside the apply
 /// transaction; anything else is a damaged inbox or a handler that ended
 /// the transaction.
-fn mark_applied(
-    tx: &PgTx,
-    flow_id: &FlowId,
-    next: Seq,
-    event_id: &ordo_core::EventId,
-    now_ms: i64,
-) -> Result<(), StoreError> {
+fn mark_applied(tx: &PgTx, event: &Envelope, now_ms: i64) -> Result<(), StoreError> {
+    let (flow_id, next, event_id): (&FlowId, Seq, &EventId) =
+        (&event.flow_id, event.seq, &event.event_id);
     let marked = tx.run(
         CONTEXT,
         "UPDATE {s}.inbox SET status = 'applied', reason = NULL, detail = NULL, settled_at_ms = $4
-         WHERE event_id = $1 AND flow_id = $2 AND seq = $3 AND status IN ('pending', 'blocked')
+         WHERE event_id = $1 AND producer = $5 AND flow_id = $2 AND seq = $3
+           AND status IN ('pending', 'blocked')
            AND current_setting('ordo.apply_tx', true) = 'on'",
-        &[&event_id.as_str(), &flow_id.as_str(), &next.get(), &now_ms],
+        &[
+            &event_id.as_str(),
+            &flow_id.as_str(),
+            &next.get(),
+            &now_ms,
+            &event.producer.as_str(),
+        ],
     )?;
     expect_marked(tx, marked, flow_id, next, || {
         format!("the body stored at flow {flow_id} seq {next} names event {event_id}")
@@ -708,12 +745,10 @@ fn flow_page(
     tx: &PgTx,
     template: &'static str,
     params: crate::conn::Params<'_>,
-) -> Result<Vec<FlowId>, StoreError> {
+) -> Result<Vec<InboxFlow>, StoreError> {
     tx.rows("consumer: cannot list flows with work", template, params)?
         .iter()
-        .map(|row| {
-            FlowId::new(row.get::<_, String>(0)).map_err(|e| corrupt("consumer: stored flow id", e))
-        })
+        .map(|row| stored_flow(row.get(0), row.get(1)))
         .collect()
 }
 
@@ -721,10 +756,12 @@ fn flow_page(
 pub(super) fn pending_flows(
     db: &mut PgConsumer,
     page: WorkPage<'_>,
-) -> Result<Vec<FlowId>, StoreError> {
-    let sql = "SELECT DISTINCT flow_id FROM {s}.inbox WHERE status = 'pending' AND flow_id > $1
-        ORDER BY flow_id LIMIT $2";
-    flow_page(&db.conn, sql, &[&page.after, &page.limit_sql()])
+) -> Result<Vec<InboxFlow>, StoreError> {
+    let sql = "SELECT DISTINCT flow_id, producer FROM {s}.inbox
+        WHERE status = 'pending' AND (flow_id, producer) > ($1, $3)
+        ORDER BY flow_id, producer LIMIT $2";
+    let (after, after_producer) = page.after;
+    flow_page(&db.conn, sql, &[&after, &page.limit_sql(), &after_producer])
 }
 
 /// The flows on `page` with a row blocked with one of `codes`, in flow
@@ -733,12 +770,14 @@ pub(super) fn reevaluated_flows(
     db: &mut PgConsumer,
     page: WorkPage<'_>,
     codes: &[BlockCode],
-) -> Result<Vec<FlowId>, StoreError> {
-    let sql = "SELECT DISTINCT flow_id FROM {s}.inbox
-        WHERE status = 'blocked' AND reason = ANY ($3) AND flow_id > $1
-        ORDER BY flow_id LIMIT $2";
+) -> Result<Vec<InboxFlow>, StoreError> {
+    let sql = "SELECT DISTINCT flow_id, producer FROM {s}.inbox
+        WHERE status = 'blocked' AND reason = ANY ($3) AND (flow_id, producer) > ($1, $4)
+        ORDER BY flow_id, producer LIMIT $2";
     let codes: Vec<&str> = codes.iter().map(BlockCode::as_str).collect();
-    flow_page(&db.conn, sql, &[&page.after, &page.limit_sql(), &codes])
+    let (after, after_producer) = page.after;
+    let params: crate::conn::Params<'_> = &[&after, &page.limit_sql(), &codes, &after_producer];
+    flow_page(&db.conn, sql, params)
 }
 
 #[cfg(test)]
@@ -751,15 +790,16 @@ mod tests {
     #[test]
     fn a_batch_locks_and_reads_its_flows_by_key_on_many_flows() {
         let sql = LOCK_AND_READ_MANY_SQL;
-        assert_indexed_by_batch(Side::Consumer, sql, "text[], bigint", "", |flows| {
-            format!("{flows}, 2")
+        assert_indexed_by_batch(Side::Consumer, sql, "text[], bigint, text[]", "", |flows| {
+            let producers = format!("array_fill('default'::text, ARRAY[cardinality({flows})])");
+            format!("{flows}, 2, {producers}")
         });
     }
 
     /// A batch's events are marked applied by key however many it applied.
     #[test]
     fn a_batch_marks_its_events_by_key_on_many_events() {
-        let types = "text[], text[], bigint[], bigint";
+        let types = "text[], text[], bigint[], bigint, text[]";
         assert_indexed_by_batch(
             Side::Consumer,
             MARK_APPLIED_MANY_SQL,
@@ -768,7 +808,9 @@ mod tests {
             |events| {
                 let flows = events.replace("-1'", "'");
                 let seqs = format!("array_fill(1::bigint, ARRAY[cardinality({events})])");
-                format!("{events}, {flows}, {seqs}, 0")
+                let producers =
+                    format!("array_fill('default'::text, ARRAY[cardinality({events})])");
+                format!("{events}, {flows}, {seqs}, 0, {producers}")
             },
         );
     }

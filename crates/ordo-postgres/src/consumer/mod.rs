@@ -57,6 +57,39 @@ pub(crate) const TABLES: Tables = Tables {
          ALTER TABLE {s}.inbox_fingerprint ADD COLUMN IF NOT EXISTS store_id text;",
         // 8: nothing of the consumer's (the producer's destinations).
         "SELECT 1;",
+        // 9: each identity in the namespace of the producer that appended
+        // the event (PROTOCOL.md section 12); every row stored before is
+        // the default producer's. The event id, then the flow id, leads
+        // each key, so the reads by either stay on their index.
+        "ALTER TABLE {s}.inbox ADD COLUMN producer text COLLATE \"C\" NOT NULL DEFAULT 'default';
+         ALTER TABLE {s}.inbox ALTER COLUMN producer DROP DEFAULT;
+         ALTER TABLE {s}.inbox DROP CONSTRAINT inbox_pkey;
+         ALTER TABLE {s}.inbox ADD PRIMARY KEY (event_id, producer);
+         ALTER TABLE {s}.inbox DROP CONSTRAINT inbox_flow_id_seq_key;
+         ALTER TABLE {s}.inbox ADD CONSTRAINT inbox_flow_id_producer_seq_key
+             UNIQUE (flow_id, producer, seq);
+         DROP INDEX {s}.inbox_pending;
+         CREATE INDEX inbox_pending ON {s}.inbox (flow_id, producer) WHERE status = 'pending';
+         DROP INDEX {s}.inbox_blocked;
+         CREATE INDEX inbox_blocked ON {s}.inbox (flow_id, producer) WHERE status = 'blocked';
+         ALTER TABLE {s}.inbox_cursor ADD COLUMN producer text COLLATE \"C\" NOT NULL DEFAULT 'default';
+         ALTER TABLE {s}.inbox_cursor ALTER COLUMN producer DROP DEFAULT;
+         ALTER TABLE {s}.inbox_cursor DROP CONSTRAINT inbox_cursor_pkey;
+         ALTER TABLE {s}.inbox_cursor ADD PRIMARY KEY (flow_id, producer);
+         ALTER TABLE {s}.inbox_fingerprint ADD COLUMN producer text COLLATE \"C\" NOT NULL DEFAULT 'default';
+         ALTER TABLE {s}.inbox_fingerprint ALTER COLUMN producer DROP DEFAULT;
+         ALTER TABLE {s}.inbox_fingerprint DROP CONSTRAINT inbox_fingerprint_pkey;
+         ALTER TABLE {s}.inbox_fingerprint ADD PRIMARY KEY (flow_id, producer, seq);
+         ALTER TABLE {s}.inbox_fingerprint DROP CONSTRAINT inbox_fingerprint_event_id_key;
+         ALTER TABLE {s}.inbox_fingerprint ADD CONSTRAINT inbox_fingerprint_event_id_producer_key
+             UNIQUE (event_id, producer);
+         ALTER TABLE {s}.inbox_watermark ADD COLUMN producer text COLLATE \"C\" NOT NULL DEFAULT 'default';
+         ALTER TABLE {s}.inbox_watermark ALTER COLUMN producer DROP DEFAULT;
+         ALTER TABLE {s}.inbox_watermark ADD COLUMN store_id text;
+         ALTER TABLE {s}.inbox_watermark DROP CONSTRAINT inbox_watermark_pkey;
+         ALTER TABLE {s}.inbox_watermark ADD PRIMARY KEY (flow_id, producer);
+         ALTER TABLE {s}.repair_log ADD COLUMN producer text COLLATE \"C\" NOT NULL DEFAULT 'default';
+         ALTER TABLE {s}.repair_log ADD COLUMN store_id text;",
     ],
 };
 
@@ -169,7 +202,7 @@ pub(crate) fn read_inbox_at_most(
 ) -> Result<Vec<InboxRecord>, StoreError> {
     let rows = conn.rows(
         "consumer: cannot read the inbox",
-        "SELECT body, status, reason, detail FROM {s}.inbox ORDER BY flow_id, seq LIMIT $1",
+        "SELECT body, status, reason, detail FROM {s}.inbox ORDER BY flow_id, producer, seq LIMIT $1",
         &[&whole_read_limit(rows_max)],
     )?;
     let records = rows
@@ -200,8 +233,12 @@ impl ordo_core::RunConsumer for PgConsumer {
     fn received_at_ms(tx: &PgTx, event: &Envelope) -> Result<Option<i64>, StoreError> {
         let row = tx.row(
             "consumer: cannot read when an event was received",
-            "SELECT received_at_ms FROM {s}.inbox WHERE flow_id = $1 AND seq = $2",
-            &[&event.flow_id.as_str(), &event.seq.get()],
+            "SELECT received_at_ms FROM {s}.inbox WHERE flow_id = $1 AND producer = $3 AND seq = $2",
+            &[
+                &event.flow_id.as_str(),
+                &event.seq.get(),
+                &event.producer.as_str(),
+            ],
         )?;
         Ok(row.map(|row| row.get(0)))
     }

@@ -14,7 +14,7 @@ use ordo_core::{crash, Answer, BodyHash, Envelope, Receipt, StoreError, StoreId}
 use postgres::Row;
 
 use super::PgConsumer;
-use crate::columns::{create_flow_rows, EnvelopeColumns, FlowRow};
+use crate::columns::EnvelopeColumns;
 use crate::conn::PgTx;
 use crate::error::{corrupt, is_unique_violation};
 
@@ -26,7 +26,10 @@ pub(super) fn receive_answers(
     sender: Option<&StoreId>,
     envelopes: &[Envelope],
 ) -> Result<Vec<Answer>, StoreError> {
-    let mut flows: Vec<&str> = envelopes.iter().map(|e| e.flow_id.as_str()).collect();
+    let mut flows: Vec<(&str, &str)> = envelopes
+        .iter()
+        .map(|e| (e.flow_id.as_str(), e.producer.as_str()))
+        .collect();
     flows.sort_unstable();
     flows.dedup();
     for one_by_one in [false, true] {
@@ -64,13 +67,13 @@ pub(super) fn receive_answers(
 /// the batch lost a race (only when not `one_by_one`).
 fn receive_in_tx<'a>(
     tx: &PgTx,
-    flows: &[&str],
+    flows: &[(&str, &str)],
     envelopes: &'a [Envelope],
     mut delivery: Delivery<'a>,
     now_ms: i64,
     one_by_one: bool,
 ) -> Result<Option<Vec<Answer>>, StoreError> {
-    create_flow_rows(tx, CONTEXT, FlowRow::Cursor, flows)?;
+    create_cursors(tx, flows)?;
     if one_by_one {
         let mut answers = Vec::with_capacity(envelopes.len());
         for envelope in envelopes {
@@ -84,6 +87,20 @@ fn receive_in_tx<'a>(
     receive_all(tx, envelopes, delivery.sender(), now_ms)
 }
 
+/// Creates the apply cursor, at 0, of each of `flows` (`(flow_id,
+/// producer)`, sorted, each once) that lacks one, so that appliers lock
+/// it (and skip it when another holds it) and never wait to create it.
+fn create_cursors(tx: &PgTx, flows: &[(&str, &str)]) -> Result<u64, StoreError> {
+    let (flow_ids, producers): (Vec<&str>, Vec<&str>) = flows.iter().copied().unzip();
+    tx.run(
+        CONTEXT,
+        "INSERT INTO {s}.inbox_cursor (flow_id, producer, applied_seq)
+         SELECT flow_id, producer, 0 FROM unnest($1::text[], $2::text[]) AS f(flow_id, producer)
+         ON CONFLICT (flow_id, producer) DO NOTHING",
+        &[&flow_ids, &producers],
+    )
+}
+
 /// Decides the whole batch from one read, then inserts what it accepted in
 /// one statement; `None` when one of those inserts did not happen.
 fn receive_all(
@@ -95,23 +112,31 @@ fn receive_all(
     let ids: Vec<&str> = envelopes.iter().map(|e| e.event_id.as_str()).collect();
     let flows: Vec<&str> = envelopes.iter().map(|e| e.flow_id.as_str()).collect();
     let seqs: Vec<i64> = envelopes.iter().map(|e| e.seq.get()).collect();
+    let producers: Vec<&str> = envelopes.iter().map(|e| e.producer.as_str()).collect();
     let rows = tx.rows(
         CONTEXT,
-        "SELECT coalesce((SELECT body_hash FROM {s}.inbox WHERE event_id = r.event_id),
+        "SELECT coalesce((SELECT body_hash FROM {s}.inbox
+                          WHERE event_id = r.event_id AND producer = r.producer),
                          (SELECT encode(body_hash, 'hex') FROM {s}.inbox_fingerprint
-                          WHERE event_id = r.event_id)),
-                coalesce((SELECT event_id FROM {s}.inbox WHERE flow_id = r.flow_id AND seq = r.seq),
+                          WHERE event_id = r.event_id AND producer = r.producer)),
+                coalesce((SELECT event_id FROM {s}.inbox
+                          WHERE flow_id = r.flow_id AND producer = r.producer AND seq = r.seq),
                          (SELECT event_id FROM {s}.inbox_fingerprint
-                          WHERE flow_id = r.flow_id AND seq = r.seq)),
-                EXISTS (SELECT 1 FROM {s}.inbox_watermark WHERE flow_id = r.flow_id AND pruned_seq >= r.seq),
-                coalesce((SELECT store_id FROM {s}.inbox WHERE event_id = r.event_id),
-                         (SELECT store_id FROM {s}.inbox_fingerprint WHERE event_id = r.event_id)),
-                coalesce((SELECT store_id FROM {s}.inbox WHERE flow_id = r.flow_id AND seq = r.seq),
+                          WHERE flow_id = r.flow_id AND producer = r.producer AND seq = r.seq)),
+                EXISTS (SELECT 1 FROM {s}.inbox_watermark
+                        WHERE flow_id = r.flow_id AND producer = r.producer AND pruned_seq >= r.seq),
+                coalesce((SELECT store_id FROM {s}.inbox
+                          WHERE event_id = r.event_id AND producer = r.producer),
                          (SELECT store_id FROM {s}.inbox_fingerprint
-                          WHERE flow_id = r.flow_id AND seq = r.seq))
-         FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS r(event_id, flow_id, seq, i)
+                          WHERE event_id = r.event_id AND producer = r.producer)),
+                coalesce((SELECT store_id FROM {s}.inbox
+                          WHERE flow_id = r.flow_id AND producer = r.producer AND seq = r.seq),
+                         (SELECT store_id FROM {s}.inbox_fingerprint
+                          WHERE flow_id = r.flow_id AND producer = r.producer AND seq = r.seq))
+         FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[])
+              WITH ORDINALITY AS r(event_id, flow_id, seq, producer, i)
          ORDER BY r.i",
-        &[&ids, &flows, &seqs],
+        &[&ids, &flows, &seqs, &producers],
     )?;
     if rows.len() != envelopes.len() {
         return Err(corrupt(
@@ -152,18 +177,23 @@ fn insert_all(
     let sender = sender.map(StoreId::as_str);
     let columns = EnvelopeColumns::of(accepted.iter().map(|(e, _)| *e));
     let hashes: Vec<&str> = accepted.iter().map(|(_, h)| h.as_str()).collect();
+    let producers: Vec<&str> = accepted.iter().map(|(e, _)| e.producer.as_str()).collect();
     // A plain insert: a row another receiver stored since the read above
     // fails it (SQLSTATE 23505) instead of being passed over, which spares
     // every row the extra probe of each unique index that `ON CONFLICT`
     // makes before inserting.
     let inserted = tx.run(
         CONTEXT,
-        "INSERT INTO {s}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms, store_id)
-         SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, e.body_hash, 'pending', $8, $9
-         FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[], $7::text[])
-              WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, body_hash, i)
+        "INSERT INTO {s}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash,
+                                status, received_at_ms, store_id, producer)
+         SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, e.body_hash,
+                'pending', $8, $9, e.producer
+         FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[],
+                     $7::text[], $10::text[])
+              WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, body_hash,
+                                   producer, i)
          ORDER BY e.i",
-        &columns.params(&[&hashes, &now_ms, &sender]),
+        &columns.params(&[&hashes, &now_ms, &sender, &producers]),
     );
     match inserted {
         Ok(rows) if rows == accepted.len() as u64 => Ok(true),
@@ -197,8 +227,9 @@ fn receive_one<'a>(
         }
         let inserted = tx.run(
             CONTEXT,
-            "INSERT INTO {s}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms, store_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9) ON CONFLICT DO NOTHING",
+            "INSERT INTO {s}.inbox (event_id, flow_id, seq, schema_version, type, body, body_hash,
+                                    status, received_at_ms, store_id, producer)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10) ON CONFLICT DO NOTHING",
             &[
                 &envelope.event_id.as_str(),
                 &envelope.flow_id.as_str(),
@@ -209,6 +240,7 @@ fn receive_one<'a>(
                 &hash.as_str(),
                 &now_ms,
                 &delivery.sender().map(StoreId::as_str),
+                &envelope.producer.as_str(),
             ],
         )?;
         if inserted == 1 {
@@ -227,19 +259,27 @@ fn identities(tx: &PgTx, envelope: &Envelope) -> Result<StoredIdentities, StoreE
     let row = tx
         .row(
             CONTEXT,
-            "SELECT coalesce((SELECT body_hash FROM {s}.inbox WHERE event_id = $1),
-                             (SELECT encode(body_hash, 'hex') FROM {s}.inbox_fingerprint WHERE event_id = $1)),
-                    coalesce((SELECT event_id FROM {s}.inbox WHERE flow_id = $2 AND seq = $3),
-                             (SELECT event_id FROM {s}.inbox_fingerprint WHERE flow_id = $2 AND seq = $3)),
-                    EXISTS (SELECT 1 FROM {s}.inbox_watermark WHERE flow_id = $2 AND pruned_seq >= $3),
-                    coalesce((SELECT store_id FROM {s}.inbox WHERE event_id = $1),
-                             (SELECT store_id FROM {s}.inbox_fingerprint WHERE event_id = $1)),
-                    coalesce((SELECT store_id FROM {s}.inbox WHERE flow_id = $2 AND seq = $3),
-                             (SELECT store_id FROM {s}.inbox_fingerprint WHERE flow_id = $2 AND seq = $3))",
+            "SELECT coalesce((SELECT body_hash FROM {s}.inbox WHERE event_id = $1 AND producer = $4),
+                             (SELECT encode(body_hash, 'hex') FROM {s}.inbox_fingerprint
+                              WHERE event_id = $1 AND producer = $4)),
+                    coalesce((SELECT event_id FROM {s}.inbox
+                              WHERE flow_id = $2 AND producer = $4 AND seq = $3),
+                             (SELECT event_id FROM {s}.inbox_fingerprint
+                              WHERE flow_id = $2 AND producer = $4 AND seq = $3)),
+                    EXISTS (SELECT 1 FROM {s}.inbox_watermark
+                            WHERE flow_id = $2 AND producer = $4 AND pruned_seq >= $3),
+                    coalesce((SELECT store_id FROM {s}.inbox WHERE event_id = $1 AND producer = $4),
+                             (SELECT store_id FROM {s}.inbox_fingerprint
+                              WHERE event_id = $1 AND producer = $4)),
+                    coalesce((SELECT store_id FROM {s}.inbox
+                              WHERE flow_id = $2 AND producer = $4 AND seq = $3),
+                             (SELECT store_id FROM {s}.inbox_fingerprint
+                              WHERE flow_id = $2 AND producer = $4 AND seq = $3))",
             &[
                 &envelope.event_id.as_str(),
                 &envelope.flow_id.as_str(),
                 &envelope.seq.get(),
+                &envelope.producer.as_str(),
             ],
         )?
         .expect("a SELECT without FROM returns one row");

@@ -2,7 +2,7 @@
 //! transaction.
 
 use super::*;
-use crate::columns::{create_flow_rows, EnvelopeColumns, FlowRow};
+use crate::columns::{create_flow_rows, EnvelopeColumns};
 
 impl PgProducerTx<'_> {
     /// The transaction, for the caller's own reads and writes of its state.
@@ -40,7 +40,7 @@ impl PgProducerTx<'_> {
     /// and locks them all; returns their last seqs.
     fn lock_heads(&self, names: &[&str]) -> Result<HashMap<String, i64>, StoreError> {
         let context = "producer: cannot lock the outbox head";
-        create_flow_rows(self.conn, context, FlowRow::Head, names)?;
+        create_flow_rows(self.conn, context, names)?;
         let heads: HashMap<String, i64> = self
             .conn
             .rows(context, LOCK_HEADS_SQL, &[&names])?

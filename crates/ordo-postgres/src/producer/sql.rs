@@ -78,6 +78,8 @@ pub(crate) const TABLES: Tables = Tables {
              by          text   NOT NULL,
              at_ms       bigint NOT NULL
          );",
+        // 9: nothing for the producer (the consumer's producer namespaces).
+        "SELECT 1;",
     ],
 };
 

@@ -283,3 +283,26 @@ pub fn database_for(dir: &Path) -> String {
     });
     name
 }
+
+/// Brings the consumer tables in `schema` back from version 9 to 8: one
+/// namespace, as the third release's first stores kept them.
+pub fn undo_producer_namespaces(schema: &str) -> String {
+    format!(
+        "ALTER TABLE {schema}.inbox DROP COLUMN producer;
+         ALTER TABLE {schema}.inbox ADD PRIMARY KEY (event_id);
+         ALTER TABLE {schema}.inbox ADD CONSTRAINT inbox_flow_id_seq_key UNIQUE (flow_id, seq);
+         CREATE INDEX inbox_pending ON {schema}.inbox (flow_id) WHERE status = 'pending';
+         CREATE INDEX inbox_blocked ON {schema}.inbox (flow_id) WHERE status = 'blocked';
+         ALTER TABLE {schema}.inbox_cursor DROP COLUMN producer;
+         ALTER TABLE {schema}.inbox_cursor ADD PRIMARY KEY (flow_id);
+         ALTER TABLE {schema}.inbox_fingerprint DROP COLUMN producer;
+         ALTER TABLE {schema}.inbox_fingerprint ADD PRIMARY KEY (flow_id, seq);
+         ALTER TABLE {schema}.inbox_fingerprint
+             ADD CONSTRAINT inbox_fingerprint_event_id_key UNIQUE (event_id);
+         ALTER TABLE {schema}.inbox_watermark DROP COLUMN producer;
+         ALTER TABLE {schema}.inbox_watermark DROP COLUMN store_id;
+         ALTER TABLE {schema}.inbox_watermark ADD PRIMARY KEY (flow_id);
+         ALTER TABLE {schema}.repair_log DROP COLUMN producer;
+         ALTER TABLE {schema}.repair_log DROP COLUMN store_id;"
+    )
+}

@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 
 use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent, NextRows, SettledState};
+use ordo_core::store::stored_producer;
 use ordo_core::store::WorkPage;
-use ordo_core::{BlockCode, BlockReason, Envelope, ErrorKind, FlowId, Seq, StoreError};
+use ordo_core::{BlockCode, BlockReason, Envelope, ErrorKind, FlowId, InboxFlow, Seq, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::schema::{begin_write, inbox_status, read_cursor, write_cursor};
@@ -40,17 +41,18 @@ impl ApplyStore for ConsumerDb {
         Ok(())
     }
 
-    fn settled_state(&self, flow_id: &FlowId) -> Result<SettledState, StoreError> {
+    fn settled_state(&self, flow: &InboxFlow) -> Result<SettledState, StoreError> {
         row_cached(
             &self.conn,
-            "WITH c AS (SELECT coalesce((SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1), 0) AS at)
+            "WITH c AS (SELECT coalesce((SELECT applied_seq FROM inbox_cursor
+                                         WHERE flow_id = ?1 AND producer = ?2), 0) AS at)
              SELECT c.at,
-                    (SELECT count(*) FROM inbox WHERE flow_id = ?1 AND seq <= c.at
+                    (SELECT count(*) FROM inbox WHERE flow_id = ?1 AND producer = ?2 AND seq <= c.at
                        AND status <> 'applied' AND status <> 'skipped'),
-                    (SELECT count(*) FROM inbox WHERE flow_id = ?1 AND seq > c.at
+                    (SELECT count(*) FROM inbox WHERE flow_id = ?1 AND producer = ?2 AND seq > c.at
                        AND (status = 'applied' OR status = 'skipped'))
              FROM c",
-            params![flow_id.as_str()],
+            params![flow.flow_id.as_str(), flow.producer.as_str()],
             |row| {
                 Ok(SettledState {
                     cursor: row.get(0)?,
@@ -69,7 +71,7 @@ impl ApplyStore for ConsumerDb {
 pub struct ApplyTx<'a> {
     tx: rusqlite::Transaction<'a>,
     now_ms: i64,
-    cursors: BTreeMap<FlowId, i64>,
+    cursors: BTreeMap<InboxFlow, i64>,
     commits: &'a mut u64,
 }
 
@@ -88,35 +90,36 @@ impl ApplyWriter for ApplyTx<'_> {
         &self.tx
     }
 
-    fn take_flow(&mut self, flow_id: &FlowId) -> Result<i64, StoreError> {
-        read_cursor(&self.tx, flow_id)
+    fn take_flow(&mut self, flow: &InboxFlow) -> Result<i64, StoreError> {
+        read_cursor(&self.tx, flow)
     }
 
     fn open_flow(
         &mut self,
-        flows: &[(FlowId, Option<u64>)],
+        flows: &[(InboxFlow, Option<u64>)],
         _left: u64,
     ) -> Result<Option<i64>, StoreError> {
         // The write transaction holds the whole file: no other applier can
         // hold the flow. A flow met before in this batch goes on from
         // where it stopped.
-        let flow_id = &flows[0].0;
-        match self.cursors.get(flow_id) {
+        let flow = &flows[0].0;
+        match self.cursors.get(flow) {
             Some(&moved) => Ok(Some(moved)),
-            None => read_cursor(&self.tx, flow_id).map(Some),
+            None => read_cursor(&self.tx, flow).map(Some),
         }
     }
 
-    fn next_event(&mut self, flow_id: &FlowId, rows: NextRows) -> Result<NextEvent, StoreError> {
+    fn next_event(&mut self, flow: &InboxFlow, rows: NextRows) -> Result<NextEvent, StoreError> {
         let next = rows.from;
         // The flow's first stored row at or after `next`: the next event
         // itself, or one past a gap, or none.
         #[allow(clippy::type_complexity)]
         let row: Option<(i64, String, String, Option<String>, Option<String>)> = row_cached(
             &self.tx,
-            "SELECT seq, body, status, reason, detail FROM inbox WHERE flow_id = ?1 AND seq >= ?2
+            "SELECT seq, body, status, reason, detail FROM inbox
+             WHERE flow_id = ?1 AND producer = ?3 AND seq >= ?2
              ORDER BY seq LIMIT 1",
-            params![flow_id.as_str(), next.get()],
+            params![flow.flow_id.as_str(), next.get(), flow.producer.as_str()],
             |row| row.try_into(),
         )
         .optional()
@@ -163,12 +166,14 @@ impl ApplyWriter for ApplyTx<'_> {
         let marked = exec_cached(
             &self.tx,
             "UPDATE inbox SET status = 'blocked', reason = ?3, detail = ?4
-             WHERE flow_id = ?1 AND seq = ?2 AND (status = 'pending' OR status = 'blocked')",
+             WHERE flow_id = ?1 AND producer = ?5 AND seq = ?2
+               AND (status = 'pending' OR status = 'blocked')",
             params![
                 flow_id.as_str(),
                 seq.get(),
                 reason.code.as_str(),
-                reason.detail
+                reason.detail,
+                event.producer.as_str(),
             ],
         )
         .map_err(|e| sql_error("consumer: apply failed", e))?;
@@ -178,8 +183,8 @@ impl ApplyWriter for ApplyTx<'_> {
         Ok(())
     }
 
-    fn close_flow(&mut self, flow_id: &FlowId, applied_seq: i64) -> Result<(), StoreError> {
-        let before = self.cursors.insert(flow_id.clone(), applied_seq);
+    fn close_flow(&mut self, flow: &InboxFlow, applied_seq: i64) -> Result<(), StoreError> {
+        let before = self.cursors.insert(flow.clone(), applied_seq);
         assert!(
             before.is_none_or(|seq| seq < applied_seq),
             "a cursor moves forward"
@@ -188,8 +193,8 @@ impl ApplyWriter for ApplyTx<'_> {
     }
 
     fn finish(&mut self) -> Result<(), StoreError> {
-        for (flow_id, applied_seq) in std::mem::take(&mut self.cursors) {
-            write_cursor(&self.tx, &flow_id, applied_seq)?;
+        for (flow, applied_seq) in std::mem::take(&mut self.cursors) {
+            write_cursor(&self.tx, &flow, applied_seq)?;
         }
         Ok(())
     }
@@ -225,9 +230,15 @@ fn mark_applied(tx: &Connection, event: &Envelope, now_ms: i64) -> Result<(), St
     let marked = exec_cached(
         tx,
         "UPDATE inbox SET status = 'applied', reason = NULL, detail = NULL, settled_at_ms = ?4
-         WHERE event_id = ?1 AND flow_id = ?2 AND seq = ?3
+         WHERE producer = ?5 AND event_id = ?1 AND flow_id = ?2 AND seq = ?3
            AND (status = 'pending' OR status = 'blocked')",
-        params![event_id.as_str(), flow_id.as_str(), seq.get(), now_ms],
+        params![
+            event_id.as_str(),
+            flow_id.as_str(),
+            seq.get(),
+            now_ms,
+            event.producer.as_str()
+        ],
     )
     .map_err(|e| sql_error("consumer: apply failed", e))?;
     if marked == 1 {
@@ -235,8 +246,8 @@ fn mark_applied(tx: &Connection, event: &Envelope, now_ms: i64) -> Result<(), St
     }
     let stored: Option<String> = row_cached(
         tx,
-        "SELECT event_id FROM inbox WHERE flow_id = ?1 AND seq = ?2",
-        params![flow_id.as_str(), seq.get()],
+        "SELECT event_id FROM inbox WHERE flow_id = ?1 AND producer = ?3 AND seq = ?2",
+        params![flow_id.as_str(), seq.get(), event.producer.as_str()],
         |row| row.get(0),
     )
     .optional()
@@ -250,19 +261,22 @@ fn mark_applied(tx: &Connection, event: &Envelope, now_ms: i64) -> Result<(), St
     ))
 }
 
-/// The flow ids `sql` lists with `params`.
+/// The flows `sql` lists with `params`, as `(flow_id, producer)` rows.
 fn flow_page<P: rusqlite::Params>(
     conn: &Connection,
     sql: &str,
     params: P,
-) -> Result<Vec<FlowId>, StoreError> {
+) -> Result<Vec<InboxFlow>, StoreError> {
     collect_rows(
         conn,
         "consumer: cannot list flows with work",
         sql,
         params,
-        |row| row.get::<_, String>(0),
-        |id| FlowId::new(id).map_err(|e| corrupt("consumer: stored flow id", e)),
+        |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+        |(id, producer)| {
+            let flow_id = FlowId::new(id).map_err(|e| corrupt("consumer: stored flow id", e))?;
+            Ok(InboxFlow::new(stored_producer(&producer)?, flow_id))
+        },
     )
 }
 
@@ -272,10 +286,12 @@ fn flow_page<P: rusqlite::Params>(
 pub(super) fn pending_flows(
     db: &mut ConsumerDb,
     page: WorkPage<'_>,
-) -> Result<Vec<FlowId>, StoreError> {
-    let sql = "SELECT DISTINCT flow_id FROM inbox WHERE status = 'pending' AND flow_id > ?1
-        ORDER BY flow_id LIMIT ?2";
-    flow_page(&db.conn, sql, params![page.after, page.limit_sql()])
+) -> Result<Vec<InboxFlow>, StoreError> {
+    let sql = "SELECT DISTINCT flow_id, producer FROM inbox
+        WHERE status = 'pending' AND (flow_id, producer) > (?1, ?2)
+        ORDER BY flow_id, producer LIMIT ?3";
+    let (flow_id, producer) = page.after;
+    flow_page(&db.conn, sql, params![flow_id, producer, page.limit_sql()])
 }
 
 /// The flows on `page` with a row blocked with one of `codes`: one walk of
@@ -284,13 +300,14 @@ pub(super) fn reevaluated_flows(
     db: &mut ConsumerDb,
     page: WorkPage<'_>,
     codes: &[BlockCode],
-) -> Result<Vec<FlowId>, StoreError> {
-    let sql = "SELECT DISTINCT flow_id FROM inbox
-        WHERE status = 'blocked' AND reason = ?3 AND flow_id > ?1
-        ORDER BY flow_id LIMIT ?2";
+) -> Result<Vec<InboxFlow>, StoreError> {
+    let sql = "SELECT DISTINCT flow_id, producer FROM inbox
+        WHERE status = 'blocked' AND reason = ?4 AND (flow_id, producer) > (?1, ?2)
+        ORDER BY flow_id, producer LIMIT ?3";
+    let (flow_id, producer) = page.after;
     let mut flows = Vec::new();
     for code in codes {
-        let params = params![page.after, page.limit_sql(), code.as_str()];
+        let params = params![flow_id, producer, page.limit_sql(), code.as_str()];
         flows.extend(flow_page(&db.conn, sql, params)?);
     }
     flows.sort_unstable();
@@ -341,6 +358,7 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         db.receive_batch(&events).unwrap();
-        let _ = db.apply_next_with(&flow, &mut WritesOrdoTables);
+        let inbox_flow = ordo_core::InboxFlow::of_default(flow.clone());
+        let _ = db.apply_next_with(&inbox_flow, &mut WritesOrdoTables);
     }
 }

@@ -75,16 +75,22 @@ ordo_core::run_store_impl!(ConsumerDb, |db|
 impl ordo_core::RunConsumer for ConsumerDb {
     fn received_at_ms(tx: &Connection, event: &Envelope) -> Result<Option<i64>, StoreError> {
         use rusqlite::OptionalExtension;
-        tx.prepare_cached("SELECT received_at_ms FROM inbox WHERE flow_id = ?1 AND seq = ?2")
-            .and_then(|mut statement| {
-                statement
-                    .query_row(
-                        rusqlite::params![event.flow_id.as_str(), event.seq.get()],
-                        |row| row.get(0),
-                    )
-                    .optional()
-            })
-            .map_err(|e| sql_error("consumer: cannot read when an event was received", e))
+        tx.prepare_cached(
+            "SELECT received_at_ms FROM inbox WHERE flow_id = ?1 AND producer = ?3 AND seq = ?2",
+        )
+        .and_then(|mut statement| {
+            statement
+                .query_row(
+                    rusqlite::params![
+                        event.flow_id.as_str(),
+                        event.seq.get(),
+                        event.producer.as_str()
+                    ],
+                    |row| row.get(0),
+                )
+                .optional()
+        })
+        .map_err(|e| sql_error("consumer: cannot read when an event was received", e))
     }
 }
 

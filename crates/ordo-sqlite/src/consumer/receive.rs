@@ -48,21 +48,24 @@ pub(super) fn receive_answers(
 fn identities(tx: &Connection, envelope: &Envelope) -> Result<StoredIdentities, StoreError> {
     let (by_id, at_seq, below_watermark): ((_, _), (_, _), _) = row_cached(
         tx,
-        "WITH by_id AS (SELECT body_hash, store_id FROM inbox WHERE event_id = ?1
+        "WITH by_id AS (SELECT body_hash, store_id FROM inbox WHERE producer = ?4 AND event_id = ?1
                         UNION ALL
                         SELECT lower(hex(body_hash)), store_id FROM inbox_fingerprint
-                        WHERE event_id = ?1 LIMIT 1),
-              at_seq AS (SELECT event_id, store_id FROM inbox WHERE flow_id = ?2 AND seq = ?3
+                        WHERE producer = ?4 AND event_id = ?1 LIMIT 1),
+              at_seq AS (SELECT event_id, store_id FROM inbox
+                         WHERE flow_id = ?2 AND producer = ?4 AND seq = ?3
                          UNION ALL
                          SELECT event_id, store_id FROM inbox_fingerprint
-                         WHERE flow_id = ?2 AND seq = ?3 LIMIT 1)
+                         WHERE flow_id = ?2 AND producer = ?4 AND seq = ?3 LIMIT 1)
          SELECT (SELECT body_hash FROM by_id), (SELECT store_id FROM by_id),
                 (SELECT event_id FROM at_seq), (SELECT store_id FROM at_seq),
-                EXISTS (SELECT 1 FROM inbox_watermark WHERE flow_id = ?2 AND pruned_seq >= ?3)",
+                EXISTS (SELECT 1 FROM inbox_watermark
+                        WHERE flow_id = ?2 AND producer = ?4 AND pruned_seq >= ?3)",
         params![
             envelope.event_id.as_str(),
             envelope.flow_id.as_str(),
-            envelope.seq.get()
+            envelope.seq.get(),
+            envelope.producer.as_str(),
         ],
         |row| {
             let by_id = (row.get(0)?, row.get(1)?);
@@ -83,8 +86,9 @@ fn insert(
 ) -> Result<(), StoreError> {
     let inserted = exec_cached(
         tx,
-        "INSERT INTO inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms, store_id)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8, ?9)",
+        "INSERT INTO inbox (event_id, flow_id, seq, schema_version, type, body, body_hash, status,
+                            received_at_ms, store_id, producer)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8, ?9, ?10)",
         params![
             envelope.event_id.as_str(),
             envelope.flow_id.as_str(),
@@ -95,6 +99,7 @@ fn insert(
             hash.as_str(),
             now_ms,
             sender,
+            envelope.producer.as_str(),
         ],
     )
     .map_err(|e| sql_error(CONTEXT, e))?;

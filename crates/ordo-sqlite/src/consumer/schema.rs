@@ -1,15 +1,22 @@
 //! The consumer's own tables and how their rows are read back.
 
 use ordo_core::ops::{whole_read, whole_read_limit, InboxEntry, WHOLE_READ_ROWS_MAX};
-use ordo_core::{FlowId, InboxRecord, StoreError, StoreId};
+use ordo_core::{InboxFlow, InboxRecord, StoreError, StoreId};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use crate::conn::{collect_rows, exec_cached, row_cached, sql_error, Tables};
 use crate::producer::stored_envelope;
 
-const SCHEMA: &str = "
+/// The consumer's tables and indexes (`IF NOT EXISTS`): each identity is
+/// in the namespace of the producer that appended the event (PROTOCOL.md
+/// section 12), `(producer, event_id)` and `(producer, flow_id, seq)`, with
+/// the flow id first in every key so that a flow id range stays one range.
+macro_rules! consumer_ddl {
+    () => {
+        "
 CREATE TABLE IF NOT EXISTS inbox (
-    event_id       TEXT    PRIMARY KEY,
+    producer       TEXT    NOT NULL,
+    event_id       TEXT    NOT NULL,
     flow_id        TEXT    NOT NULL,
     seq            INTEGER NOT NULL CHECK (seq >= 1),
     schema_version INTEGER NOT NULL,
@@ -26,27 +33,36 @@ CREATE TABLE IF NOT EXISTS inbox (
     settled_at_ms  INTEGER,
     -- The producer store that delivered the row (its store_id), if known.
     store_id       TEXT,
-    UNIQUE (flow_id, seq),
+    PRIMARY KEY (producer, event_id),
+    UNIQUE (flow_id, producer, seq),
     CHECK ((status = 'blocked') = (reason IS NOT NULL))
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (flow_id) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS inbox_blocked ON inbox (flow_id) WHERE status = 'blocked';
+CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (flow_id, producer) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS inbox_blocked ON inbox (flow_id, producer) WHERE status = 'blocked';
 CREATE TABLE IF NOT EXISTS inbox_cursor (
-    flow_id     TEXT    PRIMARY KEY,
-    applied_seq INTEGER NOT NULL CHECK (applied_seq >= 1)
+    flow_id     TEXT    NOT NULL,
+    producer    TEXT    NOT NULL,
+    applied_seq INTEGER NOT NULL CHECK (applied_seq >= 1),
+    PRIMARY KEY (flow_id, producer)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS inbox_fingerprint (
     flow_id   TEXT    NOT NULL,
+    producer  TEXT    NOT NULL,
     seq       INTEGER NOT NULL,
-    event_id  TEXT    NOT NULL UNIQUE,
+    event_id  TEXT    NOT NULL,
     body_hash BLOB    NOT NULL CHECK (length(body_hash) = 32),
     status    TEXT    NOT NULL CHECK (status IN ('applied', 'skipped')),
     store_id  TEXT,
-    PRIMARY KEY (flow_id, seq)
+    PRIMARY KEY (flow_id, producer, seq),
+    UNIQUE (producer, event_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS inbox_watermark (
-    flow_id    TEXT    PRIMARY KEY,
-    pruned_seq INTEGER NOT NULL
+    flow_id    TEXT    NOT NULL,
+    producer   TEXT    NOT NULL,
+    pruned_seq INTEGER NOT NULL,
+    -- The producer store that delivered the last row pruned, if known.
+    store_id   TEXT,
+    PRIMARY KEY (flow_id, producer)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS repair_log (
     id         INTEGER PRIMARY KEY,
@@ -56,13 +72,52 @@ CREATE TABLE IF NOT EXISTS repair_log (
     event_id   TEXT    NOT NULL,
     reason     TEXT    NOT NULL,
     decided_by TEXT    NOT NULL,
-    at_ms      INTEGER NOT NULL
+    at_ms      INTEGER NOT NULL,
+    producer   TEXT    NOT NULL DEFAULT 'default',
+    store_id   TEXT
 );
 CREATE TRIGGER IF NOT EXISTS repair_log_append_only_update BEFORE UPDATE ON repair_log
 BEGIN SELECT RAISE(ABORT, 'repair_log is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS repair_log_append_only_delete BEFORE DELETE ON repair_log
 BEGIN SELECT RAISE(ABORT, 'repair_log is append-only'); END;
-";
+"
+    };
+}
+
+const SCHEMA: &str = consumer_ddl!();
+
+/// Version 6 of an earlier consumer file: its rows, cursors, fingerprints
+/// and watermarks become the default producer's, in tables keyed by
+/// producer (rebuilt: SQLite cannot change a primary key in place).
+const UPGRADE_FROM_5: &str = concat!(
+    "
+DROP INDEX IF EXISTS inbox_pending;
+DROP INDEX IF EXISTS inbox_blocked;
+ALTER TABLE inbox RENAME TO inbox_v5;
+ALTER TABLE inbox_cursor RENAME TO inbox_cursor_v5;
+ALTER TABLE inbox_fingerprint RENAME TO inbox_fingerprint_v5;
+ALTER TABLE inbox_watermark RENAME TO inbox_watermark_v5;
+ALTER TABLE repair_log ADD COLUMN producer TEXT NOT NULL DEFAULT 'default';
+ALTER TABLE repair_log ADD COLUMN store_id TEXT;
+",
+    consumer_ddl!(),
+    "
+INSERT INTO inbox (producer, event_id, flow_id, seq, schema_version, type, body, body_hash,
+        status, reason, detail, received_at_ms, settled_at_ms, store_id)
+    SELECT 'default', event_id, flow_id, seq, schema_version, type, body, body_hash,
+        status, reason, detail, received_at_ms, settled_at_ms, store_id FROM inbox_v5;
+INSERT INTO inbox_cursor (flow_id, producer, applied_seq)
+    SELECT flow_id, 'default', applied_seq FROM inbox_cursor_v5;
+INSERT INTO inbox_fingerprint (flow_id, producer, seq, event_id, body_hash, status, store_id)
+    SELECT flow_id, 'default', seq, event_id, body_hash, status, store_id FROM inbox_fingerprint_v5;
+INSERT INTO inbox_watermark (flow_id, producer, pruned_seq, store_id)
+    SELECT flow_id, 'default', pruned_seq, NULL FROM inbox_watermark_v5;
+DROP TABLE inbox_v5;
+DROP TABLE inbox_cursor_v5;
+DROP TABLE inbox_fingerprint_v5;
+DROP TABLE inbox_watermark_v5;
+"
+);
 
 pub(super) const TABLES: Tables = Tables {
     role: ordo_core::Role::Consumer,
@@ -71,6 +126,7 @@ pub(super) const TABLES: Tables = Tables {
     upgrade_from_3: "ALTER TABLE inbox ADD COLUMN store_id TEXT;
         ALTER TABLE inbox_fingerprint ADD COLUMN store_id TEXT;",
     upgrade_from_4: "",
+    upgrade_from_5: UPGRADE_FROM_5,
 };
 
 pub(super) use ordo_core::apply::stored_status as inbox_status;
@@ -110,11 +166,11 @@ pub(super) fn begin_write(conn: &mut Connection) -> Result<rusqlite::Transaction
 }
 
 /// The flow's apply cursor: the last applied (or skipped) seq, 0 if none.
-pub(super) fn read_cursor(tx: &Connection, flow_id: &FlowId) -> Result<i64, StoreError> {
+pub(super) fn read_cursor(tx: &Connection, flow: &InboxFlow) -> Result<i64, StoreError> {
     Ok(row_cached(
         tx,
-        "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1",
-        [flow_id.as_str()],
+        "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1 AND producer = ?2",
+        [flow.flow_id.as_str(), flow.producer.as_str()],
         |row| row.get(0),
     )
     .optional()
@@ -125,17 +181,18 @@ pub(super) fn read_cursor(tx: &Connection, flow_id: &FlowId) -> Result<i64, Stor
 /// Moves the flow's apply cursor forward to `applied_seq`: a cursor never
 /// moves back nor stays, so a move that would is refused as a corrupt store
 /// and nothing is written.
-pub(super) fn write_cursor(tx: &Connection, flow_id: &FlowId, seq: i64) -> Result<(), StoreError> {
-    let (flow, applied_seq) = (flow_id.as_str(), seq);
+pub(super) fn write_cursor(tx: &Connection, flow: &InboxFlow, seq: i64) -> Result<(), StoreError> {
+    let applied_seq = seq;
     let moved = exec_cached(
         tx,
-        "INSERT INTO inbox_cursor (flow_id, applied_seq) VALUES (?1, ?2)
-         ON CONFLICT (flow_id) DO UPDATE SET applied_seq = excluded.applied_seq
+        "INSERT INTO inbox_cursor (flow_id, producer, applied_seq) VALUES (?1, ?2, ?3)
+         ON CONFLICT (flow_id, producer) DO UPDATE SET applied_seq = excluded.applied_seq
          WHERE excluded.applied_seq > inbox_cursor.applied_seq",
-        params![flow, applied_seq],
+        params![flow.flow_id.as_str(), flow.producer.as_str(), applied_seq],
     )
     .map_err(|e| sql_error("consumer: cannot move the apply cursor", e))?;
-    ordo_core::apply::check_cursors_moved(moved as u64, 1, flow, applied_seq)
+    let shown = flow.to_string();
+    ordo_core::apply::check_cursors_moved(moved as u64, 1, &shown, applied_seq)
 }
 
 pub(super) fn read_inbox(conn: &Connection) -> Result<Vec<InboxRecord>, StoreError> {
@@ -149,7 +206,7 @@ pub(crate) fn read_inbox_at_most(
     let rows = collect_rows(
         conn,
         "consumer: cannot read the inbox",
-        "SELECT body, status, reason, detail FROM inbox ORDER BY flow_id, seq LIMIT ?1",
+        "SELECT body, status, reason, detail FROM inbox ORDER BY flow_id, producer, seq LIMIT ?1",
         [whole_read_limit(rows_max)],
         |row| {
             Ok((

@@ -165,7 +165,10 @@ pub fn apply_schema_2_blocked_then_applied_as_stored_with_support_v2<B: Backend>
         .iter()
         .all(|d| d.receipt == Receipt::Accepted));
 
-    assert_eq!(c.flows_with_reservation_work(V1).unwrap(), vec![flow("v2")]);
+    assert_eq!(
+        c.flows_with_reservation_work(V1).unwrap(),
+        vec![inbox_flow("v2")]
+    );
     let blocked = blocked_at(1, UNSUPPORTED_SCHEMA);
     assert_eq!(apply_step(&mut c, "v2", V1), blocked);
     assert_eq!(apply_step(&mut c, "v2", V1), blocked);
@@ -182,7 +185,10 @@ pub fn apply_schema_2_blocked_then_applied_as_stored_with_support_v2<B: Backend>
         vec![drained("v2", 0, DrainStop::Blocked(UNSUPPORTED_SCHEMA))]
     );
     assert!(c.effects().unwrap().is_empty());
-    assert_eq!(c.flows_with_reservation_work(V2).unwrap(), vec![flow("v2")]);
+    assert_eq!(
+        c.flows_with_reservation_work(V2).unwrap(),
+        vec![inbox_flow("v2")]
+    );
 
     assert_eq!(apply_step(&mut c, "v2", V2), applied_at(1));
     let row = inbox_row(&mut c, &e1.event_id).unwrap();
@@ -212,7 +218,7 @@ fn expect_blocked<C: ReservationConsumer>(
     let before_effects = c.effects().unwrap();
     assert_eq!(c.receive(e).unwrap(), Receipt::Accepted, "{e:?}");
     assert_eq!(
-        c.apply_next(&e.flow_id, options).unwrap(),
+        c.apply_next(&e.inbox_flow(), options).unwrap(),
         Step::Blocked {
             seq: e.seq,
             reason: reason.clone()
@@ -382,7 +388,7 @@ pub fn apply_blocked_row_stays_blocked<B: Backend>(dir: &Path) {
     let only = amount_event("g-1", "g", 1, 1, "confirmed", 5);
     expect_blocked(&mut c, &only, INVALID_TRANSITION, V1);
     let work = c.flows_with_reservation_work(V2).unwrap();
-    assert!(!work.contains(&flow("g")), "{work:?}");
+    assert!(!work.contains(&inbox_flow("g")), "{work:?}");
     check_consumer_invariants(&mut c);
 }
 
@@ -440,7 +446,11 @@ pub fn process_all_isolation<B: Backend>(dir: &Path) {
     }
     assert_eq!(
         c.flows_with_reservation_work(V1).unwrap(),
-        vec![flow("a-blocked"), flow("b-gapped"), flow("c-healthy")]
+        vec![
+            inbox_flow("a-blocked"),
+            inbox_flow("b-gapped"),
+            inbox_flow("c-healthy")
+        ]
     );
     let drains = process(&mut c, None, V1);
     assert_eq!(
@@ -462,7 +472,7 @@ pub fn process_all_isolation<B: Backend>(dir: &Path) {
     // nothing pending in the blocked flow any more; the gapped one still waits
     assert_eq!(
         c.flows_with_reservation_work(V1).unwrap(),
-        vec![flow("b-gapped")]
+        vec![inbox_flow("b-gapped")]
     );
     assert_eq!(c.receive(&g1).unwrap(), Receipt::Accepted);
     let drains = process(&mut c, Some(100), V1);
@@ -543,10 +553,10 @@ pub fn apply_batches_keep_order_and_limits<B: Backend>(dir: &Path) {
     let drains = c
         .apply_batch(
             &[
-                (flow("k1"), Some(1)),
-                (flow("k2"), None),
-                (flow("k3"), None),
-                (flow("k4"), None),
+                (inbox_flow("k1"), Some(1)),
+                (inbox_flow("k2"), None),
+                (inbox_flow("k3"), None),
+                (inbox_flow("k4"), None),
             ],
             4,
             V1,
@@ -576,7 +586,7 @@ pub fn apply_batches_keep_order_and_limits<B: Backend>(dir: &Path) {
         ]
     );
     // drain in batches of two
-    let d = c.drain(&flow("k3"), None, V1, 2).unwrap();
+    let d = c.drain(&inbox_flow("k3"), None, V1, 2).unwrap();
     assert_eq!((d.applied, d.stop), (2, DrainStop::Idle));
     let drains = c.process_all(None, V1, 2).unwrap();
     assert_eq!(
@@ -596,7 +606,11 @@ pub fn apply_batches_keep_order_and_limits<B: Backend>(dir: &Path) {
     }
     // a batch that applies nothing reports each flow's stop
     let drains = c
-        .apply_batch(&[(flow("k1"), None), (flow("none"), Some(3))], 10, V1)
+        .apply_batch(
+            &[(inbox_flow("k1"), None), (inbox_flow("none"), Some(3))],
+            10,
+            V1,
+        )
         .unwrap();
     assert_eq!(
         drain_stops(&drains),
@@ -621,11 +635,11 @@ pub fn apply_batch_across_flows_reports_each_stop<B: Backend>(dir: &Path) {
         assert_eq!(c.receive(e).unwrap(), Receipt::Accepted);
     }
     let run = |c: &mut B::Consumer, flows: &[(&str, Option<u64>)], events_max: u64| {
-        let flows: Vec<_> = flows.iter().map(|(f, l)| (flow(f), *l)).collect();
+        let flows: Vec<_> = flows.iter().map(|(f, l)| (inbox_flow(f), *l)).collect();
         c.apply_batch(&flows, events_max, V1)
             .unwrap()
             .into_iter()
-            .map(|d| (d.flow_id.as_str().to_owned(), d.applied, d.stop))
+            .map(|d| (d.flow.flow_id.as_str().to_owned(), d.applied, d.stop))
             .collect::<Vec<_>>()
     };
     let owned = |rows: &[(&str, u64, DrainStop)]| {

@@ -12,6 +12,8 @@ use ordo_core::{ConsumerOps, FlowId, ProducerOps, Receipt, Receive, Step};
 
 use crate::support::*;
 use crate::Backend;
+use ordo_core::ops::InboxScope;
+use ordo_core::{InboxFlow, ProducerName};
 
 /// Flow ids whose order differs between a byte order and a language's
 /// collation (upper case, `-`, `_`, digits); unsorted.
@@ -194,13 +196,14 @@ pub fn browse_consumer_flows_and_one_inbox_row<B: Backend>(dir: &Path) {
     assert!(matches!(apply_step(&mut c, "a-0", V1), Step::Idle));
     c.prune_inbox(T0 + 5_000).expect("prune");
     assert!(c
-        .inbox_entries(false, Some(&flow("b")), 10)
+        .inbox_entries(false, InboxScope::Flow(&inbox_flow("b")), 10)
         .unwrap()
         .is_empty());
     let sorted = ids_sorted();
     let expected: Vec<ConsumerFlow> = sorted
         .iter()
         .map(|id| ConsumerFlow {
+            producer: ProducerName::default(),
             flow_id: flow(id),
             applied_seq: if at_even_index(id) { 2 } else { 0 },
         })
@@ -208,7 +211,8 @@ pub fn browse_consumer_flows_and_one_inbox_row<B: Backend>(dir: &Path) {
     assert_eq!(c.consumer_flows_page("", None, 100).unwrap(), expected);
     check_pages(
         &mut |prefix, after, limit| {
-            let page = c.consumer_flows_page(prefix, after, limit);
+            let after = after.cloned().map(InboxFlow::of_default);
+            let page = c.consumer_flows_page(prefix, after.as_ref(), limit);
             flow_ids(page.expect("consumer_flows_page"), |f| &f.flow_id)
         },
         &sorted,
@@ -218,22 +222,24 @@ pub fn browse_consumer_flows_and_one_inbox_row<B: Backend>(dir: &Path) {
     assert!(!listed.is_empty());
     for entry in &listed {
         let at = c
-            .inbox_entry_at(&entry.envelope.flow_id, entry.envelope.seq)
+            .inbox_entry_at(&entry.envelope.inbox_flow(), entry.envelope.seq)
             .unwrap();
         assert_eq!(at.as_ref(), Some(entry));
     }
-    assert_eq!(c.inbox_entry_at(&flow("a-2"), seq(1)).unwrap(), None);
-    assert_eq!(c.inbox_entry_at(&flow("b"), seq(1)).unwrap(), None);
-    assert_eq!(c.inbox_entry_at(&flow("zz"), seq(1)).unwrap(), None);
+    assert_eq!(c.inbox_entry_at(&inbox_flow("a-2"), seq(1)).unwrap(), None);
+    assert_eq!(c.inbox_entry_at(&inbox_flow("b"), seq(1)).unwrap(), None);
+    assert_eq!(c.inbox_entry_at(&inbox_flow("zz"), seq(1)).unwrap(), None);
     // One row by event id: the listing's, wherever its flow and seq; none
     // for an unknown id, or one pruned to its fingerprint ("b"'s).
     for entry in &listed {
-        let of = c.inbox_entry_of_event(&entry.envelope.event_id).unwrap();
+        let of = c
+            .inbox_entry_of_event(&entry.envelope.producer, &entry.envelope.event_id)
+            .unwrap();
         assert_eq!(of.as_ref(), Some(entry));
     }
     let sent = reservation_event("a-2", 2, 3);
     let stored = c
-        .inbox_entry_of_event(&sent.event_id)
+        .inbox_entry_of_event(&sent.producer, &sent.event_id)
         .unwrap()
         .expect("a stored event id");
     assert_eq!(
@@ -241,8 +247,16 @@ pub fn browse_consumer_flows_and_one_inbox_row<B: Backend>(dir: &Path) {
         (&flow("a-2"), seq(2))
     );
     assert_eq!(stored.envelope.body(), sent.body());
-    assert_eq!(c.inbox_entry_of_event(&event_id("zz-1")).unwrap(), None);
-    assert_eq!(c.inbox_entry_of_event(&event_id("b-1")).unwrap(), None);
+    assert_eq!(
+        c.inbox_entry_of_event(&ProducerName::default(), &event_id("zz-1"))
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        c.inbox_entry_of_event(&ProducerName::default(), &event_id("b-1"))
+            .unwrap(),
+        None
+    );
     // One flow's projection is the listing's, or the empty one.
     for id in IDS.iter().chain(&["zz"]) {
         let expected = projection(&mut c, id).unwrap_or_else(|| Projection::empty(flow(id)));

@@ -19,12 +19,14 @@
 use std::path::Path;
 
 use ordo_core::envelope::EventType;
+use ordo_core::ops::InboxScope;
 use ordo_core::{
     process_all, ApplyContext, ApplyHandler, BlockCode, BlockReason, ConsumerOps, ConsumerStore,
     DrainStop, Envelope, EventId, FlowId, InboxStatus, Receive, SchemaVersion, Seq, Step,
     StoreError, Verdict,
 };
 
+use crate::support::inbox_flow;
 use crate::Backend;
 
 /// The code of an event of type `refuse`.
@@ -90,10 +92,6 @@ fn event(flow: &str, seq: i64, event_type: &str) -> Envelope {
     }
 }
 
-fn flow(id: &str) -> FlowId {
-    FlowId::new(id).unwrap()
-}
-
 /// A handler's writes commit with the inbox mark; a block undoes them, is
 /// stored with the handler's own code and detail, listed by `inbox_entries`,
 /// counted by the status under its code, and holds the flow.
@@ -106,10 +104,10 @@ pub fn generic_handler_writes_commit_with_the_mark_and_a_block_undoes_them<B: Ba
     ];
     c.receive_batch(&events).unwrap();
     let mut handler = B::test_handler(Vec::new());
-    let step = c.apply_next_with(&flow("f"), &mut handler).unwrap();
+    let step = c.apply_next_with(&inbox_flow("f"), &mut handler).unwrap();
     assert_eq!(step, Step::Applied { seq: Seq::FIRST });
     let refused = BlockReason::with_detail(REFUSED, REFUSED_DETAIL);
-    let drain = ordo_core::drain(&mut c, &flow("f"), None, &mut handler, 16).unwrap();
+    let drain = ordo_core::drain(&mut c, &inbox_flow("f"), None, &mut handler, 16).unwrap();
     assert_eq!(
         (drain.applied, drain.stop),
         (0, DrainStop::Blocked(refused.clone()))
@@ -120,7 +118,7 @@ pub fn generic_handler_writes_commit_with_the_mark_and_a_block_undoes_them<B: Ba
         "the block's record is undone"
     );
 
-    let blocked = c.inbox_entries(true, None, 10).unwrap();
+    let blocked = c.inbox_entries(true, InboxScope::All, 10).unwrap();
     assert_eq!(blocked.len(), 1);
     assert_eq!(blocked[0].envelope, events[1], "the body is unchanged");
     assert_eq!(blocked[0].status, InboxStatus::Blocked(refused));
@@ -143,7 +141,7 @@ pub fn generic_reevaluation_is_the_handlers_choice<B: Backend>(dir: &Path) {
     let mut old = B::test_handler(Vec::new());
     process_all(&mut c, None, &mut old, 16).unwrap();
     assert!(B::handled(&mut c).is_empty());
-    assert_eq!(c.flows_with_work(&[NOT_YET]).unwrap(), [flow("g")]);
+    assert_eq!(c.flows_with_work(&[NOT_YET]).unwrap(), [inbox_flow("g")]);
     // Evaluated again without the code: still blocked, nothing written.
     process_all(&mut c, None, &mut old, 16).unwrap();
     assert!(B::handled(&mut c).is_empty());
@@ -152,7 +150,7 @@ pub fn generic_reevaluation_is_the_handlers_choice<B: Backend>(dir: &Path) {
     let drains = process_all(&mut c, None, &mut new, 16).unwrap();
     let by_flow: Vec<(String, u64)> = drains
         .iter()
-        .map(|d| (d.flow_id.to_string(), d.applied))
+        .map(|d| (d.flow.flow_id.to_string(), d.applied))
         .collect();
     // `h` is not visited: its only row is blocked with a code not listed.
     assert_eq!(by_flow, [("g".to_owned(), 2)]);
@@ -160,7 +158,9 @@ pub fn generic_reevaluation_is_the_handlers_choice<B: Backend>(dir: &Path) {
         B::handled(&mut c),
         [("g".to_owned(), 1), ("g".to_owned(), 2)]
     );
-    let h = c.inbox_entries(false, Some(&flow("h")), 10).unwrap();
+    let h = c
+        .inbox_entries(false, InboxScope::Flow(&inbox_flow("h")), 10)
+        .unwrap();
     assert_eq!(
         h[0].status,
         InboxStatus::Blocked(BlockReason::with_detail(REFUSED, REFUSED_DETAIL)),
@@ -181,7 +181,11 @@ pub fn generic_a_block_in_a_batch_undoes_only_its_own_writes<B: Backend>(dir: &P
     .unwrap();
     let mut handler = B::test_handler(Vec::new());
     let drains = c
-        .apply_batch_with(&[(flow("a"), None), (flow("b"), None)], 100, &mut handler)
+        .apply_batch_with(
+            &[(inbox_flow("a"), None), (inbox_flow("b"), None)],
+            100,
+            &mut handler,
+        )
         .unwrap();
     assert_eq!(drains.len(), 2);
     assert_eq!(drains[0].applied, 1);
@@ -274,7 +278,11 @@ pub fn generic_a_batch_hands_its_events_to_the_handler_at_once<B: Backend>(dir: 
         calls: Vec::new(),
     };
     let drains = c
-        .apply_batch_with(&[(flow("a"), None), (flow("b"), None)], 100, &mut handler)
+        .apply_batch_with(
+            &[(inbox_flow("a"), None), (inbox_flow("b"), None)],
+            100,
+            &mut handler,
+        )
         .unwrap();
     assert_eq!(handler.calls, [all(&["a1", "a2", "b1"])]);
     let applied: Vec<u64> = drains.iter().map(|d| d.applied).collect();
@@ -282,7 +290,11 @@ pub fn generic_a_batch_hands_its_events_to_the_handler_at_once<B: Backend>(dir: 
 
     handler.calls.clear();
     let drains = c
-        .apply_batch_with(&[(flow("c"), None), (flow("d"), None)], 100, &mut handler)
+        .apply_batch_with(
+            &[(inbox_flow("c"), None), (inbox_flow("d"), None)],
+            100,
+            &mut handler,
+        )
         .unwrap();
     assert_eq!(
         handler.calls,
@@ -303,7 +315,7 @@ pub fn generic_a_batch_hands_its_events_to_the_handler_at_once<B: Backend>(dir: 
 
     handler.calls.clear();
     assert_eq!(
-        c.apply_next_with(&flow("e"), &mut handler).unwrap(),
+        c.apply_next_with(&inbox_flow("e"), &mut handler).unwrap(),
         Step::Applied { seq: Seq::FIRST }
     );
     assert_eq!(handler.calls, [one("e1")]);
@@ -317,7 +329,7 @@ pub fn generic_a_reevaluated_row_keeps_its_place_in_the_batch<B: Backend>(dir: &
     c.receive_batch(&[event("g", 1, "later"), event("g", 2, "record")])
         .unwrap();
     let mut old = B::test_handler(Vec::new());
-    let step = c.apply_next_with(&flow("g"), &mut old).unwrap();
+    let step = c.apply_next_with(&inbox_flow("g"), &mut old).unwrap();
     assert!(matches!(step, Step::Blocked { .. }), "{step:?}");
     c.receive_batch(&[event("a", 1, "record")]).unwrap();
 
@@ -326,7 +338,11 @@ pub fn generic_a_reevaluated_row_keeps_its_place_in_the_batch<B: Backend>(dir: &
         calls: Vec::new(),
     };
     let drains = c
-        .apply_batch_with(&[(flow("a"), None), (flow("g"), None)], 100, &mut handler)
+        .apply_batch_with(
+            &[(inbox_flow("a"), None), (inbox_flow("g"), None)],
+            100,
+            &mut handler,
+        )
         .unwrap();
     assert_eq!(handler.calls, [all(&["a1"]), one("g1"), all(&["g2"])]);
     assert_eq!((drains[0].applied, drains[1].applied), (1, 2));
@@ -348,17 +364,17 @@ pub fn generic_a_batch_drains_a_long_flow_among_short_ones<B: Backend>(dir: &Pat
     events.extend(["b", "c", "d"].map(|f| event(f, 1, "record")));
     c.receive_batch(&events).unwrap();
     let mut handler = B::test_handler(Vec::new());
-    let flows = ["a", "b", "c", "d"].map(|f| (flow(f), None));
+    let flows = ["a", "b", "c", "d"].map(|f| (inbox_flow(f), None));
     let drains = c.apply_batch_with(&flows, 5, &mut handler).unwrap();
     let seen: Vec<(String, u64, DrainStop)> = drains
         .into_iter()
-        .map(|d| (d.flow_id.to_string(), d.applied, d.stop))
+        .map(|d| (d.flow.flow_id.to_string(), d.applied, d.stop))
         .collect();
     assert_eq!(seen, [("a".to_owned(), 5, DrainStop::Limit)]);
     let drains = c.apply_batch_with(&flows, 5, &mut handler).unwrap();
     let applied: Vec<(String, u64)> = drains
         .into_iter()
-        .map(|d| (d.flow_id.to_string(), d.applied))
+        .map(|d| (d.flow.flow_id.to_string(), d.applied))
         .collect();
     assert_eq!(
         applied,

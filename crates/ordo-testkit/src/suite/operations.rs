@@ -21,11 +21,18 @@ use serde_json::json;
 
 use crate::support::*;
 use crate::Backend;
+use ordo_core::ops::InboxScope;
+use ordo_core::ProducerName;
 
 /// A valid skip request; panics if its own rules refuse it.
 fn skip_request(flow_id: &str, seq_value: i64, reason: &str, by: &str) -> SkipRequest {
-    SkipRequest::new(flow(flow_id), seq(seq_value), reason.into(), by.into())
-        .expect("test skip request is valid")
+    SkipRequest::new(
+        inbox_flow(flow_id),
+        seq(seq_value),
+        reason.into(),
+        by.into(),
+    )
+    .expect("test skip request is valid")
 }
 
 /// A status's blocked counts from `(reason, count)` pairs.
@@ -78,15 +85,15 @@ pub fn skip_refusals_write_nothing<B: Backend>(dir: &Path) {
     ];
     for (flow_id, seq_value, reason, refused) in refusals {
         let request = skip_request(flow_id, seq_value, reason, "ops");
-        let (flow_id, seq) = (flow(flow_id), seq(seq_value));
+        let (flow, seq) = (inbox_flow(flow_id), seq(seq_value));
         let refused = match refused {
             Settled { applied_seq } => SkipRefused::AlreadySettled {
-                flow_id,
+                flow,
                 seq,
                 applied_seq,
             },
-            NotNext { next } => SkipRefused::NotNext { flow_id, seq, next },
-            NotStored => SkipRefused::NotStored { flow_id, seq },
+            NotNext { next } => SkipRefused::NotNext { flow, seq, next },
+            NotStored => SkipRefused::NotStored { flow, seq },
         };
         assert_eq!(
             skip_at(&mut c, &clock, &request, T0 + 100).unwrap(),
@@ -107,7 +114,7 @@ pub fn skip_refusals_write_nothing<B: Backend>(dir: &Path) {
 
     // the request's own rules
     let new = |reason: &str, by: &str| {
-        SkipRequest::new(flow("s"), seq(2), reason.to_owned(), by.to_owned())
+        SkipRequest::new(inbox_flow("s"), seq(2), reason.to_owned(), by.to_owned())
     };
     let max_reason = "r".repeat(REPAIR_REASON_LEN_MAX);
     let max_by = "b".repeat(REPAIR_BY_LEN_MAX);
@@ -213,7 +220,7 @@ pub fn skip_marks_skipped_moves_past_and_logs_the_repair<B: Backend>(dir: &Path)
         )
         .unwrap(),
         Err(SkipRefused::AlreadySettled {
-            flow_id: flow("s"),
+            flow: inbox_flow("s"),
             seq: seq(2),
             applied_seq: 3
         })
@@ -221,7 +228,7 @@ pub fn skip_marks_skipped_moves_past_and_logs_the_repair<B: Backend>(dir: &Path)
     assert_eq!(c.receive(&s2).unwrap(), Receipt::Duplicate);
     assert_eq!(inbox_status(&mut c, &s2.event_id), InboxStatus::Skipped);
     assert_eq!(
-        c.reopen_blocked(&flow("s")).unwrap(),
+        c.reopen_blocked(&inbox_flow("s")).unwrap(),
         0,
         "a skipped row is not blocked"
     );
@@ -300,7 +307,7 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
             ("y", 0, DrainStop::Blocked(INVALID_TRANSITION)),
         ]
     );
-    let listed = c.inbox_entries(true, None, 100).unwrap();
+    let listed = c.inbox_entries(true, InboxScope::All, 100).unwrap();
     assert_eq!(
         listed
             .iter()
@@ -315,15 +322,16 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
         "only blocked rows"
     );
     assert_eq!(
-        c.inbox_entries(true, Some(&flow("w")), 100).unwrap(),
+        c.inbox_entries(true, InboxScope::Flow(&inbox_flow("w")), 100)
+            .unwrap(),
         listed[1..2].to_vec()
     );
     assert_eq!(
-        c.inbox_entries(true, None, 2).unwrap(),
+        c.inbox_entries(true, InboxScope::All, 2).unwrap(),
         listed[..2].to_vec()
     );
     assert_eq!(
-        c.inbox_entries(false, Some(&flow("v")), 100)
+        c.inbox_entries(false, InboxScope::Flow(&inbox_flow("v")), 100)
             .unwrap()
             .into_iter()
             .map(|e| e.envelope)
@@ -331,8 +339,8 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
         vec![v1.clone(), v2.clone()]
     );
 
-    assert_eq!(c.reopen_blocked(&flow("none")).unwrap(), 0);
-    assert_eq!(c.reopen_blocked(&flow("v")).unwrap(), 1);
+    assert_eq!(c.reopen_blocked(&inbox_flow("none")).unwrap(), 0);
+    assert_eq!(c.reopen_blocked(&inbox_flow("v")).unwrap(), 1);
     assert_eq!(inbox_status(&mut c, &v1.event_id), InboxStatus::Pending);
     for (e, reason) in [
         (&w1, UNSUPPORTED_SCHEMA),
@@ -366,7 +374,7 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
         InboxStatus::Blocked(UNSUPPORTED_SCHEMA)
     );
     // reopened and evaluated with it: applied as stored
-    assert_eq!(c.reopen_blocked(&flow("v")).unwrap(), 1);
+    assert_eq!(c.reopen_blocked(&inbox_flow("v")).unwrap(), 1);
     assert_eq!(apply_step(&mut c, "v", V2), applied_at(1));
     assert_eq!(apply_step(&mut c, "v", V1), applied_at(2));
     assert_eq!(projected(&mut c, "v"), (FlowState::Confirmed, Some(7), 2));
@@ -377,7 +385,7 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
         "applied as stored"
     );
     assert_eq!(
-        c.reopen_blocked(&flow("v")).unwrap(),
+        c.reopen_blocked(&inbox_flow("v")).unwrap(),
         0,
         "applied rows stay"
     );
@@ -388,7 +396,7 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
         ("x", &x1, INVALID_PAYLOAD),
         ("y", &y1, INVALID_TRANSITION),
     ] {
-        assert_eq!(c.reopen_blocked(&flow(f)).unwrap(), 1, "{f}");
+        assert_eq!(c.reopen_blocked(&inbox_flow(f)).unwrap(), 1, "{f}");
         assert_eq!(inbox_status(&mut c, &e.event_id), InboxStatus::Pending);
         assert_eq!(
             apply_step(&mut c, f, V2),
@@ -451,11 +459,13 @@ pub fn consumer_status_counts_pending_blocked_and_gaps<B: Backend>(dir: &Path) {
         assert_eq!((d.applied, d.stop), (applied, stop), "{f}");
     }
     let gap_g = GapWait {
+        producer: ProducerName::default(),
         flow_id: flow("g"),
         missing: seq(1),
         since_ms: at(200),
     };
     let gap_h = GapWait {
+        producer: ProducerName::default(),
         flow_id: flow("h"),
         missing: seq(2),
         since_ms: at(1_000),

@@ -209,7 +209,7 @@ pub fn prop_any_arrival_order_with_duplicates<B: Backend>(dir: &Path) {
                 Action::Nothing => {}
                 Action::ApplyNext => {
                     let want = model.expected_step(f);
-                    let got = c.apply_next(&flow(&name), V1).expect("apply_next");
+                    let got = c.apply_next(&inbox_flow(&name), V1).expect("apply_next");
                     prop_assert_eq!(&got, &want, "apply_next on flow {}", f);
                     if matches!(got, Step::Applied { .. }) {
                         model.applied[f] += 1;
@@ -234,7 +234,7 @@ pub fn prop_any_arrival_order_with_duplicates<B: Backend>(dir: &Path) {
                         let applied = model.prefix(g) - model.applied[g];
                         let reported = drains
                             .iter()
-                            .find(|d| d.flow_id.as_str() == flow_name(g))
+                            .find(|d| d.flow.flow_id.as_str() == flow_name(g))
                             .map_or(0, |d| d.applied as i64);
                         prop_assert_eq!(reported, applied, "process_all on flow {}", g);
                         model.applied[g] = model.prefix(g);

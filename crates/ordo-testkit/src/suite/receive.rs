@@ -12,6 +12,7 @@ use serde_json::json;
 
 use crate::support::*;
 use crate::Backend;
+use ordo_core::ops::InboxScope;
 
 /// A new event is `accepted` and stored as `pending` exactly as received; the
 /// same event again is `duplicate` and stores nothing more.
@@ -278,10 +279,11 @@ pub fn receive_tells_a_rewound_producer_from_a_conflict<B: Backend>(dir: &Path) 
     };
     assert_eq!(from(&mut c, Some(&s1), &f1).receipt, Receipt::Accepted);
     assert_eq!(from(&mut c, None, &g1).receipt, Receipt::Accepted);
-    let senders: Vec<(String, Option<StoreId>)> = (c.inbox_entries(false, None, 10).unwrap())
-        .into_iter()
-        .map(|e| (e.envelope.event_id.as_str().to_owned(), e.store_id))
-        .collect();
+    let senders: Vec<(String, Option<StoreId>)> =
+        (c.inbox_entries(false, InboxScope::All, 10).unwrap())
+            .into_iter()
+            .map(|e| (e.envelope.event_id.as_str().to_owned(), e.store_id))
+            .collect();
     assert_eq!(
         senders,
         [
