@@ -83,7 +83,7 @@ pub struct Custody {
 pub struct ProducerRepair {
     /// Its place in the log.
     pub id: i64,
-    /// What was done (`destination_remove`).
+    /// What was done (`destination_remove`, `abandon`).
     pub action: String,
     /// The destination acted on.
     pub destination: Option<String>,
@@ -99,6 +99,21 @@ pub struct ProducerRepair {
     pub by: String,
     /// When.
     pub at_ms: i64,
+}
+
+/// An operator's decision to abandon a flow for one destination
+/// (`outbox abandon`, PROTOCOL.md section 12): its unaccepted events, and
+/// every later one, are never delivered there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbandonRequest {
+    /// The destination.
+    pub destination: DestinationName,
+    /// The flow.
+    pub flow: FlowId,
+    /// Who decided.
+    pub by: String,
+    /// Why.
+    pub reason: String,
 }
 
 /// Why a destination command is refused. Nothing is written.
@@ -122,6 +137,17 @@ pub enum DestinationRefused {
     /// The flow is not delivered to that destination.
     #[error("flow {flow} is not delivered to destination {destination}")]
     NotDelivered {
+        /// The flow.
+        flow: FlowId,
+        /// The destination.
+        destination: DestinationName,
+    },
+    /// No flow of that id in the outbox.
+    #[error("no flow {0} in the outbox")]
+    UnknownFlow(FlowId),
+    /// The flow was abandoned for that destination already.
+    #[error("flow {flow} is already abandoned for destination {destination}")]
+    AlreadyAbandoned {
         /// The flow.
         flow: FlowId,
         /// The destination.

@@ -4,7 +4,9 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::backoff::Backoff;
-use crate::destination::{Destination, DestinationRefused, DestinationStart, ProducerRepair};
+use crate::destination::{
+    AbandonRequest, Destination, DestinationRefused, DestinationStart, ProducerRepair,
+};
 use crate::envelope::{BodyHash, Envelope, Headers};
 use crate::error::ErrorKind;
 use crate::error::{AppendError, StoreError};
@@ -266,6 +268,19 @@ pub trait ProducerOps {
         by: &str,
         reason: &str,
     ) -> Result<Result<(), DestinationRefused>, StoreError>;
+
+    /// Abandons a flow for one destination (PROTOCOL.md section 12), in one
+    /// transaction: its events that destination does not hold, from the
+    /// lowest such seq on, and every event appended to it later, are never
+    /// delivered there, count as held for pruning, and leave that
+    /// destination's quarantine; audited in the producer's repair log,
+    /// whose new row is returned. Refused, writing nothing, for an unknown
+    /// destination or flow, a flow not delivered to that destination, or
+    /// one already abandoned there.
+    fn abandon_flow(
+        &mut self,
+        request: &AbandonRequest,
+    ) -> Result<Result<ProducerRepair, DestinationRefused>, StoreError>;
 
     /// The producer's audit log, oldest first.
     fn producer_repairs(&mut self) -> Result<Vec<ProducerRepair>, StoreError>;

@@ -534,6 +534,14 @@ impl ProducerOps for ProducerDb {
         }))
     }
 
+    fn abandon_flow(
+        &mut self,
+        request: &ordo_core::destination::AbandonRequest,
+    ) -> Result<Result<ordo_core::destination::ProducerRepair, DestinationRefused>, StoreError>
+    {
+        self.write(|ptx| custody::abandon(&ptx.tx, request, ptx.now_ms))
+    }
+
     fn producer_repairs(
         &mut self,
     ) -> Result<Vec<ordo_core::destination::ProducerRepair>, StoreError> {
@@ -765,7 +773,7 @@ impl ProducerStore for ProducerDb {
                 tx,
                 "UPDATE custody SET quarantined = 1, quarantine_reason = ?3, quarantine_detail = ?4,
                      attempts = attempts + 1, last_outcome = ?3, last_error = ?4
-                 WHERE destination = ?2 AND accepted = 0
+                 WHERE destination = ?2 AND accepted = 0 AND abandoned = 0
                    AND position = (SELECT position FROM outbox WHERE event_id = ?1)
                  RETURNING (SELECT flow_id FROM outbox WHERE event_id = ?1)",
                 params![event_id.as_str(), destination, outcome, reason],
