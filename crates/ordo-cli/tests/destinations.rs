@@ -424,3 +424,56 @@ fn abandon_of_a_flow_held_everywhere_abandons_its_later_events() {
     assert_eq!(fan.status()["backlog"], json!(0));
     assert_eq!(fan.repairs().as_array().map(Vec::len), Some(2));
 }
+
+/// The identity of the consumer store at `consumer`.
+fn consumer_id(fan: &Fan, consumer: &str) -> String {
+    let status = fan
+        .lab
+        .run(&["status", "--json", "--consumer", consumer])
+        .json();
+    status["consumer"]["store_id"]
+        .as_str()
+        .expect("a store id")
+        .to_owned()
+}
+
+#[test]
+fn a_destination_keeps_to_the_consumer_of_its_first_delivery() {
+    let fan = Fan::new();
+    fan.lab.advance("A", 0, "reserved", Some(1));
+    let a = consumer_id(&fan, &fan.lab.c);
+    assert_eq!(fan.list()[0]["consumer_store_id"], json!(null));
+    assert_eq!(fan.delivered(&fan.lab.c, "default"), ["A-1"]);
+    assert_eq!(fan.list()[0]["consumer_store_id"], json!(a), "recorded");
+
+    // The same destination pointed at another consumer store: refused,
+    // nothing marked in the producer.
+    fan.lab.advance("A", 1, "confirmed", None);
+    fan.lab.run(&["init", "--json", "--consumer", &fan.c2]).json();
+    let b = consumer_id(&fan, &fan.c2);
+    let before = Files::of(&[fan.p()]);
+    let refused = fan.relay_out(&fan.c2, &[]);
+    refused.storage_error();
+    for needle in [
+        a.as_str(),
+        b.as_str(),
+        "new destination",
+        "nothing was marked",
+    ] {
+        assert!(refused.stderr.contains(needle), "{needle}: {refused:?}");
+    }
+    Files::of(&[fan.p()]).assert_unchanged(&before, "nothing marked");
+    let a2 = custody_at(&fan, "A-2", "default");
+    assert_eq!(a2["accepted"], json!(false), "{a2}");
+    assert_eq!(fan.list()[0]["consumer_store_id"], json!(a));
+
+    // Its own consumer still takes what follows.
+    assert_eq!(fan.delivered(&fan.lab.c, "default"), ["A-2"]);
+    assert_eq!(custody_at(&fan, "A-2", "default")["accepted"], json!(true));
+
+    // A rebuilt consumer gets a new destination, which records its own.
+    fan.destination(&["add", "rebuilt"]).json();
+    assert_eq!(fan.delivered(&fan.c2, "rebuilt"), ["A-1", "A-2"]);
+    let rebuilt = row(&fan.list(), "name", "rebuilt").clone();
+    assert_eq!(rebuilt["consumer_store_id"], json!(b), "{rebuilt}");
+}

@@ -155,6 +155,32 @@ pub enum DestinationRefused {
     },
 }
 
+/// What a destination does with `delivered`, the identity of the consumer
+/// store whose receipts it is about to record, having recorded `recorded`
+/// at its first delivery (PROTOCOL.md section 12): `Ok(Some(id))` to record
+/// (its first delivery from a known consumer), `Ok(None)` to go on as it
+/// is (the same consumer, or one of unknown identity), and for another
+/// consumer an error naming both, to be returned with nothing marked.
+pub fn check_consumer(
+    destination: &DestinationName,
+    recorded: Option<&StoreId>,
+    delivered: Option<&StoreId>,
+) -> Result<Option<StoreId>, crate::StoreError> {
+    match (recorded, delivered) {
+        (None, Some(delivered)) => Ok(Some(delivered.clone())),
+        (Some(recorded), Some(delivered)) if recorded != delivered => Err(crate::StoreError::new(
+            crate::ErrorKind::Other,
+            format!(
+                "destination {destination} delivers to consumer store {recorded} (recorded at \
+                     its first delivery), and this delivery's consumer store is {delivered}: \
+                     nothing was marked; a rebuilt or another consumer gets a new destination \
+                     (ordo destination add, then ordo destination remove of this one)"
+            ),
+        )),
+        _ => Ok(None),
+    }
+}
+
 /// Who decided an audited action on a destination and why, checked as a
 /// skip's are: neither blank, neither too long.
 pub fn check_who_why(by: &str, reason: &str) -> Result<(), String> {

@@ -369,6 +369,24 @@ pub trait ProducerStore: ProducerOps {
         now_ms: i64,
     ) -> Result<(), StoreError>;
 
+    /// [`record_receipts`](ProducerStore::record_receipts) of receipts
+    /// returned by the consumer store `consumer` (`None`: unknown). At the
+    /// destination's first delivery from a known consumer the store records
+    /// that identity in the same transaction; a later delivery from another
+    /// consumer is refused whole (nothing marked), with the error of
+    /// [`check_consumer`](crate::destination::check_consumer)
+    /// (PROTOCOL.md section 12). The default, for a store that keeps no
+    /// identity, records the receipts alone.
+    fn record_receipts_from(
+        &mut self,
+        consumer: Option<&StoreId>,
+        receipts: &[(EventId, Receipt)],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let _ = consumer;
+        self.record_receipts(receipts, now_ms)
+    }
+
     /// Records a transient delivery failure of these events: attempts, the
     /// error, and a next attempt time drawn from `backoff`: `now_ms + 1 +
     /// delay`, saturating at `i64::MAX` (a relay whose clock reads

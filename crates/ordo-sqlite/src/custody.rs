@@ -224,6 +224,40 @@ pub(crate) fn destinations(conn: &Connection, now_ms: i64) -> Result<Vec<Destina
         .collect()
 }
 
+/// Records `consumer` as the consumer store of `destination` at its first
+/// delivery from a known one, in the write transaction `tx`; refuses
+/// another consumer afterwards ([`ordo_core::destination::check_consumer`]).
+pub(crate) fn check_consumer(
+    tx: &Connection,
+    destination: i64,
+    consumer: Option<&StoreId>,
+) -> Result<(), StoreError> {
+    let Some(consumer) = consumer else {
+        return Ok(());
+    };
+    let err = |e| sql_error("producer: cannot read the destination's consumer", e);
+    let (name, recorded): (String, Option<String>) = row_cached(
+        tx,
+        "SELECT name, consumer_store_id FROM destination WHERE id = ?1",
+        [destination],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )
+    .map_err(err)?;
+    let bad = |e: &dyn std::fmt::Display| corrupt("producer: stored destination", e.to_string());
+    let name = DestinationName::new(name).map_err(|e| bad(&e))?;
+    let recorded = (recorded.map(|id| id.parse::<StoreId>().map_err(|e| bad(&e)))).transpose()?;
+    let check = ordo_core::destination::check_consumer(&name, recorded.as_ref(), Some(consumer));
+    if let Some(first) = check? {
+        exec_cached(
+            tx,
+            "UPDATE destination SET consumer_store_id = ?2 WHERE id = ?1",
+            params![destination, first.as_str()],
+        )
+        .map_err(|e| sql_error("producer: cannot record the destination's consumer", e))?;
+    }
+    Ok(())
+}
+
 /// Marks the row at `position` settled when every destination of its flow
 /// holds it or abandoned it (pruning may then remove it).
 pub(crate) fn settle(conn: &Connection, position: i64, now_ms: i64) -> Result<(), StoreError> {

@@ -653,9 +653,22 @@ impl ProducerStore for ProducerDb {
         receipts: &[(EventId, Receipt)],
         now_ms: i64,
     ) -> Result<(), StoreError> {
+        self.record_receipts_from(None, receipts, now_ms)
+    }
+
+    /// As [`record_receipts`](ProducerStore::record_receipts), with the
+    /// destination's consumer identity recorded or enforced first, in the
+    /// same transaction.
+    fn record_receipts_from(
+        &mut self,
+        consumer: Option<&ordo_core::StoreId>,
+        receipts: &[(EventId, Receipt)],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
         let destination = self.destination_id()?;
         self.write_synced(false, |ptx| {
             let tx = &ptx.tx;
+            custody::check_consumer(tx, destination, consumer)?;
             let err = |e| sql_error("producer: cannot record receipts", e);
             // Statement by statement, each through the cache: set-based
             // forms (`IN (SELECT value FROM json_each(?))`, `RETURNING`)
