@@ -449,7 +449,9 @@ fn a_destination_keeps_to_the_consumer_of_its_first_delivery() {
     // The same destination pointed at another consumer store: refused,
     // nothing marked in the producer.
     fan.lab.advance("A", 1, "confirmed", None);
-    fan.lab.run(&["init", "--json", "--consumer", &fan.c2]).json();
+    fan.lab
+        .run(&["init", "--json", "--consumer", &fan.c2])
+        .json();
     let b = consumer_id(&fan, &fan.c2);
     let before = Files::of(&[fan.p()]);
     let refused = fan.relay_out(&fan.c2, &[]);
@@ -476,4 +478,105 @@ fn a_destination_keeps_to_the_consumer_of_its_first_delivery() {
     assert_eq!(fan.delivered(&fan.c2, "rebuilt"), ["A-1", "A-2"]);
     let rebuilt = row(&fan.list(), "name", "rebuilt").clone();
     assert_eq!(rebuilt["consumer_store_id"], json!(b), "{rebuilt}");
+}
+
+/// Puts `backup` in place of the producer's file, its WAL and shared
+/// memory files gone with it.
+fn restore(producer: &str, backup: &str) {
+    for side in ["-wal", "-shm"] {
+        match std::fs::remove_file(format!("{producer}{side}")) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("{producer}{side}: {e}"),
+        }
+    }
+    std::fs::copy(backup, producer).expect("the backup is restored");
+}
+
+#[test]
+fn a_rewound_flow_is_detected_then_abandoned_and_pruning_goes_on() {
+    let fan = Fan::new();
+    let (p, c) = (fan.p(), fan.lab.c.as_str());
+    fan.lab.at(T0).advance("a", 0, "reserved", Some(1));
+    assert_eq!(fan.delivered(c, "default"), ["a-1"]);
+    // No process has the file open: it is whole, without its WAL.
+    let backup = fan.lab.path("backup.db");
+    std::fs::copy(p, &backup).expect("a backup");
+    fan.lab.advance("b", 0, "reserved", Some(1));
+    assert_eq!(fan.delivered(c, "default"), ["b-1"]);
+
+    // Restored, the producer commits b-1 again with another body.
+    restore(p, &backup);
+    fan.lab.advance("b", 0, "reserved", Some(2));
+    fan.lab.advance("c", 0, "reserved", Some(1));
+    let relay = fan.relay_out(c, &["--destination", "default"]).json();
+    let causes: Vec<(&str, &str, &Value)> = (relay["deliveries"].as_array().unwrap().iter())
+        .map(|d| {
+            let id = d["event_id"].as_str().unwrap();
+            (id, d["receipt"].as_str().unwrap(), &d["cause"])
+        })
+        .collect();
+    let rewound = json!("producer_rewound");
+    assert!(causes.contains(&("b-1", "conflict", &rewound)), "{relay}");
+    assert!(
+        causes
+            .iter()
+            .any(|(id, r, _)| (*id, *r) == ("c-1", "accepted")),
+        "{relay}"
+    );
+    let b1 = custody_at(&fan, "b-1", "default");
+    assert_eq!(b1["quarantine_reason"], rewound, "{b1}");
+    let status = fan.status();
+    assert_eq!(status["rewound"], json!(1), "{status}");
+    assert_eq!(status["quarantined"], json!(1), "{status}");
+    assert_eq!(fan.alarmed(), 3);
+    // Nothing more of b goes there; other flows, new ones included, do.
+    fan.lab.advance("b", 1, "confirmed", None);
+    fan.lab.advance("d", 0, "reserved", Some(1));
+    assert_eq!(fan.delivered(c, "default"), ["d-1"]);
+    let inbox = fan
+        .lab
+        .run(&["inbox", "list", "--json", "--consumer", c])
+        .json();
+    assert_eq!(
+        row(&inbox["inbox"], "event_id", "b-1")["payload"],
+        json!({"amount": 1})
+    );
+    let held: Vec<&str> = (inbox["inbox"].as_array().unwrap().iter())
+        .map(|r| r["event_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        held,
+        ["a-1", "b-1", "c-1", "d-1"],
+        "the consumer holds its b-1 alone"
+    );
+    assert_eq!(
+        fan.prune_at(T0 + 10 * MINUTE),
+        3,
+        "a-1, c-1 and d-1; b waits"
+    );
+
+    // Abandoned for default: the alarms clear and pruning goes on.
+    let abandoned = fan.abandon("default", "b", &WHY).json();
+    assert_eq!(
+        (abandoned["seq"].clone(), abandoned["event_id"].clone()),
+        (json!(1), json!("b-1"))
+    );
+    assert_eq!(fan.alarmed(), 0, "{}", fan.status());
+    assert_eq!(fan.status()["rewound"], json!(0));
+    assert!(fan.delivered(c, "default").is_empty());
+    assert_eq!(fan.prune_at(T0 + 20 * MINUTE), 2, "b-1 and b-2");
+    assert_eq!(fan.outbox(&[]), json!([]));
+    let after = fan
+        .lab
+        .run(&["inbox", "list", "--json", "--consumer", c])
+        .json();
+    assert_eq!(after["inbox"], inbox["inbox"], "the consumer unchanged");
+}
+
+impl Fan {
+    fn prune_at(&self, now_ms: i64) -> u64 {
+        self.lab.at(now_ms);
+        self.prune()
+    }
 }
