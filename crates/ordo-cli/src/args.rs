@@ -396,6 +396,28 @@ pub enum OutboxCommand {
         #[arg(long, value_name = "P")]
         producer: Location,
     },
+    /// Never deliver a flow's unaccepted and later events to one destination, audited.
+    Abandon(AbandonArgs),
+}
+
+/// `outbox abandon`'s arguments.
+#[derive(Debug, Args)]
+pub struct AbandonArgs {
+    /// The producer store: an SQLite file or a postgres:// URL.
+    #[arg(long, value_name = "P")]
+    pub producer: Location,
+    /// The destination the flow is abandoned for.
+    #[arg(long, value_name = "NAME", value_parser = crate::destinations::name)]
+    pub destination: ordo_core::DestinationName,
+    /// The flow.
+    #[arg(long, value_name = "F", value_parser = flow_id)]
+    pub flow: FlowId,
+    /// Who decided.
+    #[arg(long, value_name = "WHO")]
+    pub by: String,
+    /// Why.
+    #[arg(long, value_name = "WHY")]
+    pub reason: String,
 }
 
 #[derive(Debug, Subcommand)]

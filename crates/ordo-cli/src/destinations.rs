@@ -2,7 +2,9 @@
 //! `relay` and `outbox retry` act on.
 
 use clap::Subcommand;
-use ordo_core::destination::{check_who_why, Destination, DestinationStart};
+use ordo_core::destination::{
+    check_who_why, AbandonRequest, Destination, DestinationStart, ProducerRepair,
+};
 use ordo_core::ops::age_s;
 use ordo_core::{DestinationName, ProducerStore};
 use serde_json::{json, Value};
@@ -150,19 +152,46 @@ fn row(d: &Destination, now_ms: i64) -> Value {
     })
 }
 
+/// One row of the producer's audit log as `outbox repairs --json` prints it.
+fn repair(r: &ProducerRepair) -> Value {
+    json!({
+        "id": r.id, "action": r.action, "destination": r.destination,
+        "flow_id": r.flow_id, "seq": r.seq, "event_id": r.event_id,
+        "reason": r.reason, "by": r.by, "at_ms": r.at_ms,
+    })
+}
+
+/// `outbox abandon`: the flow is never delivered to the destination from
+/// its first event that destination does not hold; prints the audit row.
+pub fn abandon(json_mode: bool, args: crate::args::AbandonArgs) -> Result<(), Failure> {
+    check_who_why(&args.by, &args.reason).map_err(Failure::Usage)?;
+    let mut store = open_existing_producer(&args.producer)?;
+    let request = AbandonRequest {
+        destination: args.destination,
+        flow: args.flow,
+        by: args.by,
+        reason: args.reason,
+    };
+    let row = store
+        .handle()
+        .abandon_flow(&request)?
+        .map_err(|refused| Failure::Usage(refused.to_string()))?;
+    emit(json_mode, &repair(&row), || {
+        format!(
+            "flow {} abandoned for destination {} from seq {}",
+            request.flow,
+            request.destination,
+            row.seq.unwrap_or_default()
+        )
+    });
+    Ok(())
+}
+
 /// `outbox repairs`: the producer's audit log.
 pub fn repairs(json_mode: bool, producer: &Location) -> Result<(), Failure> {
     let mut store = open_existing_producer(producer)?;
     let repairs = store.handle().producer_repairs()?;
-    let rows: Vec<Value> = (repairs.iter())
-        .map(|r| {
-            json!({
-                "id": r.id, "action": r.action, "destination": r.destination,
-                "flow_id": r.flow_id, "seq": r.seq, "event_id": r.event_id,
-                "reason": r.reason, "by": r.by, "at_ms": r.at_ms,
-            })
-        })
-        .collect();
+    let rows: Vec<Value> = repairs.iter().map(repair).collect();
     emit(json_mode, &json!({"repairs": rows}), || {
         let mut lines: Vec<String> = (repairs.iter())
             .map(|r| {

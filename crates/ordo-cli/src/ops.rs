@@ -178,6 +178,7 @@ pub fn outbox(json_mode: bool, command: OutboxCommand) -> Result<(), Failure> {
             Ok(())
         }
         OutboxCommand::Repairs { producer } => crate::destinations::repairs(json_mode, &producer),
+        OutboxCommand::Abandon(args) => crate::destinations::abandon(json_mode, args),
         OutboxCommand::Retry {
             producer,
             event_id,

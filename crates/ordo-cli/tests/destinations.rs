@@ -1,7 +1,7 @@
 //! A producer store's destinations on the command line (CLI.md, third
 //! release): `destination add|list|remove`, `--destination` on `relay` and
-//! `outbox retry|list`, aggregates in `status`, and pruning that waits for
-//! every destination a flow is delivered to.
+//! `outbox retry|list`, aggregates in `status`, pruning that waits for
+//! every destination a flow is delivered to, and `outbox abandon`.
 
 mod common;
 
@@ -227,5 +227,356 @@ impl Fan {
     fn status_of_lab(&self, now_ms: i64) -> Value {
         self.lab.at(now_ms);
         self.status()
+    }
+}
+
+impl Fan {
+    /// `outbox abandon --json` of `flow` for `destination` with `extra`.
+    fn abandon(&self, destination: &str, flow: &str, extra: &[&str]) -> Out {
+        let mut all = vec![
+            "outbox",
+            "abandon",
+            "--json",
+            "--producer",
+            self.p(),
+            "--destination",
+            destination,
+            "--flow",
+            flow,
+        ];
+        all.extend_from_slice(extra);
+        self.lab.run(&all)
+    }
+
+    fn repairs(&self) -> Value {
+        let args = ["outbox", "repairs", "--json", "--producer", self.p()];
+        self.lab.run(&args).json()["repairs"].clone()
+    }
+
+    /// `status --max-quarantined 0` and `--max-rewound 0`: its exit code.
+    fn alarmed(&self) -> i32 {
+        let args = [
+            "status",
+            "--json",
+            "--producer",
+            self.p(),
+            "--max-quarantined",
+            "0",
+            "--max-rewound",
+            "0",
+        ];
+        self.lab.run(&args).code
+    }
+}
+
+const WHY: [&str; 4] = ["--by", "ops", "--reason", "retired"];
+
+/// One destination's custody of the row of `event_id`.
+fn custody_at(fan: &Fan, event_id: &str, destination: &str) -> Value {
+    row(&fan.outbox(&[]), "event_id", event_id)["destinations"][destination].clone()
+}
+
+#[test]
+fn abandon_retires_a_quarantined_flow_for_one_destination_only() {
+    let fan = Fan::new();
+    fan.destination(&["add", "billing"]).json();
+    // The default consumer holds another body at A-1: A's head conflicts there.
+    fan.lab.receive(&reservation("A", 1, "reserved", 99));
+    fan.lab.advance("A", 0, "reserved", Some(1));
+    fan.lab.advance("B", 0, "reserved", Some(2));
+    fan.destination(&["add", "late", "--from", "now"]).json();
+    let relay = fan
+        .relay_out(&fan.lab.c, &["--destination", "default"])
+        .json();
+    assert_eq!(
+        receipts(&relay),
+        [
+            ("A-1".into(), "conflict".into()),
+            ("B-1".into(), "accepted".into())
+        ]
+    );
+    let status = fan.status();
+    assert_eq!(status["destinations"]["default"]["quarantined"], json!(1));
+    assert_eq!(fan.alarmed(), 3, "the quarantine breaches");
+
+    // Refusals: exit 2, nothing written.
+    let before = Files::of(&[fan.p(), &fan.lab.c, &fan.c2]);
+    fan.abandon("nowhere", "A", &WHY)
+        .usage("no destination named nowhere");
+    fan.abandon("default", "Z", &WHY).usage("no flow Z");
+    fan.abandon("late", "A", &WHY)
+        .usage("flow A is not delivered to destination late");
+    fan.abandon("default", "A", &["--by", " ", "--reason", "r"])
+        .usage("--by");
+    fan.abandon("default", "A", &["--by", "ops", "--reason", ""])
+        .usage("--reason");
+    fan.abandon("default", "A", &["--by", "ops"])
+        .usage("--reason");
+    fan.abandon("Default", "A", &WHY).usage("destination name");
+    let no_destination = [
+        "outbox",
+        "abandon",
+        "--producer",
+        fan.p(),
+        "--flow",
+        "A",
+        "--by",
+        "ops",
+        "--reason",
+        "r",
+    ];
+    fan.lab.run(&no_destination).usage("--destination");
+    let missing = fan.lab.path("missing.db");
+    let args = [
+        &["outbox", "abandon", "--producer", &missing][..],
+        &["--destination", "default", "--flow", "A"],
+        &WHY,
+    ]
+    .concat();
+    assert_eq!(fan.lab.run(&args).code, 2, "a missing store is not created");
+    assert!(!std::path::Path::new(&missing).exists());
+    Files::of(&[fan.p(), &fan.lab.c, &fan.c2]).assert_unchanged(&before, "refused");
+    assert_eq!(fan.repairs(), json!([]), "refusals are not audited");
+
+    fan.lab.at(T0 + MINUTE);
+    let abandoned = fan.abandon("default", "A", &WHY).json();
+    let audit_row = json!({"id": 1, "action": "abandon", "destination": "default",
+        "flow_id": "A", "seq": 1, "event_id": "A-1", "reason": "retired", "by": "ops",
+        "at_ms": T0 + MINUTE});
+    assert_eq!(abandoned, audit_row);
+    assert_eq!(fan.repairs(), json!([audit_row]), "in the audit log");
+    let before = Files::of(&[fan.p()]);
+    fan.abandon("default", "A", &WHY)
+        .usage("flow A is already abandoned for destination default");
+    Files::of(&[fan.p()]).assert_unchanged(&before, "refused");
+
+    // The quarantine and its alarm are gone; billing still waits for A.
+    let status = fan.status();
+    assert_eq!(status["destinations"]["default"]["quarantined"], json!(0));
+    assert_eq!(status["destinations"]["default"]["backlog"], json!(0));
+    assert_eq!(status["destinations"]["billing"]["backlog"], json!(2));
+    assert_eq!(fan.alarmed(), 0, "{status}");
+    let a1 = custody_at(&fan, "A-1", "default");
+    assert_eq!(a1["abandoned"], json!(true), "{a1}");
+    assert_eq!(a1["quarantined"], json!(false), "{a1}");
+    assert_eq!(
+        custody_at(&fan, "A-1", "billing")["abandoned"],
+        json!(false)
+    );
+    let listed = fan.outbox(&["--destination", "default"]);
+    assert_eq!(
+        row(&listed, "event_id", "A-1")["destinations"]["default"]["abandoned"],
+        json!(true)
+    );
+    let quarantined = fan.outbox(&["--quarantined"]);
+    assert_eq!(quarantined, json!([]), "it left the quarantine");
+
+    // A's later events go to billing, never to default.
+    fan.lab.advance("A", 1, "confirmed", None);
+    assert_eq!(custody_at(&fan, "A-2", "default")["abandoned"], json!(true));
+    assert!(fan.delivered(&fan.lab.c, "default").is_empty());
+    fan.relay_out(&fan.lab.c, &["--destination", "default", "--event", "A-2"])
+        .usage("flow A is not delivered to destination default");
+    assert_eq!(fan.delivered(&fan.c2, "billing"), ["A-1", "B-1", "A-2"]);
+    assert_eq!(fan.alarmed(), 0);
+
+    // Pruning waits for billing alone for A, for both for B.
+    fan.lab.at(T0 + 10 * MINUTE);
+    assert_eq!(fan.prune(), 3);
+    assert_eq!(fan.outbox(&[]), json!([]));
+    let inbox = fan
+        .lab
+        .run(&["inbox", "list", "--json", "--consumer", &fan.lab.c])
+        .json();
+    let held = row(&inbox["inbox"], "event_id", "A-1");
+    assert_eq!(
+        held["payload"],
+        json!({"amount": 99}),
+        "default's consumer unchanged"
+    );
+}
+
+#[test]
+fn abandon_of_a_flow_held_everywhere_abandons_its_later_events() {
+    let fan = Fan::new();
+    fan.destination(&["add", "billing"]).json();
+    fan.lab.advance("B", 0, "reserved", Some(2));
+    assert_eq!(fan.delivered(&fan.lab.c, "default"), ["B-1"]);
+    let abandoned = fan.abandon("default", "B", &WHY).json();
+    assert_eq!(abandoned["seq"], json!(2), "its next seq: {abandoned}");
+    assert_eq!(abandoned["event_id"], json!(null), "{abandoned}");
+    assert_eq!(custody_at(&fan, "B-1", "default")["accepted"], json!(true));
+    assert_eq!(
+        custody_at(&fan, "B-1", "default")["abandoned"],
+        json!(false)
+    );
+    fan.lab.advance("B", 1, "confirmed", None);
+    assert_eq!(custody_at(&fan, "B-2", "default")["abandoned"], json!(true));
+    assert!(fan.delivered(&fan.lab.c, "default").is_empty());
+    assert_eq!(fan.delivered(&fan.c2, "billing"), ["B-1", "B-2"]);
+    // Abandoned for billing too: a later event waits for nobody.
+    fan.abandon("billing", "B", &WHY).json();
+    fan.lab.advance("B", 2, "released", None);
+    let b3 = row(&fan.outbox(&[]), "event_id", "B-3").clone();
+    let abandoned_everywhere =
+        (b3["destinations"].as_object().unwrap().values()).all(|c| c["abandoned"] == json!(true));
+    assert!(abandoned_everywhere, "{b3}");
+    assert_eq!(fan.status()["backlog"], json!(0));
+    assert_eq!(fan.repairs().as_array().map(Vec::len), Some(2));
+}
+
+/// The identity of the consumer store at `consumer`.
+fn consumer_id(fan: &Fan, consumer: &str) -> String {
+    let status = fan
+        .lab
+        .run(&["status", "--json", "--consumer", consumer])
+        .json();
+    status["consumer"]["store_id"]
+        .as_str()
+        .expect("a store id")
+        .to_owned()
+}
+
+#[test]
+fn a_destination_keeps_to_the_consumer_of_its_first_delivery() {
+    let fan = Fan::new();
+    fan.lab.advance("A", 0, "reserved", Some(1));
+    let a = consumer_id(&fan, &fan.lab.c);
+    assert_eq!(fan.list()[0]["consumer_store_id"], json!(null));
+    assert_eq!(fan.delivered(&fan.lab.c, "default"), ["A-1"]);
+    assert_eq!(fan.list()[0]["consumer_store_id"], json!(a), "recorded");
+
+    // The same destination pointed at another consumer store: refused,
+    // nothing marked in the producer.
+    fan.lab.advance("A", 1, "confirmed", None);
+    fan.lab
+        .run(&["init", "--json", "--consumer", &fan.c2])
+        .json();
+    let b = consumer_id(&fan, &fan.c2);
+    let before = Files::of(&[fan.p()]);
+    let refused = fan.relay_out(&fan.c2, &[]);
+    refused.storage_error();
+    for needle in [
+        a.as_str(),
+        b.as_str(),
+        "new destination",
+        "nothing was marked",
+    ] {
+        assert!(refused.stderr.contains(needle), "{needle}: {refused:?}");
+    }
+    Files::of(&[fan.p()]).assert_unchanged(&before, "nothing marked");
+    let a2 = custody_at(&fan, "A-2", "default");
+    assert_eq!(a2["accepted"], json!(false), "{a2}");
+    assert_eq!(fan.list()[0]["consumer_store_id"], json!(a));
+
+    // Its own consumer still takes what follows.
+    assert_eq!(fan.delivered(&fan.lab.c, "default"), ["A-2"]);
+    assert_eq!(custody_at(&fan, "A-2", "default")["accepted"], json!(true));
+
+    // A rebuilt consumer gets a new destination, which records its own.
+    fan.destination(&["add", "rebuilt"]).json();
+    assert_eq!(fan.delivered(&fan.c2, "rebuilt"), ["A-1", "A-2"]);
+    let rebuilt = row(&fan.list(), "name", "rebuilt").clone();
+    assert_eq!(rebuilt["consumer_store_id"], json!(b), "{rebuilt}");
+}
+
+/// Puts `backup` in place of the producer's file, its WAL and shared
+/// memory files gone with it.
+fn restore(producer: &str, backup: &str) {
+    for side in ["-wal", "-shm"] {
+        match std::fs::remove_file(format!("{producer}{side}")) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => panic!("{producer}{side}: {e}"),
+        }
+    }
+    std::fs::copy(backup, producer).expect("the backup is restored");
+}
+
+#[test]
+fn a_rewound_flow_is_detected_then_abandoned_and_pruning_goes_on() {
+    let fan = Fan::new();
+    let (p, c) = (fan.p(), fan.lab.c.as_str());
+    fan.lab.at(T0).advance("a", 0, "reserved", Some(1));
+    assert_eq!(fan.delivered(c, "default"), ["a-1"]);
+    // No process has the file open: it is whole, without its WAL.
+    let backup = fan.lab.path("backup.db");
+    std::fs::copy(p, &backup).expect("a backup");
+    fan.lab.advance("b", 0, "reserved", Some(1));
+    assert_eq!(fan.delivered(c, "default"), ["b-1"]);
+
+    // Restored, the producer commits b-1 again with another body.
+    restore(p, &backup);
+    fan.lab.advance("b", 0, "reserved", Some(2));
+    fan.lab.advance("c", 0, "reserved", Some(1));
+    let relay = fan.relay_out(c, &["--destination", "default"]).json();
+    let causes: Vec<(&str, &str, &Value)> = (relay["deliveries"].as_array().unwrap().iter())
+        .map(|d| {
+            let id = d["event_id"].as_str().unwrap();
+            (id, d["receipt"].as_str().unwrap(), &d["cause"])
+        })
+        .collect();
+    let rewound = json!("producer_rewound");
+    assert!(causes.contains(&("b-1", "conflict", &rewound)), "{relay}");
+    assert!(
+        causes
+            .iter()
+            .any(|(id, r, _)| (*id, *r) == ("c-1", "accepted")),
+        "{relay}"
+    );
+    let b1 = custody_at(&fan, "b-1", "default");
+    assert_eq!(b1["quarantine_reason"], rewound, "{b1}");
+    let status = fan.status();
+    assert_eq!(status["rewound"], json!(1), "{status}");
+    assert_eq!(status["quarantined"], json!(1), "{status}");
+    assert_eq!(fan.alarmed(), 3);
+    // Nothing more of b goes there; other flows, new ones included, do.
+    fan.lab.advance("b", 1, "confirmed", None);
+    fan.lab.advance("d", 0, "reserved", Some(1));
+    assert_eq!(fan.delivered(c, "default"), ["d-1"]);
+    let inbox = fan
+        .lab
+        .run(&["inbox", "list", "--json", "--consumer", c])
+        .json();
+    assert_eq!(
+        row(&inbox["inbox"], "event_id", "b-1")["payload"],
+        json!({"amount": 1})
+    );
+    let held: Vec<&str> = (inbox["inbox"].as_array().unwrap().iter())
+        .map(|r| r["event_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        held,
+        ["a-1", "b-1", "c-1", "d-1"],
+        "the consumer holds its b-1 alone"
+    );
+    assert_eq!(
+        fan.prune_at(T0 + 10 * MINUTE),
+        3,
+        "a-1, c-1 and d-1; b waits"
+    );
+
+    // Abandoned for default: the alarms clear and pruning goes on.
+    let abandoned = fan.abandon("default", "b", &WHY).json();
+    assert_eq!(
+        (abandoned["seq"].clone(), abandoned["event_id"].clone()),
+        (json!(1), json!("b-1"))
+    );
+    assert_eq!(fan.alarmed(), 0, "{}", fan.status());
+    assert_eq!(fan.status()["rewound"], json!(0));
+    assert!(fan.delivered(c, "default").is_empty());
+    assert_eq!(fan.prune_at(T0 + 20 * MINUTE), 2, "b-1 and b-2");
+    assert_eq!(fan.outbox(&[]), json!([]));
+    let after = fan
+        .lab
+        .run(&["inbox", "list", "--json", "--consumer", c])
+        .json();
+    assert_eq!(after["inbox"], inbox["inbox"], "the consumer unchanged");
+}
+
+impl Fan {
+    fn prune_at(&self, now_ms: i64) -> u64 {
+        self.lab.at(now_ms);
+        self.prune()
     }
 }

@@ -83,7 +83,7 @@ pub struct Custody {
 pub struct ProducerRepair {
     /// Its place in the log.
     pub id: i64,
-    /// What was done (`destination_remove`).
+    /// What was done (`destination_remove`, `abandon`).
     pub action: String,
     /// The destination acted on.
     pub destination: Option<String>,
@@ -99,6 +99,21 @@ pub struct ProducerRepair {
     pub by: String,
     /// When.
     pub at_ms: i64,
+}
+
+/// An operator's decision to abandon a flow for one destination
+/// (`outbox abandon`, PROTOCOL.md section 12): its unaccepted events, and
+/// every later one, are never delivered there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbandonRequest {
+    /// The destination.
+    pub destination: DestinationName,
+    /// The flow.
+    pub flow: FlowId,
+    /// Who decided.
+    pub by: String,
+    /// Why.
+    pub reason: String,
 }
 
 /// Why a destination command is refused. Nothing is written.
@@ -127,6 +142,43 @@ pub enum DestinationRefused {
         /// The destination.
         destination: DestinationName,
     },
+    /// No flow of that id in the outbox.
+    #[error("no flow {0} in the outbox")]
+    UnknownFlow(FlowId),
+    /// The flow was abandoned for that destination already.
+    #[error("flow {flow} is already abandoned for destination {destination}")]
+    AlreadyAbandoned {
+        /// The flow.
+        flow: FlowId,
+        /// The destination.
+        destination: DestinationName,
+    },
+}
+
+/// What a destination does with `delivered`, the identity of the consumer
+/// store whose receipts it is about to record, having recorded `recorded`
+/// at its first delivery (PROTOCOL.md section 12): `Ok(Some(id))` to record
+/// (its first delivery from a known consumer), `Ok(None)` to go on as it
+/// is (the same consumer, or one of unknown identity), and for another
+/// consumer an error naming both, to be returned with nothing marked.
+pub fn check_consumer(
+    destination: &DestinationName,
+    recorded: Option<&StoreId>,
+    delivered: Option<&StoreId>,
+) -> Result<Option<StoreId>, crate::StoreError> {
+    match (recorded, delivered) {
+        (None, Some(delivered)) => Ok(Some(delivered.clone())),
+        (Some(recorded), Some(delivered)) if recorded != delivered => Err(crate::StoreError::new(
+            crate::ErrorKind::Other,
+            format!(
+                "destination {destination} delivers to consumer store {recorded} (recorded at \
+                     its first delivery), and this delivery's consumer store is {delivered}: \
+                     nothing was marked; a rebuilt or another consumer gets a new destination \
+                     (ordo destination add, then ordo destination remove of this one)"
+            ),
+        )),
+        _ => Ok(None),
+    }
 }
 
 /// Who decided an audited action on a destination and why, checked as a

@@ -16,6 +16,7 @@ use crate::clock::Clock;
 use crate::crash;
 use crate::envelope::Envelope;
 use crate::error::{ErrorKind, RelayError, StoreError};
+use crate::identity::StoreId;
 use crate::ids::{EventId, FlowId, Seq};
 use crate::outcome::Receipt;
 use crate::store::ProducerStore;
@@ -398,7 +399,11 @@ where
         crash::point(crash::RELAY_BEFORE_RECEIVE);
         let answer = transport.deliver(Some(&sender), &rest);
         match bookkeeping(&rest, answer, backoff) {
-            Bookkeeping::Marks(marks) => return record(producer, &rest, &marks, clock, log),
+            Bookkeeping::Marks(marks) => {
+                let consumer = transport.consumer_identity();
+                let marks = (consumer.as_ref(), marks.as_slice());
+                return record(producer, &rest, marks, clock, log);
+            }
             Bookkeeping::Split { first_len } => {
                 let (first, second) = rest.split_at(first_len);
                 deliver_round(producer, transport, first, clock, backoff, log)?;
@@ -421,12 +426,13 @@ where
     Ok(())
 }
 
-/// Records the marks of a round, one per event of `events` in order, in
-/// one producer transaction, then logs them as deliveries.
+/// Records the marks of a round, one per event of `events` in order, with
+/// the identity of the consumer store that returned them, in one producer
+/// transaction, then logs them as deliveries.
 fn record<P>(
     producer: &mut P,
     events: &[Envelope],
-    marks: &[(EventId, Receipt)],
+    (consumer, marks): (Option<&StoreId>, &[(EventId, Receipt)]),
     clock: &dyn Clock,
     log: &mut RoundLog,
 ) -> Result<(), RelayError>
@@ -438,7 +444,7 @@ where
         "one mark per event of the round, in round order"
     );
     crash::point(crash::RELAY_AFTER_RECEIVE);
-    producer.record_receipts(&recorded(marks), clock.now_ms())?;
+    producer.record_receipts_from(consumer, &recorded(marks), clock.now_ms())?;
     let logged_len = log.deliveries.len();
     log.deliveries.extend(
         events

@@ -4,7 +4,9 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::backoff::Backoff;
-use crate::destination::{Destination, DestinationRefused, DestinationStart, ProducerRepair};
+use crate::destination::{
+    AbandonRequest, Destination, DestinationRefused, DestinationStart, ProducerRepair,
+};
 use crate::envelope::{BodyHash, Envelope, Headers};
 use crate::error::ErrorKind;
 use crate::error::{AppendError, StoreError};
@@ -284,6 +286,19 @@ pub trait ProducerOps {
         reason: &str,
     ) -> Result<Result<(), DestinationRefused>, StoreError>;
 
+    /// Abandons a flow for one destination (PROTOCOL.md section 12), in one
+    /// transaction: its events that destination does not hold, from the
+    /// lowest such seq on, and every event appended to it later, are never
+    /// delivered there, count as held for pruning, and leave that
+    /// destination's quarantine; audited in the producer's repair log,
+    /// whose new row is returned. Refused, writing nothing, for an unknown
+    /// destination or flow, a flow not delivered to that destination, or
+    /// one already abandoned there.
+    fn abandon_flow(
+        &mut self,
+        request: &AbandonRequest,
+    ) -> Result<Result<ProducerRepair, DestinationRefused>, StoreError>;
+
     /// The producer's audit log, oldest first.
     fn producer_repairs(&mut self) -> Result<Vec<ProducerRepair>, StoreError>;
 
@@ -370,6 +385,24 @@ pub trait ProducerStore: ProducerOps {
         receipts: &[(EventId, Receipt)],
         now_ms: i64,
     ) -> Result<(), StoreError>;
+
+    /// [`record_receipts`](ProducerStore::record_receipts) of receipts
+    /// returned by the consumer store `consumer` (`None`: unknown). At the
+    /// destination's first delivery from a known consumer the store records
+    /// that identity in the same transaction; a later delivery from another
+    /// consumer is refused whole (nothing marked), with the error of
+    /// [`check_consumer`](crate::destination::check_consumer)
+    /// (PROTOCOL.md section 12). The default, for a store that keeps no
+    /// identity, records the receipts alone.
+    fn record_receipts_from(
+        &mut self,
+        consumer: Option<&StoreId>,
+        receipts: &[(EventId, Receipt)],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
+        let _ = consumer;
+        self.record_receipts(receipts, now_ms)
+    }
 
     /// Records a transient delivery failure of these events: attempts, the
     /// error, and a next attempt time drawn from `backoff`: `now_ms + 1 +

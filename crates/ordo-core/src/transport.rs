@@ -32,6 +32,15 @@ pub trait Transport {
         sender: Option<&StoreId>,
         events: &[Envelope],
     ) -> Result<Vec<Receipt>, TransportError>;
+
+    /// The identity of the consumer store whose receipts the last
+    /// [`deliver`](Transport::deliver) returned, which the producer records
+    /// for the destination at its first delivery and enforces afterwards;
+    /// `None` when unknown (a consumer of an earlier release). The default
+    /// knows none.
+    fn consumer_identity(&self) -> Option<StoreId> {
+        None
+    }
 }
 
 /// A consumer store in the same process is a transport: one receive
@@ -44,6 +53,10 @@ impl<C: ConsumerStore + ?Sized> Transport for C {
     ) -> Result<Vec<Receipt>, TransportError> {
         let answers = self.receive_from(sender, events)?;
         Ok(answers.into_iter().map(|a| a.receipt).collect())
+    }
+
+    fn consumer_identity(&self) -> Option<StoreId> {
+        Some(self.store_id().clone())
     }
 }
 

@@ -296,6 +296,10 @@ impl Transport for HttpTransport {
         let (message, index) = error_body(response);
         Err(answer(status, message, index, retry_after_ms))
     }
+
+    fn consumer_identity(&self) -> Option<StoreId> {
+        self.consumer_store_id.clone()
+    }
 }
 
 /// `base` as the URL the routes join under, refusing what is not http(s).

@@ -199,6 +199,10 @@ impl<T: Transport> Transport for Timed<T> {
         self.samples.push(started.elapsed());
         answer
     }
+
+    fn consumer_identity(&self) -> Option<ordo_core::StoreId> {
+        self.inner.consumer_identity()
+    }
 }
 
 /// The flags of the bench's servers: room for a round of `batch` events

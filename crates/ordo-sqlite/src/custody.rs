@@ -3,7 +3,7 @@
 //! log of the operator's actions on them.
 
 use ordo_core::destination::{
-    Custody, Destination, DestinationRefused, DestinationStart, ProducerRepair,
+    AbandonRequest, Custody, Destination, DestinationRefused, DestinationStart, ProducerRepair,
 };
 use ordo_core::ops::ProducerStatus;
 use ordo_core::{DestinationName, ErrorKind, Receipt, StoreError, StoreId};
@@ -224,6 +224,40 @@ pub(crate) fn destinations(conn: &Connection, now_ms: i64) -> Result<Vec<Destina
         .collect()
 }
 
+/// Records `consumer` as the consumer store of `destination` at its first
+/// delivery from a known one, in the write transaction `tx`; refuses
+/// another consumer afterwards ([`ordo_core::destination::check_consumer`]).
+pub(crate) fn check_consumer(
+    tx: &Connection,
+    destination: i64,
+    consumer: Option<&StoreId>,
+) -> Result<(), StoreError> {
+    let Some(consumer) = consumer else {
+        return Ok(());
+    };
+    let err = |e| sql_error("producer: cannot read the destination's consumer", e);
+    let (name, recorded): (String, Option<String>) = row_cached(
+        tx,
+        "SELECT name, consumer_store_id FROM destination WHERE id = ?1",
+        [destination],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )
+    .map_err(err)?;
+    let bad = |e: &dyn std::fmt::Display| corrupt("producer: stored destination", e.to_string());
+    let name = DestinationName::new(name).map_err(|e| bad(&e))?;
+    let recorded = (recorded.map(|id| id.parse::<StoreId>().map_err(|e| bad(&e)))).transpose()?;
+    let check = ordo_core::destination::check_consumer(&name, recorded.as_ref(), Some(consumer));
+    if let Some(first) = check? {
+        exec_cached(
+            tx,
+            "UPDATE destination SET consumer_store_id = ?2 WHERE id = ?1",
+            params![destination, first.as_str()],
+        )
+        .map_err(|e| sql_error("producer: cannot record the destination's consumer", e))?;
+    }
+    Ok(())
+}
+
 /// Marks the row at `position` settled when every destination of its flow
 /// holds it or abandoned it (pruning may then remove it).
 pub(crate) fn settle(conn: &Connection, position: i64, now_ms: i64) -> Result<(), StoreError> {
@@ -241,7 +275,8 @@ pub(crate) fn settle(conn: &Connection, position: i64, now_ms: i64) -> Result<()
 /// Records one receipt on the row at `position` (of `flow`, `seq`) for
 /// `destination`: custody for `accepted` and `duplicate`, a quarantine for
 /// a conflict, and for `producer_rewound` a stop of the flow there. A row
-/// the destination holds no mark of (abandoned meanwhile) is left alone.
+/// the destination holds no mark of is left alone, and a row abandoned
+/// there meanwhile is never quarantined again.
 pub(crate) fn mark_receipt(
     tx: &Connection,
     destination: i64,
@@ -266,7 +301,7 @@ pub(crate) fn mark_receipt(
                  quarantine_reason = CASE WHEN accepted = 1 THEN NULL ELSE ?3 END,
                  quarantine_detail = CASE WHEN accepted = 1 THEN NULL ELSE ?4 END,
                  attempts = attempts + 1, last_outcome = ?3
-             WHERE position = ?1 AND destination = ?2",
+             WHERE position = ?1 AND destination = ?2 AND abandoned = 0",
             params![position, destination, code, detail],
         ),
         None => exec_cached(
@@ -461,6 +496,132 @@ pub(crate) fn remove(
     Ok(Ok(id))
 }
 
+/// Abandons `request.flow` for `request.destination` in the write
+/// transaction `tx`, audited (PROTOCOL.md section 12): the flow's relay
+/// head there stops for good at its lowest seq the destination does not
+/// hold (its last seq plus one when it holds them all, so that only later
+/// events are abandoned), that destination's unaccepted marks of the flow
+/// become abandoned and leave its quarantine, and the rows no destination
+/// waits for any more are settled. Appends later give the flow no mark
+/// there (see the producer's append). Every refusal comes before the
+/// first write.
+pub(crate) fn abandon(
+    tx: &Connection,
+    request: &AbandonRequest,
+    now_ms: i64,
+) -> Result<Result<ProducerRepair, DestinationRefused>, StoreError> {
+    let err = |e| sql_error("producer: cannot abandon a flow", e);
+    let (name, flow) = (&request.destination, request.flow.as_str());
+    let (id, last_seq) = match abandonable(tx, request)? {
+        Ok(found) => found,
+        Err(refused) => return Ok(Err(refused)),
+    };
+    let first: i64 = row_cached(
+        tx,
+        "SELECT coalesce(min(o.seq), ?3 + 1) FROM outbox o
+         JOIN custody c ON c.position = o.position AND c.destination = ?2
+         WHERE o.flow_id = ?1 AND c.accepted = 0",
+        params![flow, id, last_seq],
+        |row| row.get(0),
+    )
+    .map_err(err)?;
+    let event_id: Option<String> = row_cached(
+        tx,
+        "SELECT event_id FROM outbox WHERE flow_id = ?1 AND seq = ?2",
+        params![flow, first],
+        |row| row.get(0),
+    )
+    .optional()
+    .map_err(err)?;
+    exec_cached(
+        tx,
+        "UPDATE relay_head SET abandoned_seq = ?3, relay_seq = NULL, relay_due_ms = 0
+         WHERE flow_id = ?1 AND destination = ?2",
+        params![flow, id, first],
+    )
+    .map_err(err)?;
+    exec_cached(
+        tx,
+        "UPDATE custody SET abandoned = 1, quarantined = 0, quarantine_reason = NULL,
+             quarantine_detail = NULL
+         WHERE destination = ?2 AND accepted = 0 AND position IN (
+             SELECT position FROM outbox WHERE flow_id = ?1 AND seq >= ?3)",
+        params![flow, id, first],
+    )
+    .map_err(err)?;
+    exec_cached(
+        tx,
+        "UPDATE outbox SET accepted = 1, accepted_at_ms = ?2
+         WHERE flow_id = ?1 AND accepted = 0 AND NOT EXISTS (
+             SELECT 1 FROM custody c WHERE c.position = outbox.position
+                 AND c.accepted = 0 AND c.abandoned = 0)",
+        params![flow, now_ms],
+    )
+    .map_err(err)?;
+    let (by, reason) = (request.by.as_str(), request.reason.as_str());
+    let audited = Some((flow, Some(first), event_id.as_deref()));
+    let id = audit(tx, "abandon", Some(name), audited, (by, reason), now_ms)?;
+    Ok(Ok(ProducerRepair {
+        id,
+        action: "abandon".to_string(),
+        destination: Some(name.as_str().to_string()),
+        flow_id: Some(flow.to_string()),
+        seq: Some(first),
+        event_id,
+        reason: reason.to_string(),
+        by: by.to_string(),
+        at_ms: now_ms,
+    }))
+}
+
+/// The destination's id and the flow's last seq when `request` may be
+/// carried out; else why not.
+fn abandonable(
+    tx: &Connection,
+    request: &AbandonRequest,
+) -> Result<Result<(i64, i64), DestinationRefused>, StoreError> {
+    let err = |e| sql_error("producer: cannot read a flow's relay head", e);
+    let (name, flow) = (&request.destination, request.flow.as_str());
+    let Some(id) = id_of(tx, name)? else {
+        return Ok(Err(DestinationRefused::Unknown(name.clone())));
+    };
+    let last_seq: Option<i64> = row_cached(
+        tx,
+        "SELECT last_seq FROM outbox_head WHERE flow_id = ?1",
+        [flow],
+        |row| row.get(0),
+    )
+    .optional()
+    .map_err(err)?;
+    let Some(last_seq) = last_seq else {
+        return Ok(Err(DestinationRefused::UnknownFlow(request.flow.clone())));
+    };
+    let head: Option<Option<i64>> = row_cached(
+        tx,
+        "SELECT abandoned_seq FROM relay_head WHERE flow_id = ?1 AND destination = ?2",
+        params![flow, id],
+        |row| row.get(0),
+    )
+    .optional()
+    .map_err(err)?;
+    match head {
+        None => {
+            return Ok(Err(DestinationRefused::NotDelivered {
+                flow: request.flow.clone(),
+                destination: name.clone(),
+            }))
+        }
+        Some(Some(_)) => {
+            return Ok(Err(DestinationRefused::AlreadyAbandoned {
+                flow: request.flow.clone(),
+                destination: name.clone(),
+            }))
+        }
+        Some(None) => {}
+    }
+    Ok(Ok((id, last_seq)))
+}
+
 /// One row of the producer's audit log: `flow` with its seq and event id
 /// when the action names one event.
 pub(crate) fn audit(
@@ -470,7 +631,7 @@ pub(crate) fn audit(
     flow: Option<(&str, Option<i64>, Option<&str>)>,
     (by, reason): (&str, &str),
     now_ms: i64,
-) -> Result<(), StoreError> {
+) -> Result<i64, StoreError> {
     let (flow_id, seq, event_id) = match flow {
         Some((flow, seq, event)) => (Some(flow), seq, event),
         None => (None, None, None),
@@ -491,7 +652,7 @@ pub(crate) fn audit(
         ],
     )
     .map_err(|e| sql_error("producer: cannot write the audit log", e))?;
-    Ok(())
+    Ok(tx.last_insert_rowid())
 }
 
 /// The producer's audit log, oldest first.

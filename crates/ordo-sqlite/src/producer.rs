@@ -535,6 +535,14 @@ impl ProducerOps for ProducerDb {
         }))
     }
 
+    fn abandon_flow(
+        &mut self,
+        request: &ordo_core::destination::AbandonRequest,
+    ) -> Result<Result<ordo_core::destination::ProducerRepair, DestinationRefused>, StoreError>
+    {
+        self.write(|ptx| custody::abandon(&ptx.tx, request, ptx.now_ms))
+    }
+
     fn producer_repairs(
         &mut self,
     ) -> Result<Vec<ordo_core::destination::ProducerRepair>, StoreError> {
@@ -646,9 +654,22 @@ impl ProducerStore for ProducerDb {
         receipts: &[(EventId, Receipt)],
         now_ms: i64,
     ) -> Result<(), StoreError> {
+        self.record_receipts_from(None, receipts, now_ms)
+    }
+
+    /// As [`record_receipts`](ProducerStore::record_receipts), with the
+    /// destination's consumer identity recorded or enforced first, in the
+    /// same transaction.
+    fn record_receipts_from(
+        &mut self,
+        consumer: Option<&ordo_core::StoreId>,
+        receipts: &[(EventId, Receipt)],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
         let destination = self.destination_id()?;
         self.write_synced(false, |ptx| {
             let tx = &ptx.tx;
+            custody::check_consumer(tx, destination, consumer)?;
             let err = |e| sql_error("producer: cannot record receipts", e);
             // Statement by statement, each through the cache: set-based
             // forms (`IN (SELECT value FROM json_each(?))`, `RETURNING`)
@@ -766,7 +787,7 @@ impl ProducerStore for ProducerDb {
                 tx,
                 "UPDATE custody SET quarantined = 1, quarantine_reason = ?3, quarantine_detail = ?4,
                      attempts = attempts + 1, last_outcome = ?3, last_error = ?4
-                 WHERE destination = ?2 AND accepted = 0
+                 WHERE destination = ?2 AND accepted = 0 AND abandoned = 0
                    AND position = (SELECT position FROM outbox WHERE event_id = ?1)
                  RETURNING (SELECT flow_id FROM outbox WHERE event_id = ?1)",
                 params![event_id.as_str(), destination, outcome, reason],

@@ -380,6 +380,10 @@ impl Transport for Consumer {
     ) -> Result<Vec<Receipt>, ordo_core::TransportError> {
         each!(self, s => s.deliver(sender, events))
     }
+
+    fn consumer_identity(&self) -> Option<ordo_core::StoreId> {
+        each!(self, s => s.consumer_identity())
+    }
 }
 
 #[cfg(test)]

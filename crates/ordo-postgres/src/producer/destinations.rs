@@ -75,6 +75,15 @@ pub(super) fn remove(
     Ok(Err(DestinationRefused::Unknown(name.clone())))
 }
 
+/// `outbox abandon` needs custody per destination, which this backend
+/// does not keep yet: refused, writing nothing.
+pub(super) fn abandon_unsupported() -> StoreError {
+    StoreError::new(
+        ErrorKind::Incompatible,
+        "outbox abandon needs custody per destination, not yet kept by a PostgreSQL producer store in this release",
+    )
+}
+
 /// Any choice but the one destination is refused.
 pub(super) fn choose(
     store: &mut PgProducer,

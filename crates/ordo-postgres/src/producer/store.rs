@@ -130,6 +130,16 @@ impl ProducerOps for PgProducer {
         super::destinations::remove(self, name)
     }
 
+    fn abandon_flow(
+        &mut self,
+        _request: &ordo_core::destination::AbandonRequest,
+    ) -> Result<
+        Result<ordo_core::destination::ProducerRepair, ordo_core::destination::DestinationRefused>,
+        StoreError,
+    > {
+        Err(super::destinations::abandon_unsupported())
+    }
+
     fn producer_repairs(
         &mut self,
     ) -> Result<Vec<ordo_core::destination::ProducerRepair>, StoreError> {
