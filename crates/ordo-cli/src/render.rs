@@ -202,6 +202,7 @@ impl<T> Bounded<T> {
 pub fn projection(record: &Projection) -> Value {
     json!({
         "flow_id": record.flow_id.as_str(),
+        "producer": record.producer.as_str(),
         "state": record.state.as_str(),
         "quantity": record.quantity.map(|q| q.get()),
         "applied_seq": record.applied_seq,
@@ -211,6 +212,7 @@ pub fn projection(record: &Projection) -> Value {
 pub fn effect(record: &EffectRecord) -> Value {
     json!({
         "flow_id": record.flow_id.as_str(),
+        "producer": record.producer.as_str(),
         "seq": record.seq.get(),
         "event_id": record.event_id.as_str(),
     })

@@ -3,7 +3,7 @@
 //! them (its snapshot, its `advance`, its handler's drains). A leaf: it
 //! imports no command.
 
-use ordo_core::{Drain, FlowId, OutboxRecord, StoreError};
+use ordo_core::{Drain, OutboxRecord, StoreError};
 use ordo_reservation::{
     Advance, AdvanceError, AdvanceRequest, FlowRecord, Projection, ReservationConsumer,
     ReservationHandler, ReservationProducer,
@@ -69,7 +69,7 @@ pub trait ReservationInbox {
         each: impl FnMut(Drain),
     ) -> Result<(), StoreError>;
     /// The flow's projection ([`ReservationConsumer::projection`]).
-    fn projection(&mut self, flow_id: &FlowId) -> Result<Projection, StoreError>;
+    fn projection(&mut self, flow: &ordo_core::InboxFlow) -> Result<Projection, StoreError>;
 }
 
 impl ReservationInbox for AnyConsumer {
@@ -100,7 +100,7 @@ impl ReservationInbox for AnyConsumer {
         each!(self, s => ordo_core::process_all_each(s, limit, handler, batch_len_max, each))
     }
 
-    fn projection(&mut self, flow_id: &FlowId) -> Result<Projection, StoreError> {
-        each!(self, s => s.projection(flow_id))
+    fn projection(&mut self, flow: &ordo_core::InboxFlow) -> Result<Projection, StoreError> {
+        each!(self, s => s.projection(flow))
     }
 }

@@ -1079,11 +1079,11 @@ fn apply_stops_limit_gap_blocked_idle() {
     }
     assert_eq!(
         row(&snapshot["consumer"]["projection"], "flow_id", "A"),
-        &json!({"flow_id": "A", "state": "released", "quantity": 4, "applied_seq": 3})
+        &json!({"flow_id": "A", "producer": "default", "state": "released", "quantity": 4, "applied_seq": 3})
     );
     assert_eq!(
         row(&snapshot["consumer"]["projection"], "flow_id", "G"),
-        &json!({"flow_id": "G", "state": "confirmed", "quantity": 4, "applied_seq": 2})
+        &json!({"flow_id": "G", "producer": "default", "state": "confirmed", "quantity": 4, "applied_seq": 2})
     );
     assert_eq!(snapshot["consumer"]["effects"].as_array().unwrap().len(), 5);
 }
@@ -1145,7 +1145,7 @@ fn apply_support_v2_applies_the_stored_schema_2_row() {
     assert_eq!(snapshot["consumer"]["inbox"], json!([expected]));
     assert_applied(
         &snapshot,
-        json!([{"flow_id": "V", "state": "reserved", "quantity": 42, "applied_seq": 1}]),
+        json!([{"flow_id": "V", "producer": "default", "state": "reserved", "quantity": 42, "applied_seq": 1}]),
         &[("V", 1)],
     );
 }
@@ -1182,7 +1182,7 @@ fn apply_process_all_isolates_blocked_and_gapped_flows() {
     let snapshot = lab.snapshot();
     assert_applied(
         &snapshot,
-        json!([{"flow_id": "Z", "state": "released", "quantity": 3, "applied_seq": 3}]),
+        json!([{"flow_id": "Z", "producer": "default", "state": "released", "quantity": 3, "applied_seq": 3}]),
         &[("Z", 1), ("Z", 2), ("Z", 3)],
     );
 }
@@ -1265,9 +1265,13 @@ fn snapshot_has_every_row_with_the_contract_keys() {
         (
             "consumer",
             "projection",
-            vec!["flow_id", "state", "quantity", "applied_seq"],
+            vec!["flow_id", "producer", "state", "quantity", "applied_seq"],
         ),
-        ("consumer", "effects", vec!["flow_id", "seq", "event_id"]),
+        (
+            "consumer",
+            "effects",
+            vec!["flow_id", "producer", "seq", "event_id"],
+        ),
     ];
     for (side, table, expected) in &tables {
         let rows = snapshot[side][table].as_array().unwrap();
@@ -1308,7 +1312,7 @@ fn snapshot_has_every_row_with_the_contract_keys() {
     );
     assert_applied(
         &snapshot,
-        json!([{"flow_id": "A", "state": "reserved", "quantity": 8, "applied_seq": 1}]),
+        json!([{"flow_id": "A", "producer": "default", "state": "reserved", "quantity": 8, "applied_seq": 1}]),
         &[("A", 1)],
     );
 }

@@ -653,7 +653,7 @@ fn inbox_retry_applies_a_schema_2_row_as_stored_only_with_support_v2() {
     let snapshot = ops.snapshot();
     assert_applied(
         &snapshot,
-        json!([{"flow_id": "x", "state": "confirmed", "quantity": 3, "applied_seq": 2}]),
+        json!([{"flow_id": "x", "producer": "default", "state": "confirmed", "quantity": 3, "applied_seq": 2}]),
         &[("x", 1), ("x", 2)],
     );
     // Nothing blocked left on x: nothing reopened, nothing applied twice.
@@ -836,7 +836,7 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
     let snapshot = ops.snapshot();
     assert_applied(
         &snapshot,
-        json!([{"flow_id": "w", "state": "released", "quantity": 3, "applied_seq": 4}]),
+        json!([{"flow_id": "w", "producer": "default", "state": "released", "quantity": 3, "applied_seq": 4}]),
         &[("w", 1), ("w", 3), ("w", 4)],
     );
     assert_eq!(
@@ -1405,8 +1405,8 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
     assert_eq!(
         b,
         [
-            &json!({"flow_id": "B", "seq": 1, "event_id": "B-1"}),
-            &json!({"flow_id": "B", "seq": 2, "event_id": "B-2"}),
+            &json!({"flow_id": "B", "producer": "default", "seq": 1, "event_id": "B-1"}),
+            &json!({"flow_id": "B", "producer": "default", "seq": 2, "event_id": "B-2"}),
         ]
     );
 }

@@ -89,7 +89,7 @@ pub struct Console {
 /// A flow's state as its domain keeps it, as `(name, value)` pairs in
 /// display order.
 pub type Summarizer =
-    Arc<dyn Fn(&FlowId) -> Result<Vec<(String, String)>, StoreError> + Send + Sync>;
+    Arc<dyn Fn(&InboxFlow) -> Result<Vec<(String, String)>, StoreError> + Send + Sync>;
 
 /// Re-evaluates a flow's blocked rows (`support_v2`: the reservation
 /// domain's option); a line telling what happened, or why it failed.
@@ -509,7 +509,7 @@ fn read_flow(app: &Console, flow: InboxFlow) -> Result<FlowDetail, StoreError> {
         None => (None, None),
     };
     let summary = match &app.summary {
-        Some(read) => Some(read(flow_id)?),
+        Some(read) => Some(read(&flow)?),
         None => None,
     };
     Ok(FlowDetail {

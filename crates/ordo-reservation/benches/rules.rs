@@ -26,6 +26,7 @@ fn payload(c: &mut Criterion) {
     let flow_id = FlowId::new("reservation-7f3a9c2e-41d8").unwrap();
     let quantity = Quantity::new(5).unwrap();
     let reserved = Projection {
+        producer: ordo_core::ProducerName::default(),
         flow_id: flow_id.clone(),
         state: FlowState::Reserved,
         quantity: Some(quantity),

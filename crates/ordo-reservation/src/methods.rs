@@ -68,8 +68,8 @@ macro_rules! apply_methods {
             $projections(self.connection())
         }
 
-        fn projection(&mut self, flow_id: &FlowId) -> Result<Projection, StoreError> {
-            $projection(self.connection(), flow_id)
+        fn projection(&mut self, flow: &ordo_core::InboxFlow) -> Result<Projection, StoreError> {
+            $projection(self.connection(), flow)
         }
 
         fn effects(&mut self) -> Result<Vec<EffectRecord>, StoreError> {

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use ordo_core::ops::{whole_read, whole_read_limit, WHOLE_READ_ROWS_MAX};
 use ordo_core::{
-    crash, ApplyContext, ApplyHandler, ConsumerStore, Drain, Envelope, FlowId, Step, StoreError,
-    Verdict,
+    crash, ApplyContext, ApplyHandler, ConsumerStore, Drain, Envelope, FlowId, InboxFlow, Step,
+    StoreError, Verdict,
 };
 use ordo_postgres::postgres::Row;
 use ordo_postgres::{PgConsumer, PgProducer, PgProducerTx, PgTx};
@@ -52,17 +52,17 @@ impl ReservationHandler {
     /// in one, and the effects inserted in one; a single event goes the
     /// same way.
     fn apply_events(&mut self, tx: &PgTx, events: &[Envelope]) -> Result<Verdict, StoreError> {
-        let flows: Vec<&str> = events.iter().map(|e| e.flow_id.as_str()).collect();
+        let flows: Vec<FlowKey<'_>> = events.iter().map(flow_key).collect();
         let stored = read_projections(tx, &flows)?;
         // Each flow's projection after the batch's events so far.
-        let mut touched: BTreeMap<&str, Projection> = BTreeMap::new();
+        let mut touched: BTreeMap<FlowKey<'_>, Projection> = BTreeMap::new();
         for event in events {
-            let flow = event.flow_id.as_str();
+            let flow = flow_key(event);
             let current = touched
-                .get(flow)
-                .or_else(|| stored.get(flow))
+                .get(&flow)
+                .or_else(|| stored.get(&owned(flow)))
                 .cloned()
-                .unwrap_or_else(|| Projection::empty(event.flow_id.clone()));
+                .unwrap_or_else(|| Projection::empty_of(&event.inbox_flow()));
             let next = match decide_apply(&current, event, self.options()) {
                 Ok(next) => next,
                 Err(reason) => return Ok(Verdict::Block(reason)),
@@ -70,39 +70,60 @@ impl ReservationHandler {
             touched.insert(flow, next);
         }
         write_projections(tx, touched.values(), |p| {
-            stored.contains_key(p.flow_id.as_str())
+            stored.contains_key(&(
+                p.flow_id.as_str().to_owned(),
+                p.producer.as_str().to_owned(),
+            ))
         })?;
         crash::point(crash::CONSUMER_APPLY_AFTER_PROJECTION);
-        let (flows, seqs, event_ids): (Vec<&str>, Vec<i64>, Vec<&str>) = events
-            .iter()
-            .map(|e| (e.flow_id.as_str(), e.seq.get(), e.event_id.as_str()))
-            .collect();
+        let flows: Vec<&str> = events.iter().map(|e| e.flow_id.as_str()).collect();
+        let producers: Vec<&str> = events.iter().map(|e| e.producer.as_str()).collect();
+        let seqs: Vec<i64> = events.iter().map(|e| e.seq.get()).collect();
+        let event_ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
         tx.execute(
-            "INSERT INTO effect (flow_id, seq, event_id)
-             SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[])",
-            &[&flows, &seqs, &event_ids],
+            "INSERT INTO effect (flow_id, producer, seq, event_id)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[])",
+            &[&flows, &producers, &seqs, &event_ids],
         )?;
         crash::point(crash::CONSUMER_APPLY_AFTER_EFFECT);
         Ok(Verdict::Apply)
     }
 }
 
+/// An inbox flow as `(flow_id, producer)`, the projection's key.
+type FlowKey<'a> = (&'a str, &'a str);
+
+/// The flow of `event`, as the projection's key.
+fn flow_key(event: &Envelope) -> FlowKey<'_> {
+    (event.flow_id.as_str(), event.producer.as_str())
+}
+
+/// `key`, owned.
+fn owned((flow_id, producer): FlowKey<'_>) -> (String, String) {
+    (flow_id.to_owned(), producer.to_owned())
+}
+
 /// The stored projections of `flows` (each once, however often named), by
-/// flow id.
-fn read_projections(tx: &PgTx, flows: &[&str]) -> Result<HashMap<String, Projection>, StoreError> {
+/// `(flow_id, producer)`.
+fn read_projections(
+    tx: &PgTx,
+    flows: &[FlowKey<'_>],
+) -> Result<HashMap<(String, String), Projection>, StoreError> {
+    let (flow_ids, producers): (Vec<&str>, Vec<&str>) = flows.iter().copied().unzip();
     tx.query(
         // `= ANY (ARRAY(SELECT unnest($1)))`: by the key's index whatever
         // the table's size (handed the array, the planner counts it and
         // scans a table of a few thousand rows whole instead).
-        "SELECT flow_id, state, quantity, applied_seq FROM projection
-         WHERE flow_id = ANY (ARRAY(SELECT unnest($1::text[])))",
-        &[&flows],
+        "SELECT flow_id, producer, state, quantity, applied_seq FROM projection
+         WHERE flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
+           AND (flow_id, producer) IN (SELECT * FROM unnest($1::text[], $2::text[]))",
+        &[&flow_ids, &producers],
     )?
     .iter()
     .map(|row| {
-        let flow_id: String = row.get(0);
-        let stored = projection(&flow_id, row.get(1), row.get(2), row.get(3))?;
-        Ok((flow_id, stored))
+        let key: (String, String) = (row.get(0), row.get(1));
+        let stored = projection((&key.1, &key.0), row.get(2), row.get(3), row.get(4))?;
+        Ok((key, stored))
     })
     .collect()
 }
@@ -118,11 +139,12 @@ fn write_projections<'a>(
     let statements = [
         "UPDATE projection p SET state = n.state, quantity = n.quantity,
              applied_seq = n.applied_seq
-         FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])
-              AS n(flow_id, state, quantity, applied_seq)
-         WHERE p.flow_id = ANY (ARRAY(SELECT unnest($1::text[]))) AND p.flow_id = n.flow_id",
-        "INSERT INTO projection (flow_id, state, quantity, applied_seq)
-         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[])",
+         FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[])
+              AS n(flow_id, state, quantity, applied_seq, producer)
+         WHERE p.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
+           AND p.flow_id = n.flow_id AND p.producer = n.producer",
+        "INSERT INTO projection (flow_id, state, quantity, applied_seq, producer)
+         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[])",
     ];
     update_or_insert(
         projections,
@@ -130,16 +152,17 @@ fn write_projections<'a>(
         statements,
         "consumer: projection",
         |sql, rows| {
-            let (mut flows, mut states, mut quantities, mut seqs) =
-                (vec![], vec![], vec![], vec![]);
+            let (mut flows, mut states, mut quantities, mut seqs, mut producers) =
+                (vec![], vec![], vec![], vec![], vec![]);
             for next in rows {
                 let quantity = next.quantity.expect("an applied step has a quantity");
                 flows.push(next.flow_id.as_str());
                 states.push(next.state.as_str());
                 quantities.push(quantity.get());
                 seqs.push(next.applied_seq);
+                producers.push(next.producer.as_str());
             }
-            tx.execute(sql, &[&flows, &states, &quantities, &seqs])
+            tx.execute(sql, &[&flows, &states, &quantities, &seqs, &producers])
         },
     )
 }
@@ -176,10 +199,11 @@ fn update_or_insert<'r, R: 'r>(
 }
 
 /// The stored projection of one flow, empty if nothing was applied to it.
-fn read_projection(tx: &PgTx, flow_id: &FlowId) -> Result<Projection, StoreError> {
-    Ok(read_projections(tx, &[flow_id.as_str()])?
-        .remove(flow_id.as_str())
-        .unwrap_or_else(|| Projection::empty(flow_id.clone())))
+fn read_projection(tx: &PgTx, flow: &InboxFlow) -> Result<Projection, StoreError> {
+    let key = (flow.flow_id.as_str(), flow.producer.as_str());
+    Ok(read_projections(tx, &[key])?
+        .remove(&owned(key))
+        .unwrap_or_else(|| Projection::empty_of(flow)))
 }
 
 impl FlowTx for PgProducerTx<'_> {
@@ -358,8 +382,9 @@ pub fn pg_read_projections(tx: &PgTx) -> Result<Vec<Projection>, StoreError> {
     read_table(
         tx,
         "projection",
-        "SELECT flow_id, state, quantity, applied_seq FROM projection ORDER BY flow_id LIMIT $1",
-        |row| projection(row.get(0), row.get(1), row.get(2), row.get(3)),
+        "SELECT flow_id, producer, state, quantity, applied_seq FROM projection
+         ORDER BY flow_id, producer LIMIT $1",
+        |row| projection((row.get(1), row.get(0)), row.get(2), row.get(3), row.get(4)),
     )
 }
 
@@ -368,8 +393,9 @@ pub fn pg_read_effects(tx: &PgTx) -> Result<Vec<EffectRecord>, StoreError> {
     read_table(
         tx,
         "effect",
-        "SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq LIMIT $1",
-        |row| effect_record(row.get(0), row.get(1), row.get(2)),
+        "SELECT flow_id, producer, seq, event_id FROM effect
+         ORDER BY flow_id, producer, seq LIMIT $1",
+        |row| effect_record((row.get(1), row.get(0)), row.get(2), row.get(3)),
     )
 }
 

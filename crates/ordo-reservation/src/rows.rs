@@ -2,7 +2,7 @@
 //! text and integers made into the domain's types, anything else reported
 //! as a damaged store.
 
-use ordo_core::{EventId, FlowId, Seq, StoreError};
+use ordo_core::{EventId, FlowId, ProducerName, Seq, StoreError};
 
 use crate::rules::{parse_state, FlowRecord, FlowState, Projection, Quantity};
 use crate::sqlite::EffectRecord;
@@ -29,16 +29,17 @@ fn flow_columns(
     ))
 }
 
-/// A `projection` row.
+/// A `projection` row of the flow `(producer, flow_id)`.
 pub(crate) fn projection(
-    flow_id: &str,
+    (producer, flow_id): (&str, &str),
     state: &str,
     quantity: i64,
     applied_seq: i64,
 ) -> Result<Projection, StoreError> {
-    let (flow_id, state, quantity) =
-        flow_columns("consumer: stored projection", flow_id, state, quantity)?;
+    let context = "consumer: stored projection";
+    let (flow_id, state, quantity) = flow_columns(context, flow_id, state, quantity)?;
     Ok(Projection {
+        producer: ProducerName::new(producer).map_err(|e| corrupt(context, e))?,
         flow_id,
         state,
         quantity,
@@ -63,14 +64,15 @@ pub(crate) fn flow_record(
     })
 }
 
-/// An `effect` row.
+/// An `effect` row of the flow `(producer, flow_id)`.
 pub(crate) fn effect_record(
-    flow_id: String,
+    (producer, flow_id): (String, String),
     seq: i64,
     event_id: String,
 ) -> Result<EffectRecord, StoreError> {
     let context = "consumer: stored effect";
     Ok(EffectRecord {
+        producer: ProducerName::new(producer).map_err(|e| corrupt(context, e))?,
         flow_id: FlowId::new(flow_id).map_err(|e| corrupt(context, e))?,
         seq: Seq::new(seq).map_err(|e| corrupt(context, e))?,
         event_id: EventId::new(event_id).map_err(|e| corrupt(context, e))?,

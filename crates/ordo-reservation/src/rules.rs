@@ -8,7 +8,10 @@ use std::fmt;
 use serde_json::{Map, Value};
 
 use ordo_core::envelope::{Envelope, EventType};
-use ordo_core::{BlockCode, BlockReason, EventId, FlowId, RuleViolation, SchemaVersion, Seq};
+use ordo_core::{
+    BlockCode, BlockReason, EventId, FlowId, InboxFlow, ProducerName, RuleViolation, SchemaVersion,
+    Seq,
+};
 
 /// The largest quantity a flow may carry.
 pub const QUANTITY_MAX: i64 = 1_000_000;
@@ -135,6 +138,8 @@ impl FlowRecord {
 /// A consumer's projection of one flow, built only by applied events.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Projection {
+    /// The producer whose flow it is.
+    pub producer: ProducerName,
     /// The flow.
     pub flow_id: FlowId,
     /// The state reached by the applied events.
@@ -148,12 +153,23 @@ pub struct Projection {
 impl Projection {
     /// The projection of a flow nothing was applied to.
     pub fn empty(flow_id: FlowId) -> Projection {
+        Projection::empty_of(&InboxFlow::of_default(flow_id))
+    }
+
+    /// The projection of the inbox flow `flow` nothing was applied to.
+    pub fn empty_of(flow: &InboxFlow) -> Projection {
         Projection {
-            flow_id,
+            producer: flow.producer.clone(),
+            flow_id: flow.flow_id.clone(),
             state: FlowState::New,
             quantity: None,
             applied_seq: 0,
         }
+    }
+
+    /// The inbox flow it is the projection of.
+    pub fn inbox_flow(&self) -> InboxFlow {
+        InboxFlow::new(self.producer.clone(), self.flow_id.clone())
     }
 }
 
@@ -395,7 +411,7 @@ pub fn decide_apply(
     event: &Envelope,
     options: ApplyOptions,
 ) -> Result<Projection, BlockReason> {
-    debug_assert_eq!(projection.flow_id, event.flow_id);
+    debug_assert!(event.is_of(&projection.inbox_flow()));
     debug_assert!(
         projection.applied_seq < event.seq.get(),
         "apply moves forward"
@@ -411,6 +427,7 @@ pub fn decide_apply(
         }
     }
     Ok(Projection {
+        producer: projection.producer.clone(),
         flow_id: projection.flow_id.clone(),
         state: target,
         quantity: Some(quantity),

@@ -70,6 +70,8 @@ impl From<ordo_core::AppendError> for AdvanceError {
 /// transaction as the projection change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EffectRecord {
+    /// The producer whose flow it is.
+    pub producer: ordo_core::ProducerName,
     /// The flow.
     pub flow_id: FlowId,
     /// The applied seq.
@@ -141,12 +143,12 @@ pub trait ReservationConsumer: ConsumerStore {
     /// The flow's projection ([`Projection::empty`] before anything is
     /// applied). The stores of this crate read it by its key, however many
     /// flows there are; this default looks through every projection.
-    fn projection(&mut self, flow_id: &FlowId) -> Result<Projection, StoreError> {
+    fn projection(&mut self, flow: &InboxFlow) -> Result<Projection, StoreError> {
         Ok(self
             .projections()?
             .into_iter()
-            .find(|p| &p.flow_id == flow_id)
-            .unwrap_or_else(|| Projection::empty(flow_id.clone())))
+            .find(|p| &p.inbox_flow() == flow)
+            .unwrap_or_else(|| Projection::empty_of(flow)))
     }
 
     /// Every effect record, ordered by flow id then seq.
@@ -193,30 +195,35 @@ impl ApplyHandler<Connection> for ReservationHandler {
         tx: &mut ApplyContext<'_, Connection>,
         event: &Envelope,
     ) -> Result<Verdict, StoreError> {
-        let current = read_projection(tx, &event.flow_id)?;
+        let current = read_projection(tx, &event.inbox_flow())?;
         let next = match decide_apply(&current, event, self.options) {
             Ok(next) => next,
             Err(reason) => return Ok(Verdict::Block(reason)),
         };
         let quantity = next.quantity.expect("an applied step has a quantity");
         tx.prepare_cached(
-            "INSERT INTO projection (flow_id, state, quantity, applied_seq) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT (flow_id) DO UPDATE SET state = excluded.state,
+            "INSERT INTO projection (flow_id, producer, state, quantity, applied_seq)
+             VALUES (?1, ?5, ?2, ?3, ?4)
+             ON CONFLICT (flow_id, producer) DO UPDATE SET state = excluded.state,
                  quantity = excluded.quantity, applied_seq = excluded.applied_seq",
         )?
         .execute(params![
             next.flow_id.as_str(),
             next.state.as_str(),
             quantity.get(),
-            next.applied_seq
+            next.applied_seq,
+            next.producer.as_str(),
         ])?;
         crash::point(crash::CONSUMER_APPLY_AFTER_PROJECTION);
-        tx.prepare_cached("INSERT INTO effect (flow_id, seq, event_id) VALUES (?1, ?2, ?3)")?
-            .execute(params![
-                event.flow_id.as_str(),
-                event.seq.get(),
-                event.event_id.as_str()
-            ])?;
+        tx.prepare_cached(
+            "INSERT INTO effect (flow_id, producer, seq, event_id) VALUES (?1, ?4, ?2, ?3)",
+        )?
+        .execute(params![
+            event.flow_id.as_str(),
+            event.seq.get(),
+            event.event_id.as_str(),
+            event.producer.as_str(),
+        ])?;
         crash::point(crash::CONSUMER_APPLY_AFTER_EFFECT);
         Ok(Verdict::Apply)
     }
@@ -226,17 +233,26 @@ impl ApplyHandler<Connection> for ReservationHandler {
     }
 }
 
-fn read_projection(conn: &Connection, flow_id: &FlowId) -> Result<Projection, StoreError> {
+fn read_projection(conn: &Connection, flow: &InboxFlow) -> Result<Projection, StoreError> {
     let row: Option<(String, i64, i64)> = conn
-        .prepare_cached("SELECT state, quantity, applied_seq FROM projection WHERE flow_id = ?1")?
-        .query_row([flow_id.as_str()], |row| {
+        .prepare_cached(
+            "SELECT state, quantity, applied_seq FROM projection
+             WHERE flow_id = ?1 AND producer = ?2",
+        )?
+        .query_row([flow.flow_id.as_str(), flow.producer.as_str()], |row| {
             Ok((row.get(0)?, row.get(1)?, row.get(2)?))
         })
         .optional()?;
     match row {
-        None => Ok(Projection::empty(flow_id.clone())),
+        None => Ok(Projection::empty_of(flow)),
         Some((state, quantity, applied_seq)) => {
-            projection(flow_id.as_str(), &state, quantity, applied_seq)
+            let flow_id = flow.flow_id.as_str();
+            projection(
+                (flow.producer.as_str(), flow_id),
+                &state,
+                quantity,
+                applied_seq,
+            )
         }
     }
 }
@@ -384,10 +400,14 @@ pub(crate) fn read_projections(conn: &Connection) -> Result<Vec<Projection>, Sto
     read_table(
         conn,
         "projection",
-        "SELECT flow_id, state, quantity, applied_seq FROM projection ORDER BY flow_id",
-        four,
-        |(flow_id, state, quantity, applied_seq)| {
-            projection(&flow_id, &state, quantity, applied_seq)
+        "SELECT flow_id, producer, state, quantity, applied_seq FROM projection
+         ORDER BY flow_id, producer",
+        |row| {
+            let key: (String, String) = (row.get(0)?, row.get(1)?);
+            Ok((key, row.get::<_, String>(2)?, row.get(3)?, row.get(4)?))
+        },
+        |((flow_id, producer), state, quantity, applied_seq)| {
+            projection((&producer, &flow_id), &state, quantity, applied_seq)
         },
     )
 }
@@ -397,15 +417,15 @@ pub(crate) fn read_effects(conn: &Connection) -> Result<Vec<EffectRecord>, Store
     read_table(
         conn,
         "effect",
-        "SELECT flow_id, seq, event_id FROM effect ORDER BY flow_id, seq",
+        "SELECT flow_id, producer, seq, event_id FROM effect ORDER BY flow_id, producer, seq",
         |row| {
             Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, i64>(1)?,
-                row.get::<_, String>(2)?,
+                (row.get::<_, String>(1)?, row.get::<_, String>(0)?),
+                row.get::<_, i64>(2)?,
+                row.get::<_, String>(3)?,
             ))
         },
-        |(flow_id, seq, event_id)| effect_record(flow_id, seq, event_id),
+        |(key, seq, event_id)| effect_record(key, seq, event_id),
     )
 }
 

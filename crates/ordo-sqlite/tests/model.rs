@@ -1190,6 +1190,7 @@ impl Model {
                 .projections
                 .iter()
                 .map(|(flow, p)| Projection {
+                    producer: ProducerName::default(),
                     flow_id: FlowId::new(flow.as_str()).unwrap(),
                     state: state(p.state),
                     quantity: Some(Quantity::new(p.quantity).unwrap()),
@@ -1200,6 +1201,7 @@ impl Model {
                 .effects
                 .iter()
                 .map(|((flow, seq), event_id)| EffectRecord {
+                    producer: ProducerName::default(),
                     flow_id: FlowId::new(flow.as_str()).unwrap(),
                     seq: Seq::new(*seq).unwrap(),
                     event_id: EventId::new(event_id.as_str()).unwrap(),

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use ordo_core::{InboxRecord, InboxStatus, OutboxRecord};
+use ordo_core::{FlowId, InboxRecord, InboxStatus, OutboxRecord, ProducerName};
 use ordo_reservation::{EffectRecord, FlowRecord, FlowState, Projection};
 
 /// The most rows one violation names; the count is always given.
@@ -193,6 +193,12 @@ fn named<T: fmt::Display>(items: &[T]) -> String {
 
 type Key = (String, i64);
 
+/// An inbox flow as one key, `"FLOW_ID PRODUCER"`: ordered as the inbox
+/// orders its flows (by flow id, then producer; a flow id holds no space).
+fn flow_key(producer: &ProducerName, flow_id: &FlowId) -> String {
+    format!("{flow_id} {producer}")
+}
+
 /// The applied and skipped rows, listed or pruned, by `(flow, seq)`.
 struct Settled {
     applied: BTreeMap<Key, String>,
@@ -207,7 +213,7 @@ impl Settled {
         };
         for row in snapshot.inbox.iter().chain(&snapshot.pruned_inbox) {
             let e = &row.envelope;
-            let key = (e.flow_id.to_string(), e.seq.get());
+            let key = (flow_key(&e.producer, &e.flow_id), e.seq.get());
             match row.status {
                 InboxStatus::Applied => {
                     settled.applied.insert(key, e.event_id.to_string());
@@ -238,15 +244,20 @@ impl Settled {
 /// be delivered) is held by the inbox with the same body (the same
 /// envelope, when everything must be delivered).
 fn custody(snapshot: &Snapshot, delivered: bool, found: &mut Found) {
-    let held: BTreeMap<&str, &InboxRecord> = snapshot
+    let held: BTreeMap<(&str, &str), &InboxRecord> = snapshot
         .inbox
         .iter()
         .chain(&snapshot.pruned_inbox)
-        .map(|r| (r.envelope.event_id.as_str(), r))
+        .map(|r| {
+            (
+                (r.envelope.producer.as_str(), r.envelope.event_id.as_str()),
+                r,
+            )
+        })
         .collect();
     for row in snapshot.outbox.iter().filter(|r| delivered || r.accepted) {
         let e = &row.envelope;
-        let Some(stored) = held.get(e.event_id.as_str()) else {
+        let Some(stored) = held.get(&(e.producer.as_str(), e.event_id.as_str())) else {
             found.unless(false, Rule::Lost, || {
                 format!("committed event {} lost: not in the inbox", e.event_id)
             });
@@ -266,10 +277,15 @@ fn custody(snapshot: &Snapshot, delivered: bool, found: &mut Found) {
 /// The listed inbox is ordered by `(flow, seq)` with one row per key, and
 /// no event id is held twice.
 fn inbox_rows(snapshot: &Snapshot, found: &mut Found) {
-    let keys: Vec<(&str, i64)> = snapshot
+    let keys: Vec<(String, i64)> = snapshot
         .inbox
         .iter()
-        .map(|r| (r.envelope.flow_id.as_str(), r.envelope.seq.get()))
+        .map(|r| {
+            (
+                flow_key(&r.envelope.producer, &r.envelope.flow_id),
+                r.envelope.seq.get(),
+            )
+        })
         .collect();
     found.unless(
         keys.windows(2).all(|w| w[0] < w[1]),
@@ -277,11 +293,11 @@ fn inbox_rows(snapshot: &Snapshot, found: &mut Found) {
         || "inbox rows are not ordered by (flow, seq) without repeats".into(),
     );
     let all = snapshot.inbox.len() + snapshot.pruned_inbox.len();
-    let ids: BTreeSet<&str> = snapshot
+    let ids: BTreeSet<(&str, &str)> = snapshot
         .inbox
         .iter()
         .chain(&snapshot.pruned_inbox)
-        .map(|r| r.envelope.event_id.as_str())
+        .map(|r| (r.envelope.producer.as_str(), r.envelope.event_id.as_str()))
         .collect();
     found.unless(ids.len() == all, Rule::InboxRows, || {
         format!(
@@ -294,12 +310,12 @@ fn inbox_rows(snapshot: &Snapshot, found: &mut Found) {
 /// Exactly one effect per applied `(flow, seq)`, with its event id, listed
 /// by flow then seq, and none for any other row.
 fn effects(snapshot: &Snapshot, settled: &Settled, found: &mut Found) {
-    let keys: Vec<(&str, i64)> = snapshot
+    let keys: Vec<(String, i64)> = snapshot
         .effects
         .iter()
-        .map(|e| (e.flow_id.as_str(), e.seq.get()))
+        .map(|e| (flow_key(&e.producer, &e.flow_id), e.seq.get()))
         .collect();
-    let distinct: BTreeSet<&(&str, i64)> = keys.iter().collect();
+    let distinct: BTreeSet<&(String, i64)> = keys.iter().collect();
     found.unless(distinct.len() == keys.len(), Rule::Effects, || {
         format!(
             "{} effects for {} distinct (flow, seq): an event applied twice",
@@ -313,7 +329,12 @@ fn effects(snapshot: &Snapshot, settled: &Settled, found: &mut Found) {
     let by_key: BTreeMap<Key, String> = snapshot
         .effects
         .iter()
-        .map(|e| ((e.flow_id.to_string(), e.seq.get()), e.event_id.to_string()))
+        .map(|e| {
+            (
+                (flow_key(&e.producer, &e.flow_id), e.seq.get()),
+                e.event_id.to_string(),
+            )
+        })
         .collect();
     let wrong: Vec<String> = by_key
         .iter()
@@ -354,17 +375,17 @@ fn gaps(settled: &Settled, found: &mut Found) {
 /// events, stand at the last applied seq and, with no skip, at the state
 /// and quantity of that step.
 fn projections(snapshot: &Snapshot, settled: &Settled, found: &mut Found) {
-    let flows: Vec<&str> = snapshot
+    let flows: Vec<String> = snapshot
         .projections
         .iter()
-        .map(|p| p.flow_id.as_str())
+        .map(|p| flow_key(&p.producer, &p.flow_id))
         .collect();
     found.unless(
         flows.windows(2).all(|w| w[0] < w[1]),
         Rule::Projection,
         || "projections are not listed by flow, one per flow".into(),
     );
-    let projected: BTreeSet<&str> = flows.into_iter().collect();
+    let projected: BTreeSet<&str> = flows.iter().map(String::as_str).collect();
     let applied: BTreeSet<&str> = settled.applied.keys().map(|(f, _)| f.as_str()).collect();
     found.unless(projected == applied, Rule::Projection, || {
         let only_projected: Vec<&&str> = projected.difference(&applied).collect();
@@ -381,7 +402,8 @@ fn projections(snapshot: &Snapshot, settled: &Settled, found: &mut Found) {
 }
 
 fn projection(p: &Projection, settled: &Settled, found: &mut Found) {
-    let flow = p.flow_id.as_str();
+    let key = flow_key(&p.producer, &p.flow_id);
+    let flow = key.as_str();
     let seqs = settled.applied_seqs(flow);
     found.unless(
         seqs.last() == Some(&p.applied_seq),
@@ -554,6 +576,7 @@ mod tests {
             for n in 1..=3 {
                 let e = reservation_event(name, n, 7);
                 s.effects.push(EffectRecord {
+                    producer: Default::default(),
                     flow_id: flow(name),
                     seq: seq(n),
                     event_id: e.event_id.clone(),
@@ -568,6 +591,7 @@ mod tests {
                 });
             }
             s.projections.push(Projection {
+                producer: Default::default(),
                 flow_id: flow(name),
                 state: FlowState::Released,
                 quantity: Quantity::new(7).ok(),

@@ -269,6 +269,7 @@ macro_rules! conformance_suite {
             receive_batch_in_one_call
             receive_nothing_after_a_conflict_in_one_delivery
             receive_tells_a_rewound_producer_from_a_conflict
+            receive_and_apply_keep_each_producers_namespace
             receive_never_changes_projection_or_effects
             receive_seq_bounds
             // apply

@@ -291,6 +291,7 @@ pub fn effects_for<E: Borrow<Envelope>>(events: impl IntoIterator<Item = E>) -> 
         .map(|e| {
             let e = e.borrow();
             EffectRecord {
+                producer: e.producer.clone(),
                 flow_id: e.flow_id.clone(),
                 seq: e.seq,
                 event_id: e.event_id.clone(),

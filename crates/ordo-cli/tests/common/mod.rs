@@ -533,7 +533,7 @@ pub fn assert_applied(snapshot: &Value, projection: Value, effects: &[(&str, i64
     let effects: Vec<Value> = effects
         .iter()
         .map(
-            |(flow, seq)| json!({"flow_id": flow, "seq": seq, "event_id": format!("{flow}-{seq}")}),
+            |(flow, seq)| json!({"flow_id": flow, "producer": "default", "seq": seq, "event_id": format!("{flow}-{seq}")}),
         )
         .collect();
     assert_eq!(snapshot["consumer"]["projection"], projection);

@@ -104,7 +104,7 @@ fn fair_relay_isolates_conflict(ctx: &Ctx) -> Result<Outcome, String> {
             "quarantined": ["a-1"],
             "a_1": {"accepted": false, "quarantined": true, "quarantine_detail": CONFLICT_REASON, "attempts": 1, "last_outcome": "conflict"},
             "status_quarantined": 1,
-            "projection": [{"flow_id": "b", "state": "released", "quantity": 5, "applied_seq": 3}],
+            "projection": [{"flow_id": "b", "producer": "default", "state": "released", "quantity": 5, "applied_seq": 3}],
         }),
     })
 }
@@ -248,8 +248,8 @@ fn skip_is_explicit_and_audited(ctx: &Ctx) -> Result<Outcome, String> {
             "repairs": {"repairs": [repair]},
             "inbox_status": ["applied", "skipped", "applied"],
             "effects": [
-                {"flow_id": "x", "seq": 1, "event_id": "x-1"},
-                {"flow_id": "x", "seq": 3, "event_id": "x-3"},
+                {"flow_id": "x", "producer": "default", "seq": 1, "event_id": "x-1"},
+                {"flow_id": "x", "producer": "default", "seq": 3, "event_id": "x-3"},
             ],
         }),
     })
@@ -306,7 +306,7 @@ fn prune_keeps_identities(ctx: &Ctx) -> Result<Outcome, String> {
             "outbox_rows": 0,
             "inbox_rows": 0,
             "effects": 3,
-            "projection": [{"flow_id": "a", "state": "released", "quantity": 5, "applied_seq": 3}],
+            "projection": [{"flow_id": "a", "producer": "default", "state": "released", "quantity": 5, "applied_seq": 3}],
             "flows": [{"flow_id": "a", "state": "released", "quantity": 5, "last_seq": 3}],
         }),
     })

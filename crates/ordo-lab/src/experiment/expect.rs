@@ -88,13 +88,17 @@ impl Expect {
         quantity: i64,
         applied_seq: i64,
     ) -> Expect {
-        self.projection.push(json!({"flow_id": flow, "state": state, "quantity": quantity, "applied_seq": applied_seq}));
+        self.projection.push(
+            json!({"flow_id": flow, "producer": "default", "state": state, "quantity": quantity,
+            "applied_seq": applied_seq}),
+        );
         self
     }
 
     pub fn effect(mut self, flow: &str, seq: i64, event_id: &str) -> Expect {
-        self.effects
-            .push(json!({"flow_id": flow, "seq": seq, "event_id": event_id}));
+        self.effects.push(
+            json!({"flow_id": flow, "producer": "default", "seq": seq, "event_id": event_id}),
+        );
         self
     }
 

@@ -260,10 +260,10 @@ pub fn browse_consumer_flows_and_one_inbox_row<B: Backend>(dir: &Path) {
     // One flow's projection is the listing's, or the empty one.
     for id in IDS.iter().chain(&["zz"]) {
         let expected = projection(&mut c, id).unwrap_or_else(|| Projection::empty(flow(id)));
-        assert_eq!(c.projection(&flow(id)).unwrap(), expected, "{id}");
+        assert_eq!(c.projection(&inbox_flow(id)).unwrap(), expected, "{id}");
     }
     assert_eq!(
-        c.projection(&flow("b")).unwrap().state,
+        c.projection(&inbox_flow("b")).unwrap().state,
         FlowState::Confirmed
     );
 }

@@ -446,3 +446,111 @@ pub fn receive_seq_bounds<B: Backend>(dir: &Path) {
     );
     check_consumer_invariants(&mut c);
 }
+
+/// Each `(producer, flow_id)` is its own flow (PROTOCOL.md section 12):
+/// the same event ids and seqs from another producer are new; each flow is
+/// applied in its own order onto its own projection; a conflict in one
+/// delivery stops only its own producer's flow; the listings and a skip
+/// name the producer and touch no other.
+pub fn receive_and_apply_keep_each_producers_namespace<B: Backend>(dir: &Path) {
+    let (_p, mut c) = B::open(dir);
+    let of = |producer: &str, e: Envelope| Envelope {
+        producer: ordo_core::ProducerName::new(producer).unwrap(),
+        ..e
+    };
+    let orders = reservation_events("o", 3).map(|e| of("orders", e));
+    let payments = reservation_events("o", 9).map(|e| of("payments", e));
+    let default = reservation_event("o", 1, 4);
+    let first = [
+        orders[0].clone(),
+        payments[0].clone(),
+        orders[1].clone(),
+        payments[1].clone(),
+        default.clone(),
+    ];
+    assert_eq!(c.receive_batch(&first).unwrap(), [Receipt::Accepted; 5]);
+    assert_eq!(c.receive(&payments[0]).unwrap(), Receipt::Duplicate);
+    // Another body at payments' o seq 2 stops payments' o in this delivery
+    // only; orders' o goes on.
+    let other = of("payments", reservation_event("o", 2, 5));
+    let answers = c
+        .receive_answers(&[other, payments[2].clone(), orders[2].clone()])
+        .unwrap();
+    let held = Answer {
+        receipt: Receipt::Conflict,
+        held_event_id: Some(payments[1].event_id.clone()),
+    };
+    assert_eq!(
+        answers,
+        [
+            held,
+            Answer::of(Receipt::AfterConflict),
+            Answer::of(Receipt::Accepted)
+        ]
+    );
+    let listed = |c: &mut B::Consumer, scope| {
+        let rows = c.inbox_entries(false, scope, 10).unwrap();
+        rows.into_iter().map(|e| e.envelope).collect::<Vec<_>>()
+    };
+    let orders_name = ordo_core::ProducerName::new("orders").unwrap();
+    assert_eq!(
+        listed(&mut c, InboxScope::Producer(&orders_name)),
+        orders.to_vec()
+    );
+    let payments_o = flow_of("payments", "o");
+    assert_eq!(
+        listed(&mut c, InboxScope::Flow(&payments_o)),
+        payments[..2].to_vec()
+    );
+    assert_eq!(listed(&mut c, InboxScope::All).len(), 6);
+    // Three flows, each applied on its own.
+    let drains = c.process_all(None, V1, 16).unwrap();
+    let stops: Vec<(String, u64)> = drains
+        .iter()
+        .map(|d| (d.flow.to_string(), d.applied))
+        .collect();
+    assert_eq!(
+        stops,
+        [
+            ("o".to_owned(), 1),
+            ("o of producer orders".to_owned(), 3),
+            ("o of producer payments".to_owned(), 2)
+        ]
+    );
+    let state = |c: &mut B::Consumer, flow| {
+        let p = c.projection(&flow).unwrap();
+        (p.state, p.quantity.map(|q| q.get()), p.applied_seq)
+    };
+    assert_eq!(
+        state(&mut c, flow_of("orders", "o")),
+        (FlowState::Released, Some(3), 3)
+    );
+    assert_eq!(
+        state(&mut c, payments_o.clone()),
+        (FlowState::Confirmed, Some(9), 2)
+    );
+    assert_eq!(
+        state(&mut c, inbox_flow("o")),
+        (FlowState::Reserved, Some(4), 1)
+    );
+    // Payments' next event, skipped: its repair names payments; the others
+    // stay as they are.
+    assert_eq!(c.receive(&payments[2]).unwrap(), Receipt::Accepted);
+    let request = ordo_core::ops::SkipRequest::new(
+        payments_o.clone(),
+        seq(3),
+        "not needed".into(),
+        "ops".into(),
+    )
+    .unwrap();
+    let repair = c.skip(&request).unwrap().unwrap();
+    assert_eq!(
+        (repair.producer.as_str(), repair.flow_id.as_str()),
+        ("payments", "o")
+    );
+    let skipped = c.inbox_entry_at(&payments_o, seq(3)).unwrap().unwrap();
+    assert_eq!(skipped.status, InboxStatus::Skipped);
+    let default_o = c.inbox_entry_at(&inbox_flow("o"), seq(1)).unwrap().unwrap();
+    assert_eq!(default_o.status, InboxStatus::Applied);
+    check_consumer_invariants(&mut c);
+}
