@@ -686,7 +686,7 @@ fn metrics_expose_every_name_of_the_contract() {
         std::thread::sleep(Duration::from_millis(100));
     };
     for name in [
-        "ordo_inbox_received_total{receipt=\"accepted\"} 2",
+        "ordo_inbox_received_total{producer=\"default\",receipt=\"accepted\"} 2",
         "ordo_http_requests_total{status=\"200\"}",
         "ordo_http_request_seconds_bucket",
         "ordo_inbox_pending 0",

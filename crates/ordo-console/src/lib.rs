@@ -377,54 +377,68 @@ struct FlowsQuery {
 
 /// One row of the flow list: what each side knows of the flow.
 pub struct FlowRow {
-    /// The flow.
-    pub flow_id: FlowId,
+    /// The flow: its id, in the namespace of its producer (the producer
+    /// store's own name on the producer's side).
+    pub flow: InboxFlow,
     /// The producer's last committed seq, if the producer knows the flow.
     pub last_seq: Option<i64>,
     /// The consumer's applied seq, if the consumer knows the flow.
     pub applied_seq: Option<u64>,
 }
 
-/// The row of `flow_id`, added empty if neither side listed it yet.
-fn flow_row(rows: &mut BTreeMap<FlowId, FlowRow>, flow_id: FlowId) -> &mut FlowRow {
-    rows.entry(flow_id.clone()).or_insert(FlowRow {
-        flow_id,
+/// The row of `flow`, added empty if neither side listed it yet.
+fn flow_row(rows: &mut BTreeMap<InboxFlow, FlowRow>, flow: InboxFlow) -> &mut FlowRow {
+    rows.entry(flow.clone()).or_insert(FlowRow {
+        flow,
         last_seq: None,
         applied_seq: None,
     })
 }
 
-/// A page of flows from both sides, merged by flow id; the flow to start
-/// the next page after, if there is one.
+/// A page of flows from both sides, merged by flow id and producer; the
+/// flow id to start the next page after, if there is one. A page ends
+/// between flow ids (the producers of one flow id stay on one page),
+/// unless one flow id fills it.
 fn read_flows(
     app: &Console,
     prefix: &str,
     after: Option<&FlowId>,
 ) -> Result<(Vec<FlowRow>, Option<FlowId>), StoreError> {
-    let mut rows: BTreeMap<FlowId, FlowRow> = BTreeMap::new();
+    let mut rows: BTreeMap<InboxFlow, FlowRow> = BTreeMap::new();
     let fetch = FLOWS_PER_PAGE + 1;
     let produced = on_side(&app.producer, |s| {
-        s.producer_flows_page(prefix, after, fetch)
+        let flows = s.producer_flows_page(prefix, after, fetch)?;
+        Ok((s.producer_name().clone(), flows))
     })?;
-    for flow in produced.into_iter().flatten() {
-        flow_row(&mut rows, flow.flow_id).last_seq = Some(flow.last_seq.get());
+    for (name, flows) in produced.into_iter() {
+        for flow in flows {
+            let key = InboxFlow::new(name.clone(), flow.flow_id);
+            flow_row(&mut rows, key).last_seq = Some(flow.last_seq.get());
+        }
     }
     let consumed = on_side(&app.consumer, |s| {
-        let after = after.cloned().map(InboxFlow::of_default);
+        // Past every producer's flow `after`: the next page starts at the
+        // next flow id.
+        let after = after.map(|id| InboxFlow::new(ProducerName::last_name(), id.clone()));
         s.consumer_flows_page(prefix, after.as_ref(), fetch)
     })?;
     for flow in consumed.into_iter().flatten() {
-        flow_row(&mut rows, flow.flow_id).applied_seq = Some(flow.applied_seq);
+        let key = InboxFlow::new(flow.producer, flow.flow_id);
+        flow_row(&mut rows, key).applied_seq = Some(flow.applied_seq);
     }
     // Each side's first `fetch` flows are complete up to its own last; the
     // merged first FLOWS_PER_PAGE are then complete too.
     let mut rows: Vec<FlowRow> = rows.into_values().take(fetch).collect();
-    let next = if rows.len() > FLOWS_PER_PAGE {
-        rows.truncate(FLOWS_PER_PAGE);
-        rows.last().map(|row| row.flow_id.clone())
-    } else {
-        None
-    };
+    if rows.len() <= FLOWS_PER_PAGE {
+        return Ok((rows, None));
+    }
+    let cut = rows[FLOWS_PER_PAGE].flow.flow_id.clone();
+    let whole = rows
+        .iter()
+        .take_while(|row| row.flow.flow_id != cut)
+        .count();
+    rows.truncate(if whole > 0 { whole } else { FLOWS_PER_PAGE });
+    let next = rows.last().map(|row| row.flow.flow_id.clone());
     Ok((rows, next))
 }
 

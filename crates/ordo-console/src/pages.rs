@@ -215,8 +215,8 @@ pub fn flows(prefix: &str, rows: &[FlowRow], next: Option<&FlowId>) -> Page {
                 table id="flows" {
                     tr { th { "Flow" } th { "Producer's last seq" } th { "Consumer's applied seq" } }
                     @for row in rows {
-                        tr data-flow=(row.flow_id.as_str()) {
-                            td { (flow_link(&row.flow_id)) }
+                        tr data-flow=(row.flow.flow_id.as_str()) {
+                            td { (inbox_flow_link(&row.flow)) }
                             td { (row.last_seq.map(|s| s.to_string()).unwrap_or_default()) }
                             td { (row.applied_seq.map(|s| s.to_string()).unwrap_or_default()) }
                         }

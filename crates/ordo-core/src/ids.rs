@@ -307,6 +307,12 @@ impl ProducerName {
         ProducerName(ProducerName::DEFAULT.to_string())
     }
 
+    /// The greatest name there is (64 `z`s): no name sorts after it, so a
+    /// range read past `(flow_id, last_name())` starts at the next flow id.
+    pub fn last_name() -> ProducerName {
+        ProducerName("z".repeat(64))
+    }
+
     /// Whether this is [`ProducerName::DEFAULT`] (left out of the envelopes
     /// its store appends).
     pub fn is_default(&self) -> bool {

@@ -303,7 +303,7 @@ fn receipts_reply(app: &App, envelopes: &[Envelope], stored: &Stored) -> Respons
         .iter()
         .zip(&stored.answers)
         .map(|(envelope, answer)| {
-            app.metrics.count_received(answer.receipt);
+            (app.metrics).count_received(envelope.producer.as_str(), answer.receipt);
             receipt_value(envelope, answer)
         })
         .collect();

@@ -36,7 +36,8 @@ pub const ERROR_KINDS: [&str; 5] = ["busy", "connection", "timeout", "http", "ot
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    /// `ordo_inbox_received_total{receipt}`: receipts answered by `serve`.
+    /// `ordo_inbox_received_total{producer, receipt}`: receipts answered
+    /// by `serve`, by the producer whose namespace the event is in.
     pub inbox_received_total: IntCounterVec,
     /// `ordo_http_requests_total{status}`: responses by status code.
     pub http_requests_total: IntCounterVec,
@@ -108,7 +109,7 @@ impl Metrics {
     fn start_at_zero(&self) {
         for receipt in [Receipt::Accepted, Receipt::Duplicate, Receipt::Conflict] {
             self.inbox_received_total
-                .with_label_values(&[receipt.as_str()]);
+                .with_label_values(&[ordo_core::ProducerName::DEFAULT, receipt.as_str()]);
             self.relay_deliveries_total
                 .with_label_values(&[receipt.as_str()]);
         }
@@ -131,10 +132,10 @@ impl Metrics {
         &self.registry
     }
 
-    /// Counts one receipt answered by the inbox.
-    pub fn count_received(&self, receipt: Receipt) {
+    /// Counts one receipt answered by the inbox for an event of `producer`.
+    pub fn count_received(&self, producer: &str, receipt: Receipt) {
         self.inbox_received_total
-            .with_label_values(&[receipt.as_str()])
+            .with_label_values(&[producer, receipt.as_str()])
             .inc();
     }
 
@@ -191,11 +192,16 @@ impl InboxMetrics {
     /// Registers each metric in `registry`, in field order.
     fn register(registry: &Registry) -> InboxMetrics {
         InboxMetrics {
-            received_total: counter_vec(
+            received_total: register(
                 registry,
-                "ordo_inbox_received_total",
-                "Receipts answered by the inbox, by receipt.",
-                "receipt",
+                IntCounterVec::new(
+                    Opts::new(
+                        "ordo_inbox_received_total",
+                        "Receipts answered by the inbox, by producer and receipt.",
+                    ),
+                    &["producer", "receipt"],
+                )
+                .expect("valid metric"),
             ),
             http_requests_total: counter_vec(
                 registry,
@@ -380,7 +386,7 @@ mod tests {
     #[test]
     fn counts_and_gauges_show_in_the_exposition() {
         let metrics = Metrics::new();
-        metrics.count_received(Receipt::Duplicate);
+        metrics.count_received("orders", Receipt::Duplicate);
         metrics.count_delivery(Receipt::Conflict);
         metrics
             .relay_errors_total
@@ -398,7 +404,8 @@ mod tests {
         );
         let text = metrics.encode();
         for line in [
-            "ordo_inbox_received_total{receipt=\"duplicate\"} 1",
+            "ordo_inbox_received_total{producer=\"orders\",receipt=\"duplicate\"} 1",
+            "ordo_inbox_received_total{producer=\"default\",receipt=\"accepted\"} 0",
             "ordo_relay_deliveries_total{receipt=\"conflict\"} 1",
             "ordo_relay_errors_total{kind=\"busy\"} 1",
             "ordo_outbox_backlog 3",
