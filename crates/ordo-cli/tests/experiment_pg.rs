@@ -52,8 +52,9 @@ const TRANSPORT: [&str; 2] = [
     "crash_serve_after_commit",
     "crash_relay_after_receive_over_http",
 ];
-const TOPOLOGY: [&str; 3] = [
+const TOPOLOGY: [&str; 4] = [
     "conflict_stops_its_flow_in_one_delivery",
+    "two_producers_share_flow_ids",
     "bound_key_posts_for_another_producer",
     "restore_from_backup_is_detected",
 ];
@@ -159,9 +160,9 @@ fn the_scenarios_pass_on_postgresql_each_on_a_database_that_is_gone_afterwards()
     );
     assert_eq!(
         report["groups"]["topology"],
-        json!({"passed": 2, "failed": 0})
+        json!({"passed": 3, "failed": 0})
     );
-    assert_eq!(report["passed"], 31);
+    assert_eq!(report["passed"], 32);
     assert_eq!(report["failed"], 0);
     let ran = common::scenario_names(&report);
     let expected_ran: Vec<&str> = SEED

@@ -11,11 +11,12 @@ use super::scenarios::{delivery_of, relayed, Outcome, ScenarioFn};
 use crate::serve::{loopback_any, ServeSpec};
 
 /// Every scenario of the group.
-pub const TOPOLOGY: [(&str, ScenarioFn); 3] = [
+pub const TOPOLOGY: [(&str, ScenarioFn); 4] = [
     (
         "conflict_stops_its_flow_in_one_delivery",
         conflict_stops_its_flow_in_one_delivery,
     ),
+    ("two_producers_share_flow_ids", two_producers_share_flow_ids),
     (
         "bound_key_posts_for_another_producer",
         bound_key_posts_for_another_producer,
@@ -91,6 +92,86 @@ fn conflict_stops_its_flow_in_one_delivery(ctx: &Ctx) -> Result<Outcome, String>
                 {"event_id": "a-3", "receipt": "conflict"},
             ]},
             "inbox": [["a-1", "pending"], ["b-1", "pending"]],
+        }),
+    })
+}
+
+/// `event` appended by the producer named `producer`.
+fn of(producer: &str, mut event: Value) -> Value {
+    event["producer"] = json!(producer);
+    event
+}
+
+/// Two producers, `orders` and `payments`, and the default one all use
+/// flow `a` with the same event ids: each `(producer, flow)` is its own
+/// flow at the consumer, so nothing of one is a duplicate or a conflict of
+/// another's. A collision in `payments`' `a` stops only that flow for the
+/// rest of its delivery; apply drains the three flows apart, each onto its
+/// own projection; the listing of one producer's flow shows its rows only.
+fn two_producers_share_flow_ids(ctx: &Ctx) -> Result<Outcome, String> {
+    let first = [
+        of("orders", event("a", 1, "reserved", QUANTITY)),
+        of("payments", event("a", 1, "reserved", QUANTITY + 2)),
+        event("a", 1, "reserved", QUANTITY + 4),
+        of("orders", event("a", 2, "confirmed", QUANTITY)),
+        of("payments", event("a", 2, "confirmed", QUANTITY + 2)),
+    ];
+    let stored = ctx.receive(&first)?;
+    let second = [
+        of("payments", event("a", 2, "confirmed", QUANTITY + 3)),
+        of("payments", event("a", 3, "released", QUANTITY + 2)),
+        of("orders", event("a", 3, "released", QUANTITY)),
+    ];
+    let collided = ctx.receive(&second)?;
+    let applied = ctx.apply(&[])?;
+    let listed = ctx.ok(&[
+        "inbox",
+        "list",
+        "--consumer",
+        "{C}",
+        "--producer-name",
+        "payments",
+        "--flow",
+        "a",
+    ])?;
+    let payments_rows: Vec<Value> = (listed["inbox"].as_array().cloned().unwrap_or_default())
+        .iter()
+        .map(|row| json!([row["producer"], row["event_id"], row["status"]]))
+        .collect();
+    let projection = ctx.snapshot()?["consumer"]["projection"].clone();
+    let accepted = |id: &str| json!({"event_id": id, "receipt": "accepted"});
+    let flow = |producer: &str, applied: u64| {
+        json!({"flow_id": "a", "producer": producer, "applied": applied, "stop": "idle",
+               "reason": null, "detail": null})
+    };
+    let projected = |producer: &str, state: &str, quantity: i64, seq: i64| {
+        json!({"flow_id": "a", "producer": producer, "state": state, "quantity": quantity,
+               "applied_seq": seq})
+    };
+    let first_receipts = ["a-1", "a-1", "a-1", "a-2", "a-2"].map(accepted);
+    Ok(Outcome {
+        observed: json!({
+            "first": stored,
+            "second": collided,
+            "apply": applied,
+            "payments_a": payments_rows,
+            "projection": projection,
+        }),
+        expected: json!({
+            "first": {"receipts": first_receipts},
+            "second": {"receipts": [
+                {"event_id": "a-2", "receipt": "conflict"},
+                {"event_id": "a-3", "receipt": "conflict"},
+                accepted("a-3"),
+            ]},
+            "apply": {"flows": [flow("default", 1), flow("orders", 3), flow("payments", 2)],
+                      "flows_total": 3, "truncated": false},
+            "payments_a": [["payments", "a-1", "applied"], ["payments", "a-2", "applied"]],
+            "projection": [
+                projected("default", "reserved", QUANTITY + 4, 1),
+                projected("orders", "released", QUANTITY, 3),
+                projected("payments", "confirmed", QUANTITY + 2, 2),
+            ],
         }),
     })
 }
