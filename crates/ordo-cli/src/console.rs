@@ -151,9 +151,8 @@ fn reservation_reevaluator(location: &Location) -> Reevaluator {
     let location = location.clone();
     Arc::new(move |flow, support_v2| {
         let mut consumer = open_existing_reservation_consumer(&location).map_err(text)?;
-        let flow = ordo_core::InboxFlow::of_default(flow.clone());
         let (reopened, drained) =
-            crate::ops::reevaluate_blocked(&mut consumer, &flow, support_v2).map_err(text)?;
+            crate::ops::reevaluate_blocked(&mut consumer, flow, support_v2).map_err(text)?;
         let reason = crate::render::reason_suffix(drained.stop.reason());
         Ok(format!(
             "{flow}: reopened {reopened} blocked rows, applied {}, stop {}{reason}",

@@ -165,6 +165,49 @@ on_both_backends! {
     blocked_rows_of_the_reservation_domain_are_re_evaluated_as_inbox_retry,
     on_postgres_blocked_rows_are_re_evaluated_as_inbox_retry:
         reevaluated_as_inbox_retry(as_given);
+    two_producers_flows_of_one_id_are_two_flows,
+    on_postgres_two_producers_flows_of_one_id_are_two_flows:
+        producers_flows_apart(as_given);
+}
+
+/// Flow `A` of the default producer and flow `A` of `orders` are two flows:
+/// the list shows both, and each one's page (`producer` beside `id`) shows
+/// its own rows and projection; a bad producer name is a 400.
+fn producers_flows_apart(lab: &Lab) {
+    lab.at(T0).init();
+    let mut orders: Value = serde_json::from_str(&reservation("A", 1, "reserved", 7)).unwrap();
+    orders["producer"] = Value::from("orders");
+    let batch = format!("{}\n{orders}\n", reservation("A", 1, "reserved", 5));
+    lab.at(T0).receive(&batch);
+    lab.at(T0).apply(&[]);
+    let console = Console::start(&["--consumer", &lab.c]);
+    let list = console.get("/flows");
+    assert_eq!(list.flows(), ["A", "A"], "{}", list.text);
+    assert!(list.text.contains("A of producer orders"), "{}", list.text);
+    assert!(
+        list.text
+            .contains("href=\"/flow?id=A&amp;producer=orders\""),
+        "{}",
+        list.text
+    );
+    let quantity = |page: &Page| {
+        let needle = "data-field=\"quantity\">";
+        let at = page.text.find(needle).expect("a quantity") + needle.len();
+        page.text[at..at + 1].to_owned()
+    };
+    let default = console.get("/flow?id=A");
+    assert_eq!((default.status, quantity(&default)), (200, "5".to_owned()));
+    let named = console.get("/flow?id=A&producer=orders");
+    assert_eq!((named.status, quantity(&named)), (200, "7".to_owned()));
+    assert!(
+        named.text.contains("Flow A of producer orders"),
+        "{}",
+        named.text
+    );
+    assert_eq!(
+        console.get("/flow?id=A&producer=Not%20A%20Name").status,
+        400
+    );
 }
 
 /// The consumer holds the producer's event id A-1 at another flow and seq

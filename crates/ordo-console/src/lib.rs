@@ -93,7 +93,7 @@ pub type Summarizer =
 
 /// Re-evaluates a flow's blocked rows (`support_v2`: the reservation
 /// domain's option); a line telling what happened, or why it failed.
-pub type Reevaluator = Arc<dyn Fn(&FlowId, bool) -> Result<String, String> + Send + Sync>;
+pub type Reevaluator = Arc<dyn Fn(&InboxFlow, bool) -> Result<String, String> + Send + Sync>;
 
 /// One-time confirmation tokens, each for the skip of one flow's one seq:
 /// issued with a preview, used up by the first POST that returns it.
@@ -859,6 +859,8 @@ async fn skip(
 struct ReevaluateForm {
     flow_id: String,
     #[serde(default)]
+    producer: String,
+    #[serde(default)]
     support_v2: Option<String>,
     #[serde(default)]
     csrf: String,
@@ -879,12 +881,16 @@ async fn reevaluate(
         )
         .into_response();
     };
-    let flow_id = match field("flow_id", FlowId::new(&form.flow_id)) {
+    let query = FlowQuery {
+        id: form.flow_id.clone(),
+        producer: Some(form.producer.clone()),
+    };
+    let flow = match query.flow() {
         Ok(flow) => flow,
         Err(page) => return page.into_response(),
     };
     let support_v2 = form.support_v2.is_some();
-    match tokio::task::spawn_blocking(move || run(&flow_id, support_v2)).await {
+    match tokio::task::spawn_blocking(move || run(&flow, support_v2)).await {
         Ok(Ok(line)) => {
             tracing::info!("console: {line}");
             pages::done(&line).into_response()

@@ -420,15 +420,16 @@ pub fn quarantined(console: &Console, rows: Option<&[Quarantined]>) -> Page {
 }
 
 fn reevaluate_forms(console: &Console, rows: &[InboxEntry]) -> Markup {
-    let flows: BTreeSet<&FlowId> = rows.iter().map(|r| &r.envelope.flow_id).collect();
+    let flows: BTreeSet<InboxFlow> = rows.iter().map(|r| r.envelope.inbox_flow()).collect();
     html! {
         @if console.read_only {
         } @else if console.reevaluate.is_some() {
             @for flow in flows {
                 form.action method="post" action="/blocked/reevaluate" {
-                    input type="hidden" name="flow_id" value=(flow.as_str());
+                    input type="hidden" name="flow_id" value=(flow.flow_id.as_str());
+                    input type="hidden" name="producer" value=(flow.producer.as_str());
                     input type="hidden" name="csrf" value=(console.csrf.as_str());
-                    button type="submit" { "Re-evaluate flow " (flow.as_str()) }
+                    button type="submit" { "Re-evaluate flow " (flow.to_string()) }
                     " " label { input type="checkbox" name="support_v2"; " with schema 2 support" }
                     " (as " code { "ordo inbox retry" } ")"
                 }
