@@ -578,8 +578,9 @@ pub struct BenchArgs {
     pub flow_ids: FlowIdsArg,
     /// Instead of throughput, measure fan-out: one producer file with N
     /// destinations, each relayed to its own consumer file, for each N
-    /// given (1..=16, comma-separated, each once, for example 1,2,4).
-    #[arg(long, value_name = "N,...", value_delimiter = ',',
+    /// given (1..=16, comma-separated, each once; without a list 1,2,4).
+    #[arg(long, value_name = "N,...", value_delimiter = ',', num_args = 0..=1,
+          default_missing_value = "1,2,4",
           conflicts_with_all = ["growth", "producers", "sweep", "plot", "flows", "rate"],
           value_parser = destination_count)]
     pub destinations: Option<Vec<u64>>,

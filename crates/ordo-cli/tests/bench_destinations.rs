@@ -57,6 +57,15 @@ fn every_destination_holds_and_applies_every_event() {
 }
 
 #[test]
+fn without_a_list_the_counts_are_1_2_4() {
+    let v = bench(&["--destinations", "--destinations-flows", "2"]).json();
+    let counts: Vec<u64> = (v["runs"].as_array().unwrap().iter())
+        .map(|run| run["destinations"].as_u64().unwrap())
+        .collect();
+    assert_eq!(counts, [1, 2, 4], "{v:#}");
+}
+
+#[test]
 fn a_list_out_of_range_empty_or_twice_is_refused() {
     for (list, needle) in [
         ("0", "1..=16"),

@@ -29,10 +29,11 @@ use crate::{internal, join_all, LabError, Progress};
 
 /// The most destinations of one run.
 pub const DESTINATIONS_MAX: usize = 16;
-/// The destination counts measured unless told otherwise.
+/// The destination counts measured unless told otherwise (`ordo bench
+/// --destinations` without a list).
 pub const DESTINATIONS_DEFAULT: [usize; 3] = [1, 2, 4];
 /// Flows appended in each run unless told otherwise (each three events).
-pub const FLOWS_DEFAULT: u64 = 2_000;
+pub const FLOWS_DEFAULT: u64 = 10_000;
 /// How long a relay waits for events that backed off before it looks again.
 const IDLE_PAUSE: Duration = Duration::from_millis(2);
 /// How long a relay may take to bring its destination everything before
