@@ -576,6 +576,20 @@ pub struct BenchArgs {
         requires = "producers"
     )]
     pub flow_ids: FlowIdsArg,
+    /// Instead of throughput, measure fan-out: one producer file with N
+    /// destinations, each relayed to its own consumer file, for each N
+    /// given (1..=16, comma-separated, each once; without a list 1,2,4).
+    #[arg(long, value_name = "N,...", value_delimiter = ',', num_args = 0..=1,
+          default_missing_value = "1,2,4",
+          conflicts_with_all = ["growth", "producers", "sweep", "plot", "flows", "rate"],
+          value_parser = destination_count)]
+    pub destinations: Option<Vec<u64>>,
+    /// With --destinations, the flows appended in each run (each three
+    /// events), 1..=1000000.
+    #[arg(long, value_name = "N", requires = "destinations",
+          default_value_t = ordo_lab::bench_destinations::FLOWS_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub destinations_flows: u64,
     /// The backend: `sqlite` (files, the default) or `postgres` (the server
     /// of --url: --workers runs, each on a fresh database, F_pg before and
     /// after each).
@@ -826,6 +840,17 @@ fn at_least_one(value: &str) -> Result<u64, String> {
     match value.parse::<u64>() {
         Ok(n) if n >= 1 => Ok(n),
         _ => Err("must be an integer >= 1".into()),
+    }
+}
+
+/// A count of `--destinations`: 1..=16; an empty one (`--destinations ""`,
+/// `1,,2`) is refused by name.
+fn destination_count(value: &str) -> Result<u64, String> {
+    let max = ordo_lab::bench_destinations::DESTINATIONS_MAX as u64;
+    match value.parse::<u64>() {
+        _ if value.is_empty() => Err("an empty count: give counts such as 1,2,4".into()),
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("each count must be an integer in 1..={max}")),
     }
 }
 

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use ordo_lab::{
-    bench, bench_http, bench_pg, bench_producers, demo, experiment, soak, worker, worker_group,
-    LabError, Progress,
+    bench, bench_destinations, bench_http, bench_pg, bench_producers, demo, experiment, soak,
+    worker, worker_group, LabError, Progress,
 };
 
 use crate::args::{
@@ -15,7 +15,7 @@ use crate::args::{
     WorkerCommand,
 };
 use crate::context::{clock, emit, open_options};
-use crate::{render_lab, Failure};
+use crate::{render_destinations, render_lab, Failure};
 
 /// A lab error, by exit status.
 fn failure(error: LabError) -> Failure {
@@ -260,6 +260,14 @@ pub fn bench(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
         }
         return bench_producers(json_mode, args);
     }
+    if args.destinations.is_some() {
+        if http {
+            return Err(Failure::Usage(
+                "--destinations relays in process: without --transport http".into(),
+            ));
+        }
+        return bench_destinations(json_mode, args);
+    }
     let http = http_load(&args, wake_server)?;
     if let Some(plot) = &args.plot {
         if !args.sweep {
@@ -306,6 +314,7 @@ fn bench_pg(json_mode: bool, args: BenchArgs, url: String) -> Result<(), Failure
         (args.plot.is_some(), "--plot"),
         (args.dir.is_some(), "--dir"),
         (!args.producers.is_empty(), "--producers"),
+        (args.destinations.is_some(), "--destinations"),
     ];
     if let Some((_, flag)) = other_modes.iter().find(|(given, _)| *given) {
         return Err(Failure::Usage(format!(
@@ -346,6 +355,26 @@ fn bench_producers(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
     let report = bench_producers::run(&options, &bars).map_err(failure)?;
     let value = render_lab::producers(&report);
     emit(json_mode, &value, || render_lab::producers_text(&report));
+    Ok(())
+}
+
+/// `ordo bench --destinations N,...`: one producer file fanned out to N
+/// consumer files, one relay each.
+fn bench_destinations(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
+    let options = bench_destinations::DestinationsOptions {
+        counts: (args.destinations.iter().flatten())
+            .map(|&n| n as usize)
+            .collect(),
+        flows: args.destinations_flows,
+        batch: args.batch,
+        dir: args.dir,
+    };
+    let bars = Bars::new("{prefix:>12} {msg}");
+    let report = bench_destinations::run(&options, &bars).map_err(failure)?;
+    let value = render_destinations::destinations(&report);
+    emit(json_mode, &value, || {
+        render_destinations::destinations_text(&report)
+    });
     Ok(())
 }
 

@@ -14,6 +14,7 @@ mod metered;
 mod ops;
 mod remote;
 mod render;
+mod render_destinations;
 mod render_lab;
 mod running;
 mod serve;

@@ -8,6 +8,7 @@
 //! command runs [`worker::run`].
 
 pub mod bench;
+pub mod bench_destinations;
 pub mod bench_http;
 pub mod bench_pg;
 pub mod bench_producers;
