@@ -55,14 +55,14 @@ fn the_whole_experiment_passes_22_of_22_seed_and_every_beyond_transport_and_topo
     );
     assert_eq!(
         report["groups"]["topology"],
-        serde_json::json!({"passed": 4, "failed": 0})
+        serde_json::json!({"passed": 5, "failed": 0})
     );
-    assert_eq!(report["passed"], 34);
+    assert_eq!(report["passed"], 35);
     assert_eq!(report["failed"], 0);
     let written: Value = serde_json::from_str(&std::fs::read_to_string(&output).unwrap()).unwrap();
     assert_eq!(written["scenarios"], report["scenarios"]);
     let names = common::scenario_names(&report);
-    assert_eq!(names.len(), 34);
+    assert_eq!(names.len(), 35);
     for name in [
         "fair_relay_isolates_conflict",
         "transient_failure_backs_off",

@@ -52,15 +52,17 @@ const TRANSPORT: [&str; 2] = [
     "crash_serve_after_commit",
     "crash_relay_after_receive_over_http",
 ];
-const TOPOLOGY: [&str; 4] = [
+const TOPOLOGY: [&str; 5] = [
     "conflict_stops_its_flow_in_one_delivery",
     "two_producers_share_flow_ids",
+    "fan_out_with_one_consumer_down",
     "bound_key_posts_for_another_producer",
     "restore_from_backup_is_detected",
 ];
 /// What only an SQLite store can show, with its group.
-const NOT_ON_POSTGRES: [(&str, &str, &str); 2] = [
+const NOT_ON_POSTGRES: [(&str, &str, &str); 3] = [
     ("transient_failure_backs_off", "beyond", "SQLite"),
+    ("fan_out_with_one_consumer_down", "topology", "destination"),
     ("restore_from_backup_is_detected", "topology", "file"),
 ];
 

@@ -88,14 +88,15 @@ impl Backend {
 
 /// Scenarios that cannot run on PostgreSQL, with the reason: they are about
 /// what only an SQLite file has.
-const NOT_ON_POSTGRES: [(&str, &str); 2] = [
+const NOT_ON_POSTGRES: [(&str, &str); 3] = [
     (
         "transient_failure_backs_off",
         "makes the consumer transiently busy by holding its SQLite file's write lock \
          (--busy-timeout-ms); a PostgreSQL store has no file lock, and a lock held on \
          its tables makes a receive wait, not fail",
     ),
-    topology::SQLITE_ONLY,
+    topology::SQLITE_ONLY[0],
+    topology::SQLITE_ONLY[1],
 ];
 
 /// Why `name` cannot run on `backend`, if it cannot.

@@ -668,7 +668,7 @@ mod tests {
         every.dedup();
         assert_eq!(every.len(), all.len(), "scenario names are unique");
         let hops = crate::transports::networked().count();
-        assert_eq!(all.len(), 22 + 6 + 2 * hops + 3);
+        assert_eq!(all.len(), 22 + 6 + 2 * hops + 5);
         let mut names: Vec<&str> = SEED.iter().map(|(n, _)| *n).collect();
         names.sort_unstable();
         names.dedup();

@@ -11,12 +11,16 @@ use super::scenarios::{delivery_of, relayed, Outcome, ScenarioFn};
 use crate::serve::{loopback_any, ServeSpec};
 
 /// Every scenario of the group.
-pub const TOPOLOGY: [(&str, ScenarioFn); 4] = [
+pub const TOPOLOGY: [(&str, ScenarioFn); 5] = [
     (
         "conflict_stops_its_flow_in_one_delivery",
         conflict_stops_its_flow_in_one_delivery,
     ),
     ("two_producers_share_flow_ids", two_producers_share_flow_ids),
+    (
+        "fan_out_with_one_consumer_down",
+        fan_out_with_one_consumer_down,
+    ),
     (
         "bound_key_posts_for_another_producer",
         bound_key_posts_for_another_producer,
@@ -27,13 +31,20 @@ pub const TOPOLOGY: [(&str, ScenarioFn); 4] = [
     ),
 ];
 
-/// The scenario of this group that needs what only an SQLite file has,
+/// The scenarios of this group that need what only an SQLite file has,
 /// with the reason.
-pub const SQLITE_ONLY: (&str, &str) = (
-    "restore_from_backup_is_detected",
-    "backs the producer store up and restores it as a file (VACUUM INTO and a copy); \
-     a PostgreSQL store is backed up and restored by the server's own tools",
-);
+pub const SQLITE_ONLY: [(&str, &str); 2] = [
+    (
+        "restore_from_backup_is_detected",
+        "backs the producer store up and restores it as a file (VACUUM INTO and a copy); \
+         a PostgreSQL store is backed up and restored by the server's own tools",
+    ),
+    (
+        "fan_out_with_one_consumer_down",
+        "adds a second destination; a PostgreSQL producer store keeps custody for its \
+         one destination, default, in this release",
+    ),
+];
 
 const QUANTITY: i64 = 5;
 const SECRET: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
@@ -172,6 +183,87 @@ fn two_producers_share_flow_ids(ctx: &Ctx) -> Result<Outcome, String> {
                 projected("orders", "released", QUANTITY, 3),
                 projected("payments", "confirmed", QUANTITY + 2, 2),
             ],
+        }),
+    })
+}
+
+/// The producer's per-destination numbers of `status`, as `[backlog,
+/// backing_off]` by destination, at `now_ms`.
+fn per_destination(ctx: &Ctx, now_ms: i64) -> Result<Value, String> {
+    let status = ctx.run_at(now_ms, &["status", "--producer", "{P}"])?;
+    let status = status.json_if_ok("status")?;
+    let destinations = status["producer"]["destinations"].as_object().cloned();
+    Ok(destinations
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(name, d)| (name, json!([d["backlog"], d["backing_off"]])))
+        .collect())
+}
+
+/// The wall clock, in ms since the epoch.
+fn wall_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// One producer, two destinations: `default` to the consumer, `billing`
+/// to a consumer that is down (nothing listens at its address). The
+/// consumer up gets every event; billing's custody backs off on its own,
+/// keeps its backlog and so holds pruning back; once billing's consumer is
+/// up (a file of its own) it gets every flow from seq 1 and pruning goes on.
+fn fan_out_with_one_consumer_down(ctx: &Ctx) -> Result<Outcome, String> {
+    ctx.ok(&["init", "--producer", "{P}", "--consumer", "{C}"])?;
+    let billing = ctx.dir.join("billing.db").display().to_string();
+    ctx.ok(&["init", "--consumer", &billing])?;
+    ctx.ok(&["destination", "add", "--producer", "{P}", "billing"])?;
+    produce(ctx, "a", 2, QUANTITY)?;
+    produce(ctx, "b", 1, QUANTITY)?;
+    let start_ms = wall_ms();
+    let later = |minutes: i64| start_ms + minutes * 60_000;
+    let relay = |now_ms: i64, destination: &str, to: &[&str]| {
+        let args = [
+            &["relay", "--producer", "{P}", "--destination", destination],
+            to,
+        ]
+        .concat();
+        ctx.run_at(now_ms, &args)?.json_if_ok("relay")
+    };
+    let up = relay(later(1), "default", &["--consumer", "{C}"])?;
+    let down = relay(later(1), "billing", &["--to", "http://127.0.0.1:1"])?;
+    let while_down = per_destination(ctx, later(1))?;
+    let prune = |now_ms: i64| {
+        let args = ["prune", "--producer", "{P}", "--older-than", "0s"];
+        ctx.run_at(now_ms, &args)?.json_if_ok("prune")
+    };
+    let held_back = prune(later(2))?["producer"]["removed"].clone();
+    let back_up = relay(later(60), "billing", &["--consumer", &billing])?;
+    let after = per_destination(ctx, later(60))?;
+    let pruned = prune(later(61))?["producer"]["removed"].clone();
+    let delivered = |receipts: &[(&str, &str, i64)]| {
+        let deliveries = receipts
+            .iter()
+            .map(|(id, flow, seq)| delivery_of(id, flow, *seq, "accepted"))
+            .collect();
+        relayed(deliveries, "drained")
+    };
+    let all = [("a-1", "a", 1), ("b-1", "b", 1), ("a-2", "a", 2)];
+    let mut failed = relayed(vec![], "drained");
+    failed["transient_errors"] = json!(1);
+    Ok(Outcome {
+        observed: json!({
+            "up": up, "down": down, "while_down": while_down, "held_back": held_back,
+            "back_up": back_up, "after": after, "pruned": pruned,
+        }),
+        expected: json!({
+            "up": delivered(&all),
+            "down": failed,
+            // The failed round held each flow's head (one event of a flow
+            // a round): those two back off, a-2 waits behind a-1.
+            "while_down": {"default": [0, 0], "billing": [3, 2]},
+            "held_back": 0,
+            "back_up": delivered(&all),
+            "after": {"default": [0, 0], "billing": [0, 0]},
+            "pruned": 3,
         }),
     })
 }
