@@ -27,8 +27,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ordo_core::{
-    ApplyHandler, Backoff, ErrorKind, ProducerStore, RelayOptions, RunConsumer, RunStore, Signal,
-    StoreError, Transport,
+    ApplyHandler, Backoff, DestinationName, ErrorKind, ProducerStore, RelayOptions, RunConsumer,
+    RunStore, Signal, StoreError, Transport,
 };
 
 mod apply;
@@ -230,6 +230,41 @@ impl Runner {
         self.spawn("ordo-relay", signal, move || relay.run())
     }
 
+    /// [`Runner::spawn_relay_reopening`] for one destination of the
+    /// producer store: the loop's handle (and each one `reopen` opens after
+    /// a lost connection) acts on `destination` only, its own custody,
+    /// backoff and quarantine (PROTOCOL.md section 12). One runner serves
+    /// several destinations of a store this way, each loop with its own
+    /// producer handle and its own transport. An unknown destination is
+    /// refused ([`ErrorKind::InvalidInput`]) and nothing starts.
+    pub fn spawn_relay_for<P, T, O>(
+        &mut self,
+        destination: &DestinationName,
+        mut producer: P,
+        reopen: Option<Reopen<P>>,
+        transport: T,
+        observe: O,
+    ) -> Result<(), StoreError>
+    where
+        P: ProducerStore + RunStore + Send + 'static,
+        T: Transport + Send + 'static,
+        O: FnMut(&RelayRound) + Send + 'static,
+    {
+        use_destination(&mut producer, destination)?;
+        let reopen = reopen.map(|mut open| -> Reopen<P> {
+            let destination = destination.clone();
+            Box::new(move || {
+                let mut fresh = open()?;
+                use_destination(&mut fresh, &destination)?;
+                Ok(fresh)
+            })
+        });
+        self.spawn_relay_reopening(producer, reopen, transport, observe)
+            .map_err(|e| {
+                StoreError::new(ErrorKind::Other, format!("cannot start a relay loop: {e}"))
+            })
+    }
+
     /// Starts the apply loop on its own thread with its own consumer handle
     /// and the application's handler.
     pub fn spawn_apply<C, H>(&mut self, consumer: C, handler: H) -> std::io::Result<()>
@@ -364,6 +399,16 @@ impl Drop for Runner {
 
 /// Opens a store again after its connection was lost.
 pub type Reopen<S> = Box<dyn FnMut() -> Result<S, StoreError> + Send>;
+
+/// Makes `producer` act on `destination`; an unknown one is invalid input.
+fn use_destination<P: ProducerStore + ?Sized>(
+    producer: &mut P,
+    destination: &DestinationName,
+) -> Result<(), StoreError> {
+    producer
+        .use_destination(Some(destination))?
+        .map_err(|refused| StoreError::new(ErrorKind::InvalidInput, refused.to_string()))
+}
 
 /// How often an idle loop looks for another process's commits
 /// ([`RunStore::changed_elsewhere`]), so that such work waits at most

@@ -1473,6 +1473,53 @@ fn the_runner_applies_every_append_exactly_once_and_reports_it() {
 /// With a poll interval far longer than the test's deadline, only the
 /// in-process wake-ups can move the events: an append wakes the relay, the
 /// receive wakes the apply loop, and a stop wakes both.
+/// One runner relays one producer store to two destinations at once, each
+/// loop with its own producer handle and its own consumer store: both get
+/// every event, each flow in order, and the outbox is settled only once
+/// both hold it. An unknown destination starts nothing.
+#[test]
+fn one_runner_serves_two_destinations_each_on_its_own_transport() {
+    let dir = tempfile::tempdir().unwrap();
+    let producer_path = dir.path().join("producer.db");
+    let billing = ordo_core::DestinationName::new("billing").unwrap();
+    let mut producer = ProducerDb::open(&producer_path, &orders_schema()).unwrap();
+    let start = ordo_core::destination::DestinationStart::Start;
+    producer.add_destination(&billing, start).unwrap().unwrap();
+    let consumers = [
+        dir.path().join("shipping.db"),
+        dir.path().join("billing.db"),
+    ];
+    let open_consumer = |path: &Path| ConsumerDb::open(path, &ledger_schema()).unwrap();
+    let mut runner = Runner::new(RunnerOptions::default());
+    let unknown = ordo_core::DestinationName::new("nowhere").unwrap();
+    let handle = ProducerDb::open(&producer_path, &orders_schema()).unwrap();
+    let refused = runner
+        .spawn_relay_for(&unknown, handle, None, open_consumer(&consumers[0]), |_| {})
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::InvalidInput, "{refused}");
+    let names = [ordo_core::DestinationName::default_name(), billing.clone()];
+    for (name, consumer) in names.iter().zip(&consumers) {
+        let handle = ProducerDb::open(&producer_path, &orders_schema()).unwrap();
+        (runner.spawn_relay_for(name, handle, None, open_consumer(consumer), |_| {})).unwrap();
+        runner.spawn_apply(open_consumer(consumer), Ledger).unwrap();
+    }
+    append_round_robin(&mut producer, 5, 20);
+    let shipping = open_consumer(&consumers[0]);
+    let runner = wait_for_ledger(&shipping, runner, 100);
+    let runner = wait_for_ledger(&open_consumer(&consumers[1]), runner, 100);
+    let report = runner.stop().unwrap();
+    assert_eq!(report.relay.accepted, 200, "100 events to each destination");
+    assert_eq!(report.apply.applied, 200);
+    for consumer in &consumers {
+        let by_flow = ledger_by_flow(&open_consumer(consumer));
+        assert_eq!(by_flow.len(), 5);
+        for seqs in by_flow.values() {
+            assert_eq!(*seqs, (1..=20).collect::<Vec<_>>());
+        }
+    }
+    assert!(producer.outbox().unwrap().iter().all(|r| r.accepted));
+}
+
 #[test]
 fn the_runner_wakes_on_an_append_of_the_same_process_without_polling() {
     let dir = tempfile::tempdir().unwrap();
