@@ -4,20 +4,8 @@
 
 mod common;
 
-use common::{run, Out};
+use common::bench;
 use serde_json::Value;
-
-fn bench(args: &[&str]) -> Out {
-    let dir = tempfile::tempdir().unwrap();
-    let dir_arg = dir.path().to_str().unwrap().to_string();
-    let mut all = vec!["--json", "bench", "--dir", dir_arg.as_str()];
-    all.extend_from_slice(args);
-    let out = run(&all);
-    // The temporary files go with the run.
-    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-    assert!(left.is_empty(), "bench left files behind: {left:?}");
-    out
-}
 
 #[track_caller]
 fn phase(run: &Value, name: &str, events: u64) -> (f64, f64) {

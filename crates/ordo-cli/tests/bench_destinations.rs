@@ -5,19 +5,7 @@
 
 mod common;
 
-use common::{run, Out};
-
-fn bench(args: &[&str]) -> Out {
-    let dir = tempfile::tempdir().unwrap();
-    let dir_arg = dir.path().to_str().unwrap().to_string();
-    let mut all = vec!["--json", "bench", "--dir", dir_arg.as_str()];
-    all.extend_from_slice(args);
-    let out = run(&all);
-    // The temporary files go with the run.
-    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-    assert!(left.is_empty(), "bench left files behind: {left:?}");
-    out
-}
+use common::bench;
 
 #[test]
 fn every_destination_holds_and_applies_every_event() {

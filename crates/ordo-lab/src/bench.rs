@@ -165,7 +165,7 @@ fn relay_round(
 }
 
 /// One pass of apply over every flow with work; returns how many applied.
-fn apply_pass(consumer: &mut ConsumerDb, batch: u64) -> Result<u64, Failure> {
+pub(crate) fn apply_pass(consumer: &mut ConsumerDb, batch: u64) -> Result<u64, Failure> {
     let mut applied = 0;
     process_all_each(
         consumer,

@@ -18,10 +18,9 @@ use std::time::{Duration, Instant};
 
 use ordo_core::destination::DestinationStart;
 use ordo_core::{
-    process_all_each, relay, Clock, ConsumerOps, DestinationName, InboxStatus, ProducerOps,
-    Receipt, RelayOptions, SystemClock,
+    relay, Clock, ConsumerOps, DestinationName, InboxStatus, ProducerOps, Receipt, RelayOptions,
+    SystemClock,
 };
-use ordo_reservation::ReservationHandler;
 
 use crate::bench::{produce, EVENTS_PER_FLOW};
 use crate::figures::per_second;
@@ -315,15 +314,7 @@ fn relay_all(
 /// events it applied.
 fn apply_one(path: &Path, batch: u64) -> Result<u64, LabError> {
     let mut consumer = ordo_reservation::open_consumer(path)?;
-    let mut applied = 0;
-    process_all_each(
-        &mut consumer,
-        None,
-        &mut ReservationHandler::default(),
-        batch,
-        |d| applied += d.applied,
-    )?;
-    Ok(applied)
+    crate::bench::apply_pass(&mut consumer, batch)
 }
 
 /// One applier per consumer, all at once; returns the seconds they took.

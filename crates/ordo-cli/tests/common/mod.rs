@@ -540,6 +540,20 @@ pub fn assert_applied(snapshot: &Value, projection: Value, effects: &[(&str, i64
     assert_eq!(snapshot["consumer"]["effects"], Value::Array(effects));
 }
 
+/// Runs `ordo --json bench --dir DIR ARGS` in a fresh directory, which the
+/// bench must leave empty.
+pub fn bench(args: &[&str]) -> Out {
+    let dir = tempfile::tempdir().unwrap();
+    let dir_arg = dir.path().to_str().unwrap().to_string();
+    let mut all = vec!["--json", "bench", "--dir", dir_arg.as_str()];
+    all.extend_from_slice(args);
+    let out = run(&all);
+    // The temporary files go with the run.
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "bench left files behind: {left:?}");
+    out
+}
+
 /// The path of `name` inside `dir`, as text.
 pub fn join(dir: &Path, name: &str) -> String {
     path_str(&PathBuf::from(dir).join(name))
