@@ -4,7 +4,6 @@
 //! every destination a flow is delivered to, and `outbox abandon`.
 
 mod common;
-mod pgdb;
 
 use common::*;
 use serde_json::{json, Value};
@@ -580,59 +579,4 @@ impl Fan {
         self.lab.at(now_ms);
         self.prune()
     }
-}
-
-/// On PostgreSQL too the store's destination keeps to the consumer store
-/// of its first delivery: a relay to another consumer store exits 1 naming
-/// both, with nothing marked; the first consumer still gets what follows.
-#[test]
-fn on_postgres_a_destination_keeps_to_the_consumer_of_its_first_delivery() {
-    let dbs = [
-        pgdb::Database::create(),
-        pgdb::Database::create(),
-        pgdb::Database::create(),
-    ];
-    let [p, a, b] = [0, 1, 2].map(|i| dbs[i].url());
-    let ok = |args: &[&str]| run(&[&["--json"], args].concat()).json();
-    ok(&["init", "--producer", &p]);
-    for consumer in [&a, &b] {
-        ok(&["init", "--consumer", consumer]);
-    }
-    let id =
-        |consumer: &str| ok(&["status", "--consumer", consumer])["consumer"]["store_id"].clone();
-    let recorded = || {
-        ok(&["destination", "list", "--producer", &p])["destinations"][0]["consumer_store_id"]
-            .clone()
-    };
-    let advance = |expected: &str, to: &str| {
-        let args = [
-            "advance",
-            "--producer",
-            &p,
-            "--flow",
-            "A",
-            "--expected-seq",
-            expected,
-        ];
-        ok(&[&args[..], &["--to", to, "--quantity", "1"]].concat());
-    };
-    advance("0", "reserved");
-    assert_eq!(recorded(), json!(null));
-    ok(&["relay", "--producer", &p, "--consumer", &a]);
-    assert_eq!(recorded(), id(&a), "recorded at the first delivery");
-    advance("1", "confirmed");
-    let refused = run(&["--json", "relay", "--producer", &p, "--consumer", &b]);
-    refused.storage_error();
-    for needle in [id(&a), id(&b)] {
-        let needle = needle.as_str().unwrap().to_owned();
-        assert!(refused.stderr.contains(&needle), "{needle}: {refused:?}");
-    }
-    let outbox = ok(&["outbox", "list", "--producer", &p]);
-    let accepted: Vec<&Value> = (outbox["outbox"].as_array().unwrap().iter())
-        .map(|row| &row["accepted"])
-        .collect();
-    assert_eq!(accepted, [&json!(true), &json!(false)], "nothing marked");
-    assert_eq!(recorded(), id(&a));
-    let again = ok(&["relay", "--producer", &p, "--consumer", &a]);
-    assert_eq!(again["deliveries_total"], json!(1), "{again}");
 }

@@ -6,7 +6,6 @@ use ordo_core::destination::{Destination, DestinationRefused, DestinationStart, 
 use ordo_core::{DestinationName, ErrorKind, ProducerOps, StoreError, StoreId};
 
 use super::PgProducer;
-use crate::conn::PgTx;
 
 /// Every destination (the one), with its signals at `now_ms`.
 pub(super) fn destinations(
@@ -37,40 +36,6 @@ pub(super) fn destinations(
             })
         })
         .collect()
-}
-
-/// Records `consumer` as the consumer store of the store's destination at
-/// its first delivery from a known one, in the write transaction `tx`
-/// (the destination's row locked until it ends); refuses another consumer
-/// afterwards ([`ordo_core::destination::check_consumer`]).
-pub(super) fn check_consumer(tx: &PgTx, consumer: Option<&StoreId>) -> Result<(), StoreError> {
-    let Some(consumer) = consumer else {
-        return Ok(());
-    };
-    let context = "producer: cannot read the destination's consumer";
-    let row = tx
-        .row(
-            context,
-            "SELECT name, consumer_store_id FROM {s}.destination ORDER BY id LIMIT 1 FOR UPDATE",
-            &[],
-        )?
-        .ok_or_else(|| crate::error::corrupt("producer: destination", "no destination stored"))?;
-    let bad = |e: &dyn std::fmt::Display| {
-        crate::error::corrupt("producer: stored destination", e.to_string())
-    };
-    let name = DestinationName::new(row.get::<_, String>(0)).map_err(|e| bad(&e))?;
-    let recorded = (row.get::<_, Option<String>>(1))
-        .map(|id| id.parse::<StoreId>().map_err(|e| bad(&e)))
-        .transpose()?;
-    let check = ordo_core::destination::check_consumer(&name, recorded.as_ref(), Some(consumer));
-    if let Some(first) = check? {
-        tx.run(
-            "producer: cannot record the destination's consumer",
-            "UPDATE {s}.destination SET consumer_store_id = $1 WHERE name = $2",
-            &[&first.as_str(), &name.as_str()],
-        )?;
-    }
-    Ok(())
 }
 
 /// Whether `name` is the store's destination.

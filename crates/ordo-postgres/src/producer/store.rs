@@ -4,7 +4,7 @@
 use super::*;
 use crate::browse;
 use ordo_core::store::sql_limit;
-use ordo_core::{ProducerOps, StoreId};
+use ordo_core::ProducerOps;
 
 impl ProducerOps for PgProducer {
     fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
@@ -241,19 +241,6 @@ impl ProducerStore for PgProducer {
         receipts: &[(EventId, Receipt)],
         now_ms: i64,
     ) -> Result<(), StoreError> {
-        self.record_receipts_from(None, receipts, now_ms)
-    }
-
-    /// Records the consumer store `consumer` of the store's destination at
-    /// its first delivery from a known one, in the same transaction as the
-    /// marks, and refuses receipts from another one afterwards, nothing
-    /// marked (PROTOCOL.md section 12).
-    fn record_receipts_from(
-        &mut self,
-        consumer: Option<&StoreId>,
-        receipts: &[(EventId, Receipt)],
-        now_ms: i64,
-    ) -> Result<(), StoreError> {
         let ids: Vec<&str> = receipts.iter().map(|(id, _)| id.as_str()).collect();
         let fences = if receipts.iter().any(|(_, r)| r.quarantine().is_some()) {
             Fences::Locked
@@ -261,7 +248,6 @@ impl ProducerStore for PgProducer {
             Fences::Seen
         };
         self.bookkeeping(&ids, fences, |tx, store_now_ms| {
-            super::destinations::check_consumer(tx, consumer)?;
             record_receipts_in(tx, receipts, store_now_ms.max(now_ms))
         })
     }
