@@ -624,11 +624,12 @@ where
 /// Refuses a write of `expected` apply cursors that moved only `moved` of
 /// them: a cursor only moves forward (never stays nor moves back), so a
 /// write that left one where it was is a corrupt store, reported at the
-/// first cursor of the write (`flow_id`, `applied_seq`) and rolled back.
+/// first cursor of the write (`flow`, `applied_seq`) and rolled back. The
+/// flow is only formatted when the check fails.
 pub fn check_cursors_moved(
     moved: u64,
     expected: usize,
-    flow_id: &str,
+    flow: &dyn std::fmt::Display,
     applied_seq: i64,
 ) -> Result<(), StoreError> {
     assert!(
@@ -641,7 +642,7 @@ pub fn check_cursors_moved(
     Err(StoreError::corrupt(
         "consumer: inbox_cursor",
         format!(
-            "a cursor (of flow {flow_id} or another of its write) is already at or past {applied_seq}"
+            "a cursor (of flow {flow} or another of its write) is already at or past {applied_seq}"
         ),
     ))
 }

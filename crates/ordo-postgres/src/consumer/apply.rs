@@ -267,8 +267,13 @@ impl Marks {
                 .iter()
                 .map(|row| (row.get(0), row.get(1)))
                 .collect();
+            // Each event of a batch is marked once: all marked is the
+            // common case, told by the count alone.
             let key = |i: usize| (self.event_ids[i].clone(), self.producers[i].clone());
-            if let Some(i) = (0..self.event_ids.len()).find(|i| !marked.contains(&key(*i))) {
+            let unmarked = (marked.len() != self.event_ids.len())
+                .then(|| (0..self.event_ids.len()).find(|i| !marked.contains(&key(*i))))
+                .flatten();
+            if let Some(i) = unmarked {
                 let flow_id = FlowId::new(self.flows[i].clone())
                     .map_err(|e| corrupt("consumer: stored flow id", e))?;
                 let seq = Seq::new(self.seqs[i]).map_err(|e| corrupt("consumer: stored seq", e))?;
@@ -294,7 +299,7 @@ impl Marks {
                  WHERE excluded.applied_seq > c.applied_seq",
                 &[&flows, &producers, &seqs],
             )?;
-            check_cursors_moved(moved, flows.len(), flows[0], seqs[0])?;
+            check_cursors_moved(moved, flows.len(), &flows[0], seqs[0])?;
         }
         Ok(())
     }
@@ -631,7 +636,7 @@ pub(super) fn write_cursor(tx: &PgTx, flow: &InboxFlow, seq: i64) -> Result<(), 
             &applied_seq,
         ],
     )?;
-    check_cursors_moved(moved, 1, &flow.to_string(), applied_seq)
+    check_cursors_moved(moved, 1, flow, applied_seq)
 }
 
 /// What is stored at the flow's next seq, with its body.

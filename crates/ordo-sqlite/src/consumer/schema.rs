@@ -191,8 +191,7 @@ pub(super) fn write_cursor(tx: &Connection, flow: &InboxFlow, seq: i64) -> Resul
         params![flow.flow_id.as_str(), flow.producer.as_str(), applied_seq],
     )
     .map_err(|e| sql_error("consumer: cannot move the apply cursor", e))?;
-    let shown = flow.to_string();
-    ordo_core::apply::check_cursors_moved(moved as u64, 1, &shown, applied_seq)
+    ordo_core::apply::check_cursors_moved(moved as u64, 1, flow, applied_seq)
 }
 
 pub(super) fn read_inbox(conn: &Connection) -> Result<Vec<InboxRecord>, StoreError> {
