@@ -694,8 +694,10 @@ fn the_follow_modes_and_serve_apply_run_on_postgres() {
         Some(4)
     );
 
-    // A PostgreSQL producer following into an SQLite consumer.
+    // A PostgreSQL producer following into an SQLite consumer: another
+    // consumer store, so another destination (the first recorded its own).
     run(&["init", "--consumer", &lab.c]).text();
+    switch_destination(&url, "default", "lab");
     let relay = Running::relay_follow(&url, &lab.c);
     advance_new(&url, "w-5");
     relay.until_total("accepted", 1);
@@ -721,6 +723,7 @@ fn the_follow_modes_and_serve_apply_run_on_postgres() {
         .strip_prefix("listening on ")
         .expect("listening on ADDR");
     let to = format!("http://{addr}");
+    switch_destination(&url, "lab", "served");
     let status = run(&["status", "--json", "--producer", &url]).json();
     assert_eq!(status["producer"]["backlog"], 0, "{status}");
     advance_new(&url, "w-6");
@@ -740,6 +743,25 @@ fn the_follow_modes_and_serve_apply_run_on_postgres() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(serve.stop(), Some(0));
+}
+
+/// Adds the destination `to` (`--from now`) to the producer store at `url`
+/// and removes `from`, so that its relay goes to another consumer store.
+fn switch_destination(url: &str, from: &str, to: &str) {
+    let add = ["destination", "add", "--producer", url, "--from", "now", to];
+    run(&add).text();
+    run(&[
+        "destination",
+        "remove",
+        "--producer",
+        url,
+        from,
+        "--by",
+        "test",
+        "--reason",
+        "another consumer store",
+    ])
+    .text();
 }
 
 /// A running `ordo serve`; killed when dropped.

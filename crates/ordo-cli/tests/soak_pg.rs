@@ -158,7 +158,7 @@ fn the_end_check_of_a_kept_database_reports_what_was_broken_in_it() {
             "different body",
         ),
         (
-            "UPDATE ordo_producer.outbox_head SET lease_owner = 'ghost',
+            "UPDATE ordo_producer.relay_head SET lease_owner = 'ghost',
                  lease_backend_pid = pg_backend_pid(), lease_expires_at_ms = 9000000000000
                  WHERE flow_id = 'flow-0000003'",
             "still leased to relay ghost",
@@ -168,8 +168,8 @@ fn the_end_check_of_a_kept_database_reports_what_was_broken_in_it() {
             "1 flows have outbox events but no head row",
         ),
         (
-            "INSERT INTO ordo_producer.outbox_pending (position)
-             SELECT position FROM ordo_producer.outbox WHERE event_id = 'flow-0000005-1'",
+            "INSERT INTO ordo_producer.custody_pending (destination, position)
+             SELECT 1, position FROM ordo_producer.outbox WHERE event_id = 'flow-0000005-1'",
             "listed pending but accepted",
         ),
     ];

@@ -88,11 +88,17 @@ pub(crate) fn database_state(url: &str) -> Result<(Snapshot, Leases), LabError> 
                          WHERE NOT EXISTS (SELECT 1 FROM \"{s}\".outbox_head h
                                            WHERE h.flow_id = o.flow_id)),
                         (SELECT count(*) FROM (
-                            (SELECT position FROM \"{s}\".outbox_pending
-                             EXCEPT SELECT position FROM \"{s}\".outbox WHERE NOT accepted)
+                            (SELECT destination, position FROM \"{s}\".custody_pending
+                             EXCEPT SELECT destination, position FROM \"{s}\".custody
+                                    WHERE NOT accepted AND NOT abandoned)
                             UNION ALL
-                            (SELECT position FROM \"{s}\".outbox WHERE NOT accepted
-                             EXCEPT SELECT position FROM \"{s}\".outbox_pending)) AS d)"
+                            (SELECT destination, position FROM \"{s}\".custody
+                             WHERE NOT accepted AND NOT abandoned
+                             EXCEPT SELECT destination, position FROM \"{s}\".custody_pending)) AS d)
+                        + (SELECT count(*) FROM \"{s}\".outbox o
+                           WHERE o.accepted <> (o.destinations_waiting = 0)
+                              OR o.destinations_waiting <> (SELECT count(*)
+                                  FROM \"{s}\".custody_pending p WHERE p.position = o.position))"
             ),
             &[],
         )?;
@@ -103,7 +109,8 @@ pub(crate) fn database_state(url: &str) -> Result<(Snapshot, Leases), LabError> 
                         AND EXISTS (SELECT 1 FROM pg_stat_activity a
                                     WHERE a.pid = h.lease_backend_pid
                                       AND a.datname = current_database())
-                 FROM \"{s}\".outbox_head h WHERE h.lease_owner IS NOT NULL ORDER BY h.flow_id"
+                 FROM \"{s}\".relay_head h WHERE h.lease_owner IS NOT NULL
+                 ORDER BY h.flow_id, h.destination"
             ),
             &[],
         )?;
@@ -122,7 +129,7 @@ pub(crate) fn database_state(url: &str) -> Result<(Snapshot, Leases), LabError> 
         violations.push(Violation {
             rule: Rule::Unfinished,
             detail: format!(
-                "{misfiled} outbox events listed pending but accepted or gone, or not accepted and unlisted"
+                "{misfiled} outbox events listed pending but accepted or gone, or not accepted and unlisted, or with a count of destinations waiting that their marks do not match"
             ),
         });
     }

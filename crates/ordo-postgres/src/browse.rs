@@ -12,7 +12,7 @@ use ordo_core::{EventId, FlowId, InboxFlow, ProducerName, Role, Seq, StoreError}
 
 use crate::conn::PgTx;
 use crate::consumer::inbox_entry;
-use crate::producer::outbox_entry;
+use crate::producer::outbox_entries_of;
 
 /// Each flow's last seq, on the key of `outbox_head`. A head at 0 (locked
 /// by a writer that appended nothing) is no flow.
@@ -33,9 +33,7 @@ pub(crate) const CONSUMER_FLOWS_SQL: &str = "SELECT c.flow_id, c.producer, c.app
      ORDER BY c.flow_id, c.producer LIMIT $3";
 
 /// One flow's outbox rows, on the `(flow_id, seq)` key.
-pub(crate) const FLOW_OUTBOX_SQL: &str =
-    "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
-            next_attempt_at_ms, created_at_ms, accepted_at_ms
+pub(crate) const FLOW_OUTBOX_SQL: &str = "SELECT position, body, created_at_ms, accepted
      FROM {s}.outbox WHERE flow_id = $1 ORDER BY seq LIMIT $2";
 
 /// One inbox row, on the `(flow_id, producer, seq)` key.
@@ -94,7 +92,7 @@ pub(crate) fn flow_outbox_entries(
         FLOW_OUTBOX_SQL,
         &[&flow_id.as_str(), &sql_limit(limit)],
     )?;
-    rows.iter().map(outbox_entry).collect()
+    outbox_entries_of(conn, &rows)
 }
 
 /// The inbox row at the flow's `seq`, if stored.

@@ -73,8 +73,10 @@ impl Filled {
         filled
             .client
             .batch_execute(&format!(
-                "INSERT INTO {p}.outbox_head (flow_id, last_seq, relay_seq, relay_turn)
-                     SELECT {FLOW}, 1, 1, i FROM generate_series(1, {FLOWS}) i;
+                "INSERT INTO {p}.outbox_head (flow_id, last_seq)
+                     SELECT {FLOW}, 1 FROM generate_series(1, {FLOWS}) i;
+                 INSERT INTO {p}.relay_head (flow_id, destination, last_seq, relay_seq, relay_turn)
+                     SELECT {FLOW}, 1, 1, 1, i FROM generate_series(1, {FLOWS}) i;
                  INSERT INTO {p}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
                      SELECT {FLOW} || '-1', {FLOW}, 1, 1, 't', {body}, 0
                      FROM generate_series(1, {FLOWS}) i;
@@ -83,9 +85,12 @@ impl Filled {
                  INSERT INTO {c}.inbox (event_id, producer, flow_id, seq, schema_version, type, body, body_hash, status, received_at_ms)
                      SELECT {FLOW} || '-1', 'default', {FLOW}, 1, 1, 't', {body}, '', 'pending', 0
                      FROM generate_series(1, {FLOWS}) i;
-                 INSERT INTO {p}.outbox_pending (position) SELECT position FROM {p}.outbox;
-                 ANALYZE {p}.outbox_head; ANALYZE {p}.outbox;
-                 ANALYZE {p}.outbox_pending;
+                 UPDATE {p}.outbox SET destinations_waiting = 1;
+                 INSERT INTO {p}.custody (position, destination) SELECT position, 1 FROM {p}.outbox;
+                 INSERT INTO {p}.custody_pending (destination, position)
+                     SELECT 1, position FROM {p}.outbox;
+                 ANALYZE {p}.outbox_head; ANALYZE {p}.outbox; ANALYZE {p}.relay_head;
+                 ANALYZE {p}.custody; ANALYZE {p}.custody_pending;
                  ANALYZE {c}.inbox;"
             ))
             .expect("fill the tables");

@@ -68,7 +68,11 @@ fn a_second_release_store_is_given_an_identity_at_its_first_open() {
         // stops, a consumer's rows without their delivering store), no
         // identity.
         let rows_without_sender = match producer {
-            true => format!("ALTER TABLE {schema}.outbox_head DROP COLUMN relay_stop_seq;"),
+            true => format!(
+                "{}
+                 ALTER TABLE {schema}.outbox_head DROP COLUMN relay_stop_seq;",
+                support::undo_custody(schema)
+            ),
             false => format!(
                 "{}
                  ALTER TABLE {schema}.inbox DROP COLUMN store_id;

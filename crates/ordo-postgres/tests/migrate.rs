@@ -23,6 +23,8 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
     }
     // Back to version 1, as that version left both schemas.
     let mut c = client(&target);
+    c.batch_execute(&support::undo_custody("ordo_producer"))
+        .unwrap();
     c.batch_execute(
         "ALTER TABLE ordo_producer.outbox_head DROP COLUMN lease_owner,
              DROP COLUMN lease_fence, DROP COLUMN lease_expires_at_ms,
@@ -71,7 +73,7 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
         .get(0);
     assert_eq!(cursors, 3, "a cursor row per flow with events");
     for table in [
-        "ordo_producer.outbox_head",
+        "ordo_producer.relay_head",
         "ordo_producer.outbox",
         "ordo_testkit.inbox_cursor",
     ] {
@@ -89,7 +91,7 @@ fn a_version_1_store_is_migrated_forward_keeping_its_state() {
         );
     }
     let listed: i64 = c
-        .query_one("SELECT count(*) FROM ordo_producer.outbox_pending", &[])
+        .query_one("SELECT count(*) FROM ordo_producer.custody_pending", &[])
         .unwrap()
         .get(0);
     assert_eq!(listed, 3, "every event not accepted is listed pending");
@@ -115,6 +117,8 @@ fn a_version_4_stores_leases_move_into_the_heads() {
     assert_eq!(round, std::slice::from_ref(&first));
     let fence = holder.held_flows()[&held];
     let mut c = client(&target);
+    c.batch_execute(&support::undo_custody("ordo_producer"))
+        .unwrap();
     // Back to version 4: the leases in `relay_lease`, one row per head.
     c.batch_execute(
         "CREATE TABLE ordo_producer.relay_lease (
@@ -156,7 +160,7 @@ fn a_version_4_stores_leases_move_into_the_heads() {
     let after: Vec<(String, Option<String>, i64, i64)> = c
         .query(
             "SELECT flow_id, lease_owner, lease_fence, lease_expires_at_ms
-             FROM ordo_producer.outbox_head ORDER BY flow_id",
+             FROM ordo_producer.relay_head ORDER BY flow_id",
             &[],
         )
         .unwrap()

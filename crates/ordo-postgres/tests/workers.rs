@@ -132,7 +132,7 @@ fn lease_row(
     let row = checker
         .query_one(
             "SELECT lease_owner, lease_fence, lease_expires_at_ms
-             FROM ordo_producer.outbox_head WHERE flow_id = $1",
+             FROM ordo_producer.relay_head WHERE flow_id = $1",
             &[&flow_id.as_str()],
         )
         .unwrap();
@@ -273,7 +273,7 @@ fn a_dead_relays_flows_are_taken_over_once_its_session_is_gone() {
     for (flow_id, fence) in fences {
         let now: i64 = checker
             .query_one(
-                "SELECT lease_fence FROM ordo_producer.outbox_head WHERE flow_id = $1",
+                "SELECT lease_fence FROM ordo_producer.relay_head WHERE flow_id = $1",
                 &[&flow_id.as_str()],
             )
             .unwrap()
@@ -897,7 +897,7 @@ fn a_head_left_at_an_accepted_event_is_moved_by_the_next_round() {
     let head = |checker: &mut postgres::Client| -> Option<i64> {
         checker
             .query_one(
-                "SELECT relay_seq FROM ordo_producer.outbox_head WHERE flow_id = $1",
+                "SELECT relay_seq FROM ordo_producer.relay_head WHERE flow_id = $1",
                 &[&f.as_str()],
             )
             .unwrap()
@@ -906,7 +906,7 @@ fn a_head_left_at_an_accepted_event_is_moved_by_the_next_round() {
     assert_eq!(head(&mut checker), None, "caught up");
     checker
         .execute(
-            "UPDATE ordo_producer.outbox_head SET relay_seq = 1 WHERE flow_id = $1",
+            "UPDATE ordo_producer.relay_head SET relay_seq = 1 WHERE flow_id = $1",
             &[&f.as_str()],
         )
         .unwrap();
@@ -982,7 +982,8 @@ fn a_relay_overtaken_on_a_round_leaves_its_flows_to_the_new_holder() {
     assert_eq!(backlog(&mut other), 0);
 }
 
-/// The positions of `outbox_pending` and of the outbox rows not accepted.
+/// The positions of `custody_pending` (the one destination's) and of the
+/// outbox rows not accepted.
 fn pending_positions(checker: &mut postgres::Client) -> (Vec<i64>, Vec<i64>) {
     let column = |checker: &mut postgres::Client, sql: &str| -> Vec<i64> {
         checker
@@ -995,7 +996,7 @@ fn pending_positions(checker: &mut postgres::Client) -> (Vec<i64>, Vec<i64>) {
     (
         column(
             checker,
-            "SELECT position FROM ordo_producer.outbox_pending ORDER BY position",
+            "SELECT position FROM ordo_producer.custody_pending ORDER BY position",
         ),
         column(
             checker,

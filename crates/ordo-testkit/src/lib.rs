@@ -261,6 +261,11 @@ macro_rules! conformance_suite {
             relay_failure_at_the_end_of_time_saturates
             retry_quarantined_refusals_change_nothing_and_retry_requeues
             prune_outbox_removes_only_old_accepted_rows
+            // custody per destination (section 12)
+            destinations_keep_their_own_custody_and_prune_waits_for_all
+            a_destination_begins_flows_at_their_start_and_refusals_write_nothing
+            abandon_retires_a_flow_for_one_destination_only
+            a_destination_keeps_to_the_consumer_of_its_first_delivery
             // receive
             receive_accepted_then_duplicate
             receive_conflict_same_event_id_changes_nothing

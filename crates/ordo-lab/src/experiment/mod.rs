@@ -88,7 +88,7 @@ impl Backend {
 
 /// Scenarios that cannot run on PostgreSQL, with the reason: they are about
 /// what only an SQLite file has.
-const NOT_ON_POSTGRES: [(&str, &str); 3] = [
+const NOT_ON_POSTGRES: [(&str, &str); 2] = [
     (
         "transient_failure_backs_off",
         "makes the consumer transiently busy by holding its SQLite file's write lock \
@@ -96,7 +96,6 @@ const NOT_ON_POSTGRES: [(&str, &str); 3] = [
          its tables makes a receive wait, not fail",
     ),
     topology::SQLITE_ONLY[0],
-    topology::SQLITE_ONLY[1],
 ];
 
 /// Why `name` cannot run on `backend`, if it cannot.

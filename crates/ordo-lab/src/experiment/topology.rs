@@ -33,18 +33,11 @@ pub const TOPOLOGY: [(&str, ScenarioFn); 5] = [
 
 /// The scenarios of this group that need what only an SQLite file has,
 /// with the reason.
-pub const SQLITE_ONLY: [(&str, &str); 2] = [
-    (
-        "restore_from_backup_is_detected",
-        "backs the producer store up and restores it as a file (VACUUM INTO and a copy); \
-         a PostgreSQL store is backed up and restored by the server's own tools",
-    ),
-    (
-        "fan_out_with_one_consumer_down",
-        "adds a second destination; a PostgreSQL producer store keeps custody for its \
-         one destination, default, in this release",
-    ),
-];
+pub const SQLITE_ONLY: [(&str, &str); 1] = [(
+    "restore_from_backup_is_detected",
+    "backs the producer store up and restores it as a file (VACUUM INTO and a copy); \
+     a PostgreSQL store is backed up and restored by the server's own tools",
+)];
 
 const QUANTITY: i64 = 5;
 const SECRET: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";

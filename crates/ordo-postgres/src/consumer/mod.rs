@@ -90,6 +90,9 @@ pub(crate) const TABLES: Tables = Tables {
          ALTER TABLE {s}.inbox_watermark ADD PRIMARY KEY (flow_id, producer);
          ALTER TABLE {s}.repair_log ADD COLUMN producer text COLLATE \"C\" NOT NULL DEFAULT 'default';
          ALTER TABLE {s}.repair_log ADD COLUMN store_id text;",
+        // 10: nothing of the consumer's (the producer's custody per
+        // destination).
+        "SELECT 1;",
     ],
 };
 

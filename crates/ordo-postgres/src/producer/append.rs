@@ -83,7 +83,8 @@ impl PgProducerTx<'_> {
             }
             last.insert(event.flow_id.as_str().to_owned(), event.seq.get());
         }
-        if let Some((used, id)) = self.insert_outbox(context, &events[..valid])? {
+        let (positions, used) = self.insert_outbox(context, &events[..valid])?;
+        if let Some((used, id)) = used {
             // An event id in use comes before any later refusal.
             (valid, refused) = (used, Some(AppendError::EventIdUsed(id)));
         }
@@ -119,52 +120,55 @@ impl PgProducerTx<'_> {
             for (flow, last) in flows.iter().zip(&lasts) {
                 locked.insert((*flow).to_owned(), *last);
             }
+            drop(locked);
+            let positions = &positions[..valid];
+            let params: [&(dyn postgres::types::ToSql + Sync); 5] =
+                [&flows, &firsts, &lasts, &positions, &self.now_ms];
+            self.conn.run(context, HAND_SQL, &params)?;
         }
         self.appended += appended.len() as u64;
         refused.map_or(Ok(()), Err)
     }
 
     /// Inserts `events` (each its flow's next, the heads locked) into the
-    /// outbox in one statement. When an event id is in use (or repeated in
-    /// `events`), the first such event's index and id are returned and
+    /// outbox in one statement; returns the positions of those inserted,
+    /// in their order. When an event id is in use (or repeated in
+    /// `events`), the first such event's index and id are returned too and
     /// nothing from it on stays inserted.
-    fn insert_outbox(
-        &self,
-        context: &str,
-        events: &[Envelope],
-    ) -> Result<Option<(usize, EventId)>, StoreError> {
+    fn insert_outbox(&self, context: &str, events: &[Envelope]) -> Result<Inserted, StoreError> {
         if events.is_empty() {
-            return Ok(None);
+            return Ok((Vec::new(), None));
         }
         let columns = EnvelopeColumns::of(events.iter());
         // Only the event id arbitrates: the heads are locked and each seq
         // is past its head, so no (flow, seq) is taken, and the position is
         // new. `ON CONFLICT` probes each arbiter index before inserting.
-        let inserted: HashSet<(String, i64)> = self
+        let inserted: HashMap<(String, i64), i64> = self
             .conn
             .rows(
                 context,
-                "WITH appended AS (
-                     INSERT INTO {s}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
-                     SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, $7
-                     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[])
-                          WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, i)
-                     ORDER BY e.i
-                     ON CONFLICT (event_id) DO NOTHING RETURNING position, flow_id, seq),
-                 listed AS (
-                     INSERT INTO {s}.outbox_pending (position) SELECT position FROM appended)
-                 SELECT flow_id, seq FROM appended",
+                "INSERT INTO {s}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
+                 SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, $7
+                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[])
+                      WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, i)
+                 ORDER BY e.i
+                 ON CONFLICT (event_id) DO NOTHING RETURNING flow_id, seq, position",
                 &columns.params(&[&self.now_ms]),
             )?
             .iter()
-            .map(|row| (row.get(0), row.get(1)))
+            .map(|row| ((row.get(0), row.get(1)), row.get(2)))
             .collect();
-        let is_in = |e: &Envelope| inserted.contains(&(e.flow_id.as_str().to_owned(), e.seq.get()));
+        let position_of = |e: &Envelope| {
+            inserted
+                .get(&(e.flow_id.as_str().to_owned(), e.seq.get()))
+                .copied()
+        };
         // The head is locked and each seq is past it: an insert that did
         // not happen is an event id in use.
-        let Some(used) = events.iter().position(|e| !is_in(e)) else {
-            return Ok(None);
+        let Some(used) = events.iter().position(|e| position_of(e).is_none()) else {
+            return Ok((events.iter().filter_map(position_of).collect(), None));
         };
+        let is_in = |e: &Envelope| position_of(e).is_some();
         let (flows, seqs): (Vec<&str>, Vec<i64>) = events[used..]
             .iter()
             .filter(|e| is_in(e))
@@ -173,16 +177,19 @@ impl PgProducerTx<'_> {
         if !flows.is_empty() {
             self.conn.run(
                 context,
-                "WITH gone AS (
-                     DELETE FROM {s}.outbox o USING unnest($1::text[], $2::bigint[]) AS d(flow_id, seq)
-                     WHERE o.flow_id = d.flow_id AND o.seq = d.seq RETURNING o.position)
-                 DELETE FROM {s}.outbox_pending p WHERE p.position IN (SELECT position FROM gone)",
+                "DELETE FROM {s}.outbox o USING unnest($1::text[], $2::bigint[]) AS d(flow_id, seq)
+                 WHERE o.flow_id = d.flow_id AND o.seq = d.seq",
                 &[&flows, &seqs],
             )?;
         }
-        Ok(Some((used, events[used].event_id.clone())))
+        let kept = events[..used].iter().filter_map(position_of).collect();
+        Ok((kept, Some((used, events[used].event_id.clone()))))
     }
 }
+
+/// The positions of the events an insert kept, in their order, and the
+/// index and id of the first event whose id was in use, if one was.
+type Inserted = (Vec<i64>, Option<(usize, EventId)>);
 
 impl OutboxTx for PgProducerTx<'_> {
     fn producer_name(&self) -> &ProducerName {

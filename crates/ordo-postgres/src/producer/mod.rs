@@ -20,7 +20,7 @@ use crate::error::corrupt;
 use crate::wake::Wake;
 
 mod append;
-mod destinations;
+mod custody;
 mod sql;
 mod store;
 
@@ -92,6 +92,9 @@ pub struct PgProducer {
     /// The events per flow of this handle's last round (how many flows
     /// the next claims for its events).
     events_per_flow: usize,
+    /// The destination the relay's calls act on, once chosen (see
+    /// [`ProducerOps::use_destination`](ordo_core::ProducerOps::use_destination)).
+    destination: Option<i64>,
     wake: Wake,
 }
 
@@ -126,7 +129,19 @@ impl PgProducer {
             held: HashMap::new(),
             claimed: Some(HashSet::new()),
             events_per_flow: 1,
+            destination: None,
         }
+    }
+
+    /// The destination the relay's calls act on: the one chosen, or the
+    /// store's only one (several without a choice are the caller's error).
+    fn destination_id(&mut self) -> Result<i64, StoreError> {
+        if let Some(id) = self.destination {
+            return Ok(id);
+        }
+        let id = custody::only(&self.conn)?;
+        self.destination = Some(id);
+        Ok(id)
     }
 
     /// The name this handle claims flows under.
@@ -148,6 +163,12 @@ impl PgProducer {
     /// writer appending to it) is passed by: it stays held until the
     /// handle's server session ends or its lease expires.
     pub fn release_leases(&mut self) -> Result<u64, StoreError> {
+        let Some(destination) = self.destination else {
+            // No destination chosen: no round was served, nothing is held.
+            self.held.clear();
+            self.claimed = Some(HashSet::new());
+            return Ok(0);
+        };
         let owner = self.owner.clone();
         let tracked: Option<Vec<&str>> =
             (self.claimed.as_ref()).map(|flows| flows.iter().map(String::as_str).collect());
@@ -155,8 +176,8 @@ impl PgProducer {
             .conn
             .in_tx_begun(LEASE, BEGIN_UNSYNCED, |tx| match &tracked {
                 Some(flows) if flows.is_empty() => Ok(0),
-                Some(flows) => tx.run(LEASE, RELEASE_SQL, &[&owner, flows]),
-                None => tx.run(LEASE, RELEASE_ALL_SQL, &[&owner]),
+                Some(flows) => tx.run(LEASE, RELEASE_SQL, &[&owner, flows, &destination]),
+                None => tx.run(LEASE, RELEASE_ALL_SQL, &[&owner, &destination]),
             })?;
         self.held.clear();
         self.claimed = Some(HashSet::new());
@@ -180,8 +201,15 @@ impl PgProducer {
         skip: &[&str],
         now_ms: i64,
     ) -> Result<HashMap<String, i64>, StoreError> {
-        let params: [&(dyn postgres::types::ToSql + Sync); 5] =
-            [&now_ms, &limit, &skip, &self.owner, &self.lease_ms];
+        let destination = self.destination_id()?;
+        let params: [&(dyn postgres::types::ToSql + Sync); 6] = [
+            &now_ms,
+            &limit,
+            &skip,
+            &self.owner,
+            &self.lease_ms,
+            &destination,
+        ];
         // Committed without waiting for the WAL flush: a claim lost with
         // the server leaves the lease as it was, and this handle's
         // bookkeeping under the fence it was given is then refused (its
@@ -207,14 +235,14 @@ impl PgProducer {
     fn check_fences(
         &self,
         tx: &PgTx,
-        event_ids: &[&str],
+        (event_ids, destination): (&[&str], i64),
         fences: Fences,
     ) -> Result<(), StoreError> {
         let sql = match fences {
             Fences::Locked => FENCES_SQL,
             Fences::Seen => FENCES_SEEN_SQL,
         };
-        let rows = tx.rows(LEASE, sql, &[&event_ids])?;
+        let rows = tx.rows(LEASE, sql, &[&event_ids, &destination])?;
         for row in &rows {
             let flow: &str = row.get(0);
             let owner: Option<&str> = row.get(1);
@@ -302,12 +330,13 @@ impl PgProducer {
         &mut self,
         event_ids: &[&str],
         fences: Fences,
-        f: impl FnOnce(&PgTx, i64) -> Result<T, StoreError>,
+        f: impl FnOnce(&PgTx, i64, i64) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        let destination = self.destination_id()?;
         let this = &*self;
         let value = this.conn.in_tx_begun(LEASE, BEGIN_UNSYNCED, |tx| {
-            this.check_fences(tx, event_ids, fences)?;
-            f(tx, this.clock.now_ms())
+            this.check_fences(tx, (event_ids, destination), fences)?;
+            f(tx, destination, this.clock.now_ms())
         })?;
         self.commits += 1;
         Ok(value)
@@ -323,8 +352,9 @@ impl PgProducer {
         if idle.is_empty() {
             return Ok(());
         }
+        let destination = self.destination_id()?;
         (self.conn).in_tx_begun(LEASE, BEGIN_UNSYNCED, |tx| {
-            refresh_heads(tx, idle, Turn::Next, None)
+            refresh_heads(tx, (destination, idle), Turn::Next, None)
         })?;
         self.commits += 1;
         Ok(())
@@ -398,7 +428,11 @@ pub(crate) fn read_outbox_at_most(
 ) -> Result<Vec<OutboxRecord>, StoreError> {
     let rows = outbox_records(conn.rows(
         "producer: cannot read the outbox",
-        "SELECT body, accepted FROM {s}.outbox ORDER BY position LIMIT $1",
+        concat!(
+            "SELECT body, ",
+            held_everywhere_sql!(),
+            " FROM {s}.outbox o ORDER BY position LIMIT $1"
+        ),
         &[&whole_read_limit(rows_max)],
     )?)?;
     whole_read("the outbox", rows_max, rows)
@@ -426,14 +460,15 @@ enum Turn {
     Keep,
 }
 
-/// Moves each flow's relay head to its lowest seq neither accepted nor
-/// quarantined, with that event's next attempt time; records the round in
-/// which the flows were served with [`Turn::Next`]. The search starts at
-/// the current head, or at `reopened` (a seq whose quarantine was cleared)
-/// when that is earlier. A flow with nothing eligible keeps a NULL head.
+/// Moves each flow's relay head at the destination to its lowest seq
+/// neither accepted, quarantined nor abandoned there, with that event's
+/// next attempt time; records the round in which the flows were served
+/// with [`Turn::Next`]. The search starts at the current head, or at
+/// `reopened` (a seq whose quarantine was cleared) when that is earlier. A
+/// flow with nothing eligible keeps a NULL head.
 fn refresh_heads(
     conn: &PgTx,
-    flows: &BTreeSet<String>,
+    (destination, flows): (i64, &BTreeSet<String>),
     turn: Turn,
     reopened: Option<i64>,
 ) -> Result<(), StoreError> {
@@ -445,44 +480,34 @@ fn refresh_heads(
     conn.run(
         "producer: cannot move the relay heads",
         REFRESH_HEADS_SQL,
-        &[&names, &(turn == Turn::Next), &reopened],
+        &[&names, &(turn == Turn::Next), &reopened, &destination],
     )?;
     Ok(())
 }
 
-/// One outbox row read as `body, accepted, quarantined, quarantine_reason,
-/// attempts, last_outcome, last_error, next_attempt_at_ms, created_at_ms,
-/// accepted_at_ms`: its custody is the one destination's, `default` (the
-/// stored reason is the quarantine's text, its code the last outcome).
-pub(crate) fn outbox_entry(row: &Row) -> Result<OutboxEntry, StoreError> {
-    let quarantined: bool = row.get(2);
-    let last_outcome: Option<String> = row.get(5);
-    let custody = ordo_core::destination::Custody {
-        destination: ordo_core::DestinationName::default_name(),
-        accepted: row.get(1),
-        accepted_at_ms: row.get(9),
-        attempts: u64::try_from(row.get::<_, i64>(4)).unwrap_or(0),
-        quarantine_reason: quarantined.then(|| last_outcome.clone()).flatten(),
-        quarantine_detail: row.get(3),
-        last_outcome,
-        last_error: row.get(6),
-        next_attempt_at_ms: row.get(7),
-        quarantined,
-        abandoned: false,
-    };
-    Ok(OutboxEntry::of_custody(
-        stored_envelope(BODY, row.get(0))?,
-        row.get(8),
-        custody.accepted,
-        vec![custody],
-    ))
+/// The outbox rows `rows` read as `position, body, created_at_ms,
+/// accepted` (settled), each with its destinations' custody.
+pub(crate) fn outbox_entries_of(conn: &PgTx, rows: &[Row]) -> Result<Vec<OutboxEntry>, StoreError> {
+    let positions: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
+    let mut custody = custody::custody_of(conn, &positions)?;
+    rows.iter()
+        .map(|row| {
+            let position: i64 = row.get(0);
+            Ok(OutboxEntry::of_custody(
+                stored_envelope(BODY, row.get(1))?,
+                row.get(2),
+                row.get(3),
+                custody.remove(&position).unwrap_or_default(),
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::{
-        CLAIM_SQL, FENCES_SEEN_SQL, FENCES_SQL, LOCK_HEADS_SQL, MARK_ACCEPTED_SQL, MOVE_HEADS_SQL,
-        PENDING_SQL, REFRESH_HEADS_SQL, RELEASE_SQL, ROUND_SQL,
+        CLAIM_SQL, FENCES_SEEN_SQL, FENCES_SQL, HAND_SQL, LOCK_HEADS_SQL, MARK_ACCEPTED_SQL,
+        MOVE_HEADS_SQL, PENDING_SQL, REFRESH_HEADS_SQL, RELEASE_SQL, ROUND_SQL,
     };
     use crate::plans::{assert_indexed, assert_indexed_by_batch, plans_by_batch, Filled, Side};
 
@@ -496,7 +521,10 @@ mod tests {
     #[test]
     fn the_fence_check_reads_leases_by_key_on_many_flows() {
         for sql in [FENCES_SQL, FENCES_SEEN_SQL] {
-            assert_indexed_by_batch(Side::Producer, sql, "text[]", "-1", |events| events);
+            let types = "text[], bigint";
+            assert_indexed_by_batch(Side::Producer, sql, types, "-1", |events| {
+                format!("{events}, 1")
+            });
         }
     }
 
@@ -515,6 +543,25 @@ mod tests {
         });
     }
 
+    /// An append hands its rows to its flows' destinations by key however
+    /// many flows it names, begun or going on. The destinations, a few
+    /// rows, are read whole for a flow begun.
+    #[test]
+    fn an_append_hands_its_rows_to_the_destinations_by_key() {
+        let types = "text[], bigint[], bigint[], bigint[], bigint";
+        for first in ["1::bigint", "2::bigint"] {
+            let plans = plans_by_batch(Side::Producer, HAND_SQL, types, "", |flows| {
+                let (firsts, lasts) = (alongside(&flows, first), alongside(&flows, first));
+                let positions = alongside(&flows, "7::bigint");
+                format!("{flows}, {firsts}, {lasts}, {positions}, 0")
+            });
+            for plan in plans {
+                assert!(plan.contains("Index Scan using relay_head_pkey"), "{plan}");
+                assert_indexed(&plan.replace("Seq Scan on destination d", "destinations"));
+            }
+        }
+    }
+
     /// A round's events are read, marked accepted and its heads moved by
     /// key however many flows it holds.
     #[test]
@@ -522,14 +569,14 @@ mod tests {
         assert_indexed_by_batch(
             Side::Producer,
             ROUND_SQL,
-            "bigint, bigint, text[], bigint",
+            "bigint, bigint, text[], bigint, bigint",
             "",
-            |flows| format!("0, 1000, {flows}, 4"),
+            |flows| format!("0, 1000, {flows}, 4, 1"),
         );
-        let types = "text[], text[], bigint";
+        let types = "text[], text[], bigint, bigint";
         assert_indexed_by_batch(Side::Producer, MARK_ACCEPTED_SQL, types, "-1", |events| {
             let outcomes = alongside(&events, "'accepted'::text");
-            format!("{events}, {outcomes}, 0")
+            format!("{events}, {outcomes}, 0, 1")
         });
     }
 
@@ -539,22 +586,22 @@ mod tests {
     /// other in a cycle.
     #[test]
     fn a_rounds_heads_are_locked_by_key_in_key_order() {
-        let types = "text[], boolean, bigint";
+        let types = "text[], boolean, bigint, bigint";
         let plans = plans_by_batch(Side::Producer, REFRESH_HEADS_SQL, types, "", |flows| {
-            format!("{flows}, true, NULL")
+            format!("{flows}, true, NULL, 1")
         });
         for plan in plans {
             assert_indexed(&plan);
             assert!(
-                plan.contains("Index Scan using outbox_head_pkey on outbox_head h"),
+                plan.contains("Index Scan using relay_head_pkey on relay_head h"),
                 "the heads by key:\n{plan}"
             );
             // The lock follows the statement's ORDER BY: the index's order,
             // or a sort.
             assert!(
                 plan.contains("LockRows")
-                    && (plan.contains("Index Scan using outbox_head_pkey on outbox_head ")
-                        || plan.contains("Sort Key: outbox_head.flow_id")),
+                    && (plan.contains("Index Scan using relay_head_pkey on relay_head ")
+                        || plan.contains("Sort Key: relay_head.flow_id")),
                 "the heads locked in key order:\n{plan}"
             );
         }
@@ -567,13 +614,13 @@ mod tests {
     fn a_claim_walks_the_due_heads_in_order() {
         let mut filled = Filled::new("claim");
         let schema = filled.p.clone();
-        let types = "bigint, bigint, text[], text, bigint";
+        let types = "bigint, bigint, text[], text, bigint, bigint";
         for limit in ["1", "256"] {
-            let params = format!("0, {limit}, ARRAY[]::text[], 'me', 10000");
+            let params = format!("0, {limit}, ARRAY[]::text[], 'me', 10000, 1");
             let plan = filled.plan(&schema, CLAIM_SQL, types, &params);
             assert_indexed(&plan);
             assert!(
-                plan.contains("Index Scan using outbox_head_relay on outbox_head h"),
+                plan.contains("Index Scan using relay_head_turn on relay_head h"),
                 "the due heads in order:\n{plan}"
             );
             assert!(!plan.contains("Sort"), "no sort:\n{plan}");
@@ -582,8 +629,8 @@ mod tests {
         let plan = filled.plan(
             &schema,
             RELEASE_SQL,
-            "text, text[]",
-            "'me', ARRAY['f-000001', 'f-000002']",
+            "text, text[], bigint",
+            "'me', ARRAY['f-000001', 'f-000002'], 1",
         );
         assert_indexed(&plan);
     }
@@ -595,7 +642,8 @@ mod tests {
         let mut filled = Filled::new("pending");
         let schema = filled.p.clone();
         for limit in ["1", "256"] {
-            assert_indexed(&filled.plan(&schema, PENDING_SQL, "bigint", limit));
+            let params = format!("{limit}, 1");
+            assert_indexed(&filled.plan(&schema, PENDING_SQL, "bigint, bigint", &params));
         }
     }
 }

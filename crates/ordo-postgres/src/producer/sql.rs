@@ -80,20 +80,102 @@ pub(crate) const TABLES: Tables = Tables {
          );",
         // 9: nothing for the producer (the consumer's producer namespaces).
         "SELECT 1;",
+        // 10: custody per destination (PROTOCOL.md section 12).
+        CUSTODY_MIGRATION,
     ],
 };
 
-/// The leases of the flows of some events (`check_fences`): by their
-/// primary key whatever the planner guesses of the tables (`ARRAY(...)`;
-/// a join was planned as a scan of every lease).
+/// Version 10: custody per destination. Each destination's marks on an
+/// outbox row (`custody`, the events it has yet to hold listed in
+/// `custody_pending`) and its relay head, bookkeeping and lease of each
+/// flow delivered to it (`relay_head`, created with the flow's first
+/// event). `default` takes over the marks, heads and leases the outbox and
+/// its heads kept; the outbox row keeps `accepted` as its settled mark,
+/// with the count of destinations still to hold it
+/// (`destinations_waiting`, changed under the row's lock, so that two
+/// destinations' relays marking it at once never both leave it unsettled).
+const CUSTODY_MIGRATION: &str = "
+CREATE TABLE {s}.relay_head (
+    flow_id             text   COLLATE \"C\" NOT NULL,
+    destination         bigint NOT NULL,
+    -- The flow's last seq as its appenders left it (see REFRESH_HEADS_SQL).
+    last_seq            bigint NOT NULL DEFAULT 0,
+    relay_seq           bigint,
+    relay_due_ms        bigint NOT NULL DEFAULT 0,
+    relay_turn          bigint NOT NULL DEFAULT 0,
+    relay_stop_seq      bigint,
+    abandoned_seq       bigint,
+    lease_owner         text,
+    lease_fence         bigint NOT NULL DEFAULT 0,
+    lease_expires_at_ms bigint NOT NULL DEFAULT 0,
+    lease_backend_pid   integer,
+    PRIMARY KEY (flow_id, destination)
+) WITH (fillfactor = 50);
+CREATE INDEX relay_head_turn ON {s}.relay_head (destination, relay_turn, flow_id)
+    WHERE relay_seq IS NOT NULL;
+CREATE TABLE {s}.custody (
+    position           bigint  NOT NULL,
+    destination        bigint  NOT NULL,
+    accepted           boolean NOT NULL DEFAULT false,
+    accepted_at_ms     bigint,
+    quarantined        boolean NOT NULL DEFAULT false,
+    quarantine_reason  text,
+    quarantine_detail  text,
+    attempts           bigint  NOT NULL DEFAULT 0,
+    last_outcome       text,
+    last_error         text,
+    next_attempt_at_ms bigint  NOT NULL DEFAULT 0,
+    abandoned          boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (position, destination),
+    CHECK (NOT (accepted AND quarantined))
+) WITH (fillfactor = 50);
+CREATE TABLE {s}.custody_pending (
+    destination bigint NOT NULL,
+    position    bigint NOT NULL,
+    PRIMARY KEY (destination, position)
+);
+ALTER TABLE {s}.outbox ADD COLUMN destinations_waiting bigint NOT NULL DEFAULT 0
+    CHECK (destinations_waiting >= 0);
+UPDATE {s}.outbox SET destinations_waiting = 1 WHERE NOT accepted;
+INSERT INTO {s}.relay_head (flow_id, destination, last_seq, relay_seq, relay_due_ms, relay_turn,
+        relay_stop_seq, lease_owner, lease_fence, lease_expires_at_ms, lease_backend_pid)
+    SELECT h.flow_id, d.id, h.last_seq, h.relay_seq, h.relay_due_ms, h.relay_turn, h.relay_stop_seq,
+           h.lease_owner, h.lease_fence, h.lease_expires_at_ms, h.lease_backend_pid
+    FROM {s}.outbox_head h CROSS JOIN {s}.destination d
+    WHERE d.name = 'default' AND h.last_seq >= 1;
+INSERT INTO {s}.custody (position, destination, accepted, accepted_at_ms, quarantined,
+        quarantine_reason, quarantine_detail, attempts, last_outcome, last_error, next_attempt_at_ms)
+    SELECT o.position, d.id, o.accepted, o.accepted_at_ms, o.quarantined,
+           CASE WHEN o.quarantined THEN coalesce(o.last_outcome, 'conflict') END,
+           CASE WHEN o.quarantined THEN o.quarantine_reason END,
+           o.attempts, o.last_outcome, o.last_error, o.next_attempt_at_ms
+    FROM {s}.outbox o CROSS JOIN {s}.destination d WHERE d.name = 'default';
+INSERT INTO {s}.custody_pending (destination, position)
+    SELECT d.id, p.position FROM {s}.outbox_pending p CROSS JOIN {s}.destination d
+    WHERE d.name = 'default';
+DROP TABLE {s}.outbox_pending;
+DROP INDEX {s}.outbox_head_relay;
+ALTER TABLE {s}.outbox_head DROP COLUMN relay_seq, DROP COLUMN relay_due_ms,
+    DROP COLUMN relay_turn, DROP COLUMN relay_stop_seq, DROP COLUMN lease_owner,
+    DROP COLUMN lease_fence, DROP COLUMN lease_expires_at_ms, DROP COLUMN lease_backend_pid;
+ALTER TABLE {s}.outbox DROP COLUMN quarantined, DROP COLUMN quarantine_reason,
+    DROP COLUMN attempts, DROP COLUMN last_outcome, DROP COLUMN last_error,
+    DROP COLUMN next_attempt_at_ms;
+";
+
+/// The relay heads of one destination (`$2`) of the flows of some events
+/// (`check_fences`), with their leases: by their primary key whatever the
+/// planner guesses of the tables (`ARRAY(...)`; a join was planned as a
+/// scan of every lease).
 macro_rules! fences_sql {
     ($lock:literal) => {
         concat!(
             "SELECT h.flow_id, h.lease_owner, h.lease_fence,
                  h.lease_expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint
-             FROM {s}.outbox_head h
+             FROM {s}.relay_head h
              WHERE h.flow_id = ANY (ARRAY(
                  SELECT o.flow_id FROM {s}.outbox o WHERE o.event_id = ANY ($1)))
+               AND h.destination = $2
              ORDER BY h.flow_id",
             $lock
         )
@@ -111,8 +193,10 @@ pub(super) const FENCES_SEEN_SQL: &str = fences_sql!("");
 
 /// ordo's producer tables as version 1 created them (`{s}` is the
 /// schema). `outbox_head` holds each flow's last seq, the row a writer
-/// locks to allocate the next one, and the relay's bookkeeping (its head,
-/// when it is due, when it was served; from version 5 the flow's lease).
+/// locks to allocate the next one; up to version 9 also the relay's
+/// bookkeeping (its head, when it is due, when it was served; from version
+/// 5 the flow's lease), which version 10 moved to `relay_head`, one per
+/// destination.
 pub(super) const DDL: &str = "
 CREATE TABLE {s}.outbox (
     position           bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -163,16 +247,63 @@ pub(super) const LOCK_HEADS_SQL: &str = "SELECT flow_id, last_seq FROM {s}.outbo
 
 /// Moves the heads of the flows `$1` past the events appended, each only
 /// from the seq before its first (`$2`) to its last (`$3`).
-pub(super) const MOVE_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET last_seq = m.last_seq,
-         relay_seq = CASE WHEN h.relay_stop_seq IS NULL THEN coalesce(h.relay_seq, m.first_seq)
-                          ELSE h.relay_seq END,
-         relay_due_ms = CASE WHEN h.relay_seq IS NULL THEN 0 ELSE h.relay_due_ms END
+pub(super) const MOVE_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET last_seq = m.last_seq
      FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS m(flow_id, first_seq, last_seq)
      WHERE h.flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
        AND h.flow_id = m.flow_id AND h.last_seq = m.first_seq - 1";
 
-/// Sets the relay heads of the flows `$1` to their first event to relay,
-/// and moves them to the back of the relay's order when `$2`.
+/// Hands the rows just appended (positions `$4`) to the destinations of
+/// their flows (`$1`, each from its first new seq `$2` to its last `$3`),
+/// at `$5`, in the appender's transaction: a flow begun here becomes every
+/// destination's (a relay head each, decided in this transaction, which
+/// `destination add` waits for or makes wait, see `lock_for_membership`);
+/// a flow's other heads not abandoned move past the new events (locked in
+/// key order, as relays lock them); each row gets a mark per destination
+/// waiting for it, listed pending, and is settled at once when none waits.
+/// Returns the number of marks given.
+pub(super) const HAND_SQL: &str = "WITH m AS (
+         SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS m(flow_id, first_seq, last_seq)),
+     locked AS (
+         SELECT h.flow_id, h.destination FROM {s}.relay_head h
+         WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM m WHERE first_seq > 1))
+           AND h.abandoned_seq IS NULL
+         ORDER BY h.flow_id, h.destination FOR NO KEY UPDATE),
+     moved AS (
+         UPDATE {s}.relay_head h SET last_seq = m.last_seq,
+             relay_seq = CASE WHEN h.relay_stop_seq IS NULL THEN coalesce(h.relay_seq, m.first_seq)
+                              ELSE h.relay_seq END,
+             relay_due_ms = CASE WHEN h.relay_seq IS NULL THEN 0 ELSE h.relay_due_ms END
+         FROM m
+         WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM locked))
+           AND h.flow_id = m.flow_id AND h.abandoned_seq IS NULL
+         RETURNING h.flow_id, h.destination),
+     created AS (
+         INSERT INTO {s}.relay_head (flow_id, destination, last_seq, relay_seq)
+         SELECT m.flow_id, d.id, m.last_seq, 1 FROM m CROSS JOIN {s}.destination d
+         WHERE m.first_seq = 1
+         RETURNING flow_id, destination),
+     given AS (
+         INSERT INTO {s}.custody (position, destination)
+         SELECT o.position, w.destination FROM {s}.outbox o
+         JOIN (SELECT flow_id, destination FROM moved
+               UNION ALL SELECT flow_id, destination FROM created) AS w ON w.flow_id = o.flow_id
+         WHERE o.position = ANY (ARRAY(SELECT unnest($4::bigint[])))
+         RETURNING position, destination),
+     listed AS (
+         INSERT INTO {s}.custody_pending (destination, position)
+         SELECT destination, position FROM given),
+     waiting AS (
+         UPDATE {s}.outbox o SET destinations_waiting = coalesce(g.n, 0),
+             accepted = g.n IS NULL, accepted_at_ms = CASE WHEN g.n IS NULL THEN $5::bigint END
+         FROM unnest($4::bigint[]) AS a(position)
+         LEFT JOIN (SELECT position, count(*) AS n FROM given GROUP BY position) AS g
+             ON g.position = a.position
+         WHERE o.position = ANY (ARRAY(SELECT unnest($4::bigint[]))) AND o.position = a.position)
+     SELECT count(*) FROM given";
+
+/// Sets the relay heads of the flows `$1` at the destination `$4` to their
+/// first event to relay there, and moves them to the back of the relay's
+/// order when `$2`.
 ///
 /// `locked` takes the heads first, in key order, the order writers lock
 /// them in: an update alone takes each row in the order the server reads
@@ -180,7 +311,7 @@ pub(super) const MOVE_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET last_seq =
 /// head while it asks for the next would wait for this statement while it
 /// waits for the writer (a deadlock).
 ///
-/// A writer appending to one of the flows holds its head locked until it
+/// A writer appending to one of the flows holds its heads locked until it
 /// commits; `locked` then waits for it and takes the head the writer left
 /// (`h`), while the subqueries still read the statement's snapshot,
 /// without the writer's events. `seen` is the head in that snapshot, read
@@ -188,54 +319,94 @@ pub(super) const MOVE_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET last_seq =
 /// past its `last_seq`, the first event to relay is the writer's first,
 /// `seen.last_seq + 1`.
 pub(super) const REFRESH_HEADS_SQL: &str = "WITH locked AS (
-         SELECT flow_id FROM {s}.outbox_head
-         WHERE flow_id = ANY (ARRAY(SELECT unnest($1::text[])))
+         SELECT flow_id FROM {s}.relay_head
+         WHERE flow_id = ANY (ARRAY(SELECT unnest($1::text[]))) AND destination = $4
          ORDER BY flow_id FOR NO KEY UPDATE)
-     UPDATE {s}.outbox_head h SET
+     UPDATE {s}.relay_head h SET
          (relay_seq, relay_due_ms) = (SELECT
-                 coalesce(max(seq), (SELECT seen.last_seq + 1 FROM {s}.outbox_head seen
+                 coalesce(max(seq), (SELECT seen.last_seq + 1 FROM {s}.relay_head seen
                                      WHERE seen.flow_id = h.flow_id
+                                       AND seen.destination = h.destination
                                        AND seen.last_seq < h.last_seq
-                                       AND h.relay_stop_seq IS NULL)),
+                                       AND h.relay_stop_seq IS NULL
+                                       AND h.abandoned_seq IS NULL)),
                  coalesce(max(due), 0)
-             FROM (SELECT o.seq AS seq, o.next_attempt_at_ms AS due FROM {s}.outbox o
-                   WHERE o.flow_id = h.flow_id AND NOT o.accepted AND NOT o.quarantined
+             FROM (SELECT o.seq AS seq, c.next_attempt_at_ms AS due FROM {s}.outbox o
+                   JOIN {s}.custody c ON c.position = o.position AND c.destination = h.destination
+                   WHERE o.flow_id = h.flow_id
+                     AND NOT c.accepted AND NOT c.quarantined AND NOT c.abandoned
                      AND o.seq >= least(h.relay_seq, $3::bigint)
                      AND o.seq < coalesce(h.relay_stop_seq, 9223372036854775807)
                    ORDER BY o.seq LIMIT 1) AS next),
          relay_turn = CASE WHEN $2 THEN (SELECT nextval('{s}.relay_turn')) ELSE h.relay_turn END
-     WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM locked))";
+     WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM locked)) AND h.destination = $4";
 
-/// Up to `$4` events of each of the flows `$3` whose relay head is due at
-/// `$1`: the head and the events after it neither accepted nor
-/// quarantined, below the flow's stop, in seq order; flows in the relay's order, at most `$2`
-/// events in all.
-pub(super) const ROUND_SQL: &str = "SELECT e.body FROM {s}.outbox_head h
+/// Up to `$4` events of each of the flows `$3` whose relay head at the
+/// destination `$5` is due at `$1`: the head and the events after it
+/// neither accepted, quarantined nor abandoned there, below the flow's
+/// stop, in seq order; flows in the relay's order, at most `$2` events in
+/// all.
+pub(super) const ROUND_SQL: &str = "SELECT e.body FROM {s}.relay_head h
      CROSS JOIN LATERAL (
          SELECT o.body, o.seq FROM {s}.outbox o
+         JOIN {s}.custody c ON c.position = o.position AND c.destination = h.destination
          WHERE o.flow_id = h.flow_id AND o.seq >= h.relay_seq
            AND o.seq < coalesce(h.relay_stop_seq, 9223372036854775807)
-           AND NOT o.accepted AND NOT o.quarantined
+           AND NOT c.accepted AND NOT c.quarantined AND NOT c.abandoned
          ORDER BY o.seq LIMIT $4) AS e
-     WHERE h.flow_id = ANY (ARRAY(SELECT unnest($3::text[])))
+     WHERE h.flow_id = ANY (ARRAY(SELECT unnest($3::text[]))) AND h.destination = $5
        AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
      ORDER BY h.relay_turn, h.flow_id, e.seq
      LIMIT $2";
 
-/// Marks the events `$1` accepted with their receipts `$2` at `$3`;
-/// returns their flows.
-pub(super) const MARK_ACCEPTED_SQL: &str = "WITH marked AS (
-         UPDATE {s}.outbox o SET accepted = true, quarantined = false,
-             quarantine_reason = NULL, accepted_at_ms = coalesce(o.accepted_at_ms, $3),
-             attempts = o.attempts + 1, last_outcome = r.outcome, last_error = NULL
-         FROM unnest($1::text[], $2::text[]) AS r(event_id, outcome)
+/// Lowers the count of destinations waiting for each outbox row listed
+/// (by `position`, once per mark lifted) in the CTE `$held`, and settles
+/// at `$at` the rows it brings to none. Under each row's lock: two
+/// destinations' relays lifting marks of one row at once count both.
+macro_rules! settle_sql {
+    ($held:literal, $at:literal) => {
+        concat!(
+            "UPDATE {s}.outbox o SET destinations_waiting = o.destinations_waiting - k.n,
+                 accepted = o.destinations_waiting = k.n,
+                 accepted_at_ms = CASE WHEN o.destinations_waiting = k.n
+                                       THEN coalesce(o.accepted_at_ms, ",
+            $at,
+            ") ELSE o.accepted_at_ms END
+             FROM (SELECT position, count(*) AS n FROM ",
+            $held,
+            " GROUP BY position) AS k
+             WHERE o.position = ANY (ARRAY(SELECT position FROM ",
+            $held,
+            ")) AND o.position = k.position"
+        )
+    };
+}
+pub(super) use settle_sql;
+
+/// Marks the events `$1` held by the destination `$4` with their receipts
+/// `$2` at `$3`; settles each row no other destination waits for (the
+/// count of the waiting changed under the row's lock); returns the
+/// marked events' flows.
+pub(super) const MARK_ACCEPTED_SQL: &str = concat!(
+    "WITH marked AS (
+         UPDATE {s}.custody c SET accepted = true, quarantined = false,
+             quarantine_reason = NULL, quarantine_detail = NULL,
+             accepted_at_ms = coalesce(c.accepted_at_ms, $3),
+             attempts = c.attempts + 1, last_outcome = r.outcome, last_error = NULL
+         FROM {s}.outbox o, unnest($1::text[], $2::text[]) AS r(event_id, outcome)
          WHERE o.event_id = ANY (ARRAY(SELECT unnest($1::text[])))
            AND o.event_id = r.event_id
-         RETURNING o.position, o.flow_id),
-     settled AS (
-         DELETE FROM {s}.outbox_pending p
-         WHERE p.position = ANY (ARRAY(SELECT position FROM marked)))
-     SELECT flow_id FROM marked";
+           AND c.position = o.position AND c.destination = $4
+         RETURNING c.position, o.flow_id),
+     held AS (
+         DELETE FROM {s}.custody_pending p
+         WHERE p.destination = $4 AND p.position = ANY (ARRAY(SELECT position FROM marked))
+         RETURNING p.position),
+     settled AS (",
+    settle_sql!("held", "$3"),
+    ")
+     SELECT flow_id FROM marked"
+);
 
 /// Whether the lease on a head `h` is free for the claimer `$4`: unheld,
 /// its own, expired, or held by a server session that is gone.
@@ -247,15 +418,15 @@ macro_rules! claimable {
     };
 }
 
-/// The claim of a round ([`PgProducer::claim`]): up to `$2` flows due at
-/// `$1`, none of `$3`, in the relay's order, for the owner `$4` with leases
-/// of `$5` ms. `pick` walks the due heads without locking them, each
-/// with its lease on the same row; a flow the claimer's session holds with
-/// more than half its lease left is `kept` as it is; the others are
-/// locked, skipping those another transaction holds (a relay's claim or
-/// bookkeeping, or a writer appending to the flow), and claimed if still
-/// free under the lock. The heads to claim go by primary key through
-/// `= ANY (ARRAY(...))`, never a scan of every head.
+/// The claim of a round ([`PgProducer::claim`]) at the destination `$6`:
+/// up to `$2` flows due at `$1`, none of `$3`, in the relay's order, for
+/// the owner `$4` with leases of `$5` ms. `pick` walks the due heads
+/// without locking them, each with its lease on the same row; a flow the
+/// claimer's session holds with more than half its lease left is `kept` as
+/// it is; the others are locked, skipping those another transaction holds
+/// (a relay's claim or bookkeeping, or a writer appending to the flow),
+/// and claimed if still free under the lock. The heads to claim go by
+/// primary key through `= ANY (ARRAY(...))`, never a scan of every head.
 pub(super) const CLAIM_SQL: &str = concat!(
     "WITH now AS (SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS ms),
      pick AS (
@@ -263,8 +434,8 @@ pub(super) const CLAIM_SQL: &str = concat!(
                 coalesce(h.lease_owner = $4 AND h.lease_backend_pid = pg_backend_pid()
                          AND h.lease_expires_at_ms > (SELECT ms FROM now) + $5::bigint / 2,
                          false) AS kept
-         FROM {s}.outbox_head h
-         WHERE h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
+         FROM {s}.relay_head h
+         WHERE h.destination = $6 AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= $1
            AND NOT (h.flow_id = ANY ($3))
            AND ",
     claimable!(),
@@ -272,52 +443,73 @@ pub(super) const CLAIM_SQL: &str = concat!(
          ORDER BY h.relay_turn, h.flow_id
          LIMIT $2),
      locked AS (
-         SELECT h.flow_id FROM {s}.outbox_head h
+         SELECT h.flow_id FROM {s}.relay_head h
          WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM pick WHERE NOT kept))
+           AND h.destination = $6
            AND ",
     claimable!(),
     "
          FOR NO KEY UPDATE OF h SKIP LOCKED),
      claimed AS (
-         UPDATE {s}.outbox_head h SET
+         UPDATE {s}.relay_head h SET
              lease_fence = CASE WHEN h.lease_owner = $4 AND h.lease_expires_at_ms > now.ms
                                 THEN h.lease_fence ELSE h.lease_fence + 1 END,
              lease_owner = $4,
              lease_backend_pid = pg_backend_pid(),
              lease_expires_at_ms = now.ms + $5
-         FROM now WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM locked))
+         FROM now WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM locked)) AND h.destination = $6
          RETURNING h.flow_id, h.lease_fence)
      SELECT flow_id, fence FROM pick WHERE kept
      UNION ALL
      SELECT flow_id, lease_fence FROM claimed"
 );
 
-/// Releases the leases of the flows `$2` that the owner `$1` holds,
-/// passing by the heads another transaction has locked.
+/// Releases the leases at the destination `$3` of the flows `$2` that the
+/// owner `$1` holds, passing by the heads another transaction has locked.
 pub(super) const RELEASE_SQL: &str =
-    "UPDATE {s}.outbox_head SET lease_owner = NULL, lease_expires_at_ms = 0
-     WHERE flow_id = ANY (ARRAY(SELECT flow_id FROM {s}.outbox_head
+    "UPDATE {s}.relay_head SET lease_owner = NULL, lease_expires_at_ms = 0
+     WHERE flow_id = ANY (ARRAY(SELECT flow_id FROM {s}.relay_head
                                 WHERE flow_id = ANY (ARRAY(SELECT unnest($2::text[])))
-                                  AND lease_owner = $1
-                                FOR NO KEY UPDATE SKIP LOCKED))";
+                                  AND destination = $3 AND lease_owner = $1
+                                FOR NO KEY UPDATE SKIP LOCKED))
+       AND destination = $3";
 
-/// [`RELEASE_SQL`] for every flow the owner `$1` holds, found by reading
-/// every head (no index names the lease's owner, so that a claim is a
-/// HOT update).
+/// [`RELEASE_SQL`] for every flow the owner `$1` holds at the destination
+/// `$3`, found by reading every head of it (no index names the lease's
+/// owner, so that a claim is a HOT update).
 pub(super) const RELEASE_ALL_SQL: &str =
-    "UPDATE {s}.outbox_head SET lease_owner = NULL, lease_expires_at_ms = 0
-     WHERE flow_id = ANY (ARRAY(SELECT flow_id FROM {s}.outbox_head WHERE lease_owner = $1
-                                FOR NO KEY UPDATE SKIP LOCKED))";
+    "UPDATE {s}.relay_head SET lease_owner = NULL, lease_expires_at_ms = 0
+     WHERE flow_id = ANY (ARRAY(SELECT flow_id FROM {s}.relay_head
+                                WHERE destination = $2 AND lease_owner = $1
+                                FOR NO KEY UPDATE SKIP LOCKED))
+       AND destination = $2";
 
 /// The most flows a handle remembers having claimed, to release them by
 /// key; past that, a release reads every head.
 pub(super) const CLAIMED_TRACKED_MAX: usize = 65_536;
 
-/// The first `$1` events not yet accepted, oldest first, and when each is
-/// due, on the keys of `outbox_pending` and of the outbox.
-pub(super) const PENDING_SQL: &str = "SELECT o.body, o.next_attempt_at_ms
-     FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position
+/// The first `$1` events the destination `$2` has yet to hold, oldest
+/// first, and when each is due there, on the keys of `custody_pending`,
+/// `custody` and the outbox.
+pub(super) const PENDING_SQL: &str = "SELECT o.body, c.next_attempt_at_ms
+     FROM {s}.custody_pending p
+     JOIN {s}.custody c ON c.position = p.position AND c.destination = p.destination
+     JOIN {s}.outbox o ON o.position = p.position
+     WHERE p.destination = $2
      ORDER BY p.position LIMIT $1";
+
+/// Whether the outbox row `o` is held by every destination its flow is
+/// delivered to: settled, and no destination abandoned it (an abandoned
+/// destination settles a row without holding it).
+macro_rules! held_everywhere_sql {
+    () => {
+        "(o.accepted AND NOT EXISTS (SELECT 1 FROM {s}.custody c
+                                     WHERE c.position = o.position AND c.abandoned)
+          AND NOT EXISTS (SELECT 1 FROM {s}.relay_head h
+                          WHERE h.flow_id = o.flow_id AND h.abandoned_seq <= o.seq))"
+    };
+}
+pub(super) use held_everywhere_sql;
 
 pub(super) const BODY: &str = "producer: stored outbox body";
 pub(super) const LEASE: &str = "producer: relay lease";

@@ -3,8 +3,11 @@
 
 use super::*;
 use crate::browse;
+use ordo_core::destination::{
+    AbandonRequest, Destination, DestinationRefused, DestinationStart, ProducerRepair,
+};
 use ordo_core::store::sql_limit;
-use ordo_core::ProducerOps;
+use ordo_core::{DestinationName, ProducerOps, StoreId};
 
 impl ProducerOps for PgProducer {
     fn outbox(&mut self) -> Result<Vec<OutboxRecord>, StoreError> {
@@ -14,7 +17,11 @@ impl ProducerOps for PgProducer {
     fn outbox_event(&mut self, event_id: &EventId) -> Result<Option<OutboxRecord>, StoreError> {
         let rows = self.conn.rows(
             "producer: cannot read the outbox",
-            "SELECT body, accepted FROM {s}.outbox WHERE event_id = $1",
+            concat!(
+                "SELECT body, ",
+                held_everywhere_sql!(),
+                " FROM {s}.outbox o WHERE event_id = $1"
+            ),
             &[&event_id.as_str()],
         )?;
         Ok(outbox_records(rows)?.pop())
@@ -27,130 +34,141 @@ impl ProducerOps for PgProducer {
     ) -> Result<Vec<OutboxEntry>, StoreError> {
         let rows = self.conn.rows(
             "producer: cannot list the outbox",
-            "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
-                    next_attempt_at_ms, created_at_ms, accepted_at_ms
-             FROM {s}.outbox WHERE (NOT $1 OR quarantined) ORDER BY position LIMIT $2",
+            "SELECT position, body, created_at_ms, accepted FROM {s}.outbox o
+             WHERE (NOT $1 OR EXISTS (SELECT 1 FROM {s}.custody c
+                 WHERE c.position = o.position AND c.quarantined))
+             ORDER BY position LIMIT $2",
             &[&quarantined_only, &sql_limit(limit)],
         )?;
-        rows.iter().map(outbox_entry).collect()
+        outbox_entries_of(&self.conn, &rows)
     }
 
     fn retry_quarantined(
         &mut self,
         event_id: &EventId,
     ) -> Result<Result<(), RetryRefused>, StoreError> {
+        let destination = self.destination_id()?;
         self.write(|ptx| {
             let context = "producer: cannot retry a quarantined event";
             let row = ptx.conn.row(
                 context,
-                "SELECT flow_id, seq, quarantined FROM {s}.outbox WHERE event_id = $1 FOR UPDATE",
-                &[&event_id.as_str()],
+                "SELECT o.flow_id, o.seq, c.quarantined, o.position FROM {s}.outbox o
+                 LEFT JOIN {s}.custody c ON c.position = o.position AND c.destination = $2
+                 WHERE o.event_id = $1 FOR UPDATE OF o",
+                &[&event_id.as_str(), &destination],
             )?;
-            let (flow, seq) = match row {
+            let (flow, seq, position) = match row {
                 None => return Ok(Err(RetryRefused::Unknown(event_id.clone()))),
-                Some(row) if !row.get::<_, bool>(2) => {
+                Some(row) if row.get::<_, Option<bool>>(2) != Some(true) => {
                     return Ok(Err(RetryRefused::NotQuarantined(event_id.clone())))
                 }
-                Some(row) => (row.get::<_, String>(0), row.get::<_, i64>(1)),
+                Some(row) => (
+                    row.get::<_, String>(0),
+                    row.get::<_, i64>(1),
+                    row.get::<_, i64>(3),
+                ),
             };
             ptx.conn.run(
                 context,
-                "UPDATE {s}.outbox SET quarantined = false, quarantine_reason = NULL,
-                     next_attempt_at_ms = 0
-                 WHERE event_id = $1",
-                &[&event_id.as_str()],
+                "UPDATE {s}.custody SET quarantined = false, quarantine_reason = NULL,
+                     quarantine_detail = NULL, next_attempt_at_ms = 0
+                 WHERE position = $1 AND destination = $2",
+                &[&position, &destination],
             )?;
             // A retried rewound event lifts its flow's stop.
             ptx.conn.run(
                 context,
-                "UPDATE {s}.outbox_head SET relay_stop_seq = NULL
-                 WHERE flow_id = $1 AND relay_stop_seq = $2",
-                &[&flow, &seq],
+                "UPDATE {s}.relay_head SET relay_stop_seq = NULL
+                 WHERE flow_id = $1 AND destination = $3 AND relay_stop_seq = $2",
+                &[&flow, &seq, &destination],
             )?;
-            refresh_heads(ptx.conn, &BTreeSet::from([flow]), Turn::Keep, Some(seq))?;
+            let flows = BTreeSet::from([flow]);
+            refresh_heads(ptx.conn, (destination, &flows), Turn::Keep, Some(seq))?;
             Ok(Ok(()))
         })
     }
 
     fn producer_status(&mut self, now_ms: i64) -> Result<ProducerStatus, StoreError> {
-        let row = self.conn.row(
-            "producer: cannot read the status",
-            "SELECT count(*), min(o.created_at_ms), count(*) FILTER (WHERE o.quarantined),
-                    count(*) FILTER (WHERE NOT o.quarantined AND o.next_attempt_at_ms > $1),
-                    count(*) FILTER (WHERE o.quarantined AND o.last_outcome = 'producer_rewound')
-             FROM {s}.outbox_pending p JOIN {s}.outbox o ON o.position = p.position",
-            &[&now_ms],
-        )?;
-        let row = row.expect("an aggregate returns one row");
-        let count = |i: usize| row.get::<_, i64>(i).max(0) as u64;
-        Ok(ProducerStatus {
-            backlog: count(0),
-            oldest_pending_created_at_ms: row.get(1),
-            quarantined: count(2),
-            rewound: count(4),
-            backing_off: count(3),
-        })
+        let destinations = custody::destinations(&self.conn, now_ms)?;
+        Ok(ordo_core::destination::sum_statuses(
+            destinations.iter().map(|d| &d.status),
+        ))
     }
 
     fn prune_outbox(&mut self, cutoff_ms: i64) -> Result<Pruned, StoreError> {
         self.write(|ptx| {
-            let rows = ptx.conn.run(
+            let row = ptx.conn.row(
                 "producer: cannot prune the outbox",
-                "DELETE FROM {s}.outbox WHERE accepted AND accepted_at_ms < $1",
+                "WITH gone AS (
+                     DELETE FROM {s}.outbox WHERE accepted AND accepted_at_ms < $1
+                     RETURNING position),
+                 marks AS (
+                     DELETE FROM {s}.custody c
+                     WHERE c.position = ANY (ARRAY(SELECT position FROM gone)))
+                 SELECT count(*) FROM gone",
                 &[&cutoff_ms],
             )?;
+            let rows = row.expect("an aggregate returns one row").get::<_, i64>(0);
             Ok(Pruned {
-                rows,
+                rows: rows.max(0) as u64,
                 fingerprints: 0,
             })
         })
     }
 
-    fn destinations(
-        &mut self,
-        now_ms: i64,
-    ) -> Result<Vec<ordo_core::destination::Destination>, StoreError> {
-        super::destinations::destinations(self, now_ms)
+    fn destinations(&mut self, now_ms: i64) -> Result<Vec<Destination>, StoreError> {
+        custody::destinations(&self.conn, now_ms)
     }
 
     fn add_destination(
         &mut self,
-        name: &ordo_core::DestinationName,
-        _from: ordo_core::destination::DestinationStart,
-    ) -> Result<Result<(), ordo_core::destination::DestinationRefused>, StoreError> {
-        super::destinations::add(self, name)
+        name: &DestinationName,
+        from: DestinationStart,
+    ) -> Result<Result<(), DestinationRefused>, StoreError> {
+        self.write(|ptx| custody::add(ptx.conn, name, from, ptx.now_ms))
     }
 
     fn remove_destination(
         &mut self,
-        name: &ordo_core::DestinationName,
-        _by: &str,
-        _reason: &str,
-    ) -> Result<Result<(), ordo_core::destination::DestinationRefused>, StoreError> {
-        super::destinations::remove(self, name)
+        name: &DestinationName,
+        by: &str,
+        reason: &str,
+    ) -> Result<Result<(), DestinationRefused>, StoreError> {
+        let removed =
+            self.write(|ptx| custody::remove(ptx.conn, name, (by, reason), ptx.now_ms))?;
+        Ok(removed.map(|id| {
+            if self.destination == Some(id) {
+                self.destination = None;
+            }
+        }))
     }
 
     fn abandon_flow(
         &mut self,
-        _request: &ordo_core::destination::AbandonRequest,
-    ) -> Result<
-        Result<ordo_core::destination::ProducerRepair, ordo_core::destination::DestinationRefused>,
-        StoreError,
-    > {
-        Err(super::destinations::abandon_unsupported())
+        request: &AbandonRequest,
+    ) -> Result<Result<ProducerRepair, DestinationRefused>, StoreError> {
+        self.write(|ptx| custody::abandon(ptx.conn, request, ptx.now_ms))
     }
 
-    fn producer_repairs(
-        &mut self,
-    ) -> Result<Vec<ordo_core::destination::ProducerRepair>, StoreError> {
-        super::destinations::repairs(self)
+    fn producer_repairs(&mut self) -> Result<Vec<ProducerRepair>, StoreError> {
+        custody::repairs(&self.conn)
     }
 
+    /// Choosing another destination than the one the handle served first
+    /// releases the leases it holds there.
     fn use_destination(
         &mut self,
-        name: Option<&ordo_core::DestinationName>,
-    ) -> Result<Result<(), ordo_core::destination::DestinationRefused>, StoreError> {
-        super::destinations::choose(self, name)
+        name: Option<&DestinationName>,
+    ) -> Result<Result<(), DestinationRefused>, StoreError> {
+        let chosen = match custody::choose(&self.conn, name)? {
+            Ok(id) => id,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        if self.destination.is_some_and(|id| id != chosen) && self.may_hold() {
+            self.release_leases()?;
+        }
+        self.destination = Some(chosen);
+        Ok(Ok(()))
     }
 
     ordo_core::producer_ops_methods!(PgProducer, browse);
@@ -162,18 +180,20 @@ impl ProducerStore for PgProducer {
     }
 
     fn pending(&mut self, limit: usize) -> Result<Vec<Envelope>, StoreError> {
+        let destination = self.destination_id()?;
         envelopes(self.conn.rows(
             "producer: cannot read pending events",
             PENDING_SQL,
-            &[&sql_limit(limit)],
+            &[&sql_limit(limit), &destination],
         )?)
     }
 
     fn oldest_unaccepted(&mut self, now_ms: i64) -> Result<Option<Envelope>, StoreError> {
+        let destination = self.destination_id()?;
         let row = self.conn.row(
             "producer: cannot read the oldest unaccepted event",
             PENDING_SQL,
-            &[&1i64],
+            &[&1i64, &destination],
         )?;
         match row {
             Some(row) if row.get::<_, i64>(1) <= now_ms => {
@@ -214,10 +234,11 @@ impl ProducerStore for PgProducer {
         let flows: Vec<&str> = self.held.keys().map(String::as_str).collect();
         let limit_sql = i64::try_from(limit).unwrap_or(i64::MAX);
         let depth_sql = i64::try_from(flow_events_max.max(1)).unwrap_or(i64::MAX);
+        let destination = self.destination.expect("the claim chose the destination");
         let round = envelopes(self.conn.rows(
             "producer: cannot pick a fair round",
             ROUND_SQL,
-            &[&now_ms, &limit_sql, &flows, &depth_sql],
+            &[&now_ms, &limit_sql, &flows, &depth_sql, &destination],
         )?)?;
         let served: HashSet<&str> = round.iter().map(|e| e.flow_id.as_str()).collect();
         self.events_per_flow = round.len().checked_div(served.len()).unwrap_or(1);
@@ -241,14 +262,28 @@ impl ProducerStore for PgProducer {
         receipts: &[(EventId, Receipt)],
         now_ms: i64,
     ) -> Result<(), StoreError> {
+        self.record_receipts_from(None, receipts, now_ms)
+    }
+
+    /// Records the consumer store `consumer` of the destination at its
+    /// first delivery from a known one, in the transaction of the marks,
+    /// and refuses receipts from another one afterwards, nothing marked
+    /// (PROTOCOL.md section 12).
+    fn record_receipts_from(
+        &mut self,
+        consumer: Option<&StoreId>,
+        receipts: &[(EventId, Receipt)],
+        now_ms: i64,
+    ) -> Result<(), StoreError> {
         let ids: Vec<&str> = receipts.iter().map(|(id, _)| id.as_str()).collect();
         let fences = if receipts.iter().any(|(_, r)| r.quarantine().is_some()) {
             Fences::Locked
         } else {
             Fences::Seen
         };
-        self.bookkeeping(&ids, fences, |tx, store_now_ms| {
-            record_receipts_in(tx, receipts, store_now_ms.max(now_ms))
+        self.bookkeeping(&ids, fences, |tx, destination, store_now_ms| {
+            custody::check_consumer(tx, destination, consumer)?;
+            record_receipts_in(tx, destination, receipts, store_now_ms.max(now_ms))
         })
     }
 
@@ -262,31 +297,36 @@ impl ProducerStore for PgProducer {
         backoff: &Backoff,
     ) -> Result<(), StoreError> {
         let ids: Vec<&str> = event_ids.iter().map(EventId::as_str).collect();
-        self.bookkeeping(&ids, Fences::Locked, |tx, _| {
+        self.bookkeeping(&ids, Fences::Locked, |tx, destination, _| {
             let mut flows = BTreeSet::new();
             for event_id in event_ids {
                 let row = tx.row(
                     "producer: cannot record a delivery failure",
-                    "UPDATE {s}.outbox SET attempts = attempts + 1, last_outcome = 'error', last_error = $2
-                     WHERE event_id = $1 AND NOT accepted RETURNING flow_id, attempts",
-                    &[&event_id.as_str(), &error],
+                    "UPDATE {s}.custody c SET attempts = c.attempts + 1, last_outcome = 'error',
+                         last_error = $2
+                     FROM {s}.outbox o
+                     WHERE o.event_id = $1 AND c.position = o.position AND c.destination = $3
+                       AND NOT c.accepted
+                     RETURNING o.flow_id, c.attempts, c.position",
+                    &[&event_id.as_str(), &error, &destination],
                 )?;
                 let Some(row) = row else { continue };
                 let attempts: i64 = row.get(1);
-                let delay_ms = backoff
-                    .delay_ms(u32::try_from(attempts).unwrap_or(u32::MAX), fastrand::f64());
+                let delay_ms =
+                    backoff.delay_ms(u32::try_from(attempts).unwrap_or(u32::MAX), fastrand::f64());
                 // Strictly later than the failure, whatever the jitter drew.
                 let due = now_ms
                     .saturating_add(1)
                     .saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
                 tx.run(
                     "producer: cannot record a delivery failure",
-                    "UPDATE {s}.outbox SET next_attempt_at_ms = $2 WHERE event_id = $1",
-                    &[&event_id.as_str(), &due],
+                    "UPDATE {s}.custody SET next_attempt_at_ms = $2
+                     WHERE position = $1 AND destination = $3",
+                    &[&row.get::<_, i64>(2), &due, &destination],
                 )?;
                 flows.insert(row.get::<_, String>(0));
             }
-            refresh_heads(tx, &flows, Turn::Keep, None)
+            refresh_heads(tx, (destination, &flows), Turn::Keep, None)
         })
     }
 
@@ -299,17 +339,25 @@ impl ProducerStore for PgProducer {
         reason: &str,
         _now_ms: i64,
     ) -> Result<(), StoreError> {
-        self.bookkeeping(&[event_id.as_str()], Fences::Locked, |tx, _| {
-            let row = tx.row(
-                "producer: cannot quarantine an event",
-                "UPDATE {s}.outbox SET quarantined = true, quarantine_reason = $2,
-                     attempts = attempts + 1, last_outcome = $3, last_error = $2
-                 WHERE event_id = $1 AND NOT accepted RETURNING flow_id",
-                &[&event_id.as_str(), &reason, &outcome],
-            )?;
-            let flows = row.map(|row| row.get::<_, String>(0)).into_iter().collect();
-            refresh_heads(tx, &flows, Turn::Keep, None)
-        })
+        self.bookkeeping(
+            &[event_id.as_str()],
+            Fences::Locked,
+            |tx, destination, _| {
+                let row = tx.row(
+                    "producer: cannot quarantine an event",
+                    "UPDATE {s}.custody c SET quarantined = true, quarantine_reason = $3,
+                     quarantine_detail = $2, attempts = c.attempts + 1, last_outcome = $3,
+                     last_error = $2
+                 FROM {s}.outbox o
+                 WHERE o.event_id = $1 AND c.position = o.position AND c.destination = $4
+                   AND NOT c.accepted AND NOT c.abandoned
+                 RETURNING o.flow_id",
+                    &[&event_id.as_str(), &reason, &outcome, &destination],
+                )?;
+                let flows = row.map(|row| row.get::<_, String>(0)).into_iter().collect();
+                refresh_heads(tx, (destination, &flows), Turn::Keep, None)
+            },
+        )
     }
 }
 
@@ -318,6 +366,7 @@ impl ProducerStore for PgProducer {
 /// (arrays as parameters), and the flows' heads moved in two more.
 fn record_receipts_in(
     conn: &PgTx,
+    destination: i64,
     receipts: &[(EventId, Receipt)],
     accepted_at: i64,
 ) -> Result<(), StoreError> {
@@ -332,7 +381,7 @@ fn record_receipts_in(
     let mut flows = BTreeSet::new();
     // An event no longer in the outbox was settled and pruned meanwhile:
     // there is nothing left to mark.
-    stop_rewound_flows(conn, &conflicts)?;
+    stop_rewound_flows(conn, destination, &conflicts)?;
     // One statement per cause (at most two), each naming its rows by key.
     for cause in [Receipt::Conflict, Receipt::ProducerRewound] {
         let ids: Vec<&str> = (conflicts.iter())
@@ -345,11 +394,15 @@ fn record_receipts_in(
         flows.extend(
             conn.rows(
                 context,
-                "UPDATE {s}.outbox SET quarantined = NOT accepted,
-                     quarantine_reason = CASE WHEN accepted THEN NULL ELSE $2 END,
-                     attempts = attempts + 1, last_outcome = $3
-                 WHERE event_id = ANY ($1) RETURNING flow_id",
-                &[&ids, &reason, &outcome],
+                "UPDATE {s}.custody c SET quarantined = NOT c.accepted,
+                     quarantine_reason = CASE WHEN c.accepted THEN NULL ELSE $3 END,
+                     quarantine_detail = CASE WHEN c.accepted THEN NULL ELSE $2 END,
+                     attempts = c.attempts + 1, last_outcome = $3
+                 FROM {s}.outbox o
+                 WHERE o.event_id = ANY (ARRAY(SELECT unnest($1::text[])))
+                   AND c.position = o.position AND c.destination = $4 AND NOT c.abandoned
+                 RETURNING o.flow_id",
+                &[&ids, &reason, &outcome, &destination],
             )?
             .iter()
             .map(|row| row.get::<_, String>(0)),
@@ -359,19 +412,27 @@ fn record_receipts_in(
         let ids: Vec<&str> = stored.iter().map(|(id, _)| *id).collect();
         let outcomes: Vec<&str> = stored.iter().map(|(_, receipt)| receipt.as_str()).collect();
         flows.extend(
-            conn.rows(context, MARK_ACCEPTED_SQL, &[&ids, &outcomes, &accepted_at])?
-                .iter()
-                .map(|row| row.get::<_, String>(0)),
+            conn.rows(
+                context,
+                MARK_ACCEPTED_SQL,
+                &[&ids, &outcomes, &accepted_at, &destination],
+            )?
+            .iter()
+            .map(|row| row.get::<_, String>(0)),
         );
     }
-    refresh_heads(conn, &flows, Turn::Next, None)?;
+    refresh_heads(conn, (destination, &flows), Turn::Next, None)?;
     crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
     Ok(())
 }
 
 /// Stops each flow of a `producer_rewound` receipt at its lowest such seq:
 /// nothing of it from there on is relayed (a retry of that event lifts it).
-fn stop_rewound_flows(conn: &PgTx, conflicts: &[(&str, Receipt)]) -> Result<(), StoreError> {
+fn stop_rewound_flows(
+    conn: &PgTx,
+    destination: i64,
+    conflicts: &[(&str, Receipt)],
+) -> Result<(), StoreError> {
     let ids: Vec<&str> = (conflicts.iter())
         .filter(|(_, receipt)| *receipt == Receipt::ProducerRewound)
         .map(|(id, _)| *id)
@@ -381,11 +442,11 @@ fn stop_rewound_flows(conn: &PgTx, conflicts: &[(&str, Receipt)]) -> Result<(), 
     }
     conn.run(
         "producer: cannot stop a rewound flow",
-        "UPDATE {s}.outbox_head h SET relay_stop_seq = least(h.relay_stop_seq, s.seq)
+        "UPDATE {s}.relay_head h SET relay_stop_seq = least(h.relay_stop_seq, s.seq)
          FROM (SELECT flow_id, min(seq) AS seq FROM {s}.outbox
                WHERE event_id = ANY (ARRAY(SELECT unnest($1::text[]))) GROUP BY flow_id) AS s
-         WHERE h.flow_id = s.flow_id",
-        &[&ids],
+         WHERE h.flow_id = s.flow_id AND h.destination = $2",
+        &[&ids, &destination],
     )?;
     Ok(())
 }

@@ -306,3 +306,39 @@ pub fn undo_producer_namespaces(schema: &str) -> String {
          ALTER TABLE {schema}.repair_log DROP COLUMN store_id;"
     )
 }
+
+/// The statements that take the producer schema `schema`'s tables back
+/// from version 10 to version 9, keeping their state: the one
+/// destination's marks, heads and leases back into the outbox and its
+/// heads (the caller sets the version it means).
+pub fn undo_custody(schema: &str) -> String {
+    format!(
+        "ALTER TABLE {schema}.outbox ADD COLUMN quarantined boolean NOT NULL DEFAULT false,
+             ADD COLUMN quarantine_reason text, ADD COLUMN attempts bigint NOT NULL DEFAULT 0,
+             ADD COLUMN last_outcome text, ADD COLUMN last_error text,
+             ADD COLUMN next_attempt_at_ms bigint NOT NULL DEFAULT 0;
+         UPDATE {schema}.outbox o SET quarantined = c.quarantined,
+             quarantine_reason = c.quarantine_detail, attempts = c.attempts,
+             last_outcome = c.last_outcome, last_error = c.last_error,
+             next_attempt_at_ms = c.next_attempt_at_ms
+         FROM {schema}.custody c WHERE c.position = o.position AND c.destination = 1;
+         ALTER TABLE {schema}.outbox DROP COLUMN destinations_waiting;
+         CREATE TABLE {schema}.outbox_pending (position bigint PRIMARY KEY);
+         INSERT INTO {schema}.outbox_pending (position)
+             SELECT position FROM {schema}.custody_pending WHERE destination = 1;
+         ALTER TABLE {schema}.outbox_head ADD COLUMN relay_seq bigint,
+             ADD COLUMN relay_due_ms bigint NOT NULL DEFAULT 0,
+             ADD COLUMN relay_turn bigint NOT NULL DEFAULT 0,
+             ADD COLUMN lease_owner text, ADD COLUMN lease_fence bigint NOT NULL DEFAULT 0,
+             ADD COLUMN lease_expires_at_ms bigint NOT NULL DEFAULT 0,
+             ADD COLUMN lease_backend_pid integer, ADD COLUMN relay_stop_seq bigint;
+         UPDATE {schema}.outbox_head h SET relay_seq = r.relay_seq, relay_due_ms = r.relay_due_ms,
+             relay_turn = r.relay_turn, lease_owner = r.lease_owner, lease_fence = r.lease_fence,
+             lease_expires_at_ms = r.lease_expires_at_ms, lease_backend_pid = r.lease_backend_pid,
+             relay_stop_seq = r.relay_stop_seq
+         FROM {schema}.relay_head r WHERE r.flow_id = h.flow_id AND r.destination = 1;
+         CREATE INDEX outbox_head_relay ON {schema}.outbox_head (relay_turn, flow_id)
+             WHERE relay_seq IS NOT NULL;
+         DROP TABLE {schema}.relay_head, {schema}.custody, {schema}.custody_pending;"
+    )
+}

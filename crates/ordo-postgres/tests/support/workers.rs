@@ -230,7 +230,7 @@ pub fn check_converged(target: &str) -> BTreeMap<String, i64> {
     // A relay that stopped released its flows, or they expire.
     wait_until("no flow held", Duration::from_secs(60), || {
         c.query_one(
-            "SELECT count(*) FROM ordo_producer.outbox_head WHERE lease_owner IS NOT NULL
+            "SELECT count(*) FROM ordo_producer.relay_head WHERE lease_owner IS NOT NULL
              AND lease_expires_at_ms > (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
             &[],
         )

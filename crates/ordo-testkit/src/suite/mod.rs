@@ -9,6 +9,7 @@
 mod apply;
 mod browse;
 mod delivery;
+mod destinations;
 mod durability;
 pub mod generic;
 mod operations;
@@ -20,6 +21,7 @@ mod relay;
 pub use apply::*;
 pub use browse::*;
 pub use delivery::*;
+pub use destinations::*;
 pub use durability::*;
 pub use generic::*;
 pub use operations::*;
