@@ -646,6 +646,15 @@ pub enum WorkerCommand {
         /// Or the HTTP inbox of an `ordo serve`.
         #[arg(long)]
         to: Option<String>,
+        /// The destination to relay for (the store's only one if not given).
+        #[arg(long, value_parser = crate::destinations::name)]
+        destination: Option<ordo_core::DestinationName>,
+        /// With --to, sign the requests with this key of --key-file.
+        #[arg(long, requires_all = ["to", "key_file"])]
+        key_id: Option<String>,
+        /// The key file of --key-id.
+        #[arg(long, requires = "key_id")]
+        key_file: Option<PathBuf>,
         #[arg(long)]
         until: PathBuf,
     },

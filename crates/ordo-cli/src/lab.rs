@@ -378,6 +378,22 @@ fn bench_destinations(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Where a relay worker hands its events: the consumer file, or else the
+/// HTTP inbox at `to`, signed with `key` (its id and file) if given.
+fn relay_target(
+    consumer: Option<std::path::PathBuf>,
+    to: Option<String>,
+    key: Option<(String, std::path::PathBuf)>,
+) -> worker::RelayTarget {
+    match (consumer, to) {
+        (Some(consumer), _) => worker::RelayTarget::File(consumer),
+        (None, to) => worker::RelayTarget::Http {
+            url: to.expect("clap requires --consumer or --to"),
+            key: key.map(|(id, file)| worker::RelayKey { id, file }),
+        },
+    }
+}
+
 pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
     let role = match command {
         WorkerCommand::Produce {
@@ -414,13 +430,14 @@ pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
             producer,
             consumer,
             to,
+            destination,
+            key_id,
+            key_file,
             until,
         } => worker::WorkerRole::Relay {
             producer,
-            target: match (consumer, to) {
-                (Some(consumer), _) => worker::RelayTarget::File(consumer),
-                (None, to) => worker::RelayTarget::Http(to.expect("clap requires --to")),
-            },
+            destination,
+            target: relay_target(consumer, to, key_id.zip(key_file)),
             until,
         },
         WorkerCommand::Apply { consumer, until } => worker::WorkerRole::Apply { consumer, until },
