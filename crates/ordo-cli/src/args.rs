@@ -290,9 +290,10 @@ pub struct SoakArgs {
     #[arg(long)]
     pub faults: bool,
     /// How the relays reach the consumer: `file` opens it, `http` posts to
-    /// an `ordo serve` on the loopback interface, which is killed too.
-    #[arg(long, value_enum, value_name = "T", default_value = "file")]
-    pub transport: SoakTransportArg,
+    /// an `ordo serve` on the loopback interface, which is killed too
+    /// (default: file; http with --topology, which takes no other).
+    #[arg(long, value_enum, value_name = "T")]
+    pub transport: Option<SoakTransportArg>,
     /// Threads in each producer process (1..=1024): more than one share a
     /// group-committing writer, and every event acknowledged to them is
     /// checked to be in the outbox at the end.
@@ -318,6 +319,13 @@ pub struct SoakArgs {
     /// result) instead of dropping it.
     #[arg(long)]
     pub keep: bool,
+    /// P producer stores and C consumer stores (each 1..=4), every
+    /// producer with one destination per consumer, one relay per
+    /// (producer, destination) over HTTP; SQLite only. --appliers is then
+    /// per consumer (default 1).
+    #[arg(long, value_name = "PxC", allow_hyphen_values = true,
+          value_parser = ordo_lab::soak_topology::Topology::parse)]
+    pub topology: Option<ordo_lab::soak_topology::Topology>,
 }
 
 /// How the soak's relays reach the consumer: one of the lab's transports
@@ -646,6 +654,15 @@ pub enum WorkerCommand {
         /// Or the HTTP inbox of an `ordo serve`.
         #[arg(long)]
         to: Option<String>,
+        /// The destination to relay for (the store's only one if not given).
+        #[arg(long, value_parser = crate::destinations::name)]
+        destination: Option<ordo_core::DestinationName>,
+        /// With --to, sign the requests with this key of --key-file.
+        #[arg(long, requires_all = ["to", "key_file"])]
+        key_id: Option<String>,
+        /// The key file of --key-id.
+        #[arg(long, requires = "key_id")]
+        key_file: Option<PathBuf>,
         #[arg(long)]
         until: PathBuf,
     },
@@ -890,7 +907,7 @@ mod tests {
     /// `ordo soak --transport NAME`'s transport, or clap's error.
     fn soak_transport(name: &str) -> Result<&'static LabTransport, clap::Error> {
         match Cli::try_parse_from(["ordo", "soak", "--transport", name])?.command {
-            Command::Soak(args) => Ok(args.transport.0),
+            Command::Soak(args) => Ok(args.transport.expect("given").0),
             other => panic!("not the soak: {other:?}"),
         }
     }
@@ -906,6 +923,6 @@ mod tests {
         let Command::Soak(args) = Cli::try_parse_from(["ordo", "soak"]).unwrap().command else {
             panic!("not the soak");
         };
-        assert_eq!(args.transport.0.name, "file");
+        assert!(args.transport.is_none(), "file unless given or implied");
     }
 }

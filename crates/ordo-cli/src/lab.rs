@@ -5,9 +5,10 @@
 use std::sync::{Arc, Mutex};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use ordo_lab::transports::{self, TRANSPORTS};
 use ordo_lab::{
     bench, bench_destinations, bench_http, bench_pg, bench_producers, demo, experiment, soak,
-    worker, worker_group, LabError, Progress,
+    soak_topology, worker, worker_group, LabError, Progress,
 };
 
 use crate::args::{
@@ -193,6 +194,29 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
         experiment::Backend::Sqlite => soak::WORKERS_SQLITE,
         experiment::Backend::Postgres { .. } => soak::WORKERS_POSTGRES,
     };
+    // A topology relays over HTTP, one relay per (producer, destination),
+    // with appliers counted per consumer.
+    let (transport, relays, appliers) = match args.topology {
+        None => (
+            args.transport.map_or(&TRANSPORTS[0], |t| t.0),
+            args.relays.map_or(workers, |n| n as usize),
+            args.appliers.map_or(workers, |n| n as usize),
+        ),
+        Some(topology) => {
+            if args.relays.is_some() {
+                return Err(Failure::Usage(format!(
+                    "--topology {topology} runs one relay per (producer, destination): without --relays"
+                )));
+            }
+            let http = transports::by_name("http").expect("the lab has an http transport");
+            (
+                args.transport.map_or(http, |t| t.0),
+                topology.producers * topology.consumers,
+                args.appliers
+                    .map_or(soak_topology::APPLIERS_DEFAULT, |n| n as usize),
+            )
+        }
+    };
     let options = soak::SoakOptions {
         exe: ordo_binary()?,
         seconds: args.seconds,
@@ -200,12 +224,13 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
         seed: args.seed,
         dir: args.dir,
         faults: args.faults,
-        transport: args.transport.0,
+        transport,
         producer_threads: args.producer_threads,
         backend,
-        relays: args.relays.map_or(workers, |n| n as usize),
-        appliers: args.appliers.map_or(workers, |n| n as usize),
+        relays,
+        appliers,
         keep: args.keep,
+        topology: args.topology,
     };
     let bars = Bars::new("soak [{bar:40}] {pos}/{len} s {msg}");
     let report = soak::run(&options, &bars).map_err(failure)?;
@@ -378,6 +403,22 @@ fn bench_destinations(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Where a relay worker hands its events: the consumer file, or else the
+/// HTTP inbox at `to`, signed with `key` (its id and file) if given.
+fn relay_target(
+    consumer: Option<std::path::PathBuf>,
+    to: Option<String>,
+    key: Option<(String, std::path::PathBuf)>,
+) -> worker::RelayTarget {
+    match (consumer, to) {
+        (Some(consumer), _) => worker::RelayTarget::File(consumer),
+        (None, to) => worker::RelayTarget::Http {
+            url: to.expect("clap requires --consumer or --to"),
+            key: key.map(|(id, file)| worker::RelayKey { id, file }),
+        },
+    }
+}
+
 pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
     let role = match command {
         WorkerCommand::Produce {
@@ -414,13 +455,14 @@ pub fn worker(json_mode: bool, command: WorkerCommand) -> Result<(), Failure> {
             producer,
             consumer,
             to,
+            destination,
+            key_id,
+            key_file,
             until,
         } => worker::WorkerRole::Relay {
             producer,
-            target: match (consumer, to) {
-                (Some(consumer), _) => worker::RelayTarget::File(consumer),
-                (None, to) => worker::RelayTarget::Http(to.expect("clap requires --to")),
-            },
+            destination,
+            target: relay_target(consumer, to, key_id.zip(key_file)),
             until,
         },
         WorkerCommand::Apply { consumer, until } => worker::WorkerRole::Apply { consumer, until },

@@ -16,6 +16,7 @@ mod remote;
 mod render;
 mod render_destinations;
 mod render_lab;
+mod render_topology;
 mod running;
 mod serve;
 mod stores;

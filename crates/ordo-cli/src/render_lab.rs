@@ -24,7 +24,7 @@ fn internal<E: std::fmt::Display>(e: E) -> Failure {
     Failure::Internal(e.to_string())
 }
 
-fn seconds(d: Duration) -> f64 {
+pub(crate) fn seconds(d: Duration) -> f64 {
     (d.as_secs_f64() * 1000.0).round() / 1000.0
 }
 
@@ -196,6 +196,9 @@ pub fn soak(report: &SoakReport) -> Value {
             value.extend(extra.clone());
         }
     }
+    if let Some(topology) = &report.topology {
+        crate::render_topology::extend(&mut value, report, topology);
+    }
     value
 }
 
@@ -243,6 +246,9 @@ pub fn soak_text(report: &SoakReport) -> String {
         if let Some(database) = &pg.kept {
             lines.push(format!("database {database} (kept)"));
         }
+    }
+    if let Some(topology) = &report.topology {
+        crate::render_topology::lines(&mut lines, report, topology);
     }
     let violations = report.violations();
     if violations.is_empty() {

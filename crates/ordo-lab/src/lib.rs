@@ -22,6 +22,7 @@ pub mod serve;
 pub mod skeleton_pg;
 pub mod soak;
 mod soak_pg;
+pub mod soak_topology;
 pub mod transports;
 pub mod worker;
 pub mod worker_group;

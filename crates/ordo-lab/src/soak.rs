@@ -9,6 +9,10 @@
 //! appliers at once, and the server also ends ordo's own connections to
 //! that database (`pg_terminate_backend`, chosen by `application_name`) at
 //! random instants; the end check adds the relays' leases.
+//!
+//! With a topology ([`crate::soak_topology`]) the run has several producer
+//! and consumer stores, every producer delivering to every consumer, and
+//! the end check is made for each (producer, destination) pair.
 
 use std::cell::Cell;
 use std::collections::BTreeMap;
@@ -17,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ordo_core::{Clock, SystemClock};
+use ordo_core::{Clock, OutboxRecord, SystemClock};
 use ordo_testkit::check::{check_end_state, EndState, Finished, Snapshot, Violation};
 
 use crate::experiment::child::{finish_within, WATCHDOG};
@@ -25,6 +29,7 @@ use crate::experiment::Backend;
 use crate::pg::{Database, Server, SOAK_PREFIX};
 use crate::serve::{loopback_any, ServeSpec};
 use crate::soak_pg::{database_state, pg_consumer, pg_producer, sessions_gone};
+pub use crate::soak_topology::{PairCount, Topology, TopologyReport};
 use crate::transports::{Hop, LabTransport};
 use crate::{internal, LabError, Progress};
 
@@ -87,6 +92,11 @@ pub struct SoakOptions {
     /// Keep the PostgreSQL database after the run (its name ends in
     /// `_kept`; the report names it) instead of dropping it.
     pub keep: bool,
+    /// P producer stores and C consumer stores, every producer with one
+    /// destination per consumer ([`crate::soak_topology`]), instead of one
+    /// of each; `relays` is then P × C, one per (producer, destination),
+    /// and `appliers` the appliers of each consumer.
+    pub topology: Option<Topology>,
 }
 
 /// What the soak did and found.
@@ -128,6 +138,8 @@ pub struct SoakReport {
     pub converge: Duration,
     /// What only a run on PostgreSQL reports.
     pub postgres: Option<PgSoakReport>,
+    /// What only a run of a topology reports.
+    pub topology: Option<TopologyReport>,
 }
 
 /// What a soak on PostgreSQL reports besides.
@@ -232,12 +244,12 @@ impl Worker {
 
 /// What the kill loop and the workers' exits added up to.
 #[derive(Default)]
-struct Tally {
+pub(crate) struct Tally {
     kills: BTreeMap<Role, u64>,
     terminations: BTreeMap<Role, u64>,
     faults_armed: u64,
     fault_exits: u64,
-    failures: Vec<String>,
+    pub(crate) failures: Vec<String>,
     server_moves: u64,
 }
 
@@ -251,6 +263,16 @@ struct ConsumerSide {
     serve_log: PathBuf,
 }
 
+impl ConsumerSide {
+    fn new(store: PathBuf, serve_log: PathBuf) -> ConsumerSide {
+        ConsumerSide {
+            store,
+            server: Cell::new(None),
+            serve_log,
+        }
+    }
+}
+
 struct Soak {
     exe: PathBuf,
     producers: Vec<PathBuf>,
@@ -260,38 +282,52 @@ struct Soak {
     flows: u64,
     /// Producers spread the flows over this window (ms since the epoch).
     spread_ms: (i64, i64),
-    /// The directory of both files, armed by a worker's fault.
+    /// The directory of the files, armed by a worker's fault.
     dir: PathBuf,
     /// Whether workers started while killing get faults.
     faults: bool,
     /// The transport's network hop, whose server role is one of the
     /// workers; `None` when the relays open the consumer store.
     hop: Option<&'static Hop>,
-    /// Threads per producer process, and the file of their acks.
+    /// Threads per producer process, and the file of the acks of each
+    /// producer store.
     producer_threads: u64,
-    acks: PathBuf,
+    acks: Vec<PathBuf>,
     /// Whether every producer records its acks (on PostgreSQL).
     record_acks: bool,
     /// What convergence allows each event (see [`converge_watchdog`]).
     per_event_ms: u64,
+    /// The topology of the stores, if not one of each.
+    topology: Option<Topology>,
 }
 
 impl Soak {
     /// The soak of `options`: its files and markers in `dir`, its stores
     /// there or in `database`.
     fn new(options: &SoakOptions, dir: &Path, database: Option<&Database>) -> Soak {
-        let (producer, consumer) = match database {
-            Some(database) => (PathBuf::from(database.url()), PathBuf::from(database.url())),
-            None => (dir.join("producer.db"), dir.join("consumer.db")),
+        let (producers, consumers, acks) = match (options.topology, database) {
+            (Some(topology), _) => crate::soak_topology::stores(dir, topology),
+            (None, Some(database)) => (
+                vec![PathBuf::from(database.url())],
+                vec![PathBuf::from(database.url())],
+                vec![dir.join("acks.log")],
+            ),
+            (None, None) => (
+                vec![dir.join("producer.db")],
+                vec![dir.join("consumer.db")],
+                vec![dir.join("acks.log")],
+            ),
+        };
+        let serve_log = |k: usize| match options.topology {
+            Some(_) => dir.join(format!("serve-{}.log", Topology::destination_name(k))),
+            None => dir.join("serve.log"),
         };
         Soak {
             exe: options.exe.clone(),
-            producers: vec![producer],
-            consumers: vec![ConsumerSide {
-                store: consumer,
-                server: Cell::new(None),
-                serve_log: dir.join("serve.log"),
-            }],
+            producers,
+            consumers: (consumers.into_iter().enumerate())
+                .map(|(k, store)| ConsumerSide::new(store, serve_log(k)))
+                .collect(),
             produced_marker: dir.join("produced.done"),
             relayed_marker: dir.join("relayed.done"),
             flows: options.flows,
@@ -304,12 +340,13 @@ impl Soak {
             faults: options.faults,
             hop: options.transport.hop.as_ref(),
             producer_threads: options.producer_threads,
-            acks: dir.join("acks.log"),
-            record_acks: database.is_some(),
+            acks,
+            record_acks: database.is_some() || options.topology.is_some(),
             per_event_ms: match database {
                 Some(_) => CONVERGE_PER_EVENT_MS.1,
                 None => CONVERGE_PER_EVENT_MS.0,
             },
+            topology: options.topology,
         }
     }
 
@@ -342,6 +379,10 @@ impl Soak {
         let hop = self
             .hop
             .ok_or_else(|| LabError::Internal("a server without a network hop".into()))?;
+        let flags = match self.topology {
+            Some(_) => crate::soak_topology::serve_flags(&self.dir),
+            None => Vec::new(),
+        };
         let start = |listen: SocketAddr| {
             hop.start(&ServeSpec {
                 exe: &self.exe,
@@ -349,7 +390,7 @@ impl Soak {
                 listen,
                 crash_point: None,
                 log: Some(&side.serve_log),
-                flags: &[],
+                flags: &flags,
             })
         };
         let mut last_error = String::new();
@@ -400,6 +441,10 @@ impl Soak {
                     Some((hop, addr)) => command.args(hop.relay_flags(addr)),
                     None => command.arg("--consumer").arg(&side.store),
                 };
+                if self.topology.is_some() {
+                    let (i, k) = (worker.producer, worker.consumer);
+                    command.args(crate::soak_topology::relay_flags(&self.dir, i, k));
+                }
                 command.arg("--until").arg(&self.produced_marker)
             }
             Role::Apply => command
@@ -413,7 +458,7 @@ impl Soak {
             command.args(["--threads", &self.producer_threads.to_string()]);
         }
         if role == Role::Produce && (self.producer_threads > 1 || self.record_acks) {
-            command.arg("--acks").arg(&self.acks);
+            command.arg("--acks").arg(&self.acks[worker.producer]);
         }
         command
             .env_remove(ordo_core::crash::CRASH_POINT_ENV)
@@ -477,15 +522,15 @@ fn reap(
     }
 }
 
-/// The directory of the files: `dir`, which must not hold ordo files yet,
-/// or else `temp`.
-fn soak_dir(dir: Option<&Path>, temp: &Path) -> Result<PathBuf, LabError> {
+/// The directory of the files: `dir`, which must not hold the run's store
+/// files (`stores`) yet, or else `temp`.
+fn soak_dir(dir: Option<&Path>, temp: &Path, stores: &[String]) -> Result<PathBuf, LabError> {
     let Some(dir) = dir else {
         return Ok(temp.to_path_buf());
     };
     std::fs::create_dir_all(dir)
         .map_err(|e| LabError::Internal(format!("cannot create {}: {e}", dir.display())))?;
-    if dir.join("producer.db").exists() || dir.join("consumer.db").exists() {
+    if stores.iter().any(|name| dir.join(name).exists()) {
         return Err(LabError::Usage(format!(
             "--dir {} already holds ordo files",
             dir.display()
@@ -496,13 +541,16 @@ fn soak_dir(dir: Option<&Path>, temp: &Path) -> Result<PathBuf, LabError> {
 
 /// A worker's role, its producer store and its consumer store (indices of
 /// [`Soak::producers`] and [`Soak::consumers`]).
-type WorkerSpec = (Role, usize, usize);
+pub(crate) type WorkerSpec = (Role, usize, usize);
 
 /// The workers, in the order they start, all on the one producer and the
 /// one consumer: the transport's server role first, if it has a network
 /// hop (the relays take its address), then the producers, the relays and
 /// the appliers.
 pub(crate) fn roles(options: &SoakOptions) -> Vec<WorkerSpec> {
+    if let Some(topology) = options.topology {
+        return crate::soak_topology::roles(options, topology);
+    }
     let server = options.transport.hop.map(|_| Role::Server);
     server
         .into_iter()
@@ -515,6 +563,9 @@ pub(crate) fn roles(options: &SoakOptions) -> Vec<WorkerSpec> {
 
 /// Refuses options that do not go together; nothing is run.
 pub(crate) fn check_options(options: &SoakOptions) -> Result<(), LabError> {
+    if let Some(topology) = options.topology {
+        return crate::soak_topology::check_options(options, topology);
+    }
     for (flag, n) in [
         ("--relays", options.relays),
         ("--appliers", options.appliers),
@@ -575,9 +626,12 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         .prefix("ordo-soak-")
         .tempdir()
         .map_err(|e| LabError::Internal(format!("cannot create a temporary directory: {e}")))?;
-    let dir = soak_dir(options.dir.as_deref(), temp.path())?;
+    let dir = soak_dir(options.dir.as_deref(), temp.path(), &store_files(options))?;
     let soak = Soak::new(options, &dir, database.as_ref());
-    create_stores(&soak, database.as_ref())?;
+    match options.topology {
+        Some(topology) => crate::soak_topology::create_stores(&dir, topology)?,
+        None => create_stores(&soak, database.as_ref())?,
+    }
     let mut tally = Tally::default();
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut workers = Vec::new();
@@ -598,14 +652,18 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
     let converging = Instant::now();
     converge(&soak, &mut workers, &mut tally)?;
     let converge = converging.elapsed();
-    let (snapshot, end_state, postgres) = end_check(
-        &soak,
-        options,
-        database.as_ref(),
-        server.as_ref(),
-        &mut tally,
-    )?;
-    let acknowledged = check_acks(&snapshot, &soak.acks, &mut tally)?;
+    let ended = match options.topology {
+        Some(topology) => {
+            crate::soak_topology::end_check(&dir, topology, options.flows, &mut tally)?
+        }
+        None => end_check(
+            &soak,
+            options,
+            database.as_ref(),
+            server.as_ref(),
+            &mut tally,
+        )?,
+    };
     Ok(SoakReport {
         seconds: options.seconds,
         flows: options.flows,
@@ -613,17 +671,40 @@ pub fn run(options: &SoakOptions, progress: &dyn Progress) -> Result<SoakReport,
         transport: options.transport,
         server_moves: tally.server_moves,
         kills_by_role: tally.kills,
-        events: snapshot.outbox.len(),
+        events: ended.events,
         faults_armed: tally.faults_armed,
         fault_exits: tally.fault_exits,
         worker_failures: tally.failures,
-        end_state,
-        acknowledged,
+        end_state: ended.end_state,
+        acknowledged: ended.acknowledged,
         relays: options.relays,
         appliers: options.appliers,
         converge,
-        postgres,
+        postgres: ended.postgres,
+        topology: ended.topology,
     })
+}
+
+/// The names of the store files of a run on SQLite, in its directory.
+fn store_files(options: &SoakOptions) -> Vec<String> {
+    match options.topology {
+        Some(topology) => crate::soak_topology::store_files(topology),
+        None => vec!["producer.db".into(), "consumer.db".into()],
+    }
+}
+
+/// What the end check found.
+pub(crate) struct Ended {
+    /// Events committed, by every producer store.
+    pub(crate) events: usize,
+    /// Events acknowledged to producers, each checked.
+    pub(crate) acknowledged: u64,
+    /// The end state's violations.
+    pub(crate) end_state: Vec<Violation>,
+    /// What only a run on PostgreSQL reports.
+    pub(crate) postgres: Option<PgSoakReport>,
+    /// What only a run of a topology reports.
+    pub(crate) topology: Option<TopologyReport>,
 }
 
 /// Creates both stores of `soak` before any worker starts.
@@ -645,17 +726,17 @@ fn create_stores(soak: &Soak, database: Option<&Database>) -> Result<(), LabErro
     Ok(())
 }
 
-/// What the soak found once its workers converged: both sides' state, the
-/// end state's violations and, on PostgreSQL, what only a run there
-/// reports.
+/// What the soak found once its workers converged: the events, the
+/// acknowledged ones checked, the end state's violations and, on
+/// PostgreSQL, what only a run there reports.
 fn end_check(
     soak: &Soak,
     options: &SoakOptions,
     database: Option<&Database>,
     server: Option<&Server>,
     tally: &mut Tally,
-) -> Result<(Snapshot, Vec<Violation>, Option<PgSoakReport>), LabError> {
-    Ok(match (database, server) {
+) -> Result<Ended, LabError> {
+    let (snapshot, end_state, postgres) = match (database, server) {
         (Some(database), Some(server)) => {
             let mut end_state = sessions_gone(database)?;
             let (snapshot, leases) = database_state(&database.url())?;
@@ -674,12 +755,26 @@ fn end_check(
             let end_state = end_violations(&snapshot, options.flows)?;
             (snapshot, end_state, None)
         }
+    };
+    let acknowledged = check_acks(&snapshot.outbox, &soak.acks[0], "", tally)?;
+    Ok(Ended {
+        events: snapshot.outbox.len(),
+        acknowledged,
+        end_state,
+        postgres,
+        topology: None,
     })
 }
 
-/// Checks that every event acknowledged to a producer is in the outbox;
-/// returns how many were acknowledged.
-fn check_acks(snapshot: &Snapshot, acks: &Path, tally: &mut Tally) -> Result<u64, LabError> {
+/// Checks that every event acknowledged to a producer is in its `outbox`;
+/// returns how many were acknowledged. A failure names the event and then
+/// `of` (which producer, if there are several).
+pub(crate) fn check_acks(
+    outbox: &[OutboxRecord],
+    acks: &Path,
+    of: &str,
+    tally: &mut Tally,
+) -> Result<u64, LabError> {
     let text = match std::fs::read_to_string(acks) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
@@ -690,8 +785,7 @@ fn check_acks(snapshot: &Snapshot, acks: &Path, tally: &mut Tally) -> Result<u64
             )))
         }
     };
-    let stored: std::collections::BTreeSet<&str> = snapshot
-        .outbox
+    let stored: std::collections::BTreeSet<&str> = outbox
         .iter()
         .map(|r| r.envelope.event_id.as_str())
         .collect();
@@ -700,7 +794,7 @@ fn check_acks(snapshot: &Snapshot, acks: &Path, tally: &mut Tally) -> Result<u64
         acknowledged += 1;
         if !stored.contains(id) {
             tally.failures.push(format!(
-                "event {id} was acknowledged as committed but is not in the outbox"
+                "event {id}{of} was acknowledged as committed but is not in the outbox"
             ));
         }
     }

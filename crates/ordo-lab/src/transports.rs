@@ -103,6 +103,7 @@ mod tests {
             relays: 1,
             appliers: 1,
             keep: false,
+            topology: None,
         }
     }
 

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use ordo_core::StoreError;
 use ordo_core::{
-    process_all, relay, ApplyHandler, Backoff, Clock, ConsumerStore, ErrorKind, FlowId,
-    ProducerStore, RelayError, RelayOptions, SchemaVersion, SystemClock, Transport,
+    process_all, relay, ApplyHandler, Backoff, Clock, ConsumerStore, DestinationName, ErrorKind,
+    FlowId, ProducerStore, RelayError, RelayOptions, SchemaVersion, SystemClock, Transport,
 };
-use ordo_http::{ClientOptions, HttpTransport};
+use ordo_http::{ClientOptions, HttpTransport, KeyRing, Signer};
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
 use ordo_sqlite::{ConsumerDb, OpenOptions, ProducerDb};
 
@@ -69,6 +69,8 @@ pub enum WorkerRole {
     Relay {
         /// The producer file.
         producer: PathBuf,
+        /// The destination relayed for (`None`: the store's only one).
+        destination: Option<DestinationName>,
         /// Where the events go.
         target: RelayTarget,
         /// The marker file.
@@ -99,8 +101,24 @@ pub enum WorkerRole {
 pub enum RelayTarget {
     /// The consumer file, opened in the worker.
     File(PathBuf),
-    /// The HTTP inbox of an `ordo serve` at this base URL.
-    Http(String),
+    /// The HTTP inbox of an `ordo serve` at this base URL, the requests
+    /// signed with a key if one is given.
+    Http {
+        /// The base URL.
+        url: String,
+        /// The key that signs the requests.
+        key: Option<RelayKey>,
+    },
+}
+
+/// The key a relay worker signs its HTTP requests with: its id in a key
+/// file (`KEY_ID SECRET_HEX [producer=NAME]` lines).
+#[derive(Debug, Clone)]
+pub struct RelayKey {
+    /// The key id.
+    pub id: String,
+    /// The key file.
+    pub file: PathBuf,
 }
 
 /// The flows `flow-0000001` to `flow-N`, as the soak's producers drive them.
@@ -213,24 +231,22 @@ pub fn run(role: WorkerRole, env: &WorkerEnv) -> Result<WorkerReport, Failure> {
         WorkerRole::ProduceGrouped(job) => crate::worker_group::produce(env, &job),
         WorkerRole::Relay {
             producer,
+            destination,
             target,
             until,
-        } => match postgres_url(&producer) {
-            Some(url) => relay_until(
-                env,
-                &mut env.pg_producer(url)?,
-                &target,
-                &until,
-                Retries::postgres(),
-            ),
-            None => relay_until(
-                env,
-                &mut env.producer(&producer)?,
-                &target,
-                &until,
-                Retries::sqlite(),
-            ),
-        },
+        } => {
+            let job = Relaying {
+                destination,
+                target,
+                until,
+            };
+            match postgres_url(&producer) {
+                Some(url) => {
+                    relay_until(env, &mut env.pg_producer(url)?, &job, Retries::postgres())
+                }
+                None => relay_until(env, &mut env.producer(&producer)?, &job, Retries::sqlite()),
+            }
+        }
         WorkerRole::Apply { consumer, until } => match postgres_url(&consumer) {
             Some(url) => apply_until(&mut env.pg_consumer(url)?, &until, Retries::postgres()),
             None => apply_until(&mut env.consumer(&consumer)?, &until, Retries::sqlite()),
@@ -428,13 +444,14 @@ fn open_target(
             )),
             None => Ok((Box::new(env.consumer(path)?), options)),
         },
-        RelayTarget::Http(url) => {
+        RelayTarget::Http { url, key } => {
             let client = ClientOptions {
                 timeout: HTTP_TIMEOUT,
                 connect_timeout: HTTP_TIMEOUT,
                 ca_pem: None,
             };
-            let transport = HttpTransport::new(url, None, &client)
+            let signer = key.as_ref().map(signer).transpose()?;
+            let transport = HttpTransport::new(url, signer, &client)
                 .map_err(|e| Failure::Usage(e.to_string()))?;
             Ok((
                 Box::new(transport),
@@ -447,16 +464,59 @@ fn open_target(
     }
 }
 
-/// Relays until `until` exists and every event that is not quarantined has
-/// been accepted (events still backing off are waited for).
+/// The signer of `key`, read from its file.
+fn signer(key: &RelayKey) -> Result<Signer, Failure> {
+    let ring = KeyRing::load(&key.file).map_err(|e| Failure::Usage(e.to_string()))?;
+    Signer::new(&key.id, ring).map_err(|e| Failure::Usage(e.to_string()))
+}
+
+/// What a relay worker relays: for which destination, to where, until
+/// which marker file exists.
+struct Relaying {
+    destination: Option<DestinationName>,
+    target: RelayTarget,
+    until: PathBuf,
+}
+
+/// Whether every event of `destination` (the store's only one if `None`)
+/// that is not quarantined has been accepted.
+fn settled(
+    producer: &mut impl ProducerStore,
+    destination: Option<&DestinationName>,
+    now_ms: i64,
+) -> Result<bool, StoreError> {
+    let status = match destination {
+        None => producer.producer_status(now_ms)?,
+        Some(name) => (producer.destinations(now_ms)?.into_iter())
+            .find(|d| &d.name == name)
+            .map(|d| d.status)
+            .ok_or_else(|| {
+                StoreError::new(ErrorKind::Other, format!("no destination {name} any more"))
+            })?,
+    };
+    Ok(status.backlog == status.quarantined)
+}
+
+/// Relays until the job's marker file exists and every event of its
+/// destination that is not quarantined has been accepted (events still
+/// backing off are waited for).
 fn relay_until(
     env: &WorkerEnv,
     producer: &mut impl ProducerStore,
-    target: &RelayTarget,
-    until: &Path,
+    job: &Relaying,
     mut retries: Retries,
 ) -> Result<WorkerReport, Failure> {
-    let (mut transport, options) = open_target(env, target)?;
+    if let Some(name) = &job.destination {
+        let choosing = Retries {
+            count: 0,
+            kinds: retries.kinds,
+        };
+        choosing
+            .run(|| producer.use_destination(Some(name)))?
+            .map_err(|e| Failure::Usage(e.to_string()))?;
+    }
+    let (until, destination) = (&job.until, job.destination.as_ref());
+    let (mut transport, options) = open_target(env, &job.target)?;
     let clock = env.clock.clone();
     let mut delivered = 0u64;
     loop {
@@ -480,16 +540,14 @@ fn relay_until(
         delivered += report.deliveries.len() as u64;
         if report.deliveries.is_empty() {
             if finishing {
-                let status = match producer.producer_status(clock.now_ms()) {
-                    Ok(status) => status,
+                match settled(producer, destination, clock.now_ms()) {
+                    Ok(true) => break,
+                    Ok(false) => {}
                     Err(e) if retries.allows(&e) => {
                         retries.retry(e)?;
                         continue;
                     }
                     Err(e) => return Err(e.into()),
-                };
-                if status.backlog == status.quarantined {
-                    break;
                 }
             }
             std::thread::sleep(IDLE_PAUSE);
