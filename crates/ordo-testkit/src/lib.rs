@@ -314,10 +314,11 @@ macro_rules! conformance_suite {
 #[cfg(test)]
 mod tests {
     /// The suite's source files, by module name.
-    const SOURCES: [(&str, &str); 10] = [
+    const SOURCES: [(&str, &str); 11] = [
         ("apply", include_str!("suite/apply.rs")),
         ("browse", include_str!("suite/browse.rs")),
         ("delivery", include_str!("suite/delivery.rs")),
+        ("destinations", include_str!("suite/destinations.rs")),
         ("durability", include_str!("suite/durability.rs")),
         ("generic", include_str!("suite/generic.rs")),
         ("operations", include_str!("suite/operations.rs")),
