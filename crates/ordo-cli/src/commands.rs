@@ -495,6 +495,23 @@ fn snapshot(json_mode: bool, sides: Sides) -> Result<(), Failure> {
     Ok(())
 }
 
+/// A row's marks at each destination, ` (A accepted, B pending)`, when
+/// its flow is delivered to more than one; else nothing.
+fn destination_marks(destinations: &Value) -> String {
+    let Some(by_name) = destinations.as_object().filter(|d| d.len() > 1) else {
+        return String::new();
+    };
+    let mark = |c: &Value| {
+        let marks = ["accepted", "abandoned", "quarantined"];
+        let set = marks.into_iter().find(|mark| c[*mark] == true);
+        set.unwrap_or("pending")
+    };
+    let marks: Vec<String> = (by_name.iter())
+        .map(|(name, c)| format!("{name} {}", mark(c)))
+        .collect();
+    format!(" ({})", marks.join(", "))
+}
+
 fn snapshot_text(value: &Value) -> String {
     let rows = |side: &str, table: &str| value[side][table].as_array().cloned().unwrap_or_default();
     fn text(v: &Value) -> &str {
@@ -514,8 +531,10 @@ fn snapshot_text(value: &Value) -> String {
         ("producer", "outbox", |e| {
             let (event, flow, kind) = (text(&e["event_id"]), text(&e["flow_id"]), text(&e["type"]));
             format!(
-                "{event} {flow} seq {} {kind} accepted={}",
-                e["seq"], e["accepted"]
+                "{event} {flow} seq {} {kind} accepted={}{}",
+                e["seq"],
+                e["accepted"],
+                destination_marks(&e["destinations"])
             )
         }),
         ("consumer", "inbox", |e| {

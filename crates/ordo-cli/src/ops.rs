@@ -5,7 +5,6 @@
 use ordo_reservation::ApplyOptions;
 use std::collections::BTreeMap;
 
-use ordo_core::destination::Custody;
 use ordo_core::ops::{
     age_s, ConsumerStatus, InboxEntry, InboxScope, OutboxEntry, ProducerStatus, RepairRecord,
     SkipRequest,
@@ -23,11 +22,6 @@ use crate::stores::ReservationInbox;
 use crate::{render, Failure};
 
 fn outbox_entry(e: &OutboxEntry) -> Value {
-    let destinations: serde_json::Map<String, Value> = e
-        .destinations
-        .iter()
-        .map(|c| (c.destination.to_string(), custody(c)))
-        .collect();
     render::envelope_with(
         &e.envelope,
         json!({
@@ -35,7 +29,7 @@ fn outbox_entry(e: &OutboxEntry) -> Value {
             "quarantined": e.quarantined,
             "quarantine_reason": e.quarantine_reason,
             "quarantine_detail": e.quarantine_detail,
-            "destinations": destinations,
+            "destinations": render::destinations(e),
             "attempts": e.attempts,
             "last_outcome": e.last_outcome,
             "last_error": e.last_error,
@@ -66,22 +60,6 @@ fn of_destination(e: OutboxEntry, name: &ordo_core::DestinationName) -> Option<O
         quarantine_detail: c.quarantine_detail.clone(),
         destinations: vec![c],
         ..e
-    })
-}
-
-/// One destination's bookkeeping of a row, under the keys of a row's own.
-fn custody(c: &Custody) -> Value {
-    json!({
-        "accepted": c.accepted,
-        "accepted_at_ms": c.accepted_at_ms,
-        "attempts": c.attempts,
-        "last_outcome": c.last_outcome,
-        "last_error": c.last_error,
-        "next_attempt_at_ms": c.next_attempt_at_ms,
-        "quarantined": c.quarantined,
-        "quarantine_reason": c.quarantine_reason,
-        "quarantine_detail": c.quarantine_detail,
-        "abandoned": c.abandoned,
     })
 }
 

@@ -1,7 +1,9 @@
 //! The JSON shapes of the CLI contract.
 
+use ordo_core::destination::Custody;
+use ordo_core::ops::OutboxEntry;
 use ordo_core::{
-    BlockReason, Delivery, Drain, Envelope, Handover, InboxRecord, OutboxRecord, Refusal, RelayStop,
+    BlockReason, Delivery, Drain, Envelope, Handover, InboxRecord, Refusal, RelayStop,
 };
 #[allow(unused_imports)]
 use ordo_reservation::{Advance, EffectRecord, FlowRecord, Projection};
@@ -142,8 +144,38 @@ pub fn flow(record: &FlowRecord) -> Value {
     })
 }
 
-pub fn outbox(record: &OutboxRecord) -> Value {
-    envelope_with(&record.envelope, json!({"accepted": record.accepted}))
+/// A row of `snapshot`'s outbox: `accepted` when every destination of its
+/// flow holds it, and each destination's own bookkeeping of it.
+pub fn outbox(entry: &OutboxEntry) -> Value {
+    envelope_with(
+        &entry.envelope,
+        json!({"accepted": entry.accepted, "destinations": destinations(entry)}),
+    )
+}
+
+/// A row's `destinations`, as `outbox list` and `snapshot` print them: by
+/// name, each destination its flow is delivered to.
+pub fn destinations(entry: &OutboxEntry) -> Value {
+    let by_name: Map<String, Value> = (entry.destinations.iter())
+        .map(|c| (c.destination.to_string(), custody(c)))
+        .collect();
+    Value::Object(by_name)
+}
+
+/// One destination's bookkeeping of a row, under the keys of a row's own.
+fn custody(c: &Custody) -> Value {
+    json!({
+        "accepted": c.accepted,
+        "accepted_at_ms": c.accepted_at_ms,
+        "attempts": c.attempts,
+        "last_outcome": c.last_outcome,
+        "last_error": c.last_error,
+        "next_attempt_at_ms": c.next_attempt_at_ms,
+        "quarantined": c.quarantined,
+        "quarantine_reason": c.quarantine_reason,
+        "quarantine_detail": c.quarantine_detail,
+        "abandoned": c.abandoned,
+    })
 }
 
 pub fn inbox(record: &InboxRecord) -> Value {

@@ -3,7 +3,8 @@
 //! them (its snapshot, its `advance`, its handler's drains). A leaf: it
 //! imports no command.
 
-use ordo_core::{Drain, OutboxRecord, StoreError};
+use ordo_core::ops::OutboxEntry;
+use ordo_core::{Drain, StoreError};
 use ordo_reservation::{
     Advance, AdvanceError, AdvanceRequest, FlowRecord, Projection, ReservationConsumer,
     ReservationHandler, ReservationProducer,
@@ -28,17 +29,18 @@ macro_rules! each {
 /// What the reservation domain adds to a producer store of either backend.
 pub trait ReservationSide {
     /// The flows (none for another domain than the reservation) and the
-    /// outbox, read in one read transaction.
-    fn snapshot(&mut self) -> Result<(Vec<FlowRecord>, Vec<OutboxRecord>), StoreError>;
+    /// outbox with each row's custody by destination, read in one read
+    /// transaction.
+    fn snapshot(&mut self) -> Result<(Vec<FlowRecord>, Vec<OutboxEntry>), StoreError>;
     /// [`ReservationProducer::advance`].
     fn advance(&mut self, request: &AdvanceRequest) -> Result<Advance, AdvanceError>;
 }
 
 impl ReservationSide for AnyProducer {
-    fn snapshot(&mut self) -> Result<(Vec<FlowRecord>, Vec<OutboxRecord>), StoreError> {
+    fn snapshot(&mut self) -> Result<(Vec<FlowRecord>, Vec<OutboxEntry>), StoreError> {
         match self {
-            AnyProducer::Sqlite(s) => ordo_reservation::producer_snapshot(s),
-            AnyProducer::Postgres(s) => ordo_reservation::postgres::pg_producer_snapshot(s),
+            AnyProducer::Sqlite(s) => ordo_reservation::producer_snapshot_entries(s),
+            AnyProducer::Postgres(s) => ordo_reservation::postgres::pg_producer_snapshot_entries(s),
         }
     }
 

@@ -17,6 +17,20 @@ use serde_json::{json, Value};
 
 const MAX_I64_PLUS_1: &str = "9223372036854775808";
 
+/// The keys of one destination's bookkeeping of an outbox row.
+const CUSTODY_KEYS: [&str; 10] = [
+    "accepted",
+    "accepted_at_ms",
+    "attempts",
+    "last_outcome",
+    "last_error",
+    "next_attempt_at_ms",
+    "quarantined",
+    "quarantine_reason",
+    "quarantine_detail",
+    "abandoned",
+];
+
 // ---------------------------------------------------------------- init
 
 #[test]
@@ -899,7 +913,17 @@ fn relay_json_shape_max_and_drained() {
             {"event_id": "A-2", "flow_id": "A", "seq": 2, "receipt": "duplicate"},
         ], "stop": "drained", "deliveries_total": 1, "truncated": false, "refused": [], "refused_total": 0, "transient_errors": 0})
     );
-    assert_eq!(lab.snapshot(), snapshot);
+    // Only A-2's bookkeeping moved: one more attempt, answered duplicate.
+    let mut expected = snapshot;
+    let a2 = (expected["producer"]["outbox"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut())
+    .find(|e| e["event_id"] == "A-2")
+    .unwrap();
+    a2["destinations"]["default"]["attempts"] = json!(2);
+    a2["destinations"]["default"]["last_outcome"] = json!("duplicate");
+    assert_eq!(lab.snapshot(), expected);
 }
 
 #[test]
@@ -1251,7 +1275,7 @@ fn snapshot_has_every_row_with_the_contract_keys() {
     );
 
     let mut outbox_keys = ENVELOPE_KEYS.to_vec();
-    outbox_keys.push("accepted");
+    outbox_keys.extend(["accepted", "destinations"]);
     let mut inbox_keys = ENVELOPE_KEYS.to_vec();
     inbox_keys.extend(["status", "reason", "detail"]);
     let tables: [(&str, &str, Vec<&str>); 5] = [
@@ -1288,8 +1312,20 @@ fn snapshot_has_every_row_with_the_contract_keys() {
             {"flow_id": "B", "state": "reserved", "quantity": 1, "last_seq": 1},
         ])
     );
+    // Each row's one destination, `default`, holds it as the row says.
+    let mut outbox = snapshot["producer"]["outbox"].clone();
+    for r in outbox.as_array_mut().unwrap() {
+        let custody = r.as_object_mut().unwrap().remove("destinations").unwrap();
+        assert_eq!(keys(&custody), ["default"], "{custody}");
+        assert_eq!(
+            keys(&custody["default"]),
+            sorted(&CUSTODY_KEYS),
+            "{custody}"
+        );
+        assert_eq!(custody["default"]["accepted"], r["accepted"], "{custody}");
+    }
     assert_eq!(
-        snapshot["producer"]["outbox"],
+        outbox,
         json!([
             {"event_id": "A-1", "flow_id": "A", "seq": 1, "schema_version": 1,
              "type": "reserved", "payload": {"amount": 8}, "accepted": true},

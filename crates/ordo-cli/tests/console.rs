@@ -378,6 +378,11 @@ fn detail_and_quarantined(lab: &Lab) {
         let cell = format!("data-field=\"{field}\">{value}<");
         assert!(a.text.contains(&cell), "{cell}: {}", a.text);
     }
+    assert!(
+        !a.text.contains("data-destination") && !quarantined_marks(&console),
+        "one destination: no column of its own: {}",
+        a.text
+    );
     let g = console.get("/flow?id=G");
     assert!(g.text.contains("id=\"gap\""), "{}", g.text);
     assert!(g.text.contains("seq 1 is missing"), "{}", g.text);
@@ -842,4 +847,119 @@ fn reevaluated_as_inbox_retry(lab: &Lab) {
     applied.assert_says(200, "applied 1");
     assert_eq!(blocked_flows(lab), Vec::<String>::new());
     assert_eq!(console.get("/").metric("blocked"), "0");
+}
+
+/// Whether the quarantined page lists any event's marks by destination.
+fn quarantined_marks(console: &Console) -> bool {
+    console
+        .get("/quarantined")
+        .text
+        .contains("data-destination")
+}
+
+/// A producer of the destinations `default` and `billing`, whose consumer
+/// holds another body at A-1, and `late`, added after flow A began: the
+/// flow page shows each destination's marks of each row (default holds
+/// both events; billing has A-1 quarantined with its reason and A-2
+/// pending behind it; late is not delivered A), and the quarantined page
+/// says where A-1 is quarantined.
+#[test]
+fn with_two_destinations_the_outbox_shows_each_destinations_marks() {
+    let lab = Lab::new();
+    lab.at(T0).init();
+    let billing = lab.path("billing.db");
+    lab.run(&["init", "--json", "--consumer", &billing]).json();
+    let add = [
+        "destination",
+        "add",
+        "--json",
+        "--producer",
+        &lab.p,
+        "billing",
+    ];
+    lab.run(&add).json();
+    lab.advance("A", 0, "reserved", Some(5));
+    lab.advance("A", 1, "confirmed", None);
+    let late = [
+        "destination",
+        "add",
+        "--json",
+        "--producer",
+        &lab.p,
+        "late",
+        "--from",
+        "now",
+    ];
+    lab.run(&late).json();
+    let other = reservation("A", 1, "reserved", 99);
+    lab.run_bytes(
+        &["receive", "--json", "--consumer", &billing],
+        other.as_bytes(),
+    )
+    .json();
+    let relay = |destination: &str, consumer: &str| {
+        let args = [
+            "relay",
+            "--json",
+            "--producer",
+            &lab.p,
+            "--consumer",
+            consumer,
+        ];
+        lab.at(T0 + 100)
+            .run(&[&args[..], &["--destination", destination]].concat())
+            .json()
+    };
+    relay("default", &lab.c);
+    relay("billing", &billing);
+
+    let console = Console::start(&["--producer", &lab.p, "--consumer", &lab.c]);
+    let a = console.get("/flow?id=A");
+    assert_eq!(a.status, 200, "{}", a.text);
+    for header in [
+        "<th>At billing</th>",
+        "<th>At default</th>",
+        "<th>At late</th>",
+    ] {
+        assert!(a.text.contains(header), "{header}: {}", a.text);
+    }
+    let cells: Vec<(&str, &str)> = (a.text.split("<td data-destination=\"").skip(1))
+        .map(|rest| {
+            let name = &rest[..rest.find('"').unwrap()];
+            let mark = rest.split("data-mark=\"").nth(1).unwrap();
+            (name, &mark[..mark.find('"').unwrap()])
+        })
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            ("billing", "quarantined"),
+            ("default", "accepted"),
+            ("late", "not-delivered"),
+            ("billing", "pending"),
+            ("default", "accepted"),
+            ("late", "not-delivered"),
+        ],
+        "A-1 then A-2, a column per destination (late gets only later flows): {}",
+        a.text
+    );
+    assert!(
+        a.text.contains("quarantined: conflict (") && a.text.contains("accepted at "),
+        "the reason and the times: {}",
+        a.text
+    );
+    let quarantined = console.get("/quarantined");
+    for (name, mark) in [("billing", "quarantined"), ("default", "accepted")] {
+        let item = format!("<li data-destination=\"{name}\" data-mark=\"{mark}\">At {name}: ");
+        assert!(
+            quarantined.text.contains(&item),
+            "{item}: {}",
+            quarantined.text
+        );
+    }
+    assert!(
+        !quarantined.text.contains("data-destination=\"late\""),
+        "only the destinations of its flow: {}",
+        quarantined.text
+    );
 }

@@ -580,3 +580,60 @@ impl Fan {
         self.prune()
     }
 }
+
+/// `snapshot` of a producer with two destinations, only one of which holds
+/// the event: each row's bookkeeping by destination, as `outbox list`
+/// prints it, and `accepted` false until both hold it.
+#[test]
+fn snapshot_shows_each_destination_of_a_row_and_accepted_when_all_hold_it() {
+    let fan = Fan::new();
+    fan.destination(&["add", "billing"]).json();
+    fan.lab.at(T0 + 1).advance("A", 0, "reserved", Some(1));
+    assert_eq!(fan.delivered(&fan.lab.c, "default"), ["A-1"]);
+    let snapshot = |json: &[&str]| {
+        let args = [&["snapshot", "--producer", fan.p()][..], json].concat();
+        fan.lab.run(&args)
+    };
+    let out = snapshot(&["--json"]).json();
+    let a1 = row(&out["producer"]["outbox"], "event_id", "A-1");
+    assert_eq!(
+        a1["destinations"]["default"]["accepted"],
+        json!(true),
+        "{a1}"
+    );
+    assert_eq!(a1["destinations"]["billing"]["accepted"], json!(false));
+    assert_eq!(a1["accepted"], json!(false), "billing does not hold it");
+    assert_eq!(
+        keys(a1),
+        sorted(&[
+            "event_id",
+            "flow_id",
+            "seq",
+            "schema_version",
+            "type",
+            "payload",
+            "accepted",
+            "destinations"
+        ])
+    );
+    assert_eq!(
+        a1["destinations"]["default"],
+        json!({"accepted": true, "accepted_at_ms": T0 + 1, "attempts": 1,
+               "last_outcome": "accepted", "last_error": null, "next_attempt_at_ms": 0,
+               "quarantined": false, "quarantine_reason": null, "quarantine_detail": null,
+               "abandoned": false})
+    );
+    let listed = row(&fan.outbox(&[]), "event_id", "A-1").clone();
+    assert_eq!(a1["destinations"], listed["destinations"], "as outbox list");
+    let text = snapshot(&[]).text().to_owned();
+    assert!(
+        text.contains("A-1 A seq 1 reserved accepted=false (billing pending, default accepted)"),
+        "{text}"
+    );
+
+    assert_eq!(fan.delivered(&fan.c2, "billing"), ["A-1"]);
+    let out = snapshot(&["--json"]).json();
+    let a1 = row(&out["producer"]["outbox"], "event_id", "A-1");
+    assert_eq!(a1["destinations"]["billing"]["accepted"], json!(true));
+    assert_eq!(a1["accepted"], json!(true), "both hold it");
+}

@@ -281,6 +281,9 @@ fn the_relay_crosses_backends_both_ways() {
     assert_eq!(ids(&pg["consumer"]["inbox"]), ["a-1-1", "a-2-1"]);
     assert_eq!(ids(&pg["producer"]["outbox"]), ["b-1-1"]);
     assert_eq!(pg["producer"]["outbox"][0]["accepted"], true);
+    let custody = &pg["producer"]["outbox"][0]["destinations"];
+    assert_eq!(keys(custody), ["default"], "one destination: {custody}");
+    assert_eq!(custody["default"]["accepted"], true);
     assert_eq!(ids(&files["consumer"]["inbox"]), ["b-1-1"]);
     assert_eq!(ids(&files["consumer"]["effects"]), ["b-1-1"]);
     assert_eq!(ids(&pg["consumer"]["effects"]), ["a-1-1", "a-2-1"]);

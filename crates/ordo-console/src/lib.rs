@@ -486,6 +486,10 @@ pub struct FlowDetail {
     pub flow: InboxFlow,
     /// Its outbox rows, if a producer is given.
     pub outbox: Option<Vec<ordo_core::ops::OutboxEntry>>,
+    /// The producer store's destinations, by name (none without a
+    /// producer): with more than one, the outbox rows show each one's
+    /// bookkeeping.
+    pub destinations: Vec<ordo_core::DestinationName>,
     /// Its inbox rows, if a consumer is given.
     pub inbox: Option<Vec<ordo_core::ops::InboxEntry>>,
     /// The consumer's applied seq (0 before the first), if a consumer is
@@ -511,7 +515,16 @@ impl FlowDetail {
 
 fn read_flow(app: &Console, flow: InboxFlow) -> Result<FlowDetail, StoreError> {
     let flow_id = &flow.flow_id;
-    let outbox = on_side(&app.producer, |s| s.flow_outbox_entries(flow_id, ROWS_MAX))?;
+    let now_ms = app.clock.now_ms();
+    let producer = on_side(&app.producer, |s| {
+        let rows = s.flow_outbox_entries(flow_id, ROWS_MAX)?;
+        let names = s.destinations(now_ms)?.into_iter().map(|d| d.name);
+        Ok((rows, names.collect()))
+    })?;
+    let (outbox, destinations) = match producer {
+        Some((rows, names)) => (Some(rows), names),
+        None => (None, Vec::new()),
+    };
     let (inbox, applied_seq) = match &app.consumer {
         Some(open) => {
             let mut consumer = open()?;
@@ -529,6 +542,7 @@ fn read_flow(app: &Console, flow: InboxFlow) -> Result<FlowDetail, StoreError> {
     Ok(FlowDetail {
         flow,
         outbox,
+        destinations,
         inbox,
         applied_seq,
         summary,

@@ -7,8 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use axum::http::StatusCode;
 use axum::response::Html;
 use maud::{html, Markup, DOCTYPE};
+use ordo_core::destination::Custody;
 use ordo_core::ops::{InboxEntry, OutboxEntry, RepairRecord};
-use ordo_core::{Envelope, FlowId, InboxFlow};
+use ordo_core::{DestinationName, Envelope, FlowId, InboxFlow};
 use serde_json::Value;
 
 use crate::{Blocked, Console, FlowDetail, FlowRow, Overview, Quarantined, SkipPreview, ROWS_MAX};
@@ -230,7 +231,12 @@ pub fn flows(prefix: &str, rows: &[FlowRow], next: Option<&FlowId>) -> Page {
     )
 }
 
-fn outbox_table(rows: &[OutboxEntry]) -> Markup {
+/// A flow's outbox rows: with one destination, its bookkeeping in columns
+/// of their own, as ever; with more, [`outbox_by_destination`].
+fn outbox_table(rows: &[OutboxEntry], destinations: &[DestinationName]) -> Markup {
+    if destinations.len() > 1 {
+        return outbox_by_destination(rows, destinations);
+    }
     html! {
         table {
             tr {
@@ -253,6 +259,70 @@ fn outbox_table(rows: &[OutboxEntry]) -> Markup {
                 }
             }
         }
+    }
+}
+
+/// A flow's outbox rows on a store of several destinations: whether every
+/// destination of the flow holds each one, and a column per destination
+/// with its marks of the row.
+fn outbox_by_destination(rows: &[OutboxEntry], destinations: &[DestinationName]) -> Markup {
+    html! {
+        table.by-destination {
+            tr {
+                th { "Seq" } th { "Event id" } th { "Type" } th { "Created (ms)" } th { "Accepted everywhere (ms)" }
+                @for name in destinations { th { "At " (name.as_str()) } }
+                th { "Payload" }
+            }
+            @for row in rows {
+                tr {
+                    td { (row.envelope.seq.get()) }
+                    td { (row.envelope.event_id.as_str()) }
+                    td { (row.envelope.event_type.as_str()) }
+                    td { (row.created_at_ms) }
+                    td { (ms(row.accepted_at_ms)) }
+                    @for name in destinations {
+                        @match row.destinations.iter().find(|c| &c.destination == name) {
+                            Some(custody) => td data-destination=(name.as_str()) data-mark=(mark(custody)) { (marks(custody)) },
+                            None => td data-destination=(name.as_str()) data-mark="not-delivered" { "not delivered here" },
+                        }
+                    }
+                    td { pre { (Value::Object(row.envelope.payload.clone())) } }
+                }
+            }
+        }
+    }
+}
+
+/// Where a row stands at one destination: `accepted`, `abandoned`,
+/// `quarantined` or `pending`.
+fn mark(custody: &Custody) -> &'static str {
+    if custody.accepted {
+        "accepted"
+    } else if custody.abandoned {
+        "abandoned"
+    } else if custody.quarantined {
+        "quarantined"
+    } else {
+        "pending"
+    }
+}
+
+/// One destination's marks of a row: where it stands (a quarantine with
+/// its reason and text), its attempts, its last outcome and error, and
+/// the next attempt of a row still pending there.
+fn marks(c: &Custody) -> Markup {
+    let mark = mark(c);
+    html! {
+        (mark)
+        @if let Some(at) = c.accepted_at_ms { " at " (at) }
+        @if c.quarantined {
+            ": " (c.quarantine_reason.as_deref().unwrap_or(""))
+            @if let Some(detail) = &c.quarantine_detail { " (" (detail) ")" }
+        }
+        " · attempts " (c.attempts)
+        @if let Some(outcome) = &c.last_outcome { " · last " (outcome) }
+        @if let Some(error) = &c.last_error { " · error " (error) }
+        @if mark == "pending" && c.next_attempt_at_ms > 0 { " · next attempt (ms) " (c.next_attempt_at_ms) }
     }
 }
 
@@ -301,7 +371,7 @@ pub fn flow(console: &Console, detail: &FlowDetail) -> Page {
             @if let Some(outbox) = &detail.outbox {
                 h2 { "Outbox" }
                 @if outbox.is_empty() { p.note { "No outbox row (none written, or all pruned)." } }
-                @else { (outbox_table(outbox)) (truncated(outbox.len())) }
+                @else { (outbox_table(outbox, &detail.destinations)) (truncated(outbox.len())) }
             }
             @if let Some(inbox) = &detail.inbox {
                 h2 { "Inbox" }
@@ -389,6 +459,15 @@ pub fn quarantined(console: &Console, rows: Option<&[Quarantined]>) -> Page {
                         section.quarantined data-event=(env.event_id.as_str()) {
                             h2 { "Event " (env.event_id.as_str()) " (flow " (flow_link(&env.flow_id)) ", seq " (env.seq.get()) ")" }
                             p { "Reason: " (row.outbox.quarantine_reason.as_deref().unwrap_or("")) " · attempts " (row.outbox.attempts) }
+                            @if row.outbox.destinations.len() > 1 {
+                                ul.destinations {
+                                    @for custody in &row.outbox.destinations {
+                                        li data-destination=(custody.destination.as_str()) data-mark=(mark(custody)) {
+                                            "At " (custody.destination.as_str()) ": " (marks(custody))
+                                        }
+                                    }
+                                }
+                            }
                             (retry_form(console, env.event_id.as_str()))
                             @match &row.stored {
                                 None => {

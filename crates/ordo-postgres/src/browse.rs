@@ -3,9 +3,10 @@
 //! by event id). Each is a range read
 //! on a primary or unique key (flow ids are `COLLATE "C"`, so the order is
 //! the bytes', as on SQLite), bounded by its limit however many flows and
-//! rows there are: keyset paging, never an offset.
+//! rows there are: keyset paging, never an offset. And the whole outbox
+//! with its custody, for a snapshot, bounded as every whole read.
 
-use ordo_core::ops::{InboxEntry, OutboxEntry};
+use ordo_core::ops::{whole_read, whole_read_limit, InboxEntry, OutboxEntry, WHOLE_READ_ROWS_MAX};
 use ordo_core::store::sql_limit;
 use ordo_core::store::FlowsPage;
 use ordo_core::{EventId, FlowId, InboxFlow, ProducerName, Role, Seq, StoreError};
@@ -35,6 +36,12 @@ pub(crate) const CONSUMER_FLOWS_SQL: &str = "SELECT c.flow_id, c.producer, c.app
 /// One flow's outbox rows, on the `(flow_id, seq)` key.
 pub(crate) const FLOW_OUTBOX_SQL: &str = "SELECT position, body, created_at_ms, accepted
      FROM {s}.outbox WHERE flow_id = $1 ORDER BY seq LIMIT $2";
+
+/// The whole outbox in commit order, as [`FLOW_OUTBOX_SQL`] reads a flow's.
+const WHOLE_OUTBOX_SQL: &str =
+    "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
+            next_attempt_at_ms, created_at_ms, accepted_at_ms
+     FROM {s}.outbox ORDER BY position LIMIT $1";
 
 /// One inbox row, on the `(flow_id, producer, seq)` key.
 pub(crate) const INBOX_AT_SQL: &str =
@@ -93,6 +100,20 @@ pub(crate) fn flow_outbox_entries(
         &[&flow_id.as_str(), &sql_limit(limit)],
     )?;
     outbox_entries_of(conn, &rows)
+}
+
+/// Every outbox row in commit order with its custody (the one
+/// destination's, `default`), read through `conn` (inside
+/// [`crate::PgProducer::read`], as [`crate::read_outbox`]); at most
+/// [`WHOLE_READ_ROWS_MAX`] rows.
+pub fn read_outbox_entries(conn: &PgTx) -> Result<Vec<OutboxEntry>, StoreError> {
+    let rows = conn.rows(
+        "producer: cannot read the outbox",
+        WHOLE_OUTBOX_SQL,
+        &[&whole_read_limit(WHOLE_READ_ROWS_MAX)],
+    )?;
+    let rows = rows.iter().map(outbox_entry).collect::<Result<_, _>>()?;
+    whole_read("the outbox", WHOLE_READ_ROWS_MAX, rows)
 }
 
 /// The inbox row at the flow's `seq`, if stored.

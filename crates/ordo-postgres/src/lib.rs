@@ -86,6 +86,7 @@ mod tls;
 mod url;
 mod wake;
 
+pub use browse::read_outbox_entries;
 pub use conn::{
     Params, PgOptions, PgTx, TxOutcome, CONSUMER_SCHEMA_DEFAULT, LEASE_MS_DEFAULT,
     PRODUCER_SCHEMA_DEFAULT, SCHEMA_VERSION,

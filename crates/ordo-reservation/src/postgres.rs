@@ -408,6 +408,15 @@ pub fn pg_producer_snapshot(
     producer.read(|tx| Ok((pg_read_flows(tx)?, ordo_postgres::read_outbox(tx)?)))
 }
 
+/// The flows and the outbox with each row's custody (its one
+/// destination's), read in one read transaction, as
+/// [`crate::producer_snapshot_entries`] reads an SQLite file.
+pub fn pg_producer_snapshot_entries(
+    producer: &mut PgProducer,
+) -> Result<(Vec<FlowRecord>, Vec<ordo_core::ops::OutboxEntry>), StoreError> {
+    producer.read(|tx| Ok((pg_read_flows(tx)?, ordo_postgres::read_outbox_entries(tx)?)))
+}
+
 /// The inbox, the projections and the effects of a reservation consumer
 /// store, read in one read transaction (no projections or effects for a
 /// store of another domain), as [`crate::consumer_snapshot`] reads an

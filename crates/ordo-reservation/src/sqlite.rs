@@ -461,6 +461,14 @@ pub fn producer_snapshot(
     })
 }
 
+/// The flows and the outbox with each row's custody by destination, read
+/// in one read transaction (no flows for a store of another domain).
+pub fn producer_snapshot_entries(
+    producer: &mut ProducerDb,
+) -> Result<(Vec<FlowRecord>, Vec<ordo_core::ops::OutboxEntry>), StoreError> {
+    producer.read(|conn| Ok((read_flows(conn)?, ordo_sqlite::read_outbox_entries(conn)?)))
+}
+
 /// The rows of a consumer snapshot: the inbox, the projections and the
 /// effects.
 pub type ConsumerRows = (

@@ -1,8 +1,9 @@
 //! The producer's reads for browsing (the operator console): flows by id
 //! prefix, one flow's outbox rows. Each is an indexed range read, bounded
-//! by its limit, however large the outbox.
+//! by its limit, however large the outbox. And the whole outbox with its
+//! custody, for a snapshot, bounded as every whole read.
 
-use ordo_core::ops::OutboxEntry;
+use ordo_core::ops::{whole_read, whole_read_limit, OutboxEntry, WHOLE_READ_ROWS_MAX};
 use ordo_core::store::sql_limit;
 use ordo_core::store::FlowsPage;
 use ordo_core::{FlowId, Role, StoreError};
@@ -17,6 +18,18 @@ pub(crate) const PRODUCER_FLOWS_SQL: &str = "SELECT flow_id, last_seq FROM outbo
 
 const FLOW_OUTBOX_SQL: &str = "SELECT position, flow_id, seq, body, created_at_ms, accepted
     FROM outbox WHERE flow_id = ?1 ORDER BY seq LIMIT ?2";
+
+const WHOLE_OUTBOX_SQL: &str = "SELECT position, flow_id, seq, body, created_at_ms, accepted
+    FROM outbox ORDER BY position LIMIT ?1";
+
+/// Every outbox row in commit order with each destination's custody of
+/// it, read through `conn` (inside [`crate::ProducerDb::read`], as
+/// [`crate::read_outbox`]); at most [`WHOLE_READ_ROWS_MAX`] rows.
+pub fn read_outbox_entries(conn: &Connection) -> Result<Vec<OutboxEntry>, StoreError> {
+    let limit = whole_read_limit(WHOLE_READ_ROWS_MAX);
+    let rows = outbox_entries(conn, WHOLE_OUTBOX_SQL, [limit])?;
+    whole_read("the outbox", WHOLE_READ_ROWS_MAX, rows)
+}
 
 /// The rows `(flow id, number)` of one page that `sql` reads with the
 /// page's bounds `(start, after, limit)` (see [`FlowsPage::bounds`]).

@@ -28,6 +28,7 @@ pub mod group;
 mod producer;
 mod watch;
 
+pub use browse::read_outbox_entries;
 pub use conn::{
     same_file, OpenOptions, APPLICATION_ID, BUSY_TIMEOUT_DEFAULT, FIRST_RELEASE_DOMAIN,
     SCHEMA_VERSION,

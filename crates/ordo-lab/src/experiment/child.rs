@@ -255,10 +255,11 @@ impl Ctx {
     }
 
     /// Both stores' rows, as `snapshot` prints them but for the stores'
-    /// identities ([`without_store_ids`]).
+    /// identities ([`without_store_ids`]) and the outbox rows' bookkeeping
+    /// by destination ([`without_custody`]).
     pub fn snapshot(&self) -> Result<Value, String> {
         let snapshot = self.ok(&["snapshot", "--producer", "{P}", "--consumer", "{C}"])?;
-        Ok(without_store_ids(snapshot))
+        without_custody(without_store_ids(snapshot))
     }
 
     pub fn advance(
@@ -346,4 +347,71 @@ pub fn without_store_ids(mut value: Value) -> Value {
         }
     }
     value
+}
+
+/// The JSON of `snapshot` with each outbox row's `destinations` taken out,
+/// once seen to say what the row's `accepted` says: every scenario's
+/// producer delivers to one destination, `default`, whose `accepted` is
+/// the row's own, and whose times and attempts no scenario checks. A row
+/// with other destinations, or whose `default` says otherwise, is an error.
+pub fn without_custody(mut value: Value) -> Result<Value, String> {
+    let rows = (value.get_mut("producer"))
+        .and_then(|side| side.get_mut("outbox"))
+        .and_then(Value::as_array_mut);
+    for row in rows.into_iter().flatten() {
+        let Some(row) = row.as_object_mut() else {
+            continue;
+        };
+        let destinations = row.remove("destinations").unwrap_or(Value::Null);
+        let only_default = (destinations.as_object())
+            .filter(|by_name| by_name.len() == 1)
+            .and_then(|by_name| by_name.get("default"));
+        let held = only_default.and_then(|custody| custody.get("accepted"));
+        if held.is_none() || held != row.get("accepted") {
+            return Err(format!(
+                "snapshot: outbox row {} (accepted {}) has destinations {destinations}, \
+                 not the one destination default holding it as the row says",
+                row.get("event_id").unwrap_or(&Value::Null),
+                row.get("accepted").unwrap_or(&Value::Null),
+            ));
+        }
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::without_custody;
+
+    fn snapshot(accepted: bool, destinations: serde_json::Value) -> serde_json::Value {
+        json!({"producer": {"outbox": [
+            {"event_id": "a-1", "accepted": accepted, "destinations": destinations},
+        ]}, "consumer": {"inbox": []}})
+    }
+
+    /// The one destination's bookkeeping is taken out once it agrees with
+    /// the row; any other destinations, or a disagreement, fail the read.
+    #[test]
+    fn custody_is_taken_out_only_when_default_alone_says_what_the_row_says() {
+        let default = |accepted: bool| json!({"default": {"accepted": accepted, "attempts": 3}});
+        assert_eq!(
+            without_custody(snapshot(true, default(true))).unwrap(),
+            json!({"producer": {"outbox": [{"event_id": "a-1", "accepted": true}]},
+                   "consumer": {"inbox": []}})
+        );
+        assert!(without_custody(snapshot(false, default(false))).is_ok());
+        assert!(without_custody(snapshot(false, default(true))).is_err());
+        let two = json!({"default": {"accepted": false}, "billing": {"accepted": false}});
+        assert!(without_custody(snapshot(false, two)).is_err());
+        let elsewhere = json!({"billing": {"accepted": true}});
+        assert!(without_custody(snapshot(true, elsewhere)).is_err());
+        assert!(without_custody(snapshot(true, json!(null))).is_err());
+        let consumer_only = json!({"consumer": {"inbox": []}});
+        assert_eq!(
+            without_custody(consumer_only.clone()).unwrap(),
+            consumer_only
+        );
+    }
 }
