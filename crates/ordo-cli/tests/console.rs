@@ -962,4 +962,41 @@ fn with_two_destinations_the_outbox_shows_each_destinations_marks() {
         "only the destinations of its flow: {}",
         quarantined.text
     );
+    // The retry names the destination that quarantined it.
+    assert!(
+        quarantined
+            .text
+            .contains("ordo outbox retry --destination billing")
+            && quarantined
+                .text
+                .contains("name=\"destination\" value=\"billing\""),
+        "{}",
+        quarantined.text
+    );
+    let csrf = hidden(&quarantined, "csrf").expect("the form carries its token");
+    let retry = |destination: &str| {
+        let form = [
+            ("event_id", "A-1"),
+            ("destination", destination),
+            ("csrf", csrf.as_str()),
+        ];
+        console.post_own("/quarantined/retry", &form)
+    };
+    retry("nowhere").assert_says(409, "no destination named nowhere");
+    retry("default").assert_says(409, "not quarantined");
+    retry("Bad Name").assert_says(400, "destination");
+    let listed = |lab: &Lab| {
+        let args = [
+            "outbox",
+            "list",
+            "--json",
+            "--producer",
+            &lab.p,
+            "--quarantined",
+        ];
+        lab.run(&args).json()["outbox"].as_array().unwrap().len()
+    };
+    assert_eq!(listed(&lab), 1, "nothing written");
+    retry("billing").assert_says(200, "id=\"done\"");
+    assert_eq!(listed(&lab), 0, "billing's quarantine cleared");
 }

@@ -701,6 +701,10 @@ where
 #[derive(Deserialize)]
 struct RetryForm {
     event_id: String,
+    /// The destination whose quarantine to clear: needed on a store of
+    /// several (`ordo outbox retry --destination`).
+    #[serde(default)]
+    destination: Option<String>,
     #[serde(default)]
     csrf: String,
 }
@@ -719,8 +723,22 @@ async fn retry_quarantined(
         Ok(id) => id,
         Err(page) => return page.into_response(),
     };
+    let destination = match form.destination.filter(|d| !d.is_empty()) {
+        None => None,
+        Some(name) => match field("destination", ordo_core::DestinationName::new(name)) {
+            Ok(name) => Some(name),
+            Err(page) => return page.into_response(),
+        },
+    };
     let id = event_id.clone();
-    let call = move |s: &mut (dyn ProducerOps + Send + 'static)| s.retry_quarantined(&id);
+    let call = move |s: &mut (dyn ProducerOps + Send + 'static)| {
+        if let Some(name) = &destination {
+            if let Err(refused) = s.use_destination(Some(name))? {
+                return Ok(Err(ordo_core::ops::RetryRefused::Destination(refused)));
+            }
+        }
+        s.retry_quarantined(&id)
+    };
     if let Err(response) = act(&app, |c| &c.producer, "producer", call).await {
         return response;
     }

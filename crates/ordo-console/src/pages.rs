@@ -432,14 +432,37 @@ fn side_by_side(outbox: &Envelope, stored: &Envelope) -> Markup {
     }
 }
 
-fn retry_form(console: &Console, event_id: &str) -> Markup {
+/// The retry of `entry`'s quarantine: one form, or on a flow delivered to
+/// several destinations one per destination that quarantined it.
+fn retry_form(console: &Console, entry: &ordo_core::ops::OutboxEntry) -> Markup {
+    let event_id = entry.envelope.event_id.as_str();
+    let several = entry.destinations.len() > 1;
+    let at: Vec<Option<&str>> = match several {
+        false => vec![None],
+        true => (entry.destinations.iter())
+            .filter(|c| c.quarantined)
+            .map(|c| Some(c.destination.as_str()))
+            .collect(),
+    };
     html! {
         @if !console.read_only {
-            form.action method="post" action="/quarantined/retry" {
-                input type="hidden" name="event_id" value=(event_id);
-                input type="hidden" name="csrf" value=(console.csrf.as_str());
-                button type="submit" { "Retry once more" }
-                " (as " code { "ordo outbox retry" } "; fix the cause first, or the consumer answers conflict again)"
+            @for destination in at {
+                form.action method="post" action="/quarantined/retry" {
+                    input type="hidden" name="event_id" value=(event_id);
+                    @if let Some(name) = destination {
+                        input type="hidden" name="destination" value=(name);
+                    }
+                    input type="hidden" name="csrf" value=(console.csrf.as_str());
+                    button type="submit" {
+                        "Retry once more"
+                        @if let Some(name) = destination { " at " (name) }
+                    }
+                    " (as " code {
+                        "ordo outbox retry"
+                        @if let Some(name) = destination { " --destination " (name) }
+                    }
+                    "; fix the cause first, or the consumer answers conflict again)"
+                }
             }
         }
     }
@@ -468,7 +491,7 @@ pub fn quarantined(console: &Console, rows: Option<&[Quarantined]>) -> Page {
                                     }
                                 }
                             }
-                            (retry_form(console, env.event_id.as_str()))
+                            (retry_form(console, &row.outbox))
                             @match &row.stored {
                                 None => {
                                     p.note { "No consumer store given: the outbox body alone." }

@@ -270,6 +270,9 @@ pub enum RetryRefused {
     /// The event is not quarantined.
     #[error("{0} is not quarantined")]
     NotQuarantined(EventId),
+    /// The destination named is not one of the store's.
+    #[error(transparent)]
+    Destination(crate::destination::DestinationRefused),
 }
 
 /// The producer's alerting signals.

@@ -38,9 +38,7 @@ pub(crate) const FLOW_OUTBOX_SQL: &str = "SELECT position, body, created_at_ms, 
      FROM {s}.outbox WHERE flow_id = $1 ORDER BY seq LIMIT $2";
 
 /// The whole outbox in commit order, as [`FLOW_OUTBOX_SQL`] reads a flow's.
-const WHOLE_OUTBOX_SQL: &str =
-    "SELECT body, accepted, quarantined, quarantine_reason, attempts, last_outcome, last_error,
-            next_attempt_at_ms, created_at_ms, accepted_at_ms
+const WHOLE_OUTBOX_SQL: &str = "SELECT position, body, created_at_ms, accepted
      FROM {s}.outbox ORDER BY position LIMIT $1";
 
 /// One inbox row, on the `(flow_id, producer, seq)` key.
@@ -102,8 +100,8 @@ pub(crate) fn flow_outbox_entries(
     outbox_entries_of(conn, &rows)
 }
 
-/// Every outbox row in commit order with its custody (the one
-/// destination's, `default`), read through `conn` (inside
+/// Every outbox row in commit order with each destination's custody of
+/// it, read through `conn` (inside
 /// [`crate::PgProducer::read`], as [`crate::read_outbox`]); at most
 /// [`WHOLE_READ_ROWS_MAX`] rows.
 pub fn read_outbox_entries(conn: &PgTx) -> Result<Vec<OutboxEntry>, StoreError> {
@@ -112,7 +110,7 @@ pub fn read_outbox_entries(conn: &PgTx) -> Result<Vec<OutboxEntry>, StoreError> 
         WHOLE_OUTBOX_SQL,
         &[&whole_read_limit(WHOLE_READ_ROWS_MAX)],
     )?;
-    let rows = rows.iter().map(outbox_entry).collect::<Result<_, _>>()?;
+    let rows = outbox_entries_of(conn, &rows)?;
     whole_read("the outbox", WHOLE_READ_ROWS_MAX, rows)
 }
 
