@@ -468,6 +468,31 @@ fn a_destination_keeps_to_the_consumer_of_its_first_delivery() {
     let a2 = custody_at(&fan, "A-2", "default");
     assert_eq!(a2["accepted"], json!(false), "{a2}");
     assert_eq!(fan.list()[0]["consumer_store_id"], json!(a));
+    assert_eq!(
+        inbox_ids(&fan, &fan.c2),
+        Vec::<String>::new(),
+        "nothing delivered"
+    );
+    // Over HTTP too: the consumer's health names its store before the
+    // first delivery, and nothing reaches it.
+    let served = Serve::start(&fan.c2, &[]);
+    let refused = fan.lab.run(&[
+        "relay",
+        "--json",
+        "--producer",
+        fan.p(),
+        "--to",
+        &served.url(),
+    ]);
+    refused.storage_error();
+    assert!(refused.stderr.contains(b.as_str()), "{refused:?}");
+    Files::of(&[fan.p()]).assert_unchanged(&before, "nothing marked");
+    drop(served);
+    assert_eq!(
+        inbox_ids(&fan, &fan.c2),
+        Vec::<String>::new(),
+        "nothing delivered"
+    );
 
     // Its own consumer still takes what follows.
     assert_eq!(fan.delivered(&fan.lab.c, "default"), ["A-2"]);
@@ -478,6 +503,17 @@ fn a_destination_keeps_to_the_consumer_of_its_first_delivery() {
     assert_eq!(fan.delivered(&fan.c2, "rebuilt"), ["A-1", "A-2"]);
     let rebuilt = row(&fan.list(), "name", "rebuilt").clone();
     assert_eq!(rebuilt["consumer_store_id"], json!(b), "{rebuilt}");
+}
+
+/// The event ids `consumer`'s inbox holds.
+fn inbox_ids(fan: &Fan, consumer: &str) -> Vec<String> {
+    let listed = fan
+        .lab
+        .run(&["inbox", "list", "--json", "--consumer", consumer])
+        .json();
+    (listed["inbox"].as_array().expect("an inbox list").iter())
+        .map(|row| row["event_id"].as_str().expect("an event id").to_owned())
+        .collect()
 }
 
 /// Puts `backup` in place of the producer's file, its WAL and shared

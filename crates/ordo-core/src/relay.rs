@@ -377,6 +377,28 @@ fn deliveries_log(deliveries: &[Delivery], marks: &[(EventId, Receipt)]) -> bool
     logged.eq(marks.iter().map(|(id, receipt)| (id, *receipt)))
 }
 
+/// Refuses, before anything is delivered, a consumer store other than the
+/// one the destination recorded (PROTOCOL.md section 12): the transport is
+/// asked for the consumer's identity only when one is recorded. A failure
+/// to ask is the round's transport error.
+fn identified<P, T>(
+    producer: &mut P,
+    transport: &mut T,
+) -> Result<Result<(), TransportError>, RelayError>
+where
+    P: ProducerStore + ?Sized,
+    T: Transport + ?Sized,
+{
+    if producer.recorded_consumer()?.is_none() {
+        return Ok(Ok(()));
+    }
+    match transport.identify() {
+        Ok(Some(consumer)) => Ok(Ok(producer.check_consumer(&consumer)?)),
+        Ok(None) => Ok(Ok(())),
+        Err(e) => Ok(Err(e)),
+    }
+}
+
 /// Hands `events` over through `transport` and records the outcome in the
 /// producer: receipts in one producer transaction; a round too large is
 /// split in halves; an event refused alone is quarantined and the rest sent
@@ -397,7 +419,10 @@ where
     let sender = producer.store_id().clone();
     while !rest.is_empty() {
         crash::point(crash::RELAY_BEFORE_RECEIVE);
-        let answer = transport.deliver(Some(&sender), &rest);
+        let answer = match identified(producer, transport)? {
+            Ok(()) => transport.deliver(Some(&sender), &rest),
+            Err(e) => Err(e),
+        };
         match bookkeeping(&rest, answer, backoff) {
             Bookkeeping::Marks(marks) => {
                 let consumer = transport.consumer_identity();

@@ -404,6 +404,24 @@ pub trait ProducerStore: ProducerOps {
         self.record_receipts(receipts, now_ms)
     }
 
+    /// Refuses, before a delivery, a consumer store other than the one the
+    /// destination the relay acts on recorded at its first delivery, so
+    /// that nothing of the round reaches it; records nothing (the first
+    /// delivery's receipts do). The default, for a store that keeps no
+    /// identity, accepts any.
+    fn check_consumer(&mut self, consumer: &StoreId) -> Result<(), StoreError> {
+        let _ = consumer;
+        Ok(())
+    }
+
+    /// The consumer store the destination the relay acts on recorded at
+    /// its first delivery, if any: the relay asks the transport for the
+    /// consumer's identity before a delivery only then (nothing is
+    /// enforced before the first one). The default keeps none.
+    fn recorded_consumer(&mut self) -> Result<Option<StoreId>, StoreError> {
+        Ok(None)
+    }
+
     /// Records a transient delivery failure of these events: attempts, the
     /// error, and a next attempt time drawn from `backoff`: `now_ms + 1 +
     /// delay`, saturating at `i64::MAX` (a relay whose clock reads

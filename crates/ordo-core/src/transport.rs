@@ -41,6 +41,15 @@ pub trait Transport {
     fn consumer_identity(&self) -> Option<StoreId> {
         None
     }
+
+    /// The identity of the consumer store a delivery would reach, asked of
+    /// it before the first delivery when the transport can (so that the
+    /// relay refuses the wrong consumer before handing it anything);
+    /// `None` when unknown. The default is what
+    /// [`consumer_identity`](Transport::consumer_identity) knows.
+    fn identify(&mut self) -> Result<Option<StoreId>, TransportError> {
+        Ok(self.consumer_identity())
+    }
 }
 
 /// A consumer store in the same process is a transport: one receive

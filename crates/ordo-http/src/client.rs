@@ -121,6 +121,8 @@ pub struct HttpTransport {
     /// The consumer store as the last answer read named it: `None` before
     /// the first answer, and after one that named none.
     consumer_store_id: Option<StoreId>,
+    /// Whether [`Transport::identify`] asked the consumer's health already.
+    health_asked: bool,
 }
 
 impl HttpTransport {
@@ -159,6 +161,7 @@ impl HttpTransport {
             health_url,
             signer,
             consumer_store_id: None,
+            health_asked: false,
         })
     }
 
@@ -299,6 +302,23 @@ impl Transport for HttpTransport {
 
     fn consumer_identity(&self) -> Option<StoreId> {
         self.consumer_store_id.clone()
+    }
+
+    /// Asks `GET /v1/health` once, before the first delivery, when no
+    /// answer has named the consumer's store yet; a consumer of an earlier
+    /// release names none, and a status other than 200 is left to the
+    /// delivery to report.
+    fn identify(&mut self) -> Result<Option<StoreId>, TransportError> {
+        if self.consumer_store_id.is_none() && !self.health_asked {
+            let response = self
+                .client
+                .get(self.health_url.clone())
+                .send()
+                .map_err(|e| request_failure("GET /v1/health", e))?;
+            self.note_consumer(&response);
+            self.health_asked = true;
+        }
+        Ok(self.consumer_store_id.clone())
     }
 }
 

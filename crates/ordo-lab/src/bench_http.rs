@@ -203,6 +203,10 @@ impl<T: Transport> Transport for Timed<T> {
     fn consumer_identity(&self) -> Option<ordo_core::StoreId> {
         self.inner.consumer_identity()
     }
+
+    fn identify(&mut self) -> Result<Option<ordo_core::StoreId>, ordo_core::TransportError> {
+        self.inner.identify()
+    }
 }
 
 /// The flags of the bench's servers: room for a round of `batch` events

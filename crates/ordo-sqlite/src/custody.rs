@@ -235,19 +235,7 @@ pub(crate) fn check_consumer(
     let Some(consumer) = consumer else {
         return Ok(());
     };
-    let err = |e| sql_error("producer: cannot read the destination's consumer", e);
-    let (name, recorded): (String, Option<String>) = row_cached(
-        tx,
-        "SELECT name, consumer_store_id FROM destination WHERE id = ?1",
-        [destination],
-        |row| Ok((row.get(0)?, row.get(1)?)),
-    )
-    .map_err(err)?;
-    let bad = |e: &dyn std::fmt::Display| corrupt("producer: stored destination", e.to_string());
-    let name = DestinationName::new(name).map_err(|e| bad(&e))?;
-    let recorded = (recorded.map(|id| id.parse::<StoreId>().map_err(|e| bad(&e)))).transpose()?;
-    let check = ordo_core::destination::check_consumer(&name, recorded.as_ref(), Some(consumer));
-    if let Some(first) = check? {
+    if let Some(first) = checked_consumer(tx, destination, consumer)? {
         exec_cached(
             tx,
             "UPDATE destination SET consumer_store_id = ?2 WHERE id = ?1",
@@ -256,6 +244,45 @@ pub(crate) fn check_consumer(
         .map_err(|e| sql_error("producer: cannot record the destination's consumer", e))?;
     }
     Ok(())
+}
+
+/// Checks `consumer` against the consumer store `destination` recorded
+/// ([`ordo_core::destination::check_consumer`]) without writing: the
+/// identity to record when none is yet.
+pub(crate) fn checked_consumer(
+    conn: &Connection,
+    destination: i64,
+    consumer: &StoreId,
+) -> Result<Option<StoreId>, StoreError> {
+    let (name, recorded) = destination_consumer(conn, destination)?;
+    ordo_core::destination::check_consumer(&name, recorded.as_ref(), Some(consumer))
+}
+
+/// The consumer store `destination` recorded at its first delivery.
+pub(crate) fn recorded_consumer(
+    conn: &Connection,
+    destination: i64,
+) -> Result<Option<StoreId>, StoreError> {
+    Ok(destination_consumer(conn, destination)?.1)
+}
+
+/// The name of `destination` and the consumer store it recorded.
+fn destination_consumer(
+    conn: &Connection,
+    destination: i64,
+) -> Result<(DestinationName, Option<StoreId>), StoreError> {
+    let err = |e| sql_error("producer: cannot read the destination's consumer", e);
+    let (name, recorded): (String, Option<String>) = row_cached(
+        conn,
+        "SELECT name, consumer_store_id FROM destination WHERE id = ?1",
+        [destination],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )
+    .map_err(err)?;
+    let bad = |e: &dyn std::fmt::Display| corrupt("producer: stored destination", e.to_string());
+    let name = DestinationName::new(name).map_err(|e| bad(&e))?;
+    let recorded = (recorded.map(|id| id.parse::<StoreId>().map_err(|e| bad(&e)))).transpose()?;
+    Ok((name, recorded))
 }
 
 /// Marks the row at `position` settled when every destination of its flow

@@ -657,6 +657,16 @@ impl ProducerStore for ProducerDb {
         self.record_receipts_from(None, receipts, now_ms)
     }
 
+    fn recorded_consumer(&mut self) -> Result<Option<ordo_core::StoreId>, StoreError> {
+        let destination = self.destination_id()?;
+        custody::recorded_consumer(&self.conn, destination)
+    }
+
+    fn check_consumer(&mut self, consumer: &ordo_core::StoreId) -> Result<(), StoreError> {
+        let destination = self.destination_id()?;
+        custody::checked_consumer(&self.conn, destination, consumer).map(drop)
+    }
+
     /// As [`record_receipts`](ProducerStore::record_receipts), with the
     /// destination's consumer identity recorded or enforced first, in the
     /// same transaction.

@@ -129,14 +129,7 @@ pub(super) fn check_consumer(
     let Some(consumer) = consumer else {
         return Ok(());
     };
-    let context = "producer: cannot read the destination's consumer";
-    let sql = "SELECT name, consumer_store_id FROM {s}.destination WHERE id = $1";
-    let row = (tx.row(context, sql, &[&destination])?)
-        .ok_or_else(|| corrupt("producer: destination", "the chosen destination is gone"))?;
-    let name = DestinationName::new(row.get::<_, String>(0)).map_err(|e| bad(&e))?;
-    let recorded = stored_store_id(row.get(1))?;
-    let check = ordo_core::destination::check_consumer(&name, recorded.as_ref(), Some(consumer));
-    if let Some(first) = check? {
+    if let Some(first) = checked_consumer(tx, destination, consumer)? {
         let recorded = tx.run(
             "producer: cannot record the destination's consumer",
             "UPDATE {s}.destination SET consumer_store_id = $2
@@ -149,6 +142,31 @@ pub(super) fn check_consumer(
         }
     }
     Ok(())
+}
+
+/// Checks `consumer` against the consumer store `destination` recorded
+/// ([`ordo_core::destination::check_consumer`]) without writing: the
+/// identity to record when none is yet.
+pub(super) fn checked_consumer(
+    conn: &PgTx,
+    destination: i64,
+    consumer: &StoreId,
+) -> Result<Option<StoreId>, StoreError> {
+    let (name, recorded) = destination_consumer(conn, destination)?;
+    ordo_core::destination::check_consumer(&name, recorded.as_ref(), Some(consumer))
+}
+
+/// The name of `destination` and the consumer store it recorded.
+pub(super) fn destination_consumer(
+    conn: &PgTx,
+    destination: i64,
+) -> Result<(DestinationName, Option<StoreId>), StoreError> {
+    let context = "producer: cannot read the destination's consumer";
+    let sql = "SELECT name, consumer_store_id FROM {s}.destination WHERE id = $1";
+    let row = (conn.row(context, sql, &[&destination])?)
+        .ok_or_else(|| corrupt("producer: destination", "the chosen destination is gone"))?;
+    let name = DestinationName::new(row.get::<_, String>(0)).map_err(|e| bad(&e))?;
+    Ok((name, stored_store_id(row.get(1))?))
 }
 
 /// Each destination's custody of the outbox rows at `positions`: one

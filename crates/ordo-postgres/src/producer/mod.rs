@@ -95,6 +95,9 @@ pub struct PgProducer {
     /// The destination the relay's calls act on, once chosen (see
     /// [`ProducerOps::use_destination`](ordo_core::ProducerOps::use_destination)).
     destination: Option<i64>,
+    /// A destination and the consumer store it was found to have recorded
+    /// (see [`ProducerStore::recorded_consumer`]).
+    consumer_recorded: Option<(i64, ordo_core::StoreId)>,
     wake: Wake,
 }
 
@@ -130,6 +133,7 @@ impl PgProducer {
             claimed: Some(HashSet::new()),
             events_per_flow: 1,
             destination: None,
+            consumer_recorded: None,
         }
     }
 

@@ -265,6 +265,30 @@ impl ProducerStore for PgProducer {
         self.record_receipts_from(None, receipts, now_ms)
     }
 
+    /// Read once per destination that recorded one: a handle remembers it
+    /// (a recorded identity is never rewritten).
+    fn recorded_consumer(&mut self) -> Result<Option<StoreId>, StoreError> {
+        let destination = self.destination_id()?;
+        if let Some((id, recorded)) = &self.consumer_recorded {
+            if *id == destination {
+                return Ok(Some(recorded.clone()));
+            }
+        }
+        let recorded = custody::destination_consumer(&self.conn, destination)?.1;
+        if let Some(recorded) = &recorded {
+            self.consumer_recorded = Some((destination, recorded.clone()));
+        }
+        Ok(recorded)
+    }
+
+    fn check_consumer(&mut self, consumer: &StoreId) -> Result<(), StoreError> {
+        if self.recorded_consumer()?.as_ref() == Some(consumer) {
+            return Ok(());
+        }
+        let destination = self.destination_id()?;
+        custody::checked_consumer(&self.conn, destination, consumer).map(drop)
+    }
+
     /// Records the consumer store `consumer` of the destination at its
     /// first delivery from a known one, in the transaction of the marks,
     /// and refuses receipts from another one afterwards, nothing marked

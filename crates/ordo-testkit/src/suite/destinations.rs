@@ -263,8 +263,27 @@ pub fn a_destination_keeps_to_the_consumer_of_its_first_delivery<B: Backend>(dir
     let (first, second) = (store_id("a"), store_id("b"));
     let at = clock_now();
     choose(&mut p, "default");
+    assert_eq!(
+        p.recorded_consumer().unwrap(),
+        None,
+        "none before the first"
+    );
+    p.check_consumer(&second)
+        .expect("anyone before the first delivery");
     let marks = [(a1.event_id.clone(), Receipt::Accepted)];
     p.record_receipts_from(Some(&first), &marks, at).unwrap();
+    assert_eq!(p.recorded_consumer().unwrap(), Some(first.clone()));
+    p.check_consumer(&first).expect("its own consumer");
+    let before = p.destinations(at).unwrap();
+    assert!(
+        p.check_consumer(&second).is_err(),
+        "checked before a delivery"
+    );
+    assert_eq!(
+        p.destinations(at).unwrap(),
+        before,
+        "the check writes nothing"
+    );
     let other = [(b1.event_id.clone(), Receipt::Accepted)];
     let refused = p.record_receipts_from(Some(&second), &other, at);
     assert!(refused.is_err(), "another consumer store: {refused:?}");
