@@ -103,7 +103,16 @@ INSERT INTO destination (id, name, start, consumer_store_id, created_at_ms)
 INSERT INTO custody (position, destination, accepted, accepted_at_ms, quarantined,
         quarantine_reason, quarantine_detail, attempts, last_outcome, last_error, next_attempt_at_ms)
     SELECT position, 1, accepted, accepted_at_ms, quarantined,
-        CASE WHEN quarantined = 1 THEN coalesce(last_outcome, 'conflict') END,
+        -- The code: the last outcome, unless a delivery after the quarantine
+        -- (the first-pending policy hands over quarantined rows) failed; then
+        -- the text's, which begins with it.
+        CASE WHEN quarantined = 1 THEN CASE
+            WHEN last_outcome IN ('conflict', 'producer_rewound', 'too_large', 'rejected_by_consumer')
+                THEN last_outcome
+            WHEN substr(quarantine_reason, 1, instr(quarantine_reason, ':') - 1)
+                IN ('producer_rewound', 'too_large', 'rejected_by_consumer')
+                THEN substr(quarantine_reason, 1, instr(quarantine_reason, ':') - 1)
+            ELSE 'conflict' END END,
         CASE WHEN quarantined = 1 THEN quarantine_reason END,
         attempts, last_outcome, last_error, next_attempt_at_ms
     FROM outbox;
