@@ -2,20 +2,24 @@
 //! built by that release's own statements (its version-1 tables and its
 //! migrations 2 to 5, copied below as it ran them on a new store),
 //! mid-flight: one event applied, one committed but not yet delivered, one
-//! quarantined. This release opens both unchanged in meaning (producer
-//! `default`, a store identity given at the first open, the old rows'
-//! delivering store unknown) and goes on relaying and applying (PROTOCOL.md
-//! section 12).
+//! quarantined by a conflict, and one quarantined as too large whose head
+//! `first-pending` handed over again and failed. This release opens both
+//! unchanged in meaning (producer `default`, a store identity given at the
+//! first open, one destination `default` holding the old custody marks,
+//! each quarantine's code apart from its old text, the old rows' delivering
+//! store unknown) and goes on relaying and applying (PROTOCOL.md section
+//! 12).
 
 mod support;
 
 use std::sync::Arc;
 
 use ordo_core::envelope::EventType;
+use ordo_core::ops::InboxScope;
 use ordo_core::{
     process_all, relay, ApplyContext, ApplyHandler, ConsumerOps, Envelope, EventId, FlowId,
     InboxStatus, ProducerName, ProducerOps, Receipt, Receive, RelayOptions, SchemaVersion, Seq,
-    StoreError, SystemClock, Verdict, CONFLICT_REASON,
+    StoreError, StoreId, SystemClock, Verdict, CONFLICT_REASON,
 };
 use ordo_postgres::postgres::Client;
 use ordo_postgres::{PgConsumer, PgOptions, PgProducer, PgTx, Schema, SCHEMA_VERSION};
@@ -179,20 +183,52 @@ fn event(flow: &str, seq: i64, amount: i64) -> Envelope {
     }
 }
 
+/// The text the second release recorded on an event the consumer refused
+/// as too large: the code, then the transport's message.
+const TOO_LARGE_TEXT: &str =
+    "too_large: the envelope is 2000000 bytes, more than the consumer takes (1048576)";
+
+/// The delivery bookkeeping the second release left on an outbox row.
+#[derive(Clone, Copy)]
+enum Marks {
+    /// Accepted by the consumer at its first attempt.
+    Accepted,
+    /// Committed, never handed over.
+    Pending,
+    /// Quarantined by a conflict receipt.
+    Conflict,
+    /// Quarantined as too large, then handed over once more by the
+    /// `first-pending` policy (which hands over the oldest unaccepted
+    /// event, quarantined or not), and that delivery failed.
+    TooLargeThenFailed,
+}
+
 /// Writes the producer's outbox row and head for `e` as the second release
 /// did, with its custody marks: an event not accepted is listed pending,
 /// and the head's relay seq is the flow's first event still to deliver.
-fn outbox_row(admin: &mut Client, e: &Envelope, accepted: bool, quarantined: bool) {
+fn outbox_row(admin: &mut Client, e: &Envelope, marks: Marks) {
     let s = PRODUCER_SCHEMA;
-    let tried = accepted || quarantined;
+    let (accepted, quarantine, attempts, outcome, error) = match marks {
+        Marks::Accepted => (true, None, 1_i64, Some("accepted"), None),
+        Marks::Pending => (false, None, 0, None, None),
+        Marks::Conflict => (false, Some(CONFLICT_REASON), 1, Some("conflict"), None),
+        Marks::TooLargeThenFailed => (
+            false,
+            Some(TOO_LARGE_TEXT),
+            2,
+            Some("error"),
+            Some("consumer busy"),
+        ),
+    };
+    let quarantined = quarantine.is_some();
     admin
         .execute(
             &format!(
                 "WITH appended AS (
                      INSERT INTO {s}.outbox (event_id, flow_id, seq, schema_version, type, body,
                          created_at_ms, accepted, quarantined, quarantine_reason, attempts,
-                         last_outcome)
-                     VALUES ($1, $2, $3, 1, 'placed', $4, 1000, $5, $6, $7, $8, $9)
+                         last_outcome, last_error)
+                     VALUES ($1, $2, $3, 1, 'placed', $4, 1000, $5, $6, $7, $8, $9, $10)
                      RETURNING position, accepted)
                  INSERT INTO {s}.outbox_pending (position)
                      SELECT position FROM appended WHERE NOT accepted"
@@ -204,13 +240,14 @@ fn outbox_row(admin: &mut Client, e: &Envelope, accepted: bool, quarantined: boo
                 &e.stored_text(),
                 &accepted,
                 &quarantined,
-                &quarantined.then_some(CONFLICT_REASON),
-                &i64::from(tried),
-                &tried.then_some(if accepted { "accepted" } else { "conflict" }),
+                &quarantine,
+                &attempts,
+                &outcome,
+                &error,
             ],
         )
         .unwrap();
-    let relay_seq = (!tried).then_some(e.seq.get());
+    let relay_seq = (!accepted && !quarantined).then_some(e.seq.get());
     admin
         .execute(
             &format!(
@@ -283,15 +320,17 @@ fn options(schema: &str) -> PgOptions {
 fn a_second_release_store_pair_opens_unchanged_and_goes_on_relaying_and_applying() {
     let (_dir, target) = fresh_database();
     let (f1, f2, g1) = (event("f", 1, 1), event("f", 2, 2), event("g", 1, 3));
+    let h1 = event("h", 1, 4);
     let held = Envelope {
         payload: json!({ "amount": 30 }).as_object().unwrap().clone(),
         ..g1.clone()
     };
     let mut admin = admin_client(&target);
     second_release_store(&mut admin, PRODUCER_SCHEMA, "producer", PRODUCER_V5);
-    outbox_row(&mut admin, &f1, true, false);
-    outbox_row(&mut admin, &g1, false, true);
-    outbox_row(&mut admin, &f2, false, false);
+    outbox_row(&mut admin, &f1, Marks::Accepted);
+    outbox_row(&mut admin, &g1, Marks::Conflict);
+    outbox_row(&mut admin, &h1, Marks::TooLargeThenFailed);
+    outbox_row(&mut admin, &f2, Marks::Pending);
     second_release_store(&mut admin, CONSUMER_SCHEMA, "consumer", CONSUMER_V5);
     inbox_row(&mut admin, &f1, "applied");
     inbox_row(&mut admin, &held, "pending");
@@ -322,9 +361,69 @@ fn a_second_release_store_pair_opens_unchanged_and_goes_on_relaying_and_applying
         [
             ("f-1", true, false),
             ("g-1", false, true),
+            ("h-1", false, true),
             ("f-2", false, false)
         ]
     );
+    // One destination, default, holding those marks.
+    let destinations = producer.destinations(0).unwrap();
+    let names: Vec<&str> = destinations.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["default"]);
+    assert_eq!(
+        (
+            destinations[0].status.backlog,
+            destinations[0].status.quarantined,
+            destinations[0].status.rewound
+        ),
+        (3, 2, 0),
+        "{destinations:?}"
+    );
+    assert_eq!(destinations[0].consumer_store_id, None);
+    for entry in &outbox {
+        let custody: Vec<(&str, bool, bool, u64)> = (entry.destinations.iter())
+            .map(|c| {
+                (
+                    c.destination.as_str(),
+                    c.accepted,
+                    c.quarantined,
+                    c.attempts,
+                )
+            })
+            .collect();
+        let expected = ("default", entry.accepted, entry.quarantined, entry.attempts);
+        assert_eq!(custody, [expected]);
+    }
+    // A quarantine's reason became its code, the old text its detail, even
+    // where the last outcome was a failed delivery after the quarantine.
+    let quarantines: Vec<(Option<&str>, Option<&str>, Option<&str>)> = (outbox[1..3].iter())
+        .map(|e| {
+            (
+                e.quarantine_reason.as_deref(),
+                e.quarantine_detail.as_deref(),
+                e.last_outcome.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        quarantines,
+        [
+            (Some("conflict"), Some(CONFLICT_REASON), Some("conflict")),
+            (Some("too_large"), Some(TOO_LARGE_TEXT), Some("error"))
+        ]
+    );
+    // The old inbox rows: producer `default`, delivering store unknown.
+    let inbox = consumer.inbox_entries(false, InboxScope::All, 10).unwrap();
+    let rows: Vec<(&str, &str, Option<&StoreId>)> = (inbox.iter())
+        .map(|r| {
+            let e = &r.envelope;
+            (
+                e.event_id.as_str(),
+                e.producer.as_str(),
+                r.store_id.as_ref(),
+            )
+        })
+        .collect();
+    assert_eq!(rows, [("f-1", "default", None), ("g-1", "default", None)]);
 
     let report = relay(
         &mut producer,

@@ -146,7 +146,16 @@ INSERT INTO {s}.relay_head (flow_id, destination, last_seq, relay_seq, relay_due
 INSERT INTO {s}.custody (position, destination, accepted, accepted_at_ms, quarantined,
         quarantine_reason, quarantine_detail, attempts, last_outcome, last_error, next_attempt_at_ms)
     SELECT o.position, d.id, o.accepted, o.accepted_at_ms, o.quarantined,
-           CASE WHEN o.quarantined THEN coalesce(o.last_outcome, 'conflict') END,
+           -- The code: the last outcome, unless a delivery after the quarantine
+           -- (the first-pending policy hands over quarantined rows) failed;
+           -- then the text's, which begins with it.
+           CASE WHEN o.quarantined THEN CASE
+               WHEN o.last_outcome IN ('conflict', 'producer_rewound', 'too_large',
+                                       'rejected_by_consumer') THEN o.last_outcome
+               WHEN split_part(o.quarantine_reason, ':', 1)
+                   IN ('producer_rewound', 'too_large', 'rejected_by_consumer')
+                   THEN split_part(o.quarantine_reason, ':', 1)
+               ELSE 'conflict' END END,
            CASE WHEN o.quarantined THEN o.quarantine_reason END,
            o.attempts, o.last_outcome, o.last_error, o.next_attempt_at_ms
     FROM {s}.outbox o CROSS JOIN {s}.destination d WHERE d.name = 'default';
