@@ -266,6 +266,7 @@ macro_rules! conformance_suite {
             a_destination_begins_flows_at_their_start_and_refusals_write_nothing
             abandon_retires_a_flow_for_one_destination_only
             a_destination_keeps_to_the_consumer_of_its_first_delivery
+            one_destinations_failures_never_delay_another
             // receive
             receive_accepted_then_duplicate
             receive_conflict_same_event_id_changes_nothing
@@ -274,6 +275,8 @@ macro_rules! conformance_suite {
             receive_batch_in_one_call
             receive_nothing_after_a_conflict_in_one_delivery
             receive_tells_a_rewound_producer_from_a_conflict
+            receive_an_unknown_store_never_makes_a_rewound_producer
+            a_rewound_producer_is_told_by_a_fingerprint_and_its_new_flows_go_on
             receive_and_apply_keep_each_producers_namespace
             receive_never_changes_projection_or_effects
             receive_seq_bounds

@@ -9,12 +9,14 @@ use std::path::Path;
 use ordo_reservation::{FlowState, ReservationConsumer, ReservationProducer};
 
 use ordo_core::destination::{AbandonRequest, DestinationRefused, DestinationStart};
-use ordo_core::{DestinationName, Envelope, ProducerOps, ProducerStore, Receipt, StoreId};
+use ordo_core::{
+    Backoff, DestinationName, DrainStop, Envelope, ProducerOps, ProducerStore, Receipt, StoreId,
+};
 
 use crate::support::*;
 use crate::Backend;
 
-use FlowState::{Confirmed, Reserved};
+use FlowState::{Confirmed, Released, Reserved};
 
 fn name(text: &str) -> DestinationName {
     DestinationName::new(text).expect("a destination name")
@@ -306,4 +308,130 @@ pub fn a_destination_keeps_to_the_consumer_of_its_first_delivery<B: Backend>(dir
 fn clock_now() -> i64 {
     use ordo_core::Clock;
     clock().now_ms()
+}
+
+/// One destination's failures never delay another (PROTOCOL.md section
+/// 12): while a flow's head backs off after a failed delivery at one
+/// destination, and later stays quarantined there, the other
+/// destination's relay rounds deliver that same flow's events as they
+/// come, in order; each destination's bookkeeping and signals show only
+/// its own.
+pub fn one_destinations_failures_never_delay_another<B: Backend>(dir: &Path) {
+    let clock = ManualClock::new(T0);
+    let (mut p, mut c) = open_at::<B>(dir, &clock);
+    p.add_destination(&name("billing"), DestinationStart::Start)
+        .unwrap()
+        .unwrap();
+    let a1 = commit(&mut p, &request("A", 0, Reserved, Some(4), 1));
+    let a2 = commit(&mut p, &request("A", 1, Confirmed, None, 1));
+
+    // Billing's delivery of A's head fails: A backs off there, a minute.
+    choose(&mut p, "billing");
+    let failed_at = T0 + 100;
+    assert_eq!(fair_round(&mut p, 10, failed_at), std::slice::from_ref(&a1));
+    let backoff = Backoff {
+        base_ms: 60_000,
+        cap_ms: 60_000,
+        floor_ms: 60_000,
+    };
+    let failed = std::slice::from_ref(&a1.event_id);
+    p.record_failure(failed, "billing unreachable", failed_at, &backoff)
+        .unwrap();
+    let custody = |p: &mut B::Producer, e: &Envelope| {
+        let entry = outbox_entry(p, e);
+        (entry.destinations.iter())
+            .map(|c| {
+                let outcome = c.last_outcome.clone();
+                (
+                    c.destination.to_string(),
+                    c.attempts,
+                    outcome,
+                    c.quarantined,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let error = Some("error".to_owned());
+    assert_eq!(
+        custody(&mut p, &a1),
+        [
+            ("billing".to_owned(), 1, error.clone(), false),
+            ("default".to_owned(), 0, None, false)
+        ]
+    );
+    let soon = failed_at + 1_000;
+    assert!(
+        fair_round(&mut p, 10, soon).is_empty(),
+        "A waits at billing"
+    );
+
+    // Meanwhile default's relay delivers the whole flow, in order.
+    choose(&mut p, "default");
+    let report = relay_fair_at(&mut p, &mut c, None, 256, soon);
+    assert_eq!(
+        report.deliveries,
+        [
+            delivery(&a1, Receipt::Accepted),
+            delivery(&a2, Receipt::Accepted)
+        ]
+    );
+    let signals = |p: &mut B::Producer, at: i64| {
+        (p.destinations(at).unwrap().into_iter())
+            .map(|d| {
+                let s = d.status;
+                (d.name.to_string(), s.backlog, s.backing_off, s.quarantined)
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        signals(&mut p, soon),
+        [
+            ("billing".to_owned(), 2, 1, 0),
+            ("default".to_owned(), 0, 0, 0)
+        ]
+    );
+    choose(&mut p, "billing");
+    assert!(
+        fair_round(&mut p, 10, soon).is_empty(),
+        "still waiting there"
+    );
+
+    // Once due at billing, A's head is refused there for good: quarantined
+    // at billing alone, and default goes on with A's next event.
+    let due = failed_at + 60_001;
+    assert_eq!(fair_round(&mut p, 10, due), std::slice::from_ref(&a1));
+    record_receipts(&mut p, &[(&a1, Receipt::Conflict)], due);
+    let a3 = commit(&mut p, &request("A", 2, Released, None, 1));
+    assert_eq!(
+        fair_round(&mut p, 10, due),
+        std::slice::from_ref(&a2),
+        "billing goes on past its quarantined event, at its own pace"
+    );
+    choose(&mut p, "default");
+    let report = relay_fair_at(&mut p, &mut c, None, 256, due);
+    assert_eq!(report.deliveries, [delivery(&a3, Receipt::Accepted)]);
+    let conflict = Some("conflict".to_owned());
+    assert_eq!(
+        custody(&mut p, &a1),
+        [
+            ("billing".to_owned(), 2, conflict, true),
+            ("default".to_owned(), 1, Some("accepted".to_owned()), false)
+        ]
+    );
+    assert_eq!(
+        signals(&mut p, due),
+        [
+            ("billing".to_owned(), 3, 0, 1),
+            ("default".to_owned(), 0, 0, 0)
+        ]
+    );
+    assert_eq!(pending_at(&mut p, "billing"), ids(&[a1, a2.clone(), a3]));
+    let a2_at_billing = outbox_entry(&mut p, &a2).destinations[0].clone();
+    assert_eq!(
+        (a2_at_billing.destination.as_str(), a2_at_billing.attempts),
+        ("billing", 0)
+    );
+    let drains = process(&mut c, None, V1);
+    assert_eq!(drain_stops(&drains), [("A", 3, DrainStop::Idle)]);
+    assert_eq!(projected(&mut c, "A"), (Released, Some(4), 3));
 }

@@ -6,7 +6,8 @@ use ordo_reservation::{FlowState, ReservationConsumer, UNSUPPORTED_SCHEMA};
 use std::path::Path;
 
 use ordo_core::{
-    Answer, ConsumerOps, DrainStop, Envelope, InboxStatus, Receipt, Receive, Step, StoreId,
+    Answer, ConsumerOps, DrainStop, Envelope, InboxStatus, ProducerOps, Receipt, Receive, Step,
+    StoreId,
 };
 use serde_json::json;
 
@@ -451,7 +452,8 @@ pub fn receive_seq_bounds<B: Backend>(dir: &Path) {
 /// the same event ids and seqs from another producer are new; each flow is
 /// applied in its own order onto its own projection; a conflict in one
 /// delivery stops only its own producer's flow; the listings and a skip
-/// name the producer and touch no other.
+/// name the producer and touch no other; the status counts each
+/// producer's rows apart.
 pub fn receive_and_apply_keep_each_producers_namespace<B: Backend>(dir: &Path) {
     let (_p, mut c) = B::open(dir);
     let of = |producer: &str, e: Envelope| Envelope {
@@ -503,6 +505,12 @@ pub fn receive_and_apply_keep_each_producers_namespace<B: Backend>(dir: &Path) {
         payments[..2].to_vec()
     );
     assert_eq!(listed(&mut c, InboxScope::All).len(), 6);
+    // The status counts each producer's rows apart.
+    let shares: Vec<(String, u64)> = (c.consumer_status().unwrap().producers.iter())
+        .map(|(name, share)| (name.to_string(), share.pending))
+        .collect();
+    let expected = [("default", 1), ("orders", 3), ("payments", 2)];
+    assert_eq!(shares, expected.map(|(name, n)| (name.to_owned(), n)));
     // Three flows, each applied on its own.
     let drains = c.process_all(None, V1, 16).unwrap();
     let stops: Vec<(String, u64)> = drains
@@ -553,4 +561,165 @@ pub fn receive_and_apply_keep_each_producers_namespace<B: Backend>(dir: &Path) {
     let default_o = c.inbox_entry_at(&inbox_flow("o"), seq(1)).unwrap().unwrap();
     assert_eq!(default_o.status, InboxStatus::Applied);
     check_consumer_invariants(&mut c);
+}
+
+/// An unknown store identity never makes a rewound producer (PROTOCOL.md
+/// section 12): a conflict with a row whose delivering store is unknown
+/// (stored before the third release, or delivered without one) is cause
+/// `conflict`, whether the delivery's store is known or unknown too, at the
+/// row and at its fingerprint once pruned, and within one delivery; the
+/// held row is the one at the envelope's place, whatever row holds its
+/// event id. Nothing is stored.
+pub fn receive_an_unknown_store_never_makes_a_rewound_producer<B: Backend>(dir: &Path) {
+    let clock = ManualClock::new(T0);
+    let (_p, mut c) = open_at::<B>(dir, &clock);
+    let s1 = StoreId::new("1".repeat(32)).unwrap();
+    let from = |c: &mut B::Consumer, sender: Option<&StoreId>, e: &Envelope| {
+        let answers = c.receive_from(sender, std::slice::from_ref(e)).unwrap();
+        assert_eq!(answers.len(), 1);
+        answers[0].clone()
+    };
+    // f-1 from an unknown store, g-1 from s1.
+    let f1 = reservation_event("f", 1, 5);
+    let g1 = reservation_event("g", 1, 4);
+    assert_eq!(from(&mut c, None, &f1).receipt, Receipt::Accepted);
+    assert_eq!(from(&mut c, Some(&s1), &g1).receipt, Receipt::Accepted);
+    let conflict = |held: &Envelope| Answer {
+        receipt: Receipt::Conflict,
+        held_event_id: Some(held.event_id.clone()),
+    };
+    let rewound = |held: &Envelope| Answer {
+        receipt: Receipt::ProducerRewound,
+        held_event_id: Some(held.event_id.clone()),
+    };
+    // Another event at f's seq 1, another body under f-1's id, and g-1's
+    // id (held from s1) at f's seq 1 (held from no known store).
+    let other_at_seq = amount_event("f-1-again", "f", 1, 1, "reserved", 9);
+    let other_body = amount_event(f1.event_id.as_str(), "f", 1, 1, "reserved", 9);
+    let g_id_at_f = amount_event(g1.event_id.as_str(), "f", 1, 1, "reserved", 9);
+    // And the other way round: f-1's id at g's seq 1, whose row s1 stored.
+    let f_id_at_g = amount_event(f1.event_id.as_str(), "g", 1, 1, "reserved", 9);
+    let before = consumer_state(&mut c);
+    for round in ["stored", "pruned"] {
+        for sender in [Some(&s1), None] {
+            for changed in [&other_at_seq, &other_body, &g_id_at_f] {
+                let answer = from(&mut c, sender, changed);
+                assert_eq!(
+                    answer,
+                    conflict(&f1),
+                    "{round}, from {sender:?}: {changed:?}"
+                );
+            }
+            assert_eq!(from(&mut c, sender, &f1).receipt, Receipt::Duplicate);
+        }
+        assert_eq!(
+            from(&mut c, Some(&s1), &f_id_at_g),
+            rewound(&g1),
+            "{round}: the row at g's seq 1 came from s1"
+        );
+        assert_eq!(from(&mut c, None, &f_id_at_g), conflict(&g1), "{round}");
+        if round == "stored" {
+            assert_eq!(
+                consumer_state(&mut c),
+                before,
+                "a conflict changed something"
+            );
+            drain_flow(&mut c, "f", None, V1);
+            drain_flow(&mut c, "g", None, V1);
+            clock.set(T0 + 10_000);
+            let pruned = c.prune_inbox(T0 + 20_000).unwrap();
+            assert_eq!(pruned.rows, 2, "{pruned:?}");
+            assert!(
+                inbox_envelopes(&mut c).is_empty(),
+                "only fingerprints remain"
+            );
+        }
+    }
+    assert!(inbox_envelopes(&mut c).is_empty(), "nothing stored");
+    // Within one delivery from no known store, a row it stored is held from
+    // no known store: another body at its place is `conflict`.
+    let h1 = reservation_event("h", 1, 3);
+    let h1_other = amount_event("h-1-again", "h", 1, 1, "reserved", 6);
+    let answers = c.receive_from(None, &[h1.clone(), h1_other]).unwrap();
+    assert_eq!(answers, [Answer::of(Receipt::Accepted), conflict(&h1)]);
+    assert_eq!(inbox_envelopes(&mut c), [h1]);
+}
+
+/// A rewound producer is told apart when the consumer keeps only the
+/// fingerprint of the row it delivered before its restore, and its flows
+/// begun after the detection are delivered and applied as any
+/// (PROTOCOL.md section 12): the rewound flow's head is quarantined
+/// `producer_rewound` and nothing more of it is delivered; a new flow of
+/// the same store goes on.
+pub fn a_rewound_producer_is_told_by_a_fingerprint_and_its_new_flows_go_on<B: Backend>(dir: &Path) {
+    let clock = ManualClock::new(T0);
+    let (mut p, mut c) = open_at::<B>(dir, &clock);
+    let sender = p.store_id().clone();
+    // Before its restore, the store delivered its A-1 (10 units); the
+    // consumer applied it and pruned it, keeping its fingerprint.
+    let forgotten = reservation_event("A", 1, 10);
+    let answers = c
+        .receive_from(Some(&sender), std::slice::from_ref(&forgotten))
+        .unwrap();
+    assert_eq!(answers[0].receipt, Receipt::Accepted);
+    assert_eq!(process(&mut c, None, V1).len(), 1);
+    clock.set(T0 + 10_000);
+    assert_eq!(c.prune_inbox(T0 + 20_000).unwrap().rows, 1);
+    assert!(inbox_row(&mut c, &forgotten.event_id).is_none());
+
+    // Restored, the store commits another A-1 (7 units), and A-2 after it.
+    let a1 = commit(&mut p, &request("A", 0, FlowState::Reserved, Some(7), 1));
+    let a2 = commit(&mut p, &request("A", 1, FlowState::Confirmed, None, 1));
+    assert_eq!(a1.event_id, forgotten.event_id);
+    assert_ne!(a1.body(), forgotten.body());
+    let at = T0 + 30_000;
+    let report = relay_fair_at(&mut p, &mut c, None, 256, at);
+    assert_eq!(
+        report.deliveries,
+        [delivery(&a1, Receipt::ProducerRewound)],
+        "{report:?}"
+    );
+    let entry = outbox_entry(&mut p, &a1);
+    assert_quarantined(&entry);
+    assert_eq!(entry.quarantine_reason.as_deref(), Some("producer_rewound"));
+    let status = p.producer_status(at).unwrap();
+    assert_eq!(
+        (status.quarantined, status.rewound, status.backlog),
+        (1, 1, 2)
+    );
+    // The held event the consumer names is the fingerprint's.
+    let answers = c
+        .receive_from(Some(&sender), std::slice::from_ref(&a1))
+        .unwrap();
+    assert_eq!(
+        answers,
+        [Answer {
+            receipt: Receipt::ProducerRewound,
+            held_event_id: Some(forgotten.event_id.clone()),
+        }]
+    );
+
+    // A flow begun after the detection, by the same store, goes on.
+    let n = commit_full_flow(&mut p, "N", 3);
+    let report = relay_fair_at(&mut p, &mut c, None, 256, at + 1);
+    let delivered: Vec<_> = n.iter().map(|e| delivery(e, Receipt::Accepted)).collect();
+    assert_eq!(report.deliveries, delivered, "only N, in order");
+    assert!(relay_fair_at(&mut p, &mut c, None, 256, at + 2)
+        .deliveries
+        .is_empty());
+    assert!(n.iter().all(|e| is_accepted(&mut p, e)));
+    assert!(!is_accepted(&mut p, &a2) && !outbox_entry(&mut p, &a2).quarantined);
+    let drains = process(&mut c, None, V1);
+    assert_eq!(drain_stops(&drains), [("N", 3, DrainStop::Idle)]);
+    assert_eq!(projected(&mut c, "N"), (FlowState::Released, Some(3), 3));
+    assert_eq!(
+        (inbox_entries(&mut c).iter())
+            .map(|e| (e.envelope.event_id.to_string(), e.store_id.clone()))
+            .collect::<Vec<_>>(),
+        n.iter()
+            .map(|e| (e.event_id.to_string(), Some(sender.clone())))
+            .collect::<Vec<_>>(),
+        "only N stored, from the same store"
+    );
+    assert_eq!(projected(&mut c, "A"), (FlowState::Reserved, Some(10), 1));
 }
