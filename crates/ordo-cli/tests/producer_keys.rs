@@ -94,17 +94,21 @@ fn post_signed(serve: &Serve, ring: &KeyRing, key_id: &str, body: &str) -> (u16,
     (response.status().as_u16(), value)
 }
 
-/// Asserts a 403 `{"error": ...}` naming the key's producer, with `index`
-/// only when given.
+/// Asserts a 403 `{"error": ...,"index": I}` naming the key's producer
+/// (`index` 0 for a single envelope).
 #[track_caller]
-fn assert_forbidden((status, body): (u16, Value), index: Option<u64>) {
+fn assert_forbidden((status, body): (u16, Value), index: u64) {
     assert_eq!(status, 403, "{body}");
     let error = body["error"].as_str().expect("an error message");
     assert!(
         error.contains("orders-key") && error.contains("orders"),
         "{body}"
     );
-    assert_eq!(body.get("index").and_then(Value::as_u64), index, "{body}");
+    assert_eq!(
+        body.get("index").and_then(Value::as_u64),
+        Some(index),
+        "{body}"
+    );
 }
 
 /// The consumer's inbox as `(producer, event_id)`, sorted, through the CLI
@@ -210,7 +214,8 @@ fn require_producer_keys_refuses_an_unbound_key_and_a_server_without_keys() {
 }
 
 /// A key bound to `orders` may deliver only `orders`' envelopes: any other
-/// producer's (the default's too) is a 403 naming the first such item,
+/// producer's (the default's too) is a 403 naming the first such item (0
+/// for a single envelope),
 /// after the parsing (400) and before the store's lock (503), with nothing
 /// of the request stored; an unbound key delivers for every producer.
 #[test]
@@ -224,13 +229,13 @@ fn a_bound_key_posting_another_producers_envelope_is_403_and_stores_nothing() {
     let orders = |flow: &str, seq: i64| envelope_of(Some("orders"), flow, seq);
     let billing = envelope_of(Some("billing"), "b", 1);
     let default = envelope_of(None, "d", 1);
-    assert_forbidden(post("orders-key", &billing), None);
-    assert_forbidden(post("orders-key", &default), None);
+    assert_forbidden(post("orders-key", &billing), 0);
+    assert_forbidden(post("orders-key", &default), 0);
     let second_foreign = array(&[orders("a", 1), billing.clone(), orders("c", 1)]);
-    assert_forbidden(post("orders-key", &second_foreign), Some(1));
+    assert_forbidden(post("orders-key", &second_foreign), 1);
     assert_forbidden(
         post("orders-key", &array(std::slice::from_ref(&default))),
-        Some(0),
+        0,
     );
     // Parsing first: a malformed item is a 400 whatever the producers.
     let malformed = array(&[billing.clone(), "7".to_owned()]);
@@ -239,7 +244,7 @@ fn a_bound_key_posting_another_producers_envelope_is_403_and_stores_nothing() {
     // Before the store's lock: a locked store does not turn a 403 into a 503.
     let lock = ordo_sqlite::rusqlite::Connection::open(&lab.c).unwrap();
     lock.execute_batch("BEGIN IMMEDIATE").unwrap();
-    assert_forbidden(post("orders-key", &second_foreign), Some(1));
+    assert_forbidden(post("orders-key", &second_foreign), 1);
     assert_eq!(post("orders-key", &orders("a", 1)).0, 503);
     lock.execute_batch("ROLLBACK").unwrap();
     assert!(inbox(&lab).is_empty(), "nothing stored");

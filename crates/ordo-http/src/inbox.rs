@@ -238,12 +238,7 @@ fn refuse(refusal: &Refusal) -> Response {
         }
         Refusal::NotAllowed { index, .. } => {
             tracing::warn!("{refusal}");
-            match index {
-                Some(index) => {
-                    reply::item_error(StatusCode::FORBIDDEN, *index, refusal.to_string())
-                }
-                None => reply::error(StatusCode::FORBIDDEN, refusal.to_string()),
-            }
+            reply::item_error(StatusCode::FORBIDDEN, *index, refusal.to_string())
         }
         Refusal::Busy(_) => {
             tracing::warn!("{refusal}");

@@ -4,7 +4,7 @@
 use ordo_core::ops::ConsumerStatus;
 use ordo_core::{Answer, Envelope, ErrorKind, ProducerName, StoreError, StoreId};
 
-use crate::batch::{is_array, parse_batch, BatchError};
+use crate::batch::{parse_batch, BatchError};
 use crate::pool::Pool;
 
 /// What one delivery may hold.
@@ -62,9 +62,9 @@ pub enum Refusal {
         .key_id.as_deref().unwrap_or("-")
     )]
     NotAllowed {
-        /// The position of the first such envelope in an array, `None` for
-        /// a single envelope.
-        index: Option<usize>,
+        /// The 0-based position of the first such envelope (0 for a single
+        /// envelope, HTTP.md).
+        index: usize,
         /// The caller's key.
         key_id: Option<String>,
         /// The producer the key is bound to.
@@ -148,16 +148,16 @@ impl Inbox {
         }
         let envelopes = parse_batch(body, self.limits.max_batch)?;
         assert!(!envelopes.is_empty() && envelopes.len() <= self.limits.max_batch);
-        check_producers(caller, &envelopes, is_array(body))?;
+        check_producers(caller, &envelopes)?;
         Ok(envelopes)
     }
 
     /// Stores parsed envelopes in one transaction; blocks. One answer per
     /// envelope, in order, with the consumer store's identity. Envelopes
-    /// `caller` may not deliver are refused here too (the index then names
-    /// a position in `envelopes`), so that no transport stores them.
+    /// `caller` may not deliver are refused here too, so that no transport
+    /// stores them.
     pub fn store(&self, caller: &Caller, envelopes: &[Envelope]) -> Result<Stored, Refusal> {
-        check_producers(caller, envelopes, true)?;
+        check_producers(caller, envelopes)?;
         let stored = self.pool.with_store(|store| {
             let answers = store.receive_from(caller.sender_store_id.as_ref(), envelopes)?;
             Ok(Stored {
@@ -198,9 +198,8 @@ impl Inbox {
 }
 
 /// Refuses the first envelope of a producer other than the one `caller`'s
-/// key is bound to; `indexed`: the envelopes are an array's, whose
-/// positions the refusal names.
-fn check_producers(caller: &Caller, envelopes: &[Envelope], indexed: bool) -> Result<(), Refusal> {
+/// key is bound to, naming its 0-based position (0 for a single envelope).
+fn check_producers(caller: &Caller, envelopes: &[Envelope]) -> Result<(), Refusal> {
     let Some(bound) = &caller.producer else {
         return Ok(());
     };
@@ -208,7 +207,7 @@ fn check_producers(caller: &Caller, envelopes: &[Envelope], indexed: bool) -> Re
         return Ok(());
     };
     Err(Refusal::NotAllowed {
-        index: indexed.then_some(index),
+        index,
         key_id: caller.key_id.clone(),
         bound: bound.clone(),
         producer: envelopes[index].producer.clone(),
@@ -324,13 +323,10 @@ mod tests {
         let inbox = inbox(dir.path(), 10, 1 << 20);
         let orders = bound("k1", "orders");
         let foreign = [
-            (
-                format!("[{},{}]", of("orders", "a"), of("billing", "b")),
-                Some(1),
-            ),
-            (format!("[{ONE}]"), Some(0)),
-            (of("billing", "b"), None),
-            (ONE.to_owned(), None),
+            (format!("[{},{}]", of("orders", "a"), of("billing", "b")), 1),
+            (format!("[{ONE}]"), 0),
+            (of("billing", "b"), 0),
+            (ONE.to_owned(), 0),
         ];
         for (body, index) in foreign {
             let refusal = inbox.receive(&orders, body.as_bytes()).unwrap_err();
@@ -354,7 +350,7 @@ mod tests {
         let envelopes = inbox.parse(&Caller::default(), ONE.as_bytes()).unwrap();
         let refusal = inbox.store(&orders, &envelopes).unwrap_err();
         assert!(
-            matches!(refusal, Refusal::NotAllowed { index: Some(0), .. }),
+            matches!(refusal, Refusal::NotAllowed { index: 0, .. }),
             "{refusal:?}"
         );
         assert_eq!(inbox.status().unwrap().pending, 0, "nothing stored");
