@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ordo_core::Transport;
+use ordo_core::{DestinationName, Transport};
 use ordo_http::{Metrics, MetricsServer};
 use ordo_reservation::{ApplyOptions, ReservationHandler};
 use ordo_runtime::{ApplyRound, RelayRound, Runner, RunnerOptions};
@@ -65,8 +65,12 @@ fn relay_with<T: Transport + Send + 'static>(
 ) -> Result<(), Failure> {
     let stop = Stop::install()?;
     let mut gauges = open_existing_producer(&args.producer)?;
+    let destination = relayed_destination(&mut gauges, args.destination.as_ref())?;
     let exposition = Exposition::start(args.metrics_listen)?;
     let metrics = exposition.metrics.clone();
+    if let Some(metrics) = &metrics {
+        metrics.expect_destination(destination.as_str());
+    }
     let options = RunnerOptions {
         relay: ordo_core::RelayOptions {
             max: None,
@@ -75,25 +79,55 @@ fn relay_with<T: Transport + Send + 'static>(
         ..RunnerOptions::default()
     };
     let mut printer = Printer::new(json_mode);
-    let observer_metrics = metrics.clone();
+    let (observer_metrics, counted) = (metrics.clone(), destination.clone());
     let observe = move |round: &RelayRound| {
-        count_relay(&observer_metrics, round);
+        count_relay(&observer_metrics, counted.as_str(), round);
         printer.relay(round);
     };
     let started = start_relay(producer, &args.producer, transport, options, observe);
     let running =
         started.map_err(|e| Failure::Internal(format!("cannot start the relay loop: {e}")))?;
-    watch(&stop, &running, || {
-        let Some(metrics) = &metrics else {
-            return Ok(());
-        };
-        let now_ms = clock().now_ms();
-        let status = gauges.handle().producer_status(now_ms)?;
-        metrics.set_outbox(&status, now_ms);
-        Ok(())
+    watch(&stop, &running, || match &metrics {
+        Some(metrics) => set_outbox(metrics, &mut gauges, &destination),
+        None => Ok(()),
     });
     crate::running::stop(running)?;
     exposition.stop();
+    Ok(())
+}
+
+/// The destination a relay delivers to: the one named, else the store's
+/// only one (a store of several refuses a relay that names none).
+fn relayed_destination(
+    producer: &mut AnyProducer,
+    named: Option<&DestinationName>,
+) -> Result<DestinationName, Failure> {
+    if let Some(name) = named {
+        return Ok(name.clone());
+    }
+    let destinations = producer.handle().destinations(clock().now_ms())?;
+    match destinations.as_slice() {
+        [only] => Ok(only.name.clone()),
+        several => Err(Failure::Usage(format!(
+            "the producer store has {} destinations: name one with --destination",
+            several.len()
+        ))),
+    }
+}
+
+/// Sets the outbox gauges from `destination`'s own signals (its backlog,
+/// quarantine and age, not the other destinations').
+fn set_outbox(
+    metrics: &Metrics,
+    producer: &mut AnyProducer,
+    destination: &DestinationName,
+) -> Result<(), ordo_core::StoreError> {
+    let now_ms = clock().now_ms();
+    let destinations = producer.handle().destinations(now_ms)?;
+    match destinations.iter().find(|d| &d.name == destination) {
+        Some(own) => metrics.set_outbox(destination.as_str(), &own.status, now_ms),
+        None => tracing::warn!(%destination, "the destination is no longer in the producer store"),
+    }
     Ok(())
 }
 

@@ -15,7 +15,8 @@ pub fn expect_reservation_blocks(metrics: &Metrics) {
     metrics.expect_block_reasons(codes.iter().map(|r| r.code.as_str()));
 }
 
-pub fn count_relay(metrics: &Option<Arc<Metrics>>, round: &RelayRound) {
+/// Counts what a relay round to `destination` recorded.
+pub fn count_relay(metrics: &Option<Arc<Metrics>>, destination: &str, round: &RelayRound) {
     let Some(metrics) = metrics else { return };
     let totals = &round.totals;
     for (receipt, count) in [
@@ -23,16 +24,10 @@ pub fn count_relay(metrics: &Option<Arc<Metrics>>, round: &RelayRound) {
         (Receipt::Duplicate, totals.duplicate),
         (Receipt::Conflict, totals.conflict),
     ] {
-        metrics
-            .relay_deliveries_total
-            .with_label_values(&[receipt.as_str()])
-            .inc_by(count);
+        metrics.count_deliveries(destination, receipt, count);
     }
     for kind in &round.failures {
-        metrics
-            .relay_errors_total
-            .with_label_values(&[kind.as_str()])
-            .inc();
+        metrics.count_relay_error(destination, kind.as_str());
     }
 }
 

@@ -79,21 +79,23 @@ fn relay_and_apply_follow_on_postgres_serve_their_metrics() {
     }
     let relay = Follow::start(&["relay", "--follow", "--producer", &url, "--consumer", &url]);
     relay.until_exposes(&[
-        "ordo_relay_deliveries_total{receipt=\"accepted\"} 2",
-        "ordo_outbox_backlog 0",
-        "ordo_outbox_quarantined 0",
+        "ordo_relay_deliveries_total{destination=\"default\",receipt=\"accepted\"} 2",
+        "ordo_outbox_backlog{destination=\"default\"} 0",
+        "ordo_outbox_quarantined{destination=\"default\"} 0",
     ]);
     let apply = Follow::start(&["apply", "--follow", "--consumer", &url]);
     apply.until_exposes(&[
         "ordo_apply_applied_total 2",
         "ordo_apply_lag_seconds_count 2",
-        "ordo_inbox_pending 0",
-        "ordo_inbox_blocked 0",
+        "ordo_inbox_pending{producer=\"default\"} 0",
+        "ordo_inbox_blocked{producer=\"default\"} 0",
     ]);
     // Work that arrives while both run: relayed, then applied, its lag
     // observed too.
     advance_new(&url, "m-3");
-    relay.until_exposes(&["ordo_relay_deliveries_total{receipt=\"accepted\"} 3"]);
+    relay.until_exposes(&[
+        "ordo_relay_deliveries_total{destination=\"default\",receipt=\"accepted\"} 3",
+    ]);
     apply.until_exposes(&[
         "ordo_apply_applied_total 3",
         "ordo_apply_lag_seconds_count 3",

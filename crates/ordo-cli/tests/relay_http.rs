@@ -347,16 +347,18 @@ fn apply_follow_applies_what_arrives_and_serves_metrics() {
     let started = Instant::now();
     let exposition = loop {
         let exposition = http_get(&addr, "/metrics");
-        if exposition.contains("ordo_inbox_pending 0") || started.elapsed() > PATIENCE {
+        if exposition.contains("ordo_inbox_pending{producer=\"default\"} 0")
+            || started.elapsed() > PATIENCE
+        {
             break exposition;
         }
         thread::sleep(Duration::from_millis(100));
     };
     for sample in [
         "ordo_apply_applied_total 1",
-        "ordo_inbox_pending 0",
-        "ordo_inbox_blocked 0",
-        "ordo_inbox_gap_flows 0",
+        "ordo_inbox_pending{producer=\"default\"} 0",
+        "ordo_inbox_blocked{producer=\"default\"} 0",
+        "ordo_inbox_gap_flows{producer=\"default\"} 0",
         "ordo_apply_lag_seconds_count 1",
         "ordo_apply_blocked_total{reason=\"invalid_transition\"} 0",
     ] {

@@ -304,6 +304,18 @@ pub struct GapWait {
     pub since_ms: i64,
 }
 
+/// One producer's share of the consumer's signals: its rows and flows in
+/// the inbox (the `producer` label of the inbox metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProducerInbox {
+    /// Its stored events waiting for apply.
+    pub pending: u64,
+    /// Its blocked events, whatever their reason.
+    pub blocked: u64,
+    /// Its flows waiting on a gap, listed or not.
+    pub gap_flows: u64,
+}
+
 /// The consumer's alerting signals.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConsumerStatus {
@@ -319,18 +331,39 @@ pub struct ConsumerStatus {
     pub applied: u64,
     /// Skipped events.
     pub skipped: u64,
+    /// Each producer's share of `pending`, `blocked` and the gap-waiting
+    /// flows, for every producer with a row in the inbox (pruned rows
+    /// aside), by name.
+    pub producers: BTreeMap<ProducerName, ProducerInbox>,
 }
 
 impl ConsumerStatus {
-    /// Counts `n` inbox rows of a stored `status` (and block `reason`); an
-    /// unknown status is a corrupt store.
-    pub fn count_rows(&mut self, status: &str, reason: String, n: i64) -> Result<(), StoreError> {
+    /// Counts `n` inbox rows of `producer` of a stored `status` (and block
+    /// `reason`); an unknown status or an invalid producer name is a corrupt
+    /// store.
+    pub fn count_rows(
+        &mut self,
+        producer: String,
+        status: &str,
+        reason: String,
+        n: i64,
+    ) -> Result<(), StoreError> {
         let n = n.max(0) as u64;
+        let share = self
+            .producers
+            .entry(stored_producer(producer)?)
+            .or_default();
         match status {
-            "pending" => self.pending += n,
+            "pending" => {
+                self.pending += n;
+                share.pending += n;
+            }
             "applied" => self.applied += n,
             "skipped" => self.skipped += n,
-            "blocked" => *self.blocked.entry(reason).or_default() += n,
+            "blocked" => {
+                *self.blocked.entry(reason).or_default() += n;
+                share.blocked += n;
+            }
             other => {
                 return Err(StoreError::corrupt(
                     "consumer: stored inbox status",
@@ -359,13 +392,17 @@ impl ConsumerStatus {
         missing: i64,
         since_ms: i64,
     ) -> Result<(), StoreError> {
+        let producer = stored_producer(producer)?;
         self.gaps_total += 1;
+        self.producers
+            .entry(producer.clone())
+            .or_default()
+            .gap_flows += 1;
         if self.gaps.len() >= GAPS_LISTED_MAX {
             return Ok(());
         }
         self.gaps.push(GapWait {
-            producer: ProducerName::new(producer)
-                .map_err(|e| StoreError::corrupt("consumer: stored producer", e))?,
+            producer,
             flow_id: FlowId::new(flow_id)
                 .map_err(|e| StoreError::corrupt("consumer: stored flow id", e))?,
             missing: Seq::new(missing)
@@ -374,6 +411,11 @@ impl ConsumerStatus {
         });
         Ok(())
     }
+}
+
+/// A producer name read from the inbox; an invalid one is a corrupt store.
+fn stored_producer(name: String) -> Result<ProducerName, StoreError> {
+    ProducerName::new(name).map_err(|e| StoreError::corrupt("consumer: stored producer", e))
 }
 
 /// What a prune removed.
@@ -479,23 +521,39 @@ mod tests {
     fn a_status_counts_what_each_backend_reads() {
         let mut status = ConsumerStatus::default();
         let rows = [
-            ("pending", "", 2),
-            ("applied", "", 3),
-            ("skipped", "", 1),
-            ("blocked", "late", 4),
-            ("blocked", "late", 1),
-            ("pending", "", -7),
+            ("default", "pending", "", 2),
+            ("default", "applied", "", 3),
+            ("orders", "skipped", "", 1),
+            ("default", "blocked", "late", 4),
+            ("orders", "blocked", "late", 1),
+            ("orders", "pending", "", -7),
         ];
-        for (state, reason, n) in rows {
-            status.count_rows(state, reason.into(), n).unwrap();
+        for (producer, state, reason, n) in rows {
+            let producer = producer.to_owned();
+            status
+                .count_rows(producer, state, reason.into(), n)
+                .unwrap();
         }
         status.count_fingerprints("applied", 10);
         status.count_fingerprints("skipped", 2);
         let counted = (status.pending, status.applied, status.skipped);
         assert_eq!(counted, (2, 13, 3));
         assert_eq!(status.blocked.get("late"), Some(&5));
-        let error = status.count_rows("gone", String::new(), 1).unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::Corrupt);
+        let share = |pending, blocked| ProducerInbox {
+            pending,
+            blocked,
+            gap_flows: 0,
+        };
+        let shares: Vec<_> = status
+            .producers
+            .iter()
+            .map(|(p, s)| (p.as_str(), *s))
+            .collect();
+        assert_eq!(shares, [("default", share(2, 4)), ("orders", share(0, 1))]);
+        let error = status.count_rows("default".into(), "gone", String::new(), 1);
+        assert_eq!(error.unwrap_err().kind(), ErrorKind::Corrupt);
+        let error = status.count_rows("Bad".into(), "pending", String::new(), 1);
+        assert_eq!(error.unwrap_err().kind(), ErrorKind::Corrupt);
         for i in 0..GAPS_LISTED_MAX + 2 {
             status
                 .count_gap(("default".into(), format!("f{i}")), 2, 0)
@@ -503,6 +561,12 @@ mod tests {
         }
         assert_eq!(status.gaps.len(), GAPS_LISTED_MAX);
         assert_eq!(status.gaps_total, GAPS_LISTED_MAX as u64 + 2);
+        let default = &status.producers[&ProducerName::default()];
+        assert_eq!(
+            default.gap_flows,
+            GAPS_LISTED_MAX as u64 + 2,
+            "listed or not"
+        );
         assert!(
             status
                 .count_gap(("default".into(), "bad id!".into()), 2, 0)

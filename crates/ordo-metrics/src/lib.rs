@@ -5,10 +5,20 @@
 //! `serve`, `apply --follow` and `relay --follow` expose the same names on
 //! either backend, whatever transport serves them.
 //!
+//! Inbox metrics carry a `producer` label (the producer whose namespace the
+//! events are in), outbox and relay metrics a `destination` label (the
+//! destination the relay delivers to). Both are validated names
+//! (`[a-z][a-z0-9_-]{0,63}`) that a store records, so the number of series
+//! is bounded by the producers a consumer store holds rows of and the
+//! destinations a producer store has.
+//!
 //! Labelled counters with a closed set of label values (`receipt`, `kind`)
 //! start at zero for every value, so that their names appear in the first
-//! scrape; `status` starts with `200`, and `reason` with the codes the
-//! caller names ([`Metrics::expect_block_reasons`]).
+//! scrape: the inbox's for the default producer, the relay's for the
+//! destination the caller names ([`Metrics::expect_destination`]);
+//! `status` starts with `200`, and `reason` with the codes the caller names
+//! ([`Metrics::expect_block_reasons`]). The inbox gauges start at zero for
+//! the default producer.
 //!
 //! Invariant: this crate only counts. It reads no store, knows no transport
 //! and serves nothing by itself; the caller updates the gauges from its own
@@ -17,11 +27,14 @@
 
 #![warn(missing_docs)]
 
-use ordo_core::ops::{ConsumerStatus, ProducerStatus};
-use ordo_core::Receipt;
+use std::collections::BTreeSet;
+
+use ordo_core::ops::{ConsumerStatus, ProducerInbox, ProducerStatus};
+use ordo_core::{ProducerName, Receipt};
+use prometheus::core::Collector;
 use prometheus::{
-    exponential_buckets, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec,
-    IntGauge, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The content type of the text exposition format, version 0.0.4.
@@ -29,6 +42,9 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The label values of `ordo_relay_errors_total{kind}`.
 pub const ERROR_KINDS: [&str; 5] = ["busy", "connection", "timeout", "http", "other"];
+
+/// The receipts a delivery or a reception records.
+const RECEIPTS: [Receipt; 3] = [Receipt::Accepted, Receipt::Duplicate, Receipt::Conflict];
 
 /// The metrics of one process. Every field is registered in
 /// [`Metrics::registry`]; update them directly (they are cheap to clone
@@ -43,31 +59,34 @@ pub struct Metrics {
     pub http_requests_total: IntCounterVec,
     /// `ordo_http_request_seconds`: time from a request's head to its response.
     pub http_request_seconds: Histogram,
-    /// `ordo_inbox_pending`: stored events waiting for apply.
-    pub inbox_pending: IntGauge,
-    /// `ordo_inbox_blocked`: blocked inbox rows.
-    pub inbox_blocked: IntGauge,
-    /// `ordo_inbox_gap_flows`: flows waiting on a missing seq.
-    pub inbox_gap_flows: IntGauge,
+    /// `ordo_inbox_pending{producer}`: stored events waiting for apply.
+    pub inbox_pending: IntGaugeVec,
+    /// `ordo_inbox_blocked{producer}`: blocked inbox rows.
+    pub inbox_blocked: IntGaugeVec,
+    /// `ordo_inbox_gap_flows{producer}`: flows waiting on a missing seq.
+    pub inbox_gap_flows: IntGaugeVec,
     /// `ordo_apply_applied_total`: events applied (committed).
     pub apply_applied_total: IntCounter,
     /// `ordo_apply_blocked_total{reason}`: events blocked, by block code.
     pub apply_blocked_total: IntCounterVec,
     /// `ordo_apply_lag_seconds`: from an event's receive to its apply.
     pub apply_lag_seconds: Histogram,
-    /// `ordo_outbox_backlog`: events not yet accepted.
-    pub outbox_backlog: IntGauge,
-    /// `ordo_outbox_oldest_pending_age_seconds`: age of the oldest of them.
-    pub outbox_oldest_pending_age_seconds: Gauge,
-    /// `ordo_outbox_quarantined`: quarantined events.
-    pub outbox_quarantined: IntGauge,
-    /// `ordo_outbox_rewound`: of those, quarantined by a receipt of cause
-    /// `producer_rewound`.
-    pub outbox_rewound: IntGauge,
-    /// `ordo_relay_deliveries_total{receipt}`: receipts the relay recorded.
+    /// `ordo_outbox_backlog{destination}`: events the destination has not
+    /// accepted yet.
+    pub outbox_backlog: IntGaugeVec,
+    /// `ordo_outbox_oldest_pending_age_seconds{destination}`: age of the
+    /// oldest of them.
+    pub outbox_oldest_pending_age_seconds: GaugeVec,
+    /// `ordo_outbox_quarantined{destination}`: events quarantined there.
+    pub outbox_quarantined: IntGaugeVec,
+    /// `ordo_outbox_rewound{destination}`: of those, quarantined by a
+    /// receipt of cause `producer_rewound`.
+    pub outbox_rewound: IntGaugeVec,
+    /// `ordo_relay_deliveries_total{destination, receipt}`: receipts the
+    /// relay recorded.
     pub relay_deliveries_total: IntCounterVec,
-    /// `ordo_relay_errors_total{kind}`: transient delivery failures by kind
-    /// ([`ERROR_KINDS`]).
+    /// `ordo_relay_errors_total{destination, kind}`: transient delivery
+    /// failures by kind ([`ERROR_KINDS`]).
     pub relay_errors_total: IntCounterVec,
 }
 
@@ -107,15 +126,12 @@ impl Metrics {
     }
 
     fn start_at_zero(&self) {
-        for receipt in [Receipt::Accepted, Receipt::Duplicate, Receipt::Conflict] {
+        let producer = ProducerName::DEFAULT;
+        for receipt in RECEIPTS {
             self.inbox_received_total
-                .with_label_values(&[ordo_core::ProducerName::DEFAULT, receipt.as_str()]);
-            self.relay_deliveries_total
-                .with_label_values(&[receipt.as_str()]);
+                .with_label_values(&[producer, receipt.as_str()]);
         }
-        for kind in ERROR_KINDS {
-            self.relay_errors_total.with_label_values(&[kind]);
-        }
+        self.set_producer(producer, ProducerInbox::default());
         self.http_requests_total.with_label_values(&["200"]);
     }
 
@@ -124,6 +140,20 @@ impl Metrics {
     pub fn expect_block_reasons<'a>(&self, codes: impl IntoIterator<Item = &'a str>) {
         for code in codes {
             self.apply_blocked_total.with_label_values(&[code]);
+        }
+    }
+
+    /// Lists the relay counters of `destination` at zero (every receipt
+    /// and error kind), so that their names appear before the first
+    /// delivery: a relay names the destination it delivers to.
+    pub fn expect_destination(&self, destination: &str) {
+        for receipt in RECEIPTS {
+            self.relay_deliveries_total
+                .with_label_values(&[destination, receipt.as_str()]);
+        }
+        for kind in ERROR_KINDS {
+            self.relay_errors_total
+                .with_label_values(&[destination, kind]);
         }
     }
 
@@ -139,31 +169,58 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts one receipt recorded by the relay.
-    pub fn count_delivery(&self, receipt: Receipt) {
+    /// Counts `n` receipts recorded by the relay of `destination`.
+    pub fn count_deliveries(&self, destination: &str, receipt: Receipt, n: u64) {
         self.relay_deliveries_total
-            .with_label_values(&[receipt.as_str()])
+            .with_label_values(&[destination, receipt.as_str()])
+            .inc_by(n);
+    }
+
+    /// Counts one transient failure of `kind` ([`ERROR_KINDS`]) of the
+    /// relay of `destination`.
+    pub fn count_relay_error(&self, destination: &str, kind: &str) {
+        self.relay_errors_total
+            .with_label_values(&[destination, kind])
             .inc();
     }
 
-    /// Sets the inbox gauges from a status read.
+    /// Sets the inbox gauges from a status read, each producer's from its
+    /// share; a producer listed before and not in `status` (its rows all
+    /// pruned) is set to zero.
     pub fn set_inbox(&self, status: &ConsumerStatus) {
-        let blocked: u64 = status.blocked.values().sum();
-        self.inbox_pending.set(saturating_i64(status.pending));
-        self.inbox_blocked.set(saturating_i64(blocked));
-        self.inbox_gap_flows.set(saturating_i64(status.gaps_total));
+        let listed = label_values(&self.inbox_pending, "producer");
+        let absent = listed
+            .iter()
+            .filter(|name| !status.producers.keys().any(|p| p.as_str() == name.as_str()));
+        for producer in absent {
+            self.set_producer(producer, ProducerInbox::default());
+        }
+        for (producer, share) in &status.producers {
+            self.set_producer(producer.as_str(), *share);
+        }
     }
 
-    /// Sets the outbox gauges from a status read at `now_ms`.
-    pub fn set_outbox(&self, status: &ProducerStatus, now_ms: i64) {
-        self.outbox_backlog.set(saturating_i64(status.backlog));
-        self.outbox_quarantined
-            .set(saturating_i64(status.quarantined));
-        self.outbox_rewound.set(saturating_i64(status.rewound));
+    fn set_producer(&self, producer: &str, share: ProducerInbox) {
+        let labels = [producer];
+        let set = |gauge: &IntGaugeVec, value| gauge.with_label_values(&labels).set(value);
+        set(&self.inbox_pending, saturating_i64(share.pending));
+        set(&self.inbox_blocked, saturating_i64(share.blocked));
+        set(&self.inbox_gap_flows, saturating_i64(share.gap_flows));
+    }
+
+    /// Sets the outbox gauges of `destination` from its own status read at
+    /// `now_ms`.
+    pub fn set_outbox(&self, destination: &str, status: &ProducerStatus, now_ms: i64) {
+        let labels = [destination];
+        let set = |gauge: &IntGaugeVec, value| gauge.with_label_values(&labels).set(value);
+        set(&self.outbox_backlog, saturating_i64(status.backlog));
+        set(&self.outbox_quarantined, saturating_i64(status.quarantined));
+        set(&self.outbox_rewound, saturating_i64(status.rewound));
         let age_ms = status
             .oldest_pending_created_at_ms
             .map_or(0, |created_ms| now_ms.saturating_sub(created_ms).max(0));
         self.outbox_oldest_pending_age_seconds
+            .with_label_values(&labels)
             .set(age_ms as f64 / 1000.0);
     }
 
@@ -177,37 +234,43 @@ impl Metrics {
     }
 }
 
+/// The values of `label` among the series `metric` holds.
+fn label_values(metric: &impl Collector, label: &str) -> BTreeSet<String> {
+    let families = metric.collect();
+    let series = families.iter().flat_map(|family| family.get_metric());
+    let pairs = series.flat_map(|one| one.get_label());
+    pairs
+        .filter(|pair| pair.name() == label)
+        .map(|pair| pair.value().to_owned())
+        .collect()
+}
+
 /// The inbox server's metrics: its receipts, its HTTP responses and the
 /// inbox gauges.
 struct InboxMetrics {
     received_total: IntCounterVec,
     http_requests_total: IntCounterVec,
     http_request_seconds: Histogram,
-    pending: IntGauge,
-    blocked: IntGauge,
-    gap_flows: IntGauge,
+    pending: IntGaugeVec,
+    blocked: IntGaugeVec,
+    gap_flows: IntGaugeVec,
 }
 
 impl InboxMetrics {
     /// Registers each metric in `registry`, in field order.
     fn register(registry: &Registry) -> InboxMetrics {
         InboxMetrics {
-            received_total: register(
+            received_total: counter_vec(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        "ordo_inbox_received_total",
-                        "Receipts answered by the inbox, by producer and receipt.",
-                    ),
-                    &["producer", "receipt"],
-                )
-                .expect("valid metric"),
+                "ordo_inbox_received_total",
+                "Receipts answered by the inbox, by producer and receipt.",
+                &["producer", "receipt"],
             ),
             http_requests_total: counter_vec(
                 registry,
                 "ordo_http_requests_total",
                 "HTTP responses, by status code.",
-                "status",
+                &["status"],
             ),
             http_request_seconds: histogram(
                 registry,
@@ -215,16 +278,23 @@ impl InboxMetrics {
                 "Time from a request's head to its response, in seconds.",
                 prometheus::DEFAULT_BUCKETS.to_vec(),
             ),
-            pending: int_gauge(
+            pending: int_gauge_vec(
                 registry,
                 "ordo_inbox_pending",
-                "Stored events waiting for apply.",
+                "Stored events waiting for apply, by producer.",
+                "producer",
             ),
-            blocked: int_gauge(registry, "ordo_inbox_blocked", "Blocked inbox rows."),
-            gap_flows: int_gauge(
+            blocked: int_gauge_vec(
+                registry,
+                "ordo_inbox_blocked",
+                "Blocked inbox rows, by producer.",
+                "producer",
+            ),
+            gap_flows: int_gauge_vec(
                 registry,
                 "ordo_inbox_gap_flows",
-                "Flows waiting on a missing seq.",
+                "Flows waiting on a missing seq, by producer.",
+                "producer",
             ),
         }
     }
@@ -250,7 +320,7 @@ impl ApplyMetrics {
                 registry,
                 "ordo_apply_blocked_total",
                 "Events blocked by the handler, by block code.",
-                "reason",
+                &["reason"],
             ),
             lag_seconds: histogram(
                 registry,
@@ -262,12 +332,13 @@ impl ApplyMetrics {
     }
 }
 
-/// The relay's metrics: the outbox gauges and its delivery counters.
+/// The relay's metrics: the outbox gauges and its delivery counters, by
+/// destination.
 struct RelayMetrics {
-    outbox_backlog: IntGauge,
-    outbox_oldest_pending_age_seconds: Gauge,
-    outbox_quarantined: IntGauge,
-    outbox_rewound: IntGauge,
+    outbox_backlog: IntGaugeVec,
+    outbox_oldest_pending_age_seconds: GaugeVec,
+    outbox_quarantined: IntGaugeVec,
+    outbox_rewound: IntGaugeVec,
     deliveries_total: IntCounterVec,
     errors_total: IntCounterVec,
 }
@@ -275,38 +346,48 @@ struct RelayMetrics {
 impl RelayMetrics {
     /// Registers each metric in `registry`, in field order.
     fn register(registry: &Registry) -> RelayMetrics {
+        let destination = "destination";
         RelayMetrics {
-            outbox_backlog: int_gauge(
+            outbox_backlog: int_gauge_vec(
                 registry,
                 "ordo_outbox_backlog",
-                "Outbox events not yet accepted.",
+                "Outbox events the destination has not accepted yet.",
+                destination,
             ),
-            outbox_oldest_pending_age_seconds: gauge(
+            outbox_oldest_pending_age_seconds: register(
                 registry,
-                "ordo_outbox_oldest_pending_age_seconds",
-                "Age of the oldest outbox event not yet accepted, in seconds.",
+                GaugeVec::new(
+                    Opts::new(
+                        "ordo_outbox_oldest_pending_age_seconds",
+                        "Age of the oldest outbox event the destination has not accepted yet, in seconds.",
+                    ),
+                    &[destination],
+                )
+                .expect("valid metric"),
             ),
-            outbox_quarantined: int_gauge(
+            outbox_quarantined: int_gauge_vec(
                 registry,
                 "ordo_outbox_quarantined",
-                "Quarantined outbox events.",
+                "Outbox events quarantined for the destination.",
+                destination,
             ),
-            outbox_rewound: int_gauge(
+            outbox_rewound: int_gauge_vec(
                 registry,
                 "ordo_outbox_rewound",
-                "Outbox events quarantined because their producer store was rewound (restored from an older backup).",
+                "Outbox events quarantined for the destination because their producer store was rewound (restored from an older backup).",
+                destination,
             ),
             deliveries_total: counter_vec(
                 registry,
                 "ordo_relay_deliveries_total",
-                "Receipts the relay recorded, by receipt.",
-                "receipt",
+                "Receipts the relay recorded, by destination and receipt.",
+                &[destination, "receipt"],
             ),
             errors_total: counter_vec(
                 registry,
                 "ordo_relay_errors_total",
-                "Transient delivery failures, by kind.",
-                "kind",
+                "Transient delivery failures, by destination and kind.",
+                &[destination, "kind"],
             ),
         }
     }
@@ -316,15 +397,15 @@ fn saturating_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
+fn register<M: Collector + Clone + 'static>(registry: &Registry, metric: M) -> M {
     registry
         .register(Box::new(metric.clone()))
         .expect("each metric name is registered once");
     metric
 }
 
-fn counter_vec(registry: &Registry, name: &str, help: &str, label: &str) -> IntCounterVec {
-    let metric = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric");
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
     register(registry, metric)
 }
 
@@ -332,12 +413,9 @@ fn int_counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     register(registry, IntCounter::new(name, help).expect("valid metric"))
 }
 
-fn int_gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
-    register(registry, IntGauge::new(name, help).expect("valid metric"))
-}
-
-fn gauge(registry: &Registry, name: &str, help: &str) -> Gauge {
-    register(registry, Gauge::new(name, help).expect("valid metric"))
+fn int_gauge_vec(registry: &Registry, name: &str, help: &str, label: &str) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), &[label]).expect("valid metric");
+    register(registry, metric)
 }
 
 fn histogram(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
@@ -370,10 +448,37 @@ mod tests {
         "ordo_apply_lag_seconds_sum",
     ];
 
+    fn has_line(text: &str, line: &str) {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+
+    fn share(pending: u64, blocked: u64, gap_flows: u64) -> ProducerInbox {
+        ProducerInbox {
+            pending,
+            blocked,
+            gap_flows,
+        }
+    }
+
+    fn status_of(shares: &[(&str, ProducerInbox)]) -> ConsumerStatus {
+        let producers = shares
+            .iter()
+            .map(|(name, share)| (ProducerName::new(*name).unwrap(), *share))
+            .collect();
+        ConsumerStatus {
+            producers,
+            ..ConsumerStatus::default()
+        }
+    }
+
     #[test]
-    fn every_name_is_exposed_from_the_start() {
+    fn every_name_is_exposed_once_a_relay_names_its_destination() {
         let metrics = Metrics::new();
         metrics.expect_block_reasons(["invalid_payload"]);
+        let fresh = metrics.encode();
+        assert!(!fresh.contains("destination="), "{fresh}");
+        metrics.expect_destination("default");
+        metrics.set_outbox("default", &ProducerStatus::default(), 0);
         let text = metrics.encode();
         for name in NAMES {
             assert!(
@@ -381,18 +486,27 @@ mod tests {
                 "{name} missing:\n{text}"
             );
         }
+        for line in [
+            "ordo_inbox_pending{producer=\"default\"} 0",
+            "ordo_inbox_blocked{producer=\"default\"} 0",
+            "ordo_inbox_gap_flows{producer=\"default\"} 0",
+            "ordo_relay_deliveries_total{destination=\"default\",receipt=\"duplicate\"} 0",
+            "ordo_relay_errors_total{destination=\"default\",kind=\"timeout\"} 0",
+            "ordo_outbox_oldest_pending_age_seconds{destination=\"default\"} 0",
+        ] {
+            has_line(&text, line);
+        }
     }
 
     #[test]
-    fn counts_and_gauges_show_in_the_exposition() {
+    fn counts_and_gauges_show_in_the_exposition_by_destination() {
         let metrics = Metrics::new();
+        metrics.expect_destination("billing");
         metrics.count_received("orders", Receipt::Duplicate);
-        metrics.count_delivery(Receipt::Conflict);
-        metrics
-            .relay_errors_total
-            .with_label_values(&["busy"])
-            .inc();
+        metrics.count_deliveries("billing", Receipt::Conflict, 2);
+        metrics.count_relay_error("billing", "busy");
         metrics.set_outbox(
+            "billing",
             &ProducerStatus {
                 backlog: 3,
                 oldest_pending_created_at_ms: Some(1_000),
@@ -406,14 +520,46 @@ mod tests {
         for line in [
             "ordo_inbox_received_total{producer=\"orders\",receipt=\"duplicate\"} 1",
             "ordo_inbox_received_total{producer=\"default\",receipt=\"accepted\"} 0",
-            "ordo_relay_deliveries_total{receipt=\"conflict\"} 1",
-            "ordo_relay_errors_total{kind=\"busy\"} 1",
-            "ordo_outbox_backlog 3",
-            "ordo_outbox_oldest_pending_age_seconds 2.5",
-            "ordo_outbox_quarantined 1",
-            "ordo_outbox_rewound 1",
+            "ordo_relay_deliveries_total{destination=\"billing\",receipt=\"conflict\"} 2",
+            "ordo_relay_deliveries_total{destination=\"billing\",receipt=\"accepted\"} 0",
+            "ordo_relay_errors_total{destination=\"billing\",kind=\"busy\"} 1",
+            "ordo_outbox_backlog{destination=\"billing\"} 3",
+            "ordo_outbox_oldest_pending_age_seconds{destination=\"billing\"} 2.5",
+            "ordo_outbox_quarantined{destination=\"billing\"} 1",
+            "ordo_outbox_rewound{destination=\"billing\"} 1",
         ] {
-            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+            has_line(&text, line);
+        }
+        assert!(!text.contains("destination=\"default\""), "{text}");
+    }
+
+    #[test]
+    fn inbox_gauges_are_each_producers_own_and_a_gone_one_drops_to_zero() {
+        let metrics = Metrics::new();
+        metrics.set_inbox(&status_of(&[
+            ("billing", share(0, 2, 1)),
+            ("orders", share(5, 0, 0)),
+        ]));
+        let text = metrics.encode();
+        for line in [
+            "ordo_inbox_pending{producer=\"billing\"} 0",
+            "ordo_inbox_blocked{producer=\"billing\"} 2",
+            "ordo_inbox_gap_flows{producer=\"billing\"} 1",
+            "ordo_inbox_pending{producer=\"orders\"} 5",
+            "ordo_inbox_blocked{producer=\"orders\"} 0",
+            "ordo_inbox_pending{producer=\"default\"} 0",
+        ] {
+            has_line(&text, line);
+        }
+        // The orders rows all pruned: its series stays, at zero.
+        metrics.set_inbox(&status_of(&[("billing", share(1, 2, 0))]));
+        let text = metrics.encode();
+        for line in [
+            "ordo_inbox_pending{producer=\"billing\"} 1",
+            "ordo_inbox_gap_flows{producer=\"billing\"} 0",
+            "ordo_inbox_pending{producer=\"orders\"} 0",
+        ] {
+            has_line(&text, line);
         }
     }
 }

@@ -36,8 +36,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use ordo_core::ops::{
-    ConsumerStatus, GapWait, InboxEntry, InboxScope, OutboxEntry, ProducerStatus, Pruned,
-    RepairRecord, RetryRefused, SkipRefused, SkipRequest,
+    ConsumerStatus, GapWait, InboxEntry, InboxScope, OutboxEntry, ProducerInbox, ProducerStatus,
+    Pruned, RepairRecord, RetryRefused, SkipRefused, SkipRequest,
 };
 use ordo_core::{
     relay, relay_event, Backoff, BlockReason, Clock, ConsumerOps, Delivery, Drain, DrainStop,
@@ -1104,6 +1104,15 @@ impl Model {
                     since_ms,
                 });
             }
+        }
+        // The only producer's share, while the inbox holds a row of it.
+        if self.inbox.values().any(|row| !row.pruned) {
+            let share = ProducerInbox {
+                pending: status.pending,
+                blocked: status.blocked.values().sum(),
+                gap_flows: status.gaps_total,
+            };
+            status.producers.insert(ProducerName::default(), share);
         }
         status
     }

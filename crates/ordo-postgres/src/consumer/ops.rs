@@ -214,9 +214,10 @@ fn repair_record(row: &Row) -> Result<RepairRecord, StoreError> {
 
 const STATUS: &str = "consumer: cannot read the status";
 
-/// The inbox's rows counted by status and reason.
+/// The inbox's rows counted by producer, status and reason.
 const COUNT_INBOX_SQL: &str =
-    "SELECT status, coalesce(reason, ''), count(*) FROM {s}.inbox GROUP BY status, reason";
+    "SELECT producer, status, coalesce(reason, ''), count(*) FROM {s}.inbox
+     GROUP BY producer, status, reason";
 
 /// The pruned rows' fingerprints counted by status.
 const COUNT_FINGERPRINTS_SQL: &str =
@@ -237,7 +238,7 @@ pub(super) fn consumer_status(db: &mut PgConsumer) -> Result<ConsumerStatus, Sto
     read_snapshot(&db.conn, STATUS, |tx| {
         let mut status = ConsumerStatus::default();
         for row in tx.rows(STATUS, COUNT_INBOX_SQL, &[])? {
-            status.count_rows(row.get(0), row.get(1), row.get(2))?;
+            status.count_rows(row.get(0), row.get(1), row.get(2), row.get(3))?;
         }
         for row in tx.rows(STATUS, COUNT_FINGERPRINTS_SQL, &[])? {
             status.count_fingerprints(row.get(0), row.get(1));

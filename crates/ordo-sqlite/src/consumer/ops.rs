@@ -221,11 +221,12 @@ pub(super) fn consumer_status(db: &mut ConsumerDb) -> Result<ConsumerStatus, Sto
         .transaction()
         .map_err(|e| sql_error("consumer: cannot begin a read transaction", e))?;
     let mut status = ConsumerStatus::default();
-    for (state, reason, n) in status_rows::<(String, String, i64)>(
+    for (producer, state, reason, n) in status_rows::<(String, String, String, i64)>(
         &tx,
-        "SELECT status, coalesce(reason, ''), count(*) FROM inbox GROUP BY status, reason",
+        "SELECT producer, status, coalesce(reason, ''), count(*) FROM inbox
+         GROUP BY producer, status, reason",
     )? {
-        status.count_rows(&state, reason, n)?;
+        status.count_rows(producer, &state, reason, n)?;
     }
     for (state, n) in status_rows::<(String, i64)>(
         &tx,

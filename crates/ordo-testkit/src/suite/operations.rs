@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use ordo_core::ops::{
-    ConsumerStatus, GapWait, InvalidSkip, Pruned, SkipRefused, SkipRequest, REPAIR_BY_LEN_MAX,
-    REPAIR_REASON_LEN_MAX,
+    ConsumerStatus, GapWait, InvalidSkip, ProducerInbox, Pruned, SkipRefused, SkipRequest,
+    REPAIR_BY_LEN_MAX, REPAIR_REASON_LEN_MAX,
 };
 use ordo_core::{BlockReason, ConsumerOps, DrainStop, InboxStatus, Receipt, Receive, Step};
 use serde_json::json;
@@ -414,10 +414,25 @@ pub fn reopen_blocked_re_evaluates_with_support_v2<B: Backend>(dir: &Path) {
     check_consumer_invariants(&mut c);
 }
 
+/// The default producer's share of a status, the only producer's.
+fn default_share(
+    pending: u64,
+    blocked: u64,
+    gap_flows: u64,
+) -> BTreeMap<ProducerName, ProducerInbox> {
+    let share = ProducerInbox {
+        pending,
+        blocked,
+        gap_flows,
+    };
+    BTreeMap::from([(ProducerName::default(), share)])
+}
+
 /// `consumer_status`: the number of pending rows (a gapped flow's rows are
 /// pending), blocked rows by reason, and every flow waiting on a gap with the
 /// missing seq and since when (the earliest reception of an event after the
-/// gap), plus applied and skipped counts. The signals follow the state:
+/// gap), plus applied and skipped counts, and each producer's share of the
+/// pending and blocked rows and of the gaps. The signals follow the state:
 /// a gap closes when its event arrives.
 pub fn consumer_status_counts_pending_blocked_and_gaps<B: Backend>(dir: &Path) {
     let clock = ManualClock::new(T0);
@@ -484,6 +499,7 @@ pub fn consumer_status_counts_pending_blocked_and_gaps<B: Backend>(dir: &Path) {
             gaps_total: 2,
             applied: 1,
             skipped: 0,
+            producers: default_share(6, 3, 2),
         }
     );
 
@@ -506,6 +522,7 @@ pub fn consumer_status_counts_pending_blocked_and_gaps<B: Backend>(dir: &Path) {
             gaps_total: 1,
             applied: 6,
             skipped: 0,
+            producers: default_share(2, 3, 1),
         }
     );
     clock.set(at(3_000));
@@ -520,6 +537,7 @@ pub fn consumer_status_counts_pending_blocked_and_gaps<B: Backend>(dir: &Path) {
             gaps_total: 0,
             applied: 8,
             skipped: 0,
+            producers: default_share(1, 3, 0),
         }
     );
 }
@@ -631,6 +649,7 @@ pub fn prune_inbox_keeps_fingerprints_and_never_reapplies<B: Backend>(dir: &Path
             gaps_total: 0,
             applied: 6,
             skipped: 1,
+            producers: default_share(1, 1, 0),
         }
     );
 
