@@ -12,9 +12,11 @@
 //! Invariant: the engine performs no I/O of its own and knows no backend:
 //! it sees only what [`ApplyWriter`] reads and writes, and the handler.
 
+use crate::effect::Intent;
 use crate::envelope::Envelope;
 use crate::error::StoreError;
 use crate::handler::{apply_in_order, ApplyContext, ApplyHandler, Verdict};
+use crate::identity::StoreId;
 use crate::ids::{BlockCode, FlowId, InboxFlow, Seq};
 use crate::outcome::{BlockReason, Drain, DrainStop, InboxStatus, Step};
 use crate::store::{plan_apply, ApplyPlan, NextRow};
@@ -141,6 +143,14 @@ pub trait ApplyWriter {
     /// Writes what was kept for the end, after every handler call of the
     /// transaction.
     fn finish(&mut self) -> Result<(), StoreError>;
+
+    /// The consumer store's identity: the first part of every effect key.
+    fn store_id(&self) -> &StoreId;
+
+    /// Writes the effect intents the handler recorded for events it
+    /// applied in this transaction, each `pending` and due now; called
+    /// only for events that are marked applied in it.
+    fn record_intents(&mut self, intents: &[Intent]) -> Result<(), StoreError>;
 }
 
 /// A backend's consumer store as the drivers [`next_in`] and [`batch_in`]
@@ -362,14 +372,21 @@ where
     if guarded {
         w.savepoint()?;
     }
-    let mut cx = ApplyContext::new(w.handler_tx(), event.producer.as_str());
-    let verdict = handler.apply(&mut cx, &event)?;
+    let (verdict, intents) = {
+        let producer = event.producer.as_str();
+        let mut cx = ApplyContext::recording(w.handler_tx(), producer, w.store_id());
+        cx.applying(Some(&event));
+        let verdict = handler.apply(&mut cx, &event)?;
+        (verdict, cx.take_intents(std::slice::from_ref(&event)))
+    };
     w.after_handler(&flow.flow_id, next)?;
     match verdict {
         Verdict::Apply => {
+            let intents = intents?;
             if guarded {
                 w.release_savepoint()?;
             }
+            w.record_intents(&intents)?;
             w.mark_applied(&event)?;
             Ok(Some((Step::Applied { seq: next }, true)))
         }
@@ -401,9 +418,11 @@ where
     H: ApplyHandler<W::Tx> + ?Sized,
 {
     let events = std::mem::take(deferred);
+    let mut intents = Vec::new();
     for run in events.chunk_by(|a, b| a.producer == b.producer) {
         let first = &run[0];
-        let mut cx = ApplyContext::new(w.handler_tx(), first.producer.as_str());
+        let producer = first.producer.as_str();
+        let mut cx = ApplyContext::recording(w.handler_tx(), producer, w.store_id());
         let verdict = apply_in_order(handler, &mut cx, run, |event| {
             w.after_handler(&event.flow_id, event.seq)
         })?;
@@ -411,7 +430,9 @@ where
             w.check_open(&first.flow_id, first.seq)?;
             return Ok(false);
         }
+        intents.extend(cx.take_intents(run)?);
     }
+    w.record_intents(&intents)?;
     for event in &events {
         w.mark_applied(event)?;
     }

@@ -60,6 +60,15 @@ pub const CONSUMER_APPLY_AFTER_PROJECTION: &str = "consumer.apply.after_projecti
 pub const CONSUMER_APPLY_AFTER_EFFECT: &str = "consumer.apply.after_effect";
 /// Right after apply committed.
 pub const CONSUMER_APPLY_AFTER_COMMIT: &str = "consumer.apply.after_commit";
+/// An effect executor's claim committed, before the call (EFFECTS.md).
+pub const EFFECT_AFTER_CLAIM: &str = "effect.after_claim";
+/// An effect's answer received, before its outcome is recorded.
+pub const EFFECT_AFTER_CALL: &str = "effect.after_call";
+/// An effect's outcome committed.
+pub const EFFECT_AFTER_RECORD: &str = "effect.after_record";
+/// The effect executor's points (EFFECTS.md "Crash points").
+pub const EFFECT_CRASH_POINTS: [&str; 3] =
+    [EFFECT_AFTER_CLAIM, EFFECT_AFTER_CALL, EFFECT_AFTER_RECORD];
 
 fn armed() -> Option<&'static str> {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();

@@ -9,8 +9,10 @@
 
 use std::ops::Deref;
 
+use crate::effect::{EffectKey, Intent, IntentRecorder};
 use crate::envelope::Envelope;
-use crate::error::StoreError;
+use crate::error::{ErrorKind, StoreError};
+use crate::identity::StoreId;
 use crate::ids::BlockCode;
 use crate::outcome::BlockReason;
 
@@ -24,20 +26,40 @@ pub const DEFAULT_PRODUCER: &str = crate::ids::ProducerName::DEFAULT;
 /// writes through it as through the transaction itself
 /// (`cx.execute(..)` on SQLite, `cx.client()` on PostgreSQL).
 ///
+/// Through it a handler also records effect intents (EFFECTS.md): named
+/// requests to the outside world that commit with the apply, or not at
+/// all, and that an executor performs afterwards.
+///
 /// Invariant: the context only grows. What later releases hand a handler
-/// (the effect intents it records) is added here, never to the
-/// [`ApplyHandler`] trait's signatures.
+/// is added here, never to the [`ApplyHandler`] trait's signatures.
 pub struct ApplyContext<'a, Tx: ?Sized> {
     tx: &'a Tx,
     producer: &'a str,
+    current: Option<&'a Envelope>,
+    effects: Option<IntentRecorder>,
 }
 
 impl<'a, Tx: ?Sized> ApplyContext<'a, Tx> {
     /// A context around the open apply transaction `tx`, for events of
-    /// `producer`. Built by the engine, not by applications.
+    /// `producer`, that records no effects. Built by the engine, not by
+    /// applications.
     pub fn new(tx: &'a Tx, producer: &'a str) -> ApplyContext<'a, Tx> {
         debug_assert!(!producer.is_empty(), "a producer has a name");
-        ApplyContext { tx, producer }
+        ApplyContext {
+            tx,
+            producer,
+            current: None,
+            effects: None,
+        }
+    }
+
+    /// A context that records the effect intents of the consumer store
+    /// `store_id`. Built by the engine, not by applications.
+    pub fn recording(tx: &'a Tx, producer: &'a str, store_id: &StoreId) -> ApplyContext<'a, Tx> {
+        ApplyContext {
+            effects: Some(IntentRecorder::new(store_id.clone())),
+            ..ApplyContext::new(tx, producer)
+        }
     }
 
     /// The transaction the handler writes through.
@@ -51,6 +73,65 @@ impl<'a, Tx: ?Sized> ApplyContext<'a, Tx> {
     /// serves one).
     pub fn producer(&self) -> &'a str {
         self.producer
+    }
+
+    /// Records the effect intent `name` (`[a-z][a-z0-9_]{0,63}`) with
+    /// `request` (a JSON object of at most 256 KiB) for the event being
+    /// applied, and returns its key. It commits with the event's apply, or
+    /// not at all (a block, an error, a crash). At most 8 per event; the
+    /// same name twice for one event is an error that fails the whole
+    /// apply, even if the handler drops it. Inside
+    /// [`ApplyHandler::apply_all`] name the event with
+    /// [`ApplyContext::effect_for`].
+    pub fn effect(
+        &mut self,
+        name: &str,
+        request: &(impl serde::Serialize + ?Sized),
+    ) -> Result<EffectKey, StoreError> {
+        match self.current {
+            Some(event) => self.effect_for(event, name, request),
+            None => Err(self.refuse(format!(
+                "effect {name:?}: no single event is being applied; inside apply_all use effect_for"
+            ))),
+        }
+    }
+
+    /// As [`ApplyContext::effect`], for `event`, one of the events of the
+    /// call.
+    pub fn effect_for(
+        &mut self,
+        event: &Envelope,
+        name: &str,
+        request: &(impl serde::Serialize + ?Sized),
+    ) -> Result<EffectKey, StoreError> {
+        match self.effects.as_mut() {
+            Some(recorder) => recorder.record(event, name, request),
+            None => Err(StoreError::new(
+                ErrorKind::InvalidInput,
+                format!("effect {name:?}: this apply records no effects"),
+            )),
+        }
+    }
+
+    fn refuse(&mut self, why: String) -> StoreError {
+        if let Some(recorder) = self.effects.as_mut() {
+            recorder.refuse(why.clone());
+        }
+        StoreError::new(ErrorKind::InvalidInput, why)
+    }
+
+    /// Sets the event the next [`ApplyHandler::apply`] call applies.
+    pub(crate) fn applying(&mut self, event: Option<&'a Envelope>) {
+        self.current = event;
+    }
+
+    /// The intents recorded for `events`, or the first refusal (the apply
+    /// then fails whole).
+    pub(crate) fn take_intents(&mut self, events: &[Envelope]) -> Result<Vec<Intent>, StoreError> {
+        match self.effects.as_mut() {
+            Some(recorder) => recorder.take(events),
+            None => Ok(Vec::new()),
+        }
     }
 }
 
@@ -159,10 +240,10 @@ pub trait ApplyHandler<Tx: ?Sized> {
 /// each call (once after `apply_all`, with the first event) and may refuse
 /// to go on (a store whose transaction ended under the handler). The
 /// verdict is the call's, or the first block's.
-pub fn apply_in_order<Tx, H>(
+pub fn apply_in_order<'a, Tx, H>(
     handler: &mut H,
-    cx: &mut ApplyContext<'_, Tx>,
-    events: &[Envelope],
+    cx: &mut ApplyContext<'a, Tx>,
+    events: &'a [Envelope],
     mut after: impl FnMut(&Envelope) -> Result<(), StoreError>,
 ) -> Result<Verdict, StoreError>
 where
@@ -187,7 +268,10 @@ where
         return Ok(verdict);
     }
     for event in events {
-        let verdict = event_span(event).in_scope(|| handler.apply(cx, event))?;
+        cx.applying(Some(event));
+        let verdict = event_span(event).in_scope(|| handler.apply(cx, event));
+        cx.applying(None);
+        let verdict = verdict?;
         after(event)?;
         if let Verdict::Block(_) = verdict {
             return Ok(verdict);

@@ -23,6 +23,7 @@ pub mod clock;
 pub mod crash;
 pub mod destination;
 pub mod domain;
+pub mod effect;
 pub mod envelope;
 pub mod error;
 mod forward;

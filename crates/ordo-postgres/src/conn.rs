@@ -17,7 +17,7 @@ use crate::tls::PgUrl;
 
 /// The version of ordo's own tables this build writes, per schema; a store
 /// with a newer one is refused. Version 6 gave every store its identity.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// The migration to version 6, the same for both roles: the store's
 /// identity, given once (a store of an earlier release gets it at its first

@@ -32,9 +32,11 @@ use ordo_core::{
 };
 
 mod apply;
+mod effects;
 mod relay;
 
 pub use apply::ApplyRound;
+pub use effects::{Effect, EffectCode, EffectRound, Executor, ReconcileCode};
 pub use relay::RelayRound;
 
 /// How the loops of a [`Runner`] behave. The defaults suit most

@@ -20,7 +20,7 @@ pub const BUSY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// reservation domain) are upgraded once, and recorded as domain
 /// `reservation`; version 3 gave every store its identity; version 5 gave
 /// producer stores their destinations.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The domain of the first release's stores, which recorded none.
 pub const FIRST_RELEASE_DOMAIN: &str = "reservation";
@@ -45,6 +45,9 @@ pub(crate) struct Tables {
     /// Brings the tables of a version 1 to 5 file to version 6 (run after
     /// `upgrade_from_4`).
     pub upgrade_from_5: &'static str,
+    /// Brings the tables of a version 1 to 6 file to version 7 (run after
+    /// `upgrade_from_5`).
+    pub upgrade_from_6: &'static str,
 }
 
 /// The `application_id` ordo writes in the header of every file it creates
@@ -818,6 +821,8 @@ fn upgrade_from_3(tx: &Connection, path: &Path, tables: &Tables) -> Result<(), S
         (5, tables.upgrade_from_4),
         // Version 6: the consumer's identities in producer namespaces.
         (6, tables.upgrade_from_5),
+        // Version 7: the consumer's effect intents.
+        (7, tables.upgrade_from_6),
     ];
     for (version, sql) in steps {
         if stored_version(tx, path)? < version {

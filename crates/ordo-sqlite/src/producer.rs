@@ -61,6 +61,7 @@ const TABLES: Tables = Tables {
     upgrade_from_3: "ALTER TABLE outbox_head ADD COLUMN relay_stop_seq INTEGER;",
     upgrade_from_4: custody::UPGRADE_FROM_4,
     upgrade_from_5: "",
+    upgrade_from_6: "",
 };
 
 /// The producer's SQLite file: the outbox, the per-flow head of the outbox

@@ -38,6 +38,7 @@ impl ApplyStore for PgConsumer {
             batch: batch.then(Batch::default),
             commits: &mut self.commits,
             open: true,
+            store_id: &self.store_id,
         })
     }
 
@@ -87,6 +88,7 @@ pub struct ApplyTx<'a> {
     batch: Option<Batch>,
     commits: &'a mut u64,
     open: bool,
+    store_id: &'a ordo_core::StoreId,
 }
 
 impl Drop for ApplyTx<'_> {
@@ -169,6 +171,14 @@ impl ApplyWriter for ApplyTx<'_> {
 
     fn mark_blocked(&mut self, event: &Envelope, reason: &BlockReason) -> Result<(), StoreError> {
         mark_blocked(self.tx, event, reason)
+    }
+
+    fn store_id(&self) -> &ordo_core::StoreId {
+        self.store_id
+    }
+
+    fn record_intents(&mut self, intents: &[ordo_core::effect::Intent]) -> Result<(), StoreError> {
+        super::effects::insert_intents(self.tx, intents, self.now_ms)
     }
 
     fn close_flow(&mut self, flow: &InboxFlow, applied_seq: i64) -> Result<(), StoreError> {

@@ -10,6 +10,7 @@
 //! only the handler does, through the [`PgTx`] it is handed.
 
 mod apply;
+mod effects;
 pub use apply::ApplyTx;
 mod ops;
 mod receive;
@@ -93,8 +94,54 @@ pub(crate) const TABLES: Tables = Tables {
         // 10: nothing of the consumer's (the producer's custody per
         // destination).
         "SELECT 1;",
+        // 11: effect intents (EFFECTS.md), recorded in the apply
+        // transaction of their event; the repair log names the intent an
+        // operator acted on.
+        EFFECTS_MIGRATION,
     ],
 };
+
+/// Version 11: the effect intents and which effects run in order.
+const EFFECTS_MIGRATION: &str = "
+CREATE TABLE {s}.effect_intent (
+    key                 text    COLLATE \"C\" PRIMARY KEY,
+    name                text    COLLATE \"C\" NOT NULL,
+    producer            text    COLLATE \"C\" NOT NULL,
+    flow_id             text    COLLATE \"C\" NOT NULL,
+    seq                 bigint  NOT NULL CHECK (seq >= 1),
+    position            integer NOT NULL CHECK (position >= 0),
+    event_id            text    COLLATE \"C\" NOT NULL,
+    request             text    NOT NULL,
+    state               text    NOT NULL CHECK (state IN ('pending', 'in_flight', 'succeeded',
+                                   'failed', 'outcome_unknown', 'skipped')),
+    attempts            integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    attempts_base       integer NOT NULL DEFAULT 0 CHECK (attempts_base >= 0),
+    unknown_seen        boolean NOT NULL DEFAULT false,
+    reconciling         boolean NOT NULL DEFAULT false,
+    lease_owner         text,
+    lease_until_ms      bigint,
+    first_attempt_at_ms bigint,
+    next_attempt_at_ms  bigint  NOT NULL,
+    result              text,
+    last_error          text,
+    recorded_at_ms      bigint  NOT NULL,
+    updated_at_ms       bigint  NOT NULL,
+    settled_at_ms       bigint,
+    UNIQUE (flow_id, producer, seq, position),
+    CHECK ((state = 'in_flight') = (lease_until_ms IS NOT NULL))
+);
+CREATE INDEX effect_intent_due ON {s}.effect_intent (name, next_attempt_at_ms)
+    WHERE state = 'pending';
+CREATE INDEX effect_intent_leased ON {s}.effect_intent (name, lease_until_ms)
+    WHERE state = 'in_flight';
+CREATE INDEX effect_intent_settled ON {s}.effect_intent (settled_at_ms)
+    WHERE settled_at_ms IS NOT NULL;
+CREATE TABLE {s}.effect_order (
+    name    text    COLLATE \"C\" PRIMARY KEY,
+    ordered boolean NOT NULL
+);
+ALTER TABLE {s}.repair_log ADD COLUMN key text;
+";
 
 /// ordo's consumer tables as version 1 created them (`{s}` is the schema).
 const DDL: &str = "

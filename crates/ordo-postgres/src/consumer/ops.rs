@@ -279,6 +279,12 @@ pub(super) fn prune_inbox(db: &mut PgConsumer, cutoff_ms: i64) -> Result<Pruned,
             &[&cutoff_ms],
         )?;
         debug_assert_eq!(rows, fingerprints, "one fingerprint per pruned row");
+        tx.run(
+            "consumer: cannot prune effect intents",
+            "DELETE FROM {s}.effect_intent WHERE settled_at_ms < $1
+               AND state IN ('succeeded', 'failed', 'skipped')",
+            &[&cutoff_ms],
+        )?;
         Ok(Pruned { rows, fingerprints })
     })
 }

@@ -82,6 +82,8 @@ pub(crate) const TABLES: Tables = Tables {
         "SELECT 1;",
         // 10: custody per destination (PROTOCOL.md section 12).
         CUSTODY_MIGRATION,
+        // 11: nothing of the producer's (the consumer's effect intents).
+        "SELECT 1;",
     ],
 };
 

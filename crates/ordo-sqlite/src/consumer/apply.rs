@@ -29,6 +29,7 @@ impl ApplyStore for ConsumerDb {
             now_ms,
             cursors: BTreeMap::new(),
             commits: &mut self.commits,
+            store_id: &self.store_id,
         })
     }
 
@@ -73,6 +74,7 @@ pub struct ApplyTx<'a> {
     now_ms: i64,
     cursors: BTreeMap<InboxFlow, i64>,
     commits: &'a mut u64,
+    store_id: &'a ordo_core::StoreId,
 }
 
 impl ApplyTx<'_> {
@@ -197,6 +199,14 @@ impl ApplyWriter for ApplyTx<'_> {
             write_cursor(&self.tx, &flow, applied_seq)?;
         }
         Ok(())
+    }
+
+    fn store_id(&self) -> &ordo_core::StoreId {
+        self.store_id
+    }
+
+    fn record_intents(&mut self, intents: &[ordo_core::effect::Intent]) -> Result<(), StoreError> {
+        super::effects::insert_intents(&self.tx, intents, self.now_ms)
     }
 }
 

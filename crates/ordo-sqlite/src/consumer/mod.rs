@@ -13,6 +13,7 @@
 mod apply;
 pub use apply::ApplyTx;
 mod browse;
+mod effects;
 pub(crate) mod ops;
 mod receive;
 pub(crate) mod schema;

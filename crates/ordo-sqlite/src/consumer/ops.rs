@@ -291,6 +291,7 @@ pub(super) fn prune_inbox(db: &mut ConsumerDb, cutoff_ms: i64) -> Result<Pruned,
     )
     .map_err(err)?;
     debug_assert_eq!(rows, fingerprints, "one fingerprint per pruned row");
+    super::effects::prune_settled(&tx, cutoff_ms)?;
     tx.commit()
         .map_err(|e| sql_error("consumer: prune commit failed", e))?;
     db.commits += 1;

@@ -74,8 +74,51 @@ CREATE TABLE IF NOT EXISTS repair_log (
     decided_by TEXT    NOT NULL,
     at_ms      INTEGER NOT NULL,
     producer   TEXT    NOT NULL DEFAULT 'default',
-    store_id   TEXT
+    store_id   TEXT,
+    -- The effect intent acted on, for an action on one.
+    key        TEXT
 );
+-- Effect intents (EFFECTS.md), recorded in the apply transaction of their
+-- event; `key` is STORE_ID/PRODUCER/FLOW_ID/SEQ/NAME.
+CREATE TABLE IF NOT EXISTS effect_intent (
+    key                 TEXT    NOT NULL PRIMARY KEY,
+    name                TEXT    NOT NULL,
+    producer            TEXT    NOT NULL,
+    flow_id             TEXT    NOT NULL,
+    seq                 INTEGER NOT NULL CHECK (seq >= 1),
+    position            INTEGER NOT NULL CHECK (position >= 0),
+    event_id            TEXT    NOT NULL,
+    request             TEXT    NOT NULL,
+    state               TEXT    NOT NULL CHECK (state = 'pending' OR state = 'in_flight'
+                                   OR state = 'succeeded' OR state = 'failed'
+                                   OR state = 'outcome_unknown' OR state = 'skipped'),
+    attempts            INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    attempts_base       INTEGER NOT NULL DEFAULT 0 CHECK (attempts_base >= 0),
+    unknown_seen        INTEGER NOT NULL DEFAULT 0,
+    reconciling         INTEGER NOT NULL DEFAULT 0,
+    lease_owner         TEXT,
+    lease_until_ms      INTEGER,
+    first_attempt_at_ms INTEGER,
+    next_attempt_at_ms  INTEGER NOT NULL,
+    result              TEXT,
+    last_error          TEXT,
+    recorded_at_ms      INTEGER NOT NULL,
+    updated_at_ms       INTEGER NOT NULL,
+    settled_at_ms       INTEGER,
+    UNIQUE (flow_id, producer, seq, position),
+    CHECK ((state = 'in_flight') = (lease_until_ms IS NOT NULL))
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS effect_intent_due ON effect_intent (name, next_attempt_at_ms)
+    WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS effect_intent_leased ON effect_intent (name, lease_until_ms)
+    WHERE state = 'in_flight';
+CREATE INDEX IF NOT EXISTS effect_intent_settled ON effect_intent (settled_at_ms)
+    WHERE settled_at_ms IS NOT NULL;
+-- Which effects run in order per flow, as their executors' policies say.
+CREATE TABLE IF NOT EXISTS effect_order (
+    name    TEXT    NOT NULL PRIMARY KEY,
+    ordered INTEGER NOT NULL CHECK (ordered = 0 OR ordered = 1)
+) WITHOUT ROWID;
 CREATE TRIGGER IF NOT EXISTS repair_log_append_only_update BEFORE UPDATE ON repair_log
 BEGIN SELECT RAISE(ABORT, 'repair_log is append-only'); END;
 CREATE TRIGGER IF NOT EXISTS repair_log_append_only_delete BEFORE DELETE ON repair_log
@@ -127,6 +170,8 @@ pub(super) const TABLES: Tables = Tables {
         ALTER TABLE inbox_fingerprint ADD COLUMN store_id TEXT;",
     upgrade_from_4: "",
     upgrade_from_5: UPGRADE_FROM_5,
+    // Version 7: effect intents; the repair log names the intent acted on.
+    upgrade_from_6: "ALTER TABLE repair_log ADD COLUMN key TEXT;",
 };
 
 pub(super) use ordo_core::apply::stored_status as inbox_status;
