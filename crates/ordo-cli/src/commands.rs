@@ -2,12 +2,14 @@
 //! library, print.
 
 use ordo_reservation::{Advance, AdvanceError, AdvanceRequest, ApplyOptions, ReservationHandler};
+use std::collections::HashMap;
 use std::io::Read;
 
 use ordo_core::envelope::{parse_stream, StreamError};
+use ordo_core::ops::InboxScope;
 use ordo_core::{
-    relay_each, relay_event, Envelope, EventId, RelayError, RelayOptions, RelayPolicy, RelayStop,
-    StoreError, Transport,
+    relay_each, relay_event, Envelope, ErrorKind, EventId, RelayError, RelayOptions, RelayPolicy,
+    RelayStop, StoreError, StoreId, Transport,
 };
 use ordo_sqlite::OpenOptions;
 use serde_json::{json, Value};
@@ -390,20 +392,16 @@ fn receive(json_mode: bool, args: ReceiveArgs) -> Result<(), Failure> {
         )));
     }
     let mut consumer = open_consumer(&args.consumer)?;
-    let receipts = consumer.handle().receive_batch(&envelopes)?;
+    let answers = consumer.handle().receive_answers(&envelopes)?;
+    let received = || envelopes.iter().zip(&answers);
     let value = json!({
-        "receipts": envelopes.iter().zip(&receipts).map(|(e, r)| json!({
-            "event_id": e.event_id.as_str(),
-            "receipt": r.as_str(),
-        })).collect::<Vec<_>>()
+        "receipts": received().map(|(e, a)| render::receipt(e, a)).collect::<Vec<_>>()
     });
     emit(json_mode, &value, || {
-        let mut lines: Vec<String> = envelopes
-            .iter()
-            .zip(&receipts)
-            .map(|(e, r)| format!("{} {} seq {}: {r}", e.event_id, e.flow_id, e.seq))
+        let mut lines: Vec<String> = received()
+            .map(|(e, a)| render::receipt_line(e, a))
             .collect();
-        lines.push(format!("{} envelopes received", receipts.len()));
+        lines.push(format!("{} envelopes received", answers.len()));
         lines.join("\n")
     });
     Ok(())
@@ -467,16 +465,52 @@ fn producer_snapshot_value(producer: &mut AnyProducer) -> Result<Value, StoreErr
     }))
 }
 
+/// An inbox row's identity `(producer, flow_id, seq)`: it never holds
+/// another row, so a row's delivering store read apart stays its own.
+type InboxKey = (String, String, i64);
+
+fn inbox_key(envelope: &Envelope) -> InboxKey {
+    let producer = envelope.producer.as_str().to_owned();
+    (
+        producer,
+        envelope.flow_id.as_str().to_owned(),
+        envelope.seq.get(),
+    )
+}
+
+/// How many times `snapshot` reads the consumer again when a row it read
+/// was pruned before its delivering store was read.
+const SNAPSHOT_READS_MAX: usize = 3;
+
 /// The consumer's rows in one read transaction (no projection or effects
-/// for a store of another domain than the reservation).
+/// for a store of another domain than the reservation), each inbox row
+/// with its delivering store, read right after from the same rows (a
+/// row pruned in between reads the whole snapshot again).
 fn consumer_snapshot_value(consumer: &mut AnyConsumer) -> Result<Value, StoreError> {
-    let (inbox, projections, effects) = consumer.snapshot()?;
-    Ok(json!({
-        "store_id": consumer.handle().store_id().as_str(),
-        "inbox": inbox.iter().map(render::inbox).collect::<Vec<_>>(),
-        "projection": projections.iter().map(render::projection).collect::<Vec<_>>(),
-        "effects": effects.iter().map(render::effect).collect::<Vec<_>>(),
-    }))
+    let rows_max = ordo_core::ops::WHOLE_READ_ROWS_MAX;
+    for _ in 0..SNAPSHOT_READS_MAX {
+        let (inbox, projections, effects) = consumer.snapshot()?;
+        let entries = (consumer.handle()).inbox_entries(false, InboxScope::All, rows_max)?;
+        let store_ids: HashMap<InboxKey, Option<StoreId>> = (entries.into_iter())
+            .map(|e| (inbox_key(&e.envelope), e.store_id))
+            .collect();
+        let rows: Option<Vec<Value>> = (inbox.iter())
+            .map(|r| {
+                (store_ids.get(&inbox_key(&r.envelope))).map(|id| render::inbox(r, id.as_ref()))
+            })
+            .collect();
+        let Some(rows) = rows else { continue };
+        return Ok(json!({
+            "store_id": consumer.handle().store_id().as_str(),
+            "inbox": rows,
+            "projection": projections.iter().map(render::projection).collect::<Vec<_>>(),
+            "effects": effects.iter().map(render::effect).collect::<Vec<_>>(),
+        }));
+    }
+    Err(StoreError::new(
+        ErrorKind::Busy,
+        "inbox rows were pruned while the snapshot read them, each time; run it again",
+    ))
 }
 
 fn snapshot(json_mode: bool, sides: Sides) -> Result<(), Failure> {

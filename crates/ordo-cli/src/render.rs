@@ -3,7 +3,8 @@
 use ordo_core::destination::Custody;
 use ordo_core::ops::OutboxEntry;
 use ordo_core::{
-    BlockReason, Delivery, Drain, Envelope, Handover, InboxRecord, Refusal, RelayStop,
+    Answer, BlockReason, Delivery, Drain, Envelope, EventId, Handover, InboxRecord, Refusal,
+    RelayStop, StoreId,
 };
 #[allow(unused_imports)]
 use ordo_reservation::{Advance, EffectRecord, FlowRecord, Projection};
@@ -178,14 +179,57 @@ fn custody(c: &Custody) -> Value {
     })
 }
 
-pub fn inbox(record: &InboxRecord) -> Value {
+/// A row of `snapshot`'s inbox: the envelope, its status, its `producer`
+/// (`default` for an envelope without one) and `store_id`, the delivering
+/// producer store's identity (`null` when unknown).
+pub fn inbox(record: &InboxRecord, store_id: Option<&StoreId>) -> Value {
     envelope_with(
         &record.envelope,
         json!({
             "status": record.status.as_str(),
             "reason": record.status.reason().map(|r| r.as_str()),
             "detail": record.status.reason().and_then(|r| r.detail.as_deref()),
+            "producer": record.envelope.producer.as_str(),
+            "store_id": store_id.map(StoreId::as_str),
         }),
+    )
+}
+
+/// One receipt of `receive`, with the keys of HTTP.md's: `event_id`,
+/// `flow_id`, `seq`, `producer`, `receipt`, and for a conflict `cause` and
+/// `held_event_id`.
+pub fn receipt(envelope: &Envelope, answer: &Answer) -> Value {
+    let mut value = json!({
+        "event_id": envelope.event_id.as_str(),
+        "flow_id": envelope.flow_id.as_str(),
+        "seq": envelope.seq.get(),
+        "producer": envelope.producer.as_str(),
+        "receipt": answer.receipt.as_str(),
+    });
+    if let Some(cause) = answer.receipt.cause() {
+        value["cause"] = json!(cause);
+        value["held_event_id"] = json!(answer.held_event_id.as_ref().map(EventId::as_str));
+    }
+    value
+}
+
+/// A receipt's line of `receive`'s text: a conflict's with its cause and
+/// the held event (`none` when only a prune watermark remains).
+pub fn receipt_line(envelope: &Envelope, answer: &Answer) -> String {
+    let producer = match envelope.producer.as_str() {
+        "default" => String::new(),
+        name => format!(" (producer {name})"),
+    };
+    let cause = answer.receipt.cause().map_or_else(String::new, |cause| {
+        let held = answer
+            .held_event_id
+            .as_ref()
+            .map_or("none", EventId::as_str);
+        format!(" ({cause}, held {held})")
+    });
+    format!(
+        "{} {} seq {}{producer}: {}{cause}",
+        envelope.event_id, envelope.flow_id, envelope.seq, answer.receipt
     )
 }
 
