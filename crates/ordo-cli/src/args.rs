@@ -119,7 +119,14 @@ pub enum Command {
     Snapshot(Sides),
     /// Run N flows through all three steps on two fresh SQLite files and check the end state.
     Demo(DemoArgs),
-    /// Run the protocol's 22 scenarios, 6 beyond them and 2 of the HTTP transport on real processes; compare every state.
+    /// Run the protocol's 22 scenarios, 6 beyond them, 2 of the HTTP transport and 5 of many producers and consumers on real processes; compare every state.
+    ///
+    /// The groups, reported apart: `seed`, the protocol's 22 (PROTOCOL.md
+    /// section 10); `beyond`, fairness, backoff, quarantine, skip, prune and
+    /// alerts; `transport`, crashes over HTTP; `topology`, a conflict that
+    /// stops its flow in one delivery, two named producers sharing flow
+    /// ids, fan-out with one consumer down, a key bound to another
+    /// producer, and a producer restored from a backup.
     Experiment(ExperimentArgs),
     /// Kill producers, relays and appliers at random, converge, check the invariants.
     Soak(SoakArgs),

@@ -252,7 +252,7 @@ pub fn soak_text(report: &SoakReport) -> String {
     }
     let violations = report.violations();
     if violations.is_empty() {
-        lines.push("verdict  ok: nothing lost, each event once, one effect per (flow, seq), in order, every flow released".into());
+        lines.push("verdict  ok: nothing lost, each event once, one effect per (producer, flow, seq), in order, every flow released".into());
     } else {
         lines.push("verdict  VIOLATED".into());
         lines.extend(violations.iter().map(|v| format!("  {v}")));

@@ -1,12 +1,14 @@
 //! Scenarios of many producers and many consumers (PROTOCOL.md section
-//! 12), reported apart: a conflict that stops the rest of its flow in one
-//! delivery, a key bound to one producer posting another's events, and a
-//! producer restored from a backup, told apart from an ordinary conflict.
+//! 12), reported apart, each on real producer stores relaying to a real
+//! consumer: a conflict that stops the rest of its flow in one delivery,
+//! two named producers sharing flow ids, fan-out with one consumer down, a
+//! key bound to one producer posting another's events, and a producer
+//! restored from a backup, told apart from an ordinary conflict.
 
 use serde_json::{json, Value};
 
-use super::child::{Ctx, RELAY};
-use super::expect::{envelope, event, STEPS};
+use super::child::{Ctx, Stores, RELAY};
+use super::expect::{envelope, STEPS};
 use super::scenarios::{delivery_of, relayed, Outcome, ScenarioFn};
 use crate::serve::{loopback_any, ServeSpec};
 
@@ -44,11 +46,56 @@ const SECRET: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c
 
 /// Produces `steps` steps of `flow` with `quantity`.
 fn produce(ctx: &Ctx, flow: &str, steps: usize, quantity: i64) -> Result<(), String> {
+    produce_on(ctx, "{P}", flow, steps, quantity)
+}
+
+/// Produces `steps` steps of `flow` with `quantity` on the producer store
+/// `producer` (`{P}`, or a file of the scenario's directory).
+fn produce_on(
+    ctx: &Ctx,
+    producer: &str,
+    flow: &str,
+    steps: usize,
+    quantity: i64,
+) -> Result<(), String> {
     let quantity = quantity.to_string();
     for (i, step) in STEPS.iter().take(steps).enumerate() {
-        ctx.advance(flow, i as i64, step, &["--quantity", &quantity])?;
+        let seq = i.to_string();
+        let to: &str = step;
+        let args = [
+            "advance",
+            "--producer",
+            producer,
+            "--flow",
+            flow,
+            "--expected-seq",
+            &seq,
+            "--to",
+            to,
+            "--quantity",
+            &quantity,
+        ];
+        ctx.ok(&args)?;
     }
     Ok(())
+}
+
+/// A producer store of its own in the scenario's directory, named `name`
+/// at init (an SQLite file on either backend).
+fn named_producer(ctx: &Ctx, file: &str, name: &str) -> Result<String, String> {
+    let path = ctx.dir.join(file).display().to_string();
+    ctx.ok(&["init", "--producer", &path, "--producer-name", name])?;
+    Ok(path)
+}
+
+/// One `relay` run from the producer store `producer` to the consumer.
+fn relay_from(ctx: &Ctx, producer: &str, extra: &[&str]) -> Result<Value, String> {
+    let args = [
+        &["relay", "--producer", producer, "--consumer", "{C}"],
+        extra,
+    ]
+    .concat();
+    ctx.ok(&args)
 }
 
 /// The event ids and statuses of the consumer's inbox, in its order.
@@ -71,62 +118,134 @@ fn outbox(ctx: &Ctx) -> Result<Value, String> {
         .collect())
 }
 
-/// One delivery of several events of flow `a`: the first collides with
-/// what the consumer holds, so the later ones of `a` are answered
-/// `conflict` (cause `after_conflict`) and not stored, while flow `b` in
-/// the same delivery is stored.
+/// The custody marks of the outbox of `producer`, by event id: accepted,
+/// quarantined and the quarantine's reason.
+fn marks(ctx: &Ctx, producer: &str) -> Result<Value, String> {
+    let list = ctx.ok(&["outbox", "list", "--producer", producer])?;
+    let rows = list["outbox"].as_array().cloned().unwrap_or_default();
+    Ok(rows
+        .iter()
+        .map(|row| {
+            json!([
+                row["event_id"],
+                row["accepted"],
+                row["quarantined"],
+                row["quarantine_reason"]
+            ])
+        })
+        .collect())
+}
+
+/// Whether the scenario's producer store hands several events of a flow
+/// in one fair round (`relay --flow-events`): a PostgreSQL store does, an
+/// SQLite file hands each flow's head alone.
+fn deep_rounds(ctx: &Ctx) -> bool {
+    matches!(ctx.stores, Stores::Postgres(_))
+}
+
+/// Two producer stores set up under one name, `orders` (a second instance
+/// given the first one's name): the consumer holds the first one's `a-1`;
+/// the second appends `a-1` with another quantity, then `a-2`, `a-3` and
+/// `b-1`, and relays with `--flow-events 4`. Its producer store hands
+/// flow `a` over in one delivery (a PostgreSQL store does): `a-1` is
+/// answered `conflict`, cause `conflict` (another store delivered the held
+/// row), and quarantined; `a-2` and `a-3` `conflict`, cause
+/// `after_conflict`: not stored, left unmarked in the outbox; `b-1` of the
+/// same delivery is stored. An SQLite producer hands a flow's head alone a
+/// round, and a fair run leaves a flow alone after its conflict: there
+/// `a-2` and `a-3` are not handed over in that run, and end the same.
 fn conflict_stops_its_flow_in_one_delivery(ctx: &Ctx) -> Result<Outcome, String> {
-    let held = event("a", 1, "reserved", QUANTITY);
-    ctx.receive(std::slice::from_ref(&held))?;
-    let forged = event("a", 1, "reserved", QUANTITY + 1);
-    let batch = [
-        forged,
-        event("a", 2, "confirmed", QUANTITY),
-        event("b", 1, "reserved", QUANTITY),
-        event("a", 3, "released", QUANTITY),
-    ];
-    let receipts = ctx.receive(&batch)?;
+    let first = named_producer(ctx, "first.db", "orders")?;
+    ctx.ok(&["init", "--producer", "{P}", "--producer-name", "orders"])?;
+    ctx.ok(&["init", "--consumer", "{C}"])?;
+    produce_on(ctx, &first, "a", 1, QUANTITY)?;
+    relay_from(ctx, &first, &[])?;
+    produce(ctx, "a", 3, QUANTITY + 1)?;
+    produce(ctx, "b", 1, QUANTITY)?;
+    let delivery = relay_from(ctx, "{P}", &["--flow-events", "4"])?;
+    let mut conflict = delivery_of("a-1", "a", 1, "conflict");
+    let after = |id: &str, seq: i64| {
+        let mut after = delivery_of(id, "a", seq, "conflict");
+        after["cause"] = json!("after_conflict");
+        after
+    };
+    conflict["cause"] = json!("conflict");
+    let accepted = delivery_of("b-1", "b", 1, "accepted");
+    let delivered = match deep_rounds(ctx) {
+        true => vec![conflict, after("a-2", 2), after("a-3", 3), accepted],
+        false => vec![conflict, accepted],
+    };
+    let stored = ctx.ok(&["inbox", "list", "--consumer", "{C}"])?;
+    let held_a1 = (stored["inbox"].as_array())
+        .and_then(|rows| rows.iter().find(|row| row["event_id"] == "a-1"))
+        .map(|row| row["payload"].clone());
     Ok(Outcome {
-        observed: json!({"receipts": receipts, "inbox": inbox(ctx)?}),
+        observed: json!({
+            "delivery": delivery, "outbox": marks(ctx, "{P}")?,
+            "inbox": inbox(ctx)?, "held_a_1": held_a1,
+        }),
         expected: json!({
-            "receipts": {"receipts": [
-                {"event_id": "a-1", "receipt": "conflict"},
-                {"event_id": "a-2", "receipt": "conflict"},
-                {"event_id": "b-1", "receipt": "accepted"},
-                {"event_id": "a-3", "receipt": "conflict"},
-            ]},
+            "delivery": relayed(delivered, "drained"),
+            "outbox": [
+                ["a-1", false, true, "conflict"],
+                ["a-2", false, false, null],
+                ["a-3", false, false, null],
+                ["b-1", true, false, null],
+            ],
             "inbox": [["a-1", "pending"], ["b-1", "pending"]],
+            "held_a_1": {"amount": QUANTITY},
         }),
     })
 }
 
-/// `event` appended by the producer named `producer`.
-fn of(producer: &str, mut event: Value) -> Value {
-    event["producer"] = json!(producer);
-    event
+/// The identity (`store_id`) of the producer store `producer`.
+fn store_id(ctx: &Ctx, producer: &str) -> Result<Value, String> {
+    let status = ctx.ok(&["status", "--producer", producer])?;
+    Ok(status["producer"]["store_id"].clone())
 }
 
-/// Two producers, `orders` and `payments`, and the default one all use
-/// flow `a` with the same event ids: each `(producer, flow)` is its own
-/// flow at the consumer, so nothing of one is a duplicate or a conflict of
-/// another's. A collision in `payments`' `a` stops only that flow for the
-/// rest of its delivery; apply drains the three flows apart, each onto its
-/// own projection; the listing of one producer's flow shows its rows only.
+/// The consumer's rows of every producer, each as `[producer, event_id,
+/// status, the name of the store that delivered it]`.
+fn inbox_by_store(ctx: &Ctx, stores: &[(&str, Value)]) -> Result<Value, String> {
+    let list = ctx.ok(&["inbox", "list", "--consumer", "{C}"])?;
+    let rows = list["inbox"].as_array().cloned().unwrap_or_default();
+    let delivered_by = |id: &Value| {
+        (stores.iter())
+            .find(|(_, store_id)| store_id == id)
+            .map(|(name, _)| *name)
+    };
+    let mut rows: Vec<Value> = (rows.iter())
+        .map(|row| {
+            let by = delivered_by(&row["store_id"]);
+            json!([row["producer"], row["event_id"], row["status"], by])
+        })
+        .collect();
+    rows.sort_by_key(|row| row.to_string());
+    Ok(Value::Array(rows))
+}
+
+/// Two producer stores, named `orders` and `payments` at init, both
+/// append flow `a` (so both have events `a-1` and `a-2`, with other
+/// quantities) and relay to one consumer: each `(producer, flow)` is its
+/// own flow there, so nothing of one is a duplicate or a conflict of the
+/// other's (`orders`' `a-1` handed over again after `payments`' is its own
+/// duplicate); every row names the store that delivered it; apply drains
+/// the two flows apart, each onto its own projection; the listing of one
+/// producer's flow shows its rows only.
 fn two_producers_share_flow_ids(ctx: &Ctx) -> Result<Outcome, String> {
-    let first = [
-        of("orders", event("a", 1, "reserved", QUANTITY)),
-        of("payments", event("a", 1, "reserved", QUANTITY + 2)),
-        event("a", 1, "reserved", QUANTITY + 4),
-        of("orders", event("a", 2, "confirmed", QUANTITY)),
-        of("payments", event("a", 2, "confirmed", QUANTITY + 2)),
+    ctx.ok(&["init", "--producer", "{P}", "--producer-name", "orders"])?;
+    ctx.ok(&["init", "--consumer", "{C}"])?;
+    let payments = named_producer(ctx, "payments.db", "payments")?;
+    produce(ctx, "a", 3, QUANTITY)?;
+    produce_on(ctx, &payments, "a", 2, QUANTITY + 2)?;
+    let orders_relay = relay_from(ctx, "{P}", &[])?;
+    let payments_relay = relay_from(ctx, &payments, &[])?;
+    let orders_again = relay_from(ctx, "{P}", &["--event", "a-1"])?;
+    let stores = [
+        ("orders", store_id(ctx, "{P}")?),
+        ("payments", store_id(ctx, &payments)?),
     ];
-    let stored = ctx.receive(&first)?;
-    let second = [
-        of("payments", event("a", 2, "confirmed", QUANTITY + 3)),
-        of("payments", event("a", 3, "released", QUANTITY + 2)),
-        of("orders", event("a", 3, "released", QUANTITY)),
-    ];
-    let collided = ctx.receive(&second)?;
+    let stored = inbox_by_store(ctx, &stores)?;
     let applied = ctx.apply(&[])?;
     let listed = ctx.ok(&[
         "inbox",
@@ -143,7 +262,12 @@ fn two_producers_share_flow_ids(ctx: &Ctx) -> Result<Outcome, String> {
         .map(|row| json!([row["producer"], row["event_id"], row["status"]]))
         .collect();
     let projection = ctx.snapshot()?["consumer"]["projection"].clone();
-    let accepted = |id: &str| json!({"event_id": id, "receipt": "accepted"});
+    let delivered = |seqs: i64, receipt: &str| {
+        let deliveries = (1..=seqs)
+            .map(|seq| delivery_of(&format!("a-{seq}"), "a", seq, receipt))
+            .collect();
+        relayed(deliveries, "drained")
+    };
     let flow = |producer: &str, applied: u64| {
         json!({"flow_id": "a", "producer": producer, "applied": applied, "stop": "idle",
                "reason": null, "detail": null})
@@ -152,27 +276,29 @@ fn two_producers_share_flow_ids(ctx: &Ctx) -> Result<Outcome, String> {
         json!({"flow_id": "a", "producer": producer, "state": state, "quantity": quantity,
                "applied_seq": seq})
     };
-    let first_receipts = ["a-1", "a-1", "a-1", "a-2", "a-2"].map(accepted);
+    let row = |producer: &str, id: &str| json!([producer, id, "pending", producer]);
     Ok(Outcome {
         observed: json!({
-            "first": stored,
-            "second": collided,
+            "orders_relay": orders_relay,
+            "payments_relay": payments_relay,
+            "orders_again": orders_again,
+            "stored": stored,
             "apply": applied,
             "payments_a": payments_rows,
             "projection": projection,
         }),
         expected: json!({
-            "first": {"receipts": first_receipts},
-            "second": {"receipts": [
-                {"event_id": "a-2", "receipt": "conflict"},
-                {"event_id": "a-3", "receipt": "conflict"},
-                accepted("a-3"),
-            ]},
-            "apply": {"flows": [flow("default", 1), flow("orders", 3), flow("payments", 2)],
-                      "flows_total": 3, "truncated": false},
+            "orders_relay": delivered(3, "accepted"),
+            "payments_relay": delivered(2, "accepted"),
+            "orders_again": delivered(1, "duplicate"),
+            "stored": [
+                row("orders", "a-1"), row("orders", "a-2"), row("orders", "a-3"),
+                row("payments", "a-1"), row("payments", "a-2"),
+            ],
+            "apply": {"flows": [flow("orders", 3), flow("payments", 2)],
+                      "flows_total": 2, "truncated": false},
             "payments_a": [["payments", "a-1", "applied"], ["payments", "a-2", "applied"]],
             "projection": [
-                projected("default", "reserved", QUANTITY + 4, 1),
                 projected("orders", "released", QUANTITY, 3),
                 projected("payments", "confirmed", QUANTITY + 2, 2),
             ],
