@@ -41,3 +41,9 @@ pub use ordo_core::{
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The application guide's example (docs/guide.md), compiled and run by
+/// `cargo test`.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guide.md")]
+pub struct GuideDoctests;
