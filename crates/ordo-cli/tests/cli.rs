@@ -455,7 +455,7 @@ fn receive_one_object_spanning_several_lines() {
                  \"amount\": 5\n  }\n}\n";
     assert_eq!(
         lab.receive(input),
-        json!({"receipts": [{"event_id": "A-1", "receipt": "accepted"}]})
+        json!({"receipts": [receipt("A-1", "A", 1, "accepted")]})
     );
     let snapshot = lab.snapshot();
     assert_eq!(
@@ -463,7 +463,8 @@ fn receive_one_object_spanning_several_lines() {
         json!([{
             "event_id": "A-1", "flow_id": "A", "seq": 1, "schema_version": 1,
             "type": "reserved", "payload": {"amount": 5},
-            "status": "pending", "reason": null, "detail": null
+            "status": "pending", "reason": null, "detail": null,
+            "producer": "default", "store_id": null
         }])
     );
     // receive never touches the projection or the effects.
@@ -483,10 +484,10 @@ fn receive_one_object_per_line_in_input_order_with_blank_lines() {
     assert_eq!(
         lab.receive(&input),
         json!({"receipts": [
-            {"event_id": "A-3", "receipt": "accepted"},
-            {"event_id": "A-1", "receipt": "accepted"},
-            {"event_id": "B-1", "receipt": "accepted"},
-            {"event_id": "A-2", "receipt": "accepted"},
+            receipt("A-3", "A", 3, "accepted"),
+            receipt("A-1", "A", 1, "accepted"),
+            receipt("B-1", "B", 1, "accepted"),
+            receipt("A-2", "A", 2, "accepted"),
         ]})
     );
     // The same envelope twice in one input: accepted, then duplicate.
@@ -498,8 +499,8 @@ fn receive_one_object_per_line_in_input_order_with_blank_lines() {
     assert_eq!(
         lab.receive(&twice),
         json!({"receipts": [
-            {"event_id": "C-1", "receipt": "accepted"},
-            {"event_id": "C-1", "receipt": "duplicate"},
+            receipt("C-1", "C", 1, "accepted"),
+            receipt("C-1", "C", 1, "duplicate"),
         ]})
     );
     assert_eq!(
@@ -578,8 +579,8 @@ fn two_envelopes_on_one_line_are_malformed() {
     assert_eq!(
         lab.receive(&format!("{a}\n{b}\n")),
         json!({"receipts": [
-            {"event_id": "A-1", "receipt": "accepted"},
-            {"event_id": "B-1", "receipt": "accepted"},
+            receipt("A-1", "A", 1, "accepted"),
+            receipt("B-1", "B", 1, "accepted"),
         ]})
     );
 }
@@ -742,6 +743,19 @@ fn receive_malformed_envelopes_exit_2_and_store_nothing() {
     assert_eq!(inbox.as_array().unwrap().len(), 1, "{inbox}");
 }
 
+/// `receive`'s receipt of an envelope of the default producer (CLI.md).
+fn receipt(event_id: &str, flow_id: &str, seq: i64, receipt: &str) -> Value {
+    json!({"event_id": event_id, "flow_id": flow_id, "seq": seq, "producer": "default", "receipt": receipt})
+}
+
+/// `receive`'s `conflict` receipt: its cause and the held event.
+fn conflict(event_id: &str, flow_id: &str, seq: i64, cause: &str, held: Option<&str>) -> Value {
+    let mut value = receipt(event_id, flow_id, seq, "conflict");
+    value["cause"] = json!(cause);
+    value["held_event_id"] = json!(held);
+    value
+}
+
 /// Envelopes at the upper bounds of every field.
 fn bound_envelopes() -> (String, String) {
     let id100 = "i".repeat(100);
@@ -761,15 +775,15 @@ fn receive_accepts_the_bounds() {
     assert_eq!(
         lab.receive(&input),
         json!({"receipts": [
-            {"event_id": "M-1", "receipt": "accepted"},
-            {"event_id": id100, "receipt": "accepted"},
+            receipt("M-1", "M", i64::MAX, "accepted"),
+            receipt(&id100, &id100, 1, "accepted"),
         ]})
     );
     assert_eq!(
         lab.receive(&input),
         json!({"receipts": [
-            {"event_id": "M-1", "receipt": "duplicate"},
-            {"event_id": id100, "receipt": "duplicate"},
+            receipt("M-1", "M", i64::MAX, "duplicate"),
+            receipt(&id100, &id100, 1, "duplicate"),
         ]})
     );
 }
@@ -801,18 +815,18 @@ fn receive_duplicate_ignores_key_order_and_number_spelling() {
     let reordered = r#"{"payload":{"note":{"y":2.0,"x":1},"amount":5.0},"type":"reserved","schema_version":1,"seq":1,"flow_id":"A","event_id":"A-1"}"#;
     assert_eq!(
         lab.receive(original),
-        json!({"receipts": [{"event_id": "A-1", "receipt": "accepted"}]})
+        json!({"receipts": [receipt("A-1", "A", 1, "accepted")]})
     );
     let snapshot = lab.snapshot();
     assert_eq!(
         lab.receive(reordered),
-        json!({"receipts": [{"event_id": "A-1", "receipt": "duplicate"}]})
+        json!({"receipts": [receipt("A-1", "A", 1, "duplicate")]})
     );
     assert_eq!(
         lab.receive(&format!("{original}\n{reordered}\n")),
         json!({"receipts": [
-            {"event_id": "A-1", "receipt": "duplicate"},
-            {"event_id": "A-1", "receipt": "duplicate"},
+            receipt("A-1", "A", 1, "duplicate"),
+            receipt("A-1", "A", 1, "duplicate"),
         ]})
     );
     assert_eq!(lab.snapshot(), snapshot);
@@ -828,11 +842,17 @@ fn receive_conflicts_exit_0_and_change_nothing() {
     let same_id_other_flow = envelope("A-1", "B", 1, 1, "reserved", json!({"amount": 5}));
     for input in [&same_id_other_body, &same_seq_other_id, &same_id_other_flow] {
         let out = lab.receive_out(input.as_bytes());
-        let event_id = serde_json::from_str::<Value>(input).unwrap()["event_id"].clone();
-        assert_eq!(
-            out.json(),
-            json!({"receipts": [{"event_id": event_id, "receipt": "conflict"}]})
+        let sent = serde_json::from_str::<Value>(input).unwrap();
+        let text = |key: &str| sent[key].as_str().unwrap().to_owned();
+        let seq = sent["seq"].as_i64().unwrap();
+        let held = conflict(
+            &text("event_id"),
+            &text("flow_id"),
+            seq,
+            "conflict",
+            Some("A-1"),
         );
+        assert_eq!(out.json(), json!({"receipts": [held]}));
         assert_eq!(lab.snapshot(), snapshot, "a conflict changed the inbox");
     }
     // Mixed with new envelopes: receipts in input order; nothing of flow A
@@ -847,10 +867,10 @@ fn receive_conflicts_exit_0_and_change_nothing() {
     assert_eq!(
         lab.receive(&mixed),
         json!({"receipts": [
-            {"event_id": "other", "receipt": "conflict"},
-            {"event_id": "A-2", "receipt": "conflict"},
-            {"event_id": "B-1", "receipt": "accepted"},
-            {"event_id": "A-1", "receipt": "conflict"},
+            conflict("other", "A", 1, "conflict", Some("A-1")),
+            conflict("A-2", "A", 2, "after_conflict", None),
+            receipt("B-1", "B", 1, "accepted"),
+            conflict("A-1", "A", 1, "after_conflict", None),
         ]})
     );
     let inbox = lab.snapshot()["consumer"]["inbox"].clone();
@@ -984,7 +1004,7 @@ fn first_pending_conflict_starves_later_flows_until_explicit_delivery() {
     let impostor = envelope("A-1", "A", 1, 1, "reserved", json!({"amount": 999}));
     assert_eq!(
         lab.receive(&impostor),
-        json!({"receipts": [{"event_id": "A-1", "receipt": "accepted"}]})
+        json!({"receipts": [receipt("A-1", "A", 1, "accepted")]})
     );
 
     for _ in 0..3 {
@@ -1099,6 +1119,8 @@ fn apply_stops_limit_gap_blocked_idle() {
         expected["status"] = json!("blocked");
         expected["reason"] = json!(reason);
         expected["detail"] = json!(null);
+        expected["producer"] = json!("default");
+        expected["store_id"] = json!(null);
         assert_eq!(stored, &expected, "blocked rows keep their body");
     }
     assert_eq!(
@@ -1166,6 +1188,9 @@ fn apply_support_v2_applies_the_stored_schema_2_row() {
     expected["status"] = json!("applied");
     expected["reason"] = json!(null);
     expected["detail"] = json!(null);
+    expected["producer"] = json!("default");
+    // Relayed: the producer store delivered it.
+    expected["store_id"] = snapshot["producer"]["store_id"].clone();
     assert_eq!(snapshot["consumer"]["inbox"], json!([expected]));
     assert_applied(
         &snapshot,
@@ -1277,7 +1302,7 @@ fn snapshot_has_every_row_with_the_contract_keys() {
     let mut outbox_keys = ENVELOPE_KEYS.to_vec();
     outbox_keys.extend(["accepted", "destinations"]);
     let mut inbox_keys = ENVELOPE_KEYS.to_vec();
-    inbox_keys.extend(["status", "reason", "detail"]);
+    inbox_keys.extend(["status", "reason", "detail", "producer", "store_id"]);
     let tables: [(&str, &str, Vec<&str>); 5] = [
         (
             "producer",
@@ -1340,10 +1365,13 @@ fn snapshot_has_every_row_with_the_contract_keys() {
         json!([
             {"event_id": "A-1", "flow_id": "A", "seq": 1, "schema_version": 1,
              "type": "reserved", "payload": {"amount": 8}, "status": "applied", "reason": null,
-             "detail": null},
+             "detail": null, "producer": "default",
+             // Relayed: delivered by the producer store; received: unknown.
+             "store_id": snapshot["producer"]["store_id"]},
             {"event_id": "Q-1", "flow_id": "Q", "seq": 1, "schema_version": 7,
              "type": "reserved", "payload": {"amount": 1}, "status": "blocked",
-             "reason": "unsupported_schema", "detail": null},
+             "reason": "unsupported_schema", "detail": null, "producer": "default",
+             "store_id": null},
         ])
     );
     assert_applied(

@@ -242,6 +242,19 @@ fn assert_same_numbers(actual: &Value, expected: &Value) {
     );
 }
 
+/// `receive`'s receipt of an envelope of the default producer (CLI.md).
+fn receipt(event_id: &str, flow_id: &str, seq: i64, receipt: &str) -> Value {
+    json!({"event_id": event_id, "flow_id": flow_id, "seq": seq, "producer": "default", "receipt": receipt})
+}
+
+/// `receive`'s `conflict` receipt of cause `conflict`, naming the held event.
+fn conflict(event_id: &str, flow_id: &str, seq: i64, held: Option<&str>) -> Value {
+    let mut value = receipt(event_id, flow_id, seq, "conflict");
+    value["cause"] = json!("conflict");
+    value["held_event_id"] = json!(held);
+    value
+}
+
 fn reserved(flow: &str, seq: i64, amount: i64) -> String {
     reservation(flow, seq, "reserved", amount)
 }
@@ -278,7 +291,7 @@ fn quarantine_lab() -> Ops {
     let receipts = ops.at(T0 + 300).receive(&[reserved("A", 1, 9)]);
     assert_eq!(
         receipts,
-        json!({"receipts": [{"event_id": "A-1", "receipt": "accepted"}]})
+        json!({"receipts": [receipt("A-1", "A", 1, "accepted")]})
     );
     let relay = ops.at(T0 + 400).relay(&[]);
     let mut deliveries: Vec<(String, String)> = relay["deliveries"]
@@ -916,8 +929,8 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
     assert_eq!(
         ops.receive(&[reserved("w", 2, 3), reserved("v", 1, 1)]),
         json!({"receipts": [
-            {"event_id": "w-2", "receipt": "duplicate"},
-            {"event_id": "v-1", "receipt": "duplicate"},
+            receipt("w-2", "w", 2, "duplicate"),
+            receipt("v-1", "v", 1, "duplicate"),
         ]})
     );
     assert_eq!(
@@ -1346,15 +1359,15 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
             changed,
         ]),
         json!({"receipts": [
-            {"event_id": "A-1", "receipt": "duplicate"},
-            {"event_id": "A-2", "receipt": "duplicate"},
-            {"event_id": "Q-1", "receipt": "duplicate"},
-            {"event_id": "A-2", "receipt": "conflict"},
+            receipt("A-1", "A", 1, "duplicate"),
+            receipt("A-2", "A", 2, "duplicate"),
+            receipt("Q-1", "Q", 1, "duplicate"),
+            conflict("A-2", "A", 2, Some("A-2")),
         ]})
     );
     assert_eq!(
         ops.receive(&[other_id]),
-        json!({"receipts": [{"event_id": "A-2b", "receipt": "conflict"}]})
+        json!({"receipts": [conflict("A-2b", "A", 2, Some("A-2"))]})
     );
     assert_eq!(ids(&ops.inbox(&[])), ["B-1", "x-1", "z-2"]);
     assert_eq!(
@@ -1379,7 +1392,7 @@ fn prune_removes_only_old_delivered_and_settled_rows_and_keeps_fingerprints() {
     assert_eq!(ids(&ops.inbox(&[])), ["x-1", "z-2"]);
     assert_eq!(
         ops.receive(&[reserved("B", 1, 2)]),
-        json!({"receipts": [{"event_id": "B-1", "receipt": "duplicate"}]})
+        json!({"receipts": [receipt("B-1", "B", 1, "duplicate")]})
     );
     assert_same_applied(&ops.snapshot(), &before);
     assert_eq!(ops.status()["consumer"]["applied"], json!(5));

@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 
 use super::child::{advance_args, deliver_stdin, finish, without_store_ids, Ctx, NOW_ENV, RELAY};
-use super::expect::{envelope, event};
+use super::expect::{conflict, envelope, event, receipt};
 use super::scenarios::{delivery_of, drained, relayed, Outcome, ScenarioFn};
 
 /// Every scenario beyond the seed.
@@ -278,8 +278,9 @@ fn prune_keeps_identities(ctx: &Ctx) -> Result<Outcome, String> {
     let second = event("a", 2, "confirmed", 5);
     // Each conflict in a delivery of its own: after one, nothing more of
     // its flow is decided in that delivery.
-    let receive = ctx.receive(&[original, second, changed])?;
-    let intruder = ctx.receive(&[other_id])?;
+    let sent = [original, second, changed];
+    let receive = ctx.receive(&sent)?;
+    let intruder = ctx.receive(std::slice::from_ref(&other_id))?;
     let apply = at(ctx, T0 + 60_000, &["apply", "--consumer", "{C}"])?;
     let state = ctx.snapshot()?;
     Ok(Outcome {
@@ -296,12 +297,13 @@ fn prune_keeps_identities(ctx: &Ctx) -> Result<Outcome, String> {
         }),
         expected: json!({
             "prune": {"producer": {"removed": 3}, "consumer": {"removed": 3, "fingerprints": 3}},
+            // The pruned rows' fingerprints name the held events.
             "receive": {"receipts": [
-                {"event_id": "a-1", "receipt": "duplicate"},
-                {"event_id": "a-2", "receipt": "duplicate"},
-                {"event_id": "a-1", "receipt": "conflict"},
+                receipt(&sent[0], "duplicate"),
+                receipt(&sent[1], "duplicate"),
+                conflict(&sent[2], "a-1"),
             ]},
-            "intruder": {"receipts": [{"event_id": "other-1", "receipt": "conflict"}]},
+            "intruder": {"receipts": [conflict(&other_id, "a-1")]},
             "apply": drained(vec![]),
             "outbox_rows": 0,
             "inbox_rows": 0,

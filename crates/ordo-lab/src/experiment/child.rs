@@ -255,11 +255,12 @@ impl Ctx {
     }
 
     /// Both stores' rows, as `snapshot` prints them but for the stores'
-    /// identities ([`without_store_ids`]) and the outbox rows' bookkeeping
-    /// by destination ([`without_custody`]).
+    /// identities ([`without_store_ids`]), the inbox rows' producer and
+    /// delivering store ([`without_senders`]) and the outbox rows'
+    /// bookkeeping by destination ([`without_custody`]).
     pub fn snapshot(&self) -> Result<Value, String> {
         let snapshot = self.ok(&["snapshot", "--producer", "{P}", "--consumer", "{C}"])?;
-        without_custody(without_store_ids(snapshot))
+        without_custody(without_store_ids(without_senders(snapshot)?))
     }
 
     pub fn advance(
@@ -349,6 +350,36 @@ pub fn without_store_ids(mut value: Value) -> Value {
     value
 }
 
+/// The JSON of `snapshot` with the default producer's inbox rows'
+/// `producer` and `store_id` taken out, once seen to be delivered by the
+/// scenario's producer store (relayed) or by no known store (received from
+/// stdin), as every such row of a scenario is; anything else is an error.
+/// A row of a named producer (the topology's) is left as it is.
+pub fn without_senders(mut value: Value) -> Result<Value, String> {
+    let producer_store = value["producer"]["store_id"].clone();
+    let rows = (value.get_mut("consumer"))
+        .and_then(|side| side.get_mut("inbox"))
+        .and_then(Value::as_array_mut);
+    for row in rows.into_iter().flatten() {
+        let Some(row) = row.as_object_mut() else {
+            continue;
+        };
+        if row.get("producer") != Some(&Value::from("default")) {
+            continue;
+        }
+        row.remove("producer");
+        let store = row.remove("store_id").unwrap_or(Value::Null);
+        if !(store.is_null() || (store.is_string() && store == producer_store)) {
+            return Err(format!(
+                "snapshot: inbox row {} was delivered by store {store}, \
+                 neither the producer store {producer_store} nor an unknown one",
+                row.get("event_id").unwrap_or(&Value::Null),
+            ));
+        }
+    }
+    Ok(value)
+}
+
 /// The JSON of `snapshot` with each outbox row's `destinations` taken out,
 /// once seen to say what the row's `accepted` says: every scenario's
 /// producer delivers to one destination, `default`, whose `accepted` is
@@ -383,7 +414,7 @@ pub fn without_custody(mut value: Value) -> Result<Value, String> {
 mod tests {
     use serde_json::json;
 
-    use super::without_custody;
+    use super::{without_custody, without_senders};
 
     fn snapshot(accepted: bool, destinations: serde_json::Value) -> serde_json::Value {
         json!({"producer": {"outbox": [
@@ -413,5 +444,31 @@ mod tests {
             without_custody(consumer_only.clone()).unwrap(),
             consumer_only
         );
+    }
+
+    /// The default producer's rows lose `producer` and `store_id` when
+    /// delivered by the producer store or an unknown one; another store
+    /// fails the read; a named producer's row is left as it is.
+    #[test]
+    fn senders_are_taken_out_only_for_the_producer_store_or_an_unknown_one() {
+        let snapshot = |producer: &str, store: serde_json::Value| {
+            json!({"producer": {"store_id": "p1"}, "consumer": {"inbox": [
+                {"event_id": "a-1", "producer": producer, "store_id": store},
+            ]}})
+        };
+        let bare = json!({"producer": {"store_id": "p1"}, "consumer": {"inbox": [
+            {"event_id": "a-1"},
+        ]}});
+        assert_eq!(
+            without_senders(snapshot("default", json!("p1"))).unwrap(),
+            bare
+        );
+        assert_eq!(
+            without_senders(snapshot("default", json!(null))).unwrap(),
+            bare
+        );
+        assert!(without_senders(snapshot("default", json!("p2"))).is_err());
+        let named = snapshot("orders", json!("p2"));
+        assert_eq!(without_senders(named.clone()).unwrap(), named);
     }
 }

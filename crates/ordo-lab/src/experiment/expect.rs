@@ -44,6 +44,27 @@ fn with(envelope: &Value, extra: Value) -> Value {
 
 pub const STEPS: [&str; 3] = ["reserved", "confirmed", "released"];
 
+/// `receive`'s receipt of `envelope` (of the default producer), as the
+/// CLI contract prints it.
+pub fn receipt(envelope: &Value, receipt: &str) -> Value {
+    json!({
+        "event_id": envelope["event_id"],
+        "flow_id": envelope["flow_id"],
+        "seq": envelope["seq"],
+        "producer": "default",
+        "receipt": receipt,
+    })
+}
+
+/// `receive`'s `conflict` receipt of `envelope` of cause `conflict`, naming
+/// the event the consumer holds in its place.
+pub fn conflict(envelope: &Value, held_event_id: &str) -> Value {
+    with(
+        &receipt(envelope, "conflict"),
+        json!({"cause": "conflict", "held_event_id": held_event_id}),
+    )
+}
+
 /// The full expected state of both files, built row by row in the order the
 /// snapshot lists them.
 #[derive(Default, Clone)]

@@ -7,7 +7,7 @@ use ordo_core::crash;
 use serde_json::{json, Value};
 
 use super::child::{deliver_stdin, finish, Ctx, ADVANCE_RESERVED, APPLY, RELAY};
-use super::expect::{envelope, event, Expect, STEPS};
+use super::expect::{conflict, envelope, event, receipt, Expect, STEPS};
 
 /// What a scenario saw, and what it should have seen.
 pub struct Outcome {
@@ -109,8 +109,8 @@ pub(crate) fn drained(flows: Vec<(&str, u64, &str, Option<&str>)>) -> Value {
     })).collect::<Vec<_>>(), "flows_total": total, "truncated": false})
 }
 
-fn receipts(list: &[(&str, &str)]) -> Value {
-    json!({"receipts": list.iter().map(|(id, r)| json!({"event_id": id, "receipt": r})).collect::<Vec<_>>()})
+fn receipts(list: &[Value]) -> Value {
+    json!({ "receipts": list })
 }
 
 /// Produces `steps` steps of `flow` with the default quantity.
@@ -159,13 +159,12 @@ fn duplicate_delivery(ctx: &Ctx) -> Result<Outcome, String> {
 fn conflict_changes_nothing(ctx: &Ctx, forged: Value) -> Result<Outcome, String> {
     produce(ctx, "a", 1)?;
     ctx.relay(&[])?;
-    let forged_id = forged["event_id"].as_str().unwrap_or_default().to_owned();
-    let receive = ctx.receive(&[forged])?;
+    let receive = ctx.receive(std::slice::from_ref(&forged))?;
     let state = ctx.snapshot()?;
     Ok(Outcome {
         observed: json!({"receive": receive, "state": state}),
         expected: json!({
-            "receive": receipts(&[(&forged_id, "conflict")]),
+            "receive": receipts(&[conflict(&forged, "a-1")]),
             "state": Expect::new()
                 .flow("a", "reserved", QUANTITY, 1)
                 .outbox(&event("a", 1, "reserved", QUANTITY), true)
@@ -217,10 +216,11 @@ fn out_of_order_3_1_2(ctx: &Ctx) -> Result<Outcome, String> {
         applies.push(ctx.apply(&["--flow", "a"])?);
     }
     let state = ctx.snapshot()?;
+    let expected_receipts = [3, 1, 2].map(|seq| receipts(&[receipt(&events[seq - 1], "accepted")]));
     Ok(Outcome {
         observed: json!({"receipts": receipts_seen, "applies": applies, "consumer": state["consumer"]}),
         expected: json!({
-            "receipts": [receipts(&[("a-3", "accepted")]), receipts(&[("a-1", "accepted")]), receipts(&[("a-2", "accepted")])],
+            "receipts": expected_receipts,
             "applies": [
                 drained(vec![("a", 0, "gap", None)]),
                 drained(vec![("a", 1, "gap", None)]),
@@ -240,7 +240,7 @@ fn unknown_schema_blocked(ctx: &Ctx) -> Result<Outcome, String> {
     Ok(Outcome {
         observed: json!({"receive": receive, "apply": apply, "apply_v2": apply_v2, "consumer": state["consumer"]}),
         expected: json!({
-            "receive": receipts(&[("x-1", "accepted")]),
+            "receive": receipts(&[receipt(&sent, "accepted")]),
             "apply": drained(vec![("x", 0, "blocked", Some("unsupported_schema"))]),
             "apply_v2": drained(vec![("x", 0, "blocked", Some("unsupported_schema"))]),
             "consumer": Expect::new().inbox(&sent, "blocked", Some("unsupported_schema")).build()["consumer"],
@@ -279,7 +279,7 @@ fn invalid_payload_blocked(ctx: &Ctx) -> Result<Outcome, String> {
     Ok(Outcome {
         observed: json!({"receive": receive, "apply": apply, "consumer": state["consumer"]}),
         expected: json!({
-            "receive": receipts(&[("x-1", "accepted")]),
+            "receive": receipts(&[receipt(&sent, "accepted")]),
             "apply": drained(vec![("x", 0, "blocked", Some("invalid_payload"))]),
             "consumer": Expect::new().inbox(&sent, "blocked", Some("invalid_payload")).build()["consumer"],
         }),
