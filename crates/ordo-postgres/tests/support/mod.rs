@@ -284,11 +284,15 @@ pub fn database_for(dir: &Path) -> String {
     name
 }
 
-/// Brings the consumer tables in `schema` back from version 9 to 8: one
-/// namespace, as the third release's first stores kept them.
+/// Brings the consumer tables in `schema` back from version 11 to 8: no
+/// effect intents (11), and one namespace, as the third release's first
+/// stores kept them (9).
 pub fn undo_producer_namespaces(schema: &str) -> String {
     format!(
-        "ALTER TABLE {schema}.inbox DROP COLUMN producer;
+        "DROP TABLE {schema}.effect_intent;
+         DROP TABLE {schema}.effect_order;
+         ALTER TABLE {schema}.repair_log DROP COLUMN key;
+         ALTER TABLE {schema}.inbox DROP COLUMN producer;
          ALTER TABLE {schema}.inbox ADD PRIMARY KEY (event_id);
          ALTER TABLE {schema}.inbox ADD CONSTRAINT inbox_flow_id_seq_key UNIQUE (flow_id, seq);
          CREATE INDEX inbox_pending ON {schema}.inbox (flow_id) WHERE status = 'pending';
