@@ -51,36 +51,31 @@ const ROW_COLUMNS: &str = "i.key, i.name, i.producer, i.flow_id, i.seq, i.event_
     i.reconciling, i.last_error";
 
 type RawRow = (
-    (String, String, String, String, i64, String, String),
-    (i64, i64, bool, i64, bool, Option<String>),
+    String,
+    String,
+    String,
+    String,
+    i64,
+    String,
+    String,
+    i64,
+    i64,
+    bool,
+    i64,
+    bool,
+    Option<String>,
 );
 
 fn raw_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
-    Ok((
-        (
-            row.get(0)?,
-            row.get(1)?,
-            row.get(2)?,
-            row.get(3)?,
-            row.get(4)?,
-            row.get(5)?,
-            row.get(6)?,
-        ),
-        (
-            row.get(7)?,
-            row.get(8)?,
-            row.get(9)?,
-            row.get(10)?,
-            row.get(11)?,
-            row.get(12)?,
-        ),
-    ))
+    row.try_into()
 }
 
 fn effect_row(raw: RawRow) -> Result<EffectRow, StoreError> {
-    let ((key, name, producer, flow_id, seq, event_id, request), attempt) = raw;
-    let (attempts, attempts_base, unknown_seen, first_attempt_at_ms, reconciling, last_error) =
-        attempt;
+    let (key, name, producer, flow_id, seq, event_id, request, attempts, attempts_base) = (
+        raw.0, raw.1, raw.2, raw.3, raw.4, raw.5, raw.6, raw.7, raw.8,
+    );
+    let (unknown_seen, first_attempt_at_ms, reconciling, last_error) =
+        (raw.9, raw.10, raw.11, raw.12);
     let bad = |e: ordo_core::RuleViolation| corrupt(CONTEXT, e);
     Ok(EffectRow {
         key: EffectKey::new(key).map_err(bad)?,
@@ -354,42 +349,30 @@ const ENTRY_COLUMNS: &str = "i.key, i.name, i.producer, i.flow_id, i.seq, i.stat
     i.request, i.result, i.last_error, i.next_attempt_at_ms, i.updated_at_ms";
 
 type RawEntry = (
-    (String, String, String, String, i64, String, i64),
-    (
-        String,
-        Option<String>,
-        Option<String>,
-        i64,
-        i64,
-        Option<String>,
-    ),
+    String,
+    String,
+    String,
+    String,
+    i64,
+    String,
+    i64,
+    String,
+    Option<String>,
+    Option<String>,
+    i64,
+    i64,
+    Option<String>,
 );
 
 fn raw_entry(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawEntry> {
-    Ok((
-        (
-            row.get(0)?,
-            row.get(1)?,
-            row.get(2)?,
-            row.get(3)?,
-            row.get(4)?,
-            row.get(5)?,
-            row.get(6)?,
-        ),
-        (
-            row.get(7)?,
-            row.get(8)?,
-            row.get(9)?,
-            row.get(10)?,
-            row.get(11)?,
-            row.get(12)?,
-        ),
-    ))
+    row.try_into()
 }
 
 fn entry(raw: RawEntry) -> Result<EffectEntry, StoreError> {
-    let ((key, name, producer, flow_id, seq, state, attempts), rest) = raw;
-    let (request, result, last_error, next_attempt_at_ms, updated_at_ms, waiting_on) = rest;
+    let (key, name, producer, flow_id, seq, state, attempts) =
+        (raw.0, raw.1, raw.2, raw.3, raw.4, raw.5, raw.6);
+    let (request, result, last_error, next_attempt_at_ms, updated_at_ms, waiting_on) =
+        (raw.7, raw.8, raw.9, raw.10, raw.11, raw.12);
     let bad = |e: ordo_core::RuleViolation| corrupt(CONTEXT, e);
     let state = effect::stored_state(&state)?;
     Ok(EffectEntry {
