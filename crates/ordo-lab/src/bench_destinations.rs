@@ -9,7 +9,14 @@
 //!
 //! Appending, relaying and applying are phases one after the other, so
 //! that each one's cost with N is seen apart: an append writes one custody
-//! row per destination, and the N relays share the producer file.
+//! row per destination, and the N relays share the producer file. The
+//! relay phase is timed alone, from the moment every relay is ready until
+//! its destination holds every event: its rate per destination, against
+//! the one destination's of the same run of the bench, is what fan-out
+//! costs a consumer. Where each relay thread's time went over that phase,
+//! by the kernel's scheduler statistics (on a core, waiting for one, or
+//! neither: blocked on the producer file's write lock or the disk's
+//! syncs), tells what limits it.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -67,6 +74,68 @@ pub struct DestinationRun {
     /// Rounds of its relay that failed transiently (lock waits that ran
     /// out); their events backed off and were relayed again.
     pub transient_errors: u64,
+    /// Where its relay thread's time went until then (`None` where the
+    /// system does not say).
+    pub time: Option<ThreadTime>,
+}
+
+/// Where a relay thread's time went over the relay phase, by the kernel's
+/// scheduler statistics (`/proc/thread-self/schedstat`).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ThreadTime {
+    /// Seconds on a core.
+    pub cpu_seconds: f64,
+    /// Seconds runnable but waiting for a core (other threads, or other
+    /// processes, had them).
+    pub runqueue_seconds: f64,
+    /// Seconds neither: blocked, on the producer file's write lock (SQLite's
+    /// busy handler sleeps), on the disk's syncs, or pausing while events
+    /// backed off.
+    pub blocked_seconds: f64,
+}
+
+impl ThreadTime {
+    /// The sum of `times`.
+    pub fn total<'a>(times: impl Iterator<Item = &'a ThreadTime>) -> ThreadTime {
+        times.fold(ThreadTime::default(), |sum, t| ThreadTime {
+            cpu_seconds: sum.cpu_seconds + t.cpu_seconds,
+            runqueue_seconds: sum.runqueue_seconds + t.runqueue_seconds,
+            blocked_seconds: sum.blocked_seconds + t.blocked_seconds,
+        })
+    }
+
+    /// What took most of the time.
+    pub fn limit(&self) -> RelayLimit {
+        if self.cpu_seconds >= self.runqueue_seconds.max(self.blocked_seconds) {
+            RelayLimit::Cpu
+        } else if self.runqueue_seconds >= self.blocked_seconds {
+            RelayLimit::Cores
+        } else {
+            RelayLimit::Blocked
+        }
+    }
+}
+
+/// What limits the relay phase: where most of the relays' time went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayLimit {
+    /// On a core: the relays' own work.
+    Cpu,
+    /// Waiting for a core: more runnable threads than cores.
+    Cores,
+    /// Blocked: the producer file's one writer, the disk's syncs.
+    Blocked,
+}
+
+impl RelayLimit {
+    /// `cpu`, `cores` or `blocked`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RelayLimit::Cpu => "cpu",
+            RelayLimit::Cores => "cores",
+            RelayLimit::Blocked => "blocked",
+        }
+    }
 }
 
 /// One run: N destinations of one producer file.
@@ -116,6 +185,35 @@ impl DestinationsRun {
     pub fn destination_events_per_s(&self, destination: &DestinationRun) -> f64 {
         per_second(self.events, self.append_seconds + destination.relay_seconds)
     }
+
+    /// Events per second of the relay phase alone, all destinations
+    /// together: every destination's events over the time until the last
+    /// one held them all.
+    pub fn relay_events_per_s(&self) -> f64 {
+        per_second(self.events * self.destinations as u64, self.relay_seconds)
+    }
+
+    /// Events per second of the relay phase alone for one destination:
+    /// the events over the time from the start of the relays until it held
+    /// them all.
+    pub fn destination_relay_events_per_s(&self, destination: &DestinationRun) -> f64 {
+        per_second(self.events, destination.relay_seconds)
+    }
+
+    /// The relay phase's events per second of a destination, the mean
+    /// over the run's destinations.
+    pub fn relay_events_per_s_per_destination(&self) -> f64 {
+        let rates = (self.per_destination.iter()).map(|d| self.destination_relay_events_per_s(d));
+        rates.sum::<f64>() / self.per_destination.len().max(1) as f64
+    }
+
+    /// Where the relay threads' time went, all together (`None` unless
+    /// known for every one).
+    pub fn relay_time(&self) -> Option<ThreadTime> {
+        let times: Option<Vec<ThreadTime>> =
+            (self.per_destination.iter()).map(|d| d.time).collect();
+        Some(ThreadTime::total(times?.iter()))
+    }
 }
 
 /// How a run compares with the run of one destination.
@@ -125,6 +223,12 @@ pub struct RatioToOne {
     pub all_held_seconds: f64,
     /// Its events per second, all destinations together, over that of N = 1.
     pub events_per_s: f64,
+    /// Its relay phase's events per second, all destinations together, over
+    /// that of N = 1.
+    pub relay_events_per_s: f64,
+    /// Its relay phase's events per second of a destination (the mean over
+    /// its destinations) over that of the one destination of N = 1.
+    pub per_destination: f64,
 }
 
 /// What the destinations bench measured.
@@ -134,6 +238,8 @@ pub struct DestinationsReport {
     pub flows: u64,
     /// Events per transaction.
     pub batch: u64,
+    /// The cores the system gives the process.
+    pub cores: usize,
     /// One run per destination count, in the order asked.
     pub runs: Vec<DestinationsRun>,
 }
@@ -146,11 +252,30 @@ impl DestinationsReport {
 
     /// `run` against the run of one destination, if one was measured.
     pub fn ratio_to_one(&self, run: &DestinationsRun) -> Option<RatioToOne> {
-        let one = self.runs.iter().find(|r| r.destinations == 1)?;
+        let one = self.one()?;
         Some(RatioToOne {
             all_held_seconds: run.all_held_seconds() / one.all_held_seconds().max(1e-9),
             events_per_s: run.events_per_s() / one.events_per_s().max(1e-9),
+            relay_events_per_s: run.relay_events_per_s() / one.relay_events_per_s().max(1e-9),
+            per_destination: run.relay_events_per_s_per_destination()
+                / one.relay_events_per_s_per_destination().max(1e-9),
         })
+    }
+
+    /// The relay phase's events per second of `destination` of `run` over
+    /// that of the one destination of N = 1, if that run was measured.
+    pub fn destination_ratio_to_one(
+        &self,
+        run: &DestinationsRun,
+        destination: &DestinationRun,
+    ) -> Option<f64> {
+        let one = self.one()?.relay_events_per_s_per_destination();
+        Some(run.destination_relay_events_per_s(destination) / one.max(1e-9))
+    }
+
+    /// The run of one destination, if measured.
+    fn one(&self) -> Option<&DestinationsRun> {
+        self.runs.iter().find(|r| r.destinations == 1)
     }
 }
 
@@ -206,10 +331,55 @@ fn create_files(dir: &Path, n: usize) -> Result<PathBuf, LabError> {
     Ok(producer_path)
 }
 
-/// What one relay did: when it was done, and its transient failures.
+/// What one relay did: when it was done, its transient failures, and
+/// its thread's time on a core and waiting for one.
 struct Relayed {
     done: Instant,
     transient_errors: u64,
+    scheduled: Option<Scheduled>,
+}
+
+/// A thread's time on a core and waiting for one, in nanoseconds, as the
+/// first two fields of `/proc/thread-self/schedstat` count them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Scheduled {
+    cpu_ns: u64,
+    runqueue_ns: u64,
+}
+
+impl Scheduled {
+    /// The calling thread's, `None` where the system does not say.
+    fn now() -> Option<Scheduled> {
+        Scheduled::parse(&std::fs::read_to_string("/proc/thread-self/schedstat").ok()?)
+    }
+
+    fn parse(schedstat: &str) -> Option<Scheduled> {
+        let mut fields = schedstat.split_whitespace();
+        Some(Scheduled {
+            cpu_ns: fields.next()?.parse().ok()?,
+            runqueue_ns: fields.next()?.parse().ok()?,
+        })
+    }
+
+    /// What the thread did from `self` until `later`.
+    fn until(self, later: Scheduled) -> Scheduled {
+        Scheduled {
+            cpu_ns: later.cpu_ns.saturating_sub(self.cpu_ns),
+            runqueue_ns: later.runqueue_ns.saturating_sub(self.runqueue_ns),
+        }
+    }
+
+    /// Over `seconds` of wall time: on a core, waiting for one, and the
+    /// rest, blocked.
+    fn over(self, seconds: f64) -> ThreadTime {
+        let cpu_seconds = self.cpu_ns as f64 / 1e9;
+        let runqueue_seconds = self.runqueue_ns as f64 / 1e9;
+        ThreadTime {
+            cpu_seconds,
+            runqueue_seconds,
+            blocked_seconds: (seconds - cpu_seconds - runqueue_seconds).max(0.0),
+        }
+    }
 }
 
 /// One destination's relay: its own connections to the producer file and
@@ -232,6 +402,7 @@ fn relay_one(
     // Every relay waits for the others, an unopened one included, so that
     // none is left waiting.
     ready.wait();
+    let before = Scheduled::now();
     let (mut producer, mut consumer) = opened?;
     let options = RelayOptions {
         batch_len_max: batch as usize,
@@ -262,21 +433,31 @@ fn relay_one(
             std::thread::sleep(IDLE_PAUSE);
         }
     }
+    let scheduled = before.zip(Scheduled::now()).map(|(b, a)| b.until(a));
     Ok(Relayed {
         done: Instant::now(),
         transient_errors,
+        scheduled,
     })
 }
 
-/// The N relays at once; returns the seconds until all were done and each
-/// one's figures.
+/// What the N relays of a run did together.
+struct RelayPhase {
+    /// Seconds until every destination held every event.
+    seconds: f64,
+    /// Each relay's seconds until its destination held every event, its
+    /// transient failures, and where its thread's time went.
+    each: Vec<(f64, u64, Option<ThreadTime>)>,
+}
+
+/// The N relays at once, timed from the moment every one is ready.
 fn relay_all(
     dir: &Path,
     producer_path: &Path,
     n: usize,
     events: u64,
     batch: u64,
-) -> Result<(f64, Vec<(f64, u64)>), LabError> {
+) -> Result<RelayPhase, LabError> {
     let ready = Barrier::new(n + 1);
     let (started, relayed) = std::thread::scope(|scope| {
         let handles: Vec<_> = (1..=n)
@@ -299,15 +480,16 @@ fn relay_all(
         (started, join_all(handles, "a relay thread"))
     });
     let relayed: Vec<Relayed> = relayed.into_iter().collect::<Result<_, _>>()?;
-    let each: Vec<(f64, u64)> = relayed
+    let each: Vec<(f64, u64, Option<ThreadTime>)> = relayed
         .iter()
         .map(|r| {
             let seconds = r.done.saturating_duration_since(started).as_secs_f64();
-            (seconds, r.transient_errors)
+            let time = r.scheduled.map(|s| s.over(seconds));
+            (seconds, r.transient_errors, time)
         })
         .collect();
-    let all = each.iter().map(|&(s, _)| s).fold(0.0, f64::max);
-    Ok((all, each))
+    let seconds = each.iter().map(|&(s, _, _)| s).fold(0.0, f64::max);
+    Ok(RelayPhase { seconds, each })
 }
 
 /// Applies one consumer file until nothing is left; returns how many
@@ -425,7 +607,7 @@ fn run_one(
     let append_seconds = started.elapsed().as_secs_f64();
     drop(producer);
     note("relaying");
-    let (relay_seconds, relayed) = relay_all(dir, &producer_path, n, events, options.batch)?;
+    let relayed = relay_all(dir, &producer_path, n, events, options.batch)?;
     note("applying");
     let apply_seconds = apply_all(dir, n, events, options.batch)?;
     note("checking every consumer");
@@ -437,7 +619,7 @@ fn run_one(
         )));
     }
     let mut per_destination = Vec::new();
-    for (k, (seconds, transient_errors)) in (1..=n).zip(relayed) {
+    for (k, &(seconds, transient_errors, time)) in (1..=n).zip(&relayed.each) {
         let (held, applied) = verify_consumer(dir, k, &appended)?;
         per_destination.push(DestinationRun {
             name: destination_name(k).as_str().to_owned(),
@@ -445,6 +627,7 @@ fn run_one(
             held,
             applied,
             transient_errors,
+            time,
         });
     }
     Ok(DestinationsRun {
@@ -452,7 +635,7 @@ fn run_one(
         flows: options.flows,
         events,
         append_seconds,
-        relay_seconds,
+        relay_seconds: relayed.seconds,
         apply_seconds,
         per_destination,
     })
@@ -486,6 +669,7 @@ pub fn run(
     Ok(DestinationsReport {
         flows: options.flows,
         batch: options.batch,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         runs,
     })
 }
@@ -532,6 +716,11 @@ mod tests {
                     held: 300,
                     applied: 300,
                     transient_errors: 0,
+                    time: Some(ThreadTime {
+                        cpu_seconds: s / 2.0,
+                        runqueue_seconds: s / 4.0,
+                        blocked_seconds: s / 4.0,
+                    }),
                 })
                 .collect(),
         }
@@ -547,6 +736,66 @@ mod tests {
             .map(|d| two.destination_events_per_s(d))
             .collect();
         assert_eq!(per, [200.0, 100.0]);
+        assert_eq!(two.relay_events_per_s(), 300.0);
+        let relay: Vec<f64> = (two.per_destination.iter())
+            .map(|d| two.destination_relay_events_per_s(d))
+            .collect();
+        assert_eq!(relay, [600.0, 150.0]);
+        assert_eq!(two.relay_events_per_s_per_destination(), 375.0);
+        let time = two.relay_time().unwrap();
+        assert_eq!(
+            (
+                time.cpu_seconds,
+                time.runqueue_seconds,
+                time.blocked_seconds
+            ),
+            (1.25, 0.625, 0.625)
+        );
+        assert_eq!(time.limit(), RelayLimit::Cpu);
+        let mut unknown = two.clone();
+        unknown.per_destination[1].time = None;
+        assert_eq!(unknown.relay_time(), None);
+    }
+
+    #[test]
+    fn the_limit_is_where_most_of_the_time_went() {
+        let time = |cpu, runqueue, blocked| ThreadTime {
+            cpu_seconds: cpu,
+            runqueue_seconds: runqueue,
+            blocked_seconds: blocked,
+        };
+        assert_eq!(time(2.0, 1.0, 1.0).limit(), RelayLimit::Cpu);
+        assert_eq!(time(1.0, 2.0, 1.0).limit(), RelayLimit::Cores);
+        assert_eq!(time(1.0, 1.0, 2.0).limit(), RelayLimit::Blocked);
+        assert_eq!(RelayLimit::Blocked.as_str(), "blocked");
+    }
+
+    #[test]
+    fn a_threads_schedule_is_read_and_split_over_its_wall_time() {
+        let read = Scheduled::parse("1500000000 500000000 42\n").unwrap();
+        assert_eq!(
+            (read.cpu_ns, read.runqueue_ns),
+            (1_500_000_000, 500_000_000)
+        );
+        assert_eq!(Scheduled::parse("12"), None);
+        let later = Scheduled {
+            cpu_ns: 2_500_000_000,
+            runqueue_ns: 1_000_000_000,
+        };
+        let spent = read.until(later);
+        assert_eq!(
+            spent.over(4.0),
+            ThreadTime {
+                cpu_seconds: 1.0,
+                runqueue_seconds: 0.5,
+                blocked_seconds: 2.5,
+            }
+        );
+        assert_eq!(spent.over(1.0).blocked_seconds, 0.0);
+        assert!(
+            Scheduled::now().is_some(),
+            "/proc/thread-self/schedstat on Linux"
+        );
     }
 
     #[test]
@@ -554,15 +803,29 @@ mod tests {
         let report = DestinationsReport {
             flows: 100,
             batch: 16,
+            cores: 2,
             runs: vec![run(1, &[1.0]), run(2, &[0.5, 2.0])],
         };
         let ratio = report.ratio_to_one(&report.runs[1]).unwrap();
         assert_eq!(ratio.all_held_seconds, 1.5);
         assert_eq!(ratio.events_per_s, 200.0 / 150.0);
+        // The relay phase alone: 300 events/s at N = 1, 300 all together
+        // and 375 per destination (600 and 150) at N = 2.
+        assert_eq!(ratio.relay_events_per_s, 1.0);
+        assert_eq!(ratio.per_destination, 1.25);
+        let each: Vec<Option<f64>> = (report.runs[1].per_destination.iter())
+            .map(|d| report.destination_ratio_to_one(&report.runs[1], d))
+            .collect();
+        assert_eq!(each, [Some(2.0), Some(0.5)]);
         let without_one = DestinationsReport {
             runs: vec![run(2, &[1.0, 1.0])],
             ..report
         };
         assert_eq!(without_one.ratio_to_one(&without_one.runs[0]), None);
+        let d = &without_one.runs[0].per_destination[0];
+        assert_eq!(
+            without_one.destination_ratio_to_one(&without_one.runs[0], d),
+            None
+        );
     }
 }
