@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use ordo_core::effect::EffectStore;
 use ordo_core::{
     ApplyHandler, Backoff, DestinationName, ErrorKind, ProducerStore, RelayOptions, RunConsumer,
     RunStore, Signal, StoreError, Transport,
@@ -33,6 +34,7 @@ use ordo_core::{
 
 mod apply;
 mod effects;
+mod effects_loop;
 mod relay;
 
 pub use apply::ApplyRound;
@@ -139,6 +141,10 @@ pub struct RunReport {
     pub relay: RelayTotals,
     /// The apply loop's totals (zero if none ran).
     pub apply: ApplyTotals,
+    /// The effects loop's totals (zero if none ran).
+    pub effects: EffectRound,
+    /// Transient failures the effects loop retried.
+    pub effect_transient_errors: u64,
 }
 
 /// Shared between a runner and its loops.
@@ -339,6 +345,35 @@ impl Runner {
             observe,
         };
         self.spawn("ordo-apply", signal, move || apply.run())
+    }
+
+    /// Starts the effects loop on its own thread, with its own consumer
+    /// handle: `executor` runs the intents of the names registered with it,
+    /// round after round, and shows each round that did anything to
+    /// `observe`. It finds new intents by the store's change watch (or
+    /// polls), and retries transient failures after a backoff, opening the
+    /// store again with `reopen` after a lost connection.
+    pub fn spawn_effects<C, O>(
+        &mut self,
+        consumer: C,
+        reopen: Option<Reopen<C>>,
+        executor: Executor,
+        observe: O,
+    ) -> std::io::Result<()>
+    where
+        C: EffectStore + RunStore + Send + 'static,
+        O: FnMut(&EffectRound) + Send + 'static,
+    {
+        let signal = consumer.signal();
+        let effects = effects_loop::EffectsLoop {
+            store: Held::new(consumer, reopen),
+            executor,
+            options: self.options,
+            control: self.control.clone(),
+            signal: signal.clone(),
+            observe,
+        };
+        self.spawn("ordo-effects", signal, move || effects.run())
     }
 
     fn spawn(
