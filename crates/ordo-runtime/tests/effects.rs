@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use ordo_core::effect::{
-    self, ActionRefused, Answer, EffectAction, EffectFilter, EffectKey, EffectPolicy, EffectState,
-    EffectStore, Reconciled, Settle,
+    self, ActionRefused, Answer, EffectAction, EffectFilter, EffectKey, EffectOps, EffectPolicy,
+    EffectState, Reconciled, Settle,
 };
 use ordo_core::{
     process_all, ApplyContext, BlockCode, Clock, ConsumerOps, Envelope, ErrorKind, Receive,

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ordo_core::effect::{Answer, EffectFilter, EffectPolicy, EffectState, EffectStore};
+use ordo_core::effect::{Answer, EffectFilter, EffectOps, EffectPolicy, EffectState};
 use ordo_core::{ApplyContext, Envelope, Receive, StoreError, SystemClock, Verdict};
 use ordo_runtime::{Executor, Runner, RunnerOptions};
 use ordo_sqlite::rusqlite::Connection;

@@ -28,8 +28,8 @@ pub use intent::{
 pub use policy::{EffectPolicy, EFFECT_BACKOFF, LEASE_MARGIN_MS_MIN, MAX_ATTEMPTS_MAX};
 pub use store::{
     claim, record, stored_state, ActionRefused, ClaimRound, ClaimWrite, Claimed, EffectCounts,
-    EffectEntry, EffectFilter, EffectRow, EffectStore, EffectWriter, Policies, SettleColumns,
-    CLAIM_LEN_MAX,
+    EffectEntry, EffectFilter, EffectOps, EffectRow, EffectStore, EffectWriter, Policies,
+    SettleColumns, CLAIM_LEN_MAX,
 };
 
 /// The state of an intent (EFFECTS.md "States").

@@ -169,19 +169,10 @@ pub trait EffectWriter {
     ) -> Result<bool, StoreError>;
 }
 
-/// A consumer store's intents, for executors and operators.
-pub trait EffectStore {
-    /// One open write transaction.
-    type Writer<'a>: EffectWriter
-    where
-        Self: 'a;
-
-    /// Begins a write transaction over the intents.
-    fn begin_effects(&mut self) -> Result<Self::Writer<'_>, StoreError>;
-
-    /// Commits it.
-    fn commit_effects(writer: Self::Writer<'_>) -> Result<(), StoreError>;
-
+/// A consumer store's intents as operators and executors read and repair
+/// them; object-safe, so that a console or command holds any backend's
+/// store behind one `dyn`.
+pub trait EffectOps {
     /// Records which effects are ordered (an executor's policies), so that
     /// claims and listings wait as the executor's policy says.
     fn register_order(&mut self, order: &[(EffectName, bool)]) -> Result<(), StoreError>;
@@ -206,6 +197,21 @@ pub trait EffectStore {
         by: &str,
         reason: &str,
     ) -> Result<Result<EffectEntry, ActionRefused>, StoreError>;
+}
+
+/// A consumer store's intents in write transactions, for the executor's
+/// claim and record ([`claim`], [`record`]).
+pub trait EffectStore: EffectOps {
+    /// One open write transaction.
+    type Writer<'a>: EffectWriter
+    where
+        Self: 'a;
+
+    /// Begins a write transaction over the intents.
+    fn begin_effects(&mut self) -> Result<Self::Writer<'_>, StoreError>;
+
+    /// Commits it.
+    fn commit_effects(writer: Self::Writer<'_>) -> Result<(), StoreError>;
 }
 
 /// Why an operator's action on an intent was refused. Nothing is written.

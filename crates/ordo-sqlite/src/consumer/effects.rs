@@ -4,8 +4,8 @@
 
 use ordo_core::effect::{
     self, ActionRefused, ClaimWrite, EffectAction, EffectCounts, EffectEntry, EffectFilter,
-    EffectKey, EffectName, EffectRow, EffectState, EffectStore, EffectWriter, Intent, Settle,
-    SettleColumns, StoredAttempt,
+    EffectKey, EffectName, EffectOps, EffectRow, EffectState, EffectStore, EffectWriter, Intent,
+    Settle, SettleColumns, StoredAttempt,
 };
 use ordo_core::{EventId, FlowId, ProducerName, Seq, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -125,7 +125,9 @@ impl EffectStore for ConsumerDb {
             .commit()
             .map_err(|e| sql_error("consumer: effect commit failed", e))
     }
+}
 
+impl EffectOps for ConsumerDb {
     fn register_order(&mut self, order: &[(EffectName, bool)]) -> Result<(), StoreError> {
         let tx = begin_write(&mut self.conn)?;
         for (name, ordered) in order {
