@@ -184,6 +184,9 @@ pub trait EffectOps {
         limit: usize,
     ) -> Result<Vec<EffectEntry>, StoreError>;
 
+    /// The intent of `key`, if any.
+    fn effect(&mut self, key: &EffectKey) -> Result<Option<EffectEntry>, StoreError>;
+
     /// The intents by state.
     fn effect_counts(&mut self, now_ms: i64) -> Result<EffectCounts, StoreError>;
 

@@ -151,6 +151,10 @@ impl EffectOps for ConsumerDb {
         list(&self.conn, filter, limit)
     }
 
+    fn effect(&mut self, key: &EffectKey) -> Result<Option<EffectEntry>, StoreError> {
+        entry_of(&self.conn, key)
+    }
+
     fn effect_counts(&mut self, now_ms: i64) -> Result<EffectCounts, StoreError> {
         counts(&self.conn, now_ms)
     }
