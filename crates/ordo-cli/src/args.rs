@@ -137,6 +137,11 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::destinations::DestinationCommand,
     },
+    /// List the consumer's effect intents, run the webhook executor, retry, resolve or skip an intent.
+    Effects {
+        #[command(subcommand)]
+        command: crate::effects::EffectsCommand,
+    },
     /// Inspect the outbox and retry quarantined events.
     Outbox {
         #[command(subcommand)]
@@ -521,6 +526,9 @@ pub struct StatusArgs {
     /// producer store was rewound (restored from an older backup).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64), allow_hyphen_values = true)]
     pub max_rewound: Option<u64>,
+    /// Alert when more than N effect intents are outcome_unknown.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64), allow_hyphen_values = true)]
+    pub max_unknown_effects: Option<u64>,
 }
 
 #[derive(Debug, Args)]

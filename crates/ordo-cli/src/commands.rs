@@ -53,6 +53,7 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Bench(args) => lab::bench(json_mode, args),
         Command::Worker { role } => lab::worker(json_mode, role),
         Command::Destination { command } => crate::destinations::run(json_mode, command),
+        Command::Effects { command } => crate::effects::run(json_mode, command),
         Command::Outbox { command } => ops::outbox(json_mode, command),
         Command::Inbox { command } => ops::inbox(json_mode, command),
         Command::Prune(args) => ops::prune(json_mode, args),

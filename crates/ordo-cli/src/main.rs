@@ -7,6 +7,8 @@ mod commands;
 mod console;
 mod context;
 mod destinations;
+mod effects;
+mod effects_run;
 mod follow;
 mod lab;
 mod logging;

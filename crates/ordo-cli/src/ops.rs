@@ -5,6 +5,7 @@
 use ordo_reservation::ApplyOptions;
 use std::collections::BTreeMap;
 
+use ordo_core::effect::EffectState;
 use ordo_core::ops::{
     age_s, ConsumerStatus, InboxEntry, InboxScope, OutboxEntry, ProducerStatus, RepairRecord,
     SkipRequest,
@@ -404,8 +405,14 @@ fn check_thresholds(args: &StatusArgs) -> Result<(), Failure> {
             return Err(Failure::Usage(format!("{flag} needs --producer")));
         }
     }
-    if args.max_blocked.is_some() && args.sides.consumer.is_none() {
-        return Err(Failure::Usage("--max-blocked needs --consumer".into()));
+    let consumer_only = [
+        ("--max-blocked", args.max_blocked),
+        ("--max-unknown-effects", args.max_unknown_effects),
+    ];
+    for (flag, value) in consumer_only {
+        if value.is_some() && args.sides.consumer.is_none() {
+            return Err(Failure::Usage(format!("{flag} needs --consumer")));
+        }
     }
     Ok(())
 }
@@ -554,7 +561,25 @@ fn consumer_side(
             age_s(now_ms, g.since_ms)
         ));
     }
-    Ok((consumer_status_value(now_ms, &c, &store_id), lines))
+    let mut value = consumer_status_value(now_ms, &c, &store_id);
+    let effects = crate::effects::status_counts(&mut consumer, now_ms)?;
+    let unknown = effects
+        .as_ref()
+        .map_or(0, |e| e.of(EffectState::OutcomeUnknown));
+    signals.push((
+        "outcome_unknown",
+        json!(unknown),
+        args.max_unknown_effects,
+        args.max_unknown_effects.is_some_and(|t| unknown > t),
+        None,
+    ));
+    if let Some(effects) = &effects {
+        lines.push(crate::effects::counts_line(effects));
+    }
+    value["effects"] = effects
+        .as_ref()
+        .map_or(Value::Null, crate::effects::counts_value);
+    Ok((value, lines))
 }
 
 pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> {
@@ -576,12 +601,13 @@ pub fn status(json_mode: bool, args: StatusArgs) -> Result<Option<u8>, Failure> 
     }
     // In the contract's order; counts are compared and printed as
     // integers, the age in seconds.
-    const ORDER: [&str; 5] = [
+    const ORDER: [&str; 6] = [
         "backlog",
         "oldest_pending_age_s",
         "blocked",
         "quarantined",
         "rewound",
+        "outcome_unknown",
     ];
     signals.sort_by_key(|(name, ..)| ORDER.iter().position(|n| n == name));
     let breaches: Vec<Value> = signals
