@@ -14,6 +14,8 @@
 //!   [`ordo_inbox::Inbox`], which parses and stores), [`listen`] (accept loop, limits,
 //!   shutdown), [`linger`] (the lingering close after an early answer),
 //!   [`tls`], `reply` (JSON errors).
+//! * [`webhook`]: the built-in webhook effect ([`Webhook`], [`AllowedUrls`])
+//!   that `ordo effects run` executes (EFFECTS.md).
 
 #![warn(missing_docs)]
 
@@ -28,6 +30,7 @@ pub use ordo_metrics as metrics;
 mod reply;
 pub mod server;
 pub mod tls;
+pub mod webhook;
 
 /// The header carrying a store's identity (HTTP.md, third release): the
 /// consumer store's on every answer of the inbox server, the delivering
@@ -41,3 +44,4 @@ pub use listen::bind;
 pub use metrics::Metrics;
 pub use ordo_inbox::Opener;
 pub use server::{Server, ServerConfig};
+pub use webhook::{AllowedUrls, Webhook, WebhookError};
