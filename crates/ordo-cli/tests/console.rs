@@ -8,112 +8,13 @@
 mod common;
 mod pgdb;
 
-use std::time::Duration;
-
 use common::console::{
     repairs, status_metrics, token_file, troubled, troubled_in, Console, NOW, T0,
 };
+use common::http::{agent, hidden, page, post, Page};
 use common::{envelope, reservation, run, Lab};
 use pgdb::Database;
 use serde_json::{json, Value};
-
-/// The HTTP side of a running console.
-impl Console {
-    fn get(&self, path: &str) -> Page {
-        page(agent().get(&self.url(path)).call())
-    }
-
-    fn get_with_cookie(&self, path: &str, cookie: &str) -> Page {
-        page(agent().get(&self.url(path)).header("Cookie", cookie).call())
-    }
-
-    /// POSTs `form` to `path` from the console's own origin.
-    fn post_own(&self, path: &str, form: &[(&str, &str)]) -> Page {
-        post(self, path, Some(&self.url("")), form)
-    }
-
-    fn login(&self, token: &str) -> Page {
-        page(
-            agent()
-                .post(&self.url("/login"))
-                .send_form([("token", token)]),
-        )
-    }
-}
-
-#[derive(Debug)]
-struct Page {
-    status: u16,
-    headers: Vec<(String, String)>,
-    text: String,
-}
-
-impl Page {
-    /// Asserts the page's status and a phrase of its text.
-    #[track_caller]
-    fn assert_says(&self, status: u16, phrase: &str) {
-        assert_eq!(self.status, status, "{self:?}");
-        assert!(self.text.contains(phrase), "{}", self.text);
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The text of the element carrying `data-metric="NAME"`.
-    #[track_caller]
-    fn metric(&self, name: &str) -> String {
-        let marker = format!("data-metric=\"{name}\">");
-        let start = self
-            .text
-            .find(&marker)
-            .unwrap_or_else(|| panic!("no data-metric {name} in {}", self.text))
-            + marker.len();
-        let end = start + self.text[start..].find('<').expect("the element closes");
-        self.text[start..end].to_owned()
-    }
-
-    /// The flows listed (their `data-flow` attributes), in order.
-    fn flows(&self) -> Vec<String> {
-        self.text
-            .split("data-flow=\"")
-            .skip(1)
-            .map(|rest| rest[..rest.find('"').unwrap()].to_owned())
-            .collect()
-    }
-
-    /// The target of the "Next page" link, if any.
-    fn next(&self) -> Option<String> {
-        let rest = &self.text[self.text.find("id=\"next\" href=\"")? + 16..];
-        Some(rest[..rest.find('"').unwrap()].replace("&amp;", "&"))
-    }
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .into()
-}
-
-fn page(response: Result<ureq::http::Response<ureq::Body>, ureq::Error>) -> Page {
-    let mut response = response.expect("the console answers");
-    let headers = response
-        .headers()
-        .iter()
-        .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
-        .collect();
-    Page {
-        status: response.status().as_u16(),
-        headers,
-        text: response.body_mut().read_to_string().expect("a text body"),
-    }
-}
 
 /// Both sides in one PostgreSQL database.
 fn pg_lab(db: &Database) -> Lab {
@@ -642,21 +543,6 @@ fn with_a_token_every_page_needs_the_login() {
     );
     assert_eq!(cross.status, 403, "{cross:?}");
     assert_eq!(console.terminate(), 0);
-}
-
-/// The value of the hidden field `name` of the page's first form.
-fn hidden(page: &Page, name: &str) -> Option<String> {
-    let marker = format!("name=\"{name}\" value=\"");
-    let rest = &page.text[page.text.find(&marker)? + marker.len()..];
-    Some(rest[..rest.find('"').unwrap()].to_owned())
-}
-
-fn post(console: &Console, path: &str, origin: Option<&str>, form: &[(&str, &str)]) -> Page {
-    let mut request = agent().post(&console.url(path));
-    if let Some(origin) = origin {
-        request = request.header("Origin", origin);
-    }
-    page(request.send_form(form.iter().copied()))
 }
 
 /// `ordo status --json` of the lab's consumer alone, at the console's clock.

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod console;
+pub mod http;
 pub mod process;
 
 #[allow(unused_imports)]
