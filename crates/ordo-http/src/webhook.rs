@@ -226,6 +226,16 @@ impl Webhook {
     }
 }
 
+/// `text` when it parses as an `http://` or `https://` URL with a host
+/// (`--webhook URL`); whether it may be called is the executor's decision.
+pub fn check_url(text: &str) -> Result<String, String> {
+    let url = Url::parse(text).map_err(|e| format!("must be an http:// or https:// URL ({e})"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err("must be an http:// or https:// URL with a host".into());
+    }
+    Ok(text.to_owned())
+}
+
 /// `(url, body)` of a well-formed request: exactly `{"url": STRING,
 /// "body": OBJECT}`.
 pub fn webhook_request(request: &Value) -> Option<(&str, &Map<String, Value>)> {
@@ -372,6 +382,15 @@ mod tests {
                 matches!(AllowedUrls::new(&[bad]), Err(WebhookError::Prefix { .. })),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn a_webhook_url_is_http_or_https_with_a_host() {
+        assert!(check_url("https://hooks.example.com/in").is_ok());
+        assert!(check_url("http://127.0.0.1:9/").is_ok());
+        for bad in ["hooks.example.com", "ftp://a/", "mailto:a@b", "http://", ""] {
+            assert!(check_url(bad).is_err(), "{bad}");
         }
     }
 

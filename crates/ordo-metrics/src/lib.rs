@@ -20,6 +20,12 @@
 //! ([`Metrics::expect_block_reasons`]). The inbox gauges start at zero for
 //! the default producer.
 //!
+//! The effect executor's metrics (EFFECTS.md): the gauge `ordo_effects{state}`
+//! set from the store's counts ([`Metrics::set_effects`]), and the counter
+//! `ordo_effect_attempts_total{name, outcome}` of the calls made
+//! ([`Metrics::count_effect_attempt`]), listed at zero for every outcome of
+//! the names an executor runs ([`Metrics::expect_effect`]).
+//!
 //! Invariant: this crate only counts. It reads no store, knows no transport
 //! and serves nothing by itself; the caller updates the gauges from its own
 //! status reads ([`Metrics::set_inbox`], [`Metrics::set_outbox`]) and
@@ -29,6 +35,7 @@
 
 use std::collections::BTreeSet;
 
+use ordo_core::effect::{EffectCounts, EffectState};
 use ordo_core::ops::{ConsumerStatus, ProducerInbox, ProducerStatus};
 use ordo_core::{ProducerName, Receipt};
 use prometheus::core::Collector;
@@ -42,6 +49,10 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// The label values of `ordo_relay_errors_total{kind}`.
 pub const ERROR_KINDS: [&str; 5] = ["busy", "connection", "timeout", "http", "other"];
+
+/// The label values of `ordo_effect_attempts_total{outcome}`: what a call
+/// answered.
+pub const EFFECT_OUTCOMES: [&str; 4] = ["succeeded", "retry", "failed", "unknown"];
 
 /// The receipts a delivery or a reception records.
 const RECEIPTS: [Receipt; 3] = [Receipt::Accepted, Receipt::Duplicate, Receipt::Conflict];
@@ -88,6 +99,11 @@ pub struct Metrics {
     /// `ordo_relay_errors_total{destination, kind}`: transient delivery
     /// failures by kind ([`ERROR_KINDS`]).
     pub relay_errors_total: IntCounterVec,
+    /// `ordo_effects{state}`: effect intents by state.
+    pub effects: IntGaugeVec,
+    /// `ordo_effect_attempts_total{name, outcome}`: calls an effect
+    /// executor made, by effect name and answer ([`EFFECT_OUTCOMES`]).
+    pub effect_attempts_total: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -103,6 +119,18 @@ impl Metrics {
         let inbox = InboxMetrics::register(&registry);
         let apply = ApplyMetrics::register(&registry);
         let relay = RelayMetrics::register(&registry);
+        let effects = int_gauge_vec(
+            &registry,
+            "ordo_effects",
+            "Effect intents in the consumer store, by state.",
+            "state",
+        );
+        let effect_attempts_total = counter_vec(
+            &registry,
+            "ordo_effect_attempts_total",
+            "Calls the effect executor made, by effect name and outcome.",
+            &["name", "outcome"],
+        );
         let metrics = Metrics {
             inbox_received_total: inbox.received_total,
             http_requests_total: inbox.http_requests_total,
@@ -119,6 +147,8 @@ impl Metrics {
             outbox_rewound: relay.outbox_rewound,
             relay_deliveries_total: relay.deliveries_total,
             relay_errors_total: relay.errors_total,
+            effects,
+            effect_attempts_total,
             registry,
         };
         metrics.start_at_zero();
@@ -222,6 +252,37 @@ impl Metrics {
         self.outbox_oldest_pending_age_seconds
             .with_label_values(&labels)
             .set(age_ms as f64 / 1000.0);
+    }
+
+    /// Lists `ordo_effect_attempts_total` of the effect `name` at zero for
+    /// every outcome, and `ordo_effects` at zero for every state, so that
+    /// both names appear before the first call: an executor names the
+    /// effects it runs.
+    pub fn expect_effect(&self, name: &str) {
+        for outcome in EFFECT_OUTCOMES {
+            self.effect_attempts_total
+                .with_label_values(&[name, outcome]);
+        }
+        for state in EffectState::ALL {
+            self.effects.with_label_values(&[state.as_str()]);
+        }
+    }
+
+    /// Counts one call of the effect `name` that answered `outcome` (one of
+    /// [`EFFECT_OUTCOMES`]).
+    pub fn count_effect_attempt(&self, name: &str, outcome: &str) {
+        self.effect_attempts_total
+            .with_label_values(&[name, outcome])
+            .inc();
+    }
+
+    /// Sets `ordo_effects{state}` from the store's counts.
+    pub fn set_effects(&self, counts: &EffectCounts) {
+        for state in EffectState::ALL {
+            self.effects
+                .with_label_values(&[state.as_str()])
+                .set(saturating_i64(counts.of(state)));
+        }
     }
 
     /// The text exposition (format 0.0.4) of every metric.
@@ -531,6 +592,31 @@ mod tests {
             has_line(&text, line);
         }
         assert!(!text.contains("destination=\"default\""), "{text}");
+    }
+
+    #[test]
+    fn effect_metrics_start_at_zero_for_the_names_run_and_follow_the_counts() {
+        let metrics = Metrics::new();
+        assert!(!metrics.encode().contains("ordo_effect"));
+        metrics.expect_effect("webhook");
+        has_line(
+            &metrics.encode(),
+            "ordo_effect_attempts_total{name=\"webhook\",outcome=\"unknown\"} 0",
+        );
+        metrics.count_effect_attempt("webhook", "retry");
+        let mut counts = EffectCounts::default();
+        counts.count("succeeded", 3).unwrap();
+        counts.count("outcome_unknown", 1).unwrap();
+        metrics.set_effects(&counts);
+        let text = metrics.encode();
+        for line in [
+            "ordo_effect_attempts_total{name=\"webhook\",outcome=\"retry\"} 1",
+            "ordo_effects{state=\"succeeded\"} 3",
+            "ordo_effects{state=\"outcome_unknown\"} 1",
+            "ordo_effects{state=\"pending\"} 0",
+        ] {
+            has_line(&text, line);
+        }
     }
 
     #[test]

@@ -27,5 +27,5 @@ pub use schema::{consumer_schema, producer_schema};
 pub use sqlite::{
     advance_in, consumer_snapshot, open_consumer, open_producer, producer_snapshot,
     producer_snapshot_entries, Advance, AdvanceError, ConsumerRows, EffectRecord,
-    ReservationConsumer, ReservationHandler, ReservationProducer, DOMAIN,
+    ReservationConsumer, ReservationHandler, ReservationProducer, DOMAIN, WEBHOOK_EFFECT,
 };

@@ -51,7 +51,12 @@ impl ReservationHandler {
     /// with the projections of every flow read in one statement and written
     /// in one, and the effects inserted in one; a single event goes the
     /// same way.
-    fn apply_events(&mut self, tx: &PgTx, events: &[Envelope]) -> Result<Verdict, StoreError> {
+    fn apply_events(
+        &mut self,
+        cx: &mut ApplyContext<'_, PgTx>,
+        events: &[Envelope],
+    ) -> Result<Verdict, StoreError> {
+        let tx: &PgTx = cx.tx();
         let flows: Vec<FlowKey<'_>> = events.iter().map(flow_key).collect();
         let stored = read_projections(tx, &flows)?;
         // Each flow's projection after the batch's events so far.
@@ -86,6 +91,9 @@ impl ReservationHandler {
             &[&flows, &producers, &seqs, &event_ids],
         )?;
         crash::point(crash::CONSUMER_APPLY_AFTER_EFFECT);
+        for event in events {
+            self.record_webhook(cx, event)?;
+        }
         Ok(Verdict::Apply)
     }
 }

@@ -20,6 +20,10 @@ use crate::schema::{consumer_schema, producer_schema};
 /// The domain name of reservation stores.
 pub const DOMAIN: &str = "reservation";
 
+/// The name of the effect intent the handler records when given a webhook
+/// URL: the one the built-in webhook executor runs.
+pub const WEBHOOK_EFFECT: &str = "webhook";
+
 /// The outcome of an advance.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Advance {
@@ -159,10 +163,13 @@ pub trait ReservationConsumer: ConsumerStore {
 /// projection, then updates the projection and inserts one effect record;
 /// otherwise blocks with `unsupported_schema`, `invalid_payload` or
 /// `invalid_transition`. With schema 2 support it re-evaluates rows blocked
-/// for `unsupported_schema`.
-#[derive(Debug, Default, Clone, Copy)]
+/// for `unsupported_schema`. Given a webhook URL, it also records for every
+/// event it applies a `webhook` effect intent (EFFECTS.md) posting the
+/// event to that URL.
+#[derive(Debug, Default, Clone)]
 pub struct ReservationHandler {
     options: ApplyOptions,
+    webhook: Option<std::sync::Arc<str>>,
 }
 
 const REEVALUATE_V2: [BlockCode; 1] = [BlockCode::from_static("unsupported_schema")];
@@ -170,7 +177,50 @@ const REEVALUATE_V2: [BlockCode; 1] = [BlockCode::from_static("unsupported_schem
 impl ReservationHandler {
     /// A handler decoding the schemas `options` enables.
     pub fn new(options: ApplyOptions) -> ReservationHandler {
-        ReservationHandler { options }
+        ReservationHandler {
+            options,
+            webhook: None,
+        }
+    }
+
+    /// This handler, recording for every event it applies the intent
+    /// [`WEBHOOK_EFFECT`] with the request `{"url": url, "body":
+    /// {"producer": P, "event": ENVELOPE}}` (ENVELOPE the applied event's
+    /// envelope as received). Whether `url` may be called is decided by
+    /// the executor that runs the intent.
+    pub fn with_webhook(self, url: impl Into<std::sync::Arc<str>>) -> ReservationHandler {
+        ReservationHandler {
+            webhook: Some(url.into()),
+            ..self
+        }
+    }
+
+    /// The URL every applied event's `webhook` intent posts to, if any.
+    pub fn webhook(&self) -> Option<&str> {
+        self.webhook.as_deref()
+    }
+
+    /// The `webhook` request of `event`, when the handler has a URL.
+    pub fn webhook_request(&self, event: &Envelope) -> Option<serde_json::Value> {
+        self.webhook.as_deref().map(|url| {
+            serde_json::json!({
+                "url": url,
+                "body": {"producer": event.producer.as_str(), "event": event.to_value()},
+            })
+        })
+    }
+
+    /// Records the `webhook` intent of `event` through `cx`, when the
+    /// handler has a URL.
+    pub fn record_webhook<Tx: ?Sized>(
+        &self,
+        cx: &mut ApplyContext<'_, Tx>,
+        event: &Envelope,
+    ) -> Result<(), StoreError> {
+        if let Some(request) = self.webhook_request(event) {
+            cx.effect_for(event, WEBHOOK_EFFECT, &request)?;
+        }
+        Ok(())
     }
 
     /// The schemas this handler decodes.
@@ -225,6 +275,7 @@ impl ApplyHandler<Connection> for ReservationHandler {
             event.producer.as_str(),
         ])?;
         crash::point(crash::CONSUMER_APPLY_AFTER_EFFECT);
+        self.record_webhook(tx, event)?;
         Ok(Verdict::Apply)
     }
 
