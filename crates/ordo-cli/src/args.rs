@@ -198,6 +198,10 @@ pub struct ServeArgs {
     /// Also run the reservation domain's applier in this process.
     #[arg(long)]
     pub apply: bool,
+    /// With --apply, record for every applied event a `webhook` effect
+    /// intent posting it to URL (http or https).
+    #[arg(long, value_name = "URL", requires = "apply", value_parser = ordo_http::webhook::check_url)]
+    pub webhook: Option<String>,
     /// The most envelopes of one request, 1..=100000.
     #[arg(long, value_name = "N", default_value_t = ordo_http::server::MAX_BATCH_DEFAULT as u64,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
@@ -823,6 +827,10 @@ pub struct ApplyArgs {
     /// With --follow, serve Prometheus metrics at http://ADDR/metrics.
     #[arg(long, value_name = "ADDR", requires = "follow")]
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Record for every applied event a `webhook` effect intent posting it
+    /// to URL (http or https; `ordo effects run` decides whether it is allowed).
+    #[arg(long, value_name = "URL", value_parser = ordo_http::webhook::check_url)]
+    pub webhook: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -416,7 +416,7 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
         support_v2: args.support_v2,
     };
     let mut consumer = open_reservation_consumer(&args.consumer)?;
-    let mut handler = ReservationHandler::new(options);
+    let mut handler = reservation_handler(options, args.webhook.as_deref());
     let mut drains = render::Bounded::default();
     match &args.flow {
         Some(flow_id) => drains.push(consumer.drain_reservation(
@@ -452,6 +452,16 @@ fn apply(json_mode: bool, args: ApplyArgs) -> Result<(), Failure> {
         lines.join("\n")
     });
     Ok(())
+}
+
+/// The reservation handler of `options`, recording a `webhook` intent per
+/// applied event when `webhook` names a URL.
+pub fn reservation_handler(options: ApplyOptions, webhook: Option<&str>) -> ReservationHandler {
+    let handler = ReservationHandler::new(options);
+    match webhook {
+        Some(url) => handler.with_webhook(url),
+        None => handler,
+    }
 }
 
 /// The producer's rows in one read transaction (no flows for a store of

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use ordo_core::{DestinationName, Transport};
 use ordo_http::{Metrics, MetricsServer};
-use ordo_reservation::{ApplyOptions, ReservationHandler};
+use ordo_reservation::ApplyOptions;
 use ordo_runtime::{ApplyRound, RelayRound, Runner, RunnerOptions};
 use serde_json::json;
 
@@ -141,9 +141,10 @@ pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
     if let Some(metrics) = &metrics {
         expect_reservation_blocks(metrics);
     }
-    let handler = ReservationHandler::new(ApplyOptions {
+    let options = ApplyOptions {
         support_v2: args.support_v2,
-    });
+    };
+    let handler = crate::commands::reservation_handler(options, args.webhook.as_deref());
     let mut printer = Printer::new(json_mode);
     let observer_metrics = metrics.clone();
     let observe = move |round: &ApplyRound| {

@@ -14,11 +14,12 @@ use ordo_core::StoreId;
 use ordo_http::server::ServerConfig;
 use ordo_http::tls::TlsAcceptor;
 use ordo_http::{KeyRing, Metrics, Opener, Server};
-use ordo_reservation::{ApplyOptions, ReservationHandler};
+use ordo_reservation::ApplyOptions;
 use serde_json::json;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::args::ServeArgs;
+use crate::commands::reservation_handler;
 use crate::context::{
     check_consumer, clock, emit, existing_consumer, existing_consumer_domain,
     open_existing_reservation_consumer,
@@ -151,7 +152,7 @@ async fn run(
 ) -> Result<(), Failure> {
     let metrics = Arc::new(Metrics::new());
     let applier = match applier_store {
-        Some(store) => Some(start_applier(store, &args.consumer, &metrics)?),
+        Some(store) => Some(start_applier(store, &args, &metrics)?),
         None => None,
     };
     let (listener, bound) = bind(args.listen)?;
@@ -222,15 +223,15 @@ impl Signals {
 
 fn start_applier(
     consumer: AnyConsumer,
-    location: &Location,
+    args: &ServeArgs,
     metrics: &Arc<Metrics>,
 ) -> Result<Runner, Failure> {
     expect_reservation_blocks(metrics);
-    let handler = ReservationHandler::new(ApplyOptions::default());
+    let handler = reservation_handler(ApplyOptions::default(), args.webhook.as_deref());
     let counted = Some(Arc::clone(metrics));
     let running = start_apply(
         consumer,
-        location,
+        &args.consumer,
         handler,
         ordo_core::APPLY_BATCH_LEN_DEFAULT,
         move |round| count_apply(&counted, round),
