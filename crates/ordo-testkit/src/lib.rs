@@ -92,6 +92,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use ordo_core::effect::EffectStore;
 use ordo_core::{ApplyHandler, BlockCode, Clock, ConsumerStore, ProducerStore, SystemClock};
 use ordo_reservation::{ReservationConsumer, ReservationProducer};
 
@@ -109,7 +110,7 @@ pub trait Backend {
     type Producer: ProducerStore + ReservationProducer;
     /// The consumer side (inbox, and the reservation domain's projection
     /// and effects).
-    type Consumer: ReservationConsumer;
+    type Consumer: ReservationConsumer + EffectStore;
 
     /// Opens (creating what is missing) the producer and consumer stores that
     /// live in `dir`, both reading the time they stamp on their own writes
@@ -300,6 +301,13 @@ macro_rules! conformance_suite {
             consumer_status_counts_pending_blocked_and_gaps
             consumer_status_caps_the_listed_gaps
             prune_inbox_keeps_fingerprints_and_never_reapplies
+            // external effects (EFFECTS.md)
+            effects_commit_with_the_apply_and_never_with_a_block_or_a_refusal
+            effects_run_in_order_per_flow_and_retry_after_the_backoff
+            effects_an_unknown_outcome_waits_for_an_operator
+            effects_a_dedup_window_sends_again_under_the_same_key
+            effects_an_expired_lease_is_unknown_unless_reconcile_can_tell
+            effects_prune_removes_settled_intents
             // browsing (the operator console)
             browse_producer_flows_by_prefix_and_page
             browse_flow_outbox_entries_in_seq_order
@@ -317,12 +325,13 @@ macro_rules! conformance_suite {
 #[cfg(test)]
 mod tests {
     /// The suite's source files, by module name.
-    const SOURCES: [(&str, &str); 11] = [
+    const SOURCES: [(&str, &str); 12] = [
         ("apply", include_str!("suite/apply.rs")),
         ("browse", include_str!("suite/browse.rs")),
         ("delivery", include_str!("suite/delivery.rs")),
         ("destinations", include_str!("suite/destinations.rs")),
         ("durability", include_str!("suite/durability.rs")),
+        ("effects", include_str!("suite/effects.rs")),
         ("generic", include_str!("suite/generic.rs")),
         ("operations", include_str!("suite/operations.rs")),
         ("producer", include_str!("suite/producer.rs")),
