@@ -55,6 +55,7 @@ pub fn console(json_mode: bool, args: ConsoleArgs) -> Result<(), Failure> {
         csrf: Csrf::generate()
             .map_err(|e| Failure::Internal(format!("cannot draw a form token: {e}")))?,
         confirmations: Default::default(),
+        effect_confirmations: Default::default(),
         reevaluate: reservation.map(reservation_reevaluator),
         summary: reservation.map(reservation_summary),
     };

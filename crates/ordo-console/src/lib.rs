@@ -16,6 +16,7 @@
 //! ([`ProducerOps`], [`ConsumerHandle`]), so any backend can stand behind it.
 
 mod auth;
+mod effects;
 mod pages;
 mod stores;
 
@@ -36,6 +37,7 @@ use ordo_core::{
 use serde::Deserialize;
 
 pub use auth::{Csrf, Token, TokenError, SESSION_MAX_AGE_S};
+pub use effects::EffectConfirmations;
 pub use stores::{keep_idle, ConsumerOpener, IdlePool, Kept, Lender, Opener, ProducerOpener};
 
 /// The console's Content-Security-Policy: scripts, styles and everything
@@ -76,6 +78,8 @@ pub struct Console {
     pub csrf: Csrf,
     /// The one-time confirmations of the skips previewed, by token.
     pub confirmations: Confirmations,
+    /// The one-time confirmations of the effect actions previewed.
+    pub effect_confirmations: EffectConfirmations,
     /// Re-evaluates a flow's blocked rows through the domain's handler, if
     /// this process runs it (the reservation domain, as `ordo inbox
     /// retry`); other domains' handlers run in the application.
@@ -138,6 +142,11 @@ pub fn router(console: Console) -> Router {
         .route("/quarantined/retry", axum::routing::post(retry_quarantined))
         .route("/flow/skip", get(skip_preview).post(skip))
         .route("/blocked/reevaluate", axum::routing::post(reevaluate))
+        .route("/effects", get(effects::effects_page))
+        .route(
+            "/effects/act",
+            get(effects::effect_preview).post(effects::effect_act),
+        )
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&app),
             require_session,

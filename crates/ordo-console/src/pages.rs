@@ -35,6 +35,7 @@ fn layout(title: &str, body: Markup) -> Html<String> {
                         a href="/flows" { "Flows" }
                         a href="/quarantined" { "Quarantined" }
                         a href="/blocked" { "Blocked" }
+                        a href="/effects" { "Effects" }
                         a href="/repairs" { "Repair log" }
                     }
                     main {
@@ -48,7 +49,7 @@ fn layout(title: &str, body: Markup) -> Html<String> {
     )
 }
 
-fn ok(title: &str, body: Markup) -> Page {
+pub(crate) fn ok(title: &str, body: Markup) -> Page {
     (StatusCode::OK, layout(title, body))
 }
 
@@ -129,7 +130,7 @@ fn inbox_flow_link(flow: &InboxFlow) -> Markup {
 }
 
 /// Percent-encodes a query parameter's value.
-fn urlencode(value: &str) -> String {
+pub(crate) fn urlencode(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for byte in value.bytes() {
         match byte {
@@ -351,7 +352,7 @@ fn inbox_table(rows: &[InboxEntry]) -> Markup {
     }
 }
 
-fn truncated(len: usize) -> Markup {
+pub(crate) fn truncated(len: usize) -> Markup {
     html! { @if len >= ROWS_MAX { p.note { "Only the first " (ROWS_MAX) " rows are shown." } } }
 }
 

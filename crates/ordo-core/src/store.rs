@@ -785,11 +785,12 @@ pub trait ConsumerStore: Receive + ConsumerOps {
     ) -> Result<Vec<InboxFlow>, StoreError>;
 }
 
-/// A consumer store of any backend, behind one object-safe type: receive
-/// and the operator's view. Every [`ConsumerStore`] that is `Send` is one.
-pub trait ConsumerHandle: Receive + ConsumerOps + Send {}
+/// A consumer store of any backend, behind one object-safe type: receive,
+/// the operator's view, and its effect intents. Every [`ConsumerStore`]
+/// that keeps intents and is `Send` is one.
+pub trait ConsumerHandle: Receive + ConsumerOps + crate::effect::EffectOps + Send {}
 
-impl<S: Receive + ConsumerOps + Send + ?Sized> ConsumerHandle for S {}
+impl<S: Receive + ConsumerOps + crate::effect::EffectOps + Send + ?Sized> ConsumerHandle for S {}
 
 /// The default number of events applied per transaction.
 pub const APPLY_BATCH_LEN_DEFAULT: u64 = 256;
