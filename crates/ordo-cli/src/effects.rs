@@ -7,10 +7,10 @@
 
 use clap::Subcommand;
 use ordo_core::effect::{
-    ActionRefused, EffectAction, EffectCounts, EffectEntry, EffectFilter, EffectKey, EffectName,
-    EffectState, EffectStore,
+    EffectAction, EffectCounts, EffectEntry, EffectFilter, EffectKey, EffectName, EffectOps,
+    EffectState,
 };
-use ordo_core::{ProducerName, StoreError};
+use ordo_core::ProducerName;
 use serde_json::{json, Value};
 
 use crate::context::{emit, open_existing_consumer};
@@ -89,54 +89,11 @@ fn resolution(value: &str) -> Result<EffectState, String> {
     }
 }
 
-/// What the CLI asks of a consumer store's intents, whatever its backend.
-pub trait EffectOps {
-    /// [`EffectStore::effects`].
-    fn list(&mut self, filter: &EffectFilter, limit: usize)
-        -> Result<Vec<EffectEntry>, StoreError>;
-    /// [`EffectStore::effect_counts`].
-    fn counts(&mut self, now_ms: i64) -> Result<EffectCounts, StoreError>;
-    /// [`EffectStore::act_on_effect`].
-    fn act(
-        &mut self,
-        key: &EffectKey,
-        action: &EffectAction,
-        by: &str,
-        reason: &str,
-    ) -> Result<Result<EffectEntry, ActionRefused>, StoreError>;
-}
-
-impl<S: EffectStore> EffectOps for S {
-    fn list(
-        &mut self,
-        filter: &EffectFilter,
-        limit: usize,
-    ) -> Result<Vec<EffectEntry>, StoreError> {
-        self.effects(filter, limit)
-    }
-
-    fn counts(&mut self, now_ms: i64) -> Result<EffectCounts, StoreError> {
-        self.effect_counts(now_ms)
-    }
-
-    fn act(
-        &mut self,
-        key: &EffectKey,
-        action: &EffectAction,
-        by: &str,
-        reason: &str,
-    ) -> Result<Result<EffectEntry, ActionRefused>, StoreError> {
-        self.act_on_effect(key, action, by, reason)
-    }
-}
-
 /// The intents of `consumer`, whichever backend holds them.
-pub fn ops(consumer: &mut AnyConsumer) -> Result<&mut dyn EffectOps, Failure> {
+pub fn ops(consumer: &mut AnyConsumer) -> &mut dyn EffectOps {
     match consumer {
-        AnyConsumer::Sqlite(db) => Ok(db),
-        AnyConsumer::Postgres(_) => Err(Failure::Internal(
-            "effect intents on a PostgreSQL consumer store are not available in this build".into(),
-        )),
+        AnyConsumer::Sqlite(db) => db,
+        AnyConsumer::Postgres(pg) => pg,
     }
 }
 
@@ -193,7 +150,7 @@ fn list(
     limit: usize,
 ) -> Result<(), Failure> {
     let mut store = open_existing_consumer(consumer)?;
-    let mut entries = ops(&mut store)?.list(filter, limit.saturating_add(1))?;
+    let mut entries = ops(&mut store).effects(filter, limit.saturating_add(1))?;
     let truncated = entries.len() > limit;
     entries.truncate(limit);
     let rows: Vec<Value> = entries.iter().map(entry).collect();
@@ -214,8 +171,8 @@ fn act(json_mode: bool, audited: &Audited, action: EffectAction) -> Result<(), F
         .map_err(|e| Failure::Usage(format!("--key: {}", e.rule)))?;
     ordo_core::destination::check_who_why(&audited.by, &audited.reason).map_err(Failure::Usage)?;
     let mut store = open_existing_consumer(&audited.consumer)?;
-    let acted = ops(&mut store)?
-        .act(&key, &action, &audited.by, &audited.reason)?
+    let acted = ops(&mut store)
+        .act_on_effect(&key, &action, &audited.by, &audited.reason)?
         .map_err(|refused| Failure::Usage(refused.to_string()))?;
     let value = json!({
         "action": action.log_name(),
@@ -268,16 +225,9 @@ fn line(e: &EffectEntry) -> String {
     text
 }
 
-/// The intents by state for `status`; `None` where the store's backend
-/// does not keep intents in this build.
-pub fn status_counts(
-    consumer: &mut AnyConsumer,
-    now_ms: i64,
-) -> Result<Option<EffectCounts>, Failure> {
-    match consumer {
-        AnyConsumer::Sqlite(db) => Ok(Some(db.counts(now_ms)?)),
-        AnyConsumer::Postgres(_) => Ok(None),
-    }
+/// The intents by state for `status`.
+pub fn status_counts(consumer: &mut AnyConsumer, now_ms: i64) -> Result<EffectCounts, Failure> {
+    Ok(ops(consumer).effect_counts(now_ms)?)
 }
 
 /// `status`'s text line of the intents.

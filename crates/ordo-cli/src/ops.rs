@@ -91,6 +91,7 @@ fn repair(r: &RepairRecord) -> Value {
         "reason": r.reason,
         "by": r.by,
         "at_ms": r.at_ms,
+        "key": r.key.as_ref().map(|k| k.as_str()),
     })
 }
 
@@ -314,8 +315,12 @@ fn inbox_skip(json_mode: bool, consumer: &Location, request: &SkipRequest) -> Re
 
 /// `inbox repairs`'s line for one record.
 fn repair_line(r: &RepairRecord) -> String {
+    let key = r
+        .key
+        .as_ref()
+        .map_or(String::new(), |k| format!(" key {k}"));
     format!(
-        "#{} at {}: {} {} seq {} ({}) by {}: {}",
+        "#{} at {}: {} {} seq {} ({}){key} by {}: {}",
         r.id,
         render::utc_ms(r.at_ms),
         r.action,
@@ -563,9 +568,7 @@ fn consumer_side(
     }
     let mut value = consumer_status_value(now_ms, &c, &store_id);
     let effects = crate::effects::status_counts(&mut consumer, now_ms)?;
-    let unknown = effects
-        .as_ref()
-        .map_or(0, |e| e.of(EffectState::OutcomeUnknown));
+    let unknown = effects.of(EffectState::OutcomeUnknown);
     signals.push((
         "outcome_unknown",
         json!(unknown),
@@ -573,12 +576,11 @@ fn consumer_side(
         args.max_unknown_effects.is_some_and(|t| unknown > t),
         None,
     ));
-    if let Some(effects) = &effects {
-        lines.push(crate::effects::counts_line(effects));
+    // A store without intents keeps its text as it was.
+    if effects.by_state.iter().sum::<u64>() > 0 {
+        lines.push(crate::effects::counts_line(&effects));
     }
-    value["effects"] = effects
-        .as_ref()
-        .map_or(Value::Null, crate::effects::counts_value);
+    value["effects"] = crate::effects::counts_value(&effects);
     Ok((value, lines))
 }
 

@@ -825,7 +825,7 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
     assert_eq!(keys(&first), ["repair"]);
     let repair1 = json!({
         "id": 1, "action": "skip", "producer": "default", "flow_id": "w", "store_id": null, "seq": 2, "event_id": "w-2",
-        "reason": reason, "by": "alice", "at_ms": T0 + 5 * SECOND,
+        "reason": reason, "by": "alice", "at_ms": T0 + 5 * SECOND, "key": null,
     });
     assert_eq!(first, json!({ "repair": repair1 }));
     assert_eq!(
@@ -884,7 +884,7 @@ fn inbox_skip_is_audited_apply_continues_past_it_and_the_log_is_append_only() {
     );
     let repair2 = json!({
         "id": 2, "action": "skip", "producer": "default", "flow_id": "v", "store_id": null, "seq": 1, "event_id": "v-1",
-        "reason": "order cancelled by phone", "by": "bob", "at_ms": T0 + 8 * SECOND,
+        "reason": "order cancelled by phone", "by": "bob", "at_ms": T0 + 8 * SECOND, "key": null,
     });
     assert_eq!(ops.repairs(), json!([repair1, repair2]));
     let text = ops.run(&["inbox", "repairs", "--consumer", ops.c()]);
@@ -979,6 +979,7 @@ fn status_doc(breaches: Value) -> Value {
             "gaps_total": 1,
             "applied": 1,
             "skipped": 0,
+            "effects": {"pending": 0, "in_flight": 0, "succeeded": 0, "failed": 0, "outcome_unknown": 0, "skipped": 0, "oldest_pending_age_s": null},
         },
         "breaches": breaches,
         "ok": ok,
@@ -1010,6 +1011,7 @@ fn status_reports_every_signal_with_exact_ages() {
         [
             "applied",
             "blocked",
+            "effects",
             "gaps",
             "gaps_total",
             "pending",
@@ -1040,7 +1042,9 @@ fn status_reports_every_signal_with_exact_ages() {
                 "destinations": {"default": {"backlog": 0, "oldest_pending_age_s": null, "quarantined": 0, "rewound": 0, "backing_off": 0}},
             },
             "consumer": {"pending": 0, "blocked": {"total": 0, "by_reason": {}}, "gaps": [],
-                         "gaps_total": 0, "applied": 0, "skipped": 0},
+                         "gaps_total": 0, "applied": 0, "skipped": 0,
+                         "effects": {"pending": 0, "in_flight": 0, "succeeded": 0, "failed": 0,
+                                     "outcome_unknown": 0, "skipped": 0, "oldest_pending_age_s": null}},
             "breaches": [],
             "ok": true,
         }),

@@ -259,6 +259,8 @@ pub struct RepairRecord {
     pub by: String,
     /// When.
     pub at_ms: i64,
+    /// The effect intent acted on, for an effect action (`None` otherwise).
+    pub key: Option<crate::effect::EffectKey>,
 }
 
 /// Why retrying a quarantined event is refused. Nothing is written.

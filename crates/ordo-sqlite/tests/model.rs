@@ -1024,6 +1024,7 @@ impl Model {
             reason: SKIP_REASON.to_owned(),
             by: SKIP_BY.to_owned(),
             at_ms: self.now,
+            key: None,
         };
         self.repairs.push(record.clone());
         Ok(record)

@@ -1,6 +1,7 @@
 //! Operations on the consumer: listing, re-evaluating and skipping blocked
 //! rows, the repair log, alerting signals, and pruning.
 
+use ordo_core::effect::EffectKey;
 use ordo_core::ops::{
     decide_skip, whole_read, whole_read_limit, ConsumerStatus, InboxEntry, InboxScope, Pruned,
     RepairRecord, SkipRefused, SkipRequest, WHOLE_READ_ROWS_MAX,
@@ -160,7 +161,17 @@ fn skip_in_tx(
         )?
         .expect("RETURNING returns the row")
         .get(0);
-    Ok(Ok(RepairRecord {
+    skip_record(request, id, (event_id, store_id), now_ms).map(Ok)
+}
+
+/// The repair log's row of a skip, as written.
+fn skip_record(
+    request: &SkipRequest,
+    id: i64,
+    (event_id, store_id): (String, Option<String>),
+    now_ms: i64,
+) -> Result<RepairRecord, StoreError> {
+    Ok(RepairRecord {
         id,
         action: "skip".into(),
         producer: request.flow.producer.clone(),
@@ -171,7 +182,8 @@ fn skip_in_tx(
         reason: request.reason.clone(),
         by: request.by.clone(),
         at_ms: now_ms,
-    }))
+        key: None,
+    })
 }
 
 pub(super) fn repairs(db: &mut PgConsumer) -> Result<Vec<RepairRecord>, StoreError> {
@@ -185,7 +197,8 @@ pub(super) fn repairs_at_most(
 ) -> Result<Vec<RepairRecord>, StoreError> {
     let rows = conn.rows(
         "consumer: cannot read the repair log",
-        "SELECT id, action, flow_id, seq, event_id, reason, decided_by, at_ms, producer, store_id
+        "SELECT id, action, flow_id, seq, event_id, reason, decided_by, at_ms, producer, store_id,
+                key
          FROM {s}.repair_log ORDER BY id LIMIT $1",
         &[&whole_read_limit(rows_max)],
     )?;
@@ -209,6 +222,10 @@ fn repair_record(row: &Row) -> Result<RepairRecord, StoreError> {
         reason: row.get(5),
         by: row.get(6),
         at_ms: row.get(7),
+        key: (row.get::<_, Option<String>>(10))
+            .map(EffectKey::new)
+            .transpose()
+            .map_err(|e| corrupt(context, e))?,
     })
 }
 

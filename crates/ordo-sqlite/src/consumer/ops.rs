@@ -1,6 +1,7 @@
 //! Operations on the consumer: listing, re-evaluating and skipping blocked
 //! rows, the repair log, alerting signals, and pruning.
 
+use ordo_core::effect::EffectKey;
 use ordo_core::ops::{
     decide_skip, whole_read, whole_read_limit, ConsumerStatus, InboxEntry, InboxScope, Pruned,
     RepairRecord, SkipRefused, SkipRequest, WHOLE_READ_ROWS_MAX,
@@ -106,6 +107,7 @@ pub(super) fn skip(
         reason: request.reason.clone(),
         by: request.by.clone(),
         at_ms: now_ms,
+        key: None,
     }))
 }
 
@@ -178,7 +180,8 @@ pub(crate) fn repairs_at_most(
     let rows = collect_rows(
         conn,
         "consumer: cannot read the repair log",
-        "SELECT id, action, flow_id, seq, event_id, reason, decided_by, at_ms, producer, store_id
+        "SELECT id, action, flow_id, seq, event_id, reason, decided_by, at_ms, producer, store_id,
+                key
          FROM repair_log ORDER BY id LIMIT ?1",
         [whole_read_limit(rows_max)],
         |row| {
@@ -195,9 +198,16 @@ pub(crate) fn repairs_at_most(
                     row.get::<_, i64>(7)?,
                 ),
                 (row.get::<_, String>(8)?, row.get::<_, Option<String>>(9)?),
+                row.get::<_, Option<String>>(10)?,
             ))
         },
-        |((id, action), (flow_id, seq, event_id), (reason, by, at_ms), (producer, store_id))| {
+        |(
+            (id, action),
+            (flow_id, seq, event_id),
+            (reason, by, at_ms),
+            (producer, store_id),
+            key,
+        )| {
             Ok(RepairRecord {
                 id,
                 action,
@@ -209,6 +219,10 @@ pub(crate) fn repairs_at_most(
                 reason,
                 by,
                 at_ms,
+                key: key
+                    .map(EffectKey::new)
+                    .transpose()
+                    .map_err(|e| corrupt(context, e))?,
             })
         },
     )?;
