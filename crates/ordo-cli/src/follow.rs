@@ -166,7 +166,7 @@ pub fn apply(json_mode: bool, args: &ApplyArgs) -> Result<(), Failure> {
 
 /// Waits until a signal asks to stop or a loop ends on its own, calling
 /// `refresh` (the gauges) every [`GAUGE_INTERVAL`].
-fn watch(
+pub(crate) fn watch(
     stop: &Stop,
     running: &Runner,
     mut refresh: impl FnMut() -> Result<(), ordo_core::StoreError>,
@@ -184,10 +184,10 @@ fn watch(
 }
 
 /// SIGTERM and SIGINT ask to stop; a second one ends the process at once.
-struct Stop(Arc<AtomicBool>);
+pub(crate) struct Stop(Arc<AtomicBool>);
 
 impl Stop {
-    fn install() -> Result<Stop, Failure> {
+    pub(crate) fn install() -> Result<Stop, Failure> {
         let flag = Arc::new(AtomicBool::new(false));
         for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
             let installed =
@@ -198,19 +198,19 @@ impl Stop {
         Ok(Stop(flag))
     }
 
-    fn requested(&self) -> bool {
+    pub(crate) fn requested(&self) -> bool {
         self.0.load(Ordering::Acquire)
     }
 }
 
 /// The metrics of a follow mode, served when `--metrics-listen` is given.
-struct Exposition {
-    metrics: Option<Arc<Metrics>>,
+pub(crate) struct Exposition {
+    pub(crate) metrics: Option<Arc<Metrics>>,
     server: Option<MetricsServer>,
 }
 
 impl Exposition {
-    fn start(listen: Option<std::net::SocketAddr>) -> Result<Exposition, Failure> {
+    pub(crate) fn start(listen: Option<std::net::SocketAddr>) -> Result<Exposition, Failure> {
         let Some(addr) = listen else {
             return Ok(Exposition {
                 metrics: None,
@@ -227,7 +227,7 @@ impl Exposition {
         })
     }
 
-    fn stop(self) {
+    pub(crate) fn stop(self) {
         if let Some(server) = self.server {
             server.stop();
         }
@@ -284,7 +284,7 @@ impl Printer {
 
 /// Prints one line and flushes it; a closed stdout is ignored (the loops go
 /// on, and the logs still say what happens).
-fn print_line(line: &str) {
+pub(crate) fn print_line(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
