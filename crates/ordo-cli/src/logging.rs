@@ -15,6 +15,9 @@ pub fn long_running(command: &Command) -> bool {
         Command::Serve(_) | Command::Console(_) => true,
         Command::Relay(args) => args.follow,
         Command::Apply(args) => args.follow,
+        Command::Effects {
+            command: crate::effects::EffectsCommand::Run(args),
+        } => args.follow,
         _ => false,
     }
 }
