@@ -351,3 +351,34 @@ fn follow_modes_record_and_post_as_events_arrive_and_export_the_metrics() {
         seen.lock().unwrap().iter().map(|r| r.key.clone()).collect();
     assert_eq!(keys.len(), 6, "each key sent once");
 }
+
+#[test]
+fn serve_apply_records_a_webhook_intent_per_event_it_applies() {
+    let lab = Lab::new();
+    lab.init();
+    let consumer = lab.path("consumer.db");
+    let url = "https://hooks.example.com/in";
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ordo"));
+    command
+        .args(["serve", "--consumer", &consumer, "--listen", "127.0.0.1:0"])
+        .args(["--apply", "--webhook", url])
+        .env_remove("ORDO_CRASH_POINT")
+        .stderr(Stdio::null());
+    let (mut server, addr) = common::process::start_listening(&mut command, "serve");
+    lab.full_flow("f1", 5);
+    let producer = lab.path("producer.db");
+    let to = format!("http://{addr}");
+    let relayed = lab.run(&["relay", "--json", "--producer", &producer, "--to", &to]);
+    assert_eq!(relayed.code, 0, "{relayed:#?}");
+    let started = Instant::now();
+    loop {
+        let rows = effects(&lab, &[])["effects"].as_array().unwrap().clone();
+        if rows.len() == 3 {
+            assert!(rows.iter().all(|r| r["request"]["url"] == url), "{rows:?}");
+            break;
+        }
+        assert!(started.elapsed() < PATIENCE, "{rows:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    terminate(&mut server);
+}
