@@ -295,7 +295,8 @@ fn retry_after_ms(response: &Response) -> Option<u64> {
 
 /// The result of a 2xx: `{"status": S, "body": B}`, B the parsed JSON when
 /// the body is complete, valid and at most 64 KiB; else its first 64 KiB
-/// as a string with `truncated` saying whether it was cut; or `null` with
+/// as a string with `"truncated": true` (EFFECTS.md: the body as text
+/// instead of its JSON, whether or not it was cut); or `null` with
 /// `body_error` when reading it failed.
 fn success_result(status: u16, response: Response) -> Value {
     let mut bytes = Vec::new();
@@ -311,7 +312,7 @@ fn success_result(status: u16, response: Response) -> Value {
     }
     bytes.truncate(RESULT_BODY_BYTES_MAX);
     let text = String::from_utf8_lossy(&bytes);
-    json!({"status": status, "body": text, "truncated": truncated})
+    json!({"status": status, "body": text, "truncated": true})
 }
 
 #[cfg(test)]

@@ -134,7 +134,7 @@ fn a_success_posts_the_body_with_the_key_and_attempt_and_keeps_the_answer() {
     assert_eq!(seen.body, json!({"producer": "default", "n": 1}));
     assert_eq!(
         hook.call("k", 1, &request(url("text"))),
-        Answer::Succeeded(json!({"status": 200, "body": "thanks", "truncated": false}))
+        Answer::Succeeded(json!({"status": 200, "body": "thanks", "truncated": true}))
     );
     let Answer::Succeeded(big) = hook.call("k", 1, &request(url("big"))) else {
         panic!("a big body is a success");
