@@ -5,6 +5,7 @@
 //! follow modes with their metrics.
 
 mod common;
+mod pgdb;
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
@@ -381,4 +382,40 @@ fn serve_apply_records_a_webhook_intent_per_event_it_applies() {
         std::thread::sleep(Duration::from_millis(50));
     }
     terminate(&mut server);
+}
+
+#[test]
+fn a_postgres_consumers_intents_are_posted_once_each() {
+    let (addr, seen) = provider();
+    let db = pgdb::Database::create();
+    let lab = Lab::with_stores(&db.url(), &db.url());
+    lab.init();
+    lab.full_flow("f1", 5);
+    lab.relay(&[]);
+    let url = format!("http://{addr}/hooks/orders");
+    lab.apply(&["--webhook", &url]);
+    let args = ["effects", "run", "--json", "--consumer", &lab.c];
+    let prefix = format!("http://{addr}/hooks");
+    let counts = lab
+        .run(&[&args[..], &["--allow-url-prefix", &prefix]].concat())
+        .json();
+    assert_eq!(
+        counts,
+        json!({"attempted": 3, "succeeded": 3, "failed": 0, "retried": 0, "unknown": 0})
+    );
+    let listed = lab
+        .run(&["effects", "list", "--json", "--consumer", &lab.c])
+        .json();
+    let rows = listed["effects"].as_array().unwrap();
+    let sent = seen.lock().unwrap().clone();
+    assert_eq!(sent.len(), 3, "one POST per intent");
+    for (request, row) in sent.iter().zip(rows) {
+        assert_eq!(row["state"], "succeeded", "{row}");
+        assert_eq!(request.key, row["key"].as_str().unwrap());
+        assert_eq!(request.attempt, "1");
+    }
+    let again = lab
+        .run(&[&args[..], &["--allow-url-prefix", &prefix]].concat())
+        .json();
+    assert_eq!(again["attempted"], 0, "nothing is due any more");
 }
