@@ -342,6 +342,13 @@ pub struct SoakArgs {
     #[arg(long, value_name = "PxC", allow_hyphen_values = true,
           value_parser = ordo_lab::soak_topology::Topology::parse)]
     pub topology: Option<ordo_lab::soak_topology::Topology>,
+    /// External effects: the consumer of each of two destinations, `dedup`
+    /// and `plain`, applied by `apply --follow --webhook` to a fake provider
+    /// of that name run by the soak, its intents executed by `effects run
+    /// --follow` (killed too), then checked; SQLite, file relays. --appliers
+    /// is then per consumer (default 1).
+    #[arg(long)]
+    pub effects: bool,
 }
 
 /// How the soak's relays reach the consumer: one of the lab's transports

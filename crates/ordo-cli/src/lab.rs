@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ordo_lab::transports::{self, TRANSPORTS};
 use ordo_lab::{
     bench, bench_destinations, bench_http, bench_pg, bench_producers, demo, experiment, soak,
-    soak_topology, worker, worker_group, LabError, Progress,
+    soak_effects, soak_topology, worker, worker_group, LabError, Progress,
 };
 
 use crate::args::{
@@ -17,6 +17,8 @@ use crate::args::{
 };
 use crate::context::{clock, emit, open_options};
 use crate::{render_destinations, render_lab, Failure};
+use ordo_lab::soak_effects::EffectsSoakReport;
+use serde_json::{json, Value};
 
 /// A lab error, by exit status.
 fn failure(error: LabError) -> Failure {
@@ -233,11 +235,87 @@ pub fn soak(json_mode: bool, args: SoakArgs) -> Result<(), Failure> {
         topology: args.topology,
     };
     let bars = Bars::new("soak [{bar:40}] {pos}/{len} s {msg}");
+    if args.effects {
+        return soak_effects(json_mode, options, (args.relays, args.appliers), &bars);
+    }
     let report = soak::run(&options, &bars).map_err(failure)?;
     emit(json_mode, &render_lab::soak(&report), || {
         render_lab::soak_text(&report)
     });
     check_found("soak", "violation", &report.violations())
+}
+
+/// `ordo soak --effects`: one relay per destination, appliers counted per
+/// consumer.
+fn soak_effects(
+    json_mode: bool,
+    mut options: soak::SoakOptions,
+    (relays, appliers): (Option<u64>, Option<u64>),
+    bars: &Bars,
+) -> Result<(), Failure> {
+    if relays.is_some() {
+        return Err(Failure::Usage(
+            "--effects runs one relay per destination: without --relays".into(),
+        ));
+    }
+    options.appliers = appliers.map_or(soak_effects::APPLIERS_DEFAULT, |n| n as usize);
+    let report = soak_effects::run(&options, bars).map_err(failure)?;
+    emit(json_mode, &soak_effects_json(&report), || {
+        soak_effects_text(&report)
+    });
+    check_found("soak", "violation", &report.violations())
+}
+
+/// `soak --effects`: the soak's document, its kills and verdict counting
+/// the executors (`kills_by_role.execute`), with `effects` added.
+fn soak_effects_json(report: &EffectsSoakReport) -> Value {
+    let mut value = render_lab::soak(&report.soak);
+    let effects = &report.effects;
+    let violations = report.violations();
+    value["kills"] = json!(report.soak.kills() + effects.executor_kills);
+    value["kills_by_role"]["execute"] = json!(effects.executor_kills);
+    value["relays"] = json!(report.soak.relays);
+    value["appliers"] = json!(report.soak.appliers);
+    value["converge_seconds"] = json!(render_lab::seconds(report.soak.converge));
+    value["verdict"] = json!(if violations.is_empty() {
+        "ok"
+    } else {
+        "violated"
+    });
+    value["violations"] = json!(violations);
+    value["effects"] = json!({
+        "intents": effects.intents,
+        "succeeded": effects.succeeded,
+        "outcome_unknown": effects.outcome_unknown,
+        "waiting_behind_unknown": effects.waiting_behind_unknown,
+        "provider_actions": {"dedup": effects.provider_actions[0], "plain": effects.provider_actions[1]},
+        "provider_unavailable": {"dedup": effects.provider_unavailable[0], "plain": effects.provider_unavailable[1]},
+        "repeats_after_retry": effects.repeats_after_retry,
+        "answered_from_memory": effects.answered_from_memory,
+        "converge_seconds": render_lab::seconds(effects.converge),
+        "violations": effects.violations,
+    });
+    value
+}
+
+fn soak_effects_text(report: &EffectsSoakReport) -> String {
+    let e = &report.effects;
+    let mut lines = vec![render_lab::soak_text(&report.soak)];
+    lines.push(format!(
+        "effects  {} intents: {} succeeded, {} outcome_unknown, {} waiting behind one; executors killed {} times; settled in {:.3} s",
+        e.intents, e.succeeded, e.outcome_unknown, e.waiting_behind_unknown, e.executor_kills,
+        e.converge.as_secs_f64()
+    ));
+    lines.push(format!(
+        "provider dedup acted {} times ({} answered from memory), plain {}; 503s {} and {}; {} repeats, each after a 503",
+        e.provider_actions[0], e.answered_from_memory, e.provider_actions[1],
+        e.provider_unavailable[0], e.provider_unavailable[1], e.repeats_after_retry
+    ));
+    if !e.violations.is_empty() {
+        lines.push("effects  VIOLATED".into());
+        lines.extend(e.violations.iter().map(|v| format!("  {v}")));
+    }
+    lines.join("\n")
 }
 
 /// The HTTP bench's load, when `--transport http` (which measures nothing

@@ -21,6 +21,8 @@ pub mod pg;
 pub mod serve;
 pub mod skeleton_pg;
 pub mod soak;
+pub mod soak_effects;
+mod soak_effects_check;
 mod soak_pg;
 pub mod soak_topology;
 pub mod transports;
