@@ -398,3 +398,67 @@ pub(crate) fn effects_check(
     }
     Ok(report)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(key: &str, attempt: u32, status: u16, acted: bool) -> Seen {
+        Seen {
+            key: key.into(),
+            attempt,
+            status,
+            acted,
+        }
+    }
+
+    fn checked(side: usize, requests: Vec<Seen>) -> EffectsReport {
+        let log = ProviderLog {
+            requests,
+            answers: BTreeMap::new(),
+        };
+        let mut report = EffectsReport::default();
+        check_requests(side == 0, &log, &mut report, side);
+        report
+    }
+
+    #[test]
+    fn a_repeat_after_a_503_is_counted_and_any_other_plain_repeat_is_a_violation() {
+        let fine = checked(1, vec![seen("k", 1, 503, false), seen("k", 2, 200, true)]);
+        assert!(fine.violations.is_empty(), "{:?}", fine.violations);
+        assert_eq!((fine.repeats_after_retry, fine.provider_actions[1]), (1, 1));
+        let twice = checked(1, vec![seen("k", 1, 200, true), seen("k", 2, 200, true)]);
+        assert!(twice.violations[0].contains("not 503"), "{twice:?}");
+        let reused = checked(0, vec![seen("k", 1, 503, false), seen("k", 1, 200, true)]);
+        assert!(
+            reused.violations[0].contains("attempt number"),
+            "{reused:?}"
+        );
+    }
+
+    #[test]
+    fn a_dedup_resend_answered_from_memory_is_no_violation() {
+        let report = checked(0, vec![seen("k", 1, 200, true), seen("k", 2, 200, false)]);
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert_eq!(report.answered_from_memory, 1);
+    }
+
+    #[test]
+    fn the_dedup_provider_acts_once_per_key_and_the_plain_one_every_time() {
+        for dedup in [true, false] {
+            let log = Mutex::new((ProviderLog::default(), fastrand::Rng::with_seed(5)));
+            for attempt in 1..=40 {
+                answer(dedup, &log, "k".into(), attempt);
+            }
+            let (log, _) = log.into_inner().unwrap();
+            let acted = log.requests.iter().filter(|s| s.acted).count();
+            let unavailable = log.requests.iter().filter(|s| s.status == 503).count();
+            assert!(unavailable > 0 && unavailable < 40, "{unavailable} 503s");
+            if dedup {
+                assert_eq!(acted, 1);
+            } else {
+                assert_eq!(acted, 40 - unavailable);
+            }
+        }
+    }
+}
