@@ -130,3 +130,28 @@ def test_apply_inside_its_own_handler_is_refused(orders, shipping):
         shipping.apply(reenters)
     assert isinstance(raised.value.__cause__, ordo.Error)
     assert shipping.apply(ship).flows[0]["applied"] == 1
+
+
+def test_ctrl_c_during_an_apply_rolls_the_batch_back(orders, shipping):
+    import os
+    import signal
+    import time
+
+    for i in range(20):
+        place(orders, f"o-{i:02}", i)
+    ordo.relay(orders, shipping)
+    calls = []
+
+    def slow(tx, event):
+        tx.execute("INSERT INTO shipments VALUES (?, ?)", (event.flow_id, 0))
+        calls.append(event.flow_id)
+        if len(calls) == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+
+    with pytest.raises(KeyboardInterrupt):
+        shipping.apply(slow)
+    assert 5 <= len(calls) < 20
+    # One batch: nothing of it was kept.
+    assert shipping.query("SELECT count(*) FROM shipments") == [(0,)]
+    assert shipping.query("SELECT count(*) FROM inbox WHERE status = 'pending'") == [(20,)]
