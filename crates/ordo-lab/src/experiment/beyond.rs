@@ -226,7 +226,7 @@ fn skip_is_explicit_and_audited(ctx: &Ctx) -> Result<Outcome, String> {
     let repairs = at(ctx, T0, &["inbox", "repairs", "--consumer", "{C}"])?;
     let state = ctx.snapshot()?;
     let repair = json!({"id": 1, "action": "skip", "producer": "default", "flow_id": "x",
-        "store_id": null, "seq": 2, "event_id": "x-2",
+        "store_id": null, "seq": 2, "event_id": "x-2", "key": null,
         "reason": "amount 0 was a typo; x-3 corrects it", "by": "alice", "at_ms": T0});
     Ok(Outcome {
         observed: json!({
@@ -362,6 +362,8 @@ fn status_alerts_on_thresholds(ctx: &Ctx) -> Result<Outcome, String> {
                     "gaps_total": 1,
                     "applied": 0,
                     "skipped": 0,
+                    "effects": {"pending": 0, "in_flight": 0, "succeeded": 0, "failed": 0,
+                        "outcome_unknown": 0, "skipped": 0, "oldest_pending_age_s": null},
                 },
                 "breaches": [],
                 "ok": true,
