@@ -120,11 +120,11 @@ impl ApplyTx {
 }
 
 /// The Python handler as ordo's, for either backend's transactions.
-struct PyHandler {
-    func: Py<PyAny>,
+pub(crate) struct PyHandler {
+    pub(crate) func: Py<PyAny>,
     /// What the handler raised (or a signal between pages): the apply
     /// stops, and this is raised from `apply()`.
-    failure: Option<PyErr>,
+    pub(crate) failure: Option<PyErr>,
 }
 
 /// The error the handler's failure is carried out of ordo's apply with.
@@ -331,6 +331,33 @@ impl Consumer {
         rows_to_py(py, &rows)
     }
 
+    /// The consumer's object of ``ordo status --json``, as a dict.
+    fn status(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        crate::views::consumer_status(py, &self.shared)
+    }
+
+    /// The inbox rows as ``ordo inbox list --json`` lists them, by flow
+    /// then seq: only those of ``status`` (``"pending"``, ``"applied"``,
+    /// ``"blocked"``, ``"skipped"``) when given, at most ``limit``.
+    #[pyo3(signature = (status=None, limit=crate::views::LIST_LIMIT_DEFAULT))]
+    fn inbox(&self, py: Python<'_>, status: Option<&str>, limit: usize) -> PyResult<Py<PyAny>> {
+        crate::views::inbox(py, &self.shared, status, limit)
+    }
+
+    /// The effect intents as ``ordo effects list --json`` lists them, by
+    /// flow and seq: only those in ``state`` and of ``name`` when given,
+    /// at most ``limit``.
+    #[pyo3(signature = (state=None, name=None, limit=crate::views::LIST_LIMIT_DEFAULT))]
+    fn effects(
+        &self,
+        py: Python<'_>,
+        state: Option<&str>,
+        name: Option<&str>,
+        limit: usize,
+    ) -> PyResult<Py<PyAny>> {
+        crate::views::effects(py, &self.shared, state, name, limit)
+    }
+
     /// Closes the store (waiting for an apply of another thread).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.shared.close(py)
@@ -374,7 +401,7 @@ impl Consumer {
 }
 
 /// A handler's exception as `apply()` raises it.
-fn handler_failure(py: Python<'_>, failure: PyErr) -> PyErr {
+pub(crate) fn handler_failure(py: Python<'_>, failure: PyErr) -> PyErr {
     if !failure.is_instance_of::<PyException>(py) {
         return failure;
     }

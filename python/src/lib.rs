@@ -11,13 +11,16 @@
 
 mod consumer;
 mod convert;
+mod effects;
 mod errors;
+mod http;
 mod producer;
+mod runner;
 mod sql;
 mod store;
 mod values;
+mod views;
 
-use ordo::core::{RelayError, RelayOptions, SystemClock};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use serde_json::{json, Value};
@@ -59,7 +62,7 @@ pub(crate) fn sql_error(e: SqlFail) -> PyErr {
 }
 
 /// The relay report: the command line's `relay --json` object.
-fn relay_value(report: &ordo::core::RelayReport) -> Value {
+pub(crate) fn relay_value(report: &ordo::core::RelayReport) -> Value {
     let deliveries: Vec<Value> = report
         .deliveries
         .iter()
@@ -100,37 +103,6 @@ fn relay_value(report: &ordo::core::RelayReport) -> Value {
     })
 }
 
-/// Relays ``producer``'s outbox to ``consumer`` in this process until
-/// nothing more can be delivered, as ``ordo relay`` does; returns a report
-/// with the keys of ``ordo relay --json``. The GIL is released throughout.
-#[pyfunction]
-fn relay(
-    py: Python<'_>,
-    producer: &Bound<'_, producer::Producer>,
-    consumer: &Bound<'_, consumer::Consumer>,
-) -> PyResult<values::Report> {
-    let (producer, consumer) = (producer.get(), consumer.get());
-    let mut from = producer.shared.lock(py)?;
-    let mut to = consumer.shared.lock(py)?;
-    let report = py.detach(|| -> Result<_, RelayError> {
-        match (from.as_mut(), to.as_mut()) {
-            (Some(p), Some(c)) => {
-                ordo::core::relay(p.handle(), c, &RelayOptions::default(), &SystemClock)
-            }
-            _ => Err(RelayError::Store(ordo::core::StoreError::new(
-                ordo::core::ErrorKind::Other,
-                "a store was closed",
-            ))),
-        }
-    });
-    drop((from, to));
-    let report = report.map_err(|e| match e {
-        RelayError::Store(e) => store_error(e),
-        other => error(other.to_string()),
-    })?;
-    values::Report::of(py, &relay_value(&report))
-}
-
 /// The native part of the `ordo` package.
 #[pymodule]
 fn _ordo(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -144,7 +116,10 @@ fn _ordo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<values::ApplyVerdict>()?;
     m.add_class::<values::Report>()?;
     m.add("APPLY", Py::new(py, values::ApplyVerdict)?)?;
-    m.add_function(wrap_pyfunction!(relay, m)?)?;
+    m.add_function(wrap_pyfunction!(http::relay, m)?)?;
+    m.add_class::<runner::Runner>()?;
+    m.add_class::<effects::Effect>()?;
+    m.add_class::<effects::EffectPolicy>()?;
     m.add("Error", py.get_type::<errors::Error>())?;
     m.add("InvalidInput", errors::invalid_input_type(py)?)?;
     m.add("WrongDomain", py.get_type::<errors::WrongDomain>())?;
@@ -158,5 +133,6 @@ fn _ordo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Retry", py.get_type::<errors::Retry>())?;
     m.add("Failed", py.get_type::<errors::Failed>())?;
     m.add("Unknown", py.get_type::<errors::Unknown>())?;
+    effects::install_outcomes(m)?;
     Ok(())
 }

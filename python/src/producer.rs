@@ -240,6 +240,11 @@ impl Producer {
         rows_to_py(py, &rows)
     }
 
+    /// The producer's object of ``ordo status --json``, as a dict.
+    fn status(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        crate::views::producer_status(py, &self.shared)
+    }
+
     /// Closes the store (waiting for a transaction of another thread).
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.shared.close(py)?;
