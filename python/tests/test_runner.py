@@ -1,8 +1,12 @@
 """ordo.Runner: relay, apply and effects loops on threads, wait() and
 stop(), a handler's exception out of stop() and wait()."""
 
+import os
+import shutil
+import subprocess
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -169,3 +173,61 @@ def test_the_runner_with_effects_end_to_end(orders, shipping):
             place(orders, f"o-{i}", i)
         until(lambda: shipping.status()["effects"]["succeeded"] == 5)
     assert sorted(sent) == [f"o-{i}" for i in range(5)]
+
+
+SERVER = os.environ.get("ORDO_TEST_PG", "postgres://postgres@127.0.0.1:5432")
+
+
+def psql(sql):
+    return subprocess.run(["psql", f"{SERVER}/postgres", "-v", "ON_ERROR_STOP=1", "-qc", sql],
+                          capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def database():
+    if shutil.which("psql") is None or psql("SELECT 1").returncode != 0:
+        pytest.skip(f"no PostgreSQL server at {SERVER}")
+    name = "ordo_py_runner_" + uuid.uuid4().hex[:12]
+    created = psql(f"CREATE DATABASE {name}")
+    assert created.returncode == 0, created.stderr
+    yield f"{SERVER}/{name}"
+    psql(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def test_the_runner_and_the_views_on_postgres(database):
+    orders = ordo.Producer.open(database, domain="orders", name="orders",
+                                migrations=["CREATE TABLE orders (id TEXT PRIMARY KEY, total BIGINT)"])
+    shipping = ordo.Consumer.open(database, domain="shipping",
+                                  migrations=["CREATE TABLE shipments (order_id TEXT PRIMARY KEY, total BIGINT)"])
+
+    def ship(tx, event):
+        if event.type != "order_placed":
+            return ordo.Block("unknown_event_type")
+        tx.execute("INSERT INTO shipments VALUES (?, ?)", (event.flow_id, event.payload["total"]))
+        tx.effect("notify", {"order": event.flow_id})
+
+    def notify(effect):
+        if effect.flow_id == "o-2":
+            raise ordo.Failed("no address")
+        return {"sent": effect.key}
+
+    with orders, shipping, ordo.Runner() as runner:
+        runner.relay(orders, shipping)
+        runner.apply(shipping, ship)
+        runner.effects(shipping, {"notify": notify})
+        place(orders, "o-1", 10)
+        place(orders, "o-2", 20)
+        place(orders, "o-3", 30, event_type="order_lost")
+        until(lambda: sum(e["state"] in ("succeeded", "failed") for e in shipping.effects()) == 2)
+        report = runner.stop()
+        assert report.apply["applied"] == 2
+        assert shipping.query("SELECT order_id, total FROM shipments ORDER BY order_id") == [
+            ("o-1", 10), ("o-2", 20)]
+        status = shipping.status()
+        assert (status["applied"], status["blocked"]["total"]) == (2, 1)
+        assert (status["effects"]["succeeded"], status["effects"]["failed"]) == (1, 1)
+        assert [r["status"] for r in shipping.inbox()] == ["applied", "applied", "blocked"]
+        effects = shipping.effects()
+        assert effects[0]["result"] == {"sent": effects[0]["key"]}
+        assert effects[1]["last_error"] == "no address"
+        assert orders.status()["backlog"] == 0
