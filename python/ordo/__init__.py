@@ -56,4 +56,7 @@ __all__ = [
     "Unknown",
     "WrongDomain",
     "relay",
+    "reservation",
 ]
+
+from ordo import reservation  # noqa: E402  (the reference domain, after the names it uses)

@@ -137,6 +137,7 @@ def relay(
     key_file: Optional[Location] = None,
     destination: Optional[str] = None,
     timeout_s: float = 30.0,
+    policy: Optional[str] = None,
 ) -> Report: ...
 
 class Effect:

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use crate::convert::{json_object, rows_to_py, sql_params, type_name};
 use crate::errors::{error, store_error, HandlerError};
 use crate::sql::TxSql;
-use crate::store::{open_spec, Shared};
+use crate::store::Shared;
 use crate::values::{ApplyVerdict, Block, Envelope, Report};
 
 /// What a handler call reaches of the apply transaction, whatever the
@@ -274,7 +274,7 @@ impl Consumer {
     ) -> PyResult<Consumer> {
         let at = crate::store::location(location)?;
         let domain = crate::str_arg(domain, "domain")?;
-        let spec = open_spec(&domain, migrations, None)?;
+        let spec = crate::reservation::open_spec(false, &domain, migrations, None)?;
         let shared = Shared::open(py, spec, at, &domain)?;
         Ok(Consumer {
             shared: Arc::new(shared),

@@ -189,9 +189,10 @@ fn drain<T: Transport + ?Sized>(
     producer: &mut (dyn ProducerStore + Send),
     transport: &mut T,
     destination: Option<&DestinationName>,
+    options: &RelayOptions,
 ) -> Result<ordo::core::RelayReport, Refused> {
     choose(producer, destination)?;
-    let report = ordo::core::relay(producer, transport, &RelayOptions::default(), &SystemClock);
+    let report = ordo::core::relay(producer, transport, options, &SystemClock);
     if destination.is_some() {
         // Back to the store's only destination; a store with several has
         // none to go back to, and every relay chooses its own.
@@ -209,10 +210,12 @@ fn closed() -> Refused {
 /// the inbox at ``url`` (``ordo serve``), signing each request with
 /// ``key_id`` of ``key_file`` when given; ``destination`` names one of the
 /// producer store's destinations (needed when it has several). Returns a
-/// report with the keys of ``ordo relay --json``. The GIL is released
+/// report with the keys of ``ordo relay --json``. ``policy`` is
+/// ``"fair"`` (the default) or ``"first-pending"`` (the original
+/// experiment's, as ``ordo relay --policy``). The GIL is released
 /// throughout.
 #[pyfunction]
-#[pyo3(signature = (producer, consumer=None, *, url=None, key_id=None, key_file=None, destination=None, timeout_s=TIMEOUT_S_DEFAULT))]
+#[pyo3(signature = (producer, consumer=None, *, url=None, key_id=None, key_file=None, destination=None, timeout_s=TIMEOUT_S_DEFAULT, policy=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn relay(
     py: Python<'_>,
@@ -223,7 +226,9 @@ pub fn relay(
     key_file: Option<&Bound<'_, PyAny>>,
     destination: Option<&Bound<'_, PyAny>>,
     timeout_s: f64,
+    policy: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Report> {
+    let options = crate::reservation::relay_options(policy)?;
     let target = target(consumer, url, key_id, key_file, destination, timeout_s)?;
     let destination = target.destination.clone();
     let producer = producer.get();
@@ -233,7 +238,7 @@ pub fn relay(
             let mut from = producer.shared.lock(py)?;
             let mut to = consumer.shared.lock(py)?;
             py.detach(|| match (from.as_mut(), to.as_mut()) {
-                (Some(p), Some(c)) => drain(p.handle(), c, destination.as_ref()),
+                (Some(p), Some(c)) => drain(p.handle(), c, destination.as_ref(), &options),
                 _ => Err(closed()),
             })
         }
@@ -244,7 +249,7 @@ pub fn relay(
                 Some(p) => {
                     let name = p.producer_name().clone();
                     check_key_producer(&transport, &name).map_err(Refused::Input)?;
-                    drain(p.handle(), &mut transport, destination.as_ref())
+                    drain(p.handle(), &mut transport, destination.as_ref(), &options)
                 }
                 None => Err(closed()),
             })

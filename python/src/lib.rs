@@ -15,6 +15,7 @@ mod effects;
 mod errors;
 mod http;
 mod producer;
+mod reservation;
 mod runner;
 mod sql;
 mod store;
@@ -120,6 +121,7 @@ fn _ordo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<runner::Runner>()?;
     m.add_class::<effects::Effect>()?;
     m.add_class::<effects::EffectPolicy>()?;
+    m.add_submodule(&reservation::module(py)?)?;
     m.add("Error", py.get_type::<errors::Error>())?;
     m.add("InvalidInput", errors::invalid_input_type(py)?)?;
     m.add("WrongDomain", py.get_type::<errors::WrongDomain>())?;

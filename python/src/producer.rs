@@ -28,7 +28,7 @@ use serde_json::{Map, Value};
 use crate::convert::{json_object, rows_to_py, sql_params, type_name, SqlValue};
 use crate::errors::{append_error, error, rule, store_error};
 use crate::sql::{SqlFail, TxSql};
-use crate::store::{open_spec, Guard, Shared};
+use crate::store::{Guard, Shared};
 use crate::values::Envelope;
 
 /// A request to the thread that holds a transaction open.
@@ -197,7 +197,7 @@ impl Producer {
             Some(name) => crate::str_arg(name, "name")?,
             None => ordo::core::ProducerName::DEFAULT.to_owned(),
         };
-        let spec = open_spec(&domain, migrations, Some(&name))?;
+        let spec = crate::reservation::open_spec(true, &domain, migrations, Some(&name))?;
         let shared = Shared::open(py, spec, at, &domain)?;
         Ok(Producer {
             shared: Arc::new(shared),
