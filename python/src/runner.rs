@@ -180,14 +180,25 @@ impl Runner {
 }
 
 impl Drop for Runner {
-    /// A runner dropped without `stop()` stops its loops on a thread of
-    /// its own: they may need the GIL to end their round, held here.
+    /// A runner dropped without `stop()` stops its loops before the drop
+    /// returns, with the GIL released while it waits: they may need it to
+    /// end their round. Dropped on one of its own loops' threads (a handler
+    /// holding the last reference), it stops them on a thread of its own
+    /// instead, which that loop would otherwise wait for.
     fn drop(&mut self) {
-        if let Some(runner) = self.core.get_mut().take() {
+        let Some(runner) = self.core.get_mut().take() else {
+            return;
+        };
+        let on_a_loop = std::thread::current()
+            .name()
+            .is_some_and(|name| name.starts_with("ordo-"));
+        if on_a_loop {
             let _ = std::thread::Builder::new()
                 .name("ordo-runner-stop".into())
                 .spawn(move || drop(runner));
+            return;
         }
+        Python::attach(|py| py.detach(move || drop(runner)));
     }
 }
 
