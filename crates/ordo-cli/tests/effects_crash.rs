@@ -8,7 +8,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -72,21 +72,10 @@ async fn provider_answer(
 /// A provider on 127.0.0.1 serving `/hooks/{mode}`.
 fn provider() -> (SocketAddr, Shared) {
     let seen: Shared = Arc::default();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = seen.clone();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let app = Router::new()
-                .route("/hooks/{mode}", post(provider_answer))
-                .with_state(state);
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    (addr, seen)
+    let app = Router::new()
+        .route("/hooks/{mode}", post(provider_answer))
+        .with_state(seen.clone());
+    (common::http::serve_on_loopback(app), seen)
 }
 
 fn now_ms() -> i64 {

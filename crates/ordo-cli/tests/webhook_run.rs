@@ -8,7 +8,7 @@ mod common;
 mod pgdb;
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
@@ -60,21 +60,10 @@ async fn record(
 /// A provider on 127.0.0.1 answering every POST 200 `{"received": true}`.
 fn provider() -> (SocketAddr, Seen) {
     let seen: Seen = Arc::default();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let state = seen.clone();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        runtime.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let app = Router::new()
-                .route("/{*path}", post(record))
-                .with_state(state);
-            axum::serve(listener, app).await.unwrap();
-        });
-    });
-    (addr, seen)
+    let app = Router::new()
+        .route("/{*path}", post(record))
+        .with_state(seen.clone());
+    (common::http::serve_on_loopback(app), seen)
 }
 
 /// A lab with one flow of three events relayed to its consumer.

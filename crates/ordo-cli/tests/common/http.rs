@@ -117,3 +117,20 @@ pub fn post(console: &Console, path: &str, origin: Option<&str>, form: &[(&str, 
     }
     page(request.send_form(form.iter().copied()))
 }
+
+/// Serves `app` on a free port of 127.0.0.1 from a thread of its own (a
+/// provider, a partner's endpoint) for the rest of the test process; its
+/// address.
+pub fn serve_on_loopback(app: axum::Router) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    addr
+}
