@@ -615,3 +615,62 @@ fn the_writer_checkpoints_at_its_own_wal_size_and_gives_the_store_back_as_it_was
     assert_eq!(checkpoint_pages(db.connection()), before);
     assert_ne!(before, 12_345);
 }
+
+#[test]
+fn a_lone_callers_append_commits_in_its_own_transaction_and_is_visible() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(dir.path(), GroupOptions::default());
+    let seq = writer.submit(|ptx| append(ptx, "x")).unwrap();
+    assert_eq!(seq, 1);
+    assert_eq!(writer.queued(), 0);
+    // Committed once `submit` returned: another connection reads it while
+    // the writer still runs.
+    let reader = ordo_sqlite::rusqlite::Connection::open(dir.path().join("producer.db")).unwrap();
+    let seen: Vec<(String, i64)> = reader
+        .prepare("SELECT flow_id, seq FROM outbox ORDER BY position")
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(seen, x_rows(1));
+    // A failing lone unit fails alone and leaves nothing.
+    assert!(matches!(
+        writer.submit(failing_write),
+        Err(SubmitError::Unit(_))
+    ));
+    assert_panicked(writer.submit(|_ptx| -> Result<(), AppendError> { panic!("boom") }));
+    let db = writer.close();
+    assert_eq!(outbox(&db), x_rows(1));
+    assert_eq!(db.commits(), 1, "one transaction for the lone append");
+}
+
+#[test]
+fn concurrent_callers_still_share_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = writer(dir.path(), GroupOptions::default());
+    let (threads, each) = (8, 25);
+    let barrier = std::sync::Barrier::new(threads);
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let (writer, barrier) = (&writer, &barrier);
+            scope.spawn(move || {
+                barrier.wait();
+                let flow_id = format!("t{t}");
+                for n in 1..=each {
+                    let flow_id = flow_id.clone();
+                    let seq = writer.submit(move |ptx| append(ptx, &flow_id)).unwrap();
+                    assert_eq!(seq, n as i64);
+                }
+            });
+        }
+    });
+    let db = writer.close();
+    let units = (threads * each) as u64;
+    assert_eq!(outbox(&db).len() as u64, units);
+    assert!(
+        db.commits() < units,
+        "{} commits for {units} callers' units",
+        db.commits()
+    );
+}

@@ -14,12 +14,17 @@
 //! flow's seqs stay contiguous, and `Ok` means durable.
 //!
 //! Who runs a batch: a writer thread, or, when the store is idle, the
-//! blocking caller of [`GroupWriter::submit`] itself, which then runs the
-//! batch at the head of the queue (its own unit and any queued before or
-//! with it) without handing it to another thread and back. Either way
-//! units are taken in arrival order by whoever holds the store, one batch
-//! at a time. [`GroupWriter::enqueue`] (and so every async caller) always
-//! leaves its unit to the writer thread.
+//! blocking caller of [`GroupWriter::submit`] itself. A lone caller, that
+//! finds the queue empty and no batch running, runs its unit directly in
+//! its own `BEGIN IMMEDIATE` transaction, without queueing it: what a
+//! direct [`ProducerDb::write`] costs, with the same crash points and
+//! outcomes as a batch of one; callers that arrive meanwhile queue their
+//! units for the writer thread. One that finds units queued but the store
+//! idle queues its own and runs the batch at the head of the queue (its own
+//! unit and any queued before or with it) without handing it to another
+//! thread and back. Either way units are taken in arrival order by whoever
+//! holds the store, one batch at a time. [`GroupWriter::enqueue`] (and so
+//! every async caller) always leaves its unit to the writer thread.
 //!
 //! Bounds: the queue holds at most [`GroupOptions::queue_len_max`] units; a
 //! submit to a full queue waits for room or is refused
@@ -37,7 +42,7 @@ mod writer;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex, TryLockError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -242,16 +247,58 @@ impl GroupWriter {
         E: Send + 'static,
         F: FnOnce(&mut ProducerTx<'_>) -> Result<T, E> + Send + 'static,
     {
+        let unit = match self.run_alone(unit) {
+            Ok(outcome) => return outcome,
+            Err(unit) => unit,
+        };
         let (pending, writer_waiting) = self.queue_unit(unit)?;
-        match self.shared.db.try_lock() {
-            Ok(db) => writer::lead(&self.shared, db, &pending.ticket),
-            Err(TryLockError::Poisoned(db)) => {
-                writer::lead(&self.shared, db.into_inner(), &pending.ticket)
-            }
+        match self.idle_store() {
+            Some(db) => writer::lead(&self.shared, db, &pending.ticket),
             // A batch is running: the writer thread takes this unit after it.
-            Err(TryLockError::WouldBlock) => self.wake_writer(writer_waiting),
+            None => self.wake_writer(writer_waiting),
         }
         pending.wait()
+    }
+
+    /// The store, held, if no batch is running.
+    fn idle_store(&self) -> Option<MutexGuard<'_, Option<ProducerDb>>> {
+        match self.shared.db.try_lock() {
+            Ok(db) => Some(db),
+            Err(TryLockError::Poisoned(db)) => Some(db.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// Runs `unit` on the calling thread in its own transaction if the
+    /// store is idle and the queue empty; otherwise gives it back, to be
+    /// queued. Units queued meanwhile wait for the writer thread, which is
+    /// woken when this one is done if it is waiting.
+    fn run_alone<T, E, F>(&self, unit: F) -> Result<Outcome<T, E>, F>
+    where
+        F: FnOnce(&mut ProducerTx<'_>) -> Result<T, E>,
+    {
+        let Some(mut db) = self.idle_store() else {
+            return Err(unit);
+        };
+        {
+            let queue = lock(&self.shared.queue);
+            if queue.closed {
+                return Ok(Err(SubmitError::Closed));
+            }
+            if !queue.jobs.is_empty() {
+                return Err(unit);
+            }
+        }
+        let Some(store) = db.as_mut() else {
+            return Ok(Err(SubmitError::Closed));
+        };
+        let outcome = writer::alone(store, unit);
+        drop(db);
+        let queue = lock(&self.shared.queue);
+        let writer_waiting = !queue.jobs.is_empty() && queue.writer_waiting;
+        drop(queue);
+        self.wake_writer(writer_waiting);
+        Ok(outcome)
     }
 
     /// Queues `unit` and returns at once with its [`Pending`] outcome, to

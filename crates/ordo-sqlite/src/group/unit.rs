@@ -40,6 +40,51 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a unit panicked".to_string())
 }
 
+/// Runs a unit's closure, its error or panic caught as its outcome.
+pub(crate) fn run_caught<T, E, F>(ptx: &mut ProducerTx<'_>, f: F) -> Outcome<T, E>
+where
+    F: FnOnce(&mut ProducerTx<'_>) -> Result<T, E>,
+{
+    match catch_unwind(AssertUnwindSafe(|| f(ptx))) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(SubmitError::Unit(error)),
+        Err(payload) => Err(SubmitError::Panicked(panic_message(payload.as_ref()))),
+    }
+}
+
+/// An error that made SQLite roll the whole transaction back (a full disk,
+/// an I/O error) leaves no savepoint to return to and nothing to commit:
+/// the transaction cannot go on.
+pub(crate) fn still_open(ptx: &ProducerTx<'_>) -> Result<(), StoreError> {
+    if ptx.sql().is_autocommit() {
+        return Err(StoreError::new(
+            ErrorKind::Other,
+            "producer: a unit's failure ended the group transaction",
+        ));
+    }
+    Ok(())
+}
+
+/// What a unit's caller is told once the transaction that held it ended:
+/// committed (`Ok`), its own result, kept or undone; not committed, its own
+/// failure if it failed on its own, else the transaction's error. Nothing
+/// of it was kept.
+pub(crate) fn settled<T, E>(
+    outcome: Option<Outcome<T, E>>,
+    ended: Result<(), &StoreError>,
+) -> Outcome<T, E> {
+    match (outcome, ended) {
+        (Some(outcome), Ok(())) => outcome,
+        (Some(Err(SubmitError::Unit(e))), Err(_)) => Err(SubmitError::Unit(e)),
+        (Some(Err(SubmitError::Panicked(message))), Err(_)) => Err(SubmitError::Panicked(message)),
+        (_, Err(error)) => Err(SubmitError::Store(copy(error))),
+        (None, Ok(())) => Err(SubmitError::Store(StoreError::new(
+            ErrorKind::Other,
+            "producer: a unit was settled without running",
+        ))),
+    }
+}
+
 impl<T, E, F> Job for Unit<T, E, F>
 where
     T: Send + 'static,
@@ -59,22 +104,10 @@ where
         if under_savepoint {
             savepoint(ptx, "SAVEPOINT ordo_unit")?;
         }
-        let outcome = match catch_unwind(AssertUnwindSafe(|| f(ptx))) {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(SubmitError::Unit(error)),
-            Err(payload) => Err(SubmitError::Panicked(panic_message(payload.as_ref()))),
-        };
+        let outcome = run_caught(ptx, f);
         let kept = outcome.is_ok();
         self.outcome = Some(outcome);
-        // An error that made SQLite roll the whole transaction back (a full
-        // disk, an I/O error) leaves no savepoint to return to: the batch
-        // cannot go on.
-        if ptx.sql().is_autocommit() {
-            return Err(StoreError::new(
-                ErrorKind::Other,
-                "producer: a unit's failure ended the group transaction",
-            ));
-        }
+        still_open(ptx)?;
         if !under_savepoint {
             return Ok(if kept { Ran::Kept } else { Ran::Failed });
         }
@@ -86,21 +119,7 @@ where
     }
 
     fn settle(mut self: Box<Self>, ended: Result<(), &StoreError>) {
-        let outcome = match (self.outcome.take(), ended) {
-            // Committed: the unit's own result, kept or undone.
-            (Some(outcome), Ok(())) => outcome,
-            // Not committed: a unit that failed on its own says so; any
-            // other gets the transaction's error. Nothing of it was kept.
-            (Some(Err(SubmitError::Unit(e))), Err(_)) => Err(SubmitError::Unit(e)),
-            (Some(Err(SubmitError::Panicked(message))), Err(_)) => {
-                Err(SubmitError::Panicked(message))
-            }
-            (_, Err(error)) => Err(SubmitError::Store(copy(error))),
-            (None, Ok(())) => Err(SubmitError::Store(StoreError::new(
-                ErrorKind::Other,
-                "producer: a unit was settled without running",
-            ))),
-        };
+        let outcome = settled(self.outcome.take(), ended);
         self.ticket.fill(outcome);
     }
 }

@@ -13,8 +13,9 @@ use std::time::Instant;
 use ordo_core::{crash, StoreError};
 
 use super::ticket::{lock, Job, Phase, Ran, Ticket};
+use super::unit::{run_caught, settled, still_open, Outcome};
 use super::Shared;
-use crate::producer::ProducerDb;
+use crate::producer::{ProducerDb, ProducerTx};
 
 /// The writer thread: runs batches until the queue is closed and empty.
 pub(crate) fn run(shared: &Shared) {
@@ -50,6 +51,34 @@ pub(crate) fn lead<R>(
     if !queue.jobs.is_empty() && queue.writer_waiting {
         shared.work.notify_one();
     }
+}
+
+/// A lone caller's unit, run directly on the held store because the queue
+/// was empty and no batch was running: its own `BEGIN IMMEDIATE`
+/// transaction, as the first unit of a batch runs (no savepoint, the same
+/// crash points, the same outcomes), without queueing it or waking anyone.
+/// Callers that arrive meanwhile queue their units for the writer thread.
+pub(crate) fn alone<T, E, F>(db: &mut ProducerDb, f: F) -> Outcome<T, E>
+where
+    F: FnOnce(&mut ProducerTx<'_>) -> Result<T, E>,
+{
+    let mut outcome = None;
+    let ended = db.write(|ptx| -> Result<(), StoreError> {
+        let ran = run_caught(ptx, f);
+        let kept = ran.is_ok();
+        outcome = Some(ran);
+        still_open(ptx)?;
+        if !kept {
+            return Err(first_failed());
+        }
+        crash::point(crash::PRODUCER_GROUP_BEFORE_COMMIT);
+        Ok(())
+    });
+    if ended.is_ok() {
+        // Committed and durable; the caller has not been told yet.
+        crash::point(crash::PRODUCER_GROUP_AFTER_COMMIT);
+    }
+    settled(outcome, ended.as_ref().map(|_| ()))
 }
 
 struct CloseOnDrop<'a>(&'a Shared);
