@@ -590,9 +590,10 @@ fn growth(g: &GrowthRun) -> Value {
     })
 }
 
-fn sequential(run: &SequentialRun) -> Value {
+fn sequential(report: &ThroughputReport, run: &SequentialRun) -> Value {
     let (events, c) = (run.events, &run.calibration);
     let mut value = json!({
+        "ratio_to_s": round3(report.ratio_to_s(run.end_to_end().events_per_s(events))),
         "batch": run.batch,
         "produce": phase_json(events, &run.produce, c),
         "relay": phase_json(events, &run.relay, c),
@@ -603,9 +604,11 @@ fn sequential(run: &SequentialRun) -> Value {
     value
 }
 
-fn pipeline(run: &PipelineRun) -> Value {
+fn pipeline(report: &ThroughputReport, run: &PipelineRun) -> Value {
     let mut value = phase_json(run.events, &run.phase, &run.calibration);
     value["batch"] = json!(run.batch);
+    let to_s = report.ratio_to_s(run.phase.events_per_s(run.events));
+    value["ratio_to_s"] = json!(round3(to_s));
     let l = &run.latency;
     value["latency_ms"] =
         json!({"p50": l.p50_ms, "p99": l.p99_ms, "max": l.max_ms, "samples": l.samples});
@@ -626,25 +629,41 @@ fn calibrated(value: &mut Value, calibration: &Calibration) {
 fn throughput(report: &ThroughputReport) -> Value {
     // The run's F in one number: the median of all calibrations.
     let f = report.f_spread();
-    let unbatched = match &report.unbatched {
-        Some(run) => {
-            let mut value = sequential(run);
-            value["flows"] = json!(run.flows);
-            value
-        }
-        None => Value::Null,
-    };
+    let runs: Vec<Value> = report.runs.iter().map(|r| sequential(report, r)).collect();
+    let unbatched = report.unbatched.as_ref().map_or(Value::Null, |run| {
+        let mut value = sequential(report, run);
+        value["flows"] = json!(run.flows);
+        value
+    });
     json!({
         "f_commits_per_s": f.median.round(),
         "f_range": [f.min.round(), f.max.round()],
         "flows": report.flows,
         "events": report.events(),
-        "runs": report.runs.iter().map(sequential).collect::<Vec<_>>(),
+        "s_sqlite": report.s_sqlite().round(),
+        "s_sqlite_runs": report.skeletons.iter().map(sqlite_skeleton_run).collect::<Vec<_>>(),
+        "runs": runs,
         "unbatched": unbatched,
-        "concurrent": pipeline(&report.concurrent),
-        "pipelined": pipeline(&report.pipelined),
-        "offered": pipeline(&report.offered),
+        "concurrent": pipeline(report, &report.concurrent),
+        "pipelined": pipeline(report, &report.pipelined),
+        "offered": pipeline(report, &report.offered),
         "peak_memory_bytes": report.peak_memory_bytes,
+    })
+}
+
+fn sqlite_skeleton_run(run: &ordo_lab::skeleton_sqlite::SkeletonRun) -> Value {
+    let rows = run
+        .written
+        .by_table()
+        .map(|(t, n)| (t.to_owned(), json!(n)));
+    json!({
+        "batch": run.batch,
+        "events": run.events,
+        "seconds": round3(run.seconds),
+        "events_per_s": run.events_per_s().round(),
+        "commits_per_event": round3(run.commits_per_event()),
+        "fsyncs_per_event": round3(run.fsyncs_per_event()),
+        "rows_written": serde_json::Map::from_iter(rows),
     })
 }
 
@@ -747,8 +766,8 @@ fn pipelines_text(report: &ThroughputReport, v: &Value) -> [String; 3] {
             c["batch"], f_cell(c, report.concurrent.calibration.drifted()), c["events_per_s"], c["ratio_to_f"], c["commits_per_event"], c["fsyncs_per_event"], c["latency_ms"]["p50"], c["latency_ms"]["p99"]
         ),
         format!(
-            "pipelined (2 threads: producer file, consumer file; B={}, F {}/s): {} events/s = {} x F, {} fsyncs/event, latency p50 {} ms p99 {} ms",
-            p["batch"], f_cell(p, report.pipelined.calibration.drifted()), p["events_per_s"], p["ratio_to_f"], p["fsyncs_per_event"], p["latency_ms"]["p50"], p["latency_ms"]["p99"]
+            "pipelined (2 threads: producer file, consumer file; B={}, F {}/s): {} events/s = {} x F = {} x S_sqlite, {} fsyncs/event, latency p50 {} ms p99 {} ms",
+            p["batch"], f_cell(p, report.pipelined.calibration.drifted()), p["events_per_s"], p["ratio_to_f"], p["ratio_to_s"], p["fsyncs_per_event"], p["latency_ms"]["p50"], p["latency_ms"]["p99"]
         ),
         format!(
             "offered {} events/s: achieved {} events/s, commit-to-applied p50 {} ms, p99 {} ms, max {} ms",
@@ -759,10 +778,15 @@ fn pipelines_text(report: &ThroughputReport, v: &Value) -> [String; 3] {
 
 /// The text of a throughput report from its JSON document (`v`).
 fn throughput_text(report: &ThroughputReport, v: &Value) -> String {
+    let s = report.s_sqlite_spread();
     let mut lines = vec![
         format!(
             "F (fsync-bound single-row commits on this disk), measured between the runs: {} to {} /s",
             v["f_range"][0], v["f_range"][1]
+        ),
+        format!(
+            "S_sqlite (each event's protocol rows by hand, pipelined on two files, nothing else; before the first run and after the last): {} events/s, {:.0} to {:.0}",
+            v["s_sqlite"], s.min, s.max
         ),
         format!("flows {}, events {}", v["flows"], v["events"]),
         sequential_row(SEQUENTIAL_HEADS.map(str::to_owned)),

@@ -87,6 +87,37 @@ fn bench_counts_every_event_and_every_commit() {
     );
     assert_eq!(v["offered"]["offered_per_s"], 2000);
     assert_eq!(v["offered"]["events"], 120);
+
+    // S_sqlite, before the first run and after the last: every event's
+    // rows written once, four commits per round of 8 flows (the accepted
+    // mark unsynced); every run's rate as a ratio to it.
+    assert!(v["s_sqlite"].as_f64().unwrap() > 0.0, "{v:#}");
+    let skeletons = v["s_sqlite_runs"].as_array().unwrap();
+    assert_eq!(skeletons.len(), 2);
+    for s in skeletons {
+        assert_eq!(
+            (s["events"].as_u64(), s["batch"].as_u64()),
+            (Some(120), Some(8))
+        );
+        assert!(s["events_per_s"].as_f64().unwrap() > 0.0, "{s:#}");
+        assert_eq!(s["commits_per_event"], 0.5, "{s:#}");
+        assert_eq!(s["fsyncs_per_event"], 0.375, "{s:#}");
+        let rows = &s["rows_written"];
+        for (table, per_event) in [
+            ("app_state", 1),
+            ("head", 2),
+            ("outbox", 2),
+            ("outbox_pending", 2),
+            ("inbox", 2),
+            ("apply_cursor", 1),
+            ("projection", 1),
+        ] {
+            assert_eq!(rows[table], 120 * per_event, "{table}: {s:#}");
+        }
+    }
+    for run in [unbatched, batched, concurrent, pipelined, &v["offered"]] {
+        assert!(run["ratio_to_s"].as_f64().unwrap() > 0.0, "{run:#}");
+    }
 }
 
 #[test]

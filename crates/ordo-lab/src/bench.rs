@@ -23,6 +23,7 @@ use ordo_sqlite::{ConsumerDb, ProducerDb};
 
 use crate::bench_http::{HttpBenchReport, HttpLoad};
 use crate::figures::{per, per_second, Spread};
+use crate::skeleton_sqlite::{self, SkeletonRun};
 use crate::{LabError as Failure, Progress, Silent, STEPS};
 
 /// Events per flow: one per step.
@@ -410,9 +411,38 @@ pub struct ThroughputReport {
     pub offered: PipelineRun,
     /// The process's peak resident memory.
     pub peak_memory_bytes: Option<u64>,
+    /// S_sqlite, measured before the first run and after the last
+    /// ([`crate::skeleton_sqlite`]).
+    pub skeletons: Vec<SkeletonRun>,
 }
 
 impl ThroughputReport {
+    /// S_sqlite: the geometric mean of the skeleton's rates, in events per
+    /// second (0 when it was not measured).
+    pub fn s_sqlite(&self) -> f64 {
+        if self.skeletons.is_empty() {
+            return 0.0;
+        }
+        let logs: f64 = self
+            .skeletons
+            .iter()
+            .map(|s| s.events_per_s().max(1e-9).ln())
+            .sum();
+        (logs / self.skeletons.len() as f64).exp()
+    }
+
+    /// The spread of the skeleton's rates.
+    pub fn s_sqlite_spread(&self) -> Spread {
+        let rates: Vec<f64> = self.skeletons.iter().map(|s| s.events_per_s()).collect();
+        Spread::of(&rates)
+    }
+
+    /// A rate over S_sqlite, both counted in whole events per second, as
+    /// reported.
+    pub fn ratio_to_s(&self, events_per_s: f64) -> f64 {
+        events_per_s.round() / self.s_sqlite().round().max(1.0)
+    }
+
     /// Events of each run but the unbatched one.
     pub fn events(&self) -> u64 {
         self.flows * EVENTS_PER_FLOW
@@ -1007,6 +1037,9 @@ fn throughput(
     let shown = progress.as_ref();
     let mut fs = Calibrations(vec![calibrated(root, shown)?]);
     let (flows, batch) = (options.flows, options.batch);
+    let skeleton =
+        |name: &str| skeleton_sqlite::measure(&fresh_dir(root, name)?, flows, batch, shown);
+    let mut skeletons = vec![skeleton("skeleton-before")?];
     let batches: Vec<u64> = if options.sweep {
         SWEEP.to_vec()
     } else {
@@ -1049,6 +1082,7 @@ fn throughput(
         shown,
     )?;
     offered.calibration = fs.around(root, shown)?;
+    skeletons.push(skeleton("skeleton-after")?);
     Ok(ThroughputReport {
         flows,
         calibrations: fs.0,
@@ -1058,6 +1092,7 @@ fn throughput(
         pipelined,
         offered,
         peak_memory_bytes: peak_memory_bytes(),
+        skeletons,
     })
 }
 
@@ -1194,6 +1229,46 @@ mod tests {
     }
 
     #[test]
+    fn s_sqlite_is_the_geometric_mean_of_the_skeleton_s_runs() {
+        let skeleton = |events: u64, seconds: f64| SkeletonRun {
+            batch: 16,
+            events,
+            seconds,
+            commits: 0,
+            synced_commits: 0,
+            written: Default::default(),
+        };
+        // (skeleton runs, a rate) -> (S_sqlite, the rate's ratio to it)
+        let cases = [
+            (
+                vec![skeleton(3000, 1.5), skeleton(3000, 0.375)],
+                6000.4,
+                (4000.0, 1.5),
+            ),
+            (vec![skeleton(1000, 0.5)], 1000.0, (2000.0, 0.5)),
+            (vec![], 1000.0, (0.0, 1000.0)),
+        ];
+        for (skeletons, rate, (s, ratio)) in cases {
+            let mut report = ThroughputReport {
+                flows: 10,
+                calibrations: vec![800.0],
+                runs: Vec::new(),
+                unbatched: None,
+                concurrent: pipeline_at(calibration(800.0, 800.0)),
+                pipelined: pipeline_at(calibration(800.0, 800.0)),
+                offered: pipeline_at(calibration(800.0, 800.0)),
+                peak_memory_bytes: None,
+                skeletons: Vec::new(),
+            };
+            report.skeletons = skeletons;
+            assert!((report.s_sqlite() - s).abs() < 1e-6, "{report:?}");
+            let rates: Vec<f64> = report.skeletons.iter().map(|r| r.events_per_s()).collect();
+            assert_eq!(report.s_sqlite_spread(), Spread::of(&rates));
+            assert_eq!(report.ratio_to_s(rate), ratio, "{report:?}");
+        }
+    }
+
+    #[test]
     fn a_throughput_report_is_flagged_when_any_run_drifted() {
         let steady = calibration(800.0, 810.0);
         let moved = calibration(800.0, 1100.0);
@@ -1217,6 +1292,7 @@ mod tests {
                 pipelined: pipeline_at(runs[4]),
                 offered: pipeline_at(runs[5]),
                 peak_memory_bytes: None,
+                skeletons: Vec::new(),
             };
             assert_eq!(report.drifted(), flagged, "{runs:?}");
             assert_eq!(report.events(), 30);

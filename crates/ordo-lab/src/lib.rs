@@ -20,6 +20,7 @@ pub mod figures;
 pub mod pg;
 pub mod serve;
 pub mod skeleton_pg;
+pub mod skeleton_sqlite;
 pub mod soak;
 pub mod soak_effects;
 mod soak_effects_check;
