@@ -321,6 +321,9 @@ fn seed(dir: &Path, flows: u64) -> Result<(Connection, Connection), Failure> {
 /// The producer's thread: appends every event, `batch` flows per
 /// transaction, hands each round over, and marks the rounds answered
 /// accepted. Returns its writes, its appends and its accepted marks.
+/// Never inlined: a profile finds the skeleton's work under this function
+/// and [`consumer_loop`], and the seeding outside them.
+#[inline(never)]
 fn producer_loop(
     conn: &Connection,
     flows: u64,
@@ -455,6 +458,7 @@ fn accept(conn: &Connection, round: &[(String, i64)]) -> Result<Written, Failure
 
 /// The consumer's thread: stores each round in one synced transaction,
 /// answers, then applies it in another. Returns its writes and commits.
+#[inline(never)]
 fn consumer_loop(
     conn: Connection,
     rounds: mpsc::Receiver<Vec<Event>>,
