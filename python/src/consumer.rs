@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use pyo3::exceptions::{PyException, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::convert::{json_object, rows_to_py, sql_params, type_name};
 use crate::errors::{error, store_error, HandlerError};
@@ -230,20 +230,7 @@ fn drain_all(
 
 /// The apply report: the command line's `apply --json` object.
 fn drains_value(drains: &[Drain]) -> Value {
-    let flows: Vec<Value> = drains
-        .iter()
-        .map(|d| {
-            json!({
-                "flow_id": d.flow.flow_id.as_str(),
-                "producer": d.flow.producer.as_str(),
-                "applied": d.applied,
-                "stop": d.stop.as_str(),
-                "reason": d.stop.reason().map(|r| r.as_str()),
-                "detail": d.stop.reason().and_then(|r| r.detail.as_deref()),
-            })
-        })
-        .collect();
-    json!({ "flows": flows, "flows_total": drains.len(), "truncated": false })
+    ordo::core::report::drains(drains, drains.len() as u64, false)
 }
 
 /// A consumer store: the inbox beside the application's tables, in an

@@ -24,7 +24,7 @@ mod views;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::convert::type_name;
 use crate::errors::{error, store_error};
@@ -64,44 +64,13 @@ pub(crate) fn sql_error(e: SqlFail) -> PyErr {
 
 /// The relay report: the command line's `relay --json` object.
 pub(crate) fn relay_value(report: &ordo::core::RelayReport) -> Value {
-    let deliveries: Vec<Value> = report
-        .deliveries
-        .iter()
-        .map(|d| {
-            let mut delivery = json!({
-                "event_id": d.event_id.as_str(),
-                "flow_id": d.flow_id.as_str(),
-                "seq": d.seq.get(),
-                "receipt": d.receipt.as_str(),
-            });
-            if let Some(cause) = d.receipt.cause() {
-                delivery["cause"] = json!(cause);
-            }
-            delivery
-        })
-        .collect();
-    let refused: Vec<Value> = report
-        .refusals
-        .iter()
-        .map(|r| {
-            json!({
-                "event_id": r.event_id.as_str(),
-                "flow_id": r.flow_id.as_str(),
-                "seq": r.seq.get(),
-                "reason": r.reason.as_str(),
-                "detail": r.message,
-            })
-        })
-        .collect();
-    json!({
-        "deliveries": deliveries,
-        "stop": report.stop.as_str(),
-        "deliveries_total": report.deliveries.len(),
-        "truncated": false,
-        "refused": refused,
-        "refused_total": report.refusals.len(),
-        "transient_errors": report.transient_errors,
-    })
+    let totals = ordo::core::report::RelayTotals {
+        deliveries: report.deliveries.len() as u64,
+        refused: report.refusals.len() as u64,
+        truncated: false,
+        transient_errors: report.transient_errors,
+    };
+    ordo::core::report::relay(&report.deliveries, &report.refusals, report.stop, totals)
 }
 
 /// The native part of the `ordo` package.

@@ -147,20 +147,7 @@ fn advance(
 
 /// The apply report: the command line's `apply --json` object.
 fn drains_value(drains: &[Drain]) -> Value {
-    let flows: Vec<Value> = drains
-        .iter()
-        .map(|d| {
-            json!({
-                "flow_id": d.flow.flow_id.as_str(),
-                "producer": d.flow.producer.as_str(),
-                "applied": d.applied,
-                "stop": d.stop.as_str(),
-                "reason": d.stop.reason().map(|r| r.as_str()),
-                "detail": d.stop.reason().and_then(|r| r.detail.as_deref()),
-            })
-        })
-        .collect();
-    json!({ "flows": flows, "flows_total": drains.len(), "truncated": false })
+    ordo::core::report::drains(drains, drains.len() as u64, false)
 }
 
 /// Applies every flow's received events once, in seq order, with the

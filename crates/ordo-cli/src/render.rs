@@ -72,68 +72,17 @@ impl RelayRun {
 }
 
 pub fn relay(run: &RelayRun, stop: RelayStop) -> Value {
-    let listed: Vec<Value> = run
-        .deliveries
-        .listed
-        .iter()
-        .map(|d| {
-            let mut delivery = json!({
-                "event_id": d.event_id.as_str(),
-                "flow_id": d.flow_id.as_str(),
-                "seq": d.seq.get(),
-                "receipt": d.receipt.as_str(),
-            });
-            if let Some(cause) = d.receipt.cause() {
-                delivery["cause"] = json!(cause);
-            }
-            delivery
-        })
-        .collect();
-    let refused: Vec<Value> = run
-        .refusals
-        .listed
-        .iter()
-        .map(|r| {
-            json!({
-                "event_id": r.event_id.as_str(),
-                "flow_id": r.flow_id.as_str(),
-                "seq": r.seq.get(),
-                "reason": r.reason.as_str(),
-                "detail": r.message,
-            })
-        })
-        .collect();
-    json!({
-        "deliveries": listed,
-        "stop": stop.as_str(),
-        "deliveries_total": run.deliveries.total,
-        "truncated": run.deliveries.truncated() || run.refusals.truncated(),
-        "refused": refused,
-        "refused_total": run.refusals.total,
-        "transient_errors": run.transient_errors,
-    })
+    let totals = ordo_core::report::RelayTotals {
+        deliveries: run.deliveries.total,
+        refused: run.refusals.total,
+        truncated: run.deliveries.truncated() || run.refusals.truncated(),
+        transient_errors: run.transient_errors,
+    };
+    ordo_core::report::relay(&run.deliveries.listed, &run.refusals.listed, stop, totals)
 }
 
 pub fn drains(drains: &Bounded<Drain>) -> Value {
-    let flows: Vec<Value> = drains
-        .listed
-        .iter()
-        .map(|d| {
-            json!({
-                "flow_id": d.flow.flow_id.as_str(),
-                "producer": d.flow.producer.as_str(),
-                "applied": d.applied,
-                "stop": d.stop.as_str(),
-                "reason": d.stop.reason().map(|r| r.as_str()),
-                "detail": d.stop.reason().and_then(|r| r.detail.as_deref()),
-            })
-        })
-        .collect();
-    json!({
-        "flows": flows,
-        "flows_total": drains.total,
-        "truncated": drains.truncated(),
-    })
+    ordo_core::report::drains(&drains.listed, drains.total, drains.truncated())
 }
 
 pub fn flow(record: &FlowRecord) -> Value {

@@ -34,6 +34,7 @@ pub mod open;
 pub mod ops;
 pub mod outcome;
 pub mod relay;
+pub mod report;
 pub mod run;
 pub mod store;
 pub mod trace;
