@@ -522,12 +522,61 @@ impl Envelope {
     /// schema version (up to SHA-256 collisions): RFC 8785 writes numbers as
     /// doubles, which would merge two seqs or versions above 2^53.
     pub fn body_hash(&self) -> BodyHash {
-        BodyHash::of(&format!(
-            "{}\n{}\n{}",
-            self.body(),
-            self.seq,
-            self.schema_version
-        ))
+        let mut text = Vec::with_capacity(512);
+        if !self.write_body(&mut text) {
+            text = self.body().into_bytes();
+        }
+        BodyHash::of_parts(&[
+            &text,
+            format!("\n{}\n{}", self.seq, self.schema_version).as_bytes(),
+        ])
+    }
+
+    /// Writes [`Envelope::body`] into `out` field by field, without building
+    /// the JSON tree (and copying the payload) first; returns false, with
+    /// `out` unfinished, where [`canonical_json`] would need `serde_jcs`.
+    /// The keys in RFC 8785's order: ASCII names sort by their bytes.
+    fn write_body(&self, out: &mut Vec<u8>) -> bool {
+        let number =
+            |value: i64, out: &mut Vec<u8>| write_canonical(&Value::Number(value.into()), out);
+        out.extend_from_slice(b"{\"event_id\":");
+        write_string(self.event_id.as_str(), out);
+        out.extend_from_slice(b",\"flow_id\":");
+        write_string(self.flow_id.as_str(), out);
+        if !self.headers.is_empty() {
+            out.extend_from_slice(b",\"headers\":{");
+            let mut names: Vec<&String> = self.headers.keys().collect();
+            names.sort_by(|a, b| a.encode_utf16().cmp(b.encode_utf16()));
+            for (i, name) in names.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_string(name, out);
+                out.push(b':');
+                write_string(&self.headers[name], out);
+            }
+            out.push(b'}');
+        }
+        out.extend_from_slice(b",\"payload\":");
+        if !write_object(&self.payload, out) {
+            return false;
+        }
+        if let Some(producer) = self.written_producer() {
+            out.extend_from_slice(b",\"producer\":");
+            write_string(producer, out);
+        }
+        out.extend_from_slice(b",\"schema_version\":");
+        if !number(self.schema_version.get(), out) {
+            return false;
+        }
+        out.extend_from_slice(b",\"seq\":");
+        if !number(self.seq.get(), out) {
+            return false;
+        }
+        out.extend_from_slice(b",\"type\":");
+        write_string(self.event_type.as_str(), out);
+        out.push(b'}');
+        true
     }
 }
 
@@ -674,24 +723,29 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) -> bool {
             }
             out.push(b']');
         }
-        Value::Object(map) => {
-            // Keys in the order of their UTF-16 code units, as RFC 8785 asks.
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
-            out.push(b'{');
-            for (i, (key, item)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_string(key, out);
-                out.push(b':');
-                if !write_canonical(item, out) {
-                    return false;
-                }
-            }
-            out.push(b'}');
+        Value::Object(map) => return write_object(map, out),
+    }
+    true
+}
+
+/// Writes the canonical form of the object `map` into `out`, as
+/// [`write_canonical`] does.
+fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) -> bool {
+    // Keys in the order of their UTF-16 code units, as RFC 8785 asks.
+    let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+    entries.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+    out.push(b'{');
+    for (i, (key, item)) in entries.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        write_string(key, out);
+        out.push(b':');
+        if !write_canonical(item, out) {
+            return false;
         }
     }
+    out.push(b'}');
     true
 }
 
@@ -706,8 +760,17 @@ pub struct BodyHash(String);
 impl BodyHash {
     /// Hashes a canonical body.
     pub fn of(body: &str) -> BodyHash {
+        BodyHash::of_parts(&[body.as_bytes()])
+    }
+
+    /// Hashes the concatenation of `parts`.
+    fn of_parts(parts: &[&[u8]]) -> BodyHash {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let digest = Sha256::digest(body.as_bytes());
+        let mut hasher = Sha256::new();
+        for part in parts {
+            hasher.update(part);
+        }
+        let digest = hasher.finalize();
         let mut hex = String::with_capacity(64);
         for byte in digest.iter() {
             hex.push(char::from(DIGITS[usize::from(byte >> 4)]));

@@ -166,19 +166,37 @@ fn envelope() -> impl Strategy<Value = Envelope> {
         positive(),
         event_type(),
         payload(),
+        (producer(), headers()),
     )
         .prop_map(
-            |(event_id, flow_id, seq, schema_version, event_type, payload)| Envelope {
-                event_id: EventId::new(event_id).unwrap(),
-                flow_id: FlowId::new(flow_id).unwrap(),
-                seq: Seq::new(seq).unwrap(),
-                schema_version: SchemaVersion::new(schema_version).unwrap(),
-                event_type: EventType::new(event_type).unwrap(),
-                payload,
-                producer: ordo_core::ProducerName::default(),
-                headers: Default::default(),
+            |(event_id, flow_id, seq, schema_version, event_type, payload, (producer, headers))| {
+                Envelope {
+                    event_id: EventId::new(event_id).unwrap(),
+                    flow_id: FlowId::new(flow_id).unwrap(),
+                    seq: Seq::new(seq).unwrap(),
+                    schema_version: SchemaVersion::new(schema_version).unwrap(),
+                    event_type: EventType::new(event_type).unwrap(),
+                    payload,
+                    producer,
+                    headers,
+                }
             },
         )
+}
+
+/// The default producer (never written out) or a named one.
+fn producer() -> impl Strategy<Value = ordo_core::ProducerName> {
+    prop_oneof![
+        2 => Just(ordo_core::ProducerName::default()),
+        1 => "[a-z][a-z0-9_-]{0,20}".prop_filter_map("not the default", |name| {
+            ordo_core::ProducerName::new(name).ok().filter(|n| !n.is_default())
+        }),
+    ]
+}
+
+/// No headers (never written out) or a few, with values of any text.
+fn headers() -> impl Strategy<Value = ordo_core::envelope::Headers> {
+    prop::collection::btree_map("[a-z0-9-]{1,16}", json_string(), 0..4)
 }
 
 // ---------------------------------------------------------------------------

@@ -48,19 +48,19 @@ pub(super) fn receive_answers(
 fn identities(tx: &Connection, envelope: &Envelope) -> Result<StoredIdentities, StoreError> {
     let (by_id, at_seq, below_watermark): ((_, _), (_, _), _) = row_cached(
         tx,
-        "WITH by_id AS (SELECT body_hash, store_id FROM inbox WHERE producer = ?4 AND event_id = ?1
-                        UNION ALL
-                        SELECT lower(hex(body_hash)), store_id FROM inbox_fingerprint
-                        WHERE producer = ?4 AND event_id = ?1 LIMIT 1),
-              at_seq AS (SELECT event_id, store_id FROM inbox
-                         WHERE flow_id = ?2 AND producer = ?4 AND seq = ?3
-                         UNION ALL
-                         SELECT event_id, store_id FROM inbox_fingerprint
-                         WHERE flow_id = ?2 AND producer = ?4 AND seq = ?3 LIMIT 1)
-         SELECT (SELECT body_hash FROM by_id), (SELECT store_id FROM by_id),
-                (SELECT event_id FROM at_seq), (SELECT store_id FROM at_seq),
+        // Each lookup once: a CTE named twice is evaluated twice.
+        "SELECT b.hash, b.store_id, a.event_id, a.store_id,
                 EXISTS (SELECT 1 FROM inbox_watermark
-                        WHERE flow_id = ?2 AND producer = ?4 AND pruned_seq >= ?3)",
+                        WHERE flow_id = ?2 AND producer = ?4 AND pruned_seq >= ?3)
+         FROM (SELECT 1)
+         LEFT JOIN (SELECT body_hash AS hash, store_id FROM inbox WHERE producer = ?4 AND event_id = ?1
+                    UNION ALL
+                    SELECT lower(hex(body_hash)), store_id FROM inbox_fingerprint
+                    WHERE producer = ?4 AND event_id = ?1 LIMIT 1) b
+         LEFT JOIN (SELECT event_id, store_id FROM inbox WHERE flow_id = ?2 AND producer = ?4 AND seq = ?3
+                    UNION ALL
+                    SELECT event_id, store_id FROM inbox_fingerprint
+                    WHERE flow_id = ?2 AND producer = ?4 AND seq = ?3 LIMIT 1) a",
         params![
             envelope.event_id.as_str(),
             envelope.flow_id.as_str(),
