@@ -140,6 +140,59 @@ where
     conn.prepare_cached(sql)?.query_row(params, f)
 }
 
+/// Begins a `BEGIN IMMEDIATE` transaction on a shared borrow of `conn`, so
+/// that statements of it can be [`Held`] beside the transaction. The caller
+/// holds `&mut` of the connection's owner for the transaction's life, which
+/// keeps it the connection's only one.
+pub(crate) fn begin_immediate<'c>(
+    conn: &'c Connection,
+    role: &str,
+) -> Result<rusqlite::Transaction<'c>, StoreError> {
+    rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)
+        .map_err(|e| sql_error(&format!("{role}: cannot begin a write transaction"), e))
+}
+
+/// Statements prepared once and held for one transaction: a lookup in the
+/// connection's statement cache hashes the whole SQL text, which costs a
+/// batch's hot statements more than binding their values. Keyed by the
+/// address of the `'static` SQL text, so each call site finds its own.
+pub(crate) struct Held<'c> {
+    conn: &'c Connection,
+    statements: Vec<((usize, usize), rusqlite::CachedStatement<'c>)>,
+}
+
+impl<'c> Held<'c> {
+    /// Holds statements of `conn`, none yet.
+    pub(crate) fn new(conn: &'c Connection) -> Held<'c> {
+        Held {
+            conn,
+            statements: Vec::new(),
+        }
+    }
+
+    /// The connection the statements are of.
+    pub(crate) fn conn(&self) -> &'c Connection {
+        self.conn
+    }
+
+    /// The statement of `sql`, prepared (through the cache) at its first use.
+    pub(crate) fn get(
+        &mut self,
+        sql: &'static str,
+    ) -> rusqlite::Result<&mut rusqlite::CachedStatement<'c>> {
+        let key = (sql.as_ptr() as usize, sql.len());
+        let index = match self.statements.iter().position(|(k, _)| *k == key) {
+            Some(index) => index,
+            None => {
+                let statement = self.conn.prepare_cached(sql)?;
+                self.statements.push((key, statement));
+                self.statements.len() - 1
+            }
+        };
+        Ok(&mut self.statements[index].1)
+    }
+}
+
 /// Installs this connection's own busy handler: retries within `timeout`,
 /// whatever other connections of the process were given.
 fn set_busy_handler(conn: &Connection, timeout: Duration) -> Result<(), StoreError> {

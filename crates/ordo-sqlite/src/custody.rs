@@ -9,7 +9,7 @@ use ordo_core::ops::ProducerStatus;
 use ordo_core::{DestinationName, ErrorKind, Receipt, StoreError, StoreId};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error};
+use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error, Held};
 
 /// The tables of custody per destination (`IF NOT EXISTS`): created with a
 /// new store, and by the upgrade of an earlier one before it copies the
@@ -296,14 +296,13 @@ fn destination_consumer(
 
 /// Marks the row at `position` settled when every destination of its flow
 /// holds it or abandoned it (pruning may then remove it).
-pub(crate) fn settle(conn: &Connection, position: i64, now_ms: i64) -> Result<(), StoreError> {
-    exec_cached(
-        conn,
+pub(crate) fn settle(held: &mut Held<'_>, position: i64, now_ms: i64) -> Result<(), StoreError> {
+    held.get(
         "UPDATE outbox SET accepted = 1, accepted_at_ms = coalesce(accepted_at_ms, ?2)
          WHERE position = ?1 AND accepted = 0 AND NOT EXISTS (
              SELECT 1 FROM custody c WHERE c.position = ?1 AND c.accepted = 0 AND c.abandoned = 0)",
-        params![position, now_ms],
     )
+    .and_then(|statement| statement.execute(params![position, now_ms]))
     .map_err(|e| sql_error("producer: cannot settle an outbox row", e))?;
     Ok(())
 }
@@ -314,7 +313,7 @@ pub(crate) fn settle(conn: &Connection, position: i64, now_ms: i64) -> Result<()
 /// the destination holds no mark of is left alone, and a row abandoned
 /// there meanwhile is never quarantined again.
 pub(crate) fn mark_receipt(
-    tx: &Connection,
+    held: &mut Held<'_>,
     destination: i64,
     (position, flow, seq): (i64, &str, i64),
     receipt: Receipt,
@@ -322,36 +321,37 @@ pub(crate) fn mark_receipt(
 ) -> Result<(), StoreError> {
     let err = |e| sql_error("producer: cannot record receipts", e);
     if receipt == Receipt::ProducerRewound {
-        exec_cached(
-            tx,
+        held.get(
             "UPDATE relay_head SET relay_stop_seq = min(coalesce(relay_stop_seq, ?3), ?3)
              WHERE flow_id = ?1 AND destination = ?2",
-            params![flow, destination, seq],
         )
+        .and_then(|statement| statement.execute(params![flow, destination, seq]))
         .map_err(err)?;
     }
     let marked = match receipt.quarantine() {
-        Some((code, detail)) => exec_cached(
-            tx,
-            "UPDATE custody SET quarantined = 1 - accepted,
+        Some((code, detail)) => held
+            .get(
+                "UPDATE custody SET quarantined = 1 - accepted,
                  quarantine_reason = CASE WHEN accepted = 1 THEN NULL ELSE ?3 END,
                  quarantine_detail = CASE WHEN accepted = 1 THEN NULL ELSE ?4 END,
                  attempts = attempts + 1, last_outcome = ?3
              WHERE position = ?1 AND destination = ?2 AND abandoned = 0",
-            params![position, destination, code, detail],
-        ),
-        None => exec_cached(
-            tx,
-            "UPDATE custody SET accepted = 1, quarantined = 0, quarantine_reason = NULL,
+            )
+            .and_then(|statement| statement.execute(params![position, destination, code, detail])),
+        None => held
+            .get(
+                "UPDATE custody SET accepted = 1, quarantined = 0, quarantine_reason = NULL,
                  quarantine_detail = NULL, accepted_at_ms = coalesce(accepted_at_ms, ?3),
                  attempts = attempts + 1, last_outcome = ?4, last_error = NULL
              WHERE position = ?1 AND destination = ?2",
-            params![position, destination, now_ms, receipt.as_str()],
-        ),
+            )
+            .and_then(|statement| {
+                statement.execute(params![position, destination, now_ms, receipt.as_str()])
+            }),
     }
     .map_err(err)?;
     if marked == 1 && receipt.quarantine().is_none() {
-        settle(tx, position, now_ms)?;
+        settle(held, position, now_ms)?;
     }
     Ok(())
 }

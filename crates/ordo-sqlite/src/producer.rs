@@ -15,11 +15,12 @@ use ordo_core::{
     AppendError, Backoff, Clock, DestinationName, Envelope, EventId, FlowId, OutboxRecord,
     OutboxTx, ProducerName, ProducerOps, ProducerStore, Receipt, StoreError,
 };
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::browse;
 use crate::conn::{
-    collect_rows, corrupt, exec_cached, row_cached, sql_error, OpenOptions, Opened, Role, Tables,
+    begin_immediate, collect_rows, corrupt, exec_cached, row_cached, sql_error, Held, OpenOptions,
+    Opened, Role, Tables,
 };
 use crate::custody;
 use crate::watch::DataVersion;
@@ -91,6 +92,9 @@ pub struct ProducerDb {
 /// own state and appends events: both commit together or not at all.
 pub struct ProducerTx<'c> {
     tx: rusqlite::Transaction<'c>,
+    /// The hot statements (appends, receipts), each prepared at its first
+    /// use and held for the transaction's others.
+    held: Held<'c>,
     producer_name: &'c ProducerName,
     now_ms: i64,
     appended: u64,
@@ -163,23 +167,24 @@ impl ProducerDb {
                 .map_err(|e| sql_error(&format!("producer: cannot set {pragma}"), e))?;
             self.synced = synced;
         }
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|e| sql_error("producer: cannot begin a write transaction", e))?;
+        let conn = &self.conn;
+        let tx = begin_immediate(conn, "producer")?;
         // Read under the write lock, so times recorded by one writer after
         // another are in commit order.
         let now_ms = self.clock.now_ms();
         let mut ptx = ProducerTx {
             tx,
+            held: Held::new(conn),
             producer_name: &self.producer_name,
             now_ms,
             appended: 0,
         };
         let value = f(&mut ptx)?;
-        let appended = ptx.appended;
-        ptx.tx
-            .commit()
+        let ProducerTx {
+            tx, held, appended, ..
+        } = ptx;
+        drop(held);
+        tx.commit()
             .map_err(|e| sql_error("producer: commit failed", e))?;
         self.commits += 1;
         if synced {
@@ -233,11 +238,12 @@ impl OutboxTx for ProducerTx<'_> {
         let seq = event.seq.get();
         // The row first: a used event id or (flow, seq) fails here, before
         // anything is written.
-        let inserted = exec_cached(
-            &self.tx,
+        let inserted = self.held.get(
             "INSERT INTO outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
+        )
+        .and_then(|statement| {
+            statement.execute(params![
                 event.event_id.as_str(),
                 event.flow_id.as_str(),
                 seq,
@@ -245,8 +251,8 @@ impl OutboxTx for ProducerTx<'_> {
                 event.event_type.as_str(),
                 event.stored_text(),
                 self.now_ms,
-            ],
-        );
+            ])
+        });
         if let Err(e) = inserted {
             // A seq already used is a contiguity refusal like any other, a
             // used event id at the right seq is its own refusal; any other
@@ -263,12 +269,11 @@ impl OutboxTx for ProducerTx<'_> {
         let position = self.tx.last_insert_rowid();
         // Then the head, which moves only from exactly seq - 1 (or is
         // created at seq 1): that is the contiguity check, without a read.
-        let mut moved = exec_cached(
-            &self.tx,
-            "UPDATE outbox_head SET last_seq = ?2 WHERE flow_id = ?1 AND last_seq = ?2 - 1",
-            params![event.flow_id.as_str(), seq],
-        )
-        .map_err(err)?;
+        let mut moved = self
+            .held
+            .get("UPDATE outbox_head SET last_seq = ?2 WHERE flow_id = ?1 AND last_seq = ?2 - 1")
+            .and_then(|statement| statement.execute(params![event.flow_id.as_str(), seq]))
+            .map_err(err)?;
         if moved == 0 && seq == 1 {
             moved = exec_cached(
                 &self.tx,
@@ -300,7 +305,7 @@ impl ProducerTx<'_> {
     /// the flow becomes every destination's (decided under the write lock,
     /// which adding a destination takes too), later its relay heads move.
     /// A row no destination waits for is settled at once.
-    fn hand_to_destinations(&self, event: &Envelope, position: i64) -> rusqlite::Result<()> {
+    fn hand_to_destinations(&mut self, event: &Envelope, position: i64) -> rusqlite::Result<()> {
         let flow = event.flow_id.as_str();
         if event.seq.get() == 1 {
             exec_cached(
@@ -310,21 +315,21 @@ impl ProducerTx<'_> {
                 [flow],
             )?;
         } else {
-            exec_cached(
-                &self.tx,
+            self.held.get(
                 "UPDATE relay_head SET
                      relay_seq = CASE WHEN relay_stop_seq IS NULL THEN coalesce(relay_seq, ?2) ELSE relay_seq END,
                      relay_due_ms = CASE WHEN relay_seq IS NULL THEN 0 ELSE relay_due_ms END
                  WHERE flow_id = ?1 AND abandoned_seq IS NULL",
-                params![flow, event.seq.get()],
-            )?;
+            )?
+            .execute(params![flow, event.seq.get()])?;
         }
-        let waiting = exec_cached(
-            &self.tx,
-            "INSERT INTO custody (position, destination)
+        let waiting = self
+            .held
+            .get(
+                "INSERT INTO custody (position, destination)
              SELECT ?1, destination FROM relay_head WHERE flow_id = ?2 AND abandoned_seq IS NULL",
-            params![position, flow],
-        )?;
+            )?
+            .execute(params![position, flow])?;
         if waiting == 0 {
             exec_cached(
                 &self.tx,
@@ -705,14 +710,16 @@ impl ProducerStore for ProducerDb {
             }
             let mut flows = BTreeSet::new();
             for (event_id, receipt) in &latest {
-                let row: Option<(i64, String, i64)> = row_cached(
-                    tx,
-                    "SELECT position, flow_id, seq FROM outbox WHERE event_id = ?1",
-                    [event_id],
-                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
-                )
-                .optional()
-                .map_err(err)?;
+                let row: Option<(i64, String, i64)> = ptx
+                    .held
+                    .get("SELECT position, flow_id, seq FROM outbox WHERE event_id = ?1")
+                    .and_then(|statement| {
+                        statement.query_row([event_id], |row| {
+                            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                        })
+                    })
+                    .optional()
+                    .map_err(err)?;
                 // An event no longer in the outbox was settled and pruned
                 // meanwhile (another relay recorded its receipt first):
                 // there is nothing left to mark.
@@ -720,7 +727,8 @@ impl ProducerStore for ProducerDb {
                     continue;
                 };
                 let at = ptx.now_ms.max(now_ms);
-                custody::mark_receipt(tx, destination, (position, &flow, seq), *receipt, at)?;
+                let row = (position, flow.as_str(), seq);
+                custody::mark_receipt(&mut ptx.held, destination, row, *receipt, at)?;
                 flows.insert(flow);
             }
             let flows: Vec<String> = flows.into_iter().collect();

@@ -9,9 +9,11 @@ use ordo_core::store::WorkPage;
 use ordo_core::{BlockCode, BlockReason, Envelope, ErrorKind, FlowId, InboxFlow, Seq, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::schema::{begin_write, inbox_status, read_cursor, write_cursor};
+use super::schema::{inbox_status, read_cursor, write_cursor};
 use super::ConsumerDb;
-use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error};
+use crate::conn::{
+    begin_immediate, collect_rows, corrupt, exec_cached, row_cached, sql_error, Held,
+};
 
 impl ApplyStore for ConsumerDb {
     type Tx = Connection;
@@ -21,11 +23,13 @@ impl ApplyStore for ConsumerDb {
     /// other applier holds any flow, and one step reads its cursor as a
     /// batch does.
     fn begin_apply(&mut self, _batch: bool) -> Result<ApplyTx<'_>, StoreError> {
-        let tx = begin_write(&mut self.conn)?;
+        let conn = &self.conn;
+        let tx = begin_immediate(conn, "consumer")?;
         // Read under the write lock, so settle times follow commit order.
         let now_ms = self.clock.now_ms();
         Ok(ApplyTx {
             tx,
+            held: Held::new(conn),
             now_ms,
             cursors: BTreeMap::new(),
             commits: &mut self.commits,
@@ -34,11 +38,13 @@ impl ApplyStore for ConsumerDb {
     }
 
     fn commit_apply(writer: ApplyTx<'_>) -> Result<(), StoreError> {
-        writer
-            .tx
-            .commit()
+        let ApplyTx {
+            tx, held, commits, ..
+        } = writer;
+        drop(held);
+        tx.commit()
             .map_err(|e| sql_error("consumer: apply commit failed", e))?;
-        *writer.commits += 1;
+        *commits += 1;
         Ok(())
     }
 
@@ -71,6 +77,8 @@ impl ApplyStore for ConsumerDb {
 /// uncommitted. The cursors move at its end, after every handler call.
 pub struct ApplyTx<'a> {
     tx: rusqlite::Transaction<'a>,
+    /// The statements run for each event, prepared once per transaction.
+    held: Held<'a>,
     now_ms: i64,
     cursors: BTreeMap<InboxFlow, i64>,
     commits: &'a mut u64,
@@ -116,16 +124,21 @@ impl ApplyWriter for ApplyTx<'_> {
         // The flow's first stored row at or after `next`: the next event
         // itself, or one past a gap, or none.
         #[allow(clippy::type_complexity)]
-        let row: Option<(i64, String, String, Option<String>, Option<String>)> = row_cached(
-            &self.tx,
-            "SELECT seq, body, status, reason, detail FROM inbox
-             WHERE flow_id = ?1 AND producer = ?3 AND seq >= ?2
-             ORDER BY seq LIMIT 1",
-            params![flow.flow_id.as_str(), next.get(), flow.producer.as_str()],
-            |row| row.try_into(),
-        )
-        .optional()
-        .map_err(|e| sql_error("consumer: apply failed", e))?;
+        let row: Option<(i64, String, String, Option<String>, Option<String>)> = self
+            .held
+            .get(
+                "SELECT seq, body, status, reason, detail FROM inbox
+                 WHERE flow_id = ?1 AND producer = ?3 AND seq >= ?2
+                 ORDER BY seq LIMIT 1",
+            )
+            .and_then(|statement| {
+                statement.query_row(
+                    params![flow.flow_id.as_str(), next.get(), flow.producer.as_str()],
+                    |row| row.try_into(),
+                )
+            })
+            .optional()
+            .map_err(|e| sql_error("consumer: apply failed", e))?;
         let first = match row {
             Some((seq, body, status, reason, detail)) => {
                 Some((seq, body, inbox_status(&status, reason.as_deref(), detail)?))
@@ -160,7 +173,7 @@ impl ApplyWriter for ApplyTx<'_> {
     }
 
     fn mark_applied(&mut self, event: &Envelope) -> Result<(), StoreError> {
-        mark_applied(&self.tx, event, self.now_ms)
+        mark_applied(&mut self.held, event, self.now_ms)
     }
 
     fn mark_blocked(&mut self, event: &Envelope, reason: &BlockReason) -> Result<(), StoreError> {
@@ -235,27 +248,29 @@ fn settled_under_apply(flow_id: &FlowId, seq: Seq) -> StoreError {
 /// only while it is pending or blocked: the row's event id is its body's
 /// `event_id`, and a row settled already is never marked again (anything
 /// else is a corrupt file or a handler that wrote ordo's tables).
-fn mark_applied(tx: &Connection, event: &Envelope, now_ms: i64) -> Result<(), StoreError> {
+fn mark_applied(held: &mut Held<'_>, event: &Envelope, now_ms: i64) -> Result<(), StoreError> {
     let (flow_id, seq, event_id) = (&event.flow_id, event.seq, &event.event_id);
-    let marked = exec_cached(
-        tx,
-        "UPDATE inbox SET status = 'applied', reason = NULL, detail = NULL, settled_at_ms = ?4
-         WHERE producer = ?5 AND event_id = ?1 AND flow_id = ?2 AND seq = ?3
-           AND (status = 'pending' OR status = 'blocked')",
-        params![
-            event_id.as_str(),
-            flow_id.as_str(),
-            seq.get(),
-            now_ms,
-            event.producer.as_str()
-        ],
-    )
-    .map_err(|e| sql_error("consumer: apply failed", e))?;
+    let marked = held
+        .get(
+            "UPDATE inbox SET status = 'applied', reason = NULL, detail = NULL, settled_at_ms = ?4
+             WHERE producer = ?5 AND event_id = ?1 AND flow_id = ?2 AND seq = ?3
+               AND (status = 'pending' OR status = 'blocked')",
+        )
+        .and_then(|statement| {
+            statement.execute(params![
+                event_id.as_str(),
+                flow_id.as_str(),
+                seq.get(),
+                now_ms,
+                event.producer.as_str()
+            ])
+        })
+        .map_err(|e| sql_error("consumer: apply failed", e))?;
     if marked == 1 {
         return Ok(());
     }
     let stored: Option<String> = row_cached(
-        tx,
+        held.conn(),
         "SELECT event_id FROM inbox WHERE flow_id = ?1 AND producer = ?3 AND seq = ?2",
         params![flow_id.as_str(), seq.get(), event.producer.as_str()],
         |row| row.get(0),
