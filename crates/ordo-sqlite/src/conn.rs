@@ -19,8 +19,9 @@ pub const BUSY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// one is refused. Version 1 files (the first release, which knew only the
 /// reservation domain) are upgraded once, and recorded as domain
 /// `reservation`; version 3 gave every store its identity; version 5 gave
-/// producer stores their destinations.
-pub const SCHEMA_VERSION: i64 = 7;
+/// producer stores their destinations; version 8 made the consumer's inbox
+/// a table with a rowid (its rows, bodies included, out of the keys' b-trees).
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The domain of the first release's stores, which recorded none.
 pub const FIRST_RELEASE_DOMAIN: &str = "reservation";
@@ -48,6 +49,9 @@ pub(crate) struct Tables {
     /// Brings the tables of a version 1 to 6 file to version 7 (run after
     /// `upgrade_from_5`).
     pub upgrade_from_6: &'static str,
+    /// Brings the tables of a version 1 to 7 file to version 8 (run after
+    /// `upgrade_from_6`).
+    pub upgrade_from_7: &'static str,
 }
 
 /// The `application_id` ordo writes in the header of every file it creates
@@ -876,6 +880,8 @@ fn upgrade_from_3(tx: &Connection, path: &Path, tables: &Tables) -> Result<(), S
         (6, tables.upgrade_from_5),
         // Version 7: the consumer's effect intents.
         (7, tables.upgrade_from_6),
+        // Version 8: the consumer's inbox rows in a table with a rowid.
+        (8, tables.upgrade_from_7),
     ];
     for (version, sql) in steps {
         if stored_version(tx, path)? < version {

@@ -63,6 +63,7 @@ const TABLES: Tables = Tables {
     upgrade_from_4: custody::UPGRADE_FROM_4,
     upgrade_from_5: "",
     upgrade_from_6: "",
+    upgrade_from_7: "",
 };
 
 /// The producer's SQLite file: the outbox, the per-flow head of the outbox

@@ -59,7 +59,17 @@ fn identities(
     lookup: &mut CachedStatement<'_>,
     envelope: &Envelope,
 ) -> Result<StoredIdentities, StoreError> {
-    let (by_id, at_seq, below_watermark): ((_, _), (_, _), _) = lookup
+    // A row of the inbox, or else its fingerprint: the hash (or event id)
+    // and the store that delivered it.
+    type Found = (Option<String>, Option<String>);
+    let either = |row: &rusqlite::Row<'_>, at: usize| -> rusqlite::Result<Found> {
+        let inbox: Found = (row.get(at)?, row.get(at + 1)?);
+        if inbox.0.is_some() {
+            return Ok(inbox);
+        }
+        Ok((row.get(at + 2)?, row.get(at + 3)?))
+    };
+    let (by_id, at_seq, below_watermark) = lookup
         .query_row(
             params![
                 envelope.event_id.as_str(),
@@ -67,10 +77,7 @@ fn identities(
                 envelope.seq.get(),
                 envelope.producer.as_str(),
             ],
-            |row| {
-                let by_id = (row.get(0)?, row.get(1)?);
-                Ok((by_id, (row.get(2)?, row.get(3)?), row.get(4)?))
-            },
+            |row| Ok((either(row, 0)?, either(row, 4)?, row.get(8)?)),
         )
         .map_err(|e| sql_error(CONTEXT, e))?;
     StoredIdentities::from_columns(by_id.0, at_seq.0, below_watermark, (by_id.1, at_seq.1))
@@ -104,21 +111,20 @@ fn insert(
 
 const CONTEXT: &str = "consumer: receive failed";
 
-/// Both identities of an envelope in the inbox or its fingerprints, and
-/// whether its seq is below the flow's prune watermark; each lookup once (a
-/// CTE named twice is evaluated twice).
-const IDENTITIES: &str = "SELECT b.hash, b.store_id, a.event_id, a.store_id,
+/// Both identities of an envelope in the inbox and in its fingerprints,
+/// and whether its seq is below the flow's prune watermark: each a lookup
+/// by a unique key, joined to one row (subqueries in `FROM` would each be
+/// built into a temporary table at every run).
+const IDENTITIES: &str = "SELECT i.body_hash, i.store_id,
+        CASE WHEN f.body_hash IS NOT NULL THEN lower(hex(f.body_hash)) END, f.store_id,
+        s.event_id, s.store_id, g.event_id, g.store_id,
         EXISTS (SELECT 1 FROM inbox_watermark
                 WHERE flow_id = ?2 AND producer = ?4 AND pruned_seq >= ?3)
  FROM (SELECT 1)
- LEFT JOIN (SELECT body_hash AS hash, store_id FROM inbox WHERE producer = ?4 AND event_id = ?1
-            UNION ALL
-            SELECT lower(hex(body_hash)), store_id FROM inbox_fingerprint
-            WHERE producer = ?4 AND event_id = ?1 LIMIT 1) b
- LEFT JOIN (SELECT event_id, store_id FROM inbox WHERE flow_id = ?2 AND producer = ?4 AND seq = ?3
-            UNION ALL
-            SELECT event_id, store_id FROM inbox_fingerprint
-            WHERE flow_id = ?2 AND producer = ?4 AND seq = ?3 LIMIT 1) a";
+ LEFT JOIN inbox i ON i.producer = ?4 AND i.event_id = ?1
+ LEFT JOIN inbox_fingerprint f ON f.producer = ?4 AND f.event_id = ?1
+ LEFT JOIN inbox s ON s.flow_id = ?2 AND s.producer = ?4 AND s.seq = ?3
+ LEFT JOIN inbox_fingerprint g ON g.flow_id = ?2 AND g.producer = ?4 AND g.seq = ?3";
 
 /// An accepted envelope, stored as pending.
 const INSERT: &str =

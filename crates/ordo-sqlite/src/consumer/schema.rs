@@ -14,6 +14,10 @@ use crate::producer::stored_envelope;
 macro_rules! consumer_ddl {
     () => {
         "
+-- A table with a rowid: each row, its body included, is stored once, in
+-- receive order, and the two identities are indexes of it; keyed by an
+-- identity (WITHOUT ROWID) a row's body sat in the key's b-tree, which
+-- every lookup and insert walked.
 CREATE TABLE IF NOT EXISTS inbox (
     producer       TEXT    NOT NULL,
     event_id       TEXT    NOT NULL,
@@ -36,7 +40,7 @@ CREATE TABLE IF NOT EXISTS inbox (
     PRIMARY KEY (producer, event_id),
     UNIQUE (flow_id, producer, seq),
     CHECK ((status = 'blocked') = (reason IS NOT NULL))
-) WITHOUT ROWID;
+);
 CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (flow_id, producer) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS inbox_blocked ON inbox (flow_id, producer) WHERE status = 'blocked';
 CREATE TABLE IF NOT EXISTS inbox_cursor (
@@ -162,6 +166,26 @@ DROP TABLE inbox_watermark_v5;
 "
 );
 
+/// Version 8 of an earlier consumer file: the inbox rebuilt as a table with
+/// a rowid (SQLite cannot drop `WITHOUT ROWID` in place), its rows in the
+/// order they were received.
+const UPGRADE_FROM_7: &str = concat!(
+    "
+DROP INDEX IF EXISTS inbox_pending;
+DROP INDEX IF EXISTS inbox_blocked;
+ALTER TABLE inbox RENAME TO inbox_v7;
+",
+    consumer_ddl!(),
+    "
+INSERT INTO inbox (producer, event_id, flow_id, seq, schema_version, type, body, body_hash,
+        status, reason, detail, received_at_ms, settled_at_ms, store_id)
+    SELECT producer, event_id, flow_id, seq, schema_version, type, body, body_hash,
+        status, reason, detail, received_at_ms, settled_at_ms, store_id FROM inbox_v7
+    ORDER BY received_at_ms, flow_id, producer, seq;
+DROP TABLE inbox_v7;
+"
+);
+
 pub(super) const TABLES: Tables = Tables {
     role: ordo_core::Role::Consumer,
     create: SCHEMA,
@@ -172,6 +196,7 @@ pub(super) const TABLES: Tables = Tables {
     upgrade_from_5: UPGRADE_FROM_5,
     // Version 7: effect intents; the repair log names the intent acted on.
     upgrade_from_6: "ALTER TABLE repair_log ADD COLUMN key TEXT;",
+    upgrade_from_7: UPGRADE_FROM_7,
 };
 
 pub(super) use ordo_core::apply::stored_status as inbox_status;
