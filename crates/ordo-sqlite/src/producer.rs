@@ -317,10 +317,12 @@ impl ProducerTx<'_> {
             )?;
         } else {
             self.held.get(
+                // Only a head with nothing to relay changes (a no-op update
+                // of the others would still write their rows).
                 "UPDATE relay_head SET
-                     relay_seq = CASE WHEN relay_stop_seq IS NULL THEN coalesce(relay_seq, ?2) ELSE relay_seq END,
-                     relay_due_ms = CASE WHEN relay_seq IS NULL THEN 0 ELSE relay_due_ms END
-                 WHERE flow_id = ?1 AND abandoned_seq IS NULL",
+                     relay_seq = CASE WHEN relay_stop_seq IS NULL THEN ?2 END,
+                     relay_due_ms = 0
+                 WHERE flow_id = ?1 AND abandoned_seq IS NULL AND relay_seq IS NULL",
             )?
             .execute(params![flow, event.seq.get()])?;
         }
