@@ -303,7 +303,13 @@ pub fn producers(report: &ProducersReport) -> Value {
         "f_commits_per_s": f.median.round(),
         "f_range": [f.min.round(), f.max.round()],
         "direct": producers_run(&report.direct),
-        "producers": report.runs.iter().map(producers_run).collect::<Vec<_>>(),
+        "batched": producers_run(&report.batched),
+        "producers": report.runs.iter().map(|run| {
+            let mut value = producers_run(run);
+            value["ratio_to_direct"] = json!(round3(report.ratio_to_direct(run)));
+            value["ratio_to_batched"] = json!(round3(report.ratio_to_batched(run)));
+            value
+        }).collect::<Vec<_>>(),
     })
 }
 
@@ -344,12 +350,25 @@ pub fn producers_text(report: &ProducersReport) -> String {
         )
     };
     lines.push(row("direct".into(), &report.direct));
+    lines.push(row("batched".into(), &report.batched));
     lines.extend(
         report
             .runs
             .iter()
             .map(|run| row(run.producers.to_string(), run)),
     );
+    lines.push(format!(
+        "{:>9} {:>10} {:>10}",
+        "producers", "x direct", "x batched"
+    ));
+    lines.extend(report.runs.iter().map(|run| {
+        format!(
+            "{:>9} {:>10.3} {:>10.3}",
+            run.producers,
+            report.ratio_to_direct(run),
+            report.ratio_to_batched(run)
+        )
+    }));
     lines.join("\n")
 }
 

@@ -221,6 +221,13 @@ fn bench_producers_reports_each_count_with_latency_and_fairness() {
     assert_eq!(v["flow_ids"], "random", "{v:#}");
     assert!(v["f_commits_per_s"].as_f64().unwrap() > 0.0, "{v:#}");
     assert_eq!(v["direct"]["producers"], 1, "{v:#}");
+    // The batched baseline commits whole batches of 256 events.
+    let batched = &v["batched"];
+    assert_eq!(batched["producers"], 1, "{v:#}");
+    let batched_events = batched["events"].as_u64().unwrap();
+    assert!(batched_events > 0, "{v:#}");
+    assert_eq!(batched["events_per_commit"], 256.0, "{v:#}");
+    let rate = |run: &serde_json::Value| run["events_per_s"].as_f64().unwrap();
     let runs = v["producers"].as_array().unwrap();
     assert_eq!(runs.len(), 3, "{v:#}");
     for (run, n) in runs.iter().zip([1u64, 4, 1]) {
@@ -247,5 +254,17 @@ fn bench_producers_reports_each_count_with_latency_and_fairness() {
             "{run:#}"
         );
         assert!(run["commits"].as_u64().unwrap() <= events, "{run:#}");
+        // The ratios are to the baselines of the same run (as rounded).
+        for (key, base) in [
+            ("ratio_to_direct", &v["direct"]),
+            ("ratio_to_batched", batched),
+        ] {
+            let ratio = run[key].as_f64().unwrap();
+            let expected = rate(run) / rate(base);
+            assert!(
+                (ratio - expected).abs() <= 0.002 + expected * 0.01,
+                "{key}: {run:#}"
+            );
+        }
     }
 }

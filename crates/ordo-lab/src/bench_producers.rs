@@ -3,7 +3,10 @@
 //! writer; events per second as a ratio to the disk's fsync rate F measured
 //! in the same run, latency from submit to durable, and each producer's
 //! count (fairness). One thread calling `advance` directly, without the
-//! writer, is measured too, as today's single append.
+//! writer, is measured too, as today's single append, and one thread
+//! calling `advance_batch` of [`BATCH_LEN`] requests, the single-threaded
+//! batched append that many producers through the writer are judged
+//! against; each run's rate is given as a ratio to both.
 //!
 //! Flows are numbered by one counter that every producer of a run shares,
 //! as a service numbers its orders: a producer that has taken a flow
@@ -32,6 +35,9 @@ pub const PRODUCERS_MAX: usize = 1_024;
 pub const PRODUCERS_DEFAULT: [usize; 3] = [1, 16, 64];
 /// How long each run lasts unless told otherwise.
 pub const RUN_DEFAULT: Duration = Duration::from_secs(3);
+/// Requests per `advance_batch` of the batched baseline, as the main
+/// bench's batches.
+pub const BATCH_LEN: u64 = 256;
 
 /// How a flow's number becomes its id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +164,8 @@ pub struct ProducersReport {
     pub flow_ids: FlowIds,
     /// One thread calling `advance` directly, without the writer.
     pub direct: ProducersRun,
+    /// One thread calling `advance_batch` of [`BATCH_LEN`] requests.
+    pub batched: ProducersRun,
     /// One run per producer count, through the writer.
     pub runs: Vec<ProducersRun>,
     /// Every calibration of F, in order.
@@ -165,6 +173,16 @@ pub struct ProducersReport {
 }
 
 impl ProducersReport {
+    /// A run's events per second over the direct `advance`'s.
+    pub fn ratio_to_direct(&self, run: &ProducersRun) -> f64 {
+        run.events_per_s() / self.direct.events_per_s().max(1e-9)
+    }
+
+    /// A run's events per second over the batched append's.
+    pub fn ratio_to_batched(&self, run: &ProducersRun) -> f64 {
+        run.events_per_s() / self.batched.events_per_s().max(1e-9)
+    }
+
     /// The spread of every calibration of F; its median is the bench's F.
     pub fn f_spread(&self) -> Spread {
         Spread::of(&self.calibrations)
@@ -336,6 +354,40 @@ fn direct(dir: &Path, flow_ids: FlowIds, run: Duration) -> Result<ProducersRun, 
     Ok(summarize(1, samples, seconds, commits))
 }
 
+/// The single-threaded batched append: one thread, `advance_batch` of
+/// [`BATCH_LEN`] requests (one step of as many consecutive flows) per
+/// transaction, until `run` ends; each event's latency is its batch's.
+fn batched(dir: &Path, flow_ids: FlowIds, run: Duration) -> Result<ProducersRun, LabError> {
+    let mut db = ordo_reservation::open_producer(dir.join("producer.db"))?;
+    let mut samples = Samples::new();
+    let started = Instant::now();
+    let end = started + run;
+    let mut first = 0;
+    'run: loop {
+        for step in 0..STEPS.len() {
+            if Instant::now() >= end {
+                break 'run;
+            }
+            let requests: Vec<_> = (first..first + BATCH_LEN)
+                .map(|k| request(flow_ids, k, step))
+                .collect();
+            let submitted = Instant::now();
+            let outcomes = db.advance_batch(&requests)?;
+            if let Some(other) = outcomes
+                .iter()
+                .find(|o| !matches!(o, Ok(Advance::Committed(_))))
+            {
+                return Err(LabError::Check(format!("bench advance was {other:?}")));
+            }
+            let us = u32::try_from(submitted.elapsed().as_micros()).unwrap_or(u32::MAX);
+            samples.extend(std::iter::repeat_n(us, outcomes.len()));
+        }
+        first += BATCH_LEN;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(summarize(1, vec![samples], seconds, db.commits()))
+}
+
 /// A new directory under `root` for run number `run`, so that no two runs
 /// (two of the same count among them) share a file.
 fn fresh_dir(root: &Path, run: usize, name: &str) -> Result<PathBuf, LabError> {
@@ -392,6 +444,9 @@ pub fn run(
     let direct = measure("direct advance".into(), &|dir| {
         direct(dir, options.flow_ids, options.run)
     })?;
+    let batched = measure("batched advance".into(), &|dir| {
+        batched(dir, options.flow_ids, options.run)
+    })?;
     let mut runs = Vec::new();
     for &n in &options.counts {
         runs.push(measure(format!("producers {n}"), &|dir| {
@@ -401,6 +456,7 @@ pub fn run(
     Ok(ProducersReport {
         flow_ids: options.flow_ids,
         direct,
+        batched,
         runs,
         calibrations,
     })
@@ -462,6 +518,7 @@ mod tests {
             let report = ProducersReport {
                 flow_ids: FlowIds::Sequential,
                 direct: run(1, 1),
+                batched: run(1, 1),
                 runs: Vec::new(),
                 calibrations,
             };
