@@ -83,7 +83,7 @@ impl PgProducerTx<'_> {
             }
             last.insert(event.flow_id.as_str().to_owned(), event.seq.get());
         }
-        let (positions, used) = self.insert_outbox(context, &events[..valid])?;
+        let (inserted, used) = self.insert_outbox(context, &events[..valid])?;
         if let Some((used, id)) = used {
             // An event id in use comes before any later refusal.
             (valid, refused) = (used, Some(AppendError::EventIdUsed(id)));
@@ -121,42 +121,67 @@ impl PgProducerTx<'_> {
                 locked.insert((*flow).to_owned(), *last);
             }
             drop(locked);
-            let positions = &positions[..valid];
-            let params: [&(dyn postgres::types::ToSql + Sync); 5] =
-                [&flows, &firsts, &lasts, &positions, &self.now_ms];
-            self.conn.run(context, HAND_SQL, &params)?;
+            let inserted = &inserted[..valid];
+            let positions: Vec<i64> = inserted.iter().map(|row| row.position).collect();
+            let given: HashMap<String, i64> = self
+                .conn
+                .rows(context, HAND_SQL, &[&flows, &firsts, &lasts, &positions])?
+                .iter()
+                .map(|row| (row.get(0), row.get(1)))
+                .collect();
+            self.correct_waiting(context, appended, inserted, &given)?;
         }
         self.appended += appended.len() as u64;
         refused.map_or(Ok(()), Err)
     }
 
+    /// Writes again the outbox rows of `appended` (inserted as `inserted`)
+    /// whose flows were given to another number of destinations than the
+    /// rows were inserted waiting for (`given`, by flow; a flow missing was
+    /// given none): a destination added or a flow abandoned since.
+    fn correct_waiting(
+        &self,
+        context: &str,
+        appended: &[Envelope],
+        inserted: &[InsertedRow],
+        given: &HashMap<String, i64>,
+    ) -> Result<(), StoreError> {
+        let (positions, counts): (Vec<i64>, Vec<i64>) = appended
+            .iter()
+            .zip(inserted)
+            .filter_map(|(event, row)| {
+                let n = given.get(event.flow_id.as_str()).copied().unwrap_or(0);
+                (n != row.waiting).then_some((row.position, n))
+            })
+            .unzip();
+        if !positions.is_empty() {
+            self.conn
+                .run(context, WAITING_SQL, &[&positions, &counts, &self.now_ms])?;
+        }
+        Ok(())
+    }
+
     /// Inserts `events` (each its flow's next, the heads locked) into the
-    /// outbox in one statement; returns the positions of those inserted,
-    /// in their order. When an event id is in use (or repeated in
-    /// `events`), the first such event's index and id are returned too and
-    /// nothing from it on stays inserted.
+    /// outbox in one statement ([`INSERT_OUTBOX_SQL`]); returns the rows
+    /// inserted, in their order. When an event id is in use (or repeated
+    /// in `events`), the first such event's index and id are returned too
+    /// and nothing from it on stays inserted.
     fn insert_outbox(&self, context: &str, events: &[Envelope]) -> Result<Inserted, StoreError> {
         if events.is_empty() {
             return Ok((Vec::new(), None));
         }
         let columns = EnvelopeColumns::of(events.iter());
-        // Only the event id arbitrates: the heads are locked and each seq
-        // is past its head, so no (flow, seq) is taken, and the position is
-        // new. `ON CONFLICT` probes each arbiter index before inserting.
-        let inserted: HashMap<(String, i64), i64> = self
+        let inserted: HashMap<(String, i64), InsertedRow> = self
             .conn
-            .rows(
-                context,
-                "INSERT INTO {s}.outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
-                 SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, $7
-                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[])
-                      WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, i)
-                 ORDER BY e.i
-                 ON CONFLICT (event_id) DO NOTHING RETURNING flow_id, seq, position",
-                &columns.params(&[&self.now_ms]),
-            )?
+            .rows(context, INSERT_OUTBOX_SQL, &columns.params(&[&self.now_ms]))?
             .iter()
-            .map(|row| ((row.get(0), row.get(1)), row.get(2)))
+            .map(|row| {
+                let inserted = InsertedRow {
+                    position: row.get(2),
+                    waiting: row.get(3),
+                };
+                ((row.get(0), row.get(1)), inserted)
+            })
             .collect();
         let position_of = |e: &Envelope| {
             inserted
@@ -187,9 +212,17 @@ impl PgProducerTx<'_> {
     }
 }
 
-/// The positions of the events an insert kept, in their order, and the
-/// index and id of the first event whose id was in use, if one was.
-type Inserted = (Vec<i64>, Option<(usize, EventId)>);
+/// The rows an insert kept, in their events' order, and the index and id
+/// of the first event whose id was in use, if one was.
+type Inserted = (Vec<InsertedRow>, Option<(usize, EventId)>);
+
+/// An outbox row as inserted: its position and the number of destinations
+/// it waits for.
+#[derive(Debug, Clone, Copy)]
+struct InsertedRow {
+    position: i64,
+    waiting: i64,
+}
 
 impl OutboxTx for PgProducerTx<'_> {
     fn producer_name(&self) -> &ProducerName {

@@ -265,13 +265,17 @@ pub(super) const MOVE_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET last_seq =
 
 /// Hands the rows just appended (positions `$4`) to the destinations of
 /// their flows (`$1`, each from its first new seq `$2` to its last `$3`),
-/// at `$5`, in the appender's transaction: a flow begun here becomes every
+/// in the appender's transaction: a flow begun here becomes every
 /// destination's (a relay head each, decided in this transaction, which
 /// `destination add` waits for or makes wait, see `lock_for_membership`);
 /// a flow's other heads not abandoned move past the new events (locked in
 /// key order, as relays lock them); each row gets a mark per destination
-/// waiting for it, listed pending, and is settled at once when none waits.
-/// Returns the number of marks given.
+/// waiting for it, listed pending. Returns each flow with the number of
+/// destinations each of its rows was given (a flow given none is not
+/// returned): the rows were inserted counting every destination
+/// ([`INSERT_OUTBOX_SQL`]), and only a flow whose count differs has its
+/// rows written again ([`WAITING_SQL`]), so that an append writes one
+/// version of each outbox row.
 pub(super) const HAND_SQL: &str = "WITH m AS (
          SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS m(flow_id, first_seq, last_seq)),
      locked AS (
@@ -302,15 +306,35 @@ pub(super) const HAND_SQL: &str = "WITH m AS (
          RETURNING position, destination),
      listed AS (
          INSERT INTO {s}.custody_pending (destination, position)
-         SELECT destination, position FROM given),
-     waiting AS (
-         UPDATE {s}.outbox o SET destinations_waiting = coalesce(g.n, 0),
-             accepted = g.n IS NULL, accepted_at_ms = CASE WHEN g.n IS NULL THEN $5::bigint END
-         FROM unnest($4::bigint[]) AS a(position)
-         LEFT JOIN (SELECT position, count(*) AS n FROM given GROUP BY position) AS g
-             ON g.position = a.position
-         WHERE o.position = ANY (ARRAY(SELECT unnest($4::bigint[]))) AND o.position = a.position)
-     SELECT count(*) FROM given";
+         SELECT destination, position FROM given)
+     SELECT w.flow_id, count(*) FROM (SELECT flow_id FROM moved
+                                      UNION ALL SELECT flow_id FROM created) AS w
+     GROUP BY w.flow_id";
+
+/// Inserts a batch of envelopes (the columns of `EnvelopeColumns`, `$1`
+/// to `$6`) into the outbox at `$7`, each waiting for every destination
+/// (settled at once when there is none); returns each inserted row's flow,
+/// seq, position and count of destinations waiting. Only the event id
+/// arbitrates: the heads are locked and each seq is past its head, so no
+/// (flow, seq) is taken, and the position is new (`ON CONFLICT` probes
+/// each arbiter index before inserting).
+pub(super) const INSERT_OUTBOX_SQL: &str = "INSERT INTO {s}.outbox (event_id, flow_id, seq,
+         schema_version, type, body, created_at_ms, destinations_waiting, accepted, accepted_at_ms)
+     SELECT e.event_id, e.flow_id, e.seq, e.schema_version, e.type, e.body, $7::bigint,
+         d.n, d.n = 0, CASE WHEN d.n = 0 THEN $7::bigint END
+     FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[], $5::text[], $6::text[])
+          WITH ORDINALITY AS e(event_id, flow_id, seq, schema_version, type, body, i)
+     CROSS JOIN (SELECT count(*) AS n FROM {s}.destination) AS d
+     ORDER BY e.i
+     ON CONFLICT (event_id) DO NOTHING RETURNING flow_id, seq, position, destinations_waiting";
+
+/// Sets the count of destinations waiting for each outbox row `$1` to `$2`
+/// (from [`HAND_SQL`], where it differs from the count the row was
+/// inserted with), settling at `$3` those none waits for.
+pub(super) const WAITING_SQL: &str = "UPDATE {s}.outbox o SET destinations_waiting = w.n,
+         accepted = w.n = 0, accepted_at_ms = CASE WHEN w.n = 0 THEN $3::bigint END
+     FROM unnest($1::bigint[], $2::bigint[]) AS w(position, n)
+     WHERE o.position = ANY (ARRAY(SELECT unnest($1::bigint[]))) AND o.position = w.position";
 
 /// Sets the relay heads of the flows `$1` at the destination `$4` to their
 /// first event to relay there, and moves them to the back of the relay's
