@@ -209,6 +209,12 @@ impl ProducerTx<'_> {
     pub fn sql(&self) -> &rusqlite::Transaction<'_> {
         &self.tx
     }
+
+    /// Runs `sql`, one of ordo's statements without parameters, held for
+    /// the transaction's other runs of it.
+    pub(crate) fn run_held(&mut self, sql: &'static str) -> rusqlite::Result<()> {
+        self.held.get(sql)?.execute([]).map(drop)
+    }
 }
 
 impl OutboxTx for ProducerTx<'_> {
@@ -316,15 +322,16 @@ impl ProducerTx<'_> {
                 [flow],
             )?;
         } else {
-            self.held.get(
-                // Only a head with nothing to relay changes (a no-op update
-                // of the others would still write their rows).
-                "UPDATE relay_head SET
+            self.held
+                .get(
+                    // Only a head with nothing to relay changes (a no-op update
+                    // of the others would still write their rows).
+                    "UPDATE relay_head SET
                      relay_seq = CASE WHEN relay_stop_seq IS NULL THEN ?2 END,
                      relay_due_ms = 0
                  WHERE flow_id = ?1 AND abandoned_seq IS NULL AND relay_seq IS NULL",
-            )?
-            .execute(params![flow, event.seq.get()])?;
+                )?
+                .execute(params![flow, event.seq.get()])?;
         }
         let waiting = self
             .held

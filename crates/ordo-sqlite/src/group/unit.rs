@@ -8,7 +8,7 @@ use ordo_core::{ErrorKind, StoreError};
 
 use super::ticket::{lock, Job, Phase, Ran, Ticket};
 use super::SubmitError;
-use crate::conn::{exec_cached, sql_error};
+use crate::conn::sql_error;
 use crate::producer::ProducerTx;
 
 /// The result a caller receives.
@@ -26,9 +26,8 @@ pub(crate) fn copy(error: &StoreError) -> StoreError {
     StoreError::new(error.kind(), error.to_string())
 }
 
-fn savepoint(ptx: &ProducerTx<'_>, sql: &str) -> Result<(), StoreError> {
-    exec_cached(ptx.sql(), sql, [])
-        .map(|_| ())
+fn savepoint(ptx: &mut ProducerTx<'_>, sql: &'static str) -> Result<(), StoreError> {
+    ptx.run_held(sql)
         .map_err(|e| sql_error("producer: group commit savepoint", e))
 }
 
