@@ -402,9 +402,13 @@ impl ReadAhead {
                     chunk.push(each);
                 }
             }
-            // Enough rows for every event left, two at least: a flow with
-            // fewer rows than asked has no more.
-            let each = (left + 1).div_ceil(chunk.len() as u64).max(2);
+            // Enough rows for every event left, and one more than the
+            // flows' share of them: a flow with fewer rows than asked has
+            // no more, so a flow with as many rows as its share is read
+            // once (asked for its share exactly, it would be read again
+            // alone to find nothing after them, and the rows read per flow
+            // that size the next chunk would never grow past the guess).
+            let each = (left + 1).div_ceil(chunk.len() as u64).saturating_add(1);
             let many = lock_and_read_many(tx, &chunk, each)?;
             self.flows_locked += many.locked.len() as u64;
             self.rows_read += many
