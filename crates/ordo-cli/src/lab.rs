@@ -16,7 +16,7 @@ use crate::args::{
     WorkerCommand,
 };
 use crate::context::{clock, emit, open_options};
-use crate::{render_destinations, render_lab, Failure};
+use crate::{render_destinations, render_lab, render_producers, Failure};
 use ordo_lab::soak_effects::EffectsSoakReport;
 use serde_json::{json, Value};
 
@@ -456,8 +456,10 @@ fn bench_producers(json_mode: bool, args: BenchArgs) -> Result<(), Failure> {
     };
     let bars = Bars::new("{prefix:>12} {msg}");
     let report = bench_producers::run(&options, &bars).map_err(failure)?;
-    let value = render_lab::producers(&report);
-    emit(json_mode, &value, || render_lab::producers_text(&report));
+    let value = render_producers::producers(&report);
+    emit(json_mode, &value, || {
+        render_producers::producers_text(&report)
+    });
     Ok(())
 }
 

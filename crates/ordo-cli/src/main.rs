@@ -18,6 +18,7 @@ mod remote;
 mod render;
 mod render_destinations;
 mod render_lab;
+mod render_producers;
 mod render_topology;
 mod running;
 mod serve;

@@ -67,42 +67,15 @@ impl PgProducerTx<'_> {
         for event in events {
             ordo_core::store::check_appended(event, self.producer_name)?;
         }
-        let mut last = self.last_seqs(events.iter().map(|e| &e.flow_id))?;
-        let mut refused = None;
-        let mut valid = events.len();
-        for (i, event) in events.iter().enumerate() {
-            let last_seq = last[event.flow_id.as_str()];
-            if last_seq.checked_add(1) != Some(event.seq.get()) {
-                refused = Some(AppendError::NotNext {
-                    flow_id: event.flow_id.clone(),
-                    seq: event.seq,
-                    last_seq,
-                });
-                valid = i;
-                break;
-            }
-            last.insert(event.flow_id.as_str().to_owned(), event.seq.get());
-        }
+        let last = self.last_seqs(events.iter().map(|e| &e.flow_id))?;
+        let (mut valid, mut refused) = first_not_next(events, last);
         let (inserted, used) = self.insert_outbox(context, &events[..valid])?;
         if let Some((used, id)) = used {
             // An event id in use comes before any later refusal.
             (valid, refused) = (used, Some(AppendError::EventIdUsed(id)));
         }
         let appended = &events[..valid];
-        // Each flow's first and last new seq, in the order flows are met.
-        let mut flows: Vec<&str> = Vec::new();
-        let (mut firsts, mut lasts): (Vec<i64>, Vec<i64>) = (Vec::new(), Vec::new());
-        for event in appended {
-            let flow = event.flow_id.as_str();
-            match flows.iter().position(|f| *f == flow) {
-                Some(at) => lasts[at] = event.seq.get(),
-                None => {
-                    flows.push(flow);
-                    firsts.push(event.seq.get());
-                    lasts.push(event.seq.get());
-                }
-            }
-        }
+        let (flows, firsts, lasts) = flow_ranges(appended);
         if !flows.is_empty() {
             let moved = self
                 .conn
@@ -243,4 +216,44 @@ impl OutboxTx for PgProducerTx<'_> {
     fn append_envelope(&mut self, event: &Envelope) -> Result<(), AppendError> {
         self.append_envelopes(std::slice::from_ref(event))
     }
+}
+
+/// How many of `events` come each at its flow's last seq plus one (`last`,
+/// moved along as they are met), and the refusal of the first that does
+/// not.
+fn first_not_next(
+    events: &[Envelope],
+    mut last: HashMap<String, i64>,
+) -> (usize, Option<AppendError>) {
+    for (i, event) in events.iter().enumerate() {
+        let last_seq = last[event.flow_id.as_str()];
+        if last_seq.checked_add(1) != Some(event.seq.get()) {
+            let refused = AppendError::NotNext {
+                flow_id: event.flow_id.clone(),
+                seq: event.seq,
+                last_seq,
+            };
+            return (i, Some(refused));
+        }
+        last.insert(event.flow_id.as_str().to_owned(), event.seq.get());
+    }
+    (events.len(), None)
+}
+
+/// Each flow's first and last seq among `events`, in the order flows are met.
+fn flow_ranges(events: &[Envelope]) -> (Vec<&str>, Vec<i64>, Vec<i64>) {
+    let mut flows: Vec<&str> = Vec::new();
+    let (mut firsts, mut lasts): (Vec<i64>, Vec<i64>) = (Vec::new(), Vec::new());
+    for event in events {
+        let flow = event.flow_id.as_str();
+        match flows.iter().position(|f| *f == flow) {
+            Some(at) => lasts[at] = event.seq.get(),
+            None => {
+                flows.push(flow);
+                firsts.push(event.seq.get());
+                lasts.push(event.seq.get());
+            }
+        }
+    }
+    (flows, firsts, lasts)
 }
