@@ -472,24 +472,18 @@ impl Envelope {
     /// integers in the i64/u64 range written exactly, other numbers as the
     /// shortest double. Parsing it gives back an equal envelope.
     pub fn stored_text(&self) -> String {
-        // Written field by field, without building the JSON tree first: the
-        // fields in the order of `to_value`'s keys (a sorted map), so the
-        // text is exactly `to_value().to_string()` (a property test holds it).
-        #[derive(serde::Serialize)]
-        struct Stored<'e> {
-            event_id: &'e str,
-            flow_id: &'e str,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            headers: Option<&'e Headers>,
-            payload: &'e Map<String, Value>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            producer: Option<&'e str>,
-            schema_version: i64,
-            seq: i64,
-            #[serde(rename = "type")]
-            event_type: &'e str,
-        }
-        serde_json::to_string(&Stored {
+        serde_json::to_string(&self.stored()).expect("an envelope always serializes")
+    }
+
+    /// Appends [`Envelope::stored_text`] to `out`, as UTF-8: for a caller
+    /// that writes many envelopes through one reused buffer.
+    pub fn write_stored_text(&self, out: &mut Vec<u8>) {
+        serde_json::to_writer(out, &self.stored()).expect("an envelope always serializes");
+    }
+
+    /// The fields as they are stored.
+    fn stored(&self) -> StoredFields<'_> {
+        StoredFields {
             event_id: self.event_id.as_str(),
             flow_id: self.flow_id.as_str(),
             headers: (!self.headers.is_empty()).then_some(&self.headers),
@@ -498,8 +492,7 @@ impl Envelope {
             schema_version: self.schema_version.get(),
             seq: self.seq.get(),
             event_type: self.event_type.as_str(),
-        })
-        .expect("an envelope always serializes")
+        }
     }
 
     /// The producer's name as the body writes it: `None` for the default.
@@ -578,6 +571,25 @@ impl Envelope {
         out.push(b'}');
         true
     }
+}
+
+/// An envelope's fields as [`Envelope::stored_text`] writes them, without
+/// building the JSON tree first: in the order of `to_value`'s keys (a
+/// sorted map), so the text is exactly `to_value().to_string()` (a property
+/// test holds it).
+#[derive(serde::Serialize)]
+struct StoredFields<'e> {
+    event_id: &'e str,
+    flow_id: &'e str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    headers: Option<&'e Headers>,
+    payload: &'e Map<String, Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    producer: Option<&'e str>,
+    schema_version: i64,
+    seq: i64,
+    #[serde(rename = "type")]
+    event_type: &'e str,
 }
 
 /// The optional `headers` field: absent, none; present, an object of at
@@ -1035,6 +1047,15 @@ mod tests {
         assert_eq!(again.seq.get(), i64::MAX);
         assert_eq!(again.payload["total"].as_u64(), Some(9_007_199_254_740_993));
         assert_eq!(again.body_hash(), env.body_hash());
+    }
+
+    #[test]
+    fn stored_text_written_into_a_buffer_is_appended_and_the_same() {
+        let env = Envelope::parse_str(&with_headers("{\"a\":\"1\"}")).unwrap();
+        let mut out = b"kept".to_vec();
+        env.write_stored_text(&mut out);
+        assert_eq!(&out[..4], b"kept");
+        assert_eq!(std::str::from_utf8(&out[4..]).unwrap(), env.stored_text());
     }
 
     #[test]

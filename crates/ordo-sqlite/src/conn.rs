@@ -197,6 +197,19 @@ impl<'c> Held<'c> {
     }
 }
 
+/// UTF-8 bytes bound as SQLite text (not a blob), without checking them
+/// again: a stored body written into a reused buffer
+/// ([`ordo_core::Envelope::write_stored_text`]).
+pub(crate) struct Text<'a>(pub &'a [u8]);
+
+impl rusqlite::ToSql for Text<'_> {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        Ok(rusqlite::types::ToSqlOutput::Borrowed(
+            rusqlite::types::ValueRef::Text(self.0),
+        ))
+    }
+}
+
 /// Installs this connection's own busy handler: retries within `timeout`,
 /// whatever other connections of the process were given.
 fn set_busy_handler(conn: &Connection, timeout: Duration) -> Result<(), StoreError> {

@@ -20,7 +20,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::browse;
 use crate::conn::{
     begin_immediate, collect_rows, corrupt, exec_cached, row_cached, sql_error, Held, OpenOptions,
-    Opened, Role, Tables,
+    Opened, Role, Tables, Text,
 };
 use crate::custody;
 use crate::watch::DataVersion;
@@ -99,6 +99,9 @@ pub struct ProducerTx<'c> {
     producer_name: &'c ProducerName,
     now_ms: i64,
     appended: u64,
+    /// The stored body of the event being appended, in a buffer reused
+    /// for the transaction's others.
+    text: Vec<u8>,
 }
 
 impl ProducerDb {
@@ -179,6 +182,7 @@ impl ProducerDb {
             producer_name: &self.producer_name,
             now_ms,
             appended: 0,
+            text: Vec::new(),
         };
         let value = f(&mut ptx)?;
         let ProducerTx {
@@ -245,6 +249,8 @@ impl OutboxTx for ProducerTx<'_> {
         let seq = event.seq.get();
         // The row first: a used event id or (flow, seq) fails here, before
         // anything is written.
+        self.text.clear();
+        event.write_stored_text(&mut self.text);
         let inserted = self.held.get(
             "INSERT INTO outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -256,7 +262,7 @@ impl OutboxTx for ProducerTx<'_> {
                 seq,
                 event.schema_version.get(),
                 event.event_type.as_str(),
-                event.stored_text(),
+                Text(&self.text),
                 self.now_ms,
             ])
         });

@@ -8,7 +8,7 @@ use rusqlite::{params, CachedStatement};
 
 use super::schema::begin_write;
 use super::ConsumerDb;
-use crate::conn::sql_error;
+use crate::conn::{sql_error, Text};
 
 /// Stores `envelopes` in one transaction, deciding each answer
 /// ([`decide_batch`]) from what the inbox and its fingerprints held before
@@ -37,8 +37,13 @@ pub(super) fn receive_answers(
         let mut insert_row = tx
             .prepare_cached(INSERT)
             .map_err(|e| sql_error(CONTEXT, e))?;
+        // Each body written into one buffer, reused.
+        let mut text = Vec::new();
         for (index, hash) in accepted {
-            insert(&mut insert_row, &envelopes[index], &hash, sender, now_ms)?;
+            let envelope = &envelopes[index];
+            text.clear();
+            envelope.write_stored_text(&mut text);
+            insert(&mut insert_row, (envelope, &text), &hash, sender, now_ms)?;
         }
     }
     crash::point(crash::CONSUMER_RECEIVE_BEFORE_COMMIT);
@@ -83,10 +88,10 @@ fn identities(
     StoredIdentities::from_columns(by_id.0, at_seq.0, below_watermark, (by_id.1, at_seq.1))
 }
 
-/// Stores an accepted envelope as pending.
+/// Stores an accepted envelope, whose stored body is `text`, as pending.
 fn insert(
     insert_row: &mut CachedStatement<'_>,
-    envelope: &Envelope,
+    (envelope, text): (&Envelope, &[u8]),
     hash: &BodyHash,
     sender: Option<&str>,
     now_ms: i64,
@@ -98,7 +103,7 @@ fn insert(
             envelope.seq.get(),
             envelope.schema_version.get(),
             envelope.event_type.as_str(),
-            envelope.stored_text(),
+            Text(text),
             hash.as_str(),
             now_ms,
             sender,
