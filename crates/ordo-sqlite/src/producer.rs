@@ -1,5 +1,6 @@
 //! The producer store: flows and the outbox in one SQLite file.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -94,8 +95,9 @@ pub struct ProducerDb {
 pub struct ProducerTx<'c> {
     tx: rusqlite::Transaction<'c>,
     /// The hot statements (appends, receipts), each prepared at its first
-    /// use and held for the transaction's others.
-    held: Held<'c>,
+    /// use and held for the transaction's others; in a cell for the reads
+    /// made through a shared borrow ([`OutboxTx::last_seq`]).
+    held: RefCell<Held<'c>>,
     producer_name: &'c ProducerName,
     now_ms: i64,
     appended: u64,
@@ -178,7 +180,7 @@ impl ProducerDb {
         let now_ms = self.clock.now_ms();
         let mut ptx = ProducerTx {
             tx,
-            held: Held::new(conn),
+            held: RefCell::new(Held::new(conn)),
             producer_name: &self.producer_name,
             now_ms,
             appended: 0,
@@ -217,7 +219,7 @@ impl ProducerTx<'_> {
     /// Runs `sql`, one of ordo's statements without parameters, held for
     /// the transaction's other runs of it.
     pub(crate) fn run_held(&mut self, sql: &'static str) -> rusqlite::Result<()> {
-        self.held.get(sql)?.execute([]).map(drop)
+        self.held.get_mut().get(sql)?.execute([]).map(drop)
     }
 }
 
@@ -227,15 +229,13 @@ impl OutboxTx for ProducerTx<'_> {
     }
 
     fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
-        row_cached(
-            &self.tx,
-            "SELECT last_seq FROM outbox_head WHERE flow_id = ?1",
-            [flow_id.as_str()],
-            |row| row.get(0),
-        )
-        .optional()
-        .map(|seq| seq.unwrap_or(0))
-        .map_err(|e| sql_error("producer: cannot read the outbox head", e))
+        self.held
+            .borrow_mut()
+            .get("SELECT last_seq FROM outbox_head WHERE flow_id = ?1")
+            .and_then(|statement| statement.query_row([flow_id.as_str()], |row| row.get(0)))
+            .optional()
+            .map(|seq| seq.unwrap_or(0))
+            .map_err(|e| sql_error("producer: cannot read the outbox head", e))
     }
 
     /// Read once, under the write lock.
@@ -251,7 +251,7 @@ impl OutboxTx for ProducerTx<'_> {
         // anything is written.
         self.text.clear();
         event.write_stored_text(&mut self.text);
-        let inserted = self.held.get(
+        let inserted = self.held.get_mut().get(
             "INSERT INTO outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
         )
@@ -280,23 +280,7 @@ impl OutboxTx for ProducerTx<'_> {
             return Err(err(e).into());
         }
         let position = self.tx.last_insert_rowid();
-        // Then the head, which moves only from exactly seq - 1 (or is
-        // created at seq 1): that is the contiguity check, without a read.
-        let mut moved = self
-            .held
-            .get("UPDATE outbox_head SET last_seq = ?2 WHERE flow_id = ?1 AND last_seq = ?2 - 1")
-            .and_then(|statement| statement.execute(params![event.flow_id.as_str(), seq]))
-            .map_err(err)?;
-        if moved == 0 && seq == 1 {
-            moved = exec_cached(
-                &self.tx,
-                "INSERT INTO outbox_head (flow_id, last_seq) VALUES (?1, 1)
-                 ON CONFLICT (flow_id) DO NOTHING",
-                [event.flow_id.as_str()],
-            )
-            .map_err(err)?;
-        }
-        if moved != 1 {
+        if self.move_head(event).map_err(err)? != 1 {
             // Refused: take the row back, so nothing is written.
             exec_cached(
                 &self.tx,
@@ -314,33 +298,50 @@ impl OutboxTx for ProducerTx<'_> {
 }
 
 impl ProducerTx<'_> {
+    /// Moves the flow's outbox head to `event`'s seq, only from exactly
+    /// seq - 1 (or creates it at seq 1): that is the contiguity check,
+    /// without a read. The number of heads moved, 1 unless refused.
+    fn move_head(&mut self, event: &Envelope) -> rusqlite::Result<usize> {
+        let (flow, seq) = (event.flow_id.as_str(), event.seq.get());
+        let held = self.held.get_mut();
+        if seq == 1 {
+            // No head is at 0 (`last_seq >= 1`): only a new one can be made.
+            return held
+                .get(
+                    "INSERT INTO outbox_head (flow_id, last_seq) VALUES (?1, 1)
+                     ON CONFLICT (flow_id) DO NOTHING",
+                )?
+                .execute([flow]);
+        }
+        held.get("UPDATE outbox_head SET last_seq = ?2 WHERE flow_id = ?1 AND last_seq = ?2 - 1")?
+            .execute(params![flow, seq])
+    }
+
     /// Gives the row at `position` to the destinations of its flow: at seq 1
     /// the flow becomes every destination's (decided under the write lock,
     /// which adding a destination takes too), later its relay heads move.
     /// A row no destination waits for is settled at once.
     fn hand_to_destinations(&mut self, event: &Envelope, position: i64) -> rusqlite::Result<()> {
         let flow = event.flow_id.as_str();
+        let held = self.held.get_mut();
         if event.seq.get() == 1 {
-            exec_cached(
-                &self.tx,
+            held.get(
                 "INSERT INTO relay_head (flow_id, destination, relay_seq, relay_due_ms)
                  SELECT ?1, id, 1, 0 FROM destination",
-                [flow],
-            )?;
+            )?
+            .execute([flow])?;
         } else {
-            self.held
-                .get(
-                    // Only a head with nothing to relay changes (a no-op update
-                    // of the others would still write their rows).
-                    "UPDATE relay_head SET
+            held.get(
+                // Only a head with nothing to relay changes (a no-op update
+                // of the others would still write their rows).
+                "UPDATE relay_head SET
                      relay_seq = CASE WHEN relay_stop_seq IS NULL THEN ?2 END,
                      relay_due_ms = 0
                  WHERE flow_id = ?1 AND abandoned_seq IS NULL AND relay_seq IS NULL",
-                )?
-                .execute(params![flow, event.seq.get()])?;
+            )?
+            .execute(params![flow, event.seq.get()])?;
         }
-        let waiting = self
-            .held
+        let waiting = held
             .get(
                 "INSERT INTO custody (position, destination)
              SELECT ?1, destination FROM relay_head WHERE flow_id = ?2 AND abandoned_seq IS NULL",
@@ -728,6 +729,7 @@ impl ProducerStore for ProducerDb {
             for (event_id, receipt) in &latest {
                 let row: Option<(i64, String, i64)> = ptx
                     .held
+                    .get_mut()
                     .get("SELECT position, flow_id, seq FROM outbox WHERE event_id = ?1")
                     .and_then(|statement| {
                         statement.query_row([event_id], |row| {
@@ -744,7 +746,7 @@ impl ProducerStore for ProducerDb {
                 };
                 let at = ptx.now_ms.max(now_ms);
                 let row = (position, flow.as_str(), seq);
-                custody::mark_receipt(&mut ptx.held, destination, row, *receipt, at)?;
+                custody::mark_receipt(ptx.held.get_mut(), destination, row, *receipt, at)?;
                 flows.insert(flow);
             }
             let flows: Vec<String> = flows.into_iter().collect();
