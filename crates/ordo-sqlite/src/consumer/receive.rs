@@ -21,9 +21,15 @@ pub(super) fn receive_answers(
     let tx = begin_write(&mut db.conn)?;
     // Read under the write lock: reception times follow commit order.
     let now_ms = db.clock.now_ms();
-    // Each statement prepared once for the batch.
+    // Each statement prepared once for the batch; the lookups of what
+    // pruning left only when it left anything (the transaction holds the
+    // file: nothing else writes meanwhile).
+    let pruned: bool = tx
+        .prepare_cached(PRUNED_ANY)
+        .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
+        .map_err(|e| sql_error(CONTEXT, e))?;
     let mut lookup = tx
-        .prepare_cached(IDENTITIES)
+        .prepare_cached(if pruned { IDENTITIES } else { INBOX_IDENTITIES })
         .map_err(|e| sql_error(CONTEXT, e))?;
     let stored = envelopes
         .iter()
@@ -130,6 +136,18 @@ const IDENTITIES: &str = "SELECT i.body_hash, i.store_id,
  LEFT JOIN inbox_fingerprint f ON f.producer = ?4 AND f.event_id = ?1
  LEFT JOIN inbox s ON s.flow_id = ?2 AND s.producer = ?4 AND s.seq = ?3
  LEFT JOIN inbox_fingerprint g ON g.flow_id = ?2 AND g.producer = ?4 AND g.seq = ?3";
+
+/// Whether pruning left any fingerprint or watermark.
+const PRUNED_ANY: &str = "SELECT EXISTS (SELECT 1 FROM inbox_fingerprint)
+        OR EXISTS (SELECT 1 FROM inbox_watermark)";
+
+/// [`IDENTITIES`] of a file pruning left nothing in: the same columns,
+/// those of the fingerprints and watermark empty.
+const INBOX_IDENTITIES: &str = "SELECT i.body_hash, i.store_id, NULL, NULL,
+        s.event_id, s.store_id, NULL, NULL, 0
+ FROM (SELECT 1)
+ LEFT JOIN inbox i ON i.producer = ?4 AND i.event_id = ?1
+ LEFT JOIN inbox s ON s.flow_id = ?2 AND s.producer = ?4 AND s.seq = ?3";
 
 /// An accepted envelope, stored as pending.
 const INSERT: &str =
