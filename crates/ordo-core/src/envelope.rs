@@ -519,10 +519,9 @@ impl Envelope {
         if !self.write_body(&mut text) {
             text = self.body().into_bytes();
         }
-        BodyHash::of_parts(&[
-            &text,
-            format!("\n{}\n{}", self.seq, self.schema_version).as_bytes(),
-        ])
+        write_decimal(b'\n', self.seq.get(), &mut text);
+        write_decimal(b'\n', self.schema_version.get(), &mut text);
+        BodyHash::of_parts(&[&text])
     }
 
     /// Writes [`Envelope::body`] into `out` field by field, without building
@@ -530,8 +529,12 @@ impl Envelope {
     /// `out` unfinished, where [`canonical_json`] would need `serde_jcs`.
     /// The keys in RFC 8785's order: ASCII names sort by their bytes.
     fn write_body(&self, out: &mut Vec<u8>) -> bool {
-        let number =
-            |value: i64, out: &mut Vec<u8>| write_canonical(&Value::Number(value.into()), out);
+        let number = |value: i64, out: &mut Vec<u8>| {
+            value.unsigned_abs() <= CANONICAL_INTEGER_MAX && {
+                write_decimal(b':', value, out);
+                true
+            }
+        };
         out.extend_from_slice(b"{\"event_id\":");
         write_string(self.event_id.as_str(), out);
         out.extend_from_slice(b",\"flow_id\":");
@@ -558,11 +561,11 @@ impl Envelope {
             out.extend_from_slice(b",\"producer\":");
             write_string(producer, out);
         }
-        out.extend_from_slice(b",\"schema_version\":");
+        out.extend_from_slice(b",\"schema_version\"");
         if !number(self.schema_version.get(), out) {
             return false;
         }
-        out.extend_from_slice(b",\"seq\":");
+        out.extend_from_slice(b",\"seq\"");
         if !number(self.seq.get(), out) {
             return false;
         }
@@ -717,7 +720,9 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) -> bool {
             if !exact {
                 return false;
             }
-            out.extend_from_slice(n.to_string().as_bytes());
+            // An integer's decimal spelling, written without a String.
+            use std::io::Write;
+            write!(out, "{n}").expect("writing into memory cannot fail");
         }
         // RFC 8785 escapes strings as ECMAScript's JSON.stringify does, which
         // is serde_json's escaping: `"`, `\\`, \b \t \n \f \r, the other
@@ -743,6 +748,21 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) -> bool {
 /// Writes the canonical form of the object `map` into `out`, as
 /// [`write_canonical`] does.
 fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) -> bool {
+    if utf16_ordered(map) {
+        out.push(b'{');
+        for (i, (key, item)) in map.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_string(key, out);
+            out.push(b':');
+            if !write_canonical(item, out) {
+                return false;
+            }
+        }
+        out.push(b'}');
+        return true;
+    }
     // Keys in the order of their UTF-16 code units, as RFC 8785 asks.
     let mut entries: Vec<(&String, &Value)> = map.iter().collect();
     entries.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
@@ -759,6 +779,35 @@ fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) -> bool {
     }
     out.push(b'}');
     true
+}
+
+/// Whether `map` iterates its keys in the order of their UTF-16 code
+/// units already, so that they need no sorting: in increasing byte order,
+/// none with a character from U+E000 up (a lead byte from 0xEE), the only
+/// characters whose UTF-16 order differs from their UTF-8 byte order.
+fn utf16_ordered(map: &Map<String, Value>) -> bool {
+    let plain = |key: &str| key.bytes().all(|b| b < 0xEE);
+    let mut keys = map.keys();
+    let Some(mut previous) = keys.next() else {
+        return true;
+    };
+    if !plain(previous) {
+        return false;
+    }
+    for key in keys {
+        if !plain(key) || key.as_bytes() <= previous.as_bytes() {
+            return false;
+        }
+        previous = key;
+    }
+    true
+}
+
+/// Writes `separator`, then `value` in decimal, without a String.
+fn write_decimal(separator: u8, value: i64, out: &mut Vec<u8>) {
+    use std::io::Write;
+    out.push(separator);
+    write!(out, "{value}").expect("writing into memory cannot fail");
 }
 
 fn write_string(text: &str, out: &mut Vec<u8>) {
