@@ -634,8 +634,12 @@ impl ProducerStore for ProducerDb {
     ) -> Result<Vec<Envelope>, StoreError> {
         let destination = self.destination_id()?;
         let limit = sql_limit(limit);
-        let body = |row: &rusqlite::Row<'_>| row.get::<_, String>(0);
-        let envelope = |body: String| stored_envelope("producer: stored outbox body", &body);
+        // Each body parsed where SQLite holds it, without a String first.
+        let body = |row: &rusqlite::Row<'_>| {
+            let text = row.get_ref(0)?.as_str()?;
+            Ok(stored_envelope("producer: stored outbox body", text))
+        };
+        let envelope = |parsed: Result<Envelope, StoreError>| parsed;
         if skip.is_empty() {
             // Without the skip list, which SQLite would build into a
             // temporary table even when it is empty.

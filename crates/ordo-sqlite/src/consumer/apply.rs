@@ -7,7 +7,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent, NextRows, SettledState};
 use ordo_core::store::stored_producer;
 use ordo_core::store::WorkPage;
-use ordo_core::{BlockCode, BlockReason, Envelope, ErrorKind, FlowId, InboxFlow, Seq, StoreError};
+use ordo_core::{
+    BlockCode, BlockReason, Envelope, ErrorKind, FlowId, InboxFlow, InboxStatus, Seq, StoreError,
+};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::schema::{inbox_status, read_cursor, write_cursor};
@@ -129,8 +131,8 @@ impl ApplyWriter for ApplyTx<'_> {
         let next = rows.from;
         // The flow's first stored row at or after `next`: the next event
         // itself, or one past a gap, or none.
-        #[allow(clippy::type_complexity)]
-        let row: Option<(i64, String, String, Option<String>, Option<String>, i64)> = self
+        // The status and reason read in place, without a String each.
+        let row: Option<(i64, String, Result<InboxStatus, StoreError>, i64)> = self
             .held
             .get(
                 "SELECT seq, body, status, reason, detail, rowid FROM inbox
@@ -140,18 +142,22 @@ impl ApplyWriter for ApplyTx<'_> {
             .and_then(|statement| {
                 statement.query_row(
                     params![flow.flow_id.as_str(), next.get(), flow.producer.as_str()],
-                    |row| row.try_into(),
+                    |row| {
+                        let reason = row.get_ref(3)?.as_str_or_null()?;
+                        let status = inbox_status(row.get_ref(2)?.as_str()?, reason, row.get(4)?);
+                        Ok((row.get(0)?, row.get(1)?, status, row.get(5)?))
+                    },
                 )
             })
             .optional()
             .map_err(|e| sql_error("consumer: apply failed", e))?;
         let first = match row {
-            Some((seq, body, status, reason, detail, rowid)) => {
+            Some((seq, body, status, rowid)) => {
                 self.read.insert(
                     row_key((flow.flow_id.as_str(), flow.producer.as_str()), seq),
                     rowid,
                 );
-                Some((seq, body, inbox_status(&status, reason.as_deref(), detail)?))
+                Some((seq, body, status?))
             }
             None => None,
         };
