@@ -12,7 +12,10 @@ use ordo_core::{
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::schema::{inbox_status, read_cursor, write_cursor};
+use super::schema::{
+    inbox_status, read_cursor_error, read_cursor_with, write_cursor_error, write_cursor_with,
+    READ_CURSOR, WRITE_CURSOR,
+};
 use super::ConsumerDb;
 use crate::conn::{
     begin_immediate, collect_rows, corrupt, exec_cached, row_cached, sql_error, Held,
@@ -94,6 +97,12 @@ pub struct ApplyTx<'a> {
 }
 
 impl ApplyTx<'_> {
+    /// The flow's apply cursor, through the held statement.
+    fn read_cursor(&mut self, flow: &InboxFlow) -> Result<i64, StoreError> {
+        let statement = self.held.get(READ_CURSOR).map_err(read_cursor_error)?;
+        read_cursor_with(statement, flow)
+    }
+
     fn exec(&self, sql: &str) -> Result<(), StoreError> {
         exec_cached(&self.tx, sql, [])
             .map(drop)
@@ -109,7 +118,7 @@ impl ApplyWriter for ApplyTx<'_> {
     }
 
     fn take_flow(&mut self, flow: &InboxFlow) -> Result<i64, StoreError> {
-        read_cursor(&self.tx, flow)
+        self.read_cursor(flow)
     }
 
     fn open_flow(
@@ -123,7 +132,7 @@ impl ApplyWriter for ApplyTx<'_> {
         let flow = &flows[0].0;
         match self.cursors.get(flow) {
             Some(&moved) => Ok(Some(moved)),
-            None => read_cursor(&self.tx, flow).map(Some),
+            None => self.read_cursor(flow).map(Some),
         }
     }
 
@@ -234,7 +243,8 @@ impl ApplyWriter for ApplyTx<'_> {
 
     fn finish(&mut self) -> Result<(), StoreError> {
         for (flow, applied_seq) in std::mem::take(&mut self.cursors) {
-            write_cursor(&self.tx, &flow, applied_seq)?;
+            let statement = self.held.get(WRITE_CURSOR).map_err(write_cursor_error)?;
+            write_cursor_with(statement, &flow, applied_seq)?;
         }
         Ok(())
     }

@@ -4,7 +4,7 @@ use ordo_core::ops::{whole_read, whole_read_limit, InboxEntry, WHOLE_READ_ROWS_M
 use ordo_core::{InboxFlow, InboxRecord, StoreError, StoreId};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::conn::{collect_rows, exec_cached, row_cached, sql_error, Tables};
+use crate::conn::{collect_rows, sql_error, Tables};
 use crate::producer::stored_envelope;
 
 /// The consumer's tables and indexes (`IF NOT EXISTS`): each identity is
@@ -237,31 +237,66 @@ pub(super) fn begin_write(conn: &mut Connection) -> Result<rusqlite::Transaction
 
 /// The flow's apply cursor: the last applied (or skipped) seq, 0 if none.
 pub(super) fn read_cursor(tx: &Connection, flow: &InboxFlow) -> Result<i64, StoreError> {
-    Ok(row_cached(
-        tx,
-        "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1 AND producer = ?2",
-        [flow.flow_id.as_str(), flow.producer.as_str()],
-        |row| row.get(0),
-    )
-    .optional()
-    .map_err(|e| sql_error("consumer: cannot read the apply cursor", e))?
-    .unwrap_or(0))
+    let mut statement = tx.prepare_cached(READ_CURSOR).map_err(read_cursor_error)?;
+    read_cursor_with(&mut statement, flow)
+}
+
+/// The statement of [`read_cursor`].
+pub(super) const READ_CURSOR: &str =
+    "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1 AND producer = ?2";
+
+/// [`read_cursor`] through `statement`, [`READ_CURSOR`] prepared.
+pub(super) fn read_cursor_with(
+    statement: &mut rusqlite::Statement<'_>,
+    flow: &InboxFlow,
+) -> Result<i64, StoreError> {
+    Ok(statement
+        .query_row([flow.flow_id.as_str(), flow.producer.as_str()], |row| {
+            row.get(0)
+        })
+        .optional()
+        .map_err(read_cursor_error)?
+        .unwrap_or(0))
+}
+
+pub(super) fn read_cursor_error(e: rusqlite::Error) -> StoreError {
+    sql_error("consumer: cannot read the apply cursor", e)
 }
 
 /// Moves the flow's apply cursor forward to `applied_seq`: a cursor never
 /// moves back nor stays, so a move that would is refused as a corrupt store
 /// and nothing is written.
 pub(super) fn write_cursor(tx: &Connection, flow: &InboxFlow, seq: i64) -> Result<(), StoreError> {
-    let applied_seq = seq;
-    let moved = exec_cached(
-        tx,
-        "INSERT INTO inbox_cursor (flow_id, producer, applied_seq) VALUES (?1, ?2, ?3)
+    let mut statement = tx
+        .prepare_cached(WRITE_CURSOR)
+        .map_err(write_cursor_error)?;
+    write_cursor_with(&mut statement, flow, seq)
+}
+
+/// The statement of [`write_cursor`].
+pub(super) const WRITE_CURSOR: &str =
+    "INSERT INTO inbox_cursor (flow_id, producer, applied_seq) VALUES (?1, ?2, ?3)
          ON CONFLICT (flow_id, producer) DO UPDATE SET applied_seq = excluded.applied_seq
-         WHERE excluded.applied_seq > inbox_cursor.applied_seq",
-        params![flow.flow_id.as_str(), flow.producer.as_str(), applied_seq],
-    )
-    .map_err(|e| sql_error("consumer: cannot move the apply cursor", e))?;
+         WHERE excluded.applied_seq > inbox_cursor.applied_seq";
+
+/// [`write_cursor`] through `statement`, [`WRITE_CURSOR`] prepared.
+pub(super) fn write_cursor_with(
+    statement: &mut rusqlite::Statement<'_>,
+    flow: &InboxFlow,
+    applied_seq: i64,
+) -> Result<(), StoreError> {
+    let moved = statement
+        .execute(params![
+            flow.flow_id.as_str(),
+            flow.producer.as_str(),
+            applied_seq
+        ])
+        .map_err(write_cursor_error)?;
     ordo_core::apply::check_cursors_moved(moved as u64, 1, flow, applied_seq)
+}
+
+pub(super) fn write_cursor_error(e: rusqlite::Error) -> StoreError {
+    sql_error("consumer: cannot move the apply cursor", e)
 }
 
 pub(super) fn read_inbox(conn: &Connection) -> Result<Vec<InboxRecord>, StoreError> {
