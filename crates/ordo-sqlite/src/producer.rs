@@ -324,12 +324,17 @@ impl ProducerTx<'_> {
     fn hand_to_destinations(&mut self, event: &Envelope, position: i64) -> rusqlite::Result<()> {
         let flow = event.flow_id.as_str();
         let held = self.held.get_mut();
-        if event.seq.get() == 1 {
+        let waiting = if event.seq.get() == 1 {
             held.get(
                 "INSERT INTO relay_head (flow_id, destination, relay_seq, relay_due_ms)
                  SELECT ?1, id, 1, 0 FROM destination",
             )?
             .execute([flow])?;
+            // The flow's relay heads are the ones just made, one per
+            // destination, none abandoned: a mark for each destination,
+            // without walking them.
+            held.get("INSERT INTO custody (position, destination) SELECT ?1, id FROM destination")?
+                .execute([position])?
         } else {
             held.get(
                 // Only a head with nothing to relay changes (a no-op update
@@ -340,13 +345,12 @@ impl ProducerTx<'_> {
                  WHERE flow_id = ?1 AND abandoned_seq IS NULL AND relay_seq IS NULL",
             )?
             .execute(params![flow, event.seq.get()])?;
-        }
-        let waiting = held
-            .get(
+            held.get(
                 "INSERT INTO custody (position, destination)
-             SELECT ?1, destination FROM relay_head WHERE flow_id = ?2 AND abandoned_seq IS NULL",
+                 SELECT ?1, destination FROM relay_head WHERE flow_id = ?2 AND abandoned_seq IS NULL",
             )?
-            .execute(params![position, flow])?;
+            .execute(params![position, flow])?
+        };
         if waiting == 0 {
             exec_cached(
                 &self.tx,
