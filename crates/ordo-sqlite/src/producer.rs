@@ -1,7 +1,7 @@
 //! The producer store: flows and the outbox in one SQLite file.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -360,6 +360,26 @@ impl ProducerTx<'_> {
         }
         Ok(())
     }
+}
+
+/// The last receipt of each event of `receipts`, in the order of their ids.
+fn latest_receipts(receipts: &[(EventId, Receipt)]) -> Vec<(&str, Receipt)> {
+    let mut latest: Vec<(&str, usize, Receipt)> = (receipts.iter().enumerate())
+        .map(|(at, (event_id, receipt))| (event_id.as_str(), at, *receipt))
+        .collect();
+    latest.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    // Of one event's receipts, the later one replaces the earlier kept.
+    latest.dedup_by(|later, kept| {
+        let same = later.0 == kept.0;
+        if same {
+            kept.2 = later.2;
+        }
+        same
+    });
+    latest
+        .into_iter()
+        .map(|(id, _, receipt)| (id, receipt))
+        .collect()
 }
 
 /// The refusal of an event whose seq is not its flow's last plus one.
@@ -729,12 +749,8 @@ impl ProducerStore for ProducerDb {
                 [turn],
             )
             .map_err(err)?;
-            let mut latest: BTreeMap<&str, Receipt> = BTreeMap::new();
-            for (event_id, receipt) in receipts {
-                latest.insert(event_id.as_str(), *receipt);
-            }
-            let mut flows = BTreeSet::new();
-            for (event_id, receipt) in &latest {
+            let mut flows = Vec::new();
+            for (event_id, receipt) in latest_receipts(receipts) {
                 let row: Option<(i64, String, i64)> = ptx
                     .held
                     .get_mut()
@@ -754,10 +770,11 @@ impl ProducerStore for ProducerDb {
                 };
                 let at = ptx.now_ms.max(now_ms);
                 let row = (position, flow.as_str(), seq);
-                custody::mark_receipt(ptx.held.get_mut(), destination, row, *receipt, at)?;
-                flows.insert(flow);
+                custody::mark_receipt(ptx.held.get_mut(), destination, row, receipt, at)?;
+                flows.push(flow);
             }
-            let flows: Vec<String> = flows.into_iter().collect();
+            flows.sort_unstable();
+            flows.dedup();
             custody::refresh_heads(tx, destination, &flows, Some(turn), None)?;
             crash::point(crash::RELAY_MARK_BEFORE_COMMIT);
             Ok(())
@@ -861,6 +878,29 @@ mod whole_reads {
 
     use super::*;
     use crate::{ConsumerDb, OpenOptions, Schema};
+
+    /// Of several receipts of one event, the last counts; the events in
+    /// the order of their ids.
+    #[test]
+    fn the_last_receipt_of_each_event_counts() {
+        let id = |text: &str| EventId::new(text.to_string()).unwrap();
+        let receipts = [
+            (id("b"), Receipt::Conflict),
+            (id("a"), Receipt::Duplicate),
+            (id("b"), Receipt::Accepted),
+            (id("a"), Receipt::Accepted),
+            (id("c"), Receipt::Duplicate),
+            (id("a"), Receipt::Conflict),
+        ];
+        assert_eq!(
+            latest_receipts(&receipts),
+            [
+                ("a", Receipt::Conflict),
+                ("b", Receipt::Accepted),
+                ("c", Receipt::Duplicate)
+            ]
+        );
+    }
 
     /// A whole-table read past its bound fails whole, on a real file; at
     /// its bound it returns every row.
