@@ -96,9 +96,14 @@ impl PgProducerTx<'_> {
             drop(locked);
             let inserted = &inserted[..valid];
             let positions: Vec<i64> = inserted.iter().map(|row| row.position).collect();
+            let hand = if flows.len() == 1 {
+                HAND_ONE_SQL
+            } else {
+                HAND_SQL
+            };
             let given: HashMap<String, i64> = self
                 .conn
-                .rows(context, HAND_SQL, &[&flows, &firsts, &lasts, &positions])?
+                .rows(context, hand, &[&flows, &firsts, &lasts, &positions])?
                 .iter()
                 .map(|row| (row.get(0), row.get(1)))
                 .collect();
@@ -240,20 +245,17 @@ fn first_not_next(
     (events.len(), None)
 }
 
-/// Each flow's first and last seq among `events`, in the order flows are met.
+/// Each flow's first and last seq among `events`, by flow id.
 fn flow_ranges(events: &[Envelope]) -> (Vec<&str>, Vec<i64>, Vec<i64>) {
-    let mut flows: Vec<&str> = Vec::new();
-    let (mut firsts, mut lasts): (Vec<i64>, Vec<i64>) = (Vec::new(), Vec::new());
+    let mut ranges: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
     for event in events {
-        let flow = event.flow_id.as_str();
-        match flows.iter().position(|f| *f == flow) {
-            Some(at) => lasts[at] = event.seq.get(),
-            None => {
-                flows.push(flow);
-                firsts.push(event.seq.get());
-                lasts.push(event.seq.get());
-            }
-        }
+        let seq = event.seq.get();
+        ranges
+            .entry(event.flow_id.as_str())
+            .and_modify(|range| range.1 = seq)
+            .or_insert((seq, seq));
     }
+    let (flows, seqs): (Vec<&str>, Vec<(i64, i64)>) = ranges.into_iter().unzip();
+    let (firsts, lasts) = seqs.into_iter().unzip();
     (flows, firsts, lasts)
 }

@@ -268,48 +268,74 @@ pub(super) const MOVE_HEADS_SQL: &str = "UPDATE {s}.outbox_head h SET last_seq =
 /// in the appender's transaction: a flow begun here becomes every
 /// destination's (a relay head each, decided in this transaction, which
 /// `destination add` waits for or makes wait, see `lock_for_membership`);
-/// a flow's other heads not abandoned move past the new events (locked in
-/// key order, as relays lock them); each row gets a mark per destination
-/// waiting for it, listed pending. Returns each flow with the number of
-/// destinations each of its rows was given (a flow given none is not
-/// returned): the rows were inserted counting every destination
-/// ([`INSERT_OUTBOX_SQL`]), and only a flow whose count differs has its
-/// rows written again ([`WAITING_SQL`]), so that an append writes one
-/// version of each outbox row.
-pub(super) const HAND_SQL: &str = "WITH m AS (
-         SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS m(flow_id, first_seq, last_seq)),
+/// a flow's other heads not abandoned move past the new events (`$heads`
+/// names them: see [`HAND_SQL`] and [`HAND_ONE_SQL`]); each row gets a
+/// mark per destination waiting for it, listed pending. Returns each flow
+/// with the number of destinations each of its rows was given (a flow
+/// given none is not returned): the rows were inserted counting every
+/// destination ([`INSERT_OUTBOX_SQL`]), and only a flow whose count
+/// differs has its rows written again ([`WAITING_SQL`]), so that an append
+/// writes one version of each outbox row.
+macro_rules! hand_sql {
+    ($locked:literal, $heads:literal) => {
+        concat!(
+            "WITH m AS (
+                 SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+                     AS m(flow_id, first_seq, last_seq)),",
+            $locked,
+            "
+             moved AS (
+                 UPDATE {s}.relay_head h SET last_seq = m.last_seq,
+                     relay_seq = CASE WHEN h.relay_stop_seq IS NULL
+                                      THEN coalesce(h.relay_seq, m.first_seq)
+                                      ELSE h.relay_seq END,
+                     relay_due_ms = CASE WHEN h.relay_seq IS NULL THEN 0 ELSE h.relay_due_ms END
+                 FROM m
+                 WHERE h.flow_id = ANY (ARRAY(",
+            $heads,
+            "))
+                   AND h.flow_id = m.flow_id AND h.abandoned_seq IS NULL
+                 RETURNING h.flow_id, h.destination),
+             created AS (
+                 INSERT INTO {s}.relay_head (flow_id, destination, last_seq, relay_seq)
+                 SELECT m.flow_id, d.id, m.last_seq, 1 FROM m CROSS JOIN {s}.destination d
+                 WHERE m.first_seq = 1
+                 RETURNING flow_id, destination),
+             given AS (
+                 INSERT INTO {s}.custody (position, destination)
+                 SELECT o.position, w.destination FROM {s}.outbox o
+                 JOIN (SELECT flow_id, destination FROM moved
+                       UNION ALL SELECT flow_id, destination FROM created) AS w
+                     ON w.flow_id = o.flow_id
+                 WHERE o.position = ANY (ARRAY(SELECT unnest($4::bigint[])))
+                 RETURNING position, destination),
+             listed AS (
+                 INSERT INTO {s}.custody_pending (destination, position)
+                 SELECT destination, position FROM given)
+             SELECT w.flow_id, count(*) FROM (SELECT flow_id FROM moved
+                                              UNION ALL SELECT flow_id FROM created) AS w
+             GROUP BY w.flow_id"
+        )
+    };
+}
+
+/// [`hand_sql`] for several flows: their heads are locked first, in key
+/// order as relays lock them, whatever order the server reads them in.
+pub(super) const HAND_SQL: &str = hand_sql!(
+    "
      locked AS (
          SELECT h.flow_id, h.destination FROM {s}.relay_head h
          WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM m WHERE first_seq > 1))
            AND h.abandoned_seq IS NULL
-         ORDER BY h.flow_id, h.destination FOR NO KEY UPDATE),
-     moved AS (
-         UPDATE {s}.relay_head h SET last_seq = m.last_seq,
-             relay_seq = CASE WHEN h.relay_stop_seq IS NULL THEN coalesce(h.relay_seq, m.first_seq)
-                              ELSE h.relay_seq END,
-             relay_due_ms = CASE WHEN h.relay_seq IS NULL THEN 0 ELSE h.relay_due_ms END
-         FROM m
-         WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM locked))
-           AND h.flow_id = m.flow_id AND h.abandoned_seq IS NULL
-         RETURNING h.flow_id, h.destination),
-     created AS (
-         INSERT INTO {s}.relay_head (flow_id, destination, last_seq, relay_seq)
-         SELECT m.flow_id, d.id, m.last_seq, 1 FROM m CROSS JOIN {s}.destination d
-         WHERE m.first_seq = 1
-         RETURNING flow_id, destination),
-     given AS (
-         INSERT INTO {s}.custody (position, destination)
-         SELECT o.position, w.destination FROM {s}.outbox o
-         JOIN (SELECT flow_id, destination FROM moved
-               UNION ALL SELECT flow_id, destination FROM created) AS w ON w.flow_id = o.flow_id
-         WHERE o.position = ANY (ARRAY(SELECT unnest($4::bigint[])))
-         RETURNING position, destination),
-     listed AS (
-         INSERT INTO {s}.custody_pending (destination, position)
-         SELECT destination, position FROM given)
-     SELECT w.flow_id, count(*) FROM (SELECT flow_id FROM moved
-                                      UNION ALL SELECT flow_id FROM created) AS w
-     GROUP BY w.flow_id";
+         ORDER BY h.flow_id, h.destination FOR NO KEY UPDATE),",
+    "SELECT flow_id FROM locked"
+);
+
+/// [`hand_sql`] for one flow: its heads are each locked as they are
+/// updated, without a locking read first. The order does not matter: a
+/// relay's transaction takes one destination's heads, so it never holds
+/// one of the flow's heads while it waits for another.
+pub(super) const HAND_ONE_SQL: &str = hand_sql!("", "SELECT flow_id FROM m WHERE first_seq > 1");
 
 /// Inserts a batch of envelopes (the columns of `EnvelopeColumns`, `$1`
 /// to `$6`) into the outbox at `$7`, each waiting for every destination
@@ -338,26 +364,26 @@ pub(super) const WAITING_SQL: &str = "UPDATE {s}.outbox o SET destinations_waiti
 
 /// Sets the relay heads of the flows `$1` at the destination `$4` to their
 /// first event to relay there, and moves them to the back of the relay's
-/// order when `$2`.
+/// order when `$2`. Run only in a transaction begun with [`KEY_ORDER`].
 ///
-/// `locked` takes the heads first, in key order, the order writers lock
-/// them in: an update alone takes each row in the order the server reads
-/// them (storage order under a sequential scan), and a writer holding one
-/// head while it asks for the next would wait for this statement while it
-/// waits for the writer (a deadlock).
+/// The heads are read by key from the primary key's index, which yields
+/// them in key order (a btree scan for an array of keys sorts them): each
+/// is locked as it is updated, in the order writers lock them, without a
+/// locking read first (a WAL record and a read of each head more).
+/// [`KEY_ORDER`] leaves the planner no other way to read them, whatever
+/// the session's settings: an update takes each row in the order the
+/// server reads them (storage order under a sequential or bitmap scan),
+/// and a writer holding one head while it asks for the next would wait
+/// for this statement while it waits for the writer (a deadlock).
 ///
 /// A writer appending to one of the flows holds its heads locked until it
-/// commits; `locked` then waits for it and takes the head the writer left
-/// (`h`), while the subqueries still read the statement's snapshot,
-/// without the writer's events. `seen` is the head in that snapshot, read
-/// only when the snapshot has nothing left to relay: when `h.last_seq` is
-/// past its `last_seq`, the first event to relay is the writer's first,
-/// `seen.last_seq + 1`.
-pub(super) const REFRESH_HEADS_SQL: &str = "WITH locked AS (
-         SELECT flow_id FROM {s}.relay_head
-         WHERE flow_id = ANY (ARRAY(SELECT unnest($1::text[]))) AND destination = $4
-         ORDER BY flow_id FOR NO KEY UPDATE)
-     UPDATE {s}.relay_head h SET
+/// commits; the update then waits for it and takes the head the writer
+/// left (`h`, read again after the wait), while the subqueries still read
+/// the statement's snapshot, without the writer's events. `seen` is the
+/// head in that snapshot, read only when the snapshot has nothing left to
+/// relay: when `h.last_seq` is past its `last_seq`, the first event to
+/// relay is the writer's first, `seen.last_seq + 1`.
+pub(super) const REFRESH_HEADS_SQL: &str = "UPDATE {s}.relay_head h SET
          (relay_seq, relay_due_ms) = (SELECT
                  coalesce(max(seq), (SELECT seen.last_seq + 1 FROM {s}.relay_head seen
                                      WHERE seen.flow_id = h.flow_id
@@ -374,7 +400,7 @@ pub(super) const REFRESH_HEADS_SQL: &str = "WITH locked AS (
                      AND o.seq < coalesce(h.relay_stop_seq, 9223372036854775807)
                    ORDER BY o.seq LIMIT 1) AS next),
          relay_turn = CASE WHEN $2 THEN (SELECT nextval('{s}.relay_turn')) ELSE h.relay_turn END
-     WHERE h.flow_id = ANY (ARRAY(SELECT flow_id FROM locked)) AND h.destination = $4";
+     WHERE h.flow_id = ANY (ARRAY(SELECT unnest($1::text[]))) AND h.destination = $4";
 
 /// Up to `$4` events of each of the flows `$3` whose relay head at the
 /// destination `$5` is due at `$1`: the head and the events after it
@@ -551,3 +577,17 @@ pub(super) const LEASE: &str = "producer: relay lease";
 pub(super) const BEGIN_SYNCED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 pub(super) const BEGIN_UNSYNCED: &str =
     "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off";
+
+/// Leaves the planner, until the transaction ends, no other way to read a
+/// table by key than its index, which yields the rows in key order (see
+/// [`REFRESH_HEADS_SQL`]). Every statement of ordo's transactions that set
+/// it reads by key.
+pub(super) const KEY_ORDER: &str = "SET LOCAL enable_seqscan = off;
+     SET LOCAL enable_bitmapscan = off; SET LOCAL enable_indexscan = on";
+
+/// [`BEGIN_UNSYNCED`] with [`KEY_ORDER`]: the relay's bookkeeping.
+pub(super) const BEGIN_BOOKKEEPING: &str = concat!(
+    "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off; ",
+    "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; ",
+    "SET LOCAL enable_indexscan = on"
+);

@@ -83,6 +83,7 @@ impl ProducerOps for PgProducer {
                 &[&flow, &seq, &destination],
             )?;
             let flows = BTreeSet::from([flow]);
+            ptx.conn.control(context, KEY_ORDER)?;
             refresh_heads(ptx.conn, (destination, &flows), Turn::Keep, Some(seq))?;
             Ok(Ok(()))
         })
