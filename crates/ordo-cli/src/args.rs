@@ -781,7 +781,7 @@ pub struct RelayArgs {
     #[arg(long, value_name = "N", default_value_t = ordo_core::relay::BATCH_LEN_DEFAULT as u64,
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub batch: u64,
-    /// With --policy fair, hand over up to N events of each flow per round, its head and the events after it in seq order (a PostgreSQL producer; an SQLite one hands the head alone), 1..=1024.
+    /// With --policy fair, hand over up to N events of each flow per round, its head and the events after it in seq order, 1..=1024.
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u64).range(1..=1_024))]
     pub flow_events: u64,

@@ -424,8 +424,7 @@ fn open_target(
     target: &RelayTarget,
 ) -> Result<(Box<dyn Transport>, RelayOptions), Failure> {
     // Deep rounds, so that SIGKILLs and ended connections also meet rounds
-    // holding several events of a flow (a PostgreSQL producer takes them;
-    // an SQLite one hands each flow's head alone).
+    // holding several events of a flow.
     let options = RelayOptions {
         max: Some(RELAY_ROUND_LEN),
         flow_events_max: RELAY_ROUND_FLOW_EVENTS_MAX,

@@ -91,3 +91,17 @@ fn relay_leaves_what_follows_a_conflict_in_its_round_unmarked() {
         dir.path(),
     );
 }
+
+#[test]
+fn deep_round_hands_each_flow_from_its_head_in_seq_order() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    ordo_testkit::deep::deep_round_hands_each_flow_from_its_head_in_seq_order::<Postgres>(
+        dir.path(),
+    );
+}
+
+#[test]
+fn deep_round_leaves_out_what_the_destination_holds() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    ordo_testkit::deep::deep_round_leaves_out_what_the_destination_holds::<Postgres>(dir.path());
+}

@@ -9,7 +9,8 @@
 //! callgrind_annotate --inclusive=yes callgrind.out.<pid>
 //! ```
 //!
-//! Arguments: flows (each three events) and the batch size B = K.
+//! Arguments: flows (each three events), the batch size B = K, and the
+//! events of a flow per relay round (`relay --flow-events`, default 1).
 
 #[allow(unused_imports)]
 use ordo_reservation::{
@@ -43,6 +44,7 @@ fn argument(position: usize, name: &str, default: u64) -> u64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let flows = argument(1, "flows", 10_000);
     let batch = argument(2, "batch", 256);
+    let flow_events = argument(3, "flow events", 1);
     let dir = tempfile::tempdir()?;
     let mut producer = ProducerDb::open(dir.path().join("producer.db"), &producer_schema())?;
     let mut consumer = ConsumerDb::open(dir.path().join("consumer.db"), &consumer_schema())?;
@@ -75,6 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let options = RelayOptions {
         batch_len_max: usize::try_from(batch)?,
+        flow_events_max: usize::try_from(flow_events)?,
         ..RelayOptions::default()
     };
     let report = relay(&mut producer, &mut consumer, &options, &SystemClock)?;

@@ -26,6 +26,7 @@ mod custody;
 mod domain;
 pub mod group;
 mod producer;
+mod round;
 mod watch;
 
 pub use browse::read_outbox_entries;

@@ -24,6 +24,7 @@ use crate::conn::{
     Opened, Role, Tables, Text,
 };
 use crate::custody;
+use crate::round;
 use crate::watch::DataVersion;
 
 const SCHEMA: &str = concat!(
@@ -656,44 +657,24 @@ impl ProducerStore for ProducerDb {
         skip: &BTreeSet<FlowId>,
         now_ms: i64,
     ) -> Result<Vec<Envelope>, StoreError> {
+        self.fair_round_deep(limit, 1, skip, now_ms)
+    }
+
+    fn fair_round_deep(
+        &mut self,
+        limit: usize,
+        flow_events_max: usize,
+        skip: &BTreeSet<FlowId>,
+        now_ms: i64,
+    ) -> Result<Vec<Envelope>, StoreError> {
         let destination = self.destination_id()?;
-        let limit = sql_limit(limit);
-        // Each body parsed where SQLite holds it, without a String first.
-        let body = |row: &rusqlite::Row<'_>| {
-            let text = row.get_ref(0)?.as_str()?;
-            Ok(stored_envelope("producer: stored outbox body", text))
-        };
-        let envelope = |parsed: Result<Envelope, StoreError>| parsed;
-        if skip.is_empty() {
-            // Without the skip list, which SQLite would build into a
-            // temporary table even when it is empty.
-            return collect_rows(
-                &self.conn,
-                "producer: cannot pick a fair round",
-                "SELECT o.body FROM relay_head h
-                 JOIN outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
-                 WHERE h.destination = ?3 AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
-                 ORDER BY h.relay_turn, h.flow_id
-                 LIMIT ?2",
-                params![now_ms, limit, destination],
-                body,
-                envelope,
-            );
-        }
-        let skip_json = serde_json::to_string(&skip.iter().map(FlowId::as_str).collect::<Vec<_>>())
-            .expect("a list of strings serializes");
-        collect_rows(
+        let flow_events_max = flow_events_max.min(round::FLOW_EVENTS_MAX);
+        round::fair_round(
             &self.conn,
-            "producer: cannot pick a fair round",
-            "SELECT o.body FROM relay_head h
-             JOIN outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
-             WHERE h.destination = ?4 AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
-               AND h.flow_id NOT IN (SELECT value FROM json_each(?2))
-             ORDER BY h.relay_turn, h.flow_id
-             LIMIT ?3",
-            params![now_ms, skip_json, limit, destination],
-            body,
-            envelope,
+            destination,
+            (limit, flow_events_max),
+            skip,
+            now_ms,
         )
     }
 

@@ -84,3 +84,29 @@ impl ordo_testkit::Backend for Sqlite {
 }
 
 ordo_testkit::conformance_suite!(Sqlite);
+
+/// The rules of rounds that hand several events of a flow at once
+/// (`--flow-events`).
+mod deep {
+    use super::Sqlite;
+    use ordo_testkit::deep;
+
+    fn dir() -> tempfile::TempDir {
+        tempfile::tempdir().expect("a temporary directory")
+    }
+
+    #[test]
+    fn relay_leaves_what_follows_a_conflict_in_its_round_unmarked() {
+        deep::relay_leaves_what_follows_a_conflict_in_its_round_unmarked::<Sqlite>(dir().path());
+    }
+
+    #[test]
+    fn deep_round_hands_each_flow_from_its_head_in_seq_order() {
+        deep::deep_round_hands_each_flow_from_its_head_in_seq_order::<Sqlite>(dir().path());
+    }
+
+    #[test]
+    fn deep_round_leaves_out_what_the_destination_holds() {
+        deep::deep_round_leaves_out_what_the_destination_holds::<Sqlite>(dir().path());
+    }
+}

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use super::child::{Ctx, Stores, RELAY};
+use super::child::{Ctx, RELAY};
 use super::expect::{envelope, STEPS};
 use super::scenarios::{delivery_of, relayed, Outcome, ScenarioFn};
 use crate::serve::{loopback_any, ServeSpec};
@@ -136,24 +136,14 @@ fn marks(ctx: &Ctx, producer: &str) -> Result<Value, String> {
         .collect())
 }
 
-/// Whether the scenario's producer store hands several events of a flow
-/// in one fair round (`relay --flow-events`): a PostgreSQL store does, an
-/// SQLite file hands each flow's head alone.
-fn deep_rounds(ctx: &Ctx) -> bool {
-    matches!(ctx.stores, Stores::Postgres(_))
-}
-
 /// Two producer stores set up under one name, `orders` (a second instance
 /// given the first one's name): the consumer holds the first one's `a-1`;
 /// the second appends `a-1` with another quantity, then `a-2`, `a-3` and
 /// `b-1`, and relays with `--flow-events 4`. Its producer store hands
-/// flow `a` over in one delivery (a PostgreSQL store does): `a-1` is
-/// answered `conflict`, cause `conflict` (another store delivered the held
-/// row), and quarantined; `a-2` and `a-3` `conflict`, cause
-/// `after_conflict`: not stored, left unmarked in the outbox; `b-1` of the
-/// same delivery is stored. An SQLite producer hands a flow's head alone a
-/// round, and a fair run leaves a flow alone after its conflict: there
-/// `a-2` and `a-3` are not handed over in that run, and end the same.
+/// flow `a` over in one delivery: `a-1` is answered `conflict`, cause
+/// `conflict` (another store delivered the held row), and quarantined;
+/// `a-2` and `a-3` `conflict`, cause `after_conflict`: not stored, left
+/// unmarked in the outbox; `b-1` of the same delivery is stored.
 fn conflict_stops_its_flow_in_one_delivery(ctx: &Ctx) -> Result<Outcome, String> {
     let first = named_producer(ctx, "first.db", "orders")?;
     ctx.ok(&["init", "--producer", "{P}", "--producer-name", "orders"])?;
@@ -171,10 +161,7 @@ fn conflict_stops_its_flow_in_one_delivery(ctx: &Ctx) -> Result<Outcome, String>
     };
     conflict["cause"] = json!("conflict");
     let accepted = delivery_of("b-1", "b", 1, "accepted");
-    let delivered = match deep_rounds(ctx) {
-        true => vec![conflict, after("a-2", 2), after("a-3", 3), accepted],
-        false => vec![conflict, accepted],
-    };
+    let delivered = vec![conflict, after("a-2", 2), after("a-3", 3), accepted];
     let stored = ctx.ok(&["inbox", "list", "--consumer", "{C}"])?;
     let held_a1 = (stored["inbox"].as_array())
         .and_then(|rows| rows.iter().find(|row| row["event_id"] == "a-1"))
