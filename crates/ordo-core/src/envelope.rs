@@ -749,25 +749,22 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) -> bool {
 /// [`write_canonical`] does.
 fn write_object(map: &Map<String, Value>, out: &mut Vec<u8>) -> bool {
     if utf16_ordered(map) {
-        out.push(b'{');
-        for (i, (key, item)) in map.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_string(key, out);
-            out.push(b':');
-            if !write_canonical(item, out) {
-                return false;
-            }
-        }
-        out.push(b'}');
-        return true;
+        return write_entries(map.iter(), out);
     }
     // Keys in the order of their UTF-16 code units, as RFC 8785 asks.
     let mut entries: Vec<(&String, &Value)> = map.iter().collect();
     entries.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+    write_entries(entries.into_iter(), out)
+}
+
+/// Writes an object of `entries`, in their order, as [`write_canonical`]
+/// does.
+fn write_entries<'a>(
+    entries: impl Iterator<Item = (&'a String, &'a Value)>,
+    out: &mut Vec<u8>,
+) -> bool {
     out.push(b'{');
-    for (i, (key, item)) in entries.into_iter().enumerate() {
+    for (i, (key, item)) in entries.enumerate() {
         if i > 0 {
             out.push(b',');
         }
