@@ -96,43 +96,21 @@ impl PgProducerTx<'_> {
             drop(locked);
             let inserted = &inserted[..valid];
             let positions: Vec<i64> = inserted.iter().map(|row| row.position).collect();
-            let given = self.hand(context, (&flows, &firsts, &lasts), &positions)?;
+            let hand = if flows.len() == 1 {
+                HAND_ONE_SQL
+            } else {
+                HAND_SQL
+            };
+            let given: HashMap<String, i64> = self
+                .conn
+                .rows(context, hand, &[&flows, &firsts, &lasts, &positions])?
+                .iter()
+                .map(|row| (row.get(0), row.get(1)))
+                .collect();
             self.correct_waiting(context, appended, inserted, &given)?;
         }
         self.appended += appended.len() as u64;
         refused.map_or(Ok(()), Err)
-    }
-
-    /// Hands the rows at `positions` to the destinations of their flows
-    /// (sorted, each from its first new seq to its last): returns each
-    /// flow with the number of destinations it was given ([`HAND_SQL`]).
-    /// One flow's heads are updated as they are read; many flows' heads
-    /// too, with the planner limited to index reads for the statement
-    /// ([`HAND_KEY_ORDER_SQL`]; the settings the caller's transaction had
-    /// are restored after it); a few flows' heads are locked first.
-    fn hand(
-        &self,
-        context: &str,
-        (flows, firsts, lasts): (&[&str], &[i64], &[i64]),
-        positions: &[i64],
-    ) -> Result<HashMap<String, i64>, StoreError> {
-        let params: [&(dyn postgres::types::ToSql + Sync); 4] =
-            [&flows, &firsts, &lasts, &positions];
-        let rows = match flows.len() {
-            1 => self.conn.rows(context, HAND_ONE_SQL, &params)?,
-            n if n < HAND_KEY_ORDER_FLOWS_MIN => self.conn.rows(context, HAND_SQL, &params)?,
-            _ => {
-                let saved = (self.conn.row(context, KEY_ORDER_SET_SQL, &[])?)
-                    .expect("a select returns one row");
-                let saved: [String; 3] = [saved.get(0), saved.get(1), saved.get(2)];
-                let rows = self.conn.rows(context, HAND_KEY_ORDER_SQL, &params)?;
-                let [seq, bitmap, index] = &saved;
-                self.conn
-                    .run(context, KEY_ORDER_RESTORE_SQL, &[seq, bitmap, index])?;
-                rows
-            }
-        };
-        Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
     }
 
     /// Writes again the outbox rows of `appended` (inserted as `inserted`)
@@ -267,8 +245,7 @@ fn first_not_next(
     (events.len(), None)
 }
 
-/// Each flow's first and last seq among `events`, by flow id (the order
-/// in which [`HAND_KEY_ORDER_SQL`] reads their relay heads).
+/// Each flow's first and last seq among `events`, by flow id.
 fn flow_ranges(events: &[Envelope]) -> (Vec<&str>, Vec<i64>, Vec<i64>) {
     let mut ranges: BTreeMap<&str, (i64, i64)> = BTreeMap::new();
     for event in events {

@@ -337,33 +337,6 @@ pub(super) const HAND_SQL: &str = hand_sql!(
 /// one of the flow's heads while it waits for another.
 pub(super) const HAND_ONE_SQL: &str = hand_sql!("", "SELECT flow_id FROM m WHERE first_seq > 1");
 
-/// [`hand_sql`] for many flows (`$1` sorted), run between
-/// [`KEY_ORDER_SET_SQL`] and [`KEY_ORDER_RESTORE_SQL`]: the heads are
-/// read by key from the primary key's index, in key order, or joined in
-/// the order of `$1`, and each locked as it is updated, in the order
-/// relays lock them, without a locking read first (see
-/// [`REFRESH_HEADS_SQL`]). A text of its own, so that no plan made under
-/// other settings is reused for it.
-pub(super) const HAND_KEY_ORDER_SQL: &str = hand_sql!(
-    "",
-    "SELECT flow_id FROM m WHERE first_seq > 1 /* key order */"
-);
-
-/// The fewest flows an append hands over with [`HAND_KEY_ORDER_SQL`]
-/// (two statements more than [`HAND_SQL`], a locking read less per head).
-pub(super) const HAND_KEY_ORDER_FLOWS_MIN: usize = 16;
-
-/// [`KEY_ORDER`] for the transaction's next statements, returning the
-/// settings it replaces (for [`KEY_ORDER_RESTORE_SQL`]).
-pub(super) const KEY_ORDER_SET_SQL: &str = "SELECT current_setting('enable_seqscan'),
-         current_setting('enable_bitmapscan'), current_setting('enable_indexscan'),
-         set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
-         set_config('enable_indexscan', 'on', true)";
-
-/// Puts back the settings [`KEY_ORDER_SET_SQL`] returned.
-pub(super) const KEY_ORDER_RESTORE_SQL: &str = "SELECT set_config('enable_seqscan', $1, true),
-         set_config('enable_bitmapscan', $2, true), set_config('enable_indexscan', $3, true)";
-
 /// Inserts a batch of envelopes (the columns of `EnvelopeColumns`, `$1`
 /// to `$6`) into the outbox at `$7`, each waiting for every destination
 /// (settled at once when there is none); returns each inserted row's flow,
