@@ -47,10 +47,6 @@ const IDLE_PAUSE: Duration = Duration::from_micros(500);
 /// Rounds the two-thread pipeline hands over before it waits for the
 /// oldest answer: one being received while the next is picked.
 const ROUNDS_IN_FLIGHT: usize = 2;
-/// The most events of one flow in a relay round, on both backends
-/// (`relay --flow-events 16`): a round pays a flow's bookkeeping once for
-/// the events it has due.
-pub(crate) const ROUND_FLOW_EVENTS_MAX: usize = 16;
 
 fn internal<E: std::fmt::Display>(e: E) -> Failure {
     Failure::Internal(e.to_string())
@@ -163,7 +159,6 @@ fn relay_round(
     let options = RelayOptions {
         max: Some(batch),
         batch_len_max: batch as usize,
-        flow_events_max: ROUND_FLOW_EVENTS_MAX,
         ..RelayOptions::default()
     };
     let report = relay(producer, consumer, &options, &SystemClock).map_err(internal)?;
@@ -676,8 +671,8 @@ fn concurrent(
 /// (the fair round, recording the receipts); the consumer thread receives
 /// and applies, one apply transaction at a time so that a round never waits
 /// for more than one. Up to [`ROUNDS_IN_FLIGHT`] rounds are in flight, on
-/// disjoint flows (a flow's next events are picked only once the receipts
-/// of its round are recorded); meanwhile the producer thread goes on
+/// disjoint flows (a flow's next event is picked only once the receipt of
+/// the one before is recorded); meanwhile the producer thread goes on
 /// producing and recording.
 fn two_files(
     dir: &Path,
@@ -744,7 +739,7 @@ fn two_files(
         let mut work = chunks(0..flows, batch);
         // Rounds handed over and not yet answered, oldest first (the
         // consumer answers in order), and their flows, which the next
-        // round skips: a flow has at most one round in flight.
+        // round skips: a flow has at most one event in flight.
         let mut in_flight: VecDeque<Vec<(EventId, FlowId)>> = VecDeque::new();
         let mut skip: BTreeSet<FlowId> = BTreeSet::new();
         // Records the answer to the oldest round in flight.
@@ -787,8 +782,11 @@ fn two_files(
                 }
             }
             let round = if in_flight.len() < ROUNDS_IN_FLIGHT {
-                let now_ms = SystemClock.now_ms();
-                producer.fair_round_deep(batch as usize, ROUND_FLOW_EVENTS_MAX, &skip, now_ms)?
+                // Each flow's head alone: a flow rarely has more than one
+                // event due when a round is taken here, and a deeper
+                // round's custody lookup and sort per event then cost more
+                // than its bookkeeping saves (docs/performance.md).
+                producer.fair_round(batch as usize, &skip, SystemClock.now_ms())?
             } else {
                 Vec::new()
             };

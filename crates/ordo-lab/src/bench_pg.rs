@@ -26,7 +26,7 @@ use ordo_postgres::{PgConsumer, PgOptions, PgProducer};
 use ordo_reservation::ReservationHandler;
 use ordo_reservation::{consumer_schema, producer_schema};
 
-use crate::bench::{produce, CALIBRATION, EVENTS_PER_FLOW, ROUND_FLOW_EVENTS_MAX};
+use crate::bench::{produce, CALIBRATION, EVENTS_PER_FLOW};
 use crate::figures::{per, per_second, Spread};
 use crate::pg::{connect, Server, WalPosition, BENCH_PREFIX};
 use crate::skeleton_pg::{self, SkeletonRun};
@@ -414,6 +414,9 @@ fn producer_thread(
     produce(&mut producer, range, options.batch, &Silent)?;
     Ok((producer.commits(), 0))
 }
+
+/// The most events of one flow in a relay's round.
+const ROUND_FLOW_EVENTS_MAX: usize = 16;
 
 /// A relay: rounds of up to `batch` events from its own producer handle
 /// into its own consumer handle, until the consumer accepted every event.
