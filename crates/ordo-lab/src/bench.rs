@@ -783,9 +783,8 @@ fn two_files(
             }
             let round = if in_flight.len() < ROUNDS_IN_FLIGHT {
                 // Each flow's head alone: a flow rarely has more than one
-                // event due when a round is taken here, and a deeper
-                // round's custody lookup and sort per event then cost more
-                // than its bookkeeping saves (docs/performance.md).
+                // event due when a round is taken here, and deeper rounds
+                // measured slower in this shape (docs/performance.md).
                 producer.fair_round(batch as usize, &skip, SystemClock.now_ms())?
             } else {
                 Vec::new()
