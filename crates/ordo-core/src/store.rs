@@ -347,24 +347,24 @@ pub trait ProducerStore: ProducerOps {
         limit: usize,
         skip: &BTreeSet<FlowId>,
         now_ms: i64,
-    ) -> Result<Vec<Envelope>, StoreError>;
+    ) -> Result<Vec<Envelope>, StoreError> {
+        self.fair_round_deep(limit, 1, skip, now_ms)
+    }
 
     /// [`fair_round`](ProducerStore::fair_round) taking up to
     /// `flow_events_max` events of each flow: its head and the events
     /// after it not accepted nor quarantined, in seq order, all due when the
     /// head is; still at most `limit` in all, flows in the relay's order. A
     /// round then costs its per-flow bookkeeping once for several events.
-    /// The default hands the heads alone, which every store may do.
+    /// A store may hand fewer of a flow, down to its head alone; with
+    /// `flow_events_max` 1 it hands the heads alone.
     fn fair_round_deep(
         &mut self,
         limit: usize,
         flow_events_max: usize,
         skip: &BTreeSet<FlowId>,
         now_ms: i64,
-    ) -> Result<Vec<Envelope>, StoreError> {
-        let _ = flow_events_max;
-        self.fair_round(limit, skip, now_ms)
-    }
+    ) -> Result<Vec<Envelope>, StoreError>;
 
     /// Records the receipts of one round in one transaction: `accepted` and
     /// `duplicate` mark the event accepted; `conflict` quarantines it with

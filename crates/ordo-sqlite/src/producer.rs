@@ -651,15 +651,6 @@ impl ProducerStore for ProducerDb {
         }
     }
 
-    fn fair_round(
-        &mut self,
-        limit: usize,
-        skip: &BTreeSet<FlowId>,
-        now_ms: i64,
-    ) -> Result<Vec<Envelope>, StoreError> {
-        self.fair_round_deep(limit, 1, skip, now_ms)
-    }
-
     fn fair_round_deep(
         &mut self,
         limit: usize,

@@ -205,18 +205,9 @@ impl ProducerStore for PgProducer {
     }
 
     /// Claims the flows of the round first (see [`PgProducer`]): only the
-    /// heads of flows this handle holds are returned.
-    fn fair_round(
-        &mut self,
-        limit: usize,
-        skip: &BTreeSet<FlowId>,
-        now_ms: i64,
-    ) -> Result<Vec<Envelope>, StoreError> {
-        self.fair_round_deep(limit, 1, skip, now_ms)
-    }
-
-    /// Claims about as many flows as the round's events need, at the events
-    /// per flow of this handle's last round (one before its first).
+    /// events of flows this handle holds are returned. Claims about as many
+    /// flows as the round's events need, at the events per flow of this
+    /// handle's last round (one before its first).
     fn fair_round_deep(
         &mut self,
         limit: usize,
