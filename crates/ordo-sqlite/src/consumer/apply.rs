@@ -1,8 +1,7 @@
 //! Apply on SQLite: the engine of `ordo_core::apply` over one
 //! `BEGIN IMMEDIATE` transaction, with a savepoint where it asks for one.
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
 
 use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent, NextRows, SettledState};
 use ordo_core::store::stored_producer;
@@ -37,7 +36,6 @@ impl ApplyStore for ConsumerDb {
             tx,
             held: Held::new(conn),
             now_ms,
-            read: HashMap::default(),
             cursors: BTreeMap::new(),
             commits: &mut self.commits,
             store_id: &self.store_id,
@@ -87,10 +85,6 @@ pub struct ApplyTx<'a> {
     /// The statements run for each event, prepared once per transaction.
     held: Held<'a>,
     now_ms: i64,
-    /// The rowids of the inbox rows [`ApplyWriter::next_event`] read, by a
-    /// hash of their flow and seq ([`row_key`]), so that marking one finds
-    /// it by its rowid. Only a guess: the mark checks the row's identity.
-    read: HashMap<u64, i64, BuildHasherDefault<KeyHasher>>,
     cursors: BTreeMap<InboxFlow, i64>,
     commits: &'a mut u64,
     store_id: &'a ordo_core::StoreId,
@@ -141,10 +135,10 @@ impl ApplyWriter for ApplyTx<'_> {
         // The flow's first stored row at or after `next`: the next event
         // itself, or one past a gap, or none.
         // The status and reason read in place, without a String each.
-        let row: Option<(i64, String, Result<InboxStatus, StoreError>, i64)> = self
+        let row: Option<(i64, String, Result<InboxStatus, StoreError>)> = self
             .held
             .get(
-                "SELECT seq, body, status, reason, detail, rowid FROM inbox
+                "SELECT seq, body, status, reason, detail FROM inbox
                  WHERE flow_id = ?1 AND producer = ?3 AND seq >= ?2
                  ORDER BY seq LIMIT 1",
             )
@@ -154,20 +148,14 @@ impl ApplyWriter for ApplyTx<'_> {
                     |row| {
                         let reason = row.get_ref(3)?.as_str_or_null()?;
                         let status = inbox_status(row.get_ref(2)?.as_str()?, reason, row.get(4)?);
-                        Ok((row.get(0)?, row.get(1)?, status, row.get(5)?))
+                        Ok((row.get(0)?, row.get(1)?, status))
                     },
                 )
             })
             .optional()
             .map_err(|e| sql_error("consumer: apply failed", e))?;
         let first = match row {
-            Some((seq, body, status, rowid)) => {
-                self.read.insert(
-                    row_key((flow.flow_id.as_str(), flow.producer.as_str()), seq),
-                    rowid,
-                );
-                Some((seq, body, status?))
-            }
+            Some((seq, body, status)) => Some((seq, body, status?)),
             None => None,
         };
         Ok(NextEvent::at(next, first))
@@ -198,15 +186,6 @@ impl ApplyWriter for ApplyTx<'_> {
     }
 
     fn mark_applied(&mut self, event: &Envelope) -> Result<(), StoreError> {
-        let key = row_key(
-            (event.flow_id.as_str(), event.producer.as_str()),
-            event.seq.get(),
-        );
-        if let Some(rowid) = self.read.remove(&key) {
-            if mark_read(self, event, rowid)? {
-                return Ok(());
-            }
-        }
         mark_applied(&mut self.held, event, self.now_ms)
     }
 
@@ -277,62 +256,6 @@ fn settled_under_apply(flow_id: &FlowId, seq: Seq) -> StoreError {
         "consumer: inbox",
         format!("flow {flow_id} seq {seq} is no longer pending or blocked while it is applied"),
     )
-}
-
-/// The key of a flow's row at `seq` in [`ApplyTx::read`]: FNV-1a of the
-/// flow id, the producer and the seq (a collision only costs the walk of
-/// the primary key the rowid would have spared).
-fn row_key((flow_id, producer): (&str, &str), seq: i64) -> u64 {
-    let bytes = flow_id.bytes().chain([0xff]).chain(producer.bytes());
-    let bytes = bytes.chain([0xff]).chain(seq.to_le_bytes());
-    bytes.fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-/// The hasher of keys that are hashes already ([`row_key`]).
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.0 = (self.0 << 8) | u64::from(byte);
-        }
-    }
-
-    fn write_u64(&mut self, key: u64) {
-        self.0 = key;
-    }
-}
-
-/// [`mark_applied`] of the row `next_event` read at `rowid`, found by its
-/// rowid rather than a walk of the primary key, with the same conditions;
-/// false when it marked nothing (then [`mark_applied`] says why).
-fn mark_read(tx: &mut ApplyTx<'_>, event: &Envelope, rowid: i64) -> Result<bool, StoreError> {
-    let marked = tx
-        .held
-        .get(
-            "UPDATE inbox SET status = 'applied', reason = NULL, detail = NULL, settled_at_ms = ?4
-             WHERE rowid = ?6 AND producer = ?5 AND event_id = ?1 AND flow_id = ?2 AND seq = ?3
-               AND (status = 'pending' OR status = 'blocked')",
-        )
-        .and_then(|statement| {
-            statement.execute(params![
-                event.event_id.as_str(),
-                event.flow_id.as_str(),
-                event.seq.get(),
-                tx.now_ms,
-                event.producer.as_str(),
-                rowid
-            ])
-        })
-        .map_err(|e| sql_error("consumer: apply failed", e))?;
-    Ok(marked == 1)
 }
 
 /// Marks the row at `flow_id`, `seq` applied by the inbox's primary key,
