@@ -17,7 +17,8 @@ pub(crate) const PRODUCER_FLOWS_SQL: &str = "SELECT flow_id, last_seq FROM outbo
     WHERE flow_id >= ?1 AND flow_id > ?2 ORDER BY flow_id LIMIT ?3";
 
 const FLOW_OUTBOX_SQL: &str = "SELECT position, flow_id, seq, body, created_at_ms, accepted
-    FROM outbox WHERE flow_id = ?1 ORDER BY seq LIMIT ?2";
+    FROM outbox WHERE flow = (SELECT flow FROM outbox_head WHERE flow_id = ?1)
+    ORDER BY seq LIMIT ?2";
 
 const WHOLE_OUTBOX_SQL: &str = "SELECT position, flow_id, seq, body, created_at_ms, accepted
     FROM outbox ORDER BY position LIMIT ?1";

@@ -20,8 +20,10 @@ pub const BUSY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// reservation domain) are upgraded once, and recorded as domain
 /// `reservation`; version 3 gave every store its identity; version 5 gave
 /// producer stores their destinations; version 8 made the consumer's inbox
-/// a table with a rowid (its rows, bodies included, out of the keys' b-trees).
-pub const SCHEMA_VERSION: i64 = 8;
+/// a table with a rowid (its rows, bodies included, out of the keys' b-trees);
+/// version 9 gave the producer's flows integer keys (`outbox_head.flow`) in
+/// the outbox's `(flow, seq)` index and the relay heads.
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// The domain of the first release's stores, which recorded none.
 pub const FIRST_RELEASE_DOMAIN: &str = "reservation";
@@ -52,6 +54,9 @@ pub(crate) struct Tables {
     /// Brings the tables of a version 1 to 7 file to version 8 (run after
     /// `upgrade_from_6`).
     pub upgrade_from_7: &'static str,
+    /// Brings the tables of a version 1 to 8 file to version 9 (run after
+    /// `upgrade_from_7`).
+    pub upgrade_from_8: &'static str,
 }
 
 /// The `application_id` ordo writes in the header of every file it creates
@@ -895,6 +900,8 @@ fn upgrade_from_3(tx: &Connection, path: &Path, tables: &Tables) -> Result<(), S
         (7, tables.upgrade_from_6),
         // Version 8: the consumer's inbox rows in a table with a rowid.
         (8, tables.upgrade_from_7),
+        // Version 9: the producer's flows keyed by integers.
+        (9, tables.upgrade_from_8),
     ];
     for (version, sql) in steps {
         if stored_version(tx, path)? < version {

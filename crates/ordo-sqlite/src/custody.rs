@@ -44,22 +44,6 @@ CREATE TABLE IF NOT EXISTS custody (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS custody_unaccepted ON custody (destination, position)
     WHERE accepted = 0 AND abandoned = 0;
--- A flow delivered to a destination: that destination's relay head of it.
-CREATE TABLE IF NOT EXISTS relay_head (
-    flow_id        TEXT    NOT NULL,
-    destination    INTEGER NOT NULL,
-    relay_seq      INTEGER,
-    relay_due_ms   INTEGER NOT NULL DEFAULT 0,
-    relay_turn     INTEGER NOT NULL DEFAULT 0,
-    -- Rewound at this seq (a receipt of cause producer_rewound): nothing
-    -- of the flow from there on is relayed to the destination.
-    relay_stop_seq INTEGER,
-    -- Abandoned from this seq on for the destination.
-    abandoned_seq  INTEGER,
-    PRIMARY KEY (flow_id, destination)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS relay_head_turn ON relay_head (destination, relay_turn, flow_id)
-    WHERE relay_seq IS NOT NULL;
 CREATE TABLE IF NOT EXISTS producer_repair (
     id          INTEGER PRIMARY KEY AUTOINCREMENT,
     action      TEXT    NOT NULL,
@@ -80,13 +64,39 @@ BEGIN SELECT RAISE(ABORT, 'producer_repair is append-only'); END;
 }
 pub(crate) use custody_ddl;
 
+/// The relay heads: one per flow delivered to a destination, keyed by the
+/// flow's integer key (`outbox_head.flow`) since version 9.
+macro_rules! relay_head_ddl {
+    () => {
+        "
+-- A flow delivered to a destination: that destination's relay head of it.
+CREATE TABLE IF NOT EXISTS relay_head (
+    flow           INTEGER NOT NULL,
+    destination    INTEGER NOT NULL,
+    relay_seq      INTEGER,
+    relay_due_ms   INTEGER NOT NULL DEFAULT 0,
+    relay_turn     INTEGER NOT NULL DEFAULT 0,
+    -- Rewound at this seq (a receipt of cause producer_rewound): nothing
+    -- of the flow from there on is relayed to the destination.
+    relay_stop_seq INTEGER,
+    -- Abandoned from this seq on for the destination.
+    abandoned_seq  INTEGER,
+    PRIMARY KEY (flow, destination)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS relay_head_turn ON relay_head (destination, relay_turn, flow)
+    WHERE relay_seq IS NOT NULL;
+"
+    };
+}
+pub(crate) use relay_head_ddl;
+
 /// Whether the outbox row `o` is held by every destination its flow is
 /// delivered to (an abandoned destination does not hold it).
 macro_rules! held_everywhere_sql {
     () => {
         "(NOT EXISTS (SELECT 1 FROM custody c WHERE c.position = o.position AND c.accepted = 0)
           AND NOT EXISTS (SELECT 1 FROM relay_head h
-              WHERE h.flow_id = o.flow_id AND h.abandoned_seq <= o.seq))"
+              WHERE h.flow = o.flow AND h.abandoned_seq <= o.seq))"
     };
 }
 pub(crate) use held_everywhere_sql;
@@ -97,6 +107,22 @@ pub(crate) use held_everywhere_sql;
 /// mark (every destination of its flow holds it or abandoned it).
 pub(crate) const UPGRADE_FROM_4: &str = concat!(
     custody_ddl!(),
+    // The relay heads of versions 5 to 8, keyed by the flow's text id
+    // (version 9 rebuilds them).
+    "
+CREATE TABLE IF NOT EXISTS relay_head (
+    flow_id        TEXT    NOT NULL,
+    destination    INTEGER NOT NULL,
+    relay_seq      INTEGER,
+    relay_due_ms   INTEGER NOT NULL DEFAULT 0,
+    relay_turn     INTEGER NOT NULL DEFAULT 0,
+    relay_stop_seq INTEGER,
+    abandoned_seq  INTEGER,
+    PRIMARY KEY (flow_id, destination)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS relay_head_turn ON relay_head (destination, relay_turn, flow_id)
+    WHERE relay_seq IS NOT NULL;
+",
     "
 INSERT INTO destination (id, name, start, consumer_store_id, created_at_ms)
     VALUES (1, 'default', 'start', NULL, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER));
@@ -315,7 +341,7 @@ pub(crate) fn settle(held: &mut Held<'_>, position: i64, now_ms: i64) -> Result<
 pub(crate) fn mark_receipt(
     held: &mut Held<'_>,
     destination: i64,
-    (position, flow, seq): (i64, &str, i64),
+    (position, flow, seq): (i64, i64, i64),
     receipt: Receipt,
     now_ms: i64,
 ) -> Result<(), StoreError> {
@@ -323,7 +349,7 @@ pub(crate) fn mark_receipt(
     if receipt == Receipt::ProducerRewound {
         held.get(
             "UPDATE relay_head SET relay_stop_seq = min(coalesce(relay_stop_seq, ?3), ?3)
-             WHERE flow_id = ?1 AND destination = ?2",
+             WHERE flow = ?1 AND destination = ?2",
         )
         .and_then(|statement| statement.execute(params![flow, destination, seq]))
         .map_err(err)?;
@@ -361,13 +387,13 @@ pub(crate) fn mark_receipt(
 /// next attempt time, in one statement per flow; records the round in which
 /// the flows were served when `turn` is given. Accepting, quarantining or
 /// failing events never makes an earlier seq eligible, so the search walks
-/// the `(flow_id, seq)` index from the current head, or from `reopened` (a
+/// the `(flow, seq)` index from the current head, or from `reopened` (a
 /// seq whose quarantine was cleared) when that is earlier. A flow with
-/// nothing eligible keeps a NULL head.
-pub(crate) fn refresh_heads<S: AsRef<str>>(
+/// nothing eligible keeps a NULL head. `flows` are the flows' keys.
+pub(crate) fn refresh_heads(
     conn: &Connection,
     destination: i64,
-    flows: &[S],
+    flows: &[i64],
     turn: Option<i64>,
     reopened: Option<i64>,
 ) -> Result<(), StoreError> {
@@ -378,17 +404,17 @@ pub(crate) fn refresh_heads<S: AsRef<str>>(
                  (relay_seq, relay_due_ms) = (SELECT max(seq), coalesce(max(due), 0) FROM (
                      SELECT o.seq AS seq, c.next_attempt_at_ms AS due FROM outbox o
                      JOIN custody c ON c.position = o.position AND c.destination = ?4
-                     WHERE o.flow_id = ?1 AND c.accepted = 0 AND c.quarantined = 0 AND c.abandoned = 0
+                     WHERE o.flow = ?1 AND c.accepted = 0 AND c.quarantined = 0 AND c.abandoned = 0
                        AND o.seq >= coalesce(min(relay_head.relay_seq, ?3), relay_head.relay_seq, ?3)
                        AND o.seq < coalesce(relay_head.relay_stop_seq, 9223372036854775807)
                      ORDER BY o.seq LIMIT 1)),
                  relay_turn = coalesce(?2, relay_turn)
-             WHERE flow_id = ?1 AND destination = ?4",
+             WHERE flow = ?1 AND destination = ?4",
         )
         .map_err(err)?;
     for flow in flows {
         statement
-            .execute(params![flow.as_ref(), turn, reopened, destination])
+            .execute(params![flow, turn, reopened, destination])
             .map_err(err)?;
     }
     Ok(())
@@ -411,7 +437,8 @@ pub(crate) fn custody_of(
                 coalesce(c.abandoned, 0) = 1 OR (c.position IS NULL AND h.abandoned_seq <= ?3)
          FROM relay_head h JOIN destination d ON d.id = h.destination
          LEFT JOIN custody c ON c.position = ?1 AND c.destination = h.destination
-         WHERE h.flow_id = ?2 AND (c.position IS NOT NULL OR h.abandoned_seq <= ?3)
+         WHERE h.flow = (SELECT flow FROM outbox_head WHERE flow_id = ?2)
+           AND (c.position IS NOT NULL OR h.abandoned_seq <= ?3)
          ORDER BY d.name",
         params![position, flow_id, seq],
         |row| {
@@ -458,7 +485,7 @@ pub(crate) fn add(
         let pruned: Option<String> = row_cached(
             tx,
             "SELECT h.flow_id FROM outbox_head h WHERE NOT EXISTS (
-                 SELECT 1 FROM outbox o WHERE o.flow_id = h.flow_id AND o.seq = 1)
+                 SELECT 1 FROM outbox o WHERE o.flow = h.flow AND o.seq = 1)
              ORDER BY h.flow_id LIMIT 1",
             [],
             |row| row.get(0),
@@ -480,8 +507,8 @@ pub(crate) fn add(
     if from == DestinationStart::Start {
         let id = tx.last_insert_rowid();
         tx.execute_batch(&format!(
-            "INSERT INTO relay_head (flow_id, destination, relay_seq, relay_due_ms)
-                 SELECT flow_id, {id}, 1, 0 FROM outbox_head;
+            "INSERT INTO relay_head (flow, destination, relay_seq, relay_due_ms)
+                 SELECT flow, {id}, 1, 0 FROM outbox_head;
              INSERT INTO custody (position, destination) SELECT position, {id} FROM outbox;
              UPDATE outbox SET accepted = 0, accepted_at_ms = NULL WHERE accepted = 1;"
         ))
@@ -548,7 +575,7 @@ pub(crate) fn abandon(
 ) -> Result<Result<ProducerRepair, DestinationRefused>, StoreError> {
     let err = |e| sql_error("producer: cannot abandon a flow", e);
     let (name, flow) = (&request.destination, request.flow.as_str());
-    let (id, last_seq) = match abandonable(tx, request)? {
+    let (id, key, last_seq) = match abandonable(tx, request)? {
         Ok(found) => found,
         Err(refused) => return Ok(Err(refused)),
     };
@@ -556,15 +583,15 @@ pub(crate) fn abandon(
         tx,
         "SELECT coalesce(min(o.seq), ?3 + 1) FROM outbox o
          JOIN custody c ON c.position = o.position AND c.destination = ?2
-         WHERE o.flow_id = ?1 AND c.accepted = 0",
-        params![flow, id, last_seq],
+         WHERE o.flow = ?1 AND c.accepted = 0",
+        params![key, id, last_seq],
         |row| row.get(0),
     )
     .map_err(err)?;
     let event_id: Option<String> = row_cached(
         tx,
-        "SELECT event_id FROM outbox WHERE flow_id = ?1 AND seq = ?2",
-        params![flow, first],
+        "SELECT event_id FROM outbox WHERE flow = ?1 AND seq = ?2",
+        params![key, first],
         |row| row.get(0),
     )
     .optional()
@@ -572,8 +599,8 @@ pub(crate) fn abandon(
     exec_cached(
         tx,
         "UPDATE relay_head SET abandoned_seq = ?3, relay_seq = NULL, relay_due_ms = 0
-         WHERE flow_id = ?1 AND destination = ?2",
-        params![flow, id, first],
+         WHERE flow = ?1 AND destination = ?2",
+        params![key, id, first],
     )
     .map_err(err)?;
     exec_cached(
@@ -581,17 +608,17 @@ pub(crate) fn abandon(
         "UPDATE custody SET abandoned = 1, quarantined = 0, quarantine_reason = NULL,
              quarantine_detail = NULL
          WHERE destination = ?2 AND accepted = 0 AND position IN (
-             SELECT position FROM outbox WHERE flow_id = ?1 AND seq >= ?3)",
-        params![flow, id, first],
+             SELECT position FROM outbox WHERE flow = ?1 AND seq >= ?3)",
+        params![key, id, first],
     )
     .map_err(err)?;
     exec_cached(
         tx,
         "UPDATE outbox SET accepted = 1, accepted_at_ms = ?2
-         WHERE flow_id = ?1 AND accepted = 0 AND NOT EXISTS (
+         WHERE flow = ?1 AND accepted = 0 AND NOT EXISTS (
              SELECT 1 FROM custody c WHERE c.position = outbox.position
                  AND c.accepted = 0 AND c.abandoned = 0)",
-        params![flow, now_ms],
+        params![key, now_ms],
     )
     .map_err(err)?;
     let (by, reason) = (request.by.as_str(), request.reason.as_str());
@@ -610,32 +637,32 @@ pub(crate) fn abandon(
     }))
 }
 
-/// The destination's id and the flow's last seq when `request` may be
-/// carried out; else why not.
+/// The destination's id, the flow's key and its last seq when `request`
+/// may be carried out; else why not.
 fn abandonable(
     tx: &Connection,
     request: &AbandonRequest,
-) -> Result<Result<(i64, i64), DestinationRefused>, StoreError> {
+) -> Result<Result<(i64, i64, i64), DestinationRefused>, StoreError> {
     let err = |e| sql_error("producer: cannot read a flow's relay head", e);
     let (name, flow) = (&request.destination, request.flow.as_str());
     let Some(id) = id_of(tx, name)? else {
         return Ok(Err(DestinationRefused::Unknown(name.clone())));
     };
-    let last_seq: Option<i64> = row_cached(
+    let head: Option<(i64, i64)> = row_cached(
         tx,
-        "SELECT last_seq FROM outbox_head WHERE flow_id = ?1",
+        "SELECT flow, last_seq FROM outbox_head WHERE flow_id = ?1",
         [flow],
-        |row| row.get(0),
+        |row| Ok((row.get(0)?, row.get(1)?)),
     )
     .optional()
     .map_err(err)?;
-    let Some(last_seq) = last_seq else {
+    let Some((key, last_seq)) = head else {
         return Ok(Err(DestinationRefused::UnknownFlow(request.flow.clone())));
     };
     let head: Option<Option<i64>> = row_cached(
         tx,
-        "SELECT abandoned_seq FROM relay_head WHERE flow_id = ?1 AND destination = ?2",
-        params![flow, id],
+        "SELECT abandoned_seq FROM relay_head WHERE flow = ?1 AND destination = ?2",
+        params![key, id],
         |row| row.get(0),
     )
     .optional()
@@ -655,7 +682,7 @@ fn abandonable(
         }
         Some(None) => {}
     }
-    Ok(Ok((id, last_seq)))
+    Ok(Ok((id, key, last_seq)))
 }
 
 /// One row of the producer's audit log: `flow` with its seq and event id

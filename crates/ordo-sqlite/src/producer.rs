@@ -27,12 +27,18 @@ use crate::custody;
 use crate::round;
 use crate::watch::DataVersion;
 
-const SCHEMA: &str = concat!(
-    "
+/// The outbox and its heads at version 9: a flow has an integer key in
+/// this file (`outbox_head.flow`), which the outbox's `(flow, seq)` index
+/// and the relay heads use in place of its text id.
+macro_rules! outbox_ddl {
+    () => {
+        "
 CREATE TABLE IF NOT EXISTS outbox (
     position           INTEGER PRIMARY KEY,
     event_id           TEXT    NOT NULL UNIQUE,
     flow_id            TEXT    NOT NULL,
+    -- The flow's key in this file: outbox_head.flow.
+    flow               INTEGER NOT NULL,
     seq                INTEGER NOT NULL CHECK (seq >= 1),
     schema_version     INTEGER NOT NULL,
     type               TEXT    NOT NULL,
@@ -41,19 +47,60 @@ CREATE TABLE IF NOT EXISTS outbox (
     -- Settled: every destination of its flow holds it or abandoned it.
     accepted           INTEGER NOT NULL DEFAULT 0 CHECK (accepted IN (0, 1)),
     accepted_at_ms     INTEGER,
-    UNIQUE (flow_id, seq)
+    UNIQUE (flow, seq)
 );
+-- One row per flow ever appended to, never deleted once committed.
 CREATE TABLE IF NOT EXISTS outbox_head (
-    flow_id      TEXT    PRIMARY KEY,
+    flow         INTEGER PRIMARY KEY,
+    flow_id      TEXT    NOT NULL UNIQUE,
     last_seq     INTEGER NOT NULL CHECK (last_seq >= 1)
-) WITHOUT ROWID;
-INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);
-",
+);
+"
+    };
+}
+
+const SCHEMA: &str = concat!(
+    outbox_ddl!(),
+    "INSERT OR IGNORE INTO ordo_meta (key, value) VALUES ('relay_turn', 0);",
     custody::custody_ddl!(),
+    custody::relay_head_ddl!(),
     "
 INSERT INTO destination (name, start, consumer_store_id, created_at_ms)
     SELECT 'default', 'start', NULL, CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)
     WHERE NOT EXISTS (SELECT 1 FROM destination);
+"
+);
+
+/// Version 9 of an earlier producer file: the outbox, its heads and the
+/// relay heads rebuilt with the flows' integer keys (in the order of their
+/// text ids), every row kept; the outbox's and heads' columns unused since
+/// version 5 are left behind. A row whose flow has no head fails the
+/// upgrade (`outbox.flow` is NOT NULL), which then changes nothing.
+const UPGRADE_FROM_8: &str = concat!(
+    "
+ALTER TABLE outbox_head RENAME TO outbox_head_v8;
+ALTER TABLE outbox RENAME TO outbox_v8;
+ALTER TABLE relay_head RENAME TO relay_head_v8;
+DROP INDEX relay_head_turn;
+",
+    outbox_ddl!(),
+    custody::relay_head_ddl!(),
+    "
+INSERT INTO outbox_head (flow_id, last_seq)
+    SELECT flow_id, last_seq FROM outbox_head_v8 ORDER BY flow_id;
+INSERT INTO outbox (position, event_id, flow_id, flow, seq, schema_version, type, body,
+        created_at_ms, accepted, accepted_at_ms)
+    SELECT o.position, o.event_id, o.flow_id, h.flow, o.seq, o.schema_version, o.type, o.body,
+        o.created_at_ms, o.accepted, o.accepted_at_ms
+    FROM outbox_v8 o LEFT JOIN outbox_head h ON h.flow_id = o.flow_id ORDER BY o.position;
+INSERT INTO relay_head (flow, destination, relay_seq, relay_due_ms, relay_turn, relay_stop_seq,
+        abandoned_seq)
+    SELECT h.flow, r.destination, r.relay_seq, r.relay_due_ms, r.relay_turn, r.relay_stop_seq,
+        r.abandoned_seq
+    FROM relay_head_v8 r LEFT JOIN outbox_head h ON h.flow_id = r.flow_id;
+DROP TABLE relay_head_v8;
+DROP TABLE outbox_v8;
+DROP TABLE outbox_head_v8;
 "
 );
 
@@ -66,6 +113,7 @@ const TABLES: Tables = Tables {
     upgrade_from_5: "",
     upgrade_from_6: "",
     upgrade_from_7: "",
+    upgrade_from_8: UPGRADE_FROM_8,
 };
 
 /// The producer's SQLite file: the outbox, the per-flow head of the outbox
@@ -248,18 +296,22 @@ impl OutboxTx for ProducerTx<'_> {
         ordo_core::store::check_appended(event, self.producer_name)?;
         let err = |e| sql_error("producer: cannot append to the outbox", e);
         let seq = event.seq.get();
-        // The row first: a used event id or (flow, seq) fails here, before
-        // anything is written.
+        // The head first: it moves only from exactly seq - 1, which is the
+        // contiguity check, and gives the flow's key for the row.
+        let Some(flow) = self.move_head(event).map_err(err)? else {
+            return Err(not_next(event, self.last_seq(&event.flow_id)?));
+        };
         self.text.clear();
         event.write_stored_text(&mut self.text);
         let inserted = self.held.get_mut().get(
-            "INSERT INTO outbox (event_id, flow_id, seq, schema_version, type, body, created_at_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            "INSERT INTO outbox (event_id, flow_id, flow, seq, schema_version, type, body, created_at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         )
         .and_then(|statement| {
             statement.execute(params![
                 event.event_id.as_str(),
                 event.flow_id.as_str(),
+                flow,
                 seq,
                 event.schema_version.get(),
                 event.event_type.as_str(),
@@ -268,30 +320,20 @@ impl OutboxTx for ProducerTx<'_> {
             ])
         });
         if let Err(e) = inserted {
-            // A seq already used is a contiguity refusal like any other, a
-            // used event id at the right seq is its own refusal; any other
-            // error is returned as it is.
-            if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) {
-                let last = self.last_seq(&event.flow_id)?;
-                if last.checked_add(1) != Some(seq) {
-                    return Err(not_next(event, last));
-                }
+            // Refused: take the head back, so nothing is written. A used
+            // event id is its own refusal; any other error is returned as
+            // it is.
+            self.move_head_back(flow, seq).map_err(err)?;
+            if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation)
+                && self.event_id_used(&event.event_id).map_err(err)?
+            {
                 return Err(AppendError::EventIdUsed(event.event_id.clone()));
             }
             return Err(err(e).into());
         }
         let position = self.tx.last_insert_rowid();
-        if self.move_head(event).map_err(err)? != 1 {
-            // Refused: take the row back, so nothing is written.
-            exec_cached(
-                &self.tx,
-                "DELETE FROM outbox WHERE event_id = ?1",
-                [event.event_id.as_str()],
-            )
+        self.hand_to_destinations(event, flow, position)
             .map_err(err)?;
-            return Err(not_next(event, self.last_seq(&event.flow_id)?));
-        }
-        self.hand_to_destinations(event, position).map_err(err)?;
         debug_assert_eq!(self.last_seq(&event.flow_id).ok(), Some(seq));
         self.appended += 1;
         Ok(())
@@ -301,33 +343,73 @@ impl OutboxTx for ProducerTx<'_> {
 impl ProducerTx<'_> {
     /// Moves the flow's outbox head to `event`'s seq, only from exactly
     /// seq - 1 (or creates it at seq 1): that is the contiguity check,
-    /// without a read. The number of heads moved, 1 unless refused.
-    fn move_head(&mut self, event: &Envelope) -> rusqlite::Result<usize> {
-        let (flow, seq) = (event.flow_id.as_str(), event.seq.get());
+    /// without a read. The flow's key, `None` when refused.
+    fn move_head(&mut self, event: &Envelope) -> rusqlite::Result<Option<i64>> {
+        let (flow_id, seq) = (event.flow_id.as_str(), event.seq.get());
         let held = self.held.get_mut();
         if seq == 1 {
             // No head is at 0 (`last_seq >= 1`): only a new one can be made.
-            return held
+            let made = held
                 .get(
                     "INSERT INTO outbox_head (flow_id, last_seq) VALUES (?1, 1)
                      ON CONFLICT (flow_id) DO NOTHING",
                 )?
-                .execute([flow]);
+                .execute([flow_id])?;
+            return Ok((made == 1).then(|| self.tx.last_insert_rowid()));
         }
-        held.get("UPDATE outbox_head SET last_seq = ?2 WHERE flow_id = ?1 AND last_seq = ?2 - 1")?
-            .execute(params![flow, seq])
+        // Read, then moved by its key (`RETURNING` would build a temporary
+        // table at every append).
+        let Some(flow) = held
+            .get("SELECT flow FROM outbox_head WHERE flow_id = ?1 AND last_seq = ?2 - 1")?
+            .query_row(params![flow_id, seq], |row| row.get::<_, i64>(0))
+            .optional()?
+        else {
+            return Ok(None);
+        };
+        let moved = held
+            .get("UPDATE outbox_head SET last_seq = ?2 WHERE flow = ?1 AND last_seq = ?2 - 1")?
+            .execute(params![flow, seq])?;
+        assert_eq!(moved, 1, "a head read under the write lock moves");
+        Ok(Some(flow))
     }
 
-    /// Gives the row at `position` to the destinations of its flow: at seq 1
-    /// the flow becomes every destination's (decided under the write lock,
-    /// which adding a destination takes too), later its relay heads move.
-    /// A row no destination waits for is settled at once.
-    fn hand_to_destinations(&mut self, event: &Envelope, position: i64) -> rusqlite::Result<()> {
-        let flow = event.flow_id.as_str();
+    /// Undoes [`Self::move_head`] of the flow `flow` to `seq`: a head made
+    /// at seq 1 goes, a moved one goes back to seq - 1.
+    fn move_head_back(&mut self, flow: i64, seq: i64) -> rusqlite::Result<()> {
+        let sql = if seq == 1 {
+            "DELETE FROM outbox_head WHERE flow = ?1 AND last_seq = ?2"
+        } else {
+            "UPDATE outbox_head SET last_seq = ?2 - 1 WHERE flow = ?1 AND last_seq = ?2"
+        };
+        let moved = exec_cached(&self.tx, sql, params![flow, seq])?;
+        debug_assert_eq!(moved, 1);
+        Ok(())
+    }
+
+    /// Whether an outbox row has the id `event_id`.
+    fn event_id_used(&self, event_id: &EventId) -> rusqlite::Result<bool> {
+        row_cached(
+            &self.tx,
+            "SELECT EXISTS (SELECT 1 FROM outbox WHERE event_id = ?1)",
+            [event_id.as_str()],
+            |row| row.get(0),
+        )
+    }
+
+    /// Gives the row at `position` to the destinations of its flow `flow`:
+    /// at seq 1 the flow becomes every destination's (decided under the
+    /// write lock, which adding a destination takes too), later its relay
+    /// heads move. A row no destination waits for is settled at once.
+    fn hand_to_destinations(
+        &mut self,
+        event: &Envelope,
+        flow: i64,
+        position: i64,
+    ) -> rusqlite::Result<()> {
         let held = self.held.get_mut();
         let waiting = if event.seq.get() == 1 {
             held.get(
-                "INSERT INTO relay_head (flow_id, destination, relay_seq, relay_due_ms)
+                "INSERT INTO relay_head (flow, destination, relay_seq, relay_due_ms)
                  SELECT ?1, id, 1, 0 FROM destination",
             )?
             .execute([flow])?;
@@ -343,12 +425,12 @@ impl ProducerTx<'_> {
                 "UPDATE relay_head SET
                      relay_seq = CASE WHEN relay_stop_seq IS NULL THEN ?2 END,
                      relay_due_ms = 0
-                 WHERE flow_id = ?1 AND abandoned_seq IS NULL AND relay_seq IS NULL",
+                 WHERE flow = ?1 AND abandoned_seq IS NULL AND relay_seq IS NULL",
             )?
             .execute(params![flow, event.seq.get()])?;
             held.get(
                 "INSERT INTO custody (position, destination)
-                 SELECT ?1, destination FROM relay_head WHERE flow_id = ?2 AND abandoned_seq IS NULL",
+                 SELECT ?1, destination FROM relay_head WHERE flow = ?2 AND abandoned_seq IS NULL",
             )?
             .execute(params![position, flow])?
         };
@@ -488,9 +570,9 @@ impl ProducerOps for ProducerDb {
         self.write(|ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot retry a quarantined event", e);
-            let row: Option<(String, i64, Option<bool>)> = row_cached(
+            let row: Option<(i64, i64, Option<bool>)> = row_cached(
                 tx,
-                "SELECT o.flow_id, o.seq, c.quarantined FROM outbox o
+                "SELECT o.flow, o.seq, c.quarantined FROM outbox o
                  LEFT JOIN custody c ON c.position = o.position AND c.destination = ?2
                  WHERE o.event_id = ?1",
                 params![event_id.as_str(), destination],
@@ -515,7 +597,7 @@ impl ProducerOps for ProducerDb {
             exec_cached(
                 tx,
                 "UPDATE relay_head SET relay_stop_seq = NULL
-                 WHERE flow_id = ?1 AND destination = ?3 AND relay_stop_seq = ?2",
+                 WHERE flow = ?1 AND destination = ?3 AND relay_stop_seq = ?2",
                 params![flow, seq, destination],
             )
             .map_err(err)?;
@@ -723,10 +805,10 @@ impl ProducerStore for ProducerDb {
             .map_err(err)?;
             let mut flows = Vec::new();
             for (event_id, receipt) in latest_receipts(receipts) {
-                let row: Option<(i64, String, i64)> = ptx
+                let row: Option<(i64, i64, i64)> = ptx
                     .held
                     .get_mut()
-                    .get("SELECT position, flow_id, seq FROM outbox WHERE event_id = ?1")
+                    .get("SELECT position, flow, seq FROM outbox WHERE event_id = ?1")
                     .and_then(|statement| {
                         statement.query_row([event_id], |row| {
                             Ok((row.get(0)?, row.get(1)?, row.get(2)?))
@@ -741,7 +823,7 @@ impl ProducerStore for ProducerDb {
                     continue;
                 };
                 let at = ptx.now_ms.max(now_ms);
-                let row = (position, flow.as_str(), seq);
+                let row = (position, flow, seq);
                 custody::mark_receipt(ptx.held.get_mut(), destination, row, receipt, at)?;
                 flows.push(flow);
             }
@@ -768,9 +850,9 @@ impl ProducerStore for ProducerDb {
             let err = |e| sql_error("producer: cannot record a delivery failure", e);
             let mut flows = BTreeSet::new();
             for event_id in event_ids {
-                let row: Option<(i64, String)> = row_cached(
+                let row: Option<(i64, i64)> = row_cached(
                     tx,
-                    "SELECT position, flow_id FROM outbox WHERE event_id = ?1",
+                    "SELECT position, flow FROM outbox WHERE event_id = ?1",
                     [event_id.as_str()],
                     |row| Ok((row.get(0)?, row.get(1)?)),
                 )
@@ -799,7 +881,7 @@ impl ProducerStore for ProducerDb {
                 .map_err(err)?;
                 flows.insert(flow);
             }
-            let flows: Vec<String> = flows.into_iter().collect();
+            let flows: Vec<i64> = flows.into_iter().collect();
             custody::refresh_heads(tx, destination, &flows, None, None)
         })
     }
@@ -817,13 +899,13 @@ impl ProducerStore for ProducerDb {
         self.write_synced(false, |ptx| {
             let tx = &ptx.tx;
             let err = |e| sql_error("producer: cannot quarantine an event", e);
-            let flow: Option<String> = row_cached(
+            let flow: Option<i64> = row_cached(
                 tx,
                 "UPDATE custody SET quarantined = 1, quarantine_reason = ?3, quarantine_detail = ?4,
                      attempts = attempts + 1, last_outcome = ?3, last_error = ?4
                  WHERE destination = ?2 AND accepted = 0 AND abandoned = 0
                    AND position = (SELECT position FROM outbox WHERE event_id = ?1)
-                 RETURNING (SELECT flow_id FROM outbox WHERE event_id = ?1)",
+                 RETURNING (SELECT flow FROM outbox WHERE event_id = ?1)",
                 params![event_id.as_str(), destination, outcome, reason],
                 |row| row.get(0),
             )

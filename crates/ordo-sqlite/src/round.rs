@@ -23,19 +23,19 @@ pub(crate) const FLOW_EVENTS_MAX: usize = 1_024;
 
 /// The heads alone. `?1` now, `?2` the round's limit, `?3` the destination.
 const HEADS_SQL: &str = "SELECT o.body FROM relay_head h
-     JOIN outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
+     JOIN outbox o ON o.flow = h.flow AND o.seq = h.relay_seq
      WHERE h.destination = ?3 AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
-     ORDER BY h.relay_turn, h.flow_id
+     ORDER BY h.relay_turn, h.flow
      LIMIT ?2";
 
 /// The heads alone, none of the flows of the JSON list `?4`. Kept apart
 /// from [`HEADS_SQL`]: SQLite builds the list into a temporary table even
 /// when it is empty.
 const HEADS_SKIPPING_SQL: &str = "SELECT o.body FROM relay_head h
-     JOIN outbox o ON o.flow_id = h.flow_id AND o.seq = h.relay_seq
+     JOIN outbox o ON o.flow = h.flow AND o.seq = h.relay_seq
      WHERE h.destination = ?3 AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
-       AND h.flow_id NOT IN (SELECT value FROM json_each(?4))
-     ORDER BY h.relay_turn, h.flow_id
+       AND o.flow_id NOT IN (SELECT value FROM json_each(?4))
+     ORDER BY h.relay_turn, h.flow
      LIMIT ?2";
 
 /// Each head and the events after it within `?4` seqs that the destination
@@ -44,14 +44,14 @@ const HEADS_SKIPPING_SQL: &str = "SELECT o.body FROM relay_head h
 ///
 /// `CROSS JOIN` keeps SQLite's join order: the heads in turn order from
 /// `relay_head_turn`, then each flow's few events from the outbox's
-/// `(flow_id, seq)` index, then their custody, so the round stops at its
+/// `(flow, seq)` index, then their custody, so the round stops at its
 /// limit. Left to choose, SQLite started from every unaccepted custody row
 /// of the destination and sorted them all, a walk as long as the backlog.
 macro_rules! deep_sql {
     ($skipping:literal) => {
         concat!(
             "SELECT o.body FROM relay_head h
-             CROSS JOIN outbox o ON o.flow_id = h.flow_id
+             CROSS JOIN outbox o ON o.flow = h.flow
                           AND o.seq >= h.relay_seq AND o.seq < h.relay_seq + ?4
              CROSS JOIN custody c ON c.position = o.position AND c.destination = h.destination
              WHERE h.destination = ?3 AND h.relay_seq IS NOT NULL AND h.relay_due_ms <= ?1
@@ -59,7 +59,7 @@ macro_rules! deep_sql {
                AND c.accepted = 0 AND c.quarantined = 0 AND c.abandoned = 0",
             $skipping,
             "
-             ORDER BY h.relay_turn, h.flow_id, o.seq
+             ORDER BY h.relay_turn, h.flow, o.seq
              LIMIT ?2"
         )
     };
@@ -69,7 +69,7 @@ const DEEP_SQL: &str = deep_sql!("");
 /// As [`DEEP_SQL`], none of the flows of the JSON list `?5`.
 const DEEP_SKIPPING_SQL: &str = deep_sql!(
     "
-               AND h.flow_id NOT IN (SELECT value FROM json_each(?5))"
+               AND o.flow_id NOT IN (SELECT value FROM json_each(?5))"
 );
 
 /// Up to `limit` events of one fair round for `destination`: each due

@@ -883,6 +883,38 @@ fn append_envelope_refusals_are_typed() {
 }
 
 #[test]
+fn a_refused_append_leaves_the_transaction_able_to_append_at_that_seq() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut producer = ProducerDb::open(dir.path().join("producer.db"), &orders_schema()).unwrap();
+    let used = |e: Envelope| Envelope {
+        event_id: EventId::new("a-1").unwrap(),
+        ..e
+    };
+    producer
+        .write(|tx| {
+            tx.append_envelope(&event("a", 1, "placed", 1))?;
+            // A used id, at a new flow's seq 1 and at an existing flow's
+            // next seq: each refused, its head left where it was, so the
+            // same seqs are free for the next appends of this transaction.
+            for e in [event("b", 1, "placed", 1), event("a", 2, "placed", 1)] {
+                match tx.append_envelope(&used(e)) {
+                    Err(AppendError::EventIdUsed(id)) => assert_eq!(id.as_str(), "a-1"),
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert_eq!(tx.last_seq(&flow("a")).unwrap(), 1);
+            assert_eq!(tx.last_seq(&flow("b")).unwrap(), 0);
+            tx.append_envelope(&event("b", 1, "placed", 1))?;
+            tx.append_envelope(&event("a", 2, "placed", 1))
+        })
+        .unwrap();
+    let outbox: Vec<(String, i64)> = (producer.outbox().unwrap().into_iter())
+        .map(|r| (r.envelope.flow_id.to_string(), r.envelope.seq.get()))
+        .collect();
+    assert_eq!(outbox, [("a".into(), 1), ("b".into(), 1), ("a".into(), 2)]);
+}
+
+#[test]
 fn two_writers_racing_on_one_flow_get_contiguous_seqs_and_the_ids_of_the_rule() {
     const EACH: usize = 200;
     let dir = tempfile::tempdir().unwrap();

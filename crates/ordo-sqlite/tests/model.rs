@@ -749,7 +749,8 @@ impl Model {
 
     /// The fair relay (section 8, `RelayPolicy::Fair`): each round takes the
     /// head of every flow (its lowest seq neither accepted nor quarantined),
-    /// flows served least recently first (ties by flow id), at most
+    /// flows served least recently first (ties by the order in which the
+    /// flows were first appended to, the order of their keys), at most
     /// `batch_len_max` and what is left of `max`; a flow that met a conflict
     /// in this run is not served again in it.
     fn relay_fair(&mut self, max: Option<u64>, batch_len_max: usize) -> RelayReport {
@@ -768,7 +769,7 @@ impl Model {
                 Some(max) => (max - deliveries.len() as u64) as usize,
                 None => usize::MAX,
             };
-            let mut heads: Vec<(u64, String, usize)> = Vec::new();
+            let mut heads: Vec<(u64, usize, usize)> = Vec::new();
             for flow in self.flows.keys() {
                 if skipped.contains(flow) {
                     continue;
@@ -781,7 +782,10 @@ impl Model {
                     .min_by_key(|(_, row)| row.event.seq);
                 if let Some((position, _)) = head {
                     let served = self.served.get(flow).copied().unwrap_or(0);
-                    heads.push((served, flow.clone(), position));
+                    let first = (self.committed.iter())
+                        .position(|e| e.flow == *flow)
+                        .expect("a flow with a head was appended to");
+                    heads.push((served, first, position));
                 }
             }
             heads.sort();

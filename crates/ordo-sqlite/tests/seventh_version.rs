@@ -6,7 +6,10 @@
 //! pending and quarantined rows. Version 8 rebuilds the consumer's inbox as
 //! a table with a rowid, its rows in the order they were received; every
 //! row and every other table stays as it was, and the pair goes on
-//! receiving, relaying, applying and running effects.
+//! receiving, relaying, applying and running effects. Version 9 rebuilds
+//! the producer's outbox, heads and relay heads with integer flow keys; a
+//! producer file of version 8 (the same tables as version 7's) is the same
+//! file under another header, and is tested here too.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,8 +21,9 @@ use ordo_core::envelope::EventType;
 use ordo_core::ops::InboxScope;
 use ordo_core::{
     process_all, relay, ApplyContext, ApplyHandler, BlockCode, BlockReason, Clock, ConsumerOps,
-    Envelope, EventId, FlowId, InboxStatus, ProducerName, ProducerOps, Receipt, Receive,
-    RelayOptions, SchemaVersion, Seq, StoreError, StoreId, SystemClock, Verdict, CONFLICT_REASON,
+    Envelope, EventId, FlowId, InboxStatus, ProducerName, ProducerOps, ProducerStore, Receipt,
+    Receive, RelayOptions, SchemaVersion, Seq, StoreError, StoreId, SystemClock, Verdict,
+    CONFLICT_REASON,
 };
 use ordo_sqlite::rusqlite::types::Value;
 use ordo_sqlite::rusqlite::{params, Connection};
@@ -668,8 +672,8 @@ const CONSUMER_TABLES: [&str; 7] = [
     "SELECT * FROM effect_order ORDER BY name",
 ];
 
-/// Every table of the producer, whose file version 8 does not change.
-const PRODUCER_TABLES: [&str; 7] = [
+/// Every row of the producer at version 7 (and 8), each table's columns.
+const PRODUCER_TABLES_V7: [&str; 7] = [
     "SELECT * FROM ordo_meta ORDER BY key",
     "SELECT * FROM outbox ORDER BY position",
     "SELECT * FROM outbox_head ORDER BY flow_id",
@@ -678,6 +682,68 @@ const PRODUCER_TABLES: [&str; 7] = [
     "SELECT * FROM relay_head ORDER BY flow_id, destination",
     "SELECT * FROM producer_repair ORDER BY id",
 ];
+
+/// The same rows at version 9, where the outbox and the relay heads name
+/// each flow by its integer key: read back by its text id, they must be
+/// those of [`PRODUCER_TABLES_V7`].
+const PRODUCER_TABLES: [&str; 7] = [
+    "SELECT * FROM ordo_meta ORDER BY key",
+    "SELECT position, event_id, flow_id, seq, schema_version, type, body, created_at_ms,
+         accepted, accepted_at_ms FROM outbox ORDER BY position",
+    "SELECT flow_id, last_seq FROM outbox_head ORDER BY flow_id",
+    "SELECT * FROM destination ORDER BY id",
+    "SELECT * FROM custody ORDER BY position, destination",
+    "SELECT f.flow_id, r.destination, r.relay_seq, r.relay_due_ms, r.relay_turn,
+         r.relay_stop_seq, r.abandoned_seq
+     FROM relay_head r JOIN outbox_head f ON f.flow = r.flow ORDER BY f.flow_id, r.destination",
+    "SELECT * FROM producer_repair ORDER BY id",
+];
+
+/// Asserts that the producer file of `conn`, upgraded to version 9 from
+/// the rows `before` ([`PRODUCER_TABLES_V7`]) and the objects `objects`,
+/// keeps every row, keys its flows in the order of their text ids and
+/// kept no table of the rebuild; its other objects are as they were.
+#[track_caller]
+fn assert_producer_upgraded(
+    conn: &Connection,
+    before: &[Vec<Vec<Value>>],
+    objects_before: &[Vec<Value>],
+) {
+    assert_eq!(snapshot(conn, &PRODUCER_TABLES), before);
+    let by_key = rows(conn, "SELECT flow_id FROM outbox_head ORDER BY flow");
+    let by_id = rows(conn, "SELECT flow_id FROM outbox_head ORDER BY flow_id");
+    assert_eq!(by_key, by_id);
+    let keys = rows(conn, "SELECT flow FROM outbox_head ORDER BY flow");
+    let expected: Vec<Vec<Value>> = (1..=keys.len() as i64)
+        .map(|k| vec![Value::Integer(k)])
+        .collect();
+    assert_eq!(keys, expected);
+    let strays = rows(
+        conn,
+        "SELECT o.position FROM outbox o JOIN outbox_head f ON f.flow = o.flow
+         WHERE f.flow_id <> o.flow_id",
+    );
+    assert!(strays.is_empty(), "{strays:?}");
+    let leftovers = rows(
+        conn,
+        "SELECT name FROM sqlite_schema WHERE name LIKE '%v8%' OR tbl_name LIKE '%v8%'",
+    );
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let rebuilt = ["outbox", "outbox_head", "relay_head"];
+    let untouched = |all: Vec<Vec<Value>>| -> Vec<Vec<Value>> {
+        all.into_iter()
+            .filter(|o| !matches!(&o[2], Value::Text(t) if rebuilt.contains(&t.as_str())))
+            .collect()
+    };
+    assert_eq!(
+        untouched(objects(conn, "")),
+        untouched(objects_before.to_vec())
+    );
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(check, "ok");
+}
 
 /// The schema objects of the file other than `except`'s, with their SQL.
 fn objects(conn: &Connection, except: &str) -> Vec<Vec<Value>> {
@@ -777,7 +843,7 @@ fn a_seventh_version_file_pair_keeps_every_row_and_goes_on_receiving_relaying_an
             rows(&consumer, INBOX_ROWS),
             snapshot(&consumer, &CONSUMER_TABLES),
             objects(&consumer, "inbox"),
-            snapshot(&producer, &PRODUCER_TABLES),
+            snapshot(&producer, &PRODUCER_TABLES_V7),
             objects(&producer, ""),
         )
     };
@@ -791,7 +857,7 @@ fn a_seventh_version_file_pair_keeps_every_row_and_goes_on_receiving_relaying_an
     for conn in [producer.connection(), consumer.connection()] {
         assert_eq!(header(conn), (SCHEMA_VERSION, i64::from(APPLICATION_ID)));
     }
-    assert_eq!(SCHEMA_VERSION, 8);
+    assert_eq!(SCHEMA_VERSION, 9);
     assert_eq!(producer.store_id().as_str(), PRODUCER_ID);
     assert_eq!(consumer.store_id().as_str(), CONSUMER_ID);
 
@@ -852,12 +918,16 @@ fn a_seventh_version_file_pair_keeps_every_row_and_goes_on_receiving_relaying_an
             .unwrap();
         assert_eq!(check, "ok");
     }
-    // The producer's file: its header alone changed.
-    assert_eq!(objects(producer.connection(), ""), producer_objects);
-    assert_eq!(
-        snapshot(producer.connection(), &PRODUCER_TABLES),
-        producer_before
-    );
+    // The producer's file: every row kept, each flow keyed by an integer
+    // in the order of the text ids, and the objects of a new store.
+    assert_producer_upgraded(producer.connection(), &producer_before, &producer_objects);
+    {
+        let fresh = ProducerDb::open(dir.path().join("fresh-p.db"), &ledger).unwrap();
+        assert_eq!(
+            objects(producer.connection(), ""),
+            objects(fresh.connection(), "")
+        );
+    }
 
     // The upgraded file's objects are those of a store this build creates.
     {
@@ -1268,4 +1338,104 @@ fn a_failed_upgrade_leaves_the_seventh_version_file_as_it_was() {
     let consumer = ConsumerDb::open(&c, &ledger).unwrap();
     assert_eq!(header(consumer.connection()).0, SCHEMA_VERSION);
     assert_eq!(rows(consumer.connection(), INBOX_ROWS), was[0]);
+}
+
+/// Reads every producer row of `p` at version 7 or 8, with its objects.
+fn producer_before(p: &Path) -> (Vec<Vec<Vec<Value>>>, Vec<Vec<Value>>) {
+    let conn = Connection::open(p).unwrap();
+    (snapshot(&conn, &PRODUCER_TABLES_V7), objects(&conn, ""))
+}
+
+#[test]
+fn an_eighth_version_producer_file_gets_integer_flow_keys_and_goes_on_relaying() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, c) = (dir.path().join("p.db"), dir.path().join("c.db"));
+    let ev = events();
+    build_pair(&p, &c, &ev);
+    Connection::open(&p)
+        .unwrap()
+        .execute_batch("PRAGMA user_version = 8;")
+        .unwrap();
+    let (rows_before, objects_before) = producer_before(&p);
+    let ledger = Schema::new("ledger").unwrap();
+    let mut producer = ProducerDb::open(&p, &ledger).unwrap();
+    assert_eq!(
+        header(producer.connection()),
+        (9, i64::from(APPLICATION_ID))
+    );
+    assert_producer_upgraded(producer.connection(), &rows_before, &objects_before);
+    // A new flow, first in text order, gets the next key; every flow's
+    // next seq follows on from its head.
+    let new_flow = event("a-0", 1, 7);
+    producer
+        .append_events(std::slice::from_ref(&new_flow))
+        .unwrap();
+    producer.append_events(&[event("o-3", 3, 7)]).unwrap();
+    let keys = rows(
+        producer.connection(),
+        "SELECT flow_id, flow, last_seq FROM outbox_head ORDER BY flow",
+    );
+    let text = |s: &str| Value::Text(s.to_owned());
+    let int = Value::Integer;
+    assert_eq!(
+        keys,
+        [
+            vec![text("o-1"), int(1), int(5)],
+            vec![text("o-2"), int(2), int(1)],
+            vec![text("o-3"), int(3), int(3)],
+            vec![text("a-0"), int(4), int(1)],
+        ]
+    );
+    let refused = producer.append_events(&[event("o-1", 5, 7)]).unwrap_err();
+    assert!(refused.to_string().contains("seq"), "{refused}");
+    // The relay hands the due heads, the new flow's among them, by the
+    // rebuilt relay heads.
+    let round = producer
+        .fair_round(16, &Default::default(), i64::MAX)
+        .unwrap();
+    let ids: Vec<&str> = round.iter().map(|e| e.event_id.as_str()).collect();
+    assert!(ids.contains(&new_flow.event_id.as_str()), "{ids:?}");
+    assert!(ids.contains(&ev.o1[4].event_id.as_str()), "{ids:?}");
+}
+
+#[test]
+fn a_failed_producer_upgrade_leaves_the_file_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, c) = (dir.path().join("p.db"), dir.path().join("c.db"));
+    let ev = events();
+    build_pair(&p, &c, &ev);
+    let ledger = Schema::new("ledger").unwrap();
+    let whole = |p: &Path| {
+        let conn = Connection::open(p).unwrap();
+        let mut all = snapshot(&conn, &PRODUCER_TABLES_V7);
+        all.push(rows(
+            &conn,
+            "SELECT type, name, tbl_name, sql FROM sqlite_schema ORDER BY name",
+        ));
+        all.push(vec![vec![Value::Integer(header(&conn).0)]]);
+        all
+    };
+    // A table in the way of the rebuild's temporary names.
+    Connection::open(&p)
+        .unwrap()
+        .execute_batch("CREATE TABLE outbox_v8 (note TEXT);")
+        .unwrap();
+    let was = whole(&p);
+    let error = ProducerDb::open(&p, &ledger)
+        .err()
+        .expect("the rebuild fails");
+    assert!(error.to_string().contains("outbox_v8"), "{error}");
+    assert_eq!(whole(&p), was);
+    // An outbox row whose flow has no head cannot be given a key: refused,
+    // nothing changed.
+    Connection::open(&p)
+        .unwrap()
+        .execute_batch("DROP TABLE outbox_v8; DELETE FROM outbox_head WHERE flow_id = 'o-2';")
+        .unwrap();
+    let was = whole(&p);
+    let error = ProducerDb::open(&p, &ledger)
+        .err()
+        .expect("the rebuild fails");
+    assert!(error.to_string().contains("outbox.flow"), "{error}");
+    assert_eq!(whole(&p), was);
 }

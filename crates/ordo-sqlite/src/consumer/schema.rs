@@ -197,6 +197,7 @@ pub(super) const TABLES: Tables = Tables {
     // Version 7: effect intents; the repair log names the intent acted on.
     upgrade_from_6: "ALTER TABLE repair_log ADD COLUMN key TEXT;",
     upgrade_from_7: UPGRADE_FROM_7,
+    upgrade_from_8: "",
 };
 
 pub(super) use ordo_core::apply::stored_status as inbox_status;
