@@ -153,6 +153,10 @@ pub struct ProducerTx<'c> {
     /// The stored body of the event being appended, in a buffer reused
     /// for the transaction's others.
     text: Vec<u8>,
+    /// The flow id and key of the head [`OutboxTx::last_seq`] read last,
+    /// for the append that follows it (the id's buffer reused): a hint,
+    /// checked by the head's update.
+    last_head: RefCell<(String, Option<i64>)>,
 }
 
 impl ProducerDb {
@@ -234,6 +238,7 @@ impl ProducerDb {
             now_ms,
             appended: 0,
             text: Vec::new(),
+            last_head: RefCell::new((String::new(), None)),
         };
         let value = f(&mut ptx)?;
         let ProducerTx {
@@ -278,13 +283,12 @@ impl OutboxTx for ProducerTx<'_> {
     }
 
     fn last_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
-        self.held
-            .borrow_mut()
-            .get("SELECT last_seq FROM outbox_head WHERE flow_id = ?1")
-            .and_then(|statement| statement.query_row([flow_id.as_str()], |row| row.get(0)))
-            .optional()
-            .map(|seq| seq.unwrap_or(0))
-            .map_err(|e| sql_error("producer: cannot read the outbox head", e))
+        let head = self.head(flow_id)?;
+        let mut last_head = self.last_head.borrow_mut();
+        last_head.0.clear();
+        last_head.0.push_str(flow_id.as_str());
+        last_head.1 = head.map(|(flow, _)| flow);
+        Ok(head.map_or(0, |(_, seq)| seq))
     }
 
     /// Read once, under the write lock.
@@ -299,7 +303,7 @@ impl OutboxTx for ProducerTx<'_> {
         // The head first: it moves only from exactly seq - 1, which is the
         // contiguity check, and gives the flow's key for the row.
         let Some(flow) = self.move_head(event).map_err(err)? else {
-            return Err(not_next(event, self.last_seq(&event.flow_id)?));
+            return Err(not_next(event, self.head_seq(&event.flow_id)?));
         };
         self.text.clear();
         event.write_stored_text(&mut self.text);
@@ -334,13 +338,31 @@ impl OutboxTx for ProducerTx<'_> {
         let position = self.tx.last_insert_rowid();
         self.hand_to_destinations(event, flow, position)
             .map_err(err)?;
-        debug_assert_eq!(self.last_seq(&event.flow_id).ok(), Some(seq));
+        debug_assert_eq!(self.head_seq(&event.flow_id).ok(), Some(seq));
         self.appended += 1;
         Ok(())
     }
 }
 
 impl ProducerTx<'_> {
+    /// The key and last seq of the flow's outbox head, if it has one.
+    fn head(&self, flow_id: &FlowId) -> Result<Option<(i64, i64)>, StoreError> {
+        self.held
+            .borrow_mut()
+            .get("SELECT flow, last_seq FROM outbox_head WHERE flow_id = ?1")
+            .and_then(|statement| {
+                statement.query_row([flow_id.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))
+            })
+            .optional()
+            .map_err(|e| sql_error("producer: cannot read the outbox head", e))
+    }
+
+    /// The flow's last seq, 0 if it has none, read without touching the
+    /// hint [`OutboxTx::last_seq`] leaves for the next append.
+    fn head_seq(&self, flow_id: &FlowId) -> Result<i64, StoreError> {
+        Ok(self.head(flow_id)?.map_or(0, |(_, seq)| seq))
+    }
+
     /// Moves the flow's outbox head to `event`'s seq, only from exactly
     /// seq - 1 (or creates it at seq 1): that is the contiguity check,
     /// without a read. The flow's key, `None` when refused.
@@ -357,8 +379,24 @@ impl ProducerTx<'_> {
                 .execute([flow_id])?;
             return Ok((made == 1).then(|| self.tx.last_insert_rowid()));
         }
-        // Read, then moved by its key (`RETURNING` would build a temporary
-        // table at every append).
+        // The key of the head just read for this flow, checked by the
+        // update itself; else read, then moved by its key (`RETURNING`
+        // would build a temporary table at every append).
+        let last_key = {
+            let (last_id, last_key) = &*self.last_head.borrow();
+            last_key.filter(|_| last_id == flow_id)
+        };
+        if let Some(flow) = last_key {
+            let moved = held
+                .get(
+                    "UPDATE outbox_head SET last_seq = ?3
+                     WHERE flow = ?1 AND flow_id = ?2 AND last_seq = ?3 - 1",
+                )?
+                .execute(params![flow, flow_id, seq])?;
+            if moved == 1 {
+                return Ok(Some(flow));
+            }
+        }
         let Some(flow) = held
             .get("SELECT flow FROM outbox_head WHERE flow_id = ?1 AND last_seq = ?2 - 1")?
             .query_row(params![flow_id, seq], |row| row.get::<_, i64>(0))

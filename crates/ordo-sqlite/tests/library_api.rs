@@ -915,6 +915,40 @@ fn a_refused_append_leaves_the_transaction_able_to_append_at_that_seq() {
 }
 
 #[test]
+fn a_head_rolled_back_to_a_savepoint_is_never_moved_for_another_flow() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut producer = ProducerDb::open(dir.path().join("producer.db"), &orders_schema()).unwrap();
+    producer
+        .write(|tx| {
+            tx.sql().execute_batch("SAVEPOINT app").unwrap();
+            tx.append_envelope(&event("x", 1, "placed", 1))?;
+            assert_eq!(tx.last_seq(&flow("x")).unwrap(), 1);
+            // The application undoes its own work, x's new head with it;
+            // y's head then takes the key x's had.
+            tx.sql()
+                .execute_batch("ROLLBACK TO app; RELEASE app")
+                .unwrap();
+            tx.append_envelope(&event("y", 1, "placed", 1))?;
+            match tx.append_envelope(&event("x", 2, "placed", 1)) {
+                Err(AppendError::NotNext { last_seq: 0, .. }) => {}
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(tx.last_seq(&flow("y")).unwrap(), 1);
+            Ok::<_, AppendError>(())
+        })
+        .unwrap();
+    let heads: Vec<(String, i64, i64)> = producer
+        .connection()
+        .prepare("SELECT flow_id, flow, last_seq FROM outbox_head ORDER BY flow")
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(heads, [("y".to_owned(), 1, 1)]);
+}
+
+#[test]
 fn two_writers_racing_on_one_flow_get_contiguous_seqs_and_the_ids_of_the_rule() {
     const EACH: usize = 200;
     let dir = tempfile::tempdir().unwrap();
