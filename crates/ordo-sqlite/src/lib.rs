@@ -25,6 +25,7 @@ mod consumer;
 mod custody;
 mod domain;
 pub mod group;
+mod outbox_schema;
 mod producer;
 mod round;
 mod watch;
