@@ -49,6 +49,7 @@ impl SpanCapture {
     /// Runs `f` with a subscriber of this capture alone as the default of
     /// this thread, and returns what `f` returned.
     pub fn during<R>(&self, f: impl FnOnce() -> R) -> R {
+        anchor();
         let subscriber = tracing_subscriber::registry().with(self.clone());
         tracing::subscriber::with_default(subscriber, f)
     }
@@ -60,6 +61,7 @@ impl SpanCapture {
         static GLOBAL: OnceLock<SpanCapture> = OnceLock::new();
         GLOBAL
             .get_or_init(|| {
+                anchor();
                 let capture = SpanCapture::new();
                 let subscriber = tracing_subscriber::registry().with(capture.clone());
                 tracing::subscriber::set_global_default(subscriber)
@@ -90,6 +92,52 @@ impl SpanCapture {
         };
         spans.iter().map(pair).collect()
     }
+}
+
+/// Keeps a second dispatcher registered for the life of the process, so
+/// that a callsite's interest is always asked of every registered one.
+///
+/// tracing caches each callsite's interest, process-wide, when the
+/// callsite is first hit. While exactly one dispatcher is registered it
+/// asks only the hitting thread's default: a thread of another test,
+/// without a subscriber, would cache "never" while a capture is running,
+/// and the capture would miss that span for good. With this anchor, never
+/// interested in a span itself but answering "sometimes", the interest is
+/// asked of all registered dispatchers, the running capture's among them.
+fn anchor() {
+    static ANCHOR: OnceLock<tracing::Dispatch> = OnceLock::new();
+    ANCHOR.get_or_init(|| tracing::Dispatch::new(Anchor));
+}
+
+/// The subscriber of [`anchor`]: interested in every callsite, enabled
+/// for none.
+struct Anchor;
+
+impl Subscriber for Anchor {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+
+    fn event(&self, _: &tracing::Event<'_>) {}
+
+    fn enter(&self, _: &Id) {}
+
+    fn exit(&self, _: &Id) {}
 }
 
 /// Writes each visited field into a span's record.
@@ -130,5 +178,29 @@ where
         };
         let mut spans = self.spans.lock().expect("the capture's lock");
         values.record(&mut Fields(&mut spans[slot].fields));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A span of a callsite no other test hits.
+    fn fresh_span() -> tracing::Span {
+        tracing::info_span!("spans_test_fresh", event_id = "e")
+    }
+
+    /// tracing caches a callsite's interest process-wide when it is first
+    /// hit; with one dispatcher registered it asks only the hitting
+    /// thread's, so a thread without a subscriber (another test's) would
+    /// make the span invisible to every capture from then on.
+    #[test]
+    fn a_span_first_made_by_a_thread_without_a_subscriber_is_still_captured() {
+        let capture = SpanCapture::new();
+        capture.during(|| {
+            std::thread::spawn(|| drop(fresh_span())).join().unwrap();
+            drop(fresh_span());
+        });
+        assert_eq!(capture.named("spans_test_fresh").len(), 1);
     }
 }
