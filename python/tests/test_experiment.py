@@ -259,7 +259,7 @@ def test_the_bounds(p):
     # A flow whose seq reached 2^63-1 has no next seq: refused, nothing written.
     with p.transaction() as tx:
         tx.execute("INSERT INTO flow VALUES ('z', 'reserved', 3)")
-        tx.execute("INSERT INTO outbox_head VALUES ('z', ?)", (2**63 - 1,))
+        tx.execute("INSERT INTO outbox_head (flow_id, last_seq) VALUES ('z', ?)", (2**63 - 1,))
     with pytest.raises(ordo.InvalidInput, match="no seq is left"):
         reservation.advance(p, "z", 2**63 - 1, "confirmed")
     assert p.query("SELECT state FROM flow WHERE flow_id = 'z'") == [("reserved",)]
