@@ -645,6 +645,26 @@ fn build_pair(p: &Path, c: &Path, ev: &Events) {
         .unwrap();
 }
 
+/// A version 7 file pair built in a directory of its own (kept as long as
+/// the directory), with the events it holds.
+fn built_pair() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    Events,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, c) = (dir.path().join("p.db"), dir.path().join("c.db"));
+    let ev = events();
+    build_pair(&p, &c, &ev);
+    (dir, p, c, ev)
+}
+
+/// Runs `sql` on the file at `path` through a connection of its own.
+fn execute(path: &Path, sql: &str) {
+    Connection::open(path).unwrap().execute_batch(sql).unwrap();
+}
+
 /// Every row `sql` reads, each as its columns' values.
 fn rows(conn: &Connection, sql: &str) -> Vec<Vec<Value>> {
     let mut statement = conn.prepare(sql).unwrap();
@@ -830,10 +850,7 @@ impl Policies for Notify {
 
 #[test]
 fn a_seventh_version_file_pair_keeps_every_row_and_goes_on_receiving_relaying_and_applying() {
-    let dir = tempfile::tempdir().unwrap();
-    let (p, c) = (dir.path().join("p.db"), dir.path().join("c.db"));
-    let ev = events();
-    build_pair(&p, &c, &ev);
+    let (dir, p, c, ev) = built_pair();
     let (inbox_before, consumer_before, consumer_objects, producer_before, producer_objects) = {
         let consumer = Connection::open(&c).unwrap();
         let producer = Connection::open(&p).unwrap();
@@ -1257,10 +1274,7 @@ fn a_seventh_version_file_pair_keeps_every_row_and_goes_on_receiving_relaying_an
 
 #[test]
 fn a_seventh_version_file_is_upgraded_once_and_reopened_unchanged() {
-    let dir = tempfile::tempdir().unwrap();
-    let (p, c) = (dir.path().join("p.db"), dir.path().join("c.db"));
-    let ev = events();
-    build_pair(&p, &c, &ev);
+    let (_dir, p, c, _ev) = built_pair();
     let ledger = Schema::new("ledger").unwrap();
     let all = |conn: &Connection| {
         let mut tables = vec![
@@ -1301,15 +1315,9 @@ fn a_seventh_version_file_is_upgraded_once_and_reopened_unchanged() {
 
 #[test]
 fn a_failed_upgrade_leaves_the_seventh_version_file_as_it_was() {
-    let dir = tempfile::tempdir().unwrap();
-    let (p, c) = (dir.path().join("p.db"), dir.path().join("c.db"));
-    let ev = events();
-    build_pair(&p, &c, &ev);
+    let (_dir, _p, c, _ev) = built_pair();
     // A table in the way of the rebuild's temporary name.
-    Connection::open(&c)
-        .unwrap()
-        .execute_batch("CREATE TABLE inbox_v7 (note TEXT);")
-        .unwrap();
+    execute(&c, "CREATE TABLE inbox_v7 (note TEXT);");
     let before = |conn: &Connection| {
         let mut all = vec![
             rows(conn, INBOX_ROWS),
@@ -1348,14 +1356,8 @@ fn producer_before(p: &Path) -> (Vec<Vec<Vec<Value>>>, Vec<Vec<Value>>) {
 
 #[test]
 fn an_eighth_version_producer_file_gets_integer_flow_keys_and_goes_on_relaying() {
-    let dir = tempfile::tempdir().unwrap();
-    let (p, c) = (dir.path().join("p.db"), dir.path().join("c.db"));
-    let ev = events();
-    build_pair(&p, &c, &ev);
-    Connection::open(&p)
-        .unwrap()
-        .execute_batch("PRAGMA user_version = 8;")
-        .unwrap();
+    let (_dir, p, _c, ev) = built_pair();
+    execute(&p, "PRAGMA user_version = 8;");
     let (rows_before, objects_before) = producer_before(&p);
     let ledger = Schema::new("ledger").unwrap();
     let mut producer = ProducerDb::open(&p, &ledger).unwrap();
@@ -1400,10 +1402,7 @@ fn an_eighth_version_producer_file_gets_integer_flow_keys_and_goes_on_relaying()
 
 #[test]
 fn a_failed_producer_upgrade_leaves_the_file_as_it_was() {
-    let dir = tempfile::tempdir().unwrap();
-    let (p, c) = (dir.path().join("p.db"), dir.path().join("c.db"));
-    let ev = events();
-    build_pair(&p, &c, &ev);
+    let (_dir, p, _c, _ev) = built_pair();
     let ledger = Schema::new("ledger").unwrap();
     let whole = |p: &Path| {
         let conn = Connection::open(p).unwrap();
@@ -1415,27 +1414,22 @@ fn a_failed_producer_upgrade_leaves_the_file_as_it_was() {
         all.push(vec![vec![Value::Integer(header(&conn).0)]]);
         all
     };
-    // A table in the way of the rebuild's temporary names.
-    Connection::open(&p)
-        .unwrap()
-        .execute_batch("CREATE TABLE outbox_v8 (note TEXT);")
-        .unwrap();
-    let was = whole(&p);
-    let error = ProducerDb::open(&p, &ledger)
-        .err()
-        .expect("the rebuild fails");
-    assert!(error.to_string().contains("outbox_v8"), "{error}");
-    assert_eq!(whole(&p), was);
-    // An outbox row whose flow has no head cannot be given a key: refused,
-    // nothing changed.
-    Connection::open(&p)
-        .unwrap()
-        .execute_batch("DROP TABLE outbox_v8; DELETE FROM outbox_head WHERE flow_id = 'o-2';")
-        .unwrap();
-    let was = whole(&p);
-    let error = ProducerDb::open(&p, &ledger)
-        .err()
-        .expect("the rebuild fails");
-    assert!(error.to_string().contains("outbox.flow"), "{error}");
-    assert_eq!(whole(&p), was);
+    // Each damage is refused with a message naming it, nothing changed:
+    // a table in the way of the rebuild's temporary names, then an outbox
+    // row whose flow has no head (it cannot be given a key).
+    for (damage, named) in [
+        ("CREATE TABLE outbox_v8 (note TEXT);", "outbox_v8"),
+        (
+            "DROP TABLE outbox_v8; DELETE FROM outbox_head WHERE flow_id = 'o-2';",
+            "outbox.flow",
+        ),
+    ] {
+        execute(&p, damage);
+        let was = whole(&p);
+        let error = ProducerDb::open(&p, &ledger)
+            .err()
+            .expect("the rebuild fails");
+        assert!(error.to_string().contains(named), "{error}");
+        assert_eq!(whole(&p), was);
+    }
 }
