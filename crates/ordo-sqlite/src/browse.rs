@@ -155,13 +155,13 @@ pub(crate) mod tests {
     }
 
     /// A new producer store (`producer`) or consumer store holding flows
-    /// `f-000001` to `f-020000` (as outbox heads, or flows applied to 1).
+    /// `f-000001` to `f-020000` (as outbox heads or apply cursors at 1).
     fn store_of_many_flows(producer: bool) -> (tempfile::TempDir, std::path::PathBuf) {
         let (dir, path) = new_store(producer);
         let (table, column, value) = if producer {
             ("outbox_head", "last_seq", "1")
         } else {
-            ("inbox_flow", "producer, applied_seq", "'default', 1")
+            ("inbox_cursor", "producer, applied_seq", "'default', 1")
         };
         Connection::open(&path)
             .unwrap()

@@ -22,10 +22,8 @@ pub const BUSY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
 /// producer stores their destinations; version 8 made the consumer's inbox
 /// a table with a rowid (its rows, bodies included, out of the keys' b-trees);
 /// version 9 gave the producer's flows integer keys (`outbox_head.flow`) in
-/// the outbox's `(flow, seq)` index and the relay heads; version 10 gave
-/// the consumer's flows integer keys (`inbox_flow.flow`) in the inbox's
-/// `(flow, seq)` index, with their cursors and watermarks.
-pub const SCHEMA_VERSION: i64 = 10;
+/// the outbox's `(flow, seq)` index and the relay heads.
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// The domain of the first release's stores, which recorded none.
 pub const FIRST_RELEASE_DOMAIN: &str = "reservation";
@@ -59,9 +57,6 @@ pub(crate) struct Tables {
     /// Brings the tables of a version 1 to 8 file to version 9 (run after
     /// `upgrade_from_7`).
     pub upgrade_from_8: &'static str,
-    /// Brings the tables of a version 1 to 9 file to version 10 (run after
-    /// `upgrade_from_8`).
-    pub upgrade_from_9: &'static str,
 }
 
 /// The `application_id` ordo writes in the header of every file it creates
@@ -907,8 +902,6 @@ fn upgrade_from_3(tx: &Connection, path: &Path, tables: &Tables) -> Result<(), S
         (8, tables.upgrade_from_7),
         // Version 9: the producer's flows keyed by integers.
         (9, tables.upgrade_from_8),
-        // Version 10: the consumer's flows keyed by integers.
-        (10, tables.upgrade_from_9),
     ];
     for (version, sql) in steps {
         if stored_version(tx, path)? < version {

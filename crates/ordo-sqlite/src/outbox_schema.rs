@@ -92,5 +92,4 @@ pub(crate) const TABLES: Tables = Tables {
     upgrade_from_6: "",
     upgrade_from_7: "",
     upgrade_from_8: UPGRADE_FROM_8,
-    upgrade_from_9: "",
 };

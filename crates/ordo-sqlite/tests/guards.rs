@@ -15,7 +15,7 @@ fn run(
     let mut inbox = ConsumerDb::open(&path, &Schema::new("guards").unwrap()).unwrap();
     let cursor = || {
         let conn = Connection::open(&path).unwrap();
-        let sql = "SELECT applied_seq FROM inbox_flow WHERE flow_id = 'f'";
+        let sql = "SELECT applied_seq FROM inbox_cursor WHERE flow_id = 'f'";
         conn.query_row(sql, [], |row| row.get(0)).ok()
     };
     damage_under_apply_is_refused(&mut inbox, damage, cursor);
@@ -36,7 +36,8 @@ fn a_row_settled_under_its_apply_is_not_marked_applied_over() {
 fn a_cursor_moved_past_under_an_apply_is_not_moved_back() {
     run(|tx, _| {
         tx.execute(
-            "UPDATE inbox_flow SET applied_seq = 5 WHERE flow_id = 'f' AND producer = 'default'",
+            "INSERT INTO inbox_cursor (flow_id, producer, applied_seq) VALUES ('f', 'default', 5)
+             ON CONFLICT (flow_id, producer) DO UPDATE SET applied_seq = 5",
             [],
         )?;
         Ok(Verdict::Apply)

@@ -77,7 +77,7 @@ CREATE TABLE outbox_head (
 /// A consumer file's tables brought back to the second release's: one
 /// namespace, rows without their delivering store.
 const SECOND_RELEASE_INBOX: &str = "
-DROP TABLE inbox; DROP TABLE inbox_flow; DROP TABLE inbox_fingerprint;
+DROP TABLE inbox; DROP TABLE inbox_cursor; DROP TABLE inbox_fingerprint; DROP TABLE inbox_watermark;
 DROP TRIGGER repair_log_append_only_update; DROP TRIGGER repair_log_append_only_delete;
 DROP TABLE repair_log;
 CREATE TABLE inbox (

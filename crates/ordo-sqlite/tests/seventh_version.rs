@@ -9,10 +9,7 @@
 //! receiving, relaying, applying and running effects. Version 9 rebuilds
 //! the producer's outbox, heads and relay heads with integer flow keys; a
 //! producer file of version 8 (the same tables as version 7's) is the same
-//! file under another header, and is tested here too. Version 10 gives the
-//! consumer's flows integer keys, with their cursors and watermarks in the
-//! keys' rows; a consumer file of version 9 (version 7's tables with the
-//! inbox of version 8) is built from this one and tested too.
+//! file under another header, and is tested here too.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -684,9 +681,8 @@ const INBOX_ROWS: &str = "SELECT producer, event_id, flow_id, seq, schema_versio
     body_hash, status, reason, detail, received_at_ms, settled_at_ms, store_id
     FROM inbox ORDER BY producer, event_id";
 
-/// Every other row of the consumer at versions 7 to 9: the cursors and
-/// watermarks, fingerprints, repair log and intents.
-const CONSUMER_TABLES_V7: [&str; 7] = [
+/// Every other table of the consumer whose rows the upgrade leaves alone.
+const CONSUMER_TABLES: [&str; 7] = [
     "SELECT * FROM ordo_meta ORDER BY key",
     "SELECT * FROM inbox_cursor ORDER BY flow_id, producer",
     "SELECT * FROM inbox_fingerprint ORDER BY flow_id, producer, seq",
@@ -695,87 +691,6 @@ const CONSUMER_TABLES_V7: [&str; 7] = [
     "SELECT * FROM effect_intent ORDER BY key",
     "SELECT * FROM effect_order ORDER BY name",
 ];
-
-/// The same rows at version 10, where a flow's cursor and watermark are in
-/// its key's row (0 for none): they must be those of
-/// [`CONSUMER_TABLES_V7`].
-const CONSUMER_TABLES: [&str; 7] = [
-    "SELECT * FROM ordo_meta ORDER BY key",
-    "SELECT flow_id, producer, applied_seq FROM inbox_flow WHERE applied_seq > 0
-     ORDER BY flow_id, producer",
-    "SELECT * FROM inbox_fingerprint ORDER BY flow_id, producer, seq",
-    "SELECT flow_id, producer, pruned_seq, pruned_store_id FROM inbox_flow WHERE pruned_seq > 0
-     ORDER BY flow_id, producer",
-    "SELECT * FROM repair_log ORDER BY id",
-    "SELECT * FROM effect_intent ORDER BY key",
-    "SELECT * FROM effect_order ORDER BY name",
-];
-
-/// The tables of the consumer rebuilt or replaced by the upgrades to
-/// versions 8 and 10.
-const CONSUMER_REBUILT: [&str; 4] = ["inbox", "inbox_flow", "inbox_cursor", "inbox_watermark"];
-
-/// Asserts that the consumer file of `conn`, upgraded to version 10 from
-/// the rows `before` ([`INBOX_ROWS`] then [`CONSUMER_TABLES_V7`]) and the
-/// objects `objects_before`, keeps every row, keys its flows in the order
-/// of their text ids (each inbox row by its own flow's key) and kept no
-/// table of the rebuild; its other objects are as they were.
-#[track_caller]
-fn assert_consumer_upgraded(
-    conn: &Connection,
-    before: &[Vec<Vec<Value>>],
-    objects_before: &[Vec<Value>],
-) {
-    assert_eq!(rows(conn, INBOX_ROWS), before[0]);
-    assert_eq!(snapshot(conn, &CONSUMER_TABLES), before[1..]);
-    let by_key = rows(
-        conn,
-        "SELECT flow_id, producer FROM inbox_flow ORDER BY flow",
-    );
-    let by_id = rows(
-        conn,
-        "SELECT flow_id, producer FROM inbox_flow ORDER BY flow_id, producer",
-    );
-    assert_eq!(by_key, by_id);
-    let keys = rows(conn, "SELECT flow FROM inbox_flow ORDER BY flow");
-    let expected: Vec<Vec<Value>> = (1..=keys.len() as i64)
-        .map(|k| vec![Value::Integer(k)])
-        .collect();
-    assert_eq!(keys, expected);
-    let strays = rows(
-        conn,
-        "SELECT i.event_id FROM inbox i LEFT JOIN inbox_flow k ON k.flow = i.flow
-         WHERE k.flow IS NULL OR k.flow_id <> i.flow_id OR k.producer <> i.producer",
-    );
-    assert!(strays.is_empty(), "{strays:?}");
-    let leftovers = rows(
-        conn,
-        "SELECT name FROM sqlite_schema WHERE name GLOB '*_v[0-9]*' OR tbl_name GLOB '*_v[0-9]*'",
-    );
-    assert!(leftovers.is_empty(), "{leftovers:?}");
-    let untouched = |all: Vec<Vec<Value>>| -> Vec<Vec<Value>> {
-        all.into_iter()
-            .filter(|o| !matches!(&o[2], Value::Text(t) if CONSUMER_REBUILT.contains(&t.as_str())))
-            .collect()
-    };
-    assert_eq!(
-        untouched(objects(conn, "")),
-        untouched(objects_before.to_vec())
-    );
-    let check: String = conn
-        .query_row("PRAGMA integrity_check", [], |row| row.get(0))
-        .unwrap();
-    assert_eq!(check, "ok");
-}
-
-/// Every row of the consumer file at `c` (version 7 to 9), as
-/// [`assert_consumer_upgraded`] compares them, with its objects.
-fn consumer_before(c: &Path) -> (Vec<Vec<Vec<Value>>>, Vec<Vec<Value>>) {
-    let conn = Connection::open(c).unwrap();
-    let mut all = vec![rows(&conn, INBOX_ROWS)];
-    all.extend(snapshot(&conn, &CONSUMER_TABLES_V7));
-    (all, objects(&conn, ""))
-}
 
 /// Every row of the producer at version 7 (and 8), each table's columns.
 const PRODUCER_TABLES_V7: [&str; 7] = [
@@ -943,8 +858,8 @@ fn a_seventh_version_file_pair_keeps_every_row_and_goes_on_receiving_relaying_an
         assert!(inbox_sql(&consumer).ends_with(") WITHOUT ROWID"));
         (
             rows(&consumer, INBOX_ROWS),
-            snapshot(&consumer, &CONSUMER_TABLES_V7),
-            objects(&consumer, ""),
+            snapshot(&consumer, &CONSUMER_TABLES),
+            objects(&consumer, "inbox"),
             snapshot(&producer, &PRODUCER_TABLES_V7),
             objects(&producer, ""),
         )
@@ -959,7 +874,7 @@ fn a_seventh_version_file_pair_keeps_every_row_and_goes_on_receiving_relaying_an
     for conn in [producer.connection(), consumer.connection()] {
         assert_eq!(header(conn), (SCHEMA_VERSION, i64::from(APPLICATION_ID)));
     }
-    assert_eq!(SCHEMA_VERSION, 10);
+    assert_eq!(SCHEMA_VERSION, 9);
     assert_eq!(producer.store_id().as_str(), PRODUCER_ID);
     assert_eq!(consumer.store_id().as_str(), CONSUMER_ID);
 
@@ -1007,11 +922,18 @@ fn a_seventh_version_file_pair_keeps_every_row_and_goes_on_receiving_relaying_an
                 ],
             ]
         );
-        // Every other object and row of the consumer as it was, each flow
-        // keyed by an integer in the order of its text ids.
-        let mut before = vec![inbox_before.clone()];
-        before.extend(consumer_before);
-        assert_consumer_upgraded(conn, &before, &consumer_objects);
+        let leftovers = rows(
+            conn,
+            "SELECT name FROM sqlite_schema WHERE name LIKE '%v7%' OR tbl_name LIKE '%v7%'",
+        );
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        // Every other object and row of the consumer as it was.
+        assert_eq!(objects(conn, "inbox"), consumer_objects);
+        assert_eq!(snapshot(conn, &CONSUMER_TABLES), consumer_before);
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
     }
     // The producer's file: every row kept, each flow keyed by an integer
     // in the order of the text ids, and the objects of a new store.
@@ -1289,8 +1211,7 @@ fn a_seventh_version_file_pair_keeps_every_row_and_goes_on_receiving_relaying_an
     );
     let cursors = rows(
         consumer.connection(),
-        "SELECT flow_id, producer, applied_seq FROM inbox_flow WHERE applied_seq > 0
-         ORDER BY flow_id, producer",
+        "SELECT flow_id, producer, applied_seq FROM inbox_cursor ORDER BY flow_id, producer",
     );
     let cursor = |f: &str, p: &str, s: i64| {
         vec![
@@ -1405,7 +1326,7 @@ fn a_failed_upgrade_leaves_the_seventh_version_file_as_it_was() {
                 "SELECT type, name, tbl_name, sql FROM sqlite_schema ORDER BY name",
             ),
         ];
-        all.extend(snapshot(conn, &CONSUMER_TABLES_V7));
+        all.extend(snapshot(conn, &CONSUMER_TABLES));
         all
     };
     let was = before(&Connection::open(&c).unwrap());
@@ -1442,7 +1363,7 @@ fn an_eighth_version_producer_file_gets_integer_flow_keys_and_goes_on_relaying()
     let mut producer = ProducerDb::open(&p, &ledger).unwrap();
     assert_eq!(
         header(producer.connection()),
-        (SCHEMA_VERSION, i64::from(APPLICATION_ID))
+        (9, i64::from(APPLICATION_ID))
     );
     assert_producer_upgraded(producer.connection(), &rows_before, &objects_before);
     // A new flow, first in text order, gets the next key; every flow's
@@ -1511,107 +1432,4 @@ fn a_failed_producer_upgrade_leaves_the_file_as_it_was() {
         assert!(error.to_string().contains(named), "{error}");
         assert_eq!(whole(&p), was);
     }
-}
-
-/// Brings the version 7 consumer file at `c` to version 9 as those
-/// versions left it: the inbox a table with a rowid, its rows in the order
-/// received, the rest as at version 7.
-fn ninth_version_consumer(c: &Path) {
-    let inbox_v9 = CONSUMER_V7
-        .split("CREATE TABLE IF NOT EXISTS inbox_cursor")
-        .next()
-        .unwrap()
-        .replacen(") WITHOUT ROWID;", ");", 1);
-    execute(
-        c,
-        &format!(
-            "DROP INDEX inbox_pending; DROP INDEX inbox_blocked;
-             ALTER TABLE inbox RENAME TO inbox_old;
-             {inbox_v9}
-             INSERT INTO inbox SELECT * FROM inbox_old
-                 ORDER BY received_at_ms, flow_id, producer, seq;
-             DROP TABLE inbox_old;
-             PRAGMA user_version = 9;"
-        ),
-    );
-}
-
-#[test]
-fn a_ninth_version_consumer_file_gets_integer_flow_keys_and_goes_on_applying() {
-    let (dir, _p, c, ev) = built_pair();
-    ninth_version_consumer(&c);
-    let rowids_before = by_rowid(&Connection::open(&c).unwrap());
-    let (rows_before, objects_before) = consumer_before(&c);
-    let ledger = Schema::new("ledger").unwrap();
-    let mut consumer = ConsumerDb::open(&c, &ledger).unwrap();
-    let conn = consumer.connection();
-    assert_eq!(header(conn), (SCHEMA_VERSION, i64::from(APPLICATION_ID)));
-    assert_consumer_upgraded(conn, &rows_before, &objects_before);
-    assert_eq!(by_rowid(conn), rowids_before, "each row keeps its rowid");
-    let fresh = ConsumerDb::open(dir.path().join("fresh.db"), &ledger).unwrap();
-    assert_eq!(objects(conn, ""), objects(fresh.connection(), ""));
-    // A new flow, first in text order, gets the next key; a known flow's
-    // next event is stored under its key and applied from its cursor.
-    let new_flow = event("a-0", 1, 7);
-    let receipts: Vec<Receipt> = consumer
-        .receive_batch(&[new_flow.clone(), ev.o1[4].clone(), ev.o1[4].clone()])
-        .unwrap();
-    assert_eq!(
-        receipts,
-        [Receipt::Accepted, Receipt::Accepted, Receipt::Duplicate]
-    );
-    let keys = rows(
-        consumer.connection(),
-        "SELECT k.flow_id, k.producer, k.flow FROM inbox_flow k ORDER BY k.flow",
-    );
-    let last = keys.last().unwrap();
-    assert_eq!(
-        last,
-        &vec![
-            Value::Text("a-0".into()),
-            Value::Text("default".into()),
-            Value::Integer(keys.len() as i64)
-        ]
-    );
-    let mut handler = Notifying(Vec::new());
-    process_all(&mut consumer, None, &mut handler, 64).unwrap();
-    assert_eq!(handler.0, [new_flow.event_id.as_str(), "o-1-4", "o-1-5"]);
-    let cursors = rows(
-        consumer.connection(),
-        "SELECT flow_id, applied_seq FROM inbox_flow
-         WHERE producer = 'default' AND flow_id IN ('a-0', 'o-1') ORDER BY flow_id",
-    );
-    assert_eq!(
-        cursors,
-        [
-            vec![Value::Text("a-0".into()), Value::Integer(1)],
-            vec![Value::Text("o-1".into()), Value::Integer(5)],
-        ]
-    );
-}
-
-#[test]
-fn a_failed_consumer_upgrade_leaves_the_ninth_version_file_as_it_was() {
-    let (_dir, _p, c, _ev) = built_pair();
-    ninth_version_consumer(&c);
-    // A table in the way of the rebuild's temporary name.
-    execute(&c, "CREATE TABLE inbox_v9 (note TEXT);");
-    let whole = |c: &Path| {
-        let conn = Connection::open(c).unwrap();
-        let (mut all, _) = consumer_before(c);
-        all.push(rows(
-            &conn,
-            "SELECT type, name, tbl_name, sql FROM sqlite_schema ORDER BY name",
-        ));
-        all.push(vec![vec![Value::Integer(header(&conn).0)]]);
-        all
-    };
-    let was = whole(&c);
-    let ledger = Schema::new("ledger").unwrap();
-    let error = ConsumerDb::open(&c, &ledger).err().expect("refused");
-    assert!(error.to_string().contains("inbox_v9"), "{error}");
-    assert_eq!(whole(&c), was);
-    execute(&c, "DROP TABLE inbox_v9;");
-    let consumer = ConsumerDb::open(&c, &ledger).unwrap();
-    assert_eq!(header(consumer.connection()).0, SCHEMA_VERSION);
 }

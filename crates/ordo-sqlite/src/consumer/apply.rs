@@ -7,14 +7,13 @@ use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent, NextRows, SettledStat
 use ordo_core::store::stored_producer;
 use ordo_core::store::WorkPage;
 use ordo_core::{
-    BlockCode, BlockReason, Envelope, ErrorKind, FlowId, InboxFlow, InboxStatus, ProducerName, Seq,
-    StoreError,
+    BlockCode, BlockReason, Envelope, ErrorKind, FlowId, InboxFlow, InboxStatus, Seq, StoreError,
 };
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::schema::{
-    inbox_status, read_cursor_error, read_flow_with, write_cursor_error, write_cursor_with,
-    READ_FLOW, WRITE_CURSOR,
+    inbox_status, read_cursor_error, read_cursor_with, write_cursor_error, write_cursor_with,
+    READ_CURSOR, WRITE_CURSOR,
 };
 use super::ConsumerDb;
 use crate::conn::{
@@ -38,7 +37,6 @@ impl ApplyStore for ConsumerDb {
             held: Held::new(conn),
             now_ms,
             cursors: BTreeMap::new(),
-            current: None,
             commits: &mut self.commits,
             store_id: &self.store_id,
         })
@@ -58,12 +56,14 @@ impl ApplyStore for ConsumerDb {
     fn settled_state(&self, flow: &InboxFlow) -> Result<SettledState, StoreError> {
         row_cached(
             &self.conn,
-            "SELECT coalesce(k.applied_seq, 0),
-                    (SELECT count(*) FROM inbox WHERE flow = k.flow AND seq <= k.applied_seq
+            "WITH c AS (SELECT coalesce((SELECT applied_seq FROM inbox_cursor
+                                         WHERE flow_id = ?1 AND producer = ?2), 0) AS at)
+             SELECT c.at,
+                    (SELECT count(*) FROM inbox WHERE flow_id = ?1 AND producer = ?2 AND seq <= c.at
                        AND status <> 'applied' AND status <> 'skipped'),
-                    (SELECT count(*) FROM inbox WHERE flow = k.flow AND seq > k.applied_seq
+                    (SELECT count(*) FROM inbox WHERE flow_id = ?1 AND producer = ?2 AND seq > c.at
                        AND (status = 'applied' OR status = 'skipped'))
-             FROM (SELECT 1) LEFT JOIN inbox_flow k ON k.flow_id = ?1 AND k.producer = ?2",
+             FROM c",
             params![flow.flow_id.as_str(), flow.producer.as_str()],
             |row| {
                 Ok(SettledState {
@@ -85,52 +85,16 @@ pub struct ApplyTx<'a> {
     /// The statements run for each event, prepared once per transaction.
     held: Held<'a>,
     now_ms: i64,
-    /// The cursors moved, by flow: the flow's key in the file and its
-    /// applied seq.
-    cursors: BTreeMap<InboxFlow, (i64, i64)>,
-    /// The flow last read and its key in the file (`None`: never
-    /// received), for the calls that follow on it.
-    current: Option<(InboxFlow, Option<i64>)>,
+    cursors: BTreeMap<InboxFlow, i64>,
     commits: &'a mut u64,
     store_id: &'a ordo_core::StoreId,
 }
 
 impl ApplyTx<'_> {
-    /// The flow's apply cursor, through the held statement; the flow
-    /// becomes the current one.
+    /// The flow's apply cursor, through the held statement.
     fn read_cursor(&mut self, flow: &InboxFlow) -> Result<i64, StoreError> {
-        let statement = self.held.get(READ_FLOW).map_err(read_cursor_error)?;
-        let read = read_flow_with(statement, flow)?;
-        let key = read.map(|(key, _)| key);
-        match &mut self.current {
-            Some((current, at)) if current == flow => *at = key,
-            _ => self.current = Some((flow.clone(), key)),
-        }
-        Ok(read.map_or(0, |(_, applied_seq)| applied_seq))
-    }
-
-    /// The key in the file of the flow of `flow_id` and `producer` (`None`:
-    /// never received): the current flow's, or read.
-    fn key_of(
-        &mut self,
-        flow_id: &FlowId,
-        producer: &ProducerName,
-    ) -> Result<Option<i64>, StoreError> {
-        if let Some((current, key)) = &self.current {
-            if &current.flow_id == flow_id && &current.producer == producer {
-                return Ok(*key);
-            }
-        }
-        let flow = InboxFlow::new(producer.clone(), flow_id.clone());
-        self.read_cursor(&flow)?;
-        Ok(self.current.as_ref().and_then(|(_, key)| *key))
-    }
-
-    /// The key of the flow of `event`, a stored row being applied: a flow
-    /// with none is a corrupt file.
-    fn stored_key(&mut self, event: &Envelope) -> Result<i64, StoreError> {
-        self.key_of(&event.flow_id, &event.producer)?
-            .ok_or_else(|| settled_under_apply(&event.flow_id, event.seq))
+        let statement = self.held.get(READ_CURSOR).map_err(read_cursor_error)?;
+        read_cursor_with(statement, flow)
     }
 
     fn exec(&self, sql: &str) -> Result<(), StoreError> {
@@ -161,16 +125,13 @@ impl ApplyWriter for ApplyTx<'_> {
         // where it stopped.
         let flow = &flows[0].0;
         match self.cursors.get(flow) {
-            Some(&(_, moved)) => Ok(Some(moved)),
+            Some(&moved) => Ok(Some(moved)),
             None => self.read_cursor(flow).map(Some),
         }
     }
 
     fn next_event(&mut self, flow: &InboxFlow, rows: NextRows) -> Result<NextEvent, StoreError> {
         let next = rows.from;
-        let Some(key) = self.key_of(&flow.flow_id, &flow.producer)? else {
-            return Ok(NextEvent::at(next, None));
-        };
         // The flow's first stored row at or after `next`: the next event
         // itself, or one past a gap, or none.
         // The status and reason read in place, without a String each.
@@ -178,14 +139,18 @@ impl ApplyWriter for ApplyTx<'_> {
             .held
             .get(
                 "SELECT seq, body, status, reason, detail FROM inbox
-                 WHERE flow = ?1 AND seq >= ?2 ORDER BY seq LIMIT 1",
+                 WHERE flow_id = ?1 AND producer = ?3 AND seq >= ?2
+                 ORDER BY seq LIMIT 1",
             )
             .and_then(|statement| {
-                statement.query_row(params![key, next.get()], |row| {
-                    let reason = row.get_ref(3)?.as_str_or_null()?;
-                    let status = inbox_status(row.get_ref(2)?.as_str()?, reason, row.get(4)?);
-                    Ok((row.get(0)?, row.get(1)?, status))
-                })
+                statement.query_row(
+                    params![flow.flow_id.as_str(), next.get(), flow.producer.as_str()],
+                    |row| {
+                        let reason = row.get_ref(3)?.as_str_or_null()?;
+                        let status = inbox_status(row.get_ref(2)?.as_str()?, reason, row.get(4)?);
+                        Ok((row.get(0)?, row.get(1)?, status))
+                    },
+                )
             })
             .optional()
             .map_err(|e| sql_error("consumer: apply failed", e))?;
@@ -221,18 +186,23 @@ impl ApplyWriter for ApplyTx<'_> {
     }
 
     fn mark_applied(&mut self, event: &Envelope) -> Result<(), StoreError> {
-        let key = self.stored_key(event)?;
-        mark_applied(&mut self.held, (key, event), self.now_ms)
+        mark_applied(&mut self.held, event, self.now_ms)
     }
 
     fn mark_blocked(&mut self, event: &Envelope, reason: &BlockReason) -> Result<(), StoreError> {
         let (flow_id, seq) = (&event.flow_id, event.seq);
-        let key = self.stored_key(event)?;
         let marked = exec_cached(
             &self.tx,
             "UPDATE inbox SET status = 'blocked', reason = ?3, detail = ?4
-             WHERE flow = ?1 AND seq = ?2 AND (status = 'pending' OR status = 'blocked')",
-            params![key, seq.get(), reason.code.as_str(), reason.detail],
+             WHERE flow_id = ?1 AND producer = ?5 AND seq = ?2
+               AND (status = 'pending' OR status = 'blocked')",
+            params![
+                flow_id.as_str(),
+                seq.get(),
+                reason.code.as_str(),
+                reason.detail,
+                event.producer.as_str(),
+            ],
         )
         .map_err(|e| sql_error("consumer: apply failed", e))?;
         if marked != 1 {
@@ -242,27 +212,18 @@ impl ApplyWriter for ApplyTx<'_> {
     }
 
     fn close_flow(&mut self, flow: &InboxFlow, applied_seq: i64) -> Result<(), StoreError> {
-        let Some(key) = self.key_of(&flow.flow_id, &flow.producer)? else {
-            return Err(corrupt(
-                "consumer: inbox",
-                format!(
-                    "flow {} applied to seq {applied_seq} has no key",
-                    flow.flow_id
-                ),
-            ));
-        };
-        let before = self.cursors.insert(flow.clone(), (key, applied_seq));
+        let before = self.cursors.insert(flow.clone(), applied_seq);
         assert!(
-            before.is_none_or(|(_, seq)| seq < applied_seq),
+            before.is_none_or(|seq| seq < applied_seq),
             "a cursor moves forward"
         );
         Ok(())
     }
 
     fn finish(&mut self) -> Result<(), StoreError> {
-        for (flow, (key, applied_seq)) in std::mem::take(&mut self.cursors) {
+        for (flow, applied_seq) in std::mem::take(&mut self.cursors) {
             let statement = self.held.get(WRITE_CURSOR).map_err(write_cursor_error)?;
-            write_cursor_with(statement, (key, &flow), applied_seq)?;
+            write_cursor_with(statement, &flow, applied_seq)?;
         }
         Ok(())
     }
@@ -297,31 +258,35 @@ fn settled_under_apply(flow_id: &FlowId, seq: Seq) -> StoreError {
     )
 }
 
-/// Marks the row at `seq` of the flow keyed `key` applied, only while it
-/// is pending or blocked: the row's event id is its body's `event_id`, and
-/// a row settled already is never marked again (anything else is a corrupt
-/// file or a handler that wrote ordo's tables).
-fn mark_applied(
-    held: &mut Held<'_>,
-    (key, event): (i64, &Envelope),
-    now_ms: i64,
-) -> Result<(), StoreError> {
+/// Marks the row at `flow_id`, `seq` applied by the inbox's primary key,
+/// only while it is pending or blocked: the row's event id is its body's
+/// `event_id`, and a row settled already is never marked again (anything
+/// else is a corrupt file or a handler that wrote ordo's tables).
+fn mark_applied(held: &mut Held<'_>, event: &Envelope, now_ms: i64) -> Result<(), StoreError> {
     let (flow_id, seq, event_id) = (&event.flow_id, event.seq, &event.event_id);
     let marked = held
         .get(
             "UPDATE inbox SET status = 'applied', reason = NULL, detail = NULL, settled_at_ms = ?4
-             WHERE flow = ?2 AND seq = ?3 AND event_id = ?1
+             WHERE producer = ?5 AND event_id = ?1 AND flow_id = ?2 AND seq = ?3
                AND (status = 'pending' OR status = 'blocked')",
         )
-        .and_then(|statement| statement.execute(params![event_id.as_str(), key, seq.get(), now_ms]))
+        .and_then(|statement| {
+            statement.execute(params![
+                event_id.as_str(),
+                flow_id.as_str(),
+                seq.get(),
+                now_ms,
+                event.producer.as_str()
+            ])
+        })
         .map_err(|e| sql_error("consumer: apply failed", e))?;
     if marked == 1 {
         return Ok(());
     }
     let stored: Option<String> = row_cached(
         held.conn(),
-        "SELECT event_id FROM inbox WHERE flow = ?1 AND seq = ?2",
-        params![key, seq.get()],
+        "SELECT event_id FROM inbox WHERE flow_id = ?1 AND producer = ?3 AND seq = ?2",
+        params![flow_id.as_str(), seq.get(), event.producer.as_str()],
         |row| row.get(0),
     )
     .optional()

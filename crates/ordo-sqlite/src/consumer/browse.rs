@@ -10,18 +10,25 @@ use rusqlite::{params, Connection, OptionalExtension, ToSql};
 use super::schema::{self, entry_row};
 use crate::conn::{collect_rows, sql_error};
 
-/// Up to `limit` flows ever received (with stored rows or pruned) whose
-/// id starts with `prefix` (?1), after `(after, after_producer)` (?2, ?4):
-/// one range read of the flows' `(flow_id, producer)` key. Rows past the
-/// prefix end the list.
-pub(super) const CONSUMER_FLOWS_SQL: &str = "SELECT flow_id, producer, applied_seq FROM inbox_flow
-    WHERE flow_id >= ?1 AND (flow_id, producer) > (?2, ?4)
-    ORDER BY flow_id, producer LIMIT ?3";
+/// Up to `limit` flows with stored rows or an apply cursor whose id starts
+/// with `prefix` (?1), after `(after, after_producer)` (?2, ?4): two range
+/// reads on the `(flow_id, producer, seq)` and cursor keys, merged. Rows
+/// past the prefix end the list.
+pub(super) const CONSUMER_FLOWS_SQL: &str =
+    "SELECT f.flow_id, f.producer, coalesce(c.applied_seq, 0) FROM (
+    SELECT flow_id, producer FROM (SELECT DISTINCT flow_id, producer FROM inbox
+        WHERE flow_id >= ?1 AND (flow_id, producer) > (?2, ?4)
+        ORDER BY flow_id, producer LIMIT ?3)
+    UNION
+    SELECT flow_id, producer FROM (SELECT flow_id, producer FROM inbox_cursor
+        WHERE flow_id >= ?1 AND (flow_id, producer) > (?2, ?4)
+        ORDER BY flow_id, producer LIMIT ?3)
+    ) AS f LEFT JOIN inbox_cursor AS c ON c.flow_id = f.flow_id AND c.producer = f.producer
+    ORDER BY f.flow_id, f.producer LIMIT ?3";
 
 const ENTRY_AT_SQL: &str =
     "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM inbox
-        WHERE flow = (SELECT flow FROM inbox_flow WHERE flow_id = ?1 AND producer = ?3)
-          AND seq = ?2";
+        WHERE flow_id = ?1 AND producer = ?3 AND seq = ?2";
 
 /// One inbox row on the unique `(producer, event_id)` key.
 const ENTRY_OF_EVENT_SQL: &str =
@@ -87,7 +94,7 @@ mod tests {
     fn flow_reads_are_indexed() {
         let (_dir, path) = new_store(false);
         let conn = Connection::open(&path).unwrap();
-        let tables = ["inbox", "inbox_flow"];
+        let tables = ["inbox", "inbox_cursor"];
         assert_indexed(&conn, CONSUMER_FLOWS_SQL, &tables);
         assert_indexed(&conn, ENTRY_AT_SQL, &tables);
         assert_indexed(&conn, ENTRY_OF_EVENT_SQL, &tables);

@@ -77,9 +77,7 @@ impl ordo_core::RunConsumer for ConsumerDb {
     fn received_at_ms(tx: &Connection, event: &Envelope) -> Result<Option<i64>, StoreError> {
         use rusqlite::OptionalExtension;
         tx.prepare_cached(
-            "SELECT received_at_ms FROM inbox
-             WHERE flow = (SELECT flow FROM inbox_flow WHERE flow_id = ?1 AND producer = ?3)
-               AND seq = ?2",
+            "SELECT received_at_ms FROM inbox WHERE flow_id = ?1 AND producer = ?3 AND seq = ?2",
         )
         .and_then(|mut statement| {
             statement

@@ -14,21 +14,17 @@ use super::schema::{begin_write, entry_row, inbox_entry, read_cursor, write_curs
 use super::ConsumerDb;
 use crate::conn::{collect_rows, corrupt, exec_cached, row_cached, sql_error};
 
-/// The inbox listing, `(blocked_only, producer or NULL, NULL, limit)`:
-/// the flows in their `(flow_id, producer)` order, each flow's rows on its
-/// `(flow, seq)` key.
+/// The inbox listing, `(blocked_only, producer or NULL, NULL, limit)`.
 pub(super) const ENTRIES_SQL: &str =
-    "SELECT i.body, i.status, i.reason, i.received_at_ms, i.settled_at_ms, i.detail, i.store_id
-     FROM inbox_flow k JOIN inbox i ON i.flow = k.flow
-     WHERE (NOT ?1 OR i.status = 'blocked') AND (?2 IS NULL OR k.producer = ?2) AND ?3 IS NULL
-     ORDER BY k.flow_id, k.producer, i.seq LIMIT ?4";
+    "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM inbox
+     WHERE (NOT ?1 OR status = 'blocked') AND (?2 IS NULL OR producer = ?2) AND ?3 IS NULL
+     ORDER BY flow_id, producer, seq LIMIT ?4";
 
 /// One flow's inbox listing, `(blocked_only, producer, flow, limit)`: a
-/// range of the `(flow, seq)` key, however large the inbox.
+/// range of the `(flow_id, producer, seq)` key, however large the inbox.
 pub(super) const FLOW_ENTRIES_SQL: &str =
     "SELECT body, status, reason, received_at_ms, settled_at_ms, detail, store_id FROM inbox
-     WHERE flow = (SELECT flow FROM inbox_flow WHERE flow_id = ?3 AND producer = ?2)
-       AND (NOT ?1 OR status = 'blocked')
+     WHERE flow_id = ?3 AND producer = ?2 AND (NOT ?1 OR status = 'blocked')
      ORDER BY seq LIMIT ?4";
 
 pub(super) fn inbox_entries(
@@ -57,8 +53,7 @@ pub(super) fn reopen_blocked(db: &mut ConsumerDb, flow: &InboxFlow) -> Result<u6
     let n = exec_cached(
         &tx,
         "UPDATE inbox SET status = 'pending', reason = NULL, detail = NULL
-                 WHERE flow = (SELECT flow FROM inbox_flow WHERE flow_id = ?1 AND producer = ?2)
-                   AND status = 'blocked'",
+                 WHERE flow_id = ?1 AND producer = ?2 AND status = 'blocked'",
         [flow.flow_id.as_str(), flow.producer.as_str()],
     )
     .map_err(|e| sql_error("consumer: cannot reopen blocked rows", e))?;
@@ -79,9 +74,7 @@ pub(super) fn skip(
     let applied_seq = read_cursor(&tx, flow)?;
     let stored: Option<(String, Option<String>)> = row_cached(
         &tx,
-        "SELECT event_id, store_id FROM inbox
-         WHERE flow = (SELECT flow FROM inbox_flow WHERE flow_id = ?1 AND producer = ?3)
-           AND seq = ?2",
+        "SELECT event_id, store_id FROM inbox WHERE flow_id = ?1 AND producer = ?3 AND seq = ?2",
         params![
             flow.flow_id.as_str(),
             request.seq.get(),
@@ -125,8 +118,8 @@ fn mark_skipped(tx: &Connection, request: &SkipRequest, now_ms: i64) -> Result<(
     let marked = exec_cached(
         tx,
         "UPDATE inbox SET status = 'skipped', reason = NULL, detail = NULL, settled_at_ms = ?3
-         WHERE flow = (SELECT flow FROM inbox_flow WHERE flow_id = ?1 AND producer = ?4)
-           AND seq = ?2 AND (status = 'pending' OR status = 'blocked')",
+         WHERE flow_id = ?1 AND producer = ?4 AND seq = ?2
+           AND (status = 'pending' OR status = 'blocked')",
         params![
             request.flow.flow_id.as_str(),
             request.seq.get(),
@@ -257,10 +250,12 @@ pub(super) fn consumer_status(db: &mut ConsumerDb) -> Result<ConsumerStatus, Sto
     }
     for (flow_id, producer, missing, since_ms) in status_rows::<(String, String, i64, i64)>(
         &tx,
-        "SELECT i.flow_id, i.producer, k.applied_seq + 1, min(i.received_at_ms)
-         FROM inbox i JOIN inbox_flow k ON k.flow = i.flow
-         WHERE i.status = 'pending' AND i.seq > k.applied_seq + 1
-           AND NOT EXISTS (SELECT 1 FROM inbox j WHERE j.flow = i.flow AND j.seq = k.applied_seq + 1)
+        "SELECT i.flow_id, i.producer, coalesce(c.applied_seq, 0) + 1, min(i.received_at_ms)
+         FROM inbox i LEFT JOIN inbox_cursor c ON c.flow_id = i.flow_id AND c.producer = i.producer
+         WHERE i.status = 'pending' AND i.seq > coalesce(c.applied_seq, 0) + 1
+           AND NOT EXISTS (SELECT 1 FROM inbox j
+                           WHERE j.flow_id = i.flow_id AND j.producer = i.producer
+                             AND j.seq = coalesce(c.applied_seq, 0) + 1)
          GROUP BY i.flow_id, i.producer ORDER BY i.flow_id, i.producer",
     )? {
         status.count_gap((producer, flow_id), missing, since_ms)?;
@@ -292,11 +287,14 @@ pub(super) fn prune_inbox(db: &mut ConsumerDb, cutoff_ms: i64) -> Result<Pruned,
     .map_err(err)?;
     exec_cached(
         &tx,
-        "UPDATE inbox_flow SET pruned_seq = p.seq, pruned_store_id = p.store_id
-             FROM (SELECT flow, max(seq) AS seq, store_id FROM inbox
-                   WHERE status IN ('applied', 'skipped') AND settled_at_ms < ?1
-                   GROUP BY flow) AS p
-             WHERE inbox_flow.flow = p.flow AND p.seq > inbox_flow.pruned_seq",
+        "INSERT INTO inbox_watermark (flow_id, producer, pruned_seq, store_id)
+             SELECT flow_id, producer, max(seq), store_id FROM inbox
+             WHERE status IN ('applied', 'skipped') AND settled_at_ms < ?1
+             GROUP BY flow_id, producer
+             ON CONFLICT (flow_id, producer) DO UPDATE
+             SET pruned_seq = max(pruned_seq, excluded.pruned_seq),
+                 store_id = CASE WHEN excluded.pruned_seq > pruned_seq
+                                 THEN excluded.store_id ELSE store_id END",
         [cutoff_ms],
     )
     .map_err(err)?;

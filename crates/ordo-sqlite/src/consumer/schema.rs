@@ -4,71 +4,14 @@ use ordo_core::ops::{whole_read, whole_read_limit, InboxEntry, WHOLE_READ_ROWS_M
 use ordo_core::{InboxFlow, InboxRecord, StoreError, StoreId};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::conn::{collect_rows, exec_cached, sql_error, Tables};
+use crate::conn::{collect_rows, sql_error, Tables};
 use crate::producer::stored_envelope;
 
-/// The inbox at version 10 (`IF NOT EXISTS`): each identity is in the
-/// namespace of the producer that appended the event (PROTOCOL.md section
-/// 12), `(producer, event_id)` and `(producer, flow_id, seq)`; a flow of a
-/// producer has an integer key in this file (`inbox_flow.flow`), which the
-/// inbox's `(flow, seq)` index uses in place of the two text ids, and the
-/// flow's cursor and watermark are in its key's row.
-macro_rules! inbox_ddl {
-    () => {
-        "
--- One row per flow of a producer ever received: the flow's integer key in
--- this file, which the inbox's `(flow, seq)` key uses in place of its two
--- text ids, with its apply cursor and prune watermark.
-CREATE TABLE IF NOT EXISTS inbox_flow (
-    flow            INTEGER PRIMARY KEY,
-    flow_id         TEXT    NOT NULL,
-    producer        TEXT    NOT NULL,
-    -- The apply cursor: the last seq applied or skipped, 0 if none.
-    applied_seq     INTEGER NOT NULL DEFAULT 0 CHECK (applied_seq >= 0),
-    -- The prune watermark: the last seq pruned, 0 if none, and the
-    -- producer store that delivered that row, if known.
-    pruned_seq      INTEGER NOT NULL DEFAULT 0 CHECK (pruned_seq >= 0),
-    pruned_store_id TEXT,
-    UNIQUE (flow_id, producer)
-);
--- A table with a rowid: each row, its body included, is stored once, in
--- receive order, and the two identities are indexes of it.
-CREATE TABLE IF NOT EXISTS inbox (
-    producer       TEXT    NOT NULL,
-    event_id       TEXT    NOT NULL,
-    flow_id        TEXT    NOT NULL,
-    -- The flow's key in this file: inbox_flow.flow.
-    flow           INTEGER NOT NULL,
-    seq            INTEGER NOT NULL CHECK (seq >= 1),
-    schema_version INTEGER NOT NULL,
-    type           TEXT    NOT NULL,
-    body           TEXT    NOT NULL,
-    body_hash      TEXT    NOT NULL,
-    -- Spelled as comparisons: SQLite evaluates an IN list of more than two
-    -- constants through a temporary index built at every insert and update.
-    status         TEXT    NOT NULL CHECK (status = 'pending' OR status = 'applied'
-                                           OR status = 'blocked' OR status = 'skipped'),
-    reason         TEXT,
-    detail         TEXT,
-    received_at_ms INTEGER NOT NULL,
-    settled_at_ms  INTEGER,
-    -- The producer store that delivered the row (its store_id), if known.
-    store_id       TEXT,
-    PRIMARY KEY (producer, event_id),
-    UNIQUE (flow, seq),
-    CHECK ((status = 'blocked') = (reason IS NOT NULL))
-);
--- In (flow_id, producer) order: the order in which appliers page flows.
-CREATE INDEX IF NOT EXISTS inbox_pending ON inbox (flow_id, producer) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS inbox_blocked ON inbox (flow_id, producer) WHERE status = 'blocked';
-"
-    };
-}
-
-/// The inbox, its cursors and watermarks as versions 6 to 9 had them, kept
-/// as they were for the upgrades from those versions: the flow id first in
-/// every key so that a flow id range stays one range.
-macro_rules! inbox_v9_ddl {
+/// The consumer's tables and indexes (`IF NOT EXISTS`): each identity is
+/// in the namespace of the producer that appended the event (PROTOCOL.md
+/// section 12), `(producer, event_id)` and `(producer, flow_id, seq)`, with
+/// the flow id first in every key so that a flow id range stays one range.
+macro_rules! consumer_ddl {
     () => {
         "
 -- A table with a rowid: each row, its body included, is stored once, in
@@ -106,23 +49,6 @@ CREATE TABLE IF NOT EXISTS inbox_cursor (
     applied_seq INTEGER NOT NULL CHECK (applied_seq >= 1),
     PRIMARY KEY (flow_id, producer)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS inbox_watermark (
-    flow_id    TEXT    NOT NULL,
-    producer   TEXT    NOT NULL,
-    pruned_seq INTEGER NOT NULL,
-    -- The producer store that delivered the last row pruned, if known.
-    store_id   TEXT,
-    PRIMARY KEY (flow_id, producer)
-) WITHOUT ROWID;
-"
-    };
-}
-
-/// The rest of the consumer's tables (`IF NOT EXISTS`): fingerprints left
-/// by pruning, the repair log and effect intents.
-macro_rules! consumer_ddl {
-    () => {
-        "
 CREATE TABLE IF NOT EXISTS inbox_fingerprint (
     flow_id   TEXT    NOT NULL,
     producer  TEXT    NOT NULL,
@@ -133,6 +59,14 @@ CREATE TABLE IF NOT EXISTS inbox_fingerprint (
     store_id  TEXT,
     PRIMARY KEY (flow_id, producer, seq),
     UNIQUE (producer, event_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS inbox_watermark (
+    flow_id    TEXT    NOT NULL,
+    producer   TEXT    NOT NULL,
+    pruned_seq INTEGER NOT NULL,
+    -- The producer store that delivered the last row pruned, if known.
+    store_id   TEXT,
+    PRIMARY KEY (flow_id, producer)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS repair_log (
     id         INTEGER PRIMARY KEY,
@@ -197,7 +131,7 @@ BEGIN SELECT RAISE(ABORT, 'repair_log is append-only'); END;
     };
 }
 
-const SCHEMA: &str = concat!(inbox_ddl!(), consumer_ddl!());
+const SCHEMA: &str = consumer_ddl!();
 
 /// Version 6 of an earlier consumer file: its rows, cursors, fingerprints
 /// and watermarks become the default producer's, in tables keyed by
@@ -213,7 +147,6 @@ ALTER TABLE inbox_watermark RENAME TO inbox_watermark_v5;
 ALTER TABLE repair_log ADD COLUMN producer TEXT NOT NULL DEFAULT 'default';
 ALTER TABLE repair_log ADD COLUMN store_id TEXT;
 ",
-    inbox_v9_ddl!(),
     consumer_ddl!(),
     "
 INSERT INTO inbox (producer, event_id, flow_id, seq, schema_version, type, body, body_hash,
@@ -242,7 +175,6 @@ DROP INDEX IF EXISTS inbox_pending;
 DROP INDEX IF EXISTS inbox_blocked;
 ALTER TABLE inbox RENAME TO inbox_v7;
 ",
-    inbox_v9_ddl!(),
     consumer_ddl!(),
     "
 INSERT INTO inbox (producer, event_id, flow_id, seq, schema_version, type, body, body_hash,
@@ -251,38 +183,6 @@ INSERT INTO inbox (producer, event_id, flow_id, seq, schema_version, type, body,
         status, reason, detail, received_at_ms, settled_at_ms, store_id FROM inbox_v7
     ORDER BY received_at_ms, flow_id, producer, seq;
 DROP TABLE inbox_v7;
-"
-);
-
-/// Version 10 of an earlier consumer file: every flow of a producer gets an
-/// integer key (in the order of its text ids) in `inbox_flow`, which takes
-/// the flow's cursor and watermark in; the inbox is rebuilt keyed by it,
-/// every row kept with its rowid (the order it was received in).
-const UPGRADE_FROM_9: &str = concat!(
-    "
-DROP INDEX inbox_pending;
-DROP INDEX inbox_blocked;
-ALTER TABLE inbox RENAME TO inbox_v9;
-",
-    inbox_ddl!(),
-    "
-INSERT INTO inbox_flow (flow_id, producer, applied_seq, pruned_seq, pruned_store_id)
-    SELECT flow_id, producer, max(applied_seq), max(pruned_seq), max(store_id) FROM (
-        SELECT flow_id, producer, 0 AS applied_seq, 0 AS pruned_seq, NULL AS store_id
-            FROM inbox_v9
-        UNION ALL SELECT flow_id, producer, applied_seq, 0, NULL FROM inbox_cursor
-        UNION ALL SELECT flow_id, producer, 0, pruned_seq, store_id FROM inbox_watermark)
-    GROUP BY flow_id, producer ORDER BY flow_id, producer;
-INSERT INTO inbox (rowid, producer, event_id, flow_id, flow, seq, schema_version, type, body,
-        body_hash, status, reason, detail, received_at_ms, settled_at_ms, store_id)
-    SELECT i.rowid, i.producer, i.event_id, i.flow_id, k.flow, i.seq, i.schema_version, i.type,
-        i.body, i.body_hash, i.status, i.reason, i.detail, i.received_at_ms, i.settled_at_ms,
-        i.store_id
-    FROM inbox_v9 i JOIN inbox_flow k ON k.flow_id = i.flow_id AND k.producer = i.producer
-    ORDER BY i.rowid;
-DROP TABLE inbox_v9;
-DROP TABLE inbox_cursor;
-DROP TABLE inbox_watermark;
 "
 );
 
@@ -298,7 +198,6 @@ pub(super) const TABLES: Tables = Tables {
     upgrade_from_6: "ALTER TABLE repair_log ADD COLUMN key TEXT;",
     upgrade_from_7: UPGRADE_FROM_7,
     upgrade_from_8: "",
-    upgrade_from_9: UPGRADE_FROM_9,
 };
 
 pub(super) use ordo_core::apply::stored_status as inbox_status;
@@ -339,26 +238,26 @@ pub(super) fn begin_write(conn: &mut Connection) -> Result<rusqlite::Transaction
 
 /// The flow's apply cursor: the last applied (or skipped) seq, 0 if none.
 pub(super) fn read_cursor(tx: &Connection, flow: &InboxFlow) -> Result<i64, StoreError> {
-    let mut statement = tx.prepare_cached(READ_FLOW).map_err(read_cursor_error)?;
-    Ok(read_flow_with(&mut statement, flow)?.map_or(0, |(_, applied_seq)| applied_seq))
+    let mut statement = tx.prepare_cached(READ_CURSOR).map_err(read_cursor_error)?;
+    read_cursor_with(&mut statement, flow)
 }
 
-/// The statement of [`read_flow_with`].
-pub(super) const READ_FLOW: &str =
-    "SELECT flow, applied_seq FROM inbox_flow WHERE flow_id = ?1 AND producer = ?2";
+/// The statement of [`read_cursor`].
+pub(super) const READ_CURSOR: &str =
+    "SELECT applied_seq FROM inbox_cursor WHERE flow_id = ?1 AND producer = ?2";
 
-/// The flow's key in this file and its apply cursor, through `statement`
-/// ([`READ_FLOW`] prepared); `None` for a flow never received.
-pub(super) fn read_flow_with(
+/// [`read_cursor`] through `statement`, [`READ_CURSOR`] prepared.
+pub(super) fn read_cursor_with(
     statement: &mut rusqlite::Statement<'_>,
     flow: &InboxFlow,
-) -> Result<Option<(i64, i64)>, StoreError> {
-    statement
+) -> Result<i64, StoreError> {
+    Ok(statement
         .query_row([flow.flow_id.as_str(), flow.producer.as_str()], |row| {
-            Ok((row.get(0)?, row.get(1)?))
+            row.get(0)
         })
         .optional()
-        .map_err(read_cursor_error)
+        .map_err(read_cursor_error)?
+        .unwrap_or(0))
 }
 
 pub(super) fn read_cursor_error(e: rusqlite::Error) -> StoreError {
@@ -369,29 +268,30 @@ pub(super) fn read_cursor_error(e: rusqlite::Error) -> StoreError {
 /// moves back nor stays, so a move that would is refused as a corrupt store
 /// and nothing is written.
 pub(super) fn write_cursor(tx: &Connection, flow: &InboxFlow, seq: i64) -> Result<(), StoreError> {
-    let moved = exec_cached(
-        tx,
-        "UPDATE inbox_flow SET applied_seq = ?3
-         WHERE flow_id = ?1 AND producer = ?2 AND applied_seq < ?3",
-        params![flow.flow_id.as_str(), flow.producer.as_str(), seq],
-    )
-    .map_err(write_cursor_error)?;
-    ordo_core::apply::check_cursors_moved(moved as u64, 1, flow, seq)
+    let mut statement = tx
+        .prepare_cached(WRITE_CURSOR)
+        .map_err(write_cursor_error)?;
+    write_cursor_with(&mut statement, flow, seq)
 }
 
-/// The statement of [`write_cursor_with`].
+/// The statement of [`write_cursor`].
 pub(super) const WRITE_CURSOR: &str =
-    "UPDATE inbox_flow SET applied_seq = ?2 WHERE flow = ?1 AND applied_seq < ?2";
+    "INSERT INTO inbox_cursor (flow_id, producer, applied_seq) VALUES (?1, ?2, ?3)
+         ON CONFLICT (flow_id, producer) DO UPDATE SET applied_seq = excluded.applied_seq
+         WHERE excluded.applied_seq > inbox_cursor.applied_seq";
 
-/// [`write_cursor`] of the flow keyed `key` in this file, through
-/// `statement` ([`WRITE_CURSOR`] prepared).
+/// [`write_cursor`] through `statement`, [`WRITE_CURSOR`] prepared.
 pub(super) fn write_cursor_with(
     statement: &mut rusqlite::Statement<'_>,
-    (key, flow): (i64, &InboxFlow),
+    flow: &InboxFlow,
     applied_seq: i64,
 ) -> Result<(), StoreError> {
     let moved = statement
-        .execute(params![key, applied_seq])
+        .execute(params![
+            flow.flow_id.as_str(),
+            flow.producer.as_str(),
+            applied_seq
+        ])
         .map_err(write_cursor_error)?;
     ordo_core::apply::check_cursors_moved(moved as u64, 1, flow, applied_seq)
 }
@@ -411,9 +311,7 @@ pub(crate) fn read_inbox_at_most(
     let rows = collect_rows(
         conn,
         "consumer: cannot read the inbox",
-        "SELECT i.body, i.status, i.reason, i.detail
-         FROM inbox_flow k JOIN inbox i ON i.flow = k.flow
-         ORDER BY k.flow_id, k.producer, i.seq LIMIT ?1",
+        "SELECT body, status, reason, detail FROM inbox ORDER BY flow_id, producer, seq LIMIT ?1",
         [whole_read_limit(rows_max)],
         |row| {
             Ok((
