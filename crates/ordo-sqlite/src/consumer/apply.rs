@@ -1,11 +1,11 @@
 //! Apply on SQLite: the engine of `ordo_core::apply` over one
 //! `BEGIN IMMEDIATE` transaction, with a savepoint where it asks for one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use ordo_core::apply::{ApplyStore, ApplyWriter, NextEvent, NextRows, SettledState};
 use ordo_core::store::stored_producer;
-use ordo_core::store::WorkPage;
+use ordo_core::store::{sql_limit, WorkPage};
 use ordo_core::{
     BlockCode, BlockReason, Envelope, ErrorKind, FlowId, InboxFlow, InboxStatus, Seq, StoreError,
 };
@@ -37,6 +37,7 @@ impl ApplyStore for ConsumerDb {
             held: Held::new(conn),
             now_ms,
             cursors: BTreeMap::new(),
+            ahead: None,
             commits: &mut self.commits,
             store_id: &self.store_id,
         })
@@ -86,8 +87,70 @@ pub struct ApplyTx<'a> {
     held: Held<'a>,
     now_ms: i64,
     cursors: BTreeMap<InboxFlow, i64>,
+    /// The rows of the flow last read, read ahead.
+    ahead: Option<Ahead>,
     commits: &'a mut u64,
     store_id: &'a ordo_core::StoreId,
+}
+
+/// The rows of one flow read ahead in one statement: those at and after
+/// the seq asked for, in seq order, as many as the batch may still use and
+/// one more.
+struct Ahead {
+    flow: InboxFlow,
+    /// The seq the next read of the flow asks for, where these rows go on.
+    next: i64,
+    rows: VecDeque<AheadRow>,
+    /// Whether the read stopped at its limit, so that more rows may follow.
+    more: bool,
+}
+
+/// One row read ahead: its seq, body and status (the status read in place).
+struct AheadRow {
+    seq: i64,
+    body: String,
+    status: Result<InboxStatus, StoreError>,
+}
+
+/// The flow's stored rows from `rows.from` on, up to `rows.most`, through
+/// the held statement. Nothing else writes the flow's rows while the
+/// transaction holds the file; this transaction marks each row only after
+/// it was handed out.
+fn read_rows(held: &mut Held<'_>, flow: &InboxFlow, rows: NextRows) -> Result<Ahead, StoreError> {
+    let limit = sql_limit(usize::try_from(rows.most).unwrap_or(usize::MAX));
+    let read: Vec<AheadRow> = held
+        .get(
+            "SELECT seq, body, status, reason, detail FROM inbox
+             WHERE flow_id = ?1 AND producer = ?3 AND seq >= ?2
+             ORDER BY seq LIMIT ?4",
+        )
+        .and_then(|statement| {
+            let params = params![
+                flow.flow_id.as_str(),
+                rows.from.get(),
+                flow.producer.as_str(),
+                limit
+            ];
+            statement
+                .query_map(params, |row| {
+                    let reason = row.get_ref(3)?.as_str_or_null()?;
+                    let status = inbox_status(row.get_ref(2)?.as_str()?, reason, row.get(4)?);
+                    Ok(AheadRow {
+                        seq: row.get(0)?,
+                        body: row.get(1)?,
+                        status,
+                    })
+                })?
+                .collect()
+        })
+        .map_err(|e| sql_error("consumer: apply failed", e))?;
+    let more = i64::try_from(read.len()).is_ok_and(|n| n >= limit);
+    Ok(Ahead {
+        flow: flow.clone(),
+        next: rows.from.get(),
+        rows: read.into(),
+        more,
+    })
 }
 
 impl ApplyTx<'_> {
@@ -132,33 +195,25 @@ impl ApplyWriter for ApplyTx<'_> {
 
     fn next_event(&mut self, flow: &InboxFlow, rows: NextRows) -> Result<NextEvent, StoreError> {
         let next = rows.from;
-        // The flow's first stored row at or after `next`: the next event
-        // itself, or one past a gap, or none.
-        // The status and reason read in place, without a String each.
-        let row: Option<(i64, String, Result<InboxStatus, StoreError>)> = self
-            .held
-            .get(
-                "SELECT seq, body, status, reason, detail FROM inbox
-                 WHERE flow_id = ?1 AND producer = ?3 AND seq >= ?2
-                 ORDER BY seq LIMIT 1",
-            )
-            .and_then(|statement| {
-                statement.query_row(
-                    params![flow.flow_id.as_str(), next.get(), flow.producer.as_str()],
-                    |row| {
-                        let reason = row.get_ref(3)?.as_str_or_null()?;
-                        let status = inbox_status(row.get_ref(2)?.as_str()?, reason, row.get(4)?);
-                        Ok((row.get(0)?, row.get(1)?, status))
-                    },
-                )
-            })
-            .optional()
-            .map_err(|e| sql_error("consumer: apply failed", e))?;
-        let first = match row {
-            Some((seq, body, status)) => Some((seq, body, status?)),
-            None => None,
-        };
-        Ok(NextEvent::at(next, first))
+        // The rows read ahead go on from here unless another flow was read
+        // since, or this one is asked for from elsewhere, or they ran out
+        // at the read's limit.
+        let read_on = matches!(&self.ahead, Some(a) if a.next == next.get() && &a.flow == flow
+            && (!a.rows.is_empty() || !a.more));
+        if !read_on {
+            self.ahead = Some(read_rows(&mut self.held, flow, rows)?);
+        }
+        let ahead = self.ahead.as_mut().expect("read above");
+        match ahead.rows.front() {
+            Some(row) if row.seq == next.get() => {
+                let row = ahead.rows.pop_front().expect("a front row");
+                ahead.next = next.get() + 1;
+                Ok(NextEvent::at(next, Some((row.seq, row.body, row.status?))))
+            }
+            // A gap: the first stored row is a later one.
+            Some(_) => Ok(NextEvent::missing(true)),
+            None => Ok(NextEvent::missing(false)),
+        }
     }
 
     fn savepoint(&mut self) -> Result<(), StoreError> {
