@@ -436,6 +436,63 @@ mod tests {
         }
     }
 
+    /// What `next_event` answers for `from`, `most`: the seq of the row
+    /// handed out, or `Err(later_stored)` for none.
+    fn next(tx: &mut ApplyTx<'_>, flow: &InboxFlow, from: i64, most: u64) -> Result<i64, bool> {
+        let rows = NextRows {
+            from: Seq::new(from).unwrap(),
+            most,
+        };
+        let found = tx.next_event(flow, rows).unwrap();
+        match (found.row, found.body) {
+            (ordo_core::store::NextRow::Stored(InboxStatus::Pending), Some(body)) => {
+                let stored = crate::producer::stored_envelope("test", &body).unwrap();
+                assert_eq!(stored.seq.get(), from);
+                Ok(from)
+            }
+            (ordo_core::store::NextRow::Missing { later_stored }, None) => Err(later_stored),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rows_read_ahead_are_handed_out_in_order_and_read_on_past_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let schema = Schema::new("app").unwrap();
+        let mut db = ConsumerDb::open(dir.path().join("consumer.db"), &schema).unwrap();
+        let flow = FlowId::new("f".to_string()).unwrap();
+        let v1 = SchemaVersion::new(1).unwrap();
+        let events: Vec<Envelope> = (0..6)
+            .map(|last| {
+                ordo_core::append::next_event(&flow, last, "placed", v1, &serde_json::json!({}))
+            })
+            .collect::<Result<_, _>>()
+            .unwrap();
+        // Seqs 1 to 4 and 6: a gap at 5.
+        let stored: Vec<Envelope> = events.into_iter().filter(|e| e.seq.get() != 5).collect();
+        db.receive_batch(&stored).unwrap();
+        let f = InboxFlow::of_default(flow.clone());
+        let other = InboxFlow::of_default(FlowId::new("g".to_string()).unwrap());
+        let mut tx = db.begin_apply(true).unwrap();
+        // Two rows read; the second handed out from them.
+        assert_eq!(next(&mut tx, &f, 1, 2), Ok(1));
+        assert_eq!(tx.ahead.as_ref().unwrap().rows.len(), 1);
+        assert_eq!(next(&mut tx, &f, 2, 1), Ok(2));
+        // Those read ran out at the limit: read on.
+        assert_eq!(next(&mut tx, &f, 3, 3), Ok(3));
+        assert_eq!(next(&mut tx, &f, 4, 2), Ok(4));
+        // The gap, then the flow asked for again from an earlier seq.
+        assert_eq!(next(&mut tx, &f, 5, 2), Err(true));
+        assert_eq!(next(&mut tx, &f, 2, 1), Ok(2));
+        // Another flow read in between: the first is read again.
+        assert_eq!(next(&mut tx, &other, 1, 5), Err(false));
+        assert_eq!(next(&mut tx, &f, 3, 1), Ok(3));
+        // Past the last row read, with nothing more stored.
+        assert_eq!(next(&mut tx, &f, 6, 5), Ok(6));
+        assert_eq!(next(&mut tx, &f, 7, 5), Err(false));
+        assert!(!tx.ahead.as_ref().unwrap().more);
+    }
+
     #[test]
     #[cfg(debug_assertions)]
     #[should_panic(expected = "rows unsettled at or below it, settled above it")]
