@@ -455,19 +455,27 @@ mod tests {
         }
     }
 
-    #[test]
-    fn rows_read_ahead_are_handed_out_in_order_and_read_on_past_the_limit() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A new consumer file in `dir`, and the events of flow `f` at seqs 1
+    /// to `seqs`.
+    fn consumer_and_events(dir: &tempfile::TempDir, seqs: i64) -> (ConsumerDb, Vec<Envelope>) {
         let schema = Schema::new("app").unwrap();
-        let mut db = ConsumerDb::open(dir.path().join("consumer.db"), &schema).unwrap();
+        let db = ConsumerDb::open(dir.path().join("consumer.db"), &schema).unwrap();
         let flow = FlowId::new("f".to_string()).unwrap();
         let v1 = SchemaVersion::new(1).unwrap();
-        let events: Vec<Envelope> = (0..6)
+        let events: Vec<Envelope> = (0..seqs)
             .map(|last| {
                 ordo_core::append::next_event(&flow, last, "placed", v1, &serde_json::json!({}))
             })
             .collect::<Result<_, _>>()
             .unwrap();
+        (db, events)
+    }
+
+    #[test]
+    fn rows_read_ahead_are_handed_out_in_order_and_read_on_past_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut db, events) = consumer_and_events(&dir, 6);
+        let flow = events[0].flow_id.clone();
         // Seqs 1 to 4 and 6: a gap at 5.
         let stored: Vec<Envelope> = events.into_iter().filter(|e| e.seq.get() != 5).collect();
         db.receive_batch(&stored).unwrap();
@@ -498,18 +506,9 @@ mod tests {
     #[should_panic(expected = "rows unsettled at or below it, settled above it")]
     fn a_row_settled_above_the_cursor_fails_the_check_after_commit() {
         let dir = tempfile::tempdir().unwrap();
-        let schema = Schema::new("app").unwrap();
-        let mut db = ConsumerDb::open(dir.path().join("consumer.db"), &schema).unwrap();
-        let flow = FlowId::new("f".to_string()).unwrap();
-        let v1 = SchemaVersion::new(1).unwrap();
-        let events: Vec<Envelope> = (0..2)
-            .map(|last| {
-                ordo_core::append::next_event(&flow, last, "placed", v1, &serde_json::json!({}))
-            })
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let (mut db, events) = consumer_and_events(&dir, 2);
         db.receive_batch(&events).unwrap();
-        let inbox_flow = ordo_core::InboxFlow::of_default(flow.clone());
+        let inbox_flow = ordo_core::InboxFlow::of_default(events[0].flow_id.clone());
         let _ = db.apply_next_with(&inbox_flow, &mut WritesOrdoTables);
     }
 }
