@@ -154,6 +154,8 @@ pub struct Watched {
     prefix: &'static str,
     /// The databases there when the watch began, sorted.
     pub before: Vec<String>,
+    /// Those of them made by another process then running.
+    others: Vec<String>,
 }
 
 impl Watched {
@@ -161,17 +163,47 @@ impl Watched {
         let serial = serial();
         let mut client = admin_client();
         let before = databases_named(&mut client, prefix);
+        let others = (before.iter())
+            .filter(|name| made_by_another_live_process(name))
+            .cloned()
+            .collect();
         Watched {
             _serial: serial,
             client,
             prefix,
             before,
+            others,
         }
     }
 
-    /// The databases there now, sorted.
+    /// The databases there now, sorted, as far as this test's processes
+    /// made or dropped them: another process's run on the same server
+    /// (running when the watch began, or since and still running) is left
+    /// out, its databases at the start counted as kept. A database whose
+    /// process has exited was left behind.
     pub fn now(&mut self) -> Vec<String> {
-        databases_named(&mut self.client, self.prefix)
+        let mut now: Vec<String> = databases_named(&mut self.client, self.prefix)
+            .into_iter()
+            .filter(|name| !self.others.contains(name) && !made_by_another_live_process(name))
+            .chain(self.others.iter().cloned())
+            .collect();
+        now.sort();
+        now
+    }
+}
+
+/// Whether the database `name` (`PREFIX` `HOST_PID_N`, `_kept` at the end
+/// for a kept one) was made by a process other than this one that is still
+/// running.
+fn made_by_another_live_process(name: &str) -> bool {
+    let mut parts = name.trim_end_matches("_kept").rsplit('_');
+    let (_number, pid) = (parts.next(), parts.next());
+    match pid.and_then(|pid| pid.parse::<u32>().ok()) {
+        Some(pid) => {
+            pid != std::process::id()
+                && std::path::Path::new("/proc").join(pid.to_string()).exists()
+        }
+        None => false,
     }
 }
 
