@@ -1168,6 +1168,74 @@ pub fn decide_batch<'a>(
     (answers, accepted)
 }
 
+/// How a backend stores the envelopes of one delivery while
+/// [`decide_and_store`] decides them, one after the other, in its open
+/// transaction. `index` is the envelope's place in the delivery.
+pub trait ReceiveRows {
+    /// Stores the envelope at `index` (its body hashing to `hash`) as
+    /// accepted if the store holds nothing under either of its identities
+    /// and remembers nothing of them, and says whether it did. A backend
+    /// that cannot tell without reading (pruning left fingerprints or
+    /// watermarks) stores nothing and answers `false`.
+    fn store_if_free(&mut self, index: usize, hash: &BodyHash) -> Result<bool, StoreError>;
+
+    /// What the store holds under the identities of the envelope at
+    /// `index`, the envelopes stored before it in this delivery included.
+    fn identities(&mut self, index: usize) -> Result<StoredIdentities, StoreError>;
+
+    /// Stores the envelope at `index` as accepted.
+    fn store(&mut self, index: usize, hash: &BodyHash) -> Result<(), StoreError>;
+}
+
+/// Decides a delivery's answers as [`decide_batch`] does, storing each
+/// accepted envelope through `rows` before the next is decided: one whose
+/// identities are both free is stored without a read first
+/// ([`ReceiveRows::store_if_free`]), which is the answer `accepted`; any
+/// other is decided from what its identities hold. Only this function
+/// decides; a backend only reads and stores.
+pub fn decide_and_store<'a>(
+    envelopes: &'a [Envelope],
+    sender: Option<&'a StoreId>,
+    rows: &mut impl ReceiveRows,
+) -> Result<Vec<Answer>, StoreError> {
+    let mut delivery = Delivery::from(sender);
+    let mut answers = Vec::with_capacity(envelopes.len());
+    for (index, envelope) in envelopes.iter().enumerate() {
+        let span = receive_span(envelope);
+        let _event = span.enter();
+        let hash = envelope.body_hash();
+        let answer = match delivery.after_conflict(envelope) {
+            Some(answer) => answer,
+            None if rows.store_if_free(index, &hash)? => {
+                // Nothing under either identity, in the store or earlier
+                // in this delivery (what it accepted is stored).
+                let answer = delivery.decide(envelope, &hash, StoredIdentities::default());
+                if answer.receipt != Receipt::Accepted {
+                    return Err(StoreError::corrupt(
+                        "consumer: receive",
+                        format!(
+                            "event {} was stored as free while this delivery holds its identity",
+                            envelope.event_id
+                        ),
+                    ));
+                }
+                answer
+            }
+            None => {
+                let answer = delivery.decide(envelope, &hash, rows.identities(index)?);
+                if answer.receipt == Receipt::Accepted {
+                    rows.store(index, &hash)?;
+                }
+                answer
+            }
+        };
+        span.record("receipt", answer.receipt.as_str());
+        delivery.record(envelope, &hash, &answer);
+        answers.push(answer);
+    }
+    Ok(answers)
+}
+
 /// What is stored at a flow's next seq.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NextRow {
@@ -1379,6 +1447,145 @@ mod tests {
         let not_a_store = (None, Some("x".into()));
         let bad = StoredIdentities::from_columns(None, None, false, not_a_store).unwrap_err();
         assert_eq!(bad.kind(), ErrorKind::Corrupt);
+    }
+
+    /// Rows kept in memory, as a store keeps them: by event id and by
+    /// position, each with the store that delivered it; `free` says
+    /// whether the insert is tried first.
+    struct MemoryRows<'a> {
+        envelopes: &'a [Envelope],
+        sender: Option<&'a StoreId>,
+        free: bool,
+        by_id: HashMap<(String, String), (BodyHash, Option<StoreId>)>,
+        by_position: HashMap<(String, String, i64), (EventId, Option<StoreId>)>,
+        stored: Vec<usize>,
+        reads: usize,
+    }
+
+    impl MemoryRows<'_> {
+        fn holds(&self, e: &Envelope) -> bool {
+            let id = (e.producer.to_string(), e.event_id.to_string());
+            let at = (e.producer.to_string(), e.flow_id.to_string(), e.seq.get());
+            self.by_id.contains_key(&id) || self.by_position.contains_key(&at)
+        }
+    }
+
+    impl ReceiveRows for MemoryRows<'_> {
+        fn store_if_free(&mut self, index: usize, hash: &BodyHash) -> Result<bool, StoreError> {
+            if !self.free || self.holds(&self.envelopes[index]) {
+                return Ok(false);
+            }
+            self.store(index, hash)?;
+            Ok(true)
+        }
+
+        fn identities(&mut self, index: usize) -> Result<StoredIdentities, StoreError> {
+            self.reads += 1;
+            let e = &self.envelopes[index];
+            let id = self
+                .by_id
+                .get(&(e.producer.to_string(), e.event_id.to_string()));
+            let at = (e.producer.to_string(), e.flow_id.to_string(), e.seq.get());
+            let at = self.by_position.get(&at);
+            Ok(StoredIdentities {
+                by_event_id: id.map(|(hash, _)| hash.clone()),
+                from_by_event_id: id.and_then(|(_, from)| from.clone()),
+                by_flow_seq: at.map(|(id, _)| id.clone()),
+                from_at_flow_seq: at.and_then(|(_, from)| from.clone()),
+                below_watermark: false,
+            })
+        }
+
+        fn store(&mut self, index: usize, hash: &BodyHash) -> Result<(), StoreError> {
+            let e = &self.envelopes[index];
+            assert!(!self.holds(e), "stored only where free");
+            let from = self.sender.cloned();
+            let id = (e.producer.to_string(), e.event_id.to_string());
+            self.by_id.insert(id, (hash.clone(), from.clone()));
+            let at = (e.producer.to_string(), e.flow_id.to_string(), e.seq.get());
+            self.by_position.insert(at, (e.event_id.clone(), from));
+            self.stored.push(index);
+            Ok(())
+        }
+    }
+
+    /// Storing each envelope as it is decided, the insert tried first or
+    /// not, gives the answers of deciding the batch from an empty store,
+    /// stores exactly the accepted ones, and reads identities only for an
+    /// envelope whose insert found one held.
+    #[test]
+    fn deciding_while_storing_answers_as_a_batch_does() {
+        let (a1, a1_other, a2, b1) = (
+            envelope("a", 1, 1),
+            envelope("a", 1, 2),
+            envelope("a", 2, 1),
+            envelope("b", 1, 1),
+        );
+        let sender = StoreId::new("0123456789abcdef0123456789abcdef").unwrap();
+        let batches = [
+            vec![a1.clone(), a2.clone(), b1.clone()],
+            vec![a1.clone(), a1.clone(), a2.clone()],
+            vec![
+                a1.clone(),
+                a1_other.clone(),
+                a2.clone(),
+                b1.clone(),
+                a1.clone(),
+            ],
+            vec![a1_other.clone(), b1.clone(), a1.clone(), b1.clone()],
+        ];
+        for batch in &batches {
+            for sender in [None, Some(&sender)] {
+                let stored = vec![StoredIdentities::default(); batch.len()];
+                let (want, accepted) = decide_batch(batch, stored, sender);
+                let accepted: Vec<usize> = accepted.iter().map(|(i, _)| *i).collect();
+                for free in [true, false] {
+                    let mut rows = MemoryRows {
+                        envelopes: batch,
+                        sender,
+                        free,
+                        by_id: HashMap::new(),
+                        by_position: HashMap::new(),
+                        stored: Vec::new(),
+                        reads: 0,
+                    };
+                    let got = decide_and_store(batch, sender, &mut rows).unwrap();
+                    assert_eq!(got, want, "{batch:?} free {free}");
+                    assert_eq!(rows.stored, accepted, "{batch:?} free {free}");
+                    let after = want
+                        .iter()
+                        .filter(|a| a.receipt == Receipt::AfterConflict)
+                        .count();
+                    let reads = if free {
+                        batch.len() - accepted.len() - after
+                    } else {
+                        batch.len() - after
+                    };
+                    assert_eq!(rows.reads, reads, "{batch:?} free {free}");
+                }
+            }
+        }
+    }
+
+    /// A backend that stores an envelope whose identity the delivery
+    /// already holds is refused as corrupt, not answered `accepted`.
+    #[test]
+    fn a_row_stored_over_a_held_identity_is_corrupt() {
+        struct Always;
+        impl ReceiveRows for Always {
+            fn store_if_free(&mut self, _: usize, _: &BodyHash) -> Result<bool, StoreError> {
+                Ok(true)
+            }
+            fn identities(&mut self, _: usize) -> Result<StoredIdentities, StoreError> {
+                unreachable!("every insert is taken")
+            }
+            fn store(&mut self, _: usize, _: &BodyHash) -> Result<(), StoreError> {
+                unreachable!("every insert is taken")
+            }
+        }
+        let a1 = envelope("a", 1, 1);
+        let error = decide_and_store(&[a1.clone(), a1], None, &mut Always).unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Corrupt, "{error}");
     }
 
     #[test]

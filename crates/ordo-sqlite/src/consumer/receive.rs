@@ -2,7 +2,7 @@
 //! `conflict` against the inbox and the fingerprints left by pruning.
 
 use ordo_core::crash;
-use ordo_core::store::{decide_batch, StoredIdentities};
+use ordo_core::store::{decide_and_store, ReceiveRows, StoredIdentities};
 use ordo_core::{Answer, BodyHash, Envelope, StoreError, StoreId};
 use rusqlite::{params, CachedStatement};
 
@@ -10,9 +10,10 @@ use super::schema::begin_write;
 use super::ConsumerDb;
 use crate::conn::{sql_error, Text};
 
-/// Stores `envelopes` in one transaction, deciding each answer
-/// ([`decide_batch`]) from what the inbox and its fingerprints held before
-/// the batch; wakes this process's appliers when one was accepted.
+/// Stores `envelopes` in one transaction, as core decides each answer
+/// ([`decide_and_store`]) from what the inbox and its fingerprints hold,
+/// the envelopes stored before it included; wakes this process's appliers
+/// when one was accepted.
 pub(super) fn receive_answers(
     db: &mut ConsumerDb,
     sender: Option<&StoreId>,
@@ -21,37 +22,28 @@ pub(super) fn receive_answers(
     let tx = begin_write(&mut db.conn)?;
     // Read under the write lock: reception times follow commit order.
     let now_ms = db.clock.now_ms();
-    // Each statement prepared once for the batch; the lookups of what
-    // pruning left only when it left anything (the transaction holds the
-    // file: nothing else writes meanwhile).
-    let pruned: bool = tx
-        .prepare_cached(PRUNED_ANY)
-        .and_then(|mut statement| statement.query_row([], |row| row.get(0)))
+    // Each statement prepared once for the batch. While pruning has left
+    // nothing (the transaction holds the file: nothing else writes
+    // meanwhile), an envelope is stored without a read first: the insert
+    // itself finds whether either identity is held.
+    let prepare = |sql| tx.prepare_cached(sql).map_err(|e| sql_error(CONTEXT, e));
+    let pruned: bool = prepare(PRUNED_ANY)?
+        .query_row([], |row| row.get(0))
         .map_err(|e| sql_error(CONTEXT, e))?;
-    let mut lookup = tx
-        .prepare_cached(if pruned { IDENTITIES } else { INBOX_IDENTITIES })
-        .map_err(|e| sql_error(CONTEXT, e))?;
-    let stored = envelopes
-        .iter()
-        .map(|envelope| identities(&mut lookup, envelope))
-        .collect::<Result<Vec<_>, _>>()?;
-    drop(lookup);
-    let (answers, accepted) = decide_batch(envelopes, stored, sender);
-    let stored_any = !accepted.is_empty();
-    let sender = sender.map(StoreId::as_str);
-    if !accepted.is_empty() {
-        let mut insert_row = tx
-            .prepare_cached(INSERT)
-            .map_err(|e| sql_error(CONTEXT, e))?;
-        // Each body written into one buffer, reused.
-        let mut text = Vec::new();
-        for (index, hash) in accepted {
-            let envelope = &envelopes[index];
-            text.clear();
-            envelope.write_stored_text(&mut text);
-            insert(&mut insert_row, (envelope, &text), &hash, sender, now_ms)?;
-        }
-    }
+    let mut rows = Rows {
+        envelopes,
+        pruned,
+        lookup: prepare(if pruned { IDENTITIES } else { INBOX_IDENTITIES })?,
+        insert_if_free: prepare(INSERT_IF_FREE)?,
+        insert: prepare(INSERT)?,
+        text: Vec::new(),
+        sender: sender.map(StoreId::as_str),
+        now_ms,
+        stored_any: false,
+    };
+    let answers = decide_and_store(envelopes, sender, &mut rows)?;
+    let stored_any = rows.stored_any;
+    drop(rows);
     crash::point(crash::CONSUMER_RECEIVE_BEFORE_COMMIT);
     tx.commit()
         .map_err(|e| sql_error("consumer: receive commit failed", e))?;
@@ -61,6 +53,58 @@ pub(super) fn receive_answers(
         db.wake.raise();
     }
     Ok(answers)
+}
+
+/// The statements of one receive, and what it stored.
+struct Rows<'a, 'tx> {
+    envelopes: &'a [Envelope],
+    /// Whether pruning left fingerprints or watermarks, which an insert
+    /// alone does not see.
+    pruned: bool,
+    lookup: CachedStatement<'tx>,
+    insert_if_free: CachedStatement<'tx>,
+    insert: CachedStatement<'tx>,
+    /// Each body written into one buffer, reused.
+    text: Vec<u8>,
+    sender: Option<&'a str>,
+    now_ms: i64,
+    stored_any: bool,
+}
+
+impl ReceiveRows for Rows<'_, '_> {
+    fn store_if_free(&mut self, index: usize, hash: &BodyHash) -> Result<bool, StoreError> {
+        if self.pruned {
+            return Ok(false);
+        }
+        let envelope = &self.envelopes[index];
+        self.text.clear();
+        envelope.write_stored_text(&mut self.text);
+        let row = (envelope, self.text.as_slice());
+        let stored = insert(
+            &mut self.insert_if_free,
+            row,
+            hash,
+            self.sender,
+            self.now_ms,
+        )?;
+        self.stored_any |= stored;
+        Ok(stored)
+    }
+
+    fn identities(&mut self, index: usize) -> Result<StoredIdentities, StoreError> {
+        identities(&mut self.lookup, &self.envelopes[index])
+    }
+
+    fn store(&mut self, index: usize, hash: &BodyHash) -> Result<(), StoreError> {
+        let envelope = &self.envelopes[index];
+        self.text.clear();
+        envelope.write_stored_text(&mut self.text);
+        let row = (envelope, self.text.as_slice());
+        let stored = insert(&mut self.insert, row, hash, self.sender, self.now_ms)?;
+        assert!(stored, "an accepted envelope is one new row");
+        self.stored_any = true;
+        Ok(())
+    }
 }
 
 /// Both identities of `envelope`, in the inbox or remembered after
@@ -94,14 +138,15 @@ fn identities(
     StoredIdentities::from_columns(by_id.0, at_seq.0, below_watermark, (by_id.1, at_seq.1))
 }
 
-/// Stores an accepted envelope, whose stored body is `text`, as pending.
+/// Stores an envelope, whose stored body is `text`, as pending, through
+/// `insert_row` ([`INSERT`] or [`INSERT_IF_FREE`]); whether it stored it.
 fn insert(
     insert_row: &mut CachedStatement<'_>,
     (envelope, text): (&Envelope, &[u8]),
     hash: &BodyHash,
     sender: Option<&str>,
     now_ms: i64,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     let inserted = insert_row
         .execute(params![
             envelope.event_id.as_str(),
@@ -116,8 +161,8 @@ fn insert(
             envelope.producer.as_str(),
         ])
         .map_err(|e| sql_error(CONTEXT, e))?;
-    assert_eq!(inserted, 1, "an accepted envelope is one new row");
-    Ok(())
+    assert!(inserted <= 1, "one envelope is one row at most");
+    Ok(inserted == 1)
 }
 
 const CONTEXT: &str = "consumer: receive failed";
@@ -149,8 +194,17 @@ const INBOX_IDENTITIES: &str = "SELECT i.body_hash, i.store_id, NULL, NULL,
  LEFT JOIN inbox i ON i.producer = ?4 AND i.event_id = ?1
  LEFT JOIN inbox s ON s.flow_id = ?2 AND s.producer = ?4 AND s.seq = ?3";
 
+/// The insert of an envelope as pending.
+macro_rules! insert_sql {
+    () => {
+        "INSERT INTO inbox (event_id, flow_id, seq, schema_version, type, body, body_hash,
+                            status, received_at_ms, store_id, producer)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8, ?9, ?10)"
+    };
+}
+
 /// An accepted envelope, stored as pending.
-const INSERT: &str =
-    "INSERT INTO inbox (event_id, flow_id, seq, schema_version, type, body, body_hash,
-                                         status, received_at_ms, store_id, producer)
-                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'pending', ?8, ?9, ?10)";
+const INSERT: &str = insert_sql!();
+
+/// [`INSERT`], which stores nothing where either identity is held.
+const INSERT_IF_FREE: &str = concat!(insert_sql!(), " ON CONFLICT DO NOTHING");
