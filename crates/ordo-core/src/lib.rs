@@ -33,6 +33,7 @@ pub mod ids;
 pub mod open;
 pub mod ops;
 pub mod outcome;
+mod receive;
 pub mod relay;
 pub mod report;
 pub mod run;
