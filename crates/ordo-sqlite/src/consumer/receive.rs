@@ -71,24 +71,30 @@ struct Rows<'a, 'tx> {
     stored_any: bool,
 }
 
+impl Rows<'_, '_> {
+    /// Stores the envelope at `index` as pending, through [`INSERT_IF_FREE`]
+    /// (`if_free`) or [`INSERT`]; whether it stored it.
+    fn insert(&mut self, index: usize, hash: &BodyHash, if_free: bool) -> Result<bool, StoreError> {
+        let envelope = &self.envelopes[index];
+        self.text.clear();
+        envelope.write_stored_text(&mut self.text);
+        let statement = match if_free {
+            true => &mut self.insert_if_free,
+            false => &mut self.insert,
+        };
+        let row = (envelope, self.text.as_slice());
+        let stored = insert(statement, row, hash, self.sender, self.now_ms)?;
+        self.stored_any |= stored;
+        Ok(stored)
+    }
+}
+
 impl ReceiveRows for Rows<'_, '_> {
     fn store_if_free(&mut self, index: usize, hash: &BodyHash) -> Result<bool, StoreError> {
         if self.pruned {
             return Ok(false);
         }
-        let envelope = &self.envelopes[index];
-        self.text.clear();
-        envelope.write_stored_text(&mut self.text);
-        let row = (envelope, self.text.as_slice());
-        let stored = insert(
-            &mut self.insert_if_free,
-            row,
-            hash,
-            self.sender,
-            self.now_ms,
-        )?;
-        self.stored_any |= stored;
-        Ok(stored)
+        self.insert(index, hash, true)
     }
 
     fn identities(&mut self, index: usize) -> Result<StoredIdentities, StoreError> {
@@ -96,13 +102,8 @@ impl ReceiveRows for Rows<'_, '_> {
     }
 
     fn store(&mut self, index: usize, hash: &BodyHash) -> Result<(), StoreError> {
-        let envelope = &self.envelopes[index];
-        self.text.clear();
-        envelope.write_stored_text(&mut self.text);
-        let row = (envelope, self.text.as_slice());
-        let stored = insert(&mut self.insert, row, hash, self.sender, self.now_ms)?;
+        let stored = self.insert(index, hash, false)?;
         assert!(stored, "an accepted envelope is one new row");
-        self.stored_any = true;
         Ok(())
     }
 }
